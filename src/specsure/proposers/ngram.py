@@ -1,0 +1,75 @@
+"""Prompt-lookup (ngram) drafting: copy what followed an earlier occurrence of the context's tail.
+
+Semantics match vLLM's ngram proposer: take the longest n in [prompt_lookup_min,
+prompt_lookup_max] such that the last n tokens of the context also occur earlier; for that n,
+use the earliest occurrence, and propose up to k tokens that followed it. The draft has no
+probabilities (q = 1, a point mass), so it serves greedy and sampled decoding alike.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Sequence
+
+import numpy as np
+import torch
+
+from specsure.proposers.base import Draft, Proposer
+
+if TYPE_CHECKING:
+    from specsure.decode.sampling import SamplingParams
+
+
+class NgramProposer(Proposer):
+    """Drafts by n-gram lookup in the context itself; no model, no state between steps."""
+
+    method: ClassVar[str] = "ngram"
+
+    def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int) -> None:
+        for name, value in (("prompt_lookup_min", prompt_lookup_min), ("prompt_lookup_max", prompt_lookup_max)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"NgramProposer: {name} = {value!r} is invalid: it must be an int >= 1; "
+                                 "vLLM's default is 5")
+        if prompt_lookup_min > prompt_lookup_max:
+            raise ValueError(f"NgramProposer: prompt_lookup_min = {prompt_lookup_min} is greater than "
+                             f"prompt_lookup_max = {prompt_lookup_max}; swap them or make them equal")
+        self.prompt_lookup_min = prompt_lookup_min
+        self.prompt_lookup_max = prompt_lookup_max
+
+    def propose(
+        self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Draft:
+        """Up to ``k`` tokens that followed the earliest occurrence of the longest matching tail."""
+        return Draft(find_ngram_draft(context, k, self.prompt_lookup_min, self.prompt_lookup_max))
+
+
+def find_ngram_draft(context: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """The ngram draft for ``context`` as a list of at most ``k`` ids ([] when nothing matches).
+
+    Runs every decode step on contexts of thousands of tokens, so instead of comparing every
+    window for every n, it finds the earlier positions holding the last token, then extends all
+    those candidate matches backwards together, one token per round (at most ``max_n`` rounds).
+    """
+    if isinstance(context, np.ndarray):
+        tokens = context.astype(np.int64, copy=False)
+    elif isinstance(context, torch.Tensor):
+        tokens = context.cpu().numpy().astype(np.int64, copy=False)
+    else:
+        tokens = np.fromiter(context, dtype=np.int64, count=len(context))
+    size = tokens.size
+    if k <= 0 or size <= min_n:  # an earlier occurrence of n tokens needs n + 1 tokens at least
+        return []
+    # ends: positions j < size - 1 where an earlier occurrence could end, ascending.
+    ends = np.flatnonzero(tokens[:-1] == tokens[-1])
+    if ends.size == 0:
+        return []
+    length = 1
+    for back in range(1, min(max_n, size - 1)):
+        alive = ends[ends >= back]
+        alive = alive[tokens[alive - back] == tokens[-1 - back]]
+        if alive.size == 0:
+            break
+        ends, length = alive, back + 1
+    if length < min_n:
+        return []
+    start = int(ends[0]) + 1  # ends stays ascending, so [0] is the earliest longest match
+    return tokens[start : start + k].tolist()
