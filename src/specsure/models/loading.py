@@ -1,0 +1,221 @@
+"""Loading a target or draft model: a local HF folder, a GGUF file, or the packaged default."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from specsure.models.causal_lm import CausalLM
+from specsure.models.dtypes import resolve_dtype
+from specsure.models.errors import ModelLoadError
+from specsure.models.gguf_cache import convert_gguf, default_model_folder, gguf_cache_folder
+
+logger = logging.getLogger(__name__)
+
+# Weight formats that unpickle (and can run code) on load; specsure never loads them.
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to decode, with what the engine needs to know about it."""
+
+    lm: CausalLM
+    """The model and its KV cache."""
+    tokenizer: PreTrainedTokenizerBase | None
+    """None when the checkpoint ships no tokenizer files (token-id prompts still work)."""
+    path: str
+    """The folder the weights were read from (the cache folder for GGUF / the default)."""
+    eos_token_ids: tuple[int, ...]
+    """Token ids that end generation, from generation_config, config and tokenizer."""
+    dtype_reason: str
+    """One sentence saying why `lm.dtype` was chosen."""
+
+
+def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
+    """Load a causal LM for decoding.
+
+    Args:
+        path: a local HF folder (config.json + *.safetensors, tokenizer optional), a `.gguf`
+            file, or None for the packaged default SmolLM2-135M-Instruct.
+        dtype: "auto" (bfloat16 on CPUs with fast bf16, else float32), "float32",
+            "bfloat16" or "float16".
+
+    Raises:
+        ValueError: `dtype` is not a valid name.
+        ModelLoadError: the checkpoint is missing, malformed, pickled, or not a causal LM.
+    """
+    torch_dtype, dtype_reason = resolve_dtype(dtype)
+    folder = _weights_folder(path)
+    check_model_folder(folder)
+    started = time.perf_counter()
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(
+            folder,
+            dtype=torch_dtype,
+            use_safetensors=True,
+            trust_remote_code=False,
+            local_files_only=True,
+        )
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise ModelLoadError(f"transformers could not load the model in {folder}: {err}") from err
+    tokenizer = _load_tokenizer(folder)
+    lm = CausalLM(hf)
+    logger.info(
+        "loaded %s (%s, %d layers, vocab %d, %s) in %.1f s",
+        folder, type(hf).__name__, lm.num_layers, lm.vocab_size, lm.dtype, time.perf_counter() - started,
+    )
+    return LoadedModel(
+        lm=lm,
+        tokenizer=tokenizer,
+        path=str(folder),
+        eos_token_ids=_eos_token_ids(hf, tokenizer),
+        dtype_reason=dtype_reason,
+    )
+
+
+def check_model_folder(folder: Path) -> dict[str, Any]:
+    """Validate a model folder before handing it to transformers; return its config.json.
+
+    Raises:
+        ModelLoadError: naming the file or field at fault and how to fix it.
+    """
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        ggufs = sorted(p.name for p in folder.glob("*.gguf"))
+        hint = f" To load a GGUF file, pass its path: {folder / ggufs[0]}." if ggufs else ""
+        raise ModelLoadError(
+            f"{folder} has no config.json; a model folder needs config.json and *.safetensors "
+            f"weights, as written by transformers' save_pretrained.{hint}"
+        )
+    config = _read_config(config_path)
+    _check_architecture(config_path, config)
+    _check_weights(folder)
+    return config
+
+
+def _weights_folder(path: str | None) -> Path:
+    if path is None:
+        return default_model_folder()
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelLoadError(
+            f"model path {str(p)!r} does not exist; pass an HF model folder, a .gguf file, "
+            "or no path for the packaged default model."
+        )
+    if p.is_dir():
+        return p
+    if p.suffix.lower() == ".gguf":
+        return convert_gguf(p, gguf_cache_folder(p))
+    raise ModelLoadError(
+        f"model path {str(p)!r} is a file but not a .gguf; pass the folder that holds "
+        "config.json and the *.safetensors weights instead."
+    )
+
+
+def _read_config(config_path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ModelLoadError(
+            f"{config_path} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); "
+            "fix or regenerate it with save_pretrained."
+        ) from err
+    except (OSError, UnicodeDecodeError) as err:
+        raise ModelLoadError(f"cannot read {config_path}: {err}") from err
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{config_path} must hold a JSON object, not {type(config).__name__}.")
+    return config
+
+
+def _check_architecture(config_path: Path, config: dict[str, Any]) -> None:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise ModelLoadError(
+            f"{config_path} has no 'model_type' string; add the transformers model type "
+            "(e.g. \"llama\"), as save_pretrained writes it."
+        )
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise ModelLoadError(
+            f"{config_path}: model_type {model_type!r} is unknown to the installed transformers; "
+            "specsure never runs checkpoint code (trust_remote_code), so use a built-in "
+            "architecture or upgrade transformers."
+        )
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelLoadError(
+            f"{config_path}: model_type {model_type!r} has no causal-LM class in transformers; "
+            "specsure needs a *ForCausalLM model."
+        )
+    architectures = config.get("architectures")
+    if architectures is None:
+        return
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise ModelLoadError(f"{config_path}: 'architectures' must be a list of class names.")
+    import transformers
+
+    unknown = [a for a in architectures if not hasattr(transformers, a)]
+    if architectures and len(unknown) == len(architectures):
+        raise ModelLoadError(
+            f"{config_path}: architectures {unknown} are not transformers classes. A draft head "
+            "(EAGLE, EAGLE-3, MTP) is not a standalone model: pass it as the speculative "
+            "'model' with its method, not as the target."
+        )
+
+
+def _check_weights(folder: Path) -> None:
+    safetensors = sorted(folder.glob("*.safetensors"))
+    if not safetensors:
+        pickled = sorted(p.name for p in folder.iterdir() if p.suffix.lower() in _PICKLE_SUFFIXES)
+        if pickled:
+            raise ModelLoadError(
+                f"{folder} holds only pickle weights ({', '.join(pickled)}), which can run code "
+                "when loaded, so specsure refuses them; convert them to safetensors (load with "
+                "transformers and call save_pretrained(folder, safe_serialization=True))."
+            )
+        raise ModelLoadError(f"{folder} has config.json but no *.safetensors weights.")
+    index_path = folder / _SAFETENSORS_INDEX
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ModelLoadError(f"{index_path} is malformed ({err}); regenerate it with save_pretrained.") from err
+        missing = sorted({s for s in weight_map.values() if not (folder / s).is_file()})
+        if missing:
+            raise ModelLoadError(f"{index_path} lists shards missing from {folder}: {', '.join(missing)}.")
+
+
+def _load_tokenizer(folder: Path) -> PreTrainedTokenizerBase | None:
+    if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+        logger.info("%s has no tokenizer files; only token-id prompts will work", folder)
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    except (OSError, ValueError, KeyError) as err:
+        raise ModelLoadError(f"the tokenizer files in {folder} could not be loaded: {err}") from err
+
+
+def _eos_token_ids(hf: Any, tokenizer: PreTrainedTokenizerBase | None) -> tuple[int, ...]:
+    found: list[int] = []
+    sources: list[Any] = [
+        getattr(hf.generation_config, "eos_token_id", None),
+        getattr(hf.config, "eos_token_id", None),
+    ]
+    if tokenizer is not None:
+        sources.append(tokenizer.eos_token_id)
+    for value in sources:
+        for token in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(token, int) and token not in found:
+                found.append(token)
+    return tuple(found)
