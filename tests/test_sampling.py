@@ -1,0 +1,153 @@
+"""SamplingParams validation and the logits -> probs transform."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from specsure.decode.sampling import SamplingParams, probs_from_logits, sample
+
+
+# --- SamplingParams validation: one case per bad value, asserting on the message -------------
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragments"),
+    [
+        ({"max_tokens": 0}, ["SamplingParams.max_tokens = 0", "int >= 1", "max_tokens=16"]),
+        ({"max_tokens": -3}, ["SamplingParams.max_tokens = -3", "int >= 1"]),
+        ({"max_tokens": 2.0}, ["SamplingParams.max_tokens = 2.0", "int >= 1"]),
+        ({"max_tokens": True}, ["SamplingParams.max_tokens = True", "int >= 1"]),
+        ({"temperature": -0.1}, ["SamplingParams.temperature = -0.1", "finite number >= 0", "use 0 for greedy"]),
+        ({"temperature": math.inf}, ["SamplingParams.temperature = inf", "finite"]),
+        ({"temperature": math.nan}, ["SamplingParams.temperature = nan", "finite"]),
+        ({"temperature": "0.7"}, ["SamplingParams.temperature = '0.7'", "finite number"]),
+        ({"temperature": False}, ["SamplingParams.temperature = False", "finite number"]),
+        ({"top_p": 1.5}, ["SamplingParams.top_p = 1.5 is out of range: it must be in (0, 1]",
+                          "use 1.0 to disable nucleus sampling"]),
+        ({"top_p": 0.0}, ["SamplingParams.top_p = 0.0", "(0, 1]"]),
+        ({"top_p": math.nan}, ["SamplingParams.top_p = nan", "(0, 1]"]),
+        ({"top_k": -1}, ["SamplingParams.top_k = -1", "int >= 0", "use 0 to disable top-k"]),
+        ({"top_k": 5.0}, ["SamplingParams.top_k = 5.0", "int >= 0"]),
+        ({"top_k": True}, ["SamplingParams.top_k = True", "int >= 0"]),
+        ({"seed": -1}, ["SamplingParams.seed = -1", "[0, 2**64)", "use None"]),
+        ({"seed": 2**64}, ["SamplingParams.seed = 18446744073709551616", "[0, 2**64)"]),
+        ({"seed": 1.0}, ["SamplingParams.seed = 1.0", "None or an int"]),
+        ({"seed": True}, ["SamplingParams.seed = True", "None or an int"]),
+        ({"stop": ""}, ["SamplingParams.stop = ''", "non-empty str"]),
+        ({"stop": ["a", ""]}, ["SamplingParams.stop = ['a', '']", "non-empty str"]),
+        ({"stop": ["a", 3]}, ["SamplingParams.stop = ['a', 3]", "non-empty str"]),
+        ({"stop": 5}, ["SamplingParams.stop = 5", "None, a str, or a list of str"]),
+        ({"ignore_eos": 1}, ["SamplingParams.ignore_eos = 1", "bool"]),
+    ],
+)
+def test_bad_value_is_rejected_with_a_helpful_message(kwargs, fragments):
+    with pytest.raises(ValueError) as info:
+        SamplingParams(**kwargs)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_defaults_are_greedy_and_valid():
+    params = SamplingParams()
+    assert params.greedy
+    assert (params.max_tokens, params.top_p, params.top_k, params.seed, params.stop) == (16, 1.0, 0, None, None)
+    assert not SamplingParams(temperature=0.5).greedy
+
+
+@pytest.mark.parametrize(
+    ("stop", "expected"),
+    [("\n", ("\n",)), (["a", "b"], ("a", "b")), (("x",), ("x",)), ([], None), (None, None)],
+)
+def test_stop_is_normalised_to_a_tuple(stop, expected):
+    assert SamplingParams(stop=stop).stop == expected
+
+
+def test_params_are_frozen_and_hashable():
+    params = SamplingParams(stop=["a"])
+    with pytest.raises(AttributeError):
+        params.top_k = 3  # type: ignore[misc]
+    assert hash(params) == hash(SamplingParams(stop=("a",)))
+
+
+# --- probs_from_logits ------------------------------------------------------------------------
+
+LOGITS = torch.tensor([[2.0, 1.0, 0.5, 3.0, -1.0, 0.0]])  # sorted ids: 3, 0, 1, 2, 5, 4
+
+
+def test_greedy_gives_a_one_hot_at_the_argmax():
+    probs = probs_from_logits(LOGITS, SamplingParams(temperature=0.0, top_k=2))
+    assert probs.dtype == torch.float32
+    assert torch.equal(probs, torch.tensor([[0.0, 0, 0, 1, 0, 0]]))
+
+
+def test_temperature_only_is_the_tempered_softmax():
+    probs = probs_from_logits(LOGITS.double(), SamplingParams(temperature=0.7))
+    assert probs.dtype == torch.float32
+    torch.testing.assert_close(probs, torch.softmax(LOGITS / 0.7, dim=-1))
+
+
+def test_top_k_keeps_exactly_k_tokens_renormalised():
+    probs = probs_from_logits(LOGITS, SamplingParams(temperature=1.0, top_k=2))
+    expected = torch.zeros(1, 6)
+    expected[0, [3, 0]] = torch.softmax(torch.tensor([3.0, 2.0]), dim=-1)
+    torch.testing.assert_close(probs, expected)
+
+
+def test_top_k_at_least_the_vocabulary_is_a_no_op():
+    params = SamplingParams(temperature=1.0, top_k=6)
+    torch.testing.assert_close(probs_from_logits(LOGITS, params), torch.softmax(LOGITS, dim=-1))
+
+
+def test_top_p_keeps_the_smallest_set_reaching_the_mass():
+    probs = torch.tensor([[0.1, 0.4, 0.05, 0.3, 0.15]])
+    logits = probs.log()
+    # Sorted: 0.4, 0.3, 0.15, 0.1, 0.05. Mass 0.7 needs {1, 3}; 0.71 needs {1, 3, 4}.
+    out = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=0.7))
+    torch.testing.assert_close(out, torch.tensor([[0.0, 0.4 / 0.7, 0.0, 0.3 / 0.7, 0.0]]))
+    out = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=0.71))
+    torch.testing.assert_close(out, torch.tensor([[0.0, 0.4, 0.0, 0.3, 0.15]]) / 0.85)
+
+
+def test_tiny_top_p_still_keeps_the_top_token():
+    out = probs_from_logits(LOGITS, SamplingParams(temperature=2.0, top_p=1e-6))
+    assert torch.equal(out, torch.tensor([[0.0, 0, 0, 1, 0, 0]]))
+
+
+def test_top_p_applies_to_the_top_k_renormalised_distribution():
+    # After top-k=3 the mass is on ids 3, 0, 1; top-p is then measured within those three.
+    params = SamplingParams(temperature=1.0, top_k=3, top_p=0.8)
+    out = probs_from_logits(LOGITS, params)
+    top3 = torch.softmax(torch.tensor([3.0, 2.0, 1.0]), dim=-1)  # 0.665, 0.245, 0.090
+    expected = torch.zeros(1, 6)
+    expected[0, [3, 0]] = top3[:2] / top3[:2].sum()
+    torch.testing.assert_close(out, expected)
+
+
+def test_rows_are_transformed_independently():
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
+    params = SamplingParams(temperature=0.8, top_k=10, top_p=0.9)
+    batched = probs_from_logits(logits, params)
+    for row in range(5):
+        torch.testing.assert_close(batched[row], probs_from_logits(logits[row : row + 1], params)[0])
+    torch.testing.assert_close(batched.sum(-1), torch.ones(5))
+    assert ((batched > 0).sum(-1) <= 10).all()
+
+
+# --- sample -----------------------------------------------------------------------------------
+
+def test_sample_is_deterministic_for_a_seeded_generator():
+    probs = torch.softmax(torch.randn(4, 100, generator=torch.Generator().manual_seed(1)), dim=-1)
+    first = sample(probs, torch.Generator().manual_seed(7))
+    second = sample(probs, torch.Generator().manual_seed(7))
+    assert first.shape == (4,) and first.dtype == torch.int64
+    assert torch.equal(first, second)
+    single = sample(probs[0], torch.Generator().manual_seed(7))
+    assert single.shape == ()
+
+
+def test_sample_never_picks_a_zero_probability_token():
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.5]).expand(2000, 4)
+    ids = sample(probs, torch.Generator().manual_seed(0))
+    assert set(ids.tolist()) == {1, 3}
