@@ -1,0 +1,35 @@
+"""specsure: speculative decoding where what you configure is what runs.
+
+``resolve`` and the errors import no torch; the engine API loads lazily on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from specsure.config import ConfigConflictError, ConfigError, Resolution, SpeculativeConfig, resolve
+
+if TYPE_CHECKING:
+    from specsure.decode.engine import Completion, Engine, make_engine
+    from specsure.decode.metrics import SpecStats
+    from specsure.decode.sampling import SamplingParams
+
+__all__ = [
+    "Completion", "ConfigConflictError", "ConfigError", "Engine", "Resolution", "SamplingParams",
+    "SpecStats", "SpeculativeConfig", "make_engine", "resolve",
+]
+__version__ = "0.1.0"
+
+_LAZY = {
+    "make_engine": "specsure.decode.engine", "Engine": "specsure.decode.engine",
+    "Completion": "specsure.decode.engine", "SamplingParams": "specsure.decode.sampling",
+    "SpecStats": "specsure.decode.metrics",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'specsure' has no attribute {name!r}")

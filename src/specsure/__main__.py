@@ -1,0 +1,5 @@
+import sys
+
+from specsure.cli.main import main
+
+sys.exit(main())

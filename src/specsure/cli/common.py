@@ -1,0 +1,68 @@
+"""Helpers shared by the CLI commands: flag parsing and turning user errors into exit code 2."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from specsure.config.errors import ConfigError
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+def parse_speculative_config(text: str | None, flag: str = "--speculative-config") -> dict[str, Any] | None:
+    """vLLM's flag: inline JSON, or @file.json. None or '' means speculation off."""
+    if text is None or not text.strip():
+        return None
+    source = flag
+    if text.startswith("@"):
+        path = Path(text[1:]).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{flag} {text!r}: cannot read {path}: {exc.strerror}.") from None
+        source = f"{flag} file {path}"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{source} is not valid JSON ({exc.msg} at column {exc.colno}): {text!r}. "
+            'Example: --speculative-config \'{"method": "ngram", "num_speculative_tokens": 4}\'') from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source} must be a JSON object, got {type(value).__name__}: {text!r}.")
+    return value
+
+
+def add_model_flags(parser: Any, *, speculative: bool = True) -> None:
+    """The vLLM-shaped flags every command shares."""
+    parser.add_argument("--model", default=None,
+                        help="target model: a Hugging Face folder (config.json + safetensors) or a .gguf file; "
+                             "default: the packaged SmolLM2-135M-Instruct")
+    if speculative:
+        parser.add_argument("--speculative-config", default=None, metavar="JSON",
+                            help="speculative config as JSON (vLLM's keys) or @file.json")
+        parser.add_argument("--strict", action="store_true",
+                            help="make any disagreement between evidence and an explicit value an error")
+
+
+def guarded(run: Callable[[], int]) -> int:
+    """Run a command; a user error prints one paragraph (no traceback) and exits 2."""
+    try:
+        return run()
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)

