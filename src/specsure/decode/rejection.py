@@ -28,6 +28,8 @@ from typing import Sequence
 
 import torch
 
+from specsure.decode.sampling import sample
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -83,15 +85,15 @@ def verify_sampled(
         accept = uniforms * q_draft < p_draft
     accepted = int(accept.to(torch.int32).cumprod(0).sum()) if k else 0
     if accepted == k:
-        bonus = torch.multinomial(p[k], 1, generator=generator)
-        return Verdict(k, [*draft_ids, int(bonus)])
+        bonus = int(sample(p[k], generator))
+        return Verdict(k, [*draft_ids, bonus])
     residual = _residual(p[accepted], None if q is None else q[accepted], draft_ids[accepted])
-    recovered = torch.multinomial(residual, 1, generator=generator)
-    return Verdict(accepted, [*draft_ids[:accepted], int(recovered)])
+    recovered = int(sample(residual, generator))
+    return Verdict(accepted, [*draft_ids[:accepted], recovered])
 
 
 def _residual(p_i: torch.Tensor, q_i: torch.Tensor | None, draft_id: int) -> torch.Tensor:
-    """Unnormalised max(0, p_i - q_i) (multinomial normalises); q_i None is a point mass."""
+    """Unnormalised max(0, p_i - q_i) (``sample`` normalises); q_i None is a point mass."""
     if q_i is None:
         residual = p_i.clone()
         residual[draft_id] = 0.0
@@ -100,7 +102,7 @@ def _residual(p_i: torch.Tensor, q_i: torch.Tensor | None, draft_id: int) -> tor
     if not residual.sum() > 0:
         # max(0, p - q) is all zero only when p <= q everywhere, i.e. p == q; then rejection has
         # probability 0 and we got here through rounding, so any fallback is measure-zero. p is
-        # the natural one (and multinomial would fail on an all-zero row).
+        # the natural one (and sampling would fail on an all-zero row).
         return p_i
     return residual
 
@@ -137,10 +139,10 @@ def verify_sampled_reference(
             residual = torch.clamp(p[i] - q[i], min=0.0)
         if residual.sum() <= 0:
             residual = p[i]  # p == q up to rounding: see _residual
-        recovered = torch.multinomial(residual, 1, generator=generator)
-        return Verdict(i, output_ids + [int(recovered)])
-    bonus = torch.multinomial(p[len(draft_ids)], 1, generator=generator)
-    return Verdict(len(draft_ids), output_ids + [int(bonus)])
+        recovered = int(sample(residual, generator))
+        return Verdict(i, output_ids + [recovered])
+    bonus = int(sample(p[len(draft_ids)], generator))
+    return Verdict(len(draft_ids), output_ids + [bonus])
 
 
 def _prepare(
