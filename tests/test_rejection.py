@@ -128,7 +128,7 @@ def _random_case(g: torch.Generator) -> tuple[torch.Tensor, list[int], torch.Ten
 
 def test_fast_path_matches_the_reference_from_the_same_generator_state():
     g = gen(2024)
-    for case in range(1000):
+    for case in range(400):
         p, draft_ids, q = _random_case(g)
         seed = 10_000 + case
         fast = verify_sampled(p, draft_ids, q, gen(seed))
