@@ -64,5 +64,9 @@ def guarded(run: Callable[[], int]) -> int:
 
 
 def setup_logging(verbose: bool) -> None:
+    # transformers draws progress bars for every weight load; the CLI keeps its output readable.
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)

@@ -1,0 +1,77 @@
+"""`specsure generate`: one completion, then the effective config and the acceptance figures."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from specsure.cli.common import EXIT_OK, add_model_flags, parse_speculative_config
+
+if TYPE_CHECKING:
+    from specsure.decode.engine import Completion, Engine
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("generate", help="generate a completion with speculative decoding")
+    add_model_flags(parser)
+    add_sampling_flags(parser)
+    parser.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
+    parser.add_argument("prompt", metavar="PROMPT", help="the prompt text")
+    parser.set_defaults(run=run)
+
+
+def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (default 128)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1]")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off")
+    parser.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                        help="auto: bfloat16 where the CPU has fast bf16, else float32")
+
+
+def render_prompt(engine: "Engine", prompt: str, chat: bool) -> str | list[int]:
+    """The prompt as the engine takes it; --chat applies the tokenizer's chat template."""
+    if not chat:
+        return prompt
+    tok = engine.tokenizer
+    if tok is None or not getattr(tok, "chat_template", None):
+        raise ValueError("--chat needs a tokenizer with a chat template, and this model has none; drop --chat.")
+    return list(tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=False))
+
+
+def print_effective(engine: "Engine") -> None:
+    """One line per field with its value and source."""
+    res = engine.resolution
+    print(f"effective config (running: {engine.speculative_method or 'plain decoding'}):")
+    for name, decision in res.decisions.items():
+        print(f"  {name:<24} {decision.value!s:<30} [{decision.source}]")
+    for warning in res.warnings:
+        print(f"  warning: {warning}")
+
+
+def print_stats(completion: "Completion") -> None:
+    s = completion.stats
+    print(f"tokens: {s.generated_tokens} in {s.elapsed_s:.2f} s ({s.tokens_per_s:.1f} tok/s), "
+          f"finish: {completion.finish_reason}")
+    if s.drafts:
+        rates = ", ".join(f"{r:.2f}" for r in s.per_position_acceptance_rate)
+        print(f"mean acceptance length: {s.mean_acceptance_length:.2f} (drafts {s.drafts}, drafted "
+              f"{s.draft_tokens}, accepted {s.accepted_tokens}); per-position acceptance: {rates}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from specsure.decode.engine import make_engine
+    from specsure.decode.sampling import SamplingParams
+
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed)
+    engine = make_engine(args.model, parse_speculative_config(args.speculative_config), strict=args.strict,
+                         dtype=args.dtype, seed=args.seed)
+    completion = engine.generate(render_prompt(engine, args.prompt, args.chat), params)[0]
+    print(completion.text if completion.text is not None else completion.token_ids)
+    print()
+    print_effective(engine)
+    print_stats(completion)
+    return EXIT_OK

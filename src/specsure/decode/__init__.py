@@ -1,0 +1,1 @@
+"""Decoding: sampling params, the verifier, metrics and the engine loop."""

@@ -1,0 +1,235 @@
+"""The engine: propose -> verify in one target forward -> rejection-sample -> commit, roll back.
+
+One loop serves every method: plain decoding is the same loop with no draft tokens, and the
+proposer is whatever the Resolution names (no per-method branches here).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Literal, Sequence, Union
+
+import torch
+
+from specsure.config import ConfigError, Resolution, resolve
+from specsure.decode.metrics import SpecStats
+from specsure.decode.rejection import verify_greedy, verify_sampled
+from specsure.decode.sampling import SamplingParams, probs_from_logits, sample
+from specsure.models.loading import LoadedModel, load_model
+from specsure.proposers.base import Draft, Proposer
+from specsure.proposers.factory import build_proposer
+
+logger = logging.getLogger(__name__)
+
+Prompt = Union[str, Sequence[int]]
+FinishReason = Literal["stop", "length"]
+NO_DRAFT = Draft([])
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One prompt's result."""
+
+    text: str | None
+    """Decoded output (special tokens skipped); None when the model has no tokenizer."""
+    token_ids: list[int]
+    """Output token ids, including a final EOS token when generation ended on one."""
+    finish_reason: FinishReason
+    """'stop' for EOS or a stop string, 'length' for max_tokens or the context limit."""
+    stats: SpecStats
+    prompt_token_ids: list[int] = field(default_factory=list)
+
+
+class Engine:
+    """Runs what the Resolution says. Build it with ``make_engine``."""
+
+    def __init__(self, resolution: Resolution, target: LoadedModel, proposer: Proposer | None,
+                 seed: int | None = None) -> None:
+        config = resolution.config
+        running = proposer.method if proposer is not None else None
+        asked = config.method if config is not None else None
+        if running != asked:
+            # The promise of the product: the proposer that runs is the one the user resolved.
+            raise RuntimeError(f"engine refuses to start: the resolution names method {asked!r} but the "
+                               f"proposer built is {running!r}. This is a specsure bug; please report it.")
+        self.resolution = resolution
+        self.target = target
+        self.proposer = proposer
+        self.seed = seed
+        self.stats = SpecStats()
+        self._k = config.num_speculative_tokens if config is not None else 0
+        self._hidden = bool(proposer is not None and proposer.needs_hidden)
+        self._aux_layers = tuple(proposer.aux_layers) if proposer is not None else ()
+
+    @property
+    def speculative_method(self) -> str | None:
+        """The method of the proposer actually running (None when speculation is off)."""
+        return self.proposer.method if self.proposer is not None else None
+
+    @property
+    def tokenizer(self):  # noqa: ANN201 - transformers' tokenizer type, or None
+        return self.target.tokenizer
+
+    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None) -> list[Completion]:
+        """Generate for one prompt or a list; each runs at batch size 1, in order."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}.")
+        batch = [self._encode(p, i) for i, p in enumerate(_as_batch(prompts))]
+        return [self._generate_one(ids, params) for ids in batch]
+
+    def _encode(self, prompt: Prompt, index: int) -> list[int]:
+        where = f"prompt {index}"
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError(f"{where} is an empty string; give some text or token ids.")
+            if self.tokenizer is None:
+                raise ValueError(f"{where} is text, but the model at {self.target.path} has no tokenizer files; "
+                                 "pass token ids instead, or add the tokenizer to the model folder.")
+            ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        else:
+            ids = list(prompt)
+        if not ids:
+            raise ValueError(f"{where} is empty; give at least one token.")
+        vocab = self.target.lm.vocab_size
+        for tok in ids:
+            if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < vocab:
+                raise ValueError(f"{where} holds token id {tok!r}, outside the vocabulary [0, {vocab}).")
+        limit = self.target.lm.max_context
+        if limit and len(ids) >= limit:
+            raise ValueError(f"{where} has {len(ids)} tokens, but the model's context is {limit} tokens and "
+                             "generation needs room for at least one more; shorten the prompt.")
+        return ids
+
+    def _generator(self, params: SamplingParams) -> torch.Generator | None:
+        if params.greedy:
+            return None
+        seed = params.seed if params.seed is not None else self.seed
+        gen = torch.Generator()
+        if seed is None:
+            gen.seed()
+        else:
+            gen.manual_seed(seed)
+        return gen
+
+    def _pick(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
+        """The next token from one row of target logits: argmax, or a sample from p."""
+        if params.greedy:
+            return int(logits.argmax())
+        return int(sample(probs_from_logits(logits[None], params)[0], gen))
+
+    def _generate_one(self, prompt: list[int], params: SamplingParams) -> Completion:
+        started = time.perf_counter()
+        lm, proposer, stats = self.target.lm, self.proposer, SpecStats()
+        gen = self._generator(params)
+        lm.reset()
+        if proposer is not None:
+            proposer.reset()
+        out = lm.forward(prompt, hidden=self._hidden, aux_layers=self._aux_layers)
+        if proposer is not None:
+            proposer.observe(prompt, 0, out)
+        output = [self._pick(out.logits[-1], params, gen)]
+        finish = self._finished(output, 1, params, lm.cache_len)
+        while finish is None:
+            pending = output[-1]
+            # Room for the draft: output must stay within max_tokens, the verify forward within context.
+            room = min(self._k, params.max_tokens - len(output) - 1,
+                       (lm.max_context or 1 << 30) - lm.cache_len - 2)
+            draft = proposer.propose(prompt + output, room, params, gen) if proposer and room > 0 else NO_DRAFT
+            start = lm.cache_len
+            fed = [pending, *draft.token_ids]
+            out = lm.forward(fed, hidden=self._hidden, aux_layers=self._aux_layers)  # logits [1 + k, vocab]
+            if not draft.token_ids:
+                accepted, new = 0, [self._pick(out.logits[0], params, gen)]
+            else:
+                verdict = (verify_greedy(out.logits, draft.token_ids) if params.greedy else
+                           verify_sampled(probs_from_logits(out.logits, params), draft.token_ids, draft.probs, gen))
+                accepted, new = verdict.accepted, verdict.output_ids
+                stats.observe(len(draft.token_ids), accepted)
+                lm.crop(start + 1 + accepted)  # rejected positions leave the target cache
+            if proposer is not None:
+                proposer.observe(fed[: 1 + accepted], start, _rows(out, 1 + accepted))
+            before = len(output)
+            output.extend(new)
+            finish = self._finished(output, before, params, lm.cache_len)
+        text, output, finish = self._detokenize(output, params, finish)
+        stats.add_generated(len(output))
+        stats.add_time(time.perf_counter() - started)
+        self.stats.merge(stats)
+        return Completion(text=text, token_ids=output, finish_reason=finish, stats=stats, prompt_token_ids=prompt)
+
+    def _finished(self, output: list[int], checked: int, params: SamplingParams, cache_len: int) -> FinishReason | None:
+        """Trim ``output`` in place at EOS or max_tokens; return why generation ends, if it does."""
+        if not params.ignore_eos:
+            for i in range(max(0, checked - 1), len(output)):
+                if output[i] in self.target.eos_token_ids:
+                    del output[i + 1:]
+                    return "stop"
+        if len(output) >= params.max_tokens:
+            del output[params.max_tokens:]
+            return "length"
+        if params.stop and self.tokenizer is not None and self._stop_at(output, params.stop) is not None:
+            return "stop"
+        limit = self.target.lm.max_context
+        if limit and cache_len + 1 >= limit:
+            return "length"
+        return None
+
+    def _stop_at(self, output: list[int], stops: Sequence[str]) -> int | None:
+        text = self.tokenizer.decode(output, skip_special_tokens=True)
+        hits = [text.find(s) for s in stops if s in text]
+        return min(hits) if hits else None
+
+    def _detokenize(self, output: list[int], params: SamplingParams,
+                    finish: FinishReason) -> tuple[str | None, list[int], FinishReason]:
+        if self.tokenizer is None:
+            return None, output, finish
+        text = self.tokenizer.decode(output, skip_special_tokens=True)
+        if params.stop:
+            cut = self._stop_at(output, params.stop)
+            if cut is not None:
+                # Keep the tokens up to the one that completed the stop string; the text ends before it.
+                while len(output) > 1 and self._stop_at(output[:-1], params.stop) is not None:
+                    output = output[:-1]
+                return text[:cut], output, "stop"
+        return text, output, finish
+
+
+def _rows(out, n: int):  # noqa: ANN001, ANN202 - ForwardOutput in, ForwardOutput out
+    """The first n rows of a ForwardOutput (the committed positions)."""
+    if out.logits.shape[0] == n:
+        return out
+    return type(out)(logits=out.logits[:n], hidden=None if out.hidden is None else out.hidden[:n],
+                     aux_hidden=None if out.aux_hidden is None else out.aux_hidden[:n])
+
+
+def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, Sequence) and prompts and all(isinstance(t, int) and not isinstance(t, bool)
+                                                         for t in prompts):
+        return [prompts]
+    if isinstance(prompts, Sequence) and not isinstance(prompts, (bytes, bytearray)):
+        if not prompts:
+            raise ValueError("prompts is empty; give a string, a list of token ids, or a list of either.")
+        return list(prompts)
+    raise ValueError(f"prompts must be a string, a list of token ids, or a list of either; got "
+                     f"{type(prompts).__name__}.")
+
+
+def make_engine(model: str | None = None, speculative: dict | None = None, *, strict: bool = False,
+                dtype: str = "auto", seed: int | None = None) -> Engine:
+    """Resolve the config, check it can run, load the target, build the named proposer."""
+    res = resolve(speculative, model=model, strict=strict)
+    res.check_runnable()
+    target = load_model(model, dtype=dtype)
+    logger.info("dtype %s: %s", str(target.lm.dtype).removeprefix("torch."), target.dtype_reason)
+    proposer = build_proposer(res, target, dtype)
+    engine = Engine(res, target, proposer, seed=seed)
+    logger.info("effective speculative config: %s; running proposer: %s", res.summary(), engine.speculative_method)
+    return engine
+
+
+__all__ = ["Completion", "ConfigError", "Engine", "make_engine"]

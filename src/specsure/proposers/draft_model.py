@@ -1,0 +1,71 @@
+"""draft_model: a smaller causal LM with the target's vocabulary drafts autoregressively."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from specsure.decode.sampling import probs_from_logits, sample
+from specsure.proposers.base import Draft, Proposer
+
+if TYPE_CHECKING:
+    from specsure.decode.sampling import SamplingParams
+    from specsure.models.causal_lm import CausalLM
+
+
+class DraftModelProposer(Proposer):
+    """Drafts k tokens with its own KV cache, kept in step with the target's committed tokens.
+
+    The draft cache holds a prefix of the context. Before each proposal it is cropped to the
+    longest prefix it shares with the context (rejected draft tokens leave no trace), and the
+    missing committed tokens are fed in one forward.
+    """
+
+    method = "draft_model"
+
+    def __init__(self, draft: "CausalLM") -> None:
+        self.draft = draft
+        self._fed: list[int] = []
+        self._stable = 0
+        """Length of the context at the previous proposal; that prefix is committed and shared."""
+
+    def reset(self) -> None:
+        self.draft.reset()
+        self._fed = []
+        self._stable = 0
+
+    def propose(
+        self, context: Sequence[int], k: int, params: "SamplingParams", generator: torch.Generator | None
+    ) -> Draft:
+        if k <= 0:
+            return Draft([])
+        keep = self._shared_prefix(context)
+        # Always feed at least the pending token, whose logits give the first draft token.
+        keep = min(keep, len(context) - 1)
+        self.draft.crop(keep)
+        logits = self.draft.forward(context[keep:]).logits[-1:]  # [1, vocab]
+        self._fed = list(context)
+        self._stable = len(context)
+        token_ids: list[int] = []
+        rows: list[torch.Tensor] = []
+        for step in range(k):
+            if params.greedy:
+                token = int(logits[0].argmax())
+            else:
+                q = probs_from_logits(logits, params)  # [1, vocab]
+                rows.append(q[0])
+                token = int(sample(q[0], generator))
+            token_ids.append(token)
+            if step + 1 < k:  # the last draft token's logits are never needed
+                logits = self.draft.forward([token]).logits
+                self._fed.append(token)
+        return Draft(token_ids, torch.stack(rows) if rows else None)
+
+    def _shared_prefix(self, context: Sequence[int]) -> int:
+        fed = self._fed
+        limit = min(len(fed), len(context))
+        i = min(self._stable, limit)
+        while i < limit and fed[i] == context[i]:
+            i += 1
+        return i

@@ -1,0 +1,67 @@
+"""The one factory: method name -> proposer builder. A new method is a module plus a line here."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Callable
+
+from specsure.config.errors import ConfigError
+from specsure.proposers.base import Proposer
+
+if TYPE_CHECKING:
+    from specsure.config.resolution import Resolution
+    from specsure.models.loading import LoadedModel
+
+Builder = Callable[["Resolution", "LoadedModel", str], Proposer]
+
+# "module:function" of each method's builder, imported only when that method runs.
+REGISTRY: dict[str, str] = {
+    "ngram": "specsure.proposers.factory:build_ngram",
+    "draft_model": "specsure.proposers.factory:build_draft_model",
+    "eagle": "specsure.proposers.eagle:build",
+    "eagle3": "specsure.proposers.eagle3:build",
+    "mtp": "specsure.proposers.mtp:build",
+}
+
+
+def build_proposer(res: "Resolution", target: "LoadedModel", dtype: str) -> Proposer | None:
+    """Build the proposer the Resolution names (None when speculation is off)."""
+    if res.config is None:
+        return None
+    module_name, func_name = REGISTRY[res.config.method].split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        raise ConfigError(f"method {res.config.method!r} is not available in this build of specsure "
+                          f"({module_name} is missing).") from None
+    builder: Builder = getattr(module, func_name)
+    return builder(res, target, dtype)
+
+
+def build_ngram(res: "Resolution", target: "LoadedModel", dtype: str) -> Proposer:
+    from specsure.proposers.ngram import NgramProposer
+
+    config = res.config
+    assert config is not None and config.prompt_lookup_min and config.prompt_lookup_max
+    return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+
+
+def build_draft_model(res: "Resolution", target: "LoadedModel", dtype: str) -> Proposer:
+    from specsure.models.loading import load_model
+    from specsure.proposers.draft_model import DraftModelProposer
+
+    assert res.config is not None and res.config.model is not None
+    draft = load_model(res.config.model, dtype=_same_dtype(target, dtype))
+    if draft.lm.vocab_size != target.lm.vocab_size:
+        raise ConfigError(
+            f"draft_model needs the target's vocabulary, but the draft {res.config.model!r} has vocab_size="
+            f"{draft.lm.vocab_size} and the target has {target.lm.vocab_size}. Use a draft trained with the "
+            "target's tokenizer, or method 'ngram'.")
+    return DraftModelProposer(draft.lm)
+
+
+def _same_dtype(target: "LoadedModel", dtype: str) -> str:
+    """The draft runs in the target's dtype, so p and q come from the same numerics."""
+    return str(target.lm.dtype).removeprefix("torch.") if dtype == "auto" else dtype
