@@ -1,0 +1,254 @@
+"""Export a Resolution to vLLM or SGLang server arguments, every field explicit. No torch.
+
+The export never re-resolves: it renders ``res.config``. Where the other engine has no way
+to run the resolved method, the export raises ConfigError instead of approximating. Where
+vLLM would silently run another method (a draft path that its substring test catches, or a
+draft ``model_type`` it rewrites to an MTP type), the export warns and proposes the fix.
+``specsure check-vllm`` asks the installed vLLM itself; the rules below are a prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal, Mapping
+
+from specsure.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from specsure.config.resolution import Resolution
+
+Engine = Literal["vllm", "sglang"]
+ENGINES: Final[tuple[str, ...]] = ("vllm", "sglang")
+VLLM_TESTED_VERSIONS: Final[tuple[str, ...]] = ("0.33.0",)
+
+# vLLM 0.33.0, vllm/config/speculative.py SpeculativeConfig.__post_init__: unless the method
+# is one of these, it searches the lower-cased draft path for substrings (in this order) and
+# replaces the method without a log line.
+VLLM_DETECTION_SKIPPED: Final[frozenset[str]] = frozenset({"eagle", "eagle3", "dflash", "dspark"})
+VLLM_PATH_TRAPS: Final[tuple[tuple[str, str], ...]] = (
+    ("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash"), ("dspark", "dspark"))
+# Draft model_types vLLM's hf_config_override rewrites to an MTP type before detection; a
+# draft of such a type then runs as 'mtp' whatever the method says.
+VLLM_MTP_REWRITES: Final[Mapping[str, str]] = {
+    "deepseek_v3": "deepseek_mtp", "deepseek_v32": "deepseek_mtp", "glm_moe_dsa": "deepseek_mtp",
+    "qwen3_next": "qwen3_next_mtp", "ernie4_5_moe": "ernie_mtp", "longcat_flash": "longcat_flash_mtp",
+    "pangu_ultra_moe": "pangu_ultra_moe_mtp", "exaone_moe": "exaone_moe_mtp", "hy_v3": "hy_v3_mtp",
+}
+VLLM_MTP_MODEL_TYPES: Final[frozenset[str]] = frozenset({
+    "deepseek_mtp", "qwen3_next_mtp", "mimo_mtp", "mimo_v2_mtp", "glm4_moe_mtp", "glm4_moe_lite_mtp",
+    "ernie_mtp", "longcat_flash_mtp", "pangu_ultra_moe_mtp", "exaone_moe_mtp", "qwen3_5_mtp",
+    "step3p5_mtp", "mtp",
+})
+# Draft architectures that only specsure loads; no other engine has a model class for them.
+SPECSURE_ONLY_ARCHITECTURES: Final[frozenset[str]] = frozenset({"SpecsureMTPHead"})
+
+SGLANG_ALGORITHMS: Final[Mapping[str, str]] = {
+    "ngram": "NGRAM", "draft_model": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN",
+}
+
+
+@dataclass(frozen=True)
+class PathTrap:
+    """A substring of a path that makes vLLM switch methods."""
+
+    path: str
+    """The path as vLLM reads it."""
+    role: Literal["draft", "target"]
+    """Which checkpoint the path names: the draft, or the target (mtp without a draft)."""
+    substring: str
+    method: str
+    """The method vLLM switches to."""
+
+    def symlink_fix(self) -> tuple[str, str]:
+        """(shell command, new path): a symlink whose path vLLM's substring test passes."""
+        real = Path(self.path).expanduser().absolute()
+        parent = real.parent
+        while vllm_path_trap(str(parent)) is not None and parent != parent.parent:
+            parent = parent.parent
+        if vllm_path_trap(str(parent)) is not None:
+            parent = Path("/tmp")
+        name = neutral_name(real.name) or f"{self.role}-checkpoint"
+        link = str(parent / name)
+        return f"ln -s {shlex.quote(str(real))} {shlex.quote(link)}", link
+
+
+def vllm_path_trap(path: str) -> tuple[str, str] | None:
+    """(substring, method) when vLLM's detection catches ``path``; None for a neutral path."""
+    lowered = path.lower()
+    for substring, method in VLLM_PATH_TRAPS:
+        if substring in lowered:
+            return substring, method
+    return None
+
+
+def neutral_name(name: str) -> str:
+    """``name`` with every trap substring broken up: 'my-eagle-draft' -> 'my-eagl-draft'."""
+    out = re.sub("eagle(?=[-3])", "eagl", name, flags=re.IGNORECASE)
+    out = re.sub("dflash", "dfl", out, flags=re.IGNORECASE)
+    return re.sub("dspark", "dspk", out, flags=re.IGNORECASE)
+
+
+def vllm_draft_path(res: "Resolution") -> tuple[str, Literal["draft", "target"]] | None:
+    """The path vLLM loads as the draft: the draft, or the target for mtp without one."""
+    config = res.config
+    if config is None or config.method == "ngram":
+        return None
+    if config.model is not None:
+        return config.model, "draft"
+    return target_path(res), "target"
+
+
+def target_path(res: "Resolution") -> str:
+    """The target as another engine's --model: the path given, or the packaged GGUF file."""
+    return res.target_model if res.target_model is not None else res.target.path
+
+
+@dataclass(frozen=True)
+class Override:
+    """A predicted silent override by vLLM: what it would run instead, why, and the fix."""
+
+    field: str
+    asked: Any
+    vllm: Any
+    cause: str
+    fix: str
+    workaround: str | None = None
+    """A shell command that applies the fix, when one exists."""
+
+
+def predict_vllm_overrides(res: "Resolution") -> tuple[Override, ...]:
+    """The silent rewrites vLLM 0.33.0 would apply to the exported config, from its known rules."""
+    config = res.config
+    where = vllm_draft_path(res)
+    if config is None or where is None or config.method in VLLM_DETECTION_SKIPPED:
+        return ()
+    path, role = where
+    if hit := vllm_path_trap(path):
+        trap = PathTrap(path=path, role=role, substring=hit[0], method=hit[1])
+        command, link = trap.symlink_fix()
+        flag = "--model" if role == "target" else 'the "model" key of --speculative-config'
+        return (Override(
+            "method", config.method, trap.method,
+            cause=(f"the {role} path {path!r} contains {trap.substring!r}; vLLM's method detection (skipped "
+                   f"only for methods {', '.join(sorted(VLLM_DETECTION_SKIPPED))}) tests for that substring "
+                   f"and switches {config.method!r} to {trap.method!r} without a log line"),
+            fix=f"serve the {role} through a neutral symlink: {command} and pass {link!r} as {flag}",
+            workaround=command),)
+    draft = res.draft if config.model is not None else res.target
+    model_type = draft.model_type if draft is not None else None
+    if config.method != "mtp" and model_type is not None and (
+            model_type in VLLM_MTP_REWRITES or model_type in VLLM_MTP_MODEL_TYPES):
+        rewritten = VLLM_MTP_REWRITES.get(model_type, model_type)
+        how = f"rewrites model_type {model_type!r} to {rewritten!r}, then" if rewritten != model_type else ""
+        return (Override(
+            "method", config.method, "mtp",
+            cause=(f"the {role} checkpoint {path!r} has model_type {model_type!r}; vLLM {how} detects "
+                   "'mtp' from the MTP model_type and replaces the method without a log line"),
+            fix=("no speculative-config key prevents this in vLLM 0.33.0; run this draft with specsure, or "
+                 "choose method 'mtp' if the MTP layers are what you want")),)
+    return ()
+
+
+@dataclass(frozen=True)
+class Export:
+    """A ready-to-paste argument set for one engine, built from a Resolution."""
+
+    engine: Engine
+    args: tuple[str, ...]
+    """The server arguments, one list item per shell word."""
+    speculative_config: Mapping[str, Any] | None = None
+    """vLLM only: the --speculative-config JSON object."""
+    warnings: tuple[str, ...] = ()
+    workarounds: tuple[str, ...] = ()
+    """Shell commands that make the engine run the resolved method (symlinks)."""
+
+    def command(self) -> str:
+        """The arguments as one shell-quoted line."""
+        return shlex.join(self.args)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"engine": self.engine, "args": list(self.args), "command": self.command(),
+                "speculative_config": dict(self.speculative_config) if self.speculative_config else None,
+                "warnings": list(self.warnings), "workarounds": list(self.workarounds)}
+
+
+def export(res: "Resolution", engine: str, *, strict: bool | None = None) -> Export:
+    """Render ``res`` for ``engine`` ('vllm' or 'sglang').
+
+    ConfigError when the engine cannot express the resolved method or checkpoint. With
+    ``strict`` (default: the Resolution's own), a predicted silent override is an error too.
+    """
+    if engine not in ENGINES:
+        raise ConfigError(f"unknown export target {engine!r}; choose one of: {', '.join(ENGINES)}.")
+    if res.config is None:
+        raise ConfigError("speculative decoding is off (no speculative config), so there is nothing to export. "
+                          'Pass --speculative-config, for example \'{"method": "ngram", "num_speculative_tokens": 4}\'.')
+    if res.target.note:
+        raise ConfigError(f"target: {res.target.note}; pass --model with the checkpoint the engine will serve.")
+    _check_loadable(res, engine)
+    strict = res.strict if strict is None else strict
+    out = _vllm(res) if engine == "vllm" else _sglang(res)
+    if strict and engine == "vllm" and (overrides := predict_vllm_overrides(res)):
+        raise ConfigError(" ".join(f"vLLM would run {o.field} {o.vllm!r} instead of {o.asked!r}: {o.cause}. "
+                                   f"Fix: {o.fix}." for o in overrides) + " (strict mode)")
+    return out
+
+
+def _check_loadable(res: "Resolution", engine: str) -> None:
+    draft = res.draft
+    if draft is not None and (hit := set(draft.architectures) & SPECSURE_ONLY_ARCHITECTURES):
+        raise ConfigError(
+            f"the draft {draft.path!r} is a specsure-format head (architectures={sorted(hit)}), which {engine} "
+            f"has no model class for; {engine} cannot run it as {res.config.method!r}. Serve it with specsure, "
+            "or use a head in the engine's own format.")
+
+
+def _target_warnings(res: "Resolution", engine: str) -> list[str]:
+    if res.target.kind in ("gguf", "default"):
+        return [f"the target {target_path(res)!r} is a GGUF file; {engine} loads GGUF experimentally and needs "
+                "--tokenizer pointing at the original Hugging Face tokenizer (for the packaged default: "
+                "HuggingFaceTB/SmolLM2-135M-Instruct)."]
+    return []
+
+
+def _vllm(res: "Resolution") -> Export:
+    config = res.config
+    assert config is not None
+    spec = config.to_vllm()
+    args = ("--model", target_path(res), "--speculative-config", json.dumps(spec, separators=(", ", ": ")))
+    warnings = _target_warnings(res, "vLLM")
+    workarounds = []
+    for o in predict_vllm_overrides(res):
+        warnings.append(f"vLLM {', '.join(VLLM_TESTED_VERSIONS)} would run {o.field} {o.vllm!r}, not {o.asked!r}: "
+                        f"{o.cause}. Fix: {o.fix}.")
+        if o.workaround:
+            workarounds.append(o.workaround)
+    return Export("vllm", args, spec, tuple(warnings), tuple(workarounds))
+
+
+def _sglang(res: "Resolution") -> Export:
+    config = res.config
+    assert config is not None
+    k = config.num_speculative_tokens
+    args = ["--model-path", target_path(res), "--speculative-algorithm", SGLANG_ALGORITHMS[config.method]]
+    warnings = _target_warnings(res, "SGLang")
+    if config.method == "ngram":
+        # SGLang counts the current token in num-draft-tokens; breadth 1 keeps one chain, no tree.
+        args += ["--speculative-num-draft-tokens", str(k + 1),
+                 "--speculative-ngram-min-match-window-size", str(config.prompt_lookup_min),
+                 "--speculative-ngram-max-match-window-size", str(config.prompt_lookup_max),
+                 "--speculative-ngram-min-bfs-breadth", "1", "--speculative-ngram-max-bfs-breadth", "1"]
+        warnings.append("SGLang's NGRAM drafts from a cache of earlier tokens (this and past requests), so "
+                        "its drafts can differ from prompt lookup's earliest match; verification stays lossless.")
+    else:
+        draft = config.model if config.model is not None else target_path(res)
+        args += ["--speculative-draft-model-path", draft, "--speculative-num-steps", str(k),
+                 "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(k + 1)]
+        if config.method == "mtp":
+            warnings.append("SGLang renames NEXTN to EAGLE internally; with a target that has MTP (NextN) layers "
+                            "it still runs those layers, which is mtp.")
+    return Export("sglang", tuple(args), None, tuple(warnings))

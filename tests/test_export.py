@@ -1,0 +1,241 @@
+"""Export of a Resolution to vLLM / SGLang arguments, on config.json-only checkpoints."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from specsure.cli.main import main
+from specsure.config import ConfigError, resolve
+from specsure.config.export import export, neutral_name, predict_vllm_overrides, vllm_path_trap
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1000, "hidden_size": 64,
+         "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "max_position_embeddings": 512}
+
+
+def write(folder: Path, **overrides) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({**LLAMA, **overrides}))
+    return str(folder)
+
+
+@pytest.fixture
+def ckpts(tmp_path: Path) -> dict[str, str]:
+    return {
+        "target": write(tmp_path / "target"),
+        "draft": write(tmp_path / "small-draft", num_hidden_layers=2),
+        "eagle": write(tmp_path / "head-one", architectures=["EagleLlamaForCausalLM"], num_hidden_layers=1),
+        "eagle3": write(tmp_path / "head-three", architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1,
+                        draft_vocab_size=500),
+        "dsv3": write(tmp_path / "dsv3", architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
+                      num_nextn_predict_layers=1),
+        "eagle_named_draft": write(tmp_path / "my-eagle-draft", num_hidden_layers=2),
+        "beagle_draft": write(tmp_path / "beagle-7b", num_hidden_layers=2),
+        "beagle_dsv3": write(tmp_path / "beagle-dsv3", architectures=["DeepseekV3ForCausalLM"],
+                             model_type="deepseek_v3", num_nextn_predict_layers=1),
+    }
+
+
+def vllm_json(out) -> dict:
+    args = list(out.args)
+    return json.loads(args[args.index("--speculative-config") + 1])
+
+
+def flags(out) -> dict[str, str]:
+    args = list(out.args)
+    return dict(zip(args[::2], args[1::2]))
+
+
+# ---- vLLM: every method, every field explicit --------------------------------------------------
+
+def test_vllm_ngram_every_field_explicit(ckpts):
+    res = resolve({"method": "ngram"}, model=ckpts["target"])
+    out = export(res, "vllm")
+    assert out.args[:2] == ("--model", ckpts["target"])
+    assert vllm_json(out) == {"method": "ngram", "num_speculative_tokens": 5,
+                              "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    assert out.speculative_config == vllm_json(out)
+
+
+def test_vllm_draft_model(ckpts):
+    res = resolve({"model": ckpts["draft"], "num_speculative_tokens": 3}, model=ckpts["target"])
+    out = export(res, "vllm")
+    assert vllm_json(out) == {"method": "draft_model", "model": ckpts["draft"], "num_speculative_tokens": 3}
+    assert out.warnings == () and out.workarounds == ()
+
+
+@pytest.mark.parametrize("kind, method", [("eagle", "eagle"), ("eagle3", "eagle3")])
+def test_vllm_eagle_heads_detected_then_made_explicit(ckpts, kind, method):
+    res = resolve({"model": ckpts[kind]}, model=ckpts["target"])
+    assert res.source("method") == "checkpoint"
+    assert vllm_json(export(res, "vllm")) == {"method": method, "model": ckpts[kind], "num_speculative_tokens": 5}
+
+
+def test_vllm_mtp_inside_target(ckpts):
+    res = resolve({"method": "mtp"}, model=ckpts["dsv3"])
+    out = export(res, "vllm")
+    # vLLM's own rule for mtp without a model is "use the target", the same as specsure's.
+    assert vllm_json(out) == {"method": "mtp", "num_speculative_tokens": 1}
+    assert out.args[1] == ckpts["dsv3"]
+    assert out.warnings == ()
+
+
+def test_vllm_command_is_shell_pasteable(ckpts):
+    res = resolve({"method": "ngram", "num_speculative_tokens": 4}, model=ckpts["target"])
+    out = export(res, "vllm")
+    assert tuple(shlex.split(out.command())) == out.args
+
+
+# ---- SGLang --------------------------------------------------------------------------------------
+
+def test_sglang_ngram_flags(ckpts):
+    res = resolve({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                   "prompt_lookup_max": 3}, model=ckpts["target"])
+    got = flags(export(res, "sglang"))
+    assert got == {"--model-path": ckpts["target"], "--speculative-algorithm": "NGRAM",
+                   "--speculative-num-draft-tokens": "5", "--speculative-ngram-min-match-window-size": "1",
+                   "--speculative-ngram-max-match-window-size": "3", "--speculative-ngram-min-bfs-breadth": "1",
+                   "--speculative-ngram-max-bfs-breadth": "1"}
+
+
+@pytest.mark.parametrize("kind, spec, algorithm", [
+    ("draft", {"method": "draft_model"}, "STANDALONE"),
+    ("eagle", {"method": "eagle"}, "EAGLE"),
+    ("eagle3", {"method": "eagle3"}, "EAGLE3"),
+])
+def test_sglang_draft_methods(ckpts, kind, spec, algorithm):
+    res = resolve({**spec, "model": ckpts[kind], "num_speculative_tokens": 3}, model=ckpts["target"])
+    got = flags(export(res, "sglang"))
+    assert got == {"--model-path": ckpts["target"], "--speculative-algorithm": algorithm,
+                   "--speculative-draft-model-path": ckpts[kind], "--speculative-num-steps": "3",
+                   "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "4"}
+
+
+def test_sglang_mtp_names_the_target_as_draft(ckpts):
+    res = resolve({"method": "mtp", "num_speculative_tokens": 2}, model=ckpts["dsv3"])
+    out = export(res, "sglang")
+    got = flags(out)
+    assert got["--speculative-algorithm"] == "NEXTN"
+    assert got["--speculative-draft-model-path"] == ckpts["dsv3"]
+    assert got["--speculative-num-steps"] == "2" and got["--speculative-num-draft-tokens"] == "3"
+    assert any("NEXTN" in w for w in out.warnings)
+
+
+# ---- what an engine cannot express is an error ---------------------------------------------------
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_specsure_only_mtp_head_is_an_error(tmp_path, ckpts, engine):
+    head = write(tmp_path / "mtp-head", architectures=["SpecsureMTPHead"], model_type="specsure_mtp",
+                 num_hidden_layers=1)
+    res = resolve({"method": "mtp", "model": head}, model=ckpts["target"])
+    with pytest.raises(ConfigError, match="specsure-format head"):
+        export(res, engine)
+
+
+def test_speculation_off_is_an_error(ckpts):
+    with pytest.raises(ConfigError, match="nothing to export"):
+        export(resolve(None, model=ckpts["target"]), "vllm")
+
+
+def test_unknown_engine_is_an_error(ckpts):
+    with pytest.raises(ConfigError, match="vllm, sglang"):
+        export(resolve({"method": "ngram"}, model=ckpts["target"]), "tensorrt")
+
+
+# ---- vLLM's substring trap: warn and propose the symlink ----------------------------------------
+
+@pytest.mark.parametrize("path, trap", [
+    ("/m/my-eagle-draft", ("eagle-", "eagle")),
+    ("/m/beagle-7b", ("eagle-", "eagle")),
+    ("/m/Qwen3-8B_EAGLE3", ("eagle3", "eagle3")),
+    ("/eagle-models/draft", ("eagle-", "eagle")),
+    ("/m/dflash_qwen", ("dflash", "dflash")),
+    ("/m/eagle_draft", None),
+    ("/m/eagles", None),
+    ("/m/tiny-llama", None),
+])
+def test_vllm_path_trap_matches_vllm_substring_rule(path, trap):
+    assert vllm_path_trap(path) == trap
+
+
+@pytest.mark.parametrize("name", ["my-eagle-draft", "beagle-7b", "EAGLE3-LLaMA", "dflash-x", "dspark-y"])
+def test_neutral_name_passes_the_trap(name):
+    assert vllm_path_trap(neutral_name(name)) is None
+
+
+@pytest.mark.parametrize("kind", ["eagle_named_draft", "beagle_draft"])
+def test_trapped_draft_path_warns_with_symlink(ckpts, kind):
+    res = resolve({"method": "draft_model", "model": ckpts[kind]}, model=ckpts["target"])
+    out = export(res, "vllm")
+    assert vllm_json(out)["model"] == ckpts[kind]  # the export keeps the user's path
+    (warning,) = out.warnings
+    assert "'eagle'" in warning and "'eagle-'" in warning and "ln -s" in warning
+    (command,) = out.workarounds
+    link = shlex.split(command)[-1]
+    assert shlex.split(command)[:3] == ["ln", "-s", ckpts[kind]]
+    assert vllm_path_trap(link) is None
+
+
+def test_trapped_target_path_for_mtp_warns(ckpts):
+    res = resolve({"method": "mtp"}, model=ckpts["beagle_dsv3"])
+    out = export(res, "vllm")
+    assert any("target path" in w and "--model" in w for w in out.warnings)
+    assert out.workarounds and vllm_path_trap(shlex.split(out.workarounds[0])[-1]) is None
+
+
+def test_symlink_fix_skips_trapped_parent(tmp_path):
+    draft = write(tmp_path / "eagle-zoo" / "small", num_hidden_layers=2)
+    target = write(tmp_path / "target")
+    res = resolve({"method": "draft_model", "model": draft}, model=target)
+    (override,) = predict_vllm_overrides(res)
+    link = shlex.split(override.workaround)[-1]
+    assert vllm_path_trap(link) is None and link.startswith(str(tmp_path))
+
+
+def test_eagle_methods_are_not_trapped(tmp_path, ckpts):
+    head = write(tmp_path / "my-eagle-head", architectures=["EagleLlamaForCausalLM"], num_hidden_layers=1)
+    res = resolve({"method": "eagle", "model": head}, model=ckpts["target"])
+    assert export(res, "vllm").warnings == ()
+
+
+def test_mtp_model_type_draft_as_draft_model_warns(ckpts):
+    res = resolve({"method": "draft_model", "model": ckpts["dsv3"]}, model=ckpts["target"])
+    (override,) = predict_vllm_overrides(res)
+    assert override.vllm == "mtp" and "deepseek_mtp" in override.cause
+    assert override.workaround is None
+
+
+def test_strict_makes_a_predicted_override_an_error(ckpts):
+    res = resolve({"method": "draft_model", "model": ckpts["eagle_named_draft"]}, model=ckpts["target"])
+    with pytest.raises(ConfigError, match="strict"):
+        export(res, "vllm", strict=True)
+    export(res, "sglang", strict=True)  # SGLang takes the algorithm as given
+
+
+# ---- CLI -----------------------------------------------------------------------------------------
+
+def test_cli_json(ckpts, capsys):
+    spec = json.dumps({"method": "draft_model", "model": ckpts["beagle_draft"], "num_speculative_tokens": 2})
+    assert main(["export", "--to", "vllm", "--model", ckpts["target"], "--speculative-config", spec,
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["speculative_config"] == {"method": "draft_model", "model": ckpts["beagle_draft"],
+                                          "num_speculative_tokens": 2}
+    assert data["workarounds"] and data["warnings"]
+
+
+def test_cli_text_prints_args_and_warnings(ckpts, capsys):
+    spec = json.dumps({"method": "draft_model", "model": ckpts["eagle_named_draft"]})
+    assert main(["export", "--to", "vllm", "--model", ckpts["target"], "--speculative-config", spec]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("--model ") and "--speculative-config" in captured.out
+    assert "warning:" in captured.err and "workaround: ln -s" in captured.err
+
+
+def test_cli_error_exits_2(ckpts, capsys):
+    assert main(["export", "--to", "vllm", "--model", ckpts["target"]]) == 2
+    assert "nothing to export" in capsys.readouterr().err
