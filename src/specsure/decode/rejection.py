@@ -83,7 +83,8 @@ def verify_sampled(
         q_draft = q.gather(1, draft[:, None]).squeeze(1)  # [k]
         # u < p/q written without the division: p(x) = 0 always rejects, q(x) = 0 always accepts.
         accept = uniforms * q_draft < p_draft
-    accepted = int(accept.to(torch.int32).cumprod(0).sum()) if k else 0
+    flags = accept.tolist()  # one transfer; k is small, so the scan is cheaper in Python
+    accepted = flags.index(False) if False in flags else k
     if accepted == k:
         bonus = int(sample(p[k], generator))
         return Verdict(k, [*draft_ids, bonus])
@@ -159,15 +160,14 @@ def _prepare(
     if q is not None and tuple(q.shape) != (k, vocab):
         raise ValueError(f"q has shape {tuple(q.shape)}; expected [k, V] = [{k}, {vocab}] to match "
                          "p and the draft; pass q=None for point-mass drafts")
-    draft = torch.tensor(list(draft_ids), dtype=torch.long)  # [k]
-    if k and not (0 <= int(draft.min()) and int(draft.max()) < vocab):
+    if k and not (0 <= min(draft_ids) and max(draft_ids) < vocab):
         raise ValueError(f"draft ids {list(draft_ids)} fall outside the vocabulary [0, {vocab}); "
                          "the proposer must return ids in the target vocabulary")
     if uniforms is None:
         uniforms = torch.rand(k, generator=generator)
     elif tuple(uniforms.shape) != (k,):
         raise ValueError(f"uniforms has shape {tuple(uniforms.shape)}; expected [{k}], one per draft token")
-    return draft, uniforms
+    return torch.tensor(list(draft_ids), dtype=torch.long), uniforms  # [k], [k]
 
 
 def _check_rows(name: str, t: torch.Tensor, rows: int, k: int) -> None:
