@@ -101,9 +101,9 @@ def _residual(p_i: torch.Tensor, q_i: torch.Tensor | None, draft_id: int) -> tor
     else:
         residual = (p_i - q_i).clamp_(min=0.0)
     if not residual.sum() > 0:
-        # max(0, p - q) is all zero only when p <= q everywhere, i.e. p == q; then rejection has
-        # probability 0 and we got here through rounding, so any fallback is measure-zero. p is
-        # the natural one (and sampling would fail on an all-zero row).
+        # max(0, p - q) is all zero only when p <= q everywhere, i.e. p == q. Then rejection has
+        # probability 0: we got here through rounding or an impossible draft (q(x) = 0), so any
+        # fallback is measure-zero. p is the natural one (sampling fails on an all-zero row).
         return p_i
     return residual
 
@@ -164,10 +164,10 @@ def _prepare(
         raise ValueError(f"draft ids {list(draft_ids)} fall outside the vocabulary [0, {vocab}); "
                          "the proposer must return ids in the target vocabulary")
     if uniforms is None:
-        uniforms = torch.rand(k, generator=generator)
+        uniforms = torch.rand(k, generator=generator, device=p.device)
     elif tuple(uniforms.shape) != (k,):
         raise ValueError(f"uniforms has shape {tuple(uniforms.shape)}; expected [{k}], one per draft token")
-    return torch.tensor(list(draft_ids), dtype=torch.long), uniforms  # [k], [k]
+    return torch.tensor(list(draft_ids), dtype=torch.long, device=p.device), uniforms  # [k], [k]
 
 
 def _check_rows(name: str, t: torch.Tensor, rows: int, k: int) -> None:
