@@ -1,0 +1,78 @@
+"""`specsure check-vllm`: ask the installed vLLM what it would run, and compare with specsure."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from specsure.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_model_flags, parse_speculative_config
+from specsure.config import ConfigError, resolve
+from specsure.config.export import VLLM_TESTED_VERSIONS, export
+from specsure.config.schema import KEY_ALIASES
+from specsure.vllm_check import ProbeError, compare, default_vllm_python, run_probe
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    tested = ", ".join(VLLM_TESTED_VERSIONS)
+    parser = sub.add_parser(
+        "check-vllm", help="check that vLLM would run the method and draft specsure resolved",
+        description="Resolve the speculative config with specsure, export it for vLLM, and ask vLLM's own "
+                    "config code (EngineArgs.create_speculative_config, in a subprocess run with vLLM's "
+                    "Python; specsure never imports vLLM) what it would run. Prints one row per field. "
+                    "Exit 0: same method and draft. Exit 1: vLLM would run something else (the cause and "
+                    "fix are named). Exit 2: bad config, or vLLM missing or failing. "
+                    f"Tested with vLLM {tested}; other versions may differ in their detection rules.",
+        epilog=f"Tested with vLLM {tested} on CPU, with config.json-only checkpoints.")
+    add_model_flags(parser)
+    parser.add_argument("--vllm-python", default=None, metavar="PATH",
+                        help="Python interpreter of an environment with vLLM installed "
+                             "(default: .venv-vllm/bin/python when it exists)")
+    parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                        help="limit for vLLM's import and config resolution (default: 600)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    speculative = parse_speculative_config(args.speculative_config)
+    if speculative is None:
+        raise ConfigError("check-vllm needs --speculative-config: with speculation off there is nothing to check.")
+    logging.getLogger("specsure.config").setLevel(logging.ERROR)  # shown in the notes instead
+    res = resolve(speculative, model=args.model, strict=args.strict)
+    exported = export(res, "vllm", strict=False)
+    python = args.vllm_python or default_vllm_python()
+    if python is None:
+        print("error: no vLLM environment found: .venv-vllm/bin/python does not exist. Pass --vllm-python "
+              "PATH (a Python with vLLM installed), or create one: python3 -m venv .venv-vllm && "
+              f".venv-vllm/bin/pip install vllm=={VLLM_TESTED_VERSIONS[-1]}", file=sys.stderr)
+        return EXIT_USAGE
+    target = exported.args[1]
+    as_written = {KEY_ALIASES.get(k, k): v for k, v in speculative.items()}
+    cases = [{"model": target, "speculative_config": dict(exported.speculative_config)},
+             {"model": target, "speculative_config": as_written}]
+    try:
+        answer = run_probe(python, cases, timeout=args.timeout)
+    except ProbeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    result, written = answer["results"]
+    version = str(answer.get("vllm_version", "?"))
+    if "error" in result:
+        print(f"error: vLLM {version}'s config code failed on the exported config "
+              f"{json.dumps(dict(exported.speculative_config))}: {result['error']}", file=sys.stderr)
+        return EXIT_USAGE
+    check = compare(res, result, exported=exported.speculative_config, as_written=written, vllm_version=version)
+    notes = list(res.warnings)
+    if version not in VLLM_TESTED_VERSIONS:
+        notes.append(f"vLLM {version} is not a tested version ({', '.join(VLLM_TESTED_VERSIONS)}).")
+    if args.json:
+        data = check.to_dict()
+        data["specsure_warnings"] = notes
+        print(json.dumps(data, indent=2))
+    else:
+        print(check.table())
+        for text in notes:
+            print(f"warning: {text}", file=sys.stderr)
+    return EXIT_OK if check.ok else EXIT_FAIL

@@ -1,0 +1,78 @@
+"""Ask vLLM's own config code what it would run. Runs under vLLM's Python, never specsure's.
+
+Standalone on purpose: it imports vLLM and the standard library only, so it runs in a
+separate environment that has vLLM but not specsure. Input: a JSON list of cases on stdin,
+each {"model": target path, "speculative_config": {...}}. Output: one stdout line
+"SPECSURE_PROBE_RESULT <json>" with {"vllm_version", "results": [...]}; each result holds
+what vLLM resolved (method, draft path, num_speculative_tokens, ngram bounds, the draft's
+model_type and architectures after vLLM's rewrites) or an "error". vLLM's own logs go to
+stderr. Exit 0 when vLLM imported, 3 when it did not.
+"""
+
+import json
+import os
+import sys
+import traceback
+
+MARKER = "SPECSURE_PROBE_RESULT "
+
+
+def _probe(case):
+    from vllm.engine.arg_utils import EngineArgs
+
+    engine_args = EngineArgs(model=case["model"], speculative_config=dict(case["speculative_config"]),
+                             skip_tokenizer_init=True)
+    model_config = engine_args.create_model_config()
+    parallel_config = engine_args.create_parallel_config() if hasattr(engine_args, "create_parallel_config") \
+        else _parallel_config()
+    spec = engine_args.create_speculative_config(model_config, parallel_config)
+    if spec is None:
+        return {"method": None}
+    draft = spec.draft_model_config
+    hf = getattr(draft, "hf_config", None)
+    inner = getattr(hf, "model", None)  # EAGLEConfig wraps the checkpoint's own config
+    return {
+        "method": spec.method,
+        "model": spec.model,
+        "draft_path": getattr(draft, "model", None) if spec.method not in ("ngram", "ngram_gpu") else None,
+        "num_speculative_tokens": spec.num_speculative_tokens,
+        "prompt_lookup_min": spec.prompt_lookup_min,
+        "prompt_lookup_max": spec.prompt_lookup_max,
+        "draft_model_type": getattr(inner, "model_type", None) or getattr(hf, "model_type", None),
+        "draft_architectures": list(getattr(hf, "architectures", None) or []),
+        "target_model_type": getattr(model_config.hf_config, "model_type", None),
+    }
+
+
+def _parallel_config():
+    from vllm.config import ParallelConfig
+
+    return ParallelConfig()
+
+
+def main():
+    cases = json.load(sys.stdin)
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr  # vLLM's logs must not mix with the result line
+    try:
+        import vllm
+    except Exception as exc:  # any import failure means "no usable vLLM here"
+        print(MARKER + json.dumps({"import_error": f"{type(exc).__name__}: {exc}"}), file=real_stdout)
+        return 3
+    results = []
+    for case in cases:
+        try:
+            results.append(_probe(case))
+        except BaseException as exc:  # vLLM raises many types; each case reports its own
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            results.append({"error": f"{type(exc).__name__}: {exc}",
+                            "traceback": traceback.format_exc(limit=6)})
+    print(MARKER + json.dumps({"vllm_version": getattr(vllm, "__version__", "unknown"),
+                               "python": sys.executable, "pid": os.getpid(), "results": results},
+                              default=str), file=real_stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

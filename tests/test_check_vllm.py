@@ -1,0 +1,169 @@
+"""check-vllm without vLLM: the comparison logic, and the CLI against a fake vLLM Python.
+
+The real vLLM runs only in tests/vllm/ (make test-vllm).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from specsure.cli.main import main
+from specsure.config import resolve
+from specsure.vllm_check import ProbeError, compare, run_probe
+
+from test_export import write
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> str:
+    return write(tmp_path / "target")
+
+
+def vllm_result(**fields):
+    base = {"method": "draft_model", "model": None, "num_speculative_tokens": 4, "prompt_lookup_min": 0,
+            "prompt_lookup_max": 0, "draft_model_type": "llama", "draft_architectures": ["LlamaForCausalLM"]}
+    return {**base, **fields}
+
+
+def test_agreement_is_ok(tmp_path, target):
+    draft = write(tmp_path / "small", num_hidden_layers=2)
+    res = resolve({"method": "draft_model", "model": draft}, model=target)
+    check = compare(res, vllm_result(model=draft), exported={"method": "draft_model"}, vllm_version="0.33.0")
+    assert check.ok and all(r.agree for r in check.rows)
+    assert "OK" in check.table()
+
+
+def test_ngram_placeholders_are_normalised(target):
+    res = resolve({"method": "ngram", "num_speculative_tokens": 3}, model=target)
+    result = vllm_result(method="ngram", model="ngram", num_speculative_tokens=3, prompt_lookup_min=2,
+                         prompt_lookup_max=5)
+    assert compare(res, result, exported={}).ok
+    assert not compare(res, {**result, "prompt_lookup_min": 5}, exported={}).ok
+
+
+def test_path_substring_is_named_with_a_symlink_fix(tmp_path, target):
+    draft = write(tmp_path / "my-eagle-draft", num_hidden_layers=2)
+    res = resolve({"method": "draft_model", "model": draft}, model=target)
+    check = compare(res, vllm_result(method="eagle", model=draft), exported={})
+    (m,) = check.mismatches
+    assert (m.field, m.specsure, m.vllm) == ("method", "draft_model", "eagle")
+    assert "folder-name substring" in m.cause and "'eagle-'" in m.cause
+    assert "ln -s" in m.fix and "my-eagl-draft" in m.fix
+    assert "differs" in check.table()
+
+
+def test_mtp_target_path_substring(tmp_path):
+    target = write(tmp_path / "beagle-dsv3", architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
+                   num_nextn_predict_layers=1)
+    res = resolve({"method": "mtp"}, model=target)
+    (m,) = compare(res, vllm_result(method="eagle", model=target, num_speculative_tokens=1), exported={}).mismatches
+    assert "target path" in m.cause and "--model" in m.fix
+
+
+def test_model_type_rewrite_is_named(tmp_path, target):
+    draft = write(tmp_path / "dsv3", architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
+                  num_nextn_predict_layers=1)
+    res = resolve({"method": "draft_model", "model": draft}, model=target)
+    result = vllm_result(method="mtp", model=draft, draft_model_type="deepseek_mtp")
+    (m,) = compare(res, result, exported={}).mismatches
+    assert "model_type rewrite" in m.cause and "'deepseek_v3'" in m.cause and "'deepseek_mtp'" in m.cause
+
+
+def test_different_draft_is_a_mismatch(tmp_path, target):
+    draft = write(tmp_path / "small", num_hidden_layers=2)
+    res = resolve({"method": "draft_model", "model": draft}, model=target)
+    (m,) = compare(res, vllm_result(model=str(tmp_path / "other")), exported={}).mismatches
+    assert m.field == "model"
+
+
+def test_symlinked_draft_is_the_same_draft(tmp_path, target):
+    draft = write(tmp_path / "small", num_hidden_layers=2)
+    link = tmp_path / "link"
+    link.symlink_to(draft)
+    res = resolve({"method": "draft_model", "model": str(link)}, model=target)
+    assert compare(res, vllm_result(model=draft), exported={}).ok
+
+
+# ---- CLI against a fake vLLM Python ------------------------------------------------------------
+
+def fake_python(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "fake-python"
+    path.write_text("#!/bin/sh\ncat > /dev/null\n" + body + "\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def answer(*results) -> str:
+    line = "SPECSURE_PROBE_RESULT " + json.dumps({"vllm_version": "0.33.0", "results": list(results)})
+    return f"echo 'vllm log line'\necho '{line}'"
+
+
+def run_cli(target: str, spec: dict, python: str, *extra: str) -> int:
+    return main(["check-vllm", "--model", target, "--speculative-config", json.dumps(spec),
+                 "--vllm-python", python, *extra])
+
+
+def test_cli_exit_0_when_vllm_agrees(tmp_path, target, capsys):
+    draft = write(tmp_path / "small", num_hidden_layers=2)
+    ok = vllm_result(model=draft)
+    assert run_cli(target, {"method": "draft_model", "model": draft}, fake_python(tmp_path, answer(ok, ok))) == 0
+    out = capsys.readouterr().out
+    assert "you asked" in out and "specsure runs" in out and "vLLM 0.33.0 runs" in out
+
+
+def test_cli_exit_1_names_cause(tmp_path, target, capsys):
+    draft = write(tmp_path / "beagle-7b", num_hidden_layers=2)
+    bad = vllm_result(method="eagle", model=draft)
+    assert run_cli(target, {"draft_model": draft, "method": "draft_model"},
+                   fake_python(tmp_path, answer(bad, bad)), "--json") == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["ok"] is False and "folder-name substring" in data["mismatches"][0]["cause"]
+
+
+def test_cli_exit_2_when_vllm_config_fails(tmp_path, target, capsys):
+    err = {"error": "ValueError: boom"}
+    assert run_cli(target, {"method": "ngram"}, fake_python(tmp_path, answer(err, err))) == 2
+    assert "config code failed" in capsys.readouterr().err
+
+
+def test_cli_exit_2_when_vllm_missing(tmp_path, target, capsys):
+    assert run_cli(target, {"method": "ngram"}, str(tmp_path / "nope" / "python")) == 2
+    assert "--vllm-python" in capsys.readouterr().err
+
+
+def test_cli_exit_2_without_default_venv(tmp_path, target, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["check-vllm", "--model", target, "--speculative-config", '{"method": "ngram"}']) == 2
+    assert ".venv-vllm/bin/python does not exist" in capsys.readouterr().err
+
+
+def test_probe_import_failure_is_a_probe_error(tmp_path):
+    python = fake_python(tmp_path, "echo 'SPECSURE_PROBE_RESULT {\"import_error\": \"ModuleNotFoundError: vllm\"}'")
+    with pytest.raises(ProbeError, match="import vllm failed"):
+        run_probe(python, [])
+
+
+def test_probe_without_answer_shows_stderr(tmp_path):
+    python = fake_python(tmp_path, "echo 'Traceback: kaboom' >&2; exit 1")
+    with pytest.raises(ProbeError, match="kaboom"):
+        run_probe(python, [])
+
+
+def test_probe_script_imports_only_stdlib_and_vllm():
+    tree = ast.parse((Path(__file__).parents[1] / "src/specsure/vllm_check/probe.py").read_text())
+    roots = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names}
+    roots |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert roots <= {"json", "os", "sys", "traceback", "vllm"}
+
+
+def test_real_probe_without_vllm_is_a_probe_error():
+    # specsure's own venv has no vLLM: the real probe script must say so, not crash.
+    with pytest.raises(ProbeError, match="import vllm failed"):
+        run_probe(sys.executable, [{"model": "x", "speculative_config": {}}], timeout=120)
