@@ -59,15 +59,17 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
     check_model_folder(folder)
     started = time.perf_counter()
     try:
-        hf = AutoModelForCausalLM.from_pretrained(
+        hf, info = AutoModelForCausalLM.from_pretrained(
             folder,
             dtype=torch_dtype,
             use_safetensors=True,
             trust_remote_code=False,
             local_files_only=True,
+            output_loading_info=True,
         )
     except (OSError, ValueError, KeyError, RuntimeError) as err:
         raise ModelLoadError(f"transformers could not load the model in {folder}: {err}") from err
+    _check_loading_info(folder, info)
     tokenizer = _load_tokenizer(folder)
     lm = CausalLM(hf)
     logger.info(
@@ -194,6 +196,22 @@ def _check_weights(folder: Path) -> None:
         missing = sorted({s for s in weight_map.values() if not (folder / s).is_file()})
         if missing:
             raise ModelLoadError(f"{index_path} lists shards missing from {folder}: {', '.join(missing)}.")
+
+
+def _check_loading_info(folder: Path, info: dict[str, Any]) -> None:
+    # transformers fills weights missing from the checkpoint with random values and only
+    # logs it; decoding with them would produce fluent-looking garbage, so refuse.
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ModelLoadError(
+            f"the weights in {folder} lack {len(missing)} tensor(s) the config.json architecture "
+            f"needs ({shown}); the checkpoint and its config.json do not match."
+        )
+    unexpected = info.get("unexpected_keys") or ()
+    if unexpected:
+        # Expected for checkpoints that carry extra modules (e.g. MTP layers) the base class skips.
+        logger.info("%s: %d checkpoint tensor(s) unused by the model", folder, len(unexpected))
 
 
 def _load_tokenizer(folder: Path) -> PreTrainedTokenizerBase | None:
