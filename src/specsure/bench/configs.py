@@ -1,0 +1,117 @@
+"""Building the configurations a run compares, with a reason for each one that cannot run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from specsure.bench.runners import Runner, SpecsureRunner, TransformersRunner
+from specsure.config import ConfigError
+
+METHODS: tuple[str, ...] = ("plain", "ngram", "draft_model", "eagle", "eagle3", "mtp")
+"""specsure configurations, in report order; 'plain' is speculation off."""
+BASELINES: tuple[str, ...] = ("hf", "hf-prompt-lookup", "hf-assisted")
+"""transformers configurations: generate greedy, prompt lookup, assisted generation."""
+
+# The flag that supplies each method's draft or head checkpoint; mtp may use heads inside
+# the target, so it runs without one and lets the engine say whether the target has them.
+_HEAD_FLAG = {"draft_model": "draft_model", "eagle": "eagle_head", "eagle3": "eagle3_head", "mtp": "mtp_head"}
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the runners are built from (a subset of the CLI arguments)."""
+
+    model: str | None
+    dtype: str
+    """An explicit dtype name ('auto' already resolved), so every configuration shares it."""
+    num_speculative_tokens: int
+    draft_model: str | None = None
+    eagle_head: str | None = None
+    eagle3_head: str | None = None
+    mtp_head: str | None = None
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return _DTYPE_NAMES[dtype]
+
+
+def speculative_config(method: str, s: Settings) -> dict[str, Any] | None:
+    """The user speculative config (vLLM keys) for `method`; None for plain decoding.
+
+    Raises:
+        LookupError: the method needs a draft/head checkpoint and none was given.
+    """
+    if method == "plain":
+        return None
+    config: dict[str, Any] = {"method": method, "num_speculative_tokens": s.num_speculative_tokens}
+    if method == "ngram":
+        if s.prompt_lookup_min is not None:
+            config["prompt_lookup_min"] = s.prompt_lookup_min
+        if s.prompt_lookup_max is not None:
+            config["prompt_lookup_max"] = s.prompt_lookup_max
+        return config
+    head = getattr(s, _HEAD_FLAG[method])
+    if head is not None:
+        config["model"] = head
+    elif method != "mtp":
+        raise LookupError(f"no --{_HEAD_FLAG[method].replace('_', '-')} given")
+    return config
+
+
+def build_specsure(methods: Sequence[str], s: Settings, eos_ids: frozenset[int]) -> tuple[list[Runner], list[tuple[str, str]]]:
+    """One engine per method (built once, reused for every prompt), and the skipped ones.
+
+    A method is skipped when its checkpoint flag is missing or `make_engine` raises a
+    ConfigError (the error text is the reason). 'plain' is required: it is the reference.
+    """
+    from specsure import make_engine
+
+    runners: list[Runner] = []
+    skipped: list[tuple[str, str]] = []
+    for method in methods:
+        try:
+            spec = speculative_config(method, s)
+        except LookupError as err:
+            skipped.append((method, str(err)))
+            continue
+        try:
+            engine = make_engine(model=s.model, speculative=spec, dtype=s.dtype)
+        except ConfigError as err:
+            if method == "plain":
+                raise
+            skipped.append((method, f"make_engine refused {spec}: {err}"))
+            continue
+        runners.append(SpecsureRunner(method, engine, eos_ids))
+    return runners, skipped
+
+
+def build_transformers(
+    baselines: Sequence[str], s: Settings, target_hf: Any, eos_ids: frozenset[int], load_hf: Any
+) -> tuple[list[Runner], list[tuple[str, str]]]:
+    """The transformers baselines on `target_hf`; `load_hf(path)` loads the assisted draft."""
+    runners: list[Runner] = []
+    skipped: list[tuple[str, str]] = []
+    for name in baselines:
+        if name == "hf":
+            runners.append(TransformersRunner(name, target_hf, {}, eos_ids))
+        elif name == "hf-prompt-lookup":
+            runners.append(TransformersRunner(name, target_hf, {"prompt_lookup_num_tokens": s.num_speculative_tokens}, eos_ids))
+        elif name == "hf-assisted":
+            if s.draft_model is None:
+                skipped.append((name, "no --draft-model given (assisted generation uses the same draft as draft_model)"))
+                continue
+            try:
+                assistant = load_hf(s.draft_model)
+            except ConfigError as err:
+                skipped.append((name, f"cannot load the draft model: {err}"))
+                continue
+            runners.append(TransformersRunner(name, target_hf, {"assistant_model": assistant}, eos_ids))
+    return runners, skipped

@@ -1,0 +1,55 @@
+"""Running the configurations: warm-up, then every configuration interleaved per prompt.
+
+Interleaving (A B C, then B C A on the next prompt, ...) spreads slow drifts of the
+machine (thermal state, background load) over every configuration instead of charging them
+to whichever ran last; the rotation keeps any one configuration from always going first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from specsure.bench.runners import Generation, Runner
+from specsure.bench.workload import Prompt
+
+
+@dataclass(frozen=True)
+class Item:
+    """A prompt ready to run: its token ids and its new-token cap."""
+
+    prompt: Prompt
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+
+
+def warm_up(runners: Sequence[Runner], item: Item, passes: int, max_tokens: int = 32) -> None:
+    """Run every configuration `passes` times on `item` and discard the timings."""
+    if passes <= 0:
+        return
+    with tqdm(total=passes * len(runners), desc="warm-up", unit="run", leave=False) as bar:
+        for _ in range(passes):
+            for runner in runners:
+                bar.set_postfix_str(runner.name)
+                runner.generate(item.prompt_ids, min(item.max_tokens, max_tokens))
+                bar.update()
+
+
+def run_interleaved(runners: Sequence[Runner], items: Sequence[Item], repeats: int) -> dict[tuple[str, str], list[Generation]]:
+    """Time every configuration on every prompt `repeats` times, interleaved.
+
+    Returns: {(config name, prompt id): [one Generation per repeat]}.
+    """
+    runs: dict[tuple[str, str], list[Generation]] = {(r.name, it.prompt.id): [] for r in runners for it in items}
+    total = repeats * len(items) * len(runners)
+    with tqdm(total=total, desc="bench", unit="run") as bar:
+        for repeat in range(repeats):
+            for index, item in enumerate(items):
+                shift = (index + repeat) % len(runners)
+                for runner in [*runners[shift:], *runners[:shift]]:
+                    bar.set_postfix_str(f"{item.prompt.id} {runner.name}")
+                    runs[(runner.name, item.prompt.id)].append(runner.generate(item.prompt_ids, item.max_tokens))
+                    bar.update()
+    return runs

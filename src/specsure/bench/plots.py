@@ -1,0 +1,100 @@
+"""speedup.png and acceptance.png, drawn from `BenchResults`.
+
+Each PNG carries the exact numbers it plots as JSON in a text chunk (key `PLOT_DATA_KEY`),
+so a test can check that a picture agrees with results.json without reading pixels.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from specsure.bench.results import ALL, BenchResults
+
+PLOT_DATA_KEY = "specsure-plot-data"
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def speedup_data(results: BenchResults) -> dict[str, Any]:
+    """{"categories": [...], "series": {config: [speedup vs plain per category]}}."""
+    categories = [*results.categories, ALL]
+    series = {}
+    for cfg in results.configs:
+        values = []
+        for category in categories:
+            row = results.row(cfg["name"], category)
+            values.append(None if row is None else row.speedup_vs_plain)
+        series[cfg["name"]] = values
+    return {"categories": categories, "series": series, "reference": results.reference}
+
+
+def acceptance_data(results: BenchResults) -> dict[str, Any]:
+    """{"series": {config: [acceptance rate per draft position, all prompts]}}."""
+    series = {}
+    for cfg in results.configs:
+        row = results.row(cfg["name"], ALL)
+        if row is not None and row.per_position_acceptance:
+            series[cfg["name"]] = list(row.per_position_acceptance)
+    return {"series": series}
+
+
+def _save(fig, path: Path, data: dict[str, Any]) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={PLOT_DATA_KEY: json.dumps(data)})
+
+
+def plot_speedup(results: BenchResults, path: Path) -> dict[str, Any]:
+    """Grouped bars: speedup vs the reference per category, one bar per configuration."""
+    plt = _pyplot()
+    data = speedup_data(results)
+    categories, series = data["categories"], data["series"]
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.4 * len(categories)), 4.2))
+    width = 0.8 / max(1, len(series))
+    for i, (name, values) in enumerate(series.items()):
+        xs = [c + (i - (len(series) - 1) / 2) * width for c in range(len(categories))]
+        ax.bar(xs, [v or 0.0 for v in values], width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(categories)), categories)
+    ax.set_ylabel(f"speedup vs {data['reference']} (tokens/s ratio)")
+    ax.set_title(f"{results.meta.get('model', 'model')} · {results.meta.get('dtype', '')} · greedy, batch 1")
+    ax.legend(fontsize=8, ncols=min(4, max(1, len(series))))
+    _save(fig, path, data)
+    plt.close(fig)
+    return data
+
+
+def plot_acceptance(results: BenchResults, path: Path) -> dict[str, Any]:
+    """Per-position acceptance rate (accepted at position i / drafts), all prompts."""
+    plt = _pyplot()
+    data = acceptance_data(results)
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for name, rates in data["series"].items():
+        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=name)
+    if data["series"]:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no speculative method ran", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate (per draft)")
+    ax.set_title("per-position acceptance, all prompts")
+    _save(fig, path, data)
+    plt.close(fig)
+    return data
+
+
+def read_plot_data(path: Path) -> dict[str, Any]:
+    """The numbers a PNG written here was drawn from."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return json.loads(image.text[PLOT_DATA_KEY])

@@ -1,0 +1,65 @@
+"""results.md: markdown tables rendered from `BenchResults` (never from raw timings)."""
+
+from __future__ import annotations
+
+from specsure.bench.results import ALL, BenchResults, SummaryRow
+
+COLUMNS = ("config", "kind", "tok/s", "vs plain", "vs HF", "mean acc. len", "per-position acceptance", "exact match")
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _cells(row: SummaryRow) -> list[str]:
+    per_pos = "-" if row.per_position_acceptance is None else " ".join(f"{a:.2f}" for a in row.per_position_acceptance) or "-"
+    if row.exact_match_rate is None:
+        match = "reference"
+    else:
+        match = f"{row.exact_match_rate:.0%}" + ("" if row.outputs_equal else " **MISMATCH**")
+    return [
+        row.config,
+        row.kind,
+        f"{row.tokens_per_s:.2f}",
+        _ratio(row.speedup_vs_plain),
+        _ratio(row.speedup_vs_hf),
+        "-" if row.mean_acceptance_length is None else f"{row.mean_acceptance_length:.2f}",
+        per_pos,
+        match,
+    ]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines
+
+
+def render_markdown(results: BenchResults) -> str:
+    """The full report: settings, the all-prompts table, the per-category table, warnings."""
+    meta = results.meta
+    out = ["# specsure bench results", ""]
+    for key in ("command", "model", "dtype", "threads", "cpu", "torch", "transformers", "max_tokens", "repeats", "num_speculative_tokens", "prompts"):
+        if key in meta:
+            value = f"`{meta[key]}`" if key == "command" else meta[key]
+            out.append(f"- {key}: {value}")
+    out += [
+        "",
+        f"Greedy, batch 1. tokens/s = new tokens / sum of per-prompt median wall times; speedups are "
+        f"ratios in the same run; exact match compares token ids with `{results.reference}`.",
+        "",
+        "## All prompts",
+        "",
+    ]
+    out += _table(list(COLUMNS), [_cells(r) for r in results.summary if r.category == ALL])
+    out += ["", "## By category", ""]
+    out += _table(["category", *COLUMNS], [[r.category, *_cells(r)] for r in results.summary if r.category != ALL])
+    if results.mismatched:
+        out += ["", "## MISMATCHES: outputs differ from " + results.reference, ""]
+        for r in results.mismatched:
+            where = ", ".join(f"{m['prompt_id']} at token {m['first_divergence']}" for m in r.mismatches)
+            out.append(f"- **{r.config}** on {r.category}: {where}")
+    if results.skipped:
+        out += ["", "## Skipped", ""]
+        out += [f"- {s['name']}: {s['reason']}" for s in results.skipped]
+    return "\n".join(out) + "\n"

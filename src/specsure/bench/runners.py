@@ -1,0 +1,127 @@
+"""The configurations a benchmark compares: specsure methods and transformers baselines.
+
+Every runner takes the same prompt token ids and a cap on new tokens, decodes greedily at
+batch size 1, and returns the new token ids, the wall time of the whole call (prefill
+included, tokenization excluded) and, for speculative methods, the acceptance counters.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import torch
+
+Kind = Literal["specsure", "transformers"]
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One timed greedy generation."""
+
+    token_ids: tuple[int, ...]
+    """New tokens only (the prompt excluded); a final EOS is not counted."""
+    seconds: float
+    """Wall time of the generate call."""
+    drafts: int = 0
+    """Verification steps that had a non-empty draft (vLLM's num_drafts)."""
+    draft_tokens: int = 0
+    """Draft tokens proposed."""
+    accepted_tokens: int = 0
+    """Draft tokens accepted."""
+    accepted_per_position: tuple[int, ...] = ()
+    """Accepted draft tokens at each draft position 0..k-1."""
+
+
+class Runner(Protocol):
+    """One configuration under test."""
+
+    name: str
+    """Unique label in the report, e.g. 'ngram' or 'hf-prompt-lookup'."""
+    kind: Kind
+    """Which library runs it."""
+    speculative: bool
+    """True when it reports acceptance counters."""
+
+    def generate(self, prompt_ids: Sequence[int], max_tokens: int) -> Generation:
+        """Greedy-decode up to `max_tokens` new tokens after `prompt_ids`."""
+        ...
+
+
+def _strip_eos(token_ids: Sequence[int], eos_ids: frozenset[int]) -> tuple[int, ...]:
+    # transformers keeps the EOS it stopped on; counting it for one engine and not the other
+    # would skew both tokens/s and the equality check, so neither side counts it.
+    ids = tuple(int(t) for t in token_ids)
+    return ids[:-1] if ids and ids[-1] in eos_ids else ids
+
+
+@dataclass
+class SpecsureRunner:
+    """A specsure engine built once per method and reused for every prompt."""
+
+    name: str
+    engine: Any
+    """The object `specsure.make_engine` returned."""
+    eos_ids: frozenset[int] = frozenset()
+    kind: Kind = "specsure"
+
+    @property
+    def speculative(self) -> bool:
+        return self.engine.speculative_method is not None
+
+    def generate(self, prompt_ids: Sequence[int], max_tokens: int) -> Generation:
+        from specsure import SamplingParams
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        start = time.perf_counter()
+        out = self.engine.generate([list(prompt_ids)], params)[0]
+        seconds = time.perf_counter() - start
+        stats = out.stats
+        return Generation(
+            token_ids=_strip_eos(out.token_ids, self.eos_ids),
+            seconds=seconds,
+            drafts=int(stats.drafts),
+            draft_tokens=int(stats.draft_tokens),
+            accepted_tokens=int(stats.accepted_tokens),
+            accepted_per_position=tuple(int(n) for n in stats.accepted_per_position),
+        )
+
+
+@dataclass
+class TransformersRunner:
+    """`model.generate` greedy, optionally with prompt lookup or an assistant model."""
+
+    name: str
+    model: Any
+    """The transformers `PreTrainedModel` of the target."""
+    generate_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra `generate` arguments: `prompt_lookup_num_tokens=k` or `assistant_model=...`."""
+    eos_ids: frozenset[int] = frozenset()
+    kind: Kind = "transformers"
+    speculative: bool = False
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: Sequence[int], max_tokens: int) -> Generation:
+        input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+        eos = sorted(self.eos_ids) or None
+        start = time.perf_counter()
+        out = self.model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            # Neutralise sampling fields a checkpoint's generation_config may carry, so
+            # greedy means plain argmax here exactly as in specsure.
+            temperature=None,
+            top_p=None,
+            top_k=None,
+            repetition_penalty=None,
+            eos_token_id=eos,
+            pad_token_id=eos[0] if eos else None,
+            **self.generate_kwargs,
+        )
+        seconds = time.perf_counter() - start
+        return Generation(token_ids=_strip_eos(out[0, input_ids.shape[1] :].tolist(), self.eos_ids), seconds=seconds)
+

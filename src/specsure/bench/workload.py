@@ -1,0 +1,207 @@
+"""Benchmark workloads: JSONL prompt files and the built-in six-category set.
+
+The schema (documented for users in bench/README.md) is one JSON object per line:
+
+- ``category`` (string, required): the row's group in the report.
+- exactly one of
+  - ``prompt`` (non-empty string): rendered as one user turn with the tokenizer's chat
+    template when the tokenizer has one, else encoded as-is;
+  - ``messages`` (non-empty list of ``{"role", "content"}``, last turn from the user): a chat
+    conversation, earlier assistant turns included, rendered with the chat template;
+  - ``prompt_ids`` (non-empty list of non-negative ints): token ids used as-is, for models
+    without a tokenizer.
+- ``max_tokens`` (positive int, optional): overrides ``--max-tokens`` for this row.
+- ``id`` (string, optional): defaults to ``<file stem>-<line>``.
+
+Blank lines are skipped. Any other key is an error, so a typo never silently drops a field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+CATEGORIES: tuple[str, ...] = ("chat", "translation", "summarization", "qa", "math", "code")
+"""The built-in categories, in report order."""
+
+_KEYS = ("category", "prompt", "messages", "prompt_ids", "max_tokens", "id")
+_INPUT_KEYS = ("prompt", "messages", "prompt_ids")
+_ROLES = ("system", "user", "assistant")
+
+
+class WorkloadError(ValueError):
+    """A workload file breaks the schema; the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One benchmark prompt, as read from a workload file (not yet tokenized)."""
+
+    id: str
+    """Unique within a run; names the prompt in results.json."""
+    category: str
+    """The report group."""
+    prompt: str | None = None
+    """A plain-text request (one user turn)."""
+    messages: tuple[tuple[str, str], ...] | None = None
+    """Chat turns as (role, content) pairs; the last one is the user's."""
+    prompt_ids: tuple[int, ...] | None = None
+    """Token ids, used without a tokenizer."""
+    max_tokens: int | None = None
+    """Per-prompt cap on new tokens; None means the run's --max-tokens."""
+    source: str = ""
+    """`file:line` the prompt came from, for error messages."""
+
+
+def default_workload_dir() -> Path:
+    """The repository's bench/workloads folder (the source checkout, which `pip -e` uses)."""
+    return Path(__file__).resolve().parents[3] / "bench" / "workloads"
+
+
+def _fail(where: str, field: str | None, message: str) -> WorkloadError:
+    prefix = f"{where}: field {field!r}: " if field else f"{where}: "
+    return WorkloadError(prefix + message + " (schema: bench/README.md)")
+
+
+def _parse_row(row: object, where: str, default_id: str) -> Prompt:
+    if not isinstance(row, dict):
+        raise _fail(where, None, f"expected a JSON object, got {type(row).__name__}")
+    for key in row:
+        if key not in _KEYS:
+            close = difflib.get_close_matches(str(key), _KEYS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise _fail(where, key, f"unknown key; valid keys are {', '.join(_KEYS)}{hint}")
+    category = row.get("category")
+    if not isinstance(category, str) or not category.strip():
+        raise _fail(where, "category", f"must be a non-empty string, got {category!r}")
+    given = [k for k in _INPUT_KEYS if k in row]
+    if len(given) != 1:
+        raise _fail(where, None, f"give exactly one of 'prompt', 'messages', 'prompt_ids'; got {given or 'none'}")
+    prompt = messages = prompt_ids = None
+    if "prompt" in row:
+        prompt = row["prompt"]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise _fail(where, "prompt", "must be a non-empty string")
+    elif "messages" in row:
+        messages = _parse_messages(row["messages"], where)
+    else:
+        ids = row["prompt_ids"]
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+            raise _fail(where, "prompt_ids", "must be a non-empty list of non-negative integers")
+        prompt_ids = tuple(ids)
+    max_tokens = row.get("max_tokens")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0):
+        raise _fail(where, "max_tokens", f"must be a positive integer, got {max_tokens!r}")
+    prompt_id = row.get("id", default_id)
+    if not isinstance(prompt_id, str) or not prompt_id:
+        raise _fail(where, "id", f"must be a non-empty string, got {prompt_id!r}")
+    return Prompt(prompt_id, category, prompt, messages, prompt_ids, max_tokens, where)
+
+
+def _parse_messages(value: object, where: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, list) or not value:
+        raise _fail(where, "messages", "must be a non-empty list of {role, content} objects")
+    turns = []
+    for i, turn in enumerate(value):
+        field = f"messages[{i}]"
+        if not isinstance(turn, dict) or set(turn) != {"role", "content"}:
+            raise _fail(where, field, "must be an object with exactly the keys 'role' and 'content'")
+        role, content = turn["role"], turn["content"]
+        if role not in _ROLES:
+            raise _fail(where, f"{field}.role", f"must be one of {', '.join(_ROLES)}, got {role!r}")
+        if not isinstance(content, str) or not content.strip():
+            raise _fail(where, f"{field}.content", "must be a non-empty string")
+        turns.append((role, content))
+    if turns[-1][0] != "user":
+        raise _fail(where, "messages", f"the last turn must be the user's, got {turns[-1][0]!r}")
+    return tuple(turns)
+
+
+def load_workload(path: str | Path) -> list[Prompt]:
+    """Read one JSONL workload file.
+
+    Raises:
+        WorkloadError: the file is missing, empty, not JSONL, or breaks the schema; the
+            message names the file, the line and the field.
+    """
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot read workload file ({exc.strerror or exc})") from exc
+    prompts = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise _fail(where, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from exc
+        prompts.append(_parse_row(row, where, f"{path.stem}-{number}"))
+    if not prompts:
+        raise WorkloadError(f"{path}: the workload file has no prompts")
+    _check_unique_ids(prompts)
+    return prompts
+
+
+def load_builtin(categories: Sequence[str] = CATEGORIES, *, heldout: bool = False, folder: Path | None = None) -> list[Prompt]:
+    """The built-in prompts of `categories` (the held-out split when `heldout`)."""
+    unknown = [c for c in categories if c not in CATEGORIES]
+    if unknown:
+        raise WorkloadError(f"unknown categories {unknown}; the built-in ones are {', '.join(CATEGORIES)}")
+    folder = folder or default_workload_dir()
+    if heldout:
+        folder = folder / "heldout"
+    if not folder.is_dir():
+        raise WorkloadError(f"{folder}: built-in workloads not found (run from a source checkout, or pass --workload FILE.jsonl)")
+    prompts = [p for c in categories for p in load_workload(folder / f"{c}.jsonl")]
+    _check_unique_ids(prompts)
+    return prompts
+
+
+def select(prompts: Iterable[Prompt], categories: Sequence[str] | None, per_category: int | None) -> list[Prompt]:
+    """Keep `categories` (all when None), and at most the first `per_category` of each."""
+    kept: list[Prompt] = []
+    counts: dict[str, int] = {}
+    for p in prompts:
+        if categories is not None and p.category not in categories:
+            continue
+        if per_category is not None and counts.get(p.category, 0) >= per_category:
+            continue
+        counts[p.category] = counts.get(p.category, 0) + 1
+        kept.append(p)
+    return kept
+
+
+def _check_unique_ids(prompts: Sequence[Prompt]) -> None:
+    seen: dict[str, str] = {}
+    for p in prompts:
+        if p.id in seen:
+            raise _fail(p.source, "id", f"{p.id!r} is already used at {seen[p.id]}")
+        seen[p.id] = p.source
+
+
+def encode(prompt: Prompt, tokenizer: object | None) -> tuple[int, ...]:
+    """The token ids of `prompt`: chat-templated when the tokenizer has a template.
+
+    A plain `prompt` becomes one user turn: instruction-tuned models (the default one) answer
+    a bare string as text to continue, not as a request.
+
+    Raises:
+        WorkloadError: a text prompt and no tokenizer to encode it.
+    """
+    if prompt.prompt_ids is not None:
+        return prompt.prompt_ids
+    if tokenizer is None:
+        raise WorkloadError(f"{prompt.source}: prompt {prompt.id!r} is text, but the model has no tokenizer; use 'prompt_ids'")
+    turns = prompt.messages or (("user", prompt.prompt or ""),)
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": role, "content": content} for role, content in turns]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    else:
+        ids = tokenizer.encode("\n\n".join(content for _, content in turns))
+    return tuple(int(t) for t in ids)

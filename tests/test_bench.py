@@ -1,0 +1,213 @@
+"""specsure bench: workload schema, result arithmetic, and a tiny-model end-to-end run."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from specsure.bench.cli import main
+from specsure.bench.plots import read_plot_data
+from specsure.bench.results import ALL, BenchResults, first_divergence, prompt_result, summarize
+from specsure.bench.runners import Generation
+from specsure.bench.workload import CATEGORIES, WorkloadError, load_builtin, load_workload, select
+
+# --- workload files ------------------------------------------------------------------------
+
+
+def _write(tmp_path: Path, *rows: object) -> Path:
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_workload_reads_all_three_prompt_forms(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        {"category": "qa", "prompt": "What is 2 + 2?", "max_tokens": 8, "id": "q1"},
+        "",
+        {"category": "chat", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]},
+        {"category": "ids", "prompt_ids": [5, 6, 7]},
+    )
+    prompts = load_workload(path)
+    assert [p.id for p in prompts] == ["q1", "mine-3", "mine-4"]
+    assert prompts[0].max_tokens == 8 and prompts[0].prompt == "What is 2 + 2?"
+    assert prompts[1].messages == (("user", "Hi"), ("assistant", "Hello!"), ("user", "Bye"))
+    assert prompts[2].prompt_ids == (5, 6, 7) and prompts[2].max_tokens is None
+
+
+@pytest.mark.parametrize(
+    ("row", "field", "words"),
+    [
+        ({"category": "qa", "promt": "x"}, "promt", "did you mean 'prompt'"),
+        ({"prompt": "x"}, "category", "non-empty string"),
+        ({"category": "qa", "prompt": "x", "messages": [{"role": "user", "content": "y"}]}, None, "exactly one of"),
+        ({"category": "qa"}, None, "exactly one of"),
+        ({"category": "qa", "prompt": "  "}, "prompt", "non-empty"),
+        ({"category": "qa", "prompt": "x", "max_tokens": 0}, "max_tokens", "positive integer"),
+        ({"category": "qa", "prompt": "x", "max_tokens": "64"}, "max_tokens", "positive integer"),
+        ({"category": "qa", "prompt_ids": [1, -2]}, "prompt_ids", "non-negative"),
+        ({"category": "chat", "messages": [{"role": "robot", "content": "y"}]}, "messages[0].role", "robot"),
+        ({"category": "chat", "messages": [{"role": "user", "text": "y"}]}, "messages[0]", "'role' and 'content'"),
+        ({"category": "chat", "messages": [{"role": "user", "content": "y"}, {"role": "assistant", "content": "z"}]}, "messages", "last turn"),
+        (["not", "an", "object"], None, "JSON object"),
+    ],
+)
+def test_workload_errors_name_file_line_and_field(tmp_path: Path, row: object, field: str | None, words: str) -> None:
+    path = _write(tmp_path, {"category": "qa", "prompt": "fine"}, row)
+    with pytest.raises(WorkloadError) as err:
+        load_workload(path)
+    message = str(err.value)
+    assert f"{path}:2" in message
+    if field is not None:
+        assert f"field {field!r}" in message
+    assert words in message
+
+
+def test_workload_rejects_bad_json_duplicates_and_empty_files(tmp_path: Path) -> None:
+    with pytest.raises(WorkloadError, match=r"mine\.jsonl:1: not valid JSON"):
+        load_workload(_write(tmp_path, '{"category": "qa", "prompt": }'))
+    with pytest.raises(WorkloadError, match=r"mine\.jsonl:2: field 'id': 'a' is already used at .*mine\.jsonl:1"):
+        load_workload(_write(tmp_path, {"category": "qa", "prompt": "x", "id": "a"}, {"category": "qa", "prompt": "y", "id": "a"}))
+    with pytest.raises(WorkloadError, match="no prompts"):
+        load_workload(_write(tmp_path, ""))
+    with pytest.raises(WorkloadError, match="cannot read"):
+        load_workload(tmp_path / "missing.jsonl")
+
+
+def test_builtin_workloads_cover_six_categories_with_a_heldout_split() -> None:
+    main_split = load_builtin()
+    heldout = load_builtin(heldout=True)
+    for category in CATEGORIES:
+        assert sum(p.category == category for p in main_split) >= 8, category
+        assert sum(p.category == category for p in heldout) >= 2, category
+    assert not {p.id for p in main_split} & {p.id for p in heldout}
+    assert not {p.prompt for p in main_split if p.prompt} & {p.prompt for p in heldout if p.prompt}
+    # Multi-turn chat carries earlier assistant turns; grounded categories carry their input.
+    assert all(p.messages and any(r == "assistant" for r, _ in p.messages) for p in main_split if p.category == "chat")
+    assert all(p.prompt and "```" in p.prompt for p in main_split if p.category == "code")
+    assert all(p.prompt and len(p.prompt) > 300 for p in main_split if p.category in ("summarization", "qa"))
+    assert [p.category for p in select(main_split, ["qa", "code"], 2)] == ["qa", "qa", "code", "code"]
+
+
+def test_builtin_rejects_unknown_category() -> None:
+    with pytest.raises(WorkloadError, match="unknown categories"):
+        load_builtin(["poetry"])
+
+
+# --- result arithmetic ---------------------------------------------------------------------
+
+
+def test_first_divergence() -> None:
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 9, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def test_summary_uses_medians_ratios_and_vllm_acceptance() -> None:
+    def gen(ids: tuple[int, ...], s: float, **kw: object) -> Generation:
+        return Generation(ids, s, **kw)
+
+    plain_runs = [gen((1, 2, 3, 4), s) for s in (2.0, 1.0, 9.0)]  # median 2.0 s
+    ngram_runs = [gen((1, 2, 3, 4), s, drafts=2, draft_tokens=6, accepted_tokens=3, accepted_per_position=(2, 1, 0)) for s in (1.0, 0.5, 1.0)]
+    hf_runs = [gen((1, 2, 7, 7), 4.0)]
+    prompts = [
+        prompt_result("plain", "p", "qa", 5, plain_runs, None),
+        prompt_result("ngram", "p", "qa", 5, ngram_runs, (1, 2, 3, 4)),
+        prompt_result("hf", "p", "qa", 5, hf_runs, (1, 2, 3, 4)),
+    ]
+    res = summarize({}, [("plain", "specsure", False), ("ngram", "specsure", True), ("hf", "transformers", False)], [], prompts, "plain")
+    plain, ngram, hf = (res.row(c, ALL) for c in ("plain", "ngram", "hf"))
+    assert plain.tokens_per_s == pytest.approx(2.0) and plain.speedup_vs_hf == pytest.approx(2.0)
+    assert ngram.speedup_vs_plain == pytest.approx(2.0) and ngram.speedup_vs_hf == pytest.approx(4.0)
+    assert ngram.mean_acceptance_length == pytest.approx(2.5)  # 1 + 3 / 2
+    assert ngram.per_position_acceptance == pytest.approx([1.0, 0.5, 0.0])
+    assert ngram.outputs_equal is True and ngram.exact_match_rate == 1.0
+    assert hf.outputs_equal is False and hf.mismatches == [{"prompt_id": "p", "first_divergence": 2}]
+    assert plain.exact_match_rate is None and plain.mean_acceptance_length is None
+    assert [r.category for r in res.mismatched] == ["qa"]
+    assert BenchResults.from_dict(json.loads(json.dumps(res.to_dict()))) == res
+
+
+# --- end to end on a tiny model ------------------------------------------------------------
+
+
+def _md_tables(text: str) -> dict[tuple[str, str], dict[str, str]]:
+    """{(category, config): {column: cell}} from the two tables of results.md."""
+    cells: dict[tuple[str, str], dict[str, str]] = {}
+    header: list[str] = []
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            header = []
+            continue
+        parts = [c.strip() for c in line.strip("|").split("|")]
+        if not header:
+            header = parts
+        elif not parts[0].startswith("---"):
+            row = dict(zip(header, parts))
+            cells[(row.get("category", ALL), row["config"])] = row
+    return cells
+
+
+def _fmt_ratio(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def test_tiny_end_to_end_outputs_agree(tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rnd = random.Random(0)
+    rows = []
+    for category in ("summarization", "code"):
+        for i in range(2):
+            base = [rnd.randrange(3, 128) for _ in range(10)]
+            rows.append({"id": f"{category}-{i}", "category": category, "prompt_ids": base + base + base[:4]})
+    workload = _write(tmp_path, *rows)
+    out = tmp_path / "out"
+    k = 3
+    code = main([
+        "--model", str(tiny_llama), "--workload", str(workload), "--dtype", "float32",
+        "--methods", "ngram,draft_model,eagle", "--baselines", "hf,hf-prompt-lookup,hf-assisted",
+        "--draft-model", str(tiny_llama), "-k", str(k), "--max-tokens", "16", "--repeats", "2", "--out", str(out),
+    ])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "skip eagle: no --eagle-head given" in printed
+
+    data = json.loads((out / "results.json").read_text())
+    res = BenchResults.from_dict(data)
+    configs = ["plain", "ngram", "draft_model", "hf", "hf-prompt-lookup", "hf-assisted"]
+    assert [c["name"] for c in res.configs] == configs
+    assert res.skipped == [{"name": "eagle", "reason": "no --eagle-head given"}]
+    assert res.meta["dtype"] == "float32" and res.meta["repeats"] == 2
+
+    # Every configuration x category has the figures the issue asks for.
+    for config in configs:
+        for category in ["summarization", "code", ALL]:
+            row = res.row(config, category)
+            assert row is not None and row.tokens_per_s > 0
+            assert row.speedup_vs_plain is not None and row.speedup_vs_hf is not None
+            # float32: every method must reproduce plain greedy decoding exactly.
+            assert row.outputs_equal in (None, True), (config, category, row.mismatches)
+    assert res.row("plain").speedup_vs_plain == pytest.approx(1.0)
+    assert res.row("draft_model").mean_acceptance_length > 1 + 0.5 * k  # draft = target accepts nearly all
+    assert all(p.deterministic and len(p.seconds) == 2 for p in res.prompts)
+
+    # results.md shows the same numbers as results.json.
+    md = _md_tables((out / "results.md").read_text())
+    for row in res.summary:
+        cells = md[(row.category, row.config)]
+        assert cells["tok/s"] == f"{row.tokens_per_s:.2f}"
+        assert cells["vs plain"] == _fmt_ratio(row.speedup_vs_plain)
+        assert cells["vs HF"] == _fmt_ratio(row.speedup_vs_hf)
+        expected_len = "-" if row.mean_acceptance_length is None else f"{row.mean_acceptance_length:.2f}"
+        assert cells["mean acc. len"] == expected_len
+
+    # The PNGs were drawn from the same numbers.
+    speedup = read_plot_data(out / "speedup.png")
+    assert speedup["categories"] == ["summarization", "code", ALL]
+    for config in configs:
+        assert speedup["series"][config] == [res.row(config, c).speedup_vs_plain for c in speedup["categories"]]
+    acceptance = read_plot_data(out / "acceptance.png")
+    assert set(acceptance["series"]) == {"ngram", "draft_model"}
+    assert acceptance["series"]["draft_model"] == res.row("draft_model").per_position_acceptance
