@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 
 from specsure.cli.common import EXIT_OK, EXIT_USAGE, add_model_flags, parse_speculative_config
 from specsure.config import ConfigError, resolve
@@ -34,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
                           "runnable": problem is None, "error": problem}, indent=2))
     else:
         print(res.explain())
-        if problem:
-            print(f"\ncannot run: {problem}")
+    if problem:
+        # Same shape as every other user error: one `error:` paragraph on stderr, exit 2.
+        print(f"error: cannot run: {problem}", file=sys.stderr)
     return EXIT_USAGE if problem else EXIT_OK

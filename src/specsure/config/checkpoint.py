@@ -94,11 +94,16 @@ def read_checkpoint(path: str | None) -> CheckpointInfo:
     """Read a checkpoint's metadata: None is the packaged default model."""
     if path is None:
         return _read_default()
-    p = Path(path).expanduser()
-    if not p.exists():
+    try:
+        p = Path(path).expanduser()
+        exists, is_file = p.exists(), p.is_file()
+    except (OSError, RuntimeError, ValueError) as exc:  # too long, unknown ~user, NUL byte
+        raise ConfigError(f"checkpoint path {path!r} is not a usable path ({exc}). Give a folder with "
+                          "config.json and *.safetensors, or a .gguf file.") from None
+    if not exists:
         raise ConfigError(f"checkpoint path {path!r} does not exist. Give a folder with config.json "
                           "and *.safetensors, or a .gguf file.")
-    if p.is_file():
+    if is_file:
         if p.suffix.lower() == ".gguf":
             return read_gguf(str(p), kind="gguf", shown=path)
         raise ConfigError(f"checkpoint path {path!r} is a file but not a .gguf file. Give the model "
@@ -108,7 +113,10 @@ def read_checkpoint(path: str | None) -> CheckpointInfo:
 
 def _read_hf_dir(folder: Path, shown: str) -> CheckpointInfo:
     config_path = folder / "config.json"
-    files = sorted(f.name for f in folder.iterdir() if f.is_file())
+    try:
+        files = sorted(f.name for f in folder.iterdir() if f.is_file())
+    except OSError as exc:
+        raise ConfigError(f"cannot list checkpoint folder {shown!r}: {exc}. Check its permissions.") from None
     pickles = tuple(f for f in files if f.endswith(PICKLE_SUFFIXES))
     weights = tuple(f for f in files if f.endswith(".safetensors"))
     if not config_path.is_file():
@@ -140,7 +148,7 @@ def load_config_json(path: Path) -> dict[str, Any]:
         if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise ConfigError(f"{path}: {key} = {json.dumps(value)} must be a list of strings, "
                               'for example ["LlamaForCausalLM"].')
-    for key in ("num_hidden_layers", "vocab_size", "hidden_size", "draft_vocab_size", *MTP_LAYER_KEYS):
+    for key in ("num_hidden_layers", "vocab_size", "hidden_size", "draft_vocab_size", "n_predict", *MTP_LAYER_KEYS):
         value = config.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ConfigError(f"{path}: {key} = {json.dumps(value)} must be a non-negative integer.")

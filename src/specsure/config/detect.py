@@ -83,7 +83,7 @@ def target_mtp(info: CheckpointInfo) -> Evidence | None:
 
 
 # English compounds that contain a hint token but name something else ("eagle-eye-7b" is a
-# model called Eagle-Eye, not an EAGLE head). Matched as the neighbour joined by a hyphen.
+# model called Eagle-Eye, not an EAGLE head). Matched as the neighbouring token ("eagle_eye" too).
 COMPOUND_PARTNERS: Final[frozenset[str]] = frozenset({
     "eye", "eyes", "eyed", "scout", "scouts", "ray", "owl", "nest", "wing", "wings", "claw",
     "bald", "golden", "sea", "harpy", "steppe", "fish", "crested", "spotted", "white", "tailed",
@@ -97,8 +97,8 @@ def path_tokens(path: str) -> list[list[str]]:
 
 
 def _compound(part: str, token: str) -> bool:
-    """True when ``token`` is hyphen-joined in ``part`` to a known compound partner."""
-    words = part.lower().split("-")
+    """True when ``token`` sits next to a known compound partner in ``part``."""
+    words = [w for w in re.split(r"[^0-9a-z]+", part.lower()) if w]
     for i, word in enumerate(words):
         if word == token and ({words[i - 1] if i else "", words[i + 1] if i + 1 < len(words) else ""}
                               & COMPOUND_PARTNERS):

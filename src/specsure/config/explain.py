@@ -39,7 +39,9 @@ def format_table(res: "Resolution") -> str:
     lines.append("")
     if res.warnings:
         lines.append(f"warnings ({len(res.warnings)}):")
-        lines.extend(textwrap.fill(w, 100, initial_indent="  - ", subsequent_indent="    ") for w in res.warnings)
+        # Paths must survive copy and paste, so never break inside one (at a hyphen or mid-word).
+        lines.extend(textwrap.fill(w, 100, initial_indent="  - ", subsequent_indent="    ",
+                                   break_on_hyphens=False, break_long_words=False) for w in res.warnings)
     else:
         lines.append("warnings: none")
     return "\n".join(lines)

@@ -16,7 +16,9 @@ from typing import Any, Final, Literal, Mapping
 from specsure.config.checkpoint import CheckpointInfo, read_checkpoint
 from specsure.config.detect import Evidence, classify_draft, path_hint, target_mtp
 from specsure.config.errors import ConfigConflictError, ConfigError
-from specsure.config.schema import FIELDS, METHODS, UNSET, SpeculativeConfig, UserSpec, parse_user_spec
+from specsure.config.schema import (
+    FIELDS, MAX_SPECULATIVE_TOKENS, METHODS, UNSET, SpeculativeConfig, UserSpec, parse_user_spec,
+)
 
 logger = logging.getLogger("specsure.config")
 
@@ -146,6 +148,14 @@ def _read_draft(path: str) -> CheckpointInfo:
         raise ConfigError(f"model (the draft checkpoint): {exc}") from None
 
 
+def _checkpoint_k(count: int, reason: str) -> Decision:
+    """k read from a checkpoint; a count above the schema's ceiling is capped, and the reason says so."""
+    if count > MAX_SPECULATIVE_TOKENS:
+        reason += f" That is above the maximum, so k is capped at {MAX_SPECULATIVE_TOKENS}."
+        count = MAX_SPECULATIVE_TOKENS
+    return Decision("num_speculative_tokens", count, "checkpoint", reason)
+
+
 @dataclass
 class _State:
     """Working state of one resolve() call; never escapes it."""
@@ -222,17 +232,16 @@ class _State:
         user = self.spec.num_speculative_tokens
         n_predict = self.draft.int_field("n_predict") if self.draft is not None else None
         if user is not UNSET:
-            if n_predict is not None and n_predict != user:
+            if n_predict and n_predict != user:
                 self.conflict("num_speculative_tokens", user, n_predict, self.draft.signal("n_predict"))
             return Decision("num_speculative_tokens", user, "user", "You set num_speculative_tokens.")
         if n_predict:
-            return Decision("num_speculative_tokens", n_predict, "checkpoint",
-                            f"The draft declares how many tokens it predicts ({self.draft.signal('n_predict')}).")
+            return _checkpoint_k(n_predict, f"The draft declares how many tokens it predicts "
+                                            f"({self.draft.signal('n_predict')}).")
         if method == "mtp":
             holder = self.draft if self.draft is not None else self.target
             if (layers := holder.mtp_layers) is not None:
-                return Decision("num_speculative_tokens", layers[1], "checkpoint",
-                                f"One draft token per MTP module ({holder.signal(layers[0])}).")
+                return _checkpoint_k(layers[1], f"One draft token per MTP module ({holder.signal(layers[0])}).")
         value = DEFAULT_NUM_SPECULATIVE_TOKENS[method]
         return Decision("num_speculative_tokens", value, "default", f"The default k for {method} is {value}.")
 

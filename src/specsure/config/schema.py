@@ -146,7 +146,7 @@ def _check_model(value: Any) -> str:
 
 def _check_int(field: str, value: Any, upper: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        hint = f" Write {int(value)} without quotes or decimals." if _is_whole(value) else ""
+        hint = f" Write {int(float(value))} without quotes or decimals." if _is_whole(value) else ""
         raise ConfigError(f"{field} = {value!r} must be an integer from 1 to {upper}.{hint}")
     if not 1 <= value <= upper:
         raise ConfigError(f"{field} = {value} is out of range: it must be from 1 to {upper}.")
