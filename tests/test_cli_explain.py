@@ -1,0 +1,182 @@
+"""`python -m specsure explain`: exit 0 with a table or JSON; exit 2 with one `error:` paragraph.
+
+The main cases run as real subprocesses; they all start at once (module fixture) because each
+interpreter start costs seconds on a small machine. A few more go through the same parser and
+error guard in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+from checkpoints import EAGLE_TENSORS, deepseek_v3, eagle_head, llama, write_checkpoint
+from specsure.cli.common import guarded
+from specsure.cli.main import build_parser
+
+
+@dataclass(frozen=True)
+class Run:
+    code: int
+    out: str
+    err: str
+
+
+def _checkpoints(root):
+    return {
+        "target": str(write_checkpoint(root / "target", llama(layers=4))),
+        "draft": str(write_checkpoint(root / "my-eagle-draft", llama(layers=2))),
+        "eagle": str(write_checkpoint(root / "eagle-head", eagle_head(), tensors=EAGLE_TENSORS)),
+        "mtp_draft": str(write_checkpoint(root / "dsv3-draft", deepseek_v3(mtp_layers=1))),
+    }
+
+
+def _cases(root):
+    ck = _checkpoints(root)
+    target = ck["target"]
+    good = json.dumps({"method": "draft_model", "model": ck["draft"]})
+    return {
+        "good": ["--model", target, "--speculative-config", good],
+        "good_json": ["--model", target, "--speculative-config", good, "--json"],
+        "no_model": ["--speculative-config", '{"method": "ngram"}', "--json"],
+        "bad_json": ["--model", target, "--speculative-config", '{"method": ngram}'],
+        "unknown_key": ["--model", target, "--speculative-config", '{"method": "ngram", "num_speculative_token": 4}'],
+        "missing_file": ["--model", target, "--speculative-config", f"@{root / 'nope.json'}"],
+        "unrunnable": ["--model", target, "--speculative-config",
+                       json.dumps({"method": "eagle3", "model": ck["eagle"]})],
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    procs = {name: subprocess.Popen([sys.executable, "-m", "specsure", "explain", *argv], cwd=root,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, argv in _cases(root).items()}
+    done = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=180)
+        done[name] = Run(proc.returncode, out, err)
+    return done
+
+
+def assert_one_paragraph_error(run: Run, *fragments: str) -> None:
+    assert run.code == 2, run
+    assert "Traceback" not in run.err + run.out
+    err = run.err.strip()
+    assert err.startswith("error: ") and "\n\n" not in err, err
+    for fragment in fragments:
+        assert fragment in err, err
+
+
+def test_good_config_prints_the_table(runs):
+    run = runs["good"]
+    assert run.code == 0, run.err
+    rows = {line.split()[0]: line.split()[1:3] for line in run.out.splitlines()[2:] if line.strip()}
+    assert rows["method"] == ["draft_model", "user"]
+    assert rows["num_speculative_tokens"] == ["4", "default"]
+    assert rows["prompt_lookup_min"] == ["-", "derived"]
+    assert "warnings: none" in run.out
+    assert run.err == ""
+
+
+def test_good_config_as_json(runs):
+    run = runs["good_json"]
+    assert run.code == 0, run.err
+    data = json.loads(run.out)
+    assert data["runnable"] is True and data["error"] is None and data["warnings"] == []
+    assert data["fields"]["method"] == {"value": "draft_model", "source": "user",
+                                        "reason": "You set method 'draft_model'; it is never replaced."}
+    assert set(data["fields"]) == {"target", "method", "model", "num_speculative_tokens", "prompt_lookup_min",
+                                   "prompt_lookup_max"}
+
+
+def test_no_model_reads_the_default_gguf_metadata(runs):
+    run = runs["no_model"]
+    assert run.code == 0, run.err
+    fields = json.loads(run.out)["fields"]
+    assert fields["target"]["source"] == "default"
+    assert fields["target"]["value"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert fields["method"]["value"] == "ngram"
+
+
+def test_bad_json(runs):
+    assert_one_paragraph_error(runs["bad_json"], "--speculative-config is not valid JSON", "Example:")
+
+
+def test_unknown_key(runs):
+    assert_one_paragraph_error(runs["unknown_key"], "'num_speculative_token'",
+                               "Did you mean 'num_speculative_tokens'?")
+
+
+def test_missing_spec_file(runs):
+    assert_one_paragraph_error(runs["missing_file"], "nope.json", "cannot read")
+
+
+def test_unrunnable_method_shows_the_table_and_an_error(runs):
+    run = runs["unrunnable"]
+    assert_one_paragraph_error(run, "error: cannot run: method 'eagle3' was asked", "is an EAGLE-1 head",
+                               "set method 'eagle'")
+    assert "method " in run.out  # the table still explains what was resolved
+
+
+# The cases below run in-process (same parser, same error handling, no interpreter start).
+
+@pytest.fixture
+def explain(tmp_path, capsys):
+    """Run `specsure explain ARGS` through the real parser and error guard; return a Run."""
+    config_logger = logging.getLogger("specsure.config")
+    level = config_logger.level
+
+    def run(*argv: str) -> Run:
+        args = build_parser().parse_args(["explain", *argv])
+        code = guarded(lambda: args.run(args))
+        out, err = capsys.readouterr()
+        return Run(code, out, err)
+
+    yield run
+    config_logger.setLevel(level)  # explain quiets this logger; leave it as other tests expect
+
+
+def test_speculative_config_from_a_file_detects_the_method(tmp_path, explain):
+    ck = _checkpoints(tmp_path)
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps({"model": ck["draft"], "num_speculative_tokens": 3}))
+    run = explain("--model", ck["target"], "--speculative-config", f"@{spec_file}")
+    assert run.code == 0, run.err
+    method = next(line for line in run.out.splitlines() if line.startswith("method "))
+    assert method.split()[1:3] == ["draft_model", "checkpoint"]  # a whole LM, despite 'my-eagle-draft'
+
+
+def test_unrunnable_method_as_json(tmp_path, explain):
+    ck = _checkpoints(tmp_path)
+    run = explain("--model", ck["target"], "--json",
+                  "--speculative-config", json.dumps({"method": "eagle3", "model": ck["eagle"]}))
+    assert_one_paragraph_error(run, "cannot run:")
+    data = json.loads(run.out)
+    assert data["runnable"] is False and "EAGLE-1 head" in data["error"]
+    assert data["fields"]["method"]["value"] == "eagle3"
+
+
+def test_strict_conflict(tmp_path, explain):
+    ck = _checkpoints(tmp_path)
+    run = explain("--model", ck["target"], "--strict",
+                  "--speculative-config", json.dumps({"method": "draft_model", "model": ck["mtp_draft"]}))
+    assert_one_paragraph_error(run, "method: you set 'draft_model'", "'mtp'", "num_nextn_predict_layers",
+                               "strict mode")
+
+
+def test_missing_target(tmp_path, explain):
+    run = explain("--model", str(tmp_path / "no-such-target"), "--speculative-config", '{"method": "ngram"}')
+    assert_one_paragraph_error(run, "no-such-target", "does not exist")
+
+
+def test_speculative_config_that_is_not_an_object(tmp_path, explain):
+    ck = _checkpoints(tmp_path)
+    run = explain("--model", ck["target"], "--speculative-config", '["ngram"]')
+    assert_one_paragraph_error(run, "must be a JSON object, got list")

@@ -1,0 +1,266 @@
+"""One test per class of bad input: a ConfigError whose message names the field, the value, the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from checkpoints import EAGLE_TENSORS, deepseek_v3, eagle3_head, eagle_head, llama, write_checkpoint
+from specsure.config import ConfigConflictError, ConfigError, resolve
+
+
+@pytest.fixture
+def target(tmp_path):
+    return str(write_checkpoint(tmp_path / "target", llama(layers=4)))
+
+
+@pytest.fixture
+def draft(tmp_path):
+    return str(write_checkpoint(tmp_path / "draft", llama(layers=2)))
+
+
+def error_of(spec, model, **kw) -> str:
+    with pytest.raises(ConfigError) as info:
+        resolve(spec, model=model, **kw)
+    assert not isinstance(info.value, ConfigConflictError)
+    return str(info.value)
+
+
+def unrunnable(spec, model) -> str:
+    res = resolve(spec, model=model)
+    with pytest.raises(ConfigError) as info:
+        res.check_runnable()
+    return str(info.value)
+
+
+# --- the user's keys and values ------------------------------------------------------------
+
+def test_unknown_key_suggests_the_closest(target):
+    msg = error_of({"method": "ngram", "num_speculative_token": 4}, target)
+    assert "'num_speculative_token'" in msg and "Did you mean 'num_speculative_tokens'?" in msg
+    assert "Valid keys:" in msg and "prompt_lookup_max" in msg
+
+
+def test_unknown_key_far_from_everything_lists_valid_keys(target):
+    msg = error_of({"method": "ngram", "zzz": 1}, target)
+    assert "'zzz'" in msg and "Did you mean" not in msg and "num_speculative_tokens" in msg
+
+
+def test_unknown_method_suggests_the_closest(target):
+    msg = error_of({"method": "eagel3"}, target)
+    assert "unknown method 'eagel3'" in msg and "Did you mean 'eagle3'?" in msg
+    assert "ngram, draft_model, eagle, eagle3, mtp" in msg
+
+
+def test_foreign_vllm_method_is_named_as_such(target):
+    msg = error_of({"method": "medusa"}, target)
+    assert "'medusa'" in msg and "specsure does not run" in msg and "eagle3" in msg
+
+
+def test_method_of_wrong_type(target):
+    msg = error_of({"method": 3}, target)
+    assert "method = 3 must be a string" in msg and "ngram" in msg
+
+
+@pytest.mark.parametrize(("value", "shown", "hint"), [
+    ("4", "'4'", "Write 4 without quotes or decimals."),
+    ("4.0", "'4.0'", "Write 4 without quotes or decimals."),
+    (4.0, "4.0", "Write 4 without quotes or decimals."),
+    (2.5, "2.5", None),
+    (True, "True", None),
+    (None, "None", None),
+    ([4], "[4]", None),
+])
+def test_num_speculative_tokens_wrong_type(target, value, shown, hint):
+    msg = error_of({"method": "ngram", "num_speculative_tokens": value}, target)
+    assert msg.startswith(f"num_speculative_tokens = {shown} must be an integer from 1 to 64.")
+    if hint:
+        assert hint in msg
+    else:
+        assert "Write" not in msg
+
+
+@pytest.mark.parametrize("value", [0, -1, 65, 10**9])
+def test_num_speculative_tokens_out_of_range(target, value):
+    msg = error_of({"method": "ngram", "num_speculative_tokens": value}, target)
+    assert msg == f"num_speculative_tokens = {value} is out of range: it must be from 1 to 64."
+
+
+@pytest.mark.parametrize("key", ["prompt_lookup_min", "prompt_lookup_max"])
+def test_prompt_lookup_out_of_range(target, key):
+    msg = error_of({"method": "ngram", key: 0}, target)
+    assert f"{key} = 0 is out of range" in msg
+
+
+def test_prompt_lookup_min_above_max(target):
+    msg = error_of({"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 3}, target)
+    assert "prompt_lookup_min = 5" in msg and "prompt_lookup_max = 3" in msg
+    assert "Set prompt_lookup_min <= 3" in msg
+
+
+def test_prompt_lookup_on_a_non_ngram_method(tmp_path, draft, target):
+    msg = error_of({"method": "draft_model", "model": draft, "prompt_lookup_max": 3}, target)
+    assert "prompt_lookup_max = 3 applies only to method 'ngram'" in msg and "'draft_model'" in msg
+    assert "Remove prompt_lookup_max, or set method 'ngram'" in msg
+
+
+def test_model_and_draft_model_disagree(target, draft, tmp_path):
+    other = str(write_checkpoint(tmp_path / "other", llama(layers=2)))
+    msg = error_of({"method": "draft_model", "model": draft, "draft_model": other}, target)
+    assert repr(draft) in msg and repr(other) in msg and "Give only one of them" in msg
+
+
+def test_model_and_draft_model_agreeing_is_fine(target, draft):
+    res = resolve({"method": "draft_model", "model": draft, "draft_model": draft}, model=target)
+    assert res.config.model == draft
+
+
+def test_ngram_with_a_model(target, draft):
+    msg = error_of({"method": "ngram", "model": draft}, target)
+    assert f"model = {draft!r} is not used by method 'ngram'" in msg
+    assert "Remove 'model', or choose method 'draft_model'" in msg
+
+
+@pytest.mark.parametrize("value", ["", "   ", 7, None])
+def test_model_of_wrong_type_or_empty(target, value):
+    msg = error_of({"method": "draft_model", "model": value}, target)
+    assert f"model = {value!r} must be a non-empty path" in msg
+
+
+def test_method_needing_a_model_without_one(target):
+    msg = error_of({"method": "eagle3"}, target)
+    assert "method 'eagle3' needs 'model'" in msg and "EAGLE-3 head" in msg
+
+
+def test_nothing_to_detect_the_method_from(target):
+    msg = error_of({"num_speculative_tokens": 3}, target)
+    assert "method is not set" in msg and "Set method to one of" in msg
+
+
+def test_speculative_config_not_a_mapping(target):
+    msg = error_of(["ngram"], target)
+    assert "must be a JSON object" in msg and "list" in msg
+
+
+# --- checkpoints -------------------------------------------------------------------------
+
+def test_draft_path_that_does_not_exist(tmp_path, target):
+    missing = str(tmp_path / "no-such-draft")
+    msg = error_of({"method": "draft_model", "model": missing}, target)
+    assert msg.startswith("model (the draft checkpoint):") and repr(missing) in msg and "does not exist" in msg
+
+
+def test_target_path_that_does_not_exist(tmp_path):
+    msg = error_of({"method": "ngram"}, str(tmp_path / "nope"))
+    assert "does not exist" in msg and "nope" in msg
+
+
+@pytest.mark.parametrize("path", ["~no-such-user-xyz/draft", "d" * 300, "a\x00b"])
+def test_draft_path_that_is_not_a_usable_path(target, path):
+    msg = error_of({"method": "draft_model", "model": path}, target)
+    assert msg.startswith("model (the draft checkpoint): checkpoint path")
+
+
+def test_draft_folder_without_config_json(tmp_path, target):
+    folder = write_checkpoint(tmp_path / "bare", None)
+    msg = error_of({"method": "draft_model", "model": str(folder)}, target)
+    assert "has no config.json" in msg and "bare" in msg
+
+
+def test_draft_file_that_is_not_gguf(tmp_path, target):
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"\0" * 16)
+    msg = error_of({"method": "draft_model", "model": str(weights)}, target)
+    assert "is a file but not a .gguf file" in msg
+
+
+def test_malformed_config_json_names_the_file(tmp_path, target):
+    folder = write_checkpoint(tmp_path / "broken", '{"architectures": ["LlamaForCausalLM"],')
+    msg = error_of({"method": "draft_model", "model": str(folder)}, target)
+    assert str(folder / "config.json") in msg and "is not valid JSON" in msg and "line 1" in msg
+
+
+def test_config_json_that_is_not_an_object(tmp_path, target):
+    folder = write_checkpoint(tmp_path / "list", "[1, 2]")
+    msg = error_of({"method": "draft_model", "model": str(folder)}, target)
+    assert str(folder / "config.json") in msg and "must hold a JSON object, got list" in msg
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("num_hidden_layers", "2", 'num_hidden_layers = "2" must be a non-negative integer'),
+    ("vocab_size", -1, "vocab_size = -1 must be a non-negative integer"),
+    ("num_nextn_predict_layers", True, "num_nextn_predict_layers = true must be a non-negative integer"),
+    ("n_predict", -3, "n_predict = -3 must be a non-negative integer"),
+    ("architectures", "LlamaForCausalLM", 'architectures = "LlamaForCausalLM" must be a list of strings'),
+    ("eagle_config", [2], "eagle_config = [2] must be a JSON object"),
+])
+def test_config_json_with_wrong_field_types(tmp_path, target, key, value, expected):
+    folder = write_checkpoint(tmp_path / "typed", {**llama(layers=2), key: value})
+    msg = error_of({"method": "draft_model", "model": str(folder)}, target)
+    assert str(folder / "config.json") in msg and expected in msg
+
+
+def test_damaged_safetensors_header_names_the_file(tmp_path, target):
+    folder = write_checkpoint(tmp_path / "damaged", llama(layers=2), weights="none")
+    (folder / "model.safetensors").write_bytes(b"\x05\0\0\0\0\0\0\0{nope")
+    msg = error_of({"method": "draft_model", "model": str(folder)}, target)
+    assert "model.safetensors is not a readable safetensors file" in msg
+
+
+# --- the method cannot run on these checkpoints (check_runnable, design rule 4) -------------
+
+def test_draft_vocab_differs_from_target(tmp_path, target):
+    draft = str(write_checkpoint(tmp_path / "draft", llama(layers=2, vocab=32000)))
+    msg = unrunnable({"method": "draft_model", "model": draft}, target)
+    assert "draft_model needs the target's vocabulary" in msg
+    assert "vocab_size=32000" in msg and "vocab_size=49152" in msg and repr(draft) in msg
+
+
+def test_eagle_asked_with_an_eagle3_head(tmp_path, target):
+    head = str(write_checkpoint(tmp_path / "head", eagle3_head()))
+    msg = unrunnable({"method": "eagle", "model": head}, target)
+    assert "method 'eagle' was asked, which needs an EAGLE-1 head" in msg
+    assert "is an EAGLE-3 head" in msg and "LlamaForCausalLMEagle3" in msg
+    assert "specsure does not switch methods" in msg and "set method 'eagle3'" in msg
+
+
+def test_eagle3_asked_with_an_eagle_head(tmp_path, target):
+    head = str(write_checkpoint(tmp_path / "head", eagle_head(), tensors=EAGLE_TENSORS))
+    msg = unrunnable({"method": "eagle3", "model": head}, target)
+    assert "method 'eagle3' was asked, which needs an EAGLE-3 head" in msg
+    assert "is an EAGLE-1 head" in msg and "EagleLlamaForCausalLM" in msg
+
+
+def test_mtp_on_a_target_without_mtp_layers(target):
+    msg = unrunnable({"method": "mtp"}, target)
+    assert "method 'mtp' was asked without a 'model'" in msg
+    assert repr(target) in msg and "declares none" in msg and "num_nextn_predict_layers" in msg
+    assert "Give 'model'" in msg
+
+
+def test_draft_model_pointing_at_an_eagle3_head(tmp_path, target):
+    head = str(write_checkpoint(tmp_path / "head", eagle3_head()))
+    msg = unrunnable({"method": "draft_model", "model": head}, target)
+    assert "method 'draft_model' was asked, which needs a whole causal LM" in msg
+    assert repr(head) in msg and "is an EAGLE-3 head" in msg
+
+
+def test_mtp_asked_with_a_whole_lm_draft(tmp_path, target, draft):
+    msg = unrunnable({"method": "mtp", "model": draft}, target)
+    assert "method 'mtp' was asked" in msg and "is a whole causal LM" in msg
+
+
+def test_pickle_only_draft_folder_is_refused(tmp_path, target):
+    draft = str(write_checkpoint(tmp_path / "pickled", llama(layers=2), weights="pickle"))
+    msg = unrunnable({"method": "draft_model", "model": draft}, target)
+    assert "only pickle weights (pytorch_model.bin)" in msg and "safetensors" in msg and repr(draft) in msg
+
+
+def test_draft_folder_without_weights_is_refused(tmp_path, target):
+    draft = str(write_checkpoint(tmp_path / "empty", llama(layers=2), weights="none"))
+    msg = unrunnable({"method": "draft_model", "model": draft}, target)
+    assert "has config.json but no *.safetensors weights" in msg
+
+
+def test_runnable_mtp_target_passes(tmp_path):
+    target = str(write_checkpoint(tmp_path / "dsv3", deepseek_v3(mtp_layers=1)))
+    resolve({"method": "mtp"}, model=target).check_runnable()
