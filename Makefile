@@ -32,3 +32,20 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
+
+# Optional: check-vllm against the real vLLM (CPU-only, config.json-only checkpoints). Not part
+# of `make test`: creating .venv-vllm takes ~6 min and several GB. vLLM pins its own torch.
+VLLM_VENV    := .venv-vllm
+VLLM_VERSION := 0.33.0
+VLLM_STAMP   := $(VLLM_VENV)/.installed-$(VLLM_VERSION)
+
+.PHONY: test-vllm
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q vllm==$(VLLM_VERSION)
+	touch $(VLLM_STAMP)
+
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	$(BIN)/python -m pytest -q tests/vllm

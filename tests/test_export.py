@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import struct
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,13 @@ LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_si
          "max_position_embeddings": 512}
 
 
-def write(folder: Path, **overrides) -> str:
+def write(folder: Path, weights: bool = True, **overrides) -> str:
+    """A checkpoint folder: config.json, plus an empty safetensors file so specsure's checks pass."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps({**LLAMA, **overrides}))
+    if weights:
+        header = b'{"__metadata__": {}}'
+        (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
     return str(folder)
 
 
@@ -239,3 +244,12 @@ def test_cli_text_prints_args_and_warnings(ckpts, capsys):
 def test_cli_error_exits_2(ckpts, capsys):
     assert main(["export", "--to", "vllm", "--model", ckpts["target"]]) == 2
     assert "nothing to export" in capsys.readouterr().err
+
+
+def test_unrunnable_config_warns_and_strict_refuses(ckpts):
+    # vLLM keeps draft_model for an EAGLE-3 head in a neutral folder; specsure warns that it cannot run.
+    res = resolve({"method": "draft_model", "model": ckpts["eagle3"]}, model=ckpts["target"])
+    out = export(res, "vllm")
+    assert any("would refuse" in w and "EAGLE-3" in w for w in out.warnings)
+    with pytest.raises(ConfigError, match="would refuse"):
+        export(res, "vllm", strict=True)

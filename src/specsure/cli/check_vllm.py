@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
               f"{json.dumps(dict(exported.speculative_config))}: {result['error']}", file=sys.stderr)
         return EXIT_USAGE
     check = compare(res, result, exported=exported.speculative_config, as_written=written, vllm_version=version)
-    notes = list(res.warnings)
+    notes = list(res.warnings) + list(exported.warnings)
     if version not in VLLM_TESTED_VERSIONS:
         notes.append(f"vLLM {version} is not a tested version ({', '.join(VLLM_TESTED_VERSIONS)}).")
     if args.json:

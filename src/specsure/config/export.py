@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, Mapping
 
@@ -192,6 +192,13 @@ def export(res: "Resolution", engine: str, *, strict: bool | None = None) -> Exp
     _check_loadable(res, engine)
     strict = res.strict if strict is None else strict
     out = _vllm(res) if engine == "vllm" else _sglang(res)
+    try:
+        res.check_runnable()
+    except ConfigError as exc:
+        # Neither engine checks this (vLLM would load, say, an EAGLE-3 head as a draft model).
+        if strict:
+            raise ConfigError(f"specsure would refuse to run this config: {exc} (strict mode)") from None
+        out = replace(out, warnings=(f"specsure would refuse to run this config: {exc}", *out.warnings))
     if strict and engine == "vllm" and (overrides := predict_vllm_overrides(res)):
         raise ConfigError(" ".join(f"vLLM would run {o.field} {o.vllm!r} instead of {o.asked!r}: {o.cause}. "
                                    f"Fix: {o.fix}." for o in overrides) + " (strict mode)")

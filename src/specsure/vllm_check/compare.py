@@ -131,7 +131,7 @@ def compare(res: "Resolution", vllm: Mapping[str, Any], *, exported: Mapping[str
             mismatches.append(_diagnose(res, name, ours[name], theirs[name], vllm))
     notes = []
     if as_written and "error" in as_written:
-        notes.append(f"vLLM rejects your config as written: {as_written['error'].splitlines()[0]}")
+        notes.append(f"vLLM rejects your config as written: {' '.join(as_written['error'].split())[:300]}")
     elif written and written["method"] != theirs["method"]:
         notes.append(f"as written (without specsure's explicit fields), vLLM would run method "
                      f"{written['method']!r}; the exported config makes it {theirs['method']!r}.")
