@@ -1,14 +1,25 @@
-"""Shared fixtures: tiny random checkpoints, and one persistent cache for the default model."""
+"""Shared test settings and fixtures: thread count, tiny random checkpoints, one persistent
+cache for the default model."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+import torch
 
 from specsure.models.testing import build_tiny_llama
+
+
+@pytest.fixture(autouse=True)
+def _threads(request: pytest.FixtureRequest) -> Iterator[None]:
+    """One thread for tiny-model tests (thread sync dominates tiny ops); all cores for the real model."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(before if request.node.get_closest_marker("slow") else 1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -80,6 +80,18 @@ def test_repeated_crops_and_regrowth(tiny_llama: Path) -> None:
     torch.testing.assert_close(lm.forward([5]).logits[0], expected, atol=ATOL, rtol=0)
 
 
+def test_cache_growth_past_initial_capacity(tiny_llama: Path) -> None:
+    """Appends that cross the preallocated capacity (256) keep every earlier position."""
+    ids = [(7 * i) % 128 for i in range(300)]
+    lm = fresh(tiny_llama)
+    lm.forward(ids[:250])
+    lm.forward(ids[250:270])  # reallocates mid-append
+    lm.crop(255)
+    stepped = torch.cat([lm.forward([t]).logits for t in ids[255:300]])
+    ref, _ = hf_reference(lm, ids)
+    torch.testing.assert_close(stepped, ref[255:], atol=ATOL, rtol=0)
+
+
 def test_crop_edges(tiny_llama: Path) -> None:
     lm = fresh(tiny_llama)
     first = lm.forward(PROMPT).logits[0]

@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
+
+from specsure.models.kv_cache import RollbackCache
 
 logger = logging.getLogger(__name__)
 
@@ -61,14 +63,12 @@ class CausalLM:
         self._head: torch.nn.Module = head
         self._embed: torch.nn.Module = hf.get_input_embeddings()
         self._softcap: float | None = getattr(text_config, "final_logit_softcapping", None)
-        self._cache = DynamicCache()
+        self._cache = RollbackCache()
         self._cache_len = 0
 
     def reset(self) -> None:
         """Empty the KV cache."""
-        # No config is passed on purpose: plain full-length layers (no sliding-window
-        # eviction) are what makes `crop` an exact rollback for every architecture.
-        self._cache = DynamicCache()
+        self._cache = RollbackCache()
         self._cache_len = 0
 
     @property
@@ -140,8 +140,8 @@ class CausalLM:
         if length == 0:
             self.reset()
             return
-        # transformers 5.x: DynamicCache.crop takes minus the number of tokens to drop and
-        # rejects a positive argument (the old "final length" meaning is gone).
+        # transformers 5.x: Cache.crop takes minus the number of tokens to drop and rejects a
+        # positive argument (the old "final length" meaning is gone); RollbackCache follows it.
         self._cache.crop(length - self._cache_len)
         self._cache_len = length
         assert self._cache.get_seq_length() == length, "KV cache length out of sync after crop"

@@ -1,0 +1,101 @@
+"""A KV cache built for speculative decoding: cheap appends and O(1) exact rollback.
+
+transformers' DynamicLayer appends with `torch.cat`, copying the whole cache of every layer
+on every step (O(context) per token), and a crop leaves a view that the next `cat` copies
+again. Here each layer writes into a preallocated buffer that doubles when full, so an
+append copies only the new tokens and a crop just moves the end marker; positions past the
+marker are overwritten by the next append, which is what makes the rollback exact.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
+
+# Initial positions per layer; small enough to cost nothing for short prompts.
+_MIN_CAPACITY = 256
+
+
+class GrowableLayer(DynamicLayer):
+    """One full-attention layer: `keys` / `values` are views `[batch, heads, len, head_dim]`
+    into buffers `[batch, heads, capacity, head_dim]`."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self._length = 0
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self._allocate(key_states, value_states, max(_MIN_CAPACITY, key_states.shape[-2]))
+        self.is_initialized = True
+
+    def _allocate(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
+        *lead, _, key_dim = key_states.shape
+        value_dim = value_states.shape[-1]
+        key_buffer = key_states.new_empty((*lead, capacity, key_dim))
+        value_buffer = value_states.new_empty((*lead, capacity, value_dim))
+        if self._key_buffer is not None and self._value_buffer is not None:
+            key_buffer[..., : self._length, :].copy_(self._key_buffer[..., : self._length, :])
+            value_buffer[..., : self._length, :].copy_(self._value_buffer[..., : self._length, :])
+        self._key_buffer, self._value_buffer = key_buffer, value_buffer
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append `[batch, heads, n, head_dim]` states; return views over the whole cache."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        assert self._key_buffer is not None and self._value_buffer is not None
+        start, end = self._length, self._length + key_states.shape[-2]
+        capacity = self._key_buffer.shape[-2]
+        if end > capacity:
+            # Doubling keeps appends amortised O(new tokens).
+            self._allocate(key_states, value_states, max(2 * capacity, end))
+        self._key_buffer[..., start:end, :].copy_(key_states)
+        self._value_buffer[..., start:end, :].copy_(value_states)
+        self._set_length(end)
+        return self.keys, self.values
+
+    def _set_length(self, length: int) -> None:
+        assert self._key_buffer is not None and self._value_buffer is not None
+        self._length = length
+        self.keys = self._key_buffer[..., :length, :]
+        self.values = self._value_buffer[..., :length, :]
+
+    def get_seq_length(self) -> int:
+        return self._length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last `-tokens_to_remove` positions (transformers 5.x sign convention)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes minus the number of tokens to drop, got {tokens_to_remove}.")
+        if tokens_to_remove == 0 or not self.is_initialized:
+            return
+        self._set_length(max(0, self._length + tokens_to_remove))
+
+    def reset(self) -> None:
+        self.keys = self.values = None
+        self._key_buffer = self._value_buffer = None
+        self._length = 0
+        self.is_initialized = False
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("specsure runs batch size 1; beam search is not supported.")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError("specsure runs batch size 1; beam search is not supported.")
+
+
+class RollbackCache(DynamicCache):
+    """A DynamicCache whose layers are `GrowableLayer`s, one per decoder layer, made lazily.
+
+    It subclasses DynamicCache so model code that checks for a dynamic cache accepts it.
+    Every layer keeps full attention history (no sliding-window eviction), which is what
+    lets `crop` roll back exactly for every architecture.
+    """
+
+    def __init__(self) -> None:
+        Cache.__init__(self, layer_class_to_replicate=GrowableLayer)
