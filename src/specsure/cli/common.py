@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -65,8 +66,7 @@ def guarded(run: Callable[[], int]) -> int:
 
 def setup_logging(verbose: bool) -> None:
     # transformers draws progress bars for every weight load; the CLI keeps its output readable.
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
+    # The environment switch (read when transformers loads) keeps `explain` free of that import.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)

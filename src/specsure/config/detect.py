@@ -23,6 +23,8 @@ EAGLE_ARCHITECTURES: Final[frozenset[str]] = frozenset({
     "EagleLlamaForCausalLM", "LlamaForCausalLMEagle", "EagleQwen2ForCausalLM",
     "EagleDeepSeekMTPModel", "EagleMistralLarge3ForCausalLM",
 })
+# Tensors only EAGLE-3 heads hold; vLLM accepts layers.0.* for midlayer.*.
+EAGLE3_TENSORS: Final[tuple[str, ...]] = ("d2t", "t2d", "midlayer.hidden_norm.weight", "layers.0.hidden_norm.weight")
 # A standalone MTP head (the format specsure documents and its trainer writes).
 MTP_HEAD_ARCHITECTURES: Final[frozenset[str]] = frozenset({"SpecsureMTPHead"})
 MTP_MODEL_TYPES: Final[frozenset[str]] = frozenset({
@@ -58,8 +60,7 @@ def classify_draft(info: CheckpointInfo) -> Evidence | None:
         return Evidence("mtp", "checkpoint", f"{where} architectures={sorted(hit)}")
     if info.model_type in MTP_MODEL_TYPES:
         return Evidence("mtp", "checkpoint", info.signal("model_type"))
-    if "d2t" in names or "t2d" in names or "midlayer.hidden_norm.weight" in names:
-        tensor = next(n for n in ("d2t", "t2d", "midlayer.hidden_norm.weight") if n in names)
+    if tensor := next((n for n in EAGLE3_TENSORS if n in names), None):
         return Evidence("eagle3", "checkpoint", f"tensor {tensor!r} in {info.path}")
     if "draft_vocab_size" in info.config:
         return Evidence("eagle3", "checkpoint", info.signal("draft_vocab_size"))
@@ -93,12 +94,23 @@ COMPOUND_PARTNERS: Final[frozenset[str]] = frozenset({
 def path_tokens(path: str) -> list[list[str]]:
     """Per last path component, its lower-cased runs of letters and digits, in order."""
     parts = PurePath(path.rstrip("/\\")).parts[-PATH_COMPONENTS:]
-    return [[tok for tok in re.split(r"[^0-9a-z]+", part.lower()) if tok] for part in parts]
+    return [_joined_versions([tok for tok in re.split(r"[^0-9a-z]+", part.lower()) if tok]) for part in parts]
+
+
+def _joined_versions(tokens: list[str]) -> list[str]:
+    """'eagle', '3' (as in EAGLE-3-LLaMA) reads as the one token 'eagle3'."""
+    out: list[str] = []
+    for tok in tokens:
+        if tok == "3" and out and out[-1] == "eagle":
+            out[-1] = "eagle3"
+        else:
+            out.append(tok)
+    return out
 
 
 def _compound(part: str, token: str) -> bool:
     """True when ``token`` sits next to a known compound partner in ``part``."""
-    words = [w for w in re.split(r"[^0-9a-z]+", part.lower()) if w]
+    words = _joined_versions([w for w in re.split(r"[^0-9a-z]+", part.lower()) if w])
     for i, word in enumerate(words):
         if word == token and ({words[i - 1] if i else "", words[i + 1] if i + 1 < len(words) else ""}
                               & COMPOUND_PARTNERS):

@@ -103,7 +103,7 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, str
     Reads metadata only (no torch, no weights). Raises ConfigError for bad input and, with
     ``strict=True``, ConfigConflictError when evidence disagrees with an explicit value.
     """
-    if model is not None and not isinstance(model, str):
+    if model is not None and (not isinstance(model, str) or not model.strip()):
         raise ConfigError(f"model = {model!r} must be a path string (a model folder or .gguf file) or None.")
     target = read_checkpoint(model)
     decisions: dict[str, Decision] = {"target": _target_decision(model, target)}

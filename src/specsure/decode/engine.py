@@ -134,8 +134,9 @@ class Engine:
         finish = self._finished(output, 1, params, lm.cache_len)
         while finish is None:
             pending = output[-1]
-            # Room for the draft: output must stay within max_tokens, the verify forward within context.
-            room = min(self._k, params.max_tokens - len(output) - 1,
+            # Room for the draft: the verify forward must fit the context. Tokens past max_tokens
+            # are cut after verification, which leaves the kept ones distributed as before.
+            room = min(self._k, params.max_tokens - len(output),
                        (lm.max_context or 1 << 30) - lm.cache_len - 2)
             draft = proposer.propose(prompt + output, room, params, gen) if proposer and room > 0 else NO_DRAFT
             start = lm.cache_len

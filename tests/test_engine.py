@@ -1,0 +1,205 @@
+"""The engine loop on tiny random models: lossless greedy, draft = target, rollback, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specsure import ConfigError, SamplingParams, make_engine
+from specsure.config import resolve
+from specsure.decode.engine import Engine
+from specsure.models.testing import build_tiny_llama
+from specsure.proposers.draft_model import DraftModelProposer
+
+# A shape whose random weights give varied greedy output (smaller ones repeat one token).
+SHAPE = dict(vocab_size=96, hidden_size=48, num_layers=3)
+PROMPTS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [40, 41, 3, 50, 40, 41], [77, 12, 19, 80, 0, 75, 18, 36, 70]]
+GREEDY = SamplingParams(max_tokens=80, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("engine")
+    return {
+        "target": str(build_tiny_llama(root / "target", seed=0, **SHAPE)),
+        "draft": str(build_tiny_llama(root / "draft", seed=3, **SHAPE)),
+        "other_vocab": str(build_tiny_llama(root / "other", seed=1, vocab_size=64, hidden_size=48, num_layers=2)),
+    }
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(models: dict[str, str]) -> list[list[int]]:
+    engine = make_engine(models["target"], None, dtype="float32")
+    assert engine.speculative_method is None
+    return [c.token_ids for c in engine.generate(PROMPTS, GREEDY)]
+
+
+SPECS = {
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+    "draft_model(other)": {"method": "draft_model", "model": "{draft}", "num_speculative_tokens": 3},
+    "draft_model(same)": {"method": "draft_model", "model": "{target}", "num_speculative_tokens": 5},
+}
+
+
+def _spec(name: str, models: dict[str, str]) -> dict:
+    return json.loads(json.dumps(SPECS[name]).replace("{draft}", models["draft"]).replace("{target}", models["target"]))
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_greedy_output_equals_plain_decoding(name: str, models: dict[str, str], plain_outputs: list[list[int]]) -> None:
+    engine = make_engine(models["target"], _spec(name, models), dtype="float32")
+    assert engine.speculative_method == SPECS[name]["method"]
+    outs = engine.generate(PROMPTS, GREEDY)
+    assert [c.token_ids for c in outs] == plain_outputs
+    assert all(len(c.token_ids) == GREEDY.max_tokens and c.finish_reason == "length" for c in outs)
+    assert engine.stats.drafts > 0
+
+
+def test_draft_equal_to_target_accepts_nearly_everything(models: dict[str, str]) -> None:
+    k = 4
+    spec = {"method": "draft_model", "model": models["target"], "num_speculative_tokens": k}
+    engine = make_engine(models["target"], spec, dtype="float32")
+    out = engine.generate(PROMPTS[0], SamplingParams(max_tokens=200, ignore_eos=True))[0]
+    assert out.stats.mean_acceptance_length >= k + 0.9
+    assert out.stats.mean_acceptance_length == 1 + out.stats.accepted_tokens / out.stats.drafts
+
+
+def test_sampled_draft_equal_to_target_accepts_nearly_everything(models: dict[str, str]) -> None:
+    k = 4
+    spec = {"method": "draft_model", "model": models["target"], "num_speculative_tokens": k}
+    engine = make_engine(models["target"], spec, dtype="float32")
+    out = engine.generate(PROMPTS[1], SamplingParams(max_tokens=200, temperature=1.0, seed=7, ignore_eos=True))[0]
+    assert out.stats.mean_acceptance_length >= k + 0.9
+
+
+def test_seeded_sampling_is_deterministic(models: dict[str, str]) -> None:
+    engine = make_engine(models["target"], _spec("draft_model(other)", models), dtype="float32")
+    params = SamplingParams(max_tokens=30, temperature=0.9, top_p=0.95, seed=11, ignore_eos=True)
+    first = engine.generate(PROMPTS, params)
+    second = engine.generate(PROMPTS, params)
+    assert [c.token_ids for c in first] == [c.token_ids for c in second]
+    other = engine.generate(PROMPTS, dataclasses.replace(params, seed=12))
+    assert [c.token_ids for c in other] != [c.token_ids for c in first]
+
+
+def _exact_second_token_distribution(path: str, prompt: list[int], temperature: float) -> torch.Tensor:
+    """P(second output token) = sum over t1 of p(t1 | prompt) p(t2 | prompt, t1), by enumeration."""
+    engine = make_engine(path, None, dtype="float32")
+    lm = engine.target.lm
+    lm.reset()
+    p1 = torch.softmax(lm.forward(prompt).logits[-1] / temperature, -1)
+    total = torch.zeros_like(p1)
+    for t1 in range(lm.vocab_size):
+        lm.reset()
+        p2 = torch.softmax(lm.forward([*prompt, t1]).logits[-1] / temperature, -1)
+        total += p1[t1] * p2
+    return total
+
+
+def _histogram(engine: Engine, prompt: list[int], runs: int, temperature: float) -> torch.Tensor:
+    counts = torch.zeros(engine.target.lm.vocab_size)
+    for seed in range(runs):
+        out = engine.generate(prompt, SamplingParams(max_tokens=2, temperature=temperature, seed=seed,
+                                                     ignore_eos=True))[0]
+        counts[out.token_ids[1]] += 1
+    return counts / runs
+
+
+def test_sampling_keeps_the_target_distribution(tmp_path: Path) -> None:
+    # A small vocabulary keeps the exact enumeration cheap; the draft differs from the target,
+    # so rejections and recovered tokens happen often.
+    target = str(build_tiny_llama(tmp_path / "t", vocab_size=24, hidden_size=32, num_layers=2, seed=5))
+    draft = str(build_tiny_llama(tmp_path / "d", vocab_size=24, hidden_size=32, num_layers=2, seed=6))
+    prompt, temperature, runs = [3, 9, 4], 1.5, 1500
+    exact = _exact_second_token_distribution(target, prompt, temperature)
+    spec = make_engine(target, {"method": "draft_model", "model": draft, "num_speculative_tokens": 1}, dtype="float32")
+    plain = make_engine(target, None, dtype="float32")
+    tv_spec = 0.5 * (_histogram(spec, prompt, runs, temperature) - exact).abs().sum()
+    tv_plain = 0.5 * (_histogram(plain, prompt, runs, temperature) - exact).abs().sum()
+    assert spec.stats.drafts == runs and spec.stats.accepted_tokens < runs  # rejections did happen
+    reference = torch.softmax(torch.randn(24, generator=torch.Generator().manual_seed(0)) * 2, -1)
+    tv_reference = 0.5 * (reference - exact).abs().sum()
+    # As close to the target as plain sampling with the same number of draws, and far from a stranger.
+    assert tv_spec < max(1.5 * tv_plain, 0.06)
+    assert tv_reference > 3 * tv_spec
+
+
+def test_rollback_leaves_no_trace(models: dict[str, str]) -> None:
+    engine = make_engine(models["target"], _spec("draft_model(other)", models), dtype="float32")
+    out = engine.generate(PROMPTS[2], SamplingParams(max_tokens=40, ignore_eos=True))[0]
+    assert out.stats.draft_tokens > out.stats.accepted_tokens  # some drafts were rejected
+    committed = PROMPTS[2] + out.token_ids
+    lm = engine.target.lm
+    assert lm.cache_len == len(committed) - 1  # the last output token is pending
+    next_logits = lm.forward([committed[-1]]).logits[-1]
+    fresh = make_engine(models["target"], None, dtype="float32").target.lm
+    fresh.reset()
+    assert torch.allclose(next_logits, fresh.forward(committed).logits[-1], atol=1e-4)
+    draft_lm = engine.proposer.draft
+    draft_fresh = make_engine(models["draft"], None, dtype="float32").target.lm
+    kept = draft_lm.cache_len
+    assert engine.proposer._fed[:kept] == committed[:kept]
+    draft_lm.crop(min(kept, len(committed) - 1))
+    resumed = draft_lm.forward(committed[draft_lm.cache_len:]).logits[-1]
+    draft_fresh.reset()
+    assert torch.allclose(resumed, draft_fresh.forward(committed).logits[-1], atol=1e-4)
+
+
+def test_eos_stops_every_method_at_the_same_token(models: dict[str, str], plain_outputs: list[list[int]]) -> None:
+    eos = plain_outputs[0][10]
+    expected = plain_outputs[0][: plain_outputs[0].index(eos) + 1]
+    for spec in (None, _spec("ngram", models), _spec("draft_model(other)", models)):
+        engine = make_engine(models["target"], spec, dtype="float32")
+        engine.target = dataclasses.replace(engine.target, eos_token_ids=(eos,))
+        out = engine.generate(PROMPTS[0], SamplingParams(max_tokens=80))[0]
+        assert out.token_ids == expected and out.finish_reason == "stop"
+
+
+def test_engine_refuses_a_proposer_other_than_the_resolved_method(models: dict[str, str]) -> None:
+    engine = make_engine(models["target"], None, dtype="float32")
+    res = resolve({"method": "ngram"}, model=models["target"])
+    with pytest.raises(RuntimeError, match="resolution names method 'ngram' but the proposer built is 'draft_model'"):
+        Engine(res, engine.target, DraftModelProposer(engine.target.lm))
+
+
+@pytest.mark.parametrize("prompt, message", [
+    ([], "is empty"),
+    ("", "empty string"),
+    ("some text", "has no tokenizer"),
+    ([5, 999], "outside the vocabulary"),
+    ([5] * 600, "context is 512 tokens"),
+])
+def test_bad_prompts_are_clear_errors(models: dict[str, str], prompt, message: str) -> None:
+    engine = make_engine(models["target"], None, dtype="float32")
+    with pytest.raises(ValueError, match=message):
+        engine.generate(prompt, GREEDY)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"max_tokens": 0}, "max_tokens"), ({"temperature": -0.5}, "temperature"),
+    ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+])
+def test_bad_sampling_params_name_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_draft_with_another_vocabulary_is_refused(models: dict[str, str]) -> None:
+    spec = {"method": "draft_model", "model": models["other_vocab"]}
+    with pytest.raises(ConfigError, match="vocab_size=64.*vocab_size=96"):
+        make_engine(models["target"], spec, dtype="float32")
+
+
+def test_pickle_only_checkpoint_is_refused(tmp_path: Path, models: dict[str, str]) -> None:
+    folder = tmp_path / "pickled"
+    folder.mkdir()
+    (folder / "config.json").write_text(Path(models["target"], "config.json").read_text())
+    (folder / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(ConfigError, match="pytorch_model.bin.*safetensors"):
+        make_engine(str(folder), None, dtype="float32")
+    with pytest.raises(ConfigError, match="pytorch_model.bin"):
+        make_engine(models["target"], {"method": "draft_model", "model": str(folder)}, dtype="float32")
