@@ -1,0 +1,196 @@
+"""eagle3: an EAGLE-3 head drafting from three fused target layers.
+
+Checkpoint layout (LlamaForCausalLMEagle3 / Eagle3LlamaForCausalLM, as SpecForge, the EAGLE
+repository and vLLM use it; ``layers.0.`` is accepted for ``midlayer.``, as vLLM accepts it):
+
+- ``fc.weight`` [H, 3 * target_hidden]: fuses the residual-stream inputs of the aux layers;
+  applied to target features only (the first draft step).
+- ``midlayer.*``: one Llama decoder layer whose q/k/v take
+  ``concat(input_layernorm(embed(tok)), hidden_norm(g))`` (2H wide), plus ``hidden_norm``.
+- ``norm.weight``, ``lm_head.weight`` [draft_vocab_size, H]: its own final norm and LM head.
+- ``d2t`` [draft_vocab_size]: target id = draft id + d2t[draft id]; ``t2d`` [vocab] a bool mask.
+  Both are absent when the draft vocabulary is the target's.
+- ``embed_tokens.weight``: optional; the target's embedding is used when absent.
+
+Later draft steps feed back the layer's output before ``norm``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Mapping
+
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from specsure.config.errors import ConfigError
+from specsure.proposers.head_chain import HeadChainProposer
+from specsure.proposers.head_layer import HeadCache, attend
+from specsure.proposers.head_loading import (
+    TensorFile, check_equal, int_field, llama_config, load_weights, mismatch, read_head_config,
+)
+
+if TYPE_CHECKING:
+    from specsure.config.resolution import Resolution
+    from specsure.models.causal_lm import CausalLM
+    from specsure.models.loading import LoadedModel
+
+logger = logging.getLogger(__name__)
+
+LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+
+
+class Eagle3Module(nn.Module):
+    """fc over the fused target layers, the 2H-wide midlayer, and the draft-vocabulary head."""
+
+    def __init__(self, config: Any, fused_width: int, draft_vocab: int, own_embed: bool, own_head: bool) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.fc = nn.Linear(fused_width, hidden, bias=False)
+        self.midlayer = LlamaDecoderLayer(config, layer_idx=0)
+        attn, bias = self.midlayer.self_attn, config.attention_bias
+        for name in ("q_proj", "k_proj", "v_proj"):
+            old = getattr(attn, name)
+            setattr(attn, name, nn.Linear(2 * hidden, old.out_features, bias=bias))
+        self.midlayer.hidden_norm = LlamaRMSNorm(hidden, eps=eps)
+        self.norm = LlamaRMSNorm(hidden, eps=eps)
+        if own_head:
+            self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
+        if own_embed:
+            self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
+        self.norm_before_residual = bool(getattr(config, "norm_before_residual", False))
+
+    def attach(self, target: "CausalLM", config: Any, d2t: torch.Tensor | None) -> None:
+        """Wire the parts that are not weights: rotary embedding, shared target parts, vocab map."""
+        self.rotary = LlamaRotaryEmbedding(config)
+        self.target = target
+        self.vocab_size = target.vocab_size
+        self.draft_to_target = None if d2t is None else torch.arange(d2t.shape[0]) + d2t.long()  # [Vd]
+
+    def features(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+        """g = fc(concat of the aux layers) [n, H]: applied to target features only."""
+        return self.fc(aux_hidden.to(self.fc.weight.dtype))
+
+    def forward(self, features: torch.Tensor, token_ids: torch.Tensor,
+                cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
+        x = features[None]  # [1, n, H]
+        embed = self.embed_tokens(token_ids) if hasattr(self, "embed_tokens") else self.target.embed(token_ids)
+        layer = self.midlayer
+        e = layer.input_layernorm(embed[None].to(x.dtype))  # [1, n, H]
+        if self.norm_before_residual:
+            g = layer.hidden_norm(x)
+            residual = g
+        else:
+            residual, g = x, layer.hidden_norm(x)
+        h = residual + attend(layer.self_attn, torch.cat([e, g], dim=-1), cache, self.rotary, x)
+        out = h + layer.mlp(layer.post_attention_layernorm(h))  # [1, n, H], fed back before the norm
+        return out[0], self._logits(self.norm(out)[0])
+
+    def _logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """Target-vocabulary logits [n, V]; tokens outside the draft vocabulary get -inf."""
+        if not hasattr(self, "lm_head"):
+            return self.target.lm_head_logits(normed)
+        draft = self.lm_head(normed).float()  # [n, Vd]
+        if self.draft_to_target is None:
+            return draft
+        full = draft.new_full((draft.shape[0], self.vocab_size), float("-inf"))
+        full[:, self.draft_to_target] = draft
+        return full
+
+
+class Eagle3Proposer(HeadChainProposer):
+    method = "eagle3"
+
+    def __init__(self, module: Eagle3Module, aux_layers: tuple[int, ...]) -> None:
+        super().__init__([module], lambda out: module.features(out.aux_hidden))
+        self.aux_layers = aux_layers
+        self.module = module
+
+
+def canonical(name: str) -> str:
+    """Checkpoint tensor name -> this module's name (EAGLE repo, SpecForge and vLLM spellings)."""
+    return "midlayer." + name.removeprefix("layers.0.") if name.startswith("layers.0.") else name
+
+
+def aux_layer_ids(config: Mapping[str, Any], checkpoint: str, num_layers: int) -> tuple[int, ...]:
+    """eagle_config.eagle_aux_hidden_state_layer_ids (or the top-level key), else (2, N//2, N-3)."""
+    eagle = config.get("eagle_config") or {}
+    if LAYER_IDS_KEY in eagle:
+        field, ids = f"eagle_config.{LAYER_IDS_KEY}", eagle[LAYER_IDS_KEY]
+    elif LAYER_IDS_KEY in config:
+        field, ids = LAYER_IDS_KEY, config[LAYER_IDS_KEY]
+    else:
+        field, ids = "default aux layers (2, N//2, N-3)", [2, num_layers // 2, num_layers - 3]
+    if not (isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+        raise ConfigError(f"draft head {checkpoint!r}: {field} = {ids!r} must be a list of layer indices.")
+    bad = [i for i in ids if not 0 <= i < num_layers]
+    if bad:
+        raise mismatch(checkpoint, field, ids, f"indices in [0, {num_layers})",
+                       f"the target with num_hidden_layers={num_layers}")
+    return tuple(ids)
+
+
+def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Proposer:
+    assert res.config is not None and res.config.model is not None
+    path = res.config.model
+    config = read_head_config(path)
+    weights = TensorFile(path, path)
+    names = {canonical(n): n for n in weights.names}
+    lm = target.lm
+    if "midlayer.hidden_norm.weight" not in names:
+        what = "an EAGLE-1 head (it has fc.weight and layers.*)" if "fc.weight" in names else "not an EAGLE-3 head"
+        raise ConfigError(f"method 'eagle3' needs an EAGLE-3 head (fc, midlayer.hidden_norm, d2t), but the draft "
+                          f"checkpoint {path!r} is {what}: it has no midlayer.hidden_norm.weight. Use method "
+                          "'eagle' for an EAGLE-1 head, or give an EAGLE-3 checkpoint.")
+    hidden = int_field(config, "hidden_size")
+    vocab = int_field(config, "vocab_size", lm.vocab_size)
+    check_equal(path, "vocab_size", vocab, lm.vocab_size, f"the target {target.path!r} (vocab_size)")
+    check_equal(path, "target_hidden_size", int_field(config, "target_hidden_size", lm.hidden_size), lm.hidden_size,
+                f"the target {target.path!r} (hidden_size)")
+    own_embed = "embed_tokens.weight" in names
+    if not own_embed:
+        check_equal(path, "hidden_size", hidden, lm.hidden_size,
+                    f"sharing the target's embedding (the head has no embed_tokens.weight) with {target.path!r}")
+    draft_vocab = int_field(config, "draft_vocab_size", vocab)
+    assert draft_vocab is not None and vocab is not None
+    if draft_vocab > vocab:
+        raise mismatch(path, "draft_vocab_size", draft_vocab, f"at most {vocab}", "the target's vocabulary")
+    aux = aux_layer_ids(config, path, lm.num_layers)
+    own_head = "lm_head.weight" in names
+    if not own_head and draft_vocab != vocab:
+        raise ConfigError(f"draft head {path!r}: draft_vocab_size = {draft_vocab} but there is no lm_head.weight.")
+    d2t = _vocab_map(weights, names, path, draft_vocab, vocab)
+    head_config = llama_config(config, num_hidden_layers=1, vocab_size=vocab)
+    with torch.device("meta"):
+        module = Eagle3Module(head_config, len(aux) * lm.hidden_size, draft_vocab, own_embed, own_head)
+    wanted = {c: n for c, n in names.items() if c not in ("d2t", "t2d")}
+    tensors = weights.read(wanted.values())
+    load_weights(module, {c: tensors[n] for c, n in wanted.items()}, path, lm.dtype)
+    module.attach(lm, head_config, d2t)
+    logger.info("eagle3 head %s: hidden %s, draft vocab %d of %d, aux layers %s", path, hidden, draft_vocab,
+                vocab, aux)
+    return Eagle3Proposer(module, aux)
+
+
+def _vocab_map(weights: TensorFile, names: Mapping[str, str], path: str, draft_vocab: int,
+               vocab: int) -> torch.Tensor | None:
+    """d2t, checked against t2d and the vocabularies; None when the draft vocabulary is the target's."""
+    if "d2t" not in names:
+        if draft_vocab != vocab:
+            raise ConfigError(f"draft head {path!r}: draft_vocab_size = {draft_vocab} is smaller than the target's "
+                              f"vocab_size = {vocab}, but there is no d2t tensor mapping draft ids to target ids.")
+        return None
+    d2t = weights.read([names["d2t"]])[names["d2t"]]
+    check_equal(path, "d2t shape", list(d2t.shape), [draft_vocab], "draft_vocab_size")
+    targets = torch.arange(draft_vocab) + d2t.long()
+    if int(targets.min()) < 0 or int(targets.max()) >= vocab or targets.unique().numel() != draft_vocab:
+        raise ConfigError(f"draft head {path!r}: d2t maps draft ids outside [0, {vocab}) or onto the same target "
+                          "id twice; it was not made for this target's vocabulary.")
+    if "t2d" in names:
+        t2d = weights.read([names["t2d"]])[names["t2d"]].bool()
+        check_equal(path, "t2d shape", list(t2d.shape), [vocab], "the target's vocab_size")
+        if int(t2d.sum()) != draft_vocab or not bool(t2d[targets].all()):
+            raise ConfigError(f"draft head {path!r}: t2d and d2t disagree about which target ids the draft "
+                              "vocabulary holds.")
+    return d2t

@@ -1,0 +1,124 @@
+"""The drafting loop shared by feature-level heads (EAGLE-1, EAGLE-3, MTP), with exact rollback.
+
+Timeline (the token shift). The target's feature at position t is paired with token t+1: a
+head's entry t is (feature_t, token_{t+1}) at position t, and its output predicts token t+2.
+After observing L target positions, the context holds L+1 tokens: the last is the *pending*
+token, which the target has not run yet. Entry L-1 pairs the last real feature with the pending
+token and drafts token L+1. Further steps have no target feature: the head feeds back its own
+output hidden state, at the next position.
+
+Depth (MTP with M modules, DeepSeek-V3). Module i's entry t is (module i-1's output at t,
+token_{t+i+1}); module 0 takes the target's features. Draft step i < M runs module i at
+position L-1. Steps beyond M reuse the modules cyclically (module s % M), each appending one
+entry fed with the previous step's output hidden state.
+
+Rollback. An entry is *committed* when its feature and token are: module i's entries t <= L-1-i.
+Every proposal first crops each module's cache back to its committed entries, so draft tokens
+and the head's own outputs never outlive the round that made them, and the next proposal equals
+what a fresh head fed the committed sequence would propose.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import torch
+
+from specsure.decode.sampling import probs_from_logits, sample
+from specsure.proposers.base import Draft, Proposer
+from specsure.proposers.head_layer import HeadCache, HeadModule
+
+if TYPE_CHECKING:
+    from specsure.decode.sampling import SamplingParams
+    from specsure.models.causal_lm import ForwardOutput
+
+FeatureOf = Callable[["ForwardOutput"], torch.Tensor]
+"""The head's feature for each observed target row ([n, H]): e.g. the last hidden state."""
+
+
+class HeadChainProposer(Proposer):
+    """Drafts with one or more head modules that condition on the target's features."""
+
+    def __init__(self, modules: Sequence[HeadModule], feature_of: FeatureOf) -> None:
+        if not modules:
+            raise ValueError("a head needs at least one module.")
+        self.modules = list(modules)
+        self._feature_of = feature_of
+        self.reset()
+
+    def reset(self) -> None:
+        m = len(self.modules)
+        self._caches = [HeadCache() for _ in range(m)]
+        self._done = [0] * m
+        """Committed entries of each module (positions 0 .. done-1)."""
+        self._inputs: list[torch.Tensor | None] = [None] * m
+        """Committed inputs of module i not yet in its cache, for positions done[i] ..: the target's
+        features for module 0, module i-1's committed outputs otherwise."""
+        self._observed = 0
+
+    @torch.inference_mode()
+    def observe(self, token_ids: Sequence[int], start: int, out: "ForwardOutput") -> None:
+        assert start == self._observed, f"observed up to {self._observed}, but the engine reports {start}"
+        self._inputs[0] = _cat(self._inputs[0], self._feature_of(out))
+        self._observed = start + len(token_ids)
+
+    @torch.inference_mode()
+    def propose(
+        self, context: Sequence[int], k: int, params: "SamplingParams", generator: torch.Generator | None
+    ) -> Draft:
+        n_obs = self._observed
+        if k <= 0 or n_obs == 0:
+            return Draft([])
+        assert len(context) == n_obs + 1, f"context of {len(context)} tokens after observing {n_obs} positions"
+        tokens = list(context)
+        draft: list[int] = []
+        rows: list[torch.Tensor] = []
+        spec: torch.Tensor | None = None  # the previous module's speculative outputs, positions done[i-1]..
+        hidden = torch.empty(0)
+        for i in range(min(k, len(self.modules))):
+            hidden, logits, spec = self._depth_step(i, tokens, spec)
+            self._pick(logits, params, generator, tokens, draft, rows)
+        for s in range(len(self.modules), k):
+            module, cache = self.modules[s % len(self.modules)], self._caches[s % len(self.modules)]
+            ids = torch.tensor(tokens[-1:], dtype=torch.long)
+            hidden, logits = module(hidden[-1:], ids, cache)  # [1, H], [1, V]
+            self._pick(logits[-1], params, generator, tokens, draft, rows)
+        return Draft(draft, torch.stack(rows) if rows else None)
+
+    def _depth_step(self, i: int, tokens: list[int],
+                    spec: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run module i over positions done[i] .. L-1; commit what is committed; return its last row."""
+        n_obs, lo, cache = self._observed, self._done[i], self._caches[i]
+        cache.crop(lo)
+        committed = 0 if self._inputs[i] is None else self._inputs[i].shape[0]
+        x = _cat(self._inputs[i], spec)  # [L - lo, H]: committed inputs, then this round's speculative ones
+        assert x is not None and x.shape[0] == n_obs - lo, "head inputs out of step with the observed positions"
+        ids = torch.tensor(tokens[lo + i + 1: n_obs + i + 1], dtype=torch.long)  # token_{t+i+1}
+        hidden, logits = self.modules[i](x, ids, cache)  # [L - lo, H], [L - lo, V]
+        done = max(n_obs - i, 0)
+        self._done[i] = done
+        self._inputs[i] = x[done - lo: committed]  # committed inputs whose entries wait for a token
+        if i + 1 < len(self.modules):
+            self._inputs[i + 1] = _cat(self._inputs[i + 1], hidden[: done - lo])
+        return hidden, logits[-1], hidden[done - lo:]
+
+    @staticmethod
+    def _pick(logits: torch.Tensor, params: "SamplingParams", generator: torch.Generator | None,
+              tokens: list[int], draft: list[int], rows: list[torch.Tensor]) -> None:
+        """Draw one draft token from a [V] row of target-vocabulary logits: argmax, or a sample from q."""
+        if params.greedy:
+            token = int(logits.argmax())
+        else:
+            q = probs_from_logits(logits[None], params)[0]  # [V]
+            rows.append(q)
+            token = int(sample(q, generator))
+        draft.append(token)
+        tokens.append(token)
+
+
+def _cat(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    if a is None or a.shape[0] == 0:
+        return b
+    if b is None or b.shape[0] == 0:
+        return a
+    return torch.cat([a, b])

@@ -1,0 +1,99 @@
+"""A draft head's own KV cache, and running transformer blocks on it with explicit positions.
+
+A head's entry t sits at position t, so an entry's cache index is its position. Rolling back
+to a prefix is therefore a crop; nothing else carries state between entries.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import torch
+from transformers import DynamicCache
+
+
+class HeadCache:
+    """One head module's KV cache (batch size 1) with exact rollback by crop."""
+
+    def __init__(self) -> None:
+        self.kv = DynamicCache()
+        self.length = 0
+        """Entries held; the next entry's position."""
+
+    def crop(self, keep: int) -> None:
+        """Keep only the first ``keep`` entries."""
+        assert 0 <= keep <= self.length, f"crop to {keep} outside [0, {self.length}]"
+        if keep == self.length:
+            return
+        if keep == 0:
+            self.kv, self.length = DynamicCache(), 0
+            return
+        self.kv.crop(keep - self.length)  # transformers 5.x: minus the number of entries to drop
+        self.length = keep
+
+    def positions(self, n: int) -> torch.Tensor:
+        """[1, n] positions of the next n entries."""
+        return torch.arange(self.length, self.length + n, dtype=torch.long).unsqueeze(0)
+
+    def mask(self, n: int, dtype: torch.dtype) -> torch.Tensor | None:
+        """Additive causal mask [1, 1, n, length + n] for n new entries; None for one entry.
+
+        SDPA's own ``is_causal`` aligns the triangle top-left, which is wrong once the cache holds
+        earlier entries, so several new entries always get an explicit mask.
+        """
+        if n == 1:
+            return None
+        past = self.length
+        allowed = torch.arange(past + n)[None, :] <= (past + torch.arange(n))[:, None]  # [n, past + n]
+        mask = torch.zeros(n, past + n, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+        return mask[None, None]
+
+
+Rotary = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class HeadModule(Protocol):
+    """One draft module: entries (feature, token) in, (output hidden, target-vocab logits) out."""
+
+    def __call__(self, features: torch.Tensor, token_ids: torch.Tensor,
+                 cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """features [n, H] and token_ids [n] for the next n entries -> hidden [n, H], logits [n, V].
+
+        Appends the n entries to ``cache``. ``hidden`` is what a later draft step feeds back as
+        its feature; ``logits`` are float32 over the target's vocabulary.
+        """
+        ...
+
+
+def run_blocks(blocks: torch.nn.ModuleList | list[torch.nn.Module], x: torch.Tensor, cache: HeadCache,
+               rotary: Rotary) -> torch.Tensor:
+    """Run decoder blocks over [1, n, H] with the cache's positions; advance the cache by n."""
+    n = x.shape[1]
+    positions = cache.positions(n)
+    position_embeddings = rotary(x, positions)
+    mask = cache.mask(n, x.dtype)
+    for block in blocks:
+        x = block(x, attention_mask=mask, position_ids=positions, cache=cache.kv, use_cache=True,
+                  position_embeddings=position_embeddings)
+    cache.length += n
+    return x
+
+
+def attend(attention: torch.nn.Module, x: torch.Tensor, cache: HeadCache, rotary: Rotary,
+           reference: torch.Tensor) -> torch.Tensor:
+    """One attention call over [1, n, D] (D may differ from the hidden size, as in EAGLE-3).
+
+    ``reference`` ([1, n, H]) gives the rotary embedding its dtype. Advances the cache by n.
+    """
+    n = x.shape[1]
+    positions = cache.positions(n)
+    out, _ = attention(hidden_states=x, position_embeddings=rotary(reference, positions),
+                       attention_mask=cache.mask(n, reference.dtype), cache=cache.kv, position_ids=positions)
+    cache.length += n
+    return out
+
+
+def use_cache_slots(blocks: list[torch.nn.Module]) -> None:
+    """Number the blocks' attention 0.. so each module's DynamicCache holds only its own layers."""
+    for i, block in enumerate(blocks):
+        block.self_attn.layer_idx = i

@@ -1,0 +1,113 @@
+"""Loading draft-head weights (EAGLE-1, EAGLE-3, MTP) and checking them against the target.
+
+Heads are read tensor by tensor with ``safetensors.safe_open``: an MTP head may sit inside the
+target's own checkpoint, next to tensors the target's class ignores. Every mismatch with the
+target is a ConfigError that names the checkpoint, the field, the value found and the value
+expected; nothing falls back to another method.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import torch
+from safetensors import safe_open
+from transformers import LlamaConfig
+
+from specsure.config.checkpoint import load_config_json
+from specsure.config.errors import ConfigError
+
+
+def mismatch(checkpoint: str, field: str, found: Any, expected: Any, why: str) -> ConfigError:
+    """The one shape of a head/target mismatch: checkpoint, field, value found, value expected."""
+    return ConfigError(f"draft head {checkpoint!r}: {field} = {json.dumps(found)}, but {why} needs "
+                       f"{json.dumps(expected)}. Use a head trained for this target.")
+
+
+class TensorFile:
+    """The tensors of one checkpoint folder, read lazily by name (all *.safetensors shards)."""
+
+    def __init__(self, folder: str | Path, label: str) -> None:
+        self.folder = Path(folder)
+        self.label = label
+        """How messages name the checkpoint (the path the user gave)."""
+        self._where: dict[str, Path] = {}
+        for shard in sorted(self.folder.glob("*.safetensors")):
+            with safe_open(str(shard), framework="pt") as fh:
+                for name in fh.keys():
+                    self._where[name] = shard
+        if not self._where:
+            raise ConfigError(f"draft head {label!r} has no *.safetensors weights in {self.folder}.")
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(self._where)
+
+    def read(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        """Read ``names`` (each must exist), grouped by shard so each file opens once."""
+        by_shard: dict[Path, list[str]] = {}
+        for name in names:
+            by_shard.setdefault(self._where[name], []).append(name)
+        out: dict[str, torch.Tensor] = {}
+        for shard, group in by_shard.items():
+            with safe_open(str(shard), framework="pt") as fh:
+                for name in group:
+                    out[name] = fh.get_tensor(name)
+        return out
+
+
+def read_head_config(folder: str) -> dict[str, Any]:
+    """config.json of a head folder (ConfigError naming the file on any problem)."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"draft head {folder!r} has no config.json.")
+    return load_config_json(path)
+
+
+def int_field(config: Mapping[str, Any], key: str, default: int | None = None) -> int | None:
+    value = config.get(key, default)
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def check_equal(checkpoint: str, field: str, found: Any, expected: Any, why: str) -> None:
+    if found is not None and found != expected:
+        raise mismatch(checkpoint, field, found, expected, why)
+
+
+def llama_config(config: Mapping[str, Any], **overrides: Any) -> LlamaConfig:
+    """A LlamaConfig for a head's decoder layer, from its config.json (extra keys are kept)."""
+    fields = {k: v for k, v in config.items() if k not in ("architectures", "auto_map")}
+    fields.update(overrides)
+    built = LlamaConfig.from_dict(fields)
+    built._attn_implementation = "sdpa"
+    return built
+
+
+def load_weights(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor], checkpoint: str,
+                 dtype: torch.dtype) -> None:
+    """Assign ``tensors`` (module-relative names) to a module built on the meta device.
+
+    Raises ConfigError naming the missing or unexpected tensors, or a tensor whose shape differs
+    from what the head's config (and the target) imply.
+    """
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing tensors {missing[:6]}{' ...' if len(missing) > 6 else ''}")
+        if extra:
+            parts.append(f"unexpected tensors {extra[:6]}{' ...' if len(extra) > 6 else ''}")
+        raise ConfigError(f"draft head {checkpoint!r}: {' and '.join(parts)} for this head layout. "
+                          "Check that the method matches the checkpoint's format.")
+    for name, want in expected.items():
+        got = tensors[name]
+        if tuple(got.shape) != tuple(want.shape):
+            raise mismatch(checkpoint, f"tensor {name!r} shape", list(got.shape), list(want.shape),
+                           "the head's config.json with the target's sizes")
+    module.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()},
+                           strict=True, assign=True)
+    module.eval().requires_grad_(False)

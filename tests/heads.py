@@ -1,0 +1,211 @@
+"""Tiny random draft heads in each public layout, written as config.json + safetensors.
+
+The tensor names and shapes are spelled out here, independently of the proposers' modules, so a
+test fails if a proposer expects a layout that public checkpoints do not have.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from specsure.models.testing import build_tiny_llama
+
+HEADS, KV_HEADS = 4, 2
+
+
+def target_config(target: Path) -> dict[str, Any]:
+    return json.loads((Path(target) / "config.json").read_text())
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _rand(gen: torch.Generator, *shape: int, std: float = 0.2) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen) * std
+
+
+def block_tensors(prefix: str, hidden: int, gen: torch.Generator, *, qkv_in: int | None = None,
+                  input_norm: bool = True) -> dict[str, torch.Tensor]:
+    """One Llama decoder layer's tensors (4 heads, 2 KV heads, MLP 2H) under ``prefix``."""
+    hd, qkv_in = hidden // HEADS, qkv_in or hidden
+    out = {
+        "self_attn.q_proj.weight": _rand(gen, HEADS * hd, qkv_in),
+        "self_attn.k_proj.weight": _rand(gen, KV_HEADS * hd, qkv_in),
+        "self_attn.v_proj.weight": _rand(gen, KV_HEADS * hd, qkv_in),
+        "self_attn.o_proj.weight": _rand(gen, hidden, HEADS * hd),
+        "mlp.gate_proj.weight": _rand(gen, 2 * hidden, hidden),
+        "mlp.up_proj.weight": _rand(gen, 2 * hidden, hidden),
+        "mlp.down_proj.weight": _rand(gen, hidden, 2 * hidden),
+        "post_attention_layernorm.weight": 1 + _rand(gen, hidden, std=0.1),
+    }
+    if input_norm:
+        out["input_layernorm.weight"] = 1 + _rand(gen, hidden, std=0.1)
+    return {prefix + k: v for k, v in out.items()}
+
+
+def _head_config(target: Path, arch: str, **extra: Any) -> dict[str, Any]:
+    t = target_config(target)
+    return {"architectures": [arch], "model_type": "llama", "num_hidden_layers": 1,
+            "hidden_size": t["hidden_size"], "intermediate_size": 2 * t["hidden_size"],
+            "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "vocab_size": t["vocab_size"],
+            "rms_norm_eps": 1e-6, "max_position_embeddings": 512, "torch_dtype": "float32", **extra}
+
+
+def _write(folder: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Path:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+    return folder
+
+
+def write_eagle3_head(folder: Path, target: Path, *, draft_vocab: int | None = None, layer_ids: list[int] | None = None,
+                      seed: int = 0, naming: str = "midlayer", arch: str = "LlamaForCausalLMEagle3",
+                      own_embed: bool = False, **extra: Any) -> Path:
+    """An EAGLE-3 head: fc 3H->H, midlayer with 2H-wide q/k/v, norm, lm_head over draft_vocab, d2t/t2d.
+
+    naming: "midlayer" (EAGLE / SpecForge) or "layers.0" (the spelling vLLM also accepts).
+    draft_vocab None: the same vocabulary as the target, no d2t/t2d.
+    """
+    t, gen = target_config(target), _gen(seed)
+    hidden, vocab = t["hidden_size"], t["vocab_size"]
+    layer = {"midlayer": "midlayer.", "layers.0": "layers.0."}[naming]
+    tensors = {"fc.weight": _rand(gen, hidden, 3 * hidden), "norm.weight": 1 + _rand(gen, hidden, std=0.1),
+               layer + "hidden_norm.weight": 1 + _rand(gen, hidden, std=0.1),
+               **block_tensors(layer, hidden, gen, qkv_in=2 * hidden)}
+    config = _head_config(target, arch, **extra)
+    dv = draft_vocab or vocab
+    tensors["lm_head.weight"] = _rand(gen, dv, hidden, std=0.5)
+    if draft_vocab is not None:
+        config["draft_vocab_size"] = draft_vocab
+        kept = torch.randperm(vocab, generator=gen)[:draft_vocab].sort().values
+        tensors["d2t"] = kept - torch.arange(draft_vocab)
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[kept] = True
+        tensors["t2d"] = t2d
+    if own_embed:
+        tensors["embed_tokens.weight"] = _rand(gen, vocab, hidden)
+    if layer_ids is not None:
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": layer_ids, "use_aux_hidden_state": True}
+    return _write(folder, config, tensors)
+
+
+def write_eagle_head(folder: Path, target: Path, *, seed: int = 0, naming: str = "eagle",
+                     arch: str = "LlamaForCausalLM", layers: int = 1,
+                     tensors: dict[str, torch.Tensor] | None = None) -> Path:
+    """An EAGLE-1 head: fc over concat(embed, hidden) and decoder layers; no norm, no LM head.
+
+    naming: "eagle" (the EAGLE repo's files: fc.weight and fc.bias, layers.N.* where layer 0
+    keeps its unused input_layernorm, and a copy of embed_tokens) or "vllm" (what vLLM's
+    EagleLlamaForCausalLM defines: fc without bias, no layer-0 input norm, no embed_tokens).
+    Public EAGLE-1 heads often declare plain LlamaForCausalLM. ``tensors`` overrides by name.
+    """
+    t, gen = target_config(target), _gen(seed)
+    hidden = t["hidden_size"]
+    out = {"fc.weight": _rand(gen, hidden, 2 * hidden)}
+    if naming == "eagle":
+        out["fc.bias"] = _rand(gen, hidden, std=0.05)
+        out["embed_tokens.weight"] = load_file(str(Path(target) / "model.safetensors"))["model.embed_tokens.weight"]
+    for i in range(layers):
+        out.update(block_tensors(f"layers.{i}.", hidden, gen, input_norm=i > 0 or naming == "eagle"))
+    out.update(tensors or {})
+    return _write(folder, _head_config(target, arch, num_hidden_layers=layers), out)
+
+
+def mtp_tensors(prefix: str, hidden: int, vocab: int, gen: torch.Generator, *,
+                own_head: bool = True) -> dict[str, torch.Tensor]:
+    """One MTP module (DeepSeek-V3 names) under ``prefix``: enorm, hnorm, eh_proj, block, shared_head."""
+    out = {"enorm.weight": 1 + _rand(gen, hidden, std=0.1), "hnorm.weight": 1 + _rand(gen, hidden, std=0.1),
+           "eh_proj.weight": _rand(gen, hidden, 2 * hidden), "shared_head.norm.weight": 1 + _rand(gen, hidden, std=0.1),
+           **block_tensors("", hidden, gen)}
+    if own_head:
+        out["shared_head.head.weight"] = _rand(gen, vocab, hidden)
+    return {prefix + k: v for k, v in out.items()}
+
+
+def build_mtp_target(folder: Path, *, modules: int = 1, num_layers: int = 2, seed: int = 0, own_head: bool = True,
+                     **kwargs: Any) -> Path:
+    """A tiny Llama target that declares num_nextn_predict_layers and stores the modules as
+    model.layers.{num_layers + i}.* in its own safetensors (the DeepSeek-V3 layout)."""
+    build_tiny_llama(folder, num_layers=num_layers, seed=seed,
+                     extra_config={"num_nextn_predict_layers": modules}, **kwargs)
+    t, gen = target_config(folder), _gen(seed + 1000)
+    weights = Path(folder) / "model.safetensors"
+    tensors = load_file(str(weights))
+    for i in range(modules):
+        tensors.update(mtp_tensors(f"model.layers.{num_layers + i}.", t["hidden_size"], t["vocab_size"], gen,
+                                   own_head=own_head))
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    return Path(folder)
+
+
+def write_mtp_head(folder: Path, target: Path, *, modules: int = 1, seed: int = 0,
+                   tensors: dict[str, torch.Tensor] | None = None, **extra: Any) -> Path:
+    """A standalone SpecsureMTPHead folder (docs/heads.md): layers.{i}.* with DeepSeek-V3 names."""
+    t, gen = target_config(target), _gen(seed)
+    out: dict[str, torch.Tensor] = {}
+    for i in range(modules):
+        out.update(mtp_tensors(f"layers.{i}.", t["hidden_size"], t["vocab_size"], gen, own_head=False))
+    out.update(tensors or {})
+    config = {"architectures": ["SpecsureMTPHead"], "model_type": "specsure_mtp", "num_nextn_predict_layers": modules,
+              "num_hidden_layers": 1, "hidden_size": t["hidden_size"], "vocab_size": t["vocab_size"], **extra}
+    return _write(folder, config, out)
+
+
+# --- driving a head proposer by hand (rollback checks) -----------------------------------------
+
+def rows(out, n: int):  # noqa: ANN001, ANN201 - ForwardOutput in, ForwardOutput out
+    """The first n rows of a ForwardOutput."""
+    cut = (lambda t: None if t is None else t[:n])
+    return type(out)(logits=out.logits[:n], hidden=cut(out.hidden), aux_hidden=cut(out.aux_hidden))
+
+
+def check_rollback(engine, prompt: list[int], k: int, accepted: int = 1) -> None:  # noqa: ANN001
+    """After a rejection, the head's next proposal equals a fresh head's fed the committed sequence.
+
+    Drives the engine's target and proposer by hand: prefill, a k-token draft of which
+    ``accepted`` tokens are kept and then a different (recovered) token, then a sampled proposal.
+    A fresh run over the committed tokens must give the same draft tokens and the same q rows.
+    """
+    from specsure.decode.sampling import SamplingParams
+
+    lm, proposer = engine.target.lm, engine.proposer
+    want = {"hidden": proposer.needs_hidden, "aux_layers": tuple(proposer.aux_layers)}
+    sampled = SamplingParams(temperature=0.9, top_k=20)
+    lm.reset()
+    proposer.reset()
+    out = lm.forward(prompt, **want)
+    proposer.observe(prompt, 0, out)
+    context = [*prompt, int(out.logits[-1].argmax())]
+    first = proposer.propose(context, k, SamplingParams(), None)
+    assert len(first.token_ids) == k
+    start, fed = lm.cache_len, [context[-1], *first.token_ids]
+    out = lm.forward(fed, **want)
+    lm.crop(start + 1 + accepted)
+    proposer.observe(fed[: 1 + accepted], start, rows(out, 1 + accepted))
+    recovered = (first.token_ids[accepted] + 1) % lm.vocab_size
+    context = [*context, *first.token_ids[:accepted], recovered]
+    after = proposer.propose(context, k, sampled, torch.Generator().manual_seed(7))
+
+    lm.reset()
+    proposer.reset()
+    out = lm.forward(context[:-1], **want)
+    proposer.observe(context[:-1], 0, out)
+    fresh = proposer.propose(context, k, sampled, torch.Generator().manual_seed(7))
+    assert after.token_ids == fresh.token_ids
+    torch.testing.assert_close(after.probs, fresh.probs, atol=1e-5, rtol=1e-4)
+
+
+def one_thread():  # noqa: ANN201 - a pytest fixture body, wrapped in the test modules
+    """Tiny models run fastest on one thread; several threads contend badly on a loaded machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
