@@ -203,9 +203,56 @@ def check_rollback(engine, prompt: list[int], k: int, accepted: int = 1) -> None
     torch.testing.assert_close(after.probs, fresh.probs, atol=1e-5, rtol=1e-4)
 
 
-def one_thread():  # noqa: ANN201 - a pytest fixture body, wrapped in the test modules
-    """Tiny models run fastest on one thread; several threads contend badly on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+
+# --- heads that copy the target's own computation (exact acceptance) ---------------------------
+
+def build_bigram_target(folder: Path, *, vocab_size: int = 128, seed: int = 0) -> Path:
+    """A one-layer Llama target whose next token depends on the current token only.
+
+    Its attention output projection is zero, so position t's logits are a function of token t
+    alone; its embedding rows have unit RMS, so an RMS norm with unit weight leaves them as they
+    are. A head that copies this layer, fed token t+1, computes exactly the target's logits at
+    t+1: every draft token it proposes is the target's greedy choice.
+    """
+    build_tiny_llama(folder, num_layers=1, vocab_size=vocab_size, seed=seed)
+    weights = Path(folder) / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors["model.layers.0.self_attn.o_proj.weight"].zero_()
+    embed = tensors["model.embed_tokens.weight"]
+    tensors["model.embed_tokens.weight"] = embed / embed.pow(2).mean(-1, keepdim=True).sqrt()
+    tensors.pop("lm_head.weight", None)  # tied: saved once
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    return Path(folder)
+
+
+def target_layer(target: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """The target's layer 0 tensors, renamed under ``prefix``."""
+    tensors = load_file(str(Path(target) / "model.safetensors"))
+    layer = "model.layers.0."
+    return {prefix + k[len(layer):]: v.clone() for k, v in tensors.items() if k.startswith(layer)}
+
+
+def select(hidden: int, part: str) -> torch.Tensor:
+    """[H, 2H] that keeps the first ("embedding") or second ("hidden") half of a concat."""
+    eye, zero = torch.eye(hidden), torch.zeros(hidden, hidden)
+    return torch.cat([eye, zero] if part == "embedding" else [zero, eye], dim=1)
+
+
+def copy_mtp_module(target: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """An MTP module that is the bigram target's own layer on the next token's embedding."""
+    hidden = target_config(target)["hidden_size"]
+    return {prefix + "enorm.weight": torch.ones(hidden), prefix + "hnorm.weight": torch.ones(hidden),
+            prefix + "eh_proj.weight": select(hidden, "embedding"),
+            prefix + "shared_head.norm.weight": torch.ones(hidden), **target_layer(target, prefix)}
+
+
+def add_mtp_modules(target: Path, modules: dict[str, torch.Tensor], count: int) -> Path:
+    """Store MTP modules in the target's safetensors and declare them in its config.json."""
+    weights = Path(target) / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors.update(modules)
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    config = target_config(target)
+    config["num_nextn_predict_layers"] = count
+    (Path(target) / "config.json").write_text(json.dumps(config, indent=2))
+    return Path(target)

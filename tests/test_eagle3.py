@@ -7,13 +7,12 @@ import math
 
 import pytest
 import torch
-from heads import check_rollback, one_thread, write_eagle3_head, write_eagle_head
+from heads import check_rollback, write_eagle3_head, write_eagle_head
 
 from specsure import ConfigError, SamplingParams, make_engine, resolve
 from specsure.models.testing import build_tiny_llama
 
 PROMPT = [5, 6, 7, 8, 9]
-_threads = pytest.fixture(autouse=True)(one_thread)
 
 
 @pytest.fixture(scope="module")

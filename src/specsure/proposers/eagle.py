@@ -1,0 +1,117 @@
+"""eagle: an EAGLE-1 head drafting from the target's last hidden state.
+
+Checkpoint layout (the EAGLE repository's files, which vLLM's EagleLlamaForCausalLM also loads):
+
+- ``fc.weight`` [H, 2H] (``fc.bias`` optional): fc(concat(embed(token_{t+1}), h_t)), embedding
+  first, h_t the target's last hidden state after its final norm.
+- ``layers.{i}.*``: Llama decoder layers; layer 0 has no input norm (a stored
+  ``layers.0.input_layernorm.weight`` is ignored, as EAGLE and vLLM ignore it).
+- ``embedding_layernorm.weight`` / ``hidden_states_layernorm.weight``: optional (HASS variant,
+  config ``add_para_norm``), applied to the two halves before fc.
+- No final norm and no LM head: logits are the target's LM head applied to the layer output.
+  A stored ``embed_tokens.weight`` / ``lm_head.weight`` is checked but not used: the target's
+  embedding and LM head are.
+
+Public EAGLE-1 heads often declare plain ``LlamaForCausalLM``; ``fc.weight`` identifies them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+
+from specsure.config.errors import ConfigError
+from specsure.proposers.head_chain import HeadChainProposer
+from specsure.proposers.head_layer import HeadCache, run_blocks, use_cache_slots
+from specsure.proposers.head_loading import (
+    TensorFile, check_equal, int_field, llama_config, load_weights, read_head_config,
+)
+
+if TYPE_CHECKING:
+    from specsure.config.resolution import Resolution
+    from specsure.models.causal_lm import CausalLM
+    from specsure.models.loading import LoadedModel
+
+logger = logging.getLogger(__name__)
+
+IGNORED = ("layers.0.input_layernorm.weight", "embed_tokens.weight", "lm_head.weight")
+"""Stored by some exports, unused by EAGLE-1 (the target's embedding and LM head are shared)."""
+
+
+class EagleModule(nn.Module):
+    """fc over concat(embedding, hidden) followed by decoder layers; the target's LM head."""
+
+    def __init__(self, config: Any, num_layers: int, fc_bias: bool, para_norm: bool) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        self.fc = nn.Linear(2 * hidden, hidden, bias=fc_bias)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, layer_idx=i) for i in range(num_layers))
+        self.layers[0].input_layernorm = nn.Identity()
+        if para_norm:
+            self.embedding_layernorm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+            self.hidden_states_layernorm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
+
+    def attach(self, target: "CausalLM", config: Any) -> None:
+        self.rotary = LlamaRotaryEmbedding(config)
+        self.target = target
+        use_cache_slots(list(self.layers))
+
+    def forward(self, features: torch.Tensor, token_ids: torch.Tensor,
+                cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
+        h = features[None].to(self.fc.weight.dtype)  # [1, n, H]
+        e = self.target.embed(token_ids)[None].to(h.dtype)  # [1, n, H]
+        if hasattr(self, "embedding_layernorm"):
+            e, h = self.embedding_layernorm(e), self.hidden_states_layernorm(h)
+        x = run_blocks(self.layers, self.fc(torch.cat([e, h], dim=-1)), cache, self.rotary)  # [1, n, H]
+        return x[0], self.target.lm_head_logits(x[0])
+
+
+class EagleProposer(HeadChainProposer):
+    method = "eagle"
+    needs_hidden = True
+
+    def __init__(self, module: EagleModule) -> None:
+        super().__init__([module], lambda out: out.hidden)
+        self.module = module
+
+
+def build(res: "Resolution", target: "LoadedModel", dtype: str) -> EagleProposer:
+    assert res.config is not None and res.config.model is not None
+    path = res.config.model
+    config = read_head_config(path)
+    weights = TensorFile(path, path)
+    names = {n: n for n in weights.names}
+    lm = target.lm
+    eagle3 = next((n for n in ("midlayer.hidden_norm.weight", "d2t", "t2d") if n in names), None)
+    if "fc.weight" not in names or eagle3:
+        what = (f"an EAGLE-3 head (tensor {eagle3!r})" if eagle3 else
+                f"not an EAGLE-1 head (no fc.weight among {sorted(names)[:4]}...)")
+        raise ConfigError(f"method 'eagle' needs an EAGLE-1 head (fc.weight over concat(embedding, hidden) plus "
+                          f"decoder layers), but the draft checkpoint {path!r} is {what}. Use method 'eagle3' for an "
+                          "EAGLE-3 head, or give an EAGLE-1 checkpoint.")
+    where = f"the target {target.path!r}, whose embedding and LM head EAGLE-1 shares,"
+    check_equal(path, "hidden_size", int_field(config, "hidden_size"), lm.hidden_size, where)
+    check_equal(path, "vocab_size", int_field(config, "vocab_size"), lm.vocab_size, where)
+    if "embed_tokens.weight" in names:
+        shape = list(weights.read([names["embed_tokens.weight"]])[names["embed_tokens.weight"]].shape)
+        check_equal(path, "embed_tokens.weight shape", shape, [lm.vocab_size, lm.hidden_size], where)
+    layer_ids = sorted({int(m.group(1)) for n in names if (m := re.match(r"layers\.(\d+)\.", n))})
+    if not layer_ids or layer_ids != list(range(len(layer_ids))):
+        raise ConfigError(f"draft head {path!r}: decoder layers {layer_ids} found; an EAGLE-1 head needs "
+                          "layers.0.* (and layers 1.. numbered without gaps).")
+    check_equal(path, "num_hidden_layers", int_field(config, "num_hidden_layers"), len(layer_ids),
+                "the layers.* tensors it stores")
+    head_config = llama_config(config, num_hidden_layers=len(layer_ids))
+    with torch.device("meta"):
+        module = EagleModule(head_config, len(layer_ids), "fc.bias" in names, "embedding_layernorm.weight" in names)
+    wanted = {c: n for c, n in names.items() if c not in IGNORED}
+    tensors = weights.read(wanted.values())
+    load_weights(module, {c: tensors[n] for c, n in wanted.items()}, path, lm.dtype)
+    module.attach(lm, head_config)
+    logger.info("eagle head %s: %d decoder layer(s), fc bias %s", path, len(layer_ids), "fc.bias" in names)
+    return EagleProposer(module)

@@ -1,0 +1,157 @@
+"""mtp: multi-token-prediction modules, inside the target (DeepSeek-V3 layout) or a standalone head.
+
+A module's step (DeepSeek-V3): ``h' = block(eh_proj(concat(enorm(embed(token_{t+1})), hnorm(h_t))))``,
+logits = ``shared_head.head(shared_head.norm(h'))``. The embedding comes first in the concat;
+h_t is the target's last hidden state after its final norm (the previous module's h' for
+module i > 0). The block is the target's own decoder-layer class, built from the target's config.
+
+Where the modules are (docs/heads.md):
+- inside the target: config ``num_nextn_predict_layers`` = M, module i stored as
+  ``model.layers.{num_hidden_layers + i}.*``, read straight from the target's safetensors (the
+  target's transformers class ignores them);
+- a standalone folder: config.json ``"architectures": ["SpecsureMTPHead"]``, module i stored as
+  ``layers.{i}.*`` with the same names.
+
+Tensor names per module: ``enorm``, ``hnorm``, ``eh_proj`` [H, 2H], the block's own tensors
+(``self_attn.*``, ``mlp.*``, ``input_layernorm``, ``post_attention_layernorm``),
+``shared_head.norm``, and optionally ``shared_head.head`` and ``embed_tokens`` (the target's LM
+head and embedding otherwise).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch import nn
+
+from specsure.config.errors import ConfigError
+from specsure.proposers.head_chain import HeadChainProposer
+from specsure.proposers.head_layer import HeadCache, run_blocks, use_cache_slots
+from specsure.proposers.head_loading import (
+    TensorFile, check_equal, int_field, load_weights, read_head_config,
+)
+
+if TYPE_CHECKING:
+    from specsure.config.resolution import Resolution
+    from specsure.models.causal_lm import CausalLM
+    from specsure.models.loading import LoadedModel
+
+logger = logging.getLogger(__name__)
+
+OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.", "embed_tokens.")
+"""Module-level tensor prefixes; everything else under a module's prefix belongs to its block."""
+BLOCK_OVERRIDES = ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps")
+"""Fields a standalone head's config.json may set to shape its block differently from the target's layers."""
+
+
+class MTPModule(nn.Module):
+    """One MTP module: the two input norms, eh_proj, a transformer block and the shared-head norm."""
+
+    def __init__(self, target_base: nn.Module, block_config: Any, own_embed: bool, own_head: bool) -> None:
+        super().__init__()
+        hidden, vocab = block_config.hidden_size, block_config.vocab_size
+        eps = getattr(block_config, "rms_norm_eps", 1e-6)
+        norm_cls: Callable[..., nn.Module] = type(target_base.norm)
+        self.enorm, self.hnorm = norm_cls(hidden, eps=eps), norm_cls(hidden, eps=eps)
+        self.eh_proj = nn.Linear(2 * hidden, hidden, bias=False)
+        last = len(target_base.layers) - 1  # built as the target's last layer kind (dense or MoE, full or sliding)
+        self.block = type(target_base.layers[last])(block_config, layer_idx=last)
+        self.shared_head = nn.Module()
+        self.shared_head.norm = norm_cls(hidden, eps=eps)
+        if own_head:
+            self.shared_head.head = nn.Linear(hidden, vocab, bias=False)
+        if own_embed:
+            self.embed_tokens = nn.Embedding(vocab, hidden)
+
+    def attach(self, target: "CausalLM", rotary: nn.Module) -> None:
+        self.target, self.rotary = target, rotary
+        use_cache_slots([self.block])
+
+    def forward(self, features: torch.Tensor, token_ids: torch.Tensor,
+                cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
+        h = features[None].to(self.eh_proj.weight.dtype)  # [1, n, H]
+        embed = self.embed_tokens(token_ids) if hasattr(self, "embed_tokens") else self.target.embed(token_ids)
+        x = self.eh_proj(torch.cat([self.enorm(embed[None].to(h.dtype)), self.hnorm(h)], dim=-1))
+        x = run_blocks([self.block], x, cache, self.rotary)  # [1, n, H], fed back before the norm
+        normed = self.shared_head.norm(x)[0]
+        if hasattr(self.shared_head, "head"):
+            return x[0], self.shared_head.head(normed).float()
+        return x[0], self.target.lm_head_logits(normed)
+
+
+class MTPProposer(HeadChainProposer):
+    method = "mtp"
+    needs_hidden = True
+
+    def __init__(self, modules: list[MTPModule]) -> None:
+        super().__init__(modules, lambda out: out.hidden)
+
+
+def build(res: "Resolution", target: "LoadedModel", dtype: str) -> MTPProposer:
+    assert res.config is not None
+    lm = target.lm
+    text_config = lm.hf.config.get_text_config(decoder=True)
+    if res.config.model is None:
+        count = res.target.mtp_layers
+        if count is None:
+            raise ConfigError(f"method 'mtp' without a 'model' needs MTP layers in the target, but {res.target.path!r} "
+                              "declares none (no num_nextn_predict_layers).")
+        key, modules = count
+        label, weights = target.path, TensorFile(target.path, target.path)
+        prefixes = [f"model.layers.{lm.num_layers + i}." for i in range(modules)]
+        block_config, where = copy.deepcopy(text_config), f"{res.target.config_file} {key}={modules}"
+    else:
+        label = res.config.model
+        config = read_head_config(label)
+        weights = TensorFile(label, label)
+        prefixes, where = _standalone_prefixes(config, weights, label)
+        for key, found in (("hidden_size", lm.hidden_size), ("vocab_size", lm.vocab_size)):
+            check_equal(label, key, int_field(config, key), found, f"the target {target.path!r}")
+        block_config = copy.deepcopy(text_config)
+        for key in BLOCK_OVERRIDES:
+            if key in config:
+                setattr(block_config, key, config[key])
+    first = prefixes[0] + "eh_proj.weight"
+    if first not in weights.names:
+        raise ConfigError(f"method 'mtp' reads MTP modules from {label!r} ({where}), but its weights hold no "
+                          f"{first!r}: the modules were not saved with it (a GGUF or re-saved target drops "
+                          "them). Give the original safetensors, or a standalone MTP head as 'model'.")
+    base = lm.hf.base_model
+    if not hasattr(base, "rotary_emb"):
+        raise ConfigError(f"method 'mtp' supports targets with rotary position embeddings; {target.path!r} "
+                          f"({type(lm.hf).__name__}) has none.")
+    modules_out = [_load_module(weights, prefix, base, block_config, label, lm) for prefix in prefixes]
+    for module in modules_out:
+        module.attach(lm, base.rotary_emb)
+    logger.info("mtp: %d module(s) from %s (%s)", len(modules_out), label, where)
+    return MTPProposer(modules_out)
+
+
+def _standalone_prefixes(config: dict[str, Any], weights: TensorFile, label: str) -> tuple[list[str], str]:
+    archs = config.get("architectures") or []
+    modules = int_field(config, "num_nextn_predict_layers", 1) or 1
+    config_file = str(Path(label) / "config.json")
+    if "SpecsureMTPHead" in archs or config.get("model_type") == "specsure_mtp":
+        return [f"layers.{i}." for i in range(modules)], f"{config_file} num_nextn_predict_layers={modules}"
+    layers = int_field(config, "num_hidden_layers")
+    if layers is not None and f"model.layers.{layers}.eh_proj.weight" in weights.names:
+        return ([f"model.layers.{layers + i}." for i in range(modules)],
+                f"{config_file} num_nextn_predict_layers={modules} (DeepSeek-V3 layout)")
+    raise ConfigError(f"method 'mtp' needs an MTP head (config.json architectures [\"SpecsureMTPHead\"], or a model "
+                      f"with num_nextn_predict_layers and model.layers.N.eh_proj.weight), but the draft checkpoint "
+                      f"{label!r} is neither (architectures={archs}).")
+
+
+def _load_module(weights: TensorFile, prefix: str, base: nn.Module, block_config: Any, label: str,
+                 lm: "CausalLM") -> MTPModule:
+    names = {n[len(prefix):]: n for n in weights.names if n.startswith(prefix)}
+    local = {(k if k.startswith(OWN) else "block." + k): n for k, n in names.items()}
+    with torch.device("meta"):
+        module = MTPModule(base, block_config, "embed_tokens.weight" in names, "shared_head.head.weight" in names)
+    tensors = weights.read(local.values())
+    load_weights(module, {k: tensors[n] for k, n in local.items()}, f"{label} ({prefix}*)", lm.dtype)
+    return module
