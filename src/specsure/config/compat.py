@@ -44,11 +44,16 @@ def check_weights(info: CheckpointInfo, role: str) -> None:
                       "Add the weights, or point to the folder that has them.")
 
 
-def check_runnable(res: "Resolution") -> None:
-    """Raise ConfigError when the target or draft cannot run ``res.config.method``."""
-    if res.target.note:
+def check_runnable(res: "Resolution", *, weights: bool = True) -> None:
+    """Raise ConfigError when the target or draft cannot run ``res.config.method``.
+
+    ``weights=False`` checks only the method against the checkpoints' metadata, for callers
+    (export) that never load weights here and accept config.json-only folders.
+    """
+    if weights and res.target.note:
         raise ConfigError(f"target: {res.target.note}. Install it with: {DEFAULT_INSTALL_HINT}, or pass --model.")
-    check_weights(res.target, "target")
+    if weights:
+        check_weights(res.target, "target")
     config = res.config
     if config is None:
         return
@@ -64,7 +69,8 @@ def check_runnable(res: "Resolution") -> None:
     draft = res.draft
     if draft is None:
         return
-    check_weights(draft, "draft")
+    if weights:
+        check_weights(draft, "draft")
     evidence = res.draft_evidence
     if evidence is not None and evidence.value not in RUNNABLE[method] and not _whole_lm_as_draft(method, draft):
         raise ConfigError(

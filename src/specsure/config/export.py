@@ -193,7 +193,7 @@ def export(res: "Resolution", engine: str, *, strict: bool | None = None) -> Exp
     strict = res.strict if strict is None else strict
     out = _vllm(res) if engine == "vllm" else _sglang(res)
     try:
-        res.check_runnable()
+        res.check_runnable(weights=False)
     except ConfigError as exc:
         # Neither engine checks this (vLLM would load, say, an EAGLE-3 head as a draft model).
         if strict:

@@ -90,11 +90,14 @@ class Resolution:
         return ", ".join(f"{n}={self.decisions[n].value!r} ({self.decisions[n].source})"
                          for n in self.decisions if n != "target")
 
-    def check_runnable(self) -> None:
-        """Raise ConfigError when the checkpoints cannot run the method (design rule 4)."""
+    def check_runnable(self, *, weights: bool = True) -> None:
+        """Raise ConfigError when the checkpoints cannot run the method (design rule 4).
+
+        ``weights=False`` skips the weight-file checks (for exports of config-only folders).
+        """
         from specsure.config.compat import check_runnable
 
-        check_runnable(self)
+        check_runnable(self, weights=weights)
 
 
 def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, strict: bool = False) -> Resolution:
