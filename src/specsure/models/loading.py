@@ -192,7 +192,9 @@ def _check_weights(folder: Path) -> None:
         try:
             weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ModelLoadError(f"{index_path} is malformed ({err}); regenerate it with save_pretrained.") from err
+            raise ModelLoadError(
+                f"{index_path} is malformed ({err}); regenerate it with save_pretrained."
+            ) from err
         missing = sorted({s for s in weight_map.values() if not (folder / s).is_file()})
         if missing:
             raise ModelLoadError(f"{index_path} lists shards missing from {folder}: {', '.join(missing)}.")
