@@ -28,12 +28,20 @@ def write_safetensors(path: Path, names: Iterable[str]) -> Path:
 
 
 def write_checkpoint(folder: Path, config: Mapping[str, Any] | str | None,
-                     tensors: Iterable[str] = ("model.embed_tokens.weight", "lm_head.weight"),
+                     tensors: Iterable[str] | None = None,
                      *, weights: str = "safetensors") -> Path:
     """Create ``folder`` with config.json (a dict, raw text, or None for none) and weights.
 
     weights: "safetensors" (a real header), "pickle" (a pytorch_model.bin stub) or "none".
+    tensors: names in the header; by default the embedding and LM head, plus the MTP modules'
+    ``eh_proj`` (stored as layers N + i) when the config declares num_nextn_predict_layers.
     """
+    if tensors is None:
+        tensors = ["model.embed_tokens.weight", "lm_head.weight"]
+        if isinstance(config, Mapping) and config.get("num_nextn_predict_layers"):
+            base = config.get("num_hidden_layers", 0)
+            tensors += [f"model.layers.{base + i}.eh_proj.weight"
+                        for i in range(min(config["num_nextn_predict_layers"], 256))]
     folder.mkdir(parents=True, exist_ok=True)
     if config is not None:
         text = config if isinstance(config, str) else json.dumps(config)

@@ -65,6 +65,7 @@ def check_runnable(res: "Resolution", *, weights: bool = True) -> None:
                 f"target {res.target.path!r} declares none ({res.target.config_file or 'its metadata'} has no "
                 "num_nextn_predict_layers). Give 'model': a standalone MTP head (specsure train can make one), "
                 "or choose another method such as 'ngram'.")
+        _check_mtp_tensors(res.target)
         return
     draft = res.draft
     if draft is None:
@@ -95,3 +96,20 @@ def _check_same_vocab(target: CheckpointInfo, draft: CheckpointInfo) -> None:
             f"draft_model needs the target's vocabulary, but the draft {draft.path!r} has vocab_size={dv} "
             f"({draft.config_file}) and the target {target.path!r} has vocab_size={tv}. Use a draft trained "
             "with the target's tokenizer, or method 'ngram'.")
+
+
+def _check_mtp_tensors(target: CheckpointInfo) -> None:
+    """A target that declares MTP modules must store them (DeepSeek-V3 layout: layer N + i)."""
+    found = target.mtp_layers
+    layers = target.num_hidden_layers
+    if found is None or layers is None or not target.tensor_names:
+        return
+    key, count = found
+    missing = [layers + i for i in range(count)
+               if f"model.layers.{layers + i}.eh_proj.weight" not in target.tensor_names]
+    if missing:
+        raise ConfigError(
+            f"method 'mtp' uses the MTP layers inside the target, and {target.signal(key)} declares {count}, but "
+            f"the target's safetensors hold no 'model.layers.{missing[0]}.eh_proj.weight' (MTP module {missing[0] - layers}"
+            "). The checkpoint was probably saved without its MTP weights; use the original files, or give "
+            "'model': a standalone MTP head.")

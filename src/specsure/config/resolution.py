@@ -220,7 +220,8 @@ class _State:
                     f"model: you set {user!r}, but the target declares its own MTP layers "
                     f"(signal: {target_layers.signal}), which mtp uses when no model is given. "
                     f"Keeping your value {user!r}.")
-            return Decision("model", user, "user", "You set the draft checkpoint; detection never replaces it.")
+            return Decision("model", user, "user", "You set the draft checkpoint; detection never replaces it."
+                            + self.draft_description())
         if method == "ngram":
             return Decision("model", None, "derived", "ngram drafts by prompt lookup and needs no draft model.")
         if method == "mtp":
@@ -230,6 +231,15 @@ class _State:
         need = {"draft_model": "a smaller causal LM with the target's vocabulary",
                 "eagle": "an EAGLE-1 head", "eagle3": "an EAGLE-3 head"}[method]
         raise ConfigError(f"method {method!r} needs 'model': the path of {need}. Add \"model\": \"/path/to/checkpoint\".")
+
+    def draft_description(self) -> str:
+        """What the draft's metadata says it is, for the model row of explain."""
+        evidence = self.draft_evidence
+        if evidence is None:
+            return " Its metadata does not say what kind of draft it is."
+        kinds = {"draft_model": "a whole causal LM", "eagle": "an EAGLE-1 head", "eagle3": "an EAGLE-3 head",
+                 "mtp": "an MTP head or a model with MTP layers"}
+        return f" Its metadata marks it as {kinds[evidence.value]} ({evidence.signal})."
 
     def decide_num_tokens(self, method: str) -> Decision:
         user = self.spec.num_speculative_tokens
