@@ -1,0 +1,55 @@
+"""`specsure serve`: an OpenAI-compatible HTTP server over one engine (docs/serving.md)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from specsure.cli.common import EXIT_OK, EXIT_USAGE, add_model_flags, parse_speculative_config
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    add_model_flags(parser)
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                        help="auto: bfloat16 where the CPU has fast bf16, else float32")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
+    parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000; 0 picks a free one)")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECSURE_API_KEY, else none)")
+    parser.add_argument("--served-model-name", default=None, metavar="NAME",
+                        help="the model name clients send (default: the --model string, or SmolLM2-135M-Instruct)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import prometheus_client
+        import uvicorn
+
+        from specsure.serve import create_app
+    except ModuleNotFoundError as exc:
+        print(f"error: specsure serve needs {exc.name!r}; install the serve extra: pip install 'specsure[serve]'",
+              file=sys.stderr)
+        return EXIT_USAGE
+    from specsure.decode.engine import make_engine
+
+    api_key = args.api_key or os.environ.get("SPECSURE_API_KEY") or None
+    if args.host not in LOOPBACK and not api_key:
+        logging.getLogger("specsure.serve").warning(
+            "binding %s without an API key: anyone who can reach port %d can use the model; "
+            "pass --api-key or set SPECSURE_API_KEY", args.host, args.port)
+    engine = make_engine(args.model, parse_speculative_config(args.speculative_config), strict=args.strict,
+                         dtype=args.dtype)
+    # This process serves one app, so the process-wide switch is safe; vLLM flips it too.
+    prometheus_client.disable_created_metrics()
+    app = create_app(engine, served_model_name=args.served_model_name, api_key=api_key)
+    print(f"serving {app.state.model_name!r} (speculative: {engine.resolution.summary()}; running "
+          f"{engine.speculative_method or 'plain decoding'}); one request at a time", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return EXIT_OK

@@ -1,0 +1,108 @@
+"""Prometheus metrics for ``specsure serve``, under vLLM's names so its dashboards work unchanged.
+
+The counters are fed from each request's ``SpecStats``, whose definitions already match vLLM's
+(see ``specsure.decode.metrics``). As in vLLM, every series carries ``model_name`` and ``engine``
+labels, and prometheus_client exposes each counter with a ``_total`` suffix
+(``vllm:spec_decode_num_drafts_total``). Each app owns its registry, so several apps (tests, or
+two servers in one process) never share counts.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+
+from specsure.decode.engine import Completion, Engine
+
+# vLLM's buckets for vllm:e2e_request_latency_seconds.
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                   120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+FINISH_REASONS = ("stop", "length")
+LABELS = ("model_name", "engine")
+
+
+class ServeMetrics:
+    """One registry per app: vLLM-named counters, plus specsure's effective-config info metric."""
+
+    def __init__(self, engine: Engine, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"model_name": model_name, "engine": "0"}
+
+        def counter(name: str, doc: str, *extra: str) -> Counter:
+            return Counter(name, doc, [*LABELS, *extra], registry=self.registry)
+
+        self.drafts = counter("vllm:spec_decode_num_drafts", "Verification steps with at least one draft "
+                              "token.").labels(**labels)
+        self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.").labels(**labels)
+        self.accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted by "
+                                       "verification (bonus and recovered tokens excluded).").labels(**labels)
+        per_pos = counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Verification steps whose draft "
+                          "token at this position was accepted.", "position")
+        self._per_pos = lambda i: per_pos.labels(**labels, position=str(i))
+        config = engine.resolution.config
+        for i in range(config.num_speculative_tokens if config is not None else 0):
+            self._per_pos(i)  # every position exists from the start, at 0, so rate() works at once
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens processed.").labels(**labels)
+        self.generation_tokens = counter("vllm:generation_tokens", "Output tokens generated.").labels(**labels)
+        success = counter("vllm:request_success", "Finished requests, by finish reason.", "finished_reason")
+        self._success = lambda reason: success.labels(**labels, finished_reason=reason)
+        for reason in FINISH_REASONS:
+            self._success(reason)
+        self.latency = Histogram("vllm:e2e_request_latency_seconds", "Request latency from arrival (after "
+                                 "validation) to the last token, queueing included.", LABELS,
+                                 buckets=LATENCY_BUCKETS, registry=self.registry).labels(**labels)
+        self.running = Gauge("vllm:num_requests_running", "Requests generating now (0 or 1: batch size 1).",
+                             LABELS, registry=self.registry).labels(**labels)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests queued behind the one generating.",
+                             LABELS, registry=self.registry).labels(**labels)
+        Info("specsure_speculative_config", "The effective speculative config, with each field's source "
+             "(user, checkpoint, path, default, derived), and the method actually running.",
+             registry=self.registry).info(config_labels(engine, model_name))
+
+    def observe(self, completion: Completion, latency_s: float) -> None:
+        """Count one finished request."""
+        stats = completion.stats
+        self.drafts.inc(stats.drafts)
+        self.draft_tokens.inc(stats.draft_tokens)
+        self.accepted_tokens.inc(stats.accepted_tokens)
+        for i, n in enumerate(stats.accepted_per_position):
+            self._per_pos(i).inc(n)
+        self.prompt_tokens.inc(len(completion.prompt_token_ids))
+        self.generation_tokens.inc(len(completion.token_ids))
+        self._success(completion.finish_reason).inc()
+        self.latency.observe(latency_s)
+
+    @contextmanager
+    def queued(self) -> Iterator[None]:
+        """Count a request as waiting for the engine for the duration of the block."""
+        self.waiting.inc()
+        try:
+            yield
+        finally:
+            self.waiting.dec()
+
+    @contextmanager
+    def generating(self) -> Iterator[None]:
+        """Count a request as running for the duration of the block."""
+        self.running.inc()
+        try:
+            yield
+        finally:
+            self.running.dec()
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of this app's registry."""
+        return generate_latest(self.registry)
+
+
+def config_labels(engine: Engine, model_name: str) -> dict[str, str]:
+    """``{field: value, field_source: source}`` for every resolved field, plus the running method."""
+    labels = {"model_name": model_name, "running_method": engine.speculative_method or ""}
+    for name, decision in engine.resolution.to_dict().items():
+        labels[name] = "" if decision["value"] is None else str(decision["value"])
+        labels[f"{name}_source"] = decision["source"]
+    labels.setdefault("method", "")  # speculation off: the series still exists, so queries need no special case
+    labels.setdefault("method_source", "")
+    return labels

@@ -1,0 +1,379 @@
+"""`specsure serve`: OpenAI routes, errors, API key, vLLM-named metrics, one request at a time.
+
+The fast tests use a tiny random Llama with a word-level tokenizer and a toy chat template built
+here, so text prompts, stop strings and chat all run in seconds. One slow test serves the real
+default model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from specsure import SamplingParams, make_engine
+from specsure.cli.main import build_parser, main
+from specsure.decode.engine import Engine
+from specsure.models.testing import build_tiny_llama
+from specsure.serve import create_app
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+PROMPT_IDS = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9]
+WORDS = "w5 w6 w7 w8 w5 w6 w7 w8 w5"
+CHAT = [{"role": "system", "content": "w1 w2"}, {"role": "user", "content": WORDS}]
+TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+
+
+def build_tiny_chat_model(folder: Path) -> Path:
+    """The tiny Llama (vocab 128) plus a word-level tokenizer over that vocabulary and a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    special = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    words = [*special, "user", "assistant", "system", *(f"w{i}" for i in range(120))]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(special)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<pad>")
+    fast.chat_template = TEMPLATE
+    build_tiny_llama(folder, vocab_size=len(words))
+    fast.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    folder = build_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"))
+    return make_engine(str(folder), NGRAM, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def client(engine: Engine) -> TestClient:
+    return TestClient(create_app(engine, served_model_name="tiny"))
+
+
+@pytest.fixture(scope="module")
+def bare_client(tiny_llama: Path) -> TestClient:
+    """A model without tokenizer files: token-id prompts only."""
+    return TestClient(create_app(make_engine(str(tiny_llama), None, dtype="float32"), served_model_name="bare"))
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """One sample's value from a Prometheus exposition; 0.0 when the series is absent."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def test_completion_greedy_equals_engine_generate(client: TestClient, engine: Engine) -> None:
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    for prompt in (PROMPT_IDS, WORDS):
+        expected = engine.generate(prompt, params)[0]
+        r = client.post("/v1/completions", json={"model": "tiny", "prompt": prompt, "max_tokens": 24,
+                                                 "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["object"] == "text_completion" and body["model"] == "tiny" and body["id"].startswith("cmpl-")
+        choice = body["choices"][0]
+        assert choice["token_ids"] == expected.token_ids and choice["text"] == expected.text
+        assert choice["finish_reason"] == "length" == expected.finish_reason
+        assert body["usage"] == {"prompt_tokens": len(expected.prompt_token_ids), "completion_tokens": 24,
+                                 "total_tokens": len(expected.prompt_token_ids) + 24}
+        spec = body["speculative"]
+        assert spec["method"] == "ngram"
+        assert spec["drafts"] == expected.stats.drafts > 0
+        assert spec["accepted_per_position"] == expected.stats.accepted_per_position
+        assert spec["mean_acceptance_length"] == pytest.approx(1 + spec["accepted_tokens"] / spec["drafts"])
+
+
+def test_prompt_forms_agree(client: TestClient) -> None:
+    def ids(prompt: object) -> list[int]:
+        r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 8})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["token_ids"]
+
+    assert ids(PROMPT_IDS) == ids([PROMPT_IDS])
+    assert ids(WORDS) == ids([WORDS])
+
+
+def test_stop_string_ends_the_text(client: TestClient, engine: Engine) -> None:
+    free = engine.generate(WORDS, SamplingParams(max_tokens=12, ignore_eos=True))[0].text.split()
+    stop = free[3]  # a word the model will produce; the text must end just before its first use
+    r = client.post("/v1/completions", json={"prompt": WORDS, "max_tokens": 12, "stop": stop, "ignore_eos": True})
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert stop not in choice["text"] and choice["text"].split() == free[: free.index(stop)]
+
+
+def test_chat_renders_the_template(client: TestClient, engine: Engine) -> None:
+    ids = engine.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True, return_dict=False)
+    expected = engine.generate(list(ids), SamplingParams(max_tokens=10))[0]
+    r = client.post("/v1/chat/completions", json={"model": "tiny", "messages": CHAT, "max_completion_tokens": 10})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": expected.text}
+    assert body["choices"][0]["finish_reason"] == expected.finish_reason
+    assert body["usage"]["prompt_tokens"] == len(ids)
+    parts = [{"role": "system", "content": "w1 w2"},
+             {"role": "user", "content": [{"type": "text", "text": WORDS[:12]}, {"type": "text", "text": WORDS[12:]}]}]
+    again = client.post("/v1/chat/completions", json={"messages": parts, "max_tokens": 10}).json()
+    assert again["choices"][0]["message"]["content"] == expected.text
+
+
+def test_models_shows_effective_config_with_sources(client: TestClient) -> None:
+    r = client.get("/v1/models")
+    assert r.status_code == 200
+    (card,) = r.json()["data"]
+    assert card["id"] == "tiny" and card["object"] == "model"
+    spec = card["speculative"]
+    assert spec["method"] == "ngram"
+    fields = spec["fields"]
+    assert fields["method"]["value"] == "ngram" and fields["method"]["source"] == "user"
+    assert fields["num_speculative_tokens"] == {**fields["num_speculative_tokens"], "value": 4, "source": "user"}
+    assert fields["model"]["source"] == "derived" and fields["model"]["value"] is None
+    assert all(f["reason"] for f in fields.values())
+
+
+def test_metrics_count_what_the_responses_report(client: TestClient) -> None:
+    before = client.get("/metrics").text
+    bodies = [client.post("/v1/completions", json={"prompt": p, "max_tokens": n, "ignore_eos": True}).json()
+              for p, n in ((PROMPT_IDS, 20), (WORDS, 7))]
+    after = client.get("/metrics").text
+    labels = {"model_name": "tiny", "engine": "0"}
+
+    def delta(name: str, **extra: str) -> float:
+        return metric(after, name, **labels, **extra) - metric(before, name, **labels, **extra)
+
+    spec = [b["speculative"] for b in bodies]
+    assert delta("vllm:spec_decode_num_drafts_total") == sum(s["drafts"] for s in spec) > 0
+    assert delta("vllm:spec_decode_num_draft_tokens_total") == sum(s["draft_tokens"] for s in spec)
+    assert delta("vllm:spec_decode_num_accepted_tokens_total") == sum(s["accepted_tokens"] for s in spec)
+    for pos in range(4):
+        expected = sum(s["accepted_per_position"][pos] for s in spec if pos < len(s["accepted_per_position"]))
+        assert delta("vllm:spec_decode_num_accepted_tokens_per_pos_total", position=str(pos)) == expected
+    assert delta("vllm:prompt_tokens_total") == sum(b["usage"]["prompt_tokens"] for b in bodies)
+    assert delta("vllm:generation_tokens_total") == 27
+    assert delta("vllm:request_success_total", finished_reason="length") == 2
+    assert delta("vllm:e2e_request_latency_seconds_count") == 2
+    info = metric(after, "specsure_speculative_config_info", method="ngram", method_source="user",
+                  num_speculative_tokens="4", num_speculative_tokens_source="user", running_method="ngram")
+    assert info == 1.0
+    assert metric(after, "vllm:num_requests_running", **labels) == 0
+
+
+def test_apps_do_not_share_metrics(engine: Engine) -> None:
+    one, two = TestClient(create_app(engine, served_model_name="a")), TestClient(create_app(engine))
+    one.post("/v1/completions", json={"prompt": PROMPT_IDS, "max_tokens": 3})
+    assert metric(one.get("/metrics").text, "vllm:generation_tokens_total") > 0
+    assert metric(two.get("/metrics").text, "vllm:generation_tokens_total") == 0
+
+
+def test_api_key(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = TestClient(create_app(engine, api_key="s3cret"))
+    body = {"prompt": PROMPT_IDS, "max_tokens": 2}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+        r = client.post("/v1/completions", json=body, headers=headers)
+        assert r.status_code == 401
+        error = r.json()["error"]
+        assert error["code"] == "invalid_api_key" and "Authorization: Bearer" in error["message"]
+    assert client.get("/v1/models").status_code == 401
+    ok = {"Authorization": "Bearer s3cret"}
+    assert client.post("/v1/completions", json=body, headers=ok).status_code == 200
+    assert client.get("/v1/models", headers=ok).status_code == 200
+    assert client.get("/health").status_code == 200 and client.get("/metrics").status_code == 200
+
+
+BAD_COMPLETIONS = [
+    ({"prompt": PROMPT_IDS, "max_token": 5}, "max_token", "Did you mean 'max_tokens'"),
+    ({"prompt": PROMPT_IDS, "temprature": 0.5}, "temprature", "Did you mean 'temperature'"),
+    ({"prompt": PROMPT_IDS, "temperature": "hot"}, "temperature", "'hot'"),
+    ({"prompt": PROMPT_IDS, "temperature": -1}, "temperature", ">= 0"),
+    ({"prompt": PROMPT_IDS, "top_p": 0}, "top_p", "(0, 1]"),
+    ({"prompt": PROMPT_IDS, "top_k": 1.5}, "top_k", "1.5"),
+    ({"prompt": PROMPT_IDS, "max_tokens": 0}, "max_tokens", "max_tokens = 0"),
+    ({"prompt": PROMPT_IDS, "max_tokens": "8"}, "max_tokens", "'8'"),
+    ({"prompt": PROMPT_IDS, "seed": -3}, "seed", "-3"),
+    ({"prompt": PROMPT_IDS, "stop": [""]}, "stop", "non-empty"),
+    ({"prompt": PROMPT_IDS, "n": 2}, "n", "n = 2"),
+    ({"prompt": PROMPT_IDS, "model": "gpt-4"}, "model", "'tiny'"),
+    ({"prompt": PROMPT_IDS, "stream": True}, "stream", "stream is not supported yet"),
+    ({"prompt": PROMPT_IDS, "presence_penalty": 0.5}, "presence_penalty", "not supported"),
+    ({"prompt": PROMPT_IDS, "best_of": True}, "best_of", "not supported"),
+    ({"max_tokens": 4}, "prompt", "prompt is missing"),
+    ({"prompt": ""}, "prompt", "empty string"),
+    ({"prompt": []}, "prompt", "empty list"),
+    ({"prompt": [[]]}, "prompt", "empty list"),
+    ({"prompt": 7}, "prompt", "number"),
+    ({"prompt": [1, "w2"]}, "prompt", "'w2'"),
+    ({"prompt": [PROMPT_IDS, PROMPT_IDS]}, "prompt", "one prompt per request"),
+    ({"prompt": [1, 5000]}, "prompt", "5000"),
+    ({"prompt": [5] * 600}, "prompt", "600 tokens"),
+]
+
+
+@pytest.mark.parametrize("body, param, needle", BAD_COMPLETIONS, ids=[str(b[1]) + ":" + b[2][:14]
+                                                                     for b in BAD_COMPLETIONS])
+def test_bad_completion_is_a_400_naming_the_field(client: TestClient, body: dict, param: str, needle: str) -> None:
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert param.split(".")[-1] in error["message"] and needle in error["message"], error["message"]
+
+
+BAD_CHATS = [
+    ({"messages": []}, "messages", "messages = [] is not a non-empty list"),
+    ({"messages": "hi"}, "messages", "'hi'"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role", "'robot'"),
+    ({"messages": [{"role": "user", "contnet": "hi"}]}, "messages[0].contnet", "Did you mean 'content'"),
+    ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content", "3"),
+    ({"messages": CHAT, "max_tokens": 4, "max_completion_tokens": 5}, "max_tokens", "disagree"),
+    ({"messages": CHAT, "max_completion_tokens": -1}, "max_completion_tokens", "max_completion_tokens = -1"),
+    ({"messages": CHAT, "prompt": "hi"}, "prompt", "belongs to POST /v1/completions"),
+    ({"messages": [{"role": "user", "content": "w1 " * 600}]}, "messages", "context is 512 tokens"),
+]
+
+
+@pytest.mark.parametrize("body, param, needle", BAD_CHATS, ids=[b[1] for b in BAD_CHATS])
+def test_bad_chat_is_a_400_naming_the_field(client: TestClient, body: dict, param: str, needle: str) -> None:
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert needle in error["message"], error["message"]
+
+
+def test_bad_bodies(client: TestClient) -> None:
+    for content in (b"{not json", b"\xff\xfe", b"[1, 2]", b"null"):
+        r = client.post("/v1/completions", content=content, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    assert "not valid JSON" in client.post("/v1/completions", content=b"{").json()["error"]["message"]
+    missing = client.get("/v1/nothing-here")
+    assert missing.status_code == 404 and missing.json()["error"]["message"] == "Not Found"
+
+
+def test_a_bug_is_a_500_without_a_traceback(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(prompt, params):  # noqa: ANN001, ANN202
+        raise RuntimeError("secret internals")
+
+    client = TestClient(create_app(engine), raise_server_exceptions=False)
+    monkeypatch.setattr(engine, "generate", broken)
+    r = client.post("/v1/completions", json={"prompt": PROMPT_IDS})
+    assert r.status_code == 500
+    assert r.json()["error"]["type"] == "internal_server_error" and "RuntimeError" in r.json()["error"]["message"]
+    assert "secret internals" not in r.text and "Traceback" not in r.text
+
+
+def test_model_without_tokenizer(bare_client: TestClient) -> None:
+    ok = bare_client.post("/v1/completions", json={"prompt": PROMPT_IDS, "max_tokens": 3})
+    assert ok.status_code == 200 and ok.json()["choices"][0]["text"] is None
+    assert len(ok.json()["choices"][0]["token_ids"]) == ok.json()["usage"]["completion_tokens"]
+    for path, body, param in (("/v1/completions", {"prompt": "hello"}, "prompt"),
+                              ("/v1/completions", {"prompt": PROMPT_IDS, "stop": "x"}, "stop"),
+                              ("/v1/chat/completions", {"messages": CHAT}, "messages")):
+        r = bare_client.post(path, json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert "tokenizer" in r.json()["error"]["message"]
+    assert bare_client.get("/v1/models").json()["data"][0]["speculative"]["method"] is None
+    assert metric(bare_client.get("/metrics").text, "specsure_speculative_config_info", method="") == 1.0
+
+
+def test_one_generation_at_a_time_and_the_loop_stays_free(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    app = create_app(engine)
+    active, peak, guard = [0], [0], threading.Lock()
+    real = engine.generate
+
+    def slow_generate(prompt, params):  # noqa: ANN001, ANN202
+        with guard:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.3)
+        try:
+            return real(prompt, params)
+        finally:
+            with guard:
+                active[0] -= 1
+
+    monkeypatch.setattr(engine, "generate", slow_generate)
+
+    async def scenario() -> tuple[list[int], float, float]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            async def complete() -> int:
+                return (await http.post("/v1/completions", json={"prompt": PROMPT_IDS, "max_tokens": 2})).status_code
+
+            async def health() -> float:
+                await asyncio.sleep(0.05)
+                assert (await http.get("/health")).status_code == 200
+                return time.perf_counter()
+
+            start = time.perf_counter()
+            codes, healthy = await asyncio.gather(asyncio.gather(*(complete() for _ in range(3))), health())
+            return codes, healthy - start, time.perf_counter() - start
+
+    codes, health_at, total = asyncio.run(scenario())
+    assert codes == [200, 200, 200]
+    assert peak[0] == 1  # the engine never ran two requests at once
+    assert total >= 0.9 and health_at < 0.25  # /health answered while the first request was generating
+
+
+def test_serve_flags_default_to_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = build_parser().parse_args(["serve"])
+    assert (args.host, args.port, args.api_key, args.served_model_name) == ("127.0.0.1", 8000, None, None)
+    assert args.model is None and args.speculative_config is None and not args.strict and args.dtype == "auto"
+    args = build_parser().parse_args(["serve", "--speculative-config", '{"method": "ngram"}', "--port", "0",
+                                      "--api-key", "k", "--served-model-name", "m", "--strict"])
+    assert (args.port, args.api_key, args.served_model_name, args.strict) == (0, "k", "m", True)
+
+
+def test_serve_config_error_exits_2_before_binding(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--speculative-config", '{"methd": "ngram"}', "--port", "0"]) == 2
+    assert "Did you mean 'method'?" in capsys.readouterr().err
+
+
+def test_uvicorn_serves_on_a_real_socket(engine: Engine) -> None:
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(create_app(engine), host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.started
+        host, port = server.servers[0].sockets[0].getsockname()[:2]
+        assert host == "127.0.0.1"
+        r = httpx.post(f"http://{host}:{port}/v1/completions", json={"prompt": PROMPT_IDS, "max_tokens": 3})
+        assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) <= 3
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+@pytest.mark.slow
+def test_chat_on_the_default_model(default_model_cache: Path) -> None:
+    engine = make_engine(None, {"method": "ngram"}, dtype="float32")
+    client = TestClient(create_app(engine))
+    messages = [{"role": "user", "content": "Repeat exactly: the quick brown fox jumps over the lazy dog."}]
+    r = client.post("/v1/chat/completions", json={"model": "SmolLM2-135M-Instruct", "messages": messages,
+                                                  "max_tokens": 24})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    ids = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert body["choices"][0]["message"]["content"] == engine.generate(list(ids), SamplingParams(max_tokens=24))[0].text
+    assert body["speculative"]["method"] == "ngram" and body["speculative"]["drafts"] > 0
+    card = client.get("/v1/models").json()["data"][0]
+    assert card["id"] == "SmolLM2-135M-Instruct" and card["speculative"]["fields"]["target"]["source"] == "default"
