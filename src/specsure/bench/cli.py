@@ -20,7 +20,7 @@ from specsure.bench.results import ALL, BenchResults, prompt_result, summarize
 from specsure.bench.workload import CATEGORIES, WorkloadError, encode, load_builtin, load_workload, select
 from specsure.config import ConfigError
 
-QUICK = {"per_category": 2, "max_tokens": 96, "repeats": 2}
+QUICK = {"per_category": 2, "max_tokens": 96, "repeats": 3}
 """--quick: a few prompts per category, sized to finish in minutes on the default model."""
 REFERENCE = "plain"
 HF_BASELINE = "hf"
