@@ -7,6 +7,7 @@ import datetime
 import os
 import platform
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -79,6 +80,15 @@ def command_line(args: argparse.Namespace) -> str:
         else:
             words += [flag, str(value)]
     return shlex.join(words)
+
+
+def _git_commit() -> str:
+    """The specsure checkout's commit, so a figure can be traced to the code that made it."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
 
 
 def _cpu_model() -> str:
@@ -186,6 +196,7 @@ def _run(args: argparse.Namespace) -> int:
     ]
     meta: dict[str, Any] = {
         "command": command_line(args),
+        "specsure_commit": _git_commit(),
         "model": args.model or "SmolLM2-135M-Instruct (packaged default)",
         "model_path": target.path,
         "dtype": settings.dtype,
