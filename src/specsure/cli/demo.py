@@ -8,20 +8,26 @@ import statistics
 from specsure.cli.common import EXIT_OK
 from specsure.cli.generate import print_effective, print_stats, render_prompt
 
-DEMO_CODE = """def average_positive(values):
-    total = 0
-    count = 0
-    for value in values:
-        if value > 0:
-            total += value
-            count += 1
-    if count == 0:
-        return 0.0
-    return total / count
+DEMO_CODE = """class Inventory:
+    def __init__(self):
+        self.items = {}
+
+    def add(self, name, quantity):
+        if name in self.items:
+            self.items[name] += quantity
+        else:
+            self.items[name] = quantity
+
+    def remove(self, name, quantity):
+        if name not in self.items:
+            raise KeyError(name)
+        self.items[name] -= quantity
+        if self.items[name] <= 0:
+            del self.items[name]
 """
 # Input-grounded: most of a good answer is copied from the prompt, which is what ngram drafts.
-DEMO_PROMPT = (f"Here is a Python function:\n\n```python\n{DEMO_CODE}```\n\nRename the variable `total` to "
-               "`running_sum` everywhere in this function. Show the full updated function.")
+DEMO_PROMPT = (f"Here is a Python class:\n\n```python\n{DEMO_CODE}```\n\nRename the method `remove` to `take`. "
+               "Show the full updated class.")
 DEMO_CONFIG = {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
 
 
@@ -30,7 +36,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default=None, help="target model (default: packaged SmolLM2-135M-Instruct)")
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=2, help="timed runs of each, interleaved")
-    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    # float32 by default: there the speculative output is bit-identical to plain greedy decoding,
+    # which is what the demo shows. bfloat16 (--dtype auto here) is faster but may flip near-ties.
+    parser.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16", "float16"),
+                        help="float32 (default) gives exact equality with plain decoding; auto picks bfloat16 "
+                             "on CPUs with fast bf16, which is faster but may differ at near-ties")
     parser.set_defaults(run=run)
 
 
@@ -60,8 +70,19 @@ def run(args: argparse.Namespace) -> int:
     print_effective(spec)
     print_stats(fast)
     p, s = statistics.median(plain_speeds), statistics.median(spec_speeds)
-    same = "identical to" if fast.token_ids == base.token_ids else "DIFFERENT from"
+    dtype = str(spec.target.lm.dtype).removeprefix("torch.")
     print(f"plain decoding: {p:.1f} tok/s; ngram: {s:.1f} tok/s; speedup {s / p:.2f}x "
-          f"(median of {len(spec_speeds)} interleaved runs, dtype {str(spec.target.lm.dtype).removeprefix('torch.')})")
-    print(f"ngram output is {same} plain greedy decoding ({len(fast.token_ids)} tokens).")
+          f"(median of {len(spec_speeds)} interleaved runs, dtype {dtype})")
+    print(equality_line(fast.token_ids, base.token_ids, dtype))
     return EXIT_OK
+
+
+def equality_line(fast: list[int], base: list[int], dtype: str) -> str:
+    """Whether the speculative output equals plain greedy decoding, and where it first differs."""
+    if fast == base:
+        return f"ngram output is identical to plain greedy decoding ({len(fast)} tokens)."
+    first = next((i for i, (a, b) in enumerate(zip(fast, base)) if a != b), min(len(fast), len(base)))
+    why = (" In bfloat16 a forward over several tokens rounds differently from one-token steps, so a near-tie"
+           " can flip; run with --dtype float32 for exact equality." if dtype != "float32" else
+           " In float32 this is a bug: please report it.")
+    return f"ngram output DIFFERS from plain greedy decoding from token {first} on.{why}"
