@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Literal, Sequence, Union
+from typing import TYPE_CHECKING, Literal, Sequence, Union
 
 import torch
 
@@ -17,9 +17,13 @@ from specsure.config import ConfigError, Resolution, resolve
 from specsure.decode.metrics import SpecStats
 from specsure.decode.rejection import verify_greedy, verify_sampled
 from specsure.decode.sampling import SamplingParams, probs_from_logits, sample
+from specsure.models.causal_lm import ForwardOutput
 from specsure.models.loading import LoadedModel, load_model
 from specsure.proposers.base import Draft, Proposer
 from specsure.proposers.factory import build_proposer
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +73,8 @@ class Engine:
         return self.proposer.method if self.proposer is not None else None
 
     @property
-    def tokenizer(self):  # noqa: ANN201 - transformers' tokenizer type, or None
+    def tokenizer(self) -> "PreTrainedTokenizerBase | None":
+        """The target's tokenizer; None when its folder has no tokenizer files."""
         return self.target.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None) -> list[Completion]:
@@ -198,11 +203,11 @@ class Engine:
         return text, output, finish
 
 
-def _rows(out, n: int):  # noqa: ANN001, ANN202 - ForwardOutput in, ForwardOutput out
+def _rows(out: ForwardOutput, n: int) -> ForwardOutput:
     """The first n rows of a ForwardOutput (the committed positions)."""
     if out.logits.shape[0] == n:
         return out
-    return type(out)(logits=out.logits[:n], hidden=None if out.hidden is None else out.hidden[:n],
+    return ForwardOutput(logits=out.logits[:n], hidden=None if out.hidden is None else out.hidden[:n],
                      aux_hidden=None if out.aux_hidden is None else out.aux_hidden[:n])
 
 
