@@ -54,7 +54,7 @@ def test_path_substring_is_named_with_a_symlink_fix(tmp_path, target):
     (m,) = check.mismatches
     assert (m.field, m.specsure, m.vllm) == ("method", "draft_model", "eagle")
     assert "folder-name substring" in m.cause and "'eagle-'" in m.cause
-    assert "ln -s" in m.fix and "my-eagl-draft" in m.fix
+    assert "ln -s" in m.fix and "my-eagle_draft" in m.fix
     assert "differs" in check.table()
 
 

@@ -86,10 +86,11 @@ def vllm_path_trap(path: str) -> tuple[str, str] | None:
 
 
 def neutral_name(name: str) -> str:
-    """``name`` with every trap substring broken up: 'my-eagle-draft' -> 'my-eagl-draft'."""
-    out = re.sub("eagle(?=[-3])", "eagl", name, flags=re.IGNORECASE)
-    out = re.sub("dflash", "dfl", out, flags=re.IGNORECASE)
-    return re.sub("dspark", "dspk", out, flags=re.IGNORECASE)
+    """``name`` with every trap substring broken by an underscore: 'my-eagle-draft' -> 'my-eagle_draft'."""
+    out = re.sub("(eagle)-", r"\1_", name, flags=re.IGNORECASE)
+    out = re.sub("(eagle)(3)", r"\1_\2", out, flags=re.IGNORECASE)
+    out = re.sub("(d)(flash|spark)", r"\1_\2", out, flags=re.IGNORECASE)
+    return out
 
 
 def vllm_draft_path(res: "Resolution") -> tuple[str, Literal["draft", "target"]] | None:
