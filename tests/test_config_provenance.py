@@ -133,7 +133,9 @@ def test_explain_when_speculation_is_off(target):
     res = resolve(None, model=target)
     assert res.config is None and res.warnings == ()
     assert "speculative decoding: off" in res.explain()
-    assert set(res.to_dict()) == {"target"}
+    assert set(res.to_dict()) == {"target", *FIELDS}
+    assert all(res.to_dict()[name]["value"] is None and res.source(name) == "default" for name in FIELDS)
+    assert "speculative decoding is off" in res.reason("method")
     assert resolve({}, model=target).config is None
 
 

@@ -111,6 +111,8 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, str
     target = read_checkpoint(model)
     decisions: dict[str, Decision] = {"target": _target_decision(model, target)}
     if speculative is None or (isinstance(speculative, Mapping) and not speculative):
+        off = "No speculative config was given, so speculative decoding is off and plain decoding runs."
+        decisions.update({name: Decision(name, None, "default", off) for name in FIELDS})
         return Resolution(config=None, decisions=MappingProxyType(decisions), warnings=(), target=target,
                           target_model=model, strict=strict)
     spec = parse_user_spec(speculative)
