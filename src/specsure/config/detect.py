@@ -71,8 +71,7 @@ def classify_draft(info: CheckpointInfo) -> Evidence | None:
         return Evidence("mtp", "checkpoint", info.signal(mtp[0]))
     if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs) and (info.num_hidden_layers or 0) >= 2:
         return Evidence("draft_model", "checkpoint",
-                        f"{where} architectures={sorted(archs)}, num_hidden_layers={info.num_hidden_layers} "
-                        "(a whole causal LM)")
+                        f"{where} architectures={sorted(archs)}, num_hidden_layers={info.num_hidden_layers}")
     return None
 
 

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, Mapping
 
 from specsure.config.checkpoint import CheckpointInfo, read_checkpoint
+from specsure.config.compat import WHAT_IS
 from specsure.config.detect import Evidence, classify_draft, path_hint, target_mtp
 from specsure.config.errors import ConfigConflictError, ConfigError
 from specsure.config.schema import (
@@ -192,9 +193,11 @@ class _State:
             how = f" (written as the alias {self.spec.method_alias!r})" if self.spec.method_alias else ""
             return Decision("method", user, "user", f"You set method {user!r}{how}; it is never replaced.")
         if evidence is not None:
-            kind = "checkpoint metadata" if evidence.source == "checkpoint" else "a whole-token path hint"
-            return Decision("method", evidence.value, evidence.source,
-                            f"Detected from {kind}: {evidence.signal}.")
+            if evidence.source == "checkpoint":
+                why = f"Detected from checkpoint metadata: the draft is {WHAT_IS[evidence.value]} ({evidence.signal})."
+            else:
+                why = f"Detected from a whole-token path hint: {evidence.signal}; the draft's metadata says nothing."
+            return Decision("method", evidence.value, evidence.source, why)
         if self.draft is not None:
             return Decision("method", "draft_model", "default",
                             "A draft checkpoint was given and nothing in its metadata or path marks it as a "
@@ -239,9 +242,7 @@ class _State:
         evidence = self.draft_evidence
         if evidence is None:
             return " Its metadata does not say what kind of draft it is."
-        kinds = {"draft_model": "a whole causal LM", "eagle": "an EAGLE-1 head", "eagle3": "an EAGLE-3 head",
-                 "mtp": "an MTP head or a model with MTP layers"}
-        return f" Its metadata marks it as {kinds[evidence.value]} ({evidence.signal})."
+        return f" Its metadata marks it as {WHAT_IS[evidence.value]} ({evidence.signal})."
 
     def decide_num_tokens(self, method: str) -> Decision:
         user = self.spec.num_speculative_tokens
