@@ -9,7 +9,7 @@ import sys
 from specsure.cli.common import guarded, setup_logging
 
 # One module per command, each with add_parser(subparsers) setting `run`.
-COMMANDS = ("explain", "generate", "demo", "bench", "export", "check_vllm", "serve")
+COMMANDS = ("explain", "generate", "demo", "bench", "export", "check_vllm", "serve", "train")
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:

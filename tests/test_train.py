@@ -1,0 +1,147 @@
+"""specsure train: MTP self-distillation on a tiny target; the written head runs losslessly in the engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from specsure import SamplingParams, make_engine
+from specsure.cli.main import main
+from specsure.models.loading import load_model
+from specsure.models.testing import build_tiny_llama
+from specsure.proposers.head_layer import HeadCache
+from specsure.train import MTPTrainSettings, initial_module, save_mtp_head, self_distill, train_mtp
+from specsure.train.mtp import entry_losses
+
+GREEDY = SamplingParams(max_tokens=32, ignore_eos=True)
+
+
+def _prompts(count: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 128, (16,), generator=gen).tolist() for _ in range(count)]
+
+
+def _learnable_target(folder: Path) -> Path:
+    """A one-layer target whose next token depends on the current token only (attention output zeroed).
+
+    Its next-next token is then a function of token t+1 that a head can learn from a few hundred
+    entries; untied weights keep its greedy text from settling on one repeated token, which would
+    let an untrained head score well too. A fully random target's next-next token is not learnable
+    from this little data, so it could not show that training works.
+    """
+    build_tiny_llama(folder, num_layers=1, tie=False, seed=1)
+    weights = folder / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors["model.layers.0.self_attn.o_proj.weight"].zero_()
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    return folder
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """A tiny target, its self-distillation data, a trained head and the initial head, both written."""
+    root = tmp_path_factory.mktemp("train")
+    target_dir = _learnable_target(root / "target")
+    target = load_model(str(target_dir), dtype="float32")
+    samples = self_distill(target, _prompts(40, seed=0), 24)
+    result = train_mtp(target, samples, MTPTrainSettings(steps=200, lr=3e-3))
+    trained_head = save_mtp_head(result.module, target.lm, root / "head", {"steps": 200})
+    initial_head = save_mtp_head(initial_module(target.lm), target.lm, root / "initial", {})
+    return target_dir, target, samples, result, trained_head, initial_head
+
+
+def _engine(target: Path, head: Path | None, k: int = 2):  # noqa: ANN202
+    spec = None if head is None else {"method": "mtp", "model": str(head), "num_speculative_tokens": k}
+    return make_engine(str(target), spec, dtype="float32")
+
+
+def test_training_reduces_the_distillation_loss(trained) -> None:  # noqa: ANN001
+    _, _, _, result, _, _ = trained
+    assert result.after.kl < 0.5 * result.before.kl, (result.before, result.after)
+    assert result.after.agreement > result.before.agreement + 0.3, (result.before, result.after)
+    assert sum(result.losses[-20:]) < 0.5 * sum(result.losses[:20])
+    assert result.heldout_sequences == 4 and result.train_sequences == 36
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_written_head_loads_as_mtp_and_is_lossless(trained, k: int) -> None:  # noqa: ANN001
+    target_dir, _, _, _, head, _ = trained
+    config = json.loads((head / "config.json").read_text())
+    assert config["architectures"] == ["SpecsureMTPHead"] and (head / "training.json").is_file()
+    spec, plain = _engine(target_dir, head, k), _engine(target_dir, None)
+    assert spec.speculative_method == "mtp"
+    for prompt in _prompts(4, seed=1):
+        assert spec.generate(prompt, GREEDY)[0].token_ids == plain.generate(prompt, GREEDY)[0].token_ids
+    assert spec.stats.drafts > 0
+
+
+def test_the_trained_head_is_accepted_more_than_the_initial_one(trained) -> None:  # noqa: ANN001
+    target_dir, _, _, _, head, initial = trained
+    prompts = _prompts(6, seed=2)  # not the training prompts
+    lengths = []
+    for folder in (initial, head):
+        engine = _engine(target_dir, folder)
+        engine.generate(prompts, GREEDY)
+        lengths.append(engine.stats.mean_acceptance_length)
+    assert lengths[1] > lengths[0] + 0.5, lengths
+
+
+def test_training_computes_what_the_proposer_computes(trained) -> None:  # noqa: ANN001
+    """The trained q at the last entry equals the engine's first draft distribution (the token shift)."""
+    target_dir, target, samples, result, head, _ = trained
+    sample = samples[0]
+    n = sample.hidden.shape[0]
+    engine = _engine(target_dir, head, k=1)
+    lm, proposer = engine.target.lm, engine.proposer
+    tokens = sample.token_ids.tolist()
+    lm.reset()
+    proposer.reset()
+    proposer.observe(tokens[: n - 1], 0, lm.forward(tokens[: n - 1], hidden=True))
+    draft = proposer.propose(tokens, 1, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _, q_logits = result.module(sample.hidden[: n - 1], sample.token_ids[1:n], HeadCache())
+    torch.testing.assert_close(draft.probs[0], torch.softmax(q_logits[-1], -1), atol=1e-5, rtol=1e-4)
+    kl, _ = entry_losses(result.module, target.lm, sample, 0, n - 1)
+    assert kl.shape == (n - 1,) and torch.isfinite(kl).all()
+
+
+def test_cli_trains_and_replaces_an_earlier_head(tmp_path: Path, capsys) -> None:
+    target = build_tiny_llama(tmp_path / "target")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"category": "t", "prompt_ids": p}) for p in _prompts(6, seed=3)))
+    args = ["train", "--model", str(target), "--dtype", "float32", "--out", str(tmp_path / "head"),
+            "--prompts", str(prompts), "--steps", "15", "--max-new-tokens", "24", "--no-progress"]
+    assert main(args) == 0
+    assert main(args) == 0  # an earlier head in --out is replaced
+    out = capsys.readouterr().out
+    assert "held-out top-1 agreement:" in out and "wrote" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["head", "prompts.jsonl", "target"]  # no temp folders
+    training = json.loads((tmp_path / "head" / "training.json").read_text())
+    assert training["settings"]["steps"] == 15 and training["data"]["prompts"] == 6
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--out", "/nonexistent-parent/head", "does not exist"),
+    ("--out", "BUSY", "not a SpecsureMTPHead"),
+    ("--steps", "0", "steps = 0"),
+    ("--max-new-tokens", "-1", "--max-new-tokens -1"),
+    ("--prompts", "TEXT", "no tokenizer"),
+])
+def test_bad_input_is_a_clear_error(tmp_path: Path, capsys, flag: str, value: str, message: str) -> None:
+    target = build_tiny_llama(tmp_path / "target")  # no tokenizer
+    (tmp_path / "text.jsonl").write_text(json.dumps({"category": "t", "prompt": "hello"}))
+    (tmp_path / "ids.jsonl").write_text(json.dumps({"category": "t", "prompt_ids": [5, 6, 7]}))
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    flags = {"--out": str(tmp_path / "head"), "--prompts": str(tmp_path / "ids.jsonl"), "--steps": "5"}
+    flags[flag] = {"TEXT": str(tmp_path / "text.jsonl"), "BUSY": str(tmp_path / "busy")}.get(value, value)
+    rc = main(["train", "--model", str(target), "--dtype", "float32", "--no-progress",
+               *[part for item in flags.items() for part in item]])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "head").exists()
+    assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
