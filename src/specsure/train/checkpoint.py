@@ -81,6 +81,8 @@ def save_mtp_head(module: MTPModule, lm: CausalLM, out: str | Path, training: di
         save_file(head_tensors(module), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / TRAINING_FILE).write_text(json.dumps(training, indent=2) + "\n", encoding="utf-8")
         os.chmod(tmp, 0o755)  # mkdtemp makes it owner-only; a head folder is ordinary data
+        for path in tmp.iterdir():
+            os.chmod(path, 0o644)
         _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
