@@ -1,4 +1,4 @@
-"""`specsure` command line: explain / generate / demo / serve / bench / export / check-vllm."""
+"""`specsure` command line: explain / generate / demo / serve / bench / train / export / check-vllm."""
 
 from __future__ import annotations
 
