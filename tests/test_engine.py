@@ -203,3 +203,15 @@ def test_pickle_only_checkpoint_is_refused(tmp_path: Path, models: dict[str, str
         make_engine(str(folder), None, dtype="float32")
     with pytest.raises(ConfigError, match="pytorch_model.bin"):
         make_engine(models["target"], {"method": "draft_model", "model": str(folder)}, dtype="float32")
+
+
+def test_draft_with_a_shorter_context_stops_drafting_instead_of_failing(tmp_path: Path) -> None:
+    target = str(build_tiny_llama(tmp_path / "t", **SHAPE, extra_config={"max_position_embeddings": 64}))
+    draft = str(build_tiny_llama(tmp_path / "d", seed=3, **SHAPE, extra_config={"max_position_embeddings": 32}))
+    params = SamplingParams(max_tokens=100, ignore_eos=True)
+    plain = make_engine(target, None, dtype="float32").generate(PROMPTS[0], params)[0]
+    spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": 4}
+    out = make_engine(target, spec, dtype="float32").generate(PROMPTS[0], params)[0]
+    assert out.token_ids == plain.token_ids and out.finish_reason == plain.finish_reason == "length"
+    assert len(PROMPTS[0]) + len(out.token_ids) == 64  # ran to the target's context, past the draft's
+    assert out.stats.drafts > 0

@@ -38,6 +38,10 @@ class DraftModelProposer(Proposer):
     def propose(
         self, context: Sequence[int], k: int, params: "SamplingParams", generator: torch.Generator | None
     ) -> Draft:
+        if self.draft.max_context:
+            # The draft's cache ends up holding the context and k - 1 draft tokens; a draft with a
+            # shorter context than the target's stops drafting instead of failing the request.
+            k = min(k, self.draft.max_context - len(context) + 1)
         if k <= 0:
             return Draft([])
         keep = self._shared_prefix(context)
