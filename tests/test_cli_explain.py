@@ -180,3 +180,15 @@ def test_speculative_config_that_is_not_an_object(tmp_path, explain):
     ck = _checkpoints(tmp_path)
     run = explain("--model", ck["target"], "--speculative-config", '["ngram"]')
     assert_one_paragraph_error(run, "must be a JSON object, got list")
+
+
+def test_deeply_nested_speculative_config(explain):
+    run = explain("--speculative-config", "[" * 100_000)
+    assert_one_paragraph_error(run, "--speculative-config nests too deeply")
+
+
+def test_speculative_config_file_that_is_not_utf8(tmp_path, explain):
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_bytes(b"\xff\xfe{}")
+    run = explain("--speculative-config", f"@{spec_file}")
+    assert_one_paragraph_error(run, str(spec_file), "is not UTF-8 text")

@@ -206,6 +206,25 @@ def test_damaged_safetensors_header_names_the_file(tmp_path, target):
     assert "model.safetensors is not a readable safetensors file" in msg
 
 
+def test_deeply_nested_config_json_is_a_config_error(tmp_path, target):
+    folder = write_checkpoint(tmp_path / "deep", "[" * 100_000)
+    msg = error_of({"method": "draft_model", "model": str(folder)}, target)
+    assert str(folder / "config.json") in msg and "nests too deeply" in msg
+
+
+def test_deeply_nested_safetensors_header_is_a_config_error(tmp_path, target):
+    folder = write_checkpoint(tmp_path / "deep-header", llama(layers=2), weights="none")
+    header = b"[" * 100_000
+    (folder / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    msg = error_of({"method": "draft_model", "model": str(folder)}, target)
+    assert "model.safetensors is not a readable safetensors file" in msg and "nests too deeply" in msg
+
+
+def test_target_that_is_neither_folder_nor_file():
+    msg = error_of({"method": "ngram"}, "/dev/null")
+    assert "'/dev/null' is neither a folder nor a regular file" in msg
+
+
 # --- the method cannot run on these checkpoints (check_runnable, design rule 4) -------------
 
 def test_draft_vocab_differs_from_target(tmp_path, target):

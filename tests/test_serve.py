@@ -263,6 +263,11 @@ def test_bad_bodies(client: TestClient) -> None:
     assert missing.status_code == 404 and missing.json()["error"]["message"] == "Not Found"
 
 
+def test_deeply_nested_body_is_a_400(client: TestClient) -> None:
+    r = client.post("/v1/completions", content=b"[" * 100_000, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "nests too deeply" in r.json()["error"]["message"], r.text
+
+
 def test_a_bug_is_a_500_without_a_traceback(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(prompt, params):  # noqa: ANN001, ANN202
         raise RuntimeError("secret internals")

@@ -25,6 +25,9 @@ def parse_speculative_config(text: str | None, flag: str = "--speculative-config
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"{flag} {text!r}: cannot read {path}: {exc.strerror}.") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{flag} {text!r}: {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                              "save the JSON file as UTF-8.") from None
         source = f"{flag} file {path}"
     try:
         value = json.loads(text)
@@ -32,6 +35,9 @@ def parse_speculative_config(text: str | None, flag: str = "--speculative-config
         raise ConfigError(
             f"{source} is not valid JSON ({exc.msg} at column {exc.colno}): {text!r}. "
             'Example: --speculative-config \'{"method": "ngram", "num_speculative_tokens": 4}\'') from None
+    except RecursionError:
+        raise ConfigError(f"{source} nests too deeply to parse; a speculative config is one flat JSON object, "
+                          'for example {"method": "ngram", "num_speculative_tokens": 4}.') from None
     if not isinstance(value, dict):
         raise ConfigError(f"{source} must be a JSON object, got {type(value).__name__}: {text!r}.")
     return value

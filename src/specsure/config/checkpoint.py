@@ -97,7 +97,7 @@ def read_checkpoint(path: str | None) -> CheckpointInfo:
         return _read_default()
     try:
         p = Path(path).expanduser()
-        exists, is_file = p.exists(), p.is_file()
+        exists, is_file, is_dir = p.exists(), p.is_file(), p.is_dir()
     except (OSError, RuntimeError, ValueError) as exc:  # too long, unknown ~user, NUL byte
         raise ConfigError(f"checkpoint path {path!r} is not a usable path ({exc}). Give a folder with "
                           "config.json and *.safetensors, or a .gguf file.") from None
@@ -109,6 +109,9 @@ def read_checkpoint(path: str | None) -> CheckpointInfo:
             return read_gguf(str(p), kind="gguf", shown=path)
         raise ConfigError(f"checkpoint path {path!r} is a file but not a .gguf file. Give the model "
                           "folder (config.json + *.safetensors) or a .gguf file.")
+    if not is_dir:
+        raise ConfigError(f"checkpoint path {path!r} is neither a folder nor a regular file (a device, socket or "
+                          "pipe). Give the model folder (config.json + *.safetensors) or a .gguf file.")
     return _read_hf_dir(p, shown=path)
 
 
@@ -142,6 +145,8 @@ def load_config_json(path: Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}). "
                           "Fix or re-download the file.") from None
+    except RecursionError:
+        raise ConfigError(f"{path} nests too deeply to parse as JSON. Fix or re-download the file.") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path} must hold a JSON object, got {type(config).__name__}.")
     for key in ("architectures",):
@@ -173,6 +178,9 @@ def read_safetensors_names(path: Path) -> set[str]:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path} is not a readable safetensors file ({exc}). Re-save the weights "
                           "with safetensors.") from None
+    except RecursionError:
+        raise ConfigError(f"{path} is not a readable safetensors file (its JSON header nests too deeply). "
+                          "Re-save the weights with safetensors.") from None
     if not isinstance(header, dict):
         raise ConfigError(f"{path}: safetensors header is not a JSON object.")
     return {name for name in header if name != "__metadata__"}

@@ -174,6 +174,9 @@ async def _json(request: Request) -> Any:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RequestError(f"the request body is not valid JSON ({exc}); send a JSON object such as "
                            '{"prompt": "Hello", "max_tokens": 16}.') from None
+    except RecursionError:
+        raise RequestError("the request body nests too deeply to parse; send a JSON object such as "
+                           '{"prompt": "Hello", "max_tokens": 16}.') from None
 
 
 def _check_stop(engine: Engine, stop: Sequence[str] | None) -> None:
