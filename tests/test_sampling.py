@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from specsure.decode.sampling import SamplingParams, probs_from_logits, sample
+from specsure.decode.sampling import SamplingParams, draw, probs_from_logits, sample
 
 
 # --- SamplingParams validation: one case per bad value, asserting on the message -------------
@@ -151,3 +151,13 @@ def test_sample_never_picks_a_zero_probability_token():
     probs = torch.tensor([0.0, 0.5, 0.0, 0.5]).expand(2000, 4)
     ids = sample(probs, torch.Generator().manual_seed(0))
     assert set(ids.tolist()) == {1, 3}
+
+
+def test_draw_is_argmax_when_greedy_and_a_sample_from_the_transform_otherwise():
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(1))
+    assert draw(logits, SamplingParams(), None) == (int(logits.argmax()), None)
+    params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
+    token, q = draw(logits, params, torch.Generator().manual_seed(3))
+    assert torch.equal(q, probs_from_logits(logits, params))
+    assert token == int(sample(q, torch.Generator().manual_seed(3)))
+    assert q[token] > 0

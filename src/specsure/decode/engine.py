@@ -16,7 +16,7 @@ import torch
 from specsure.config import ConfigError, Resolution, resolve
 from specsure.decode.metrics import SpecStats
 from specsure.decode.rejection import verify_greedy, verify_sampled
-from specsure.decode.sampling import SamplingParams, probs_from_logits, sample
+from specsure.decode.sampling import SamplingParams, draw, probs_from_logits
 from specsure.models.causal_lm import ForwardOutput
 from specsure.models.loading import LoadedModel, load_model
 from specsure.proposers.base import Draft, Proposer
@@ -121,9 +121,7 @@ class Engine:
 
     def _pick(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
         """The next token from one row of target logits: argmax, or a sample from p."""
-        if params.greedy:
-            return int(logits.argmax())
-        return int(sample(probs_from_logits(logits[None], params)[0], gen))
+        return draw(logits, params, gen)[0]
 
     def _generate_one(self, prompt: list[int], params: SamplingParams) -> Completion:
         started = time.perf_counter()

@@ -126,6 +126,20 @@ def _nucleus(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return kept / kept.sum(dim=-1, keepdim=True)
 
 
+def draw(logits: torch.Tensor, params: SamplingParams,
+         generator: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
+    """One token from a ``[V]`` row of logits, and the distribution it came from.
+
+    Greedy params give the argmax and None (a point mass, as the verifier reads ``q = None``);
+    otherwise a sample from ``probs_from_logits`` and that ``[V]`` row. The engine picks target
+    tokens with it and every drafter its draft tokens, so p and q are always made the same way.
+    """
+    if params.greedy:
+        return int(logits.argmax()), None
+    probs = probs_from_logits(logits[None], params)[0]  # [V]
+    return int(sample(probs, generator)), probs
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """Draw one token id per row of ``probs`` (``[V]`` -> ``[]``, ``[n, V]`` -> ``[n]``), int64.
 

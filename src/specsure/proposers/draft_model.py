@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from specsure.decode.sampling import probs_from_logits, sample
+from specsure.decode.sampling import draw
 from specsure.proposers.base import Draft, Proposer
 
 if TYPE_CHECKING:
@@ -48,21 +48,18 @@ class DraftModelProposer(Proposer):
         # Always feed at least the pending token, whose logits give the first draft token.
         keep = min(keep, len(context) - 1)
         self.draft.crop(keep)
-        logits = self.draft.forward(context[keep:]).logits[-1:]  # [1, vocab]
+        logits = self.draft.forward(context[keep:]).logits[-1]  # [vocab]
         self._fed = list(context)
         self._stable = len(context)
         token_ids: list[int] = []
         rows: list[torch.Tensor] = []
         for step in range(k):
-            if params.greedy:
-                token = int(logits[0].argmax())
-            else:
-                q = probs_from_logits(logits, params)  # [1, vocab]
-                rows.append(q[0])
-                token = int(sample(q[0], generator))
+            token, q = draw(logits, params, generator)
+            if q is not None:
+                rows.append(q)
             token_ids.append(token)
             if step + 1 < k:  # the last draft token's logits are never needed
-                logits = self.draft.forward([token]).logits
+                logits = self.draft.forward([token]).logits[-1]
                 self._fed.append(token)
         return Draft(token_ids, torch.stack(rows) if rows else None)
 

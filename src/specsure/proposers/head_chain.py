@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
-from specsure.decode.sampling import probs_from_logits, sample
+from specsure.decode.sampling import draw
 from specsure.proposers.base import Draft, Proposer
 from specsure.proposers.head_layer import HeadCache, HeadModule
 
@@ -106,12 +106,9 @@ class HeadChainProposer(Proposer):
     def _pick(logits: torch.Tensor, params: "SamplingParams", generator: torch.Generator | None,
               tokens: list[int], draft: list[int], rows: list[torch.Tensor]) -> None:
         """Draw one draft token from a [V] row of target-vocabulary logits: argmax, or a sample from q."""
-        if params.greedy:
-            token = int(logits.argmax())
-        else:
-            q = probs_from_logits(logits[None], params)[0]  # [V]
+        token, q = draw(logits, params, generator)
+        if q is not None:
             rows.append(q)
-            token = int(sample(q, generator))
         draft.append(token)
         tokens.append(token)
 
