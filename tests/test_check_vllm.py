@@ -167,3 +167,9 @@ def test_real_probe_without_vllm_is_a_probe_error():
     # specsure's own venv has no vLLM: the real probe script must say so, not crash.
     with pytest.raises(ProbeError, match="import vllm failed"):
         run_probe(sys.executable, [{"model": "x", "speculative_config": {}}], timeout=120)
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan", "inf"])
+def test_cli_bad_timeout_exits_2(tmp_path, target, capsys, timeout):
+    assert run_cli(target, {"method": "ngram"}, str(tmp_path / "python"), "--timeout", timeout) == 2
+    assert "--timeout" in capsys.readouterr().err

@@ -347,6 +347,13 @@ def test_serve_config_error_exits_2_before_binding(capsys: pytest.CaptureFixture
     assert "Did you mean 'method'?" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("port", ["-1", "65536"])
+def test_serve_port_out_of_range_exits_2_before_loading(port: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--model", "/no/such/model", "--port", port]) == 2
+    err = capsys.readouterr().err
+    assert f"--port {port} is not a TCP port" in err and "Traceback" not in err
+
+
 def test_uvicorn_serves_on_a_real_socket(engine: Engine) -> None:
     import uvicorn
 

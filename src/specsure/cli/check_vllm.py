@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 
 from specsure.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_model_flags, parse_speculative_config
@@ -36,6 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ValueError(f"--timeout {args.timeout}: must be a positive number of seconds.")
     speculative = parse_speculative_config(args.speculative_config)
     if speculative is None:
         raise ConfigError("check-vllm needs --speculative-config: with speculation off there is nothing to check.")

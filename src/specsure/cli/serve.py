@@ -28,6 +28,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Checked before the model loads: uvicorn would only fail at bind time, with a traceback.
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port} is not a TCP port; give 0..65535 (0 picks a free one).")
     try:
         import prometheus_client
         import uvicorn
