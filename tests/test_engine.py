@@ -179,6 +179,12 @@ def test_bad_prompts_are_clear_errors(models: dict[str, str], prompt, message: s
         engine.generate(prompt, GREEDY)
 
 
+def test_stop_strings_without_a_tokenizer_are_refused_not_ignored(models: dict[str, str]) -> None:
+    engine = make_engine(models["target"], None, dtype="float32")
+    with pytest.raises(ValueError, match="stop = \\['x'\\] needs a tokenizer"):
+        engine.generate(PROMPTS[0], SamplingParams(max_tokens=4, stop="x"))
+
+
 @pytest.mark.parametrize("kwargs, field", [
     ({"max_tokens": 0}, "max_tokens"), ({"temperature": -0.5}, "temperature"),
     ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),

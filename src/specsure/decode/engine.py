@@ -82,6 +82,10 @@ class Engine:
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}.")
+        if params.stop and self.tokenizer is None:
+            raise ValueError(f"SamplingParams.stop = {list(params.stop)!r} needs a tokenizer to match text, but the "
+                             f"model at {self.target.path} has none; omit stop (generation still ends at max_tokens "
+                             "or EOS), or add the tokenizer to the model folder.")
         batch = [self._encode(p, i) for i, p in enumerate(_as_batch(prompts))]
         return [self._generate_one(ids, params) for ids in batch]
 
