@@ -214,6 +214,13 @@ def test_mtp_model_type_draft_as_draft_model_warns(ckpts):
     assert override.workaround is None
 
 
+def test_draft_already_of_an_mtp_model_type_reads_cleanly(tmp_path, ckpts):
+    draft = write(tmp_path / "mtp-typed", model_type="deepseek_mtp", num_hidden_layers=2)
+    res = resolve({"method": "draft_model", "model": draft}, model=ckpts["target"], strict=False)
+    (override,) = predict_vllm_overrides(res)
+    assert "has model_type 'deepseek_mtp'; vLLM detects 'mtp'" in override.cause, override.cause
+
+
 def test_strict_makes_a_predicted_override_an_error(ckpts):
     res = resolve({"method": "draft_model", "model": ckpts["eagle_named_draft"]}, model=ckpts["target"])
     with pytest.raises(ConfigError, match="strict"):

@@ -10,7 +10,7 @@ import sys
 
 from specsure.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_model_flags, parse_speculative_config
 from specsure.config import ConfigError, resolve
-from specsure.config.export import VLLM_TESTED_VERSIONS, export
+from specsure.config.export import VLLM_TESTED_VERSIONS, export, target_path
 from specsure.config.schema import KEY_ALIASES
 from specsure.vllm_check import ProbeError, compare, default_vllm_python, run_probe
 
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
               "PATH (a Python with vLLM installed), or create one: python3 -m venv .venv-vllm && "
               f".venv-vllm/bin/pip install vllm=={VLLM_TESTED_VERSIONS[-1]}", file=sys.stderr)
         return EXIT_USAGE
-    target = exported.args[1]
+    target = target_path(res)
     as_written = {KEY_ALIASES.get(k, k): v for k, v in speculative.items()}
     cases = [{"model": target, "speculative_config": dict(exported.speculative_config)},
              {"model": target, "speculative_config": as_written}]

@@ -59,10 +59,7 @@ def guarded(run: Callable[[], int]) -> int:
     """Run a command; a user error prints one paragraph (no traceback) and exits 2."""
     try:
         return run()
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except ValueError as exc:
+    except ValueError as exc:  # ConfigError and every other user-input error
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

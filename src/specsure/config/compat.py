@@ -22,13 +22,6 @@ WHAT_IS: dict[str, str] = {
     "eagle3": "an EAGLE-3 head",
     "mtp": "an MTP head (or a model with MTP layers)",
 }
-# Which draft checkpoint kinds each method can run.
-RUNNABLE: dict[str, frozenset[str]] = {
-    "draft_model": frozenset({"draft_model"}),
-    "eagle": frozenset({"eagle"}),
-    "eagle3": frozenset({"eagle3"}),
-    "mtp": frozenset({"mtp"}),
-}
 
 
 def check_weights(info: CheckpointInfo, role: str) -> None:
@@ -73,7 +66,7 @@ def check_runnable(res: "Resolution", *, weights: bool = True) -> None:
     if weights:
         check_weights(draft, "draft")
     evidence = res.draft_evidence
-    if evidence is not None and evidence.value not in RUNNABLE[method] and not _whole_lm_as_draft(method, draft):
+    if evidence is not None and evidence.value != method and not _whole_lm_as_draft(method, draft):
         raise ConfigError(
             f"method {method!r} was asked, which needs {WHAT_IS[method]}, but the draft checkpoint "
             f"{draft.path!r} is {WHAT_IS[evidence.value]} ({evidence.signal}). specsure does not switch "

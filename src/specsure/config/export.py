@@ -63,6 +63,11 @@ class PathTrap:
     method: str
     """The method vLLM switches to."""
 
+    @property
+    def flag(self) -> str:
+        """Where the path goes on vLLM's command line."""
+        return "--model" if self.role == "target" else 'the "model" key of --speculative-config'
+
     def symlink_fix(self) -> tuple[str, str]:
         """(shell command, new path): a symlink whose path vLLM's substring test passes."""
         real = Path(self.path).expanduser().absolute()
@@ -131,23 +136,22 @@ def predict_vllm_overrides(res: "Resolution") -> tuple[Override, ...]:
     if hit := vllm_path_trap(path):
         trap = PathTrap(path=path, role=role, substring=hit[0], method=hit[1])
         command, link = trap.symlink_fix()
-        flag = "--model" if role == "target" else 'the "model" key of --speculative-config'
         return (Override(
             "method", config.method, trap.method,
             cause=(f"the {role} path {path!r} contains {trap.substring!r}; vLLM's method detection (skipped "
                    f"only for methods {', '.join(sorted(VLLM_DETECTION_SKIPPED))}) tests for that substring "
                    f"and switches {config.method!r} to {trap.method!r} without a log line"),
-            fix=f"serve the {role} through a neutral symlink: {command} and pass {link!r} as {flag}",
+            fix=f"serve the {role} through a neutral symlink: {command} and pass {link!r} as {trap.flag}",
             workaround=command),)
     draft = res.draft if config.model is not None else res.target
     model_type = draft.model_type if draft is not None else None
     if config.method != "mtp" and model_type is not None and (
             model_type in VLLM_MTP_REWRITES or model_type in VLLM_MTP_MODEL_TYPES):
         rewritten = VLLM_MTP_REWRITES.get(model_type, model_type)
-        how = f"rewrites model_type {model_type!r} to {rewritten!r}, then" if rewritten != model_type else ""
+        how = f"rewrites model_type {model_type!r} to {rewritten!r}, then " if rewritten != model_type else ""
         return (Override(
             "method", config.method, "mtp",
-            cause=(f"the {role} checkpoint {path!r} has model_type {model_type!r}; vLLM {how} detects "
+            cause=(f"the {role} checkpoint {path!r} has model_type {model_type!r}; vLLM {how}detects "
                    "'mtp' from the MTP model_type and replaces the method without a log line"),
             fix=("no speculative-config key prevents this in vLLM 0.33.0; run this draft with specsure, or "
                  "choose method 'mtp' if the MTP layers are what you want")),)

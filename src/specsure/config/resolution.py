@@ -24,7 +24,6 @@ from specsure.config.schema import (
 logger = logging.getLogger("specsure.config")
 
 Source = Literal["user", "checkpoint", "path", "default", "derived"]
-SOURCES: Final[tuple[str, ...]] = ("user", "checkpoint", "path", "default", "derived")
 
 DEFAULT_NUM_SPECULATIVE_TOKENS: Final[Mapping[str, int]] = MappingProxyType(
     {"ngram": 5, "draft_model": 4, "eagle": 5, "eagle3": 5, "mtp": 1})
@@ -179,7 +178,7 @@ class _State:
             f"Keeping your value {user!r}.")
 
     def method_evidence(self) -> Evidence | None:
-        """The strongest evidence about the method: draft metadata, draft path, target MTP layers."""
+        """Evidence from the draft: its metadata, else a path hint (target MTP layers: decide_method)."""
         if self.draft is not None:
             return self.draft_evidence or path_hint(self.spec.model)
         return None

@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any, Final, Mapping
 from specsure.config.export import (
     VLLM_DETECTION_SKIPPED, VLLM_MTP_MODEL_TYPES, PathTrap, vllm_draft_path, vllm_path_trap,
 )
+from specsure.config.schema import FIELDS
 
 if TYPE_CHECKING:
     from specsure.config.resolution import Resolution
 
-FIELDS: Final[tuple[str, ...]] = (
-    "method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
 # vLLM's placeholders for "no draft checkpoint" (ngram and friends).
 NO_DRAFT: Final[frozenset[str]] = frozenset({"ngram", "ngram_gpu", "suffix", "extract_hidden_states"})
 
@@ -167,12 +166,11 @@ def _diagnose(res: "Resolution", name: str, ours: Any, theirs: Any, vllm: Mappin
     if trap is not None and trap[1] == theirs and ours not in VLLM_DETECTION_SKIPPED:
         fix_trap = PathTrap(path=str(path), role=role, substring=trap[0], method=trap[1])
         command, link = fix_trap.symlink_fix()
-        flag = "--model" if role == "target" else 'the "model" key of --speculative-config'
         return Mismatch(name, ours, theirs,
                         cause=(f"folder-name substring: the {role} path {path!r} contains {trap[0]!r}, and vLLM "
                                f"tests the path for it unless the method is one of "
                                f"{', '.join(sorted(VLLM_DETECTION_SKIPPED))}; so your {ours!r} became {theirs!r}"),
-                        fix=f"give vLLM a neutral path: {command} and pass {link!r} as {flag}")
+                        fix=f"give vLLM a neutral path: {command} and pass {link!r} as {fix_trap.flag}")
     draft_type = vllm.get("draft_model_type")
     if theirs == "mtp" and draft_type in VLLM_MTP_MODEL_TYPES:
         holder = res.draft if res.draft is not None else res.target

@@ -7,6 +7,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Final, Mapping, Sequence
 
+from specsure.config.export import VLLM_TESTED_VERSIONS
+
 PROBE: Final[Path] = Path(__file__).with_name("probe.py")
 MARKER: Final[str] = "SPECSURE_PROBE_RESULT "
 DEFAULT_VLLM_PYTHON: Final[str] = ".venv-vllm/bin/python"
@@ -31,7 +33,7 @@ def run_probe(python: str, cases: Sequence[Mapping[str, Any]], timeout: float = 
     """
     if not Path(python).is_file():
         raise ProbeError(f"no Python at {python!r}. Give --vllm-python, the interpreter of an environment "
-                         "with vLLM installed (make test-vllm creates .venv-vllm with vllm==0.33.0).")
+                         f"with vLLM installed (make test-vllm creates .venv-vllm with vllm=={VLLM_TESTED_VERSIONS[-1]}).")
     try:
         done = subprocess.run([python, str(PROBE)], input=json.dumps(list(cases)), capture_output=True,
                               text=True, timeout=timeout, check=False)
@@ -46,7 +48,7 @@ def run_probe(python: str, cases: Sequence[Mapping[str, Any]], timeout: float = 
                          f"Its last output:\n{tail}")
     if "import_error" in answer:
         raise ProbeError(f"vLLM is not usable under {python}: import vllm failed with {answer['import_error']}. "
-                         "Install it there: pip install vllm==0.33.0")
+                         f"Install it there: pip install vllm=={VLLM_TESTED_VERSIONS[-1]}")
     return answer
 
 
