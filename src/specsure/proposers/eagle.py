@@ -77,14 +77,13 @@ class EagleProposer(HeadChainProposer):
 
     def __init__(self, module: EagleModule) -> None:
         super().__init__([module], lambda out: out.hidden)
-        self.module = module
 
 
 def build(res: "Resolution", target: "LoadedModel", dtype: str) -> EagleProposer:
     assert res.config is not None and res.config.model is not None
     path = res.config.model
     config = read_head_config(path)
-    weights = TensorFile(path, path)
+    weights = TensorFile(path)
     names = {n: n for n in weights.names}
     lm = target.lm
     eagle3 = next((n for n in ("midlayer.hidden_norm.weight", "d2t", "t2d") if n in names), None)

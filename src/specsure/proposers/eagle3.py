@@ -135,7 +135,7 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
     assert res.config is not None and res.config.model is not None
     path = res.config.model
     config = read_head_config(path)
-    weights = TensorFile(path, path)
+    weights = TensorFile(path)
     names = {canonical(n): n for n in weights.names}
     lm = target.lm
     if "midlayer.hidden_norm.weight" not in names:

@@ -29,17 +29,15 @@ def mismatch(checkpoint: str, field: str, found: Any, expected: Any, why: str) -
 class TensorFile:
     """The tensors of one checkpoint folder, read lazily by name (all *.safetensors shards)."""
 
-    def __init__(self, folder: str | Path, label: str) -> None:
+    def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
-        self.label = label
-        """How messages name the checkpoint (the path the user gave)."""
         self._where: dict[str, Path] = {}
         for shard in sorted(self.folder.glob("*.safetensors")):
             with safe_open(str(shard), framework="pt") as fh:
                 for name in fh.keys():
                     self._where[name] = shard
         if not self._where:
-            raise ConfigError(f"draft head {label!r} has no *.safetensors weights in {self.folder}.")
+            raise ConfigError(f"draft head {str(folder)!r} has no *.safetensors weights in {self.folder}.")
 
     @property
     def names(self) -> frozenset[str]:

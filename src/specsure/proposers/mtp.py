@@ -101,13 +101,13 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> MTPProposer:
             raise ConfigError(f"method 'mtp' without a 'model' needs MTP layers in the target, but {res.target.path!r} "
                               "declares none (no num_nextn_predict_layers).")
         key, modules = count
-        label, weights = target.path, TensorFile(target.path, target.path)
+        label, weights = target.path, TensorFile(target.path)
         prefixes = [f"model.layers.{lm.num_layers + i}." for i in range(modules)]
         block_config, where = copy.deepcopy(text_config), f"{res.target.config_file} {key}={modules}"
     else:
         label = res.config.model
         config = read_head_config(label)
-        weights = TensorFile(label, label)
+        weights = TensorFile(label)
         prefixes, where = _standalone_prefixes(config, weights, label)
         for key, found in (("hidden_size", lm.hidden_size), ("vocab_size", lm.vocab_size)):
             check_equal(label, key, int_field(config, key), found, f"the target {target.path!r}")
