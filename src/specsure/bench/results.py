@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from specsure.bench.runners import Generation
+from specsure.decode.metrics import SpecStats
 
 ALL = "all"
 """The category name of the row that aggregates every prompt."""
@@ -162,10 +163,10 @@ def prompt_result(
 def _row(config: str, kind: str, category: str, prompts: Sequence[PromptResult], speculative: bool) -> SummaryRow:
     tokens = sum(p.new_tokens for p in prompts)
     seconds = sum(p.median_seconds for p in prompts)
-    drafts = sum(p.drafts for p in prompts)
-    accepted = sum(p.accepted_tokens for p in prompts)
-    width = max((len(p.accepted_per_position) for p in prompts), default=0)
-    per_pos = [sum(p.accepted_per_position[i] for p in prompts if i < len(p.accepted_per_position)) for i in range(width)]
+    stats = SpecStats()  # vLLM's acceptance definitions, written once in decode.metrics
+    for p in prompts:
+        stats.merge(SpecStats(drafts=p.drafts, draft_tokens=p.draft_tokens, accepted_tokens=p.accepted_tokens,
+                              accepted_per_position=list(p.accepted_per_position)))
     compared = [p for p in prompts if p.matches_reference is not None]
     return SummaryRow(
         config=config,
@@ -177,8 +178,8 @@ def _row(config: str, kind: str, category: str, prompts: Sequence[PromptResult],
         tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
         speedup_vs_plain=None,
         speedup_vs_hf=None,
-        mean_acceptance_length=(1 + accepted / drafts if drafts else 1.0) if speculative else None,
-        per_position_acceptance=[n / drafts for n in per_pos] if speculative and drafts else ([] if speculative else None),
+        mean_acceptance_length=stats.mean_acceptance_length if speculative else None,
+        per_position_acceptance=stats.per_position_acceptance_rate if speculative else None,
         exact_match_rate=sum(bool(p.matches_reference) for p in compared) / len(compared) if compared else None,
         outputs_equal=all(p.matches_reference for p in compared) if compared else None,
         mismatches=[{"prompt_id": p.prompt_id, "first_divergence": p.first_divergence} for p in compared if not p.matches_reference],
