@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import struct
 import subprocess
 import sys
 
@@ -91,6 +92,27 @@ def test_damaged_gguf_file_names_the_file(tmp_path):
     bad.write_bytes(b"GGUF\0\0")
     with pytest.raises(ConfigError, match="bad.gguf is not a readable GGUF file"):
         resolve({"method": "ngram"}, model=str(bad))
+
+
+@pytest.mark.parametrize(("name", "tail"), [
+    # a string whose length field claims far more bytes than the file holds
+    ("huge-string", struct.pack("<Q", 1) + b"k" + struct.pack("<IQ", 8, 2**62)),
+    # arrays of arrays, nested thousands deep
+    ("deep-array", struct.pack("<Q", 1) + b"k" + struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 5000),
+])
+def test_hostile_gguf_header_is_a_config_error(tmp_path, name, tail):
+    bad = tmp_path / f"{name}.gguf"
+    bad.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + tail)
+    with pytest.raises(ConfigError, match=f"{name}.gguf is not a readable GGUF file"):
+        resolve({"method": "ngram"}, model=str(bad))
+
+
+def test_absurd_mtp_layer_count_fails_fast(tmp_path):
+    config = {**deepseek_v3(mtp_layers=1), "num_nextn_predict_layers": 10**18}
+    target = str(write_checkpoint(tmp_path / "dsv3", config, tensors=["model.embed_tokens.weight"]))
+    res = resolve({"method": "mtp"}, model=target)
+    with pytest.raises(ConfigError, match=r"no 'model.layers.\d+.eh_proj.weight' \(MTP module 0\)"):
+        res.check_runnable(weights=False)
 
 
 def test_checkpoint_k_above_the_maximum_is_capped_and_says_so(tmp_path):

@@ -98,11 +98,12 @@ def _check_mtp_tensors(target: CheckpointInfo) -> None:
     if found is None or layers is None or not target.tensor_names:
         return
     key, count = found
-    missing = [layers + i for i in range(count)
-               if f"model.layers.{layers + i}.eh_proj.weight" not in target.tensor_names]
-    if missing:
+    # The first gap is found within len(tensor_names) + 1 steps, however large the declared count.
+    missing = next((layers + i for i in range(count)
+                    if f"model.layers.{layers + i}.eh_proj.weight" not in target.tensor_names), None)
+    if missing is not None:
         raise ConfigError(
             f"method 'mtp' uses the MTP layers inside the target, and {target.signal(key)} declares {count}, but "
-            f"the target's safetensors hold no 'model.layers.{missing[0]}.eh_proj.weight' (MTP module {missing[0] - layers}"
+            f"the target's safetensors hold no 'model.layers.{missing}.eh_proj.weight' (MTP module {missing - layers}"
             "). The checkpoint was probably saved without its MTP weights; use the original files, or give "
             "'model': a standalone MTP head.")

@@ -9,6 +9,7 @@ then per kv: u64-length-prefixed UTF-8 key, u32 value type, value.
 
 from __future__ import annotations
 
+import os
 import struct
 from typing import Any, BinaryIO, Final
 
@@ -17,6 +18,7 @@ _SCALARS: Final[dict[int, str]] = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 
                                    10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
 _MAX_KEYS: Final[int] = 1 << 20
+_MAX_ARRAY_DEPTH: Final[int] = 8
 
 
 class GGUFHeaderError(ValueError):
@@ -53,18 +55,22 @@ def _unpack(fh: BinaryIO, fmt: str) -> tuple[Any, ...]:
 
 def _string(fh: BinaryIO) -> str:
     (length,) = _unpack(fh, "<Q")
+    if length > os.fstat(fh.fileno()).st_size - fh.tell():  # a damaged length must not allocate exabytes
+        raise GGUFHeaderError("file ends inside a string")
     raw = fh.read(length)
     if len(raw) != length:
         raise GGUFHeaderError("file ends inside a string")
     return raw.decode("utf-8", errors="replace")
 
 
-def _value(fh: BinaryIO, kind: int) -> Any:
+def _value(fh: BinaryIO, kind: int, depth: int = 0) -> Any:
     if kind in _SCALARS:
         return _unpack(fh, _SCALARS[kind])[0]
     if kind == _STRING:
         return _string(fh)
     if kind == _ARRAY:
+        if depth >= _MAX_ARRAY_DEPTH:
+            raise GGUFHeaderError(f"arrays nested more than {_MAX_ARRAY_DEPTH} deep")
         (item_kind,) = _unpack(fh, "<I")
         (length,) = _unpack(fh, "<Q")
         if item_kind in _SCALARS:
@@ -75,6 +81,6 @@ def _value(fh: BinaryIO, kind: int) -> Any:
                 fh.seek(size, 1)
         else:
             for _ in range(length):
-                _value(fh, item_kind)
+                _value(fh, item_kind, depth + 1)
         return length
     raise GGUFHeaderError(f"unknown GGUF value type {kind}")
