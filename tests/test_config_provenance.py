@@ -115,6 +115,14 @@ def test_absurd_mtp_layer_count_fails_fast(tmp_path):
         res.check_runnable(weights=False)
 
 
+def test_checkpoint_metadata_in_a_resolution_is_read_only(tmp_path):
+    target = str(write_checkpoint(tmp_path / "t", llama(layers=4)))
+    res = resolve({"method": "ngram"}, model=target)
+    with pytest.raises(TypeError):
+        res.target.config["num_hidden_layers"] = 99  # type: ignore[index]
+    assert res.target.num_hidden_layers == 4
+
+
 def test_checkpoint_k_above_the_maximum_is_capped_and_says_so(tmp_path):
     target = str(write_checkpoint(tmp_path / "dsv3", deepseek_v3(mtp_layers=100)))
     res = resolve({"method": "mtp"}, model=target)

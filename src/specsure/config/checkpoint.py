@@ -11,6 +11,7 @@ import json
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Final, Literal, Mapping
 
 from specsure.config.errors import ConfigError
@@ -48,6 +49,10 @@ class CheckpointInfo:
     pickle_files: tuple[str, ...] = ()
     note: str = ""
     """Why metadata is missing, when it is (for example: the default model is not installed)."""
+
+    def __post_init__(self) -> None:
+        # Frozen all the way down at the top level: a Resolution holds this, and nobody may edit it.
+        object.__setattr__(self, "config", MappingProxyType(dict(self.config)))
 
     @property
     def architectures(self) -> tuple[str, ...]:
