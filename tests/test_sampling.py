@@ -161,3 +161,13 @@ def test_draw_is_argmax_when_greedy_and_a_sample_from_the_transform_otherwise():
     assert torch.equal(q, probs_from_logits(logits, params))
     assert token == int(sample(q, torch.Generator().manual_seed(3)))
     assert q[token] > 0
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 1e-7])
+def test_a_temperature_too_small_to_sample_with_is_refused(temperature):
+    # Far below 1e-5, logits / temperature overflows float32 and multinomial fails on inf/nan.
+    with pytest.raises(ValueError, match=r"SamplingParams.temperature = .* must be 0 or >= 1e-05.*use 0 for greedy"):
+        SamplingParams(temperature=temperature)
+    smallest = SamplingParams(temperature=1e-5)
+    logits = 50 * torch.randn(20, generator=torch.Generator().manual_seed(0))
+    assert draw(logits, smallest, torch.Generator().manual_seed(1))[0] == int(logits.argmax())

@@ -13,6 +13,9 @@ from typing import Sequence
 import torch
 
 _SEED_LIMIT = 2**64  # torch.Generator.manual_seed rejects seeds at or above this
+MIN_TEMPERATURE = 1e-5
+"""The smallest positive temperature (vLLM's sampling epsilon). Far below it, logits / temperature
+overflows float32 and the sampler fails on inf/nan; that close to 0, greedy is what is meant."""
 
 
 def _fail(field: str, value: object, allowed: str, fix: str) -> ValueError:
@@ -35,7 +38,8 @@ class SamplingParams:
     max_tokens: int = 16
     """The most new tokens to generate for one prompt (>= 1)."""
     temperature: float = 0.0
-    """Softmax temperature (>= 0). 0 means greedy: always the most likely token."""
+    """Softmax temperature: 0, or at least ``MIN_TEMPERATURE``. 0 means greedy: always the most
+    likely token."""
     top_p: float = 1.0
     """Nucleus sampling: keep the smallest set of most likely tokens whose mass is >= top_p,
     in (0, 1]. 1.0 disables it."""
@@ -56,6 +60,9 @@ class SamplingParams:
         if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise _fail("temperature", self.temperature, "is invalid: it must be a finite number >= 0",
                         "use 0 for greedy decoding or a positive value such as 0.7 to sample")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise _fail("temperature", self.temperature, f"is too small to sample with: it must be 0 or >= "
+                        f"{MIN_TEMPERATURE:g}", "use 0 for greedy decoding")
         if not _is_real(self.top_p) or not 0 < self.top_p <= 1:  # also rejects NaN
             raise _fail("top_p", self.top_p, "is out of range: it must be in (0, 1]",
                         "use 1.0 to disable nucleus sampling")
