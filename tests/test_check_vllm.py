@@ -149,6 +149,13 @@ def test_probe_import_failure_is_a_probe_error(tmp_path):
         run_probe(python, [])
 
 
+def test_probe_answer_without_results_is_a_probe_error(tmp_path, target, capsys):
+    line = "SPECSURE_PROBE_RESULT " + json.dumps({"vllm_version": "0.33.0"})
+    assert run_cli(target, {"method": "ngram"}, fake_python(tmp_path, f"echo '{line}'")) == 2
+    err = capsys.readouterr().err
+    assert "without one result per case" in err and "Traceback" not in err
+
+
 def test_probe_without_answer_shows_stderr(tmp_path):
     python = fake_python(tmp_path, "echo 'Traceback: kaboom' >&2; exit 1")
     with pytest.raises(ProbeError, match="kaboom"):

@@ -49,6 +49,10 @@ def run_probe(python: str, cases: Sequence[Mapping[str, Any]], timeout: float = 
     if "import_error" in answer:
         raise ProbeError(f"vLLM is not usable under {python}: import vllm failed with {answer['import_error']}. "
                          f"Install it there: pip install vllm=={VLLM_TESTED_VERSIONS[-1]}")
+    results = answer.get("results")
+    if not (isinstance(results, list) and len(results) == len(cases) and all(isinstance(r, dict) for r in results)):
+        raise ProbeError(f"vLLM's config probe under {python} answered without one result per case "
+                         f"({len(cases)} asked); is {python!r} running specsure's probe.py?")
     return answer
 
 
