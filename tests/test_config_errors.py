@@ -120,10 +120,24 @@ def test_ngram_with_a_model(target, draft):
     assert "Remove 'model', or choose method 'draft_model'" in msg
 
 
-@pytest.mark.parametrize("value", ["", "   ", 7, None])
+@pytest.mark.parametrize("value", ["", "   ", 7])
 def test_model_of_wrong_type_or_empty(target, value):
     msg = error_of({"method": "draft_model", "model": value}, target)
     assert f"model = {value!r} must be a non-empty path" in msg
+
+
+def test_model_null_for_a_method_that_needs_a_draft(target):
+    msg = error_of({"method": "draft_model", "model": None}, target)
+    assert "model = null" in msg and "'draft_model' needs a draft checkpoint" in msg
+
+
+def test_model_null_is_an_explicit_no_draft_for_ngram_and_mtp(target):
+    # vLLM configs often carry "model": null; it means "no separate draft", given by the user.
+    res = resolve({"method": "ngram", "model": None}, model=target)
+    assert res.config.model is None and res.source("model") == "user" and res.warnings == ()
+    res = resolve({"method": "mtp", "model": None}, model=target)
+    assert res.config.model is None and res.source("model") == "user"
+    assert "MTP layers inside the target" in res.reason("model")
 
 
 def test_method_needing_a_model_without_one(target):

@@ -117,7 +117,7 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, str
                           target_model=model, strict=strict)
     spec = parse_user_spec(speculative)
     state = _State(spec=spec, target=target)
-    if spec.model is not UNSET:
+    if spec.model is not UNSET and spec.model is not None:
         state.draft = _read_draft(spec.model)
         state.draft_evidence = classify_draft(state.draft)
     if spec.method_alias:
@@ -215,6 +215,8 @@ class _State:
     def decide_model(self, method: str) -> Decision:
         user = self.spec.model
         target_layers = target_mtp(self.target)
+        if user is None:
+            return self.explicit_no_draft(method, target_layers)
         if user is not UNSET:
             if method == "ngram":
                 raise ConfigError(f"model = {user!r} is not used by method 'ngram' (it drafts from the context). "
@@ -235,6 +237,17 @@ class _State:
         need = {"draft_model": "a smaller causal LM with the target's vocabulary",
                 "eagle": "an EAGLE-1 head", "eagle3": "an EAGLE-3 head"}[method]
         raise ConfigError(f"method {method!r} needs 'model': the path of {need}. Add \"model\": \"/path/to/checkpoint\".")
+
+    def explicit_no_draft(self, method: str, target_layers: Evidence | None) -> Decision:
+        """``"model": null``: the user said there is no separate draft checkpoint."""
+        if method in ("draft_model", "eagle", "eagle3"):
+            raise ConfigError(f"model = null, but method {method!r} needs a draft checkpoint. Give \"model\": "
+                              "\"/path/to/checkpoint\", or choose method 'ngram'.")
+        why = "You set model to null (no separate draft)"
+        if method == "mtp":
+            where = f"the target declares them ({target_layers.signal})" if target_layers else "the target declares none"
+            return Decision("model", None, "user", f"{why}; mtp then uses the MTP layers inside the target, and {where}.")
+        return Decision("model", None, "user", f"{why}; ngram drafts by prompt lookup and needs none.")
 
     def draft_description(self) -> str:
         """What the draft's metadata says it is, for the model row of explain."""

@@ -133,7 +133,10 @@ def _check_method(value: Any) -> tuple[str, str | None]:
     )
 
 
-def _check_model(value: Any) -> str:
+def _check_model(value: Any) -> str | None:
+    """A draft path, or None: an explicit "no separate draft" (vLLM configs write "model": null)."""
+    if value is None:
+        return None
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
     if not isinstance(value, str) or not value.strip():
