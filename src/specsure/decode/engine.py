@@ -32,6 +32,15 @@ FinishReason = Literal["stop", "length"]
 NO_DRAFT = Draft([])
 
 
+class PromptError(ValueError):
+    """A prompt the engine cannot run. ``detail`` is the message without the prompt's index."""
+
+    def __init__(self, index: int, detail: str) -> None:
+        self.index = index
+        self.detail = detail
+        super().__init__(f"prompt {index} {detail}")
+
+
 @dataclass(frozen=True)
 class Completion:
     """One prompt's result."""
@@ -90,26 +99,25 @@ class Engine:
         return [self._generate_one(ids, params) for ids in batch]
 
     def _encode(self, prompt: Prompt, index: int) -> list[int]:
-        where = f"prompt {index}"
         if isinstance(prompt, str):
             if not prompt:
-                raise ValueError(f"{where} is an empty string; give some text or token ids.")
+                raise PromptError(index, "is an empty string; give some text or token ids.")
             if self.tokenizer is None:
-                raise ValueError(f"{where} is text, but the model at {self.target.path} has no tokenizer files; "
-                                 "pass token ids instead, or add the tokenizer to the model folder.")
+                raise PromptError(index, f"is text, but the model at {self.target.path} has no tokenizer files; "
+                                         "pass token ids instead, or add the tokenizer to the model folder.")
             ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
         else:
             ids = list(prompt)
         if not ids:
-            raise ValueError(f"{where} is empty; give at least one token.")
+            raise PromptError(index, "is empty; give at least one token.")
         vocab = self.target.lm.vocab_size
         for tok in ids:
             if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < vocab:
-                raise ValueError(f"{where} holds token id {tok!r}, outside the vocabulary [0, {vocab}).")
+                raise PromptError(index, f"holds token id {tok!r}, outside the vocabulary [0, {vocab}).")
         limit = self.target.lm.max_context
         if limit and len(ids) >= limit:
-            raise ValueError(f"{where} has {len(ids)} tokens, but the model's context is {limit} tokens and "
-                             "generation needs room for at least one more; shorten the prompt.")
+            raise PromptError(index, f"has {len(ids)} tokens, but the model's context is {limit} tokens and "
+                                     "generation needs room for at least one more; shorten the prompt.")
         return ids
 
     def _generator(self, params: SamplingParams) -> torch.Generator | None:
@@ -240,4 +248,4 @@ def make_engine(model: str | None = None, speculative: dict | None = None, *, st
     return engine
 
 
-__all__ = ["Completion", "ConfigError", "Engine", "make_engine"]
+__all__ = ["Completion", "ConfigError", "Engine", "PromptError", "make_engine"]

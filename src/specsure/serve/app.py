@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from specsure.config.checkpoint import DEFAULT_MODEL_NAME
-from specsure.decode.engine import Completion, Engine
+from specsure.decode.engine import Completion, Engine, PromptError
 from specsure.decode.sampling import SamplingParams
 from specsure.serve.metrics import ServeMetrics
 from specsure.serve.protocol import RequestError, chat_body, completion_body, error_body, parse_chat, parse_completion
@@ -62,13 +62,9 @@ class EngineRunner:
     def _generate(self, prompt: str | list[int], params: SamplingParams, subject: str, param: str) -> Completion:
         try:
             return self.engine.generate(prompt, params)[0]
-        except ValueError as exc:
-            # The engine checks prompts first and names each by its index in the batch; any other
-            # ValueError comes from inside the loop, where it is a bug (a 500), not the client's.
-            message = str(exc)
-            if not message.startswith("prompt 0 "):
-                raise
-            raise RequestError(f"{subject} {message.removeprefix('prompt 0 ')}", param) from None
+        except PromptError as exc:
+            # Only prompt problems are the client's; any other error inside the loop is a bug (a 500).
+            raise RequestError(f"{subject} {exc.detail}", param) from None
 
     def _render(self, messages: list[dict[str, str]]) -> list[int]:
         from jinja2 import TemplateError  # transformers renders chat templates with jinja2
