@@ -256,3 +256,23 @@ def add_mtp_modules(target: Path, modules: dict[str, torch.Tensor], count: int) 
     config["num_nextn_predict_layers"] = count
     (Path(target) / "config.json").write_text(json.dumps(config, indent=2))
     return Path(target)
+
+
+def assert_first_draft_is_pending_token(engine: Any, vocab: int = 128) -> None:
+    """For a pass-through head (it keeps h_t and its block is the identity), the first draft must be
+    what the target predicts at t: the pending token. A one-position feature shift would instead
+    give the last prompt token's successor, which differs on at least half of these prompts."""
+    from specsure import SamplingParams
+
+    lm, proposer = engine.target.lm, engine.proposer
+    discriminating = 0
+    for length in range(2, 12):
+        prompt = [(7 * i + 3) % vocab for i in range(length)]
+        lm.reset()
+        proposer.reset()
+        out = lm.forward(prompt, hidden=True)
+        proposer.observe(prompt, 0, out)
+        pending = int(out.logits[-1].argmax())
+        assert proposer.propose([*prompt, pending], 2, SamplingParams(), None).token_ids == [pending, pending]
+        discriminating += int(out.logits[-2].argmax()) != pending
+    assert discriminating >= 5

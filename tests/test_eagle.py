@@ -6,6 +6,7 @@ import pytest
 import torch
 from checkpoints import silent, write_checkpoint
 from heads import (
+    assert_first_draft_is_pending_token,
     build_bigram_target, check_rollback, select, target_layer, write_eagle3_head, write_eagle_head,
 )
 
@@ -70,18 +71,7 @@ def test_the_first_feature_is_the_pending_tokens_position(target, tmp_path):
     passthrough["layers.0.self_attn.o_proj.weight"] = torch.zeros(32, 32)
     passthrough["layers.0.mlp.down_proj.weight"] = torch.zeros(32, 64)
     engine = eagle_engine(target, write_eagle_head(tmp_path / "pass", target, tensors=passthrough), k=2)
-    lm, proposer = engine.target.lm, engine.proposer
-    discriminating = 0
-    for length in range(2, 12):
-        prompt = [(7 * i + 3) % 128 for i in range(length)]
-        lm.reset()
-        proposer.reset()
-        out = lm.forward(prompt, hidden=True)
-        proposer.observe(prompt, 0, out)
-        pending = int(out.logits[-1].argmax())
-        assert proposer.propose([*prompt, pending], 2, SamplingParams(), None).token_ids == [pending, pending]
-        discriminating += int(out.logits[-2].argmax()) != pending
-    assert discriminating >= 5
+    assert_first_draft_is_pending_token(engine)
 
 
 def test_sampled_drafts_carry_q_rows(target, tmp_path):

@@ -7,6 +7,7 @@ import logging
 import pytest
 import torch
 from heads import (
+    assert_first_draft_is_pending_token,
     add_mtp_modules, build_bigram_target, build_mtp_target, check_rollback, copy_mtp_module, select, target_layer,
     write_eagle3_head, write_mtp_head,
 )
@@ -88,19 +89,7 @@ def test_the_first_feature_is_the_pending_tokens_position(tmp_path):
     module["model.layers.2.mlp.down_proj.weight"].zero_()  # the block is the identity
     add_mtp_modules(target, module, 1)
     engine = mtp_engine(target, k=2)
-    lm, proposer = engine.target.lm, engine.proposer
-    discriminating = 0
-    for length in range(2, 12):
-        prompt = [(7 * i + 3) % 128 for i in range(length)]
-        lm.reset()
-        proposer.reset()
-        out = lm.forward(prompt, hidden=True)
-        proposer.observe(prompt, 0, out)
-        pending = int(out.logits[-1].argmax())
-        draft = proposer.propose([*prompt, pending], 2, SamplingParams(), None)
-        assert draft.token_ids == [pending, pending]
-        discriminating += int(out.logits[-2].argmax()) != pending
-    assert discriminating >= 5
+    assert_first_draft_is_pending_token(engine)
 
 
 # --- the wrong format, and validation -------------------------------------------------------------
