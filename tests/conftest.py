@@ -10,7 +10,7 @@ from typing import Iterator
 import pytest
 import torch
 
-from specsure.models.testing import build_tiny_llama
+from tiny import build_tiny_llama
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from specsure.models.testing import build_tiny_llama
+from tiny import build_tiny_llama
 
 HEADS, KV_HEADS = 4, 2
 
@@ -161,12 +161,6 @@ def write_mtp_head(folder: Path, target: Path, *, modules: int = 1, seed: int = 
 
 # --- driving a head proposer by hand (rollback checks) -----------------------------------------
 
-def rows(out, n: int):  # noqa: ANN001, ANN201 - ForwardOutput in, ForwardOutput out
-    """The first n rows of a ForwardOutput."""
-    cut = (lambda t: None if t is None else t[:n])
-    return type(out)(logits=out.logits[:n], hidden=cut(out.hidden), aux_hidden=cut(out.aux_hidden))
-
-
 def check_rollback(engine, prompt: list[int], k: int, accepted: int = 1) -> None:  # noqa: ANN001
     """After a rejection, the head's next proposal equals a fresh head's fed the committed sequence.
 
@@ -174,7 +168,7 @@ def check_rollback(engine, prompt: list[int], k: int, accepted: int = 1) -> None
     ``accepted`` tokens are kept and then a different (recovered) token, then a sampled proposal.
     A fresh run over the committed tokens must give the same draft tokens and the same q rows.
     """
-    from specsure.decode.sampling import SamplingParams
+    from specsure.sampling import SamplingParams
 
     lm, proposer = engine.target.lm, engine.proposer
     want = {"hidden": proposer.needs_hidden, "aux_layers": tuple(proposer.aux_layers)}
@@ -189,7 +183,7 @@ def check_rollback(engine, prompt: list[int], k: int, accepted: int = 1) -> None
     start, fed = lm.cache_len, [context[-1], *first.token_ids]
     out = lm.forward(fed, **want)
     lm.crop(start + 1 + accepted)
-    proposer.observe(fed[: 1 + accepted], start, rows(out, 1 + accepted))
+    proposer.observe(fed[: 1 + accepted], start, out.rows(1 + accepted))
     recovered = (first.token_ids[accepted] + 1) % lm.vocab_size
     context = [*context, *first.token_ids[:accepted], recovered]
     after = proposer.propose(context, k, sampled, torch.Generator().manual_seed(7))

@@ -239,7 +239,7 @@ def test_target_that_is_neither_folder_nor_file():
     assert "'/dev/null' is neither a folder nor a regular file" in msg
 
 
-# --- the method cannot run on these checkpoints (check_runnable, design rule 4) -------------
+# --- the method cannot run on these checkpoints (check_runnable; architecture.md "Resolution rules", 4) -------------
 
 def test_draft_vocab_differs_from_target(tmp_path, target):
     draft = str(write_checkpoint(tmp_path / "draft", llama(layers=2, vocab=32000)))

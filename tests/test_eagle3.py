@@ -10,7 +10,7 @@ import torch
 from heads import check_rollback, write_eagle3_head, write_eagle_head
 
 from specsure import ConfigError, SamplingParams, make_engine, resolve
-from specsure.models.testing import build_tiny_llama
+from tiny import build_tiny_llama
 
 PROMPT = [5, 6, 7, 8, 9]
 
@@ -87,7 +87,7 @@ def chi2_critical(df: int, z: float = 3.719) -> float:
 
 def second_token_marginal(lm, prompt, params) -> torch.Tensor:  # noqa: ANN001
     """The target's exact distribution of the second output token: sum over the first."""
-    from specsure.decode.sampling import probs_from_logits
+    from specsure.sampling import probs_from_logits
 
     lm.reset()
     p1 = probs_from_logits(lm.forward(prompt).logits[-1], params)

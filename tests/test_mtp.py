@@ -13,7 +13,7 @@ from heads import (
 )
 
 from specsure import ConfigError, SamplingParams, make_engine, resolve
-from specsure.models.testing import build_tiny_llama
+from tiny import build_tiny_llama
 
 PROMPT = [5, 6, 7, 8, 9]
 GREEDY = SamplingParams(max_tokens=40, ignore_eos=True)

@@ -1,4 +1,4 @@
-"""NgramProposer: reference.md's golden cases, a plain reference, and a property test."""
+"""NgramProposer: golden cases of prompt lookup, a plain reference, and a property test."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specsure.decode.sampling import SamplingParams
+from specsure.sampling import SamplingParams
 from specsure.proposers.base import Draft, Proposer
 from specsure.proposers.ngram import NgramProposer, find_ngram_draft
 

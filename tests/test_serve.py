@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from specsure import SamplingParams, make_engine
 from specsure.cli.main import build_parser, main
 from specsure.decode.engine import Engine
-from specsure.models.testing import build_tiny_llama
+from tiny import build_tiny_llama
 from specsure.serve import create_app
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from specsure import SamplingParams, make_engine
 from specsure.cli.main import main
 from specsure.models.loading import load_model
-from specsure.models.testing import build_tiny_llama
+from tiny import build_tiny_llama
 from specsure.proposers.head_layer import HeadCache
 from specsure.train import MTPTrainSettings, initial_module, save_mtp_head, self_distill, train_mtp
 from specsure.train.mtp import entry_losses

@@ -12,7 +12,7 @@ from specsure.config import ConfigConflictError, ConfigError, Resolution, Specul
 if TYPE_CHECKING:
     from specsure.decode.engine import Completion, Engine, make_engine
     from specsure.decode.metrics import SpecStats
-    from specsure.decode.sampling import SamplingParams
+    from specsure.sampling import SamplingParams
 
 __all__ = [
     "Completion", "ConfigConflictError", "ConfigError", "Engine", "Resolution", "SamplingParams",
@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "make_engine": "specsure.decode.engine", "Engine": "specsure.decode.engine",
-    "Completion": "specsure.decode.engine", "SamplingParams": "specsure.decode.sampling",
+    "Completion": "specsure.decode.engine", "SamplingParams": "specsure.sampling",
     "SpecStats": "specsure.decode.metrics",
 }
 

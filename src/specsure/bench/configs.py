@@ -72,7 +72,7 @@ def build_specsure(methods: Sequence[str], s: Settings, eos_ids: frozenset[int])
     A method is skipped when its checkpoint flag is missing or `make_engine` raises a
     ConfigError (the error text is the reason). 'plain' is required: it is the reference.
     """
-    from specsure import make_engine
+    from specsure.decode.engine import make_engine
 
     runners: list[Runner] = []
     skipped: list[tuple[str, str]] = []

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specsure.bench.runners import Generation
+from specsure.bench.generation import Generation
 from specsure.decode.metrics import SpecStats
 
 ALL = "all"

@@ -10,44 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import torch
 
-Kind = Literal["specsure", "transformers"]
+from specsure.bench.generation import Generation, Kind, Runner
 
-
-@dataclass(frozen=True)
-class Generation:
-    """One timed greedy generation."""
-
-    token_ids: tuple[int, ...]
-    """New tokens only (the prompt excluded); a final EOS is not counted."""
-    seconds: float
-    """Wall time of the generate call."""
-    drafts: int = 0
-    """Verification steps that had a non-empty draft (vLLM's num_drafts)."""
-    draft_tokens: int = 0
-    """Draft tokens proposed."""
-    accepted_tokens: int = 0
-    """Draft tokens accepted."""
-    accepted_per_position: tuple[int, ...] = ()
-    """Accepted draft tokens at each draft position 0..k-1."""
-
-
-class Runner(Protocol):
-    """One configuration under test."""
-
-    name: str
-    """Unique label in the report, e.g. 'ngram' or 'hf-prompt-lookup'."""
-    kind: Kind
-    """Which library runs it."""
-    speculative: bool
-    """True when it reports acceptance counters."""
-
-    def generate(self, prompt_ids: Sequence[int], max_tokens: int) -> Generation:
-        """Greedy-decode up to `max_tokens` new tokens after `prompt_ids`."""
-        ...
+__all__ = ["Generation", "Kind", "Runner", "SpecsureRunner", "TransformersRunner"]
 
 
 def _strip_eos(token_ids: Sequence[int], eos_ids: frozenset[int]) -> tuple[int, ...]:
@@ -72,7 +41,7 @@ class SpecsureRunner:
         return self.engine.speculative_method is not None
 
     def generate(self, prompt_ids: Sequence[int], max_tokens: int) -> Generation:
-        from specsure import SamplingParams
+        from specsure.sampling import SamplingParams
 
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
         start = time.perf_counter()

@@ -1,10 +1,41 @@
-"""`specsure bench`: the Spec-Bench-style benchmark (the logic lives in specsure.bench)."""
+"""`specsure bench`: Spec-Bench-style greedy benchmark of specsure against transformers.
+
+The command line only: workloads, runners, results and plots live in ``specsure.bench``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
 
-from specsure.bench.cli import add_arguments, run
+from specsure.bench.configs import BASELINES, METHODS, Settings, build_specsure, build_transformers, dtype_name
+from specsure.bench.harness import Item, run_interleaved, warm_up
+from specsure.bench.plots import plot_acceptance, plot_speedup
+from specsure.bench.report import render_markdown
+from specsure.bench.results import ALL, BenchResults, prompt_result, summarize
+from specsure.bench.workload import CATEGORIES, WorkloadError, encode, load_builtin, load_workload, select
+from specsure.config import ConfigError
+
+QUICK = {"per_category": 2, "max_tokens": 96, "repeats": 3}
+"""--quick: a few prompts per category, sized to finish in minutes on the default model."""
+REFERENCE = "plain"
+HF_BASELINE = "hf"
+
+
+def _names(text: str, valid: tuple[str, ...], flag: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip() and n.strip() != "none"]
+    bad = [n for n in names if n not in valid]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{flag}: unknown {bad}; valid: {', '.join(valid)}")
+    return list(dict.fromkeys(names))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -13,3 +44,218 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                         "acceptance and output equality per method and category.")
     add_arguments(parser)
     parser.set_defaults(run=run)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the `specsure bench` options to `parser`."""
+    parser.add_argument("--model", default=None, help="target: HF folder or .gguf (default: the packaged SmolLM2-135M-Instruct)")
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma list of specsure methods ({', '.join(METHODS)}); plain is always run")
+    parser.add_argument("--baselines", default=",".join(BASELINES), help=f"comma list of transformers baselines ({', '.join(BASELINES)}), or none")
+    parser.add_argument("--categories", default=None, help="comma list of categories to run (default: all)")
+    parser.add_argument("--workload", action="append", default=None, metavar="FILE.jsonl", help="your own prompts (schema: bench/README.md); repeatable")
+    parser.add_argument("--heldout", action="store_true", help="use the built-in held-out split instead of the main one")
+    parser.add_argument("--per-category", type=int, default=None, help="at most this many prompts per category")
+    parser.add_argument("--max-tokens", type=int, default=None, help="new tokens per prompt unless the prompt sets max_tokens (default 128)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per configuration and prompt (default 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed warm-up passes per configuration (default 1)")
+    parser.add_argument("--quick", action="store_true", help=f"a few prompts per category: {QUICK} unless given explicitly")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default auto)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--num-speculative-tokens", "-k", type=int, default=8, help="k for every speculative configuration (default 8)")
+    parser.add_argument("--prompt-lookup-min", type=int, default=None, help="ngram: shortest n-gram to match")
+    parser.add_argument("--prompt-lookup-max", type=int, default=None, help="ngram: longest n-gram to match")
+    parser.add_argument("--draft-model", default=None, help="draft checkpoint for draft_model and hf-assisted (same tokenizer as the target)")
+    parser.add_argument("--eagle-head", default=None, help="EAGLE-1 head checkpoint")
+    parser.add_argument("--eagle3-head", default=None, help="EAGLE-3 head checkpoint")
+    parser.add_argument("--mtp-head", default=None, help="MTP head checkpoint (default: MTP layers inside the target, if any)")
+    parser.add_argument("--out", default="bench/results", help="output folder (default bench/results)")
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The `specsure bench` command that reproduces `args` (options left at default omitted)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    defaults = vars(parser.parse_args([]))
+    words = ["specsure", "bench"]
+    for action in parser._actions:
+        dest = action.dest
+        if dest == "help" or getattr(args, dest, None) == defaults.get(dest):
+            continue
+        value = getattr(args, dest)
+        flag = next(o for o in action.option_strings if o.startswith("--"))
+        if value is True:
+            words.append(flag)
+        elif isinstance(value, list):
+            for v in value:
+                words += [flag, str(v)]
+        else:
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+def _git_commit() -> str:
+    """The specsure checkout's commit, so a figure can be traced to the code that made it."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _resolve_options(args: argparse.Namespace) -> tuple[int | None, int, int]:
+    quick = QUICK if args.quick else {}
+    per_category = args.per_category if args.per_category is not None else quick.get("per_category")
+    max_tokens = args.max_tokens if args.max_tokens is not None else quick.get("max_tokens", 128)
+    repeats = args.repeats if args.repeats is not None else quick.get("repeats", 3)
+    for flag, value in (("--per-category", per_category), ("--max-tokens", max_tokens), ("--repeats", repeats), ("--num-speculative-tokens", args.num_speculative_tokens)):
+        if value is not None and value <= 0:
+            raise ValueError(f"{flag} must be a positive integer, got {value}")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+    return per_category, max_tokens, repeats
+
+
+def _load_prompts(args: argparse.Namespace, per_category: int | None):
+    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    if args.workload:
+        prompts = [p for path in args.workload for p in load_workload(path)]
+    else:
+        prompts = load_builtin(categories or CATEGORIES, heldout=args.heldout)
+    chosen = select(prompts, categories, per_category)
+    if not chosen:
+        raise WorkloadError(f"no prompts left after --categories {args.categories}")
+    return chosen
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark; returns the process exit code."""
+    try:
+        return _run(args)
+    except (ConfigError, ValueError, argparse.ArgumentTypeError) as err:
+        print(f"specsure bench: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    import torch
+    import transformers
+
+    from specsure.models import load_model
+
+    started = time.perf_counter()
+    methods = _names(args.methods, METHODS, "--methods")
+    if REFERENCE not in methods:
+        print(f"note: adding '{REFERENCE}' to --methods: it is the reference for speedups and output equality")
+        methods.insert(0, REFERENCE)
+    baselines = _names(args.baselines, BASELINES, "--baselines")
+    per_category, max_tokens, repeats = _resolve_options(args)
+    prompts = _load_prompts(args, per_category)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    print(f"loading target {args.model or '(packaged default)'} ...", flush=True)
+    target = load_model(args.model, args.dtype)
+    # Resolve 'auto' once so specsure and transformers run in exactly the same dtype.
+    settings = Settings(
+        model=args.model,
+        dtype=dtype_name(target.lm.dtype),
+        num_speculative_tokens=args.num_speculative_tokens,
+        draft_model=args.draft_model,
+        eagle_head=args.eagle_head,
+        eagle3_head=args.eagle3_head,
+        mtp_head=args.mtp_head,
+        prompt_lookup_min=args.prompt_lookup_min,
+        prompt_lookup_max=args.prompt_lookup_max,
+    )
+    eos_ids = frozenset(target.eos_token_ids)
+    items = [Item(p, encode(p, target.tokenizer), p.max_tokens or max_tokens) for p in prompts]
+
+    print(f"building engines: {', '.join(methods)} ...", flush=True)
+    runners, skipped = build_specsure(methods, settings, eos_ids)
+    hf_runners, hf_skipped = build_transformers(
+        baselines, settings, target.lm.hf, eos_ids, lambda path: load_model(path, settings.dtype).lm.hf
+    )
+    runners += hf_runners
+    skipped += hf_skipped
+    for name, reason in skipped:
+        print(f"skip {name}: {reason}")
+
+    print(f"{len(items)} prompts x {len(runners)} configurations x {repeats} repeats, {settings.dtype}, {torch.get_num_threads()} threads")
+    warm_up(runners, items[0], args.warmup)
+    runs = run_interleaved(runners, items, repeats)
+
+    reference_ids = {it.prompt.id: runs[(REFERENCE, it.prompt.id)][0].token_ids for it in items}
+    per_prompt = [
+        prompt_result(
+            r.name, it.prompt.id, it.prompt.category, len(it.prompt_ids), runs[(r.name, it.prompt.id)],
+            None if r.name == REFERENCE else reference_ids[it.prompt.id],
+        )
+        for r in runners
+        for it in items
+    ]
+    meta: dict[str, Any] = {
+        "command": command_line(args),
+        "specsure_commit": _git_commit(),
+        "model": args.model or "SmolLM2-135M-Instruct (packaged default)",
+        "model_path": target.path,
+        "dtype": settings.dtype,
+        "dtype_reason": target.dtype_reason,
+        "threads": torch.get_num_threads(),
+        "cores": os.cpu_count(),
+        "cpu": _cpu_model(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "max_tokens": max_tokens,
+        "repeats": repeats,
+        "warmup": args.warmup,
+        "num_speculative_tokens": args.num_speculative_tokens,
+        "prompts": len(items),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    results = summarize(meta, [(r.name, r.kind, r.speculative) for r in runners], skipped, per_prompt, REFERENCE, HF_BASELINE)
+    results.meta["wall_s"] = round(time.perf_counter() - started, 1)
+    write_outputs(results, out_dir)
+    _print_summary(results, out_dir)
+    return 0
+
+
+def write_outputs(results: BenchResults, out_dir: Path) -> None:
+    """results.json, results.md, speedup.png and acceptance.png, all from `results`."""
+    results.write_json(out_dir / "results.json")
+    (out_dir / "results.md").write_text(render_markdown(results), encoding="utf-8")
+    plot_speedup(results, out_dir / "speedup.png")
+    plot_acceptance(results, out_dir / "acceptance.png")
+
+
+def _print_summary(results: BenchResults, out_dir: Path) -> None:
+    print()
+    print(f"{'config':<18}{'tok/s':>8}{'vs plain':>10}{'vs HF':>8}{'acc.len':>9}{'match':>8}")
+    for r in results.summary:
+        if r.category != ALL:
+            continue
+        vs_plain = "-" if r.speedup_vs_plain is None else f"{r.speedup_vs_plain:.2f}x"
+        vs_hf = "-" if r.speedup_vs_hf is None else f"{r.speedup_vs_hf:.2f}x"
+        acc = "-" if r.mean_acceptance_length is None else f"{r.mean_acceptance_length:.2f}"
+        match = "ref" if r.exact_match_rate is None else f"{r.exact_match_rate:.0%}"
+        print(f"{r.config:<18}{r.tokens_per_s:>8.2f}{vs_plain:>10}{vs_hf:>8}{acc:>9}{match:>8}")
+    if results.mismatched:
+        bar = "!" * 72
+        print(f"\n{bar}\nOUTPUT MISMATCH: these configurations differ from '{results.reference}' (greedy):")
+        for r in results.mismatched:
+            where = ", ".join(f"{m['prompt_id']}@{m['first_divergence']}" for m in r.mismatches)
+            print(f"  {r.config} on {r.category}: {where}")
+        print(f"(prompt@first divergent new token; bf16 kernels can flip near-tied argmaxes, see BENCHMARKS.md)\n{bar}")
+    print(f"\nwrote {out_dir}/results.json, results.md, speedup.png, acceptance.png")

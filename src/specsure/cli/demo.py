@@ -47,7 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from specsure.config import resolve
     from specsure.decode.engine import Engine, make_engine
-    from specsure.decode.sampling import SamplingParams
+    from specsure.sampling import SamplingParams
 
     print("loading the model (the first run converts the packaged GGUF to safetensors once)...", flush=True)
     spec = make_engine(args.model, DEMO_CONFIG, dtype=args.dtype)

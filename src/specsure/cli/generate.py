@@ -63,7 +63,7 @@ def print_stats(completion: "Completion") -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specsure.decode.engine import make_engine
-    from specsure.decode.sampling import SamplingParams
+    from specsure.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed)

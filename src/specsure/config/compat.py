@@ -1,78 +1,62 @@
-"""Can the checkpoints run the resolved method? (design rule 4: impossibility is an error.)
+"""Can the checkpoints run the resolved method? Impossibility is an error, never a switch.
 
 Disagreement is only a warning, but a method the checkpoints cannot run stops the engine
-before any weights load. The error names both sides, what was asked and what the checkpoint
-is, and never switches the method.
+before any weights load (docs/architecture.md, "Resolution rules", rule 4). The error names
+both sides, what was asked and what the checkpoint is, and never switches the method.
+
+The rules here are the only copies: the model loader and the proposers call them again on what
+they actually load (a converted GGUF folder, the loaded model's vocabulary), so a check that
+metadata could not make at resolve time is still made, with the same words.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Collection
 
-from specsure.config.checkpoint import DEFAULT_INSTALL_HINT, CheckpointInfo
-from specsure.config.detect import target_mtp
+from specsure.config.checkpoint import DEFAULT_INSTALL_HINT, CheckpointInfo, check_weight_files
+from specsure.config.detect import WHAT_IS, Evidence, deepseek_mtp_prefix, target_mtp
 from specsure.config.errors import ConfigError
-
-if TYPE_CHECKING:
-    from specsure.config.resolution import Resolution
-
-WHAT_IS: dict[str, str] = {
-    "draft_model": "a whole causal LM",
-    "eagle": "an EAGLE-1 head",
-    "eagle3": "an EAGLE-3 head",
-    "mtp": "an MTP head (or a model with MTP layers)",
-}
+from specsure.config.schema import SpeculativeConfig
 
 
 def check_weights(info: CheckpointInfo, role: str) -> None:
     """Weights load from safetensors or GGUF only; a pickle-only folder is refused."""
-    if info.kind != "hf_dir" or info.weight_files:
-        return
-    if info.pickle_files:
-        raise ConfigError(
-            f"{role} checkpoint {info.path!r} has only pickle weights ({', '.join(info.pickle_files)}). "
-            "specsure loads safetensors or GGUF only, because pickle files can run code. Convert them: "
-            "load with transformers and call save_pretrained(folder, safe_serialization=True).")
-    raise ConfigError(f"{role} checkpoint {info.path!r} has config.json but no *.safetensors weights. "
-                      "Add the weights, or point to the folder that has them.")
+    if info.kind == "hf_dir":
+        check_weight_files(info.path, info.weight_files, info.pickle_files, role)
 
 
-def check_runnable(res: "Resolution", *, weights: bool = True) -> None:
-    """Raise ConfigError when the target or draft cannot run ``res.config.method``.
+def check_runnable(target: CheckpointInfo, config: SpeculativeConfig | None, draft: CheckpointInfo | None,
+                   draft_evidence: Evidence | None, *, weights: bool = True) -> None:
+    """Raise ConfigError when the target or draft cannot run ``config.method``.
 
     ``weights=False`` checks only the method against the checkpoints' metadata, for callers
     (export) that never load weights here and accept config.json-only folders.
     """
-    if weights and res.target.note:
-        raise ConfigError(f"target: {res.target.note}. Install it with: {DEFAULT_INSTALL_HINT}, or pass --model.")
+    if weights and target.note:
+        raise ConfigError(f"target: {target.note}. Install it with: {DEFAULT_INSTALL_HINT}, or pass --model.")
     if weights:
-        check_weights(res.target, "target")
-    config = res.config
+        check_weights(target, "target")
     if config is None:
         return
     method = config.method
-    if method == "mtp" and res.draft is None:
-        if target_mtp(res.target) is None:
-            raise ConfigError(
-                f"method 'mtp' was asked without a 'model', so it needs MTP layers inside the target, but the "
-                f"target {res.target.path!r} declares none ({res.target.config_file or 'its metadata'} has no "
-                "num_nextn_predict_layers). Give 'model': a standalone MTP head (specsure train can make one), "
-                "or choose another method such as 'ngram'.")
-        _check_mtp_tensors(res.target)
+    if method == "mtp" and draft is None:
+        key, count = require_target_mtp(target)
+        if target.tensor_names and target.num_hidden_layers is not None:
+            check_mtp_tensors(target.tensor_names, target.num_hidden_layers, count,
+                              holder=f"the target's safetensors ({target.path!r})", declared=target.signal(key))
         return
-    draft = res.draft
     if draft is None:
         return
     if weights:
         check_weights(draft, "draft")
-    evidence = res.draft_evidence
-    if evidence is not None and evidence.value != method and not _whole_lm_as_draft(method, draft):
+    if draft_evidence is not None and draft_evidence.value != method and not _whole_lm_as_draft(method, draft):
         raise ConfigError(
             f"method {method!r} was asked, which needs {WHAT_IS[method]}, but the draft checkpoint "
-            f"{draft.path!r} is {WHAT_IS[evidence.value]} ({evidence.signal}). specsure does not switch "
-            f"methods: set method {evidence.value!r} to run this checkpoint, or give {WHAT_IS[method]}.")
+            f"{draft.path!r} is {WHAT_IS[draft_evidence.value]} ({draft_evidence.signal}). specsure does not "
+            f"switch methods: set method {draft_evidence.value!r} to run this checkpoint, or give {WHAT_IS[method]}.")
     if method == "draft_model":
-        _check_same_vocab(res.target, draft)
+        check_same_vocab(target.vocab_size, draft.vocab_size, target=target.path, draft=draft.path,
+                         draft_where=f" ({draft.config_file})" if draft.config_file else "")
 
 
 def _whole_lm_as_draft(method: str, draft: CheckpointInfo) -> bool:
@@ -82,28 +66,45 @@ def _whole_lm_as_draft(method: str, draft: CheckpointInfo) -> bool:
         draft.num_hidden_layers or 0) >= 2
 
 
-def _check_same_vocab(target: CheckpointInfo, draft: CheckpointInfo) -> None:
-    tv, dv = target.vocab_size, draft.vocab_size
-    if tv is not None and dv is not None and tv != dv:
+def check_same_vocab(target_vocab: int | None, draft_vocab: int | None, *, target: str, draft: str,
+                     draft_where: str = "") -> None:
+    """draft_model compares token ids directly, so the draft must share the target's vocabulary.
+
+    Called on metadata at resolve time and again on the loaded models, whose vocabulary is
+    known even when config.json nests it (multimodal configs) or the draft is a GGUF file.
+    """
+    if target_vocab is not None and draft_vocab is not None and target_vocab != draft_vocab:
         raise ConfigError(
-            f"draft_model needs the target's vocabulary, but the draft {draft.path!r} has vocab_size={dv} "
-            f"({draft.config_file}) and the target {target.path!r} has vocab_size={tv}. Use a draft trained "
+            f"draft_model needs the target's vocabulary, but the draft {draft!r} has vocab_size={draft_vocab}"
+            f"{draft_where} and the target {target!r} has vocab_size={target_vocab}. Use a draft trained "
             "with the target's tokenizer, or method 'ngram'.")
 
 
-def _check_mtp_tensors(target: CheckpointInfo) -> None:
-    """A target that declares MTP modules must store them (DeepSeek-V3 layout: layer N + i)."""
-    found = target.mtp_layers
-    layers = target.num_hidden_layers
-    if found is None or layers is None or not target.tensor_names:
-        return
-    key, count = found
-    # The first gap is found within len(tensor_names) + 1 steps, however large the declared count.
-    missing = next((layers + i for i in range(count)
-                    if f"model.layers.{layers + i}.eh_proj.weight" not in target.tensor_names), None)
-    if missing is not None:
+def require_target_mtp(target: CheckpointInfo) -> tuple[str, int]:
+    """(config key, module count) of the MTP layers that ``mtp`` without a ``model`` runs."""
+    if target_mtp(target) is None or target.mtp_layers is None:
         raise ConfigError(
-            f"method 'mtp' uses the MTP layers inside the target, and {target.signal(key)} declares {count}, but "
-            f"the target's safetensors hold no 'model.layers.{missing}.eh_proj.weight' (MTP module {missing - layers}"
-            "). The checkpoint was probably saved without its MTP weights; use the original files, or give "
-            "'model': a standalone MTP head.")
+            f"method 'mtp' was asked without a 'model', so it needs MTP layers inside the target, but the "
+            f"target {target.path!r} declares none ({target.config_file or 'its metadata'} has no "
+            "num_nextn_predict_layers). Give 'model': a standalone MTP head (specsure train can make one), "
+            "or choose another method such as 'ngram'.")
+    return target.mtp_layers
+
+
+def check_mtp_tensors(names: Collection[str], num_hidden_layers: int, count: int, *, holder: str,
+                      declared: str) -> None:
+    """A checkpoint that declares MTP modules must store them (DeepSeek-V3 layout: layer N + i).
+
+    ``names`` are the tensor names of the weights that will be read; ``declared`` cites the
+    config key that declared ``count`` modules.
+    """
+    # The first gap is found within len(names) + 1 steps, however large the declared count.
+    missing = next((i for i in range(count)
+                    if deepseek_mtp_prefix(num_hidden_layers, i) + "eh_proj.weight" not in names), None)
+    if missing is not None:
+        tensor = deepseek_mtp_prefix(num_hidden_layers, missing) + "eh_proj.weight"
+        raise ConfigError(
+            f"method 'mtp' runs the {count} MTP module(s) that {declared} declares, but {holder} hold no "
+            f"{tensor!r} (MTP module {missing}). The checkpoint was probably saved without its MTP weights "
+            "(a GGUF or re-saved model drops them); use the original safetensors, or give 'model': a "
+            "standalone MTP head.")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Final, Literal
+from typing import Collection, Final, Literal
 
 from specsure.config.checkpoint import CheckpointInfo
 
@@ -34,6 +34,19 @@ MTP_MODEL_TYPES: Final[frozenset[str]] = frozenset({
 # Path tokens that hint at a method, longest first so "eagle3" wins over "eagle".
 PATH_HINTS: Final[tuple[tuple[str, str], ...]] = (("eagle3", "eagle3"), ("eagle", "eagle"), ("mtp", "mtp"))
 PATH_COMPONENTS: Final[int] = 2
+
+WHAT_IS: Final[dict[str, str]] = {
+    "draft_model": "a whole causal LM",
+    "eagle": "an EAGLE-1 head",
+    "eagle3": "an EAGLE-3 head",
+    "mtp": "an MTP head (or a model with MTP layers)",
+}
+"""What a checkpoint made for each method is, in the words every message uses."""
+
+
+def deepseek_mtp_prefix(num_hidden_layers: int, module: int) -> str:
+    """Where MTP module ``module`` lives in a DeepSeek-V3-layout checkpoint: right after the main layers."""
+    return f"model.layers.{num_hidden_layers + module}."
 
 
 @dataclass(frozen=True)
@@ -60,7 +73,7 @@ def classify_draft(info: CheckpointInfo) -> Evidence | None:
         return Evidence("mtp", "checkpoint", f"{where} architectures={sorted(hit)}")
     if info.model_type in MTP_MODEL_TYPES:
         return Evidence("mtp", "checkpoint", info.signal("model_type"))
-    if tensor := next((n for n in EAGLE3_TENSORS if n in names), None):
+    if tensor := eagle3_tensor(names):
         return Evidence("eagle3", "checkpoint", f"tensor {tensor!r} in {info.path}")
     if "draft_vocab_size" in info.config:
         return Evidence("eagle3", "checkpoint", info.signal("draft_vocab_size"))
@@ -73,6 +86,11 @@ def classify_draft(info: CheckpointInfo) -> Evidence | None:
         return Evidence("draft_model", "checkpoint",
                         f"{where} architectures={sorted(archs)}, num_hidden_layers={info.num_hidden_layers}")
     return None
+
+
+def eagle3_tensor(names: Collection[str]) -> str | None:
+    """The first tensor name that only EAGLE-3 heads hold, or None."""
+    return next((n for n in EAGLE3_TENSORS if n in names), None)
 
 
 def target_mtp(info: CheckpointInfo) -> Evidence | None:

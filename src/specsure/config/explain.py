@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 import textwrap
-from typing import TYPE_CHECKING, Any
+from typing import Any, Mapping, Protocol, Sequence
 
-if TYPE_CHECKING:
-    from specsure.config.resolution import Resolution
+
+class Row(Protocol):
+    """One field's decision, as explain shows it (``resolution.Decision`` is one)."""
+
+    value: Any
+    source: str
+    reason: str
 
 REASON_WIDTH = 72
 
@@ -16,9 +21,12 @@ def _show(value: Any) -> str:
     return "-" if value is None else (value if isinstance(value, str) else json.dumps(value))
 
 
-def format_table(res: "Resolution") -> str:
-    """The explain table. Long reasons wrap under their own column."""
-    rows = [(name, _show(d.value), d.source, d.reason) for name, d in res.decisions.items()]
+def format_table(decisions: Mapping[str, Row], warnings: Sequence[str], *, speculative: bool = True) -> str:
+    """The explain table: one row per field, then the warnings. Long reasons wrap under their own column.
+
+    ``speculative=False`` adds the line that says plain decoding runs.
+    """
+    rows = [(name, _show(d.value), d.source, d.reason) for name, d in decisions.items()]
     w_name = max(len("field"), *(len(r[0]) for r in rows))
     w_value = min(48, max(len("value"), *(len(r[1]) for r in rows)))
     w_source = max(len("source"), *(len(r[2]) for r in rows))
@@ -33,15 +41,15 @@ def format_table(res: "Resolution") -> str:
         else:
             lines.append(f"{name:<{w_name}}  {value:<{w_value}}  {source:<{w_source}}  {wrapped[0]}")
         lines.extend(indent + more for more in wrapped[1:])
-    if res.config is None:
+    if not speculative:
         lines.append("")
         lines.append("speculative decoding: off (no speculative config given); plain decoding runs.")
     lines.append("")
-    if res.warnings:
-        lines.append(f"warnings ({len(res.warnings)}):")
+    if warnings:
+        lines.append(f"warnings ({len(warnings)}):")
         # Paths must survive copy and paste, so never break inside one (at a hyphen or mid-word).
         lines.extend(textwrap.fill(w, 100, initial_indent="  - ", subsequent_indent="    ",
-                                   break_on_hyphens=False, break_long_words=False) for w in res.warnings)
+                                   break_on_hyphens=False, break_long_words=False) for w in warnings)
     else:
         lines.append("warnings: none")
     return "\n".join(lines)

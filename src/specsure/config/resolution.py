@@ -1,6 +1,6 @@
 """resolve(): the user's values, kept; unset fields filled from evidence; every decision recorded.
 
-Rules (design.md): an explicit value is never replaced. Unset fields are filled from
+Rules (docs/architecture.md, "Resolution rules"): an explicit value is never replaced. Unset fields are filled from
 checkpoint metadata, then whole-token path hints, then defaults. Evidence that disagrees with
 an explicit value is a WARNING naming the field, both values and the signal; strict mode
 turns it into ConfigConflictError.
@@ -14,9 +14,10 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, Mapping
 
 from specsure.config.checkpoint import CheckpointInfo, read_checkpoint
-from specsure.config.compat import WHAT_IS
-from specsure.config.detect import Evidence, classify_draft, path_hint, target_mtp
+from specsure.config.compat import check_runnable
+from specsure.config.detect import WHAT_IS, Evidence, classify_draft, path_hint, target_mtp
 from specsure.config.errors import ConfigConflictError, ConfigError
+from specsure.config.explain import format_table
 from specsure.config.schema import (
     FIELDS, MAX_SPECULATIVE_TOKENS, METHODS, UNSET, SpeculativeConfig, UserSpec, parse_user_spec,
 )
@@ -74,9 +75,7 @@ class Resolution:
 
     def explain(self) -> str:
         """A human-readable table of every field, value, source and reason, then the warnings."""
-        from specsure.config.explain import format_table
-
-        return format_table(self)
+        return format_table(self.decisions, self.warnings, speculative=self.config is not None)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """JSON-serialisable ``{field: {"value", "source", "reason"}}``."""
@@ -91,13 +90,11 @@ class Resolution:
                          for n in self.decisions if n != "target")
 
     def check_runnable(self, *, weights: bool = True) -> None:
-        """Raise ConfigError when the checkpoints cannot run the method (design rule 4).
+        """Raise ConfigError when the checkpoints cannot run the method (impossibility is an error).
 
         ``weights=False`` skips the weight-file checks (for exports of config-only folders).
         """
-        from specsure.config.compat import check_runnable
-
-        check_runnable(self, weights=weights)
+        check_runnable(self.target, self.config, self.draft, self.draft_evidence, weights=weights)
 
 
 def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, strict: bool = False) -> Resolution:

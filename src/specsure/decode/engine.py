@@ -16,8 +16,7 @@ import torch
 from specsure.config import ConfigError, Resolution, resolve
 from specsure.decode.metrics import SpecStats
 from specsure.decode.rejection import verify_greedy, verify_sampled
-from specsure.decode.sampling import SamplingParams, draw, probs_from_logits
-from specsure.models.causal_lm import ForwardOutput
+from specsure.sampling import SamplingParams, draw, probs_from_logits
 from specsure.models.loading import LoadedModel, load_model
 from specsure.proposers.base import Draft, Proposer
 from specsure.proposers.factory import build_proposer
@@ -39,6 +38,14 @@ class PromptError(ValueError):
         self.index = index
         self.detail = detail
         super().__init__(f"prompt {index} {detail}")
+
+
+class ParamsError(ValueError):
+    """SamplingParams that are valid but that this engine's model cannot honour; ``field`` names the param."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -91,12 +98,16 @@ class Engine:
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}.")
-        if params.stop and self.tokenizer is None:
-            raise ValueError(f"SamplingParams.stop = {list(params.stop)!r} needs a tokenizer to match text, but the "
-                             f"model at {self.target.path} has none; omit stop (generation still ends at max_tokens "
-                             "or EOS), or add the tokenizer to the model folder.")
+        self.check_params(params)
         batch = [self._encode(p, i) for i, p in enumerate(_as_batch(prompts))]
         return [self._generate_one(ids, params) for ids in batch]
+
+    def check_params(self, params: SamplingParams) -> None:
+        """Raise ParamsError for valid params that this model cannot honour (stop strings need a tokenizer)."""
+        if params.stop and self.tokenizer is None:
+            raise ParamsError("stop", f"SamplingParams.stop = {list(params.stop)!r} needs a tokenizer to match text, "
+                                      f"but the model at {self.target.path} has none; omit stop (generation still "
+                                      "ends at max_tokens or EOS), or add the tokenizer to the model folder.")
 
     def _encode(self, prompt: Prompt, index: int) -> list[int]:
         if isinstance(prompt, str):
@@ -166,7 +177,7 @@ class Engine:
                 stats.observe(len(draft.token_ids), accepted)
                 lm.crop(start + 1 + accepted)  # rejected positions leave the target cache
             if proposer is not None:
-                proposer.observe(fed[: 1 + accepted], start, _rows(out, 1 + accepted))
+                proposer.observe(fed[: 1 + accepted], start, out.rows(1 + accepted))
             before = len(output)
             output.extend(new)
             finish = self._finished(output, before, params, lm.cache_len)
@@ -213,14 +224,6 @@ class Engine:
         return text, output, finish
 
 
-def _rows(out: ForwardOutput, n: int) -> ForwardOutput:
-    """The first n rows of a ForwardOutput (the committed positions)."""
-    if out.logits.shape[0] == n:
-        return out
-    return ForwardOutput(logits=out.logits[:n], hidden=None if out.hidden is None else out.hidden[:n],
-                     aux_hidden=None if out.aux_hidden is None else out.aux_hidden[:n])
-
-
 def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
@@ -248,4 +251,4 @@ def make_engine(model: str | None = None, speculative: dict | None = None, *, st
     return engine
 
 
-__all__ = ["Completion", "ConfigError", "Engine", "PromptError", "make_engine"]
+__all__ = ["Completion", "ConfigError", "Engine", "ParamsError", "PromptError", "make_engine"]

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from specsure.decode.sampling import sample
+from specsure.sampling import sample
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 import torch
 
 if TYPE_CHECKING:
-    from specsure.decode.sampling import SamplingParams
+    from specsure.sampling import SamplingParams
     from specsure.models.causal_lm import ForwardOutput
 
 

@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from specsure.decode.sampling import draw
+from specsure.sampling import draw
 from specsure.proposers.base import Draft, Proposer
 
 if TYPE_CHECKING:
-    from specsure.decode.sampling import SamplingParams
+    from specsure.sampling import SamplingParams
     from specsure.models.causal_lm import CausalLM
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Callable
 
+from specsure.config.compat import check_same_vocab
 from specsure.config.errors import ConfigError
 from specsure.proposers.base import Proposer
 
@@ -54,11 +55,7 @@ def build_draft_model(res: "Resolution", target: "LoadedModel", dtype: str) -> P
 
     assert res.config is not None and res.config.model is not None
     draft = load_model(res.config.model, dtype=_same_dtype(target, dtype))
-    if draft.lm.vocab_size != target.lm.vocab_size:
-        raise ConfigError(
-            f"draft_model needs the target's vocabulary, but the draft {res.config.model!r} has vocab_size="
-            f"{draft.lm.vocab_size} and the target has {target.lm.vocab_size}. Use a draft trained with the "
-            "target's tokenizer, or method 'ngram'.")
+    check_same_vocab(target.lm.vocab_size, draft.lm.vocab_size, target=target.path, draft=res.config.model)
     return DraftModelProposer(draft.lm)
 
 

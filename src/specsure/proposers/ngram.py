@@ -16,7 +16,7 @@ import torch
 from specsure.proposers.base import Draft, Proposer
 
 if TYPE_CHECKING:
-    from specsure.decode.sampling import SamplingParams
+    from specsure.sampling import SamplingParams
 
 
 class NgramProposer(Proposer):

@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -22,8 +22,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from specsure.config.checkpoint import DEFAULT_MODEL_NAME
-from specsure.decode.engine import Completion, Engine, PromptError
-from specsure.decode.sampling import SamplingParams
+from specsure.decode.engine import Completion, Engine, ParamsError, PromptError
+from specsure.sampling import SamplingParams
 from specsure.serve.metrics import ServeMetrics
 from specsure.serve.protocol import RequestError, chat_body, completion_body, error_body, parse_chat, parse_completion
 
@@ -140,7 +140,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
     @app.post("/v1/completions")
     async def completions(request: Request) -> dict[str, Any]:
         req = parse_completion(await _json(request), name)
-        _check_stop(engine, req.params.stop)
+        _check_params(engine, req.params)
         arrived = time.perf_counter()
         completion = await run_in_threadpool(runner.complete, req.prompt, req.params)
         metrics.observe(completion, time.perf_counter() - arrived)
@@ -154,7 +154,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
             raise RequestError(f"model {name!r} has no chat template (no tokenizer, or one without "
                                "chat_template), so messages cannot be rendered; use POST /v1/completions.",
                                "messages")
-        _check_stop(engine, req.params.stop)
+        _check_params(engine, req.params)
         arrived = time.perf_counter()
         completion = await run_in_threadpool(runner.chat, req.messages, req.params)
         metrics.observe(completion, time.perf_counter() - arrived)
@@ -175,10 +175,11 @@ async def _json(request: Request) -> Any:
                            '{"prompt": "Hello", "max_tokens": 16}.') from None
 
 
-def _check_stop(engine: Engine, stop: Sequence[str] | None) -> None:
-    if stop and engine.tokenizer is None:
-        raise RequestError(f"stop = {list(stop)!r} needs a tokenizer to match text, and this model has none; "
-                           "omit stop (generation still ends at max_tokens or EOS).", "stop")
+def _check_params(engine: Engine, params: SamplingParams) -> None:
+    try:
+        engine.check_params(params)
+    except ParamsError as exc:
+        raise RequestError(str(exc), exc.field) from None
 
 
 def _authorised(request: Request, api_key: str) -> bool:

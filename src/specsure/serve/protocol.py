@@ -16,7 +16,7 @@ from typing import Any
 
 from specsure.config.schema import suggest
 from specsure.decode.engine import Completion
-from specsure.decode.sampling import SamplingParams
+from specsure.sampling import SamplingParams
 
 COMPLETION_MAX_TOKENS = 16
 """max_tokens when a completion request omits it (OpenAI's and vLLM's default)."""

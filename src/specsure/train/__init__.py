@@ -1,6 +1,6 @@
 """Distilling draft heads from a target: self-distillation data, MTP training, head folders.
 
-Imports models and proposers only (design.md): the trained module is the proposer's own class.
+Imports models and proposers only (docs/architecture.md, "Layers"): the trained module is the proposer's own class.
 """
 
 from specsure.train.checkpoint import check_out_dir, save_mtp_head

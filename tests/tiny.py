@@ -1,4 +1,4 @@
-"""Tiny random checkpoints for tests across specsure (engine, proposers, training)."""
+"""Tiny random checkpoints for the tests (engine, proposers, training); test-only code."""
 
 from __future__ import annotations
 

@@ -1,0 +1,157 @@
+"""Sampling parameters, the one logits -> probabilities transform, and drawing a token.
+
+The verifier is lossless only when the target's p and the draft's q come from the *same*
+transform, so ``probs_from_logits`` is the only place temperature, top-k and top-p are applied.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+_SEED_LIMIT = 2**64  # torch.Generator.manual_seed rejects seeds at or above this
+MIN_TEMPERATURE = 1e-5
+"""The smallest positive temperature (vLLM's sampling epsilon). Far below it, logits / temperature
+overflows float32 and the sampler fails on inf/nan; that close to 0, greedy is what is meant."""
+
+
+def _fail(field: str, value: object, allowed: str, fix: str) -> ValueError:
+    return ValueError(f"SamplingParams.{field} = {value!r} {allowed}; {fix}")
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass, but True as a token count or seed is always a mistake.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each output token. Frozen; validated on construction."""
+
+    max_tokens: int = 16
+    """The most new tokens to generate for one prompt (>= 1)."""
+    temperature: float = 0.0
+    """Softmax temperature: 0, or at least ``MIN_TEMPERATURE``. 0 means greedy: always the most
+    likely token."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of most likely tokens whose mass is >= top_p,
+    in (0, 1]. 1.0 disables it."""
+    top_k: int = 0
+    """Keep only the k most likely tokens (>= 0). 0 disables it."""
+    seed: int | None = None
+    """Seed for this request's torch.Generator, for reproducible sampling; None = unseeded."""
+    stop: tuple[str, ...] | None = None
+    """Strings that end generation when they appear in the output text. A single str or a list
+    is accepted and stored as a tuple; an empty collection is stored as None."""
+    ignore_eos: bool = False
+    """Keep generating past the end-of-sequence token (useful for benchmarks)."""
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise _fail("max_tokens", self.max_tokens, "is invalid: it must be an int >= 1",
+                        "pass the number of new tokens to generate, e.g. max_tokens=16")
+        if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise _fail("temperature", self.temperature, "is invalid: it must be a finite number >= 0",
+                        "use 0 for greedy decoding or a positive value such as 0.7 to sample")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise _fail("temperature", self.temperature, f"is too small to sample with: it must be 0 or >= "
+                        f"{MIN_TEMPERATURE:g}", "use 0 for greedy decoding")
+        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:  # also rejects NaN
+            raise _fail("top_p", self.top_p, "is out of range: it must be in (0, 1]",
+                        "use 1.0 to disable nucleus sampling")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise _fail("top_k", self.top_k, "is invalid: it must be an int >= 0",
+                        "use 0 to disable top-k filtering")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < _SEED_LIMIT):
+            raise _fail("seed", self.seed, "is invalid: it must be None or an int in [0, 2**64)",
+                        "use None for an unseeded (random) generator")
+        object.__setattr__(self, "stop", self._normalise_stop(self.stop))
+        if not isinstance(self.ignore_eos, bool):
+            raise _fail("ignore_eos", self.ignore_eos, "is invalid: it must be a bool",
+                        "pass True or False")
+
+    @staticmethod
+    def _normalise_stop(stop: object) -> tuple[str, ...] | None:
+        if stop is None:
+            return None
+        strings: Sequence[object] = (stop,) if isinstance(stop, str) else stop  # type: ignore[assignment]
+        if not isinstance(strings, (list, tuple)):
+            raise _fail("stop", stop, "is invalid: it must be None, a str, or a list of str",
+                        "pass e.g. stop=['\\n\\n']")
+        for s in strings:
+            if not isinstance(s, str) or not s:
+                raise _fail("stop", stop, "is invalid: every stop string must be a non-empty str",
+                            "remove empty or non-string entries")
+        return tuple(strings) or None  # type: ignore[arg-type]
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding picks the argmax (temperature 0)."""
+        return self.temperature == 0
+
+
+def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Turn logits ``[..., V]`` into the sampling distribution ``[..., V]`` (float32).
+
+    Order: temperature, then top-k, then top-p, then renormalise; the same transform must feed
+    both the target's p and the draft's q. Greedy params give a one-hot at the argmax (the
+    temperature -> 0 limit), so the verifier's sampled rule reduces to argmax equality.
+    Top-k keeps exactly k tokens (ties broken by ``torch.topk``). Top-p keeps the smallest
+    prefix of the sorted distribution whose mass is >= top_p, so the top token always stays.
+    """
+    logits = logits.float()
+    if params.greedy:
+        index = logits.argmax(dim=-1, keepdim=True)
+        return torch.zeros_like(logits).scatter_(-1, index, 1.0)
+    logits = logits / params.temperature
+    vocab = logits.shape[-1]
+    if 0 < params.top_k < vocab:
+        # topk returns the survivors already sorted, so top-p never sorts the full vocabulary.
+        values, index = torch.topk(logits, params.top_k, dim=-1)  # [..., top_k]
+        kept = _nucleus(torch.softmax(values, dim=-1), params.top_p)
+        return torch.zeros_like(logits).scatter_(-1, index, kept)
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p >= 1.0:
+        return probs
+    sorted_probs, index = probs.sort(dim=-1, descending=True)
+    return torch.zeros_like(probs).scatter_(-1, index, _nucleus(sorted_probs, params.top_p))
+
+
+def _nucleus(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Top-p on probabilities sorted in descending order; returns them renormalised."""
+    if top_p >= 1.0:
+        return sorted_probs
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    kept = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def draw(logits: torch.Tensor, params: SamplingParams,
+         generator: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
+    """One token from a ``[V]`` row of logits, and the distribution it came from.
+
+    Greedy params give the argmax and None (a point mass, as the verifier reads ``q = None``);
+    otherwise a sample from ``probs_from_logits`` and that ``[V]`` row. The engine picks target
+    tokens with it and every drafter its draft tokens, so p and q are always made the same way.
+    """
+    if params.greedy:
+        return int(logits.argmax()), None
+    probs = probs_from_logits(logits[None], params)[0]  # [V]
+    return int(sample(probs, generator)), probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Draw one token id per row of ``probs`` (``[V]`` -> ``[]``, ``[n, V]`` -> ``[n]``), int64.
+
+    ``probs`` need not be normalised. Pass a seeded generator for reproducible output; None uses
+    torch's global generator.
+    """
+    ids = torch.multinomial(probs, 1, generator=generator)  # [1] or [n, 1]
+    return ids.squeeze(-1)
