@@ -26,10 +26,12 @@ EAGLE_ARCHITECTURES: Final[frozenset[str]] = frozenset({
 # Tensors only EAGLE-3 heads hold; vLLM accepts layers.0.* for midlayer.*.
 EAGLE3_TENSORS: Final[tuple[str, ...]] = ("d2t", "t2d", "midlayer.hidden_norm.weight", "layers.0.hidden_norm.weight")
 # A standalone MTP head (the format specsure documents and its trainer writes).
-MTP_HEAD_ARCHITECTURES: Final[frozenset[str]] = frozenset({"SpecsureMTPHead"})
+SPECSURE_MTP_HEAD: Final[str] = "SpecsureMTPHead"
+SPECSURE_MTP_MODEL_TYPE: Final[str] = "specsure_mtp"
+MTP_HEAD_ARCHITECTURES: Final[frozenset[str]] = frozenset({SPECSURE_MTP_HEAD})
 MTP_MODEL_TYPES: Final[frozenset[str]] = frozenset({
     "deepseek_mtp", "qwen3_next_mtp", "mimo_mtp", "glm4_moe_mtp", "ernie_mtp",
-    "longcat_flash_mtp", "pangu_ultra_moe_mtp", "specsure_mtp",
+    "longcat_flash_mtp", "pangu_ultra_moe_mtp", SPECSURE_MTP_MODEL_TYPE,
 })
 # Path tokens that hint at a method, longest first so "eagle3" wins over "eagle".
 PATH_HINTS: Final[tuple[tuple[str, str], ...]] = (("eagle3", "eagle3"), ("eagle", "eagle"), ("mtp", "mtp"))

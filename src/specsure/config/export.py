@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, Mapping
 
+from specsure.config.detect import MTP_HEAD_ARCHITECTURES
 from specsure.config.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ VLLM_MTP_MODEL_TYPES: Final[frozenset[str]] = frozenset({
     "step3p5_mtp", "mtp",
 })
 # Draft architectures that only specsure loads; no other engine has a model class for them.
-SPECSURE_ONLY_ARCHITECTURES: Final[frozenset[str]] = frozenset({"SpecsureMTPHead"})
+SPECSURE_ONLY_ARCHITECTURES: Final[frozenset[str]] = MTP_HEAD_ARCHITECTURES
 
 SGLANG_ALGORITHMS: Final[Mapping[str, str]] = {
     "ngram": "NGRAM", "draft_model": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN",

@@ -16,10 +16,13 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from specsure.config.checkpoint import load_config_json
+from specsure.config.detect import SPECSURE_MTP_HEAD, SPECSURE_MTP_MODEL_TYPE
+from specsure.config.errors import ConfigError
 from specsure.models.causal_lm import CausalLM
 from specsure.proposers.mtp import MTPModule
 
-HEAD_ARCH = "SpecsureMTPHead"
+HEAD_ARCH = SPECSURE_MTP_HEAD
 TRAINING_FILE = "training.json"
 """How the head was made (settings, data, figures); the engine does not read it."""
 
@@ -49,10 +52,10 @@ def check_out_dir(out: str | Path) -> Path:
 
 def _is_head(folder: Path) -> bool:
     try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        config = load_config_json(folder / "config.json")
+    except ConfigError:
         return False
-    return isinstance(config, dict) and HEAD_ARCH in (config.get("architectures") or [])
+    return HEAD_ARCH in (config.get("architectures") or [])
 
 
 def head_tensors(module: MTPModule, index: int = 0) -> dict[str, torch.Tensor]:
@@ -67,7 +70,7 @@ def head_tensors(module: MTPModule, index: int = 0) -> dict[str, torch.Tensor]:
 
 
 def head_config(lm: CausalLM) -> dict[str, Any]:
-    return {"architectures": [HEAD_ARCH], "model_type": "specsure_mtp", "num_nextn_predict_layers": 1,
+    return {"architectures": [HEAD_ARCH], "model_type": SPECSURE_MTP_MODEL_TYPE, "num_nextn_predict_layers": 1,
             "num_hidden_layers": 1, "hidden_size": lm.hidden_size, "vocab_size": lm.vocab_size,
             "torch_dtype": "float32"}
 
