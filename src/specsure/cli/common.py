@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -12,6 +13,26 @@ from typing import Any, Callable
 from specsure.config.errors import ConfigError
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+_ENGINE = ("torch", "transformers", "safetensors", "tokenizers", "gguf", "accelerate", "numpy", "tqdm")
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "engine": _ENGINE,
+    "serve": (*_ENGINE, "fastapi", "uvicorn", "prometheus_client"),
+    "bench": (*_ENGINE, "matplotlib"),
+    "train": _ENGINE,
+}
+"""The modules each install extra of pyproject.toml brings; `pip install specsure` brings none of them."""
+
+
+def missing_modules(extra: str) -> list[str]:
+    """The modules of ``extra`` that are not installed (found without importing them)."""
+    return [name for name in EXTRA_MODULES[extra] if importlib.util.find_spec(name) is None]
+
+
+def missing_extra_message(command: str, extra: str, missing: list[str]) -> str:
+    return (f"specsure {command} needs the {extra!r} extra, and {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not installed. Install it with: pip install 'specsure[{extra}]' "
+            "(explain, export and check-vllm work without it).")
 
 
 def parse_speculative_config(text: str | None, flag: str = "--speculative-config") -> dict[str, Any] | None:

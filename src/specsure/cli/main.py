@@ -6,10 +6,13 @@ import argparse
 import importlib
 import sys
 
-from specsure.cli.common import guarded, setup_logging
+from specsure.cli.common import EXIT_USAGE, guarded, missing_extra_message, missing_modules, setup_logging
 
 # One module per command, each with add_parser(subparsers) setting `run`.
 COMMANDS = ("explain", "generate", "demo", "bench", "export", "check_vllm", "serve", "train")
+EXTRA_OF: dict[str, str] = {"generate": "engine", "demo": "engine", "bench": "bench", "serve": "serve",
+                            "train": "train"}
+"""The install extra each engine command needs; the others run on a plain `pip install specsure`."""
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -24,8 +27,19 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = _command_in(argv)
     for name in COMMANDS if chosen is None else (chosen,):
-        importlib.import_module(f"specsure.cli.{name}").add_parser(sub)
+        if unavailable(name) is None:
+            importlib.import_module(f"specsure.cli.{name}").add_parser(sub)
+        else:
+            # Listed all the same, so --help shows every command and what to install for it.
+            sub.add_parser(name.replace("_", "-"), help=f"(needs pip install 'specsure[{EXTRA_OF[name]}]')")
     return parser
+
+
+def unavailable(name: str) -> str | None:
+    """Why command ``name`` cannot run here (its install extra is missing), or None."""
+    extra = EXTRA_OF.get(name)
+    missing = missing_modules(extra) if extra else []
+    return missing_extra_message(name.replace("_", "-"), extra, missing) if extra and missing else None
 
 
 def _command_in(argv: list[str] | None) -> str | None:
@@ -37,6 +51,10 @@ def _command_in(argv: list[str] | None) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    chosen = _command_in(argv)
+    if chosen is not None and (why := unavailable(chosen)) is not None:
+        print(f"error: {why}", file=sys.stderr)
+        return EXIT_USAGE
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
