@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from transformers import PreTrainedModel
 
+from specsure.models.errors import ModelLoadError
 from specsure.models.kv_cache import RollbackCache
 
 logger = logging.getLogger(__name__)
@@ -32,6 +34,74 @@ class ForwardOutput:
     the order given (HF `hidden_states[i]` is the input of layer i); None when no layers were
     asked for."""
 
+    def rows(self, n: int) -> "ForwardOutput":
+        """The first n rows (for example the committed positions of a verify forward)."""
+        if self.logits.shape[0] == n:
+            return self
+        cut = (lambda t: None if t is None else t[:n])
+        return ForwardOutput(logits=self.logits[:n], hidden=cut(self.hidden), aux_hidden=cut(self.aux_hidden))
+
+
+_Scaling = Literal["multiply_logits", "divide_logits", "divide_hidden"]
+
+_SCALED_HEADS: dict[str, tuple[str, _Scaling]] = {
+    # text-config model_type: (config field, what its *ForCausalLM.forward does with it), as
+    # transformers 5 writes them. One field name can mean opposite things (`logits_scaling`
+    # divides for Granite, multiplies for HyperCLOVAX), so the family decides, not the name.
+    "cohere": ("logit_scale", "multiply_logits"),
+    "cohere2": ("logit_scale", "multiply_logits"),
+    "cohere2_moe": ("logit_scale", "multiply_logits"),
+    "granite": ("logits_scaling", "divide_logits"),
+    "granite_swa": ("logits_scaling", "divide_logits"),
+    "granitemoe": ("logits_scaling", "divide_logits"),
+    "granitemoe_swa": ("logits_scaling", "divide_logits"),
+    "granitemoeshared": ("logits_scaling", "divide_logits"),
+    "granitemoehybrid": ("logits_scaling", "divide_logits"),
+    "hyperclovax": ("logits_scaling", "multiply_logits"),
+    "minicpm3": ("logits_scaling", "divide_hidden"),
+}
+
+
+@dataclass(frozen=True)
+class LogitsTransform:
+    """What an architecture's `*ForCausalLM.forward` does around its LM head.
+
+    CausalLM runs the base model and the head itself (draft heads need the head on their own
+    hidden states), so it must repeat these steps, in this order, to decode from the model's
+    own distribution. `CausalLM` checks at construction that nothing else is left out.
+    """
+
+    hidden_divisor: float = 1.0
+    """The post-norm hidden state is divided by this before the head (MiniCPM3)."""
+    multiplier: float = 1.0
+    """The head's logits are multiplied by this (Cohere's `logit_scale`)."""
+    divisor: float = 1.0
+    """The head's logits are divided by this (Granite's `logits_scaling`)."""
+    softcap: float | None = None
+    """Last, logits become `softcap * tanh(logits / softcap)` (Gemma-2's
+    `final_logit_softcapping`); None for no capping."""
+
+
+def logits_transform(text_config: Any) -> LogitsTransform:
+    """The LogitsTransform that a transformers text config declares (identity for most)."""
+    # Every family that has this field (Gemma 2/3/3n/4, VaultGemma, NanoChat, ...) caps the same way.
+    softcap = getattr(text_config, "final_logit_softcapping", None) or None
+    scaled = _SCALED_HEADS.get(getattr(text_config, "model_type", ""))
+    if scaled is None:
+        return LogitsTransform(softcap=softcap)
+    field, scaling = scaled
+    value = getattr(text_config, field, None)
+    value = 1.0 if value is None else float(value)
+    if scaling == "multiply_logits":
+        return LogitsTransform(multiplier=value, softcap=softcap)
+    if scaling == "divide_logits":
+        return LogitsTransform(divisor=value, softcap=softcap)
+    return LogitsTransform(hidden_divisor=value, softcap=softcap)
+
+
+# Tokens the load-time check runs: enough to see a transform, cheap next to loading the weights.
+_CHECK_TOKENS = 4
+
 
 class CausalLM:
     """A transformers causal LM plus its KV cache, fed incrementally, batch size 1.
@@ -42,7 +112,13 @@ class CausalLM:
     """
 
     def __init__(self, hf: PreTrainedModel) -> None:
-        """Wrap `hf` (a `*ForCausalLM` with a `base_model` and output embeddings)."""
+        """Wrap `hf` (a `*ForCausalLM` with a `base_model` and output embeddings).
+
+        Raises:
+            TypeError: `hf` has no separate base model or no LM head.
+            ModelLoadError: `hf(ids).logits` differ from base model + LM head + the known
+                LogitsTransform, so specsure would decode from the wrong distribution.
+        """
         self.hf = hf.eval()
         # The target is never trained here; frozen weights also let draft heads backprop
         # through `lm_head_logits` / `embed` without touching the target.
@@ -62,13 +138,14 @@ class CausalLM:
             raise TypeError(f"{type(hf).__name__} has no output embeddings (LM head).")
         self._head: torch.nn.Module = head
         self._embed: torch.nn.Module = hf.get_input_embeddings()
-        self._softcap: float | None = getattr(text_config, "final_logit_softcapping", None)
+        self.logits_transform: LogitsTransform = logits_transform(text_config)
         self._cache = RollbackCache()
         self._cache_len = 0
+        self._check_logits()
 
     def reset(self) -> None:
-        """Empty the KV cache."""
-        self._cache = RollbackCache()
+        """Empty the KV cache (its buffers are kept for the next sequence)."""
+        self._cache.clear()
         self._cache_len = 0
 
     @property
@@ -155,8 +232,54 @@ class CausalLM:
         return self._logits(hidden)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] post-norm states -> float32 [..., vocab], as `*ForCausalLM.forward` does."""
+        transform = self.logits_transform
+        if transform.hidden_divisor != 1.0:
+            hidden = hidden / transform.hidden_divisor  # model dtype, as the model divides it
+        # The scalar steps run in float32: at most a rounding step away from the model's own
+        # half-precision arithmetic, and the verifier works in float32 anyway.
         logits = self._head(hidden).float()
-        if self._softcap:
-            # Models such as Gemma-2 squash logits in their *ForCausalLM.forward, which we bypass.
-            logits = torch.tanh(logits / self._softcap) * self._softcap
+        if transform.multiplier != 1.0:
+            logits = logits * transform.multiplier
+        if transform.divisor != 1.0:
+            logits = logits / transform.divisor
+        if transform.softcap is not None:
+            logits = torch.tanh(logits / transform.softcap) * transform.softcap
         return logits
+
+    @torch.inference_mode()
+    def _check_logits(self) -> None:
+        """Refuse a model whose own forward does more around the head than `logits_transform` knows.
+
+        Runs a few tokens without any cache, so the KV cache stays empty. One forward: a hook
+        keeps what the base model returned inside `hf`'s own forward.
+        """
+        ids = torch.arange(1, _CHECK_TOKENS + 1) * (self.vocab_size - 1) // (_CHECK_TOKENS + 1)  # [n]
+        ids = ids.unsqueeze(0).to(self.hf.device)  # [1, n], spread over the vocabulary
+        base_outputs: list[Any] = []
+        hook = self._base.register_forward_hook(lambda _module, _args, out: base_outputs.append(out))
+        try:
+            expected = self.hf(input_ids=ids, use_cache=False).logits[0].float()  # [n, vocab']
+        finally:
+            hook.remove()
+        base_out = base_outputs[0] if base_outputs else self._base(input_ids=ids, use_cache=False)
+        got = self._logits(base_out.last_hidden_state[0])  # [n, vocab]
+        name = type(self.hf).__name__
+        if got.shape != expected.shape:
+            raise ModelLoadError(
+                f"{name} returns logits of shape {tuple(expected.shape)} where its base model + LM head "
+                f"give {tuple(got.shape)}; specsure cannot decode this architecture faithfully yet."
+            )
+        # Both paths run the same base model on the same inputs, so they differ only by how the
+        # head's scalar steps round: a few units of the model dtype's epsilon, relative to the
+        # largest logit. Any real transform (a scale, a cap, a bias) is far larger.
+        scale = max(1.0, float(expected.abs().max()))
+        tolerance = 8 * torch.finfo(self.dtype).eps * scale
+        error = float((got - expected).abs().max())
+        if not error <= tolerance:  # also catches NaN
+            raise ModelLoadError(
+                f"{name}: the logits of its own forward differ from its base model + LM head + "
+                f"{self.logits_transform} (max |difference| {error:.3g}, tolerance {tolerance:.3g}); its "
+                f"*ForCausalLM.forward transforms the logits in a way specsure does not reproduce, so "
+                f"specsure cannot decode this architecture faithfully yet."
+            )

@@ -95,7 +95,16 @@ class RollbackCache(DynamicCache):
     It subclasses DynamicCache so model code that checks for a dynamic cache accepts it.
     Every layer keeps full attention history (no sliding-window eviction), which is what
     lets `crop` roll back exactly for every architecture.
+
+    Under autograd, give each forward a fresh cache: appends write in place into buffers that
+    earlier attention calls saved for backward.
     """
 
     def __init__(self) -> None:
         Cache.__init__(self, layer_class_to_replicate=GrowableLayer)
+
+    def clear(self) -> None:
+        """Drop every cached position but keep the buffers, so the next sequence reuses them
+        (transformers' `reset` frees them instead)."""
+        for layer in self.layers:
+            layer.crop(-layer.get_seq_length())

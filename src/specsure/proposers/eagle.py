@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from specsure.config.detect import eagle3_tensor
 from specsure.config.errors import ConfigError
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import HeadCache, run_blocks, use_cache_slots
@@ -86,7 +87,7 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> EagleProposer
     weights = TensorFile(path)
     names = {n: n for n in weights.names}
     lm = target.lm
-    eagle3 = next((n for n in ("midlayer.hidden_norm.weight", "d2t", "t2d") if n in names), None)
+    eagle3 = eagle3_tensor(names)
     if "fc.weight" not in names or eagle3:
         what = (f"an EAGLE-3 head (tensor {eagle3!r})" if eagle3 else
                 f"not an EAGLE-1 head (no fc.weight among {sorted(names)[:4]}...)")

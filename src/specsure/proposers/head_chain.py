@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
-from specsure.decode.sampling import draw
+from specsure.sampling import draw
 from specsure.proposers.base import Draft, Proposer
 from specsure.proposers.head_layer import HeadCache, HeadModule
 
 if TYPE_CHECKING:
-    from specsure.decode.sampling import SamplingParams
+    from specsure.sampling import SamplingParams
     from specsure.models.causal_lm import ForwardOutput
 
 FeatureOf = Callable[["ForwardOutput"], torch.Tensor]
@@ -44,11 +44,13 @@ class HeadChainProposer(Proposer):
             raise ValueError("a head needs at least one module.")
         self.modules = list(modules)
         self._feature_of = feature_of
+        self._caches = [HeadCache() for _ in self.modules]
         self.reset()
 
     def reset(self) -> None:
         m = len(self.modules)
-        self._caches = [HeadCache() for _ in range(m)]
+        for cache in self._caches:
+            cache.crop(0)  # keeps the KV buffers for the next request
         self._done = [0] * m
         """Committed entries of each module (positions 0 .. done-1)."""
         self._inputs: list[torch.Tensor | None] = [None] * m

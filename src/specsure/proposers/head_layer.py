@@ -9,24 +9,27 @@ from __future__ import annotations
 from typing import Callable, Protocol
 
 import torch
-from transformers import DynamicCache
+
+from specsure.models.kv_cache import RollbackCache
 
 
 class HeadCache:
-    """One head module's KV cache (batch size 1) with exact rollback by crop."""
+    """One head module's KV cache (batch size 1) with exact rollback by crop.
+
+    The keys and values live in the same RollbackCache the target uses (preallocated buffers,
+    O(1) crop); this adds the positions and causal mask of the next entries. Under autograd
+    (training), use a fresh HeadCache for each forward, as RollbackCache requires.
+    """
 
     def __init__(self) -> None:
-        self.kv = DynamicCache()
+        self.kv = RollbackCache()
         self.length = 0
         """Entries held; the next entry's position."""
 
     def crop(self, keep: int) -> None:
-        """Keep only the first ``keep`` entries."""
+        """Keep only the first ``keep`` entries (the buffers stay allocated, even for 0)."""
         assert 0 <= keep <= self.length, f"crop to {keep} outside [0, {self.length}]"
         if keep == self.length:
-            return
-        if keep == 0:
-            self.kv, self.length = DynamicCache(), 0
             return
         self.kv.crop(keep - self.length)  # transformers 5.x: minus the number of entries to drop
         self.length = keep
@@ -94,6 +97,6 @@ def attend(attention: torch.nn.Module, x: torch.Tensor, cache: HeadCache, rotary
 
 
 def use_cache_slots(blocks: list[torch.nn.Module]) -> None:
-    """Number the blocks' attention 0.. so each module's DynamicCache holds only its own layers."""
+    """Number the blocks' attention 0.. so each module's cache holds only its own layers."""
     for i, block in enumerate(blocks):
         block.self_attn.layer_idx = i

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
+from specsure.config.compat import check_mtp_tensors, require_target_mtp
+from specsure.config.detect import SPECSURE_MTP_HEAD, SPECSURE_MTP_MODEL_TYPE, deepseek_mtp_prefix
 from specsure.config.errors import ConfigError
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import HeadCache, run_blocks, use_cache_slots
@@ -96,13 +98,12 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> MTPProposer:
     lm = target.lm
     text_config = lm.hf.config.get_text_config(decoder=True)
     if res.config.model is None:
-        count = res.target.mtp_layers
-        if count is None:
-            raise ConfigError(f"method 'mtp' without a 'model' needs MTP layers in the target, but {res.target.path!r} "
-                              "declares none (no num_nextn_predict_layers).")
-        key, modules = count
+        key, modules = require_target_mtp(res.target)
         label, weights = target.path, TensorFile(target.path)
-        prefixes = [f"model.layers.{lm.num_layers + i}." for i in range(modules)]
+        # The loaded folder, not the checkpoint given: a GGUF target's converted copy drops the modules.
+        check_mtp_tensors(weights.names, lm.num_layers, modules, holder=f"the weights in {label!r}",
+                          declared=res.target.signal(key))
+        prefixes = [deepseek_mtp_prefix(lm.num_layers, i) for i in range(modules)]
         block_config, where = copy.deepcopy(text_config), f"{res.target.config_file} {key}={modules}"
     else:
         label = res.config.model
@@ -115,11 +116,6 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> MTPProposer:
         for key in BLOCK_OVERRIDES:
             if key in config:
                 setattr(block_config, key, config[key])
-    first = prefixes[0] + "eh_proj.weight"
-    if first not in weights.names:
-        raise ConfigError(f"method 'mtp' reads MTP modules from {label!r} ({where}), but its weights hold no "
-                          f"{first!r}: the modules were not saved with it (a GGUF or re-saved target drops "
-                          "them). Give the original safetensors, or a standalone MTP head as 'model'.")
     base = lm.hf.base_model
     if not hasattr(base, "rotary_emb"):
         raise ConfigError(f"method 'mtp' supports targets with rotary position embeddings; {target.path!r} "
@@ -135,11 +131,13 @@ def _standalone_prefixes(config: dict[str, Any], weights: TensorFile, label: str
     archs = config.get("architectures") or []
     modules = int_field(config, "num_nextn_predict_layers", 1) or 1
     config_file = str(Path(label) / "config.json")
-    if "SpecsureMTPHead" in archs or config.get("model_type") == "specsure_mtp":
+    if SPECSURE_MTP_HEAD in archs or config.get("model_type") == SPECSURE_MTP_MODEL_TYPE:
         return [f"layers.{i}." for i in range(modules)], f"{config_file} num_nextn_predict_layers={modules}"
     layers = int_field(config, "num_hidden_layers")
-    if layers is not None and f"model.layers.{layers}.eh_proj.weight" in weights.names:
-        return ([f"model.layers.{layers + i}." for i in range(modules)],
+    if layers is not None and deepseek_mtp_prefix(layers, 0) + "eh_proj.weight" in weights.names:
+        check_mtp_tensors(weights.names, layers, modules, holder=f"the weights in {label!r}",
+                          declared=f"{config_file} num_nextn_predict_layers={modules}")
+        return ([deepseek_mtp_prefix(layers, i) for i in range(modules)],
                 f"{config_file} num_nextn_predict_layers={modules} (DeepSeek-V3 layout)")
     raise ConfigError(f"method 'mtp' needs an MTP head (config.json architectures [\"SpecsureMTPHead\"], or a model "
                       f"with num_nextn_predict_layers and model.layers.N.eh_proj.weight), but the draft checkpoint "
