@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from specsure.bench.cli import main
-from specsure.bench.plots import read_plot_data
+from specsure.cli.main import main
 from specsure.bench.results import ALL, BenchResults, first_divergence, prompt_result, summarize
 from specsure.bench.runners import Generation
 from specsure.bench.workload import CATEGORIES, WorkloadError, load_builtin, load_workload, select
@@ -155,7 +155,29 @@ def _fmt_ratio(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
-def test_tiny_end_to_end_outputs_agree(tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def _record_drawings(monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, Any]]:
+    """{file name: what its figure plots} for every figure saved from now on, read from the artists."""
+    from matplotlib.figure import Figure
+
+    drawn: dict[str, dict[str, Any]] = {}
+    savefig = Figure.savefig
+
+    def record(fig: Figure, fname: Any, *args: Any, **kwargs: Any) -> None:
+        savefig(fig, fname, *args, **kwargs)  # draws the figure, so tick labels are final
+        (ax,) = fig.axes
+        drawn[Path(fname).name] = {
+            "ticks": [t.get_text() for t in ax.get_xticklabels()],
+            "bars": {c.get_label(): [r.get_height() for r in c] for c in ax.containers},
+            "lines": {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+                      for line in ax.get_lines() if not line.get_label().startswith("_")},
+        }
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    return drawn
+
+
+def test_tiny_end_to_end_outputs_agree(tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
     rnd = random.Random(0)
     rows = []
     for category in ("summarization", "code"):
@@ -165,8 +187,9 @@ def test_tiny_end_to_end_outputs_agree(tiny_llama: Path, tmp_path: Path, capsys:
     workload = _write(tmp_path, *rows)
     out = tmp_path / "out"
     k = 3
+    drawn = _record_drawings(monkeypatch)
     code = main([
-        "--model", str(tiny_llama), "--workload", str(workload), "--dtype", "float32",
+        "bench", "--model", str(tiny_llama), "--workload", str(workload), "--dtype", "float32",
         "--methods", "ngram,draft_model,eagle", "--baselines", "hf,hf-prompt-lookup,hf-assisted",
         "--draft-model", str(tiny_llama), "-k", str(k), "--max-tokens", "16", "--repeats", "2", "--out", str(out),
     ])
@@ -187,8 +210,12 @@ def test_tiny_end_to_end_outputs_agree(tiny_llama: Path, tmp_path: Path, capsys:
             row = res.row(config, category)
             assert row is not None and row.tokens_per_s > 0
             assert row.speedup_vs_plain is not None and row.speedup_vs_hf is not None
-            # float32: every method must reproduce plain greedy decoding exactly.
-            assert row.outputs_equal in (None, True), (config, category, row.mismatches)
+            # float32: every other configuration must reproduce plain greedy decoding exactly;
+            # plain is the reference, the one configuration not compared.
+            if config == "plain":
+                assert row.outputs_equal is None and row.exact_match_rate is None
+            else:
+                assert row.outputs_equal is True and row.exact_match_rate == 1.0, (config, category, row.mismatches)
     assert res.row("plain").speedup_vs_plain == pytest.approx(1.0)
     assert res.row("draft_model").mean_acceptance_length > 1 + 0.5 * k  # draft = target accepts nearly all
     assert all(p.deterministic and len(p.seconds) == 2 for p in res.prompts)
@@ -203,11 +230,17 @@ def test_tiny_end_to_end_outputs_agree(tiny_llama: Path, tmp_path: Path, capsys:
         expected_len = "-" if row.mean_acceptance_length is None else f"{row.mean_acceptance_length:.2f}"
         assert cells["mean acc. len"] == expected_len
 
-    # The PNGs were drawn from the same numbers.
-    speedup = read_plot_data(out / "speedup.png")
-    assert speedup["categories"] == ["summarization", "code", ALL]
+    # The PNGs plot the same numbers: bar heights and line points, read from the figures' artists.
+    for name in ("speedup.png", "acceptance.png"):
+        assert (out / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n"), name
+    speedup, acceptance = drawn["speedup.png"], drawn["acceptance.png"]
+    categories = ["summarization", "code", ALL]
+    assert speedup["ticks"] == categories
+    assert list(speedup["bars"]) == configs
     for config in configs:
-        assert speedup["series"][config] == [res.row(config, c).speedup_vs_plain for c in speedup["categories"]]
-    acceptance = read_plot_data(out / "acceptance.png")
-    assert set(acceptance["series"]) == {"ngram", "draft_model"}
-    assert acceptance["series"]["draft_model"] == res.row("draft_model").per_position_acceptance
+        expected = [res.row(config, c).speedup_vs_plain for c in categories]
+        assert speedup["bars"][config] == pytest.approx(expected), config
+    assert set(acceptance["lines"]) == {"ngram", "draft_model"}
+    for config, (positions, rates) in acceptance["lines"].items():
+        assert positions == list(range(1, k + 1))
+        assert rates == pytest.approx(res.row(config).per_position_acceptance), config

@@ -11,7 +11,8 @@ from heads import (
 )
 
 from specsure import ConfigError, SamplingParams, make_engine, resolve
-from specsure.models.testing import build_tiny_llama
+from specsure.sampling import probs_from_logits
+from tiny import build_tiny_llama
 
 PROMPT = [5, 6, 7, 8, 9]
 GREEDY = SamplingParams(max_tokens=40, ignore_eos=True)
@@ -74,10 +75,46 @@ def test_the_first_feature_is_the_pending_tokens_position(target, tmp_path):
     assert_first_draft_is_pending_token(engine)
 
 
-def test_sampled_drafts_carry_q_rows(target, tmp_path):
+def test_sampled_drafts_carry_q_rows(target, tmp_path, monkeypatch):
+    """q row i is the head's own logits for draft token i through the target's transform, so the
+    verifier's p/q ratio is the right one; greedy drafts are point masses (q = None)."""
     engine = eagle_engine(target, write_eagle_head(tmp_path / "head", target), k=3)
-    out = engine.generate(PROMPT, SamplingParams(max_tokens=20, temperature=0.8, seed=3, ignore_eos=True))[0]
-    assert len(out.token_ids) == 20 and engine.stats.draft_tokens > 0
+    proposer, module = engine.proposer, engine.proposer.modules[0]
+    drafts = []  # (Draft, the head's last-row logits of each module call that made it)
+    calls: list[torch.Tensor] = []
+    real_forward, real_propose = module.forward, proposer.propose
+
+    def forward(*args):  # noqa: ANN002, ANN202
+        hidden, logits = real_forward(*args)
+        calls.append(logits[-1])  # every call drafts one token from its last row
+        return hidden, logits
+
+    def propose(*args):  # noqa: ANN002, ANN202
+        calls.clear()
+        draft = real_propose(*args)
+        drafts.append((draft, list(calls)))
+        return draft
+
+    monkeypatch.setattr(module, "forward", forward)
+    monkeypatch.setattr(proposer, "propose", propose)
+    params = SamplingParams(max_tokens=20, temperature=0.8, top_k=40, seed=3, ignore_eos=True)
+    out = engine.generate(PROMPT, params)[0]
+
+    assert len(out.token_ids) == 20 and drafts
+    assert sum(len(d.token_ids) for d, _ in drafts) == engine.stats.draft_tokens > 0
+    for draft, logits in drafts:
+        q = draft.probs
+        assert q is not None and q.shape == (len(draft.token_ids), 128) and q.dtype == torch.float32
+        assert len(logits) == len(draft.token_ids)
+        assert (q >= 0).all() and torch.allclose(q.sum(-1), torch.ones(len(q)))
+        assert ((q > 0).sum(-1) <= params.top_k).all()
+        for row, token, row_logits in zip(q, draft.token_ids, logits):
+            assert row[token] > 0, "drafted a token its own q rules out"
+            assert torch.equal(row, probs_from_logits(row_logits[None], params)[0])
+
+    drafts.clear()
+    engine.generate(PROMPT, SamplingParams(max_tokens=12, ignore_eos=True))
+    assert drafts and all(d.probs is None and d.token_ids for d, _ in drafts)
 
 
 # --- the wrong format, and validation -------------------------------------------------------------

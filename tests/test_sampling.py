@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from specsure.decode.sampling import SamplingParams, draw, probs_from_logits, sample
+from specsure.sampling import SamplingParams, draw, probs_from_logits, sample
 
 
 # --- SamplingParams validation: one case per bad value, asserting on the message -------------

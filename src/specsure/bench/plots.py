@@ -1,18 +1,11 @@
-"""speedup.png and acceptance.png, drawn from `BenchResults`.
-
-Each PNG carries the exact numbers it plots as JSON in a text chunk (key `PLOT_DATA_KEY`),
-so a test can check that a picture agrees with results.json without reading pixels.
-"""
+"""speedup.png and acceptance.png, drawn from `BenchResults`; each plot returns the numbers it drew."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from specsure.bench.results import ALL, BenchResults
-
-PLOT_DATA_KEY = "specsure-plot-data"
 
 
 def _pyplot():
@@ -47,9 +40,9 @@ def acceptance_data(results: BenchResults) -> dict[str, Any]:
     return {"series": series}
 
 
-def _save(fig, path: Path, data: dict[str, Any]) -> None:
+def _save(fig, path: Path) -> None:
     fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={PLOT_DATA_KEY: json.dumps(data)})
+    fig.savefig(path, dpi=110)
 
 
 def plot_speedup(results: BenchResults, path: Path) -> dict[str, Any]:
@@ -67,7 +60,7 @@ def plot_speedup(results: BenchResults, path: Path) -> dict[str, Any]:
     ax.set_ylabel(f"speedup vs {data['reference']} (tokens/s ratio)")
     ax.set_title(f"{results.meta.get('model', 'model')} · {results.meta.get('dtype', '')} · greedy, batch 1")
     ax.legend(fontsize=8, ncols=min(4, max(1, len(series))))
-    _save(fig, path, data)
+    _save(fig, path)
     plt.close(fig)
     return data
 
@@ -87,14 +80,7 @@ def plot_acceptance(results: BenchResults, path: Path) -> dict[str, Any]:
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate (per draft)")
     ax.set_title("per-position acceptance, all prompts")
-    _save(fig, path, data)
+    _save(fig, path)
     plt.close(fig)
     return data
 
-
-def read_plot_data(path: Path) -> dict[str, Any]:
-    """The numbers a PNG written here was drawn from."""
-    from PIL import Image
-
-    with Image.open(path) as image:
-        return json.loads(image.text[PLOT_DATA_KEY])

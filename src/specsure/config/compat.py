@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Collection
 
 from specsure.config.checkpoint import DEFAULT_INSTALL_HINT, CheckpointInfo, check_weight_files
-from specsure.config.detect import WHAT_IS, Evidence, deepseek_mtp_prefix, target_mtp
+from specsure.config.detect import WHAT_IS, Evidence, classify_head, deepseek_mtp_prefix, target_mtp
 from specsure.config.errors import ConfigError
 from specsure.config.schema import SpeculativeConfig
 
@@ -36,6 +36,12 @@ def check_runnable(target: CheckpointInfo, config: SpeculativeConfig | None, dra
         raise ConfigError(f"target: {target.note}. Install it with: {DEFAULT_INSTALL_HINT}, or pass --model.")
     if weights:
         check_weights(target, "target")
+    if (head := classify_head(target)) is not None:
+        asked = f"method {config.method!r} was asked, but " if config is not None else ""
+        raise ConfigError(
+            f"{asked}the target {target.path!r} is itself {WHAT_IS[head.value]} ({head.signal}), which drafts for a "
+            "target and cannot serve as one. Give the model it was trained for as the target, and this "
+            f"checkpoint as the speculative 'model' (method {head.value!r}).")
     if config is None:
         return
     method = config.method

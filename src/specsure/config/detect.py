@@ -64,6 +64,24 @@ class Evidence:
 
 def classify_draft(info: CheckpointInfo) -> Evidence | None:
     """What method a draft/head checkpoint is made for, from its metadata; None if it says nothing."""
+    if head := classify_head(info):
+        return head
+    archs = set(info.architectures)
+    if mtp := info.mtp_layers:
+        return Evidence("mtp", "checkpoint", info.signal(mtp[0]))
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs) and (info.num_hidden_layers or 0) >= 2:
+        return Evidence("draft_model", "checkpoint",
+                        f"{info.config_file or info.path} architectures={sorted(archs)}, "
+                        f"num_hidden_layers={info.num_hidden_layers}")
+    return None
+
+
+def classify_head(info: CheckpointInfo) -> Evidence | None:
+    """The head kind (eagle, eagle3, mtp) a checkpoint's metadata declares; None for anything else.
+
+    These are the signals that mark a checkpoint as a head. A model's own MTP layer count and a
+    whole causal LM are not among them, so a normal target (DeepSeek-V3, Llama) gives None.
+    """
     archs = set(info.architectures)
     names = info.tensor_names
     where = info.config_file or info.path
@@ -82,12 +100,25 @@ def classify_draft(info: CheckpointInfo) -> Evidence | None:
     if "fc.weight" in names:
         # Public EAGLE-1 heads often declare plain LlamaForCausalLM; their fc layer gives them away.
         return Evidence("eagle", "checkpoint", f"tensor 'fc.weight' in {info.path}")
-    if mtp := info.mtp_layers:
-        return Evidence("mtp", "checkpoint", info.signal(mtp[0]))
-    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs) and (info.num_hidden_layers or 0) >= 2:
-        return Evidence("draft_model", "checkpoint",
-                        f"{where} architectures={sorted(archs)}, num_hidden_layers={info.num_hidden_layers}")
     return None
+
+
+def target_as_draft(info: CheckpointInfo) -> Evidence | None:
+    """The target read as a draft (mtp without 'model'): head metadata, else a path hint.
+
+    vLLM runs its method detection on the target then, so specsure reads the same checkpoint.
+    A hint that agrees with the metadata is cited with it. The target's MTP layer count is not
+    head metadata, so a DeepSeek-V3 target gives None.
+    """
+    head, hint = classify_head(info), path_hint(info.path)
+    best = head or hint
+    if best is None:
+        return None
+    signal = best.signal
+    if head is not None and hint is not None and hint.value == head.value:
+        signal += f" and {hint.signal}"
+    return Evidence(best.value, best.source,
+                    f"{signal}, read from the target because mtp without 'model' drafts with the target")
 
 
 def eagle3_tensor(names: Collection[str]) -> str | None:

@@ -15,7 +15,9 @@ from typing import Any, Final, Literal, Mapping
 
 from specsure.config.checkpoint import CheckpointInfo, read_checkpoint
 from specsure.config.compat import check_runnable
-from specsure.config.detect import WHAT_IS, Evidence, classify_draft, path_hint, target_mtp
+from specsure.config.detect import (
+    WHAT_IS, Evidence, classify_draft, classify_head, path_hint, target_as_draft, target_mtp,
+)
 from specsure.config.errors import ConfigConflictError, ConfigError
 from specsure.config.explain import format_table
 from specsure.config.schema import (
@@ -58,6 +60,8 @@ class Resolution:
     strict: bool = False
     draft_evidence: Evidence | None = field(default=None, repr=False)
     """What the draft checkpoint's metadata says it is (None: silent or no draft)."""
+    target_head: Evidence | None = field(default=None, repr=False)
+    """The head kind the target's own metadata declares (None for a normal target)."""
 
     def source(self, name: str) -> Source:
         """Where a field's value came from: user, checkpoint, path, default or derived."""
@@ -113,7 +117,7 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, str
         return Resolution(config=None, decisions=MappingProxyType(decisions), warnings=(), target=target,
                           target_model=model, strict=strict)
     spec = parse_user_spec(speculative)
-    state = _State(spec=spec, target=target)
+    state = _State(spec=spec, target=target, target_head=classify_head(target))
     if spec.model is not UNSET and spec.model is not None:
         state.draft = _read_draft(spec.model)
         state.draft_evidence = classify_draft(state.draft)
@@ -131,7 +135,8 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, str
         logger.warning(text)
     config = SpeculativeConfig(**{name: decisions[name].value for name in FIELDS})
     return Resolution(config=config, decisions=MappingProxyType(decisions), warnings=warnings, target=target,
-                      draft=state.draft, target_model=model, strict=strict, draft_evidence=state.draft_evidence)
+                      draft=state.draft, target_model=model, strict=strict, draft_evidence=state.draft_evidence,
+                      target_head=state.target_head)
 
 
 def _target_decision(model: str | None, target: CheckpointInfo) -> Decision:
@@ -164,6 +169,7 @@ class _State:
 
     spec: UserSpec
     target: CheckpointInfo
+    target_head: Evidence | None = None
     draft: CheckpointInfo | None = None
     draft_evidence: Evidence | None = None
     notices: list[str] = field(default_factory=list)
@@ -175,9 +181,14 @@ class _State:
             f"Keeping your value {user!r}.")
 
     def method_evidence(self) -> Evidence | None:
-        """Evidence from the draft: its metadata, else a path hint (target MTP layers: decide_method)."""
+        """Evidence from the draft: its metadata, else a path hint (target MTP layers: decide_method).
+
+        A user's mtp without a draft drafts with the target, so the target is read as the draft.
+        """
         if self.draft is not None:
             return self.draft_evidence or path_hint(self.spec.model)
+        if self.spec.method == "mtp":
+            return target_as_draft(self.target)
         return None
 
     def decide_method(self) -> Decision:
@@ -198,12 +209,20 @@ class _State:
             return Decision("method", "draft_model", "default",
                             "A draft checkpoint was given and nothing in its metadata or path marks it as a "
                             "head, so it runs as an independent draft model.")
-        if mtp := target_mtp(self.target):
+        head = self.target_head
+        if (mtp := target_mtp(self.target)) and (head is None or head.value == "mtp"):
             return Decision("method", "mtp", "checkpoint",
                             f"No draft was given and the target declares MTP layers ({mtp.signal}).")
         if self.spec.prompt_lookup_min is not UNSET or self.spec.prompt_lookup_max is not UNSET:
             return Decision("method", "ngram", "derived",
                             "prompt_lookup_min/max were given, and only ngram uses them.")
+        if head is not None:
+            # A head cannot be the target, so neither its kind nor its MTP layer count fills the method.
+            raise ConfigError(
+                f"method is not set, no draft 'model' was given, and the target {self.target.path!r} is itself "
+                f"{WHAT_IS[head.value]} ({head.signal}), which drafts for a target and cannot serve as one. "
+                f"Give the model it was trained for as the target, and this checkpoint as 'model' "
+                f"(method {head.value!r}).")
         raise ConfigError(
             "method is not set and there is nothing to detect it from (no draft 'model', and the target "
             f"declares no MTP layers). Set method to one of {', '.join(METHODS)}, for example "

@@ -153,7 +153,7 @@ class Engine:
         lm.reset()
         if proposer is not None:
             proposer.reset()
-        out = lm.forward(prompt, hidden=self._hidden, aux_layers=self._aux_layers)
+        out = lm.forward(prompt, hidden=self._hidden, aux_layers=self._aux_layers, last_logits=1)
         if proposer is not None:
             proposer.observe(prompt, 0, out)
         output = [self._pick(out.logits[-1], params, gen)]

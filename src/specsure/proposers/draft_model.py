@@ -48,7 +48,7 @@ class DraftModelProposer(Proposer):
         # Always feed at least the pending token, whose logits give the first draft token.
         keep = min(keep, len(context) - 1)
         self.draft.crop(keep)
-        logits = self.draft.forward(context[keep:]).logits[-1]  # [vocab]
+        logits = self.draft.forward(context[keep:], last_logits=1).logits[-1]  # [vocab]
         self._fed = list(context)
         self._stable = len(context)
         token_ids: list[int] = []

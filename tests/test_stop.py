@@ -1,0 +1,69 @@
+"""Stop strings on a tiny model with a word-level tokenizer: exact token ids and text.
+
+The engine keeps the output tokens up to the one that completed the stop string, and the text
+ends just before the stop string, wherever it falls inside or across tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from words import write_word_tokenizer
+
+from specsure import SamplingParams, make_engine
+from tiny import build_tiny_llama
+
+PROMPT = "w5 w6 w7 w8 w5 w6 w7 w8 w5"
+FREE = [77, 124, 25, 25, 107, 57, 96, 5, 5, 5, 5, 82, 19, 88, 14, 104]
+"""The greedy output without stop strings: "w77 w124 w25 w25 w107 w57 w96 w5 ..."."""
+
+CASES = {
+    "ends inside a token, across a boundary": ("w124 w2", [77, 124, 25], "w77 "),
+    "inside a single token": ("10", [77, 124, 25, 25, 107], "w77 w124 w25 w25 w"),
+    "a trailing space is completed by the next token": ("w124 ", [77, 124, 25], "w77 "),
+    "the first of repeated matches": ("w25", [77, 124, 25], "w77 w124 "),
+    "the earliest of several stops, whatever their order": (["w57", "w124"], [77, 124], "w77 "),
+}
+ENGINES = {
+    "plain": None,
+    # A draft equal to the target is always accepted: each step commits k + 1 tokens and
+    # overshoots the stop string, so the engine must cut back to the completing token.
+    "draft_model = target, k = 4": {"method": "draft_model", "model": "{target}", "num_speculative_tokens": 4},
+}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = build_tiny_llama(tmp_path_factory.mktemp("stop") / "words", vocab_size=128, hidden_size=48,
+                              num_layers=3, seed=0)
+    return write_word_tokenizer(folder, 128)
+
+
+@pytest.fixture(scope="module", params=list(ENGINES))
+def engine(request: pytest.FixtureRequest, model: Path):  # noqa: ANN201
+    spec = ENGINES[request.param]
+    if spec is not None:
+        spec = {**spec, "model": str(model)}
+    return make_engine(str(model), spec, dtype="float32")
+
+
+def test_the_free_output_is_the_one_the_cases_are_written_for(engine) -> None:  # noqa: ANN001
+    out = engine.generate(PROMPT, SamplingParams(max_tokens=16))[0]
+    assert out.token_ids == FREE and out.finish_reason == "length"
+    assert out.text == " ".join(f"w{i}" for i in FREE)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_stop_string_keeps_the_completing_token_and_cuts_the_text(engine, case: str) -> None:  # noqa: ANN001
+    stop, token_ids, text = CASES[case]
+    out = engine.generate(PROMPT, SamplingParams(max_tokens=16, stop=stop))[0]
+    assert out.token_ids == token_ids
+    assert out.text == text
+    assert out.finish_reason == "stop"
+
+
+def test_a_stop_string_that_never_appears_changes_nothing(engine) -> None:  # noqa: ANN001
+    out = engine.generate(PROMPT, SamplingParams(max_tokens=16, stop=["w1000", "w5w5"]))[0]
+    assert out.token_ids == FREE and out.finish_reason == "length"
+    assert out.text == " ".join(f"w{i}" for i in FREE)
