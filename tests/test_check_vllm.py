@@ -167,7 +167,7 @@ def test_probe_script_imports_only_stdlib_and_vllm():
     roots = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
              for alias in node.names}
     roots |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert roots <= {"json", "os", "sys", "traceback", "vllm"}
+    assert roots <= {"importlib", "json", "os", "sys", "traceback", "vllm"}
 
 
 def test_real_probe_without_vllm_is_a_probe_error():

@@ -82,7 +82,7 @@ def test_torch_free_bench_modules_import_no_torch() -> None:
     assert all(f"`{name}`" in DOC.read_text(encoding="utf-8") for name in TORCH_FREE_BENCH)
 
 
-@pytest.mark.parametrize("module", ["specsure", "specsure.config", "specsure.vllm_check",
+@pytest.mark.parametrize("module", ["specsure", "specsure.config", "specsure.vllm_check", "specsure.vllm_plugin",
                                     *(f"specsure.bench.{name}" for name in TORCH_FREE_BENCH)])
 def test_torch_free_modules_load_without_torch(module: str) -> None:
     # The static check above misses what a module pulls in through others; importing it does not.

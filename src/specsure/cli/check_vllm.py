@@ -70,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
     notes = list(res.warnings) + list(exported.warnings)
     if version not in VLLM_TESTED_VERSIONS:
         notes.append(f"vLLM {version} is not a tested version ({', '.join(VLLM_TESTED_VERSIONS)}).")
+    if answer.get("specsure_plugin") and not check.ok:
+        notes.append("specsure's vLLM plugin is installed in that environment: with SPECSURE_VLLM_PLUGIN=enforce "
+                     "(the default) vLLM runs specsure's resolution or refuses to start, instead of the above "
+                     "(this check runs vLLM with the plugin off).")
     if args.json:
         data = check.to_dict()
         data["specsure_warnings"] = notes

@@ -44,6 +44,12 @@ def _probe(case):
     }
 
 
+def _plugin_installed():
+    from importlib.metadata import entry_points
+
+    return any(ep.name == "specsure" for ep in entry_points(group="vllm.general_plugins"))
+
+
 def _parallel_config():
     from vllm.config import ParallelConfig
 
@@ -69,7 +75,8 @@ def main():
             results.append({"error": f"{type(exc).__name__}: {exc}",
                             "traceback": traceback.format_exc(limit=6)})
     print(MARKER + json.dumps({"vllm_version": getattr(vllm, "__version__", "unknown"),
-                               "python": sys.executable, "pid": os.getpid(), "results": results},
+                               "python": sys.executable, "pid": os.getpid(), "results": results,
+                               "specsure_plugin": _plugin_installed()},
                               default=str), file=real_stdout)
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any, Final, Mapping, Sequence
@@ -35,8 +36,11 @@ def run_probe(python: str, cases: Sequence[Mapping[str, Any]], timeout: float = 
         raise ProbeError(f"no Python at {python!r}. Give --vllm-python, the interpreter of an environment "
                          f"with vLLM installed (make test-vllm creates .venv-vllm with vllm=={VLLM_TESTED_VERSIONS[-1]}).")
     try:
+        # check-vllm reports vLLM's own resolution; specsure's plugin, if installed there, would
+        # otherwise answer with specsure's (the probe says whether it is installed).
         done = subprocess.run([python, str(PROBE)], input=json.dumps(list(cases)), capture_output=True,
-                              text=True, timeout=timeout, check=False)
+                              text=True, timeout=timeout, check=False,
+                              env={**os.environ, "SPECSURE_VLLM_PLUGIN": "off"})
     except subprocess.TimeoutExpired:
         raise ProbeError(f"vLLM's config probe did not finish within {timeout:.0f} s ({python}).") from None
     except OSError as exc:

@@ -1,0 +1,71 @@
+"""After vLLM resolves: does it run the method and draft that were asked? Fail closed if not.
+
+vLLM rewrites some configs in ways no explicit key prevents (a DeepSeek-V3 draft's model_type
+becomes ``deepseek_mtp``, which makes any method ``mtp``). The guard reads vLLM's resolved
+SpeculativeConfig, compares it with specsure's resolution (or, when specsure could not resolve
+the config, with the user's explicit method and draft), and names every difference.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from specsure.config.schema import MTP_METHOD_ALIASES
+from specsure.vllm_check.compare import NO_DRAFT, compare
+from specsure.vllm_plugin.plan import Plan
+
+
+def resolved(spec: Any, target_model_type: str | None = None) -> dict[str, Any]:
+    """vLLM's SpeculativeConfig as the plain dict that ``vllm_check.compare`` reads."""
+    draft = getattr(spec, "draft_model_config", None)
+    hf = getattr(draft, "hf_config", None)
+    inner = getattr(hf, "model", None)  # vLLM's EAGLEConfig wraps the checkpoint's own config
+    return {"method": spec.method, "model": spec.model,
+            "num_speculative_tokens": spec.num_speculative_tokens,
+            "prompt_lookup_min": spec.prompt_lookup_min, "prompt_lookup_max": spec.prompt_lookup_max,
+            "draft_model_type": getattr(inner, "model_type", None) or getattr(hf, "model_type", None),
+            "draft_architectures": list(getattr(hf, "architectures", None) or []),
+            "target_model_type": target_model_type}
+
+
+def mismatches(plan: Plan, vllm: Mapping[str, Any], version: str) -> list[str]:
+    """One sentence per field where vLLM runs something else than was asked; empty when it agrees."""
+    res = plan.resolution
+    if res is not None and res.config is not None:
+        check = compare(res, vllm, exported=plan.handed or plan.user or {}, vllm_version=version)
+        out = []
+        for m in check.mismatches:
+            source = res.decisions[m.field].source
+            asked = res.decisions[m.field].value if source == "user" else m.specsure
+            out.append(_sentence(m.field, asked, source, m.vllm, m.cause, m.fix, version))
+        return out
+    return _explicit_mismatches(plan.user or {}, vllm, version)
+
+
+def _explicit_mismatches(user: Mapping[str, Any], vllm: Mapping[str, Any], version: str) -> list[str]:
+    """Guard mode without a resolution: the user's explicit method and draft must survive."""
+    out = []
+    method = user.get("method")
+    if isinstance(method, str):
+        asked = "mtp" if method in MTP_METHOD_ALIASES else method
+        if vllm.get("method") != asked:
+            out.append(_sentence("method", method, "user", vllm.get("method"),
+                                 "vLLM's own detection replaced an explicit method",
+                                 "check the checkpoint's folder name and model_type against what the method "
+                                 "needs (specsure check-vllm shows the cause)", version))
+    model = user.get("model", user.get("draft_model"))
+    theirs = vllm.get("model")
+    if isinstance(model, str) and theirs not in NO_DRAFT and not _same_path(model, theirs):
+        out.append(_sentence("model", model, "user", theirs, "vLLM replaced an explicit draft",
+                             "pass the draft explicitly and check the target for a speculators_config", version))
+    return out
+
+
+def _same_path(ours: str, theirs: Any) -> bool:
+    return isinstance(theirs, str) and (ours == theirs or os.path.realpath(ours) == os.path.realpath(theirs))
+
+
+def _sentence(name: str, asked: Any, source: str, vllm: Any, cause: str, fix: str, version: str) -> str:
+    who = "you asked for" if source == "user" else f"specsure resolved ({source})"
+    return f"{name}: {who} {asked!r}, but vLLM {version} would run {vllm!r}. Signal: {cause}. Fix: {fix}."

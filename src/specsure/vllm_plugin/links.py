@@ -1,0 +1,65 @@
+"""Neutral symbolic links: the same checkpoint folder under a path that vLLM's substring test passes.
+
+vLLM 0.33 switches methods when a draft (or, for mtp, the target) path merely contains
+``eagle-``, ``eagle3``, ``dflash`` or ``dspark``. The plugin hands vLLM a link to the same folder,
+named so that none of those substrings appear anywhere in its path. Links live in one cache
+folder, one per real folder, named deterministically, so repeated calls (vLLM runs plugins in
+every process) reuse the same link. Nothing is ever written through a link or outside the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from specsure.config.errors import ConfigError
+from specsure.config.export import neutral_name, vllm_path_trap
+
+
+def link_cache() -> Path:
+    """``$SPECSURE_VLLM_LINKS``, else ``$XDG_CACHE_HOME/specsure/vllm-links`` (``~/.cache`` by default)."""
+    chosen = os.environ.get("SPECSURE_VLLM_LINKS")
+    if chosen:
+        return Path(chosen).expanduser().absolute()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser().absolute() / "specsure" / "vllm-links"
+
+
+def link_name(real: Path) -> str:
+    """``<neutral folder name>-<12 hex digits of the real path's hash>``: stable for one folder."""
+    digest = hashlib.sha256(str(real).encode()).hexdigest()[:12]  # hex never spells a trap
+    return f"{neutral_name(real.name) or 'checkpoint'}-{digest}"
+
+
+def neutral_link(path: str) -> str:
+    """A path to the same folder as ``path`` that vLLM's method detection does not catch.
+
+    Raises:
+        ConfigError: the folder does not exist, or the cache folder's own path holds a trap
+            substring (set SPECSURE_VLLM_LINKS to a neutral folder).
+    """
+    real = Path(path).expanduser().resolve()
+    if not real.is_dir():
+        raise ConfigError(f"cannot make a neutral link for {path!r}: {real} is not a folder.")
+    cache = link_cache()
+    if (hit := vllm_path_trap(str(cache))) is not None:
+        raise ConfigError(f"the link cache {str(cache)!r} contains {hit[0]!r}, which vLLM's method detection "
+                          "catches too; set SPECSURE_VLLM_LINKS to a folder whose path does not.")
+    cache.mkdir(parents=True, exist_ok=True)
+    if cache.is_symlink() or not cache.is_dir():
+        raise ConfigError(f"the link cache {str(cache)!r} is not a plain folder; remove it or set "
+                          "SPECSURE_VLLM_LINKS.")
+    link = cache / link_name(real)
+    if os.path.islink(link) and os.readlink(link) == str(real):
+        return str(link)
+    if os.path.lexists(link) and not os.path.islink(link):
+        raise ConfigError(f"{str(link)!r} in the link cache is not a link; remove it, and specsure makes the link.")
+    # Written beside the final name and renamed over it, so another process sees either no link
+    # or a complete one, and a stale entry (a link elsewhere, a file) is replaced, never followed.
+    temp = cache / f".{link.name}.{os.getpid()}.tmp"
+    if os.path.lexists(temp):
+        os.unlink(temp)
+    os.symlink(real, temp, target_is_directory=True)
+    os.replace(temp, link)
+    return str(link)

@@ -1,0 +1,130 @@
+"""Wrapping vLLM's config code: the two places where vLLM 0.33 decides the speculative config.
+
+``EngineArgs.create_speculative_config`` builds vLLM's SpeculativeConfig, whose
+``__post_init__`` (a pydantic dataclass, so it cannot be patched after the class is built)
+detects the method from the draft path and model_type. The wrapper hands it specsure's fully
+explicit config, then compares what vLLM resolved with what was asked. ``arg_utils`` also
+imports ``maybe_override_with_speculators`` by value, which replaces the method and draft when
+the target is a speculators-format checkpoint; that name is wrapped where arg_utils looks it up.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any, Callable, Final, Literal
+
+from specsure.config.export import VLLM_TESTED_VERSIONS
+from specsure.config.schema import MTP_METHOD_ALIASES
+from specsure.vllm_plugin.guard import mismatches, resolved
+from specsure.vllm_plugin.plan import SPEC_FLAGS, make_plan, provenance, user_config
+
+Mode = Literal["enforce", "warn", "off"]
+MODES: Final[tuple[str, ...]] = ("enforce", "warn", "off")
+ENV: Final[str] = "SPECSURE_VLLM_PLUGIN"
+_MARK: Final[str] = "__specsure_wrapped__"
+
+# A child of vLLM's own logger, so the lines appear in vLLM's log with its format.
+logger = logging.getLogger("vllm.specsure")
+
+
+class PluginRefusal(ValueError):
+    """vLLM would run another speculative method or draft than the one configured."""
+
+
+def mode() -> Mode:
+    """SPECSURE_VLLM_PLUGIN: enforce (default), warn or off. Anything else stops vLLM with the choices."""
+    value = os.environ.get(ENV, "enforce").strip().lower() or "enforce"
+    if value not in MODES:
+        raise ValueError(f"{ENV}={os.environ.get(ENV)!r} is not a mode; use one of {', '.join(MODES)} "
+                         "(enforce refuses to start on a silent override, warn logs it, off does nothing).")
+    return value  # type: ignore[return-value]
+
+
+def install(engine_args: type, arg_utils: Any, version: str) -> bool:
+    """Wrap ``engine_args.create_speculative_config`` and ``arg_utils.maybe_override_with_speculators``.
+
+    Idempotent: vLLM runs plugins in every process, possibly more than once. Returns True when
+    this call installed the wrappers.
+    """
+    original = engine_args.create_speculative_config
+    if getattr(original, _MARK, False):
+        return False
+    tested = version in VLLM_TESTED_VERSIONS
+    if not tested:
+        logger.warning("specsure: vLLM %s is not a tested version (tested: %s); the plugin runs in guard mode "
+                       "only: it checks the resolved speculative config and refuses a silent override, but does "
+                       "not rewrite it.", version, ", ".join(VLLM_TESTED_VERSIONS))
+    engine_args.create_speculative_config = _wrap_create(original, version, rewrite=tested)
+    speculators = getattr(arg_utils, "maybe_override_with_speculators", None)
+    if speculators is not None and not getattr(speculators, _MARK, False):
+        arg_utils.maybe_override_with_speculators = _wrap_speculators(speculators, version)
+    return True
+
+
+def _refuse_or_warn(problems: list[str], what: str) -> None:
+    if not problems:
+        return
+    text = f"specsure: {what}: " + " ".join(problems)
+    if mode() == "warn":
+        logger.warning("%s (%s=warn: vLLM's choice stands.)", text, ENV)
+        return
+    raise PluginRefusal(f"{text} vLLM does not start ({ENV}=enforce); set {ENV}=warn to let vLLM's choice "
+                        f"stand, or {ENV}=off to disable the plugin.")
+
+
+def _wrap_create(original: Callable[..., Any], version: str, *, rewrite: bool) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def create_speculative_config(self: Any, target_model_config: Any, target_parallel_config: Any,
+                                  *args: Any, **kwargs: Any) -> Any:
+        if mode() == "off":
+            return original(self, target_model_config, target_parallel_config, *args, **kwargs)
+        flags = {attribute: getattr(self, attribute, None) for _, attribute, _ in SPEC_FLAGS}
+        user = user_config(self.speculative_config, flags)
+        target = str(getattr(target_model_config, "model", None) or self.model)
+        plan = make_plan(user, target, rewrite=rewrite)
+        for warning in plan.warnings:
+            logger.warning("specsure: %s", warning)
+        if plan.handed is not None:
+            self.speculative_config = dict(plan.handed)
+            for _, attribute, _ in SPEC_FLAGS:  # merged into the dict already; vLLM must not merge them again
+                if hasattr(self, attribute):
+                    setattr(self, attribute, None)
+        if user is not None:
+            logger.info("specsure: %s", provenance(plan))
+        spec = original(self, target_model_config, target_parallel_config, *args, **kwargs)
+        if spec is None or user is None:
+            return spec
+        target_type = getattr(getattr(target_model_config, "hf_config", None), "model_type", None)
+        _refuse_or_warn(mismatches(plan, resolved(spec, target_type), version),
+                        "vLLM resolved another speculative config than the one asked for")
+        return spec
+
+    setattr(create_speculative_config, _MARK, True)
+    return create_speculative_config
+
+
+def _wrap_speculators(original: Callable[..., Any], version: str) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def maybe_override_with_speculators(*args: Any, **kwargs: Any) -> Any:
+        asked = kwargs.get("vllm_speculative_config")
+        model, tokenizer, spec = original(*args, **kwargs)
+        if mode() == "off" or not isinstance(asked, dict) or not isinstance(spec, dict):
+            return model, tokenizer, spec
+        problems = []
+        for key in ("method", "model"):
+            mine, theirs = asked.get(key), spec.get(key)
+            if key == "method" and mine in MTP_METHOD_ALIASES:
+                mine = "mtp"
+            if mine is not None and mine != theirs:
+                problems.append(f"{key}: you asked for {mine!r}, but vLLM {version} would run {theirs!r}. Signal: "
+                                f"the target {kwargs.get('model', args[0] if args else '?')!r} is a speculators-"
+                                f"format checkpoint (config.json speculators_config), whose method and draft vLLM "
+                                f"locks. Fix: pass the verifier model as --model and your draft explicitly, or "
+                                f"drop {key!r} from --speculative-config to use the checkpoint's own.")
+        _refuse_or_warn(problems, "the target's speculators_config replaces your speculative config")
+        return model, tokenizer, spec
+
+    setattr(maybe_override_with_speculators, _MARK, True)
+    return maybe_override_with_speculators

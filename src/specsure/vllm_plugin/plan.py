@@ -1,0 +1,111 @@
+"""What the plugin hands vLLM: the user's speculative config resolved by specsure, every field explicit.
+
+Pure logic on plain values (no vLLM here), so it is tested without vLLM. The user's keys that
+specsure does not model (vLLM-only options such as ``draft_tensor_parallel_size``) pass through
+unchanged; specsure's own keys are resolved with its rules and written back explicitly, and a
+path that vLLM's substring test would catch is replaced by a neutral link to the same folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from specsure.config.errors import ConfigError
+from specsure.config.export import VLLM_DETECTION_SKIPPED, vllm_draft_path, vllm_path_trap
+from specsure.config.resolution import Resolution, resolve
+from specsure.config.schema import FIELDS, KEY_ALIASES
+from specsure.vllm_plugin.links import neutral_link
+
+SPEC_FLAGS: tuple[tuple[str, str, str], ...] = (
+    ("--spec-method", "spec_method", "method"), ("--spec-model", "spec_model", "model"),
+    ("--spec-tokens", "spec_tokens", "num_speculative_tokens"))
+"""vLLM 0.33's shorthand flags: (flag, EngineArgs attribute, speculative_config key)."""
+SPECSURE_KEYS: frozenset[str] = frozenset(FIELDS) | frozenset(KEY_ALIASES)
+
+
+def user_config(speculative_config: Mapping[str, Any] | None, flags: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The user's speculative config as vLLM merges it: the dict, plus the shorthand flags.
+
+    ``flags`` maps EngineArgs attribute names (``spec_method`` ...) to their values. A key given
+    both ways is a ValueError with vLLM's own words, as vLLM raises it.
+    """
+    merged = None if speculative_config is None else dict(speculative_config)
+    for flag, attribute, key in SPEC_FLAGS:
+        value = flags.get(attribute)
+        if value is None:
+            continue
+        merged = {} if merged is None else merged
+        if key in merged:
+            raise ValueError(f"{flag} and --speculative-config['{key}'] are mutually exclusive")
+        merged[key] = value
+    return None if merged is None else {str(k).replace("-", "_"): v for k, v in merged.items()}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The outcome of planning one create_speculative_config call."""
+
+    user: Mapping[str, Any] | None
+    """The user's config as written (dict plus shorthand flags)."""
+    resolution: Resolution | None = None
+    """specsure's resolution of the user's keys; None in guard mode."""
+    handed: dict[str, Any] | None = None
+    """What vLLM receives as speculative_config; None means the user's config unchanged."""
+    links: tuple[tuple[str, str], ...] = ()
+    """(path, neutral link) for each path replaced."""
+    guard_only: str = ""
+    """Why the config is handed to vLLM unchanged and only checked afterwards ('' when rewritten)."""
+    warnings: tuple[str, ...] = field(default=())
+    """What the plugin itself has to say; the resolution's own warnings (evidence that disagrees
+    with an explicit value) are logged by specsure.config as resolve() runs."""
+
+
+def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = True) -> Plan:
+    """Resolve the user's keys against ``target`` and build the explicit config for vLLM.
+
+    ``rewrite=False`` (an untested vLLM version) resolves only, for the guard's comparison.
+    A config specsure cannot resolve (a method it does not model, a target that is not a local
+    folder, a value outside specsure's own bounds) is handed over unchanged, and the guard still
+    compares vLLM's method and draft with the user's explicit ones.
+    """
+    if user is None:
+        return Plan(user=None)
+    ours = {k: v for k, v in user.items() if k in SPECSURE_KEYS}
+    theirs = {k: v for k, v in user.items() if k not in SPECSURE_KEYS}
+    try:
+        res = resolve(ours, model=target)
+    except ConfigError as exc:
+        return Plan(user=user, guard_only=f"specsure cannot resolve this config ({exc})")
+    if res.config is None:
+        return Plan(user=user, resolution=res, guard_only="speculation is off")
+    if not rewrite:
+        return Plan(user=user, resolution=res, guard_only="untested vLLM version")
+    warnings = []
+    try:
+        res.check_runnable(weights=False)
+    except ConfigError as exc:
+        # vLLM runs an explicit method whatever the checkpoint is; the plugin keeps the method and says so.
+        warnings.append(f"specsure's engine would refuse this config: {exc}")
+    handed = {**theirs, **res.config.to_vllm()}
+    links: list[tuple[str, str]] = []
+    where = vllm_draft_path(res)
+    if where is not None and res.config.method not in VLLM_DETECTION_SKIPPED and vllm_path_trap(where[0]):
+        link = neutral_link(where[0])
+        handed["model"] = link  # for mtp without a draft this names the target's own folder explicitly
+        links.append((where[0], link))
+    return Plan(user=user, resolution=res, handed=handed, links=tuple(links), warnings=tuple(warnings))
+
+
+def provenance(plan: Plan) -> str:
+    """The one log line: the effective config with each field's source, and any link used."""
+    if plan.resolution is None or plan.resolution.config is None:
+        return f"speculative config handed to vLLM unchanged ({plan.guard_only}); checked after vLLM resolves it"
+    line = f"effective speculative config: {plan.resolution.summary()}"
+    if plan.handed is not None:
+        line += f"; handed to vLLM as {plan.handed}"
+    for path, link in plan.links:
+        line += f"; {path!r} is passed as the neutral link {link!r}, which vLLM's path detection does not catch"
+    if plan.guard_only:
+        line += f" ({plan.guard_only}: handed unchanged, checked after vLLM resolves it)"
+    return line

@@ -1,0 +1,214 @@
+"""The vLLM plugin on stand-ins of vLLM's classes (tests/vllm_standin.py): rewrite, guard, modes, links.
+
+The same cases run against the real vLLM 0.33.0 in tests/vllm/test_plugin.py (`make test-vllm`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+import vllm_standin
+from checkpoints import deepseek_v3, eagle3_head, llama, write_checkpoint
+from specsure.vllm_plugin import PluginRefusal
+from specsure.vllm_plugin.links import link_name, neutral_link
+from specsure.vllm_plugin.patch import install
+from specsure.vllm_plugin.plan import make_plan, user_config
+
+TESTED = "0.33.0"
+
+
+@pytest.fixture(autouse=True)
+def _links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECSURE_VLLM_LINKS", str(tmp_path / "links"))
+    monkeypatch.delenv("SPECSURE_VLLM_PLUGIN", raising=False)
+
+
+@pytest.fixture
+def models(tmp_path: Path) -> dict[str, str]:
+    root = tmp_path / "models"
+    made = {
+        "target": llama(layers=4), "small-draft": llama(), "my-eagle-draft": llama(), "beagle-7b": llama(),
+        "MY-EAGLE-DRAFT": llama(), "dsv3": deepseek_v3(), "beagle-dsv3": deepseek_v3(),
+        "EAGLE3-LLaMA-head": eagle3_head(), "eagle-experiments/draft": llama(), "beagle-target": deepseek_v3(),
+    }
+    return {name: str(write_checkpoint(root / name, config)) for name, config in made.items()}
+
+
+def vllm(model: str, version: str = TESTED, speculators: dict | None = None, **engine_kwargs):
+    """Build the speculative config the way vLLM would, with the plugin installed (or not: version=None)."""
+    module = vllm_standin.arg_utils(speculators)
+    if version is not None:
+        install(module.EngineArgs, module, version)
+    args = module.EngineArgs(model, **engine_kwargs)
+    if isinstance(args.speculative_config, dict):
+        module.maybe_override_with_speculators(model, None, False, vllm_speculative_config=args.speculative_config)
+    return args.create_speculative_config(vllm_standin.ModelConfig(model), None)
+
+
+def same_folder(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+# --- what the stand-in does without the plugin: the overrides we fix ---------------------------
+
+def test_without_the_plugin_the_standin_overrides_as_vllm_does(models):
+    assert vllm(models["beagle-dsv3"], None, speculative_config={"method": "mtp", "num_speculative_tokens": 1}
+                ).method == "eagle"
+    assert vllm(models["target"], None, speculative_config={"method": "draft_model", "model": models["beagle-7b"]}
+                ).method == "eagle"
+    assert vllm(models["target"], None, speculative_config={"method": "draft_model", "model": models["dsv3"]}
+                ).method == "mtp"
+
+
+# --- enforce (the default) ----------------------------------------------------------------------
+
+def test_the_seed_case_runs_mtp_on_the_target_itself(models, caplog):
+    with caplog.at_level(logging.INFO, logger="vllm.specsure"):
+        spec = vllm(models["beagle-dsv3"], speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+    assert spec.method == "mtp" and same_folder(spec.model, models["beagle-dsv3"])
+    assert "eagle-" not in spec.model.lower()
+    line = next(r.message for r in caplog.records if "effective speculative config" in r.message)
+    assert "method='mtp' (user)" in line and "num_speculative_tokens=1 (user)" in line and "neutral link" in line
+
+
+@pytest.mark.parametrize("name", ["my-eagle-draft", "beagle-7b", "MY-EAGLE-DRAFT", "eagle-experiments/draft",
+                                  "EAGLE3-LLaMA-head"])
+def test_an_explicit_draft_model_keeps_its_method_and_draft(models, name):
+    spec = vllm(models["target"], speculative_config={"method": "draft_model", "model": models[name]})
+    assert spec.method == "draft_model" and same_folder(spec.model, models[name])
+
+
+def test_explicit_mtp_with_a_draft_in_a_beagle_folder_is_kept(models):
+    spec = vllm(models["target"], speculative_config={"method": "mtp", "model": models["beagle-target"],
+                                                      "num_speculative_tokens": 1})
+    assert spec.method == "mtp" and same_folder(spec.model, models["beagle-target"])
+
+
+def test_a_model_type_rewrite_is_refused_naming_both_sides_and_the_fix(models):
+    with pytest.raises(PluginRefusal) as err:
+        vllm(models["target"], speculative_config={"method": "draft_model", "model": models["dsv3"]})
+    text = str(err.value)
+    assert "method: you asked for 'draft_model'" in text and "would run 'mtp'" in text
+    assert "deepseek_v3" in text and "Fix:" in text and "SPECSURE_VLLM_PLUGIN=warn" in text
+
+
+def test_neutral_configs_pass_through_unchanged(models):
+    spec = vllm(models["target"], speculative_config={"model": models["small-draft"], "num_speculative_tokens": 3})
+    assert (spec.method, spec.model, spec.num_speculative_tokens) == ("draft_model", models["small-draft"], 3)
+    ngram = vllm(models["target"], speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    assert (ngram.method, ngram.prompt_lookup_min, ngram.prompt_lookup_max) == ("ngram", 2, 5)
+
+
+def test_spec_flags_are_resolved_like_the_dict(models):
+    spec = vllm(models["beagle-dsv3"], spec_method="mtp", spec_tokens=1)
+    assert spec.method == "mtp" and same_folder(spec.model, models["beagle-dsv3"])
+    with pytest.raises(ValueError, match=r"--spec-method and --speculative-config\['method'\] are mutually exclusive"):
+        vllm(models["target"], speculative_config={"method": "ngram"}, spec_method="ngram")
+
+
+def test_vllm_only_keys_pass_through(models):
+    spec = vllm(models["target"], speculative_config={"model": models["small-draft"],
+                                                      "draft_tensor_parallel_size": 1})
+    assert spec.extra == {"draft_tensor_parallel_size": 1}
+
+
+def test_a_method_specsure_does_not_model_is_guarded_not_rewritten(models):
+    spec = vllm(models["target"], speculative_config={"method": "suffix", "num_speculative_tokens": 4})
+    assert spec.method == "suffix"
+
+
+def test_a_speculators_target_that_replaces_the_method_is_refused(models):
+    with pytest.raises(PluginRefusal, match=r"method: you asked for 'ngram', but vLLM 0\.33\.0 would run 'eagle3'"):
+        vllm(models["target"], speculators={"method": "eagle3", "num_speculative_tokens": 3},
+             speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+
+
+# --- warn, off, bad mode, untested versions -----------------------------------------------------
+
+def test_warn_lets_vllms_choice_stand_and_says_so(models, monkeypatch, caplog):
+    monkeypatch.setenv("SPECSURE_VLLM_PLUGIN", "warn")
+    with caplog.at_level(logging.WARNING, logger="vllm.specsure"):
+        spec = vllm(models["target"], speculative_config={"method": "draft_model", "model": models["dsv3"]})
+    assert spec.method == "mtp"
+    assert any("you asked for 'draft_model'" in r.message and "vLLM's choice stands" in r.message
+               for r in caplog.records)
+
+
+def test_off_restores_vllms_behaviour(models, monkeypatch):
+    monkeypatch.setenv("SPECSURE_VLLM_PLUGIN", "off")
+    assert vllm(models["beagle-dsv3"], speculative_config={"method": "mtp", "num_speculative_tokens": 1}
+                ).method == "eagle"
+
+
+def test_a_bad_mode_stops_vllm_with_the_choices(models, monkeypatch):
+    monkeypatch.setenv("SPECSURE_VLLM_PLUGIN", "enforced")
+    with pytest.raises(ValueError, match="SPECSURE_VLLM_PLUGIN='enforced' is not a mode; use one of enforce, warn, off"):
+        vllm(models["target"], speculative_config={"method": "ngram"})
+
+
+def test_an_untested_version_only_guards(models, caplog):
+    with caplog.at_level(logging.WARNING, logger="vllm.specsure"):
+        module = vllm_standin.arg_utils()
+        assert install(module.EngineArgs, module, "9.9.9")
+    assert "not a tested version" in caplog.text and "guard mode only" in caplog.text
+    args = module.EngineArgs(models["beagle-dsv3"], speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+    with pytest.raises(PluginRefusal, match=r"you asked for 'mtp', but vLLM 9\.9\.9 would run 'eagle'"):
+        args.create_speculative_config(vllm_standin.ModelConfig(models["beagle-dsv3"]), None)
+
+
+def test_install_is_idempotent(models):
+    module = vllm_standin.arg_utils()
+    assert install(module.EngineArgs, module, TESTED) is True
+    wrapped = module.EngineArgs.create_speculative_config
+    assert install(module.EngineArgs, module, TESTED) is False
+    assert module.EngineArgs.create_speculative_config is wrapped
+
+
+# --- the neutral link cache ---------------------------------------------------------------------
+
+def test_links_are_deterministic_and_reused(models, tmp_path):
+    first = neutral_link(models["my-eagle-draft"])
+    assert neutral_link(models["my-eagle-draft"]) == first
+    assert Path(first).parent == tmp_path / "links" and os.readlink(first) == models["my-eagle-draft"]
+    assert "eagle-" not in first.lower() and "eagle3" not in first.lower()
+    assert Path(first).name == link_name(Path(models["my-eagle-draft"]))
+    assert neutral_link(models["beagle-7b"]) != first
+
+
+def test_a_stale_link_is_replaced_never_followed(models, tmp_path):
+    link = Path(neutral_link(models["my-eagle-draft"]))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link.unlink()
+    link.symlink_to(elsewhere)
+    assert neutral_link(models["my-eagle-draft"]) == str(link)
+    assert os.readlink(link) == models["my-eagle-draft"] and not any(elsewhere.iterdir())
+
+
+def test_the_link_cache_refuses_a_trapped_path_and_non_links(models, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSURE_VLLM_LINKS", str(tmp_path / "eagle-links"))
+    with pytest.raises(ValueError, match="contains 'eagle-'.*SPECSURE_VLLM_LINKS"):
+        neutral_link(models["my-eagle-draft"])
+    monkeypatch.setenv("SPECSURE_VLLM_LINKS", str(tmp_path / "links"))
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / link_name(Path(models["beagle-7b"]))).mkdir()
+    with pytest.raises(ValueError, match="is not a link"):
+        neutral_link(models["beagle-7b"])
+
+
+# --- the plan on its own -------------------------------------------------------------------------
+
+def test_user_config_merges_the_flags_as_vllm_does():
+    assert user_config(None, {}) is None
+    assert user_config({"num-speculative-tokens": 2}, {"spec_method": "ngram"}) == {
+        "num_speculative_tokens": 2, "method": "ngram"}
+
+
+def test_the_plan_warns_when_specsures_engine_would_refuse(models):
+    plan = make_plan({"method": "draft_model", "model": models["EAGLE3-LLaMA-head"]}, models["target"])
+    assert plan.handed is not None and plan.handed["method"] == "draft_model"
+    assert any("would refuse" in w and "EAGLE-3 head" in w for w in plan.warnings)
