@@ -12,6 +12,7 @@ from transformers import PreTrainedModel
 
 from specsure.models.errors import ModelLoadError
 from specsure.models.kv_cache import RollbackCache
+from specsure.models.native import NativeDecoder, project
 
 logger = logging.getLogger(__name__)
 
@@ -112,8 +113,12 @@ class CausalLM:
     the kept prefix (up to float rounding from different kernel shapes).
     """
 
-    def __init__(self, hf: PreTrainedModel) -> None:
+    def __init__(self, hf: PreTrainedModel, *, native: bool = True) -> None:
         """Wrap `hf` (a `*ForCausalLM` with a `base_model` and output embeddings).
+
+        `native=True` runs Llama-family decoders through `NativeDecoder` (fused projections,
+        no per-module overhead); other architectures, or `native=False`, run transformers' own
+        modules. `path` says which one runs, and why.
 
         Raises:
             TypeError: `hf` has no separate base model or no LM head.
@@ -140,6 +145,9 @@ class CausalLM:
         self._head: torch.nn.Module = head
         self._embed: torch.nn.Module = hf.get_input_embeddings()
         self.logits_transform: LogitsTransform = logits_transform(text_config)
+        self._native, why = NativeDecoder.build(hf) if native else (None, "native=False was asked")
+        self.path: str = f"{'native' if self._native else 'transformers'} ({why})"
+        """Which forward runs the decoder layers, and why: 'native (...)' or 'transformers (...)'."""
         self._cache = RollbackCache()
         self._cache_len = 0
         self._check_logits()
@@ -189,24 +197,24 @@ class CausalLM:
         for layer in aux_layers:
             if not 0 <= layer < self.num_layers:
                 raise ValueError(f"aux layer {layer} is out of range [0, {self.num_layers}).")
-        ids = torch.tensor([list(token_ids)], dtype=torch.long)  # [1, n]
-        # Explicit positions keep RoPE correct whatever the cache reports after a crop.
-        positions = torch.arange(start, start + n, dtype=torch.long).unsqueeze(0)  # [1, n]
-        # Asking only for the selected layers keeps the hooks from holding every layer's state.
-        want = list(aux_layers) if aux_layers else False
-        out = self._base(
-            input_ids=ids,
-            position_ids=positions,
-            cache=self._cache,
-            use_cache=True,
-            output_hidden_states=want,
-        )
-        self._cache_len = start + n
-        last = out.last_hidden_state[0]  # [n, hidden]
+        ids = torch.tensor(list(token_ids), dtype=torch.long)  # [n]
         aux = None
-        if aux_layers:
-            states = out.hidden_states
-            aux = torch.cat([states[i][0] for i in aux_layers], dim=-1)  # [n, len * hidden]
+        if self._native is not None:
+            last, entering = self._native.forward(ids, start, self._cache, aux_layers)  # [n, hidden]
+            if aux_layers:
+                aux = torch.cat(entering, dim=-1)  # [n, len * hidden]
+        else:
+            # Explicit positions keep RoPE correct whatever the cache reports after a crop.
+            positions = torch.arange(start, start + n, dtype=torch.long).unsqueeze(0)  # [1, n]
+            # Asking only for the selected layers keeps the hooks from holding every layer's state.
+            want = list(aux_layers) if aux_layers else False
+            out = self._base(input_ids=ids.unsqueeze(0), position_ids=positions, cache=self._cache, use_cache=True,
+                             output_hidden_states=want)
+            last = out.last_hidden_state[0]  # [n, hidden]
+            if aux_layers:
+                states = out.hidden_states
+                aux = torch.cat([states[i][0] for i in aux_layers], dim=-1)  # [n, len * hidden]
+        self._cache_len = start + n
         rows = last if last_logits is None else last[max(0, n - last_logits):]
         return ForwardOutput(logits=self._logits(rows), hidden=last if hidden else None, aux_hidden=aux)
 
@@ -244,7 +252,11 @@ class CausalLM:
             hidden = hidden / transform.hidden_divisor  # model dtype, as the model divides it
         # The scalar steps run in float32: at most a rounding step away from the model's own
         # half-precision arithmetic, and the verifier works in float32 anyway.
-        logits = self._head(hidden).float()
+        head = self._head
+        if hidden.dim() == 2 and type(head) is torch.nn.Linear:
+            logits = project(hidden, head.weight, head.bias).float()  # one row: the faster, bit-identical mv
+        else:
+            logits = head(hidden).float()
         if transform.multiplier != 1.0:
             logits = logits * transform.multiplier
         if transform.divisor != 1.0:

@@ -74,8 +74,8 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
     tokenizer = _load_tokenizer(folder)
     lm = CausalLM(hf)
     logger.info(
-        "loaded %s (%s, %d layers, vocab %d, %s) in %.1f s",
-        folder, type(hf).__name__, lm.num_layers, lm.vocab_size, lm.dtype, time.perf_counter() - started,
+        "loaded %s (%s, %d layers, vocab %d, %s; forward: %s) in %.1f s",
+        folder, type(hf).__name__, lm.num_layers, lm.vocab_size, lm.dtype, lm.path, time.perf_counter() - started,
     )
     return LoadedModel(
         lm=lm,
