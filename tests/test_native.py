@@ -10,7 +10,7 @@ from transformers import (
 )
 
 from specsure.models import CausalLM
-from specsure.models.native import unsupported
+from specsure.models.native import TokenTree, unsupported
 
 SHAPE = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256)
@@ -76,3 +76,51 @@ def test_other_architectures_run_on_transformers_and_say_why():
     assert unsupported(MistralConfig(**SHAPE, sliding_window=16)) == "Mistral's sliding window is not implemented natively"
     assert unsupported(LlamaConfig(**SHAPE, hidden_act="gelu")) == "hidden_act 'gelu' is not silu"
     assert unsupported(LlamaConfig(**SHAPE)) is None
+
+
+# --- token trees: one forward over several candidate continuations, then the accepted path kept ---
+
+TREE = (-1, 0, 1, 0, 3, 3, 5)  # root; chain 1-2; branch 3 with children 4 and 5-6
+TREE_IDS = [7, 21, 33, 45, 60, 71, 84]
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "transformers"])
+def test_each_tree_node_sees_exactly_its_path(native):
+    cls, config = FAMILIES["llama"]
+    lm, ref = CausalLM(_model(cls, config), native=native), CausalLM(_model(cls, config), native=native)
+    prefix = [3, 14, 15, 92, 65]
+    lm.forward(prefix)
+    tree = TokenTree.from_parents(TREE)
+    got = lm.forward(TREE_IDS, tree=tree).logits  # [7, vocab]
+    for node in range(len(TREE)):  # each node's logits equal a plain forward over its own path
+        path, i = [], node
+        while i != -1:
+            path.insert(0, TREE_IDS[i])
+            i = TREE[i]
+        ref.reset()
+        torch.testing.assert_close(got[node], ref.forward(prefix + path).logits[-1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "transformers"])
+def test_keeping_the_accepted_path_leaves_the_cache_as_if_only_it_was_fed(native):
+    cls, config = FAMILIES["qwen2"]
+    lm, ref = CausalLM(_model(cls, config), native=native), CausalLM(_model(cls, config), native=native)
+    prefix = [3, 14, 15, 92, 65]
+    lm.forward(prefix)
+    lm.forward(TREE_IDS, tree=TokenTree.from_parents(TREE))
+    lm.keep(len(prefix), [0, 3, 5, 6])  # the path root -> 3 -> 5 -> 6
+    assert lm.cache_len == len(prefix) + 4
+    ref.forward(prefix + [TREE_IDS[i] for i in (0, 3, 5, 6)])
+    torch.testing.assert_close(lm.forward([9, 10]).logits, ref.forward([9, 10]).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_malformed_trees_and_paths_are_refused():
+    with pytest.raises(ValueError, match="not a tree in order"):
+        TokenTree.from_parents([0, 0])
+    with pytest.raises(ValueError, match="not a tree in order"):
+        TokenTree.from_parents([-1, 2, 0])
+    cls, config = FAMILIES["llama"]
+    lm = CausalLM(_model(cls, config))
+    lm.forward([1, 2, 3])
+    with pytest.raises(ValueError, match="ascending, distinct"):
+        lm.keep(1, [1, 0])

@@ -12,7 +12,7 @@ from transformers import PreTrainedModel
 
 from specsure.models.errors import ModelLoadError
 from specsure.models.kv_cache import RollbackCache
-from specsure.models.native import NativeDecoder, project
+from specsure.models.native import NativeDecoder, TokenTree, attention_mask, project
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +170,7 @@ class CausalLM:
         hidden: bool = False,
         aux_layers: tuple[int, ...] = (),
         last_logits: int | None = None,
+        tree: TokenTree | None = None,
     ) -> ForwardOutput:
         """Run `token_ids` at positions `cache_len ..` and append them to the cache.
 
@@ -180,6 +181,9 @@ class CausalLM:
             last_logits: compute logits for only the last this many positions (None: all). A
                 prefill reads one row; the full-vocabulary head over every prompt row would
                 cost more than a decode step.
+            tree: the tokens form a token tree (node 0 first): each sits at `cache_len + depth`
+                and sees only its ancestors. Afterwards `keep` the accepted path; until then
+                the cache holds every node.
 
         Raises:
             ValueError: no tokens, an aux layer out of range, or the context would exceed
@@ -200,16 +204,19 @@ class CausalLM:
         ids = torch.tensor(list(token_ids), dtype=torch.long)  # [n]
         aux = None
         if self._native is not None:
-            last, entering = self._native.forward(ids, start, self._cache, aux_layers)  # [n, hidden]
+            last, entering = self._native.forward(ids, start, self._cache, aux_layers, tree)  # [n, hidden]
             if aux_layers:
                 aux = torch.cat(entering, dim=-1)  # [n, len * hidden]
         else:
             # Explicit positions keep RoPE correct whatever the cache reports after a crop.
-            positions = torch.arange(start, start + n, dtype=torch.long).unsqueeze(0)  # [1, n]
+            offsets = torch.arange(n, dtype=torch.long) if tree is None else tree.depths
+            positions = (start + offsets).unsqueeze(0)  # [1, n]
+            # transformers takes a 4D boolean mask as given (True = attend) with explicit positions.
+            mask = None if tree is None else attention_mask(start, n, tree)[None, None]  # [1, 1, n, start + n]
             # Asking only for the selected layers keeps the hooks from holding every layer's state.
             want = list(aux_layers) if aux_layers else False
-            out = self._base(input_ids=ids.unsqueeze(0), position_ids=positions, cache=self._cache, use_cache=True,
-                             output_hidden_states=want)
+            out = self._base(input_ids=ids.unsqueeze(0), position_ids=positions, attention_mask=mask,
+                             cache=self._cache, use_cache=True, output_hidden_states=want)
             last = out.last_hidden_state[0]  # [n, hidden]
             if aux_layers:
                 states = out.hidden_states
@@ -236,6 +243,16 @@ class CausalLM:
         self._cache.crop(length - self._cache_len)
         self._cache_len = length
         assert self._cache.get_seq_length() == length, "KV cache length out of sync after crop"
+
+    @torch.inference_mode()
+    def keep(self, start: int, offsets: Sequence[int]) -> None:
+        """After a tree forward at `start`: keep fed tokens `offsets` (ascending: the accepted
+        path) as positions `start ..`, and drop every other node."""
+        if not offsets or list(offsets) != sorted(set(offsets)) or start + offsets[-1] >= self._cache_len:
+            raise ValueError(f"keep offsets {list(offsets)} must be ascending, distinct and inside the "
+                             f"{self._cache_len - start} tokens fed at {start}.")
+        self._cache.compact(start, torch.tensor(list(offsets), dtype=torch.long))
+        self._cache_len = start + len(offsets)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """The input embedding of `token_ids` (any shape) -> [..., hidden], model dtype."""

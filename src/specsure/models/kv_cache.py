@@ -76,6 +76,19 @@ class GrowableLayer(DynamicLayer):
             return
         self._set_length(max(0, self._length + tokens_to_remove))
 
+    def compact(self, start: int, offsets: torch.Tensor) -> None:
+        """Keep positions ``start + offsets`` (ascending) as ``start ..``; drop everything after ``start``.
+
+        A token tree's accepted path is scattered through the block a verify forward appended;
+        this moves it into place, so the cache reads as if only the path had been fed.
+        """
+        assert self._key_buffer is not None and self._value_buffer is not None
+        kept = start + offsets  # [m]; indexing copies before the write, so overlap is safe
+        end = start + offsets.numel()
+        self._key_buffer[..., start:end, :] = self._key_buffer[..., kept, :]
+        self._value_buffer[..., start:end, :] = self._value_buffer[..., kept, :]
+        self._set_length(end)
+
     def reset(self) -> None:
         self.keys = self.values = None
         self._key_buffer = self._value_buffer = None
@@ -102,6 +115,11 @@ class RollbackCache(DynamicCache):
 
     def __init__(self) -> None:
         Cache.__init__(self, layer_class_to_replicate=GrowableLayer)
+
+    def compact(self, start: int, offsets: torch.Tensor) -> None:
+        """`GrowableLayer.compact` on every layer: keep positions ``start + offsets`` as ``start ..``."""
+        for layer in self.layers:
+            layer.compact(start, offsets)
 
     def clear(self) -> None:
         """Drop every cached position but keep the buffers, so the next sequence reuses them

@@ -92,6 +92,38 @@ def unsupported(config: object) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class TokenTree:
+    """n fed tokens arranged as a tree: node 0 is the root, every other node's parent comes before it."""
+
+    parents: tuple[int, ...]
+    """parents[i]: the index of node i's parent among the fed tokens; -1 for the root."""
+    depths: torch.Tensor = torch.empty(0, dtype=torch.long)
+    """[n] each node's depth (its position offset from the first fed token)."""
+    ancestors: torch.Tensor = torch.empty(0, 0, dtype=torch.bool)
+    """[n, n] True where node j is node i or one of its ancestors."""
+
+    @classmethod
+    def from_parents(cls, parents: tuple[int, ...] | list[int]) -> "TokenTree":
+        n = len(parents)
+        if n == 0 or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
+            raise ValueError(f"parents {list(parents)} is not a tree in order: node 0 must be the root (-1) "
+                             "and every other node's parent must come before it.")
+        depths = [0] * n
+        ancestors = torch.eye(n, dtype=torch.bool)
+        for i in range(1, n):
+            depths[i] = depths[parents[i]] + 1
+            ancestors[i] |= ancestors[parents[i]]
+        return cls(tuple(parents), torch.tensor(depths, dtype=torch.long), ancestors)
+
+
+def attention_mask(start: int, n: int, tree: TokenTree | None) -> torch.Tensor:
+    """[n, start + n] bool: True where a new token may attend (every cached position, then causal or tree)."""
+    if tree is None:
+        return torch.arange(start + n)[None, :] <= (start + torch.arange(n))[:, None]
+    return torch.cat([torch.ones(n, start, dtype=torch.bool), tree.ancestors], dim=1)
+
+
 class NativeDecoder:
     """The decoder layers of a Llama-family model, run as plain tensor ops on fused weights."""
 
@@ -140,21 +172,24 @@ class NativeDecoder:
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
 
-    def forward(self, ids: torch.Tensor, start: int, cache: RollbackCache,
-                aux_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def forward(self, ids: torch.Tensor, start: int, cache: RollbackCache, aux_layers: tuple[int, ...] = (),
+                tree: "TokenTree | None" = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Run ``ids`` ([n]) at positions ``start ..``, appending to ``cache``.
 
-        Returns the post-norm last hidden state [n, hidden] and, for each of ``aux_layers``, the
-        residual stream entering that layer [n, hidden] (transformers' ``hidden_states[i]``).
+        With ``tree``, the n tokens are a token tree: each sits at ``start + depth`` and attends to
+        the cache and its own ancestors only. Returns the post-norm last hidden state [n, hidden]
+        and, for each of ``aux_layers``, the residual stream entering that layer [n, hidden]
+        (transformers' ``hidden_states[i]``).
         """
         n = ids.shape[0]
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         x = self.embed(ids)  # [n, hidden]
-        positions = torch.arange(start, start + n).unsqueeze(0)  # [1, n]
+        positions = (torch.arange(start, start + n) if tree is None else start + tree.depths).unsqueeze(0)  # [1, n]
         cos, sin = self.rotary(x.unsqueeze(0), positions)  # [1, n, dim] each
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, n, dim]
-        # One new token attends to everything cached; several need the causal triangle offset by start.
-        mask = None if n == 1 else (torch.arange(start + n)[None, :] <= (start + torch.arange(n))[:, None])
+        # One new token attends to everything cached; several need the causal triangle (or the
+        # tree's ancestor relation) offset by start.
+        mask = None if n == 1 else attention_mask(start, n, tree)
         entering: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             if i in aux_layers:
