@@ -73,3 +73,53 @@ def find_ngram_draft(context: Sequence[int], k: int, min_n: int, max_n: int) -> 
         return []
     start = int(ends[0]) + 1  # ends stays ascending, so [0] is the earliest longest match
     return tokens[start : start + k].tolist()
+
+
+def find_ngram_tree(context: Sequence[int], k: int, min_n: int, max_n: int,
+                    branches: int) -> tuple[list[int], list[int]]:
+    """Up to ``branches`` ngram continuations merged into one token tree: (tokens, parents).
+
+    Continuations come longest match first, then earliest occurrence first, so the first branch
+    is exactly ``find_ngram_draft``'s chain; later ones are other earlier occurrences of the same
+    tail, then occurrences of shorter tails. Shared prefixes are merged. ``parents[i]`` indexes
+    ``[pending] + tokens`` (0 is the pending token, the root), and every parent precedes its
+    child, so the nodes can be fed in this order. ([], []) when nothing matches.
+    """
+    tokens = np.fromiter(context, dtype=np.int64, count=len(context)) if not isinstance(context, np.ndarray) \
+        else context.astype(np.int64, copy=False)
+    size = tokens.size
+    if k <= 0 or branches <= 0 or size <= min_n:
+        return [], []
+    ends = np.flatnonzero(tokens[:-1] == tokens[-1])
+    levels: list[np.ndarray] = []  # levels[i]: ends of matches of length i + 1, ascending
+    length = 1
+    while ends.size:
+        levels.append(ends)
+        if length >= min(max_n, size - 1):
+            break
+        alive = ends[ends >= length]
+        ends = alive[tokens[alive - length] == tokens[-1 - length]]
+        length += 1
+    out: list[int] = []
+    parents: list[int] = []
+    child: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+    found = 0
+    seen: set[int] = set()
+    for n in range(len(levels), min_n - 1, -1):
+        for end in levels[n - 1].tolist():
+            if found == branches:
+                return out, parents
+            start = end + 1
+            if start in seen:  # the same occurrence matched a longer tail already
+                continue
+            seen.add(start)
+            found += 1
+            node = 0
+            for token in tokens[start:start + k].tolist():
+                key = (node, token)
+                if key not in child:
+                    out.append(token)
+                    parents.append(node)
+                    child[key] = len(out)
+                node = child[key]
+    return out, parents
