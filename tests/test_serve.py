@@ -1,7 +1,7 @@
 """`specsure serve`: OpenAI routes, errors, API key, vLLM-named metrics, one request at a time.
 
-The fast tests use a tiny random Llama with a word-level tokenizer and a toy chat template built
-here, so text prompts, stop strings and chat all run in seconds. One slow test serves the real
+The fast tests use a tiny random Llama with a word-level tokenizer and a toy chat template
+(tests/serving.py), so text prompts, stop strings and chat all run in seconds. One slow test serves the real
 default model.
 """
 
@@ -20,33 +20,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from specsure import SamplingParams, make_engine
 from specsure.cli.main import build_parser, main
 from specsure.decode.engine import Engine
-from tiny import build_tiny_llama
+from serving import build_tiny_chat_model
 from specsure.serve import create_app
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 PROMPT_IDS = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9]
 WORDS = "w5 w6 w7 w8 w5 w6 w7 w8 w5"
 CHAT = [{"role": "system", "content": "w1 w2"}, {"role": "user", "content": WORDS}]
-TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
-
-
-def build_tiny_chat_model(folder: Path) -> Path:
-    """The tiny Llama (vocab 128) plus a word-level tokenizer over that vocabulary and a chat template."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    special = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-    words = [*special, "user", "assistant", "system", *(f"w{i}" for i in range(120))]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens(special)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   unk_token="<pad>")
-    fast.chat_template = TEMPLATE
-    build_tiny_llama(folder, vocab_size=len(words))
-    fast.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +187,7 @@ BAD_COMPLETIONS = [
     ({"prompt": PROMPT_IDS, "stop": [""]}, "stop", "non-empty"),
     ({"prompt": PROMPT_IDS, "n": 2}, "n", "n = 2"),
     ({"prompt": PROMPT_IDS, "model": "gpt-4"}, "model", "'tiny'"),
-    ({"prompt": PROMPT_IDS, "stream": True}, "stream", "stream is not supported yet"),
+    ({"prompt": PROMPT_IDS, "stream": "yes"}, "stream", "must be true or false"),
     ({"prompt": PROMPT_IDS, "presence_penalty": 0.5}, "presence_penalty", "not supported"),
     ({"prompt": PROMPT_IDS, "best_of": True}, "best_of", "not supported"),
     ({"max_tokens": 4}, "prompt", "prompt is missing"),
@@ -273,7 +253,7 @@ def test_a_bug_is_a_500_without_a_traceback(engine: Engine, monkeypatch: pytest.
         raise RuntimeError("secret internals")
 
     client = TestClient(create_app(engine), raise_server_exceptions=False)
-    monkeypatch.setattr(engine, "generate", broken)
+    monkeypatch.setattr(engine, "generate_stream", broken)
     r = client.post("/v1/completions", json={"prompt": PROMPT_IDS})
     assert r.status_code == 500
     assert r.json()["error"]["type"] == "internal_server_error" and "RuntimeError" in r.json()["error"]["message"]
@@ -297,20 +277,20 @@ def test_model_without_tokenizer(bare_client: TestClient) -> None:
 def test_one_generation_at_a_time_and_the_loop_stays_free(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     app = create_app(engine)
     active, peak, guard = [0], [0], threading.Lock()
-    real = engine.generate
+    real = engine.generate_stream
 
-    def slow_generate(prompt, params):  # noqa: ANN001, ANN202
+    def slow_generate_stream(prompt, params):  # noqa: ANN001, ANN202
         with guard:
             active[0] += 1
             peak[0] = max(peak[0], active[0])
         time.sleep(0.3)
         try:
-            return real(prompt, params)
+            yield from real(prompt, params)
         finally:
             with guard:
                 active[0] -= 1
 
-    monkeypatch.setattr(engine, "generate", slow_generate)
+    monkeypatch.setattr(engine, "generate_stream", slow_generate_stream)
 
     async def scenario() -> tuple[list[int], float, float]:
         transport = httpx.ASGITransport(app=app)

@@ -9,6 +9,8 @@ import sys
 
 from specsure.cli.common import EXIT_OK, EXIT_USAGE, add_model_flags, parse_speculative_config
 
+DEFAULT_MAX_QUEUE = 64  # specsure.serve.app.DEFAULT_MAX_QUEUE; not imported, so --help needs no fastapi
+
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
@@ -24,6 +26,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECSURE_API_KEY, else none)")
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the model name clients send (default: the --model string, or SmolLM2-135M-Instruct)")
+    parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
+                        help=f"requests that may wait behind the one generating; one more gets a 503 with "
+                             f"Retry-After (default {DEFAULT_MAX_QUEUE})")
+    parser.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
+                        help="stop a request this long after it arrived, queueing included, and answer with an "
+                             "error: 503 if it never started, else 504 (default: no limit)")
     parser.set_defaults(run=run)
 
 
@@ -31,6 +39,12 @@ def run(args: argparse.Namespace) -> int:
     # Checked before the model loads: uvicorn would only fail at bind time, with a traceback.
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port} is not a TCP port; give 0..65535 (0 picks a free one).")
+    if args.max_queue < 0:
+        raise ValueError(f"--max-queue {args.max_queue} must be >= 0 (0: a request that finds the engine busy "
+                         "gets a 503 at once).")
+    if args.request_timeout is not None and not 0 < args.request_timeout < float("inf"):
+        raise ValueError(f"--request-timeout {args.request_timeout:g} must be a number of seconds > 0; omit it "
+                         "for no limit.")
     try:
         import prometheus_client
         import uvicorn
@@ -51,8 +65,10 @@ def run(args: argparse.Namespace) -> int:
                          dtype=args.dtype)
     # This process serves one app, so the process-wide switch is safe; vLLM flips it too.
     prometheus_client.disable_created_metrics()
-    app = create_app(engine, served_model_name=args.served_model_name, api_key=api_key)
+    app = create_app(engine, served_model_name=args.served_model_name, api_key=api_key, max_queue=args.max_queue,
+                     request_timeout=args.request_timeout)
     print(f"serving {app.state.model_name!r} (speculative: {engine.resolution.summary()}; running "
-          f"{engine.speculative_method or 'plain decoding'}); one request at a time", file=sys.stderr)
+          f"{engine.speculative_method or 'plain decoding'}); one request at a time, up to {args.max_queue} "
+          "waiting", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return EXIT_OK

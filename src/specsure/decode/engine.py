@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Sequence, Union
+from typing import TYPE_CHECKING, Iterator, Literal, Sequence, Union
 
 import torch
 
@@ -62,6 +62,20 @@ class Completion:
     prompt_token_ids: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class StepUpdate:
+    """What one engine step committed, as ``Engine.generate_stream`` hands it out."""
+
+    token_ids: list[int]
+    """The output tokens this step added: the prompt forward's one token, then 1 to k + 1 per
+    verification. On the last update, the ones kept after trimming at EOS, max_tokens or a stop
+    string; so the updates' token ids, joined, are ``completion.token_ids``."""
+    finish_reason: FinishReason | None = None
+    """None while generating; on the last update, why generation ended."""
+    completion: Completion | None = None
+    """On the last update only: the whole result, as ``Engine.generate`` returns it."""
+
+
 class Engine:
     """Runs what the Resolution says. Build it with ``make_engine``."""
 
@@ -82,6 +96,7 @@ class Engine:
         self._k = config.num_speculative_tokens if config is not None else 0
         self._hidden = bool(proposer is not None and proposer.needs_hidden)
         self._aux_layers = tuple(proposer.aux_layers) if proposer is not None else ()
+        self._running: object | None = None
 
     @property
     def speculative_method(self) -> str | None:
@@ -95,12 +110,33 @@ class Engine:
 
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None) -> list[Completion]:
         """Generate for one prompt or a list; each runs at batch size 1, in order."""
+        params = self._checked(params)
+        batch = [self._encode(p, i) for i, p in enumerate(_as_batch(prompts))]
+        return [_last(self._steps(ids, params)).completion for ids in batch]
+
+    def generate_stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[StepUpdate]:
+        """Generate for one prompt, yielding what each engine step commits, as it is verified.
+
+        The prompt and params are checked at the call (PromptError, ParamsError), before the first
+        step. The first update holds the token from the prompt's forward; each later one the
+        tokens one verification step accepted (1 to k + 1). The last update has ``finish_reason``
+        and ``completion``, exactly what ``generate`` returns for this prompt. Closing the iterator
+        (``.close()``, or dropping it) stops generation after the current step; the work of a
+        closed stream is not added to ``engine.stats``.
+        """
+        params = self._checked(params)
+        return self._steps(self._encode(prompt, 0), params)
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """The token ids ``generate`` would run for ``prompt``; PromptError when it cannot run."""
+        return self._encode(prompt, 0)
+
+    def _checked(self, params: SamplingParams | None) -> SamplingParams:
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}.")
         self.check_params(params)
-        batch = [self._encode(p, i) for i, p in enumerate(_as_batch(prompts))]
-        return [self._generate_one(ids, params) for ids in batch]
+        return params
 
     def check_params(self, params: SamplingParams) -> None:
         """Raise ParamsError for valid params that this model cannot honour (stop strings need a tokenizer)."""
@@ -146,8 +182,10 @@ class Engine:
         """The next token from one row of target logits: argmax, or a sample from p."""
         return draw(logits, params, gen)[0]
 
-    def _generate_one(self, prompt: list[int], params: SamplingParams) -> Completion:
+    def _steps(self, prompt: list[int], params: SamplingParams) -> Iterator[StepUpdate]:
+        """The decode loop, one update per step; ``generate`` drains it, ``generate_stream`` hands it out."""
         started = time.perf_counter()
+        run = self._running = object()  # the caches below are this run's until another one starts
         lm, proposer, stats = self.target.lm, self.proposer, SpecStats()
         gen = self._generator(params)
         lm.reset()
@@ -157,8 +195,15 @@ class Engine:
         if proposer is not None:
             proposer.observe(prompt, 0, out)
         output = [self._pick(out.logits[-1], params, gen)]
+        streamed = 0  # output tokens already handed out; the tokens of a step that ends nothing are final
         finish = self._finished(output, 1, params, lm.cache_len)
         while finish is None:
+            yield StepUpdate(output[streamed:])
+            if self._running is not run:
+                raise RuntimeError("another generation started on this engine while this stream was open; the "
+                                   "engine runs one generation at a time (batch size 1). Finish or close a "
+                                   "stream before starting the next generation.")
+            streamed = len(output)
             pending = output[-1]
             # Room for the draft: the verify forward must fit the context. Tokens past max_tokens
             # are cut after verification, which leaves the kept ones distributed as before.
@@ -182,10 +227,13 @@ class Engine:
             output.extend(new)
             finish = self._finished(output, before, params, lm.cache_len)
         text, output, finish = self._detokenize(output, params, finish)
+        assert len(output) > streamed, "trimming at EOS, max_tokens or a stop string only cuts the last step"
         stats.add_generated(len(output))
         stats.add_time(time.perf_counter() - started)
         self.stats.merge(stats)
-        return Completion(text=text, token_ids=output, finish_reason=finish, stats=stats, prompt_token_ids=prompt)
+        completion = Completion(text=text, token_ids=output, finish_reason=finish, stats=stats,
+                                prompt_token_ids=prompt)
+        yield StepUpdate(output[streamed:], finish, completion)
 
     def _finished(self, output: list[int], checked: int, params: SamplingParams, cache_len: int) -> FinishReason | None:
         """Trim ``output`` in place at EOS or max_tokens; return why generation ends, if it does."""
@@ -224,6 +272,13 @@ class Engine:
         return text, output, finish
 
 
+def _last(steps: Iterator[StepUpdate]) -> StepUpdate:
+    for update in steps:
+        if update.completion is not None:
+            return update
+    raise AssertionError("the decode loop ended without a completion")
+
+
 def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
@@ -251,4 +306,4 @@ def make_engine(model: str | None = None, speculative: dict | None = None, *, st
     return engine
 
 
-__all__ = ["Completion", "ConfigError", "Engine", "ParamsError", "PromptError", "make_engine"]
+__all__ = ["Completion", "ConfigError", "Engine", "ParamsError", "PromptError", "StepUpdate", "make_engine"]

@@ -1,33 +1,43 @@
 """The FastAPI app: OpenAI-compatible routes over one Engine.
 
 The server is a thin layer: it never resolves configuration (it reads ``engine.resolution``) and
-never validates sampling values itself (``SamplingParams`` does). One engine runs at batch size 1,
-so generation is serialised by a lock and runs in a worker thread; the event loop stays free for
-/health, /metrics and for queueing the next request.
+never validates sampling values itself (``SamplingParams`` does). A request is parsed, its prompt
+tokenized and fitted to the context, then queued on the ``EngineRunner``, which runs one
+generation at a time on its own thread; the event loop stays free for /health, /metrics and for
+admitting or refusing the next request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-import json
 import logging
-import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specsure.config.checkpoint import DEFAULT_MODEL_NAME
-from specsure.decode.engine import Completion, Engine, ParamsError, PromptError
+from specsure.decode.detokenize import TextDeltas
+from specsure.decode.engine import Engine, ParamsError, PromptError, StepUpdate
 from specsure.sampling import SamplingParams
+from specsure.serve.body import parse_json, read_body
 from specsure.serve.metrics import ServeMetrics
-from specsure.serve.protocol import RequestError, chat_body, completion_body, error_body, parse_chat, parse_completion
+from specsure.serve.protocol import (APIError, Delivery, RequestError, error_body, fit_to_context, parse_chat,
+                                     parse_completion)
+from specsure.serve.responses import DONE, ChunkWriter, Endpoint, chat_body, completion_body, event
+from specsure.serve.runner import ClientGone, EngineRunner, Job
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_QUEUE = 64
+"""Requests that may wait behind the one generating before the next is refused with a 503."""
 
 
 def default_model_name(engine: Engine) -> str:
@@ -35,51 +45,8 @@ def default_model_name(engine: Engine) -> str:
     return engine.resolution.target_model or DEFAULT_MODEL_NAME
 
 
-class EngineRunner:
-    """Runs one generation at a time on the engine (batch size 1), counting queue and run in metrics."""
-
-    def __init__(self, engine: Engine, metrics: ServeMetrics) -> None:
-        self.engine = engine
-        self.metrics = metrics
-        self._lock = threading.Lock()
-
-    def complete(self, prompt: str | list[int], params: SamplingParams) -> Completion:
-        return self._locked(lambda: self._generate(prompt, params, "the prompt", "prompt"))
-
-    def chat(self, messages: list[dict[str, str]], params: SamplingParams) -> Completion:
-        return self._locked(lambda: self._generate(self._render(messages), params,
-                                                   "the prompt rendered from messages", "messages"))
-
-    def _locked(self, work: Callable[[], Completion]) -> Completion:
-        with self.metrics.queued():
-            self._lock.acquire()
-        try:
-            with self.metrics.generating():
-                return work()
-        finally:
-            self._lock.release()
-
-    def _generate(self, prompt: str | list[int], params: SamplingParams, subject: str, param: str) -> Completion:
-        try:
-            return self.engine.generate(prompt, params)[0]
-        except PromptError as exc:
-            # Only prompt problems are the client's; any other error inside the loop is a bug (a 500).
-            raise RequestError(f"{subject} {exc.detail}", param) from None
-
-    def _render(self, messages: list[dict[str, str]]) -> list[int]:
-        from jinja2 import TemplateError  # transformers renders chat templates with jinja2
-
-        try:
-            ids = self.engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                            return_dict=False)
-        except TemplateError as exc:
-            raise RequestError(f"the model's chat template rejected these messages: {exc}. Fix the messages "
-                               "(for example the order of roles), or use POST /v1/completions with a plain "
-                               "prompt.", "messages") from None
-        return list(ids)
-
-
-def create_app(engine: Engine, *, served_model_name: str | None = None, api_key: str | None = None) -> FastAPI:
+def create_app(engine: Engine, *, served_model_name: str | None = None, api_key: str | None = None,
+               max_queue: int = DEFAULT_MAX_QUEUE, request_timeout: float | None = None) -> FastAPI:
     """An OpenAI-compatible app serving ``engine``.
 
     Args:
@@ -87,27 +54,29 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         served_model_name: the name clients send as ``model``; default: ``default_model_name``.
         api_key: when set, every /v1/* request needs ``Authorization: Bearer <api_key>``;
             /health and /metrics stay open.
+        max_queue: requests that may wait behind the one generating; one more is a 503.
+        request_timeout: seconds from arrival (queueing included) after which a request is
+            stopped and answered with an error (docs/serving.md); None waits as long as it takes.
     """
+    if type(max_queue) is not int or max_queue < 0:
+        raise ValueError(f"max_queue = {max_queue!r} must be an int >= 0 (0: no request waits).")
+    if request_timeout is not None and not request_timeout > 0:
+        raise ValueError(f"request_timeout = {request_timeout!r} must be a number of seconds > 0, or None.")
     name = served_model_name or default_model_name(engine)
     metrics = ServeMetrics(engine, name)
-    runner = EngineRunner(engine, metrics)
+    runner = EngineRunner(engine, metrics, max_queue, request_timeout)
+    method = engine.speculative_method
     started = int(time.time())
+
     # No /docs or /openapi.json: the routes parse bodies themselves, so the schema would say nothing.
     app = FastAPI(title="specsure", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.engine, app.state.metrics, app.state.model_name = engine, metrics, name
+    app.state.engine, app.state.metrics, app.state.model_name, app.state.runner = engine, metrics, name, runner
+    if api_key:
+        app.add_middleware(RequireKey, api_key=api_key)
 
-    @app.middleware("http")
-    async def check_api_key(request: Request, call_next):  # noqa: ANN001, ANN202 - starlette's types
-        if api_key and request.url.path.startswith("/v1/") and not _authorised(request, api_key):
-            return JSONResponse(error_body("missing or wrong API key: send the header 'Authorization: Bearer "
-                                           "<key>' with the key the server was started with (--api-key or "
-                                           "SPECSURE_API_KEY).", code="invalid_api_key"),
-                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
-        return await call_next(request)
-
-    @app.exception_handler(RequestError)
-    async def bad_request(_: Request, exc: RequestError) -> JSONResponse:
-        return JSONResponse(exc.to_body(), status_code=400)
+    @app.exception_handler(APIError)
+    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.to_body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
@@ -116,9 +85,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
     @app.exception_handler(Exception)
     async def server_error(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("request failed")
-        return JSONResponse(error_body(f"internal server error ({type(exc).__name__}); the server log has the "
-                                       "details. This is a specsure bug; please report it.",
-                                       kind="internal_server_error"), status_code=500)
+        return JSONResponse(internal_error(exc), status_code=500)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -133,46 +100,143 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         res = engine.resolution
         card = {"id": name, "object": "model", "created": started, "owned_by": "specsure",
                 "root": str(res.decisions["target"].value), "max_model_len": engine.target.lm.max_context or None,
-                "speculative": {"method": engine.speculative_method, "fields": res.to_dict(),
-                                "warnings": list(res.warnings)}}
+                "speculative": {"method": method, "fields": res.to_dict(), "warnings": list(res.warnings)}}
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions")
-    async def completions(request: Request) -> dict[str, Any]:
-        req = parse_completion(await _json(request), name)
+    async def completions(request: Request) -> Response:
+        req = parse_completion(parse_json(await read_body(request)), name)
         _check_params(engine, req.params)
-        arrived = time.perf_counter()
-        completion = await run_in_threadpool(runner.complete, req.prompt, req.params)
-        metrics.observe(completion, time.perf_counter() - arrived)
-        return completion_body(completion, name, engine.speculative_method)
+        prompt = await run_in_threadpool(_encode, engine, req.prompt, "the prompt", "prompt")
+        return await answer(request, "completion", prompt, req.params, req.delivery)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> dict[str, Any]:
-        req = parse_chat(await _json(request), name)
+    async def chat_completions(request: Request) -> Response:
+        req = parse_chat(parse_json(await read_body(request)), name)
         tok = engine.tokenizer
         if tok is None or not getattr(tok, "chat_template", None):
             raise RequestError(f"model {name!r} has no chat template (no tokenizer, or one without "
                                "chat_template), so messages cannot be rendered; use POST /v1/completions.",
                                "messages")
         _check_params(engine, req.params)
-        arrived = time.perf_counter()
-        completion = await run_in_threadpool(runner.chat, req.messages, req.params)
-        metrics.observe(completion, time.perf_counter() - arrived)
-        return chat_body(completion, name, engine.speculative_method)
+        prompt = await run_in_threadpool(_render, engine, req.messages)
+        return await answer(request, "chat", prompt, req.params, req.delivery)
+
+    async def answer(request: Request, endpoint: Endpoint, prompt: list[int], params: SamplingParams,
+                     delivery: Delivery) -> Response:
+        params = fit_to_context(params, len(prompt), engine.target.lm.max_context, delivery,
+                                "messages" if endpoint == "chat" else "prompt")
+        job = runner.submit(prompt, params, delivery.stream)
+        if delivery.stream:
+            text = TextDeltas(engine.tokenizer, params.stop) if engine.tokenizer is not None else None
+            return EventStream(runner, job, ChunkWriter(endpoint, name, method, delivery.include_usage), text)
+        gone = asyncio.ensure_future(_disconnected(request.receive))
+        try:
+            while (update := await runner.next_update(job, gone)).completion is None:
+                pass
+        except ClientGone:
+            return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+        finally:
+            gone.cancel()
+            runner.cancel(job)
+        body = chat_body if endpoint == "chat" else completion_body
+        return JSONResponse(body(update.completion, name, method))
 
     return app
 
 
-async def _json(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(f"the request body is not valid JSON ({exc}); send a JSON object such as "
-                           '{"prompt": "Hello", "max_tokens": 16}.') from None
-    except RecursionError:
-        raise RequestError("the request body nests too deeply to parse; send a JSON object such as "
-                           '{"prompt": "Hello", "max_tokens": 16}.') from None
+class EventStream(Response):
+    """A streamed answer: server-sent events fed by the engine thread, one per step with new text.
+
+    The headers wait for the first step, so an error before it (the timeout passing in the queue)
+    still gets its HTTP status; later errors are an ``error`` event, then ``[DONE]``. A client
+    that disconnects cancels the job, and the engine stops after its current step.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, runner: EngineRunner, job: Job, writer: ChunkWriter, text: TextDeltas | None) -> None:
+        self.status_code, self.background = 200, None
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._runner, self._job, self._writer, self._text = runner, job, writer, text
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gone = asyncio.ensure_future(_disconnected(receive))
+        self._send = send
+        try:
+            try:
+                update = await self._runner.next_update(self._job, gone)
+            except APIError as exc:
+                await JSONResponse(exc.to_body(), exc.status, headers=exc.headers)(scope, receive, send)
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            await self._chunk(self._writer.start())
+            await self._chunk(await self._events(update, gone))
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except ClientGone:
+            pass
+        finally:
+            gone.cancel()
+            self._runner.cancel(self._job)
+
+    async def _events(self, update: StepUpdate, gone: asyncio.Future[None]) -> bytes:
+        """Send a chunk per step with new text; return the last events (finish, or an error)."""
+        ids: list[int] = []  # token ids not yet in a chunk: their text is held back
+        try:
+            while update.completion is None:
+                ids += update.token_ids
+                text = self._text.push(update.token_ids) if self._text is not None else None
+                if text or self._text is None:
+                    await self._chunk(self._writer.delta(text, ids))
+                    ids = []
+                update = await self._runner.next_update(self._job, gone)
+        except APIError as exc:
+            return event(exc.to_body()) + DONE
+        except ClientGone:
+            raise
+        except Exception as exc:
+            logger.exception("streamed request failed")
+            return event(internal_error(exc)) + DONE
+        completion = update.completion
+        rest = self._text.finish(completion.text) if self._text is not None else None
+        return self._writer.finish(completion, rest, ids + update.token_ids)
+
+    async def _chunk(self, events: bytes) -> None:
+        if events:
+            await self._send({"type": "http.response.body", "body": events, "more_body": True})
+
+
+class RequireKey:
+    """ASGI middleware: every /v1/* request needs ``Authorization: Bearer <api_key>``, else a 401."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app, self.api_key = app, api_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/") and not self._authorised(scope):
+            reply = JSONResponse(error_body("missing or wrong API key: send the header 'Authorization: Bearer "
+                                            "<key>' with the key the server was started with (--api-key or "
+                                            "SPECSURE_API_KEY).", code="invalid_api_key"),
+                                 status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            await reply(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _authorised(self, scope: Scope) -> bool:
+        scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+
+
+def internal_error(exc: Exception) -> dict[str, Any]:
+    """The 500 body: the exception's type only; the traceback goes to the server log."""
+    return error_body(f"internal server error ({type(exc).__name__}); the server log has the details. This is a "
+                      "specsure bug; please report it.", kind="internal_server_error")
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns once the client has gone (the body was read before, so nothing else arrives)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _check_params(engine: Engine, params: SamplingParams) -> None:
@@ -182,6 +246,21 @@ def _check_params(engine: Engine, params: SamplingParams) -> None:
         raise RequestError(str(exc), exc.field) from None
 
 
-def _authorised(request: Request, api_key: str) -> bool:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+def _encode(engine: Engine, prompt: str | list[int], subject: str, param: str) -> list[int]:
+    try:
+        return engine.encode(prompt)
+    except PromptError as exc:
+        raise RequestError(f"{subject} {exc.detail}", param) from None
+
+
+def _render(engine: Engine, messages: list[dict[str, str]]) -> list[int]:
+    from jinja2 import TemplateError  # transformers renders chat templates with jinja2
+
+    try:
+        ids = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                   return_dict=False)
+    except TemplateError as exc:
+        raise RequestError(f"the model's chat template rejected these messages: {exc}. Fix the messages (for "
+                           "example the order of roles), or use POST /v1/completions with a plain prompt.",
+                           "messages") from None
+    return _encode(engine, list(ids), "the prompt rendered from messages", "messages")

@@ -9,17 +9,20 @@ two servers in one process) never share counts.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from specsure.decode.engine import Completion, Engine
 
-# vLLM's buckets for vllm:e2e_request_latency_seconds.
+# vLLM 0.33's buckets (vllm/v1/metrics/buckets.py) for each latency histogram.
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-FINISH_REASONS = ("stop", "length")
+TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                               7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+INTER_TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                               10.0, 20.0, 40.0, 80.0)
+FINISH_REASONS = ("stop", "length", "abort")
+"""vLLM's finish reasons that this server produces; 'abort' is a generation stopped because its
+client disconnected or its --request-timeout passed."""
 LABELS = ("model_name", "engine")
 
 
@@ -50,9 +53,19 @@ class ServeMetrics:
         self._success = lambda reason: success.labels(**labels, finished_reason=reason)
         for reason in FINISH_REASONS:
             self._success(reason)
-        self.latency = Histogram("vllm:e2e_request_latency_seconds", "Request latency from arrival (after "
-                                 "validation) to the last token, queueing included.", LABELS,
-                                 buckets=LATENCY_BUCKETS, registry=self.registry).labels(**labels)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, LABELS, buckets=buckets, registry=self.registry).labels(**labels)
+
+        self.latency = histogram("vllm:e2e_request_latency_seconds", "Request latency from arrival (after "
+                                 "validation) to the last token, queueing included.", LATENCY_BUCKETS)
+        self.first_token = histogram("vllm:time_to_first_token_seconds", "Time from arrival (after validation) "
+                                     "to the first output token, queueing included.", TIME_TO_FIRST_TOKEN_BUCKETS)
+        self.inter_token = histogram("vllm:inter_token_latency_seconds", "Time between two engine steps' "
+                                     "output (a step commits 1 to k + 1 tokens).", INTER_TOKEN_LATENCY_BUCKETS)
+        rejections = Counter("vllm:admission_rejections", "Requests refused with 503 because the waiting queue "
+                             "was full (--max-queue), by reason.", ["model_name", "reason"], registry=self.registry)
+        self.rejected = rejections.labels(model_name=model_name, reason="max_num_queued_reqs")
         self.running = Gauge("vllm:num_requests_running", "Requests generating now (0 or 1: batch size 1).",
                              LABELS, registry=self.registry).labels(**labels)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests queued behind the one generating.",
@@ -74,23 +87,9 @@ class ServeMetrics:
         self._success(completion.finish_reason).inc()
         self.latency.observe(latency_s)
 
-    @contextmanager
-    def queued(self) -> Iterator[None]:
-        """Count a request as waiting for the engine for the duration of the block."""
-        self.waiting.inc()
-        try:
-            yield
-        finally:
-            self.waiting.dec()
-
-    @contextmanager
-    def generating(self) -> Iterator[None]:
-        """Count a request as running for the duration of the block."""
-        self.running.inc()
-        try:
-            yield
-        finally:
-            self.running.dec()
+    def aborted(self) -> None:
+        """Count one generation stopped before its end (client gone, or timeout)."""
+        self._success("abort").inc()
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this app's registry."""

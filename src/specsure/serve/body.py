@@ -1,0 +1,95 @@
+"""The request body: read within a size limit, parsed as JSON, refused where no field could take it.
+
+Every check here names where the fault is (OpenAI's ``param``: ``temperature``, ``messages[0].content``),
+so a NaN, a huge integer or a lone surrogate is a 400 about that field, never a 500 deeper in.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from starlette.requests import Request
+
+from specsure.serve.protocol import APIError, RequestError, shown
+
+MAX_BODY_BYTES = 16 * 2**20
+"""The largest request body kept; a larger one is a 413, never parsed."""
+MAX_JSON_DEPTH = 16
+"""The most levels of arrays and objects a body may nest; the deepest valid one (a chat content
+part: body, messages, message, content, part) has 5."""
+MAX_INT = 2**64
+"""No field takes an integer this large (seeds stop just below it); a larger one is refused while
+parsing, before any arithmetic on it can overflow."""
+
+
+def parse_json(raw: bytes) -> Any:
+    """The body as JSON that every field parser can trust: finite numbers, valid Unicode, shallow."""
+    example = 'send a JSON object such as {"prompt": "Hello", "max_tokens": 16}.'
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise RequestError(f"the request body nests too deeply to parse; {example}") from None
+    except UnicodeDecodeError as exc:
+        raise RequestError(f"the request body is not valid JSON: it is not UTF-8 ({exc}); {example}") from None
+    except json.JSONDecodeError as exc:
+        raise RequestError(f"the request body is not valid JSON ({exc}); {example}") from None
+    except ValueError:  # an integer with more digits than Python converts (sys.get_int_max_str_digits)
+        raise RequestError(f"the request body holds an integer too long to read; no field takes one that large. "
+                           f"{example[0].upper()}{example[1:]}") from None
+    _check_values(body)
+    return body
+
+
+def _check_values(body: Any) -> None:
+    """Refuse NaN, Infinity, huge integers, lone surrogates and deep nesting, naming where they are."""
+    todo: list[tuple[Any, str, int]] = [(body, "", 0)]
+    while todo:
+        value, path, depth = todo.pop()
+        name = path or "the request body"
+        if isinstance(value, (dict, list)):
+            if depth >= MAX_JSON_DEPTH:
+                raise RequestError(f"{name} nests too deeply: more than {MAX_JSON_DEPTH} levels of arrays and "
+                                   "objects, and the deepest valid body has 5.", path or None)
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                if isinstance(key, str):
+                    _check_text(key, f"a field name in {name}", path)
+                    child = f"{path}.{key}" if path else key
+                else:
+                    child = f"{path}[{key}]"
+                todo.append((item, child, depth + 1))
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise RequestError(f"{name} = {value} is not a number JSON allows: NaN and Infinity are not JSON "
+                               "(RFC 8259), and a number too large for a double reads as Infinity. Send a finite "
+                               "number.", path or None)
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= MAX_INT:
+            raise RequestError(f"{name} = {shown(value)} is out of range: no field of this API takes an integer "
+                               "of 2**64 or more.", path or None)
+        elif isinstance(value, str):
+            _check_text(value, name, path)
+
+
+def _check_text(text: str, name: str, path: str) -> None:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise RequestError(f"{name} is not valid Unicode: it holds the lone surrogate "
+                               f"{text[exc.start]!r} at index {exc.start} (a \\ud800-\\udfff escape without its "
+                               "pair). Send valid UTF-8 text.", path or None) from None
+
+
+async def read_body(request: Request) -> bytes:
+    """The raw body; a 413 when it passes MAX_BODY_BYTES. A larger body is read to its end but not
+    kept, so the client gets the 413 rather than a connection reset while it is still sending."""
+    body, size = bytearray(), 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= MAX_BODY_BYTES:
+            body += chunk
+    if size > MAX_BODY_BYTES:
+        raise APIError(f"the request body is {size / 2**20:.1f} MiB, more than the {MAX_BODY_BYTES // 2**20} MiB "
+                       "this server reads; send a shorter prompt.", 413, code="body_too_large")
+    return bytes(body)

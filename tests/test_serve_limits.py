@@ -1,0 +1,246 @@
+"""Limits and back-pressure on a real uvicorn server: --max-queue, --request-timeout, the context
+room, and a corpus of bad input for both endpoints. Nothing may hang, reset a connection or 500."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Iterator
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from serving import Trace, build_tiny_chat_model, serving
+from specsure import make_engine
+from specsure.cli.main import build_parser, main
+from specsure.decode.engine import Engine
+from specsure.serve import create_app
+from specsure.serve.app import DEFAULT_MAX_QUEUE
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+WORDS = "w5 w6 w7 w8 w5 w6 w7 w8 w5"
+LONG = {"prompt": WORDS, "max_tokens": 400, "ignore_eos": True}
+SHORT = {"prompt": WORDS, "max_tokens": 3, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    folder = build_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat-limits"))
+    return make_engine(str(folder), NGRAM, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def url(engine: Engine) -> Iterator[str]:
+    with serving(create_app(engine, served_model_name="tiny")) as base:
+        yield base
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def _wait_until(check, timeout: float = 20) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def test_beyond_max_queue_requests_get_a_clean_503(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = Trace(engine, monkeypatch, step_s=0.05)
+    with serving(create_app(engine, served_model_name="tiny", max_queue=2)) as url:
+        results: list[object] = []
+
+        def call() -> None:
+            try:
+                results.append(httpx.post(f"{url}/v1/completions", json=SHORT, timeout=60))
+            except httpx.HTTPError as exc:  # a reset or a hang would land here
+                results.append(exc)
+
+        with httpx.stream("POST", f"{url}/v1/completions", json={**LONG, "stream": True}) as holder:
+            lines = holder.iter_lines()
+            next(lines)  # the engine is busy with the holder for seconds
+            callers = [threading.Thread(target=call) for _ in range(6)]
+            for t in callers:
+                t.start()
+            _wait_until(lambda: len(results) >= 4)  # the four beyond the queue are answered at once
+            busy = httpx.get(f"{url}/metrics").text
+            sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+            with pytest.raises(openai.APIStatusError) as refused:
+                sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=3)
+        for t in callers:
+            t.join(timeout=60)
+        assert all(isinstance(r, httpx.Response) for r in results), results
+        codes = sorted(r.status_code for r in results)
+        assert codes == [200, 200, 503, 503, 503, 503]
+        for r in results:
+            if r.status_code == 503:
+                error = r.json()["error"]
+                assert r.headers["retry-after"] == "1" and error["code"] == "queue_full"
+                assert error["type"] == "server_error" and "--max-queue 2" in error["message"]
+        assert refused.value.status_code == 503 and refused.value.response.headers["retry-after"] == "1"
+        labels = {"model_name": "tiny", "engine": "0"}
+        assert metric(busy, "vllm:num_requests_running", **labels) == 1
+        assert metric(busy, "vllm:num_requests_waiting", **labels) == 2
+        after = httpx.get(f"{url}/metrics").text
+        assert metric(after, "vllm:admission_rejections_total", reason="max_num_queued_reqs") == 5
+        assert metric(after, "vllm:num_requests_waiting", **labels) == 0
+        assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+        assert httpx.post(f"{url}/v1/completions", json=SHORT).status_code == 200
+    assert [e[1] for e in trace.events if e[0] == "start"] == [400, 3, 3, 3]
+
+
+def test_request_timeout_stops_a_long_generation_with_a_504(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = Trace(engine, monkeypatch, step_s=0.1)
+    with serving(create_app(engine, served_model_name="tiny", request_timeout=1.5)) as url:
+        r = httpx.post(f"{url}/v1/completions", json=LONG, timeout=30)
+        assert r.status_code == 504 and r.headers["x-should-retry"] == "false"
+        error = r.json()["error"]
+        assert error["code"] == "request_timeout" and "--request-timeout of 1.5 s" in error["message"]
+        assert trace.wait_for("closed", 400)[2] < 25  # 400 tokens need 80 steps or more
+        assert httpx.post(f"{url}/v1/completions", json=SHORT, timeout=30).status_code == 200
+        text = httpx.get(f"{url}/metrics").text
+        assert metric(text, "vllm:request_success_total", finished_reason="abort") == 1
+
+
+def test_request_timeout_ends_a_stream_with_an_error_event(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    Trace(engine, monkeypatch, step_s=0.1)
+    with serving(create_app(engine, served_model_name="tiny", request_timeout=0.8)) as url:
+        sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        chunks = []
+        with pytest.raises(openai.APIError, match="--request-timeout"):
+            for chunk in sdk.chat.completions.create(model="tiny", messages=[{"role": "user", "content": WORDS}],
+                                                     max_tokens=400, stream=True, extra_body={"ignore_eos": True}):
+                chunks.append(chunk)
+        assert chunks and chunks[0].choices[0].delta.role == "assistant"  # it streamed, then stopped
+        raw = httpx.post(f"{url}/v1/completions", json={**LONG, "stream": True}, timeout=30)
+        assert raw.status_code == 200 and raw.text.endswith("data: [DONE]\n\n") and '"request_timeout"' in raw.text
+
+
+def test_request_timeout_in_the_queue_is_a_503(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = Trace(engine, monkeypatch, step_s=2.0)  # one step outlasts both deadlines
+    with serving(create_app(engine, served_model_name="tiny", request_timeout=0.5)) as url:
+        first: list[httpx.Response] = []
+        runner = threading.Thread(target=lambda: first.append(httpx.post(f"{url}/v1/completions", json=LONG)))
+        runner.start()
+        trace.wait_for("start", 400)
+        queued = httpx.post(f"{url}/v1/completions", json=SHORT, timeout=30)
+        runner.join(timeout=30)
+        assert first[0].status_code == 504
+        assert queued.status_code == 503 and queued.headers["retry-after"] == "1"
+        assert queued.json()["error"]["code"] == "request_timeout"
+        trace.wait_for("closed", 400)
+        assert httpx.get(f"{url}/health").status_code == 200
+    assert [e for e in trace.events if e[0] == "start"] == [("start", 400, 0)]  # the queued one never ran
+
+
+def test_max_tokens_beyond_the_context_is_a_400_naming_the_room(url: str) -> None:
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": WORDS, "max_tokens": 600})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "max_tokens"
+    assert error["message"].startswith("This model's maximum context length is 512 tokens. However, you requested "
+                                       "609 tokens (9 in the prompt, 600 in the completion).")
+    assert "max_tokens can be at most 503" in error["message"]
+    chat = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": WORDS}],
+                                                          "max_completion_tokens": 10**12})
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "max_completion_tokens"
+    assert "in the messages" in chat.json()["error"]["message"]
+
+
+def test_the_whole_room_can_be_used_and_a_default_max_tokens_shrinks_to_it(url: str) -> None:
+    prompt = [5] * 500
+    full = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 12, "ignore_eos": True})
+    assert full.status_code == 200 and full.json()["usage"]["completion_tokens"] == 12
+    assert httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 13}).status_code == 400
+    shrunk = httpx.post(f"{url}/v1/completions", json={"prompt": [5] * 505, "ignore_eos": True}).json()
+    assert shrunk["usage"]["completion_tokens"] == 7 and shrunk["choices"][0]["finish_reason"] == "length"
+    chat = httpx.post(f"{url}/v1/chat/completions",  # the chat default (512) is more than the room
+                      json={"messages": [{"role": "user", "content": "w1 " * 490}], "ignore_eos": True}).json()
+    assert chat["usage"]["total_tokens"] == 512 and chat["choices"][0]["finish_reason"] == "length"
+
+
+BASES = {"completions": '"prompt": "w5 w6"', "chat/completions": '"messages": [{"role": "user", "content": "w5"}]'}
+EITHER = [  # (body, with {base} standing for the endpoint's prompt or messages; the param named)
+    (b"", None), (b"{base,", None), (b"[1, 2]", None), (b'"a string"', None), (b"[" * 100_000, None),
+    (b'{base, "max_tokens": "8"}', "max_tokens"), (b'{base, "max_tokens": 16.0}', "max_tokens"),
+    (b'{base, "max_tokens": true}', "max_tokens"), (b'{base, "temperature": [1]}', "temperature"),
+    (b'{base, "top_p": "x"}', "top_p"), (b'{base, "top_k": -1}', "top_k"), (b'{base, "seed": 1.5}', "seed"),
+    (b'{base, "stop": 5}', "stop"), (b'{base, "stop": [1, 2]}', "stop"), (b'{base, "ignore_eos": "yes"}', "ignore_eos"),
+    (b'{base, "n": "1"}', "n"), (b'{base, "user": 3}', "user"), (b'{base, "model": 7}', "model"),
+    (b'{base, "temperature": NaN}', "temperature"), (b'{base, "top_p": Infinity}', "top_p"),
+    (b'{base, "temperature": -Infinity}', "temperature"), (b'{base, "temperature": 1e999}', "temperature"),
+    (b'{base, "max_tokens": 1000000000000000000}', "max_tokens"),
+    (b'{base, "max_tokens": 1' + b"0" * 30 + b"}", "max_tokens"), (b'{base, "seed": 18446744073709551616}', "seed"),
+    (b'{base, "top_k": 100000000000000000000}', "top_k"), (b'{base, "max_tokens": 1' + b"0" * 5000 + b"}", None),
+    (b'{base, "stop": "\\ud800"}', "stop"), (b'{base, "stop": "\xff\xfe"}', None),
+    (b'{base, "stop": ' + b"[" * 40 + b"]" * 40 + b"}", "stop"),
+    (b'{base, "tempreature": 0.5}', "tempreature"), (b'{base, "logprobs": 5}', "logprobs"),
+    (b'{base, "stream": "true"}', "stream"), (b'{base, "stream": 1}', "stream"),
+    (b'{base, "stream_options": {"include_usage": true}}', "stream_options"),
+    (b'{base, "stream": false, "stream_options": {"include_usage": true}}', "stream_options"),
+    (b'{base, "stream": true, "stream_options": [1]}', "stream_options"),
+    (b'{base, "stream": true, "stream_options": {"include_usage": "yes"}}', "stream_options.include_usage"),
+    (b'{base, "stream": true, "stream_options": {"inclde_usage": true}}', "stream_options.inclde_usage"),
+]
+ONLY = {
+    "completions": [(b"{}", "prompt"), (b'{"prompt": {"a": 1}}', "prompt"), (b'{"prompt": "\\udc00"}', "prompt"),
+                    (b'{"prompt": [1.5]}', "prompt"), (b'{"prompt": [' + b"5, " * 600 + b"5]}", "prompt")],
+    "chat/completions": [(b"{}", "messages"), (b'{"messages": {"role": "user"}}', "messages"),
+                         (b'{"messages": [{"role": "user", "content": "\\udc00"}]}', "messages[0].content"),
+                         (b'{"messages": [{"role": "user", "content": {"x": 1}}]}', "messages[0].content"),
+                         (b'{"messages": [{"role": "user", "content": "' + b"w1 " * 600 + b'"}]}', "messages")],
+}
+CORPUS = [(endpoint, body.replace(b"{base", b"{" + BASES[endpoint].encode()), param)
+          for endpoint in BASES for body, param in [*EITHER, *ONLY[endpoint]]]
+
+
+@pytest.mark.parametrize("endpoint, body, param", CORPUS,
+                         ids=[f"{e}:{p}:{b[:40]!r}" for e, b, p in CORPUS])
+def test_bad_input_is_a_4xx_naming_the_field(url: str, endpoint: str, body: bytes, param: str | None) -> None:
+    r = httpx.post(f"{url}/v1/{endpoint}", content=body, headers={"Content-Type": "application/json"})
+    assert 400 <= r.status_code < 500, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+    if param is None:
+        assert error["param"] is None, error
+    else:
+        assert error["param"] is not None and error["param"].startswith(param), error
+        assert param.split(".")[-1].split("[")[0] in error["message"], error
+
+
+def test_a_body_over_the_limit_is_a_413(url: str) -> None:
+    r = httpx.post(f"{url}/v1/completions", content=b'{"prompt": "' + b"w1 " * (6 * 2**20) + b'"}')
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+
+
+def test_the_server_stays_healthy_after_the_corpus(url: str) -> None:
+    for endpoint, body, _ in CORPUS:
+        assert httpx.post(f"{url}/v1/{endpoint}", content=body).status_code < 500
+    assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+    assert httpx.post(f"{url}/v1/completions", json=SHORT).status_code == 200
+    text = httpx.get(f"{url}/metrics").text
+    assert metric(text, "vllm:num_requests_running") == 0 and metric(text, "vllm:num_requests_waiting") == 0
+
+
+def test_serve_limit_flags(capsys: pytest.CaptureFixture[str], engine: Engine) -> None:
+    args = build_parser().parse_args(["serve"])
+    assert (args.max_queue, args.request_timeout) == (DEFAULT_MAX_QUEUE, None) == (64, None)
+    args = build_parser().parse_args(["serve", "--max-queue", "0", "--request-timeout", "2.5"])
+    assert (args.max_queue, args.request_timeout) == (0, 2.5)
+    for flags, needle in ((["--max-queue", "-1"], "--max-queue -1 must be >= 0"),
+                          (["--request-timeout", "0"], "--request-timeout 0 must be"),
+                          (["--request-timeout", "inf"], "--request-timeout inf must be")):
+        assert main(["serve", "--model", "/no/such/model", *flags]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err
+    with pytest.raises(ValueError, match="max_queue"):
+        create_app(engine, max_queue=-1)
+    with pytest.raises(ValueError, match="request_timeout"):
+        create_app(engine, request_timeout=0)

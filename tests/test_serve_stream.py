@@ -1,0 +1,192 @@
+"""Streaming and cancellation on a real uvicorn server, driven by the official openai client.
+
+Greedy float32 on the tiny chat model, so a streamed answer must join to exactly the non-streamed
+one. Cancellation tests slow each engine step down and record what the engine thread did, so they
+assert on order and flags rather than on wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Iterator
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from serving import Trace, build_tiny_chat_model, serving
+from specsure import SamplingParams, make_engine
+from specsure.decode.engine import Engine
+from specsure.serve import create_app
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+WORDS = "w5 w6 w7 w8 w5 w6 w7 w8 w5"
+PROMPT_IDS = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9]
+CHAT = [{"role": "system", "content": "w1 w2"}, {"role": "user", "content": WORDS}]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    folder = build_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat-stream"))
+    return make_engine(str(folder), NGRAM, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def url(engine: Engine) -> Iterator[str]:
+    with serving(create_app(engine, served_model_name="tiny")) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+def _figures(spec: dict) -> dict:
+    return {k: v for k, v in spec.items() if k not in ("elapsed_s", "tokens_per_s")}
+
+
+@pytest.mark.parametrize("prompt", [WORDS, PROMPT_IDS], ids=["text", "token-ids"])
+def test_completion_stream_joins_to_the_whole_answer(client: openai.OpenAI, prompt: object) -> None:
+    args = dict(model="tiny", prompt=prompt, max_tokens=40, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**args)
+    chunks = list(client.completions.create(**args, stream=True))
+    assert all(c.object == "text_completion" and c.id == chunks[0].id for c in chunks)
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    ids = [c.choices[0].model_extra["token_ids"] for c in chunks]
+    assert sum(ids, []) == whole.choices[0].model_extra["token_ids"]
+    assert any(len(i) > 1 for i in ids)  # a verification step's tokens arrive together
+    assert [c.choices[0].finish_reason for c in chunks] == [None] * (len(chunks) - 1) + ["length"]
+    assert _figures(chunks[-1].model_extra["speculative"]) == _figures(whole.model_extra["speculative"])
+
+
+def test_chat_stream_has_openai_shape_and_joins_to_the_whole_answer(client: openai.OpenAI) -> None:
+    args = dict(model="tiny", messages=CHAT, max_tokens=30, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**args)
+    chunks = list(client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    first, *middle, finish, usage = chunks
+    assert first.choices[0].delta.role == "assistant" and not first.choices[0].delta.content
+    assert all(c.choices[0].finish_reason is None and c.choices[0].delta.content for c in middle)
+    assert "".join(c.choices[0].delta.content for c in middle) == whole.choices[0].message.content
+    assert finish.choices[0].finish_reason == "length" == whole.choices[0].finish_reason
+    assert finish.choices[0].delta.content is None and finish.choices[0].delta.role is None
+    assert _figures(finish.model_extra["speculative"]) == _figures(whole.model_extra["speculative"])
+    assert usage.choices == [] and usage.usage == whole.usage
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_without_include_usage_no_usage_chunk(client: openai.OpenAI) -> None:
+    chunks = list(client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=5, stream=True))
+    assert chunks[-1].choices[0].finish_reason is not None and all(c.usage is None for c in chunks)
+
+
+def _sse(text: str) -> list:
+    events = [line.removeprefix("data: ") for line in text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_stream_stops_before_a_stop_string_like_the_whole_answer(url: str, engine: Engine) -> None:
+    free = engine.generate(WORDS, SamplingParams(max_tokens=20, ignore_eos=True))[0].text
+    # Stops inside a token, across tokens, and at a token's end; each must cut both answers alike.
+    for start, size in ((5, 2), (7, 5), (12, 4), (20, 1), (3, 9)):
+        stop = free[start:start + size]
+        body = {"prompt": WORDS, "max_tokens": 20, "ignore_eos": True, "stop": stop}
+        whole = httpx.post(f"{url}/v1/completions", json=body).json()["choices"][0]
+        chunks = _sse(httpx.post(f"{url}/v1/completions", json={**body, "stream": True}).text)
+        text = "".join(c["choices"][0]["text"] for c in chunks)
+        assert text == whole["text"] and stop not in text, stop
+        assert sum((c["choices"][0]["token_ids"] for c in chunks), []) == whole["token_ids"]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop" == whole["finish_reason"]
+
+
+LONG = {"prompt": WORDS, "max_tokens": 400, "ignore_eos": True}
+SHORT = {"prompt": WORDS, "max_tokens": 3, "ignore_eos": True}
+
+
+def test_a_dropped_stream_stops_its_generation_and_frees_the_engine(url: str, engine: Engine,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = Trace(engine, monkeypatch, step_s=0.05)  # 400 tokens would take >= 80 steps, >= 4 s
+    before = httpx.get(f"{url}/metrics").text
+    with httpx.stream("POST", f"{url}/v1/completions", json={**LONG, "stream": True}) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+    dropped = time.monotonic()
+    short = httpx.post(f"{url}/v1/completions", json=SHORT, timeout=30)
+    took = time.monotonic() - dropped
+    assert short.status_code == 200 and len(short.json()["choices"][0]["token_ids"]) == 3
+    closed = trace.wait_for("closed", 400)
+    assert closed[2] < 20  # stopped within a few steps of the disconnect, not after 80
+    order = [e[:2] for e in trace.events]
+    assert order.index(("closed", 400)) < order.index(("start", 3))
+    assert took < 3.0  # generous: the short request needs ~0.2 s; the long one would need seconds more
+    after = httpx.get(f"{url}/metrics").text
+    aborted = metric(after, "vllm:request_success_total", finished_reason="abort") - metric(
+        before, "vllm:request_success_total", finished_reason="abort")
+    assert aborted == 1
+
+
+def test_a_dropped_plain_request_stops_too(url: str, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = Trace(engine, monkeypatch, step_s=0.05)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/v1/completions", json=LONG, timeout=0.5)
+    assert httpx.post(f"{url}/v1/completions", json=SHORT, timeout=30).status_code == 200
+    assert trace.wait_for("closed", 400)[2] < 30
+    order = [e[:2] for e in trace.events]
+    assert order.index(("closed", 400)) < order.index(("start", 3))
+
+
+def test_a_dropped_waiting_request_never_runs(url: str, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    trace = Trace(engine, monkeypatch, step_s=0.05)
+    with httpx.stream("POST", f"{url}/v1/completions", json={**LONG, "stream": True}) as r:
+        lines = r.iter_lines()  # kept: dropping the iterator would close the connection
+        next(lines)
+        with pytest.raises(httpx.ReadTimeout):  # queued behind the stream, then gone
+            httpx.post(f"{url}/v1/completions", json={**SHORT, "max_tokens": 5}, timeout=0.3)
+    assert httpx.post(f"{url}/v1/completions", json=SHORT, timeout=30).status_code == 200
+    assert [e[:2] for e in trace.events if e[0] == "start"] == [("start", 400), ("start", 3)]
+    assert metric(httpx.get(f"{url}/metrics").text, "vllm:num_requests_waiting") == 0
+
+
+def test_latency_histograms_count_each_request_and_step(url: str, client: openai.OpenAI) -> None:
+    before = httpx.get(f"{url}/metrics").text
+    chunks = list(client.completions.create(model="tiny", prompt=WORDS, max_tokens=20, stream=True,
+                                            extra_body={"ignore_eos": True}))
+    after = httpx.get(f"{url}/metrics").text
+
+    def delta(name: str) -> float:
+        return metric(after, name) - metric(before, name)
+
+    tokens = sum(len(c.choices[0].model_extra["token_ids"]) for c in chunks)
+    assert tokens == 20
+    assert delta("vllm:time_to_first_token_seconds_count") == 1
+    assert delta("vllm:e2e_request_latency_seconds_count") == 1
+    # One observation per engine step after the first; a step commits one token or more.
+    assert 1 <= delta("vllm:inter_token_latency_seconds_count") <= tokens - 1
+    assert delta("vllm:time_to_first_token_seconds_sum") <= delta("vllm:e2e_request_latency_seconds_sum")
+    assert metric(after, "vllm:time_to_first_token_seconds_bucket", le="0.001") >= 0
+    assert 'vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="tiny"}' in after
+
+
+def test_a_model_without_tokenizer_streams_token_ids(tiny_llama) -> None:  # noqa: ANN001 - a Path
+    from fastapi.testclient import TestClient
+
+    client = TestClient(create_app(make_engine(str(tiny_llama), None, dtype="float32")))
+    body = {"prompt": PROMPT_IDS, "max_tokens": 6}
+    whole = client.post("/v1/completions", json=body).json()["choices"][0]
+    chunks = _sse(client.post("/v1/completions", json={**body, "stream": True}).text)
+    assert all(c["choices"][0]["text"] is None for c in chunks)
+    assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == whole["token_ids"]
+    assert len(chunks) == len(whole["token_ids"])  # plain decoding: one token per step, one chunk each
