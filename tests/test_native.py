@@ -10,7 +10,8 @@ from transformers import (
 )
 
 from specsure.models import CausalLM
-from specsure.models.native import TokenTree, unsupported
+from specsure.models.native import unsupported
+from specsure.models.token_tree import TokenTree
 
 SHAPE = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 
+import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specsure.proposers.ngram import find_ngram_draft, find_ngram_tree
+from specsure import SamplingParams, make_engine
+from specsure.proposers.ngram import NgramProposer, find_ngram_draft, find_ngram_tree
 
 
 def paths(tokens: list[int], parents: list[int]) -> list[list[int]]:
@@ -70,3 +73,47 @@ def test_the_tree_holds_the_chain_and_is_well_formed(context, k, min_n, extra, b
     for node in range(len(parents) + 1):
         kids = [tokens[i] for i, p in enumerate(parents) if p == node]
         assert len(kids) == len(set(kids))
+
+
+# --- the engine with tree drafts: output equals plain decoding, the cache stays exact -------------
+
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_llama):
+    plain = make_engine(str(tiny_llama), None, dtype="float32")
+    tree = make_engine(str(tiny_llama), {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                                         "prompt_lookup_max": 3}, dtype="float32")
+    proposer = NgramProposer(1, 3, branches=4)
+    trees = []
+    propose = proposer.propose
+
+    def counting(*args, **kwargs):  # records which drafts really were trees
+        draft = propose(*args, **kwargs)
+        trees.append(draft.parents is not None)
+        return draft
+
+    proposer.propose = counting
+    tree.proposer = proposer
+    return plain, tree, trees
+
+
+def test_tree_drafts_give_plain_decodings_tokens(engines):
+    plain, tree, trees = engines
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(6):
+        base = torch.randint(3, 128, (6,), generator=gen).tolist()
+        prompt = base * 3 + base[:2] + torch.randint(3, 128, (4,), generator=gen).tolist() + base[:3]
+        params = SamplingParams(max_tokens=40, ignore_eos=True)
+        want = plain.generate(prompt, params)[0].token_ids
+        got = tree.generate(prompt, params)[0]
+        assert got.token_ids == want
+    assert tree.stats.drafts > 0 and tree.stats.accepted_tokens > 0 and sum(trees) >= 10
+
+
+def test_tree_sampling_is_reproducible_and_ends_cleanly(engines):
+    _, tree, _ = engines
+    prompt = [5, 6, 7, 8] * 4 + [5, 6]
+    params = SamplingParams(max_tokens=24, temperature=0.8, seed=11, ignore_eos=True)
+    first = tree.generate(prompt, params)[0]
+    assert tree.generate(prompt, params)[0].token_ids == first.token_ids and len(first.token_ids) == 24

@@ -16,8 +16,11 @@ import torch
 from specsure.config import ConfigError, Resolution, resolve
 from specsure.decode.metrics import SpecStats
 from specsure.decode.rejection import verify_greedy, verify_sampled
+from specsure.decode.tree import depth, verify_tree
 from specsure.sampling import SamplingParams, draw, probs_from_logits
+from specsure.models.causal_lm import ForwardOutput
 from specsure.models.loading import LoadedModel, load_model
+from specsure.models.token_tree import TokenTree
 from specsure.proposers.base import Draft, Proposer
 from specsure.proposers.factory import build_proposer
 
@@ -212,17 +215,22 @@ class Engine:
             draft = proposer.propose(prompt + output, room, params, gen) if proposer and room > 0 else NO_DRAFT
             start = lm.cache_len
             fed = [pending, *draft.token_ids]
-            out = lm.forward(fed, hidden=self._hidden, aux_layers=self._aux_layers)  # logits [1 + k, vocab]
-            if not draft.token_ids:
-                accepted, new = 0, [self._pick(out.logits[0], params, gen)]
+            if draft.parents is not None and draft.token_ids:
+                kept, new = self._verify_tree(fed, [-1, *draft.parents], params, gen, stats)
             else:
-                verdict = (verify_greedy(out.logits, draft.token_ids) if params.greedy else
-                           verify_sampled(probs_from_logits(out.logits, params), draft.token_ids, draft.probs, gen))
-                accepted, new = verdict.accepted, verdict.output_ids
-                stats.observe(len(draft.token_ids), accepted)
-                lm.crop(start + 1 + accepted)  # rejected positions leave the target cache
+                out = lm.forward(fed, hidden=self._hidden, aux_layers=self._aux_layers)  # logits [1 + k, vocab]
+                if not draft.token_ids:
+                    accepted, new = 0, [self._pick(out.logits[0], params, gen)]
+                else:
+                    verdict = (verify_greedy(out.logits, draft.token_ids) if params.greedy else
+                               verify_sampled(probs_from_logits(out.logits, params), draft.token_ids, draft.probs,
+                                              gen))
+                    accepted, new = verdict.accepted, verdict.output_ids
+                    stats.observe(len(draft.token_ids), accepted)
+                    lm.crop(start + 1 + accepted)  # rejected positions leave the target cache
+                kept = (fed[: 1 + accepted], out.rows(1 + accepted))
             if proposer is not None:
-                proposer.observe(fed[: 1 + accepted], start, out.rows(1 + accepted))
+                proposer.observe(kept[0], start, kept[1])
             before = len(output)
             output.extend(new)
             finish = self._finished(output, before, params, lm.cache_len)
@@ -234,6 +242,22 @@ class Engine:
         completion = Completion(text=text, token_ids=output, finish_reason=finish, stats=stats,
                                 prompt_token_ids=prompt)
         yield StepUpdate(output[streamed:], finish, completion)
+
+    def _verify_tree(self, fed: list[int], parents: list[int], params: SamplingParams, gen: torch.Generator | None,
+                     stats: SpecStats) -> tuple[tuple[list[int], ForwardOutput], list[int]]:
+        """Verify a token tree in one forward and keep its accepted path: ((kept tokens, their rows), output)."""
+        lm = self.target.lm
+        start = lm.cache_len
+        # The nodes are in parent-first order, so any prefix of them is a tree: cut to the context.
+        fit = max(1, (lm.max_context or 1 << 30) - start - 1)
+        fed, parents = fed[:fit], parents[:fit]
+        out = lm.forward(fed, hidden=self._hidden, aux_layers=self._aux_layers,
+                         tree=TokenTree.from_parents(parents))  # logits [nodes, vocab]
+        verdict = (verify_tree(None, out.logits, fed, parents, None) if params.greedy else
+                   verify_tree(probs_from_logits(out.logits, params), None, fed, parents, gen))
+        stats.observe(depth(parents), verdict.accepted)
+        lm.keep(start, verdict.path)  # the accepted path moves into place; other branches leave the cache
+        return ([fed[i] for i in verdict.path], out.pick(verdict.path)), verdict.output_ids
 
     def _finished(self, output: list[int], checked: int, params: SamplingParams, cache_len: int) -> FinishReason | None:
         """Trim ``output`` in place at EOS or max_tokens; return why generation ends, if it does."""

@@ -12,7 +12,8 @@ from transformers import PreTrainedModel
 
 from specsure.models.errors import ModelLoadError
 from specsure.models.kv_cache import RollbackCache
-from specsure.models.native import NativeDecoder, TokenTree, attention_mask, project
+from specsure.models.native import NativeDecoder, project
+from specsure.models.token_tree import TokenTree, attention_mask
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,12 @@ class ForwardOutput:
     """[n, len(aux_layers) * hidden] residual-stream inputs of `aux_layers`, concatenated in
     the order given (HF `hidden_states[i]` is the input of layer i); None when no layers were
     asked for."""
+
+    def pick(self, rows: Sequence[int]) -> "ForwardOutput":
+        """The given rows, in order (a token tree's accepted path)."""
+        index = torch.tensor(list(rows), dtype=torch.long)
+        cut = (lambda t: None if t is None else t[index])
+        return ForwardOutput(logits=self.logits[index], hidden=cut(self.hidden), aux_hidden=cut(self.aux_hidden))
 
     def rows(self, n: int) -> "ForwardOutput":
         """The first n rows (for example the committed positions of a verify forward)."""

@@ -24,7 +24,7 @@ class NgramProposer(Proposer):
 
     method: ClassVar[str] = "ngram"
 
-    def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int) -> None:
+    def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int, branches: int = 1) -> None:
         for name, value in (("prompt_lookup_min", prompt_lookup_min), ("prompt_lookup_max", prompt_lookup_max)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"NgramProposer: {name} = {value!r} is invalid: it must be an int >= 1; "
@@ -32,14 +32,25 @@ class NgramProposer(Proposer):
         if prompt_lookup_min > prompt_lookup_max:
             raise ValueError(f"NgramProposer: prompt_lookup_min = {prompt_lookup_min} is greater than "
                              f"prompt_lookup_max = {prompt_lookup_max}; swap them or make them equal")
+        if isinstance(branches, bool) or not isinstance(branches, int) or branches < 1:
+            raise ValueError(f"NgramProposer: branches = {branches!r} is invalid: it must be an int >= 1 "
+                             "(1 drafts a chain, as vLLM does)")
         self.prompt_lookup_min = prompt_lookup_min
         self.prompt_lookup_max = prompt_lookup_max
+        self.branches = branches
+        """How many matches a draft may merge into a token tree; 1 is a chain."""
 
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
-        """Up to ``k`` tokens that followed the earliest occurrence of the longest matching tail."""
-        return Draft(find_ngram_draft(context, k, self.prompt_lookup_min, self.prompt_lookup_max))
+        """Up to ``k`` tokens that followed the earliest occurrence of the longest matching tail,
+        or, with ``branches`` > 1, a tree of several matches' continuations (depth <= k)."""
+        if self.branches == 1:
+            return Draft(find_ngram_draft(context, k, self.prompt_lookup_min, self.prompt_lookup_max))
+        tokens, parents = find_ngram_tree(context, k, self.prompt_lookup_min, self.prompt_lookup_max, self.branches)
+        if parents == list(range(len(parents))):  # one branch: a chain verifies without a tree mask
+            return Draft(tokens)
+        return Draft(tokens, parents=parents)
 
 
 def find_ngram_draft(context: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:

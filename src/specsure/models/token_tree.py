@@ -1,0 +1,39 @@
+"""A token tree as a verify forward feeds it: node order, depths and who may attend to whom."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class TokenTree:
+    """n fed tokens arranged as a tree: node 0 is the root, every other node's parent comes before it."""
+
+    parents: tuple[int, ...]
+    """parents[i]: the index of node i's parent among the fed tokens; -1 for the root."""
+    depths: torch.Tensor = torch.empty(0, dtype=torch.long)
+    """[n] each node's depth (its position offset from the first fed token)."""
+    ancestors: torch.Tensor = torch.empty(0, 0, dtype=torch.bool)
+    """[n, n] True where node j is node i or one of its ancestors."""
+
+    @classmethod
+    def from_parents(cls, parents: tuple[int, ...] | list[int]) -> "TokenTree":
+        n = len(parents)
+        if n == 0 or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
+            raise ValueError(f"parents {list(parents)} is not a tree in order: node 0 must be the root (-1) "
+                             "and every other node's parent must come before it.")
+        depths = [0] * n
+        ancestors = torch.eye(n, dtype=torch.bool)
+        for i in range(1, n):
+            depths[i] = depths[parents[i]] + 1
+            ancestors[i] |= ancestors[parents[i]]
+        return cls(tuple(parents), torch.tensor(depths, dtype=torch.long), ancestors)
+
+
+def attention_mask(start: int, n: int, tree: TokenTree | None) -> torch.Tensor:
+    """[n, start + n] bool: True where a new token may attend (every cached position, then causal or tree)."""
+    if tree is None:
+        return torch.arange(start + n)[None, :] <= (start + torch.arange(n))[:, None]
+    return torch.cat([torch.ones(n, start, dtype=torch.bool), tree.ancestors], dim=1)
