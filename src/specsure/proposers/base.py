@@ -31,6 +31,10 @@ class Draft:
     """q: the draft distribution each token was sampled from, ``[len(token_ids), target_vocab]``,
     after the same temperature/top-k/top-p transform as the target. None means a point mass on
     each draft token (q = 1), as for ngram and for greedy drafting."""
+    parents: list[int] | None = None
+    """A token tree instead of a chain: ``parents[i]`` indexes ``[pending] + token_ids`` (0 is the
+    pending token) and precedes i. Trees carry point-mass drafts only (``probs`` None); their
+    depth is at most k. None: a chain, each token after the one before."""
 
 
 class Proposer(ABC):
@@ -48,6 +52,12 @@ class Proposer(ABC):
 
     def reset(self) -> None:
         """Forget the previous sequence; called before each prompt."""
+
+    def clear_history(self) -> None:
+        """Forget what earlier requests taught this proposer (suffix's global tree); a no-op for the rest.
+
+        The benchmark calls it before each timed pass, so a prompt never drafts from its own earlier run.
+        """
 
     def observe(self, token_ids: Sequence[int], start: int, out: "ForwardOutput") -> None:
         """The target committed ``token_ids`` at positions ``start .. start+len-1``.
