@@ -51,3 +51,25 @@ test-vllm: $(STAMP) $(VLLM_STAMP)
 	# specsure itself (no dependencies: vLLM's torch stays as it is), so vLLM loads the plugin.
 	$(VLLM_VENV)/bin/pip install -q -e .
 	$(BIN)/python -m pytest -q tests/vllm
+
+# Optional: llama.cpp as a benchmark baseline (specsure bench --baselines llama.cpp,llama.cpp-lookup).
+# Not part of `make test`: llama-cpp-python builds from source (~15 min on 2 cores). -march=native
+# turns on AMX here, which these CPUs report but cannot run ("Illegal instruction"), so it is off.
+LLAMA_VENV    := .venv-llamacpp
+LLAMA_VERSION := 0.3.36
+LLAMA_STAMP   := $(LLAMA_VENV)/.installed-$(LLAMA_VERSION)
+
+.PHONY: llama-cpp test-llama-cpp
+
+$(LLAMA_STAMP):
+	test -x $(LLAMA_VENV)/bin/python || $(PY) -m venv $(LLAMA_VENV)
+	$(LLAMA_VENV)/bin/pip install -q --upgrade pip
+	CFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" CXXFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" \
+		CMAKE_BUILD_PARALLEL_LEVEL=2 $(LLAMA_VENV)/bin/pip install -q llama-cpp-python==$(LLAMA_VERSION)
+	touch $(LLAMA_STAMP)
+
+llama-cpp: $(LLAMA_STAMP)
+
+# The bench with the real llama-cpp-python on the default model (tiny settings, about 2 minutes).
+test-llama-cpp: $(STAMP) $(LLAMA_STAMP)
+	$(BIN)/python -m pytest -q tests/llamacpp

@@ -77,7 +77,7 @@ def test_workload_rejects_bad_json_duplicates_and_empty_files(tmp_path: Path) ->
         load_workload(tmp_path / "missing.jsonl")
 
 
-def test_builtin_workloads_cover_six_categories_with_a_heldout_split() -> None:
+def test_builtin_workloads_cover_every_category_with_a_heldout_split() -> None:
     main_split = load_builtin()
     heldout = load_builtin(heldout=True)
     for category in CATEGORIES:
@@ -244,3 +244,53 @@ def test_tiny_end_to_end_outputs_agree(tiny_llama: Path, tmp_path: Path, capsys:
     for config, (positions, rates) in acceptance["lines"].items():
         assert positions == list(range(1, k + 1))
         assert rates == pytest.approx(res.row(config).per_position_acceptance), config
+
+
+# --- suffix decoding in the bench ---------------------------------------------------------------
+
+def test_repeated_edit_prompts_are_successive_edits_of_one_file() -> None:
+    import difflib
+    import re
+
+    for heldout in (False, True):
+        prompts = load_builtin(["repeated_edit"], heldout=heldout)
+        files = [re.search(r"current version of (\S+):", p.prompt).group(1) for p in prompts]
+        codes = [p.prompt.split("```python\n")[1].split("```")[0] for p in prompts]
+        assert len(set(files)) < len(files)  # each file is edited again and again
+        for file_a, file_b, code_a, code_b in zip(files, files[1:], codes, codes[1:]):
+            if file_a == file_b:  # the next prompt holds the file with the previous edit applied
+                same = difflib.SequenceMatcher(None, code_a, code_b, autojunk=False).ratio()
+                assert code_a != code_b and same > 0.85
+            compile(code_b, file_b, "exec")
+
+
+def test_suffix_config_passes_only_the_suffix_keys_given() -> None:
+    from specsure.bench.configs import METHODS, Settings, speculative_config
+
+    assert "suffix" in METHODS
+    settings = Settings(model=None, dtype="float32", num_speculative_tokens=8, prompt_lookup_max=4,
+                        suffix_decoding_min_token_prob=0.2)
+    assert speculative_config("suffix", settings) == {"method": "suffix", "num_speculative_tokens": 8,
+                                                      "suffix_decoding_min_token_prob": 0.2}
+    assert "suffix_decoding_min_token_prob" not in speculative_config("ngram", settings)
+
+
+def test_each_timed_pass_starts_without_earlier_passes_history(tiny_llama: Path) -> None:
+    from specsure import SamplingParams, make_engine
+    from specsure.bench.harness import Item, run_interleaved
+    from specsure.bench.runners import SpecsureRunner
+    from specsure.bench.workload import Prompt
+
+    engine = make_engine(str(tiny_llama), {"method": "suffix", "num_speculative_tokens": 4}, dtype="float32")
+    items = [Item(Prompt(f"p{i}", "repeated_edit", prompt_ids=ids), ids, 24)
+             for i, ids in enumerate(((5, 9, 14, 5, 9), (60, 61, 62, 63)))]
+    runs = run_interleaved([SpecsureRunner("suffix", engine)], items, repeats=3)
+    for item in items:
+        passes = runs[("suffix", item.prompt.id)]
+        # Every pass drafts from the same history (the prompts before it in this pass), so the
+        # counters repeat; a pass that saw its own earlier answer would accept far more.
+        assert len({(g.drafts, g.accepted_tokens) for g in passes}) == 1, passes
+        assert len({g.token_ids for g in passes}) == 1
+    # Without the clearing, the second run of a prompt drafts from its first run's answer.
+    again = engine.generate([list(items[1].prompt_ids)], SamplingParams(max_tokens=24))[0]
+    assert again.stats.accepted_tokens > runs[("suffix", "p1")][0].accepted_tokens

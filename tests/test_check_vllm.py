@@ -90,6 +90,35 @@ def test_symlinked_draft_is_the_same_draft(tmp_path, target):
     assert compare(res, vllm_result(model=draft), exported={}).ok
 
 
+VLLM_SUFFIX_DEFAULTS = {"suffix_decoding_max_tree_depth": 24, "suffix_decoding_max_cached_requests": 10000,
+                        "suffix_decoding_max_spec_factor": 1.0, "suffix_decoding_min_token_prob": 0.1}
+
+
+def test_suffix_rows_compare_every_suffix_key(target):
+    res = resolve({"method": "suffix", "suffix_decoding_max_spec_factor": 0.5}, model=target)
+    # vLLM 0.33.0 resolves suffix with model 'suffix', no draft config and prompt lookup left None.
+    result = vllm_result(method="suffix", model="suffix", num_speculative_tokens=24, prompt_lookup_min=None,
+                         prompt_lookup_max=None, draft_model_type=None, draft_architectures=[],
+                         **{**VLLM_SUFFIX_DEFAULTS, "suffix_decoding_max_spec_factor": 0.5})
+    check = compare(res, result, exported=res.config.to_vllm(), vllm_version="0.33.0")
+    assert check.ok, check.table()
+    rows = {r.field: r for r in check.rows}
+    assert rows["suffix_decoding_max_spec_factor"].asked == 0.5 and rows["suffix_decoding_max_spec_factor"].vllm == 0.5
+    assert rows["suffix_decoding_max_tree_depth"].asked is None and rows["suffix_decoding_max_tree_depth"].vllm == 24
+    assert rows["model"].specsure is None and rows["model"].vllm is None
+    assert "suffix_decoding_min_token_prob" in check.table()
+    (m,) = compare(res, {**result, "suffix_decoding_min_token_prob": 0.3}, exported={}).mismatches
+    assert (m.field, m.specsure, m.vllm) == ("suffix_decoding_min_token_prob", 0.1, 0.3)
+
+
+def test_vllms_suffix_defaults_do_not_matter_for_other_methods(target):
+    res = resolve({"method": "ngram", "num_speculative_tokens": 3}, model=target)
+    result = vllm_result(method="ngram", model="ngram", num_speculative_tokens=3, prompt_lookup_min=2,
+                         prompt_lookup_max=5, **VLLM_SUFFIX_DEFAULTS)
+    check = compare(res, result, exported={})
+    assert check.ok and {r.field: r.vllm for r in check.rows}["suffix_decoding_max_tree_depth"] is None
+
+
 # ---- CLI against a fake vLLM Python ------------------------------------------------------------
 
 def fake_python(tmp_path: Path, body: str) -> str:

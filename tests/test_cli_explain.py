@@ -49,6 +49,10 @@ def _cases(root):
         "missing_file": ["--model", target, "--speculative-config", f"@{root / 'nope.json'}"],
         "unrunnable": ["--model", target, "--speculative-config",
                        json.dumps({"method": "eagle3", "model": ck["eagle"]})],
+        "suffix": ["--model", target, "--speculative-config",
+                   '{"method": "suffix", "suffix_decoding_max_cached_requests": 0}'],
+        "suffix_with_model": ["--model", target, "--speculative-config",
+                              json.dumps({"method": "suffix", "model": ck["draft"]})],
     }
 
 
@@ -93,7 +97,29 @@ def test_good_config_as_json(runs):
     assert data["fields"]["method"] == {"value": "draft_model", "source": "user",
                                         "reason": "You set method 'draft_model'; it is never replaced."}
     assert set(data["fields"]) == {"target", "method", "model", "num_speculative_tokens", "prompt_lookup_min",
-                                   "prompt_lookup_max"}
+                                   "prompt_lookup_max", "suffix_decoding_max_tree_depth",
+                                   "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
+                                   "suffix_decoding_min_token_prob"}
+    assert data["fields"]["suffix_decoding_max_tree_depth"] == {
+        "value": None, "source": "derived", "reason": "Only suffix decoding uses it; the method is 'draft_model'."}
+
+
+def test_suffix_prints_every_suffix_key_with_its_source(runs):
+    run = runs["suffix"]
+    assert run.code == 0, run.err
+    rows = {line.split()[0]: line.split()[1:3] for line in run.out.splitlines()[2:] if line.strip()}
+    assert rows["method"] == ["suffix", "user"]
+    assert rows["model"] == ["-", "derived"]
+    assert rows["num_speculative_tokens"] == ["24", "derived"]
+    assert rows["suffix_decoding_max_tree_depth"] == ["24", "default"]
+    assert rows["suffix_decoding_max_cached_requests"] == ["0", "user"]
+    assert rows["suffix_decoding_max_spec_factor"] == ["1.0", "default"]
+    assert rows["suffix_decoding_min_token_prob"] == ["0.1", "default"]
+    assert "global tree of earlier outputs is off" in run.out
+
+
+def test_suffix_with_a_draft_model_is_an_error(runs):
+    assert_one_paragraph_error(runs["suffix_with_model"], "not used by method 'suffix'", "Remove 'model'")
 
 
 def test_no_model_reads_the_default_gguf_metadata(runs):

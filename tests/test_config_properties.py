@@ -102,6 +102,10 @@ keyed_junk = st.fixed_dictionaries({}, optional={
     "num_speculative_tokens": edge_number | junk_value,
     "prompt_lookup_min": edge_number | junk_value,
     "prompt_lookup_max": edge_number | junk_value,
+    "suffix_decoding_max_tree_depth": edge_number | junk_value,
+    "suffix_decoding_max_cached_requests": edge_number | junk_value,
+    "suffix_decoding_max_spec_factor": edge_number | junk_value,
+    "suffix_decoding_min_token_prob": edge_number | st.sampled_from((0.5, 1, 1.0000001, -0.0)) | junk_value,
 })
 
 

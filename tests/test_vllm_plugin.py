@@ -116,9 +116,25 @@ def test_vllm_only_keys_pass_through(models):
     assert spec.extra == {"draft_tensor_parallel_size": 1}
 
 
+def test_suffix_is_handed_with_every_suffix_key_explicit(models, caplog):
+    with caplog.at_level(logging.INFO, logger="vllm.specsure"):
+        spec = vllm(models["target"], speculative_config={"method": "suffix", "suffix_decoding_max_tree_depth": 16,
+                                                          "suffix_decoding_min_token_prob": 0.25})
+    assert (spec.method, spec.num_speculative_tokens, spec.suffix_decoding_max_tree_depth) == ("suffix", 16, 16)
+    assert (spec.suffix_decoding_max_cached_requests, spec.suffix_decoding_max_spec_factor,
+            spec.suffix_decoding_min_token_prob) == (10000, 1.0, 0.25)
+    assert spec.extra == {}  # every suffix key reached vLLM's own fields
+    line = next(r.message for r in caplog.records if "effective speculative config" in r.message)
+    assert "num_speculative_tokens=16 (derived)" in line and "suffix_decoding_min_token_prob=0.25 (user)" in line
+    plan = make_plan({"method": "suffix"}, models["target"])
+    assert plan.handed == {"method": "suffix", "num_speculative_tokens": 24, "suffix_decoding_max_tree_depth": 24,
+                           "suffix_decoding_max_cached_requests": 10000, "suffix_decoding_max_spec_factor": 1.0,
+                           "suffix_decoding_min_token_prob": 0.1}
+
+
 def test_a_method_specsure_does_not_model_is_guarded_not_rewritten(models):
-    spec = vllm(models["target"], speculative_config={"method": "suffix", "num_speculative_tokens": 4})
-    assert spec.method == "suffix"
+    plan = make_plan({"method": "medusa", "model": models["small-draft"]}, models["target"])
+    assert plan.handed is None and "specsure does not run" in plan.guard_only
 
 
 def test_a_speculators_target_that_replaces_the_method_is_refused(models):

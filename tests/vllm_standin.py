@@ -36,6 +36,10 @@ class SpeculativeConfig:
     num_speculative_tokens: int | None = None
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
     target_model_config: ModelConfig | None = None
     target_parallel_config: Any = None
     draft_model_config: Any = field(default=None)
@@ -59,6 +63,8 @@ class SpeculativeConfig:
             self.draft_model_config = self.target_model_config
             return
         if self.method == "suffix":
+            if self.num_speculative_tokens is None:  # _validate_suffix_decoding
+                self.num_speculative_tokens = self.suffix_decoding_max_tree_depth
             return  # no draft checkpoint
         self.prompt_lookup_min = self.prompt_lookup_max = 0
         self.draft_model_config = ModelConfig(self.model)
@@ -97,7 +103,9 @@ class EngineArgs:
             self.speculative_config[key] = value
         if self.speculative_config is None:
             return None
-        known = {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
+        known = {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
+                 "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
+                 "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob"}
         spec = {k.replace("-", "_"): v for k, v in self.speculative_config.items()}
         return SpeculativeConfig(**{k: v for k, v in spec.items() if k in known},
                                  extra={k: v for k, v in spec.items() if k not in known},

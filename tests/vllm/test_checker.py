@@ -123,3 +123,30 @@ def test_cli_exit_0_for_neutral_folder(ckpt, vllm_python, capsys):
 def test_cli_exit_2_when_python_has_no_vllm(ckpt, capsys):
     assert cli(ckpt, sys.executable, "target", {"method": "ngram"}) == 2
     assert "import vllm failed" in capsys.readouterr().err
+
+
+def test_suffix_keys_resolve_the_same_in_vllm(vllm_python, ckpt, tmp_path, monkeypatch):
+    """vLLM 0.33.0 resolves every suffix_decoding_* key the export writes as specsure does.
+
+    vLLM refuses suffix without the arctic-inference package, which this environment does not
+    install; its config code only checks that the module can be found, so an empty stand-in
+    package on PYTHONPATH lets vLLM resolve the config.
+    """
+    specs = [{"method": "suffix"},
+             {"method": "suffix", "num_speculative_tokens": 6, "suffix_decoding_max_tree_depth": 16,
+              "suffix_decoding_max_cached_requests": 0, "suffix_decoding_max_spec_factor": 2,
+              "suffix_decoding_min_token_prob": 0.25}]
+    resolved = [(res, export(res, "vllm")) for res in (resolve(spec, model=ckpt["target"]) for spec in specs)]
+    cases = [{"model": ckpt["target"], "speculative_config": dict(out.speculative_config)} for _, out in resolved]
+    stand_in = tmp_path / "stand-in" / "arctic_inference"
+    stand_in.mkdir(parents=True)
+    (stand_in / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(stand_in.parent))
+    answer = run_probe(vllm_python, cases)
+    for (res, out), result in zip(resolved, answer["results"]):
+        assert "error" not in result, result
+        check = compare(res, result, exported=out.speculative_config, vllm_version="0.33.0")
+        assert check.ok, check.table()
+        assert {r.field: r.vllm for r in check.rows}["suffix_decoding_max_tree_depth"] == \
+            res.config.suffix_decoding_max_tree_depth
+        assert any("arctic-inference" in w for w in out.warnings)

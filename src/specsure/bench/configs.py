@@ -10,8 +10,9 @@ import torch
 
 from specsure.bench.runners import Runner, SpecsureRunner, TransformersRunner
 from specsure.config import ConfigError
+from specsure.config.schema import SUFFIX_FIELDS
 
-METHODS: tuple[str, ...] = ("plain", "ngram", "draft_model", "eagle", "eagle3", "mtp")
+METHODS: tuple[str, ...] = ("plain", "ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix")
 """specsure configurations, in report order; 'plain' is speculation off."""
 BASELINES: tuple[str, ...] = ("hf", "hf-prompt-lookup", "hf-assisted")
 """transformers configurations: generate greedy, prompt lookup, assisted generation."""
@@ -37,6 +38,11 @@ class Settings:
     mtp_head: str | None = None
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    # suffix only; None keeps vLLM's default.
+    suffix_decoding_max_tree_depth: int | None = None
+    suffix_decoding_max_cached_requests: int | None = None
+    suffix_decoding_max_spec_factor: float | None = None
+    suffix_decoding_min_token_prob: float | None = None
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -57,6 +63,9 @@ def speculative_config(method: str, s: Settings) -> dict[str, Any] | None:
             config["prompt_lookup_min"] = s.prompt_lookup_min
         if s.prompt_lookup_max is not None:
             config["prompt_lookup_max"] = s.prompt_lookup_max
+        return config
+    if method == "suffix":
+        config.update((key, getattr(s, key)) for key in SUFFIX_FIELDS if getattr(s, key) is not None)
         return config
     head = getattr(s, _HEAD_FLAG[method])
     if head is not None:
@@ -103,7 +112,7 @@ def build_transformers(
         if name == "hf":
             runners.append(TransformersRunner(name, target_hf, {}, eos_ids))
         elif name == "hf-prompt-lookup":
-            runners.append(TransformersRunner(name, target_hf, {"prompt_lookup_num_tokens": s.num_speculative_tokens}, eos_ids))
+            runners.append(TransformersRunner(name, target_hf, {"prompt_lookup_num_tokens": s.num_speculative_tokens}, eos_ids, plain="hf"))
         elif name == "hf-assisted":
             if s.draft_model is None:
                 skipped.append((name, "no --draft-model given (assisted generation uses the same draft as draft_model)"))
@@ -113,5 +122,5 @@ def build_transformers(
             except ConfigError as err:
                 skipped.append((name, f"cannot load the draft model: {err}"))
                 continue
-            runners.append(TransformersRunner(name, target_hf, {"assistant_model": assistant}, eos_ids))
+            runners.append(TransformersRunner(name, target_hf, {"assistant_model": assistant}, eos_ids, plain="hf"))
     return runners, skipped

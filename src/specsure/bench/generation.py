@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-Kind = Literal["specsure", "transformers"]
+Kind = Literal["specsure", "transformers", "llama.cpp"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,12 @@ class Runner(Protocol):
     """Which library runs it."""
     speculative: bool
     """True when it reports acceptance counters."""
+    plain: str | None
+    """The same library's plain decoding configuration this one should reproduce ('hf' for
+    'hf-prompt-lookup'); None for plain decoding and for specsure (its plain is the reference)."""
+    comparable: bool
+    """False when its arithmetic differs from the reference's by design (llama.cpp's Q4_1 kernels,
+    which quantise the activations to 8 bits): its outputs are compared for information only."""
 
     def generate(self, prompt_ids: Sequence[int], max_tokens: int) -> Generation:
         """Greedy-decode up to `max_tokens` new tokens after `prompt_ids`."""

@@ -37,8 +37,20 @@ def warm_up(runners: Sequence[Runner], item: Item, passes: int, max_tokens: int 
                 bar.update()
 
 
+def start_pass(runners: Sequence[Runner]) -> None:
+    """Before each timed pass, runners that learn across requests forget them (`clear_history`).
+
+    Suffix decoding keeps earlier outputs; without this, a repeat would draft each prompt from
+    its own answer in the pass before. Within a pass, each prompt still sees the ones before it.
+    """
+    for runner in runners:
+        clear = getattr(runner, "clear_history", None)
+        if clear is not None:
+            clear()
+
+
 def run_interleaved(runners: Sequence[Runner], items: Sequence[Item], repeats: int) -> dict[tuple[str, str], list[Generation]]:
-    """Time every configuration on every prompt `repeats` times, interleaved.
+    """Time every configuration on every prompt `repeats` times, interleaved; prompts in order.
 
     Returns: {(config name, prompt id): [one Generation per repeat]}.
     """
@@ -46,6 +58,7 @@ def run_interleaved(runners: Sequence[Runner], items: Sequence[Item], repeats: i
     total = repeats * len(items) * len(runners)
     with tqdm(total=total, desc="bench", unit="run") as bar:
         for repeat in range(repeats):
+            start_pass(runners)
             for index, item in enumerate(items):
                 shift = (index + repeat) % len(runners)
                 for runner in [*runners[shift:], *runners[:shift]]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from specsure.bench.results import ALL, BenchResults, SummaryRow
 
-COLUMNS = ("config", "kind", "tok/s", "vs plain", "vs HF", "mean acc. len", "per-position acceptance", "exact match")
+COLUMNS = ("config", "kind", "tok/s", "vs plain", "vs HF", "mean acc. len", "per-position acceptance", "exact match",
+           "vs own plain")
 
 
 def _ratio(value: float | None) -> str:
@@ -15,8 +16,11 @@ def _cells(row: SummaryRow) -> list[str]:
     per_pos = "-" if row.per_position_acceptance is None else " ".join(f"{a:.2f}" for a in row.per_position_acceptance) or "-"
     if row.exact_match_rate is None:
         match = "reference"
+    elif not row.comparable:
+        match = f"{row.exact_match_rate:.0%} (information only)"
     else:
         match = f"{row.exact_match_rate:.0%}" + ("" if row.outputs_equal else " **MISMATCH**")
+    own = "-" if row.own_plain is None else f"{row.own_plain_exact_match_rate:.0%} vs {row.own_plain}"
     return [
         row.config,
         row.kind,
@@ -26,6 +30,7 @@ def _cells(row: SummaryRow) -> list[str]:
         "-" if row.mean_acceptance_length is None else f"{row.mean_acceptance_length:.2f}",
         per_pos,
         match,
+        own,
     ]
 
 
@@ -39,14 +44,15 @@ def render_markdown(results: BenchResults) -> str:
     """The full report: settings, the all-prompts table, the per-category table, warnings."""
     meta = results.meta
     out = ["# specsure bench results", ""]
-    for key in ("command", "specsure_commit", "model", "dtype", "threads", "cores", "cpu", "torch", "transformers", "max_tokens", "repeats", "num_speculative_tokens", "prompts"):
+    for key in ("command", "specsure_commit", "model", "dtype", "threads", "cores", "cpu", "torch", "transformers", "llama_cpp_python", "max_tokens", "repeats", "num_speculative_tokens", "prompts"):
         if key in meta:
             value = f"`{meta[key]}`" if key == "command" else meta[key]
             out.append(f"- {key}: {value}")
     out += [
         "",
         f"Greedy, batch 1. tokens/s = new tokens / sum of per-prompt median wall times; speedups are "
-        f"ratios in the same run; exact match compares token ids with `{results.reference}`.",
+        f"ratios in the same run; exact match compares token ids with `{results.reference}`; vs own plain "
+        f"compares them with the same library's plain decoding (hf, llama.cpp).",
         "",
         "## All prompts",
         "",

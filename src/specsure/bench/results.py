@@ -9,13 +9,17 @@ Definitions (Spec-Bench and vLLM conventions):
   per-position acceptance[i] = accepted_per_position[i] / drafts.
 - Output equality compares each configuration's token ids with the reference (specsure
   plain decoding); the first divergence is the index of the first differing new token.
+  A configuration with its own library's plain decoding in the run (hf-prompt-lookup and hf,
+  llama.cpp-bf16-lookup and llama.cpp-bf16) is also compared with that: its "own plain".
+  A configuration whose arithmetic differs from the reference's by design (llama.cpp's
+  quantised Q4_1 kernels) is compared for information only: never counted as a mismatch.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +54,10 @@ class PromptResult:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    matches_own_plain: bool | None = None
+    """Token ids equal those of the same library's plain decoding; None when not compared."""
+    own_plain_divergence: int | None = None
+    """Index of the first new token that differs from the own plain; None when equal."""
 
 
 @dataclass
@@ -76,6 +84,13 @@ class SummaryRow:
     """True when every prompt matches the reference; None for the reference."""
     mismatches: list[dict[str, Any]]
     """[{"prompt_id", "first_divergence"}] for every prompt that differs from the reference."""
+    comparable: bool = True
+    """False when its arithmetic differs from the reference's by design (quantised kernels): its
+    outputs are compared with the reference for information, and a difference is not a mismatch."""
+    own_plain: str | None = None
+    """The same library's plain decoding configuration it is also compared with, if it ran."""
+    own_plain_exact_match_rate: float | None = None
+    """Share of prompts whose output equals `own_plain`'s; None when there is no own plain."""
 
 
 @dataclass
@@ -121,8 +136,8 @@ class BenchResults:
 
     @property
     def mismatched(self) -> list[SummaryRow]:
-        """Per-category rows (not 'all') whose outputs differ from the reference."""
-        return [r for r in self.summary if r.category != ALL and r.outputs_equal is False]
+        """Per-category rows (not 'all') whose outputs differ from the reference (comparable ones only)."""
+        return [r for r in self.summary if r.category != ALL and r.outputs_equal is False and r.comparable]
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -134,13 +149,19 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 def prompt_result(
-    config: str, prompt_id: str, category: str, prompt_tokens: int, runs: Sequence[Generation], reference: Sequence[int] | None
+    config: str, prompt_id: str, category: str, prompt_tokens: int, runs: Sequence[Generation], reference: Sequence[int] | None,
+    own_plain: Sequence[int] | None = None,
 ) -> PromptResult:
-    """Reduce the repeats of one configuration on one prompt (`reference`: None for the reference)."""
+    """Reduce the repeats of one configuration on one prompt.
+
+    `reference`: the reference's token ids (None for the reference itself); `own_plain`: those
+    of the same library's plain decoding (None when it has none in the run).
+    """
     first = runs[0]
     seconds = [g.seconds for g in runs]
     median = statistics.median(seconds)
     divergence = None if reference is None else first_divergence(first.token_ids, reference)
+    own_divergence = None if own_plain is None else first_divergence(first.token_ids, own_plain)
     return PromptResult(
         config=config,
         prompt_id=prompt_id,
@@ -157,10 +178,13 @@ def prompt_result(
         draft_tokens=first.draft_tokens,
         accepted_tokens=first.accepted_tokens,
         accepted_per_position=list(first.accepted_per_position),
+        matches_own_plain=None if own_plain is None else own_divergence is None,
+        own_plain_divergence=own_divergence,
     )
 
 
-def _row(config: str, kind: str, category: str, prompts: Sequence[PromptResult], speculative: bool) -> SummaryRow:
+def _row(config: str, kind: str, category: str, prompts: Sequence[PromptResult], speculative: bool,
+         own_plain: str | None, comparable: bool) -> SummaryRow:
     tokens = sum(p.new_tokens for p in prompts)
     seconds = sum(p.median_seconds for p in prompts)
     stats = SpecStats()  # vLLM's acceptance definitions, written once in decode.metrics
@@ -168,6 +192,7 @@ def _row(config: str, kind: str, category: str, prompts: Sequence[PromptResult],
         stats.merge(SpecStats(drafts=p.drafts, draft_tokens=p.draft_tokens, accepted_tokens=p.accepted_tokens,
                               accepted_per_position=list(p.accepted_per_position)))
     compared = [p for p in prompts if p.matches_reference is not None]
+    own = [p for p in prompts if p.matches_own_plain is not None]
     return SummaryRow(
         config=config,
         kind=kind,
@@ -183,6 +208,9 @@ def _row(config: str, kind: str, category: str, prompts: Sequence[PromptResult],
         exact_match_rate=sum(bool(p.matches_reference) for p in compared) / len(compared) if compared else None,
         outputs_equal=all(p.matches_reference for p in compared) if compared else None,
         mismatches=[{"prompt_id": p.prompt_id, "first_divergence": p.first_divergence} for p in compared if not p.matches_reference],
+        comparable=comparable,
+        own_plain=own_plain if own else None,
+        own_plain_exact_match_rate=sum(bool(p.matches_own_plain) for p in own) / len(own) if own else None,
     )
 
 
@@ -193,6 +221,8 @@ def summarize(
     prompts: Sequence[PromptResult],
     reference: str,
     hf_baseline: str = "hf",
+    own_plain: Mapping[str, str] | None = None,
+    incomparable: Collection[str] = (),
 ) -> BenchResults:
     """Build the results from per-prompt figures.
 
@@ -201,12 +231,16 @@ def summarize(
         skipped: (name, reason) of every configuration that could not run.
         reference: the configuration speedup-vs-plain and output equality are relative to.
         hf_baseline: the configuration speedup-vs-transformers is relative to.
+        own_plain: {config: the same library's plain configuration its prompts were compared with}.
+        incomparable: configurations whose outputs are compared for information only.
     """
+    own_plain = own_plain or {}
     categories = list(dict.fromkeys(p.category for p in prompts))
     summary = []
     for category in [*categories, ALL]:
         rows = [
-            _row(name, kind, category, [p for p in prompts if p.config == name and category in (ALL, p.category)], speculative)
+            _row(name, kind, category, [p for p in prompts if p.config == name and category in (ALL, p.category)], speculative,
+                 own_plain.get(name), name not in incomparable)
             for name, kind, speculative in configs
         ]
         base = {r.config: r.tokens_per_s for r in rows}

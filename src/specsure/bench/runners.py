@@ -35,10 +35,17 @@ class SpecsureRunner:
     """The object `specsure.make_engine` returned."""
     eos_ids: frozenset[int] = frozenset()
     kind: Kind = "specsure"
+    plain: str | None = None
+    comparable: bool = True
 
     @property
     def speculative(self) -> bool:
         return self.engine.speculative_method is not None
+
+    def clear_history(self) -> None:
+        """Forget earlier requests (suffix's global tree), so a pass never drafts from an earlier pass."""
+        if self.engine.proposer is not None:
+            self.engine.proposer.clear_history()
 
     def generate(self, prompt_ids: Sequence[int], max_tokens: int) -> Generation:
         from specsure.sampling import SamplingParams
@@ -70,6 +77,9 @@ class TransformersRunner:
     eos_ids: frozenset[int] = frozenset()
     kind: Kind = "transformers"
     speculative: bool = False
+    plain: str | None = None
+    """'hf' for prompt lookup and assisted generation: both should reproduce `generate` greedy."""
+    comparable: bool = True
 
     @torch.inference_mode()
     def generate(self, prompt_ids: Sequence[int], max_tokens: int) -> Generation:

@@ -1,4 +1,4 @@
-"""Benchmark workloads: JSONL prompt files and the built-in six-category set.
+"""Benchmark workloads: JSONL prompt files and the built-in categories.
 
 The schema (documented for users in bench/README.md) is one JSON object per line:
 
@@ -24,8 +24,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-CATEGORIES: tuple[str, ...] = ("chat", "translation", "summarization", "qa", "math", "code")
-"""The built-in categories, in report order."""
+CATEGORIES: tuple[str, ...] = ("chat", "translation", "summarization", "qa", "math", "code", "repeated_edit")
+"""The built-in categories, in report order. A file's prompts run in file order, which matters for
+'repeated_edit': successive edits of one file, where earlier answers help later ones."""
 
 _KEYS = ("category", "prompt", "messages", "prompt_ids", "max_tokens", "id")
 _INPUT_KEYS = ("prompt", "messages", "prompt_ids")

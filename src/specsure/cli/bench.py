@@ -18,6 +18,8 @@ from typing import Any
 
 from specsure.bench.configs import BASELINES, METHODS, Settings, build_specsure, build_transformers, dtype_name
 from specsure.bench.harness import Item, run_interleaved, warm_up
+from specsure.bench.llamacpp.baselines import LLAMA_CPP_BASELINES, build_llamacpp
+from specsure.bench.llamacpp.runner import DEFAULT_LLAMA_CPP_PYTHON, LlamaCppError
 from specsure.bench.plots import plot_acceptance, plot_speedup
 from specsure.bench.report import render_markdown
 from specsure.bench.results import ALL, BenchResults, prompt_result, summarize
@@ -50,7 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the `specsure bench` options to `parser`."""
     parser.add_argument("--model", default=None, help="target: HF folder or .gguf (default: the packaged SmolLM2-135M-Instruct)")
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma list of specsure methods ({', '.join(METHODS)}); plain is always run")
-    parser.add_argument("--baselines", default=",".join(BASELINES), help=f"comma list of transformers baselines ({', '.join(BASELINES)}), or none")
+    parser.add_argument("--baselines", default=",".join(BASELINES),
+                        help=f"comma list of baselines, or none: transformers ({', '.join(BASELINES)}; the default) and "
+                             f"llama.cpp ({', '.join(LLAMA_CPP_BASELINES)}; needs `make llama-cpp`)")
+    parser.add_argument("--llama-cpp-python", default=DEFAULT_LLAMA_CPP_PYTHON, metavar="PATH",
+                        help=f"the Python of an environment with llama-cpp-python (default {DEFAULT_LLAMA_CPP_PYTHON}, made by `make llama-cpp`)")
     parser.add_argument("--categories", default=None, help="comma list of categories to run (default: all)")
     parser.add_argument("--workload", action="append", default=None, metavar="FILE.jsonl", help="your own prompts (schema: bench/README.md); repeatable")
     parser.add_argument("--heldout", action="store_true", help="use the built-in held-out split instead of the main one")
@@ -64,6 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-speculative-tokens", "-k", type=int, default=8, help="k for every speculative configuration (default 8)")
     parser.add_argument("--prompt-lookup-min", type=int, default=None, help="ngram: shortest n-gram to match")
     parser.add_argument("--prompt-lookup-max", type=int, default=None, help="ngram: longest n-gram to match")
+    parser.add_argument("--suffix-max-tree-depth", type=int, default=None, help="suffix: suffix_decoding_max_tree_depth (vLLM's default 24)")
+    parser.add_argument("--suffix-max-cached-requests", type=int, default=None,
+                        help="suffix: suffix_decoding_max_cached_requests, earlier outputs kept (vLLM's default 10000; 0: off)")
+    parser.add_argument("--suffix-max-spec-factor", type=float, default=None, help="suffix: suffix_decoding_max_spec_factor (vLLM's default 1.0)")
+    parser.add_argument("--suffix-min-token-prob", type=float, default=None, help="suffix: suffix_decoding_min_token_prob (vLLM's default 0.1)")
     parser.add_argument("--draft-model", default=None, help="draft checkpoint for draft_model and hf-assisted (same tokenizer as the target)")
     parser.add_argument("--eagle-head", default=None, help="EAGLE-1 head checkpoint")
     parser.add_argument("--eagle3-head", default=None, help="EAGLE-3 head checkpoint")
@@ -141,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark; returns the process exit code."""
     try:
         return _run(args)
-    except (ConfigError, ValueError, argparse.ArgumentTypeError) as err:
+    except (ConfigError, ValueError, argparse.ArgumentTypeError, LlamaCppError) as err:
         print(f"specsure bench: error: {err}", file=sys.stderr)
         return 2
 
@@ -157,7 +168,7 @@ def _run(args: argparse.Namespace) -> int:
     if REFERENCE not in methods:
         print(f"note: adding '{REFERENCE}' to --methods: it is the reference for speedups and output equality")
         methods.insert(0, REFERENCE)
-    baselines = _names(args.baselines, BASELINES, "--baselines")
+    baselines = _names(args.baselines, BASELINES + LLAMA_CPP_BASELINES, "--baselines")
     per_category, max_tokens, repeats = _resolve_options(args)
     prompts = _load_prompts(args, per_category)
     if args.threads is not None:
@@ -178,6 +189,10 @@ def _run(args: argparse.Namespace) -> int:
         mtp_head=args.mtp_head,
         prompt_lookup_min=args.prompt_lookup_min,
         prompt_lookup_max=args.prompt_lookup_max,
+        suffix_decoding_max_tree_depth=args.suffix_max_tree_depth,
+        suffix_decoding_max_cached_requests=args.suffix_max_cached_requests,
+        suffix_decoding_max_spec_factor=args.suffix_max_spec_factor,
+        suffix_decoding_min_token_prob=args.suffix_min_token_prob,
     )
     eos_ids = frozenset(target.eos_token_ids)
     items = [Item(p, encode(p, target.tokenizer), p.max_tokens or max_tokens) for p in prompts]
@@ -185,22 +200,41 @@ def _run(args: argparse.Namespace) -> int:
     print(f"building engines: {', '.join(methods)} ...", flush=True)
     runners, skipped = build_specsure(methods, settings, eos_ids)
     hf_runners, hf_skipped = build_transformers(
-        baselines, settings, target.lm.hf, eos_ids, lambda path: load_model(path, settings.dtype).lm.hf
+        [b for b in baselines if b in BASELINES], settings, target.lm.hf, eos_ids,
+        lambda path: load_model(path, settings.dtype).lm.hf,
     )
     runners += hf_runners
     skipped += hf_skipped
+    llama_names = [b for b in baselines if b in LLAMA_CPP_BASELINES]
+    if llama_names:
+        print(f"starting llama.cpp: {', '.join(llama_names)} ...", flush=True)
+    llama = build_llamacpp(
+        llama_names, python=args.llama_cpp_python, model=args.model, dtype=settings.dtype,
+        num_speculative_tokens=args.num_speculative_tokens, n_threads=torch.get_num_threads(),
+        # Room for the longest prompt, its new tokens and one full draft beyond them.
+        n_ctx=max(len(it.prompt_ids) + it.max_tokens for it in items) + args.num_speculative_tokens + 8,
+        eos_ids=eos_ids,
+    )
+    runners += llama.runners
+    skipped += llama.skipped
     for name, reason in skipped:
         print(f"skip {name}: {reason}")
 
     print(f"{len(items)} prompts x {len(runners)} configurations x {repeats} repeats, {settings.dtype}, {torch.get_num_threads()} threads")
-    warm_up(runners, items[0], args.warmup)
-    runs = run_interleaved(runners, items, repeats)
+    try:
+        warm_up(runners, items[0], args.warmup)
+        runs = run_interleaved(runners, items, repeats)
+    finally:
+        llama.close()
 
+    ran = {r.name for r in runners}
+    own_plain = {r.name: r.plain for r in runners if r.plain in ran}
     reference_ids = {it.prompt.id: runs[(REFERENCE, it.prompt.id)][0].token_ids for it in items}
     per_prompt = [
         prompt_result(
             r.name, it.prompt.id, it.prompt.category, len(it.prompt_ids), runs[(r.name, it.prompt.id)],
             None if r.name == REFERENCE else reference_ids[it.prompt.id],
+            runs[(own_plain[r.name], it.prompt.id)][0].token_ids if r.name in own_plain else None,
         )
         for r in runners
         for it in items
@@ -224,8 +258,10 @@ def _run(args: argparse.Namespace) -> int:
         "num_speculative_tokens": args.num_speculative_tokens,
         "prompts": len(items),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **llama.meta,
     }
-    results = summarize(meta, [(r.name, r.kind, r.speculative) for r in runners], skipped, per_prompt, REFERENCE, HF_BASELINE)
+    results = summarize(meta, [(r.name, r.kind, r.speculative) for r in runners], skipped, per_prompt, REFERENCE, HF_BASELINE,
+                        own_plain=own_plain, incomparable=[r.name for r in runners if not r.comparable])
     results.meta["wall_s"] = round(time.perf_counter() - started, 1)
     write_outputs(results, out_dir)
     _print_summary(results, out_dir)
@@ -242,7 +278,7 @@ def write_outputs(results: BenchResults, out_dir: Path) -> None:
 
 def _print_summary(results: BenchResults, out_dir: Path) -> None:
     print()
-    print(f"{'config':<18}{'tok/s':>8}{'vs plain':>10}{'vs HF':>8}{'acc.len':>9}{'match':>8}")
+    print(f"{'config':<24}{'tok/s':>8}{'vs plain':>10}{'vs HF':>8}{'acc.len':>9}{'match':>8}  own plain")
     for r in results.summary:
         if r.category != ALL:
             continue
@@ -250,7 +286,8 @@ def _print_summary(results: BenchResults, out_dir: Path) -> None:
         vs_hf = "-" if r.speedup_vs_hf is None else f"{r.speedup_vs_hf:.2f}x"
         acc = "-" if r.mean_acceptance_length is None else f"{r.mean_acceptance_length:.2f}"
         match = "ref" if r.exact_match_rate is None else f"{r.exact_match_rate:.0%}"
-        print(f"{r.config:<18}{r.tokens_per_s:>8.2f}{vs_plain:>10}{vs_hf:>8}{acc:>9}{match:>8}")
+        own = "" if r.own_plain is None else f"  {r.own_plain_exact_match_rate:.0%} vs {r.own_plain}"
+        print(f"{r.config:<24}{r.tokens_per_s:>8.2f}{vs_plain:>10}{vs_hf:>8}{acc:>9}{match:>8}{own}")
     if results.mismatched:
         bar = "!" * 72
         print(f"\n{bar}\nOUTPUT MISMATCH: these configurations differ from '{results.reference}' (greedy):")

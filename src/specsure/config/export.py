@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Mapping
 
 from specsure.config.detect import MTP_HEAD_ARCHITECTURES
 from specsure.config.errors import ConfigError
+from specsure.config.schema import NO_DRAFT_METHODS
 
 if TYPE_CHECKING:
     from specsure.config.resolution import Resolution
@@ -50,6 +51,7 @@ SPECSURE_ONLY_ARCHITECTURES: Final[frozenset[str]] = MTP_HEAD_ARCHITECTURES
 SGLANG_ALGORITHMS: Final[Mapping[str, str]] = {
     "ngram": "NGRAM", "draft_model": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3", "mtp": "NEXTN",
 }
+"""specsure's methods that SGLang can run; SGLang has no suffix decoding."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ def neutral_name(name: str) -> str:
 def vllm_draft_path(res: "Resolution") -> tuple[str, Literal["draft", "target"]] | None:
     """The path vLLM loads as the draft: the draft, or the target for mtp without one."""
     config = res.config
-    if config is None or config.method == "ngram":
+    if config is None or config.method in NO_DRAFT_METHODS:
         return None
     if config.model is not None:
         return config.model, "draft"
@@ -234,6 +236,10 @@ def _vllm(res: "Resolution") -> Export:
     spec = config.to_vllm()
     args = ("--model", target_path(res), "--speculative-config", json.dumps(spec, separators=(", ", ": ")))
     warnings = _target_warnings(res, "vLLM")
+    if config.method == "suffix":
+        # vllm/config/speculative.py _validate_suffix_decoding raises ImportError without it.
+        warnings.append("vLLM runs suffix decoding through the arctic-inference package and refuses the config "
+                        "without it; install it in vLLM's environment: pip install arctic-inference.")
     workarounds = []
     for o in predict_vllm_overrides(res):
         warnings.append(f"vLLM {', '.join(VLLM_TESTED_VERSIONS)} would run {o.field} {o.vllm!r}, not {o.asked!r}: "
@@ -246,6 +252,13 @@ def _vllm(res: "Resolution") -> Export:
 def _sglang(res: "Resolution") -> Export:
     config = res.config
     assert config is not None
+    if config.method not in SGLANG_ALGORITHMS:
+        choices = ", ".join(sorted({*SGLANG_ALGORITHMS.values(), "DFLASH"}))
+        raise ConfigError(
+            f"SGLang has no {config.method!r} method: its --speculative-algorithm choices ({choices}) "
+            "include no suffix decoding, and specsure never exports an approximation (SGLang's NGRAM "
+            "also caches earlier tokens, but it is another method). Serve suffix with specsure or vLLM "
+            "(specsure export --to vllm), or choose a method SGLang runs, such as 'ngram'.")
     k = config.num_speculative_tokens
     args = ["--model-path", target_path(res), "--speculative-algorithm", SGLANG_ALGORITHMS[config.method]]
     warnings = _target_warnings(res, "SGLang")

@@ -21,7 +21,8 @@ from specsure.config.detect import (
 from specsure.config.errors import ConfigConflictError, ConfigError
 from specsure.config.explain import format_table
 from specsure.config.schema import (
-    FIELDS, MAX_SPECULATIVE_TOKENS, METHODS, UNSET, SpeculativeConfig, UserSpec, parse_user_spec,
+    FIELDS, MAX_SPECULATIVE_TOKENS, METHODS, SUFFIX_FIELDS, UNSET, SpeculativeConfig, UserSpec, check_suffix_value,
+    parse_user_spec,
 )
 
 logger = logging.getLogger("specsure.config")
@@ -31,6 +32,16 @@ Source = Literal["user", "checkpoint", "path", "default", "derived"]
 DEFAULT_NUM_SPECULATIVE_TOKENS: Final[Mapping[str, int]] = MappingProxyType(
     {"ngram": 5, "draft_model": 4, "eagle": 5, "eagle3": 5, "mtp": 1})
 DEFAULT_PROMPT_LOOKUP: Final[tuple[int, int]] = (2, 5)
+# vLLM 0.33.0's defaults (vllm/config/speculative.py); suffix's k defaults to the tree depth.
+DEFAULT_SUFFIX: Final[Mapping[str, int | float]] = MappingProxyType({
+    "suffix_decoding_max_tree_depth": 24, "suffix_decoding_max_cached_requests": 10000,
+    "suffix_decoding_max_spec_factor": 1.0, "suffix_decoding_min_token_prob": 0.1})
+_SUFFIX_MEANING: Final[Mapping[str, str]] = MappingProxyType({
+    "suffix_decoding_max_tree_depth": "the trees hold token strings of up to {} tokens (pattern plus draft).",
+    "suffix_decoding_max_cached_requests": "the global tree keeps the outputs of the {} most recent requests.",
+    "suffix_decoding_max_spec_factor": "a match of m tokens drafts at most {} x m tokens.",
+    "suffix_decoding_min_token_prob": "drafting stops before a token whose estimated probability is below {}.",
+})
 
 
 @dataclass(frozen=True)
@@ -124,10 +135,13 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, str
     if spec.method_alias:
         state.notices.append(f"method {spec.method_alias!r} is a deprecated alias of 'mtp'; it runs as 'mtp'. "
                              "Write \"method\": \"mtp\" to silence this warning.")
-    decisions["method"] = state.decide_method()
-    decisions["model"] = state.decide_model(decisions["method"].value)
-    decisions["num_speculative_tokens"] = state.decide_num_tokens(decisions["method"].value)
-    decisions.update(state.decide_prompt_lookup(decisions["method"].value))
+    method = state.decide_method()
+    fields = {"method": method, "model": state.decide_model(method.value)}
+    fields.update(state.decide_prompt_lookup(method.value))
+    fields.update(state.decide_suffix(method.value))
+    fields["num_speculative_tokens"] = state.decide_num_tokens(
+        method.value, fields["suffix_decoding_max_tree_depth"].value)
+    decisions.update((name, fields[name]) for name in FIELDS)
     if strict and state.conflicts:
         raise ConfigConflictError(" ".join(state.conflicts) + " (strict mode: disagreement is an error.)")
     warnings = tuple(state.notices + state.conflicts)
@@ -213,9 +227,19 @@ class _State:
         if (mtp := target_mtp(self.target)) and (head is None or head.value == "mtp"):
             return Decision("method", "mtp", "checkpoint",
                             f"No draft was given and the target declares MTP layers ({mtp.signal}).")
-        if self.spec.prompt_lookup_min is not UNSET or self.spec.prompt_lookup_max is not UNSET:
+        lookup = [n for n in ("prompt_lookup_min", "prompt_lookup_max") if getattr(self.spec, n) is not UNSET]
+        suffix = [n for n in SUFFIX_FIELDS if getattr(self.spec, n) is not UNSET]
+        if lookup and suffix:
+            raise ConfigError(
+                f"method is not set, and {', '.join(lookup)} (ngram's) and {', '.join(suffix)} (suffix's) were "
+                "both given; no method reads both. Set method 'ngram' or 'suffix', and drop the other's keys.")
+        if lookup:
             return Decision("method", "ngram", "derived",
                             "prompt_lookup_min/max were given, and only ngram uses them.")
+        if suffix:
+            return Decision("method", "suffix", "derived",
+                            f"{', '.join(suffix)} {'was' if len(suffix) == 1 else 'were'} given, and only suffix "
+                            f"decoding uses {'it' if len(suffix) == 1 else 'them'}.")
         if head is not None:
             # A head cannot be the target, so neither its kind nor its MTP layer count fills the method.
             raise ConfigError(
@@ -237,6 +261,10 @@ class _State:
             if method == "ngram":
                 raise ConfigError(f"model = {user!r} is not used by method 'ngram' (it drafts from the context). "
                                   "Remove 'model', or choose method 'draft_model'.")
+            if method == "suffix":
+                raise ConfigError(f"model = {user!r} is not used by method 'suffix' (it drafts from suffix trees of "
+                                  "the context and of earlier outputs). Remove 'model', or choose method "
+                                  "'draft_model'.")
             if method == "mtp" and target_layers is not None:
                 self.conflicts.append(
                     f"model: you set {user!r}, but the target declares its own MTP layers "
@@ -246,6 +274,9 @@ class _State:
                             + self.draft_description())
         if method == "ngram":
             return Decision("model", None, "derived", "ngram drafts by prompt lookup and needs no draft model.")
+        if method == "suffix":
+            return Decision("model", None, "derived", "suffix drafts from suffix trees over this request's tokens "
+                                                      "and earlier outputs, and needs no draft model.")
         if method == "mtp":
             found = (f"the target declares them ({target_layers.signal})" if target_layers
                      else "but the target declares none, so the engine cannot start without a head")
@@ -263,6 +294,8 @@ class _State:
         if method == "mtp":
             where = f"the target declares them ({target_layers.signal})" if target_layers else "the target declares none"
             return Decision("model", None, "user", f"{why}; mtp then uses the MTP layers inside the target, and {where}.")
+        if method == "suffix":
+            return Decision("model", None, "user", f"{why}; suffix drafts from suffix trees and needs none.")
         return Decision("model", None, "user", f"{why}; ngram drafts by prompt lookup and needs none.")
 
     def draft_description(self) -> str:
@@ -272,7 +305,7 @@ class _State:
             return " Its metadata does not say what kind of draft it is."
         return f" Its metadata marks it as {WHAT_IS[evidence.value]} ({evidence.signal})."
 
-    def decide_num_tokens(self, method: str) -> Decision:
+    def decide_num_tokens(self, method: str, tree_depth: int | None) -> Decision:
         user = self.spec.num_speculative_tokens
         n_predict = self.draft.int_field("n_predict") if self.draft is not None else None
         if user is not UNSET:
@@ -286,8 +319,37 @@ class _State:
             holder = self.draft if self.draft is not None else self.target
             if (layers := holder.mtp_layers) is not None:
                 return _checkpoint_k(layers[1], f"One draft token per MTP module ({holder.signal(layers[0])}).")
+        if method == "suffix":
+            assert tree_depth is not None
+            why = (f"suffix without num_speculative_tokens drafts up to the tree depth (vLLM's rule): "
+                   f"suffix_decoding_max_tree_depth = {tree_depth}.")
+            if tree_depth > MAX_SPECULATIVE_TOKENS:
+                why += f" That is above the maximum, so k is capped at {MAX_SPECULATIVE_TOKENS}."
+            return Decision("num_speculative_tokens", min(tree_depth, MAX_SPECULATIVE_TOKENS), "derived", why)
         value = DEFAULT_NUM_SPECULATIVE_TOKENS[method]
         return Decision("num_speculative_tokens", value, "default", f"The default k for {method} is {value}.")
+
+    def decide_suffix(self, method: str) -> dict[str, Decision]:
+        """vLLM's four suffix-decoding keys: the user's, else vLLM's defaults; None for other methods."""
+        given = {name: getattr(self.spec, name) for name in SUFFIX_FIELDS}
+        if method != "suffix":
+            for name, value in given.items():
+                if value is not UNSET:
+                    raise ConfigError(f"{name} = {value} applies only to method 'suffix', but the method is "
+                                      f"{method!r}. Remove {name}, or set method 'suffix'.")
+            why = f"Only suffix decoding uses it; the method is {method!r}."
+            return {name: Decision(name, None, "derived", why) for name in SUFFIX_FIELDS}
+        out = {}
+        for name, value in given.items():
+            if value is UNSET:
+                out[name] = Decision(name, DEFAULT_SUFFIX[name], "default",
+                                     "vLLM's default: " + _SUFFIX_MEANING[name].format(DEFAULT_SUFFIX[name]))
+            elif name == "suffix_decoding_max_cached_requests" and value == 0:
+                out[name] = Decision(name, 0, "user", "You set 0: the global tree of earlier outputs is off, and "
+                                                      "only this request's own tree drafts.")
+            else:
+                out[name] = Decision(name, check_suffix_value(name, value), "user", f"You set {name}.")
+        return out
 
     def decide_prompt_lookup(self, method: str) -> dict[str, Decision]:
         lo, hi = self.spec.prompt_lookup_min, self.spec.prompt_lookup_max

@@ -10,8 +10,10 @@ from typing import Any, Final, Literal, Mapping
 
 from specsure.config.errors import ConfigError
 
-Method = Literal["ngram", "draft_model", "eagle", "eagle3", "mtp"]
-METHODS: Final[tuple[str, ...]] = ("ngram", "draft_model", "eagle", "eagle3", "mtp")
+Method = Literal["ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix"]
+METHODS: Final[tuple[str, ...]] = ("ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix")
+NO_DRAFT_METHODS: Final[frozenset[str]] = frozenset({"ngram", "suffix"})
+"""Methods that draft from token history alone and never take a draft checkpoint."""
 
 # vLLM's old per-model MTP method names; they all mean "mtp" (vLLM warns the same way).
 MTP_METHOD_ALIASES: Final[frozenset[str]] = frozenset({
@@ -20,14 +22,22 @@ MTP_METHOD_ALIASES: Final[frozenset[str]] = frozenset({
 })
 
 # vLLM methods specsure does not run; named so the error can say so instead of "unknown".
-FOREIGN_METHODS: Final[frozenset[str]] = frozenset({"medusa", "mlp_speculator", "suffix", "dflash"})
+FOREIGN_METHODS: Final[frozenset[str]] = frozenset({"medusa", "mlp_speculator", "dflash"})
 
+SUFFIX_FIELDS: Final[tuple[str, ...]] = (
+    "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
+    "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob",
+)
+"""vLLM's suffix-decoding keys, in vLLM's order; only method 'suffix' reads them."""
 FIELDS: Final[tuple[str, ...]] = (
-    "method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
+    "method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", *SUFFIX_FIELDS,
 )
 KEY_ALIASES: Final[Mapping[str, str]] = {"draft_model": "model"}
 MAX_SPECULATIVE_TOKENS: Final[int] = 64
 MAX_PROMPT_LOOKUP: Final[int] = 64
+MAX_SUFFIX_TREE_DEPTH: Final[int] = 128
+"""specsure's ceiling on suffix_decoding_max_tree_depth: each committed token costs O(depth) tree
+updates and each step O(depth^2) lookups in the worst case, in Python (vLLM sets none)."""
 
 
 class _Unset:
@@ -65,6 +75,10 @@ class UserSpec:
     num_speculative_tokens: Any = UNSET
     prompt_lookup_min: Any = UNSET
     prompt_lookup_max: Any = UNSET
+    suffix_decoding_max_tree_depth: Any = UNSET
+    suffix_decoding_max_cached_requests: Any = UNSET
+    suffix_decoding_max_spec_factor: Any = UNSET
+    suffix_decoding_min_token_prob: Any = UNSET
     method_alias: str | None = None
     """The deprecated MTP alias the user wrote, when the method came from one."""
 
@@ -110,6 +124,9 @@ def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
             f"prompt_lookup_min = {lo} is larger than prompt_lookup_max = {hi}; the n-gram search runs "
             f"from max down to min, so min must be <= max. Set prompt_lookup_min <= {hi}."
         )
+    for key in SUFFIX_FIELDS:
+        if key in values:
+            check_suffix_value(key, values[key])
     return UserSpec(**values, method_alias=alias)
 
 
@@ -155,6 +172,51 @@ def _check_int(field: str, value: Any, upper: int) -> None:
         raise ConfigError(f"{field} = {value} is out of range: it must be from 1 to {upper}.")
 
 
+def check_suffix_value(field: str, value: Any) -> int | float:
+    """One suffix_decoding_* value, checked against vLLM's bounds (and specsure's depth ceiling).
+
+    Returns the value in vLLM's type: the spec factor and the probability are floats in vLLM,
+    and a JSON integer there is the same number as that float.
+    """
+    if field == "suffix_decoding_max_tree_depth":
+        _check_int(field, value, MAX_SUFFIX_TREE_DEPTH)
+        return value
+    if field == "suffix_decoding_max_cached_requests":
+        if isinstance(value, bool) or not isinstance(value, int):
+            hint = f" Write {int(float(value))} without quotes or decimals." if _is_whole(value) else ""
+            raise ConfigError(f"{field} = {value!r} must be an integer >= 0 (0 turns the global tree of earlier "
+                              f"requests off).{hint}")
+        if value < 0:
+            raise ConfigError(f"{field} = {value} is out of range: it must be >= 0 (0 turns the global tree of "
+                              "earlier requests off).")
+        return value
+    allowed = "a number >= 0" if field == "suffix_decoding_max_spec_factor" else "a number from 0 to 1"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        hint = f" Write {_number_text(value)} without quotes." if _is_number(value) else ""
+        raise ConfigError(f"{field} = {value!r} must be {allowed}.{hint}")
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float
+        number = math.inf
+    if not math.isfinite(number) or number < 0 or (field == "suffix_decoding_min_token_prob" and number > 1):
+        raise ConfigError(f"{field} = {value!r} is out of range: it must be {allowed}.")
+    return number
+
+
+def _is_number(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except ValueError:
+        return False
+
+
+def _number_text(value: str) -> str:
+    number = float(value)
+    return str(int(number)) if number.is_integer() and "." not in value else repr(number)
+
+
 def _is_whole(value: Any) -> bool:
     try:
         number = float(value)
@@ -168,15 +230,25 @@ class SpeculativeConfig:
     """The effective speculative config: what runs. Built only by ``resolve``."""
 
     method: Method
-    """The speculative method that runs: ngram, draft_model, eagle, eagle3 or mtp."""
+    """The speculative method that runs: ngram, draft_model, eagle, eagle3, mtp or suffix."""
     model: str | None
-    """Draft or head checkpoint path; None for ngram, and for mtp using the target's own layers."""
+    """Draft or head checkpoint path; None for ngram and suffix, and for mtp using the target's own layers."""
     num_speculative_tokens: int
     """k: draft tokens proposed per verification step, 1..64."""
     prompt_lookup_min: int | None = None
     """ngram only: the shortest n-gram matched, 1..64, <= prompt_lookup_max."""
     prompt_lookup_max: int | None = None
     """ngram only: the longest n-gram matched, 1..64."""
+    suffix_decoding_max_tree_depth: int | None = None
+    """suffix only: the longest token string the suffix trees hold, 1..128; it bounds the matched
+    pattern plus the draft that follows it."""
+    suffix_decoding_max_cached_requests: int | None = None
+    """suffix only: how many earlier requests' outputs the global tree keeps (FIFO); 0 turns it off."""
+    suffix_decoding_max_spec_factor: float | None = None
+    """suffix only: a match of m tokens drafts at most floor(factor * m) tokens (and at most k); >= 0."""
+    suffix_decoding_min_token_prob: float | None = None
+    """suffix only: drafting stops before a token whose estimated probability (from the trees'
+    counts, multiplied along the draft) is below this, 0..1."""
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -194,8 +266,16 @@ class SpeculativeConfig:
                 f"prompt_lookup_min = {self.prompt_lookup_min} is larger than prompt_lookup_max = "
                 f"{self.prompt_lookup_max}; set min <= max."
             )
-        if is_ngram and self.model is not None:
-            raise ConfigError(f"model = {self.model!r} is not used by method 'ngram'; remove it.")
+        if self.method in NO_DRAFT_METHODS and self.model is not None:
+            raise ConfigError(f"model = {self.model!r} is not used by method {self.method!r}; remove it.")
+        for key in SUFFIX_FIELDS:
+            value = getattr(self, key)
+            if self.method == "suffix":
+                if value is None:
+                    raise ConfigError(f"{key} is required for method 'suffix'; resolve() fills it.")
+                check_suffix_value(key, value)
+            elif value is not None:
+                raise ConfigError(f"{key} = {value} applies only to method 'suffix', not {self.method!r}.")
 
     def to_vllm(self) -> dict[str, Any]:
         """Every field explicit, in vLLM's key names, so vLLM has nothing left to detect."""
@@ -205,4 +285,6 @@ class SpeculativeConfig:
         if self.method == "ngram":
             out["prompt_lookup_min"] = self.prompt_lookup_min
             out["prompt_lookup_max"] = self.prompt_lookup_max
+        if self.method == "suffix":
+            out.update({key: getattr(self, key) for key in SUFFIX_FIELDS})
         return out

@@ -22,6 +22,7 @@ REGISTRY: dict[str, str] = {
     "eagle": "specsure.proposers.eagle:build",
     "eagle3": "specsure.proposers.eagle3:build",
     "mtp": "specsure.proposers.mtp:build",
+    "suffix": "specsure.proposers.suffix:build",
 }
 
 

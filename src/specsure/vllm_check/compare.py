@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final, Mapping
 from specsure.config.export import (
     VLLM_DETECTION_SKIPPED, VLLM_MTP_MODEL_TYPES, PathTrap, vllm_draft_path, vllm_path_trap,
 )
-from specsure.config.schema import FIELDS
+from specsure.config.schema import FIELDS, SUFFIX_FIELDS
 
 if TYPE_CHECKING:
     from specsure.config.resolution import Resolution
@@ -110,7 +110,8 @@ def compare(res: "Resolution", vllm: Mapping[str, Any], *, exported: Mapping[str
     where = vllm_draft_path(res)
     ours = {"method": config.method, "model": where[0] if where else None,
             "num_speculative_tokens": config.num_speculative_tokens,
-            "prompt_lookup_min": config.prompt_lookup_min, "prompt_lookup_max": config.prompt_lookup_max}
+            "prompt_lookup_min": config.prompt_lookup_min, "prompt_lookup_max": config.prompt_lookup_max,
+            **{key: getattr(config, key) for key in SUFFIX_FIELDS}}
     theirs = _normalise(vllm)
     written = _normalise(as_written) if as_written and "error" not in as_written else None
     rows, mismatches = [], []
@@ -145,7 +146,9 @@ def _normalise(result: Mapping[str, Any]) -> dict[str, Any]:
             "num_speculative_tokens": result.get("num_speculative_tokens"),
             # vLLM stores 0 for "not used" where specsure stores None.
             "prompt_lookup_min": result.get("prompt_lookup_min") if is_ngram else None,
-            "prompt_lookup_max": result.get("prompt_lookup_max") if is_ngram else None}
+            "prompt_lookup_max": result.get("prompt_lookup_max") if is_ngram else None,
+            # vLLM keeps its suffix defaults for every method; only suffix reads them.
+            **{key: result.get(key) if method == "suffix" else None for key in SUFFIX_FIELDS}}
 
 
 def _same(name: str, ours: Any, theirs: Any) -> bool:

@@ -15,6 +15,9 @@ import sys
 import traceback
 
 MARKER = "SPECSURE_PROBE_RESULT "
+# vLLM's suffix-decoding fields (the same names as specsure.config.schema.SUFFIX_FIELDS).
+SUFFIX_KEYS = ("suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
+               "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob")
 
 
 def _probe(case):
@@ -34,10 +37,11 @@ def _probe(case):
     return {
         "method": spec.method,
         "model": spec.model,
-        "draft_path": getattr(draft, "model", None) if spec.method not in ("ngram", "ngram_gpu") else None,
+        "draft_path": getattr(draft, "model", None) if spec.method not in ("ngram", "ngram_gpu", "suffix") else None,
         "num_speculative_tokens": spec.num_speculative_tokens,
         "prompt_lookup_min": spec.prompt_lookup_min,
         "prompt_lookup_max": spec.prompt_lookup_max,
+        **{key: getattr(spec, key, None) for key in SUFFIX_KEYS},
         "draft_model_type": getattr(inner, "model_type", None) or getattr(hf, "model_type", None),
         "draft_architectures": list(getattr(hf, "architectures", None) or []),
         "target_model_type": getattr(model_config.hf_config, "model_type", None),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from specsure.config.schema import MTP_METHOD_ALIASES
+from specsure.config.schema import MTP_METHOD_ALIASES, SUFFIX_FIELDS
 from specsure.vllm_check.compare import NO_DRAFT, compare
 from specsure.vllm_plugin.plan import Plan
 
@@ -24,6 +24,7 @@ def resolved(spec: Any, target_model_type: str | None = None) -> dict[str, Any]:
     return {"method": spec.method, "model": spec.model,
             "num_speculative_tokens": spec.num_speculative_tokens,
             "prompt_lookup_min": spec.prompt_lookup_min, "prompt_lookup_max": spec.prompt_lookup_max,
+            **{key: getattr(spec, key, None) for key in SUFFIX_FIELDS},
             "draft_model_type": getattr(inner, "model_type", None) or getattr(hf, "model_type", None),
             "draft_architectures": list(getattr(hf, "architectures", None) or []),
             "target_model_type": target_model_type}
