@@ -236,3 +236,26 @@ def test_explain_never_breaks_a_path_inside_a_warning(tmp_path):
     text = resolve({"method": "eagle", "model": head}, model=target).explain()
     assert f"'{head}'" in text.replace("\n    ", " ")
     assert head in text  # on one line: not split at a hyphen or mid-word
+
+
+# --- prompt_lookup_branches: specsure's ngram token trees ------------------------------------------
+
+def test_prompt_lookup_branches_defaults_to_a_chain_and_is_kept_when_given(tmp_path):
+    from specsure.config.export import export
+
+    res = resolve({"method": "ngram"})
+    assert res.config.prompt_lookup_branches == 1 and res.source("prompt_lookup_branches") == "default"
+    assert "one chain, as vLLM does" in res.reason("prompt_lookup_branches")
+    tree = resolve({"prompt_lookup_branches": 4})
+    assert tree.config.method == "ngram" and tree.source("method") == "derived"
+    assert tree.config.prompt_lookup_branches == 4 and tree.source("prompt_lookup_branches") == "user"
+    out = export(tree, "vllm")
+    assert "prompt_lookup_branches" not in out.speculative_config
+    assert any("vLLM drafts one chain" in w for w in out.warnings)
+
+
+def test_prompt_lookup_branches_is_refused_out_of_range_and_for_other_methods():
+    with pytest.raises(ConfigError, match="prompt_lookup_branches = 0 is out of range: it must be from 1 to 16"):
+        resolve({"method": "ngram", "prompt_lookup_branches": 0})
+    with pytest.raises(ConfigError, match="prompt_lookup_branches = 2 applies only to method 'ngram'"):
+        resolve({"method": "suffix", "prompt_lookup_branches": 2})

@@ -12,7 +12,8 @@ from specsure.bench.runners import Runner, SpecsureRunner, TransformersRunner
 from specsure.config import ConfigError
 from specsure.config.schema import SUFFIX_FIELDS
 
-METHODS: tuple[str, ...] = ("plain", "ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix")
+METHODS: tuple[str, ...] = ("plain", "ngram", "ngram-tree", "draft_model", "eagle", "eagle3", "mtp", "suffix")
+"""specsure configurations; 'ngram-tree' is ngram with prompt_lookup_branches > 1 (token trees)."""
 """specsure configurations, in report order; 'plain' is speculation off."""
 BASELINES: tuple[str, ...] = ("hf", "hf-prompt-lookup", "hf-assisted")
 """transformers configurations: generate greedy, prompt lookup, assisted generation."""
@@ -38,6 +39,8 @@ class Settings:
     mtp_head: str | None = None
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    prompt_lookup_branches: int = 4
+    """ngram-tree only: the branches merged into each draft's token tree."""
     # suffix only; None keeps vLLM's default.
     suffix_decoding_max_tree_depth: int | None = None
     suffix_decoding_max_cached_requests: int | None = None
@@ -57,6 +60,8 @@ def speculative_config(method: str, s: Settings) -> dict[str, Any] | None:
     """
     if method == "plain":
         return None
+    if method == "ngram-tree":
+        return {**speculative_config("ngram", s), "prompt_lookup_branches": s.prompt_lookup_branches}
     config: dict[str, Any] = {"method": method, "num_speculative_tokens": s.num_speculative_tokens}
     if method == "ngram":
         if s.prompt_lookup_min is not None:

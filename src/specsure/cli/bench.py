@@ -70,6 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-speculative-tokens", "-k", type=int, default=8, help="k for every speculative configuration (default 8)")
     parser.add_argument("--prompt-lookup-min", type=int, default=None, help="ngram: shortest n-gram to match")
     parser.add_argument("--prompt-lookup-max", type=int, default=None, help="ngram: longest n-gram to match")
+    parser.add_argument("--prompt-lookup-branches", type=int, default=4,
+                        help="ngram-tree: matches merged into each draft's token tree (default 4)")
     parser.add_argument("--suffix-max-tree-depth", type=int, default=None, help="suffix: suffix_decoding_max_tree_depth (vLLM's default 24)")
     parser.add_argument("--suffix-max-cached-requests", type=int, default=None,
                         help="suffix: suffix_decoding_max_cached_requests, earlier outputs kept (vLLM's default 10000; 0: off)")
@@ -189,6 +191,7 @@ def _run(args: argparse.Namespace) -> int:
         mtp_head=args.mtp_head,
         prompt_lookup_min=args.prompt_lookup_min,
         prompt_lookup_max=args.prompt_lookup_max,
+        prompt_lookup_branches=args.prompt_lookup_branches,
         suffix_decoding_max_tree_depth=args.suffix_max_tree_depth,
         suffix_decoding_max_cached_requests=args.suffix_max_cached_requests,
         suffix_decoding_max_spec_factor=args.suffix_max_spec_factor,

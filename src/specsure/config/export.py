@@ -236,6 +236,10 @@ def _vllm(res: "Resolution") -> Export:
     spec = config.to_vllm()
     args = ("--model", target_path(res), "--speculative-config", json.dumps(spec, separators=(", ", ": ")))
     warnings = _target_warnings(res, "vLLM")
+    if (config.prompt_lookup_branches or 1) > 1:
+        warnings.append(f"prompt_lookup_branches = {config.prompt_lookup_branches} is a specsure key that vLLM does "
+                        "not have, so it is left out: vLLM drafts one chain (the first branch). Its output is the "
+                        "same; fewer tokens are accepted per step.")
     if config.method == "suffix":
         # vllm/config/speculative.py _validate_suffix_decoding raises ImportError without it.
         warnings.append("vLLM runs suffix decoding through the arctic-inference package and refuses the config "
@@ -268,6 +272,10 @@ def _sglang(res: "Resolution") -> Export:
                  "--speculative-ngram-min-match-window-size", str(config.prompt_lookup_min),
                  "--speculative-ngram-max-match-window-size", str(config.prompt_lookup_max),
                  "--speculative-ngram-min-bfs-breadth", "1", "--speculative-ngram-max-bfs-breadth", "1"]
+        if (config.prompt_lookup_branches or 1) > 1:
+            warnings.append(f"prompt_lookup_branches = {config.prompt_lookup_branches} is specsure's own token tree; "
+                            "SGLang's NGRAM builds its trees differently, so the export keeps it to one chain "
+                            "(breadth 1). The output is the same; fewer tokens are accepted per step.")
         warnings.append("SGLang's NGRAM drafts from a cache of earlier tokens (this and past requests), so "
                         "its drafts can differ from prompt lookup's earliest match; verification stays lossless.")
     else:

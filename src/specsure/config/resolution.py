@@ -227,7 +227,8 @@ class _State:
         if (mtp := target_mtp(self.target)) and (head is None or head.value == "mtp"):
             return Decision("method", "mtp", "checkpoint",
                             f"No draft was given and the target declares MTP layers ({mtp.signal}).")
-        lookup = [n for n in ("prompt_lookup_min", "prompt_lookup_max") if getattr(self.spec, n) is not UNSET]
+        lookup = [n for n in ("prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_branches")
+                  if getattr(self.spec, n) is not UNSET]
         suffix = [n for n in SUFFIX_FIELDS if getattr(self.spec, n) is not UNSET]
         if lookup and suffix:
             raise ConfigError(
@@ -235,7 +236,8 @@ class _State:
                 "both given; no method reads both. Set method 'ngram' or 'suffix', and drop the other's keys.")
         if lookup:
             return Decision("method", "ngram", "derived",
-                            "prompt_lookup_min/max were given, and only ngram uses them.")
+                            f"{', '.join(lookup)} {'was' if len(lookup) == 1 else 'were'} given, and only ngram "
+                            f"uses {'it' if len(lookup) == 1 else 'them'}.")
         if suffix:
             return Decision("method", "suffix", "derived",
                             f"{', '.join(suffix)} {'was' if len(suffix) == 1 else 'were'} given, and only suffix "
@@ -352,14 +354,24 @@ class _State:
         return out
 
     def decide_prompt_lookup(self, method: str) -> dict[str, Decision]:
-        lo, hi = self.spec.prompt_lookup_min, self.spec.prompt_lookup_max
+        lo, hi, branches = self.spec.prompt_lookup_min, self.spec.prompt_lookup_max, self.spec.prompt_lookup_branches
+        names = ("prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_branches")
         if method != "ngram":
-            for name, value in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+            for name, value in zip(names, (lo, hi, branches)):
                 if value is not UNSET:
                     raise ConfigError(f"{name} = {value} applies only to method 'ngram', but the method is "
                                       f"{method!r}. Remove {name}, or set method 'ngram'.")
             why = f"Only ngram uses prompt lookup; the method is {method!r}."
-            return {n: Decision(n, None, "derived", why) for n in ("prompt_lookup_min", "prompt_lookup_max")}
+            return {n: Decision(n, None, "derived", why) for n in names}
+        if branches is UNSET:
+            tree = Decision("prompt_lookup_branches", 1, "default",
+                            "The default drafts one chain, as vLLM does; set it above 1 to verify several matches as "
+                            "one token tree.")
+        else:
+            tree = Decision("prompt_lookup_branches", branches, "user", "You set prompt_lookup_branches.")
+        return {**self.decide_lookup_range(lo, hi), "prompt_lookup_branches": tree}
+
+    def decide_lookup_range(self, lo: Any, hi: Any) -> dict[str, Decision]:
         if lo is UNSET and hi is UNSET:
             why = "The default n-gram range is {}..{}.".format(*DEFAULT_PROMPT_LOOKUP)
             return {"prompt_lookup_min": Decision("prompt_lookup_min", DEFAULT_PROMPT_LOOKUP[0], "default", why),

@@ -30,11 +30,16 @@ SUFFIX_FIELDS: Final[tuple[str, ...]] = (
 )
 """vLLM's suffix-decoding keys, in vLLM's order; only method 'suffix' reads them."""
 FIELDS: Final[tuple[str, ...]] = (
-    "method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", *SUFFIX_FIELDS,
+    "method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_branches",
+    *SUFFIX_FIELDS,
 )
+SPECSURE_ONLY_FIELDS: Final[frozenset[str]] = frozenset({"prompt_lookup_branches"})
+"""Keys vLLM does not have: exports leave them out (and say what vLLM does instead)."""
 KEY_ALIASES: Final[Mapping[str, str]] = {"draft_model": "model"}
 MAX_SPECULATIVE_TOKENS: Final[int] = 64
 MAX_PROMPT_LOOKUP: Final[int] = 64
+MAX_PROMPT_LOOKUP_BRANCHES: Final[int] = 16
+"""A tree of b branches of depth k feeds up to b * k + 1 tokens per verify forward."""
 MAX_SUFFIX_TREE_DEPTH: Final[int] = 128
 """specsure's ceiling on suffix_decoding_max_tree_depth: each committed token costs O(depth) tree
 updates and each step O(depth^2) lookups in the worst case, in Python (vLLM sets none)."""
@@ -75,6 +80,7 @@ class UserSpec:
     num_speculative_tokens: Any = UNSET
     prompt_lookup_min: Any = UNSET
     prompt_lookup_max: Any = UNSET
+    prompt_lookup_branches: Any = UNSET
     suffix_decoding_max_tree_depth: Any = UNSET
     suffix_decoding_max_cached_requests: Any = UNSET
     suffix_decoding_max_spec_factor: Any = UNSET
@@ -118,6 +124,8 @@ def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
     for key in ("prompt_lookup_min", "prompt_lookup_max"):
         if key in values:
             _check_int(key, values[key], MAX_PROMPT_LOOKUP)
+    if "prompt_lookup_branches" in values:
+        _check_int("prompt_lookup_branches", values["prompt_lookup_branches"], MAX_PROMPT_LOOKUP_BRANCHES)
     lo, hi = values.get("prompt_lookup_min"), values.get("prompt_lookup_max")
     if lo is not None and hi is not None and lo > hi:
         raise ConfigError(
@@ -239,6 +247,9 @@ class SpeculativeConfig:
     """ngram only: the shortest n-gram matched, 1..64, <= prompt_lookup_max."""
     prompt_lookup_max: int | None = None
     """ngram only: the longest n-gram matched, 1..64."""
+    prompt_lookup_branches: int | None = None
+    """ngram only (a specsure key; vLLM has none): how many earlier matches one draft merges into a
+    token tree, verified in one forward, 1..16. 1 drafts a single chain, as vLLM does."""
     suffix_decoding_max_tree_depth: int | None = None
     """suffix only: the longest token string the suffix trees hold, 1..128; it bounds the matched
     pattern plus the draft that follows it."""
@@ -255,10 +266,13 @@ class SpeculativeConfig:
             raise ConfigError(f"method = {self.method!r} is not one of {', '.join(METHODS)}.")
         _check_int("num_speculative_tokens", self.num_speculative_tokens, MAX_SPECULATIVE_TOKENS)
         is_ngram = self.method == "ngram"
-        for key in ("prompt_lookup_min", "prompt_lookup_max"):
+        if is_ngram and self.prompt_lookup_branches is None:  # a chain, as before the key existed
+            object.__setattr__(self, "prompt_lookup_branches", 1)
+        for key in ("prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_branches"):
             value = getattr(self, key)
             if is_ngram:
-                _check_int(key, value, MAX_PROMPT_LOOKUP)
+                _check_int(key, value, MAX_PROMPT_LOOKUP if key != "prompt_lookup_branches" else
+                           MAX_PROMPT_LOOKUP_BRANCHES)
             elif value is not None:
                 raise ConfigError(f"{key} = {value} applies only to method 'ngram', not {self.method!r}.")
         if is_ngram and self.prompt_lookup_min > self.prompt_lookup_max:  # type: ignore[operator]

@@ -47,7 +47,7 @@ def build_ngram(res: "Resolution", target: "LoadedModel", dtype: str) -> Propose
 
     config = res.config
     assert config is not None and config.prompt_lookup_min and config.prompt_lookup_max
-    return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max, config.prompt_lookup_branches or 1)
 
 
 def build_draft_model(res: "Resolution", target: "LoadedModel", dtype: str) -> Proposer:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final, Mapping
 from specsure.config.export import (
     VLLM_DETECTION_SKIPPED, VLLM_MTP_MODEL_TYPES, PathTrap, vllm_draft_path, vllm_path_trap,
 )
-from specsure.config.schema import FIELDS, SUFFIX_FIELDS
+from specsure.config.schema import FIELDS, SPECSURE_ONLY_FIELDS, SUFFIX_FIELDS
 
 if TYPE_CHECKING:
     from specsure.config.resolution import Resolution
@@ -116,6 +116,8 @@ def compare(res: "Resolution", vllm: Mapping[str, Any], *, exported: Mapping[str
     written = _normalise(as_written) if as_written and "error" not in as_written else None
     rows, mismatches = [], []
     for name in FIELDS:
+        if name in SPECSURE_ONLY_FIELDS:  # vLLM has no such key to compare
+            continue
         decision = res.decisions[name]
         agree = _same(name, ours[name], theirs[name])
         shown = ours[name] if name != "model" else config.model
