@@ -13,6 +13,11 @@ import pytest
 from specsure.decode.engine import Engine
 from tiny import build_tiny_llama
 
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+WORDS = "w5 w6 w7 w8 w5 w6 w7 w8 w5"
+PROMPT_IDS = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9]
+CHAT = [{"role": "system", "content": "w1 w2"}, {"role": "user", "content": WORDS}]
+
 TEMPLATE = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
             "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
 
@@ -33,6 +38,24 @@ def build_tiny_chat_model(folder: Path) -> Path:
     build_tiny_llama(folder, vocab_size=len(words))
     fast.save_pretrained(folder)
     return folder
+
+
+def tiny_chat_engine(tmp_path_factory: pytest.TempPathFactory, name: str) -> Engine:
+    """An ngram engine (float32) on a fresh tiny chat model; one per test module."""
+    from specsure import make_engine
+
+    return make_engine(str(build_tiny_chat_model(tmp_path_factory.mktemp(name))), NGRAM, dtype="float32")
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """A sample's value from a Prometheus text page (0 when absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
 
 
 @contextmanager

@@ -20,19 +20,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from specsure import SamplingParams, make_engine
 from specsure.cli.main import build_parser, main
 from specsure.decode.engine import Engine
-from serving import build_tiny_chat_model
+from serving import CHAT, PROMPT_IDS, WORDS, serving, tiny_chat_engine
 from specsure.serve import create_app
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-PROMPT_IDS = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9]
-WORDS = "w5 w6 w7 w8 w5 w6 w7 w8 w5"
-CHAT = [{"role": "system", "content": "w1 w2"}, {"role": "user", "content": WORDS}]
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    folder = build_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat"))
-    return make_engine(str(folder), NGRAM, dtype="float32")
+    return tiny_chat_engine(tmp_path_factory, "tiny-chat")
 
 
 @pytest.fixture(scope="module")
@@ -335,24 +330,10 @@ def test_serve_port_out_of_range_exits_2_before_loading(port: str, capsys: pytes
 
 
 def test_uvicorn_serves_on_a_real_socket(engine: Engine) -> None:
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert server.started
-        host, port = server.servers[0].sockets[0].getsockname()[:2]
-        assert host == "127.0.0.1"
-        r = httpx.post(f"http://{host}:{port}/v1/completions", json={"prompt": PROMPT_IDS, "max_tokens": 3})
+    with serving(create_app(engine)) as base:
+        assert base.startswith("http://127.0.0.1:")
+        r = httpx.post(f"{base}/v1/completions", json={"prompt": PROMPT_IDS, "max_tokens": 3})
         assert r.status_code == 200 and len(r.json()["choices"][0]["token_ids"]) <= 3
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-    assert not thread.is_alive()
 
 
 @pytest.mark.slow

@@ -10,39 +10,26 @@ from typing import Iterator
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from serving import Trace, build_tiny_chat_model, serving
-from specsure import make_engine
+from serving import WORDS, Trace, metric, serving, tiny_chat_engine
 from specsure.cli.main import build_parser, main
 from specsure.decode.engine import Engine
 from specsure.serve import create_app
 from specsure.serve.app import DEFAULT_MAX_QUEUE
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-WORDS = "w5 w6 w7 w8 w5 w6 w7 w8 w5"
 LONG = {"prompt": WORDS, "max_tokens": 400, "ignore_eos": True}
 SHORT = {"prompt": WORDS, "max_tokens": 3, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    folder = build_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat-limits"))
-    return make_engine(str(folder), NGRAM, dtype="float32")
+    return tiny_chat_engine(tmp_path_factory, "tiny-chat-limits")
 
 
 @pytest.fixture(scope="module")
 def url(engine: Engine) -> Iterator[str]:
     with serving(create_app(engine, served_model_name="tiny")) as base:
         yield base
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return 0.0
 
 
 def _wait_until(check, timeout: float = 20) -> None:  # noqa: ANN001

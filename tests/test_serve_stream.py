@@ -16,21 +16,16 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving import Trace, build_tiny_chat_model, serving
+from serving import CHAT, PROMPT_IDS, WORDS, Trace, serving, tiny_chat_engine
 from specsure import SamplingParams, make_engine
 from specsure.decode.engine import Engine
 from specsure.serve import create_app
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
-WORDS = "w5 w6 w7 w8 w5 w6 w7 w8 w5"
-PROMPT_IDS = [5, 6, 7, 8, 9, 10, 5, 6, 7, 8, 9]
-CHAT = [{"role": "system", "content": "w1 w2"}, {"role": "user", "content": WORDS}]
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    folder = build_tiny_chat_model(tmp_path_factory.mktemp("tiny-chat-stream"))
-    return make_engine(str(folder), NGRAM, dtype="float32")
+    return tiny_chat_engine(tmp_path_factory, "tiny-chat-stream")
 
 
 @pytest.fixture(scope="module")
