@@ -15,12 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from prometheus_client.parser import text_string_to_metric_families
 
 from specsure import SamplingParams, make_engine
 from specsure.cli.main import build_parser, main
 from specsure.decode.engine import Engine
-from serving import CHAT, PROMPT_IDS, WORDS, serving, tiny_chat_engine
+from serving import metric, CHAT, PROMPT_IDS, WORDS, serving, tiny_chat_engine
 from specsure.serve import create_app
 
 
@@ -39,15 +38,6 @@ def client(engine: Engine) -> TestClient:
 def bare_client(tiny_llama: Path) -> TestClient:
     """A model without tokenizer files: token-id prompts only."""
     return TestClient(create_app(make_engine(str(tiny_llama), None, dtype="float32"), served_model_name="bare"))
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """One sample's value from a Prometheus exposition; 0.0 when the series is absent."""
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return 0.0
 
 
 def test_completion_greedy_equals_engine_generate(client: TestClient, engine: Engine) -> None:

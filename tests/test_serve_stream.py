@@ -14,9 +14,8 @@ from typing import Iterator
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from serving import CHAT, PROMPT_IDS, WORDS, Trace, serving, tiny_chat_engine
+from serving import metric, CHAT, PROMPT_IDS, WORDS, Trace, serving, tiny_chat_engine
 from specsure import SamplingParams, make_engine
 from specsure.decode.engine import Engine
 from specsure.serve import create_app
@@ -37,14 +36,6 @@ def url(engine: Engine) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return sample.value
-    return 0.0
 
 
 def _figures(spec: dict) -> dict:
