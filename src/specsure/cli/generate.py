@@ -45,8 +45,9 @@ def print_effective(engine: "Engine") -> None:
     """One line per field with its value and source."""
     res = engine.resolution
     print(f"effective config (running: {engine.speculative_method or 'plain decoding'}):")
+    width = max(len(name) for name in res.decisions)
     for name, decision in res.decisions.items():
-        print(f"  {name:<24} {decision.value!s:<30} [{decision.source}]")
+        print(f"  {name:<{width}} {decision.value!s:<30} [{decision.source}]")
     for warning in res.warnings:
         print(f"  warning: {warning}")
 
