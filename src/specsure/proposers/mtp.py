@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -151,5 +152,37 @@ def _load_module(weights: TensorFile, prefix: str, base: nn.Module, block_config
     with torch.device("meta"):
         module = MTPModule(base, block_config, "embed_tokens.weight" in names, "shared_head.head.weight" in names)
     tensors = weights.read(local.values())
-    load_weights(module, {k: tensors[n] for k, n in local.items()}, f"{label} ({prefix}*)", lm.dtype)
+    by_name = fuse_experts({k: tensors[n] for k, n in local.items()}, set(module.state_dict()), f"{label} ({prefix}*)")
+    load_weights(module, by_name, f"{label} ({prefix}*)", lm.dtype)
     return module
+
+
+_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<index>\d+)\.(?P<part>gate|up|down)_proj\.weight$")
+
+
+def fuse_experts(tensors: dict[str, torch.Tensor], expected: set[str], checkpoint: str) -> dict[str, torch.Tensor]:
+    """Per-expert MoE tensors, stacked the way the block's own class holds them.
+
+    The public DeepSeek-V3 layout stores ``experts.{i}.{gate,up,down}_proj.weight``; transformers
+    5 fuses them when it loads the main layers (``gate_up_proj`` [E, 2I, H]: each expert's gate
+    rows then its up rows; ``down_proj`` [E, H, I]). The MTP layers are read here, so they are
+    fused here the same way, for every experts module whose fused tensors the block expects.
+    """
+    groups: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        match = _EXPERT.match(name)
+        if match is None or f"{match['prefix']}.gate_up_proj" not in expected:
+            out[name] = tensor
+            continue
+        groups.setdefault(match["prefix"], {}).setdefault(int(match["index"]), {})[match["part"]] = tensor
+    for prefix, experts in groups.items():
+        ids = sorted(experts)
+        incomplete = [i for i in ids if set(experts[i]) != {"gate", "up", "down"}]
+        if ids != list(range(len(ids))) or incomplete:
+            raise ConfigError(f"draft head {checkpoint!r}: the experts under {prefix!r} are incomplete (experts {ids}, "
+                              f"missing projections in {incomplete}); every expert needs gate_proj, up_proj and "
+                              "down_proj weights.")
+        out[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat([experts[i]["gate"], experts[i]["up"]]) for i in ids])
+        out[f"{prefix}.down_proj"] = torch.stack([experts[i]["down"] for i in ids])
+    return out
