@@ -11,8 +11,9 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from specsure.models import causal_lm
-from specsure.models.causal_lm import CausalLM, LogitsTransform
+from specsure.models import logits as logits_module
+from specsure.models.causal_lm import CausalLM
+from specsure.models.logits import LogitsTransform
 from specsure.models.errors import ModelLoadError
 
 COMMON: dict[str, Any] = {
@@ -127,7 +128,7 @@ def test_unknown_logits_transform_is_refused() -> None:
 def test_family_missing_from_the_table_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without its entry, Granite's division is an unknown transform, and the check names the class."""
     hf = build("Granite", {"logits_scaling": 4.0})
-    monkeypatch.delitem(causal_lm._SCALED_HEADS, "granite")
+    monkeypatch.delitem(logits_module._SCALED_HEADS, "granite")
     with pytest.raises(ModelLoadError, match="GraniteForCausalLM.*differ from its base model"):
         CausalLM(hf)
 
