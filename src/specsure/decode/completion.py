@@ -1,0 +1,56 @@
+"""What the engine hands back: a prompt's Completion, each streamed step's update, and its user errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Sequence, Union
+
+from specsure.decode.metrics import SpecStats
+
+Prompt = Union[str, Sequence[int]]
+FinishReason = Literal["stop", "length"]
+
+
+class PromptError(ValueError):
+    """A prompt the engine cannot run. ``detail`` is the message without the prompt's index."""
+
+    def __init__(self, index: int, detail: str) -> None:
+        self.index = index
+        self.detail = detail
+        super().__init__(f"prompt {index} {detail}")
+
+
+class ParamsError(ValueError):
+    """SamplingParams that are valid but that this engine's model cannot honour; ``field`` names the param."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One prompt's result."""
+
+    text: str | None
+    """Decoded output (special tokens skipped); None when the model has no tokenizer."""
+    token_ids: list[int]
+    """Output token ids, including a final EOS token when generation ended on one."""
+    finish_reason: FinishReason
+    """'stop' for EOS or a stop string, 'length' for max_tokens or the context limit."""
+    stats: SpecStats
+    prompt_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StepUpdate:
+    """What one engine step committed, as ``Engine.generate_stream`` hands it out."""
+
+    token_ids: list[int]
+    """The output tokens this step added: the prompt forward's one token, then 1 to k + 1 per
+    verification. On the last update, the ones kept after trimming at EOS, max_tokens or a stop
+    string; so the updates' token ids, joined, are ``completion.token_ids``."""
+    finish_reason: FinishReason | None = None
+    """None while generating; on the last update, why generation ended."""
+    completion: Completion | None = None
+    """On the last update only: the whole result, as ``Engine.generate`` returns it."""
