@@ -53,36 +53,44 @@ class NgramProposer(Proposer):
         return Draft(tokens, parents=parents)
 
 
-def find_ngram_draft(context: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """The ngram draft for ``context`` as a list of at most ``k`` ids ([] when nothing matches).
+def _as_tokens(context: Sequence[int]) -> np.ndarray:
+    if isinstance(context, np.ndarray):
+        return context.astype(np.int64, copy=False)
+    if isinstance(context, torch.Tensor):
+        return context.cpu().numpy().astype(np.int64, copy=False)
+    return np.fromiter(context, dtype=np.int64, count=len(context))
+
+
+def _match_levels(tokens: np.ndarray, max_n: int) -> list[np.ndarray]:
+    """``levels[i]``: where earlier occurrences of the context's last ``i + 1`` tokens end, ascending.
 
     Runs every decode step on contexts of thousands of tokens, so instead of comparing every
     window for every n, it finds the earlier positions holding the last token, then extends all
     those candidate matches backwards together, one token per round (at most ``max_n`` rounds).
     """
-    if isinstance(context, np.ndarray):
-        tokens = context.astype(np.int64, copy=False)
-    elif isinstance(context, torch.Tensor):
-        tokens = context.cpu().numpy().astype(np.int64, copy=False)
-    else:
-        tokens = np.fromiter(context, dtype=np.int64, count=len(context))
     size = tokens.size
-    if k <= 0 or size <= min_n:  # an earlier occurrence of n tokens needs n + 1 tokens at least
-        return []
-    # ends: positions j < size - 1 where an earlier occurrence could end, ascending.
-    ends = np.flatnonzero(tokens[:-1] == tokens[-1])
-    if ends.size == 0:
-        return []
+    ends = np.flatnonzero(tokens[:-1] == tokens[-1])  # positions j < size - 1
+    levels: list[np.ndarray] = []
     length = 1
-    for back in range(1, min(max_n, size - 1)):
-        alive = ends[ends >= back]
-        alive = alive[tokens[alive - back] == tokens[-1 - back]]
-        if alive.size == 0:
+    while ends.size:
+        levels.append(ends)
+        if length >= min(max_n, size - 1):
             break
-        ends, length = alive, back + 1
-    if length < min_n:
+        alive = ends[ends >= length]
+        ends = alive[tokens[alive - length] == tokens[-1 - length]]
+        length += 1
+    return levels
+
+
+def find_ngram_draft(context: Sequence[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """The ngram draft for ``context`` as a list of at most ``k`` ids ([] when nothing matches)."""
+    tokens = _as_tokens(context)
+    if k <= 0 or tokens.size <= min_n:  # an earlier occurrence of n tokens needs n + 1 tokens at least
         return []
-    start = int(ends[0]) + 1  # ends stays ascending, so [0] is the earliest longest match
+    levels = _match_levels(tokens, max_n)
+    if len(levels) < min_n:
+        return []
+    start = int(levels[-1][0]) + 1  # the earliest occurrence of the longest match
     return tokens[start : start + k].tolist()
 
 
@@ -96,21 +104,10 @@ def find_ngram_tree(context: Sequence[int], k: int, min_n: int, max_n: int,
     ``[pending] + tokens`` (0 is the pending token, the root), and every parent precedes its
     child, so the nodes can be fed in this order. ([], []) when nothing matches.
     """
-    tokens = np.fromiter(context, dtype=np.int64, count=len(context)) if not isinstance(context, np.ndarray) \
-        else context.astype(np.int64, copy=False)
-    size = tokens.size
-    if k <= 0 or branches <= 0 or size <= min_n:
+    tokens = _as_tokens(context)
+    if k <= 0 or branches <= 0 or tokens.size <= min_n:
         return [], []
-    ends = np.flatnonzero(tokens[:-1] == tokens[-1])
-    levels: list[np.ndarray] = []  # levels[i]: ends of matches of length i + 1, ascending
-    length = 1
-    while ends.size:
-        levels.append(ends)
-        if length >= min(max_n, size - 1):
-            break
-        alive = ends[ends >= length]
-        ends = alive[tokens[alive - length] == tokens[-1 - length]]
-        length += 1
+    levels = _match_levels(tokens, max_n)
     out: list[int] = []
     parents: list[int] = []
     child: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
