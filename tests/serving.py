@@ -80,33 +80,41 @@ def serving(app) -> Iterator[str]:  # noqa: ANN001 - a FastAPI app
 
 
 class Trace:
-    """Wraps engine.generate_stream: each step takes ``step_s`` more; records starts, ends and closes.
+    """Wraps the engine's scheduler: each step takes ``step_s`` more; records starts, ends and closes.
 
-    Events are ``(what, max_tokens, steps)``, so tests tag requests by their max_tokens. A stream
-    the server stops before its last update is 'closed'; one that reached it is 'end'.
+    Events are ``(what, max_tokens, steps)``, so tests tag requests by their max_tokens. A request
+    aborted before its last update is 'closed'; one that reached it is 'end'.
     """
 
     def __init__(self, engine: Engine, monkeypatch: pytest.MonkeyPatch, step_s: float) -> None:
         self.events: list[tuple[str, int, int]] = []
         self.lock = threading.Lock()
-        real = engine.generate_stream
+        scheduler = engine.scheduler
+        real_step, real_abort = scheduler.step, scheduler.abort
+        steps: dict[int, int] = {}  # id(request) -> steps it took part in
+        keep: list[object] = []  # holds the requests, so their ids stay theirs
 
-        def traced(prompt, params):  # noqa: ANN001, ANN202
-            steps, tag = 0, params.max_tokens
-            self._log("start", tag, 0)
-            try:
-                for update in real(prompt, params):
-                    time.sleep(step_s)
-                    steps += 1
-                    if update.completion is not None:
-                        self._log("end", tag, steps)
-                    yield update
-            except GeneratorExit:
-                if update.completion is None:
-                    self._log("closed", tag, steps)
-                raise
+        def step():  # noqa: ANN202
+            updates = real_step()
+            for request, update in updates:
+                tag = request.params.max_tokens
+                if id(request) not in steps:
+                    keep.append(request)
+                    steps[id(request)] = 0
+                    self._log("start", tag, 0)
+                steps[id(request)] += 1
+                if update.completion is not None:
+                    self._log("end", tag, steps[id(request)])
+            time.sleep(step_s)
+            return updates
 
-        monkeypatch.setattr(engine, "generate_stream", traced)
+        def abort(request) -> None:  # noqa: ANN001
+            if id(request) in steps and request.completion is None:
+                self._log("closed", request.params.max_tokens, steps[id(request)])
+            real_abort(request)
+
+        monkeypatch.setattr(scheduler, "step", step)
+        monkeypatch.setattr(scheduler, "abort", abort)
 
     def _log(self, what: str, tag: int, steps: int) -> None:
         with self.lock:

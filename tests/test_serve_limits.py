@@ -41,6 +41,7 @@ def _wait_until(check, timeout: float = 20) -> None:  # noqa: ANN001
 
 def test_beyond_max_queue_requests_get_a_clean_503(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     trace = Trace(engine, monkeypatch, step_s=0.05)
+    monkeypatch.setattr(engine.scheduler, "max_num_seqs", 1)  # one generating, so the queue fills at once
     with serving(create_app(engine, served_model_name="tiny", max_queue=2)) as url:
         results: list[object] = []
 
@@ -71,6 +72,7 @@ def test_beyond_max_queue_requests_get_a_clean_503(engine: Engine, monkeypatch: 
                 error = r.json()["error"]
                 assert r.headers["retry-after"] == "1" and error["code"] == "queue_full"
                 assert error["type"] == "server_error" and "--max-queue 2" in error["message"]
+                assert "--max-num-seqs 1" in error["message"]
         assert refused.value.status_code == 503 and refused.value.response.headers["retry-after"] == "1"
         labels = {"model_name": "tiny", "engine": "0"}
         assert metric(busy, "vllm:num_requests_running", **labels) == 1
@@ -112,6 +114,7 @@ def test_request_timeout_ends_a_stream_with_an_error_event(engine: Engine, monke
 
 def test_request_timeout_in_the_queue_is_a_503(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     trace = Trace(engine, monkeypatch, step_s=2.0)  # one step outlasts both deadlines
+    monkeypatch.setattr(engine.scheduler, "max_num_seqs", 1)  # so the second request waits
     with serving(create_app(engine, served_model_name="tiny", request_timeout=0.5)) as url:
         first: list[httpx.Response] = []
         runner = threading.Thread(target=lambda: first.append(httpx.post(f"{url}/v1/completions", json=LONG)))

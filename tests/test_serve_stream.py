@@ -136,6 +136,7 @@ def test_a_dropped_plain_request_stops_too(url: str, engine: Engine, monkeypatch
 
 def test_a_dropped_waiting_request_never_runs(url: str, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     trace = Trace(engine, monkeypatch, step_s=0.05)
+    monkeypatch.setattr(engine.scheduler, "max_num_seqs", 1)  # so the second request waits
     with httpx.stream("POST", f"{url}/v1/completions", json={**LONG, "stream": True}) as r:
         lines = r.iter_lines()  # kept: dropping the iterator would close the connection
         next(lines)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
+from specsure.bench.load import Level
 from specsure.bench.results import ALL, BenchResults
 
 
@@ -84,3 +85,27 @@ def plot_acceptance(results: BenchResults, path: Path) -> dict[str, Any]:
     plt.close(fig)
     return data
 
+
+
+def plot_load(levels: Sequence[Level], path: Path) -> dict[str, Any]:
+    """`specsure bench serve`: output tokens/s and p99 inter-token latency against concurrency, per server."""
+    plt = _pyplot()
+    series: dict[str, dict[str, list[float]]] = {}
+    for level in levels:
+        row = series.setdefault(level.label, {"concurrency": [], "tokens_per_s": [], "itl_p99_ms": []})
+        row["concurrency"].append(level.concurrency)
+        row["tokens_per_s"].append(level.tokens_per_s)
+        row["itl_p99_ms"].append(1e3 * level.itl_p99_s)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for label, row in series.items():
+        left.plot(row["concurrency"], row["tokens_per_s"], marker="o", label=label)
+        right.plot(row["concurrency"], row["itl_p99_ms"], marker="o", label=label)
+    for axis, title in ((left, "aggregate output tokens/s"), (right, "inter-token latency p99 (ms)")):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("concurrent requests")
+        axis.set_title(title)
+        axis.grid(alpha=0.3)
+    left.legend()
+    _save(fig, path)
+    plt.close(fig)
+    return {"series": series}

@@ -24,6 +24,7 @@ from specsure.bench.plots import plot_acceptance, plot_speedup
 from specsure.bench.report import render_markdown
 from specsure.bench.results import ALL, BenchResults, prompt_result, summarize
 from specsure.bench.workload import CATEGORIES, WorkloadError, encode, load_builtin, load_workload, select
+from specsure.cli import bench_serve
 from specsure.config import ConfigError
 
 QUICK = {"per_category": 2, "max_tokens": 96, "repeats": 3}
@@ -46,6 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                         "acceptance and output equality per method and category.")
     add_arguments(parser)
     parser.set_defaults(run=run)
+    # `specsure bench serve` loads running servers instead; plain `specsure bench` stays as it was.
+    bench_serve.add_parser(parser.add_subparsers(dest="bench_mode", metavar="MODE"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,7 +18,7 @@ _ENGINE = ("torch", "transformers", "safetensors", "tokenizers", "gguf", "accele
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "engine": _ENGINE,
     "serve": (*_ENGINE, "fastapi", "uvicorn", "prometheus_client"),
-    "bench": (*_ENGINE, "matplotlib"),
+    "bench": (*_ENGINE, "matplotlib", "httpx"),
     "train": _ENGINE,
 }
 """The modules each install extra of pyproject.toml brings; `pip install specsure` brings none of them."""

@@ -10,6 +10,7 @@ import sys
 from specsure.cli.common import EXIT_OK, EXIT_USAGE, add_model_flags, parse_speculative_config
 
 DEFAULT_MAX_QUEUE = 64  # specsure.serve.app.DEFAULT_MAX_QUEUE; not imported, so --help needs no fastapi
+DEFAULT_MAX_NUM_SEQS = 8  # specsure.decode.scheduler.DEFAULT_MAX_NUM_SEQS; not imported, so --help needs no torch
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -26,9 +27,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECSURE_API_KEY, else none)")
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the model name clients send (default: the --model string, or SmolLM2-135M-Instruct)")
+    parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS, metavar="N",
+                        help=f"requests generating at once, batched into every target forward (default "
+                             f"{DEFAULT_MAX_NUM_SEQS}, as vLLM names it)")
     parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
-                        help=f"requests that may wait behind the one generating; one more gets a 503 with "
-                             f"Retry-After (default {DEFAULT_MAX_QUEUE})")
+                        help=f"requests that may wait for a place in the running batch; one more gets a 503 "
+                             f"with Retry-After (default {DEFAULT_MAX_QUEUE})")
     parser.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
                         help="stop a request this long after it arrived, queueing included, and answer with an "
                              "error: 503 if it never started, else 504 (default: no limit)")
@@ -40,8 +44,10 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port} is not a TCP port; give 0..65535 (0 picks a free one).")
     if args.max_queue < 0:
-        raise ValueError(f"--max-queue {args.max_queue} must be >= 0 (0: a request that finds the engine busy "
-                         "gets a 503 at once).")
+        raise ValueError(f"--max-queue {args.max_queue} must be >= 0 (0: a request that finds the running "
+                         "batch full gets a 503 at once).")
+    if args.max_num_seqs < 1:
+        raise ValueError(f"--max-num-seqs {args.max_num_seqs} must be >= 1 (1: one request generates at a time).")
     if args.request_timeout is not None and not 0 < args.request_timeout < float("inf"):
         raise ValueError(f"--request-timeout {args.request_timeout:g} must be a number of seconds > 0; omit it "
                          "for no limit.")
@@ -62,13 +68,13 @@ def run(args: argparse.Namespace) -> int:
             "binding %s without an API key: anyone who can reach port %d can use the model; "
             "pass --api-key or set SPECSURE_API_KEY", args.host, args.port)
     engine = make_engine(args.model, parse_speculative_config(args.speculative_config), strict=args.strict,
-                         dtype=args.dtype)
+                         dtype=args.dtype, max_num_seqs=args.max_num_seqs)
     # This process serves one app, so the process-wide switch is safe; vLLM flips it too.
     prometheus_client.disable_created_metrics()
     app = create_app(engine, served_model_name=args.served_model_name, api_key=api_key, max_queue=args.max_queue,
                      request_timeout=args.request_timeout)
     print(f"serving {app.state.model_name!r} (speculative: {engine.resolution.summary()}; running "
-          f"{engine.speculative_method or 'plain decoding'}); one request at a time, up to {args.max_queue} "
-          "waiting", file=sys.stderr)
+          f"{engine.speculative_method or 'plain decoding'}); up to {args.max_num_seqs} requests batched, "
+          f"{args.max_queue} more waiting", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return EXIT_OK

@@ -17,13 +17,11 @@ from specsure.decode.completion import (
     Completion, FinishReason, ParamsError, Prompt, PromptError, StepUpdate,
 )
 from specsure.decode.metrics import SpecStats
-from specsure.decode.rejection import verify_greedy, verify_sampled
-from specsure.decode.tree import depth, verify_tree
-from specsure.sampling import SamplingParams, draw, probs_from_logits
-from specsure.models.causal_lm import ForwardOutput
+from specsure.decode.request import Request, Rules
+from specsure.decode.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler
+from specsure.sampling import SamplingParams
 from specsure.models.loading import LoadedModel, load_model
-from specsure.models.token_tree import TokenTree
-from specsure.proposers.base import Draft, Proposer
+from specsure.proposers.base import Proposer
 from specsure.proposers.factory import build_proposer
 
 if TYPE_CHECKING:
@@ -31,14 +29,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-NO_DRAFT = Draft([])
-
 
 class Engine:
     """Runs what the Resolution says. Build it with ``make_engine``."""
 
     def __init__(self, resolution: Resolution, target: LoadedModel, proposer: Proposer | None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> None:
         config = resolution.config
         running = proposer.method if proposer is not None else None
         asked = config.method if config is not None else None
@@ -48,13 +44,26 @@ class Engine:
                                f"proposer built is {running!r}. This is a specsure bug; please report it.")
         self.resolution = resolution
         self.target = target
-        self.proposer = proposer
         self.seed = seed
         self.stats = SpecStats()
+        self.max_num_seqs = max_num_seqs
         self._k = config.num_speculative_tokens if config is not None else 0
-        self._hidden = bool(proposer is not None and proposer.needs_hidden)
-        self._aux_layers = tuple(proposer.aux_layers) if proposer is not None else ()
         self._running: object | None = None
+        self.proposer = proposer
+
+    @property
+    def proposer(self) -> Proposer | None:
+        """The proposer of the engine's own sequence slot (slot 0); concurrent sequences draft with its forks."""
+        return self._proposer
+
+    @proposer.setter
+    def proposer(self, proposer: Proposer | None) -> None:
+        self._proposer = proposer
+        hidden = bool(proposer is not None and proposer.needs_hidden)
+        aux_layers = tuple(proposer.aux_layers) if proposer is not None else ()
+        self.scheduler = Scheduler(self.target.lm, proposer, hidden=hidden, aux_layers=aux_layers,
+                                   max_num_seqs=self.max_num_seqs)
+        """The one scheduler of this engine: ``generate`` runs on it, and so does the server."""
 
     @property
     def speculative_method(self) -> str | None:
@@ -67,10 +76,14 @@ class Engine:
         return self.target.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None) -> list[Completion]:
-        """Generate for one prompt or a list; each runs at batch size 1, in order."""
+        """Generate for one prompt or a list, in order; up to ``max_num_seqs`` of them run batched."""
         params = self._checked(params)
-        batch = [self._encode(p, i) for i, p in enumerate(_as_batch(prompts))]
-        return [_last(self._steps(ids, params)).completion for ids in batch]
+        requests = [self.request(self._encode(p, i), params) for i, p in enumerate(_as_batch(prompts))]
+        for _ in self._run(requests):
+            pass
+        completions = [r.completion for r in requests]
+        assert all(c is not None for c in completions), "the scheduler went idle with a request unfinished"
+        return completions  # type: ignore[return-value]
 
     def generate_stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[StepUpdate]:
         """Generate for one prompt, yielding what each engine step commits, as it is verified.
@@ -136,126 +149,49 @@ class Engine:
             gen.manual_seed(seed)
         return gen
 
-    def _pick(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
-        """The next token from one row of target logits: argmax, or a sample from p."""
-        return draw(logits, params, gen)[0]
+    def request(self, prompt_ids: list[int], params: SamplingParams) -> Request:
+        """A Request for checked prompt ids and params, ready for ``scheduler.add``."""
+        rules = Rules(self.target.eos_token_ids, self.target.tokenizer, self.target.lm.max_context)
+        return Request(prompt_ids, params, self._generator(params), rules, self._k)
+
+    def finished(self, request: Request) -> None:
+        """Count a completed request's work in ``engine.stats`` (the scheduler's users call it)."""
+        assert request.completion is not None
+        self.stats.merge(request.stats)
+
+    def _run(self, requests: list[Request]) -> Iterator[list[tuple[Request, StepUpdate]]]:
+        """Run ``requests`` through the scheduler to the end, one step's updates at a time.
+
+        Closing the iterator aborts what has not finished; its work is not counted.
+        """
+        run = self._running = object()  # the caches are this run's until another one starts
+        scheduler = self.scheduler
+        for stale in [*scheduler.waiting, *scheduler.running]:  # an earlier stream's, which now fails at its next step
+            scheduler.abort(stale)
+        for request in requests:
+            scheduler.add(request)
+        try:
+            while not scheduler.idle:
+                updates = scheduler.step()
+                for request, update in updates:
+                    if update.completion is not None:
+                        self.finished(request)
+                yield updates
+                if self._running is not run:
+                    raise RuntimeError("another generation started on this engine while this stream was open; "
+                                       "the engine runs one generation at a time (pass several prompts to one "
+                                       "generate call to batch them). Finish or close a stream before "
+                                       "starting the next generation.")
+        finally:
+            for request in requests:
+                scheduler.abort(request)
 
     def _steps(self, prompt: list[int], params: SamplingParams) -> Iterator[StepUpdate]:
-        """The decode loop, one update per step; ``generate`` drains it, ``generate_stream`` hands it out."""
-        started = time.perf_counter()
-        run = self._running = object()  # the caches below are this run's until another one starts
-        lm, proposer, stats = self.target.lm, self.proposer, SpecStats()
-        gen = self._generator(params)
-        lm.reset()
-        if proposer is not None:
-            proposer.reset()
-        out = lm.forward(prompt, hidden=self._hidden, aux_layers=self._aux_layers, last_logits=1)
-        if proposer is not None:
-            proposer.observe(prompt, 0, out)
-        output = [self._pick(out.logits[-1], params, gen)]
-        streamed = 0  # output tokens already handed out; the tokens of a step that ends nothing are final
-        finish = self._finished(output, 1, params, lm.cache_len)
-        while finish is None:
-            yield StepUpdate(output[streamed:])
-            if self._running is not run:
-                raise RuntimeError("another generation started on this engine while this stream was open; the "
-                                   "engine runs one generation at a time (batch size 1). Finish or close a "
-                                   "stream before starting the next generation.")
-            streamed = len(output)
-            pending = output[-1]
-            # Room for the draft: the verify forward must fit the context. Tokens past max_tokens
-            # are cut after verification, which leaves the kept ones distributed as before.
-            room = min(self._k, params.max_tokens - len(output),
-                       (lm.max_context or 1 << 30) - lm.cache_len - 2)
-            draft = proposer.propose(prompt + output, room, params, gen) if proposer and room > 0 else NO_DRAFT
-            start = lm.cache_len
-            fed = [pending, *draft.token_ids]
-            if draft.parents is not None and draft.token_ids:
-                kept, new = self._verify_tree(fed, [-1, *draft.parents], params, gen, stats)
-            else:
-                out = lm.forward(fed, hidden=self._hidden, aux_layers=self._aux_layers)  # logits [1 + k, vocab]
-                if not draft.token_ids:
-                    accepted, new = 0, [self._pick(out.logits[0], params, gen)]
-                else:
-                    verdict = (verify_greedy(out.logits, draft.token_ids) if params.greedy else
-                               verify_sampled(probs_from_logits(out.logits, params), draft.token_ids, draft.probs,
-                                              gen))
-                    accepted, new = verdict.accepted, verdict.output_ids
-                    stats.observe(len(draft.token_ids), accepted)
-                    lm.crop(start + 1 + accepted)  # rejected positions leave the target cache
-                kept = (fed[: 1 + accepted], out.rows(1 + accepted))
-            if proposer is not None:
-                proposer.observe(kept[0], start, kept[1])
-            before = len(output)
-            output.extend(new)
-            finish = self._finished(output, before, params, lm.cache_len)
-        text, output, finish = self._detokenize(output, params, finish)
-        assert len(output) > streamed, "trimming at EOS, max_tokens or a stop string only cuts the last step"
-        stats.add_generated(len(output))
-        stats.add_time(time.perf_counter() - started)
-        self.stats.merge(stats)
-        completion = Completion(text=text, token_ids=output, finish_reason=finish, stats=stats,
-                                prompt_token_ids=prompt)
-        yield StepUpdate(output[streamed:], finish, completion)
-
-    def _verify_tree(self, fed: list[int], parents: list[int], params: SamplingParams, gen: torch.Generator | None,
-                     stats: SpecStats) -> tuple[tuple[list[int], ForwardOutput], list[int]]:
-        """Verify a token tree in one forward and keep its accepted path: ((kept tokens, their rows), output)."""
-        lm = self.target.lm
-        start = lm.cache_len
-        # The nodes are in parent-first order, so any prefix of them is a tree: cut to the context.
-        fit = max(1, (lm.max_context or 1 << 30) - start - 1)
-        fed, parents = fed[:fit], parents[:fit]
-        out = lm.forward(fed, hidden=self._hidden, aux_layers=self._aux_layers,
-                         tree=TokenTree.from_parents(parents))  # logits [nodes, vocab]
-        verdict = (verify_tree(None, out.logits, fed, parents, None) if params.greedy else
-                   verify_tree(probs_from_logits(out.logits, params), None, fed, parents, gen))
-        stats.observe(depth(parents), verdict.accepted)
-        lm.keep(start, verdict.path)  # the accepted path moves into place; other branches leave the cache
-        return ([fed[i] for i in verdict.path], out.pick(verdict.path)), verdict.output_ids
-
-    def _finished(self, output: list[int], checked: int, params: SamplingParams, cache_len: int) -> FinishReason | None:
-        """Trim ``output`` in place at EOS or max_tokens; return why generation ends, if it does."""
-        if not params.ignore_eos:
-            for i in range(max(0, checked - 1), len(output)):
-                if output[i] in self.target.eos_token_ids:
-                    del output[i + 1:]
-                    return "stop"
-        if len(output) >= params.max_tokens:
-            del output[params.max_tokens:]
-            return "length"
-        if params.stop and self.tokenizer is not None and self._stop_at(output, params.stop) is not None:
-            return "stop"
-        limit = self.target.lm.max_context
-        if limit and cache_len + 1 >= limit:
-            return "length"
-        return None
-
-    def _stop_at(self, output: list[int], stops: Sequence[str]) -> int | None:
-        text = self.tokenizer.decode(output, skip_special_tokens=True)
-        hits = [text.find(s) for s in stops if s in text]
-        return min(hits) if hits else None
-
-    def _detokenize(self, output: list[int], params: SamplingParams,
-                    finish: FinishReason) -> tuple[str | None, list[int], FinishReason]:
-        if self.tokenizer is None:
-            return None, output, finish
-        text = self.tokenizer.decode(output, skip_special_tokens=True)
-        if params.stop:
-            cut = self._stop_at(output, params.stop)
-            if cut is not None:
-                # Keep the tokens up to the one that completed the stop string; the text ends before it.
-                while len(output) > 1 and self._stop_at(output[:-1], params.stop) is not None:
-                    output = output[:-1]
-                return text[:cut], output, "stop"
-        return text, output, finish
-
-
-def _last(steps: Iterator[StepUpdate]) -> StepUpdate:
-    for update in steps:
-        if update.completion is not None:
-            return update
-    raise AssertionError("the decode loop ended without a completion")
+        """One prompt's updates, step by step; ``generate_stream`` hands them out."""
+        request = self.request(prompt, params)
+        for updates in self._run([request]):
+            for _, update in updates:
+                yield update
 
 
 def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
@@ -273,14 +209,14 @@ def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
 
 
 def make_engine(model: str | None = None, speculative: dict | None = None, *, strict: bool = False,
-                dtype: str = "auto", seed: int | None = None) -> Engine:
+                dtype: str = "auto", seed: int | None = None, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> Engine:
     """Resolve the config, check it can run, load the target, build the named proposer."""
     res = resolve(speculative, model=model, strict=strict)
     res.check_runnable()
     target = load_model(model, dtype=dtype)
     logger.info("dtype %s: %s", str(target.lm.dtype).removeprefix("torch."), target.dtype_reason)
     proposer = build_proposer(res, target, dtype)
-    engine = Engine(res, target, proposer, seed=seed)
+    engine = Engine(res, target, proposer, seed=seed, max_num_seqs=max_num_seqs)
     logger.info("effective speculative config: %s; running proposer: %s", res.summary(), engine.speculative_method)
     return engine
 

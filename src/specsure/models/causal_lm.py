@@ -1,7 +1,8 @@
-"""A causal LM with one KV cache that can be rolled back exactly (batch size 1)."""
+"""A causal LM with a KV cache that can be rolled back exactly; views with their own caches batch together."""
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,56 +13,36 @@ from transformers import PreTrainedModel
 
 from specsure.models.errors import ModelLoadError
 from specsure.models.kv_cache import RollbackCache
+from specsure.models.forward_output import ForwardOutput
 from specsure.models.logits import LogitsTransform, logits_transform
-from specsure.models.native import NativeDecoder, project
+from specsure.models.native import NativeDecoder, Segment, project
 from specsure.models.token_tree import TokenTree, attention_mask
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ForwardOutput:
-    """What one `CausalLM.forward` call returns, one row per fed token.
-
-    Tensors are created under `torch.inference_mode`; `.clone()` them before using them as
-    inputs to autograd (e.g. when distilling a draft head).
-    """
-
-    logits: torch.Tensor
-    """[n, vocab] float32 next-token logits at each fed position; [m, vocab] for the last m
-    positions when the forward was asked for `last_logits=m`."""
-    hidden: torch.Tensor | None
-    """[n, hidden] last hidden state after the final norm (HF `last_hidden_state`), model
-    dtype; None unless `hidden=True`."""
-    aux_hidden: torch.Tensor | None
-    """[n, len(aux_layers) * hidden] residual-stream inputs of `aux_layers`, concatenated in
-    the order given (HF `hidden_states[i]` is the input of layer i); None when no layers were
-    asked for."""
-
-    def pick(self, rows: Sequence[int]) -> "ForwardOutput":
-        """The given rows, in order (a token tree's accepted path)."""
-        index = torch.tensor(list(rows), dtype=torch.long)
-        cut = (lambda t: None if t is None else t[index])
-        return ForwardOutput(logits=self.logits[index], hidden=cut(self.hidden), aux_hidden=cut(self.aux_hidden))
-
-    def rows(self, n: int) -> "ForwardOutput":
-        """The first n rows (for example the committed positions of a verify forward)."""
-        if self.logits.shape[0] == n:
-            return self
-        cut = (lambda t: None if t is None else t[:n])
-        return ForwardOutput(logits=self.logits[:n], hidden=cut(self.hidden), aux_hidden=cut(self.aux_hidden))
 
 
 # Tokens the load-time check runs: enough to see a transform, cheap next to loading the weights.
 _CHECK_TOKENS = 4
 
 
+@dataclass(frozen=True)
+class Call:
+    """One sequence's part of `CausalLM.forward_batch`: which view (whose cache) and what it feeds."""
+
+    lm: "CausalLM"
+    token_ids: Sequence[int]
+    tree: TokenTree | None = None
+    last_logits: int | None = None
+
+
 class CausalLM:
-    """A transformers causal LM plus its KV cache, fed incrementally, batch size 1.
+    """A transformers causal LM plus its KV cache, fed incrementally.
 
     `forward` appends the new tokens at positions `cache_len ..`; `crop` rolls the cache
     back to a prefix. Rolling back and re-feeding gives the same logits as a fresh model fed
-    the kept prefix (up to float rounding from different kernel shapes).
+    the kept prefix (up to float rounding from different kernel shapes). `fork` makes a view
+    with a cache of its own (the same weights), and `forward_batch` runs several views' new
+    tokens in one pass over the weights: that is how concurrent sequences share a step.
     """
 
     def __init__(self, hf: PreTrainedModel, *, native: bool = True) -> None:
@@ -141,17 +122,8 @@ class CausalLM:
                 `max_context`.
         """
         n = len(token_ids)
-        if n == 0:
-            raise ValueError("forward needs at least one token id.")
+        self._check_call(n, aux_layers)
         start = self._cache_len
-        if self.max_context and start + n > self.max_context:
-            raise ValueError(
-                f"context of {start + n} tokens exceeds the model's max_position_embeddings "
-                f"({self.max_context}); shorten the prompt or lower max_tokens."
-            )
-        for layer in aux_layers:
-            if not 0 <= layer < self.num_layers:
-                raise ValueError(f"aux layer {layer} is out of range [0, {self.num_layers}).")
         ids = torch.tensor(list(token_ids), dtype=torch.long)  # [n]
         aux = None
         if self._native is not None:
@@ -175,6 +147,70 @@ class CausalLM:
         self._cache_len = start + n
         rows = last if last_logits is None else last[max(0, n - last_logits):]
         return ForwardOutput(logits=self._logits(rows), hidden=last if hidden else None, aux_hidden=aux)
+
+    def _check_call(self, n: int, aux_layers: tuple[int, ...]) -> None:
+        if n == 0:
+            raise ValueError("forward needs at least one token id.")
+        if self.max_context and self._cache_len + n > self.max_context:
+            raise ValueError(
+                f"context of {self._cache_len + n} tokens exceeds the model's max_position_embeddings "
+                f"({self.max_context}); shorten the prompt or lower max_tokens."
+            )
+        for layer in aux_layers:
+            if not 0 <= layer < self.num_layers:
+                raise ValueError(f"aux layer {layer} is out of range [0, {self.num_layers}).")
+
+    def fork(self) -> "CausalLM":
+        """A view of the same model (weights shared, nothing copied) with an empty cache of its own."""
+        view = copy.copy(self)
+        view._cache = RollbackCache()
+        view._cache_len = 0
+        return view
+
+    @torch.inference_mode()
+    def forward_batch(self, calls: Sequence[Call], *, hidden: bool = False,
+                      aux_layers: tuple[int, ...] = ()) -> list[ForwardOutput]:
+        """`forward` for several views of this model at once: one output per call, in order.
+
+        Each call appends to its own view's cache, at its own positions, with its own tree and
+        `last_logits`, exactly as `forward` would; the products over the weights (the LM head
+        included) run once over every call's rows. On the transformers path the calls run one
+        after another, with the same results.
+
+        Raises:
+            ValueError: a call's view is not of this model, two calls share a view, or a call
+                fails `forward`'s own checks (nothing has run then).
+        """
+        if len({id(c.lm) for c in calls}) != len(calls):
+            raise ValueError("forward_batch: two calls name the same view; each sequence needs its own fork().")
+        for call in calls:
+            if call.lm.hf is not self.hf:
+                raise ValueError("forward_batch: every call's view must be a fork() of this model.")
+            call.lm._check_call(len(call.token_ids), aux_layers)
+        if self._native is None or len(calls) == 1:
+            return [c.lm.forward(c.token_ids, hidden=hidden, aux_layers=aux_layers, last_logits=c.last_logits,
+                                 tree=c.tree) for c in calls]
+        ids = torch.tensor([t for c in calls for t in c.token_ids], dtype=torch.long)  # [T]
+        segments = [Segment(c.lm._cache_len, len(c.token_ids), c.lm._cache, c.tree) for c in calls]
+        last, entering = self._native.forward_segments(ids, segments, aux_layers)  # [T, hidden]
+        aux = torch.cat(entering, dim=-1) if aux_layers else None  # [T, len * hidden]
+        spans, wanted, end = [], [], 0
+        for call in calls:
+            n = len(call.token_ids)
+            call.lm._cache_len += n
+            spans.append((end, end + n))
+            first = end if call.last_logits is None else max(end, end + n - call.last_logits)
+            wanted.append((first, end + n))
+            end += n
+        # The LM head reads the biggest matrix of a small model: one product for every row read.
+        rows = torch.cat([last[a:b] for a, b in wanted])
+        logits = self._logits(rows)  # [sum of rows read, vocab]
+        outputs, at = [], 0
+        for (a, b), (first, stop) in zip(spans, wanted):
+            outputs.append(ForwardOutput(logits=logits[at: at + stop - first], hidden=last[a:b] if hidden else None,
+                                         aux_hidden=None if aux is None else aux[a:b]))
+            at += stop - first
+        return outputs
 
     def crop(self, length: int) -> None:
         """Keep only the first `length` cached positions (exact rollback).

@@ -150,29 +150,65 @@ class NativeDecoder:
         and, for each of ``aux_layers``, the residual stream entering that layer [n, hidden]
         (transformers' ``hidden_states[i]``).
         """
-        n = ids.shape[0]
+        return self.forward_segments(ids, [Segment(start, ids.shape[0], cache, tree)], aux_layers)
+
+    def forward_segments(self, ids: torch.Tensor, segments: list["Segment"],
+                         aux_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Run several sequences' new tokens in one pass: ``ids`` ([T]) is their concatenation.
+
+        Every product over the weights runs once over all T rows (the weights are read once per
+        step, whatever the batch); only attention runs per segment, against that segment's own
+        cache, positions and mask. Returns what ``forward`` returns, for all T rows in order.
+        """
+        total = ids.shape[0]
+        if sum(s.length for s in segments) != total:
+            raise ValueError(f"segments cover {sum(s.length for s in segments)} tokens but {total} were given.")
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
-        x = self.embed(ids)  # [n, hidden]
-        positions = (torch.arange(start, start + n) if tree is None else start + tree.depths).unsqueeze(0)  # [1, n]
-        cos, sin = self.rotary(x.unsqueeze(0), positions)  # [1, n, dim] each
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, n, dim]
+        x = self.embed(ids)  # [T, hidden]
+        positions = torch.cat([torch.arange(s.start, s.start + s.length) if s.tree is None else s.start + s.tree.depths
+                               for s in segments]).unsqueeze(0)  # [1, T]
+        cos, sin = self.rotary(x.unsqueeze(0), positions)  # [1, T, dim] each
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, dim]
         # One new token attends to everything cached; several need the causal triangle (or the
         # tree's ancestor relation) offset by start.
-        mask = None if n == 1 else attention_mask(start, n, tree)
+        masks = [None if s.length == 1 else attention_mask(s.start, s.length, s.tree) for s in segments]
+        bounds, end = [], 0
+        for s in segments:
+            bounds.append((end, end + s.length))
+            end += s.length
         entering: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             if i in aux_layers:
                 entering[i] = x
             h = self._rms(x, layer.input_norm)
-            qkv = project(h, layer.qkv, layer.qkv_bias)  # [n, (heads + 2 * kv_heads) * dim]
+            qkv = project(h, layer.qkv, layer.qkv_bias)  # [T, (heads + 2 * kv_heads) * dim]
             q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
-            q = self._rotate(q.view(n, heads, dim).transpose(0, 1).unsqueeze(0), cos, sin)  # [1, heads, n, dim]
-            k = self._rotate(k.view(n, kv_heads, dim).transpose(0, 1).unsqueeze(0), cos, sin)
-            v = v.view(n, kv_heads, dim).transpose(0, 1).unsqueeze(0)  # [1, kv_heads, n, dim]
-            keys, values = cache.update(k, v, i)  # [1, kv_heads, start + n, dim]
-            att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-            x = x + project(att[0].transpose(0, 1).reshape(n, heads * dim), layer.o, layer.o_bias)
+            q = self._rotate(q.view(total, heads, dim).transpose(0, 1).unsqueeze(0), cos, sin)  # [1, heads, T, dim]
+            k = self._rotate(k.view(total, kv_heads, dim).transpose(0, 1).unsqueeze(0), cos, sin)
+            v = v.view(total, kv_heads, dim).transpose(0, 1).unsqueeze(0)  # [1, kv_heads, T, dim]
+            if len(segments) == 1:
+                keys, values = segments[0].cache.update(k, v, i)  # [1, kv_heads, start + n, dim]
+                att = F.scaled_dot_product_attention(q, keys, values, attn_mask=masks[0], enable_gqa=True)
+                att = att[0].transpose(0, 1)  # [T, heads, dim]
+            else:
+                parts = []
+                for segment, (a, b), mask in zip(segments, bounds, masks):
+                    keys, values = segment.cache.update(k[:, :, a:b], v[:, :, a:b], i)
+                    out = F.scaled_dot_product_attention(q[:, :, a:b], keys, values, attn_mask=mask, enable_gqa=True)
+                    parts.append(out[0].transpose(0, 1))  # [n, heads, dim]
+                att = torch.cat(parts)
+            x = x + project(att.reshape(total, heads * dim), layer.o, layer.o_bias)
             h = self._rms(x, layer.post_norm)
             gate, up = project(h, layer.gate_up).split([self.intermediate, self.intermediate], dim=-1)
             x = x + project(F.silu(gate) * up, layer.down)
         return self._rms(x, self.norm), [entering[i] for i in aux_layers]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One sequence's share of a batched forward: its new tokens' count, where they start, its cache."""
+
+    start: int
+    length: int
+    cache: RollbackCache
+    tree: TokenTree | None = None

@@ -10,6 +10,7 @@ committed to the target's KV cache and the target's features for them, so featur
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Sequence
@@ -38,7 +39,8 @@ class Draft:
 
 
 class Proposer(ABC):
-    """Drafts up to k tokens per step. One instance serves one sequence at a time."""
+    """Drafts up to k tokens per step. One instance serves one sequence at a time; ``fork`` makes
+    another instance for a sequence that runs at the same time."""
 
     method: ClassVar[str]
     """The speculative method this proposer implements; the engine checks it against the
@@ -52,6 +54,20 @@ class Proposer(ABC):
 
     def reset(self) -> None:
         """Forget the previous sequence; called before each prompt."""
+
+    def fork(self) -> "Proposer":
+        """A proposer for another sequence decoded alongside this one's.
+
+        It shares what is not per-sequence (weights, suffix's global tree) and has its own
+        per-sequence state (caches, positions), empty. This default suits proposers whose
+        per-sequence state ``reset`` rebuilds from scratch.
+        """
+        twin = copy.copy(self)
+        twin.reset()
+        return twin
+
+    def retire(self) -> None:
+        """The sequence ended: keep what it teaches later requests (suffix's global tree); a no-op for the rest."""
 
     def clear_history(self) -> None:
         """Forget what earlier requests taught this proposer (suffix's global tree); a no-op for the rest.

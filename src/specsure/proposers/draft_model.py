@@ -30,6 +30,10 @@ class DraftModelProposer(Proposer):
         self._stable = 0
         """Length of the context at the previous proposal; that prefix is committed and shared."""
 
+    def fork(self) -> "DraftModelProposer":
+        """The same draft model (weights shared), with a KV cache of its own."""
+        return DraftModelProposer(self.draft.fork())
+
     def reset(self) -> None:
         self.draft.reset()
         self._fed = []

@@ -20,6 +20,7 @@ what a fresh head fed the committed sequence would propose.
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
@@ -46,6 +47,13 @@ class HeadChainProposer(Proposer):
         self._feature_of = feature_of
         self._caches = [HeadCache() for _ in self.modules]
         self.reset()
+
+    def fork(self) -> "HeadChainProposer":
+        """The same modules (weights shared), with KV caches of its own."""
+        twin = copy.copy(self)
+        twin._caches = [HeadCache() for _ in self.modules]
+        twin.reset()
+        return twin
 
     def reset(self) -> None:
         m = len(self.modules)

@@ -18,12 +18,18 @@ Drafts are point masses (q = 1), so verification stays exact when sampling too.
 The hooks: ``propose`` sees the whole context each step and feeds only its new tokens to the
 request's tree and to the request's cursor in the global tree, so a step costs O(depth)
 updates plus the drafts it tries, however long the context. ``observe`` records what the target
-committed. The engine has no end-of-request call, so a request's output joins the global tree
-when the next request starts (``reset``); ``clear_history`` forgets every earlier request.
+committed. A request's output joins the global tree when its slot is released or the next
+request starts (``reset``); ``clear_history`` forgets every earlier request.
+
+Concurrent requests each draft with a ``fork``: its own request tree and cursor, the one shared
+global tree. A request retiring into the global tree (or evicting from it) while others run
+moves their cursors' positions, so each fork re-finds its cursor from its context's tail when
+the tree's version has changed since it last looked.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
@@ -59,6 +65,26 @@ class _Request:
     """The tokens observe() reported as committed by the target."""
     prompt_len: int | None = None
     """Set at the first propose(): its context is the prompt plus the first output token."""
+    version: int = 0
+    """The global tree's version that ``cursor`` was found in."""
+
+
+@dataclass
+class _History:
+    """The global tree and its bookkeeping, shared by a proposer and all its forks."""
+
+    depth: int
+    enabled: bool
+    tree: SuffixTree | None = None
+    ids: "itertools.count[int]" = field(default_factory=itertools.count)
+    cached: deque[int] = field(default_factory=deque)
+    version: int = 0
+    """Bumped on every change to the tree: cursors found before it may point at stale positions."""
+
+    def clear(self) -> None:
+        self.tree = SuffixTree(self.depth) if self.enabled else None
+        self.cached.clear()
+        self.version += 1
 
 
 class SuffixProposer(Proposer):
@@ -82,28 +108,42 @@ class SuffixProposer(Proposer):
         self.max_cached_requests = max_cached_requests
         self.max_spec_factor = float(max_spec_factor)
         self.min_token_prob = float(min_token_prob)
-        self._ids = itertools.count()
-        self._cached: deque[int] = deque()
-        self.global_tree: SuffixTree | None
-        """Earlier requests' outputs, one sequence each (ids in ``cached_requests``); None when off."""
+        self._history = _History(max_tree_depth, bool(max_cached_requests))
         self._request: _Request
         self.clear_history()
+
+    def _fresh(self) -> _Request:
+        return _Request(SuffixTree(self.max_tree_depth), version=self._history.version)
+
+    @property
+    def global_tree(self) -> SuffixTree | None:
+        """Earlier requests' outputs, one sequence each (ids in ``cached_requests``); None when off."""
+        return self._history.tree
 
     @property
     def cached_requests(self) -> tuple[int, ...]:
         """The ids of the requests whose outputs the global tree holds, oldest first."""
-        return tuple(self._cached)
+        return tuple(self._history.cached)
 
     def clear_history(self) -> None:
         """Forget every earlier request: an empty global tree, and no pending output to add to it."""
-        self.global_tree = SuffixTree(self.max_tree_depth) if self.max_cached_requests else None
-        self._cached.clear()
-        self._request = _Request(SuffixTree(self.max_tree_depth))
+        self._history.clear()
+        self._request = self._fresh()
+
+    def fork(self) -> "SuffixProposer":
+        """A proposer for a concurrent request: its own request tree, this one's global tree."""
+        twin = copy.copy(self)
+        twin._request = self._fresh()
+        return twin
+
+    def retire(self) -> None:
+        """The request ended: its output joins the global tree now."""
+        self._retire()
 
     def reset(self) -> None:
-        """Start a new request; the finished one's output joins the global tree."""
+        """Start a new request; the finished one's output joins the global tree if it has not yet."""
         self._retire()
-        self._request = _Request(SuffixTree(self.max_tree_depth))
+        self._request = self._fresh()
 
     def observe(self, token_ids: Sequence[int], start: int, out: "ForwardOutput | None") -> None:
         committed = self._request.committed
@@ -119,15 +159,19 @@ class SuffixProposer(Proposer):
         own = request.tree.sequence(_OWN) if _OWN in request.tree else []
         if size < request.seen or (request.seen and int(context[request.seen - 1]) != own[request.seen - 1]):
             # Not a continuation of what this request saw (no reset() between requests): start it over.
-            self._request = request = _Request(SuffixTree(self.max_tree_depth))
+            self._request = request = self._fresh()
         if request.prompt_len is None:
             request.prompt_len = size - 1
         new = [int(t) for t in context[request.seen :]]
         request.tree.extend(_OWN, new)
-        if self.global_tree is not None:
+        history = self._history
+        if history.tree is not None:
             cursor = request.cursor
+            if request.version != history.version:  # the tree changed under the cursor: find it again
+                cursor, new = [], [int(t) for t in context[max(0, size - self.max_tree_depth):]]
+                request.version = history.version
             for token in new:
-                cursor = self.global_tree.advance(cursor, token)
+                cursor = history.tree.advance(cursor, token)
             request.cursor = cursor
         request.seen = size
         return Draft(self._best_draft(request, k) if k > 0 else [])
@@ -160,7 +204,8 @@ class SuffixProposer(Proposer):
 
     def _retire(self) -> None:
         """Add the request's output to the global tree, and evict the oldest beyond the limit."""
-        request, tree = self._request, self.global_tree
+        request, history = self._request, self._history
+        tree = history.tree
         if tree is None or request.prompt_len is None:
             return
         seen = request.tree.sequence(_OWN) if _OWN in request.tree else []
@@ -168,11 +213,13 @@ class SuffixProposer(Proposer):
         output = tokens[request.prompt_len :]
         if not output:
             return
-        seq_id = next(self._ids)
+        seq_id = next(history.ids)
         tree.extend(seq_id, output)
-        self._cached.append(seq_id)
-        while len(self._cached) > self.max_cached_requests:
-            tree.remove(self._cached.popleft())
+        history.cached.append(seq_id)
+        while len(history.cached) > self.max_cached_requests:
+            tree.remove(history.cached.popleft())
+        history.version += 1
+        self._request = self._fresh()  # retired once, never twice
 
 
 def _limit(k: int, factor: float, m: int, depth: int) -> int:

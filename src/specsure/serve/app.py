@@ -2,8 +2,8 @@
 
 The server is a thin layer: it never resolves configuration (it reads ``engine.resolution``) and
 never validates sampling values itself (``SamplingParams`` does). A request is parsed, its prompt
-tokenized and fitted to the context, then queued on the ``EngineRunner``, which runs one
-generation at a time on its own thread; the event loop stays free for /health, /metrics and for
+tokenized and fitted to the context, then queued on the ``EngineRunner``, whose thread runs
+the engine's scheduler (continuous batching); the event loop stays free for /health, /metrics and for
 admitting or refusing the next request.
 """
 
@@ -37,7 +37,7 @@ from specsure.serve.runner import ClientGone, EngineRunner, Job
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_QUEUE = 64
-"""Requests that may wait behind the one generating before the next is refused with a 503."""
+"""Requests that may wait for a place in the running batch before the next is refused with a 503."""
 
 
 def default_model_name(engine: Engine) -> str:
@@ -54,7 +54,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         served_model_name: the name clients send as ``model``; default: ``default_model_name``.
         api_key: when set, every /v1/* request needs ``Authorization: Bearer <api_key>``;
             /health and /metrics stay open.
-        max_queue: requests that may wait behind the one generating; one more is a 503.
+        max_queue: requests that may wait for a place in the running batch (``engine.max_num_seqs``);
+            one more is a 503.
         request_timeout: seconds from arrival (queueing included) after which a request is
             stopped and answered with an error (docs/serving.md); None waits as long as it takes.
     """

@@ -66,9 +66,9 @@ class ServeMetrics:
         rejections = Counter("vllm:admission_rejections", "Requests refused with 503 because the waiting queue "
                              "was full (--max-queue), by reason.", ["model_name", "reason"], registry=self.registry)
         self.rejected = rejections.labels(model_name=model_name, reason="max_num_queued_reqs")
-        self.running = Gauge("vllm:num_requests_running", "Requests generating now (0 or 1: batch size 1).",
+        self.running = Gauge("vllm:num_requests_running", "Requests in the running batch now (at most --max-num-seqs).",
                              LABELS, registry=self.registry).labels(**labels)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Requests queued behind the one generating.",
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests admitted and waiting for a place in the running batch.",
                              LABELS, registry=self.registry).labels(**labels)
         Info("specsure_speculative_config", "The effective speculative config, with each field's source "
              "(user, checkpoint, path, default, derived), and the method actually running.",

@@ -1,11 +1,11 @@
-"""One generation at a time: a bounded FIFO queue, one engine thread, cancellation at step granularity.
+"""The engine thread: a bounded admission count, continuous batching, cancellation at step granularity.
 
-The engine runs at batch size 1, so requests take turns. Each admitted request is a ``Job``; one
-engine thread takes jobs in arrival order and runs ``Engine.generate_stream``, checking the job's
-cancel flag after every step. A request whose client disconnects, or whose --request-timeout
-passes, is cancelled: a waiting job leaves the queue at once, a running one stops after the step
-in progress, and the thread takes the next job. Updates go back to the request's event loop, so
-the loop never blocks on the engine.
+Each admitted request is a ``Job``. One engine thread owns the engine's scheduler: it takes new
+jobs from an inbox, adds them as scheduler requests, runs one batched step, and hands each
+job's update back to its request's event loop, so the loop never blocks on the engine. Up to
+``--max-num-seqs`` jobs generate at once; up to ``--max-queue`` more wait; one more is a 503. A
+job whose client disconnects, or whose --request-timeout passes, is cancelled: it leaves the
+scheduler before the next step, and its slot goes to the next waiting job.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from queue import SimpleQueue
-from typing import Literal
+from queue import Empty, SimpleQueue
 
 from specsure.decode.engine import Engine, StepUpdate
+from specsure.decode.request import Request
+from specsure.decode.scheduler import Scheduler
 from specsure.sampling import SamplingParams
 from specsure.serve.metrics import ServeMetrics
 from specsure.serve.protocol import APIError
@@ -34,12 +35,19 @@ class Job:
 
     def __init__(self, prompt: list[int], params: SamplingParams, stream: bool, timeout_s: float | None) -> None:
         self.prompt, self.params, self.stream = prompt, params, stream
-        self.arrived = time.perf_counter()
+        self.arrived = self.last = time.perf_counter()
         self.deadline = self.arrived + timeout_s if timeout_s is not None else None
-        self.state: Literal["waiting", "running", "done", "cancelled"] = "waiting"
+        self.request: Request | None = None  # set by the engine thread when it takes the job in
+        self.done = False
         self.cancelled = threading.Event()
         self.updates: asyncio.Queue[StepUpdate | Exception] = asyncio.Queue()
         self._loop = asyncio.get_running_loop()
+
+    @property
+    def started(self) -> bool:
+        """True once the scheduler has given the job's request a slot (its prefill is under way or done)."""
+        request = self.request
+        return request is not None and request.lm is not None
 
     def send(self, item: StepUpdate | Exception) -> None:
         """Hand an update (or the engine's exception) to the request's event loop, from the engine thread."""
@@ -50,42 +58,40 @@ class Job:
 
 
 class EngineRunner:
-    """Admits requests up to ``max_queue`` waiting behind the running one; runs them one at a time."""
+    """Admits requests up to ``max_num_seqs`` running plus ``max_queue`` waiting; runs them batched."""
 
     def __init__(self, engine: Engine, metrics: ServeMetrics, max_queue: int, timeout_s: float | None) -> None:
         self.engine, self.metrics = engine, metrics
         self.max_queue, self.timeout_s = max_queue, timeout_s
-        self._jobs: SimpleQueue[Job] = SimpleQueue()
-        self._lock = threading.Lock()  # guards job states, the count and the thread
+        self._inbox: SimpleQueue[Job] = SimpleQueue()
+        self._lock = threading.Lock()  # guards the count and the thread
         self._admitted = 0  # waiting + running
         self._thread: threading.Thread | None = None
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.engine.scheduler.max_num_seqs
 
     def submit(self, prompt: list[int], params: SamplingParams, stream: bool) -> Job:
         """Queue a generation, or raise a 503 APIError when max_queue requests already wait."""
         job = Job(prompt, params, stream, self.timeout_s)
         with self._lock:
-            if self._admitted > self.max_queue:
+            if self._admitted >= self.max_num_seqs + self.max_queue:
                 self.metrics.rejected.inc()
-                raise APIError(f"the server is busy: one request is generating and {self.max_queue} are waiting "
-                               f"(--max-queue {self.max_queue}); retry in about {RETRY_AFTER_S} s.", 503,
-                               code="queue_full", kind="server_error",
-                               headers={"Retry-After": str(RETRY_AFTER_S)})
+                raise APIError(f"the server is busy: {self.max_num_seqs} requests are generating (--max-num-seqs "
+                               f"{self.max_num_seqs}) and {self.max_queue} are waiting (--max-queue {self.max_queue}); "
+                               f"retry in about {RETRY_AFTER_S} s.",
+                               503, code="queue_full", kind="server_error", headers={"Retry-After": str(RETRY_AFTER_S)})
             self._admitted += 1
-            self.metrics.waiting.inc()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="specsure-engine", daemon=True)
                 self._thread.start()
-        self._jobs.put(job)
+        self._inbox.put(job)
         return job
 
     def cancel(self, job: Job) -> None:
-        """Stop ``job``: out of the queue now if it waits, after the current step if it runs."""
+        """Stop ``job``: the engine thread drops it before its next step (a no-op once it is done)."""
         job.cancelled.set()
-        with self._lock:
-            if job.state == "waiting":
-                job.state = "cancelled"
-                self._admitted -= 1
-                self.metrics.waiting.dec()
 
     async def next_update(self, job: Job, gone: asyncio.Future[None]) -> StepUpdate:
         """The job's next update; raises ClientGone when ``gone`` resolves first, the timeout's
@@ -104,7 +110,7 @@ class EngineRunner:
         raise self._timed_out(job)
 
     def _timed_out(self, job: Job) -> APIError:
-        waited = job.state == "waiting"
+        waited = not job.started
         self.cancel(job)
         if waited:
             return APIError(f"the request waited {self.timeout_s:g} s in the queue without starting, the server's "
@@ -117,40 +123,56 @@ class EngineRunner:
                         code="request_timeout", kind="server_error", headers={"x-should-retry": "false"})
 
     def _work(self) -> None:
-        """The engine thread (a daemon, started by the first request): runs jobs in arrival order."""
+        """The engine thread (a daemon, started by the first request): admit, drop the cancelled, step."""
+        scheduler = self.engine.scheduler
+        jobs: dict[int, tuple[Job, Request]] = {}  # id(request) -> (job, request)
         while True:
-            job = self._jobs.get()
-            with self._lock:
-                if job.state != "waiting":
-                    continue
-                job.state = "running"
-            self.metrics.waiting.dec()
-            self.metrics.running.inc()
             try:
-                self._run(job)
-            finally:
-                self.metrics.running.dec()
-                with self._lock:
-                    job.state = "done"
-                    self._admitted -= 1
-
-    def _run(self, job: Job) -> None:
-        last, latency = job.arrived, self.metrics.first_token
-        try:
-            steps = self.engine.generate_stream(job.prompt, job.params)
-            for update in steps:
-                now = time.perf_counter()
-                latency.observe(now - last)
-                last, latency = now, self.metrics.inter_token
+                while True:  # block only when there is nothing to step
+                    job = self._inbox.get(block=not jobs)
+                    request = job.request = self.engine.request(job.prompt, job.params)
+                    jobs[id(request)] = (job, request)
+                    scheduler.add(request)
+            except Empty:
+                pass
+            for key, (job, request) in list(jobs.items()):
+                if job.cancelled.is_set():
+                    scheduler.abort(request)
+                    self._done(jobs.pop(key)[0], aborted=job.started)
+            self._gauges(scheduler)
+            if not jobs:
+                continue
+            try:
+                updates = scheduler.step()
+            except Exception as exc:  # a bug (prompts are checked before queueing): every request answers a 500
+                for job, request in jobs.values():
+                    scheduler.abort(request)
+                    job.send(exc)
+                    self._done(job, aborted=False)
+                jobs.clear()
+                continue
+            now = time.perf_counter()
+            for request, update in updates:
+                job = jobs[id(request)][0]
+                first = job.last == job.arrived
+                (self.metrics.first_token if first else self.metrics.inter_token).observe(now - job.last)
+                job.last = now
                 if update.completion is not None:
+                    self.engine.finished(request)
                     self.metrics.observe(update.completion, now - job.arrived)
                     job.send(update)
-                    return
-                if job.cancelled.is_set():
-                    steps.close()
-                    self.metrics.aborted()
-                    return
-                if job.stream:
+                    self._done(jobs.pop(id(request))[0], aborted=False)
+                elif job.stream and not job.cancelled.is_set():
                     job.send(update)
-        except Exception as exc:  # a bug (prompts are checked before queueing): the request answers a 500
-            job.send(exc)
+            self._gauges(scheduler)
+
+    def _done(self, job: Job, aborted: bool) -> None:
+        if aborted:
+            self.metrics.aborted()
+        with self._lock:
+            job.done = True
+            self._admitted -= 1
+
+    def _gauges(self, scheduler: Scheduler) -> None:
+        self.metrics.running.set(len(scheduler.running))
+        self.metrics.waiting.set(len(scheduler.waiting) + self._inbox.qsize())

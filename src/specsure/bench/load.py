@@ -1,0 +1,221 @@
+"""`specsure bench serve`: load a running OpenAI-compatible server at several concurrencies.
+
+After vLLM's `vllm bench serve`: a fixed number of requests per level, at most ``concurrency``
+in flight at once, each streamed (so the time to the first token and the gaps between chunks
+are seen as a client sees them), greedy, ``ignore_eos`` so every request asks for the same
+work. Several servers (speculation on and off, say) run level by level, interleaved, so a noisy
+machine moves them alike. Torch-free: only httpx and asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import httpx
+
+
+class LoadError(RuntimeError):
+    """The server cannot be benchmarked (unreachable, or it refuses the requests); says which and how."""
+
+
+@dataclass(frozen=True)
+class Server:
+    label: str
+    url: str
+    """The base URL, without /v1."""
+
+
+@dataclass
+class Outcome:
+    """One request as the client saw it."""
+
+    status: int
+    tokens: int = 0
+    ttft_s: float | None = None
+    e2e_s: float = 0.0
+    gaps_s: list[float] = field(default_factory=list)
+    """Time between successive chunks with output (each chunk is one engine step's text)."""
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Level:
+    """One (server, concurrency) cell of the benchmark."""
+
+    label: str
+    concurrency: int
+    requests: int
+    failed: int
+    wall_s: float
+    output_tokens: int
+    tokens_per_s: float
+    requests_per_s: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    itl_p50_s: float
+    itl_p99_s: float
+    tpot_p50_s: float
+    """Per-request (e2e - ttft) / (tokens - 1), the median: time per output token after the first."""
+    errors: tuple[str, ...] = ()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) by linear interpolation; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def summarize(label: str, concurrency: int, outcomes: Sequence[Outcome], wall_s: float) -> Level:
+    ok = [o for o in outcomes if o.status == 200 and o.error is None]
+    tokens = sum(o.tokens for o in ok)
+    gaps = [g for o in ok for g in o.gaps_s]
+    tpot = [(o.e2e_s - o.ttft_s) / (o.tokens - 1) for o in ok if o.ttft_s is not None and o.tokens > 1]
+    ttft = [o.ttft_s for o in ok if o.ttft_s is not None]
+    errors = tuple(sorted({o.error or f"HTTP {o.status}" for o in outcomes if o not in ok}))
+    return Level(label=label, concurrency=concurrency, requests=len(outcomes), failed=len(outcomes) - len(ok),
+                 wall_s=wall_s, output_tokens=tokens, tokens_per_s=tokens / wall_s if wall_s > 0 else 0.0,
+                 requests_per_s=len(ok) / wall_s if wall_s > 0 else 0.0,
+                 ttft_p50_s=percentile(ttft, 50), ttft_p99_s=percentile(ttft, 99),
+                 itl_p50_s=percentile(gaps, 50), itl_p99_s=percentile(gaps, 99),
+                 tpot_p50_s=percentile(tpot, 50), errors=errors)
+
+
+async def _one(client: httpx.AsyncClient, endpoint: str, body: dict[str, Any]) -> Outcome:
+    start = time.perf_counter()
+    last: float | None = None
+    outcome = Outcome(status=0)
+    try:
+        async with client.stream("POST", f"/v1/{endpoint}", json=body) as response:
+            outcome.status = response.status_code
+            if response.status_code != 200:
+                await response.aread()
+                outcome.error = f"HTTP {response.status_code}: {response.text[:200]}"
+                return outcome
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    outcome.error = f"error event: {chunk['error'].get('message', chunk['error'])}"
+                    continue
+                if chunk.get("usage"):
+                    outcome.tokens = int(chunk["usage"]["completion_tokens"])
+                if any(_text(choice) for choice in chunk.get("choices", [])):
+                    now = time.perf_counter()
+                    if last is None:
+                        outcome.ttft_s = now - start
+                    else:
+                        outcome.gaps_s.append(now - last)
+                    last = now
+    except httpx.HTTPError as exc:
+        outcome.error = f"{type(exc).__name__}: {exc}"
+    outcome.e2e_s = time.perf_counter() - start
+    return outcome
+
+
+def _text(choice: dict[str, Any]) -> str:
+    return choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+
+
+def request_body(endpoint: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """A greedy streamed request that asks for exactly ``max_tokens`` tokens."""
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+                            "stream_options": {"include_usage": True}, "ignore_eos": True}
+    if endpoint == "chat/completions":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return body
+
+
+async def run_level(server: Server, model: str, endpoint: str, prompts: Sequence[str], concurrency: int,
+                    requests: int, max_tokens: int, api_key: str | None = None) -> Level:
+    """``requests`` requests (cycling over ``prompts``), at most ``concurrency`` in flight."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=server.url, headers=headers, limits=limits,
+                                 timeout=httpx.Timeout(600.0, connect=10.0)) as client:
+        gate = asyncio.Semaphore(concurrency)
+
+        async def gated(i: int) -> Outcome:
+            async with gate:
+                return await _one(client, endpoint, request_body(endpoint, model, prompts[i % len(prompts)],
+                                                                 max_tokens))
+
+        start = time.perf_counter()
+        outcomes = await asyncio.gather(*(gated(i) for i in range(requests)))
+        wall = time.perf_counter() - start
+    return summarize(server.label, concurrency, outcomes, wall)
+
+
+def served_model(server: Server, api_key: str | None = None) -> str:
+    """The model name the server answers to (its /v1/models), or a LoadError saying why not."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.get(f"{server.url}/v1/models", headers=headers, timeout=10)
+    except httpx.HTTPError as exc:
+        raise LoadError(f"cannot reach the {server.label!r} server at {server.url}: {exc}. Start it first, for "
+                        "example: specsure serve --port 8000") from None
+    if r.status_code != 200:
+        raise LoadError(f"the {server.label!r} server at {server.url} answered /v1/models with HTTP "
+                        f"{r.status_code}: {r.text[:200]} (wrong --api-key?)")
+    return str(r.json()["data"][0]["id"])
+
+
+def run(servers: Sequence[Server], endpoint: str, prompts: Sequence[str], concurrencies: Sequence[int],
+        requests_at: Sequence[int], max_tokens: int, api_key: str | None = None, warmup: int = 1,
+        progress: Any = None) -> list[Level]:
+    """Every level for every server, interleaved level by level; warm-up requests first, untimed."""
+    models = {s.label: served_model(s, api_key) for s in servers}
+    for server in servers:
+        if warmup:
+            asyncio.run(run_level(server, models[server.label], endpoint, prompts, 1, warmup, max_tokens, api_key))
+    levels = []
+    for concurrency, requests in zip(concurrencies, requests_at):
+        for server in servers:
+            level = asyncio.run(run_level(server, models[server.label], endpoint, prompts, concurrency, requests,
+                                          max_tokens, api_key))
+            levels.append(level)
+            if progress is not None:
+                progress(level)
+    return levels
+
+
+def to_json(levels: Sequence[Level], settings: dict[str, Any]) -> dict[str, Any]:
+    return {"settings": settings, "levels": [asdict(level) for level in levels]}
+
+
+def render_markdown(levels: Sequence[Level]) -> str:
+    """A table per level, then each server's throughput at each concurrency over its concurrency 1."""
+    lines = ["| server | concurrency | requests (failed) | output tok/s | req/s | TTFT p50 / p99 (ms) | "
+             "ITL p50 / p99 (ms) | TPOT p50 (ms) |", "|---|---|---|---|---|---|---|---|"]
+    for v in levels:
+        lines.append(f"| {v.label} | {v.concurrency} | {v.requests} ({v.failed}) | {v.tokens_per_s:.1f} | "
+                     f"{v.requests_per_s:.2f} | {1e3 * v.ttft_p50_s:.0f} / {1e3 * v.ttft_p99_s:.0f} | "
+                     f"{1e3 * v.itl_p50_s:.0f} / {1e3 * v.itl_p99_s:.0f} | {1e3 * v.tpot_p50_s:.1f} |")
+    lines += ["", "Aggregate throughput over the same server's concurrency 1:", ""]
+    for label in dict.fromkeys(v.label for v in levels):
+        mine = [v for v in levels if v.label == label]
+        base = next((v.tokens_per_s for v in mine if v.concurrency == 1), None)
+        if base:
+            lines.append(f"- {label}: " + ", ".join(f"c={v.concurrency} {v.tokens_per_s / base:.2f}x" for v in mine))
+    labels = list(dict.fromkeys(v.label for v in levels))
+    if len(labels) > 1:
+        lines += ["", f"Throughput over {labels[0]!r} at the same concurrency:", ""]
+        first = {v.concurrency: v.tokens_per_s for v in levels if v.label == labels[0]}
+        for label in labels[1:]:
+            lines.append(f"- {label}: " + ", ".join(
+                f"c={v.concurrency} {v.tokens_per_s / first[v.concurrency]:.2f}x"
+                for v in levels if v.label == label and first.get(v.concurrency)))
+    return "\n".join(lines) + "\n"
+
+

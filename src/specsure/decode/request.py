@@ -1,0 +1,187 @@
+"""One prompt being decoded: its output so far, its own caches (a target view and a proposer), its stats.
+
+A request moves through the engine's steps in three calls, so that a scheduler can run many of
+them through one batched target forward: ``prefill_call`` / ``draft_call`` say what the request
+feeds the target this step, the scheduler runs every request's call together, and ``commit``
+verifies what came back, rolls the request's caches back to what it accepted and returns the
+step's update. Nothing here knows about other requests.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from specsure.decode.completion import Completion, FinishReason, StepUpdate
+from specsure.decode.metrics import SpecStats
+from specsure.decode.rejection import verify_greedy, verify_sampled
+from specsure.decode.tree import depth, verify_tree
+from specsure.models.causal_lm import Call, CausalLM
+from specsure.models.forward_output import ForwardOutput
+from specsure.models.token_tree import TokenTree
+from specsure.proposers.base import Draft, Proposer
+from specsure.sampling import SamplingParams, draw, probs_from_logits
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+NO_DRAFT = Draft([])
+
+
+class Rules:
+    """What decides when any request ends and what its text is: the target's EOS ids, tokenizer, context."""
+
+    def __init__(self, eos_token_ids: Sequence[int], tokenizer: "PreTrainedTokenizerBase | None",
+                 max_context: int) -> None:
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.tokenizer = tokenizer
+        self.max_context = max_context
+
+    def finished(self, output: list[int], checked: int, params: SamplingParams, cache_len: int) -> FinishReason | None:
+        """Trim ``output`` in place at EOS or max_tokens; return why generation ends, if it does."""
+        if not params.ignore_eos:
+            for i in range(max(0, checked - 1), len(output)):
+                if output[i] in self.eos_token_ids:
+                    del output[i + 1:]
+                    return "stop"
+        if len(output) >= params.max_tokens:
+            del output[params.max_tokens:]
+            return "length"
+        if params.stop and self.tokenizer is not None and self.stop_at(output, params.stop) is not None:
+            return "stop"
+        if self.max_context and cache_len + 1 >= self.max_context:
+            return "length"
+        return None
+
+    def stop_at(self, output: list[int], stops: Sequence[str]) -> int | None:
+        """Where the first stop string starts in the decoded output, or None."""
+        assert self.tokenizer is not None
+        text = self.tokenizer.decode(output, skip_special_tokens=True)
+        hits = [text.find(s) for s in stops if s in text]
+        return min(hits) if hits else None
+
+    def detokenize(self, output: list[int], params: SamplingParams,
+                   finish: FinishReason) -> tuple[str | None, list[int], FinishReason]:
+        """The final (text, tokens, finish reason): the text cut before a stop string, and the tokens
+        up to the one that completed it."""
+        if self.tokenizer is None:
+            return None, output, finish
+        text = self.tokenizer.decode(output, skip_special_tokens=True)
+        if params.stop:
+            cut = self.stop_at(output, params.stop)
+            if cut is not None:
+                while len(output) > 1 and self.stop_at(output[:-1], params.stop) is not None:
+                    output = output[:-1]
+                return text[:cut], output, "stop"
+        return text, output, finish
+
+
+class Request:
+    """One prompt's generation; the scheduler drives it step by step."""
+
+    def __init__(self, prompt: list[int], params: SamplingParams, generator: torch.Generator | None,
+                 rules: Rules, k: int) -> None:
+        self.prompt, self.params, self.generator = prompt, params, generator
+        self.rules, self.k = rules, k
+        self.output: list[int] = []
+        self.stats = SpecStats()
+        self.finish: FinishReason | None = None
+        self.completion: Completion | None = None
+        self.arrived = self.started = time.perf_counter()
+        self.lm: CausalLM | None = None  # set when the scheduler gives the request a slot
+        self.proposer: Proposer | None = None
+        self._streamed = 0  # output tokens already handed out; the tokens of a step that ends nothing are final
+        self._draft = NO_DRAFT
+        self._fed: list[int] = []
+        self._parents: list[int] | None = None
+        self._start = 0
+
+    @property
+    def prefilled(self) -> bool:
+        return bool(self.output)
+
+    def attach(self, lm: CausalLM, proposer: Proposer | None) -> None:
+        """Take a slot's target view and proposer, emptied for this request."""
+        self.lm, self.proposer = lm, proposer
+        self.started = time.perf_counter()
+        lm.reset()
+        if proposer is not None:
+            proposer.reset()
+
+    def prefill_call(self) -> Call:
+        """The prompt's forward: only its last row's logits are read."""
+        assert self.lm is not None
+        return Call(self.lm, self.prompt, last_logits=1)
+
+    def draft_call(self) -> Call:
+        """Draft for this step and return the verify forward: the pending token, then the draft (chain or tree)."""
+        lm, proposer, params, output = self.lm, self.proposer, self.params, self.output
+        assert lm is not None and output
+        # Room for the draft: the verify forward must fit the context. Tokens past max_tokens are
+        # cut after verification, which leaves the kept ones distributed as before.
+        room = min(self.k, params.max_tokens - len(output), (lm.max_context or 1 << 30) - lm.cache_len - 2)
+        draft = (proposer.propose(self.prompt + output, room, params, self.generator)
+                 if proposer is not None and room > 0 else NO_DRAFT)
+        self._draft, self._start = draft, lm.cache_len
+        fed = [output[-1], *draft.token_ids]
+        if draft.parents is not None and draft.token_ids:
+            # The nodes are in parent-first order, so any prefix of them is a tree: cut to the context.
+            fit = max(1, (lm.max_context or 1 << 30) - self._start - 1)
+            self._fed, self._parents = fed[:fit], [-1, *draft.parents][:fit]
+            return Call(lm, self._fed, tree=TokenTree.from_parents(self._parents))
+        self._fed, self._parents = fed, None
+        return Call(lm, fed)
+
+    def commit_prefill(self, out: ForwardOutput) -> StepUpdate:
+        """The prompt's forward came back: the first output token. The final update if that ends it."""
+        assert self.lm is not None
+        if self.proposer is not None:
+            self.proposer.observe(self.prompt, 0, out)
+        self.output.append(draw(out.logits[-1], self.params, self.generator)[0])
+        return self._after(0)
+
+    def commit(self, out: ForwardOutput) -> StepUpdate:
+        """The verify forward came back: verify, roll the caches back, extend the output; the step's update."""
+        lm, params, draft, fed, start = self.lm, self.params, self._draft, self._fed, self._start
+        assert lm is not None
+        if self._parents is not None:
+            parents = self._parents
+            verdict = (verify_tree(None, out.logits, fed, parents, None) if params.greedy else
+                       verify_tree(probs_from_logits(out.logits, params), None, fed, parents, self.generator))
+            self.stats.observe(depth(parents), verdict.accepted)
+            lm.keep(start, verdict.path)  # the accepted path moves into place; other branches leave the cache
+            kept, rows, new = [fed[i] for i in verdict.path], out.pick(verdict.path), verdict.output_ids
+        elif not draft.token_ids:
+            kept, rows, new = fed, out, [draw(out.logits[0], params, self.generator)[0]]
+        else:
+            verdict = (verify_greedy(out.logits, draft.token_ids) if params.greedy else
+                       verify_sampled(probs_from_logits(out.logits, params), draft.token_ids, draft.probs,
+                                      self.generator))
+            self.stats.observe(len(draft.token_ids), verdict.accepted)
+            lm.crop(start + 1 + verdict.accepted)  # rejected positions leave the target cache
+            kept, rows, new = fed[: 1 + verdict.accepted], out.rows(1 + verdict.accepted), verdict.output_ids
+        if self.proposer is not None:
+            self.proposer.observe(kept, start, rows)
+        before = len(self.output)
+        self.output.extend(new)
+        return self._after(before)
+
+    def _after(self, before: int) -> StepUpdate:
+        """The update for the tokens after ``before``; the final one (with the completion) when it ends here."""
+        assert self.lm is not None
+        output = self.output
+        self.finish = self.rules.finished(output, before or 1, self.params, self.lm.cache_len)
+        if self.finish is None:
+            update = StepUpdate(output[self._streamed:])
+            self._streamed = len(output)
+            return update
+        text, output, finish = self.rules.detokenize(output, self.params, self.finish)
+        assert len(output) > self._streamed, "trimming at EOS, max_tokens or a stop string only cuts the last step"
+        self.output, self.finish = output, finish
+        self.stats.add_generated(len(output))
+        self.stats.add_time(time.perf_counter() - self.started)  # from its prefill, as at batch size 1
+        self.completion = Completion(text=text, token_ids=output, finish_reason=finish, stats=self.stats,
+                                     prompt_token_ids=self.prompt)
+        return StepUpdate(output[self._streamed:], finish, self.completion)

@@ -1,0 +1,110 @@
+"""Continuous batching: up to max_num_seqs requests share every target forward.
+
+Each step, every running request drafts on its own and contributes its pending token plus its
+draft (a chain or a tree) to one batched target forward; requests admitted this step contribute
+their prompts to the same forward. Then each request verifies on its own and rolls its own caches
+back to what it accepted. A request that ends leaves at once, and the next waiting one takes its
+slot at the next step.
+
+A slot is a target view (``CausalLM.fork``: the target's weights, a KV cache of its own) and a
+proposer (``Proposer.fork``). Slots are made as concurrency first needs them and kept, so their
+cache buffers serve request after request. Slot 0 is the engine's own target and proposer: at
+batch size 1 nothing is forked and decoding runs exactly as it always has.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from specsure.decode.completion import StepUpdate
+from specsure.decode.request import Request
+from specsure.models.causal_lm import CausalLM
+from specsure.proposers.base import Proposer
+
+DEFAULT_MAX_NUM_SEQS = 8
+"""vLLM's name; 8 concurrent sequences is where a verify forward here still costs about 3x a single one."""
+
+
+@dataclass
+class _Slot:
+    lm: CausalLM
+    proposer: Proposer | None
+
+
+class Scheduler:
+    """Admits requests first come, first served, and runs the admitted ones one batched step at a time.
+
+    Not thread-safe: one thread adds, aborts and steps.
+    """
+
+    def __init__(self, lm: CausalLM, proposer: Proposer | None, *, hidden: bool, aux_layers: tuple[int, ...],
+                 max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> None:
+        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs = {max_num_seqs!r} must be an int >= 1.")
+        self.max_num_seqs = max_num_seqs
+        self._lm, self._hidden, self._aux_layers = lm, hidden, aux_layers
+        self._slots = [_Slot(lm, proposer)]
+        self._free = [0]
+        self._slot_of: dict[int, int] = {}  # id(request) -> slot index
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def add(self, request: Request) -> None:
+        """Queue ``request``; it is prefilled at the first step with a free slot."""
+        self.waiting.append(request)
+
+    def abort(self, request: Request) -> None:
+        """Drop ``request`` now, wherever it is; its slot (and KV cache) serves the next one."""
+        if request in self.waiting:
+            self.waiting.remove(request)
+        elif request in self.running:
+            self.running.remove(request)
+            self._release(request)
+
+    def step(self) -> list[tuple[Request, StepUpdate]]:
+        """One batched target forward: every running request verifies a draft, new ones prefill.
+
+        Returns each request's update for this step, in order; a request whose update has a
+        ``completion`` has left the scheduler.
+        """
+        decoding = list(self.running)
+        joining: list[Request] = []
+        while self.waiting and len(self.running) + len(joining) < self.max_num_seqs:
+            request = self.waiting.popleft()
+            slot = self._take()
+            self._slot_of[id(request)] = slot
+            request.attach(self._slots[slot].lm, self._slots[slot].proposer)
+            joining.append(request)
+        if not decoding and not joining:
+            return []
+        calls = [r.draft_call() for r in decoding] + [r.prefill_call() for r in joining]
+        outs = self._lm.forward_batch(calls, hidden=self._hidden, aux_layers=self._aux_layers)
+        updates = [(r, r.commit(out)) for r, out in zip(decoding, outs)]
+        updates += [(r, r.commit_prefill(out)) for r, out in zip(joining, outs[len(decoding):])]
+        self.running.extend(joining)
+        for request, update in updates:
+            if update.completion is not None:
+                self.running.remove(request)
+                self._release(request)
+        return updates
+
+    def _take(self) -> int:
+        if self._free:
+            return self._free.pop(0)
+        root = self._slots[0]
+        self._slots.append(_Slot(root.lm.fork(), root.proposer.fork() if root.proposer is not None else None))
+        return len(self._slots) - 1
+
+    def _release(self, request: Request) -> None:
+        # The caches stay as they are until the slot's next request resets them: the buffers are
+        # reused, never freed, and nothing is copied on the way out.
+        slot = self._slot_of.pop(id(request))
+        if self._slots[slot].proposer is not None:
+            self._slots[slot].proposer.retire()
+        self._free.append(slot)
+        self._free.sort()  # slot 0 first: a lone request always runs on the engine's own caches

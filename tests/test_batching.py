@@ -1,0 +1,152 @@
+"""Continuous batching: every method, run batched, gives each prompt its batch-1 output (float32)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from heads import build_mtp_target, write_eagle3_head, write_eagle_head
+from stats import tv
+
+from specsure import SamplingParams, make_engine
+from specsure.decode.scheduler import Scheduler
+from tiny import build_tiny_llama
+
+SHAPE = dict(vocab_size=96, hidden_size=48, num_layers=3)
+
+
+def _prompts(count: int, seed: int = 0) -> list[list[int]]:
+    """Prompts of different lengths with repeats in them, so lookup methods find matches."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(count):
+        base = torch.randint(3, 96, (3 + i % 4,), generator=gen).tolist()
+        out.append(base * 3 + torch.randint(3, 96, (i % 5,), generator=gen).tolist() + base[:2])
+    return out
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("batching")
+    target = build_tiny_llama(root / "target", seed=0, **SHAPE)
+    return {
+        "target": target,
+        "draft": build_tiny_llama(root / "draft", seed=3, **SHAPE),
+        "eagle": write_eagle_head(root / "eagle", target),
+        "eagle3": write_eagle3_head(root / "eagle3", target, draft_vocab=64),
+        "mtp_target": build_mtp_target(root / "mtp", modules=2, num_layers=3, vocab_size=96, hidden_size=48),
+    }
+
+
+METHODS = {
+    "plain": None,
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+    "ngram-tree": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+                   "prompt_lookup_branches": 3},
+    "suffix": {"method": "suffix", "num_speculative_tokens": 6},
+    "draft_model": {"method": "draft_model", "model": "draft", "num_speculative_tokens": 3},
+    "eagle": {"method": "eagle", "model": "eagle", "num_speculative_tokens": 3},
+    "eagle3": {"method": "eagle3", "model": "eagle3", "num_speculative_tokens": 3},
+    "mtp": {"method": "mtp", "num_speculative_tokens": 3},
+}
+
+
+def _engine(name: str, folders: dict[str, Path], max_num_seqs: int):
+    spec = METHODS[name]
+    if spec is not None and "model" in spec:
+        spec = {**spec, "model": str(folders[spec["model"]])}
+    target = folders["mtp_target"] if name == "mtp" else folders["target"]
+    return make_engine(str(target), spec, dtype="float32", max_num_seqs=max_num_seqs)
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_batched_greedy_equals_batch_one(name: str, folders: dict[str, Path]) -> None:
+    prompts = _prompts(7)
+    # Different lengths, so requests leave at different steps and waiting ones join mid-run.
+    params = [SamplingParams(max_tokens=12 + 5 * (i % 3), ignore_eos=True) for i in range(len(prompts))]
+    alone = _engine(name, folders, max_num_seqs=1)
+    want = [alone.generate(p, sp)[0].token_ids for p, sp in zip(prompts, params)]
+    batched = _engine(name, folders, max_num_seqs=4)
+    scheduler = batched.scheduler
+    requests = [batched.request(p, sp) for p, sp in zip(prompts, params)]
+    for request in requests:
+        scheduler.add(request)
+    widths = []
+    while not scheduler.idle:
+        widths.append(len(scheduler.running) + min(len(scheduler.waiting), 4 - len(scheduler.running)))
+        scheduler.step()
+    assert [r.completion.token_ids for r in requests] == want
+    assert max(widths) == 4 and len(set(widths)) > 1  # four ran together, and the batch changed size
+    if name != "plain":
+        assert sum(r.stats.drafts for r in requests) > 0
+
+
+def test_generate_on_a_list_runs_it_batched(folders: dict[str, Path]) -> None:
+    engine = _engine("ngram", folders, max_num_seqs=8)
+    prompts = _prompts(5, seed=1)
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    calls = []
+    step = Scheduler.step
+
+    def counting(self: Scheduler):
+        calls.append(len(self.running) + len(self.waiting))
+        return step(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Scheduler, "step", counting)
+        batched = engine.generate(prompts, params)
+    serial = [engine.generate(p, params)[0] for p in prompts]
+    assert [c.token_ids for c in batched] == [c.token_ids for c in serial]
+    assert calls[0] == 5 and len(calls) <= 21  # all five in every step, not five runs of 20 steps each
+
+
+def test_an_aborted_request_frees_its_slot_for_the_next(folders: dict[str, Path]) -> None:
+    engine = _engine("ngram", folders, max_num_seqs=2)
+    scheduler = engine.scheduler
+    long = [engine.request(p, SamplingParams(max_tokens=200, ignore_eos=True)) for p in _prompts(2)]
+    late = engine.request(_prompts(3, seed=2)[2], SamplingParams(max_tokens=8, ignore_eos=True))
+    for request in [*long, late]:
+        scheduler.add(request)
+    scheduler.step()
+    assert late in scheduler.waiting
+    scheduler.abort(long[0])
+    scheduler.step()  # the freed slot takes the waiting request at the next step
+    assert late in scheduler.running and long[0] not in scheduler.running
+    while late.completion is None:
+        scheduler.step()
+    assert late.completion.token_ids == engine.generate(late.prompt, late.params)[0].token_ids
+
+
+def test_batched_sampling_keeps_the_target_distribution(tmp_path: Path) -> None:
+    # Many copies of one prompt sampled in one batch: the second token (after a verification with
+    # rejections) must follow the target's distribution, computed by enumeration.
+    target = str(build_tiny_llama(tmp_path / "t", vocab_size=24, hidden_size=32, num_layers=2, seed=5))
+    draft = str(build_tiny_llama(tmp_path / "d", vocab_size=24, hidden_size=32, num_layers=2, seed=6))
+    prompt, temperature, runs = [3, 9, 4], 1.5, 1200
+    plain = make_engine(target, None, dtype="float32")
+    lm = plain.target.lm
+    lm.reset()
+    p1 = torch.softmax(lm.forward(prompt).logits[-1] / temperature, -1)
+    exact = torch.zeros_like(p1)
+    for t1 in range(lm.vocab_size):
+        lm.reset()
+        exact += p1[t1] * torch.softmax(lm.forward([*prompt, t1]).logits[-1] / temperature, -1)
+    spec = make_engine(target, {"method": "draft_model", "model": draft, "num_speculative_tokens": 1},
+                       dtype="float32", max_num_seqs=16)
+    requests = [spec.request(prompt, SamplingParams(max_tokens=2, temperature=temperature, ignore_eos=True, seed=i))
+                for i in range(runs)]
+    for request in requests:
+        spec.scheduler.add(request)
+    while not spec.scheduler.idle:
+        for request, update in spec.scheduler.step():
+            if update.completion is not None:
+                spec.finished(request)
+    counts = torch.zeros(24)
+    for request in requests:
+        counts[request.completion.token_ids[1]] += 1
+    assert spec.stats.drafts == runs and spec.stats.accepted_tokens < runs  # rejections did happen
+    stranger = torch.softmax(torch.randn(24, generator=torch.Generator().manual_seed(0)) * 2, -1)
+    # Sampling noise for 1200 draws over 24 tokens is about 0.05 in total variation.
+    assert tv(counts / runs, exact) < 0.07
+    assert tv(stranger, exact) > 3 * tv(counts / runs, exact)
