@@ -8,7 +8,6 @@ default model.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from pathlib import Path
 
@@ -170,7 +169,10 @@ BAD_COMPLETIONS = [
     ({"prompt": PROMPT_IDS, "max_tokens": "8"}, "max_tokens", "'8'"),
     ({"prompt": PROMPT_IDS, "seed": -3}, "seed", "-3"),
     ({"prompt": PROMPT_IDS, "stop": [""]}, "stop", "non-empty"),
-    ({"prompt": PROMPT_IDS, "n": 2}, "n", "n = 2"),
+    ({"prompt": PROMPT_IDS, "n": 17}, "n", "n = 17"),
+    ({"prompt": PROMPT_IDS, "n": 0}, "n", "from 1 to 16"),
+    ({"prompt": PROMPT_IDS, "logprobs": 21}, "logprobs", "from 0 to 20"),
+    ({"prompt": PROMPT_IDS, "logprobs": True}, "logprobs", "True"),
     ({"prompt": PROMPT_IDS, "model": "gpt-4"}, "model", "'tiny'"),
     ({"prompt": PROMPT_IDS, "stream": "yes"}, "stream", "must be true or false"),
     ({"prompt": PROMPT_IDS, "presence_penalty": 0.5}, "presence_penalty", "not supported"),

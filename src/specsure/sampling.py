@@ -13,6 +13,8 @@ from typing import Sequence
 import torch
 
 _SEED_LIMIT = 2**64  # torch.Generator.manual_seed rejects seeds at or above this
+MAX_LOGPROBS = 20
+"""The most alternatives ``logprobs`` may ask for per position (OpenAI's and vLLM's limit)."""
 MIN_TEMPERATURE = 1e-5
 """The smallest positive temperature (vLLM's sampling epsilon). Far below it, logits / temperature
 overflows float32 and the sampler fails on inf/nan; that close to 0, greedy is what is meant."""
@@ -52,6 +54,10 @@ class SamplingParams:
     is accepted and stored as a tuple; an empty collection is stored as None."""
     ignore_eos: bool = False
     """Keep generating past the end-of-sequence token (useful for benchmarks)."""
+    logprobs: int | None = None
+    """Also return each output token's log-probability under the target's own distribution (its
+    logits before temperature, top-k or top-p), with this many most likely alternatives
+    (0 to MAX_LOGPROBS); None returns none."""
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -76,6 +82,9 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             raise _fail("ignore_eos", self.ignore_eos, "is invalid: it must be a bool",
                         "pass True or False")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise _fail("logprobs", self.logprobs, f"is invalid: it must be None or an int from 0 to {MAX_LOGPROBS}",
+                        "pass the number of alternatives to return per token (0: only the chosen token's)")
 
     @staticmethod
     def _normalise_stop(stop: object) -> tuple[str, ...] | None:

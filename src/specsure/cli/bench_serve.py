@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -123,7 +124,7 @@ def _run(args: argparse.Namespace) -> int:
                        progress)
     settings = {"servers": {s.label: s.url for s in servers}, "endpoint": endpoint, "concurrency": levels,
                 "requests": requests, "max_tokens": args.max_tokens, "warmup": args.warmup,
-                "command": " ".join(["specsure", "bench", "serve", *sys.argv[3:]]) if len(sys.argv) > 2 else "",
+                "command": shlex.join(["specsure", *sys.argv[1:]]) if sys.argv[1:3] == ["bench", "serve"] else "",
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     (out / "serve.json").write_text(json.dumps(to_json(results, settings), indent=2) + "\n", encoding="utf-8")
     table = render_markdown(results)

@@ -29,6 +29,16 @@ class ParamsError(ValueError):
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One output token's log-probability under the target, and the most likely alternatives there."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+    """(token id, log-probability) of the ``SamplingParams.logprobs`` most likely tokens, best first."""
+
+
+@dataclass(frozen=True)
 class Completion:
     """One prompt's result."""
 
@@ -40,6 +50,8 @@ class Completion:
     """'stop' for EOS or a stop string, 'length' for max_tokens or the context limit."""
     stats: SpecStats
     prompt_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    """One per output token when ``SamplingParams.logprobs`` asked for them; else None."""
 
 
 @dataclass(frozen=True)
@@ -54,3 +66,5 @@ class StepUpdate:
     """None while generating; on the last update, why generation ended."""
     completion: Completion | None = None
     """On the last update only: the whole result, as ``Engine.generate`` returns it."""
+    logprobs: list[TokenLogprob] | None = None
+    """One per token of ``token_ids`` when ``SamplingParams.logprobs`` asked for them; else None."""

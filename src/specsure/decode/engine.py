@@ -7,14 +7,13 @@ proposer is whatever the Resolution names (no per-method branches here).
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
 from specsure.config import ConfigError, Resolution, resolve
 from specsure.decode.completion import (
-    Completion, FinishReason, ParamsError, Prompt, PromptError, StepUpdate,
+    Completion, ParamsError, Prompt, PromptError, StepUpdate,
 )
 from specsure.decode.metrics import SpecStats
 from specsure.decode.request import Request, Rules

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from specsure.decode.completion import Completion, FinishReason, StepUpdate
+from specsure.decode.completion import Completion, FinishReason, StepUpdate, TokenLogprob
 from specsure.decode.metrics import SpecStats
 from specsure.decode.rejection import verify_greedy, verify_sampled
 from specsure.decode.tree import depth, verify_tree
@@ -92,6 +92,7 @@ class Request:
         self.arrived = self.started = time.perf_counter()
         self.lm: CausalLM | None = None  # set when the scheduler gives the request a slot
         self.proposer: Proposer | None = None
+        self._logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
         self._streamed = 0  # output tokens already handed out; the tokens of a step that ends nothing are final
         self._draft = NO_DRAFT
         self._fed: list[int] = []
@@ -140,6 +141,7 @@ class Request:
         if self.proposer is not None:
             self.proposer.observe(self.prompt, 0, out)
         self.output.append(draw(out.logits[-1], self.params, self.generator)[0])
+        self._record(out.logits[-1:], self.output)
         return self._after(0)
 
     def commit(self, out: ForwardOutput) -> StepUpdate:
@@ -153,6 +155,7 @@ class Request:
             self.stats.observe(depth(parents), verdict.accepted)
             lm.keep(start, verdict.path)  # the accepted path moves into place; other branches leave the cache
             kept, rows, new = [fed[i] for i in verdict.path], out.pick(verdict.path), verdict.output_ids
+            self._record(rows.logits, new)  # the path's rows: where each new token was chosen
         elif not draft.token_ids:
             kept, rows, new = fed, out, [draw(out.logits[0], params, self.generator)[0]]
         else:
@@ -162,26 +165,44 @@ class Request:
             self.stats.observe(len(draft.token_ids), verdict.accepted)
             lm.crop(start + 1 + verdict.accepted)  # rejected positions leave the target cache
             kept, rows, new = fed[: 1 + verdict.accepted], out.rows(1 + verdict.accepted), verdict.output_ids
+        if self._parents is None:
+            self._record(out.logits[: len(new)], new)
         if self.proposer is not None:
             self.proposer.observe(kept, start, rows)
         before = len(self.output)
         self.output.extend(new)
         return self._after(before)
 
+    def _record(self, logits: torch.Tensor, tokens: list[int]) -> None:
+        """Log-probabilities of ``tokens`` under the target's raw distribution at their rows ([n, vocab])."""
+        if self._logprobs is None:
+            return
+        logp = torch.log_softmax(logits.float(), dim=-1)  # [n, vocab]
+        chosen = logp.gather(-1, torch.tensor(tokens, dtype=torch.long).unsqueeze(-1))[:, 0].tolist()
+        want = self.params.logprobs or 0
+        values, index = logp.topk(want, dim=-1) if want else (logp[:, :0], logp[:, :0].long())
+        for token, value, top_values, top_index in zip(tokens, chosen, values.tolist(), index.tolist()):
+            self._logprobs.append(TokenLogprob(int(token), float(value), tuple(zip(top_index, top_values))))
+
     def _after(self, before: int) -> StepUpdate:
         """The update for the tokens after ``before``; the final one (with the completion) when it ends here."""
         assert self.lm is not None
         output = self.output
         self.finish = self.rules.finished(output, before or 1, self.params, self.lm.cache_len)
+        logprobs = self._logprobs
         if self.finish is None:
-            update = StepUpdate(output[self._streamed:])
+            update = StepUpdate(output[self._streamed:], logprobs=None if logprobs is None else
+                                logprobs[self._streamed:])
             self._streamed = len(output)
             return update
         text, output, finish = self.rules.detokenize(output, self.params, self.finish)
         assert len(output) > self._streamed, "trimming at EOS, max_tokens or a stop string only cuts the last step"
         self.output, self.finish = output, finish
+        if logprobs is not None:
+            del logprobs[len(output):]  # the tokens trimmed at EOS, max_tokens or a stop string
         self.stats.add_generated(len(output))
         self.stats.add_time(time.perf_counter() - self.started)  # from its prefill, as at batch size 1
         self.completion = Completion(text=text, token_ids=output, finish_reason=finish, stats=self.stats,
-                                     prompt_token_ids=self.prompt)
-        return StepUpdate(output[self._streamed:], finish, self.completion)
+                                     prompt_token_ids=self.prompt, logprobs=logprobs)
+        return StepUpdate(output[self._streamed:], finish, self.completion,
+                          logprobs=None if logprobs is None else logprobs[self._streamed:])

@@ -13,6 +13,7 @@ import asyncio
 import hmac
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -25,13 +26,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specsure.config.checkpoint import DEFAULT_MODEL_NAME
 from specsure.decode.detokenize import TextDeltas
+from specsure.decode.completion import Completion, TokenLogprob
 from specsure.decode.engine import Engine, ParamsError, PromptError, StepUpdate
 from specsure.sampling import SamplingParams
 from specsure.serve.body import parse_json, read_body
 from specsure.serve.metrics import ServeMetrics
 from specsure.serve.protocol import (APIError, Delivery, RequestError, error_body, fit_to_context, parse_chat,
                                      parse_completion)
-from specsure.serve.responses import DONE, ChunkWriter, Endpoint, chat_body, completion_body, event
+from specsure.serve.responses import (DONE, ChunkWriter, Endpoint, chat_body, completion_body, event,
+                                      token_text_of)
 from specsure.serve.runner import ClientGone, EngineRunner, Job
 
 logger = logging.getLogger(__name__)
@@ -127,46 +130,65 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
                      delivery: Delivery) -> Response:
         params = fit_to_context(params, len(prompt), engine.target.lm.max_context, delivery,
                                 "messages" if endpoint == "chat" else "prompt")
-        job = runner.submit(prompt, params, delivery.stream)
+        jobs = runner.submit(prompt, choice_params(params, delivery.n), delivery.stream)
+        text = token_text_of(engine.tokenizer)
         if delivery.stream:
-            text = TextDeltas(engine.tokenizer, params.stop) if engine.tokenizer is not None else None
-            return EventStream(runner, job, ChunkWriter(endpoint, name, method, delivery.include_usage), text)
+            deltas = [TextDeltas(engine.tokenizer, params.stop) if engine.tokenizer is not None else None
+                      for _ in jobs]
+            writer = ChunkWriter(endpoint, name, method, delivery.include_usage, text, len(jobs))
+            return EventStream(runner, jobs, writer, deltas)
         gone = asyncio.ensure_future(_disconnected(request.receive))
         try:
-            while (update := await runner.next_update(job, gone)).completion is None:
-                pass
+            completions = []
+            for job in jobs:  # they generate side by side; waiting in order loses nothing
+                while (update := await runner.next_update(job, gone)).completion is None:
+                    pass
+                completions.append(update.completion)
         except ClientGone:
             return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
         finally:
             gone.cancel()
-            runner.cancel(job)
+            for job in jobs:
+                runner.cancel(job)
         body = chat_body if endpoint == "chat" else completion_body
-        return JSONResponse(body(update.completion, name, method))
+        return JSONResponse(body(completions, name, method, text))
 
     return app
+
+
+def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """One SamplingParams per choice: a seeded request's choice i samples with seed + i, so choices differ."""
+    if params.seed is None or n == 1:
+        return [params] * n
+    return [replace(params, seed=(params.seed + i) % 2**64) for i in range(n)]
 
 
 class EventStream(Response):
     """A streamed answer: server-sent events fed by the engine thread, one per step with new text.
 
-    The headers wait for the first step, so an error before it (the timeout passing in the queue)
-    still gets its HTTP status; later errors are an ``error`` event, then ``[DONE]``. A client
-    that disconnects cancels the job, and the engine stops after its current step.
+    The headers wait for the first choice's first step, so an error before it (the timeout
+    passing in the queue) still gets its HTTP status; later errors are an ``error`` event, then
+    ``[DONE]``. A client that disconnects cancels every choice, and the engine drops them before
+    its next step.
     """
 
     media_type = "text/event-stream"
 
-    def __init__(self, runner: EngineRunner, job: Job, writer: ChunkWriter, text: TextDeltas | None) -> None:
+    def __init__(self, runner: EngineRunner, jobs: list[Job], writer: ChunkWriter,
+                 texts: list[TextDeltas | None]) -> None:
         self.status_code, self.background = 200, None
         self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self._runner, self._job, self._writer, self._text = runner, job, writer, text
+        self._runner, self._jobs, self._writer, self._texts = runner, jobs, writer, texts
+        self._ids: list[list[int]] = [[] for _ in jobs]  # token ids not yet in a chunk: their text is held back
+        self._logprobs: list[list[TokenLogprob]] = [[] for _ in jobs]
+        self._completions: list[Completion | None] = [None] * len(jobs)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone = asyncio.ensure_future(_disconnected(receive))
         self._send = send
         try:
             try:
-                update = await self._runner.next_update(self._job, gone)
+                update = await self._runner.next_update(self._jobs[0], gone)
             except APIError as exc:
                 await JSONResponse(exc.to_body(), exc.status, headers=exc.headers)(scope, receive, send)
                 return
@@ -178,19 +200,25 @@ class EventStream(Response):
             pass
         finally:
             gone.cancel()
-            self._runner.cancel(self._job)
+            for job in self._jobs:
+                self._runner.cancel(job)
 
-    async def _events(self, update: StepUpdate, gone: asyncio.Future[None]) -> bytes:
-        """Send a chunk per step with new text; return the last events (finish, or an error)."""
-        ids: list[int] = []  # token ids not yet in a chunk: their text is held back
+    async def _events(self, first: StepUpdate, gone: asyncio.Future[None]) -> bytes:
+        """Send a chunk per step with new text, for whichever choice has one; return the last events."""
+        await self._chunk(self._step(0, first))
+        waiting: dict[asyncio.Future[StepUpdate], int] = {}
+        for i, job in enumerate(self._jobs):
+            if self._completions[i] is None:
+                waiting[asyncio.ensure_future(self._runner.next_update(job, gone))] = i
         try:
-            while update.completion is None:
-                ids += update.token_ids
-                text = self._text.push(update.token_ids) if self._text is not None else None
-                if text or self._text is None:
-                    await self._chunk(self._writer.delta(text, ids))
-                    ids = []
-                update = await self._runner.next_update(self._job, gone)
+            while waiting:
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for future in done:
+                    i = waiting.pop(future)
+                    events = self._step(i, future.result())
+                    if self._completions[i] is None:
+                        waiting[asyncio.ensure_future(self._runner.next_update(self._jobs[i], gone))] = i
+                    await self._chunk(events)
         except APIError as exc:
             return event(exc.to_body()) + DONE
         except ClientGone:
@@ -198,9 +226,25 @@ class EventStream(Response):
         except Exception as exc:
             logger.exception("streamed request failed")
             return event(internal_error(exc)) + DONE
-        completion = update.completion
-        rest = self._text.finish(completion.text) if self._text is not None else None
-        return self._writer.finish(completion, rest, ids + update.token_ids)
+        finally:
+            for future in waiting:
+                future.cancel()
+        return self._writer.end([c for c in self._completions if c is not None])
+
+    def _step(self, i: int, update: StepUpdate) -> bytes:
+        """Choice i's events for one update: a delta once text is final, or its finish chunk."""
+        ids, logprobs, text = self._ids[i], self._logprobs[i], self._texts[i]
+        ids += update.token_ids
+        logprobs += update.logprobs or []
+        if update.completion is None:
+            delta = text.push(update.token_ids) if text is not None else None
+            if not delta and text is not None:
+                return b""
+            self._ids[i], self._logprobs[i] = [], []
+            return self._writer.delta(i, delta, ids, logprobs or None)
+        completion = self._completions[i] = update.completion
+        rest = text.finish(completion.text) if text is not None else None
+        return self._writer.finish(i, completion, rest, ids, logprobs or None)
 
     async def _chunk(self, events: bytes) -> None:
         if events:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from specsure.config.schema import suggest
-from specsure.sampling import SamplingParams
+from specsure.sampling import MAX_LOGPROBS, SamplingParams
 
 COMPLETION_MAX_TOKENS = 16
 """max_tokens when a completion request omits it (OpenAI's and vLLM's default)."""
@@ -24,8 +24,10 @@ Either default is lowered to the room the prompt leaves in the context."""
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
 COMMON_FIELDS = ("model", *SAMPLING_FIELDS, "n", "stream", "stream_options", "user")
-COMPLETION_FIELDS = ("prompt", *COMMON_FIELDS)
-CHAT_FIELDS = ("messages", "max_completion_tokens", *COMMON_FIELDS)
+COMPLETION_FIELDS = ("prompt", "logprobs", *COMMON_FIELDS)
+CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", *COMMON_FIELDS)
+MAX_N = 16
+"""The most choices one request may ask for: each is a sequence in the running batch."""
 ENDPOINT_OF = {"prompt": "POST /v1/completions", "messages": "POST /v1/chat/completions"}
 ROLES = ("system", "user", "assistant")
 MESSAGE_FIELDS = ("role", "content", "name")
@@ -35,7 +37,7 @@ STREAM_OPTION_FIELDS = ("include_usage",)
 # changes nothing, so clients that send defaults keep working and no setting is silently dropped.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,),
-    "logprobs": (False, 0), "top_logprobs": (0,), "echo": (False,), "best_of": (1,),
+    "echo": (False,), "best_of": (1,),
     "logit_bias": ({},), "suffix": (), "tools": ([],), "tool_choice": ("none",),
     "response_format": ({"type": "text"},),
 }
@@ -78,6 +80,8 @@ class Delivery:
     """How a request wants its answer, and whether it chose its own max_tokens."""
 
     stream: bool = False
+    n: int = 1
+    """Choices to generate for the one prompt; each runs as its own sequence in the batch."""
     """Server-sent events (OpenAI's chunk objects) instead of one body."""
     include_usage: bool = False
     """``stream_options.include_usage``: a last chunk with ``usage`` and no choices."""
@@ -111,7 +115,12 @@ def parse_completion(body: Any, model_name: str) -> CompletionRequest:
     _check_common(body, model_name)
     prompt = _parse_prompt(body.get("prompt"))
     given = "max_tokens" if body.get("max_tokens") is not None else None
-    return CompletionRequest(prompt, _sampling(body, "max_tokens", COMPLETION_MAX_TOKENS),
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (type(logprobs) is not int or not 0 <= logprobs <= MAX_LOGPROBS):
+        raise RequestError(f"logprobs = {shown(logprobs)} must be an integer from 0 to {MAX_LOGPROBS}: how many "
+                           "most likely alternatives to return with each token (0: only the chosen one's).",
+                           "logprobs")
+    return CompletionRequest(prompt, _sampling(body, "max_tokens", COMPLETION_MAX_TOKENS, logprobs),
                              _delivery(body, given))
 
 
@@ -124,8 +133,21 @@ def parse_chat(body: Any, model_name: str) -> ChatRequest:
         raise RequestError(f"max_completion_tokens = {shown(new)} and max_tokens = {shown(old)} disagree; they are "
                            "two names for the same limit. Send only max_completion_tokens.", "max_tokens")
     field = "max_completion_tokens" if new is not None else "max_tokens"
-    params = _sampling({**body, "max_tokens": body.get(field)}, field, CHAT_MAX_TOKENS)
+    params = _sampling({**body, "max_tokens": body.get(field)}, field, CHAT_MAX_TOKENS, _chat_logprobs(body))
     return ChatRequest(messages, params, _delivery(body, field if body.get(field) is not None else None))
+
+
+def _chat_logprobs(body: dict[str, Any]) -> int | None:
+    """Chat's pair: logprobs (a bool) turns them on, top_logprobs (0 to 20) asks for alternatives."""
+    wanted, top = body.get("logprobs"), body.get("top_logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise RequestError(f"logprobs = {shown(wanted)} must be true or false on /v1/chat/completions (the "
+                           "number of alternatives goes in top_logprobs).", "logprobs")
+    if top is not None and (type(top) is not int or not 0 <= top <= MAX_LOGPROBS):
+        raise RequestError(f"top_logprobs = {shown(top)} must be an integer from 0 to {MAX_LOGPROBS}.", "top_logprobs")
+    if top is not None and not wanted:
+        raise RequestError("top_logprobs needs logprobs = true; send both, or neither.", "top_logprobs")
+    return (top or 0) if wanted else None
 
 
 def fit_to_context(params: SamplingParams, prompt_tokens: int, context: int | None, delivery: Delivery,
@@ -175,9 +197,9 @@ def _check_common(body: dict[str, Any], model_name: str) -> None:
         raise RequestError(f"model = {shown(model)} is not served here; this server serves {model_name!r} "
                            "(GET /v1/models). Send that name, or omit the field.", "model", "model_not_found")
     n = body.get("n")
-    if n is not None and (type(n) is not int or n != 1):
-        raise RequestError(f"n = {shown(n)} is not supported: this server returns one choice per request. "
-                           "Omit n or send n = 1; for several choices send several requests.", "n")
+    if n is not None and (type(n) is not int or not 1 <= n <= MAX_N):
+        raise RequestError(f"n = {shown(n)} must be an integer from 1 to {MAX_N}: the number of choices to "
+                           "generate for the prompt.", "n")
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         raise RequestError(f"stream = {shown(stream)} must be true or false.", "stream")
@@ -188,8 +210,9 @@ def _check_common(body: dict[str, Any], model_name: str) -> None:
 
 def _delivery(body: dict[str, Any], max_tokens_field: str | None) -> Delivery:
     stream, options = body.get("stream") is True, body.get("stream_options")
+    n = body.get("n") or 1
     if options is None:
-        return Delivery(stream, False, max_tokens_field)
+        return Delivery(stream, n, False, max_tokens_field)
     if not stream:
         raise RequestError("stream_options is only allowed with stream = true; remove stream_options, or send "
                            "stream = true.", "stream_options")
@@ -205,12 +228,13 @@ def _delivery(body: dict[str, Any], max_tokens_field: str | None) -> Delivery:
     if usage is not None and not isinstance(usage, bool):
         raise RequestError(f"stream_options.include_usage = {shown(usage)} must be true or false.",
                            "stream_options.include_usage")
-    return Delivery(stream, bool(usage), max_tokens_field)
+    return Delivery(stream, n, bool(usage), max_tokens_field)
 
 
-def _sampling(body: dict[str, Any], max_field: str, default_max: int) -> SamplingParams:
+def _sampling(body: dict[str, Any], max_field: str, default_max: int, logprobs: int | None) -> SamplingParams:
     values = {k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None}
     values.setdefault("max_tokens", default_max)
+    values["logprobs"] = logprobs
     try:
         return SamplingParams(**values)
     except ValueError as exc:

@@ -3,9 +3,10 @@
 A streamed answer is server-sent events: ``data: <chunk JSON>`` lines, each followed by a blank
 line, ending with ``data: [DONE]``. Chat chunks are ``chat.completion.chunk`` objects (the first
 delta holds the role, then content deltas, then an empty delta with ``finish_reason``);
-completion chunks are ``text_completion`` objects. The chunk with ``finish_reason`` also carries
-``speculative``, and ``stream_options.include_usage`` adds a last chunk with ``usage`` and no
-choices, as OpenAI does.
+completion chunks are ``text_completion`` objects. With ``n`` > 1, each chunk belongs to one
+choice (its ``index``), and the choices' chunks interleave as their steps are verified. Each
+choice's chunk with ``finish_reason`` also carries ``speculative``, and
+``stream_options.include_usage`` adds a last chunk with ``usage`` and no choices, as OpenAI does.
 """
 
 from __future__ import annotations
@@ -13,51 +14,126 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
-from specsure.decode.engine import Completion
+from specsure.decode.completion import Completion, TokenLogprob
+from specsure.decode.metrics import SpecStats
 
 Endpoint = Literal["chat", "completion"]
 DONE = b"data: [DONE]\n\n"
 
 
-def completion_body(completion: Completion, model_name: str, method: str | None) -> dict[str, Any]:
+class TokenText:
+    """The text of each output token as logprobs name it: what the token adds to the decoded output.
+
+    Decoding a token alone can lose what joins it to the text before (a word-level tokenizer's
+    spaces), so each token's text is the output decoded through it, minus the output decoded before
+    it; the tokens' texts then join to the completion's text. Alternatives are measured the same
+    way, at the same position. A model without a tokenizer names tokens ``token_id:N`` (vLLM's
+    spelling).
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def __call__(self, before: Sequence[int], entries: Sequence[TokenLogprob]) -> list[tuple[str, list[str]]]:
+        """(text, alternatives' texts) for each entry, the first following the output ids ``before``."""
+        if self._tokenizer is None:
+            return [(f"token_id:{e.token_id}", [f"token_id:{t}" for t, _ in e.top]) for e in entries]
+        ids = list(before)
+        prev = self._decode(ids)
+        out = []
+        for entry in entries:
+            alternatives = [self._added(prev, ids, t) for t, _ in entry.top]
+            ids.append(entry.token_id)
+            text = self._added(prev, ids[:-1], entry.token_id)
+            prev = self._decode(ids)
+            out.append((text, alternatives))
+        return out
+
+    def _added(self, prev: str, ids: list[int], token: int) -> str:
+        text = self._decode([*ids, token])
+        return text[len(prev):] if text.startswith(prev) else self._decode([token])
+
+
+def token_text_of(tokenizer: Any) -> TokenText:
+    return TokenText(tokenizer)
+
+
+def completion_logprobs(entries: Sequence[TokenLogprob], text: TokenText, before: Sequence[int] = (),
+                        offset: int = 0) -> dict[str, Any]:
+    """The completions endpoint's logprobs object; ``text_offset`` counts from ``offset``."""
+    named = text(before, entries)
+    tokens = [t for t, _ in named]
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    # OpenAI: the chosen token is always among the alternatives, so there may be logprobs + 1.
+    tops = [{**{alt: v for alt, (_, v) in zip(alts, e.top)}, token: e.logprob}
+            for e, (token, alts) in zip(entries, named)]
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries], "top_logprobs": tops,
+            "text_offset": offsets}
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob], text: TokenText, before: Sequence[int] = ()) -> dict[str, Any]:
+    """The chat endpoint's logprobs object: one entry per token, its alternatives best first."""
+    def one(shown: str, value: float) -> dict[str, Any]:
+        return {"token": shown, "logprob": value, "bytes": list(shown.encode("utf-8"))}
+
+    return {"content": [{**one(token, e.logprob), "top_logprobs": [one(alt, v) for alt, (_, v) in zip(alts, e.top)]}
+                        for e, (token, alts) in zip(entries, text(before, entries))], "refusal": None}
+
+
+def completion_body(completions: Sequence[Completion], model_name: str, method: str | None,
+                    text: TokenText) -> dict[str, Any]:
     """OpenAI's text_completion object, plus ``token_ids`` per choice and ``speculative``."""
-    choice = {"index": 0, "text": completion.text, "token_ids": completion.token_ids, "logprobs": None,
-              "finish_reason": completion.finish_reason}
-    return _body("cmpl", "text_completion", choice, completion, model_name, method)
+    choices = [{"index": i, "text": c.text, "token_ids": c.token_ids,
+                "logprobs": None if c.logprobs is None else completion_logprobs(c.logprobs, text),
+                "finish_reason": c.finish_reason} for i, c in enumerate(completions)]
+    return _body("cmpl", "text_completion", choices, completions, model_name, method)
 
 
-def chat_body(completion: Completion, model_name: str, method: str | None) -> dict[str, Any]:
+def chat_body(completions: Sequence[Completion], model_name: str, method: str | None,
+              text: TokenText) -> dict[str, Any]:
     """OpenAI's chat.completion object, plus ``speculative``."""
-    choice = {"index": 0, "message": {"role": "assistant", "content": completion.text}, "logprobs": None,
-              "finish_reason": completion.finish_reason}
-    return _body("chatcmpl", "chat.completion", choice, completion, model_name, method)
+    choices = [{"index": i, "message": {"role": "assistant", "content": c.text},
+                "logprobs": None if c.logprobs is None else chat_logprobs(c.logprobs, text),
+                "finish_reason": c.finish_reason} for i, c in enumerate(completions)]
+    return _body("chatcmpl", "chat.completion", choices, completions, model_name, method)
 
 
-def _body(prefix: str, kind: str, choice: dict[str, Any], completion: Completion, model_name: str,
-          method: str | None) -> dict[str, Any]:
+def _body(prefix: str, kind: str, choices: list[dict[str, Any]], completions: Sequence[Completion],
+          model_name: str, method: str | None) -> dict[str, Any]:
     return {
         "id": f"{prefix}-{uuid.uuid4().hex}",
         "object": kind,
         "created": int(time.time()),
         "model": model_name,
-        "choices": [choice],
-        "usage": usage(completion),
-        "speculative": speculative(completion, method),
+        "choices": choices,
+        "usage": usage(completions),
+        "speculative": speculative(completions, method),
     }
 
 
-def usage(completion: Completion) -> dict[str, int]:
-    """OpenAI's usage object; completion_tokens counts a final EOS token, as vLLM does."""
-    prompt_tokens, completion_tokens = len(completion.prompt_token_ids), len(completion.token_ids)
+def usage(completions: Sequence[Completion]) -> dict[str, int]:
+    """OpenAI's usage object: the prompt once, every choice's tokens (a final EOS counts, as in vLLM)."""
+    prompt_tokens = len(completions[0].prompt_token_ids)
+    completion_tokens = sum(len(c.token_ids) for c in completions)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def speculative(completion: Completion, method: str | None) -> dict[str, Any]:
-    """specsure's extension: this request's acceptance figures, with vLLM's definitions."""
-    return {"method": method, **completion.stats.to_dict()}
+def speculative(completions: Sequence[Completion], method: str | None) -> dict[str, Any]:
+    """specsure's extension: this request's acceptance figures (all its choices), with vLLM's definitions."""
+    stats = SpecStats()
+    for completion in completions:
+        stats.merge(completion.stats)
+    stats.elapsed_s = max(c.stats.elapsed_s for c in completions)  # the choices ran side by side
+    return {"method": method, **stats.to_dict()}
 
 
 def event(payload: dict[str, Any]) -> bytes:
@@ -67,41 +143,60 @@ def event(payload: dict[str, Any]) -> bytes:
 
 
 class ChunkWriter:
-    """The events of one streamed answer. Completion chunks carry ``token_ids`` as well as text."""
+    """The events of one streamed answer, for each of its choices. Completion chunks carry ``token_ids`` too."""
 
-    def __init__(self, endpoint: Endpoint, model_name: str, method: str | None, include_usage: bool) -> None:
+    def __init__(self, endpoint: Endpoint, model_name: str, method: str | None, include_usage: bool,
+                 text: TokenText, n: int = 1) -> None:
         chat = endpoint == "chat"
-        self._chat, self._method, self._include_usage = chat, method, include_usage
+        self._chat, self._method, self._include_usage, self._text, self._n = chat, method, include_usage, text, n
+        self._offsets = [0] * n  # each choice's text_offset so far
+        self._before: list[list[int]] = [[] for _ in range(n)]  # each choice's output ids in earlier chunks
         self._head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                       "object": "chat.completion.chunk" if chat else "text_completion",
                       "created": int(time.time()), "model": model_name}
 
     def start(self) -> bytes:
-        """Chat's first chunk, the assistant's role; nothing for completions."""
-        return self._chunk({"role": "assistant", "content": ""}) if self._chat else b""
+        """Chat's first chunk per choice, the assistant's role; nothing for completions."""
+        return b"".join(self._chunk(i, {"role": "assistant", "content": ""}) for i in range(self._n)) \
+            if self._chat else b""
 
-    def delta(self, text: str | None, token_ids: list[int]) -> bytes:
-        """A chunk of new text (and, for completions, the token ids it came from)."""
-        return self._chunk({"content": text}) if self._chat else self._chunk(text, token_ids)
-
-    def finish(self, completion: Completion, text: str | None, token_ids: list[int]) -> bytes:
-        """The rest of the text, the chunk with finish_reason and speculative, usage if asked, [DONE]."""
-        figures = {"speculative": speculative(completion, self._method)}
+    def delta(self, index: int, text: str | None, token_ids: list[int],
+              logprobs: list[TokenLogprob] | None = None) -> bytes:
+        """A chunk of new text for choice ``index`` (and, for completions, the token ids it came from)."""
         if self._chat:
-            rest = self._chunk({"content": text}) if text else b""
-            last = rest + self._chunk({}, finish=completion.finish_reason, **figures)
-        else:
-            last = self._chunk(text, token_ids, finish=completion.finish_reason, **figures)
-        if self._include_usage:
-            last += event({**self._head, "choices": [], "usage": usage(completion)})
+            return self._chunk(index, {"content": text}, logprobs=logprobs)
+        return self._chunk(index, text, token_ids, logprobs=logprobs)
+
+    def finish(self, index: int, completion: Completion, text: str | None, token_ids: list[int],
+               logprobs: list[TokenLogprob] | None = None) -> bytes:
+        """Choice ``index``'s rest of the text, then its chunk with finish_reason and speculative."""
+        figures = {"speculative": speculative([completion], self._method)}
+        if self._chat:
+            rest = self._chunk(index, {"content": text}, logprobs=logprobs) if text or logprobs else b""
+            return rest + self._chunk(index, {}, finish=completion.finish_reason, **figures)
+        return self._chunk(index, text, token_ids, logprobs=logprobs, finish=completion.finish_reason, **figures)
+
+    def end(self, completions: Sequence[Completion]) -> bytes:
+        """The usage chunk, if asked, then [DONE]."""
+        last = event({**self._head, "choices": [], "usage": usage(completions)}) if self._include_usage else b""
         return last + DONE
 
-    def _chunk(self, content: dict[str, Any] | str | None, token_ids: list[int] | None = None, *,
-               finish: str | None = None, **extra: Any) -> bytes:
+    def _chunk(self, index: int, content: dict[str, Any] | str | None, token_ids: list[int] | None = None, *,
+               logprobs: list[TokenLogprob] | None = None, finish: str | None = None, **extra: Any) -> bytes:
+        shown = None
+        if logprobs:
+            before = self._before[index]
+            if self._chat:
+                shown = chat_logprobs(logprobs, self._text, before)
+            else:
+                shown = completion_logprobs(logprobs, self._text, before, self._offsets[index])
+                self._offsets[index] += sum(len(t) for t in shown["tokens"])
+            before += [e.token_id for e in logprobs]
         if self._chat:
-            choice = {"index": 0, "delta": content, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "delta": content, "logprobs": shown, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": content, "token_ids": token_ids, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "text": content, "token_ids": token_ids, "logprobs": shown,
+                      "finish_reason": finish}
         chunk = {**self._head, "choices": [choice], **extra}
         if self._include_usage:
             chunk["usage"] = None  # OpenAI's shape: null on every chunk but the last

@@ -72,22 +72,22 @@ class EngineRunner:
     def max_num_seqs(self) -> int:
         return self.engine.scheduler.max_num_seqs
 
-    def submit(self, prompt: list[int], params: SamplingParams, stream: bool) -> Job:
-        """Queue a generation, or raise a 503 APIError when max_queue requests already wait."""
-        job = Job(prompt, params, stream, self.timeout_s)
+    def submit(self, prompt: list[int], choices: list[SamplingParams], stream: bool) -> list[Job]:
+        """Queue one generation per choice (all or none), or raise a 503 APIError when the queue is full."""
+        jobs = [Job(prompt, params, stream, self.timeout_s) for params in choices]
         with self._lock:
-            if self._admitted >= self.max_num_seqs + self.max_queue:
+            if self._admitted + len(jobs) > self.max_num_seqs + self.max_queue:
                 self.metrics.rejected.inc()
-                raise APIError(f"the server is busy: {self.max_num_seqs} requests are generating (--max-num-seqs "
-                               f"{self.max_num_seqs}) and {self.max_queue} are waiting (--max-queue {self.max_queue}); "
-                               f"retry in about {RETRY_AFTER_S} s.",
+                raise APIError(f"the server is busy: the running batch is full (--max-num-seqs {self.max_num_seqs}) "
+                               f"and the queue too (--max-queue {self.max_queue}); retry in about {RETRY_AFTER_S} s.",
                                503, code="queue_full", kind="server_error", headers={"Retry-After": str(RETRY_AFTER_S)})
-            self._admitted += 1
+            self._admitted += len(jobs)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="specsure-engine", daemon=True)
                 self._thread.start()
-        self._inbox.put(job)
-        return job
+        for job in jobs:
+            self._inbox.put(job)
+        return jobs
 
     def cancel(self, job: Job) -> None:
         """Stop ``job``: the engine thread drops it before its next step (a no-op once it is done)."""

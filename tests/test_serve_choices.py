@@ -1,0 +1,83 @@
+"""n > 1 choices and logprobs on both endpoints, streamed and not, read with the official client."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import openai
+import pytest
+
+from serving import CHAT, WORDS, serving, tiny_chat_engine
+from specsure.decode.engine import Engine
+from specsure.serve import create_app
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    return tiny_chat_engine(tmp_path_factory, "tiny-chat-choices")
+
+
+@pytest.fixture(scope="module")
+def sdk(engine: Engine) -> Iterator[openai.OpenAI]:
+    with serving(create_app(engine, served_model_name="tiny")) as base:
+        yield openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+
+
+def test_completion_logprobs_streamed_equal_whole(sdk: openai.OpenAI) -> None:
+    args = dict(model="tiny", prompt=WORDS, max_tokens=12, logprobs=3, extra_body={"ignore_eos": True})
+    whole = sdk.completions.create(**args).choices[0]
+    lp = whole.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(whole.model_extra["token_ids"])
+    assert all(v <= 0 for v in lp.token_logprobs) and "".join(lp.tokens) == whole.text
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        # Greedy: the chosen token is the most likely, so it is one of the 3 alternatives.
+        assert 1 <= len(top) <= 4 and top[token] == value == max(top.values())
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    chunks = list(sdk.completions.create(**args, stream=True))
+    joined = [(t, v) for c in chunks if c.choices and c.choices[0].logprobs
+              for t, v in zip(c.choices[0].logprobs.tokens, c.choices[0].logprobs.token_logprobs)]
+    assert joined == list(zip(lp.tokens, lp.token_logprobs))
+    offsets = [o for c in chunks if c.choices and c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+    assert offsets == lp.text_offset
+
+
+def test_chat_logprobs_and_top_logprobs(sdk: openai.OpenAI) -> None:
+    out = sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=10, logprobs=True, top_logprobs=2,
+                                      extra_body={"ignore_eos": True})
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens
+    assert "".join(e.token for e in content) == out.choices[0].message.content
+    for entry in content:
+        assert len(entry.top_logprobs) == 2 and entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob
+        assert entry.top_logprobs[0].token == entry.token and bytes(entry.bytes).decode() == entry.token
+    plain = sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=10, extra_body={"ignore_eos": True})
+    assert plain.choices[0].logprobs is None and plain.choices[0].message.content == out.choices[0].message.content
+    streamed = [e for c in sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=10, logprobs=True,
+                                                        stream=True, extra_body={"ignore_eos": True})
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    assert all(e.top_logprobs == [] for e in streamed)
+
+
+def test_n_choices_share_a_request(sdk: openai.OpenAI) -> None:
+    greedy = sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=8, n=3, extra_body={"ignore_eos": True})
+    assert [c.index for c in greedy.choices] == [0, 1, 2] and len({c.text for c in greedy.choices}) == 1
+    one = sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=8, extra_body={"ignore_eos": True})
+    assert greedy.choices[0].text == one.choices[0].text
+    # The prompt counts once, every choice's tokens count.
+    assert (greedy.usage.prompt_tokens, greedy.usage.completion_tokens) == (one.usage.prompt_tokens, 24)
+    sampled = sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=12, n=4, temperature=1.5, seed=3,
+                                          extra_body={"ignore_eos": True})
+    texts = [c.message.content for c in sampled.choices]
+    assert len(set(texts)) > 1  # seed + i per choice: the choices differ
+    again = sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=12, n=4, temperature=1.5, seed=3,
+                                        extra_body={"ignore_eos": True})
+    assert [c.message.content for c in again.choices] == texts  # and a seeded request repeats
+    chunks = list(sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=12, n=4, temperature=1.5,
+                                              seed=3, stream=True, stream_options={"include_usage": True},
+                                              extra_body={"ignore_eos": True}))
+    streamed = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
+                for i in range(4)]
+    assert streamed == texts
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"] * 4 and chunks[-1].usage.completion_tokens == 48
