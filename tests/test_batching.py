@@ -150,3 +150,30 @@ def test_batched_sampling_keeps_the_target_distribution(tmp_path: Path) -> None:
     # Sampling noise for 1200 draws over 24 tokens is about 0.05 in total variation.
     assert tv(counts / runs, exact) < 0.07
     assert tv(stranger, exact) > 3 * tv(counts / runs, exact)
+
+
+@pytest.mark.parametrize("name", ["ngram", "eagle3", "mtp"])
+def test_choices_of_one_prompt_share_its_prefill(name: str, folders: dict[str, Path]) -> None:
+    engine = _engine(name, folders, max_num_seqs=4)
+    prompt = _prompts(1, seed=4)[0]
+    params = SamplingParams(max_tokens=15, ignore_eos=True)
+    want = engine.generate(prompt, params)[0].token_ids
+    fed: list[list[int]] = []
+    real = engine.target.lm.forward_batch
+
+    def counting(calls, **kwargs):  # noqa: ANN001, ANN202
+        fed.append([len(c.token_ids) for c in calls])
+        return real(calls, **kwargs)
+
+    leader = engine.request(prompt, params)
+    choices = [leader] + [engine.request(prompt, params) for _ in range(2)]
+    for choice in choices[1:]:
+        choice.prefill_from = leader
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine.target.lm, "forward_batch", counting)
+        for choice in choices:
+            engine.scheduler.add(choice)
+        while not engine.scheduler.idle:
+            engine.scheduler.step()
+    assert fed[0] == [len(prompt)]  # one prefill for the three choices
+    assert [c.completion.token_ids for c in choices] == [want] * 3

@@ -90,6 +90,10 @@ class Request:
         self.finish: FinishReason | None = None
         self.completion: Completion | None = None
         self.arrived = self.started = time.perf_counter()
+        self.prefill_from: Request | None = None
+        """Another choice for the same prompt: when both join the batch at the same step, this
+        request copies that one's prefill (its KV cache and the prompt's logits) instead of
+        computing it again."""
         self.lm: CausalLM | None = None  # set when the scheduler gives the request a slot
         self.proposer: Proposer | None = None
         self._logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
@@ -135,9 +139,15 @@ class Request:
         self._fed, self._parents = fed, None
         return Call(lm, fed)
 
-    def commit_prefill(self, out: ForwardOutput) -> StepUpdate:
-        """The prompt's forward came back: the first output token. The final update if that ends it."""
+    def commit_prefill(self, out: ForwardOutput, shared_from: Request | None = None) -> StepUpdate:
+        """The prompt's forward came back: the first output token. The final update if that ends it.
+
+        With ``shared_from``, ``out`` is that request's prefill, whose cache is copied first.
+        """
         assert self.lm is not None
+        if shared_from is not None:
+            assert shared_from.lm is not None and shared_from.prompt == self.prompt
+            self.lm.copy_cache(shared_from.lm)
         if self.proposer is not None:
             self.proposer.observe(self.prompt, 0, out)
         self.output.append(draw(out.logits[-1], self.params, self.generator)[0])

@@ -82,10 +82,20 @@ class Scheduler:
             joining.append(request)
         if not decoding and not joining:
             return []
-        calls = [r.draft_call() for r in decoding] + [r.prefill_call() for r in joining]
+        # A choice whose sibling prefills in this step copies that prefill instead of repeating it.
+        copying = {id(r) for r in joining if r.prefill_from is not None and r.prefill_from in joining
+                   and r.prefill_from.prefill_from is None}
+        prefilling = [r for r in joining if id(r) not in copying]
+        calls = [r.draft_call() for r in decoding] + [r.prefill_call() for r in prefilling]
         outs = self._lm.forward_batch(calls, hidden=self._hidden, aux_layers=self._aux_layers)
         updates = [(r, r.commit(out)) for r, out in zip(decoding, outs)]
-        updates += [(r, r.commit_prefill(out)) for r, out in zip(joining, outs[len(decoding):])]
+        prefills = dict(zip(map(id, prefilling), outs[len(decoding):]))
+        for request in joining:
+            if id(request) in copying:
+                leader = request.prefill_from
+                updates.append((request, request.commit_prefill(prefills[id(leader)], shared_from=leader)))
+            else:
+                updates.append((request, request.commit_prefill(prefills[id(request)])))
         self.running.extend(joining)
         for request, update in updates:
             if update.completion is not None:

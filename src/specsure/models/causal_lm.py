@@ -168,6 +168,17 @@ class CausalLM:
         return view
 
     @torch.inference_mode()
+    def copy_cache(self, source: "CausalLM") -> None:
+        """Make this view's cache a copy of ``source``'s (a view of the same model): one prefill, two sequences."""
+        if source.hf is not self.hf:
+            raise ValueError("copy_cache: the source must be a fork() of the same model.")
+        self.reset()
+        for i, layer in enumerate(source._cache.layers):
+            if layer.get_seq_length():
+                self._cache.update(layer.keys, layer.values, i)
+        self._cache_len = source._cache_len
+
+    @torch.inference_mode()
     def forward_batch(self, calls: Sequence[Call], *, hidden: bool = False,
                       aux_layers: tuple[int, ...] = ()) -> list[ForwardOutput]:
         """`forward` for several views of this model at once: one output per call, in order.

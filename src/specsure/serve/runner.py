@@ -38,6 +38,7 @@ class Job:
         self.arrived = self.last = time.perf_counter()
         self.deadline = self.arrived + timeout_s if timeout_s is not None else None
         self.request: Request | None = None  # set by the engine thread when it takes the job in
+        self.leader: Job | None = None  # the first choice of the same HTTP request, when it has n > 1
         self.done = False
         self.cancelled = threading.Event()
         self.updates: asyncio.Queue[StepUpdate | Exception] = asyncio.Queue()
@@ -75,6 +76,8 @@ class EngineRunner:
     def submit(self, prompt: list[int], choices: list[SamplingParams], stream: bool) -> list[Job]:
         """Queue one generation per choice (all or none), or raise a 503 APIError when the queue is full."""
         jobs = [Job(prompt, params, stream, self.timeout_s) for params in choices]
+        for job in jobs[1:]:
+            job.leader = jobs[0]
         with self._lock:
             if self._admitted + len(jobs) > self.max_num_seqs + self.max_queue:
                 self.metrics.rejected.inc()
@@ -131,6 +134,8 @@ class EngineRunner:
                 while True:  # block only when there is nothing to step
                     job = self._inbox.get(block=not jobs)
                     request = job.request = self.engine.request(job.prompt, job.params)
+                    if job.leader is not None:
+                        request.prefill_from = job.leader.request  # one prefill for all the choices
                     jobs[id(request)] = (job, request)
                     scheduler.add(request)
             except Empty:
