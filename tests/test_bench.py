@@ -294,3 +294,22 @@ def test_each_timed_pass_starts_without_earlier_passes_history(tiny_llama: Path)
     # Without the clearing, the second run of a prompt drafts from its first run's answer.
     again = engine.generate([list(items[1].prompt_ids)], SamplingParams(max_tokens=24))[0]
     assert again.stats.accepted_tokens > runs[("suffix", "p1")][0].accepted_tokens
+
+
+def test_batched_run_reports_throughput_and_agreement_with_batch_one(tiny_llama: Path, tmp_path: Path) -> None:
+    rnd = random.Random(1)
+    rows = []
+    for i in range(5):
+        base = [rnd.randrange(3, 128) for _ in range(6 + i)]
+        rows.append({"id": f"code-{i}", "category": "code", "prompt_ids": base * 2 + base[:3], "max_tokens": 10 + i})
+    out = tmp_path / "out"
+    code = main(["bench", "--model", str(tiny_llama), "--workload", str(_write(tmp_path, *rows)), "--dtype", "float32",
+                 "--methods", "ngram", "--baselines", "none", "-k", "3", "--repeats", "1", "--batched", "3",
+                 "--out", str(out)])
+    assert code == 0
+    batched = json.loads((out / "results.json").read_text())["meta"]["batched"]
+    assert set(batched) == {"plain", "ngram"}
+    for figures in batched.values():  # float32: batching changes no output
+        assert figures["exact_match_rate"] == 1.0 and figures["mismatches"] == [] and figures["prompts"] == 5
+        assert figures["max_num_seqs"] == 3 and figures["tokens_per_s"] > 0 and figures["speedup_vs_batch1"] > 0
+    assert "## Batched: every prompt at once, 3 sequences at a time" in (out / "results.md").read_text()

@@ -3,16 +3,19 @@
 Interleaving (A B C, then B C A on the next prompt, ...) spreads slow drifts of the
 machine (thermal state, background load) over every configuration instead of charging them
 to whichever ran last; the rotation keeps any one configuration from always going first.
+``run_batched`` then runs each specsure configuration over every prompt at once, batched.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tqdm import tqdm
 
-from specsure.bench.runners import Generation, Runner
+from specsure.bench.results import first_divergence
+from specsure.bench.runners import Generation, Runner, SpecsureRunner
 from specsure.bench.workload import Prompt
 
 
@@ -66,3 +69,27 @@ def run_interleaved(runners: Sequence[Runner], items: Sequence[Item], repeats: i
                     runs[(runner.name, item.prompt.id)].append(runner.generate(item.prompt_ids, item.max_tokens))
                     bar.update()
     return runs
+
+
+def run_batched(max_num_seqs: int, runners: Sequence[Runner], items: Sequence[Item],
+                runs: dict[tuple[str, str], list[Generation]]) -> dict[str, Any]:
+    """Each specsure configuration's prompts all at once, batched: throughput and agreement with batch 1."""
+
+    if max_num_seqs < 1:
+        raise ValueError(f"--batched must be >= 1 (or 0 for off), got {max_num_seqs}")
+    out: dict[str, Any] = {}
+    for runner in runners:
+        if not isinstance(runner, SpecsureRunner):
+            continue
+        runner.clear_history()
+        print(f"batched: {runner.name}, {len(items)} prompts, {max_num_seqs} at a time ...", flush=True)
+        outputs, seconds = runner.generate_batched([(it.prompt_ids, it.max_tokens) for it in items], max_num_seqs)
+        alone = [runs[(runner.name, it.prompt.id)] for it in items]
+        mismatches = [{"prompt_id": it.prompt.id, "first_divergence": first_divergence(got, gens[0].token_ids)}
+                      for it, got, gens in zip(items, outputs, alone) if tuple(got) != tuple(gens[0].token_ids)]
+        serial_s = sum(sorted(g.seconds for g in gens)[len(gens) // 2] for gens in alone)
+        tokens = sum(len(o) for o in outputs)
+        out[runner.name] = {"max_num_seqs": max_num_seqs, "prompts": len(items), "tokens_per_s": tokens / seconds,
+                            "speedup_vs_batch1": serial_s / seconds, "exact_match_rate": 1 - len(mismatches) / len(items),
+                            "mismatches": mismatches}
+    return out

@@ -65,6 +65,16 @@ def render_markdown(results: BenchResults) -> str:
         for r in results.mismatched:
             where = ", ".join(f"{m['prompt_id']} at token {m['first_divergence']}" for m in r.mismatches)
             out.append(f"- **{r.config}** on {r.category}: {where}")
+    if meta.get("batched"):
+        first = next(iter(meta["batched"].values()))
+        out += ["", f"## Batched: every prompt at once, {first['max_num_seqs']} sequences at a time", "",
+                "Continuous batching over the same prompts; tokens/s is all new tokens over the run's wall time, "
+                "against the sum of the batch-1 median times; exact match compares each prompt's output with the "
+                "same configuration at batch 1.", ""]
+        rows = [[name, f"{b['tokens_per_s']:.2f}", f"{b['speedup_vs_batch1']:.2f}x", f"{b['exact_match_rate']:.0%}",
+                 ", ".join(f"{m['prompt_id']}@{m['first_divergence']}" for m in b["mismatches"]) or "-"]
+                for name, b in meta["batched"].items()]
+        out += _table(["config", "tok/s", "vs batch 1", "exact match", "first divergences"], rows)
     if results.skipped:
         out += ["", "## Skipped", ""]
         out += [f"- {s['name']}: {s['reason']}" for s in results.skipped]

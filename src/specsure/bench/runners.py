@@ -64,6 +64,26 @@ class SpecsureRunner:
             accepted_per_position=tuple(int(n) for n in stats.accepted_per_position),
         )
 
+    def generate_batched(self, prompts: Sequence[tuple[Sequence[int], int]],
+                         max_num_seqs: int) -> tuple[list[tuple[int, ...]], float]:
+        """Every (prompt ids, max tokens) through the engine's scheduler, up to ``max_num_seqs`` at a
+        time (continuous batching); the new token ids of each, and the wall time of the whole run."""
+        from specsure.sampling import SamplingParams
+
+        engine, scheduler = self.engine, self.engine.scheduler
+        before, scheduler.max_num_seqs = scheduler.max_num_seqs, max_num_seqs
+        try:
+            requests = [engine.request(list(ids), SamplingParams(max_tokens=n, temperature=0.0)) for ids, n in prompts]
+            start = time.perf_counter()
+            for request in requests:
+                scheduler.add(request)
+            while not scheduler.idle:
+                scheduler.step()
+            seconds = time.perf_counter() - start
+        finally:
+            scheduler.max_num_seqs = before
+        return [_strip_eos(r.completion.token_ids, self.eos_ids) for r in requests], seconds
+
 
 @dataclass
 class TransformersRunner:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specsure.bench.configs import BASELINES, METHODS, Settings, build_specsure, build_transformers, dtype_name
-from specsure.bench.harness import Item, run_interleaved, warm_up
+from specsure.bench.harness import Item, run_batched, run_interleaved, warm_up
 from specsure.bench.llamacpp.baselines import LLAMA_CPP_BASELINES, build_llamacpp
 from specsure.bench.llamacpp.runner import DEFAULT_LLAMA_CPP_PYTHON, LlamaCppError
 from specsure.bench.plots import plot_acceptance, plot_speedup
@@ -84,6 +84,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eagle-head", default=None, help="EAGLE-1 head checkpoint")
     parser.add_argument("--eagle3-head", default=None, help="EAGLE-3 head checkpoint")
     parser.add_argument("--mtp-head", default=None, help="MTP head checkpoint (default: MTP layers inside the target, if any)")
+    parser.add_argument("--batched", type=int, default=0, metavar="N",
+                        help="also run every prompt of each specsure configuration at once, N sequences batched, and "
+                             "report its throughput and its exact-match rate against the same configuration at batch 1 "
+                             "(default 0: off)")
     parser.add_argument("--out", default="bench/results", help="output folder (default bench/results)")
 
 
@@ -232,6 +236,7 @@ def _run(args: argparse.Namespace) -> int:
         runs = run_interleaved(runners, items, repeats)
     finally:
         llama.close()
+    batched = run_batched(args.batched, runners, items, runs) if args.batched else None
 
     ran = {r.name for r in runners}
     own_plain = {r.name: r.plain for r in runners if r.plain in ran}
@@ -268,6 +273,8 @@ def _run(args: argparse.Namespace) -> int:
     }
     results = summarize(meta, [(r.name, r.kind, r.speculative) for r in runners], skipped, per_prompt, REFERENCE, HF_BASELINE,
                         own_plain=own_plain, incomparable=[r.name for r in runners if not r.comparable])
+    if batched is not None:
+        results.meta["batched"] = batched
     results.meta["wall_s"] = round(time.perf_counter() - started, 1)
     write_outputs(results, out_dir)
     _print_summary(results, out_dir)
@@ -301,4 +308,7 @@ def _print_summary(results: BenchResults, out_dir: Path) -> None:
             where = ", ".join(f"{m['prompt_id']}@{m['first_divergence']}" for m in r.mismatches)
             print(f"  {r.config} on {r.category}: {where}")
         print(f"(prompt@first divergent new token; bf16 kernels can flip near-tied argmaxes, see BENCHMARKS.md)\n{bar}")
+    for name, b in results.meta.get("batched", {}).items():
+        print(f"batched {name}: {b['tokens_per_s']:.1f} tok/s, {b['speedup_vs_batch1']:.2f}x its batch-1 run, "
+              f"{b['exact_match_rate']:.0%} equal to batch 1")
     print(f"\nwrote {out_dir}/results.json, results.md, speedup.png, acceptance.png")
