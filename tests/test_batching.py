@@ -177,3 +177,25 @@ def test_choices_of_one_prompt_share_its_prefill(name: str, folders: dict[str, P
             engine.scheduler.step()
     assert fed[0] == [len(prompt)]  # one prefill for the three choices
     assert [c.completion.token_ids for c in choices] == [want] * 3
+
+
+def test_draft_model_drafts_every_sequence_in_one_draft_forward(folders: dict[str, Path]) -> None:
+    from specsure.models.causal_lm import CausalLM
+
+    engine = _engine("draft_model", folders, max_num_seqs=4)
+    draft_hf = engine.proposer.draft.hf
+    widths: list[int] = []
+    real = CausalLM.forward_batch
+
+    def counting(self, calls, **kwargs):  # noqa: ANN001, ANN202
+        if self.hf is draft_hf:
+            widths.append(len(calls))
+        return real(self, calls, **kwargs)
+
+    prompts = _prompts(3, seed=5)
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(CausalLM, "forward_batch", counting)
+        batched = engine.generate(prompts, params)
+    assert max(widths) == 3  # the three sequences' draft steps ran as one draft forward
+    assert [c.token_ids for c in batched] == [engine.generate(p, params)[0].token_ids for p in prompts]

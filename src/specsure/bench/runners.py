@@ -1,7 +1,7 @@
 """The configurations a benchmark compares: specsure methods and transformers baselines.
 
 Every runner takes the same prompt token ids and a cap on new tokens, decodes greedily at
-batch size 1, and returns the new token ids, the wall time of the whole call (prefill
+batch size 1 (specsure's can also run every prompt batched: ``generate_batched``), and returns the new token ids, the wall time of the whole call (prefill
 included, tokenization excluded) and, for speculative methods, the acceptance counters.
 """
 

@@ -21,7 +21,7 @@ from specsure.decode.tree import depth, verify_tree
 from specsure.models.causal_lm import Call, CausalLM
 from specsure.models.forward_output import ForwardOutput
 from specsure.models.token_tree import TokenTree
-from specsure.proposers.base import Draft, Proposer
+from specsure.proposers.base import Draft, DraftJob, Proposer
 from specsure.sampling import SamplingParams, draw, probs_from_logits
 
 if TYPE_CHECKING:
@@ -120,15 +120,21 @@ class Request:
         assert self.lm is not None
         return Call(self.lm, self.prompt, last_logits=1)
 
-    def draft_call(self) -> Call:
-        """Draft for this step and return the verify forward: the pending token, then the draft (chain or tree)."""
-        lm, proposer, params, output = self.lm, self.proposer, self.params, self.output
+    def draft_job(self) -> DraftJob | None:
+        """What this step's draft needs (None: no proposer, or no room for a draft token)."""
+        lm, output = self.lm, self.output
         assert lm is not None and output
         # Room for the draft: the verify forward must fit the context. Tokens past max_tokens are
         # cut after verification, which leaves the kept ones distributed as before.
-        room = min(self.k, params.max_tokens - len(output), (lm.max_context or 1 << 30) - lm.cache_len - 2)
-        draft = (proposer.propose(self.prompt + output, room, params, self.generator)
-                 if proposer is not None and room > 0 else NO_DRAFT)
+        room = min(self.k, self.params.max_tokens - len(output), (lm.max_context or 1 << 30) - lm.cache_len - 2)
+        if self.proposer is None or room <= 0:
+            return None
+        return DraftJob(self.proposer, self.prompt + output, room, self.params, self.generator)
+
+    def draft_call(self, draft: Draft = NO_DRAFT) -> Call:
+        """The verify forward for this step's draft: the pending token, then the draft (chain or tree)."""
+        lm, output = self.lm, self.output
+        assert lm is not None and output
         self._draft, self._start = draft, lm.cache_len
         fed = [output[-1], *draft.token_ids]
         if draft.parents is not None and draft.token_ids:

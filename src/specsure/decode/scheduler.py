@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from specsure.decode.completion import StepUpdate
 from specsure.decode.request import Request
 from specsure.models.causal_lm import CausalLM
-from specsure.proposers.base import Proposer
+from specsure.proposers.base import Proposer, propose_all
 
 DEFAULT_MAX_NUM_SEQS = 8
 """vLLM's name; 8 concurrent sequences is where a verify forward here still costs about 3x a single one."""
@@ -86,7 +86,8 @@ class Scheduler:
         copying = {id(r) for r in joining if r.prefill_from is not None and r.prefill_from in joining
                    and r.prefill_from.prefill_from is None}
         prefilling = [r for r in joining if id(r) not in copying]
-        calls = [r.draft_call() for r in decoding] + [r.prefill_call() for r in prefilling]
+        drafts = propose_all([r.draft_job() for r in decoding])
+        calls = [r.draft_call(d) for r, d in zip(decoding, drafts)] + [r.prefill_call() for r in prefilling]
         outs = self._lm.forward_batch(calls, hidden=self._hidden, aux_layers=self._aux_layers)
         updates = [(r, r.commit(out)) for r, out in zip(decoding, outs)]
         prefills = dict(zip(map(id, prefilling), outs[len(decoding):]))

@@ -96,10 +96,10 @@ class GrowableLayer(DynamicLayer):
         self.is_initialized = False
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        raise NotImplementedError("specsure runs batch size 1; beam search is not supported.")
+        raise NotImplementedError("each sequence has a cache of its own (CausalLM.fork); beam search is not supported.")
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        raise NotImplementedError("specsure runs batch size 1; beam search is not supported.")
+        raise NotImplementedError("each sequence has a cache of its own (CausalLM.fork); beam search is not supported.")
 
 
 class RollbackCache(DynamicCache):

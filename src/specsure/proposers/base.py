@@ -38,6 +38,30 @@ class Draft:
     depth is at most k. None: a chain, each token after the one before."""
 
 
+@dataclass(frozen=True)
+class DraftJob:
+    """One sequence's drafting for this step, as ``Proposer.propose_batch`` takes it."""
+
+    proposer: "Proposer"
+    context: Sequence[int]
+    k: int
+    params: "SamplingParams"
+    generator: torch.Generator | None
+
+
+def propose_all(jobs: Sequence[DraftJob | None]) -> list[Draft]:
+    """Every sequence's draft for one step; a proposer class that can batch its drafting does (draft_model)."""
+    drafts: list[Draft] = [Draft([])] * len(jobs)
+    groups: dict[type, list[int]] = {}
+    for i, job in enumerate(jobs):
+        if job is not None:
+            groups.setdefault(type(job.proposer), []).append(i)
+    for kind, indices in groups.items():
+        for i, draft in zip(indices, kind.propose_batch([jobs[i] for i in indices])):  # type: ignore[misc]
+            drafts[i] = draft
+    return drafts
+
+
 class Proposer(ABC):
     """Drafts up to k tokens per step. One instance serves one sequence at a time; ``fork`` makes
     another instance for a sequence that runs at the same time."""
@@ -80,6 +104,11 @@ class Proposer(ABC):
 
         ``out`` holds the target's logits and requested features for exactly those positions.
         """
+
+    @classmethod
+    def propose_batch(cls, jobs: Sequence[DraftJob]) -> list[Draft]:
+        """Drafts for several sequences (each job names its own proposer of this class); one by one by default."""
+        return [job.proposer.propose(job.context, job.k, job.params, job.generator) for job in jobs]
 
     @abstractmethod
     def propose(

@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from specsure.models.causal_lm import Call
+from specsure.proposers.base import Draft, DraftJob, Proposer
 from specsure.sampling import draw
-from specsure.proposers.base import Draft, Proposer
 
 if TYPE_CHECKING:
     from specsure.sampling import SamplingParams
@@ -42,30 +43,54 @@ class DraftModelProposer(Proposer):
     def propose(
         self, context: Sequence[int], k: int, params: "SamplingParams", generator: torch.Generator | None
     ) -> Draft:
-        if self.draft.max_context:
-            # The draft's cache ends up holding the context and k - 1 draft tokens; a draft with a
-            # shorter context than the target's stops drafting instead of failing the request.
-            k = min(k, self.draft.max_context - len(context) + 1)
-        if k <= 0:
-            return Draft([])
-        keep = self._shared_prefix(context)
-        # Always feed at least the pending token, whose logits give the first draft token.
-        keep = min(keep, len(context) - 1)
-        self.draft.crop(keep)
-        logits = self.draft.forward(context[keep:], last_logits=1).logits[-1]  # [vocab]
-        self._fed = list(context)
-        self._stable = len(context)
-        token_ids: list[int] = []
-        rows: list[torch.Tensor] = []
-        for step in range(k):
-            token, q = draw(logits, params, generator)
-            if q is not None:
-                rows.append(q)
-            token_ids.append(token)
-            if step + 1 < k:  # the last draft token's logits are never needed
-                logits = self.draft.forward([token]).logits[-1]
-                self._fed.append(token)
-        return Draft(token_ids, torch.stack(rows) if rows else None)
+        return DraftModelProposer.propose_batch([DraftJob(self, context, k, params, generator)])[0]
+
+    @classmethod
+    def propose_batch(cls, jobs: Sequence[DraftJob]) -> list[Draft]:
+        """Draft for every job in lockstep: each of the k draft steps is one batched draft forward.
+
+        Each job's draft is exactly what ``propose`` alone gives it: its own cache, its own draws.
+        """
+        drafts: list[Draft | None] = [None] * len(jobs)
+        live: list[tuple[int, DraftJob, int]] = []  # (job index, job, its k)
+        calls = []
+        for i, job in enumerate(jobs):
+            proposer, context = job.proposer, job.context
+            assert isinstance(proposer, DraftModelProposer)
+            k = job.k
+            if proposer.draft.max_context:
+                # The draft's cache ends up holding the context and k - 1 draft tokens; a draft with a
+                # shorter context than the target's stops drafting instead of failing the request.
+                k = min(k, proposer.draft.max_context - len(context) + 1)
+            if k <= 0:
+                drafts[i] = Draft([])
+                continue
+            # Always feed at least the pending token, whose logits give the first draft token.
+            keep = min(proposer._shared_prefix(context), len(context) - 1)
+            proposer.draft.crop(keep)
+            calls.append(Call(proposer.draft, context[keep:], last_logits=1))
+            proposer._fed = list(context)
+            proposer._stable = len(context)
+            live.append((i, job, k))
+        tokens: dict[int, list[int]] = {i: [] for i, _, _ in live}
+        rows: dict[int, list[torch.Tensor]] = {i: [] for i, _, _ in live}
+        step = 0
+        while calls:
+            outs = calls[0].lm.forward_batch(calls)
+            calls, still = [], []
+            for (i, job, k), out in zip(live, outs):
+                token, q = draw(out.logits[-1], job.params, job.generator)
+                if q is not None:
+                    rows[i].append(q)
+                tokens[i].append(token)
+                if step + 1 < k:  # the last draft token's logits are never needed
+                    calls.append(Call(job.proposer.draft, [token]))
+                    job.proposer._fed.append(token)
+                    still.append((i, job, k))
+            live, step = still, step + 1
+        for i in tokens:
+            drafts[i] = Draft(tokens[i], torch.stack(rows[i]) if rows[i] else None)
+        return drafts  # type: ignore[return-value]
 
     def _shared_prefix(self, context: Sequence[int]) -> int:
         fed = self._fed

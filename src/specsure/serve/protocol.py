@@ -252,8 +252,9 @@ def _parse_prompt(value: Any) -> str | list[int]:
                            "prompt")
     if isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):
         if len(value) != 1:
-            raise RequestError(f"prompt holds {len(value)} prompts, but this server takes one prompt per request "
-                               "(batch size 1); send each prompt as its own request.", "prompt")
+            raise RequestError(f"prompt holds {len(value)} prompts, but this server takes one prompt per request; "
+                               "send each prompt as its own request (they run batched), or use n for several "
+                               "choices of one prompt.", "prompt")
         value = value[0]
     if isinstance(value, str):
         if not value:
