@@ -1,4 +1,4 @@
-"""Goodness-of-fit helpers for the losslessness tests; written here because scipy is not a dependency."""
+"""Goodness-of-fit helpers for the losslessness tests, and the exact distributions they test against (no scipy)."""
 
 from __future__ import annotations
 
@@ -23,3 +23,19 @@ def chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
 def tv(counts: torch.Tensor, probs: torch.Tensor) -> float:
     """Total variation distance between the empirical distribution of ``counts`` and ``probs``."""
     return 0.5 * float((counts / counts.sum() - probs).abs().sum())
+
+
+def exact_second_token_distribution(path: str, prompt: list[int], temperature: float) -> torch.Tensor:
+    """P(second output token) = sum over t1 of p(t1 | prompt) p(t2 | prompt, t1), by enumeration."""
+    from specsure import make_engine
+
+    engine = make_engine(path, None, dtype="float32")
+    lm = engine.target.lm
+    lm.reset()
+    p1 = torch.softmax(lm.forward(prompt).logits[-1] / temperature, -1)
+    total = torch.zeros_like(p1)
+    for t1 in range(lm.vocab_size):
+        lm.reset()
+        p2 = torch.softmax(lm.forward([*prompt, t1]).logits[-1] / temperature, -1)
+        total += p1[t1] * p2
+    return total

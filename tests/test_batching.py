@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 from heads import build_mtp_target, write_eagle3_head, write_eagle_head
-from stats import tv
+from serving import NGRAM
+from stats import exact_second_token_distribution, tv
 
 from specsure import SamplingParams, make_engine
 from specsure.decode.scheduler import Scheduler
@@ -41,9 +42,8 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 METHODS = {
     "plain": None,
-    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
-    "ngram-tree": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
-                   "prompt_lookup_branches": 3},
+    "ngram": NGRAM,
+    "ngram-tree": {**NGRAM, "prompt_lookup_branches": 3},
     "suffix": {"method": "suffix", "num_speculative_tokens": 6},
     "draft_model": {"method": "draft_model", "model": "draft", "num_speculative_tokens": 3},
     "eagle": {"method": "eagle", "model": "eagle", "num_speculative_tokens": 3},
@@ -124,14 +124,7 @@ def test_batched_sampling_keeps_the_target_distribution(tmp_path: Path) -> None:
     target = str(build_tiny_llama(tmp_path / "t", vocab_size=24, hidden_size=32, num_layers=2, seed=5))
     draft = str(build_tiny_llama(tmp_path / "d", vocab_size=24, hidden_size=32, num_layers=2, seed=6))
     prompt, temperature, runs = [3, 9, 4], 1.5, 1200
-    plain = make_engine(target, None, dtype="float32")
-    lm = plain.target.lm
-    lm.reset()
-    p1 = torch.softmax(lm.forward(prompt).logits[-1] / temperature, -1)
-    exact = torch.zeros_like(p1)
-    for t1 in range(lm.vocab_size):
-        lm.reset()
-        exact += p1[t1] * torch.softmax(lm.forward([*prompt, t1]).logits[-1] / temperature, -1)
+    exact = exact_second_token_distribution(target, prompt, temperature)
     spec = make_engine(target, {"method": "draft_model", "model": draft, "num_speculative_tokens": 1},
                        dtype="float32", max_num_seqs=16)
     requests = [spec.request(prompt, SamplingParams(max_tokens=2, temperature=temperature, ignore_eos=True, seed=i))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from stats import tv
+from stats import exact_second_token_distribution, tv
 
 from specsure import ConfigError, SamplingParams, make_engine
 from specsure.config import resolve
@@ -87,20 +87,6 @@ def test_seeded_sampling_is_deterministic(models: dict[str, str]) -> None:
     assert [c.token_ids for c in other] != [c.token_ids for c in first]
 
 
-def _exact_second_token_distribution(path: str, prompt: list[int], temperature: float) -> torch.Tensor:
-    """P(second output token) = sum over t1 of p(t1 | prompt) p(t2 | prompt, t1), by enumeration."""
-    engine = make_engine(path, None, dtype="float32")
-    lm = engine.target.lm
-    lm.reset()
-    p1 = torch.softmax(lm.forward(prompt).logits[-1] / temperature, -1)
-    total = torch.zeros_like(p1)
-    for t1 in range(lm.vocab_size):
-        lm.reset()
-        p2 = torch.softmax(lm.forward([*prompt, t1]).logits[-1] / temperature, -1)
-        total += p1[t1] * p2
-    return total
-
-
 def _histogram(engine: Engine, prompt: list[int], runs: int, temperature: float) -> torch.Tensor:
     counts = torch.zeros(engine.target.lm.vocab_size)
     for seed in range(runs):
@@ -116,7 +102,7 @@ def test_sampling_keeps_the_target_distribution(tmp_path: Path) -> None:
     target = str(build_tiny_llama(tmp_path / "t", vocab_size=24, hidden_size=32, num_layers=2, seed=5))
     draft = str(build_tiny_llama(tmp_path / "d", vocab_size=24, hidden_size=32, num_layers=2, seed=6))
     prompt, temperature, runs = [3, 9, 4], 1.5, 1500
-    exact = _exact_second_token_distribution(target, prompt, temperature)
+    exact = exact_second_token_distribution(target, prompt, temperature)
     spec = make_engine(target, {"method": "draft_model", "model": draft, "num_speculative_tokens": 1}, dtype="float32")
     plain = make_engine(target, None, dtype="float32")
     tv_spec = tv(_histogram(spec, prompt, runs, temperature), exact)

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from serving import NGRAM
 from specsure import SamplingParams, make_engine
 from tiny import build_tiny_llama
 
 SPECS = {
     "plain": None,
-    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
-    "ngram-tree": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
-                   "prompt_lookup_branches": 3},
+    "ngram": NGRAM,
+    "ngram-tree": {**NGRAM, "prompt_lookup_branches": 3},
     "suffix": {"method": "suffix", "num_speculative_tokens": 5},
 }
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [40, 41, 3, 50, 40, 41, 3, 50, 40]]
