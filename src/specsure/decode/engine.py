@@ -30,7 +30,10 @@ logger = logging.getLogger(__name__)
 
 
 class Engine:
-    """Runs what the Resolution says. Build it with ``make_engine``."""
+    """Runs what the Resolution says. Build it with ``make_engine``.
+
+    ``max_num_seqs`` bounds how many sequences its scheduler runs batched at once (vLLM's name).
+    """
 
     def __init__(self, resolution: Resolution, target: LoadedModel, proposer: Proposer | None,
                  seed: int | None = None, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> None:

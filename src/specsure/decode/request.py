@@ -89,7 +89,7 @@ class Request:
         self.stats = SpecStats()
         self.finish: FinishReason | None = None
         self.completion: Completion | None = None
-        self.arrived = self.started = time.perf_counter()
+        self.started = time.perf_counter()  # reset when the request gets a slot
         self.prefill_from: Request | None = None
         """Another choice for the same prompt: when both join the batch at the same step, this
         request copies that one's prefill (its KV cache and the prompt's logits) instead of
@@ -102,10 +102,6 @@ class Request:
         self._fed: list[int] = []
         self._parents: list[int] | None = None
         self._start = 0
-
-    @property
-    def prefilled(self) -> bool:
-        return bool(self.output)
 
     def attach(self, lm: CausalLM, proposer: Proposer | None) -> None:
         """Take a slot's target view and proposer, emptied for this request."""
