@@ -20,8 +20,8 @@ from specsure.proposers.base import Draft, Proposer
 from specsure.proposers.factory import REGISTRY
 from specsure.proposers.suffix import SuffixProposer
 from specsure.proposers.suffix_tree import Node, SuffixTree, Tail
-from stats import tv
-from test_engine import _exact_second_token_distribution, _histogram
+from stats import exact_second_token_distribution, tv
+from test_engine import _histogram
 from tiny import build_tiny_llama
 
 GREEDY = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
@@ -410,7 +410,7 @@ def test_sampling_keeps_the_target_distribution(tmp_path: Path):
     # Point-mass drafts from the trees: a draft token is accepted with probability p(token).
     target = str(build_tiny_llama(tmp_path / "t", vocab_size=24, hidden_size=32, num_layers=2, seed=5))
     prompt, temperature, runs = [3, 9, 4, 3, 9], 1.5, 1500
-    exact = _exact_second_token_distribution(target, prompt, temperature)
+    exact = exact_second_token_distribution(target, prompt, temperature)
     engine = make_engine(target, {"method": "suffix", "suffix_decoding_min_token_prob": 0.0}, dtype="float32")
     plain = make_engine(target, None, dtype="float32")
     tv_spec = tv(_second_token_histogram(engine, prompt, runs, temperature), exact)
