@@ -126,7 +126,7 @@ def test_cli_trains_and_replaces_an_earlier_head(tmp_path: Path, capsys) -> None
 
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--out", "/nonexistent-parent/head", "does not exist"),
-    ("--out", "BUSY", "not a SpecsureMTPHead"),
+    ("--out", "BUSY", "not a head folder (SpecsureMTPHead"),
     ("--steps", "0", "steps = 0"),
     ("--max-new-tokens", "-1", "--max-new-tokens -1"),
     ("--prompts", "TEXT", "no tokenizer"),

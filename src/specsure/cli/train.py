@@ -10,15 +10,18 @@ from pathlib import Path
 
 from specsure.cli.common import EXIT_OK
 
-METHODS = ("mtp",)
+METHODS = ("mtp", "eagle3")
+DEFAULT_LR = {"mtp": 2e-3, "eagle3": 1e-3}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
-        "train", help="distill an MTP draft head from a target (self-distillation)",
+        "train", help="distill an MTP or EAGLE-3 draft head from a target (self-distillation)",
         description="Generate the target's own greedy continuations of the prompts, then train a head to "
-                    "predict the target's next-next token distribution from its hidden states. Writes a "
-                    "SpecsureMTPHead folder that runs with {\"method\": \"mtp\", \"model\": OUT}.")
+                    "predict the target's next-next token distribution from its features. --method mtp writes "
+                    "a SpecsureMTPHead folder that runs with {\"method\": \"mtp\", \"model\": OUT}; --method "
+                    "eagle3 writes an EAGLE-3 head in the public layout (LlamaForCausalLMEagle3) that runs "
+                    "with {\"method\": \"eagle3\", \"model\": OUT} here, in vLLM and in SGLang.")
     parser.add_argument("--method", default="mtp", choices=METHODS, help="head to train (default mtp)")
     parser.add_argument("--model", default=None,
                         help="target model: a Hugging Face folder or a .gguf file; default: the packaged "
@@ -32,11 +35,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
                         help="greedy tokens generated per prompt for the training text (default 128)")
     parser.add_argument("--steps", type=int, default=300, help="optimiser steps (default 300)")
-    parser.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3 for mtp, 1e-3 for eagle3)")
     parser.add_argument("--seq-len", type=int, default=256, help="longest training window in tokens (default 256)")
     parser.add_argument("--init", default="random", choices=("random", "last_layer"),
                         help="how the head's block starts: small random weights (default), or the target's last "
                              "layer with its output projections zeroed")
+    parser.add_argument("--unroll", type=int, default=7, metavar="N",
+                        help="eagle3: draft steps unrolled in training (training-time test; default 7)")
+    parser.add_argument("--draft-vocab-size", type=int, default=8192, metavar="N",
+                        help="eagle3: tokens the head predicts over, the most frequent in the training text "
+                             "(default 8192, at most the target's vocabulary)")
+    parser.add_argument("--eval-every", type=int, default=0, metavar="STEPS",
+                        help="eagle3: measure the held-out acceptance length every this many steps (default: "
+                             "only before and after)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the held-out split and the window order")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                         help="the target's dtype for generation and features; the head trains in float32")
@@ -56,50 +67,118 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--max-prompts", args.max_prompts), ("--max-new-tokens", args.max_new_tokens),
                         ("--threads", args.threads)):
         _positive(flag, value)
+    if args.eval_every < 0:
+        raise ValueError(f"--eval-every {args.eval_every}: must be 0 (off) or a positive number of steps.")
     from specsure.bench.workload import encode, load_builtin, load_workload
     from specsure.train import check_out_dir
+    from specsure.train.eagle3 import Eagle3TrainSettings
     from specsure.train.mtp import MTPTrainSettings
 
-    settings = MTPTrainSettings(steps=args.steps, lr=args.lr, seq_len=args.seq_len, seed=args.seed,
-                               init=args.init)
+    lr = args.lr if args.lr is not None else DEFAULT_LR[args.method]
+    if args.method == "mtp":
+        settings = MTPTrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, seed=args.seed, init=args.init)
+    else:
+        settings = Eagle3TrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, unroll=args.unroll,
+                                       draft_vocab_size=args.draft_vocab_size, seed=args.seed)
     out = check_out_dir(args.out)
     rows = [p for path in args.prompts for p in load_workload(path)] if args.prompts else load_builtin()
     rows = rows[: args.max_prompts]
+    sources = ([{"source": str(path), "licence": "given by the user (--prompts)"} for path in args.prompts]
+               if args.prompts else [{"source": "specsure's built-in bench workloads (main split, not held out)",
+                                      "licence": "Apache-2.0 (this repository)"}])
 
     import torch
 
     from specsure.models.loading import load_model
-    from specsure.train import save_mtp_head, self_distill, train_mtp
+    from specsure.train import self_distill
 
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     started = time.perf_counter()
     target = load_model(args.model, dtype=args.dtype)
+    aux = _aux_layers(args.method, target.lm.num_layers)
     prompts = [list(encode(row, target.tokenizer)) for row in rows]
-    samples = self_distill(target, prompts, args.max_new_tokens, progress=not args.no_progress)
-    data_s = time.perf_counter() - started
-    tokens = sum(s.token_ids.shape[0] for s in samples)
+    samples = self_distill(target, prompts, args.max_new_tokens, aux_layers=aux, progress=not args.no_progress)
+    data = {"prompts": len(prompts), "tokens": sum(s.token_ids.shape[0] for s in samples),
+            "seconds": round(time.perf_counter() - started, 1), "sources": sources}
+    common = {"method": args.method, "target": args.model or "default (SmolLM2-135M-Instruct)",
+              "target_folder": target.path, "dtype": str(target.lm.dtype).removeprefix("torch.")}
+    print(f"data: {len(prompts)} prompts, {data['tokens']} tokens in {data['seconds']:.0f} s")
+    if args.method == "mtp":
+        _train_mtp(args, target, samples, settings, common, data, out)
+    else:
+        _train_eagle3(args, target, samples, settings, aux, common, data, out)
+    return EXIT_OK
+
+
+def _aux_layers(method: str, num_layers: int) -> tuple[int, ...]:
+    from specsure.train.eagle3 import default_aux_layers
+
+    return default_aux_layers(num_layers) if method == "eagle3" else ()
+
+
+def _run_hint(args: argparse.Namespace, out: Path, k: int) -> str:
+    model_flag = f" --model {args.model}" if args.model else ""
+    spec = json.dumps({"method": args.method, "model": str(Path(out).resolve()), "num_speculative_tokens": k})
+    return f"run it: specsure generate{model_flag} --speculative-config '{spec}' PROMPT"
+
+
+def _train_mtp(args, target, samples, settings, common, data, out) -> None:  # noqa: ANN001
+    import torch
+
+    from specsure.train import save_mtp_head, train_mtp
+
     result = train_mtp(target, samples, settings, progress=not args.no_progress)
     before, after = result.before, result.after
     training = {
-        "method": args.method, "target": args.model or "default (SmolLM2-135M-Instruct)",
-        "target_folder": target.path, "dtype": str(target.lm.dtype).removeprefix("torch."),
+        **common,
         "settings": {"steps": settings.steps, "lr": settings.lr, "seq_len": settings.seq_len, "seed": settings.seed,
                      "init": settings.init, "max_new_tokens": args.max_new_tokens,
                      "threads": torch.get_num_threads()},
-        "data": {"prompts": len(prompts), "tokens": tokens, "train_sequences": result.train_sequences,
-                 "heldout_sequences": result.heldout_sequences, "seconds": round(data_s, 1)},
+        "data": {**data, "train_sequences": result.train_sequences, "heldout_sequences": result.heldout_sequences},
         "heldout": {"kl_before": before.kl, "kl_after": after.kl, "top1_before": before.agreement,
                     "top1_after": after.agreement, "entries": after.entries},
         "train_seconds": round(result.train_s, 1),
     }
     save_mtp_head(result.module, target.lm, out, training)
     where = "held-out" if result.heldout_sequences else "training (too few prompts to hold any out)"
-    print(f"data: {len(prompts)} prompts, {tokens} tokens in {data_s:.0f} s; training: {settings.steps} steps "
-          f"in {result.train_s:.0f} s")
+    print(f"training: {settings.steps} steps in {result.train_s:.0f} s")
     print(f"wrote {out}")
-    model_flag = f" --model {args.model}" if args.model else ""
-    spec = json.dumps({"method": "mtp", "model": str(Path(out).resolve()), "num_speculative_tokens": 2})
-    print(f"run it: specsure generate{model_flag} --speculative-config '{spec}' PROMPT")
+    print(_run_hint(args, out, 2))
     print(f"{where} top-1 agreement: {after.agreement:.1%} (warm start {before.agreement:.1%}), "
           f"KL {before.kl:.3f} -> {after.kl:.3f} nats over {after.entries} continuation tokens")
-    return EXIT_OK
+
+
+def _train_eagle3(args, target, samples, settings, aux, common, data, out) -> None:  # noqa: ANN001
+    import torch
+
+    from specsure.train.checkpoint import eagle3_config, eagle3_tensors, save_head
+    from specsure.train.eagle3 import train_eagle3
+
+    result = train_eagle3(target, samples, settings, aux, progress=not args.no_progress, eval_every=args.eval_every)
+    before, after = result.before, result.after
+    # The head is written in the target's dtype: what the engine would cast it to anyway, and half the size.
+    dtype = target.lm.dtype
+    draft_vocab = int(result.draft_ids.numel())
+    training = {
+        **common,
+        "settings": {"steps": settings.steps, "lr": settings.lr, "seq_len": settings.seq_len, "seed": settings.seed,
+                     "unroll": settings.unroll, "draft_vocab_size": draft_vocab, "aux_layers": list(aux),
+                     "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads()},
+        "data": {**data, "train_sequences": result.train_sequences, "heldout_sequences": result.heldout_sequences},
+        "heldout": {"acceptance_length_before": before.acceptance_length,
+                    "acceptance_length_after": after.acceptance_length, "agreement_per_step": after.agreement,
+                    "loss_before": before.loss, "loss_after": after.loss, "anchors": after.anchors,
+                    "k": settings.unroll},
+        "curve": [{"step": s, "heldout_acceptance_length": v} for s, v in result.curve],
+        "losses": [round(v, 4) for v in result.losses],
+        "train_seconds": round(result.train_s, 1),
+    }
+    save_head(out, eagle3_config(target.lm, aux, draft_vocab, dtype),
+              eagle3_tensors(result.module, result.draft_ids, target.lm.vocab_size, dtype), training)
+    where = "held-out" if result.heldout_sequences else "training (too few prompts to hold any out)"
+    print(f"training: {settings.steps} steps in {result.train_s:.0f} s")
+    print(f"wrote {out}")
+    print(_run_hint(args, out, settings.unroll))
+    steps = " ".join(f"{a:.0%}" for a in after.agreement)
+    print(f"{where} greedy acceptance length at k={settings.unroll}: {after.acceptance_length:.2f} (warm start "
+          f"{before.acceptance_length:.2f}); agreement per draft step: {steps}; over {after.anchors} anchors")

@@ -1,4 +1,5 @@
-"""Writing a trained MTP module as a SpecsureMTPHead folder (docs/heads.md), atomically.
+"""Writing a trained head as a folder the engine loads (docs/heads.md), atomically: an MTP module
+as a SpecsureMTPHead, an EAGLE-3 head in the public LlamaForCausalLMEagle3 layout.
 
 The folder is written under a temporary name next to its destination and renamed into place,
 so a crash or Ctrl-C never leaves a half-written head where the engine would load it.
@@ -23,6 +24,9 @@ from specsure.models.causal_lm import CausalLM
 from specsure.proposers.mtp import MTPModule
 
 HEAD_ARCH = SPECSURE_MTP_HEAD
+EAGLE3_ARCH = "LlamaForCausalLMEagle3"
+HEAD_ARCHS = (HEAD_ARCH, EAGLE3_ARCH)
+"""What specsure train writes, so what an --out folder may hold to be replaced."""
 TRAINING_FILE = "training.json"
 """How the head was made (settings, data, figures); the engine does not read it."""
 
@@ -30,8 +34,8 @@ TRAINING_FILE = "training.json"
 def check_out_dir(out: str | Path) -> Path:
     """The destination as a Path, checked before any work is spent.
 
-    It may not exist yet (its parent must), or be empty, or hold an earlier SpecsureMTPHead
-    (which the new one replaces). Anything else is refused rather than overwritten.
+    It may not exist yet (its parent must), or be empty, or hold an earlier head that specsure
+    train wrote (which the new one replaces). Anything else is refused rather than overwritten.
 
     Raises:
         ValueError: naming the path and the fix.
@@ -45,8 +49,8 @@ def check_out_dir(out: str | Path) -> Path:
     if not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file; give a folder path for the head.")
     if any(out.iterdir()) and not _is_head(out):
-        raise ValueError(f"--out {str(out)!r} already holds files that are not a {HEAD_ARCH} folder; choose an "
-                         "empty or new folder (specsure only replaces an earlier head).")
+        raise ValueError(f"--out {str(out)!r} already holds files that are not a head folder ({', '.join(HEAD_ARCHS)}); "
+                         "choose an empty or new folder (specsure only replaces an earlier head).")
     return out
 
 
@@ -55,7 +59,7 @@ def _is_head(folder: Path) -> bool:
         config = load_config_json(folder / "config.json")
     except ConfigError:
         return False
-    return HEAD_ARCH in (config.get("architectures") or [])
+    return any(arch in HEAD_ARCHS for arch in (config.get("architectures") or []))
 
 
 def head_tensors(module: MTPModule, index: int = 0) -> dict[str, torch.Tensor]:
@@ -77,11 +81,17 @@ def head_config(lm: CausalLM) -> dict[str, Any]:
 
 def save_mtp_head(module: MTPModule, lm: CausalLM, out: str | Path, training: dict[str, Any]) -> Path:
     """Write config.json, model.safetensors and training.json to ``out``, replacing an earlier head."""
+    return save_head(out, head_config(lm), head_tensors(module), training)
+
+
+def save_head(out: str | Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],
+              training: dict[str, Any]) -> Path:
+    """config.json, model.safetensors and training.json, written next to ``out`` and renamed into place."""
     out = check_out_dir(out)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        (tmp / "config.json").write_text(json.dumps(head_config(lm), indent=2) + "\n", encoding="utf-8")
-        save_file(head_tensors(module), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / TRAINING_FILE).write_text(json.dumps(training, indent=2) + "\n", encoding="utf-8")
         os.chmod(tmp, 0o755)  # mkdtemp makes it owner-only; a head folder is ordinary data
         for path in tmp.iterdir():
@@ -90,6 +100,34 @@ def save_mtp_head(module: MTPModule, lm: CausalLM, out: str | Path, training: di
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return out
+
+
+def eagle3_config(lm: CausalLM, aux_layers: tuple[int, ...], draft_vocab: int, dtype: torch.dtype) -> dict[str, Any]:
+    """The head's config.json as vLLM, SGLang and specsure read an EAGLE-3 head."""
+    text = lm.hf.config.get_text_config(decoder=True)
+    keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings",
+            "hidden_act", "attention_bias", "mlp_bias", "initializer_range", "bos_token_id", "eos_token_id",
+            "pad_token_id", "tie_word_embeddings")
+    config = {k: getattr(text, k) for k in keep if getattr(text, k, None) is not None}
+    config.update({"architectures": [EAGLE3_ARCH], "model_type": "llama", "num_hidden_layers": 1,
+                   "vocab_size": lm.vocab_size, "draft_vocab_size": draft_vocab, "target_hidden_size": lm.hidden_size,
+                   "tie_word_embeddings": False, "torch_dtype": str(dtype).removeprefix("torch."),
+                   "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_layers),
+                                    "use_aux_hidden_state": True}})
+    return config
+
+
+def eagle3_tensors(module: torch.nn.Module, draft_ids: torch.Tensor, vocab: int,
+                   dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """fc, midlayer.*, norm, lm_head in ``dtype``, plus d2t (int64) and t2d (bool)."""
+    out = {name: tensor.detach().to(dtype).contiguous().clone() for name, tensor in module.state_dict().items()
+           if not name.startswith(("rotary.", "target."))}
+    out["d2t"] = (draft_ids - torch.arange(draft_ids.numel())).long()
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[draft_ids] = True
+    out["t2d"] = t2d
     return out
 
 

@@ -33,6 +33,9 @@ class Sample:
     an ordinary tensor: cloned out of inference mode, so autograd may take it as input)."""
     prompt_len: int
     """Tokens of the prompt; positions >= prompt_len hold the continuation."""
+    aux: torch.Tensor | None = None
+    """[n, len(aux_layers) * H] the residual-stream inputs of the asked-for layers (EAGLE-3's
+    features), concatenated; None unless ``aux_layers`` were given."""
 
 
 def greedy_continuations(target: LoadedModel, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
@@ -66,23 +69,25 @@ def _cut_after_eos(tokens: list[int], eos: Sequence[int]) -> list[int]:
 
 
 def build_sequences(target: LoadedModel, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
-                    *, progress: bool = False) -> list[Sample]:
-    """Run each prompt + continuation through the target once and keep its hidden states."""
+                    *, aux_layers: tuple[int, ...] = (), progress: bool = False) -> list[Sample]:
+    """Run each prompt + continuation through the target once and keep its hidden states (and the
+    inputs of ``aux_layers``)."""
     lm = target.lm
     limit = lm.max_context or None
     seqs = []
     for prompt, cont in tqdm(list(zip(prompts, continuations)), desc="features", unit="seq", disable=not progress):
         tokens = [*prompt, *cont][:limit]
         lm.reset()
-        out = lm.forward(tokens, hidden=True)
+        out = lm.forward(tokens, hidden=True, aux_layers=aux_layers)
         assert out.hidden is not None
-        seqs.append(Sample(torch.tensor(tokens, dtype=torch.long), out.hidden.clone(), len(prompt)))
+        aux = out.aux_hidden.clone() if out.aux_hidden is not None else None
+        seqs.append(Sample(torch.tensor(tokens, dtype=torch.long), out.hidden.clone(), len(prompt), aux))
     lm.reset()
     return seqs
 
 
 def self_distill(target: LoadedModel, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
-                 batch_size: int = 8, progress: bool = False) -> list[Sample]:
+                 aux_layers: tuple[int, ...] = (), batch_size: int = 8, progress: bool = False) -> list[Sample]:
     """Greedy continuations, then the target's features along prompt + continuation."""
     continuations = greedy_continuations(target, prompts, max_new_tokens, batch_size=batch_size, progress=progress)
-    return build_sequences(target, prompts, continuations, progress=progress)
+    return build_sequences(target, prompts, continuations, aux_layers=aux_layers, progress=progress)

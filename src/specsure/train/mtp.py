@@ -116,6 +116,7 @@ class _TargetParts:
 
     def __init__(self, lm: CausalLM) -> None:
         self.lm = lm
+        self.vocab_size = lm.vocab_size
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.lm.embed(token_ids)

@@ -1,0 +1,298 @@
+"""Distilling an EAGLE-3 head from a target, with training-time test (unrolled draft steps).
+
+The head trained is the proposer's own `Eagle3Module`. Its inputs are the EAGLE-3 ones: the
+target's residual-stream inputs of three layers (``aux_layers``, by default 2, N/2 and N-3),
+fused by ``fc``, and the embedding of the next token; it predicts over a reduced draft
+vocabulary, the ``draft_vocab_size`` tokens most frequent in the training text (``d2t``/``t2d``).
+
+Training-time test. At inference, step 0 reads the target's fused features for every committed
+position; step s > 0 has no target feature and feeds back step s-1's output at the previous
+position. Here every step runs over the whole window at once, with ground-truth tokens: step s's
+entry at position t takes step s-1's output at t-1 and token t+1, and predicts token t+2. It
+attends exactly to what the same entry sees at inference: step 0's entries at positions up to
+t-s (the committed features) and, for each earlier step i >= 1, the one entry at t-s+i (the
+drafts of the same chain). On self-distilled text the ground-truth tokens are the target's own
+greedy tokens, so an unrolled step is the draft step that follows accepted drafts, and counting
+each anchor's run of correct steps measures the greedy acceptance length.
+
+The label of every step's entry t is the target's distribution at position t+1, restricted to
+the draft vocabulary; the loss is the cross-entropy against it (soft labels), step s weighted
+0.8**s as in EAGLE-3. The target's embedding and LM head are shared and never trained.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from specsure.models.causal_lm import CausalLM
+from specsure.models.loading import LoadedModel
+from specsure.proposers.eagle3 import Eagle3Module
+from specsure.train.data import Sample
+from specsure.train.mtp import _lr_factor, _TargetParts, split
+
+STEP_WEIGHT = 0.8
+"""Loss weight ratio between successive unrolled steps (EAGLE-3's 0.8**s)."""
+
+
+@dataclass(frozen=True)
+class Eagle3TrainSettings:
+    """How one EAGLE-3 head is distilled."""
+
+    steps: int = 300
+    """Optimiser steps; each step is one window of one training sequence."""
+    lr: float = 1e-3
+    """Peak AdamW learning rate (linear warm-up, then cosine decay to a tenth)."""
+    seq_len: int = 256
+    """Longest window of entries per step."""
+    unroll: int = 7
+    """Draft steps trained per window (training-time test); 1 trains step 0 only."""
+    draft_vocab_size: int = 8192
+    """Tokens the head predicts over: the most frequent in the training text."""
+    seed: int = 0
+    heldout_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name, low in (("steps", 1), ("seq_len", 2), ("unroll", 1), ("draft_vocab_size", 2)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} = {value!r}: must be an integer >= {low}.")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr = {self.lr!r}: the learning rate must be a positive number, e.g. 1e-3.")
+        if not 0 <= self.heldout_fraction < 1:
+            raise ValueError(f"heldout_fraction = {self.heldout_fraction!r}: must lie in [0, 1), e.g. 0.1.")
+
+
+@dataclass(frozen=True)
+class Eagle3Evaluation:
+    """The head against the target's greedy continuations, teacher-forced."""
+
+    loss: float
+    """Mean step-0 cross-entropy against the target's distribution over the draft vocabulary, nats."""
+    agreement: list[float]
+    """Per unrolled step s: share of entries whose argmax equals the target's next token."""
+    acceptance_length: float
+    """Mean greedy acceptance length for k = unroll drafts: 1 + the run of correct steps per anchor."""
+    anchors: int
+
+
+@dataclass
+class Eagle3TrainResult:
+    module: Eagle3Module
+    """Float32, attached to the target; save with `save_eagle3_head`."""
+    aux_layers: tuple[int, ...]
+    draft_ids: torch.Tensor
+    """[draft_vocab] ascending target ids of the draft vocabulary."""
+    losses: list[float]
+    before: Eagle3Evaluation
+    after: Eagle3Evaluation
+    curve: list[tuple[int, float]]
+    """(step, held-out acceptance length) measured during training."""
+    train_sequences: int
+    heldout_sequences: int
+    train_s: float
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low, middle and high layers: 2, N/2 and N-3 (clamped for tiny models)."""
+    return tuple(min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3))
+
+
+def draft_vocabulary(samples: Sequence[Sample], vocab_size: int, size: int) -> torch.Tensor:
+    """The ``size`` most frequent target ids in the training text (ties: the lower id), ascending."""
+    size = min(size, vocab_size)
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for sample in samples:
+        counts += torch.bincount(sample.token_ids, minlength=vocab_size).double()
+    # Order by count, then by id, so unseen tokens fill the rest deterministically.
+    rank = counts * (vocab_size + 1) - torch.arange(vocab_size, dtype=torch.float64)
+    return rank.topk(size).indices.sort().values
+
+
+def initial_module(lm: CausalLM, aux_layers: tuple[int, ...], draft_ids: torch.Tensor, seed: int = 0) -> Eagle3Module:
+    """A float32 head: random midlayer (std initializer_range), ones in every norm, the LM head's rows
+    for the draft vocabulary copied from the target's, attached to the target."""
+    config = copy.deepcopy(lm.hf.config.get_text_config(decoder=True))
+    config.num_hidden_layers = 1
+    config._attn_implementation = "sdpa"
+    hidden = lm.hidden_size
+    module = Eagle3Module(config, len(aux_layers) * hidden, int(draft_ids.numel()), own_embed=False,
+                          own_head=True).float()
+    gen = torch.Generator().manual_seed(seed)
+    std = float(getattr(config, "initializer_range", 0.02))
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith("bias"):
+                param.zero_()
+            else:
+                param.normal_(0.0, std, generator=gen)
+        head = lm.hf.get_output_embeddings().weight  # [V, H]
+        module.lm_head.weight.copy_(head[draft_ids].float())
+    module.attach(_TargetParts(lm), config, draft_ids - torch.arange(draft_ids.numel()))  # type: ignore[arg-type]
+    return module
+
+
+def _attention(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               past: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+    """LlamaAttention's arithmetic over [1, m, D] with earlier steps' keys and values, and a boolean mask."""
+    m, dim = x.shape[1], attn.head_dim
+    q = attn.q_proj(x).view(1, m, -1, dim).transpose(1, 2)  # [1, heads, m, dim]
+    k = attn.k_proj(x).view(1, m, -1, dim).transpose(1, 2)
+    v = attn.v_proj(x).view(1, m, -1, dim).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    keys = torch.cat([pk for pk, _ in past] + [k], dim=2)
+    values = torch.cat([pv for _, pv in past] + [v], dim=2)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
+    return attn.o_proj(out.transpose(1, 2).reshape(1, m, -1)), (k, v)
+
+
+def _step_mask(m: int, s: int) -> torch.Tensor:
+    """[m, (s + 1) * m] bool: query t of step s sees step 0 at p <= t - s and step i >= 1 at p = t - s + i."""
+    t = torch.arange(m)[:, None]
+    p = torch.arange(m)[None, :]
+    blocks = [p <= t - s] + [p == t - s + i for i in range(1, s + 1)]
+    return torch.cat(blocks, dim=1)
+
+
+def unrolled(module: Eagle3Module, sample: Sample, start: int, end: int, unroll: int) -> list[torch.Tensor]:
+    """Each step's draft-vocabulary logits [m, Vd] for entries start .. end-1 (step s: rows >= s valid)."""
+    layer, m = module.midlayer, end - start
+    positions = torch.arange(start, end).unsqueeze(0)  # [1, m]
+    features = module.features(sample.aux[start:end])[None]  # [1, m, H]
+    cos, sin = module.rotary(features, positions)
+    embed = layer.input_layernorm(module.target.embed(sample.token_ids[start + 1: end + 1])[None].to(features.dtype))
+    past: list[tuple[torch.Tensor, torch.Tensor]] = []
+    x, outs = features, []
+    for s in range(unroll):
+        if module.norm_before_residual:
+            g = layer.hidden_norm(x)
+            residual = g
+        else:
+            residual, g = x, layer.hidden_norm(x)
+        att, kv = _attention(layer.self_attn, torch.cat([embed, g], dim=-1), cos, sin, past, _step_mask(m, s))
+        h = residual + att
+        out = h + layer.mlp(layer.post_attention_layernorm(h))  # [1, m, H]
+        outs.append(module.lm_head(module.norm(out))[0].float())
+        past.append(kv)
+        # The next step's entry at t takes this step's output at t - 1 (row 0 has none: it stays invalid).
+        x = torch.cat([out[:, :1], out[:, :-1]], dim=1)
+    return outs
+
+
+def _labels(lm: CausalLM, sample: Sample, start: int, end: int, draft_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The target at positions start+1 .. end: its probabilities over the draft vocabulary, and its argmax."""
+    with torch.no_grad():
+        logits = lm.lm_head_logits(sample.hidden[start + 1: end + 1])  # [m, V]
+        probs = torch.softmax(logits, dim=-1)
+    return probs[:, draft_ids], logits.argmax(-1)
+
+
+def window_loss(module: Eagle3Module, lm: CausalLM, sample: Sample, start: int, end: int, unroll: int,
+                draft_ids: torch.Tensor) -> torch.Tensor:
+    """The weighted soft-label cross-entropy of every unrolled step over one window."""
+    p, _ = _labels(lm, sample, start, end, draft_ids)
+    total, weight = 0.0, 0.0
+    for s, logits in enumerate(unrolled(module, sample, start, end, unroll)):
+        if s >= logits.shape[0]:
+            break
+        ce = -(p[s:] * torch.log_softmax(logits[s:], dim=-1)).sum(-1).mean()
+        total, weight = total + STEP_WEIGHT ** s * ce, weight + STEP_WEIGHT ** s
+    return total / weight
+
+
+@torch.no_grad()
+def evaluate(module: Eagle3Module, lm: CausalLM, samples: Sequence[Sample], unroll: int, draft_ids: torch.Tensor,
+             seq_len: int = 512) -> Eagle3Evaluation:
+    """Teacher-forced agreement per step and the greedy acceptance length, on continuation anchors."""
+    loss_sum, loss_n, anchors, accepted = 0.0, 0, 0, 0.0
+    hits, counts = [0] * unroll, [0] * unroll
+    for sample in samples:
+        n = sample.token_ids.shape[0]
+        for start in range(0, n - 1, seq_len):
+            end = min(start + seq_len, n - 1)
+            p, target_next = _labels(lm, sample, start, end, draft_ids)
+            steps = unrolled(module, sample, start, end, unroll)
+            loss_sum += float(-(p * torch.log_softmax(steps[0], -1)).sum(-1).sum())
+            loss_n += end - start
+            right = [draft_ids[logits.argmax(-1)] == target_next for logits in steps]  # [m] per step
+            # Anchor a (a real feature, its next-next token in the continuation): step s's entry is a + s.
+            first = max(sample.prompt_len - 2, 0) - start
+            for a in range(max(first, 0), end - start):
+                run = 0
+                while run < unroll and a + run < end - start and bool(right[run][a + run]):
+                    run += 1
+                accepted += run
+                anchors += 1
+                for s in range(unroll):
+                    if a + s < end - start:
+                        hits[s] += int(right[s][a + s])
+                        counts[s] += 1
+    return Eagle3Evaluation(loss_sum / max(loss_n, 1), [h / max(c, 1) for h, c in zip(hits, counts)],
+                            1 + accepted / max(anchors, 1), anchors)
+
+
+def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle3TrainSettings,
+                 aux_layers: tuple[int, ...], *, progress: bool = False, eval_every: int = 0) -> Eagle3TrainResult:
+    """Distill an EAGLE-3 head from ``samples`` (self-distilled, with ``aux`` features of ``aux_layers``).
+
+    Raises:
+        ValueError: no sequence has the two tokens an entry needs, or the samples carry no aux features.
+        FloatingPointError: the loss stopped being finite (lower --lr); nothing is written then.
+    """
+    lm = target.lm
+    usable = [s for s in samples if s.token_ids.shape[0] >= 2]
+    if not usable:
+        raise ValueError("no training sequence has 2 or more tokens; give longer prompts or more new tokens.")
+    if any(s.aux is None for s in usable):
+        raise ValueError("EAGLE-3 training needs the target's aux-layer features: build the samples with aux_layers.")
+    train, heldout = split(usable, settings.heldout_fraction, settings.seed)
+    measure = heldout or train
+    draft_ids = draft_vocabulary(train, lm.vocab_size, settings.draft_vocab_size)
+    module = initial_module(lm, aux_layers, draft_ids, settings.seed)
+    before = evaluate(module, lm, measure, settings.unroll, draft_ids)
+    params = [p for p in module.parameters() if p.requires_grad]
+    optimiser = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
+    warmup = max(1, min(20, settings.steps // 10))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: _lr_factor(step, warmup, settings.steps))
+    gen = torch.Generator().manual_seed(settings.seed)
+    losses: list[float] = []
+    curve = [(0, before.acceptance_length)]
+    started = time.perf_counter()
+    module.train()
+    bar = tqdm(range(settings.steps), desc="training", unit="step", disable=not progress)
+    for step in bar:
+        sample = train[int(torch.randint(len(train), (1,), generator=gen))]
+        entries = sample.token_ids.shape[0] - 1
+        width = min(settings.seq_len, entries)
+        start = int(torch.randint(entries - width + 1, (1,), generator=gen))
+        loss = window_loss(module, lm, sample, start, start + width, settings.unroll, draft_ids)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"the training loss became {float(loss)} at step {step + 1}; nothing was "
+                                     "written. Lower --lr (for example to half) and train again.")
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimiser.step()
+        schedule.step()
+        losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+        if eval_every and (step + 1) % eval_every == 0 and step + 1 < settings.steps:
+            module.eval()
+            curve.append((step + 1, evaluate(module, lm, measure, settings.unroll, draft_ids).acceptance_length))
+            module.train()
+    train_s = time.perf_counter() - started
+    module.eval()
+    after = evaluate(module, lm, measure, settings.unroll, draft_ids)
+    curve.append((settings.steps, after.acceptance_length))
+    return Eagle3TrainResult(module, aux_layers, draft_ids, losses, before, after, curve, len(train), len(heldout),
+                             train_s)

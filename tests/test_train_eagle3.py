@@ -1,0 +1,102 @@
+"""EAGLE-3 training: the unrolled steps are the draft steps the engine runs, the loss falls, the head runs exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specsure import SamplingParams, make_engine
+from specsure.models.loading import load_model
+from specsure.proposers.head_layer import HeadCache
+from specsure.train.checkpoint import eagle3_config, eagle3_tensors, save_head
+from specsure.train.data import build_sequences
+from specsure.train.eagle3 import (Eagle3TrainSettings, default_aux_layers, draft_vocabulary, initial_module,
+                                   train_eagle3, unrolled)
+from tiny import build_tiny_llama
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [40, 41, 3, 50, 40, 41], [77, 12, 19, 80, 0, 75, 18, 36, 70],
+           [11, 12, 13, 14, 11, 12], [90, 91, 92, 93, 94, 95, 90, 91], [20, 30, 40, 50, 20, 30, 40]]
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    folder = build_tiny_llama(tmp_path_factory.mktemp("e3") / "t", vocab_size=96, hidden_size=48, num_layers=6)
+    return folder, load_model(str(folder), dtype="float32")
+
+
+def _samples(loaded, aux):  # noqa: ANN001, ANN202
+    engine_out = [list(range(20 + i, 60 + i)) for i in range(len(PROMPTS))]  # any continuation will do here
+    return build_sequences(loaded, PROMPTS, engine_out, aux_layers=aux)
+
+
+def test_unrolled_steps_are_the_engines_draft_steps(target) -> None:  # noqa: ANN001
+    _, loaded = target
+    aux = default_aux_layers(loaded.lm.num_layers)
+    sample = _samples(loaded, aux)[0]
+    draft_ids = draft_vocabulary([sample], loaded.lm.vocab_size, 64)
+    module = initial_module(loaded.lm, aux, draft_ids, seed=1)
+    with torch.no_grad():
+        steps = unrolled(module, sample, 0, 30, unroll=3)
+        # The engine's way: step 0 over the committed features, then one entry per draft step fed
+        # with the previous step's output, in the head's own cache.
+        a = 12  # anchor: the last committed feature
+        cache = HeadCache()
+        out0, logits0 = module(module.features(sample.aux[: a + 1]), sample.token_ids[1: a + 2], cache)
+        out1, logits1 = module(out0[-1:], sample.token_ids[a + 2: a + 3], cache)
+        _, logits2 = module(out1, sample.token_ids[a + 3: a + 4], cache)
+    for s, logits in enumerate((logits0[-1], logits1[0], logits2[0])):
+        # The module returns target-vocabulary logits; the trainer's are over the draft vocabulary.
+        torch.testing.assert_close(steps[s][a + s], logits[draft_ids], atol=1e-4, rtol=1e-4)
+
+
+def test_training_lowers_the_loss_and_the_head_runs_exactly(target, tmp_path: Path) -> None:  # noqa: ANN001
+    folder, loaded = target
+    aux = default_aux_layers(loaded.lm.num_layers)
+    engine = make_engine(str(folder), None, dtype="float32")
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    continuations = [c.token_ids for c in engine.generate(PROMPTS, params)]
+    samples = build_sequences(loaded, PROMPTS, continuations, aux_layers=aux)
+    settings = Eagle3TrainSettings(steps=40, lr=3e-3, seq_len=32, unroll=3, draft_vocab_size=64, heldout_fraction=0.2)
+    result = train_eagle3(loaded, samples, settings, aux, eval_every=20)
+    assert sum(result.losses[-5:]) / 5 < 0.8 * sum(result.losses[:5]) / 5
+    assert result.after.acceptance_length >= 1.0 and len(result.after.agreement) == 3
+    assert [s for s, _ in result.curve] == [0, 20, 40]
+    head = tmp_path / "head"
+    config = eagle3_config(loaded.lm, aux, 64, torch.float32)
+    save_head(head, config, eagle3_tensors(result.module, result.draft_ids, loaded.lm.vocab_size, torch.float32),
+              {"method": "eagle3"})
+    assert json.loads((head / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(aux)
+    spec = make_engine(str(folder), {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3},
+                       dtype="float32")
+    assert spec.speculative_method == "eagle3" and spec.proposer.aux_layers == aux
+    got = [c.token_ids for c in spec.generate(PROMPTS, params)]
+    assert got == continuations  # lossless: the trained head changes speed, never the output
+    assert spec.stats.drafts > 0
+
+
+def test_train_cli_writes_an_eagle3_head_that_runs(target, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
+    from specsure.cli.main import main
+
+    folder, _ = target
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"category": "code", "prompt_ids": p}) + "\n" for p in PROMPTS))
+    out = tmp_path / "head"
+    for _ in range(2):  # the second run replaces the first head
+        rc = main(["train", "--method", "eagle3", "--model", str(folder), "--dtype", "float32", "--out", str(out),
+                   "--prompts", str(prompts), "--max-new-tokens", "16", "--steps", "6", "--unroll", "2",
+                   "--draft-vocab-size", "48", "--eval-every", "3", "--no-progress"])
+        printed = capsys.readouterr().out
+        assert rc == 0 and "greedy acceptance length at k=2" in printed
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 48
+    training = json.loads((out / "training.json").read_text())
+    assert [c["step"] for c in training["curve"]] == [0, 3, 6] and training["data"]["sources"]
+    assert training["settings"]["unroll"] == 2 and len(training["losses"]) == 6
+    spec = make_engine(str(folder), {"method": "eagle3", "model": str(out), "num_speculative_tokens": 2},
+                       dtype="float32")
+    plain = make_engine(str(folder), None, dtype="float32")
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    assert [c.token_ids for c in spec.generate(PROMPTS, params)] == [c.token_ids for c in plain.generate(PROMPTS, params)]
