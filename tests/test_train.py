@@ -20,6 +20,14 @@ from specsure.train.mtp import entry_losses
 GREEDY = SamplingParams(max_tokens=32, ignore_eos=True)
 
 
+@pytest.fixture(autouse=True)
+def _sample_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The training sample cache goes to a temporary folder, never the user's ~/.cache."""
+    folder = tmp_path_factory.mktemp("xdg")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(folder))
+    return folder / "specsure" / "train"
+
+
 def _prompts(count: int, seed: int) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(3, 128, (16,), generator=gen).tolist() for _ in range(count)]
@@ -109,19 +117,30 @@ def test_training_computes_what_the_proposer_computes(trained) -> None:  # noqa:
     assert kl.shape == (n - 1,) and torch.isfinite(kl).all()
 
 
-def test_cli_trains_and_replaces_an_earlier_head(tmp_path: Path, capsys) -> None:
+def test_cli_trains_and_replaces_an_earlier_head(tmp_path: Path, capsys, _sample_cache: Path) -> None:
     target = build_tiny_llama(tmp_path / "target")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"category": "t", "prompt_ids": p}) for p in _prompts(6, seed=3)))
     args = ["train", "--model", str(target), "--dtype", "float32", "--out", str(tmp_path / "head"),
             "--prompts", str(prompts), "--steps", "15", "--max-new-tokens", "24", "--no-progress"]
     assert main(args) == 0
+    first = capsys.readouterr().out
+    assert "from the cache" not in first and len(list(_sample_cache.glob("*.safetensors"))) == 1
     assert main(args) == 0  # an earlier head in --out is replaced
     out = capsys.readouterr().out
+    assert "from the cache" in out  # the second run reuses the samples
+    assert _tokens_line(first) == _tokens_line(out)
+    next(_sample_cache.glob("*.safetensors")).write_bytes(b"not safetensors")
+    assert main(args) == 0  # a corrupt cache file is rebuilt, not trusted
+    assert "from the cache" not in capsys.readouterr().out
     assert "held-out top-1 agreement:" in out and "wrote" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["head", "prompts.jsonl", "target"]  # no temp folders
     training = json.loads((tmp_path / "head" / "training.json").read_text())
     assert training["settings"]["steps"] == 15 and training["data"]["prompts"] == 6
+
+
+def _tokens_line(printed: str) -> str:
+    return next(line for line in printed.splitlines() if line.startswith("data:")).split(" in ")[0]
 
 
 @pytest.mark.parametrize(("flag", "value", "message"), [
@@ -130,6 +149,7 @@ def test_cli_trains_and_replaces_an_earlier_head(tmp_path: Path, capsys) -> None
     ("--steps", "0", "steps = 0"),
     ("--max-new-tokens", "-1", "--max-new-tokens -1"),
     ("--prompts", "TEXT", "no tokenizer"),
+    ("--corpus", "no-such-package-xyz", "'no-such-package-xyz' is not installed"),
 ])
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys, flag: str, value: str, message: str) -> None:
     target = build_tiny_llama(tmp_path / "target")  # no tokenizer

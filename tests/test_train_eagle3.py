@@ -17,6 +17,11 @@ from specsure.train.eagle3 import (Eagle3TrainSettings, default_aux_layers, draf
                                    train_eagle3, unrolled)
 from tiny import build_tiny_llama
 
+@pytest.fixture(autouse=True)
+def _sample_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg")))
+
+
 PROMPTS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [40, 41, 3, 50, 40, 41], [77, 12, 19, 80, 0, 75, 18, 36, 70],
            [11, 12, 13, 14, 11, 12], [90, 91, 92, 93, 94, 95, 90, 91], [20, 30, 40, 50, 20, 30, 40]]
 
@@ -100,3 +105,16 @@ def test_train_cli_writes_an_eagle3_head_that_runs(target, tmp_path: Path, capsy
     plain = make_engine(str(folder), None, dtype="float32")
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     assert [c.token_ids for c in spec.generate(PROMPTS, params)] == [c.token_ids for c in plain.generate(PROMPTS, params)]
+
+
+def test_corpus_prompts_come_from_installed_packages_with_their_licences() -> None:
+    from specsure.train.corpus import CorpusError, corpus_prompts, sources_of
+
+    prompts = corpus_prompts(("tqdm", "jinja2"), limit=8, seed=1)
+    assert len(prompts) == 8 and {p.package for p in prompts} == {"tqdm", "jinja2"}
+    assert all(p.licence and ("```python" in p.text or "documentation" in p.text or "Summarize" in p.text)
+               for p in prompts)
+    assert corpus_prompts(("tqdm", "jinja2"), limit=8, seed=1) == prompts  # seeded: the same prompts again
+    assert sum(s["prompts"] for s in sources_of(prompts)) == 8
+    with pytest.raises(CorpusError, match="not installed"):
+        corpus_prompts(("no-such-package-xyz",), limit=2)

@@ -31,6 +31,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--prompts", action="append", default=None, metavar="FILE.jsonl",
                         help="training prompts in the bench workload schema (bench/README.md); repeatable; "
                              "default: the built-in bench workloads (not the held-out split)")
+    parser.add_argument("--corpus", default=None, metavar="PACKAGES",
+                        help="also (or, without --prompts, only) prompts made from the docstrings and functions of "
+                             "these installed PyPI packages, comma-separated, each recorded with its licence "
+                             "(for example numpy,transformers,jinja2,tqdm; docs/training.md)")
+    parser.add_argument("--corpus-prompts", type=int, default=800, metavar="N",
+                        help="how many --corpus prompts, spread over the packages (default 800)")
     parser.add_argument("--max-prompts", type=int, default=None, metavar="N", help="use at most the first N prompts")
     parser.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
                         help="greedy tokens generated per prompt for the training text (default 128)")
@@ -53,6 +59,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="the target's dtype for generation and features; the head trains in float32")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="torch CPU threads (default: every core this process may use)")
+    parser.add_argument("--cache-dir", default=None, metavar="DIR",
+                        help="where the self-distilled samples are cached, so a second run on the same data starts "
+                             "training at once (default $XDG_CACHE_HOME/specsure/train)")
+    parser.add_argument("--no-cache", action="store_true", help="neither read nor write the sample cache")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(run=run)
 
@@ -65,12 +75,14 @@ def _positive(name: str, value: int | None) -> None:
 def run(args: argparse.Namespace) -> int:
     # Check everything a user can get wrong before loading torch or the model.
     for flag, value in (("--max-prompts", args.max_prompts), ("--max-new-tokens", args.max_new_tokens),
-                        ("--threads", args.threads)):
+                        ("--threads", args.threads), ("--corpus-prompts", args.corpus_prompts)):
         _positive(flag, value)
     if args.eval_every < 0:
         raise ValueError(f"--eval-every {args.eval_every}: must be 0 (off) or a positive number of steps.")
-    from specsure.bench.workload import encode, load_builtin, load_workload
+    from specsure.bench.workload import Prompt, encode, load_builtin, load_workload
     from specsure.train import check_out_dir
+    from specsure.train.cache import cache_key, cached_samples, default_cache_dir
+    from specsure.train.corpus import corpus_prompts, sources_of
     from specsure.train.eagle3 import Eagle3TrainSettings
     from specsure.train.mtp import MTPTrainSettings
 
@@ -81,11 +93,18 @@ def run(args: argparse.Namespace) -> int:
         settings = Eagle3TrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, unroll=args.unroll,
                                        draft_vocab_size=args.draft_vocab_size, seed=args.seed)
     out = check_out_dir(args.out)
-    rows = [p for path in args.prompts for p in load_workload(path)] if args.prompts else load_builtin()
+    rows = [p for path in args.prompts for p in load_workload(path)] if args.prompts else []
+    sources = [{"source": str(path), "licence": "given by the user (--prompts)"} for path in args.prompts or []]
+    if args.corpus:
+        packages = tuple(p.strip() for p in args.corpus.split(",") if p.strip())
+        corpus = corpus_prompts(packages, args.corpus_prompts, args.seed)
+        rows += [Prompt(id=f"corpus-{i}", category="corpus", prompt=c.text, source=c.where) for i, c in enumerate(corpus)]
+        sources += sources_of(corpus)
+    if not rows:
+        rows = load_builtin()
+        sources = [{"source": "specsure's built-in bench workloads (main split, not held out)",
+                    "licence": "Apache-2.0 (this repository)"}]
     rows = rows[: args.max_prompts]
-    sources = ([{"source": str(path), "licence": "given by the user (--prompts)"} for path in args.prompts]
-               if args.prompts else [{"source": "specsure's built-in bench workloads (main split, not held out)",
-                                      "licence": "Apache-2.0 (this repository)"}])
 
     import torch
 
@@ -97,12 +116,17 @@ def run(args: argparse.Namespace) -> int:
     target = load_model(args.model, dtype=args.dtype)
     aux = _aux_layers(args.method, target.lm.num_layers)
     prompts = [list(encode(row, target.tokenizer)) for row in rows]
-    samples = self_distill(target, prompts, args.max_new_tokens, aux_layers=aux, progress=not args.no_progress)
+    dtype = str(target.lm.dtype).removeprefix("torch.")
+    key = cache_key(target.path, dtype, prompts, args.max_new_tokens, aux)
+    folder = None if args.no_cache else Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    samples, hit = cached_samples(folder, key, lambda: self_distill(target, prompts, args.max_new_tokens,
+                                                                    aux_layers=aux, progress=not args.no_progress))
     data = {"prompts": len(prompts), "tokens": sum(s.token_ids.shape[0] for s in samples),
-            "seconds": round(time.perf_counter() - started, 1), "sources": sources}
+            "seconds": round(time.perf_counter() - started, 1), "from_cache": hit, "sources": sources}
     common = {"method": args.method, "target": args.model or "default (SmolLM2-135M-Instruct)",
               "target_folder": target.path, "dtype": str(target.lm.dtype).removeprefix("torch.")}
-    print(f"data: {len(prompts)} prompts, {data['tokens']} tokens in {data['seconds']:.0f} s")
+    print(f"data: {len(prompts)} prompts, {data['tokens']} tokens in {data['seconds']:.0f} s"
+          + (f" (from the cache in {folder})" if hit else ""))
     if args.method == "mtp":
         _train_mtp(args, target, samples, settings, common, data, out)
     else:

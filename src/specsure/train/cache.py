@@ -1,0 +1,83 @@
+"""A disk cache of self-distilled samples, so a second training run on the same data starts at once.
+
+Generating the target's continuations and recording its features is most of a short run's time.
+The samples are stored as one safetensors file (never pickle) under a key that covers everything
+they depend on: the target's folder and dtype, the prompts' token ids, the continuation length
+and the aux layers. A changed input is a new key; a corrupt or foreign file is ignored and rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from specsure.train.data import Sample
+
+FORMAT = "specsure-train-samples-1"
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specsure" / "train"
+
+
+def cache_key(target_path: str, dtype: str, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+              aux_layers: tuple[int, ...]) -> str:
+    payload = json.dumps({"format": FORMAT, "target": str(target_path), "dtype": dtype, "prompts": [list(p) for p in prompts],
+                          "max_new_tokens": max_new_tokens, "aux_layers": list(aux_layers)})
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+def cached_samples(folder: Path | None, key: str, build: Callable[[], list[Sample]]) -> tuple[list[Sample], bool]:
+    """(samples, whether they came from the cache); ``build`` runs on a miss and its result is stored."""
+    if folder is None:
+        return build(), False
+    path = folder / f"{key}.safetensors"
+    if path.is_file():
+        loaded = _load(path)
+        if loaded is not None:
+            return loaded, True
+    samples = build()
+    _store(folder, path, samples)
+    return samples, False
+
+
+def _load(path: Path) -> list[Sample] | None:
+    try:
+        tensors = load_file(str(path))
+        with open(path, "rb") as handle:  # the header's metadata holds the prompt lengths
+            size = int.from_bytes(handle.read(8), "little")
+            meta = json.loads(handle.read(size)).get("__metadata__", {})
+        lengths = json.loads(meta["prompt_lens"])
+    except (OSError, SafetensorError, ValueError, KeyError):
+        return None
+    out = []
+    for i, prompt_len in enumerate(lengths):
+        if f"tokens.{i}" not in tensors or f"hidden.{i}" not in tensors:
+            return None
+        out.append(Sample(tensors[f"tokens.{i}"], tensors[f"hidden.{i}"], int(prompt_len), tensors.get(f"aux.{i}")))
+    return out
+
+
+def _store(folder: Path, path: Path, samples: list[Sample]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for i, sample in enumerate(samples):
+        tensors[f"tokens.{i}"] = sample.token_ids.contiguous()
+        tensors[f"hidden.{i}"] = sample.hidden.contiguous()
+        if sample.aux is not None:
+            tensors[f"aux.{i}"] = sample.aux.contiguous()
+    handle, tmp = tempfile.mkstemp(prefix=".samples-", suffix=".tmp", dir=folder)
+    os.close(handle)
+    try:
+        save_file(tensors, tmp, metadata={"format": FORMAT, "prompt_lens": json.dumps([s.prompt_len for s in samples])})
+        os.replace(tmp, path)  # atomic: a reader sees the old file or the whole new one
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

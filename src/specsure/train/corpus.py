@@ -1,0 +1,142 @@
+"""Training prompts from openly licensed text that installs from PyPI: the docstrings and functions of packages.
+
+Self-distillation needs prompts, not answers: the target writes the answers. Installed Python
+packages carry a large amount of openly licensed prose and code (numpy is BSD-3-Clause,
+transformers Apache-2.0, jinja2 BSD-3-Clause, tqdm MPL-2.0 and MIT), and they arrive with
+``pip install``, so the data needs no download and no benchmark set can leak into it. Each
+prompt asks the target to explain, summarise, rewrite or use one docstring or function, which
+gives chat-style, code and input-grounded answers alike. The sources are read with ``ast``
+(nothing is imported or executed), in a fixed order, and every prompt records its package and
+that package's licence as its distribution metadata states it.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import itertools
+import random
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_PACKAGES = ("numpy", "transformers", "jinja2", "tqdm")
+"""Installed with the engine extra, each under an open licence."""
+
+TEMPLATES_DOC = (
+    "Explain in plain words what this Python documentation says:\n\n{text}",
+    "Summarize the following text in a few sentences:\n\n{text}",
+    "Write a short example that shows how to use `{name}`, based on its documentation:\n\n{text}",
+    "Answer briefly: what is `{name}` for, according to this documentation?\n\n{text}",
+)
+TEMPLATES_CODE = (
+    "What does this Python function do? Explain it step by step.\n\n```python\n{text}\n```",
+    "Rewrite this Python function with clearer variable names and a docstring:\n\n```python\n{text}\n```",
+    "Find a possible bug or an edge case this function does not handle:\n\n```python\n{text}\n```",
+)
+MAX_CHARS = 1200
+"""Longer docstrings and functions are skipped: the prompt should leave room for the answer."""
+
+
+class CorpusError(ValueError):
+    """A package that cannot serve as a source: not installed, or without an open licence stated."""
+
+
+@dataclass(frozen=True)
+class CorpusPrompt:
+    text: str
+    package: str
+    licence: str
+    where: str
+    """``path:line`` inside the package."""
+
+
+def licence_of(package: str) -> str:
+    """The licence the package's distribution metadata states (License-Expression, License, or classifiers)."""
+    try:
+        meta = importlib.metadata.metadata(package)
+    except importlib.metadata.PackageNotFoundError:
+        raise CorpusError(f"corpus package {package!r} is not installed; install it (pip install {package}) or "
+                          "leave it out of --corpus.") from None
+    stated = meta.get("License-Expression") or ""
+    if not stated:
+        short = (meta.get("License") or "").strip()
+        stated = short if short and len(short) < 60 and "\n" not in short else ""
+    if not stated:
+        stated = "; ".join(c.removeprefix("License :: ") for c in meta.get_all("Classifier") or []
+                           if c.startswith("License ::"))
+    if not stated:
+        raise CorpusError(f"corpus package {package!r} states no licence in its metadata; specsure only trains on "
+                          "text whose open licence it can record. Leave it out of --corpus.")
+    return stated
+
+
+def _sources(package: str) -> list[Path]:
+    files = importlib.metadata.files(package) or []
+    return sorted(Path(str(f.locate())) for f in files if str(f).endswith(".py") and "/tests/" not in f"/{f}")
+
+
+def _pieces(path: Path) -> list[tuple[str, str, str, int]]:
+    """(kind, name, text, line) for each documented function or class and each short function."""
+    try:
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or node.name.startswith("_"):
+            continue
+        doc = ast.get_docstring(node)
+        if doc and doc.count("\n") >= 2 and len(doc) <= MAX_CHARS:
+            out.append(("doc", node.name, doc, node.lineno))
+        if not isinstance(node, ast.ClassDef):
+            code = ast.get_source_segment(source, node)
+            # A method's segment keeps its body's indentation but not its first line's: restore, then dedent.
+            code = textwrap.dedent(" " * node.col_offset + code) if code else None
+            if code and 3 <= code.count("\n") and len(code) <= MAX_CHARS:
+                out.append(("code", node.name, code, node.lineno))
+    return out
+
+
+def corpus_prompts(packages: tuple[str, ...] = DEFAULT_PACKAGES, limit: int = 1000, seed: int = 0) -> list[CorpusPrompt]:
+    """Up to ``limit`` prompts drawn evenly from the packages (a seeded sample of their pieces).
+
+    Raises:
+        CorpusError: a package is missing or states no licence.
+    """
+    if limit < 1:
+        raise ValueError(f"limit = {limit!r}: ask for at least one prompt.")
+    rng = random.Random(seed)
+    chosen: list[list[CorpusPrompt]] = []
+    for package in packages:
+        licence = licence_of(package)
+        paths = _sources(package)
+        rng.shuffle(paths)
+        pieces: list[tuple[Path, tuple[str, str, str, int]]] = []
+        # Files in a seeded order, parsed only until there is enough to choose from (transformers
+        # alone has thousands); at most a few pieces per file, so one long file cannot dominate.
+        for path in paths:
+            found = _pieces(path)
+            rng.shuffle(found)
+            pieces += [(path, piece) for piece in found[:4]]
+            if len(pieces) >= limit:
+                break
+        mine = []
+        for i, (path, (kind, name, text, line)) in enumerate(pieces):
+            templates = TEMPLATES_DOC if kind == "doc" else TEMPLATES_CODE
+            mine.append(CorpusPrompt(templates[i % len(templates)].format(text=text, name=name), package, licence,
+                                     f"{path.name}:{line}"))
+        chosen.append(mine)
+    # Round-robin over the packages, so a small package gives all it has and the rest fill up.
+    out = [p for group in itertools.zip_longest(*chosen) for p in group if p is not None]
+    return out[:limit]
+
+
+def sources_of(prompts: list[CorpusPrompt]) -> list[dict[str, object]]:
+    """What training.json records: each package, its licence and how many prompts it gave."""
+    counts: dict[tuple[str, str], int] = {}
+    for p in prompts:
+        counts[(p.package, p.licence)] = counts.get((p.package, p.licence), 0) + 1
+    return [{"source": f"PyPI package {package} (docstrings and functions of its installed sources)",
+             "licence": licence, "prompts": n} for (package, licence), n in counts.items()]
