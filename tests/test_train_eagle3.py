@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,48 @@ def test_corpus_prompts_come_from_installed_packages_with_their_licences() -> No
     assert sum(s["prompts"] for s in sources_of(prompts)) == 8
     with pytest.raises(CorpusError, match="not installed"):
         corpus_prompts(("no-such-package-xyz",), limit=2)
+
+
+def test_an_interrupted_or_diverged_run_resumes_where_it_stopped(target, tmp_path: Path,  # noqa: ANN001
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import specsure.train.eagle3 as trainer
+
+    _, loaded = target
+    aux = default_aux_layers(loaded.lm.num_layers)
+    samples = _samples(loaded, aux)
+    settings = Eagle3TrainSettings(steps=8, lr=3e-3, seq_len=16, unroll=2, draft_vocab_size=48)
+    whole = train_eagle3(loaded, samples, settings, aux)
+    real, calls = trainer.window_loss, [0]
+
+    def failing(stop_at: int, failure):  # noqa: ANN001, ANN202
+        def loss(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            calls[0] += 1
+            if calls[0] == stop_at:
+                if failure is KeyboardInterrupt:
+                    raise KeyboardInterrupt
+                return torch.tensor(float("nan"))
+            return real(*args, **kwargs)
+        return loss
+
+    point = tmp_path / "resume"
+    monkeypatch.setattr(trainer, "window_loss", failing(7, KeyboardInterrupt))  # Ctrl-C during step 7
+    with pytest.raises(KeyboardInterrupt):
+        train_eagle3(loaded, samples, settings, aux, resume=point, resume_key="data", checkpoint_every=3)
+    assert (point / "resume.safetensors").is_file()
+    monkeypatch.setattr(trainer, "window_loss", real)
+    resumed = train_eagle3(loaded, samples, settings, aux, resume=point, resume_key="data", checkpoint_every=3)
+    # From step 6 on, the same windows and the same optimiser state: the same head as one uninterrupted run.
+    assert resumed.losses == pytest.approx(whole.losses, rel=1e-5)
+    for name, tensor in whole.module.state_dict().items():
+        torch.testing.assert_close(resumed.module.state_dict()[name], tensor, rtol=1e-5, atol=1e-6)
+    assert not point.exists()  # a finished run leaves no resume point
+
+    calls[0] = 0
+    monkeypatch.setattr(trainer, "window_loss", failing(5, "nan"))
+    with pytest.raises(FloatingPointError, match="from step 4"):
+        train_eagle3(loaded, samples, settings, aux, resume=point, resume_key="data", checkpoint_every=2)
+    monkeypatch.setattr(trainer, "window_loss", real)
+    lower = train_eagle3(loaded, samples, Eagle3TrainSettings(**{**settings.__dict__, "lr": 1e-3}), aux,
+                         resume=point, resume_key="data", checkpoint_every=2)
+    assert len(lower.losses) == 8 and all(math.isfinite(v) for v in lower.losses)
+    assert train_eagle3(loaded, samples, settings, aux, resume=point, resume_key="other").losses == whole.losses

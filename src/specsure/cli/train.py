@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -54,6 +55,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--eval-every", type=int, default=0, metavar="STEPS",
                         help="eagle3: measure the held-out acceptance length every this many steps (default: "
                              "only before and after)")
+    parser.add_argument("--checkpoint-every", type=int, default=100, metavar="STEPS",
+                        help="eagle3: write a resume point every this many steps next to --out; a run interrupted "
+                             "or diverged goes on from it when the same command runs again (default 100; 0: off)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the held-out split and the window order")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                         help="the target's dtype for generation and features; the head trains in float32")
@@ -77,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--max-prompts", args.max_prompts), ("--max-new-tokens", args.max_new_tokens),
                         ("--threads", args.threads), ("--corpus-prompts", args.corpus_prompts)):
         _positive(flag, value)
+    if args.checkpoint_every < 0:
+        raise ValueError(f"--checkpoint-every {args.checkpoint_every}: must be 0 (off) or a positive number of steps.")
     if args.eval_every < 0:
         raise ValueError(f"--eval-every {args.eval_every}: must be 0 (off) or a positive number of steps.")
     from specsure.bench.workload import Prompt, encode, load_builtin, load_workload
@@ -129,8 +135,12 @@ def run(args: argparse.Namespace) -> int:
           + (f" (from the cache in {folder})" if hit else ""))
     if args.method == "mtp":
         _train_mtp(args, target, samples, settings, common, data, out)
-    else:
-        _train_eagle3(args, target, samples, settings, aux, common, data, out)
+        return EXIT_OK
+    try:
+        _train_eagle3(args, target, samples, settings, aux, common, data, out, key)
+    except FloatingPointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return EXIT_OK
 
 
@@ -172,13 +182,17 @@ def _train_mtp(args, target, samples, settings, common, data, out) -> None:  # n
           f"KL {before.kl:.3f} -> {after.kl:.3f} nats over {after.entries} continuation tokens")
 
 
-def _train_eagle3(args, target, samples, settings, aux, common, data, out) -> None:  # noqa: ANN001
+def _train_eagle3(args, target, samples, settings, aux, common, data, out, key) -> None:  # noqa: ANN001
     import torch
 
     from specsure.train.checkpoint import eagle3_config, eagle3_tensors, save_head
     from specsure.train.eagle3 import train_eagle3
 
-    result = train_eagle3(target, samples, settings, aux, progress=not args.no_progress, eval_every=args.eval_every)
+    # What shapes the run, so a resume point is only taken up by the same run (lr and steps may differ).
+    resume_key = json.dumps([key, settings.unroll, settings.draft_vocab_size, settings.seq_len, settings.seed, aux])
+    resume = out.parent / f".{out.name}.resume" if args.checkpoint_every else None
+    result = train_eagle3(target, samples, settings, aux, progress=not args.no_progress, eval_every=args.eval_every,
+                          resume=resume, resume_key=resume_key, checkpoint_every=args.checkpoint_every)
     before, after = result.before, result.after
     # The head is written in the target's dtype: what the engine would cast it to anyway, and half the size.
     dtype = target.lm.dtype

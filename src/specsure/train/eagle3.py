@@ -23,10 +23,12 @@ the draft vocabulary; the loss is the cross-entropy against it (soft labels), st
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +40,9 @@ from specsure.models.loading import LoadedModel
 from specsure.proposers.eagle3 import Eagle3Module
 from specsure.train.data import Sample
 from specsure.train.mtp import _lr_factor, _TargetParts, split
+from specsure.train.resume import clear_point, load_point, save_point
+
+logger = logging.getLogger(__name__)
 
 STEP_WEIGHT = 0.8
 """Loss weight ratio between successive unrolled steps (EAGLE-3's 0.8**s)."""
@@ -242,12 +247,16 @@ def evaluate(module: Eagle3Module, lm: CausalLM, samples: Sequence[Sample], unro
 
 
 def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle3TrainSettings,
-                 aux_layers: tuple[int, ...], *, progress: bool = False, eval_every: int = 0) -> Eagle3TrainResult:
+                 aux_layers: tuple[int, ...], *, progress: bool = False, eval_every: int = 0,
+                 resume: Path | None = None, resume_key: str = "", checkpoint_every: int = 0) -> Eagle3TrainResult:
     """Distill an EAGLE-3 head from ``samples`` (self-distilled, with ``aux`` features of ``aux_layers``).
+
+    With ``resume``, a resume point is written there every ``checkpoint_every`` steps, and a run
+    finding one made with the same ``resume_key`` continues from it (`specsure.train.resume`).
 
     Raises:
         ValueError: no sequence has the two tokens an entry needs, or the samples carry no aux features.
-        FloatingPointError: the loss stopped being finite (lower --lr); nothing is written then.
+        FloatingPointError: the loss stopped being finite; the last resume point is kept.
     """
     lm = target.lm
     usable = [s for s in samples if s.token_ids.shape[0] >= 2]
@@ -267,9 +276,16 @@ def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle
     gen = torch.Generator().manual_seed(settings.seed)
     losses: list[float] = []
     curve = [(0, before.acceptance_length)]
+    first = 0
+    point = load_point(resume, resume_key, module, optimiser, schedule, gen, settings.lr) if resume else None
+    if point is not None:
+        first, record = point
+        losses, curve = list(record["losses"]), [tuple(c) for c in record["curve"]]
+        logger.info("resuming from step %d of an earlier run (%s)", first, resume)
     started = time.perf_counter()
     module.train()
-    bar = tqdm(range(settings.steps), desc="training", unit="step", disable=not progress)
+    bar = tqdm(range(first, settings.steps), desc="training", unit="step", disable=not progress, initial=first,
+               total=settings.steps)
     for step in bar:
         sample = train[int(torch.randint(len(train), (1,), generator=gen))]
         entries = sample.token_ids.shape[0] - 1
@@ -277,8 +293,11 @@ def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle
         start = int(torch.randint(entries - width + 1, (1,), generator=gen))
         loss = window_loss(module, lm, sample, start, start + width, settings.unroll, draft_ids)
         if not torch.isfinite(loss):
-            raise FloatingPointError(f"the training loss became {float(loss)} at step {step + 1}; nothing was "
-                                     "written. Lower --lr (for example to half) and train again.")
+            kept = (f"the last good state, from step {first}, is kept in {resume}; run the same command with a "
+                    "lower --lr (for example half) to go on from it" if resume and first else
+                    "lower --lr (for example to half) and train again")
+            raise FloatingPointError(f"the training loss became {float(loss)} at step {step + 1}, so training "
+                                     f"stopped and no head was written; {kept}.")
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -290,9 +309,15 @@ def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle
             module.eval()
             curve.append((step + 1, evaluate(module, lm, measure, settings.unroll, draft_ids).acceptance_length))
             module.train()
+        if resume and checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < settings.steps:
+            save_point(resume, resume_key, step + 1, module, optimiser, schedule, gen,
+                       {"losses": losses, "curve": curve})
+            first = step + 1
     train_s = time.perf_counter() - started
     module.eval()
     after = evaluate(module, lm, measure, settings.unroll, draft_ids)
+    if resume:
+        clear_point(resume)
     curve.append((settings.steps, after.acceptance_length))
     return Eagle3TrainResult(module, aux_layers, draft_ids, losses, before, after, curve, len(train), len(heldout),
                              train_s)
