@@ -165,3 +165,33 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys, flag: str, value: st
     assert rc == 2 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "head").exists()
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+
+
+def test_two_modules_train_together_and_run_as_a_two_module_head(tmp_path: Path) -> None:
+    from specsure.train.mtp import chain_losses
+
+    folder = _learnable_target(tmp_path / "target")
+    target = load_model(str(folder), dtype="float32")
+    samples = self_distill(target, _prompts(12, seed=4), max_new_tokens=48)
+    result = train_mtp(target, samples, MTPTrainSettings(steps=120, lr=3e-3, modules=2))
+    assert len(result.modules) == 2 and len(result.after.per_module) == 2
+    assert result.after.acceptance_length > result.before.acceptance_length
+    sample = samples[0]
+    n = sample.hidden.shape[0]
+    with torch.no_grad():
+        chain = chain_losses(result.modules, target.lm, sample, 0, n - 1)
+        # Module 1 as the engine runs it: module 0's outputs and the tokens one further on.
+        hidden0, _ = result.modules[0](sample.hidden[: n - 1], sample.token_ids[1:n], HeadCache())
+        _, logits1 = result.modules[1](hidden0[: n - 2], sample.token_ids[2:n], HeadCache())
+    assert chain[1][0].shape == (n - 2,)
+    p = torch.log_softmax(target.lm.lm_head_logits(sample.hidden[2:n]), -1)
+    kl = (p.exp() * (p - torch.log_softmax(logits1, -1))).sum(-1)
+    torch.testing.assert_close(chain[1][0], kl, atol=1e-5, rtol=1e-5)
+    head = save_mtp_head(result.modules, target.lm, tmp_path / "head", {"modules": 2})
+    assert json.loads((head / "config.json").read_text())["num_nextn_predict_layers"] == 2
+    spec = make_engine(str(folder), {"method": "mtp", "model": str(head), "num_speculative_tokens": 2},
+                       dtype="float32")
+    assert len(spec.proposer.modules) == 2
+    plain = make_engine(str(folder), None, dtype="float32")
+    prompts = _prompts(3, seed=9)
+    assert [c.token_ids for c in spec.generate(prompts, GREEDY)] == [c.token_ids for c in plain.generate(prompts, GREEDY)]

@@ -44,6 +44,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--steps", type=int, default=300, help="optimiser steps (default 300)")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3 for mtp, 1e-3 for eagle3)")
     parser.add_argument("--seq-len", type=int, default=256, help="longest training window in tokens (default 256)")
+    parser.add_argument("--modules", type=int, default=1, metavar="N",
+                        help="mtp: modules trained together (num_nextn_predict_layers); module i drafts token i+1 "
+                             "(default 1)")
     parser.add_argument("--init", default="random", choices=("random", "last_layer"),
                         help="how the head's block starts: small random weights (default), or the target's last "
                              "layer with its output projections zeroed")
@@ -94,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
 
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.method]
     if args.method == "mtp":
-        settings = MTPTrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, seed=args.seed, init=args.init)
+        settings = MTPTrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, seed=args.seed, init=args.init,
+                                    modules=args.modules)
     else:
         settings = Eagle3TrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, unroll=args.unroll,
                                        draft_vocab_size=args.draft_vocab_size, seed=args.seed)
@@ -166,20 +170,24 @@ def _train_mtp(args, target, samples, settings, common, data, out) -> None:  # n
     training = {
         **common,
         "settings": {"steps": settings.steps, "lr": settings.lr, "seq_len": settings.seq_len, "seed": settings.seed,
-                     "init": settings.init, "max_new_tokens": args.max_new_tokens,
+                     "init": settings.init, "modules": settings.modules, "max_new_tokens": args.max_new_tokens,
                      "threads": torch.get_num_threads()},
         "data": {**data, "train_sequences": result.train_sequences, "heldout_sequences": result.heldout_sequences},
         "heldout": {"kl_before": before.kl, "kl_after": after.kl, "top1_before": before.agreement,
-                    "top1_after": after.agreement, "entries": after.entries},
+                    "top1_after": after.agreement, "entries": after.entries,
+                    "top1_per_module": list(after.per_module), "acceptance_length": after.acceptance_length},
         "train_seconds": round(result.train_s, 1),
     }
-    save_mtp_head(result.module, target.lm, out, training)
+    save_mtp_head(result.modules or result.module, target.lm, out, training)
     where = "held-out" if result.heldout_sequences else "training (too few prompts to hold any out)"
     print(f"training: {settings.steps} steps in {result.train_s:.0f} s")
     print(f"wrote {out}")
-    print(_run_hint(args, out, 2))
+    print(_run_hint(args, out, settings.modules))
     print(f"{where} top-1 agreement: {after.agreement:.1%} (warm start {before.agreement:.1%}), "
           f"KL {before.kl:.3f} -> {after.kl:.3f} nats over {after.entries} continuation tokens")
+    if settings.modules > 1:
+        per = " ".join(f"{a:.0%}" for a in after.per_module)
+        print(f"per module: {per}; greedy acceptance length at k={settings.modules}: {after.acceptance_length:.2f}")
 
 
 def _train_eagle3(args, target, samples, settings, aux, common, data, out, key) -> None:  # noqa: ANN001

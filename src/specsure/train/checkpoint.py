@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -73,15 +74,21 @@ def head_tensors(module: MTPModule, index: int = 0) -> dict[str, torch.Tensor]:
     return out
 
 
-def head_config(lm: CausalLM) -> dict[str, Any]:
-    return {"architectures": [HEAD_ARCH], "model_type": SPECSURE_MTP_MODEL_TYPE, "num_nextn_predict_layers": 1,
+def head_config(lm: CausalLM, modules: int = 1) -> dict[str, Any]:
+    return {"architectures": [HEAD_ARCH], "model_type": SPECSURE_MTP_MODEL_TYPE, "num_nextn_predict_layers": modules,
             "num_hidden_layers": 1, "hidden_size": lm.hidden_size, "vocab_size": lm.vocab_size,
             "torch_dtype": "float32"}
 
 
-def save_mtp_head(module: MTPModule, lm: CausalLM, out: str | Path, training: dict[str, Any]) -> Path:
-    """Write config.json, model.safetensors and training.json to ``out``, replacing an earlier head."""
-    return save_head(out, head_config(lm), head_tensors(module), training)
+def save_mtp_head(module: MTPModule | Sequence[MTPModule], lm: CausalLM, out: str | Path,
+                  training: dict[str, Any]) -> Path:
+    """Write config.json, model.safetensors and training.json to ``out``, replacing an earlier head.
+
+    Several modules are written as layers.0, layers.1, ... (num_nextn_predict_layers of them).
+    """
+    modules = [module] if isinstance(module, MTPModule) else list(module)
+    tensors = {name: t for i, m in enumerate(modules) for name, t in head_tensors(m, i).items()}
+    return save_head(out, head_config(lm, len(modules)), tensors, training)
 
 
 def save_head(out: str | Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],

@@ -61,6 +61,9 @@ class MTPTrainSettings:
     """Share of the sequences kept out of training to measure top-1 agreement (at least one)."""
     init: Literal["random", "last_layer"] = "random"
     """How the block starts (module docstring)."""
+    modules: int = 1
+    """MTP modules trained together (``num_nextn_predict_layers``): module i predicts token t+i+2
+    from module i-1's output, as DeepSeek-V3's do, so k = modules draft tokens each have their own."""
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps <= 0:
@@ -73,6 +76,8 @@ class MTPTrainSettings:
             raise ValueError(f"heldout_fraction = {self.heldout_fraction!r}: must lie in [0, 1), e.g. 0.1.")
         if self.init not in INITS:
             raise ValueError(f"init = {self.init!r}: must be one of {', '.join(INITS)}.")
+        if isinstance(self.modules, bool) or not isinstance(self.modules, int) or not 1 <= self.modules <= 8:
+            raise ValueError(f"modules = {self.modules!r}: must be an integer from 1 to 8.")
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,10 @@ class Evaluation:
     acceptance rate of a first draft token."""
     entries: int
     """Continuation entries the agreement counts."""
+    per_module: tuple[float, ...] = ()
+    """Module i's top-1 agreement (its token t+i+2), teacher-forced; module 0's is ``agreement``."""
+    acceptance_length: float = 1.0
+    """Greedy acceptance length with k = the number of modules: 1 + each anchor's run of right modules."""
 
 
 @dataclass
@@ -93,7 +102,7 @@ class MTPTrainResult:
     """A trained module and what training measured."""
 
     module: MTPModule
-    """Float32, attached to the target; save with `save_mtp_head`."""
+    """Module 0: float32, attached to the target; save all with `save_mtp_head(result.modules, ...)`."""
     losses: list[float]
     """Training loss (KL) per step."""
     before: Evaluation
@@ -105,6 +114,8 @@ class MTPTrainResult:
     """0 when there were too few sequences to hold any out; then `before`/`after` are on the training set."""
     train_s: float
     """Seconds spent in the optimisation loop."""
+    modules: list[MTPModule] | None = None
+    """Every module, in order (module 0 first)."""
 
 
 class _TargetParts:
@@ -123,6 +134,11 @@ class _TargetParts:
 
     def lm_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm.lm_head_logits(hidden.to(self.lm.dtype))
+
+
+def initial_modules(lm: CausalLM, init: str = "random", seed: int = 0, count: int = 1) -> list[MTPModule]:
+    """``count`` starting modules, module i seeded with seed + i."""
+    return [initial_module(lm, init, seed + i) for i in range(count)]
 
 
 def initial_module(lm: CausalLM, init: str = "random", seed: int = 0) -> MTPModule:
@@ -172,19 +188,55 @@ def entry_losses(module: MTPModule, lm: CausalLM, sample: Sample, start: int,
     return kl, q_logits.argmax(-1) == p_logits.argmax(-1)
 
 
+def chain_losses(modules: Sequence[MTPModule], lm: CausalLM, sample: Sample, start: int,
+                 end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(KL [m_i], agree [m_i]) of each module over entries start .. end-1-i, chained as the engine chains them.
+
+    Module 0 is `entry_losses`; module i's entry t takes module i-1's output at t and token t+i+1,
+    and its label is the target at t+i+1 (it predicts token t+i+2).
+    """
+    out = []
+    features = sample.hidden[start:end]
+    for i, module in enumerate(modules):
+        m = end - start - i
+        if m <= 0:
+            break
+        ids = sample.token_ids[start + i + 1: start + i + 1 + m]
+        hidden, q_logits = module(features[:m], ids, HeadCache())  # [m, H], [m, V]
+        with torch.no_grad():
+            p_logits = lm.lm_head_logits(sample.hidden[start + i + 1: start + i + 1 + m])
+            log_p = torch.log_softmax(p_logits, dim=-1)
+        log_q = torch.log_softmax(q_logits, dim=-1)
+        out.append(((log_p.exp() * (log_p - log_q)).sum(-1), q_logits.argmax(-1) == p_logits.argmax(-1)))
+        features = hidden
+    return out
+
+
 @torch.no_grad()
-def evaluate(module: MTPModule, lm: CausalLM, samples: Sequence[Sample]) -> Evaluation:
-    """Mean KL over all entries; top-1 agreement over entries whose label predicts a continuation token."""
-    kl_sum, kl_n, agree_sum, agree_n = 0.0, 0, 0, 0
+def evaluate(module: MTPModule | Sequence[MTPModule], lm: CausalLM, samples: Sequence[Sample]) -> Evaluation:
+    """Mean KL over module 0's entries; top-1 agreement per module and the chained acceptance length over
+    entries whose label predicts a continuation token."""
+    modules = [module] if isinstance(module, MTPModule) else list(module)
+    kl_sum, kl_n, anchors, accepted = 0.0, 0, 0, 0
+    hits, counts = [0] * len(modules), [0] * len(modules)
     for sample in samples:
         n = sample.hidden.shape[0]
         if n < 2:
             continue
-        kl, agree = entry_losses(module, lm, sample, 0, n - 1)
-        kl_sum, kl_n = kl_sum + float(kl.sum()), kl_n + kl.shape[0]
+        chain = chain_losses(modules, lm, sample, 0, n - 1)
+        kl_sum, kl_n = kl_sum + float(chain[0][0].sum()), kl_n + chain[0][0].shape[0]
         first = max(sample.prompt_len - 2, 0)  # entry t predicts token t+2; keep t + 2 >= prompt_len
-        agree_sum, agree_n = agree_sum + int(agree[first:].sum()), agree_n + agree[first:].shape[0]
-    return Evaluation(kl_sum / max(kl_n, 1), agree_sum / max(agree_n, 1), agree_n)
+        for i, (_, agree) in enumerate(chain):
+            hits[i] += int(agree[first:].sum())
+            counts[i] += max(agree.shape[0] - first, 0)
+        for a in range(first, chain[0][1].shape[0]):
+            run = 0
+            while run < len(chain) and a < chain[run][1].shape[0] and bool(chain[run][1][a]):
+                run += 1
+            accepted += run
+            anchors += 1
+    per_module = tuple(h / max(c, 1) for h, c in zip(hits, counts))
+    return Evaluation(kl_sum / max(kl_n, 1), per_module[0], counts[0], per_module, 1 + accepted / max(anchors, 1))
 
 
 def split(samples: Sequence[Sample], fraction: float, seed: int) -> tuple[list[Sample], list[Sample]]:
@@ -208,15 +260,16 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
         raise ValueError("no training sequence has 2 or more tokens; give longer prompts or more new tokens.")
     train, heldout = split(usable, settings.heldout_fraction, settings.seed)
     measure = heldout or train
-    module = initial_module(lm, settings.init, settings.seed)
-    before = evaluate(module, lm, measure)
-    params = [p for p in module.parameters() if p.requires_grad]
+    modules = initial_modules(lm, settings.init, settings.seed, settings.modules)
+    before = evaluate(modules, lm, measure)
+    params = [p for module in modules for p in module.parameters() if p.requires_grad]
     optimiser = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
     warmup = max(1, min(20, settings.steps // 10))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: _lr_factor(step, warmup, settings.steps))
     gen = torch.Generator().manual_seed(settings.seed)
     losses: list[float] = []
-    module.train()
+    for module in modules:
+        module.train()
     started = time.perf_counter()
     bar = tqdm(range(settings.steps), desc="training", unit="step", disable=not progress)
     for _ in bar:
@@ -224,8 +277,8 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
         entries = sample.hidden.shape[0] - 1
         width = min(settings.seq_len, entries)
         start = int(torch.randint(entries - width + 1, (1,), generator=gen))
-        kl, _ = entry_losses(module, lm, sample, start, start + width)
-        loss = kl.mean()
+        chain = chain_losses(modules, lm, sample, start, start + width)
+        loss = torch.stack([kl.mean() for kl, _ in chain]).mean()
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -234,9 +287,10 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
         losses.append(float(loss.detach()))
         bar.set_postfix(kl=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
     train_s = time.perf_counter() - started
-    module.eval()
-    after = evaluate(module, lm, measure)
-    return MTPTrainResult(module, losses, before, after, len(train), len(heldout), train_s)
+    for module in modules:
+        module.eval()
+    after = evaluate(modules, lm, measure)
+    return MTPTrainResult(modules[0], losses, before, after, len(train), len(heldout), train_s, modules)
 
 
 def _lr_factor(step: int, warmup: int, total: int) -> float:
