@@ -149,9 +149,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _aux_layers(method: str, num_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's layers for both methods: recording them costs little in the same forward, and one
+    cached data set then serves both (make heads trains the MTP head on the EAGLE-3 head's samples)."""
     from specsure.train.eagle3 import default_aux_layers
 
-    return default_aux_layers(num_layers) if method == "eagle3" else ()
+    return default_aux_layers(num_layers)
 
 
 def _run_hint(args: argparse.Namespace, out: Path, k: int) -> str:
