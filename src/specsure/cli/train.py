@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     started = time.perf_counter()
     target = load_model(args.model, dtype=args.dtype)
-    aux = _aux_layers(args.method, target.lm.num_layers)
+    aux = _recorded_layers(target.lm.num_layers)
     prompts = [list(encode(row, target.tokenizer)) for row in rows]
     dtype = str(target.lm.dtype).removeprefix("torch.")
     key = cache_key(target.path, dtype, prompts, args.max_new_tokens, aux)
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _aux_layers(method: str, num_layers: int) -> tuple[int, ...]:
+def _recorded_layers(num_layers: int) -> tuple[int, ...]:
     """EAGLE-3's layers for both methods: recording them costs little in the same forward, and one
     cached data set then serves both (make heads trains the MTP head on the EAGLE-3 head's samples)."""
     from specsure.train.eagle3 import default_aux_layers
