@@ -39,7 +39,7 @@ from specsure.models.causal_lm import CausalLM
 from specsure.models.loading import LoadedModel
 from specsure.proposers.eagle3 import Eagle3Module
 from specsure.train.data import Sample
-from specsure.train.mtp import _lr_factor, _TargetParts, split
+from specsure.train.mtp import _TargetParts, draw_window, optimiser_for, split
 from specsure.train.resume import clear_point, load_point, save_point
 
 logger = logging.getLogger(__name__)
@@ -270,9 +270,7 @@ def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle
     module = initial_module(lm, aux_layers, draft_ids, settings.seed)
     before = evaluate(module, lm, measure, settings.unroll, draft_ids)
     params = [p for p in module.parameters() if p.requires_grad]
-    optimiser = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
-    warmup = max(1, min(20, settings.steps // 10))
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: _lr_factor(step, warmup, settings.steps))
+    optimiser, schedule = optimiser_for(params, settings.lr, settings.steps)
     gen = torch.Generator().manual_seed(settings.seed)
     losses: list[float] = []
     curve = [(0, before.acceptance_length)]
@@ -287,10 +285,7 @@ def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle
     bar = tqdm(range(first, settings.steps), desc="training", unit="step", disable=not progress, initial=first,
                total=settings.steps)
     for step in bar:
-        sample = train[int(torch.randint(len(train), (1,), generator=gen))]
-        entries = sample.token_ids.shape[0] - 1
-        width = min(settings.seq_len, entries)
-        start = int(torch.randint(entries - width + 1, (1,), generator=gen))
+        sample, start, width = draw_window(train, settings.seq_len, gen)
         loss = window_loss(module, lm, sample, start, start + width, settings.unroll, draft_ids)
         if not torch.isfinite(loss):
             kept = (f"the last good state, from step {first}, is kept in {resume}; run the same command with a "

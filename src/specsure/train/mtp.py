@@ -263,9 +263,7 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
     modules = initial_modules(lm, settings.init, settings.seed, settings.modules)
     before = evaluate(modules, lm, measure)
     params = [p for module in modules for p in module.parameters() if p.requires_grad]
-    optimiser = torch.optim.AdamW(params, lr=settings.lr, weight_decay=0.0)
-    warmup = max(1, min(20, settings.steps // 10))
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: _lr_factor(step, warmup, settings.steps))
+    optimiser, schedule = optimiser_for(params, settings.lr, settings.steps)
     gen = torch.Generator().manual_seed(settings.seed)
     losses: list[float] = []
     for module in modules:
@@ -273,10 +271,7 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
     started = time.perf_counter()
     bar = tqdm(range(settings.steps), desc="training", unit="step", disable=not progress)
     for _ in bar:
-        sample = train[int(torch.randint(len(train), (1,), generator=gen))]
-        entries = sample.hidden.shape[0] - 1
-        width = min(settings.seq_len, entries)
-        start = int(torch.randint(entries - width + 1, (1,), generator=gen))
+        sample, start, width = draw_window(train, settings.seq_len, gen)
         chain = chain_losses(modules, lm, sample, start, start + width)
         loss = torch.stack([kl.mean() for kl, _ in chain]).mean()
         optimiser.zero_grad(set_to_none=True)
@@ -291,6 +286,22 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
         module.eval()
     after = evaluate(modules, lm, measure)
     return MTPTrainResult(modules[0], losses, before, after, len(train), len(heldout), train_s, modules)
+
+
+def optimiser_for(params: list[torch.nn.Parameter], lr: float,
+                  steps: int) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW at peak ``lr`` with a linear warm-up (a tenth of the steps, at most 20), then cosine decay to a tenth."""
+    optimiser = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    warmup = max(1, min(20, steps // 10))
+    return optimiser, torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: _lr_factor(step, warmup, steps))
+
+
+def draw_window(train: Sequence[Sample], seq_len: int, gen: torch.Generator) -> tuple[Sample, int, int]:
+    """A random training sequence and a random window of at most ``seq_len`` of its entries: (sample, start, width)."""
+    sample = train[int(torch.randint(len(train), (1,), generator=gen))]
+    entries = sample.token_ids.shape[0] - 1
+    width = min(seq_len, entries)
+    return sample, int(torch.randint(entries - width + 1, (1,), generator=gen)), width
 
 
 def _lr_factor(step: int, warmup: int, total: int) -> float:
