@@ -39,7 +39,7 @@ from specsure.models.causal_lm import CausalLM
 from specsure.models.loading import LoadedModel
 from specsure.proposers.eagle3 import Eagle3Module
 from specsure.train.data import Sample
-from specsure.train.mtp import _TargetParts, draw_window, optimiser_for, split
+from specsure.train.mtp import _TargetParts, draw_window, optimiser_for, split, update
 from specsure.train.resume import clear_point, load_point, save_point
 
 logger = logging.getLogger(__name__)
@@ -293,12 +293,7 @@ def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle
                     "lower --lr (for example to half) and train again")
             raise FloatingPointError(f"the training loss became {float(loss)} at step {step + 1}, so training "
                                      f"stopped and no head was written; {kept}.")
-        optimiser.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimiser.step()
-        schedule.step()
-        losses.append(float(loss.detach()))
+        losses.append(update(loss, params, optimiser, schedule))
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < settings.steps:
             module.eval()

@@ -274,12 +274,7 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
         sample, start, width = draw_window(train, settings.seq_len, gen)
         chain = chain_losses(modules, lm, sample, start, start + width)
         loss = torch.stack([kl.mean() for kl, _ in chain]).mean()
-        optimiser.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimiser.step()
-        schedule.step()
-        losses.append(float(loss.detach()))
+        losses.append(update(loss, params, optimiser, schedule))
         bar.set_postfix(kl=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
     train_s = time.perf_counter() - started
     for module in modules:
@@ -294,6 +289,17 @@ def optimiser_for(params: list[torch.nn.Parameter], lr: float,
     optimiser = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     warmup = max(1, min(20, steps // 10))
     return optimiser, torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: _lr_factor(step, warmup, steps))
+
+
+def update(loss: torch.Tensor, params: list[torch.nn.Parameter], optimiser: torch.optim.Optimizer,
+           schedule: torch.optim.lr_scheduler.LRScheduler) -> float:
+    """One optimiser step on ``loss`` (gradients clipped to norm 1); returns the loss as a float."""
+    optimiser.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimiser.step()
+    schedule.step()
+    return float(loss.detach())
 
 
 def draw_window(train: Sequence[Sample], seq_len: int, gen: torch.Generator) -> tuple[Sample, int, int]:
