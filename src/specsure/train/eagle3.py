@@ -39,7 +39,7 @@ from specsure.models.causal_lm import CausalLM
 from specsure.models.loading import LoadedModel
 from specsure.proposers.eagle3 import Eagle3Module
 from specsure.train.data import Sample
-from specsure.train.mtp import _TargetParts, draw_window, optimiser_for, split, update
+from specsure.train.mtp import TargetParts, draw_window, optimiser_for, split, update
 from specsure.train.resume import clear_point, load_point, save_point
 
 logger = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ def initial_module(lm: CausalLM, aux_layers: tuple[int, ...], draft_ids: torch.T
                 param.normal_(0.0, std, generator=gen)
         head = lm.hf.get_output_embeddings().weight  # [V, H]
         module.lm_head.weight.copy_(head[draft_ids].float())
-    module.attach(_TargetParts(lm), config, draft_ids - torch.arange(draft_ids.numel()))  # type: ignore[arg-type]
+    module.attach(TargetParts(lm), config, draft_ids - torch.arange(draft_ids.numel()))  # type: ignore[arg-type]
     return module
 
 

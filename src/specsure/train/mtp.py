@@ -118,7 +118,7 @@ class MTPTrainResult:
     """Every module, in order (module 0 first)."""
 
 
-class _TargetParts:
+class TargetParts:
     """The target's embedding and LM head as `MTPModule` calls them, for a float32 module on any target.
 
     The LM head runs in the target's dtype (as at inference); autograd carries the gradient back
@@ -165,7 +165,7 @@ def initial_module(lm: CausalLM, init: str = "random", seed: int = 0) -> MTPModu
         module.eh_proj.weight.copy_(torch.cat([torch.zeros(hidden, hidden), torch.eye(hidden)], dim=1))
         for norm in (module.enorm, module.hnorm, module.shared_head.norm):
             norm.weight.fill_(1.0)
-    module.attach(_TargetParts(lm), base.rotary_emb)  # type: ignore[arg-type]
+    module.attach(TargetParts(lm), base.rotary_emb)  # type: ignore[arg-type]
     return module
 
 
