@@ -15,7 +15,7 @@ from specsure.models.errors import ModelLoadError
 from specsure.models.kv_cache import RollbackCache
 from specsure.models.forward_output import ForwardOutput
 from specsure.models.logits import LogitsTransform, logits_transform
-from specsure.models.native import NativeDecoder, Segment, project
+from specsure.models.native import KERNEL_ROWS, NativeDecoder, Segment, project
 from specsure.models.token_tree import TokenTree, attention_mask
 
 logger = logging.getLogger(__name__)
@@ -268,7 +268,12 @@ class CausalLM:
         # The scalar steps run in float32: at most a rounding step away from the model's own
         # half-precision arithmetic, and the verifier works in float32 anyway.
         head = self._head
-        if hidden.dim() == 2 and type(head) is torch.nn.Linear:
+        native = self._native
+        if (native is not None and native.kernel is not None and hidden.dim() == 2 and type(head) is torch.nn.Linear
+                and head.bias is None and head.weight.is_contiguous() and hidden.dtype == torch.bfloat16
+                and (hidden.shape[0] == 1 or (native.exact and hidden.shape[0] <= KERNEL_ROWS))):
+            logits = native.kernel.linear_rows(head.weight, hidden.contiguous()).float()
+        elif hidden.dim() == 2 and type(head) is torch.nn.Linear:
             logits = project(hidden, head.weight, head.bias).float()  # one row: the faster, bit-identical mv
         else:
             logits = head(hidden).float()

@@ -20,16 +20,22 @@ DTYPES: dict[str, torch.dtype] = {
 _FAST_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def cpu_bf16_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, ...]:
-    """Return the fast-bf16 flags this CPU reports (empty when none, or not on Linux)."""
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The feature flags this CPU reports (empty when unreadable, or not on Linux)."""
     try:
         text = cpuinfo.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return ()
+        return set()
     flags: set[str] = set()
     for line in text.splitlines():
         if line.startswith("flags"):
             flags.update(line.partition(":")[2].split())
+    return flags
+
+
+def cpu_bf16_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, ...]:
+    """Return the fast-bf16 flags this CPU reports (empty when none, or not on Linux)."""
+    flags = cpu_flags(cpuinfo)
     return tuple(f for f in _FAST_BF16_FLAGS if f in flags)
 
 

@@ -59,6 +59,18 @@ class GrowableLayer(DynamicLayer):
         self._set_length(end)
         return self.keys, self.values
 
+    def reserve(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Make room for positions up to ``end`` (an initialized layer) and return the whole
+        key and value buffers, for a kernel that writes into them; `set_length` then commits."""
+        assert self._key_buffer is not None and self._value_buffer is not None
+        if end > self._key_buffer.shape[-2]:
+            self._allocate(self._key_buffer, self._value_buffer, max(2 * self._key_buffer.shape[-2], end))
+        return self._key_buffer, self._value_buffer
+
+    def set_length(self, length: int) -> None:
+        """Declare the first ``length`` positions valid (after a kernel wrote them through `reserve`)."""
+        self._set_length(length)
+
     def _set_length(self, length: int) -> None:
         assert self._key_buffer is not None and self._value_buffer is not None
         self._length = length

@@ -21,11 +21,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specsure.models import kernel as kernels
 from specsure.models.kv_cache import RollbackCache
 from specsure.models.token_tree import TokenTree, attention_mask
 
 FAMILIES = ("llama", "mistral", "qwen2")
 """Text-config model_types whose decoder layers this module runs."""
+
+KERNEL_ROWS = 64
+"""Forwards over at most this many rows (decode, verify, a batch of them) run through the C kernel;
+its attention loops cost rows x context, so a long prefill stays on torch's SDPA."""
 
 
 @dataclass
@@ -74,6 +79,11 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     return out if bias is None else out + bias
 
 
+def _ready(cache: RollbackCache, layers: int) -> bool:
+    """Whether every layer of ``cache`` has buffers a kernel can write into (after its first forward)."""
+    return len(cache.layers) == layers and all(layer.is_initialized for layer in cache.layers)
+
+
 def unsupported(config: object) -> str | None:
     """Why the native forward cannot run a model with this text config, or None when it can."""
     model_type = getattr(config, "model_type", None)
@@ -115,6 +125,34 @@ class NativeDecoder:
                 input_norm=layer.input_layernorm.weight, qkv=_fuse(projections), qkv_bias=qkv_bias,
                 o=attn.o_proj.weight, o_bias=attn.o_proj.bias, post_norm=layer.post_attention_layernorm.weight,
                 gate_up=_fuse([mlp.gate_proj, mlp.up_proj]), down=mlp.down_proj.weight))
+        self.kernel: kernels.Kernel | None = None
+        """The C kernel that runs bf16 one-token steps, or None (then `kernel_why` says why)."""
+        self.kernel_why = "the model is not bfloat16"
+        if self.embed.weight.dtype == torch.bfloat16:
+            self.kernel, self.kernel_why = kernels.load()
+        if self.kernel is not None and self.head_dim > kernels.MAX_HEAD_DIM:
+            self.kernel, self.kernel_why = None, f"head_dim {self.head_dim} exceeds the kernel's {kernels.MAX_HEAD_DIM}"
+        self.exact = self.kernel is not None and self.kernel.amx
+        """Run every bf16 product of a forward over <= KERNEL_ROWS rows in C, row-invariant, so a verify
+        row equals the decode step at its position bit for bit. On by default with AMX (faster than
+        oneDNN there); without AMX the dot-product kernel is slower than oneDNN for several rows."""
+        if self.kernel is not None:
+            self._bind_kernel(config)
+
+    def _bind_kernel(self, config: object) -> None:
+        """The kernel's view of the weights: pointers into the tensors this decoder keeps alive."""
+        self._shape = kernels.ShapeStruct(int(config.hidden_size), self.heads, self.kv_heads, self.head_dim,
+                                          self.intermediate, self.eps)
+        self._structs = (kernels.LayerStruct * len(self.layers))()
+        for struct, layer in zip(self._structs, self.layers):
+            for name in ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down"):
+                tensor = getattr(layer, name)
+                if tensor is not None and not tensor.is_contiguous():
+                    raise AssertionError(f"{name} must be contiguous for the C kernel")
+                setattr(struct, name, None if tensor is None else tensor.data_ptr())
+        hidden = int(config.hidden_size)
+        self._scratch = torch.empty(hidden + (2 * self.heads + 2 * self.kv_heads) * self.head_dim
+                                    + 3 * self.intermediate, dtype=torch.bfloat16)
 
     @classmethod
     def build(cls, hf: nn.Module) -> tuple["NativeDecoder | None", str]:
@@ -126,7 +164,10 @@ class NativeDecoder:
             why = f"{type(base).__name__} does not have the Llama base-model layout"
         if why is not None:
             return None, why
-        return cls(base, config), "fused q|k|v and gate|up projections"
+        decoder = cls(base, config)
+        step = (f"bf16 forwards of up to {KERNEL_ROWS} rows in C ({decoder.kernel_why})" if decoder.kernel
+                else f"few-row steps on torch ops: {decoder.kernel_why}")
+        return decoder, f"fused q|k|v and gate|up projections; {step}"
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # The same order of operations as LlamaRMSNorm, so both paths round alike.
@@ -163,6 +204,11 @@ class NativeDecoder:
         total = ids.shape[0]
         if sum(s.length for s in segments) != total:
             raise ValueError(f"segments cover {sum(s.length for s in segments)} tokens but {total} were given.")
+        if (self.kernel is not None and total <= KERNEL_ROWS
+                and all(_ready(s.cache, len(self.layers)) for s in segments)):
+            if total == 1:
+                return self._kernel_step(ids, segments[0], aux_layers)
+            return self._kernel_rows(ids, segments, aux_layers)
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         x = self.embed(ids)  # [T, hidden]
         positions = torch.cat([torch.arange(s.start, s.start + s.length) if s.tree is None else s.start + s.tree.depths
@@ -202,6 +248,83 @@ class NativeDecoder:
             gate, up = project(h, layer.gate_up).split([self.intermediate, self.intermediate], dim=-1)
             x = x + project(F.silu(gate) * up, layer.down)
         return self._rms(x, self.norm), [entering[i] for i in aux_layers]
+
+    def _kernel_step(self, ids: torch.Tensor, segment: "Segment", aux_layers: tuple[int, ...]
+                     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """One token through every layer in C, pausing only where an aux layer's input is wanted."""
+        assert self.kernel is not None
+        x = self.embed(ids)[0].contiguous()  # [hidden]
+        pos = segment.start
+        cos, sin = self.rotary(x.view(1, 1, -1), torch.tensor([[pos]]))  # [1, 1, dim] each
+        cos, sin = cos.reshape(-1).contiguous(), sin.reshape(-1).contiguous()
+        layers = segment.cache.layers
+        for struct, layer in zip(self._structs, layers):
+            keys, values = layer.reserve(pos + 1)  # [1, kv_heads, capacity, dim]
+            struct.keys, struct.values, struct.capacity = keys.data_ptr(), values.data_ptr(), keys.shape[-2]
+        entering: dict[int, torch.Tensor] = {}
+        first = 0
+        for stop in sorted(set(aux_layers)) + [len(self.layers)]:
+            if stop > first:
+                self.kernel.decode_layers(self._shape, self._structs, first, stop - first, pos, cos, sin, x,
+                                          self._scratch)
+            if stop < len(self.layers):
+                entering[stop] = x.clone().unsqueeze(0)
+            first = stop
+        for layer in layers:
+            layer.set_length(pos + 1)
+        return self._kernel_norm(x.unsqueeze(0)), [entering[i] for i in aux_layers]
+
+    def _kernel_norm(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        assert self.kernel is not None
+        self.kernel.add_norm(x, None, self.norm, out, self.eps)
+        return out
+
+    def _product(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if not self.exact:
+            return F.linear(x, weight, bias)
+        assert self.kernel is not None
+        out = self.kernel.linear_rows(weight, x)
+        return out if bias is None else out + bias  # rounded twice, as the decode step rounds it
+
+    def _kernel_rows(self, ids: torch.Tensor, segments: list["Segment"], aux_layers: tuple[int, ...]
+                     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A few rows (a verify step, a batch): torch's products, everything between them in C."""
+        kernel = self.kernel
+        assert kernel is not None
+        total, count = ids.shape[0], len(segments)
+        x = self.embed(ids).contiguous()  # [T, hidden]
+        positions = torch.cat([torch.arange(s.start, s.start + s.length) if s.tree is None else s.start + s.tree.depths
+                               for s in segments]).unsqueeze(0)  # [1, T]
+        cos, sin = self.rotary(x.unsqueeze(0), positions)  # [1, T, dim] each
+        cos, sin = cos[0].contiguous(), sin[0].contiguous()
+        masks = [None if s.tree is None else s.tree.ancestors.to(torch.uint8).contiguous() for s in segments]
+        table = (kernels.SegmentStruct * (len(self.layers) * count))()
+        for i in range(len(self.layers)):
+            for j, (segment, mask) in enumerate(zip(segments, masks)):
+                keys, values = segment.cache.layers[i].reserve(segment.start + segment.length)
+                table[i * count + j] = kernels.SegmentStruct(keys.data_ptr(), values.data_ptr(), keys.shape[-2],
+                                                             segment.start, segment.length,
+                                                             None if mask is None else mask.data_ptr())
+        h = torch.empty_like(x)
+        att = torch.empty(total, self.heads * self.head_dim, dtype=x.dtype)
+        act = torch.empty(total, self.intermediate, dtype=x.dtype)
+        entering: dict[int, torch.Tensor] = {}
+        delta = None
+        for i, layer in enumerate(self.layers):
+            kernel.add_norm(x, delta, layer.input_norm, h, self.eps)  # the last layer's residual, then this norm
+            if i in aux_layers:
+                entering[i] = x.clone()
+            qkv = self._product(h, layer.qkv, layer.qkv_bias)
+            kernel.attend_rows(self._shape, table, i * count, count, qkv, cos, sin, att)
+            kernel.add_norm(x, self._product(att, layer.o, layer.o_bias), layer.post_norm, h, self.eps)
+            kernel.silu_mul(self._product(h, layer.gate_up), act)
+            delta = self._product(act, layer.down)
+        kernel.add_norm(x, delta, None, None, self.eps)
+        for segment in segments:
+            for layer in segment.cache.layers:
+                layer.set_length(segment.start + segment.length)
+        return self._kernel_norm(x), [entering[i] for i in aux_layers]
 
 
 @dataclass(frozen=True)

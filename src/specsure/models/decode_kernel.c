@@ -1,0 +1,384 @@
+/* One bfloat16 decode step of a Llama-family decoder, for one new token, in C.
+ *
+ * Why: on a 2-core CPU a 135M model's one-token step reads ~270 MB of weights (about 20 ms at
+ * the memory bandwidth), but eager PyTorch adds ~600 small ops per step on top. Here a whole
+ * run of layers is one call: the weight products are AVX512-BF16 dot products (memory-bound,
+ * split over OpenMP threads: torch's own libgomp, so no second thread pool), and the rest is
+ * plain loops over a few thousand values.
+ *
+ * A forward over a few rows (a verify step, a batch of sequences) uses the same code for
+ * everything but the weight products, which stay in torch (oneDNN is faster than these dot
+ * products once several rows share a weight read) unless exact mode asks for `linear_rows`: its
+ * rows equal `gemv`'s bit for bit, so a verify row equals the decode step at that position.
+ *
+ * Numerics follow the transformers bf16 forward step by step: every tensor the model would hold
+ * in bf16 is rounded to bf16 here at the same point (norms, products, RoPE terms, attention
+ * output, SiLU, residual adds); products and attention accumulate in float32. Results differ
+ * from torch's only in float32 summation order.
+ *
+ * Built by specsure.models.kernel with -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -fopenmp.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+typedef uint16_t bf16;
+
+typedef struct {
+    const bf16 *input_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *down;
+    bf16 *keys, *values; /* [kv_heads, capacity, head_dim]: this layer's KV cache buffers */
+    int64_t capacity;
+} Layer;
+
+typedef struct {
+    int64_t hidden, heads, kv_heads, head_dim, intermediate;
+    float eps;
+} Shape;
+
+/* One sequence's rows in a forward: `length` new tokens stored at `start ..` of this layer's cache.
+ * Row r attends to positions 0 .. start-1, then to new token j when mask[r * length + j] (a
+ * token tree's ancestor matrix), or, with no mask, when j <= r (a chain). */
+typedef struct {
+    bf16 *keys, *values;
+    int64_t capacity, start, length;
+    const uint8_t *mask;
+} Segment;
+
+static inline float f32(bf16 v) {
+    uint32_t u = (uint32_t)v << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+}
+
+/* float32 -> bfloat16, round to nearest even (torch's conversion); NaN stays NaN. */
+static inline bf16 round_bf16(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16)(u >> 16);
+}
+
+static inline __m512bh load_bf16(const bf16 *p, int64_t left) {
+    __mmask32 mask = left >= 32 ? 0xffffffffu : (__mmask32)((1u << left) - 1u);
+    return (__m512bh)_mm512_maskz_loadu_epi16(mask, p);
+}
+
+#define ROWS 4 /* weight rows per block: four independent accumulator chains */
+
+/* y[i, j] = round(w[j, :] . x[i, :]) for the m rows of x and weight rows j in first .. first +
+ * count; w is [n, k] row-major. Each output is one 16-lane float32 sum over k in order, then the
+ * same lane reduction, whatever m is: a row's result does not depend on how many rows run with
+ * it. A block's weight rows stay in L1 while the rows of x pass over them. */
+static void gemm_dot(const bf16 *w, const bf16 *x, bf16 *y, int64_t n, int64_t k, int64_t m, int64_t count,
+                     int64_t first) {
+    int64_t blocks = (count + ROWS - 1) / ROWS;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t j0 = first + b * ROWS;
+        int nr = first + count - j0 < ROWS ? (int)(first + count - j0) : ROWS;
+        const bf16 *rows[ROWS];
+        for (int r = 0; r < ROWS; r++) rows[r] = w + (j0 + (r < nr ? r : 0)) * k;
+        for (int64_t i = 0; i < m; i++) {
+            const bf16 *xi = x + i * k;
+            __m512 acc[ROWS];
+            for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_ps();
+            for (int64_t c = 0; c < k; c += 32) {
+                __m512bh xv = load_bf16(xi + c, k - c);
+                for (int r = 0; r < ROWS; r++) acc[r] = _mm512_dpbf16_ps(acc[r], load_bf16(rows[r] + c, k - c), xv);
+            }
+            for (int r = 0; r < nr; r++) y[i * n + j0 + r] = round_bf16(_mm512_reduce_add_ps(acc[r]));
+        }
+    }
+}
+
+/* AMX: Linux hands out the tile registers on request, once per process. */
+static int amx_ready = 0;
+
+int kernel_init(void) {
+    amx_ready = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+    return amx_ready;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) TileConfig;
+
+/* The same product on AMX tiles, for the first n - n % 16 weight rows (k % 32 == 0): the weights
+ * are the A operand (16 rows x 32 values, read in place), the rows of x the B operand, packed in
+ * pairs and zero-padded to 16 columns. Each output depends only on its weight row and its row of
+ * x, so results are row-invariant too; they equal oneDNN's AMX matmul bit for bit. */
+static void gemm_amx(const bf16 *w, const bf16 *x, bf16 *y, int64_t n, int64_t k, int64_t m) {
+    int64_t mblocks = (m + 15) / 16, pairs = k / 2;
+    size_t bytes = (size_t)(mblocks * pairs * 16) * sizeof(uint32_t);
+    uint32_t *packed = aligned_alloc(64, bytes);
+    memset(packed, 0, bytes);
+    const uint32_t *x32 = (const uint32_t *)x;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t p = 0; p < pairs; p++) packed[((i / 16) * pairs + p) * 16 + i % 16] = x32[i * pairs + p];
+#pragma omp parallel
+    {
+        TileConfig config = {0};
+        config.palette = 1;
+        for (int t = 0; t < 3; t++) {
+            config.rows[t] = 16;
+            config.colsb[t] = 64;
+        }
+        _tile_loadconfig(&config);
+        float out[16 * 16];
+#pragma omp for schedule(static)
+        for (int64_t jb = 0; jb < n / 16; jb++) {
+            for (int64_t cb = 0; cb < mblocks; cb++) {
+                _tile_zero(0);
+                for (int64_t c = 0; c < k; c += 32) {
+                    _tile_loadd(1, w + jb * 16 * k + c, k * 2);
+                    _tile_loadd(2, packed + (cb * pairs + c / 2) * 16, 64);
+                    _tile_dpbf16ps(0, 1, 2);
+                }
+                _tile_stored(0, out, 64);
+                int64_t cols = m - cb * 16 < 16 ? m - cb * 16 : 16;
+                for (int r = 0; r < 16; r++)
+                    for (int64_t col = 0; col < cols; col++)
+                        y[(cb * 16 + col) * n + jb * 16 + r] = round_bf16(out[r * 16 + col]);
+            }
+        }
+        _tile_release();
+    }
+    free(packed);
+}
+
+/* AMX where the shape allows, the dot-product loop for the rest: the choice depends on the weight's
+ * shape only, never on m, so a row's bits never depend on how many rows run with it. */
+static void gemm(const bf16 *w, const bf16 *x, bf16 *y, int64_t n, int64_t k, int64_t m) {
+    if (!amx_ready || k % 32 != 0 || n < 16) {
+        gemm_dot(w, x, y, n, k, m, n, 0);
+        return;
+    }
+    gemm_amx(w, x, y, n, k, m);
+    if (n % 16) gemm_dot(w, x, y, n, k, m, n % 16, n - n % 16);
+}
+
+static void gemv(const bf16 *w, const bf16 *x, bf16 *y, int64_t n, int64_t k) { gemm(w, x, y, n, k, 1); }
+
+/* The products for exact mode (and the LM head's one row): y [m, n] = x [m, k] . w [n, k]^T. */
+void linear_rows(const bf16 *w, const bf16 *x, bf16 *y, int64_t n, int64_t k, int64_t m) { gemm(w, x, y, n, k, m); }
+
+static void add_bias(bf16 *y, const bf16 *bias, int64_t n) {
+    if (bias)
+        for (int64_t j = 0; j < n; j++) y[j] = round_bf16(f32(y[j]) + f32(bias[j]));
+}
+
+/* LlamaRMSNorm: float32 normalisation, rounded to bf16, then times the bf16 weight. */
+static void rms_norm(const bf16 *x, const bf16 *weight, bf16 *out, int64_t n, float eps) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) sum += f32(x[i]) * f32(x[i]);
+    float scale = 1.0f / sqrtf(sum / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = round_bf16(f32(weight[i]) * f32(round_bf16(f32(x[i]) * scale)));
+}
+
+/* x * cos + rotate_half(x) * sin, each product and the sum rounded to bf16, in place. */
+static void rope(bf16 *x, const bf16 *cos, const bf16 *sin, int64_t dim) {
+    int64_t half = dim / 2;
+    bf16 out[dim];
+    for (int64_t i = 0; i < dim; i++) {
+        float rotated = i < half ? -f32(x[i + half]) : f32(x[i - half]);
+        out[i] = round_bf16(f32(round_bf16(f32(x[i]) * f32(cos[i]))) + f32(round_bf16(rotated * f32(sin[i]))));
+    }
+    for (int64_t i = 0; i < dim; i++) x[i] = out[i];
+}
+
+static inline __m512 load_f32(const bf16 *p, int64_t left) {
+    __mmask16 mask = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1u);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
+}
+
+/* e^x for 16 lanes: x = n ln2 + r (Cody-Waite split), e^r by its degree-7 Taylor polynomial on
+ * |r| <= ln2/2 (error below one float32 ulp), times 2^n. A fixed formula, so every path that calls
+ * it rounds alike; libm's expf is scalar and three times slower here. */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* 16 float32 lanes -> bf16, round to nearest even as round_bf16 does (NaN lanes stay NaN). */
+static inline __m256i round16(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i up = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    up = _mm512_mask_mov_epi32(up, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    return _mm512_cvtepi32_epi16(up);
+}
+
+static inline __m512 load_f32_rounded(__m512 v) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(round16(v)), 16));
+}
+
+static inline void store16(bf16 *p, __m512 v, int64_t left) {
+    __mmask16 mask = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1u);
+    _mm256_mask_storeu_epi16(p, mask, round16(v));
+}
+
+#define MAX_DIM 512 /* head_dim limit of the vector accumulators below (kernel.py checks it) */
+
+/* Row r of `seg`, head h: softmax(q . K / sqrt(dim)) V over the positions the row may see, in
+ * position order, so a row gives the same bits whichever forward it is part of. */
+static void attend_row(const Shape *s, const Segment *seg, int64_t r, int64_t h, const bf16 *q, bf16 *out) {
+    int64_t dim = s->head_dim, group = s->heads / s->kv_heads, chunks = (dim + 15) / 16;
+    const bf16 *keys = seg->keys + (h / group) * seg->capacity * dim;
+    const bf16 *values = seg->values + (h / group) * seg->capacity * dim;
+    int64_t visible = seg->start + seg->length;
+    float *scores = malloc((size_t)visible * sizeof(float));
+    int64_t *slots = malloc((size_t)visible * sizeof(int64_t));
+    int64_t count = 0;
+    for (int64_t t = 0; t < seg->start; t++) slots[count++] = t;
+    for (int64_t j = 0; j < seg->length; j++)
+        if (seg->mask ? seg->mask[r * seg->length + j] : j <= r) slots[count++] = seg->start + j;
+    __m512 qv[MAX_DIM / 16], acc[MAX_DIM / 16];
+    for (int64_t c = 0; c < chunks; c++) {
+        qv[c] = load_f32(q + c * 16, dim - c * 16);
+        acc[c] = _mm512_setzero_ps();
+    }
+    float scale = 1.0f / sqrtf((float)dim), top = -INFINITY;
+    for (int64_t i = 0; i < count; i++) {
+        const bf16 *kt = keys + slots[i] * dim;
+        __m512 dot = _mm512_setzero_ps();
+        for (int64_t c = 0; c < chunks; c++) dot = _mm512_fmadd_ps(qv[c], load_f32(kt + c * 16, dim - c * 16), dot);
+        scores[i] = _mm512_reduce_add_ps(dot) * scale;
+        if (scores[i] > top) top = scores[i];
+    }
+    for (int64_t i = 0; i < count; i += 16) {
+        __mmask16 mask = count - i >= 16 ? 0xffff : (__mmask16)((1u << (count - i)) - 1u);
+        __m512 v = _mm512_maskz_loadu_ps(mask, scores + i);
+        _mm512_mask_storeu_ps(scores + i, mask, exp16(_mm512_sub_ps(v, _mm512_set1_ps(top))));
+    }
+    float total = 0.0f;
+    for (int64_t i = 0; i < count; i++) {
+        float p = scores[i];
+        total += p;
+        const bf16 *vt = values + slots[i] * dim;
+        __m512 pv = _mm512_set1_ps(p);
+        for (int64_t c = 0; c < chunks; c++) acc[c] = _mm512_fmadd_ps(pv, load_f32(vt + c * 16, dim - c * 16), acc[c]);
+    }
+    float lanes[MAX_DIM];
+    for (int64_t c = 0; c < chunks; c++) _mm512_storeu_ps(lanes + c * 16, acc[c]);
+    for (int64_t i = 0; i < dim; i++) out[i] = round_bf16(lanes[i] / total);
+    free(scores);
+    free(slots);
+}
+
+/* RoPE on q and k of every row, then k and v into each row's cache slot. qkv: [rows, qkv_size]. */
+static void rope_and_store(const Shape *s, const Segment *segs, int64_t nseg, bf16 *qkv, const bf16 *cos,
+                           const bf16 *sin) {
+    int64_t dim = s->head_dim, q_size = s->heads * dim, kv_size = s->kv_heads * dim;
+    int64_t row = 0;
+    for (int64_t g = 0; g < nseg; g++) {
+        const Segment *seg = &segs[g];
+        for (int64_t r = 0; r < seg->length; r++, row++) {
+            bf16 *q = qkv + row * (q_size + 2 * kv_size), *k = q + q_size, *v = k + kv_size;
+            const bf16 *c = cos + row * dim, *sn = sin + row * dim;
+            for (int64_t h = 0; h < s->heads; h++) rope(q + h * dim, c, sn, dim);
+            for (int64_t h = 0; h < s->kv_heads; h++) {
+                rope(k + h * dim, c, sn, dim);
+                bf16 *kc = seg->keys + (h * seg->capacity + seg->start + r) * dim;
+                bf16 *vc = seg->values + (h * seg->capacity + seg->start + r) * dim;
+                for (int64_t i = 0; i < dim; i++) { kc[i] = k[h * dim + i]; vc[i] = v[h * dim + i]; }
+            }
+        }
+    }
+}
+
+/* Attention for every row and head: out [rows, heads * head_dim]. */
+static void attend_all(const Shape *s, const Segment *segs, int64_t nseg, int64_t rows, const bf16 *qkv,
+                       bf16 *out) {
+    int64_t dim = s->head_dim, stride = (s->heads + 2 * s->kv_heads) * dim;
+    int64_t seg_of[rows], first[nseg];
+    for (int64_t g = 0, row = 0; g < nseg; g++) {
+        first[g] = row;
+        for (int64_t r = 0; r < segs[g].length; r++) seg_of[row++] = g;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t job = 0; job < rows * s->heads; job++) {
+        int64_t row = job / s->heads, h = job % s->heads, g = seg_of[row];
+        attend_row(s, &segs[g], row - first[g], h, qkv + row * stride + h * dim, out + row * s->heads * dim + h * dim);
+    }
+}
+
+/* The rows path, between the weight products: RoPE, the cache writes and attention for a layer.
+ * segs: this layer's segments (their rows in order); qkv [rows, qkv_size]; out [rows, heads dim]. */
+void attend_rows(const Shape *s, const Segment *segs, int64_t nseg, bf16 *qkv, const bf16 *cos, const bf16 *sin,
+                 bf16 *out) {
+    int64_t rows = 0;
+    for (int64_t g = 0; g < nseg; g++) rows += segs[g].length;
+    rope_and_store(s, segs, nseg, qkv, cos, sin);
+    attend_all(s, segs, nseg, rows, qkv, out);
+}
+
+/* x += delta (rounded, skipped when delta is NULL), then out = RMSNorm(x) * weight, for each row. */
+void add_norm(bf16 *x, const bf16 *delta, const bf16 *weight, bf16 *out, int64_t rows, int64_t hidden, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        bf16 *xr = x + r * hidden;
+        if (delta)
+            for (int64_t i = 0; i < hidden; i++) xr[i] = round_bf16(f32(xr[i]) + f32(delta[r * hidden + i]));
+        if (weight) rms_norm(xr, weight, out + r * hidden, hidden, eps);
+    }
+}
+
+/* act = SiLU(gate) * up per row, each rounded to bf16; gate_up [rows, 2 * inter]. */
+void silu_mul(const bf16 *gate_up, bf16 *act, int64_t rows, int64_t inter) {
+    for (int64_t r = 0; r < rows; r++) {
+        const bf16 *gate = gate_up + r * 2 * inter, *up = gate + inter;
+        for (int64_t i = 0; i < inter; i += 16) {
+            int64_t left = inter - i;
+            __m512 g = load_f32(gate + i, left);
+            __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+            store16(act + r * inter + i, _mm512_mul_ps(load_f32_rounded(silu), load_f32(up + i, left)), left);
+        }
+    }
+}
+
+/* Run `count` layers on the hidden state x ([hidden] bf16, updated in place) of the token at
+ * position `pos`, writing its keys and values at `pos` of each layer's cache (the caller has
+ * made room). cos/sin: [head_dim] bf16 for this position. scratch: bf16 room for
+ * hidden + (heads + 2 kv_heads) head_dim + heads head_dim + 3 intermediate values. */
+void decode_layers(const Shape *s, const Layer *layers, int64_t count, int64_t pos, const bf16 *cos,
+                   const bf16 *sin, bf16 *x, bf16 *scratch) {
+    int64_t hidden = s->hidden, dim = s->head_dim, inter = s->intermediate;
+    int64_t q_size = s->heads * dim, kv_size = s->kv_heads * dim, qkv_size = q_size + 2 * kv_size;
+    bf16 *h = scratch, *qkv = h + hidden, *att = qkv + qkv_size, *gate_up = att + q_size;
+    bf16 *act = gate_up + 2 * inter;
+    for (int64_t l = 0; l < count; l++) {
+        const Layer *layer = &layers[l];
+        add_norm(x, NULL, layer->input_norm, h, 1, hidden, s->eps);
+        gemv(layer->qkv, h, qkv, qkv_size, hidden);
+        add_bias(qkv, layer->qkv_bias, qkv_size);
+        Segment seg = {layer->keys, layer->values, layer->capacity, pos, 1, NULL};
+        rope_and_store(s, &seg, 1, qkv, cos, sin);
+        attend_all(s, &seg, 1, 1, qkv, att);
+        gemv(layer->o, att, h, hidden, q_size);
+        add_bias(h, layer->o_bias, hidden);
+        add_norm(x, h, layer->post_norm, h, 1, hidden, s->eps);
+        gemv(layer->gate_up, h, gate_up, 2 * inter, hidden);
+        silu_mul(gate_up, act, 1, inter);
+        gemv(layer->down, act, h, hidden, inter);
+        add_norm(x, h, NULL, NULL, 1, hidden, s->eps);
+    }
+}

@@ -1,0 +1,179 @@
+"""The C decode kernel (decode_kernel.c): built once per machine with the system C compiler, loaded with ctypes.
+
+A bfloat16 one-token step through eager PyTorch costs about twice its weight reads on a small
+model; the kernel runs a whole run of decoder layers in one call, and the ops of a few-row
+forward (a verify step) between AMX weight products. It needs a CPU with AVX512-BF16 (AMX is
+used where Linux grants it) and a C compiler; without either, `load` says why and the torch ops run instead
+(`CausalLM.path` names the reason, so the fallback is never silent). `SPECSURE_KERNEL=0` turns
+it off. The library is compiled into the user's cache under a name that hashes the source, the
+flags and the compiler, and loaded after torch, so its OpenMP calls land in torch's own libgomp
+(one thread pool, sized by `torch.set_num_threads`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specsure.models.dtypes import cpu_flags
+from specsure.models.gguf_cache import cache_root
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("decode_kernel.c")
+FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-fopenmp",
+         "-shared", "-fPIC")
+_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
+_ENV = "SPECSURE_KERNEL"
+MAX_HEAD_DIM = 512
+"""decode_kernel.c's MAX_DIM: its attention keeps a head's query and output in registers."""
+
+
+class LayerStruct(ctypes.Structure):
+    """decode_kernel.c's Layer: one decoder layer's weights and KV cache buffers."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in
+                ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down", "keys", "values")]
+    _fields_ += [("capacity", ctypes.c_int64)]
+
+
+class SegmentStruct(ctypes.Structure):
+    """decode_kernel.c's Segment: one sequence's new rows in one layer's KV cache, and its mask."""
+
+    _fields_ = [("keys", ctypes.c_void_p), ("values", ctypes.c_void_p), ("capacity", ctypes.c_int64),
+                ("start", ctypes.c_int64), ("length", ctypes.c_int64), ("mask", ctypes.c_void_p)]
+
+
+class ShapeStruct(ctypes.Structure):
+    """decode_kernel.c's Shape: the decoder's dimensions."""
+
+    _fields_ = [(name, ctypes.c_int64) for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate")]
+    _fields_ += [("eps", ctypes.c_float)]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """The loaded library's entry points."""
+
+    library: ctypes.CDLL
+    amx: bool
+    """Whether the products run on AMX tiles (faster than oneDNN for a few rows, and bit-identical
+    to its results); otherwise on AVX512-BF16 dot products (fast for one row only)."""
+
+    def decode_layers(self, shape: ShapeStruct, layers: ctypes.Array, first: int, count: int, pos: int,
+                      cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor, scratch: torch.Tensor) -> None:
+        """Run layers ``first .. first + count`` on ``x`` ([hidden] bf16, in place) at position ``pos``."""
+        self.library.decode_layers(ctypes.byref(shape), ctypes.byref(layers, first * ctypes.sizeof(LayerStruct)),
+                                   count, pos, cos.data_ptr(), sin.data_ptr(), x.data_ptr(), scratch.data_ptr())
+
+    def linear_rows(self, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``x @ weight.T`` for bf16 rows ``x`` ([m, in]) -> [m, out] bf16; each row's bits do not depend on m."""
+        out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.bfloat16)
+        self.library.linear_rows(weight.data_ptr(), x.data_ptr(), out.data_ptr(), weight.shape[0], weight.shape[1],
+                                 x.shape[0])
+        return out
+
+    def attend_rows(self, shape: ShapeStruct, segments: ctypes.Array, first: int, count: int, qkv: torch.Tensor,
+                    cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> None:
+        """RoPE, cache writes and attention for ``count`` segments from ``segments[first]`` (one layer's)."""
+        self.library.attend_rows(ctypes.byref(shape), ctypes.byref(segments, first * ctypes.sizeof(SegmentStruct)),
+                                 count, qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr())
+
+    def add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor | None,
+                 out: torch.Tensor | None, eps: float) -> None:
+        """``x += delta`` (rounded; skipped for None), then ``out = RMSNorm(x) * weight`` (skipped for None)."""
+        rows, hidden = x.shape
+        self.library.add_norm(x.data_ptr(), None if delta is None else delta.data_ptr(),
+                              None if weight is None else weight.data_ptr(), None if out is None else out.data_ptr(),
+                              rows, hidden, eps)
+
+    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
+        """``out = SiLU(gate) * up`` for [rows, 2 * inter] -> [rows, inter], rounded as torch rounds."""
+        self.library.silu_mul(gate_up.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1])
+
+
+def _compiler_version(cc: str) -> str:
+    done = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+    return done.stdout.splitlines()[0] if done.stdout else cc
+
+
+def _build(cc: str) -> Path:
+    """Compile the library into the cache (once per source, flags and compiler); return its path."""
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _compiler_version(cc).encode()).hexdigest()[:16]
+    target = cache_root() / "kernels" / f"decode-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Written beside the target and renamed: a concurrent process never loads half a file.
+    fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", partial, "-lm"], capture_output=True, text=True,
+                              timeout=300)
+        if done.returncode != 0:
+            first = (done.stderr.strip().splitlines() or ["no output"])[0]
+            raise RuntimeError(f"{cc} failed on {SOURCE.name}: {first}")
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+    return target
+
+
+def _bind(library: ctypes.CDLL) -> Kernel:
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    signatures = {
+        "decode_layers": [pointer, pointer, size, size, pointer, pointer, pointer, pointer],
+        "linear_rows": [pointer, pointer, pointer, size, size, size],
+        "attend_rows": [pointer, pointer, size, pointer, pointer, pointer, pointer],
+        "add_norm": [pointer, pointer, pointer, pointer, size, size, ctypes.c_float],
+        "silu_mul": [pointer, pointer, size, size],
+    }
+    for name, arguments in signatures.items():
+        function = getattr(library, name)
+        function.argtypes, function.restype = arguments, None
+    library.kernel_init.argtypes, library.kernel_init.restype = [], ctypes.c_int
+    # Asking Linux for the tile registers on a CPU without them would only fail; skip it there.
+    amx = {"amx_tile", "amx_bf16"} <= cpu_flags() and bool(library.kernel_init())
+    return Kernel(library, amx)
+
+
+_loaded: tuple[Kernel | None, str] | None = None
+
+
+def load() -> tuple[Kernel | None, str]:
+    """(kernel, why): the kernel, or None and the reason the torch ops run instead. Built once per process."""
+    global _loaded
+    if _loaded is None:
+        _loaded = _load()
+        if _loaded[0] is None:
+            logger.info("bf16 one-token steps run on torch ops: %s", _loaded[1])
+    return _loaded
+
+
+def _load() -> tuple[Kernel | None, str]:
+    if os.environ.get(_ENV, "1") == "0":
+        return None, f"{_ENV}=0 turns the C kernel off"
+    flags = cpu_flags()
+    missing = [f for f in _CPU_FLAGS if f not in flags]
+    if missing:
+        return None, f"this CPU lacks {', '.join(missing)}"
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None, "no C compiler (cc or gcc) is on PATH; install gcc for the C decode kernel"
+    try:
+        path = _build(cc)
+        kernel = _bind(ctypes.CDLL(str(path)))
+        return kernel, f"{'AMX' if kernel.amx else 'AVX512-BF16 (no AMX)'} products, {path.name}"
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        return None, f"the C kernel did not build or load: {error}"

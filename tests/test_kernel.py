@@ -1,0 +1,172 @@
+"""The C decode kernel: bf16 one-token steps agree with the torch ops, and its absence is explained."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from specsure.models import CausalLM
+from specsure.models import kernel as kernels
+
+SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=512)
+FAMILIES = {
+    "llama": (LlamaForCausalLM, LlamaConfig(**SHAPE)),
+    "llama-biased": (LlamaForCausalLM, LlamaConfig(**SHAPE, attention_bias=True)),
+    "qwen2": (Qwen2ForCausalLM, Qwen2Config(**SHAPE, tie_word_embeddings=True)),
+}
+
+
+def _pair(family: str) -> tuple[CausalLM, CausalLM]:
+    """Two bf16 copies of one random model: the first steps through the kernel, the second through torch."""
+    cls, config = FAMILIES[family]
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        hf = cls(config).eval()
+        with torch.no_grad():
+            for p in hf.parameters():
+                p.normal_(0.0, 0.2)
+        models.append(CausalLM(hf.to(torch.bfloat16)))
+    models[1]._native.kernel = None
+    return models[0], models[1]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_kernel_steps_match_the_torch_ops(family):
+    kernel, why = kernels.load()
+    fast, ref = _pair(family)
+    if kernel is None:  # a CPU without AVX512-BF16, or no compiler: the path must say so
+        assert why in fast.path
+        return
+    assert "rows in C" in fast.path
+    prompt = [5, 17, 3, 88, 42, 9, 61, 2, 30, 7]
+    for lm in (fast, ref):
+        lm.forward(prompt)
+    token = 11
+    for step in range(300):  # past the cache's first 256 positions, so its buffers grow mid-run
+        a = fast.forward([token], hidden=True, aux_layers=(0, 2))
+        b = ref.forward([token], hidden=True, aux_layers=(0, 2))
+        scale = float(b.logits.abs().max())
+        # bf16 rounds every step; the two differ only in float32 summation order inside them.
+        torch.testing.assert_close(a.logits, b.logits, atol=0.03 * scale, rtol=0)
+        torch.testing.assert_close(a.aux_hidden.float(), b.aux_hidden.float(), atol=0.05, rtol=0.05)
+        token = int(b.logits[-1].argmax())
+    assert fast.cache_len == ref.cache_len == len(prompt) + 300
+    # What the kernel wrote into the cache serves torch's own multi-token forward afterwards.
+    fast.crop(len(prompt) + 150)
+    ref.crop(len(prompt) + 150)
+    torch.testing.assert_close(fast.forward([1, 2, 3]).logits, ref.forward([1, 2, 3]).logits,
+                               atol=0.03 * scale, rtol=0)
+
+
+def test_the_kernel_can_be_turned_off_and_the_path_says_so(monkeypatch):
+    monkeypatch.setattr(kernels, "_loaded", None)
+    monkeypatch.setenv("SPECSURE_KERNEL", "0")
+    fast, _ = _pair("llama")
+    assert fast._native.kernel is None
+    assert "few-row steps on torch ops: SPECSURE_KERNEL=0 turns the C kernel off" in fast.path
+
+
+def test_a_compiler_that_fails_is_reported_not_hidden(monkeypatch, tmp_path):
+    if not {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= kernels.cpu_flags():
+        kernel, why = kernels._load()
+        assert kernel is None and "this CPU lacks" in why
+        return
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", "/bin/false")
+    kernel, why = kernels._load()
+    assert kernel is None and why.startswith("the C kernel did not build or load: /bin/false failed")
+    assert not list(tmp_path.rglob("*.partial"))  # nothing half-written is left in the cache
+
+
+TREE = (-1, 0, 1, 0, 3, 3, 5)  # root; chain 1-2; branch 3 with children 4 and 5-6
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_verify_rows_trees_and_batches_match_the_torch_ops(family):
+    from specsure.models.causal_lm import Call
+    from specsure.models.token_tree import TokenTree
+
+    kernel, _ = kernels.load()
+    fast, ref = _pair(family)
+    if kernel is None:
+        return  # the path's reason is checked above; both run torch here
+    prompt = [5, 17, 3, 88, 42, 9, 61, 2, 30, 7]
+    for lm in (fast, ref):
+        lm.forward(prompt)
+    close = dict(atol=0.03 * float(ref.forward([1]).logits.abs().max()), rtol=0)
+    fast.forward([1])
+    for ids in ([4, 8, 15, 16, 23, 42, 50, 51, 52], [60, 61]):  # verify steps of a chain
+        torch.testing.assert_close(fast.forward(ids).logits, ref.forward(ids).logits, **close)
+    tree = TokenTree.from_parents(TREE)
+    start = fast.cache_len
+    torch.testing.assert_close(fast.forward(list(range(20, 27)), tree=tree).logits,
+                               ref.forward(list(range(20, 27)), tree=tree).logits, **close)
+    for lm in (fast, ref):
+        lm.keep(start, [0, 3, 5, 6])
+    # Two more sequences batched with the first: one a step, one a short continuation.
+    fast_views, ref_views = [fast.fork(), fast.fork()], [ref.fork(), ref.fork()]
+    for view in fast_views + ref_views:
+        view.forward(prompt)
+    calls = lambda lm, views: [Call(lm, [3]), Call(views[0], [7, 8, 9]), Call(views[1], [11])]  # noqa: E731
+    for a, b in zip(fast.forward_batch(calls(fast, fast_views)), ref.forward_batch(calls(ref, ref_views))):
+        torch.testing.assert_close(a.logits, b.logits, **close)
+
+
+@pytest.mark.parametrize("family", ["llama", "llama-biased"])
+def test_exact_mode_verify_rows_equal_decode_steps_bit_for_bit(family):
+    from specsure.models.token_tree import TokenTree
+
+    kernel, _ = kernels.load()
+    verify, decode = _pair(family)
+    if kernel is None:
+        return
+    decode._native.kernel = verify._native.kernel
+    verify._native.exact = True
+    prompt = [5, 17, 3, 88, 42, 9, 61, 2, 30, 7]
+    for lm in (verify, decode):
+        lm.forward(prompt)
+        lm.forward([1])  # the kernels' buffers are ready after the first forward
+    draft = [4, 8, 15, 16, 23, 42, 50, 51, 52]
+    rows = verify.forward(draft).logits
+    steps = torch.cat([decode.forward([t]).logits for t in draft])
+    assert torch.equal(rows, steps)
+    tree = TokenTree.from_parents(TREE)
+    start = verify.cache_len
+    nodes = verify.forward(list(range(20, 27)), tree=tree).logits
+    for node in range(len(TREE)):  # each node equals decoding its own path one token at a time
+        path, i = [], node
+        while i != -1:
+            path.insert(0, 20 + i)
+            i = TREE[i]
+        decode.crop(start)
+        last = [decode.forward([t]).logits for t in path][-1]
+        assert torch.equal(nodes[node], last[0]), f"node {node}"
+
+
+def test_in_bf16_every_method_equals_plain_decoding_with_amx(tmp_path):
+    """With AMX products, a verify row is the decode step's bits, so bf16 greedy output is plain's exactly."""
+    from specsure import SamplingParams, make_engine
+    from tiny import build_tiny_llama
+
+    target = str(build_tiny_llama(tmp_path / "t", vocab_size=96, hidden_size=64, num_layers=3))
+    greedy = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    prompts = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [40, 41, 3, 50, 40, 41, 3, 50]]
+    plain = make_engine(target, None, dtype="bfloat16")
+    kernel, why = kernels.load()
+    if kernel is None or not kernel.amx:  # no bit-exact claim without AMX; the path says what runs
+        assert plain.target.lm.path.startswith("native") and (why in plain.target.lm.path or "no AMX" in why)
+        return
+    expected = [[c.token_ids for c in plain.generate([p], greedy)] for p in prompts]
+    specs = [{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+             {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+              "prompt_lookup_branches": 3},
+             {"method": "suffix", "num_speculative_tokens": 6},
+             {"method": "draft_model", "model": target, "num_speculative_tokens": 5}]
+    for spec in specs:
+        engine = make_engine(target, spec, dtype="bfloat16")
+        got = [[c.token_ids for c in engine.generate([p], greedy)] for p in prompts]
+        assert got == expected, spec
+        assert engine.stats.drafts > 0
