@@ -18,7 +18,18 @@ FAMILIES = {
 }
 
 
-def _pair(family: str) -> tuple[CausalLM, CausalLM]:
+@pytest.fixture(params=["amx", "dot"])
+def products(request):
+    """The kernel with its products on AMX tiles, then on the dot-product loop (None: no kernel here)."""
+    kernel, _ = kernels.load()
+    if kernel is None:
+        yield None
+        return
+    yield kernel.with_amx(request.param == "amx")
+    kernel.with_amx(kernel.amx)  # the switch is process-wide: put it back
+
+
+def _pair(family: str, kernel: kernels.Kernel | None = None) -> tuple[CausalLM, CausalLM]:
     """Two bf16 copies of one random model: the first steps through the kernel, the second through torch."""
     cls, config = FAMILIES[family]
     models = []
@@ -29,14 +40,16 @@ def _pair(family: str) -> tuple[CausalLM, CausalLM]:
             for p in hf.parameters():
                 p.normal_(0.0, 0.2)
         models.append(CausalLM(hf.to(torch.bfloat16)))
+    if kernel is not None:
+        models[0]._native.kernel, models[0]._native.exact = kernel, kernel.amx
     models[1]._native.kernel = None
     return models[0], models[1]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_kernel_steps_match_the_torch_ops(family):
+def test_kernel_steps_match_the_torch_ops(family, products):
     kernel, why = kernels.load()
-    fast, ref = _pair(family)
+    fast, ref = _pair(family, products)
     if kernel is None:  # a CPU without AVX512-BF16, or no compiler: the path must say so
         assert why in fast.path
         return
@@ -85,13 +98,12 @@ TREE = (-1, 0, 1, 0, 3, 3, 5)  # root; chain 1-2; branch 3 with children 4 and 5
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_verify_rows_trees_and_batches_match_the_torch_ops(family):
+def test_verify_rows_trees_and_batches_match_the_torch_ops(family, products):
     from specsure.models.causal_lm import Call
     from specsure.models.token_tree import TokenTree
 
-    kernel, _ = kernels.load()
-    fast, ref = _pair(family)
-    if kernel is None:
+    fast, ref = _pair(family, products)
+    if products is None:
         return  # the path's reason is checked above; both run torch here
     prompt = [5, 17, 3, 88, 42, 9, 61, 2, 30, 7]
     for lm in (fast, ref):
@@ -116,15 +128,14 @@ def test_verify_rows_trees_and_batches_match_the_torch_ops(family):
 
 
 @pytest.mark.parametrize("family", ["llama", "llama-biased"])
-def test_exact_mode_verify_rows_equal_decode_steps_bit_for_bit(family):
+def test_exact_mode_verify_rows_equal_decode_steps_bit_for_bit(family, products):
     from specsure.models.token_tree import TokenTree
 
-    kernel, _ = kernels.load()
-    verify, decode = _pair(family)
-    if kernel is None:
+    verify, decode = _pair(family, products)
+    if products is None:
         return
-    decode._native.kernel = verify._native.kernel
-    verify._native.exact = True
+    decode._native.kernel = products
+    verify._native.exact = True  # the default with AMX; asked for here on the dot-product loop too
     prompt = [5, 17, 3, 88, 42, 9, 61, 2, 30, 7]
     for lm in (verify, decode):
         lm.forward(prompt)

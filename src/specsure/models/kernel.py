@@ -3,11 +3,12 @@
 A bfloat16 one-token step through eager PyTorch costs about twice its weight reads on a small
 model; the kernel runs a whole run of decoder layers in one call, and the ops of a few-row
 forward (a verify step) between AMX weight products. It needs a CPU with AVX512-BF16 (AMX is
-used where Linux grants it) and a C compiler; without either, `load` says why and the torch ops run instead
-(`CausalLM.path` names the reason, so the fallback is never silent). `SPECSURE_KERNEL=0` turns
-it off. The library is compiled into the user's cache under a name that hashes the source, the
-flags and the compiler, and loaded after torch, so its OpenMP calls land in torch's own libgomp
-(one thread pool, sized by `torch.set_num_threads`).
+used where Linux grants it) and a C compiler; without either, `load` says why and the torch ops
+run instead (`CausalLM.path` names the reason, so the fallback is never silent).
+`SPECSURE_KERNEL=0` turns it off; `SPECSURE_KERNEL=dot` keeps it but leaves AMX alone. The
+library is compiled into the user's cache under a name that hashes the source, the flags and the
+compiler, and loaded after torch, so its OpenMP calls land in torch's own libgomp (one thread
+pool, sized by `torch.set_num_threads`).
 """
 
 from __future__ import annotations
@@ -74,6 +75,13 @@ class Kernel:
         """Run layers ``first .. first + count`` on ``x`` ([hidden] bf16, in place) at position ``pos``."""
         self.library.decode_layers(ctypes.byref(shape), ctypes.byref(layers, first * ctypes.sizeof(LayerStruct)),
                                    count, pos, cos.data_ptr(), sin.data_ptr(), x.data_ptr(), scratch.data_ptr())
+
+    def with_amx(self, wanted: bool) -> "Kernel":
+        """The kernel with AMX products on (where this CPU and Linux allow) or off. The switch is the
+        library's, so it applies to every model in the process."""
+        # Asking Linux for the tile registers on a CPU without them would only fail; skip it there.
+        wanted = wanted and {"amx_tile", "amx_bf16"} <= cpu_flags()
+        return Kernel(self.library, bool(self.library.kernel_init(int(wanted))))
 
     def linear_rows(self, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``x @ weight.T`` for bf16 rows ``x`` ([m, in]) -> [m, out] bf16; each row's bits do not depend on m."""
@@ -142,10 +150,8 @@ def _bind(library: ctypes.CDLL) -> Kernel:
     for name, arguments in signatures.items():
         function = getattr(library, name)
         function.argtypes, function.restype = arguments, None
-    library.kernel_init.argtypes, library.kernel_init.restype = [], ctypes.c_int
-    # Asking Linux for the tile registers on a CPU without them would only fail; skip it there.
-    amx = {"amx_tile", "amx_bf16"} <= cpu_flags() and bool(library.kernel_init())
-    return Kernel(library, amx)
+    library.kernel_init.argtypes, library.kernel_init.restype = [ctypes.c_int], ctypes.c_int
+    return Kernel(library, False).with_amx(os.environ.get(_ENV, "1") != "dot")
 
 
 _loaded: tuple[Kernel | None, str] | None = None
