@@ -117,3 +117,33 @@ def test_tree_sampling_is_reproducible_and_ends_cleanly(engines):
     params = SamplingParams(max_tokens=24, temperature=0.8, seed=11, ignore_eos=True)
     first = tree.generate(prompt, params)[0]
     assert tree.generate(prompt, params)[0].token_ids == first.token_ids and len(first.token_ids) == 24
+
+
+def _stepped(monkeypatch, commits):
+    """Draft kinds over steps where the target commits ``commits[i]`` (accepted draft + new token)."""
+    import specsure.proposers.ngram as ngram
+
+    # Every lookup finds the same two branches: the chain 3 4, and 5 6.
+    monkeypatch.setattr(ngram, "find_ngram_tree", lambda *a: ([3, 4, 5, 6], [0, 1, 0, 3]))
+    monkeypatch.setattr(ngram, "find_ngram_draft", lambda *a: [3, 4])
+    proposer = NgramProposer(1, 2, branches=2)
+    context, kinds = [1, 2, 3, 4, 9, 1, 2, 5, 6, 9, 1, 2], []
+    for commit in commits:
+        draft = proposer.propose(context, 2, SamplingParams(max_tokens=8), None)
+        kinds.append("tree" if draft.parents is not None else "chain")
+        context = context + commit
+    return kinds
+
+
+def test_trees_back_off_while_their_extra_branches_go_unused(monkeypatch):
+    # The target takes nothing, or only the chain's tokens: 1 chain, then 2, then 4 between trees.
+    commits = [[7], [8], [3, 7], [8], [9], [3, 4, 7], [8], [9], [7], [8]]
+    assert _stepped(monkeypatch, commits) == ["tree", "chain", "tree", "chain", "chain", "tree",
+                                              "chain", "chain", "chain", "chain"]
+
+
+def test_an_accepted_extra_branch_keeps_the_trees_coming(monkeypatch):
+    # The target follows the second branch (5, then 5 6): no backoff, a tree every step.
+    assert _stepped(monkeypatch, [[5, 7], [5, 6, 7], [5, 8], [5, 9]]) == ["tree"] * 4
+    # One fruitless tree backs off once; the next accepted extra branch resets it.
+    assert _stepped(monkeypatch, [[7], [8], [5, 7], [9]]) == ["tree", "chain", "tree", "tree"]

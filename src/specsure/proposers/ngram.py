@@ -19,8 +19,13 @@ if TYPE_CHECKING:
     from specsure.sampling import SamplingParams
 
 
+# Most chains a sequence drafts between two token trees whose extra branches went unused.
+MAX_TREE_BACKOFF = 16
+
+
 class NgramProposer(Proposer):
-    """Drafts by n-gram lookup in the context itself; no model, no state between steps."""
+    """Drafts by n-gram lookup in the context itself; no model. A chain has no state between steps;
+    trees keep one number per sequence (how long to back off, below)."""
 
     method: ClassVar[str] = "ngram"
 
@@ -39,18 +44,52 @@ class NgramProposer(Proposer):
         self.prompt_lookup_max = prompt_lookup_max
         self.branches = branches
         """How many matches a draft may merge into a token tree; 1 is a chain."""
+        self.reset()
+
+    def reset(self) -> None:
+        self._backoff = 0  # chains to draft after the next fruitless tree (doubles, up to MAX_TREE_BACKOFF)
+        self._wait = 0  # chains still to draft before the next tree
+        self._tree: tuple[int, list[int]] | None = None  # the last tree: context length, its first branch
 
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
         """Up to ``k`` tokens that followed the earliest occurrence of the longest matching tail,
-        or, with ``branches`` > 1, a tree of several matches' continuations (depth <= k)."""
+        or, with ``branches`` > 1, a tree of several matches' continuations (depth <= k).
+
+        A tree costs a row per node in the verify forward, and its extra branches pay only when the
+        target takes one of them. So after a tree whose accepted path was the first branch's (the
+        chain's) prefix, the sequence drafts chains for a while: 1, 2, 4 .. 16 steps as such trees
+        repeat, and none once an extra branch is accepted again.
+        """
         if self.branches == 1:
+            return Draft(find_ngram_draft(context, k, self.prompt_lookup_min, self.prompt_lookup_max))
+        self._learn(context)
+        if self._wait > 0:
+            self._wait -= 1
             return Draft(find_ngram_draft(context, k, self.prompt_lookup_min, self.prompt_lookup_max))
         tokens, parents = find_ngram_tree(context, k, self.prompt_lookup_min, self.prompt_lookup_max, self.branches)
         if parents == list(range(len(parents))):  # one branch: a chain verifies without a tree mask
             return Draft(tokens)
+        chain = next((i for i, parent in enumerate(parents) if parent != i), len(parents))
+        self._tree = (len(context), tokens[:chain])
         return Draft(tokens, parents=parents)
+
+    def _learn(self, context: Sequence[int]) -> None:
+        """What the last tree earned: the context grew by the accepted draft plus one new pending token."""
+        if self._tree is None:
+            return
+        length, first = self._tree
+        self._tree = None
+        accepted = len(context) - length - 1
+        if accepted < 0:
+            return
+        taken = _as_tokens(context)[length:length + accepted].tolist()
+        if accepted > 0 and taken != first[:accepted]:  # the target followed another branch
+            self._backoff = 0
+        else:
+            self._backoff = min(MAX_TREE_BACKOFF, max(1, 2 * self._backoff))
+            self._wait = self._backoff
 
 
 def _as_tokens(context: Sequence[int]) -> np.ndarray:
