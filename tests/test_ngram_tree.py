@@ -147,3 +147,20 @@ def test_an_accepted_extra_branch_keeps_the_trees_coming(monkeypatch):
     assert _stepped(monkeypatch, [[5, 7], [5, 6, 7], [5, 8], [5, 9]]) == ["tree"] * 4
     # One fruitless tree backs off once; the next accepted extra branch resets it.
     assert _stepped(monkeypatch, [[7], [8], [5, 7], [9]]) == ["tree", "chain", "tree", "tree"]
+
+
+def test_draft_length_follows_what_the_drafts_earn(monkeypatch):
+    import specsure.proposers.ngram as ngram
+
+    asked = []
+    monkeypatch.setattr(ngram, "find_ngram_draft", lambda context, k, *a: asked.append(k) or [3] * k)
+    proposer = NgramProposer(1, 2)
+    context = [1, 2, 3]
+    # Rejected at once four times (one new token each), then two drafts accepted whole, then a miss.
+    for grow in (1, 1, 1, 1, None, None, 1):
+        proposer.propose(context, 5, SamplingParams(max_tokens=8), None)
+        context = context + [7] * (grow if grow is not None else asked[-1] + 1)
+    assert asked == [5, 4, 3, 2, 1, 3, 5]
+    proposer.reset()  # a new sequence starts from k again
+    proposer.propose([1, 2, 3], 5, SamplingParams(max_tokens=8), None)
+    assert asked[-1] == 5

@@ -24,8 +24,8 @@ MAX_TREE_BACKOFF = 16
 
 
 class NgramProposer(Proposer):
-    """Drafts by n-gram lookup in the context itself; no model. A chain has no state between steps;
-    trees keep one number per sequence (how long to back off, below)."""
+    """Drafts by n-gram lookup in the context itself; no model. Per sequence it keeps only how long
+    its drafts may be and, for trees, how long to back off (`propose`)."""
 
     method: ClassVar[str] = "ngram"
 
@@ -47,6 +47,8 @@ class NgramProposer(Proposer):
         self.reset()
 
     def reset(self) -> None:
+        self._length: int | None = None  # the draft length now allowed (None: k), see `propose`
+        self._last: tuple[int, int] | None = None  # the last draft: context length, its depth
         self._backoff = 0  # chains to draft after the next fruitless tree (doubles, up to MAX_TREE_BACKOFF)
         self._wait = 0  # chains still to draft before the next tree
         self._tree: tuple[int, list[int]] | None = None  # the last tree: context length, its first branch
@@ -57,26 +59,41 @@ class NgramProposer(Proposer):
         """Up to ``k`` tokens that followed the earliest occurrence of the longest matching tail,
         or, with ``branches`` > 1, a tree of several matches' continuations (depth <= k).
 
-        A tree costs a row per node in the verify forward, and its extra branches pay only when the
-        target takes one of them. So after a tree whose accepted path was the first branch's (the
-        chain's) prefix, the sequence drafts chains for a while: 1, 2, 4 .. 16 steps as such trees
-        repeat, and none once an extra branch is accepted again.
+        Every drafted token costs a row in the verify forward, whether the target takes it or not.
+        So the length follows what the sequence's drafts earn, as transformers' "heuristic"
+        assistant schedule does: it starts at k, grows by 2 after a draft accepted whole and
+        shrinks by 1 (to 1 at least) after one that was not. A chat answer that repeats little of
+        its prompt then drafts a token or two per match; a rewrite of a given text drafts k.
+
+        A tree costs a row per node, and its extra branches pay only when the target takes one of
+        them. So after a tree whose accepted path was the first branch's (the chain's) prefix, the
+        sequence drafts chains for a while: 1, 2, 4 .. 16 steps as such trees repeat, and none once
+        an extra branch is accepted again.
         """
-        if self.branches == 1:
-            return Draft(find_ngram_draft(context, k, self.prompt_lookup_min, self.prompt_lookup_max))
-        self._learn(context)
-        if self._wait > 0:
-            self._wait -= 1
-            return Draft(find_ngram_draft(context, k, self.prompt_lookup_min, self.prompt_lookup_max))
+        self._learn(context, k)
+        k = min(k, self._length or k)
+        if self.branches == 1 or self._wait > 0:
+            self._wait = max(0, self._wait - 1)
+            draft = find_ngram_draft(context, k, self.prompt_lookup_min, self.prompt_lookup_max)
+            self._last = (len(context), len(draft)) if draft else None
+            return Draft(draft)
         tokens, parents = find_ngram_tree(context, k, self.prompt_lookup_min, self.prompt_lookup_max, self.branches)
-        if parents == list(range(len(parents))):  # one branch: a chain verifies without a tree mask
-            return Draft(tokens)
         chain = next((i for i, parent in enumerate(parents) if parent != i), len(parents))
+        self._last = (len(context), _depth(parents)) if tokens else None
+        if chain == len(parents):  # one branch: a chain verifies without a tree mask
+            return Draft(tokens)
         self._tree = (len(context), tokens[:chain])
         return Draft(tokens, parents=parents)
 
-    def _learn(self, context: Sequence[int]) -> None:
-        """What the last tree earned: the context grew by the accepted draft plus one new pending token."""
+    def _learn(self, context: Sequence[int], k: int) -> None:
+        """What the last draft earned: the context grew by the accepted tokens plus one new pending token."""
+        if self._last is not None:
+            length, depth = self._last
+            self._last = None
+            accepted = len(context) - length - 1
+            if accepted >= 0:
+                grown = (self._length or k) + 2 if accepted >= depth else (self._length or k) - 1
+                self._length = max(1, min(k, grown))
         if self._tree is None:
             return
         length, first = self._tree
@@ -90,6 +107,14 @@ class NgramProposer(Proposer):
         else:
             self._backoff = min(MAX_TREE_BACKOFF, max(1, 2 * self._backoff))
             self._wait = self._backoff
+
+
+def _depth(parents: list[int]) -> int:
+    """The deepest node's depth in a tree given by ``parents`` (indexes into [root] + nodes)."""
+    depths = [0]
+    for parent in parents:
+        depths.append(depths[parent] + 1)
+    return max(depths)
 
 
 def _as_tokens(context: Sequence[int]) -> np.ndarray:

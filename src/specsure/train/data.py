@@ -1,11 +1,13 @@
 """Self-distillation data: the target's own greedy continuations and its features along them.
 
 A head learns what the target actually says, so the training text is the target's greedy
-continuation of each prompt. Generation runs batched (left-padded) through transformers'
-``generate``: padding may change a near-tied argmax here and there, which does not matter,
-because the labels are never these tokens but the target's distribution recomputed on the final
-sequence. That recomputation is one unpadded `CausalLM.forward` per sequence, the same call the
-engine makes, so the features are the ones the head sees at inference.
+continuation of each prompt. Generation runs on specsure's own engine, plain decoding,
+``batch_size`` sequences per forward through the scheduler (on the C kernel where it runs, about
+three times transformers' batched ``generate`` on 2 cores). Batching may change a near-tied
+argmax here and there in bf16, which does not matter: the labels are never these tokens but the
+target's distribution recomputed on the final sequence. That recomputation is one
+`CausalLM.forward` per sequence, the same call the engine makes, so the features are the ones
+the head sees at inference.
 
 Only the post-norm last hidden states are stored ([n, H] per sequence, a few MB in all). The
 soft labels (the target's softmax over the whole vocabulary) are recomputed from them with the
@@ -41,31 +43,22 @@ class Sample:
 def greedy_continuations(target: LoadedModel, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
                          batch_size: int = 8, progress: bool = False) -> list[list[int]]:
     """The target's greedy continuation of each prompt (at most ``max_new_tokens``, cut after EOS)."""
-    hf, eos = target.lm.hf, list(target.eos_token_ids)
-    pad = eos[0] if eos else 0
-    batches = [prompts[i: i + batch_size] for i in range(0, len(prompts), batch_size)]
+    # Imported here: the engine imports the proposers, which import this package's checkpoint code.
+    from specsure.config import resolve
+    from specsure.decode.engine import Engine
+    from specsure.sampling import SamplingParams
+
+    engine = Engine(resolve(None, model=target.path), target, None, max_num_seqs=batch_size)
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0)
+    chunk = 4 * batch_size  # enough to keep the batch full, few enough for a live progress bar
     out: list[list[int]] = []
-    for batch in tqdm(batches, desc="generating", unit="batch", disable=not progress):
-        width = max(len(p) for p in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)  # [b, width], left-padded
-        mask = torch.zeros_like(ids)
-        for row, prompt in enumerate(batch):
-            ids[row, width - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long)
-            mask[row, width - len(prompt):] = 1
-        with torch.inference_mode():
-            generated = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                    min_new_tokens=1, do_sample=False, pad_token_id=pad,
-                                    eos_token_id=eos or None)[:, width:]  # [b, <= max_new_tokens]
-        for row in generated.tolist():
-            out.append(_cut_after_eos(row, eos))
+    with tqdm(total=len(prompts), desc="generating", unit="prompt", disable=not progress) as bar:
+        for i in range(0, len(prompts), chunk):
+            batch = [list(p) for p in prompts[i: i + chunk]]
+            out.extend(c.token_ids for c in engine.generate(batch, params))
+            bar.update(len(batch))
+    target.lm.reset()
     return out
-
-
-def _cut_after_eos(tokens: list[int], eos: Sequence[int]) -> list[int]:
-    for i, tok in enumerate(tokens):
-        if tok in eos:
-            return tokens[: i + 1]
-    return tokens
 
 
 def build_sequences(target: LoadedModel, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
