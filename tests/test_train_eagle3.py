@@ -164,3 +164,17 @@ def test_an_interrupted_or_diverged_run_resumes_where_it_stopped(target, tmp_pat
                          resume=point, resume_key="data", checkpoint_every=2)
     assert len(lower.losses) == 8 and all(math.isfinite(v) for v in lower.losses)
     assert train_eagle3(loaded, samples, settings, aux, resume=point, resume_key="other").losses == whole.losses
+
+
+def test_chat_prompts_are_distinct_ours_and_not_bench_prompts() -> None:
+    from specsure.bench.workload import load_builtin
+    from specsure.train.corpus import corpus_prompts, sources_of
+
+    prompts = corpus_prompts(("chat", "tqdm"), limit=40, seed=2)
+    chat = [p for p in prompts if p.package == "chat"]
+    assert len(prompts) == 40 and len(chat) == 20 and len({p.text for p in chat}) == 20
+    assert all(p.licence.startswith("Apache-2.0") and "{" not in p.text for p in chat)
+    assert corpus_prompts(("chat",), limit=5, seed=2) == corpus_prompts(("chat",), limit=5, seed=2)
+    assert any("chat prompts" in s["source"] for s in sources_of(prompts))
+    bench = {row.prompt for split in (False, True) for row in load_builtin(heldout=split) if row.prompt}
+    assert not bench & {p.text for p in corpus_prompts(("chat",), limit=1000)}

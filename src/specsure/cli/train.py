@@ -35,7 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--corpus", default=None, metavar="PACKAGES",
                         help="also (or, without --prompts, only) prompts made from the docstrings and functions of "
                              "these installed PyPI packages, comma-separated, each recorded with its licence "
-                             "(for example numpy,transformers,jinja2,tqdm; docs/training.md)")
+                             "(for example numpy,transformers,jinja2,tqdm; docs/training.md); the name chat adds "
+                             "specsure's own chat-style prompts")
     parser.add_argument("--corpus-prompts", type=int, default=800, metavar="N",
                         help="how many --corpus prompts, spread over the packages (default 800)")
     parser.add_argument("--max-prompts", type=int, default=None, metavar="N", help="use at most the first N prompts")

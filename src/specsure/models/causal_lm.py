@@ -271,6 +271,7 @@ class CausalLM:
         native = self._native
         if (native is not None and native.kernel is not None and hidden.dim() == 2 and type(head) is torch.nn.Linear
                 and head.bias is None and head.weight.is_contiguous() and hidden.dtype == torch.bfloat16
+                and not hidden.requires_grad  # a head in training backpropagates through the LM head
                 and (hidden.shape[0] == 1 or (native.exact and hidden.shape[0] <= KERNEL_ROWS))):
             logits = native.kernel.linear_rows(head.weight, hidden.contiguous()).float()
         elif hidden.dim() == 2 and type(head) is torch.nn.Linear:

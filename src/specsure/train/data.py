@@ -22,7 +22,10 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from specsure.config import resolve
+from specsure.decode.engine import Engine
 from specsure.models.loading import LoadedModel
+from specsure.sampling import SamplingParams
 
 @dataclass(frozen=True)
 class Sample:
@@ -43,11 +46,6 @@ class Sample:
 def greedy_continuations(target: LoadedModel, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
                          batch_size: int = 8, progress: bool = False) -> list[list[int]]:
     """The target's greedy continuation of each prompt (at most ``max_new_tokens``, cut after EOS)."""
-    # Imported here: the engine imports the proposers, which import this package's checkpoint code.
-    from specsure.config import resolve
-    from specsure.decode.engine import Engine
-    from specsure.sampling import SamplingParams
-
     engine = Engine(resolve(None, model=target.path), target, None, max_num_seqs=batch_size)
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0)
     chunk = 4 * batch_size  # enough to keep the batch full, few enough for a live progress bar
