@@ -7,6 +7,10 @@ the KV cache written through the same RollbackCache the transformers path uses. 
 tensors replace the original parameters' storage (the modules keep views into them), so nothing
 is held twice and the transformers path stays usable on the same model.
 
+In bfloat16, forwards over at most KERNEL_ROWS rows leave torch for the C kernel (kernel.py,
+decode_kernel.c) once a sequence's cache exists: a one-token step is one call, a few-row forward
+a handful of calls per layer, all on these same fused weights and cache buffers.
+
 Covered: the Llama, Mistral (without a sliding window) and Qwen2 (without sliding layers)
 classes, SiLU-gated MLPs, optional q/k/v/o biases, any RoPE variant (the model's own rotary
 module computes cos/sin). Anything else runs on the transformers path; `NativeDecoder.build`
