@@ -130,7 +130,9 @@ class NativeDecoder:
                 o=attn.o_proj.weight, o_bias=attn.o_proj.bias, post_norm=layer.post_attention_layernorm.weight,
                 gate_up=_fuse([mlp.gate_proj, mlp.up_proj]), down=mlp.down_proj.weight))
         self.kernel: kernels.Kernel | None = None
-        """The C kernel that runs bf16 one-token steps, or None (then `kernel_why` says why)."""
+        """The C kernel that runs bf16 forwards of up to KERNEL_ROWS rows, or None (`kernel_why` says
+        why). Its layer structs and scratch buffer belong to this decoder, so forwards on one model
+        must not run concurrently (the scheduler runs one at a time)."""
         self.kernel_why = "the model is not bfloat16"
         if self.embed.weight.dtype == torch.bfloat16:
             self.kernel, self.kernel_why = kernels.load()
@@ -293,7 +295,8 @@ class NativeDecoder:
 
     def _kernel_rows(self, ids: torch.Tensor, segments: list["Segment"], aux_layers: tuple[int, ...]
                      ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """A few rows (a verify step, a batch): torch's products, everything between them in C."""
+        """A few rows (a verify step, a batch): everything between the products in C; the products in C
+        too in exact mode, else in oneDNN."""
         kernel = self.kernel
         assert kernel is not None
         total, count = ids.shape[0], len(segments)
