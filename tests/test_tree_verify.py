@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from specsure.decode.rejection import verify_greedy
-from specsure.decode.tree import depth, verify_tree
+from specsure.decode.tree import verify_tree
+from specsure.models.token_tree import depth
 from stats import chi2, chi2_critical
 
 V = 6

@@ -17,10 +17,10 @@ import torch
 from specsure.decode.completion import Completion, FinishReason, StepUpdate, TokenLogprob
 from specsure.decode.metrics import SpecStats
 from specsure.decode.rejection import verify_greedy, verify_sampled
-from specsure.decode.tree import depth, verify_tree
+from specsure.decode.tree import verify_tree
 from specsure.models.causal_lm import Call, CausalLM
 from specsure.models.forward_output import ForwardOutput
-from specsure.models.token_tree import TokenTree
+from specsure.models.token_tree import TokenTree, depth
 from specsure.proposers.base import Draft, DraftJob, Proposer
 from specsure.sampling import SamplingParams, draw, probs_from_logits
 

@@ -69,11 +69,3 @@ def verify_tree(p: torch.Tensor | None, logits: torch.Tensor | None, tokens: Seq
             return TreeVerdict(path, output)
         node = child
         path.append(child)
-
-
-def depth(parents: Sequence[int]) -> int:
-    """The longest root-to-leaf path, in draft tokens (what SpecStats counts as positions drafted)."""
-    depths = [0] * len(parents)
-    for node in range(1, len(parents)):
-        depths[node] = depths[parents[node]] + 1
-    return max(depths)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,15 @@ class TokenTree:
             depths[i] = depths[parents[i]] + 1
             ancestors[i] |= ancestors[parents[i]]
         return cls(tuple(parents), torch.tensor(depths, dtype=torch.long), ancestors)
+
+
+def depth(parents: Sequence[int]) -> int:
+    """The longest root-to-leaf path of a tree given by ``parents`` (node 0 the root, -1), in draft
+    tokens (what SpecStats counts as positions drafted)."""
+    depths = [0] * len(parents)
+    for node in range(1, len(parents)):
+        depths[node] = depths[parents[node]] + 1
+    return max(depths)
 
 
 def attention_mask(start: int, n: int, tree: TokenTree | None) -> torch.Tensor:

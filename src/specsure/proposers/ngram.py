@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 import numpy as np
 import torch
 
+from specsure.models.token_tree import depth
 from specsure.proposers.base import Draft, Proposer
 
 if TYPE_CHECKING:
@@ -48,10 +49,10 @@ class NgramProposer(Proposer):
 
     def reset(self) -> None:
         self._length: int | None = None  # the draft length now allowed (None: k), see `propose`
-        self._last: tuple[int, int] | None = None  # the last draft: context length, its depth
+        # The last draft: context length, depth, and for a tree its first branch (None for a chain).
+        self._last: tuple[int, int, list[int] | None] | None = None
         self._backoff = 0  # chains to draft after the next fruitless tree (doubles, up to MAX_TREE_BACKOFF)
         self._wait = 0  # chains still to draft before the next tree
-        self._tree: tuple[int, list[int]] | None = None  # the last tree: context length, its first branch
 
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
@@ -75,31 +76,28 @@ class NgramProposer(Proposer):
         if self.branches == 1 or self._wait > 0:
             self._wait = max(0, self._wait - 1)
             draft = find_ngram_draft(context, k, self.prompt_lookup_min, self.prompt_lookup_max)
-            self._last = (len(context), len(draft)) if draft else None
+            self._last = (len(context), len(draft), None) if draft else None
             return Draft(draft)
         tokens, parents = find_ngram_tree(context, k, self.prompt_lookup_min, self.prompt_lookup_max, self.branches)
         chain = next((i for i, parent in enumerate(parents) if parent != i), len(parents))
-        self._last = (len(context), _depth(parents)) if tokens else None
         if chain == len(parents):  # one branch: a chain verifies without a tree mask
+            self._last = (len(context), len(tokens), None) if tokens else None
             return Draft(tokens)
-        self._tree = (len(context), tokens[:chain])
+        self._last = (len(context), depth([-1, *parents]), tokens[:chain])
         return Draft(tokens, parents=parents)
 
     def _learn(self, context: Sequence[int], k: int) -> None:
         """What the last draft earned: the context grew by the accepted tokens plus one new pending token."""
-        if self._last is not None:
-            length, depth = self._last
-            self._last = None
-            accepted = len(context) - length - 1
-            if accepted >= 0:
-                grown = (self._length or k) + 2 if accepted >= depth else (self._length or k) - 1
-                self._length = max(1, min(k, grown))
-        if self._tree is None:
+        if self._last is None:
             return
-        length, first = self._tree
-        self._tree = None
+        length, drafted, first = self._last
+        self._last = None
         accepted = len(context) - length - 1
         if accepted < 0:
+            return
+        allowed = self._length or k
+        self._length = max(1, min(k, allowed + 2 if accepted >= drafted else allowed - 1))
+        if first is None:
             return
         taken = _as_tokens(context)[length:length + accepted].tolist()
         if accepted > 0 and taken != first[:accepted]:  # the target followed another branch
@@ -107,14 +105,6 @@ class NgramProposer(Proposer):
         else:
             self._backoff = min(MAX_TREE_BACKOFF, max(1, 2 * self._backoff))
             self._wait = self._backoff
-
-
-def _depth(parents: list[int]) -> int:
-    """The deepest node's depth in a tree given by ``parents`` (indexes into [root] + nodes)."""
-    depths = [0]
-    for parent in parents:
-        depths.append(depths[parent] + 1)
-    return max(depths)
 
 
 def _as_tokens(context: Sequence[int]) -> np.ndarray:
