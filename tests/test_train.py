@@ -195,3 +195,40 @@ def test_two_modules_train_together_and_run_as_a_two_module_head(tmp_path: Path)
     plain = make_engine(str(folder), None, dtype="float32")
     prompts = _prompts(3, seed=9)
     assert [c.token_ids for c in spec.generate(prompts, GREEDY)] == [c.token_ids for c in plain.generate(prompts, GREEDY)]
+
+
+@pytest.mark.parametrize("modules", [1, 2])
+def test_cyclic_steps_are_the_engines_draft_steps(tmp_path: Path, modules: int) -> None:
+    """Unrolled past the last module, training computes the engine's later draft steps (cyclic reuse)."""
+    from specsure.train.data import Sample
+    from specsure.train.mtp import initial_modules, unrolled_logits
+
+    folder = build_tiny_llama(tmp_path / "target", num_layers=2, seed=3)
+    target = load_model(str(folder), dtype="float32")
+    heads = initial_modules(target.lm, seed=5, count=modules)
+    with torch.no_grad():  # a random head drafts poorly; larger residual weights make each step matter
+        for module in heads:
+            for p in module.block.parameters():
+                p.mul_(20.0)
+    head = save_mtp_head(heads, target.lm, tmp_path / "head", {})
+    k = 5
+    engine = make_engine(str(folder), {"method": "mtp", "model": str(head), "num_speculative_tokens": k},
+                         dtype="float32")
+    lm, proposer = engine.target.lm, engine.proposer
+    context = _prompts(1, seed=7)[0] + [11]  # 16 observed positions, then the pending token
+    lm.reset()
+    proposer.reset()
+    proposer.observe(context[:-1], 0, lm.forward(context[:-1], hidden=True))
+    draft = proposer.propose(context, k, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    # Teacher-forced along what the engine drafted, the anchor is the last observed position.
+    tokens = context + draft.token_ids
+    lm.reset()
+    sample = Sample(torch.tensor(tokens), lm.forward(tokens, hidden=True).hidden.clone(), len(context))
+    lm.reset()
+    a = len(context) - 2
+    with torch.no_grad():
+        # Rows past the anchor exist too: the anchor's steps must not see them.
+        steps = unrolled_logits(proposer.modules, sample, 0, len(tokens) - 1, unroll=k)
+    assert len(steps) == k
+    for s in range(k):
+        torch.testing.assert_close(torch.softmax(steps[s][a], -1), draft.probs[s], atol=1e-5, rtol=1e-4)

@@ -18,8 +18,12 @@ METHODS: tuple[str, ...] = ("plain", "ngram", "ngram-tree", "draft_model", "eagl
 BASELINES: tuple[str, ...] = ("hf", "hf-prompt-lookup", "hf-assisted")
 """transformers configurations: generate greedy, prompt lookup, assisted generation."""
 
-# The flag that supplies each method's draft or head checkpoint; mtp may use heads inside
-# the target, so it runs without one and lets the engine say whether the target has them.
+DEFAULT_K = 8
+"""k of the context-drafting methods, draft_model and the baselines when --num-speculative-tokens is not given."""
+
+# The flag that supplies each method's draft or head checkpoint. Without one, eagle3 and mtp
+# run with what resolution finds: on the packaged default target the heads shipped with
+# specsure, and for mtp the target's own MTP layers; resolution's error says why otherwise.
 _HEAD_FLAG = {"draft_model": "draft_model", "eagle": "eagle_head", "eagle3": "eagle3_head", "mtp": "mtp_head"}
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -33,6 +37,8 @@ class Settings:
     dtype: str
     """An explicit dtype name ('auto' already resolved), so every configuration shares it."""
     num_speculative_tokens: int
+    head_k: int | None = None
+    """k for eagle, eagle3 and mtp; None leaves it to resolution (the head's or the method's default)."""
     draft_model: str | None = None
     eagle_head: str | None = None
     eagle3_head: str | None = None
@@ -72,10 +78,14 @@ def speculative_config(method: str, s: Settings) -> dict[str, Any] | None:
     if method == "suffix":
         config.update((key, getattr(s, key)) for key in SUFFIX_FIELDS if getattr(s, key) is not None)
         return config
+    if method in ("eagle", "eagle3", "mtp"):
+        del config["num_speculative_tokens"]
+        if s.head_k is not None:
+            config["num_speculative_tokens"] = s.head_k
     head = getattr(s, _HEAD_FLAG[method])
     if head is not None:
         config["model"] = head
-    elif method != "mtp":
+    elif method in ("draft_model", "eagle") or (method == "eagle3" and s.model is not None):
         raise LookupError(f"no --{_HEAD_FLAG[method].replace('_', '-')} given")
     return config
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specsure.bench.configs import BASELINES, METHODS, Settings, build_specsure, build_transformers, dtype_name
+from specsure.bench.configs import BASELINES, DEFAULT_K, METHODS, Settings, build_specsure, build_transformers, dtype_name
 from specsure.bench.harness import Item, run_batched, run_interleaved, warm_up
 from specsure.bench.llamacpp.baselines import LLAMA_CPP_BASELINES, build_llamacpp
 from specsure.bench.llamacpp.runner import DEFAULT_LLAMA_CPP_PYTHON, LlamaCppError
@@ -70,7 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help=f"a few prompts per category: {QUICK} unless given explicitly")
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default auto)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--num-speculative-tokens", "-k", type=int, default=8, help="k for every speculative configuration (default 8)")
+    parser.add_argument("--num-speculative-tokens", "-k", type=int, default=None,
+                        help=f"k for every speculative configuration (default {DEFAULT_K} for ngram, ngram-tree, "
+                             "suffix, draft_model and the baselines; the head's own default for eagle, eagle3 and "
+                             "mtp: 3 and 1 for the shipped heads)")
     parser.add_argument("--prompt-lookup-min", type=int, default=None, help="ngram: shortest n-gram to match")
     parser.add_argument("--prompt-lookup-max", type=int, default=None, help="ngram: longest n-gram to match")
     parser.add_argument("--prompt-lookup-branches", type=int, default=4,
@@ -191,7 +194,8 @@ def _run(args: argparse.Namespace) -> int:
     settings = Settings(
         model=args.model,
         dtype=dtype_name(target.lm.dtype),
-        num_speculative_tokens=args.num_speculative_tokens,
+        num_speculative_tokens=args.num_speculative_tokens or DEFAULT_K,
+        head_k=args.num_speculative_tokens,
         draft_model=args.draft_model,
         eagle_head=args.eagle_head,
         eagle3_head=args.eagle3_head,
@@ -220,9 +224,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"starting llama.cpp: {', '.join(llama_names)} ...", flush=True)
     llama = build_llamacpp(
         llama_names, python=args.llama_cpp_python, model=args.model, dtype=settings.dtype,
-        num_speculative_tokens=args.num_speculative_tokens, n_threads=torch.get_num_threads(),
+        num_speculative_tokens=settings.num_speculative_tokens, n_threads=torch.get_num_threads(),
         # Room for the longest prompt, its new tokens and one full draft beyond them.
-        n_ctx=max(len(it.prompt_ids) + it.max_tokens for it in items) + args.num_speculative_tokens + 8,
+        n_ctx=max(len(it.prompt_ids) + it.max_tokens for it in items) + settings.num_speculative_tokens + 8,
         eos_ids=eos_ids,
     )
     runners += llama.runners
@@ -266,7 +270,8 @@ def _run(args: argparse.Namespace) -> int:
         "max_tokens": max_tokens,
         "repeats": repeats,
         "warmup": args.warmup,
-        "num_speculative_tokens": args.num_speculative_tokens,
+        "num_speculative_tokens": settings.num_speculative_tokens,
+        "head_num_speculative_tokens": args.num_speculative_tokens,
         "prompts": len(items),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         **llama.meta,

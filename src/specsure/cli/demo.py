@@ -1,4 +1,4 @@
-"""`specsure demo` (what `make demo` runs): ngram on an input-grounded prompt, against plain decoding."""
+"""`specsure demo` (what `make demo` runs): ngram (or ``--method``) on an input-grounded prompt, against plain decoding."""
 
 from __future__ import annotations
 
@@ -29,11 +29,22 @@ DEMO_CODE = """class Inventory:
 DEMO_PROMPT = (f"Here is a Python class:\n\n```python\n{DEMO_CODE}```\n\nRename the method `remove` to `take`. "
                "Show the full updated class.")
 DEMO_CONFIG = {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+DEMO_METHODS = ("ngram", "suffix", "eagle3", "mtp")
+"""What --method takes; eagle3 and mtp run the heads shipped for the default model (docs/training.md)."""
+
+
+def demo_config(method: str) -> dict[str, object]:
+    """ngram's tuned demo settings; any other method as the user would write it, everything else resolved."""
+    return dict(DEMO_CONFIG) if method == "ngram" else {"method": method}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("demo", help="generate on the default model with ngram and compare to plain decoding")
+    parser = sub.add_parser("demo", help="generate on the default model with ngram (or --method) and compare to plain "
+                                         "decoding")
     parser.add_argument("--model", default=None, help="target model (default: packaged SmolLM2-135M-Instruct)")
+    parser.add_argument("--method", default="ngram", choices=DEMO_METHODS,
+                        help="the speculative method (default ngram); eagle3 and mtp use the heads shipped for the "
+                             "default model")
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=2, help="timed runs of each, interleaved")
     # float32 by default: there the speculative output is bit-identical to plain greedy decoding,
@@ -50,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from specsure.sampling import SamplingParams
 
     print("loading the model (the first run converts the packaged GGUF to safetensors once)...", flush=True)
-    spec = make_engine(args.model, DEMO_CONFIG, dtype=args.dtype)
+    spec = make_engine(args.model, demo_config(args.method), dtype=args.dtype)
     # The plain engine shares the loaded target, so both runs use the same weights and threads.
     plain = Engine(resolve(None, model=args.model), spec.target, None)
     prompt = render_prompt(spec, DEMO_PROMPT, chat=True)
@@ -65,24 +76,24 @@ def run(args: argparse.Namespace) -> int:
         plain_speeds.append(base.stats.tokens_per_s)
         spec_speeds.append(fast.stats.tokens_per_s)
     print("\n--- prompt ---\n" + DEMO_PROMPT)
-    print("--- completion (ngram) ---\n" + (fast.text or ""))
+    print(f"--- completion ({args.method}) ---\n" + (fast.text or ""))
     print()
     print_effective(spec)
     print_stats(fast)
     p, s = statistics.median(plain_speeds), statistics.median(spec_speeds)
     dtype = str(spec.target.lm.dtype).removeprefix("torch.")
-    print(f"plain decoding: {p:.1f} tok/s; ngram: {s:.1f} tok/s; speedup {s / p:.2f}x "
+    print(f"plain decoding: {p:.1f} tok/s; {args.method}: {s:.1f} tok/s; speedup {s / p:.2f}x "
           f"(median of {len(spec_speeds)} interleaved runs, dtype {dtype})")
-    print(equality_line(fast.token_ids, base.token_ids, dtype))
+    print(equality_line(fast.token_ids, base.token_ids, dtype, args.method))
     return EXIT_OK
 
 
-def equality_line(fast: list[int], base: list[int], dtype: str) -> str:
+def equality_line(fast: list[int], base: list[int], dtype: str, method: str = "ngram") -> str:
     """Whether the speculative output equals plain greedy decoding, and where it first differs."""
     if fast == base:
-        return f"ngram output is identical to plain greedy decoding ({len(fast)} tokens)."
+        return f"{method} output is identical to plain greedy decoding ({len(fast)} tokens)."
     first = next((i for i, (a, b) in enumerate(zip(fast, base)) if a != b), min(len(fast), len(base)))
     why = (" In bfloat16 a forward over several tokens rounds differently from one-token steps, so a near-tie"
            " can flip; run with --dtype float32 for exact equality." if dtype != "float32" else
            " In float32 this is a bug: please report it.")
-    return f"ngram output DIFFERS from plain greedy decoding from token {first} on.{why}"
+    return f"{method} output DIFFERS from plain greedy decoding from token {first} on.{why}"

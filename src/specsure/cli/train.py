@@ -36,7 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="also (or, without --prompts, only) prompts made from the docstrings and functions of "
                              "these installed PyPI packages, comma-separated, each recorded with its licence "
                              "(for example numpy,transformers,jinja2,tqdm; docs/training.md); the name chat adds "
-                             "specsure's own chat-style prompts")
+                             "specsure's own chat-style prompts and tasks built on their answers, math its word "
+                             "problems")
     parser.add_argument("--corpus-prompts", type=int, default=800, metavar="N",
                         help="how many --corpus prompts, spread over the packages (default 800)")
     parser.add_argument("--max-prompts", type=int, default=None, metavar="N", help="use at most the first N prompts")
@@ -51,8 +52,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--init", default="random", choices=("random", "last_layer"),
                         help="how the head's block starts: small random weights (default), or the target's last "
                              "layer with its output projections zeroed")
-    parser.add_argument("--unroll", type=int, default=7, metavar="N",
-                        help="eagle3: draft steps unrolled in training (training-time test; default 7)")
+    parser.add_argument("--unroll", type=int, default=None, metavar="N",
+                        help="draft steps unrolled in training, each fed back as the engine drafts it (eagle3: the "
+                             "training-time test, default 7; mtp: steps beyond --modules reuse the modules "
+                             "cyclically, default --modules)")
     parser.add_argument("--draft-vocab-size", type=int, default=8192, metavar="N",
                         help="eagle3: tokens the head predicts over, the most frequent in the training text "
                              "(default 8192, at most the target's vocabulary)")
@@ -99,16 +102,18 @@ def run(args: argparse.Namespace) -> int:
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.method]
     if args.method == "mtp":
         settings = MTPTrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, seed=args.seed, init=args.init,
-                                    modules=args.modules)
+                                    modules=args.modules, unroll=args.unroll or 0)
     else:
-        settings = Eagle3TrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, unroll=args.unroll,
+        settings = Eagle3TrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, unroll=7 if args.unroll is None else args.unroll,
                                        draft_vocab_size=args.draft_vocab_size, seed=args.seed)
     out = check_out_dir(args.out)
     rows = [p for path in args.prompts for p in load_workload(path)] if args.prompts else []
     sources = [{"source": str(path), "licence": "given by the user (--prompts)"} for path in args.prompts or []]
+    chat_rows: list[int] = []
     if args.corpus:
         packages = tuple(p.strip() for p in args.corpus.split(",") if p.strip())
         corpus = corpus_prompts(packages, args.corpus_prompts, args.seed)
+        chat_rows = [len(rows) + i for i, c in enumerate(corpus) if c.package == "chat"]
         rows += [Prompt(id=f"corpus-{i}", category="corpus", prompt=c.text, source=c.where) for i, c in enumerate(corpus)]
         sources += sources_of(corpus)
     if not rows:
@@ -128,15 +133,24 @@ def run(args: argparse.Namespace) -> int:
     aux = _recorded_layers(target.lm.num_layers)
     prompts = [list(encode(row, target.tokenizer)) for row in rows]
     dtype = str(target.lm.dtype).removeprefix("torch.")
-    key = cache_key(target.path, dtype, prompts, args.max_new_tokens, aux)
+    chat_rows = [i for i in chat_rows if i < len(rows)]
+    follow_up = _derived(rows, chat_rows, target.tokenizer, args.seed) if chat_rows and target.tokenizer else None
+    key = cache_key(target.path, dtype, prompts, args.max_new_tokens, aux,
+                    extra=f"derived-{DERIVED_VERSION}-seed{args.seed}" if follow_up else "")
     folder = None if args.no_cache else Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     samples, hit = cached_samples(folder, key, lambda: self_distill(target, prompts, args.max_new_tokens,
-                                                                    aux_layers=aux, progress=not args.no_progress))
-    data = {"prompts": len(prompts), "tokens": sum(s.token_ids.shape[0] for s in samples),
+                                                                    aux_layers=aux, progress=not args.no_progress,
+                                                                    follow_up=follow_up))
+    if len(samples) > len(prompts):
+        sources.append({"source": "tasks built on the target's answers to specsure's chat prompts (a second turn, a "
+                                  "summary, a translation, a passage question; train/task_prompts.py)",
+                        "licence": "Apache-2.0 (templates written for this repository; the text is the target's own)",
+                        "prompts": len(samples) - len(prompts)})
+    data = {"prompts": len(samples), "tokens": sum(s.token_ids.shape[0] for s in samples),
             "seconds": round(time.perf_counter() - started, 1), "from_cache": hit, "sources": sources}
     common = {"method": args.method, "target": args.model or "default (SmolLM2-135M-Instruct)",
               "target_folder": target.path, "dtype": str(target.lm.dtype).removeprefix("torch.")}
-    print(f"data: {len(prompts)} prompts, {data['tokens']} tokens in {data['seconds']:.0f} s"
+    print(f"data: {len(samples)} prompts, {data['tokens']} tokens in {data['seconds']:.0f} s"
           + (f" (from the cache in {folder})" if hit else ""))
     if args.method == "mtp":
         _train_mtp(args, target, samples, settings, common, data, out)
@@ -147,6 +161,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return EXIT_OK
+
+
+DERIVED_VERSION = 1
+"""Bumped when task_prompts.derived_prompts changes, so cached samples built the old way are not reused."""
+
+
+def _derived(rows, chat_rows, tokenizer, seed):  # noqa: ANN001, ANN202
+    """The follow_up of `self_distill`: tasks built on the answers to the chat prompts at ``chat_rows``."""
+    from specsure.bench.workload import Prompt, encode
+    from specsure.train.task_prompts import derived_prompts
+
+    def build(continuations):  # noqa: ANN001, ANN202
+        pairs = [(rows[i].prompt, tokenizer.decode(continuations[i], skip_special_tokens=True)) for i in chat_rows]
+        turns = derived_prompts(pairs, seed)
+        return [list(encode(Prompt(id=f"derived-{j}", category="derived", messages=tuple(t)), tokenizer))
+                for j, t in enumerate(turns)]
+
+    return build
 
 
 def _recorded_layers(num_layers: int) -> tuple[int, ...]:
@@ -173,7 +205,8 @@ def _train_mtp(args, target, samples, settings, common, data, out) -> None:  # n
     training = {
         **common,
         "settings": {"steps": settings.steps, "lr": settings.lr, "seq_len": settings.seq_len, "seed": settings.seed,
-                     "init": settings.init, "modules": settings.modules, "max_new_tokens": args.max_new_tokens,
+                     "init": settings.init, "modules": settings.modules, "unroll": settings.unroll,
+                     "max_new_tokens": args.max_new_tokens,
                      "threads": torch.get_num_threads()},
         "data": {**data, "train_sequences": result.train_sequences, "heldout_sequences": result.heldout_sequences},
         "heldout": {"kl_before": before.kl, "kl_after": after.kl, "top1_before": before.agreement,
@@ -185,12 +218,13 @@ def _train_mtp(args, target, samples, settings, common, data, out) -> None:  # n
     where = "held-out" if result.heldout_sequences else "training (too few prompts to hold any out)"
     print(f"training: {settings.steps} steps in {result.train_s:.0f} s")
     print(f"wrote {out}")
-    print(_run_hint(args, out, settings.modules))
+    print(_run_hint(args, out, max(settings.modules, settings.unroll)))
     print(f"{where} top-1 agreement: {after.agreement:.1%} (warm start {before.agreement:.1%}), "
           f"KL {before.kl:.3f} -> {after.kl:.3f} nats over {after.entries} continuation tokens")
-    if settings.modules > 1:
+    if len(after.per_module) > 1:
         per = " ".join(f"{a:.0%}" for a in after.per_module)
-        print(f"per module: {per}; greedy acceptance length at k={settings.modules}: {after.acceptance_length:.2f}")
+        print(f"per draft step: {per}; greedy acceptance length at k={len(after.per_module)}: "
+              f"{after.acceptance_length:.2f}")
 
 
 def _train_eagle3(args, target, samples, settings, aux, common, data, out, key) -> None:  # noqa: ANN001

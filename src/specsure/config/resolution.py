@@ -25,6 +25,7 @@ from specsure.config.lookup import decide_prompt_lookup, decide_suffix
 from specsure.config.schema import (
     FIELDS, MAX_SPECULATIVE_TOKENS, METHODS, SUFFIX_FIELDS, UNSET, SpeculativeConfig, UserSpec, parse_user_spec,
 )
+from specsure.config.shipped import SHIPPED_K, shipped_head
 
 logger = logging.getLogger("specsure.config")
 
@@ -106,7 +107,7 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, str
         return Resolution(config=None, decisions=MappingProxyType(decisions), warnings=(), target=target,
                           target_model=model, strict=strict)
     spec = parse_user_spec(speculative)
-    state = _State(spec=spec, target=target, target_head=classify_head(target))
+    state = _State(spec=spec, target=target, target_head=classify_head(target), default_target=model is None)
     if spec.model is not UNSET and spec.model is not None:
         state.draft = _read_draft(spec.model)
         state.draft_evidence = classify_draft(state.draft)
@@ -164,6 +165,10 @@ class _State:
     target_head: Evidence | None = None
     draft: CheckpointInfo | None = None
     draft_evidence: Evidence | None = None
+    default_target: bool = False
+    """The target is the packaged default model, for which specsure ships heads."""
+    shipped_k: int | None = None
+    """k the shipped head runs with by default, once `shipped` chose it."""
     notices: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
 
@@ -257,6 +262,8 @@ class _State:
         if method == "suffix":
             return Decision("model", None, "derived", "suffix drafts from suffix trees over this request's tokens "
                                                       "and earlier outputs, and needs no draft model.")
+        if (shipped := self.shipped(method, target_layers)) is not None:
+            return shipped
         if method == "mtp":
             found = (f"the target declares them ({target_layers.signal})" if target_layers
                      else "but the target declares none, so the engine cannot start without a head")
@@ -264,6 +271,21 @@ class _State:
         need = {"draft_model": "a smaller causal LM with the target's vocabulary",
                 "eagle": "an EAGLE-1 head", "eagle3": "an EAGLE-3 head"}[method]
         raise ConfigError(f"method {method!r} needs 'model': the path of {need}. Add \"model\": \"/path/to/checkpoint\".")
+
+    def shipped(self, method: str, target_layers: Evidence | None) -> Decision | None:
+        """The head shipped for the default target, when ``model`` is unset (mtp: and the target has no MTP layers)."""
+        if not self.default_target or (method == "mtp" and target_layers is not None):
+            return None
+        path = shipped_head(method)
+        if path is None:
+            return None
+        self.draft = _read_draft(path)
+        self.draft_evidence = classify_draft(self.draft)
+        self.shipped_k = SHIPPED_K.get(method)
+        return Decision("model", path, "default",
+                        f"No draft 'model' was given and the target is the packaged default, so the {method} head "
+                        "shipped with specsure for it is used (trained by `make heads`, docs/training.md)."
+                        + self.draft_description())
 
     def explicit_no_draft(self, method: str, target_layers: Evidence | None) -> Decision:
         """``"model": null``: the user said there is no separate draft checkpoint."""
@@ -295,6 +317,10 @@ class _State:
         if n_predict:
             return _checkpoint_k(n_predict, f"The draft declares how many tokens it predicts "
                                             f"({self.draft.signal('n_predict')}).")
+        if self.shipped_k is not None:
+            return Decision("num_speculative_tokens", self.shipped_k, "default",
+                            f"The shipped {method} head runs with k = {self.shipped_k} unless you set one: the best "
+                            "k measured for it on the bench (BENCHMARKS.md).")
         if method == "mtp":
             holder = self.draft if self.draft is not None else self.target
             if (layers := holder.mtp_layers) is not None:

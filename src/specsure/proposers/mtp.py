@@ -80,6 +80,20 @@ class MTPModule(nn.Module):
         embed = self.embed_tokens(token_ids) if hasattr(self, "embed_tokens") else self.target.embed(token_ids)
         x = self.eh_proj(torch.cat([self.enorm(embed[None].to(h.dtype)), self.hnorm(h)], dim=-1))
         x = run_blocks([self.block], x, cache, self.rotary)  # [1, n, H], fed back before the norm
+        return self._head(x)
+
+    def entries(self, features: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor,
+                mask: torch.Tensor | None, kv: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` with explicit positions [1, n], additive mask [1, 1, n, past + n] and transformers cache:
+        what training uses to lay out unrolled draft steps as the engine runs them."""
+        h = features[None].to(self.eh_proj.weight.dtype)
+        embed = self.embed_tokens(token_ids) if hasattr(self, "embed_tokens") else self.target.embed(token_ids)
+        x = self.eh_proj(torch.cat([self.enorm(embed[None].to(h.dtype)), self.hnorm(h)], dim=-1))
+        x = self.block(x, attention_mask=mask, position_ids=positions, cache=kv, use_cache=True,
+                       position_embeddings=self.rotary(x, positions))
+        return self._head(x)
+
+    def _head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         normed = self.shared_head.norm(x)[0]
         if hasattr(self.shared_head, "head"):
             return x[0], self.shared_head.head(normed).float()

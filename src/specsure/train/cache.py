@@ -28,9 +28,13 @@ def default_cache_dir() -> Path:
 
 
 def cache_key(target_path: str, dtype: str, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-              aux_layers: tuple[int, ...]) -> str:
-    payload = json.dumps({"format": FORMAT, "target": str(target_path), "dtype": dtype, "prompts": [list(p) for p in prompts],
-                          "max_new_tokens": max_new_tokens, "aux_layers": list(aux_layers)})
+              aux_layers: tuple[int, ...], extra: str = "") -> str:
+    """``extra`` names anything else the samples depend on (a second round of derived prompts)."""
+    fields = {"format": FORMAT, "target": str(target_path), "dtype": dtype, "prompts": [list(p) for p in prompts],
+              "max_new_tokens": max_new_tokens, "aux_layers": list(aux_layers)}
+    if extra:  # absent otherwise, so the keys of earlier caches still match
+        fields["extra"] = extra
+    payload = json.dumps(fields)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 

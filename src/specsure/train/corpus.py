@@ -101,21 +101,26 @@ def _pieces(path: Path) -> list[tuple[str, str, str, int]]:
 
 def corpus_prompts(packages: tuple[str, ...] = DEFAULT_PACKAGES, limit: int = 1000, seed: int = 0) -> list[CorpusPrompt]:
     """Up to ``limit`` prompts drawn evenly from the packages (a seeded sample of their pieces); the
-    name ``chat`` stands for specsure's own chat prompts (chat_prompts.py).
+    names ``chat`` and ``math`` stand for specsure's own chat prompts and word problems
+    (chat_prompts.py, task_prompts.py).
 
     Raises:
         CorpusError: a package is missing or states no licence.
     """
     if limit < 1:
         raise ValueError(f"limit = {limit!r}: ask for at least one prompt.")
-    # Imported here: chat_prompts builds on this module's CorpusPrompt.
+    # Imported here: chat_prompts and task_prompts build on this module's CorpusPrompt.
     from specsure.train.chat_prompts import SOURCE as CHAT, chat_prompts
+    from specsure.train.task_prompts import MATH, math_prompts
 
     rng = random.Random(seed)
     chosen: list[list[CorpusPrompt]] = []
     for package in packages:
         if package == CHAT:  # specsure's own chat prompts, not a package
             chosen.append(chat_prompts(limit, seed))
+            continue
+        if package == MATH:
+            chosen.append(math_prompts(limit, seed))
             continue
         licence = licence_of(package)
         paths = _sources(package)
@@ -145,6 +150,12 @@ def sources_of(prompts: list[CorpusPrompt]) -> list[dict[str, object]]:
     counts: dict[tuple[str, str], int] = {}
     for p in prompts:
         counts[(p.package, p.licence)] = counts.get((p.package, p.licence), 0) + 1
-    return [{"source": ("specsure's chat prompts (templates x topics, train/chat_prompts.py)" if package == "chat"
-                        else f"PyPI package {package} (docstrings and functions of its installed sources)"),
+    return [{"source": _SOURCE_NAMES.get(package, f"PyPI package {package} (docstrings and functions of its installed "
+                                                  "sources)"),
              "licence": licence, "prompts": n} for (package, licence), n in counts.items()]
+
+
+_SOURCE_NAMES = {
+    "chat": "specsure's chat prompts (templates x topics, train/chat_prompts.py)",
+    "math": "specsure's word problems (templates with seeded numbers, train/task_prompts.py)",
+}

@@ -16,7 +16,7 @@ LM head when a batch is drawn: storing them would take n x vocab floats per sequ
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -77,8 +77,24 @@ def build_sequences(target: LoadedModel, prompts: Sequence[Sequence[int]], conti
     return seqs
 
 
+FollowUp = Callable[[Sequence[Sequence[int]]], list[list[int]]]
+"""Given the first round's continuations, the token ids of further prompts built on them."""
+
+
 def self_distill(target: LoadedModel, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
-                 aux_layers: tuple[int, ...] = (), batch_size: int = 8, progress: bool = False) -> list[Sample]:
-    """Greedy continuations, then the target's features along prompt + continuation."""
+                 aux_layers: tuple[int, ...] = (), batch_size: int = 8, progress: bool = False,
+                 follow_up: FollowUp | None = None) -> list[Sample]:
+    """Greedy continuations, then the target's features along prompt + continuation.
+
+    With ``follow_up``, a second round answers the prompts it builds from the first round's
+    answers (a second turn, a summary of the answer, ...); its samples follow the first round's.
+    """
+    prompts = [list(p) for p in prompts]
     continuations = greedy_continuations(target, prompts, max_new_tokens, batch_size=batch_size, progress=progress)
+    if follow_up is not None:
+        more = follow_up(continuations)
+        if more:
+            continuations += greedy_continuations(target, more, max_new_tokens, batch_size=batch_size,
+                                                  progress=progress)
+            prompts += more
     return build_sequences(target, prompts, continuations, aux_layers=aux_layers, progress=progress)

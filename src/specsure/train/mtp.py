@@ -64,6 +64,9 @@ class MTPTrainSettings:
     modules: int = 1
     """MTP modules trained together (``num_nextn_predict_layers``): module i predicts token t+i+2
     from module i-1's output, as DeepSeek-V3's do, so k = modules draft tokens each have their own."""
+    unroll: int = 0
+    """Draft steps trained; beyond ``modules`` they reuse the modules cyclically as the engine does
+    (`chain_losses`). 0 (or anything <= modules) trains one step per module."""
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps <= 0:
@@ -78,6 +81,8 @@ class MTPTrainSettings:
             raise ValueError(f"init = {self.init!r}: must be one of {', '.join(INITS)}.")
         if isinstance(self.modules, bool) or not isinstance(self.modules, int) or not 1 <= self.modules <= 8:
             raise ValueError(f"modules = {self.modules!r}: must be an integer from 1 to 8.")
+        if isinstance(self.unroll, bool) or not isinstance(self.unroll, int) or not 0 <= self.unroll <= 16:
+            raise ValueError(f"unroll = {self.unroll!r}: must be an integer from 0 to 16 (0: one step per module).")
 
 
 @dataclass(frozen=True)
@@ -92,9 +97,10 @@ class Evaluation:
     entries: int
     """Continuation entries the agreement counts."""
     per_module: tuple[float, ...] = ()
-    """Module i's top-1 agreement (its token t+i+2), teacher-forced; module 0's is ``agreement``."""
+    """Draft step s's top-1 agreement (its token t+s+2), teacher-forced: module s, or a module reused
+    cyclically past the last; step 0's is ``agreement``."""
     acceptance_length: float = 1.0
-    """Greedy acceptance length with k = the number of modules: 1 + each anchor's run of right modules."""
+    """Greedy acceptance length with k = the draft steps evaluated: 1 + each anchor's run of right steps."""
 
 
 @dataclass
@@ -188,42 +194,79 @@ def entry_losses(module: MTPModule, lm: CausalLM, sample: Sample, start: int,
     return kl, q_logits.argmax(-1) == p_logits.argmax(-1)
 
 
-def chain_losses(modules: Sequence[MTPModule], lm: CausalLM, sample: Sample, start: int,
-                 end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(KL [m_i], agree [m_i]) of each module over entries start .. end-1-i, chained as the engine chains them.
+def chain_losses(modules: Sequence[MTPModule], lm: CausalLM, sample: Sample, start: int, end: int,
+                 unroll: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(KL [m_s], agree [m_s]) of each draft step s (`unrolled_logits`) over the anchors whose label exists.
 
-    Module 0 is `entry_losses`; module i's entry t takes module i-1's output at t and token t+i+1,
-    and its label is the target at t+i+1 (it predicts token t+i+2).
+    Step s of anchor a predicts token a+s+2; its label is the target's distribution at a+s+1.
     """
+    n = sample.token_ids.shape[0]
     out = []
-    features = sample.hidden[start:end]
-    for i, module in enumerate(modules):
-        m = end - start - i
-        if m <= 0:
+    for s, q_logits in enumerate(unrolled_logits(modules, sample, start, end, unroll)):
+        valid = min(end - start, n - 1 - start - s)  # rows whose label position a+s+1 exists
+        if valid <= 0:
             break
-        ids = sample.token_ids[start + i + 1: start + i + 1 + m]
-        hidden, q_logits = module(features[:m], ids, HeadCache())  # [m, H], [m, V]
         with torch.no_grad():
-            p_logits = lm.lm_head_logits(sample.hidden[start + i + 1: start + i + 1 + m])
+            p_logits = lm.lm_head_logits(sample.hidden[start + s + 1: start + s + 1 + valid])
             log_p = torch.log_softmax(p_logits, dim=-1)
-        log_q = torch.log_softmax(q_logits, dim=-1)
-        out.append(((log_p.exp() * (log_p - log_q)).sum(-1), q_logits.argmax(-1) == p_logits.argmax(-1)))
-        features = hidden
+        log_q = torch.log_softmax(q_logits[:valid], dim=-1)
+        out.append(((log_p.exp() * (log_p - log_q)).sum(-1), q_logits[:valid].argmax(-1) == p_logits.argmax(-1)))
+    return out
+
+
+def unrolled_logits(modules: Sequence[MTPModule], sample: Sample, start: int, end: int,
+                    unroll: int = 0) -> list[torch.Tensor]:
+    """Each draft step's target-vocabulary logits [m, V] for anchors start .. end-1, laid out as the engine drafts.
+
+    Row r is the anchor a = start + r: the last committed entry, whose step s predicts token a+s+2.
+    Steps s < len(modules) are the DeepSeek-V3 chain: module s's entry at a takes module s-1's
+    output at a and token a+s+1. With ``unroll`` > len(modules), the steps beyond reuse module
+    j = s % M cyclically, as `HeadChainProposer` does: each appends one entry to module j's cache,
+    at position a + 1 + (the cyclic entries module j already made for this anchor), fed with step
+    s-1's output; it attends to module j's own chain entries at positions <= a and its earlier
+    cyclic entries for the same anchor, nothing else. Rows past the sequence's end use a clamped
+    token and must not be scored.
+    """
+    from transformers import DynamicCache
+
+    m, count, n = end - start, len(modules), sample.token_ids.shape[0]
+    rows = torch.arange(m)
+    kvs = [DynamicCache() for _ in modules]
+    made = [0] * count  # cyclic entries in module j's cache (per anchor)
+    out: list[torch.Tensor] = []
+    x = sample.hidden[start:end]
+    for s in range(max(unroll, count)):
+        j = s % count
+        ids = sample.token_ids[(rows + start + s + 1).clamp(max=n - 1)]  # token a+s+1
+        if s < count:
+            positions = rows + start
+            allowed = rows[None, :] <= rows[:, None]  # the chain entries at positions <= a
+        else:
+            positions = rows + start + 1 + made[j]
+            same = rows[None, :] == rows[:, None]
+            allowed = torch.cat([rows[None, :] <= rows[:, None]] + [same] * (made[j] + 1), dim=1)
+            made[j] += 1
+        dtype = modules[j].eh_proj.weight.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+        x, logits = modules[j].entries(x, ids, positions[None], mask, kvs[j])
+        out.append(logits)
     return out
 
 
 @torch.no_grad()
-def evaluate(module: MTPModule | Sequence[MTPModule], lm: CausalLM, samples: Sequence[Sample]) -> Evaluation:
-    """Mean KL over module 0's entries; top-1 agreement per module and the chained acceptance length over
-    entries whose label predicts a continuation token."""
+def evaluate(module: MTPModule | Sequence[MTPModule], lm: CausalLM, samples: Sequence[Sample],
+             unroll: int = 0) -> Evaluation:
+    """Mean KL over module 0's entries; top-1 agreement per draft step and the greedy acceptance length
+    at k = max(unroll, modules), over entries whose label predicts a continuation token."""
     modules = [module] if isinstance(module, MTPModule) else list(module)
+    steps = max(unroll, len(modules))
     kl_sum, kl_n, anchors, accepted = 0.0, 0, 0, 0
-    hits, counts = [0] * len(modules), [0] * len(modules)
+    hits, counts = [0] * steps, [0] * steps
     for sample in samples:
         n = sample.hidden.shape[0]
         if n < 2:
             continue
-        chain = chain_losses(modules, lm, sample, 0, n - 1)
+        chain = chain_losses(modules, lm, sample, 0, n - 1, unroll)
         kl_sum, kl_n = kl_sum + float(chain[0][0].sum()), kl_n + chain[0][0].shape[0]
         first = max(sample.prompt_len - 2, 0)  # entry t predicts token t+2; keep t + 2 >= prompt_len
         for i, (_, agree) in enumerate(chain):
@@ -261,7 +304,7 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
     train, heldout = split(usable, settings.heldout_fraction, settings.seed)
     measure = heldout or train
     modules = initial_modules(lm, settings.init, settings.seed, settings.modules)
-    before = evaluate(modules, lm, measure)
+    before = evaluate(modules, lm, measure, settings.unroll)
     params = [p for module in modules for p in module.parameters() if p.requires_grad]
     optimiser, schedule = optimiser_for(params, settings.lr, settings.steps)
     gen = torch.Generator().manual_seed(settings.seed)
@@ -272,14 +315,14 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
     bar = tqdm(range(settings.steps), desc="training", unit="step", disable=not progress)
     for _ in bar:
         sample, start, width = draw_window(train, settings.seq_len, gen)
-        chain = chain_losses(modules, lm, sample, start, start + width)
+        chain = chain_losses(modules, lm, sample, start, start + width, settings.unroll)
         loss = torch.stack([kl.mean() for kl, _ in chain]).mean()
         losses.append(update(loss, params, optimiser, schedule))
         bar.set_postfix(kl=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
     train_s = time.perf_counter() - started
     for module in modules:
         module.eval()
-    after = evaluate(modules, lm, measure)
+    after = evaluate(modules, lm, measure, settings.unroll)
     return MTPTrainResult(modules[0], losses, before, after, len(train), len(heldout), train_s, modules)
 
 

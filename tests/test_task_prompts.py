@@ -1,0 +1,48 @@
+"""specsure's own task prompts: word problems, and tasks built on the target's chat answers."""
+
+from __future__ import annotations
+
+from specsure.bench.workload import load_builtin
+from specsure.train.corpus import corpus_prompts, sources_of
+from specsure.train.task_prompts import KINDS, derived_prompts, first_sentence, math_prompts, trimmed
+
+
+def _bench_texts() -> set[str]:
+    rows = [row for split in (False, True) for row in load_builtin(heldout=split)]
+    return {row.prompt for row in rows if row.prompt} | {c for row in rows for _, c in (row.messages or ())}
+
+
+def test_word_problems_are_distinct_seeded_ours_and_not_bench_prompts() -> None:
+    problems = math_prompts(300, seed=1)
+    texts = [p.text for p in problems]
+    assert len(set(texts)) == 300 and all("{" not in t for t in texts)
+    assert texts == [p.text for p in math_prompts(300, seed=1)] != [p.text for p in math_prompts(300, seed=2)]
+    assert all(p.package == "math" and p.licence.startswith("Apache-2.0") for p in problems)
+    assert not _bench_texts() & set(texts)
+    mixed = corpus_prompts(("math", "chat"), limit=10, seed=0)
+    assert {p.package for p in mixed} == {"math", "chat"}
+    assert any("word problems" in s["source"] for s in sources_of(mixed))
+
+
+def test_answers_become_follow_ups_summaries_translations_and_passage_questions() -> None:
+    answer = ("Bees make honey from nectar. **First**, they collect it from flowers.\n\n1. Then they store it "
+              "in the hive, where it thick")
+    pairs = [(f"Tell me about bees ({i})", answer) for i in range(8)] + [("Short?", "Yes.")]
+    made = derived_prompts(pairs, seed=0)
+    assert len(made) == 8  # the one-word answer is no material
+    follow_up = made[0]
+    assert [r for r, _ in follow_up] == ["user", "assistant", "user"] and follow_up[0][1] == pairs[0][0]
+    assert follow_up[1][1].endswith("in the hive, where it thick") is False  # the cut-off sentence is dropped
+    assert "they collect it from flowers." in made[1][0][1] and "where it thick" not in made[1][0][1]
+    assert "summar" in made[1][0][1].lower() or "main point" in made[1][0][1]
+    assert made[2][0][1].startswith("Translate this sentence into ")
+    assert made[2][0][1].endswith("Bees make honey from nectar.")
+    assert "Question:" in made[3][0][1] and len(KINDS) == 4
+    assert not _bench_texts() & {c for turns in made for _, c in turns}
+
+
+def test_trimming_keeps_whole_sentences() -> None:
+    assert trimmed("One. Two three. Four fi") == "One. Two three."
+    assert trimmed("No end at all") == "No end at all"
+    assert len(trimmed("Word. " * 400)) <= 900
+    assert first_sentence("## Title\n- **Cats** purr when they are happy. More.") == "Cats purr when they are happy."
