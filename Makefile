@@ -30,16 +30,15 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/specsure bench --quick --out bench/results
 
-# Trains the default model's shipped heads (heads/, committed) from specsure's own prompts and openly
+# Trains the default model's shipped heads (src/specsure/heads/, committed) from specsure's own prompts and openly
 # licensed PyPI text (docs/training.md); not part of `make test`. About 20 minutes of data, 45 of
 # EAGLE-3 training and 10 of MTP on 2 cores; the MTP run reuses the cached samples.
 CORPUS := chat,math,numpy,transformers
 heads: $(STAMP)
-	mkdir -p heads
 	$(BIN)/specsure train --method eagle3 --corpus $(CORPUS) --corpus-prompts 1000 --unroll 3 --steps 5000 \
-		--eval-every 1000 --out heads/smollm2-135m-eagle3
-	$(BIN)/specsure train --method mtp --corpus $(CORPUS) --corpus-prompts 1000 --steps 1500 \
-		--out heads/smollm2-135m-mtp
+		--eval-every 1000 --out src/specsure/heads/smollm2-135m-eagle3
+	$(BIN)/specsure train --method mtp --corpus $(CORPUS) --corpus-prompts 1000 --unroll 2 --steps 1000 \
+		--out src/specsure/heads/smollm2-135m-mtp
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -181,3 +181,40 @@ def test_in_bf16_every_method_equals_plain_decoding_with_amx(tmp_path):
         got = [[c.token_ids for c in engine.generate([p], greedy)] for p in prompts]
         assert got == expected, spec
         assert engine.stats.drafts > 0
+
+
+def test_draft_heads_run_their_bf16_products_on_the_kernel(tmp_path, products):
+    """A loaded head's linears become RowLinear: kernel products for its few bf16 rows, torch's otherwise."""
+    from specsure import SamplingParams, make_engine
+    from specsure.models.loading import load_model
+    from specsure.proposers.head_layer import RowLinear
+    from specsure.train import initial_module, save_mtp_head
+    from tiny import build_tiny_llama
+
+    target = str(build_tiny_llama(tmp_path / "t", vocab_size=96, hidden_size=64, num_layers=3))
+    loaded = load_model(target, dtype="float32")
+    head = save_mtp_head(initial_module(loaded.lm, seed=2), loaded.lm, tmp_path / "head", {})
+    engine = make_engine(target, {"method": "mtp", "model": str(head), "num_speculative_tokens": 2},
+                         dtype="bfloat16")
+    linears = [m for m in engine.proposer.modules[0].modules() if isinstance(m, torch.nn.Linear)]
+    if products is None:  # no kernel on this CPU: the head keeps torch's products
+        assert linears and not any(isinstance(m, RowLinear) for m in linears)
+        return
+    assert linears and all(type(m) is RowLinear for m in linears)
+    layer = linears[0]
+    layer.kernel = products
+    x = torch.randn(3, layer.in_features).to(torch.bfloat16)
+    with torch.inference_mode():
+        got = layer(x)
+        one = layer(x[:1])
+    want = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    if products.amx:
+        assert torch.equal(got, want)  # AMX products are oneDNN's bits
+    else:  # the dot loop runs one row; several rows stay on oneDNN
+        assert torch.equal(got, want)
+        torch.testing.assert_close(one, want[:1], atol=0.02, rtol=0.02)
+    greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    plain = make_engine(target, None, dtype="bfloat16")
+    prompt = [5, 6, 7, 8, 9, 10, 5, 6, 7]
+    if products.amx:
+        assert engine.generate([prompt], greedy)[0].token_ids == plain.generate([prompt], greedy)[0].token_ids

@@ -43,6 +43,7 @@ def test_answers_become_follow_ups_summaries_translations_and_passage_questions(
 
 def test_trimming_keeps_whole_sentences() -> None:
     assert trimmed("One. Two three. Four fi") == "One. Two three."
+    assert trimmed("Steps:\n1. Mix it well.\n2. Bake") == "Steps:\n1. Mix it well."
     assert trimmed("No end at all") == "No end at all"
     assert len(trimmed("Word. " * 400)) <= 900
     assert first_sentence("## Title\n- **Cats** purr when they are happy. More.") == "Cats purr when they are happy."

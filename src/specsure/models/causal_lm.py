@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from specsure.models import kernel as kernels
 from specsure.models.errors import ModelLoadError
 from specsure.models.kv_cache import RollbackCache
 from specsure.models.forward_output import ForwardOutput
@@ -88,6 +89,11 @@ class CausalLM:
         """Empty the KV cache (its buffers are kept for the next sequence)."""
         self._cache.clear()
         self._cache_len = 0
+
+    @property
+    def row_kernel(self) -> "kernels.Kernel | None":
+        """The C kernel whose bf16 products the draft heads may use for their few rows, or None."""
+        return self._native.kernel if self._native is not None else None
 
     @property
     def cache_len(self) -> int:

@@ -26,7 +26,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from specsure.config.errors import ConfigError
 from specsure.proposers.head_chain import HeadChainProposer
-from specsure.proposers.head_layer import HeadCache, attend
+from specsure.proposers.head_layer import HeadCache, attend, use_row_kernel
 from specsure.proposers.head_loading import (
     TensorFile, check_equal, int_field, llama_config, load_weights, mismatch, read_head_config,
 )
@@ -168,6 +168,7 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
     tensors = weights.read(wanted.values())
     load_weights(module, {c: tensors[n] for c, n in wanted.items()}, path, lm.dtype)
     module.attach(lm, head_config, d2t)
+    use_row_kernel(module, lm.row_kernel)
     logger.info("eagle3 head %s: hidden %s, draft vocab %d of %d, aux layers %s", path, hidden, draft_vocab,
                 vocab, aux)
     return Eagle3Proposer(module, aux)

@@ -6,11 +6,16 @@ to a prefix is therefore a crop; nothing else carries state between entries.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
+import torch.nn.functional as F
 
 from specsure.models.kv_cache import RollbackCache
+from specsure.models.native import KERNEL_ROWS
+
+if TYPE_CHECKING:
+    from specsure.models.kernel import Kernel
 
 
 class HeadCache:
@@ -100,3 +105,40 @@ def use_cache_slots(blocks: list[torch.nn.Module]) -> None:
     """Number the blocks' attention 0.. so each module's cache holds only its own layers."""
     for i, block in enumerate(blocks):
         block.self_attn.layer_idx = i
+
+
+class RowLinear(torch.nn.Linear):
+    """An nn.Linear whose bf16 inference products over a few rows run on the C kernel.
+
+    A draft step is one row (a head's catch-up after a verify a few), where oneDNN's bf16 matmul
+    costs about 0.3 ms a product on 2 cores and the kernel's a fraction of it. Training, float32,
+    or more than KERNEL_ROWS rows keep torch's product. A draft head's numerics never reach the
+    output: the target's verification decides every token.
+    """
+
+    kernel: "Kernel | None" = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kernel = self.kernel
+        rows = x.numel() // self.in_features
+        if (kernel is None or x.dtype != torch.bfloat16 or self.weight.dtype != torch.bfloat16
+                or torch.is_grad_enabled() or rows > (KERNEL_ROWS if kernel.amx else 1)
+                or not self.weight.is_contiguous()):  # without AMX the kernel is fast for one row only
+            return F.linear(x, self.weight, self.bias)
+        out = kernel.linear_rows(self.weight, x.reshape(rows, self.in_features).contiguous())
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*x.shape[:-1], self.out_features)
+
+
+def use_row_kernel(module: torch.nn.Module, kernel: "Kernel | None") -> int:
+    """Turn every nn.Linear of a loaded head into a `RowLinear` on ``kernel``; returns how many."""
+    if kernel is None:
+        return 0
+    count = 0
+    for sub in module.modules():
+        if type(sub) is torch.nn.Linear:
+            sub.__class__ = RowLinear
+            sub.kernel = kernel
+            count += 1
+    return count

@@ -33,7 +33,7 @@ from specsure.config.compat import check_mtp_tensors, require_target_mtp
 from specsure.config.detect import SPECSURE_MTP_HEAD, SPECSURE_MTP_MODEL_TYPE, deepseek_mtp_prefix
 from specsure.config.errors import ConfigError
 from specsure.proposers.head_chain import HeadChainProposer
-from specsure.proposers.head_layer import HeadCache, run_blocks, use_cache_slots
+from specsure.proposers.head_layer import HeadCache, run_blocks, use_cache_slots, use_row_kernel
 from specsure.proposers.head_loading import (
     TensorFile, check_equal, int_field, load_weights, read_head_config,
 )
@@ -138,6 +138,7 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> MTPProposer:
     modules_out = [_load_module(weights, prefix, base, block_config, label, lm) for prefix in prefixes]
     for module in modules_out:
         module.attach(lm, base.rotary_emb)
+        use_row_kernel(module, lm.row_kernel)
     logger.info("mtp: %d module(s) from %s (%s)", len(modules_out), label, where)
     return MTPProposer(modules_out)
 
