@@ -38,7 +38,7 @@ heads: $(STAMP)
 	$(BIN)/specsure train --method eagle3 --corpus $(CORPUS) --corpus-prompts 1000 --unroll 3 --steps 5000 \
 		--eval-every 1000 --out src/specsure/heads/smollm2-135m-eagle3
 	$(BIN)/specsure train --method mtp --corpus $(CORPUS) --corpus-prompts 1000 --unroll 2 --steps 1000 \
-		--out src/specsure/heads/smollm2-135m-mtp
+		--eval-every 250 --out src/specsure/heads/smollm2-135m-mtp
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

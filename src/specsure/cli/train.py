@@ -60,8 +60,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="eagle3: tokens the head predicts over, the most frequent in the training text "
                              "(default 8192, at most the target's vocabulary)")
     parser.add_argument("--eval-every", type=int, default=0, metavar="STEPS",
-                        help="eagle3: measure the held-out acceptance length every this many steps (default: "
-                             "only before and after)")
+                        help="measure the held-out acceptance length (mtp: and first-step agreement) every this "
+                             "many steps, the curve in training.json (default: only before and after)")
     parser.add_argument("--checkpoint-every", type=int, default=100, metavar="STEPS",
                         help="eagle3: write a resume point every this many steps next to --out; a run interrupted "
                              "or diverged goes on from it when the same command runs again (default 100; 0: off)")
@@ -200,7 +200,7 @@ def _train_mtp(args, target, samples, settings, common, data, out) -> None:  # n
 
     from specsure.train import save_mtp_head, train_mtp
 
-    result = train_mtp(target, samples, settings, progress=not args.no_progress)
+    result = train_mtp(target, samples, settings, progress=not args.no_progress, eval_every=args.eval_every)
     before, after = result.before, result.after
     training = {
         **common,
@@ -212,6 +212,8 @@ def _train_mtp(args, target, samples, settings, common, data, out) -> None:  # n
         "heldout": {"kl_before": before.kl, "kl_after": after.kl, "top1_before": before.agreement,
                     "top1_after": after.agreement, "entries": after.entries,
                     "top1_per_module": list(after.per_module), "acceptance_length": after.acceptance_length},
+        "curve": [{"step": s, "heldout_top1": a, "heldout_acceptance_length": v} for s, a, v in result.curve],
+        "losses": [round(v, 4) for v in result.losses],
         "train_seconds": round(result.train_s, 1),
     }
     save_mtp_head(result.modules or result.module, target.lm, out, training)

@@ -29,7 +29,7 @@ import copy
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -122,6 +122,9 @@ class MTPTrainResult:
     """Seconds spent in the optimisation loop."""
     modules: list[MTPModule] | None = None
     """Every module, in order (module 0 first)."""
+    curve: list[tuple[int, float, float]] = field(default_factory=list)
+    """(step, held-out first-step agreement, held-out acceptance length) at the start, every
+    ``eval_every`` steps and at the end."""
 
 
 class TargetParts:
@@ -291,8 +294,9 @@ def split(samples: Sequence[Sample], fraction: float, seed: int) -> tuple[list[S
 
 
 def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrainSettings, *,
-              progress: bool = False) -> MTPTrainResult:
-    """Distill one MTP module from ``samples`` (see `specsure.train.data.self_distill`).
+              progress: bool = False, eval_every: int = 0) -> MTPTrainResult:
+    """Distill MTP modules from ``samples`` (see `specsure.train.data.self_distill`); with ``eval_every``,
+    measure the held-out sequences every that many steps (the result's ``curve``).
 
     Raises:
         ValueError: no sequence has the two tokens an entry needs.
@@ -313,17 +317,26 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
         module.train()
     started = time.perf_counter()
     bar = tqdm(range(settings.steps), desc="training", unit="step", disable=not progress)
-    for _ in bar:
+    curve = [(0, before.agreement, before.acceptance_length)]
+    for step in bar:
         sample, start, width = draw_window(train, settings.seq_len, gen)
         chain = chain_losses(modules, lm, sample, start, start + width, settings.unroll)
         loss = torch.stack([kl.mean() for kl, _ in chain]).mean()
         losses.append(update(loss, params, optimiser, schedule))
         bar.set_postfix(kl=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+        if eval_every and (step + 1) % eval_every == 0 and step + 1 < settings.steps:
+            for module in modules:
+                module.eval()
+            now = evaluate(modules, lm, measure, settings.unroll)
+            curve.append((step + 1, now.agreement, now.acceptance_length))
+            for module in modules:
+                module.train()
     train_s = time.perf_counter() - started
     for module in modules:
         module.eval()
     after = evaluate(modules, lm, measure, settings.unroll)
-    return MTPTrainResult(modules[0], losses, before, after, len(train), len(heldout), train_s, modules)
+    curve.append((settings.steps, after.agreement, after.acceptance_length))
+    return MTPTrainResult(modules[0], losses, before, after, len(train), len(heldout), train_s, modules, curve)
 
 
 def optimiser_for(params: list[torch.nn.Parameter], lr: float,
