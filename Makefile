@@ -39,6 +39,8 @@ heads: $(STAMP)
 		--eval-every 1000 --out src/specsure/heads/smollm2-135m-eagle3
 	$(BIN)/specsure train --method mtp --corpus $(CORPUS) --corpus-prompts 1000 --unroll 2 --steps 1000 \
 		--eval-every 250 --out src/specsure/heads/smollm2-135m-mtp
+	$(BIN)/python -m specsure.train.curves docs/training-curves.png src/specsure/heads/smollm2-135m-eagle3 \
+		src/specsure/heads/smollm2-135m-mtp
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -47,3 +47,4 @@ def test_trimming_keeps_whole_sentences() -> None:
     assert trimmed("No end at all") == "No end at all"
     assert len(trimmed("Word. " * 400)) <= 900
     assert first_sentence("## Title\n- **Cats** purr when they are happy. More.") == "Cats purr when they are happy."
+

@@ -1,0 +1,70 @@
+"""The training curves of written heads, drawn from their training.json: loss and held-out acceptance per step.
+
+``python -m specsure.train.curves OUT.png HEAD_DIR ...`` (what `make heads` runs for
+docs/training-curves.png). It imports no torch: a training.json is all it reads.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+SMOOTH = 50
+"""Steps in the running mean of the loss (one window per step is noisy)."""
+
+
+def curve_data(training: dict[str, Any]) -> dict[str, Any]:
+    """{"label", "steps", "loss" (running mean), "eval_steps", "acceptance"} of one head's training.json."""
+    losses = [float(v) for v in training.get("losses", [])]
+    smoothed, total = [], 0.0
+    for i, value in enumerate(losses):
+        total += value - (losses[i - SMOOTH] if i >= SMOOTH else 0.0)
+        smoothed.append(total / min(i + 1, SMOOTH))
+    curve = training.get("curve", [])
+    return {"label": str(training.get("method", "head")), "steps": list(range(1, len(losses) + 1)), "loss": smoothed,
+            "eval_steps": [int(c["step"]) for c in curve],
+            "acceptance": [float(c["heldout_acceptance_length"]) for c in curve]}
+
+
+def plot_curves(folders: list[Path], out: Path) -> list[dict[str, Any]]:
+    """One figure, loss on the left and held-out acceptance length on the right, a line per head; returns the data."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+
+    data = [curve_data(json.loads((Path(f) / "training.json").read_text())) for f in folders]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for d in data:
+        left.plot(d["steps"], d["loss"], label=d["label"])
+        right.plot(d["eval_steps"], d["acceptance"], marker="o", label=d["label"])
+    left.set(xlabel="step", ylabel=f"training loss (running mean of {SMOOTH})", title="loss")
+    right.set(xlabel="step", ylabel="greedy acceptance length", title="held-out training text")
+    for axis in (left, right):
+        axis.grid(alpha=0.3)
+        axis.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2:
+        print("usage: python -m specsure.train.curves OUT.png HEAD_DIR [HEAD_DIR ...]", file=sys.stderr)
+        return 2
+    missing = [a for a in args[1:] if not (Path(a) / "training.json").is_file()]
+    if missing:
+        print(f"error: no training.json in {', '.join(missing)}; give folders written by specsure train.",
+              file=sys.stderr)
+        return 2
+    plot_curves([Path(a) for a in args[1:]], Path(args[0]))
+    print(f"wrote {args[0]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
