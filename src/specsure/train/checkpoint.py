@@ -63,32 +63,34 @@ def _is_head(folder: Path) -> bool:
     return any(arch in HEAD_ARCHS for arch in (config.get("architectures") or []))
 
 
-def head_tensors(module: MTPModule, index: int = 0) -> dict[str, torch.Tensor]:
-    """The module's tensors under ``layers.{index}.`` with the DeepSeek-V3 names, float32."""
+def head_tensors(module: MTPModule, index: int = 0, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """The module's tensors under ``layers.{index}.`` with the DeepSeek-V3 names, in ``dtype``."""
     out = {}
     for name, tensor in module.state_dict().items():
         if name.startswith(("rotary.", "target.")):
             continue
         local = name[len("block."):] if name.startswith("block.") else name
-        out[f"layers.{index}.{local}"] = tensor.detach().float().contiguous().clone()
+        out[f"layers.{index}.{local}"] = tensor.detach().to(dtype).contiguous().clone()
     return out
 
 
-def head_config(lm: CausalLM, modules: int = 1) -> dict[str, Any]:
+def head_config(lm: CausalLM, modules: int = 1, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     return {"architectures": [HEAD_ARCH], "model_type": SPECSURE_MTP_MODEL_TYPE, "num_nextn_predict_layers": modules,
             "num_hidden_layers": 1, "hidden_size": lm.hidden_size, "vocab_size": lm.vocab_size,
-            "torch_dtype": "float32"}
+            "torch_dtype": str(dtype).removeprefix("torch.")}
 
 
 def save_mtp_head(module: MTPModule | Sequence[MTPModule], lm: CausalLM, out: str | Path,
                   training: dict[str, Any]) -> Path:
     """Write config.json, model.safetensors and training.json to ``out``, replacing an earlier head.
 
-    Several modules are written as layers.0, layers.1, ... (num_nextn_predict_layers of them).
+    Several modules are written as layers.0, layers.1, ... (num_nextn_predict_layers of them). The
+    tensors are in the target's dtype, which the engine would cast them to anyway (half the size
+    of float32 for a bf16 target).
     """
     modules = [module] if isinstance(module, MTPModule) else list(module)
-    tensors = {name: t for i, m in enumerate(modules) for name, t in head_tensors(m, i).items()}
-    return save_head(out, head_config(lm, len(modules)), tensors, training)
+    tensors = {name: t for i, m in enumerate(modules) for name, t in head_tensors(m, i, lm.dtype).items()}
+    return save_head(out, head_config(lm, len(modules), lm.dtype), tensors, training)
 
 
 def save_head(out: str | Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],
