@@ -51,9 +51,10 @@ def test_generate_prints_completion_config_sources_and_acceptance(default_model_
 
 
 @pytest.mark.slow
-def test_demo_runs_and_reports_speedup_and_equality(default_model_cache: Path, capsys) -> None:
-    rc = main(["demo", "--max-tokens", "48", "--repeats", "1"])
+@pytest.mark.parametrize("method", ["ngram", "eagle3"])
+def test_demo_runs_and_reports_speedup_and_equality(default_model_cache: Path, capsys, method: str) -> None:
+    rc = main(["demo", "--max-tokens", "48", "--repeats", "1", *(["--method", method] if method != "ngram" else [])])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "effective config (running: ngram)" in out and "mean acceptance length" in out
-    assert "speedup" in out and "ngram output is identical to plain greedy decoding" in out
+    assert f"effective config (running: {method})" in out and "mean acceptance length" in out
+    assert "speedup" in out and f"{method} output is identical to plain greedy decoding" in out

@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-speculative-tokens", "-k", type=int, default=None,
                         help=f"k for every speculative configuration (default {DEFAULT_K} for ngram, ngram-tree, "
                              "suffix, draft_model and the baselines; the head's own default for eagle, eagle3 and "
-                             "mtp: 3 and 1 for the shipped heads)")
+                             "mtp: 2 and 1 for the shipped heads)")
     parser.add_argument("--prompt-lookup-min", type=int, default=None, help="ngram: shortest n-gram to match")
     parser.add_argument("--prompt-lookup-max", type=int, default=None, help="ngram: longest n-gram to match")
     parser.add_argument("--prompt-lookup-branches", type=int, default=4,

@@ -23,7 +23,10 @@ def curve_data(training: dict[str, Any]) -> dict[str, Any]:
         total += value - (losses[i - SMOOTH] if i >= SMOOTH else 0.0)
         smoothed.append(total / min(i + 1, SMOOTH))
     curve = training.get("curve", [])
-    return {"label": str(training.get("method", "head")), "steps": list(range(1, len(losses) + 1)), "loss": smoothed,
+    held = training.get("heldout", {})
+    k = held.get("k") or len(held.get("top1_per_module", [])) or None  # the k its acceptance length is at
+    label = str(training.get("method", "head")) + (f" (k = {k})" if k else "")
+    return {"label": label, "steps": list(range(1, len(losses) + 1)), "loss": smoothed,
             "eval_steps": [int(c["step"]) for c in curve],
             "acceptance": [float(c["heldout_acceptance_length"]) for c in curve]}
 

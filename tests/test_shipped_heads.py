@@ -1,0 +1,67 @@
+"""The heads shipped for the default model: resolution fills them in, says so, and they run exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specsure import SamplingParams, make_engine
+from specsure.bench.configs import Settings, speculative_config
+from specsure.config import ConfigError, resolve
+from specsure.config.shipped import HEADS_DIR, SHIPPED, SHIPPED_K, shipped_head
+
+HEAD_BYTES_LIMIT = 30 * 1024 * 1024
+"""The issue's bound on the committed heads, all together."""
+
+
+def test_the_shipped_heads_are_committed_small_and_documented() -> None:
+    total = 0
+    for method, name in SHIPPED.items():
+        folder = HEADS_DIR / name
+        assert shipped_head(method) == str(folder)
+        total += sum(f.stat().st_size for f in folder.iterdir())
+        training = json.loads((folder / "training.json").read_text())
+        assert training["method"] == method and training["data"]["sources"]
+        assert all(s["licence"] for s in training["data"]["sources"])
+    assert total <= HEAD_BYTES_LIMIT
+
+
+@pytest.mark.parametrize("method", sorted(SHIPPED))
+def test_an_unset_model_on_the_default_target_is_the_shipped_head(method: str) -> None:
+    res = resolve({"method": method})
+    model = res.decisions["model"]
+    assert model.value == shipped_head(method) and model.source == "default" and "shipped" in model.reason
+    k = res.decisions["num_speculative_tokens"]
+    assert k.value == SHIPPED_K[method] and k.source == "default"
+    assert "shipped" in res.explain() and not res.warnings
+    assert resolve({"method": method, "num_speculative_tokens": 2}).config.num_speculative_tokens == 2
+
+
+def test_an_explicit_model_or_another_target_never_gets_a_shipped_head(tiny_llama: Path, tmp_path: Path) -> None:
+    mine = resolve({"method": "mtp", "model": shipped_head("eagle3")})  # the user's value, even a wrong one
+    assert mine.decisions["model"].source == "user"
+    assert resolve({"method": "mtp", "model": None}).decisions["model"].value is None
+    with pytest.raises(ConfigError, match="needs 'model'"):
+        resolve({"method": "eagle3"}, model=str(tiny_llama))
+    settings = Settings(model=None, dtype="float32", num_speculative_tokens=8)
+    assert speculative_config("eagle3", settings) == {"method": "eagle3"}
+    assert speculative_config("mtp", Settings(model=None, dtype="float32", num_speculative_tokens=8, head_k=2)) == {
+        "method": "mtp", "num_speculative_tokens": 2}
+    with pytest.raises(LookupError, match="--eagle3-head"):
+        speculative_config("eagle3", Settings(model=str(tiny_llama), dtype="float32", num_speculative_tokens=8))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(SHIPPED))
+def test_the_shipped_heads_equal_plain_decoding_in_float32(default_model_cache: Path, method: str) -> None:
+    spec = make_engine(None, {"method": method}, dtype="float32")
+    plain = make_engine(None, None, dtype="float32")
+    prompts = [spec.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                  tokenize=True, return_dict=False)
+               for text in ("Give me two tips for learning to cook.", "Write a Python function that adds two numbers.")]
+    params = SamplingParams(max_tokens=40, temperature=0.0)
+    got = spec.generate(prompts, params)
+    assert [c.token_ids for c in got] == [c.token_ids for c in plain.generate(prompts, params)]
+    assert sum(c.stats.accepted_tokens for c in got) > 0  # the head's drafts were verified, and some kept
