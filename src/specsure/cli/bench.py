@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specsure.bench.configs import BASELINES, DEFAULT_K, METHODS, Settings, build_specsure, build_transformers, dtype_name
+from specsure.bench.configs import (
+    BASELINES, DEFAULT_K, METHODS, Settings, build_specsure, build_transformers, dtype_name,
+)
 from specsure.bench.harness import Item, run_batched, run_interleaved, warm_up
 from specsure.bench.llamacpp.baselines import LLAMA_CPP_BASELINES, build_llamacpp
 from specsure.bench.llamacpp.runner import DEFAULT_LLAMA_CPP_PYTHON, LlamaCppError

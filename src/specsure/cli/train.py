@@ -104,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
         settings = MTPTrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, seed=args.seed, init=args.init,
                                     modules=args.modules, unroll=args.unroll or 0)
     else:
-        settings = Eagle3TrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, unroll=7 if args.unroll is None else args.unroll,
+        unroll = 7 if args.unroll is None else args.unroll
+        settings = Eagle3TrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, unroll=unroll,
                                        draft_vocab_size=args.draft_vocab_size, seed=args.seed)
     out = check_out_dir(args.out)
     rows = [p for path in args.prompts for p in load_workload(path)] if args.prompts else []
