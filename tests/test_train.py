@@ -249,3 +249,47 @@ def test_one_module_trained_for_two_steps_learns_its_cyclic_second_step(tmp_path
     plain = make_engine(str(folder), None, dtype="float32")
     prompts = _prompts(3, seed=9)
     assert [c.token_ids for c in spec.generate(prompts, GREEDY)] == [c.token_ids for c in plain.generate(prompts, GREEDY)]
+
+
+def test_an_interrupted_or_diverged_mtp_run_resumes_where_it_stopped(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import specsure.train.mtp as trainer
+
+    folder = _learnable_target(tmp_path / "target")
+    target = load_model(str(folder), dtype="float32")
+    samples = self_distill(target, _prompts(6, seed=2), max_new_tokens=24)
+    settings = MTPTrainSettings(steps=8, lr=3e-3, seq_len=16, unroll=2)
+    whole = train_mtp(target, samples, settings)
+    real, calls = trainer.chain_losses, [0]
+
+    def failing(stop_at: int, failure):  # noqa: ANN001, ANN202
+        def losses(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            if not torch.is_grad_enabled():  # the held-out evaluation, not a training step
+                return real(*args, **kwargs)
+            calls[0] += 1
+            if calls[0] == stop_at:
+                if failure is KeyboardInterrupt:
+                    raise KeyboardInterrupt
+                return [(torch.tensor([float("nan")]), torch.tensor([False]))]
+            return real(*args, **kwargs)
+        return losses
+
+    point = tmp_path / "resume"
+    monkeypatch.setattr(trainer, "chain_losses", failing(7, KeyboardInterrupt))  # Ctrl-C during step 7
+    with pytest.raises(KeyboardInterrupt):
+        train_mtp(target, samples, settings, resume=point, resume_key="data", checkpoint_every=3)
+    assert (point / "resume.safetensors").is_file()
+    monkeypatch.setattr(trainer, "chain_losses", real)
+    resumed = train_mtp(target, samples, settings, resume=point, resume_key="data", checkpoint_every=3)
+    assert resumed.losses == pytest.approx(whole.losses, rel=1e-5)
+    for name, tensor in whole.module.state_dict().items():
+        if name.startswith(("rotary.", "target.")):
+            continue
+        torch.testing.assert_close(resumed.module.state_dict()[name], tensor, rtol=1e-5, atol=1e-6)
+    assert not point.exists()
+
+    calls[0] = 0
+    monkeypatch.setattr(trainer, "chain_losses", failing(5, "nan"))
+    with pytest.raises(FloatingPointError, match="from step 4"):
+        train_mtp(target, samples, settings, resume=point, resume_key="data", checkpoint_every=2)
+    assert (point / "resume.safetensors").is_file()  # the last good point stays

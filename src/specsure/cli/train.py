@@ -63,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="measure the held-out acceptance length (mtp: and first-step agreement) every this "
                              "many steps, the curve in training.json (default: only before and after)")
     parser.add_argument("--checkpoint-every", type=int, default=100, metavar="STEPS",
-                        help="eagle3: write a resume point every this many steps next to --out; a run interrupted "
+                        help="write a resume point every this many steps next to --out; a run interrupted "
                              "or diverged goes on from it when the same command runs again (default 100; 0: off)")
     parser.add_argument("--seed", type=int, default=0, help="seed for the held-out split and the window order")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
@@ -153,11 +153,11 @@ def run(args: argparse.Namespace) -> int:
               "target_folder": target.path, "dtype": str(target.lm.dtype).removeprefix("torch.")}
     print(f"data: {len(samples)} prompts, {data['tokens']} tokens in {data['seconds']:.0f} s"
           + (f" (from the cache in {folder})" if hit else ""))
-    if args.method == "mtp":
-        _train_mtp(args, target, samples, settings, common, data, out)
-        return EXIT_OK
     try:
-        _train_eagle3(args, target, samples, settings, aux, common, data, out, key)
+        if args.method == "mtp":
+            _train_mtp(args, target, samples, settings, common, data, out, key)
+        else:
+            _train_eagle3(args, target, samples, settings, aux, common, data, out, key)
     except FloatingPointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -182,6 +182,11 @@ def _derived(rows, chat_rows, tokenizer, seed):  # noqa: ANN001, ANN202
     return build
 
 
+def _resume_folder(args: argparse.Namespace, out: Path) -> Path | None:
+    """Where resume points go: next to --out, hidden (None with --checkpoint-every 0)."""
+    return out.parent / f".{out.name}.resume" if args.checkpoint_every else None
+
+
 def _recorded_layers(num_layers: int) -> tuple[int, ...]:
     """EAGLE-3's layers for both methods: recording them costs little in the same forward, and one
     cached data set then serves both (make heads trains the MTP head on the EAGLE-3 head's samples)."""
@@ -196,12 +201,16 @@ def _run_hint(args: argparse.Namespace, out: Path, k: int) -> str:
     return f"run it: specsure generate{model_flag} --speculative-config '{spec}' PROMPT"
 
 
-def _train_mtp(args, target, samples, settings, common, data, out) -> None:  # noqa: ANN001
+def _train_mtp(args, target, samples, settings, common, data, out, key) -> None:  # noqa: ANN001
     import torch
 
     from specsure.train import save_mtp_head, train_mtp
 
-    result = train_mtp(target, samples, settings, progress=not args.no_progress, eval_every=args.eval_every)
+    # What shapes the run, so a resume point is only taken up by the same run (lr and steps may differ).
+    resume_key = json.dumps([key, "mtp", settings.modules, settings.unroll, settings.init, settings.seq_len,
+                             settings.seed])
+    result = train_mtp(target, samples, settings, progress=not args.no_progress, eval_every=args.eval_every,
+                       resume=_resume_folder(args, out), resume_key=resume_key, checkpoint_every=args.checkpoint_every)
     before, after = result.before, result.after
     training = {
         **common,
@@ -238,9 +247,9 @@ def _train_eagle3(args, target, samples, settings, aux, common, data, out, key) 
 
     # What shapes the run, so a resume point is only taken up by the same run (lr and steps may differ).
     resume_key = json.dumps([key, settings.unroll, settings.draft_vocab_size, settings.seq_len, settings.seed, aux])
-    resume = out.parent / f".{out.name}.resume" if args.checkpoint_every else None
     result = train_eagle3(target, samples, settings, aux, progress=not args.no_progress, eval_every=args.eval_every,
-                          resume=resume, resume_key=resume_key, checkpoint_every=args.checkpoint_every)
+                          resume=_resume_folder(args, out), resume_key=resume_key,
+                          checkpoint_every=args.checkpoint_every)
     before, after = result.before, result.after
     # The head is written in the target's dtype: what the engine would cast it to anyway, and half the size.
     dtype = target.lm.dtype

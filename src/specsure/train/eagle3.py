@@ -23,7 +23,6 @@ the draft vocabulary; the loss is the cross-entropy against it (soft labels), st
 from __future__ import annotations
 
 import copy
-import logging
 import math
 import time
 from collections.abc import Sequence
@@ -32,17 +31,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from specsure.models.causal_lm import CausalLM
 from specsure.models.loading import LoadedModel
 from specsure.proposers.eagle3 import Eagle3Module
 from specsure.train.data import Sample
-from specsure.train.mtp import TargetParts, draw_window, optimiser_for, split, update
-from specsure.train.resume import clear_point, load_point, save_point
-
-logger = logging.getLogger(__name__)
+from specsure.train.loop import run_steps
+from specsure.train.mtp import TargetParts, draw_window, optimiser_for, split
 
 STEP_WEIGHT = 0.8
 """Loss weight ratio between successive unrolled steps (EAGLE-3's 0.8**s)."""
@@ -265,49 +261,28 @@ def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle
     if any(s.aux is None for s in usable):
         raise ValueError("EAGLE-3 training needs the target's aux-layer features: build the samples with aux_layers.")
     train, heldout = split(usable, settings.heldout_fraction, settings.seed)
-    measure = heldout or train
+    measure_set = heldout or train
     draft_ids = draft_vocabulary(train, lm.vocab_size, settings.draft_vocab_size)
     module = initial_module(lm, aux_layers, draft_ids, settings.seed)
-    before = evaluate(module, lm, measure, settings.unroll, draft_ids)
+    before = evaluate(module, lm, measure_set, settings.unroll, draft_ids)
     params = [p for p in module.parameters() if p.requires_grad]
     optimiser, schedule = optimiser_for(params, settings.lr, settings.steps)
     gen = torch.Generator().manual_seed(settings.seed)
-    losses: list[float] = []
-    curve = [(0, before.acceptance_length)]
-    first = 0
-    point = load_point(resume, resume_key, module, optimiser, schedule, gen, settings.lr) if resume else None
-    if point is not None:
-        first, record = point
-        losses, curve = list(record["losses"]), [tuple(c) for c in record["curve"]]
-        logger.info("resuming from step %d of an earlier run (%s)", first, resume)
-    started = time.perf_counter()
-    module.train()
-    bar = tqdm(range(first, settings.steps), desc="training", unit="step", disable=not progress, initial=first,
-               total=settings.steps)
-    for step in bar:
+    curve: list = [(0, before.acceptance_length)]
+
+    def step_loss() -> torch.Tensor:
         sample, start, width = draw_window(train, settings.seq_len, gen)
-        loss = window_loss(module, lm, sample, start, start + width, settings.unroll, draft_ids)
-        if not torch.isfinite(loss):
-            kept = (f"the last good state, from step {first}, is kept in {resume}; run the same command with a "
-                    "lower --lr (for example half) to go on from it" if resume and first else
-                    "lower --lr (for example to half) and train again")
-            raise FloatingPointError(f"the training loss became {float(loss)} at step {step + 1}, so training "
-                                     f"stopped and no head was written; {kept}.")
-        losses.append(update(loss, params, optimiser, schedule))
-        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
-        if eval_every and (step + 1) % eval_every == 0 and step + 1 < settings.steps:
-            module.eval()
-            curve.append((step + 1, evaluate(module, lm, measure, settings.unroll, draft_ids).acceptance_length))
-            module.train()
-        if resume and checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < settings.steps:
-            save_point(resume, resume_key, step + 1, module, optimiser, schedule, gen,
-                       {"losses": losses, "curve": curve})
-            first = step + 1
+        return window_loss(module, lm, sample, start, start + width, settings.unroll, draft_ids)
+
+    def measure() -> tuple[float]:
+        return (evaluate(module, lm, measure_set, settings.unroll, draft_ids).acceptance_length,)
+
+    started = time.perf_counter()
+    losses = run_steps(module, params, optimiser, schedule, gen, settings.steps, settings.lr, step_loss, measure,
+                       curve, eval_every=eval_every, resume=resume, resume_key=resume_key,
+                       checkpoint_every=checkpoint_every, progress=progress)
     train_s = time.perf_counter() - started
-    module.eval()
-    after = evaluate(module, lm, measure, settings.unroll, draft_ids)
-    if resume:
-        clear_point(resume)
+    after = evaluate(module, lm, measure_set, settings.unroll, draft_ids)
     curve.append((settings.steps, after.acceptance_length))
     return Eagle3TrainResult(module, aux_layers, draft_ids, losses, before, after, curve, len(train), len(heldout),
                              train_s)

@@ -30,16 +30,17 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 import torch
-from tqdm import tqdm
 
 from specsure.models.causal_lm import CausalLM
 from specsure.models.loading import LoadedModel
 from specsure.proposers.head_layer import HeadCache
 from specsure.proposers.mtp import MTPModule
 from specsure.train.data import Sample
+from specsure.train.loop import run_steps
 
 
 INITS = ("random", "last_layer")
@@ -294,47 +295,44 @@ def split(samples: Sequence[Sample], fraction: float, seed: int) -> tuple[list[S
 
 
 def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrainSettings, *,
-              progress: bool = False, eval_every: int = 0) -> MTPTrainResult:
+              progress: bool = False, eval_every: int = 0, resume: Path | None = None, resume_key: str = "",
+              checkpoint_every: int = 0) -> MTPTrainResult:
     """Distill MTP modules from ``samples`` (see `specsure.train.data.self_distill`); with ``eval_every``,
-    measure the held-out sequences every that many steps (the result's ``curve``).
+    measure the held-out sequences every that many steps (the result's ``curve``). ``resume``,
+    ``resume_key`` and ``checkpoint_every``: resume points, as `specsure.train.loop.run_steps` keeps them.
 
     Raises:
         ValueError: no sequence has the two tokens an entry needs.
+        FloatingPointError: the loss stopped being finite; the last resume point is kept.
     """
     lm = target.lm
     usable = [s for s in samples if s.hidden.shape[0] >= 2]
     if not usable:
         raise ValueError("no training sequence has 2 or more tokens; give longer prompts or more new tokens.")
     train, heldout = split(usable, settings.heldout_fraction, settings.seed)
-    measure = heldout or train
+    measure_set = heldout or train
     modules = initial_modules(lm, settings.init, settings.seed, settings.modules)
-    before = evaluate(modules, lm, measure, settings.unroll)
+    before = evaluate(modules, lm, measure_set, settings.unroll)
     params = [p for module in modules for p in module.parameters() if p.requires_grad]
     optimiser, schedule = optimiser_for(params, settings.lr, settings.steps)
     gen = torch.Generator().manual_seed(settings.seed)
-    losses: list[float] = []
-    for module in modules:
-        module.train()
-    started = time.perf_counter()
-    bar = tqdm(range(settings.steps), desc="training", unit="step", disable=not progress)
-    curve = [(0, before.agreement, before.acceptance_length)]
-    for step in bar:
+    curve: list = [(0, before.agreement, before.acceptance_length)]
+
+    def step_loss() -> torch.Tensor:
         sample, start, width = draw_window(train, settings.seq_len, gen)
         chain = chain_losses(modules, lm, sample, start, start + width, settings.unroll)
-        loss = torch.stack([kl.mean() for kl, _ in chain]).mean()
-        losses.append(update(loss, params, optimiser, schedule))
-        bar.set_postfix(kl=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
-        if eval_every and (step + 1) % eval_every == 0 and step + 1 < settings.steps:
-            for module in modules:
-                module.eval()
-            now = evaluate(modules, lm, measure, settings.unroll)
-            curve.append((step + 1, now.agreement, now.acceptance_length))
-            for module in modules:
-                module.train()
+        return torch.stack([kl.mean() for kl, _ in chain]).mean()
+
+    def measure() -> tuple[float, float]:
+        now = evaluate(modules, lm, measure_set, settings.unroll)
+        return now.agreement, now.acceptance_length
+
+    started = time.perf_counter()
+    losses = run_steps(torch.nn.ModuleList(modules), params, optimiser, schedule, gen, settings.steps, settings.lr,
+                       step_loss, measure, curve, eval_every=eval_every, resume=resume, resume_key=resume_key,
+                       checkpoint_every=checkpoint_every, progress=progress)
     train_s = time.perf_counter() - started
-    for module in modules:
-        module.eval()
-    after = evaluate(modules, lm, measure, settings.unroll)
+    after = evaluate(modules, lm, measure_set, settings.unroll)
     curve.append((settings.steps, after.agreement, after.acceptance_length))
     return MTPTrainResult(modules[0], losses, before, after, len(train), len(heldout), train_s, modules, curve)
 
@@ -345,17 +343,6 @@ def optimiser_for(params: list[torch.nn.Parameter], lr: float,
     optimiser = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     warmup = max(1, min(20, steps // 10))
     return optimiser, torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: _lr_factor(step, warmup, steps))
-
-
-def update(loss: torch.Tensor, params: list[torch.nn.Parameter], optimiser: torch.optim.Optimizer,
-           schedule: torch.optim.lr_scheduler.LRScheduler) -> float:
-    """One optimiser step on ``loss`` (gradients clipped to norm 1); returns the loss as a float."""
-    optimiser.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(params, 1.0)
-    optimiser.step()
-    schedule.step()
-    return float(loss.detach())
 
 
 def draw_window(train: Sequence[Sample], seq_len: int, gen: torch.Generator) -> tuple[Sample, int, int]:

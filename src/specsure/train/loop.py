@@ -1,0 +1,80 @@
+"""The optimisation loop both head trainers share: steps, held-out curve, resume points, divergence.
+
+Each step draws one window (the caller's ``step_loss``) and takes one AdamW step. Every
+``eval_every`` steps ``measure`` adds a point to the curve. Every ``checkpoint_every`` steps a
+resume point goes to ``resume`` (`specsure.train.resume`); a run finding one with the same key
+continues from it, drawing the same windows. A loss that stops being finite raises
+FloatingPointError naming the last good point, so no NaN head is ever written.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from specsure.train.resume import clear_point, load_point, save_point
+
+logger = logging.getLogger(__name__)
+
+
+def run_steps(module: torch.nn.Module, params: list[torch.nn.Parameter], optimiser: torch.optim.Optimizer,
+              schedule: torch.optim.lr_scheduler.LambdaLR, gen: torch.Generator, steps: int, lr: float,
+              step_loss: Callable[[], torch.Tensor], measure: Callable[[], Any], curve: list[Any], *,
+              eval_every: int = 0, resume: Path | None = None, resume_key: str = "", checkpoint_every: int = 0,
+              progress: bool = False) -> list[float]:
+    """Train ``module`` (its trainable ``params``) for ``steps`` steps; returns the loss of every step.
+
+    ``curve`` holds the points measured so far (the warm start); ``measure()`` gives the next one
+    (a tuple whose first item the loop sets to the step). A resumed run replaces both lists with
+    the saved ones. The caller measures the end of training itself.
+
+    Raises:
+        FloatingPointError: the loss stopped being finite; the last resume point is kept.
+    """
+    first, losses = 0, []
+    point = load_point(resume, resume_key, module, optimiser, schedule, gen, lr) if resume else None
+    if point is not None:
+        first, record = point
+        losses = list(record["losses"])
+        curve[:] = [tuple(c) for c in record["curve"]]
+        logger.info("resuming from step %d of an earlier run (%s)", first, resume)
+    module.train()
+    bar = tqdm(range(first, steps), desc="training", unit="step", disable=not progress, initial=first, total=steps)
+    for step in bar:
+        loss = step_loss()
+        if not torch.isfinite(loss):
+            kept = (f"the last good state, from step {first}, is kept in {resume}; run the same command with a "
+                    "lower --lr (for example half) to go on from it" if resume and first else
+                    "lower --lr (for example to half) and train again")
+            raise FloatingPointError(f"the training loss became {float(loss)} at step {step + 1}, so training "
+                                     f"stopped and no head was written; {kept}.")
+        losses.append(update(loss, params, optimiser, schedule))
+        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+        if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
+            module.eval()
+            curve.append((step + 1, *measure()))
+            module.train()
+        if resume and checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
+            save_point(resume, resume_key, step + 1, module, optimiser, schedule, gen,
+                       {"losses": losses, "curve": curve})
+            first = step + 1
+    module.eval()
+    if resume:
+        clear_point(resume)
+    return losses
+
+
+def update(loss: torch.Tensor, params: list[torch.nn.Parameter], optimiser: torch.optim.Optimizer,
+           schedule: torch.optim.lr_scheduler.LRScheduler) -> float:
+    """One optimiser step on ``loss`` (gradients clipped to norm 1); returns the loss as a float."""
+    optimiser.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    optimiser.step()
+    schedule.step()
+    return float(loss.detach())
