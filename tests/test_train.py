@@ -150,6 +150,7 @@ def _tokens_line(printed: str) -> str:
     ("--max-new-tokens", "-1", "--max-new-tokens -1"),
     ("--prompts", "TEXT", "no tokenizer"),
     ("--corpus", "no-such-package-xyz", "'no-such-package-xyz' is not installed"),
+    ("--data", "text", "--data text teacher-forces the corpus's own text"),
 ])
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys, flag: str, value: str, message: str) -> None:
     target = build_tiny_llama(tmp_path / "target")  # no tokenizer
@@ -293,3 +294,25 @@ def test_an_interrupted_or_diverged_mtp_run_resumes_where_it_stopped(tmp_path: P
     with pytest.raises(FloatingPointError, match="from step 4"):
         train_mtp(target, samples, settings, resume=point, resume_key="data", checkpoint_every=2)
     assert (point / "resume.safetensors").is_file()  # the last good point stays
+
+
+@pytest.mark.slow
+def test_teacher_forced_text_is_the_packages_own_text_as_the_answer(default_model_cache: Path, tmp_path: Path,
+                                                                    capsys, _sample_cache: Path) -> None:
+    from specsure.train.cache import _load
+    from specsure.train.corpus import corpus_prompts
+
+    out = tmp_path / "head"
+    rc = main(["train", "--method", "eagle3", "--data", "text", "--corpus", "tqdm", "--corpus-prompts", "4",
+               "--max-new-tokens", "32", "--steps", "2", "--unroll", "2", "--draft-vocab-size", "64",
+               "--no-progress", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    assert json.loads((out / "training.json").read_text())["data"]["kind"] == "text"
+    (cached,) = list(_sample_cache.glob("*.safetensors"))
+    samples = _load(cached)
+    target = load_model(None, dtype="auto")
+    pieces = [c.piece for c in corpus_prompts(("tqdm",), 4, 0)]
+    assert len(samples) == len(pieces) == 4
+    for sample, piece in zip(samples, pieces):
+        answer = target.tokenizer.decode(sample.token_ids[sample.prompt_len:].tolist())
+        assert answer and piece.startswith(answer.strip()[:40])  # no generation: the answer is the package's text

@@ -38,6 +38,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "(for example numpy,transformers,jinja2,tqdm; docs/training.md); the name chat adds "
                              "specsure's own chat-style prompts and tasks built on their answers, math its word "
                              "problems")
+    parser.add_argument("--data", default="self-distill", choices=("self-distill", "text"),
+                        help="self-distill (default): the target answers every prompt and the head learns its "
+                             "answers; text: teacher forcing over the corpus's own docstrings and functions, each "
+                             "the answer to its prompt, labelled with the target's distribution (no generation; "
+                             "package prompts only)")
     parser.add_argument("--corpus-prompts", type=int, default=800, metavar="N",
                         help="how many --corpus prompts, spread over the packages (default 800)")
     parser.add_argument("--max-prompts", type=int, default=None, metavar="N", help="use at most the first N prompts")
@@ -111,9 +116,19 @@ def run(args: argparse.Namespace) -> int:
     rows = [p for path in args.prompts for p in load_workload(path)] if args.prompts else []
     sources = [{"source": str(path), "licence": "given by the user (--prompts)"} for path in args.prompts or []]
     chat_rows: list[int] = []
+    pieces: list[str] = []
+    if args.data == "text" and (args.prompts or not args.corpus):
+        raise ValueError("--data text teacher-forces the corpus's own text: give --corpus with package names, and "
+                         "no --prompts (a prompt file has no answers to teacher-force).")
     if args.corpus:
         packages = tuple(p.strip() for p in args.corpus.split(",") if p.strip())
         corpus = corpus_prompts(packages, args.corpus_prompts, args.seed)
+        if args.data == "text":
+            corpus = [c for c in corpus if c.piece]
+            if not corpus:
+                raise ValueError(f"--data text needs package names in --corpus (their docstrings and functions are "
+                                 f"the text); {args.corpus!r} has none.")
+            pieces = [c.piece for c in corpus]
         chat_rows = [len(rows) + i for i, c in enumerate(corpus) if c.package == "chat"]
         rows += [Prompt(id=f"corpus-{i}", category="corpus", prompt=c.text, source=c.where) for i, c in enumerate(corpus)]
         sources += sources_of(corpus)
@@ -127,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specsure.models.loading import load_model
     from specsure.train import self_distill
+    from specsure.train.data import build_sequences
 
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     started = time.perf_counter()
@@ -139,15 +155,24 @@ def run(args: argparse.Namespace) -> int:
     key = cache_key(target.path, dtype, prompts, args.max_new_tokens, aux,
                     extra=f"derived-{DERIVED_VERSION}-seed{args.seed}" if follow_up else "")
     folder = None if args.no_cache else Path(args.cache_dir) if args.cache_dir else default_cache_dir()
-    samples, hit = cached_samples(folder, key, lambda: self_distill(target, prompts, args.max_new_tokens,
-                                                                    aux_layers=aux, progress=not args.no_progress,
-                                                                    follow_up=follow_up))
+    if pieces:  # teacher forcing: the package's own text is the answer, cut to twice the continuation length
+        answers = [target.tokenizer.encode(p, add_special_tokens=False)[: 2 * args.max_new_tokens] for p in pieces]
+        key = cache_key(target.path, dtype, [[*a, -1, *b] for a, b in zip(prompts, answers)], args.max_new_tokens,
+                        aux, extra="teacher-forced text")
+
+        def build():  # noqa: ANN202
+            return build_sequences(target, prompts, answers, aux_layers=aux, progress=not args.no_progress)
+    else:
+        def build():  # noqa: ANN202
+            return self_distill(target, prompts, args.max_new_tokens, aux_layers=aux, progress=not args.no_progress,
+                                follow_up=follow_up)
+    samples, hit = cached_samples(folder, key, build)
     if len(samples) > len(prompts):
         sources.append({"source": "tasks built on the target's answers to specsure's chat prompts (a second turn, a "
                                   "summary, a translation, a passage question; train/task_prompts.py)",
                         "licence": "Apache-2.0 (templates written for this repository; the text is the target's own)",
                         "prompts": len(samples) - len(prompts)})
-    data = {"prompts": len(samples), "tokens": sum(s.token_ids.shape[0] for s in samples),
+    data = {"kind": args.data, "prompts": len(samples), "tokens": sum(s.token_ids.shape[0] for s in samples),
             "seconds": round(time.perf_counter() - started, 1), "from_cache": hit, "sources": sources}
     common = {"method": args.method, "target": args.model or "default (SmolLM2-135M-Instruct)",
               "target_folder": target.path, "dtype": str(target.lm.dtype).removeprefix("torch.")}

@@ -49,6 +49,9 @@ class CorpusPrompt:
     licence: str
     where: str
     """``path:line`` inside the package."""
+    piece: str = ""
+    """The docstring or function the prompt is about, as the package has it (empty for specsure's own
+    prompts): the text that ``--data text`` teacher-forces as the answer."""
 
 
 def licence_of(package: str) -> str:
@@ -138,7 +141,7 @@ def corpus_prompts(packages: tuple[str, ...] = DEFAULT_PACKAGES, limit: int = 10
         for i, (path, (kind, name, text, line)) in enumerate(pieces):
             templates = TEMPLATES_DOC if kind == "doc" else TEMPLATES_CODE
             mine.append(CorpusPrompt(templates[i % len(templates)].format(text=text, name=name), package, licence,
-                                     f"{path.name}:{line}"))
+                                     f"{path.name}:{line}", text))
         chosen.append(mine)
     # Round-robin over the packages, so a small package gives all it has and the rest fill up.
     out = [p for group in itertools.zip_longest(*chosen) for p in group if p is not None]
