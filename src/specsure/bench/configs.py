@@ -68,7 +68,9 @@ def speculative_config(method: str, s: Settings) -> dict[str, Any] | None:
         return None
     if method == "ngram-tree":
         return {**speculative_config("ngram", s), "prompt_lookup_branches": s.prompt_lookup_branches}
-    config: dict[str, Any] = {"method": method, "num_speculative_tokens": s.num_speculative_tokens}
+    # The heads take their own k unless one was asked for; the rest take the run's.
+    k = s.head_k if method in ("eagle", "eagle3", "mtp") else s.num_speculative_tokens
+    config: dict[str, Any] = {"method": method} if k is None else {"method": method, "num_speculative_tokens": k}
     if method == "ngram":
         if s.prompt_lookup_min is not None:
             config["prompt_lookup_min"] = s.prompt_lookup_min
@@ -78,10 +80,6 @@ def speculative_config(method: str, s: Settings) -> dict[str, Any] | None:
     if method == "suffix":
         config.update((key, getattr(s, key)) for key in SUFFIX_FIELDS if getattr(s, key) is not None)
         return config
-    if method in ("eagle", "eagle3", "mtp"):
-        del config["num_speculative_tokens"]
-        if s.head_k is not None:
-            config["num_speculative_tokens"] = s.head_k
     head = getattr(s, _HEAD_FLAG[method])
     if head is not None:
         config["model"] = head

@@ -33,7 +33,7 @@ from specsure.config.compat import check_mtp_tensors, require_target_mtp
 from specsure.config.detect import SPECSURE_MTP_HEAD, SPECSURE_MTP_MODEL_TYPE, deepseek_mtp_prefix
 from specsure.config.errors import ConfigError
 from specsure.proposers.head_chain import HeadChainProposer
-from specsure.proposers.head_layer import HeadCache, run_blocks, use_cache_slots, use_row_kernel
+from specsure.proposers.head_layer import HeadCache, use_cache_slots, use_row_kernel
 from specsure.proposers.head_loading import (
     TensorFile, check_equal, int_field, load_weights, read_head_config,
 )
@@ -76,24 +76,20 @@ class MTPModule(nn.Module):
 
     def forward(self, features: torch.Tensor, token_ids: torch.Tensor,
                 cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
-        h = features[None].to(self.eh_proj.weight.dtype)  # [1, n, H]
-        embed = self.embed_tokens(token_ids) if hasattr(self, "embed_tokens") else self.target.embed(token_ids)
-        x = self.eh_proj(torch.cat([self.enorm(embed[None].to(h.dtype)), self.hnorm(h)], dim=-1))
-        x = run_blocks([self.block], x, cache, self.rotary)  # [1, n, H], fed back before the norm
-        return self._head(x)
+        n = token_ids.shape[0]
+        out = self.entries(features, token_ids, cache.positions(n), cache.mask(n, self.eh_proj.weight.dtype), cache.kv)
+        cache.length += n
+        return out
 
     def entries(self, features: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor,
                 mask: torch.Tensor | None, kv: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` with explicit positions [1, n], additive mask [1, 1, n, past + n] and transformers cache:
         what training uses to lay out unrolled draft steps as the engine runs them."""
-        h = features[None].to(self.eh_proj.weight.dtype)
+        h = features[None].to(self.eh_proj.weight.dtype)  # [1, n, H]
         embed = self.embed_tokens(token_ids) if hasattr(self, "embed_tokens") else self.target.embed(token_ids)
         x = self.eh_proj(torch.cat([self.enorm(embed[None].to(h.dtype)), self.hnorm(h)], dim=-1))
         x = self.block(x, attention_mask=mask, position_ids=positions, cache=kv, use_cache=True,
-                       position_embeddings=self.rotary(x, positions))
-        return self._head(x)
-
-    def _head(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                       position_embeddings=self.rotary(x, positions))  # [1, n, H], fed back before the norm
         normed = self.shared_head.norm(x)[0]
         if hasattr(self.shared_head, "head"):
             return x[0], self.shared_head.head(normed).float()
