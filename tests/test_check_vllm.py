@@ -209,3 +209,22 @@ def test_real_probe_without_vllm_is_a_probe_error():
 def test_cli_bad_timeout_exits_2(tmp_path, target, capsys, timeout):
     assert run_cli(target, {"method": "ngram"}, str(tmp_path / "python"), "--timeout", timeout) == 2
     assert "--timeout" in capsys.readouterr().err
+
+
+def test_gguf_target_is_asked_as_its_converted_folder(tmp_path, capsys):
+    # vLLM cannot open a bare .gguf without a tokenizer repository; the packaged default is one.
+    seen = tmp_path / "cases.json"
+    python = tmp_path / "recording-python"
+    ok = vllm_result(method="ngram", model=None, prompt_lookup_min=5, prompt_lookup_max=5,
+                     draft_model_type=None, draft_architectures=None)
+    line = "SPECSURE_PROBE_RESULT " + json.dumps({"vllm_version": "0.33.0", "results": [ok, ok]})
+    python.write_text(f"#!/bin/sh\ncat > {seen}\necho '{line}'\n")
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    spec = {"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 5, "num_speculative_tokens": 4}
+    main(["check-vllm", "--speculative-config", json.dumps(spec), "--vllm-python", str(python)])
+    err = capsys.readouterr().err
+    models = {case["model"] for case in json.loads(seen.read_text())}
+    assert len(models) == 1
+    folder = Path(models.pop())
+    assert folder.is_dir() and (folder / "config.json").is_file()
+    assert "is a GGUF file" in err and str(folder) in err

@@ -51,7 +51,17 @@ def run(args: argparse.Namespace) -> int:
               "PATH (a Python with vLLM installed), or create one: python3 -m venv .venv-vllm && "
               f".venv-vllm/bin/pip install vllm=={VLLM_TESTED_VERSIONS[-1]}", file=sys.stderr)
         return EXIT_USAGE
-    target = target_path(res)
+    target, notes = target_path(res), list(res.warnings) + list(exported.warnings)
+    if target.lower().endswith(".gguf"):
+        # vLLM reads a bare .gguf only with a tokenizer repository to fetch its config from, and
+        # fails with "Invalid repository ID" here. The folder specsure converted the file into holds
+        # the same model in HF layout, so vLLM's detection sees the same checkpoint metadata.
+        from specsure.models.loading import weights_folder
+
+        gguf, target = target, str(weights_folder(res.target_model))
+        notes.append(f"the target {gguf} is a GGUF file; vLLM was asked with the folder specsure converted it "
+                     f"into, {target} (same weights, HF layout). Give vLLM that folder as --model, or the .gguf "
+                     "with --tokenizer naming its Hugging Face repository.")
     as_written = {KEY_ALIASES.get(k, k): v for k, v in speculative.items()}
     cases = [{"model": target, "speculative_config": dict(exported.speculative_config)},
              {"model": target, "speculative_config": as_written}]
@@ -67,7 +77,6 @@ def run(args: argparse.Namespace) -> int:
               f"{json.dumps(dict(exported.speculative_config))}: {result['error']}", file=sys.stderr)
         return EXIT_USAGE
     check = compare(res, result, exported=exported.speculative_config, as_written=written, vllm_version=version)
-    notes = list(res.warnings) + list(exported.warnings)
     if version not in VLLM_TESTED_VERSIONS:
         notes.append(f"vLLM {version} is not a tested version ({', '.join(VLLM_TESTED_VERSIONS)}).")
     if answer.get("specsure_plugin") and not check.ok:

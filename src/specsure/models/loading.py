@@ -55,7 +55,7 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
         ModelLoadError: the checkpoint is missing, malformed, pickled, or not a causal LM.
     """
     torch_dtype, dtype_reason = resolve_dtype(dtype)
-    folder = _weights_folder(path)
+    folder = weights_folder(path)
     check_model_folder(folder)
     started = time.perf_counter()
     try:
@@ -106,7 +106,12 @@ def check_model_folder(folder: Path) -> dict[str, Any]:
     return config
 
 
-def _weights_folder(path: str | None) -> Path:
+def weights_folder(path: str | None) -> Path:
+    """The HF folder the weights load from: ``path`` itself, or a GGUF's converted folder (made once).
+
+    Raises:
+        ModelLoadError: the path does not exist, or is a file other than a .gguf.
+    """
     if path is None:
         return default_model_folder()
     p = Path(path).expanduser()
