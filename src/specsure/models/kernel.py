@@ -76,6 +76,15 @@ class Kernel:
         self.library.decode_layers(ctypes.byref(shape), ctypes.byref(layers, first * ctypes.sizeof(LayerStruct)),
                                    count, pos, cos.data_ptr(), sin.data_ptr(), x.data_ptr(), scratch.data_ptr())
 
+    def decode_rows(self, shape: ShapeStruct, layers: ctypes.Array, first: int, count: int, segments: ctypes.Array,
+                    per_layer: int, cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
+                    scratch: torch.Tensor) -> None:
+        """Run layers ``first .. first + count`` on the rows ``x`` ([rows, hidden] bf16, in place);
+        ``segments`` holds ``per_layer`` segments for each layer, layer 0's first."""
+        self.library.decode_rows(ctypes.byref(shape), ctypes.byref(layers, first * ctypes.sizeof(LayerStruct)), count,
+                                 ctypes.byref(segments, first * per_layer * ctypes.sizeof(SegmentStruct)), per_layer,
+                                 x.shape[0], cos.data_ptr(), sin.data_ptr(), x.data_ptr(), scratch.data_ptr())
+
     def with_amx(self, wanted: bool) -> "Kernel":
         """The kernel with AMX products on (where this CPU and Linux allow) or off. The switch is the
         library's, so it applies to every model in the process."""
@@ -142,6 +151,7 @@ def _bind(library: ctypes.CDLL) -> Kernel:
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     signatures = {
         "decode_layers": [pointer, pointer, size, size, pointer, pointer, pointer, pointer],
+        "decode_rows": [pointer, pointer, size, pointer, size, size, pointer, pointer, pointer, pointer],
         "linear_rows": [pointer, pointer, pointer, size, size, size],
         "attend_rows": [pointer, pointer, size, pointer, pointer, pointer, pointer],
         "add_norm": [pointer, pointer, pointer, pointer, size, size, ctypes.c_float],

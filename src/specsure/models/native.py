@@ -295,8 +295,8 @@ class NativeDecoder:
 
     def _kernel_rows(self, ids: torch.Tensor, segments: list["Segment"], aux_layers: tuple[int, ...]
                      ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """A few rows (a verify step, a batch): everything between the products in C; the products in C
-        too in exact mode, else in oneDNN."""
+        """A few rows (a verify step, a batch): in exact mode every layer in one C call (`decode_rows`),
+        else everything between the products in C and the products in oneDNN."""
         kernel = self.kernel
         assert kernel is not None
         total, count = ids.shape[0], len(segments)
@@ -313,10 +313,23 @@ class NativeDecoder:
                 table[i * count + j] = kernels.SegmentStruct(keys.data_ptr(), values.data_ptr(), keys.shape[-2],
                                                              segment.start, segment.length,
                                                              None if mask is None else mask.data_ptr())
+        entering: dict[int, torch.Tensor] = {}
+        if self.exact:  # the whole stack in C, pausing only where an aux layer's input is wanted
+            hidden, dim = x.shape[1], self.head_dim
+            scratch = torch.empty(total * (2 * hidden + (2 * self.heads + 2 * self.kv_heads) * dim
+                                           + 3 * self.intermediate), dtype=torch.bfloat16)
+            first = 0
+            for stop in sorted(set(aux_layers)) + [len(self.layers)]:
+                if stop > first:
+                    kernel.decode_rows(self._shape, self._structs, first, stop - first, table, count, cos, sin, x,
+                                       scratch)
+                if stop < len(self.layers):
+                    entering[stop] = x.clone()
+                first = stop
+            return self._finish_rows(x, segments, aux_layers, entering)
         h = torch.empty_like(x)
         att = torch.empty(total, self.heads * self.head_dim, dtype=x.dtype)
         act = torch.empty(total, self.intermediate, dtype=x.dtype)
-        entering: dict[int, torch.Tensor] = {}
         delta = None
         for i, layer in enumerate(self.layers):
             kernel.add_norm(x, delta, layer.input_norm, h, self.eps)  # the last layer's residual, then this norm
@@ -328,6 +341,10 @@ class NativeDecoder:
             kernel.silu_mul(self._product(h, layer.gate_up), act)
             delta = self._product(act, layer.down)
         kernel.add_norm(x, delta, None, None, self.eps)
+        return self._finish_rows(x, segments, aux_layers, entering)
+
+    def _finish_rows(self, x: torch.Tensor, segments: list["Segment"], aux_layers: tuple[int, ...],
+                     entering: dict[int, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         for segment in segments:
             for layer in segment.cache.layers:
                 layer.set_length(segment.start + segment.length)
