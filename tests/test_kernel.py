@@ -218,3 +218,45 @@ def test_draft_heads_run_their_bf16_products_on_the_kernel(tmp_path, products):
     prompt = [5, 6, 7, 8, 9, 10, 5, 6, 7]
     if products.amx:
         assert engine.generate([prompt], greedy)[0].token_ids == plain.generate([prompt], greedy)[0].token_ids
+
+
+def test_eagle3_midlayer_on_the_kernel_matches_its_torch_ops(tmp_path, products):
+    """In bf16 with AMX the EAGLE-3 head's layer runs on the kernel: the same arithmetic as its torch
+    ops up to float32 summation order, and the engine still equals plain decoding."""
+    from heads import write_eagle3_head
+    from specsure import SamplingParams, make_engine
+    from specsure.proposers.head_layer import HeadCache
+    from tiny import build_tiny_llama
+
+    target = build_tiny_llama(tmp_path / "t", vocab_size=96, hidden_size=64, num_layers=3)
+    head = write_eagle3_head(tmp_path / "h", target, draft_vocab=48)
+    engine = make_engine(str(target), {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3},
+                         dtype="bfloat16")
+    module = engine.proposer.module
+    if products is None or not products.amx:  # no kernel, or dot products only: the torch ops run
+        assert module._kernel is None or module._kernel.amx
+        return
+    assert module._kernel is not None
+    gen = torch.Generator().manual_seed(3)
+    first = torch.randn(6, 64, generator=gen).to(torch.bfloat16)
+    more = torch.randn(2, 64, generator=gen).to(torch.bfloat16)
+    ids = torch.tensor([3, 9, 27, 81 % 96, 5, 7]), torch.tensor([11, 13])
+    saved = module._kernel
+    with torch.inference_mode():
+        outs = []
+        for kernel in (saved, None):
+            cache = HeadCache()
+            module(first, ids[0], cache)  # the first call sizes the cache on torch either way
+            module._kernel = kernel
+            outs.append(module(more, ids[1], cache))
+            assert cache.length == 8 and cache.kv.layers[0].get_seq_length() == 8
+        module._kernel = saved
+    (hidden, logits), (want_hidden, want_logits) = outs
+    torch.testing.assert_close(hidden, want_hidden, atol=0.05, rtol=0.05)
+    finite = torch.isfinite(want_logits)
+    assert torch.equal(finite, torch.isfinite(logits))
+    torch.testing.assert_close(logits[finite], want_logits[finite], atol=0.1, rtol=0.05)
+    greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    plain = make_engine(str(target), None, dtype="bfloat16")
+    prompt = [5, 6, 7, 8, 9, 10, 5, 6, 7]
+    assert engine.generate([prompt], greedy)[0].token_ids == plain.generate([prompt], greedy)[0].token_ids
