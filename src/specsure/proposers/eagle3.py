@@ -126,7 +126,7 @@ class Eagle3Module(nn.Module):
         """`forward` on the C kernel: the same steps, each rounded to bf16 where torch rounds it."""
         kernel, layer, shape = self._kernel, self.midlayer, self._shape
         assert kernel is not None
-        n, hidden, eps = features.shape[0], shape.hidden, shape.eps
+        n, eps = features.shape[0], shape.eps
         embed = self.embed_tokens(token_ids) if hasattr(self, "embed_tokens") else self.target.embed(token_ids)
         x = features.contiguous().clone()  # [n, H]: the residual stream, updated in place
         e, g = torch.empty_like(x), torch.empty_like(x)
