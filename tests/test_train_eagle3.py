@@ -177,4 +177,6 @@ def test_chat_prompts_are_distinct_ours_and_not_bench_prompts() -> None:
     assert corpus_prompts(("chat",), limit=5, seed=2) == corpus_prompts(("chat",), limit=5, seed=2)
     assert any("chat prompts" in s["source"] for s in sources_of(prompts))
     bench = {row.prompt for split in (False, True) for row in load_builtin(heldout=split) if row.prompt}
-    assert not bench & {p.text for p in corpus_prompts(("chat",), limit=1000)}
+    bench |= {text for split in (False, True) for row in load_builtin(heldout=split) for _, text in row.messages or ()}
+    assert len(bench) > 100  # both splits' prompts and every turn of their conversations
+    assert not bench & {p.text for p in corpus_prompts(("chat",), limit=5000)}

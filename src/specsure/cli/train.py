@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
 
     from specsure.models.loading import load_model
     from specsure.train import self_distill
-    from specsure.train.data import build_sequences
+    from specsure.train.data import DISTILL_BATCH, build_sequences
 
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     started = time.perf_counter()
@@ -152,8 +152,10 @@ def run(args: argparse.Namespace) -> int:
     dtype = str(target.lm.dtype).removeprefix("torch.")
     chat_rows = [i for i in chat_rows if i < len(rows)]
     follow_up = _derived(rows, chat_rows, target.tokenizer, args.seed) if chat_rows and target.tokenizer else None
-    key = cache_key(target.path, dtype, prompts, args.max_new_tokens, aux,
-                    extra=f"derived-{DERIVED_VERSION}-seed{args.seed}" if follow_up else "")
+    # The batch is part of the key: batching may change a near-tied greedy token, so samples
+    # generated 8 at a time are not the ones 32 at a time would give.
+    derived = f"derived-{DERIVED_VERSION}-seed{args.seed}-" if follow_up else ""
+    key = cache_key(target.path, dtype, prompts, args.max_new_tokens, aux, extra=f"{derived}batch{DISTILL_BATCH}")
     folder = None if args.no_cache else Path(args.cache_dir) if args.cache_dir else default_cache_dir()
     if pieces:  # teacher forcing: the package's own text is the answer, cut to twice the continuation length
         answers = [target.tokenizer.encode(p, add_special_tokens=False)[: 2 * args.max_new_tokens] for p in pieces]
@@ -189,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-DERIVED_VERSION = 1
+DERIVED_VERSION = 2
 """Bumped when task_prompts.derived_prompts changes, so cached samples built the old way are not reused."""
 
 

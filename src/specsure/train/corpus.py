@@ -33,6 +33,13 @@ TEMPLATES_CODE = (
     "What does this Python function do? Explain it step by step.\n\n```python\n{text}\n```",
     "Rewrite this Python function with clearer variable names and a docstring:\n\n```python\n{text}\n```",
     "Find a possible bug or an edge case this function does not handle:\n\n```python\n{text}\n```",
+    "Add type hints to this function. Keep everything else the same.\n\n```python\n{text}\n```",
+    "Rewrite this function so that its local variables have longer, descriptive names. Change nothing "
+    "else.\n\n```python\n{text}\n```",
+    "Add a short comment above each block of this function that says why it is there.\n\n```python\n{text}\n```",
+    "Write two unit tests with pytest for this function.\n\n```python\n{text}\n```",
+    "Rename this function to `process` and update any calls to it inside its own body. Keep the rest "
+    "unchanged.\n\n```python\n{text}\n```",
 )
 MAX_CHARS = 1200
 """Longer docstrings and functions are skipped: the prompt should leave room for the answer."""
