@@ -25,10 +25,11 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specsure.config.errors import ConfigError
-from specsure.models.kernel import MAX_HEAD_DIM, Kernel, SegmentStruct, ShapeStruct
-from specsure.models.native import KERNEL_ROWS
+from specsure.models.kernel import MAX_HEAD_DIM, Kernel, ShapeStruct
 from specsure.proposers.head_chain import HeadChainProposer
-from specsure.proposers.head_layer import HeadCache, attend, use_row_kernel
+from specsure.proposers.head_layer import (
+    HeadCache, attend, commit_rows, kernel_ready, kernel_segment, use_row_kernel,
+)
 from specsure.proposers.head_loading import (
     TensorFile, check_equal, int_field, llama_config, load_weights, mismatch, read_head_config,
 )
@@ -116,10 +117,7 @@ class Eagle3Module(nn.Module):
         return out[0], self._logits(self.norm(out)[0])
 
     def _kernel_can_run(self, features: torch.Tensor, cache: HeadCache) -> bool:
-        kv = cache.kv.layers
-        return (self._kernel is not None and features.dtype == torch.bfloat16
-                and features.shape[0] <= KERNEL_ROWS and not torch.is_grad_enabled()
-                and bool(kv) and kv[0].is_initialized)  # the first (prompt) call sizes the cache on torch
+        return self._kernel is not None and features.dtype == torch.bfloat16 and kernel_ready(cache, features.shape[0])
 
     def _kernel_forward(self, features: torch.Tensor, token_ids: torch.Tensor,
                         cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,14 +135,9 @@ class Eagle3Module(nn.Module):
         qkv = kernel.linear_rows(self._qkv, torch.cat([e, g], dim=-1))
         positions = cache.positions(n)
         cos, sin = self.rotary(x[None], positions)
-        start, kv = cache.length, cache.kv.layers[0]
-        keys, values = kv.reserve(start + n)
-        segment = (SegmentStruct * 1)(SegmentStruct(keys.data_ptr(), values.data_ptr(), keys.shape[-2], start, n,
-                                                    None))
         att = torch.empty(n, shape.heads * shape.head_dim, dtype=x.dtype)
-        kernel.attend_rows(shape, segment, 0, 1, qkv, cos[0].contiguous(), sin[0].contiguous(), att)
-        kv.set_length(start + n)
-        cache.length = start + n
+        kernel.attend_rows(shape, kernel_segment(cache, n), 0, 1, qkv, cos[0].contiguous(), sin[0].contiguous(), att)
+        commit_rows(cache, n)
         h = torch.empty_like(x)
         kernel.add_norm(x, kernel.linear_rows(layer.self_attn.o_proj.weight, att), layer.post_attention_layernorm.weight,
                         h, eps)

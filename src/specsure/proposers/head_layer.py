@@ -6,11 +6,13 @@ to a prefix is therefore a crop; nothing else carries state between entries.
 
 from __future__ import annotations
 
+import ctypes
 from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 import torch.nn.functional as F
 
+from specsure.models.kernel import SegmentStruct
 from specsure.models.kv_cache import RollbackCache
 from specsure.models.native import KERNEL_ROWS
 
@@ -99,6 +101,26 @@ def attend(attention: torch.nn.Module, x: torch.Tensor, cache: HeadCache, rotary
                        attention_mask=cache.mask(n, reference.dtype), cache=cache.kv, position_ids=positions)
     cache.length += n
     return out
+
+
+def kernel_ready(cache: HeadCache, rows: int) -> bool:
+    """Whether the C kernel may write the next ``rows`` entries of ``cache``'s one layer: outside
+    autograd, a few rows, and a layer the first (prompt) call has already sized on torch."""
+    layers = cache.kv.layers
+    return rows <= KERNEL_ROWS and not torch.is_grad_enabled() and bool(layers) and layers[0].is_initialized
+
+
+def kernel_segment(cache: HeadCache, rows: int) -> ctypes.Array:
+    """The kernel's Segment for the next ``rows`` entries of ``cache``'s one layer (room is made);
+    `commit_rows` declares them written."""
+    start, layer = cache.length, cache.kv.layers[0]
+    keys, values = layer.reserve(start + rows)
+    return (SegmentStruct * 1)(SegmentStruct(keys.data_ptr(), values.data_ptr(), keys.shape[-2], start, rows, None))
+
+
+def commit_rows(cache: HeadCache, rows: int) -> None:
+    cache.kv.layers[0].set_length(cache.length + rows)
+    cache.length += rows
 
 
 def use_cache_slots(blocks: list[torch.nn.Module]) -> None:

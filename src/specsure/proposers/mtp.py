@@ -32,8 +32,11 @@ from torch import nn
 from specsure.config.compat import check_mtp_tensors, require_target_mtp
 from specsure.config.detect import SPECSURE_MTP_HEAD, SPECSURE_MTP_MODEL_TYPE, deepseek_mtp_prefix
 from specsure.config.errors import ConfigError
+from specsure.models.kernel import MAX_HEAD_DIM, Kernel, LayerStruct, ShapeStruct
 from specsure.proposers.head_chain import HeadChainProposer
-from specsure.proposers.head_layer import HeadCache, use_cache_slots, use_row_kernel
+from specsure.proposers.head_layer import (
+    HeadCache, commit_rows, kernel_ready, kernel_segment, use_cache_slots, use_row_kernel,
+)
 from specsure.proposers.head_loading import (
     TensorFile, check_equal, int_field, load_weights, read_head_config,
 )
@@ -69,14 +72,54 @@ class MTPModule(nn.Module):
             self.shared_head.head = nn.Linear(hidden, vocab, bias=False)
         if own_embed:
             self.embed_tokens = nn.Embedding(vocab, hidden)
+        self._kernel: Kernel | None = None
 
     def attach(self, target: "CausalLM", rotary: nn.Module) -> None:
         self.target, self.rotary = target, rotary
         use_cache_slots([self.block])
 
+    def use_kernel(self, kernel: Kernel | None) -> bool:
+        """Run bf16 inference steps on ``kernel`` (the target's, so the target's family runs on the C
+        path, and the block is its layer class) with AMX products, where the block is a dense layer;
+        returns whether it will. The arithmetic is `entries`',
+        rounded at the same points, in a few C calls instead of some sixty small torch ops."""
+        block = self.block
+        attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
+        dim = getattr(attn, "head_dim", None)
+        if (kernel is None or not kernel.amx or self.eh_proj.weight.dtype != torch.bfloat16
+                or not all(hasattr(mlp, p) for p in ("gate_proj", "up_proj", "down_proj"))
+                or not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
+                or not isinstance(dim, int) or dim > MAX_HEAD_DIM):
+            self._kernel = None
+            return False
+        projections = [attn.q_proj, attn.k_proj, attn.v_proj]
+        biases = [p.bias for p in projections]
+        with torch.no_grad():
+            self._weights = {  # kept alive here: the struct holds their addresses
+                "input_norm": block.input_layernorm.weight, "post_norm": block.post_attention_layernorm.weight,
+                "qkv": torch.cat([p.weight for p in projections]).contiguous(),
+                "qkv_bias": torch.cat(biases).contiguous() if all(b is not None for b in biases) else None,
+                "o": attn.o_proj.weight, "o_bias": attn.o_proj.bias,
+                "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous(),
+                "down": mlp.down_proj.weight}
+        if any(b is not None for b in biases) and self._weights["qkv_bias"] is None:
+            self._kernel = None
+            return False
+        self._layer = (LayerStruct * 1)()
+        for name, tensor in self._weights.items():
+            setattr(self._layer[0], name, None if tensor is None else tensor.data_ptr())
+        config = attn.config
+        self._shape = ShapeStruct(self.eh_proj.out_features, int(config.num_attention_heads),
+                                  int(config.num_key_value_heads), dim, mlp.down_proj.in_features,
+                                  float(block.input_layernorm.variance_epsilon))
+        self._kernel = kernel
+        return True
+
     def forward(self, features: torch.Tensor, token_ids: torch.Tensor,
                 cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
         n = token_ids.shape[0]
+        if self._kernel is not None and features.dtype == torch.bfloat16 and kernel_ready(cache, n):
+            return self._kernel_forward(features, token_ids, cache)
         out = self.entries(features, token_ids, cache.positions(n), cache.mask(n, self.eh_proj.weight.dtype), cache.kv)
         cache.length += n
         return out
@@ -94,6 +137,30 @@ class MTPModule(nn.Module):
         if hasattr(self.shared_head, "head"):
             return x[0], self.shared_head.head(normed).float()
         return x[0], self.target.lm_head_logits(normed)
+
+
+    def _kernel_forward(self, features: torch.Tensor, token_ids: torch.Tensor,
+                        cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` on the C kernel: the block through `decode_rows` on the head's own cache."""
+        kernel, shape = self._kernel, self._shape
+        assert kernel is not None
+        n, hidden = features.shape[0], shape.hidden
+        embed = self.embed_tokens(token_ids) if hasattr(self, "embed_tokens") else self.target.embed(token_ids)
+        e, g = (torch.empty(n, hidden, dtype=torch.bfloat16) for _ in range(2))
+        kernel.add_norm(embed.to(torch.bfloat16).contiguous(), None, self.enorm.weight, e, self.enorm.variance_epsilon)
+        kernel.add_norm(features.contiguous(), None, self.hnorm.weight, g, self.hnorm.variance_epsilon)
+        x = kernel.linear_rows(self.eh_proj.weight, torch.cat([e, g], dim=-1))  # [n, H]
+        cos, sin = self.rotary(x[None], cache.positions(n))
+        scratch = torch.empty(n * (2 * hidden + (2 * shape.heads + 2 * shape.kv_heads) * shape.head_dim
+                                   + 3 * shape.intermediate), dtype=torch.bfloat16)
+        kernel.decode_rows(shape, self._layer, 0, 1, kernel_segment(cache, n), 1, cos[0].contiguous(),
+                           sin[0].contiguous(), x, scratch)
+        commit_rows(cache, n)
+        normed = torch.empty_like(x)
+        kernel.add_norm(x, None, self.shared_head.norm.weight, normed, self.shared_head.norm.variance_epsilon)
+        if hasattr(self.shared_head, "head"):
+            return x, self.shared_head.head(normed).float()
+        return x, self.target.lm_head_logits(normed)
 
 
 class MTPProposer(HeadChainProposer):
@@ -135,6 +202,7 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> MTPProposer:
     for module in modules_out:
         module.attach(lm, base.rotary_emb)
         use_row_kernel(module, lm.row_kernel)
+        module.use_kernel(lm.row_kernel)
     logger.info("mtp: %d module(s) from %s (%s)", len(modules_out), label, where)
     return MTPProposer(modules_out)
 
