@@ -48,3 +48,23 @@ def test_trimming_keeps_whole_sentences() -> None:
     assert len(trimmed("Word. " * 400)) <= 900
     assert first_sentence("## Title\n- **Cats** purr when they are happy. More.") == "Cats purr when they are happy."
 
+
+
+def test_source_segments_equal_the_stdlib_ones() -> None:
+    """corpus.py splits a file's lines once; every segment must still be ast.get_source_segment's."""
+    import ast
+    from pathlib import Path
+
+    from specsure.train import corpus
+
+    sources = ["def f():\r\n    return 1\r\n", "x = 1\rdef g(a):\r    '''\u00e9t\u00e9'''\r    return a\r",
+               "def h(): pass", "\x0cdef k():\n    return '\u00e9\x0c'\n", "class C:\n    def m(self):\n        return 2"]
+    sources += [Path(corpus.__file__).read_text(encoding="utf-8"), Path(ast.__file__).read_text(encoding="utf-8")]
+    checked = 0
+    for source in sources:
+        lines = corpus._LINE.findall(source)
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                assert corpus._segment(lines, node) == ast.get_source_segment(source, node)
+                checked += 1
+    assert checked > 50

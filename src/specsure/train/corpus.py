@@ -16,6 +16,7 @@ import ast
 import importlib.metadata
 import itertools
 import random
+import re
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,23 @@ def _sources(package: str) -> list[Path]:
     return sorted(Path(str(f.locate())) for f in files if str(f).endswith(".py") and "/tests/" not in f"/{f}")
 
 
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")
+
+
+def _segment(lines: list[str], node: ast.AST) -> str | None:
+    """``ast.get_source_segment(source, node)`` over the file's lines split once: the stdlib splits the
+    whole file again for every node, which made reading transformers' sources take minutes."""
+    end, end_col = getattr(node, "end_lineno", None), getattr(node, "end_col_offset", None)
+    if end is None or end_col is None:
+        return None
+    first, last, col = node.lineno - 1, end - 1, node.col_offset
+    if first == last:
+        return lines[first].encode()[col:end_col].decode()
+    head = lines[first].encode()[col:].decode()
+    tail = lines[last].encode()[:end_col].decode()
+    return "".join([head, *lines[first + 1: last], tail])
+
+
 def _pieces(path: Path) -> list[tuple[str, str, str, int]]:
     """(kind, name, text, line) for each documented function or class and each short function."""
     try:
@@ -94,6 +112,7 @@ def _pieces(path: Path) -> list[tuple[str, str, str, int]]:
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
         return []
     out = []
+    lines = _LINE.findall(source)  # ast's own line split: \r\n, \r and \n, endings kept, no form feed
     for node in ast.walk(tree):
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or node.name.startswith("_"):
             continue
@@ -101,7 +120,7 @@ def _pieces(path: Path) -> list[tuple[str, str, str, int]]:
         if doc and doc.count("\n") >= 2 and len(doc) <= MAX_CHARS:
             out.append(("doc", node.name, doc, node.lineno))
         if not isinstance(node, ast.ClassDef):
-            code = ast.get_source_segment(source, node)
+            code = _segment(lines, node)
             # A method's segment keeps its body's indentation but not its first line's: restore, then dedent.
             code = textwrap.dedent(" " * node.col_offset + code) if code else None
             if code and 3 <= code.count("\n") and len(code) <= MAX_CHARS:
