@@ -81,8 +81,8 @@ class MTPModule(nn.Module):
     def use_kernel(self, kernel: Kernel | None) -> bool:
         """Run bf16 inference steps on ``kernel`` (the target's, so the target's family runs on the C
         path, and the block is its layer class) with AMX products, where the block is a dense layer;
-        returns whether it will. The arithmetic is `entries`',
-        rounded at the same points, in a few C calls instead of some sixty small torch ops."""
+        returns whether it will. The arithmetic is `entries`', rounded at the same points, in a few
+        C calls instead of some sixty small torch ops."""
         block = self.block
         attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
         dim = getattr(attn, "head_dim", None)
@@ -137,7 +137,6 @@ class MTPModule(nn.Module):
         if hasattr(self.shared_head, "head"):
             return x[0], self.shared_head.head(normed).float()
         return x[0], self.target.lm_head_logits(normed)
-
 
     def _kernel_forward(self, features: torch.Tensor, token_ids: torch.Tensor,
                         cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
