@@ -84,8 +84,8 @@ def test_sampled_drafts_carry_q_rows(target, tmp_path, monkeypatch):
     calls: list[torch.Tensor] = []
     real_forward, real_propose = module.forward, proposer.propose
 
-    def forward(*args):  # noqa: ANN002, ANN202
-        hidden, logits = real_forward(*args)
+    def forward(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        hidden, logits = real_forward(*args, **kwargs)
         calls.append(logits[-1])  # every call drafts one token from its last row
         return hidden, logits
 

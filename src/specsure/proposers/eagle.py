@@ -62,14 +62,14 @@ class EagleModule(nn.Module):
         self.target = target
         use_cache_slots(list(self.layers))
 
-    def forward(self, features: torch.Tensor, token_ids: torch.Tensor,
-                cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,
+                last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         h = features[None].to(self.fc.weight.dtype)  # [1, n, H]
         e = self.target.embed(token_ids)[None].to(h.dtype)  # [1, n, H]
         if hasattr(self, "embedding_layernorm"):
             e, h = self.embedding_layernorm(e), self.hidden_states_layernorm(h)
         x = run_blocks(self.layers, self.fc(torch.cat([e, h], dim=-1)), cache, self.rotary)  # [1, n, H]
-        return x[0], self.target.lm_head_logits(x[0])
+        return x[0], self.target.lm_head_logits(x[0, -1:] if last else x[0])
 
 
 class EagleProposer(HeadChainProposer):

@@ -99,10 +99,10 @@ class Eagle3Module(nn.Module):
         self._kernel = kernel
         return True
 
-    def forward(self, features: torch.Tensor, token_ids: torch.Tensor,
-                cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,
+                last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         if self._kernel_can_run(features, cache):
-            return self._kernel_forward(features, token_ids, cache)
+            return self._kernel_forward(features, token_ids, cache, last)
         x = features[None]  # [1, n, H]
         embed = self.embed_tokens(token_ids) if hasattr(self, "embed_tokens") else self.target.embed(token_ids)
         layer = self.midlayer
@@ -114,13 +114,13 @@ class Eagle3Module(nn.Module):
             residual, g = x, layer.hidden_norm(x)
         h = residual + attend(layer.self_attn, torch.cat([e, g], dim=-1), cache, self.rotary, x)
         out = h + layer.mlp(layer.post_attention_layernorm(h))  # [1, n, H], fed back before the norm
-        return out[0], self._logits(self.norm(out)[0])
+        return out[0], self._logits(self.norm(out[:, -1:] if last else out)[0])
 
     def _kernel_can_run(self, features: torch.Tensor, cache: HeadCache) -> bool:
         return self._kernel is not None and features.dtype == torch.bfloat16 and kernel_ready(cache, features.shape[0])
 
-    def _kernel_forward(self, features: torch.Tensor, token_ids: torch.Tensor,
-                        cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
+    def _kernel_forward(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,
+                        last: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` on the C kernel: the same steps, each rounded to bf16 where torch rounds it."""
         kernel, layer, shape = self._kernel, self.midlayer, self._shape
         assert kernel is not None
@@ -145,7 +145,7 @@ class Eagle3Module(nn.Module):
         kernel.silu_mul(kernel.linear_rows(self._gate_up, h), act)
         normed = torch.empty_like(x)
         kernel.add_norm(x, kernel.linear_rows(layer.mlp.down_proj.weight, act), self.norm.weight, normed, eps)
-        return x, self._logits(normed)
+        return x, self._logits(normed[-1:] if last else normed)
 
     def _logits(self, normed: torch.Tensor) -> torch.Tensor:
         """Target-vocabulary logits [n, V]; tokens outside the draft vocabulary get -inf."""

@@ -65,12 +65,14 @@ Rotary = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor
 class HeadModule(Protocol):
     """One draft module: entries (feature, token) in, (output hidden, target-vocab logits) out."""
 
-    def __call__(self, features: torch.Tensor, token_ids: torch.Tensor,
-                 cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,
+                 last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """features [n, H] and token_ids [n] for the next n entries -> hidden [n, H], logits [n, V].
 
         Appends the n entries to ``cache``. ``hidden`` is what a later draft step feeds back as
-        its feature; ``logits`` are float32 over the target's vocabulary.
+        its feature; ``logits`` are float32 over the target's vocabulary, for the last entry only
+        ([1, V]) with ``last``: drafting reads no other row, and the LM head over a prompt's every
+        row would cost more than the draft step itself.
         """
         ...
 

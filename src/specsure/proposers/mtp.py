@@ -115,17 +115,18 @@ class MTPModule(nn.Module):
         self._kernel = kernel
         return True
 
-    def forward(self, features: torch.Tensor, token_ids: torch.Tensor,
-                cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,
+                last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         n = token_ids.shape[0]
         if self._kernel is not None and features.dtype == torch.bfloat16 and kernel_ready(cache, n):
-            return self._kernel_forward(features, token_ids, cache)
-        out = self.entries(features, token_ids, cache.positions(n), cache.mask(n, self.eh_proj.weight.dtype), cache.kv)
+            return self._kernel_forward(features, token_ids, cache, last)
+        out = self.entries(features, token_ids, cache.positions(n), cache.mask(n, self.eh_proj.weight.dtype), cache.kv,
+                           last)
         cache.length += n
         return out
 
     def entries(self, features: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor,
-                mask: torch.Tensor | None, kv: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                mask: torch.Tensor | None, kv: Any, last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` with explicit positions [1, n], additive mask [1, 1, n, past + n] and transformers cache:
         what training uses to lay out unrolled draft steps as the engine runs them."""
         h = features[None].to(self.eh_proj.weight.dtype)  # [1, n, H]
@@ -133,13 +134,13 @@ class MTPModule(nn.Module):
         x = self.eh_proj(torch.cat([self.enorm(embed[None].to(h.dtype)), self.hnorm(h)], dim=-1))
         x = self.block(x, attention_mask=mask, position_ids=positions, cache=kv, use_cache=True,
                        position_embeddings=self.rotary(x, positions))  # [1, n, H], fed back before the norm
-        normed = self.shared_head.norm(x)[0]
+        normed = self.shared_head.norm(x[:, -1:] if last else x)[0]
         if hasattr(self.shared_head, "head"):
             return x[0], self.shared_head.head(normed).float()
         return x[0], self.target.lm_head_logits(normed)
 
-    def _kernel_forward(self, features: torch.Tensor, token_ids: torch.Tensor,
-                        cache: HeadCache) -> tuple[torch.Tensor, torch.Tensor]:
+    def _kernel_forward(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,
+                        last: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` on the C kernel: the block through `decode_rows` on the head's own cache."""
         kernel, shape = self._kernel, self._shape
         assert kernel is not None
@@ -155,8 +156,9 @@ class MTPModule(nn.Module):
         kernel.decode_rows(shape, self._layer, 0, 1, kernel_segment(cache, n), 1, cos[0].contiguous(),
                            sin[0].contiguous(), x, scratch)
         commit_rows(cache, n)
-        normed = torch.empty_like(x)
-        kernel.add_norm(x, None, self.shared_head.norm.weight, normed, self.shared_head.norm.variance_epsilon)
+        rows = x[-1:] if last else x
+        normed = torch.empty_like(rows)
+        kernel.add_norm(rows, None, self.shared_head.norm.weight, normed, self.shared_head.norm.variance_epsilon)
         if hasattr(self.shared_head, "head"):
             return x, self.shared_head.head(normed).float()
         return x, self.target.lm_head_logits(normed)
