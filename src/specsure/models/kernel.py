@@ -85,6 +85,12 @@ class Kernel:
                                  ctypes.byref(segments, first * per_layer * ctypes.sizeof(SegmentStruct)), per_layer,
                                  x.shape[0], cos.data_ptr(), sin.data_ptr(), x.data_ptr(), scratch.data_ptr())
 
+    @staticmethod
+    def rows_scratch(shape: ShapeStruct, rows: int) -> torch.Tensor:
+        """The bf16 scratch buffer `decode_rows` needs for ``rows`` rows of a decoder of ``shape``."""
+        per_row = 2 * shape.hidden + (2 * shape.heads + 2 * shape.kv_heads) * shape.head_dim + 3 * shape.intermediate
+        return torch.empty(rows * per_row, dtype=torch.bfloat16)
+
     def with_amx(self, wanted: bool) -> "Kernel":
         """The kernel with AMX products on (where this CPU and Linux allow) or off. The switch is the
         library's, so it applies to every model in the process."""

@@ -315,9 +315,7 @@ class NativeDecoder:
                                                              None if mask is None else mask.data_ptr())
         entering: dict[int, torch.Tensor] = {}
         if self.exact:  # the whole stack in C, pausing only where an aux layer's input is wanted
-            hidden, dim = x.shape[1], self.head_dim
-            scratch = torch.empty(total * (2 * hidden + (2 * self.heads + 2 * self.kv_heads) * dim
-                                           + 3 * self.intermediate), dtype=torch.bfloat16)
+            scratch = kernel.rows_scratch(self._shape, total)
             first = 0
             for stop in sorted(set(aux_layers)) + [len(self.layers)]:
                 if stop > first:

@@ -151,10 +151,8 @@ class MTPModule(nn.Module):
         kernel.add_norm(features.contiguous(), None, self.hnorm.weight, g, self.hnorm.variance_epsilon)
         x = kernel.linear_rows(self.eh_proj.weight, torch.cat([e, g], dim=-1))  # [n, H]
         cos, sin = self.rotary(x[None], cache.positions(n))
-        scratch = torch.empty(n * (2 * hidden + (2 * shape.heads + 2 * shape.kv_heads) * shape.head_dim
-                                   + 3 * shape.intermediate), dtype=torch.bfloat16)
         kernel.decode_rows(shape, self._layer, 0, 1, kernel_segment(cache, n), 1, cos[0].contiguous(),
-                           sin[0].contiguous(), x, scratch)
+                           sin[0].contiguous(), x, kernel.rows_scratch(shape, n))
         commit_rows(cache, n)
         rows = x[-1:] if last else x
         normed = torch.empty_like(rows)
