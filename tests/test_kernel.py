@@ -220,12 +220,31 @@ def test_draft_heads_run_their_bf16_products_on_the_kernel(tmp_path, products):
         assert engine.generate([prompt], greedy)[0].token_ids == plain.generate([prompt], greedy)[0].token_ids
 
 
+def _kernel_then_torch(module: torch.nn.Module, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A head module's (hidden, logits) for 2 rows after a 6-row first call, on its kernel path, then
+    on its torch ops: the first call sizes the cache on torch either way."""
+    from specsure.proposers.head_layer import HeadCache
+
+    gen = torch.Generator().manual_seed(seed)
+    first, more = (torch.randn(n, 64, generator=gen).to(torch.bfloat16) for n in (6, 2))
+    ids = torch.tensor([3, 9, 27, 81, 5, 7]), torch.tensor([11, 13])
+    saved, outs = module._kernel, []
+    with torch.inference_mode():
+        for kernel in (saved, None):
+            cache = HeadCache()
+            module(first, ids[0], cache)
+            module._kernel = kernel
+            outs.append(module(more, ids[1], cache))
+            assert cache.length == 8 and cache.kv.layers[0].get_seq_length() == 8
+        module._kernel = saved
+    return outs
+
+
 def test_eagle3_midlayer_on_the_kernel_matches_its_torch_ops(tmp_path, products):
     """In bf16 with AMX the EAGLE-3 head's layer runs on the kernel: the same arithmetic as its torch
     ops up to float32 summation order, and the engine still equals plain decoding."""
     from heads import write_eagle3_head
     from specsure import SamplingParams, make_engine
-    from specsure.proposers.head_layer import HeadCache
     from tiny import build_tiny_llama
 
     target = build_tiny_llama(tmp_path / "t", vocab_size=96, hidden_size=64, num_layers=3)
@@ -237,21 +256,7 @@ def test_eagle3_midlayer_on_the_kernel_matches_its_torch_ops(tmp_path, products)
         assert module._kernel is None or module._kernel.amx
         return
     assert module._kernel is not None
-    gen = torch.Generator().manual_seed(3)
-    first = torch.randn(6, 64, generator=gen).to(torch.bfloat16)
-    more = torch.randn(2, 64, generator=gen).to(torch.bfloat16)
-    ids = torch.tensor([3, 9, 27, 81 % 96, 5, 7]), torch.tensor([11, 13])
-    saved = module._kernel
-    with torch.inference_mode():
-        outs = []
-        for kernel in (saved, None):
-            cache = HeadCache()
-            module(first, ids[0], cache)  # the first call sizes the cache on torch either way
-            module._kernel = kernel
-            outs.append(module(more, ids[1], cache))
-            assert cache.length == 8 and cache.kv.layers[0].get_seq_length() == 8
-        module._kernel = saved
-    (hidden, logits), (want_hidden, want_logits) = outs
+    (hidden, logits), (want_hidden, want_logits) = _kernel_then_torch(module, seed=3)
     # bf16 rounds every op; the two differ in float32 summation order inside them.
     torch.testing.assert_close(hidden.float(), want_hidden.float(), atol=0.03 * float(want_hidden.abs().max()), rtol=0)
     finite = torch.isfinite(want_logits)
@@ -269,7 +274,6 @@ def test_mtp_block_on_the_kernel_matches_its_torch_ops(tmp_path, products):
     torch ops' arithmetic up to float32 summation order, and the engine still equals plain."""
     from specsure import SamplingParams, make_engine
     from specsure.models.loading import load_model
-    from specsure.proposers.head_layer import HeadCache
     from specsure.train import initial_module, save_mtp_head
     from tiny import build_tiny_llama
 
@@ -287,19 +291,7 @@ def test_mtp_block_on_the_kernel_matches_its_torch_ops(tmp_path, products):
         assert module._kernel is None or module._kernel.amx
         return
     assert module._kernel is not None
-    gen = torch.Generator().manual_seed(5)
-    first, more = (torch.randn(n, 64, generator=gen).to(torch.bfloat16) for n in (6, 2))
-    ids = torch.tensor([3, 9, 27, 81, 5, 7]), torch.tensor([11, 13])
-    saved, outs = module._kernel, []
-    with torch.inference_mode():
-        for kernel in (saved, None):
-            cache = HeadCache()
-            module(first, ids[0], cache)
-            module._kernel = kernel
-            outs.append(module(more, ids[1], cache))
-            assert cache.length == 8 and cache.kv.layers[0].get_seq_length() == 8
-        module._kernel = saved
-    (hidden, logits), (want_hidden, want_logits) = outs
+    (hidden, logits), (want_hidden, want_logits) = _kernel_then_torch(module, seed=5)
     # bf16 rounds every op; the two differ in float32 summation order inside them (as above).
     torch.testing.assert_close(hidden.float(), want_hidden.float(), atol=0.03 * float(want_hidden.abs().max()), rtol=0)
     torch.testing.assert_close(logits, want_logits, atol=0.03 * float(want_logits.abs().max()), rtol=0)
