@@ -4,8 +4,9 @@
  * the memory bandwidth), but eager PyTorch adds ~600 small ops per step on top. Here a one-token
  * step is one call for all layers (`decode_layers`), and so is a forward over a few rows (a verify
  * step, a batch of sequences: `decode_rows`) where AMX runs the products; without AMX, Python
- * calls `add_norm`, `attend_rows` and `silu_mul` once per layer around oneDNN's products. OpenMP splits the products and attention over torch's own libgomp threads (the
- * library is loaded after torch), so there is no second thread pool.
+ * calls `add_norm`, `attend_rows` and `silu_mul` once per layer around oneDNN's products. OpenMP
+ * splits the products and attention over torch's own libgomp threads (the library is loaded after
+ * torch), so there is no second thread pool.
  *
  * Products: AMX tiles where Linux grants them (`kernel_init`), else AVX512-BF16 dot products.
  * Which one runs depends on the weight's shape only, and every output is one fixed-order sum, so a

@@ -268,17 +268,19 @@ class NativeDecoder:
             keys, values = layer.reserve(pos + 1)  # [1, kv_heads, capacity, dim]
             struct.keys, struct.values, struct.capacity = keys.data_ptr(), values.data_ptr(), keys.shape[-2]
         entering: dict[int, torch.Tensor] = {}
-        first = 0
-        for stop in sorted(set(aux_layers)) + [len(self.layers)]:
-            if stop > first:
-                self.kernel.decode_layers(self._shape, self._structs, first, stop - first, pos, cos, sin, x,
-                                          self._scratch)
-            if stop < len(self.layers):
-                entering[stop] = x.clone().unsqueeze(0)
-            first = stop
+        for first, stop in self._runs(aux_layers):
+            if first in aux_layers:
+                entering[first] = x.clone().unsqueeze(0)
+            self.kernel.decode_layers(self._shape, self._structs, first, stop - first, pos, cos, sin, x, self._scratch)
         for layer in layers:
             layer.set_length(pos + 1)
         return self._kernel_norm(x.unsqueeze(0)), [entering[i] for i in aux_layers]
+
+    def _runs(self, aux_layers: tuple[int, ...]) -> list[tuple[int, int]]:
+        """Layer spans (first, stop), one C call each: the stack cut at every aux layer, whose input
+        the caller copies before running the span that starts there."""
+        cuts = sorted({0, *aux_layers, len(self.layers)})
+        return list(zip(cuts, cuts[1:]))
 
     def _kernel_norm(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(x)
@@ -316,14 +318,10 @@ class NativeDecoder:
         entering: dict[int, torch.Tensor] = {}
         if self.exact:  # the whole stack in C, pausing only where an aux layer's input is wanted
             scratch = kernel.rows_scratch(self._shape, total)
-            first = 0
-            for stop in sorted(set(aux_layers)) + [len(self.layers)]:
-                if stop > first:
-                    kernel.decode_rows(self._shape, self._structs, first, stop - first, table, count, cos, sin, x,
-                                       scratch)
-                if stop < len(self.layers):
-                    entering[stop] = x.clone()
-                first = stop
+            for first, stop in self._runs(aux_layers):
+                if first in aux_layers:
+                    entering[first] = x.clone()
+                kernel.decode_rows(self._shape, self._structs, first, stop - first, table, count, cos, sin, x, scratch)
             return self._finish_rows(x, segments, aux_layers, entering)
         h = torch.empty_like(x)
         att = torch.empty(total, self.heads * self.head_dim, dtype=x.dtype)
