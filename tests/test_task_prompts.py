@@ -22,6 +22,10 @@ def test_word_problems_are_distinct_seeded_ours_and_not_bench_prompts() -> None:
     mixed = corpus_prompts(("math", "chat"), limit=10, seed=0)
     assert {p.package for p in mixed} == {"math", "chat"}
     assert any("word problems" in s["source"] for s in sources_of(mixed))
+    weighted = corpus_prompts(("math", "chat"), limit=12, seed=0, weights=(1, 3))
+    assert [p.package for p in weighted[:8]] == ["math", "chat", "chat", "chat"] * 2
+    assert [p.text for p in weighted if p.package == "chat"] == [p.text for p in corpus_prompts(("chat",), 9, 0)]
+    assert corpus_prompts(("math", "chat"), limit=10, seed=0, weights=(1, 1)) == mixed  # weight 1: the plain mix
 
 
 def test_answers_become_follow_ups_summaries_translations_and_passage_questions() -> None:

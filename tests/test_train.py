@@ -150,6 +150,7 @@ def _tokens_line(printed: str) -> str:
     ("--max-new-tokens", "-1", "--max-new-tokens -1"),
     ("--prompts", "TEXT", "no tokenizer"),
     ("--corpus", "no-such-package-xyz", "'no-such-package-xyz' is not installed"),
+    ("--corpus", "chat:0,tqdm", "the weight in 'chat:0' must be a positive integer"),
     ("--data", "text", "--data text teacher-forces the corpus's own text"),
 ])
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys, flag: str, value: str, message: str) -> None:

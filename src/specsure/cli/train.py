@@ -35,7 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--corpus", default=None, metavar="PACKAGES",
                         help="also (or, without --prompts, only) prompts made from the docstrings and functions of "
                              "these installed PyPI packages, comma-separated, each recorded with its licence "
-                             "(for example numpy,transformers,jinja2,tqdm; docs/training.md); the name chat adds "
+                             "(for example numpy,transformers,jinja2,tqdm; docs/training.md), a name:N weight "
+                             "taking N of its prompts per round (chat:2); the name chat adds "
                              "specsure's own chat-style prompts and tasks built on their answers, math its word "
                              "problems")
     parser.add_argument("--data", default="self-distill", choices=("self-distill", "text"),
@@ -64,6 +65,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--draft-vocab-size", type=int, default=8192, metavar="N",
                         help="eagle3: tokens the head predicts over, the most frequent in the training text "
                              "(default 8192, at most the target's vocabulary)")
+    parser.add_argument("--loss-on", default="all", choices=("answer", "all"),
+                        help="all (default): score every position, the prompt's text too; answer: only the positions "
+                             "the engine drafts from, the answer after each prompt, with the prompt as context "
+                             "(faster steps, but fewer entries a step; docs/training.md)")
     parser.add_argument("--eval-every", type=int, default=0, metavar="STEPS",
                         help="measure the held-out acceptance length (mtp: and first-step agreement) every this "
                              "many steps, the curve in training.json (default: only before and after)")
@@ -107,11 +112,13 @@ def run(args: argparse.Namespace) -> int:
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.method]
     if args.method == "mtp":
         settings = MTPTrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, seed=args.seed, init=args.init,
-                                    modules=args.modules, unroll=args.unroll or 0)
+                                    modules=args.modules, unroll=args.unroll or 0,
+                                    answer_only=args.loss_on == "answer")
     else:
         unroll = 7 if args.unroll is None else args.unroll
         settings = Eagle3TrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, unroll=unroll,
-                                       draft_vocab_size=args.draft_vocab_size, seed=args.seed)
+                                       draft_vocab_size=args.draft_vocab_size, seed=args.seed,
+                                       answer_only=args.loss_on == "answer")
     out = check_out_dir(args.out)
     rows = [p for path in args.prompts for p in load_workload(path)] if args.prompts else []
     sources = [{"source": str(path), "licence": "given by the user (--prompts)"} for path in args.prompts or []]
@@ -121,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--data text teacher-forces the corpus's own text: give --corpus with package names, and "
                          "no --prompts (a prompt file has no answers to teacher-force).")
     if args.corpus:
-        packages = tuple(p.strip() for p in args.corpus.split(",") if p.strip())
-        corpus = corpus_prompts(packages, args.corpus_prompts, args.seed)
+        packages, weights = _corpus_mix(args.corpus)
+        corpus = corpus_prompts(packages, args.corpus_prompts, args.seed, weights)
         if args.data == "text":
             corpus = [c for c in corpus if c.piece]
             if not corpus:
@@ -191,6 +198,21 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _corpus_mix(text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """``--corpus`` as names and weights: ``chat:2,numpy`` takes two chat prompts per numpy prompt."""
+    names, weights = [], []
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        name, _, weight = item.partition(":")
+        if weight and not (weight.isdigit() and int(weight) >= 1):
+            raise ValueError(f"--corpus {text!r}: the weight in {item!r} must be a positive integer, for example "
+                             f"{name}:2 (two of its prompts for each one of a package without a weight).")
+        names.append(name.strip())
+        weights.append(int(weight) if weight else 1)
+    return tuple(names), tuple(weights)
+
+
 DERIVED_VERSION = 2
 """Bumped when task_prompts.derived_prompts changes, so cached samples built the old way are not reused."""
 
@@ -235,7 +257,7 @@ def _train_mtp(args, target, samples, settings, common, data, out, key) -> None:
 
     # What shapes the run, so a resume point is only taken up by the same run (lr and steps may differ).
     resume_key = json.dumps([key, "mtp", settings.modules, settings.unroll, settings.init, settings.seq_len,
-                             settings.seed])
+                             settings.seed, args.loss_on])
     result = train_mtp(target, samples, settings, progress=not args.no_progress, eval_every=args.eval_every,
                        resume=_resume_folder(args, out), resume_key=resume_key, checkpoint_every=args.checkpoint_every)
     before, after = result.before, result.after
@@ -243,7 +265,7 @@ def _train_mtp(args, target, samples, settings, common, data, out, key) -> None:
         **common,
         "settings": {"steps": settings.steps, "lr": settings.lr, "seq_len": settings.seq_len, "seed": settings.seed,
                      "init": settings.init, "modules": settings.modules, "unroll": settings.unroll,
-                     "max_new_tokens": args.max_new_tokens,
+                     "loss_on": args.loss_on, "max_new_tokens": args.max_new_tokens,
                      "threads": torch.get_num_threads()},
         "data": {**data, "train_sequences": result.train_sequences, "heldout_sequences": result.heldout_sequences},
         "heldout": {"kl_before": before.kl, "kl_after": after.kl, "top1_before": before.agreement,
@@ -273,7 +295,8 @@ def _train_eagle3(args, target, samples, settings, aux, common, data, out, key) 
     from specsure.train.eagle3 import train_eagle3
 
     # What shapes the run, so a resume point is only taken up by the same run (lr and steps may differ).
-    resume_key = json.dumps([key, settings.unroll, settings.draft_vocab_size, settings.seq_len, settings.seed, aux])
+    resume_key = json.dumps([key, settings.unroll, settings.draft_vocab_size, settings.seq_len, settings.seed, aux,
+                             args.loss_on])
     result = train_eagle3(target, samples, settings, aux, progress=not args.no_progress, eval_every=args.eval_every,
                           resume=_resume_folder(args, out), resume_key=resume_key,
                           checkpoint_every=args.checkpoint_every)
@@ -285,7 +308,8 @@ def _train_eagle3(args, target, samples, settings, aux, common, data, out, key) 
         **common,
         "settings": {"steps": settings.steps, "lr": settings.lr, "seq_len": settings.seq_len, "seed": settings.seed,
                      "unroll": settings.unroll, "draft_vocab_size": draft_vocab, "aux_layers": list(aux),
-                     "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads()},
+                     "loss_on": args.loss_on, "max_new_tokens": args.max_new_tokens,
+                     "threads": torch.get_num_threads()},
         "data": {**data, "train_sequences": result.train_sequences, "heldout_sequences": result.heldout_sequences},
         "heldout": {"acceptance_length_before": before.acceptance_length,
                     "acceptance_length_after": after.acceptance_length, "agreement_per_step": after.agreement,

@@ -262,9 +262,21 @@ class CausalLM:
         """The input embedding of `token_ids` (any shape) -> [..., hidden], model dtype."""
         return self._embed(token_ids)
 
-    def lm_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Apply the LM head to post-norm hidden states [..., hidden] -> float32 [..., vocab]."""
-        return self._logits(hidden)
+    def lm_head_logits(self, hidden: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Apply the LM head to post-norm hidden states [..., hidden] -> float32 [..., vocab].
+
+        With ``rows`` (vocabulary ids), only those logits [..., len(rows)]: a trainer's labels over
+        a draft vocabulary cost a sixth of the head then.
+        """
+        if rows is None:
+            return self._logits(hidden)
+        head = self._head
+        if type(head) is not torch.nn.Linear:
+            return self._logits(hidden)[..., rows]
+        if self.logits_transform.hidden_divisor != 1.0:
+            hidden = hidden / self.logits_transform.hidden_divisor
+        bias = None if head.bias is None else head.bias[rows]
+        return self._transformed(torch.nn.functional.linear(hidden, head.weight[rows], bias).float())
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., hidden] post-norm states -> float32 [..., vocab], as `*ForCausalLM.forward` does."""
@@ -284,6 +296,11 @@ class CausalLM:
             logits = project(hidden, head.weight, head.bias).float()  # one row: the faster, bit-identical mv
         else:
             logits = head(hidden).float()
+        return self._transformed(logits)
+
+    def _transformed(self, logits: torch.Tensor) -> torch.Tensor:
+        """The model's scalar steps after the head (float32 logits in, float32 out)."""
+        transform = self.logits_transform
         if transform.multiplier != 1.0:
             logits = logits * transform.multiplier
         if transform.divisor != 1.0:

@@ -128,10 +128,11 @@ def _pieces(path: Path) -> list[tuple[str, str, str, int]]:
     return out
 
 
-def corpus_prompts(packages: tuple[str, ...] = DEFAULT_PACKAGES, limit: int = 1000, seed: int = 0) -> list[CorpusPrompt]:
-    """Up to ``limit`` prompts drawn evenly from the packages (a seeded sample of their pieces); the
-    names ``chat`` and ``math`` stand for specsure's own chat prompts and word problems
-    (chat_prompts.py, task_prompts.py).
+def corpus_prompts(packages: tuple[str, ...] = DEFAULT_PACKAGES, limit: int = 1000, seed: int = 0,
+                   weights: tuple[int, ...] | None = None) -> list[CorpusPrompt]:
+    """Up to ``limit`` prompts drawn from the packages (a seeded sample of their pieces), ``weights[i]``
+    from package i in every round (default one each); the names ``chat`` and ``math`` stand for
+    specsure's own chat prompts and word problems (chat_prompts.py, task_prompts.py).
 
     Raises:
         CorpusError: a package is missing or states no licence.
@@ -169,8 +170,13 @@ def corpus_prompts(packages: tuple[str, ...] = DEFAULT_PACKAGES, limit: int = 10
             mine.append(CorpusPrompt(templates[i % len(templates)].format(text=text, name=name), package, licence,
                                      f"{path.name}:{line}", text))
         chosen.append(mine)
-    # Round-robin over the packages, so a small package gives all it has and the rest fill up.
-    out = [p for group in itertools.zip_longest(*chosen) for p in group if p is not None]
+    # Weighted round-robin over the packages, so a small package gives all it has and the rest fill up.
+    weights = weights or (1,) * len(chosen)
+    if len(weights) != len(chosen) or any(w < 1 for w in weights):
+        raise ValueError(f"weights = {weights!r}: give one positive integer per package ({len(chosen)}).")
+    rounds = [list(itertools.zip_longest(*[iter(group)] * w)) for group, w in zip(chosen, weights)]
+    out = [p for batch in itertools.zip_longest(*rounds, fillvalue=()) for group in batch for p in group
+           if p is not None]
     return out[:limit]
 
 

@@ -37,8 +37,9 @@ from specsure.models.causal_lm import CausalLM
 from specsure.models.loading import LoadedModel
 from specsure.proposers.eagle3 import Eagle3Module
 from specsure.train.data import Sample
+from specsure.train.labels import DraftLabels
 from specsure.train.loop import run_steps
-from specsure.train.mtp import TargetParts, draw_window, optimiser_for, split
+from specsure.train.mtp import TargetParts, answer_start, draw_window, optimiser_for, split
 
 STEP_WEIGHT = 0.8
 """Loss weight ratio between successive unrolled steps (EAGLE-3's 0.8**s)."""
@@ -60,6 +61,8 @@ class Eagle3TrainSettings:
     """Tokens the head predicts over: the most frequent in the training text."""
     seed: int = 0
     heldout_fraction: float = 0.1
+    answer_only: bool = False
+    """Score only entries in the answer (`answer_start`); the prompt stays in the window as context."""
 
     def __post_init__(self) -> None:
         for name, low in (("steps", 1), ("seq_len", 2), ("unroll", 1), ("draft_vocab_size", 2)):
@@ -165,8 +168,10 @@ def _step_mask(m: int, s: int) -> torch.Tensor:
     return torch.cat(blocks, dim=1)
 
 
-def unrolled(module: Eagle3Module, sample: Sample, start: int, end: int, unroll: int) -> list[torch.Tensor]:
-    """Each step's draft-vocabulary logits [m, Vd] for entries start .. end-1 (step s: rows >= s valid)."""
+def unrolled(module: Eagle3Module, sample: Sample, start: int, end: int, unroll: int,
+             scored_from: int = 0) -> list[torch.Tensor]:
+    """Each step's draft-vocabulary logits [m - scored_from, Vd] for entries start + scored_from .. end-1
+    (step s: rows >= s valid); earlier entries run as context only, without the LM head."""
     layer, m = module.midlayer, end - start
     positions = torch.arange(start, end).unsqueeze(0)  # [1, m]
     features = module.features(sample.aux[start:end])[None]  # [1, m, H]
@@ -183,7 +188,7 @@ def unrolled(module: Eagle3Module, sample: Sample, start: int, end: int, unroll:
         att, kv = _attention(layer.self_attn, torch.cat([embed, g], dim=-1), cos, sin, past, _step_mask(m, s))
         h = residual + att
         out = h + layer.mlp(layer.post_attention_layernorm(h))  # [1, m, H]
-        outs.append(module.lm_head(module.norm(out))[0].float())
+        outs.append(module.lm_head(module.norm(out[:, scored_from:]))[0].float())
         past.append(kv)
         # The next step's entry at t takes this step's output at t - 1 (row 0 has none: it stays invalid).
         x = torch.cat([out[:, :1], out[:, :-1]], dim=1)
@@ -198,12 +203,16 @@ def _labels(lm: CausalLM, sample: Sample, start: int, end: int, draft_ids: torch
     return probs[:, draft_ids], logits.argmax(-1)
 
 
-def window_loss(module: Eagle3Module, lm: CausalLM, sample: Sample, start: int, end: int, unroll: int,
-                draft_ids: torch.Tensor) -> torch.Tensor:
-    """The weighted soft-label cross-entropy of every unrolled step over one window."""
-    p, _ = _labels(lm, sample, start, end, draft_ids)
+def window_loss(module: Eagle3Module, labels: DraftLabels, sample: Sample, start: int, end: int, unroll: int,
+                scored_from: int = 0) -> torch.Tensor:
+    """The weighted soft-label cross-entropy of every unrolled step over one window.
+
+    Only step s's chains anchored at entries from ``start + scored_from`` on are scored: row r
+    of every step is then the chain anchored r entries further on, and step s's rows >= s exist.
+    """
+    p = labels.probs(sample, start + scored_from + 1, end + 1)  # entry t's label: the target at t + 1
     total, weight = 0.0, 0.0
-    for s, logits in enumerate(unrolled(module, sample, start, end, unroll)):
+    for s, logits in enumerate(unrolled(module, sample, start, end, unroll, scored_from)):
         if s >= logits.shape[0]:
             break
         ce = -(p[s:] * torch.log_softmax(logits[s:], dim=-1)).sum(-1).mean()
@@ -227,7 +236,7 @@ def evaluate(module: Eagle3Module, lm: CausalLM, samples: Sequence[Sample], unro
             loss_n += end - start
             right = [draft_ids[logits.argmax(-1)] == target_next for logits in steps]  # [m] per step
             # Anchor a (a real feature, its next-next token in the continuation): step s's entry is a + s.
-            first = max(sample.prompt_len - 2, 0) - start
+            first = answer_start(sample) - start
             for a in range(max(first, 0), end - start):
                 run = 0
                 while run < unroll and a + run < end - start and bool(right[run][a + run]):
@@ -270,9 +279,12 @@ def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle
     gen = torch.Generator().manual_seed(settings.seed)
     curve: list = [(0, before.acceptance_length)]
 
+    labels = DraftLabels(lm, draft_ids)
+
     def step_loss() -> torch.Tensor:
-        sample, start, width = draw_window(train, settings.seq_len, gen)
-        return window_loss(module, lm, sample, start, start + width, settings.unroll, draft_ids)
+        sample, start, width = draw_window(train, settings.seq_len, gen, settings.answer_only)
+        scored = max(answer_start(sample) - start, 0) if settings.answer_only else 0
+        return window_loss(module, labels, sample, start, start + width, settings.unroll, scored)
 
     def measure() -> tuple[float]:
         return (evaluate(module, lm, measure_set, settings.unroll, draft_ids).acceptance_length,)

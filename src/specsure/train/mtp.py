@@ -68,6 +68,8 @@ class MTPTrainSettings:
     unroll: int = 0
     """Draft steps trained; beyond ``modules`` they reuse the modules cyclically as the engine does
     (`chain_losses`). 0 (or anything <= modules) trains one step per module."""
+    answer_only: bool = False
+    """Score only anchors in the answer (`answer_start`); the prompt stays in the window as context."""
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps <= 0:
@@ -199,19 +201,22 @@ def entry_losses(module: MTPModule, lm: CausalLM, sample: Sample, start: int,
 
 
 def chain_losses(modules: Sequence[MTPModule], lm: CausalLM, sample: Sample, start: int, end: int,
-                 unroll: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                 unroll: int = 0, scored_from: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(KL [m_s], agree [m_s]) of each draft step s (`unrolled_logits`) over the anchors whose label exists.
 
-    Step s of anchor a predicts token a+s+2; its label is the target's distribution at a+s+1.
+    Step s of anchor a predicts token a+s+2; its label is the target's distribution at a+s+1. Only
+    anchors from ``start + scored_from`` on are scored (row 0 of each result is that anchor): the
+    earlier ones are context, and neither head nor target computes logits for them.
     """
     n = sample.token_ids.shape[0]
     out = []
-    for s, q_logits in enumerate(unrolled_logits(modules, sample, start, end, unroll)):
-        valid = min(end - start, n - 1 - start - s)  # rows whose label position a+s+1 exists
+    for s, q_logits in enumerate(unrolled_logits(modules, sample, start, end, unroll, scored_from)):
+        valid = min(end - start, n - 1 - start - s) - scored_from  # scored rows whose label a+s+1 exists
         if valid <= 0:
             break
+        first = start + scored_from + s + 1
         with torch.no_grad():
-            p_logits = lm.lm_head_logits(sample.hidden[start + s + 1: start + s + 1 + valid])
+            p_logits = lm.lm_head_logits(sample.hidden[first: first + valid])
             log_p = torch.log_softmax(p_logits, dim=-1)
         log_q = torch.log_softmax(q_logits[:valid], dim=-1)
         out.append(((log_p.exp() * (log_p - log_q)).sum(-1), q_logits[:valid].argmax(-1) == p_logits.argmax(-1)))
@@ -219,8 +224,9 @@ def chain_losses(modules: Sequence[MTPModule], lm: CausalLM, sample: Sample, sta
 
 
 def unrolled_logits(modules: Sequence[MTPModule], sample: Sample, start: int, end: int,
-                    unroll: int = 0) -> list[torch.Tensor]:
-    """Each draft step's target-vocabulary logits [m, V] for anchors start .. end-1, laid out as the engine drafts.
+                    unroll: int = 0, scored_from: int = 0) -> list[torch.Tensor]:
+    """Each draft step's target-vocabulary logits [m - scored_from, V] for anchors start + scored_from ..
+    end-1 (the earlier anchors run as context only), laid out as the engine drafts.
 
     Row r is the anchor a = start + r: the last committed entry, whose step s predicts token a+s+2.
     Steps s < len(modules) are the DeepSeek-V3 chain: module s's entry at a takes module s-1's
@@ -252,7 +258,7 @@ def unrolled_logits(modules: Sequence[MTPModule], sample: Sample, start: int, en
             made[j] += 1
         dtype = modules[j].eh_proj.weight.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
-        x, logits = modules[j].entries(x, ids, positions[None], mask, kvs[j])
+        x, logits = modules[j].entries(x, ids, positions[None], mask, kvs[j], first_row=scored_from)
         out.append(logits)
     return out
 
@@ -272,7 +278,7 @@ def evaluate(module: MTPModule | Sequence[MTPModule], lm: CausalLM, samples: Seq
             continue
         chain = chain_losses(modules, lm, sample, 0, n - 1, unroll)
         kl_sum, kl_n = kl_sum + float(chain[0][0].sum()), kl_n + chain[0][0].shape[0]
-        first = max(sample.prompt_len - 2, 0)  # entry t predicts token t+2; keep t + 2 >= prompt_len
+        first = answer_start(sample)
         for i, (_, agree) in enumerate(chain):
             hits[i] += int(agree[first:].sum())
             counts[i] += max(agree.shape[0] - first, 0)
@@ -319,8 +325,9 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
     curve: list = [(0, before.agreement, before.acceptance_length)]
 
     def step_loss() -> torch.Tensor:
-        sample, start, width = draw_window(train, settings.seq_len, gen)
-        chain = chain_losses(modules, lm, sample, start, start + width, settings.unroll)
+        sample, start, width = draw_window(train, settings.seq_len, gen, settings.answer_only)
+        scored = max(answer_start(sample) - start, 0) if settings.answer_only else 0
+        chain = chain_losses(modules, lm, sample, start, start + width, settings.unroll, scored)
         return torch.stack([kl.mean() for kl, _ in chain]).mean()
 
     def measure() -> tuple[float, float]:
@@ -345,12 +352,25 @@ def optimiser_for(params: list[torch.nn.Parameter], lr: float,
     return optimiser, torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: _lr_factor(step, warmup, steps))
 
 
-def draw_window(train: Sequence[Sample], seq_len: int, gen: torch.Generator) -> tuple[Sample, int, int]:
-    """A random training sequence and a random window of at most ``seq_len`` of its entries: (sample, start, width)."""
+def answer_start(sample: Sample) -> int:
+    """The first anchor whose draft is an answer token: entry t predicts token t + 2, and the
+    target itself gives token ``prompt_len``, so anchors from ``prompt_len - 2`` on are the ones
+    the engine drafts from (the anchors evaluation counts)."""
+    return max(sample.prompt_len - 2, 0)
+
+
+def draw_window(train: Sequence[Sample], seq_len: int, gen: torch.Generator,
+                answer_only: bool = False) -> tuple[Sample, int, int]:
+    """A random training sequence and a random window of at most ``seq_len`` of its entries: (sample, start, width).
+
+    With ``answer_only`` the window holds at least one answer anchor (`answer_start`), so no step
+    is spent on a window with nothing to score.
+    """
     sample = train[int(torch.randint(len(train), (1,), generator=gen))]
     entries = sample.token_ids.shape[0] - 1
     width = min(seq_len, entries)
-    return sample, int(torch.randint(entries - width + 1, (1,), generator=gen)), width
+    low = min(max(answer_start(sample) + 1 - width, 0), entries - width) if answer_only else 0
+    return sample, low + int(torch.randint(entries - width - low + 1, (1,), generator=gen)), width
 
 
 def _lr_factor(step: int, warmup: int, total: int) -> float:
