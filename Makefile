@@ -32,13 +32,13 @@ bench: $(STAMP)
 
 # Trains the default model's shipped heads (src/specsure/heads/, committed) from specsure's own prompts and openly
 # licensed PyPI text (docs/training.md); not part of `make test`. On 2 cores: 39 minutes of data in
-# the run that made the committed heads (other work shared the cores; about 25 alone), 40 of
-# EAGLE-3 training and 18 of MTP; the MTP run reuses the cached samples.
+# the run that made the committed heads (other work shared the cores; about 25 alone), about 37 of
+# EAGLE-3 training and 31 of MTP; the MTP run reuses the cached samples.
 CORPUS := chat,math,numpy,transformers
 heads: $(STAMP)
 	$(BIN)/specsure train --method eagle3 --corpus $(CORPUS) --corpus-prompts 2000 --unroll 3 --steps 5000 \
 		--eval-every 1000 --out src/specsure/heads/smollm2-135m-eagle3
-	$(BIN)/specsure train --method mtp --corpus $(CORPUS) --corpus-prompts 2000 --unroll 2 --steps 1500 \
+	$(BIN)/specsure train --method mtp --corpus $(CORPUS) --corpus-prompts 2000 --unroll 2 --steps 2500 \
 		--eval-every 500 --out src/specsure/heads/smollm2-135m-mtp
 	$(BIN)/python -m specsure.train.curves docs/training-curves.png src/specsure/heads/smollm2-135m-eagle3 \
 		src/specsure/heads/smollm2-135m-mtp
