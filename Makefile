@@ -31,9 +31,9 @@ bench: $(STAMP)
 	$(BIN)/specsure bench --quick --out bench/results
 
 # Trains the default model's shipped heads (src/specsure/heads/, committed) from specsure's own prompts and openly
-# licensed PyPI text (docs/training.md); not part of `make test`. On 2 cores, each part timed on a
-# quiet machine: 25 minutes of data, about 35 of EAGLE-3 training and 31 of MTP (it reuses the
-# cached samples), about 92 in all.
+# licensed PyPI text (docs/training.md); not part of `make test`. On 2 cores: 25 minutes of data and
+# 31 of MTP training (it reuses the cached samples), each timed on a quiet machine, and about 35 of
+# EAGLE-3 training (estimated from a run on a partly shared machine): about 92 in all.
 CORPUS := chat,math,numpy,transformers
 heads: $(STAMP)
 	$(BIN)/specsure train --method eagle3 --corpus $(CORPUS) --corpus-prompts 2000 --unroll 3 --steps 5000 \
