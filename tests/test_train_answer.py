@@ -72,7 +72,8 @@ def test_answer_windows_always_hold_an_answer_anchor(samples) -> None:  # noqa: 
     gen = torch.Generator().manual_seed(0)
     starts: dict[int, set[int]] = {}
     for _ in range(400):
-        sample, start, width = draw_window(samples, 16, gen, answer_only=True)
+        sample, start, width, scored = draw_window(samples, 16, gen, answer_only=True)
+        assert scored == max(answer_start(sample) - start, 0)
         entries = sample.token_ids.shape[0] - 1
         assert 0 <= start and start + width <= entries
         assert answer_start(sample) < start + width  # at least one answer anchor to score

@@ -282,8 +282,7 @@ def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle
     labels = DraftLabels(lm, draft_ids)
 
     def step_loss() -> torch.Tensor:
-        sample, start, width = draw_window(train, settings.seq_len, gen, settings.answer_only)
-        scored = max(answer_start(sample) - start, 0) if settings.answer_only else 0
+        sample, start, width, scored = draw_window(train, settings.seq_len, gen, settings.answer_only)
         return window_loss(module, labels, sample, start, start + width, settings.unroll, scored)
 
     def measure() -> tuple[float]:

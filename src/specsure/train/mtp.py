@@ -325,8 +325,7 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
     curve: list = [(0, before.agreement, before.acceptance_length)]
 
     def step_loss() -> torch.Tensor:
-        sample, start, width = draw_window(train, settings.seq_len, gen, settings.answer_only)
-        scored = max(answer_start(sample) - start, 0) if settings.answer_only else 0
+        sample, start, width, scored = draw_window(train, settings.seq_len, gen, settings.answer_only)
         chain = chain_losses(modules, lm, sample, start, start + width, settings.unroll, scored)
         return torch.stack([kl.mean() for kl, _ in chain]).mean()
 
@@ -360,17 +359,20 @@ def answer_start(sample: Sample) -> int:
 
 
 def draw_window(train: Sequence[Sample], seq_len: int, gen: torch.Generator,
-                answer_only: bool = False) -> tuple[Sample, int, int]:
-    """A random training sequence and a random window of at most ``seq_len`` of its entries: (sample, start, width).
+                answer_only: bool = False) -> tuple[Sample, int, int, int]:
+    """A random training sequence and a random window of at most ``seq_len`` of its entries:
+    (sample, start, width, scored_from), the window's first ``scored_from`` entries context only.
 
     With ``answer_only`` the window holds at least one answer anchor (`answer_start`), so no step
-    is spent on a window with nothing to score.
+    is spent on a window with nothing to score, and the prompt's anchors are context; otherwise
+    every entry is scored.
     """
     sample = train[int(torch.randint(len(train), (1,), generator=gen))]
     entries = sample.token_ids.shape[0] - 1
     width = min(seq_len, entries)
     low = min(max(answer_start(sample) + 1 - width, 0), entries - width) if answer_only else 0
-    return sample, low + int(torch.randint(entries - width - low + 1, (1,), generator=gen)), width
+    start = low + int(torch.randint(entries - width - low + 1, (1,), generator=gen))
+    return sample, start, width, max(answer_start(sample) - start, 0) if answer_only else 0
 
 
 def _lr_factor(step: int, warmup: int, total: int) -> float:
