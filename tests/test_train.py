@@ -152,6 +152,8 @@ def _tokens_line(printed: str) -> str:
     ("--corpus", "no-such-package-xyz", "'no-such-package-xyz' is not installed"),
     ("--corpus", "chat:0,tqdm", "the weight in 'chat:0' must be a positive integer"),
     ("--data", "text", "--data text teacher-forces the corpus's own text"),
+    ("--batch-windows", "0", "--batch-windows 0: must be a positive integer"),
+    ("--batch-windows", "2", "only --method eagle3 packs windows"),
 ])
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys, flag: str, value: str, message: str) -> None:
     target = build_tiny_llama(tmp_path / "target")  # no tokenizer
@@ -245,6 +247,21 @@ def test_one_module_trained_for_two_steps_learns_its_cyclic_second_step(tmp_path
     assert [s for s, _, _ in result.curve] == [0, 60, 120]
     assert result.after.per_module[1] > result.before.per_module[1]
     assert result.after.acceptance_length > result.before.acceptance_length
+    head = save_mtp_head(result.modules, target.lm, tmp_path / "head", {})
+    spec = make_engine(str(folder), {"method": "mtp", "model": str(head), "num_speculative_tokens": 2},
+                       dtype="float32")
+    plain = make_engine(str(folder), None, dtype="float32")
+    prompts = _prompts(3, seed=9)
+    assert [c.token_ids for c in spec.generate(prompts, GREEDY)] == [c.token_ids for c in plain.generate(prompts, GREEDY)]
+
+
+def test_bfloat16_training_learns_and_the_head_stays_lossless(tmp_path: Path) -> None:
+    folder = _learnable_target(tmp_path / "target")
+    target = load_model(str(folder), dtype="float32")
+    samples = self_distill(target, _prompts(12, seed=4), max_new_tokens=48)
+    result = train_mtp(target, samples, MTPTrainSettings(steps=120, lr=3e-3, unroll=2, dtype="bfloat16"))
+    assert result.after.acceptance_length > result.before.acceptance_length
+    assert all(p.dtype == torch.float32 for p in result.module.parameters())  # autocast keeps float32 weights
     head = save_mtp_head(result.modules, target.lm, tmp_path / "head", {})
     spec = make_engine(str(folder), {"method": "mtp", "model": str(head), "num_speculative_tokens": 2},
                        dtype="float32")

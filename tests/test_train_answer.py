@@ -52,7 +52,7 @@ def test_eagle3_rows_scored_from_later_equal_the_full_rows(loaded, samples) -> N
         weights = [0.8 ** s for s in range(3)]
         expected = sum(w * c for w, c in zip(weights, want)) / sum(weights)
         labels = DraftLabels(loaded.lm, draft_ids)
-        torch.testing.assert_close(window_loss(module, labels, sample, 0, end, 3, lo), expected)
+        torch.testing.assert_close(window_loss(module, labels, [(sample, 0, end, lo)], 3), expected)
 
 
 def test_mtp_rows_scored_from_later_equal_the_full_rows(loaded, samples) -> None:  # noqa: ANN001

@@ -38,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "(for example numpy,transformers,jinja2,tqdm; docs/training.md), a name:N weight "
                              "taking N of its prompts per round (chat:2); the name chat adds "
                              "specsure's own chat-style prompts and tasks built on their answers, math its word "
-                             "problems")
+                             "problems, chatterbot-corpus the opening turns of that package's conversations")
     parser.add_argument("--data", default="self-distill", choices=("self-distill", "text"),
                         help="self-distill (default): the target answers every prompt and the head learns its "
                              "answers; text: teacher forcing over the corpus's own docstrings and functions, each "
@@ -69,6 +69,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="all (default): score every position, the prompt's text too; answer: only the positions "
                              "the engine drafts from, the answer after each prompt, with the prompt as context "
                              "(faster steps, but fewer entries a step; docs/training.md)")
+    parser.add_argument("--train-dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="the head's arithmetic while it trains: float32 (default), or bfloat16 under autocast, "
+                             "the weights and optimiser still float32: much faster on CPUs with bfloat16 matrix units "
+                             "(AMX, AVX512-BF16), slower on CPUs without them (docs/training.md)")
+    parser.add_argument("--batch-windows", type=int, default=1, metavar="N",
+                        help="eagle3: training windows (each of a random sequence) packed into one optimiser step "
+                             "(default 1); more windows a step take fewer, larger matrix products")
     parser.add_argument("--eval-every", type=int, default=0, metavar="STEPS",
                         help="measure the held-out acceptance length (mtp: and first-step agreement) every this "
                              "many steps, the curve in training.json (default: only before and after)")
@@ -96,7 +103,8 @@ def _positive(name: str, value: int | None) -> None:
 def run(args: argparse.Namespace) -> int:
     # Check everything a user can get wrong before loading torch or the model.
     for flag, value in (("--max-prompts", args.max_prompts), ("--max-new-tokens", args.max_new_tokens),
-                        ("--threads", args.threads), ("--corpus-prompts", args.corpus_prompts)):
+                        ("--threads", args.threads), ("--corpus-prompts", args.corpus_prompts),
+                        ("--batch-windows", args.batch_windows)):
         _positive(flag, value)
     if args.checkpoint_every < 0:
         raise ValueError(f"--checkpoint-every {args.checkpoint_every}: must be 0 (off) or a positive number of steps.")
@@ -110,15 +118,18 @@ def run(args: argparse.Namespace) -> int:
     from specsure.train.mtp import MTPTrainSettings
 
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.method]
+    if args.method == "mtp" and args.batch_windows != 1:
+        raise ValueError(f"--batch-windows {args.batch_windows}: only --method eagle3 packs windows; leave it at 1 "
+                         "for mtp (its steps are one window each).")
     if args.method == "mtp":
         settings = MTPTrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, seed=args.seed, init=args.init,
                                     modules=args.modules, unroll=args.unroll or 0,
-                                    answer_only=args.loss_on == "answer")
+                                    answer_only=args.loss_on == "answer", dtype=args.train_dtype)
     else:
         unroll = 7 if args.unroll is None else args.unroll
         settings = Eagle3TrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, unroll=unroll,
                                        draft_vocab_size=args.draft_vocab_size, seed=args.seed,
-                                       answer_only=args.loss_on == "answer")
+                                       answer_only=args.loss_on == "answer", dtype=args.train_dtype)
     out = check_out_dir(args.out)
     rows = [p for path in args.prompts for p in load_workload(path)] if args.prompts else []
     sources = [{"source": str(path), "licence": "given by the user (--prompts)"} for path in args.prompts or []]
@@ -257,7 +268,7 @@ def _train_mtp(args, target, samples, settings, common, data, out, key) -> None:
 
     # What shapes the run, so a resume point is only taken up by the same run (lr and steps may differ).
     resume_key = json.dumps([key, "mtp", settings.modules, settings.unroll, settings.init, settings.seq_len,
-                             settings.seed, args.loss_on])
+                             settings.seed, args.loss_on, settings.dtype])
     result = train_mtp(target, samples, settings, progress=not args.no_progress, eval_every=args.eval_every,
                        resume=_resume_folder(args, out), resume_key=resume_key, checkpoint_every=args.checkpoint_every)
     before, after = result.before, result.after
@@ -265,7 +276,7 @@ def _train_mtp(args, target, samples, settings, common, data, out, key) -> None:
         **common,
         "settings": {"steps": settings.steps, "lr": settings.lr, "seq_len": settings.seq_len, "seed": settings.seed,
                      "init": settings.init, "modules": settings.modules, "unroll": settings.unroll,
-                     "loss_on": args.loss_on, "max_new_tokens": args.max_new_tokens,
+                     "loss_on": args.loss_on, "train_dtype": settings.dtype, "max_new_tokens": args.max_new_tokens,
                      "threads": torch.get_num_threads()},
         "data": {**data, "train_sequences": result.train_sequences, "heldout_sequences": result.heldout_sequences},
         "heldout": {"kl_before": before.kl, "kl_after": after.kl, "top1_before": before.agreement,
@@ -296,7 +307,7 @@ def _train_eagle3(args, target, samples, settings, aux, common, data, out, key) 
 
     # What shapes the run, so a resume point is only taken up by the same run (lr and steps may differ).
     resume_key = json.dumps([key, settings.unroll, settings.draft_vocab_size, settings.seq_len, settings.seed, aux,
-                             args.loss_on])
+                             args.loss_on, settings.windows, settings.dtype])
     result = train_eagle3(target, samples, settings, aux, progress=not args.no_progress, eval_every=args.eval_every,
                           resume=_resume_folder(args, out), resume_key=resume_key,
                           checkpoint_every=args.checkpoint_every)
@@ -308,8 +319,8 @@ def _train_eagle3(args, target, samples, settings, aux, common, data, out, key) 
         **common,
         "settings": {"steps": settings.steps, "lr": settings.lr, "seq_len": settings.seq_len, "seed": settings.seed,
                      "unroll": settings.unroll, "draft_vocab_size": draft_vocab, "aux_layers": list(aux),
-                     "loss_on": args.loss_on, "max_new_tokens": args.max_new_tokens,
-                     "threads": torch.get_num_threads()},
+                     "loss_on": args.loss_on, "batch_windows": settings.windows, "train_dtype": settings.dtype,
+                     "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads()},
         "data": {**data, "train_sequences": result.train_sequences, "heldout_sequences": result.heldout_sequences},
         "heldout": {"acceptance_length_before": before.acceptance_length,
                     "acceptance_length_after": after.acceptance_length, "agreement_per_step": after.agreement,

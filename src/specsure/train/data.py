@@ -74,7 +74,9 @@ def build_sequences(target: LoadedModel, prompts: Sequence[Sequence[int]], conti
     for prompt, cont in tqdm(list(zip(prompts, continuations)), desc="features", unit="seq", disable=not progress):
         tokens = [*prompt, *cont][:limit]
         lm.reset()
-        out = lm.forward(tokens, hidden=True, aux_layers=aux_layers)
+        # One logits row: the labels come from the hidden states later, and the whole LM head over
+        # every row would be a fifth of this pass.
+        out = lm.forward(tokens, hidden=True, aux_layers=aux_layers, last_logits=1)
         assert out.hidden is not None
         aux = out.aux_hidden.clone() if out.aux_hidden is not None else None
         seqs.append(Sample(torch.tensor(tokens, dtype=torch.long), out.hidden.clone(), len(prompt), aux))

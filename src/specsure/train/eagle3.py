@@ -23,6 +23,7 @@ the draft vocabulary; the loss is the cross-entropy against it (soft labels), st
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -38,7 +39,7 @@ from specsure.models.loading import LoadedModel
 from specsure.proposers.eagle3 import Eagle3Module
 from specsure.train.data import Sample
 from specsure.train.labels import DraftLabels
-from specsure.train.loop import run_steps
+from specsure.train.loop import TRAIN_DTYPES, autocast, run_steps
 from specsure.train.mtp import TargetParts, answer_start, draw_window, optimiser_for, split
 
 STEP_WEIGHT = 0.8
@@ -63,9 +64,16 @@ class Eagle3TrainSettings:
     heldout_fraction: float = 0.1
     answer_only: bool = False
     """Score only entries in the answer (`answer_start`); the prompt stays in the window as context."""
+    windows: int = 1
+    """Windows (each of a random training sequence) packed into one optimiser step."""
+    dtype: str = "float32"
+    """The forward's arithmetic: ``float32``, or ``bfloat16`` under autocast (the weights and the
+    optimiser stay float32), which on CPUs with bfloat16 matrix units takes far less time a step."""
 
     def __post_init__(self) -> None:
-        for name, low in (("steps", 1), ("seq_len", 2), ("unroll", 1), ("draft_vocab_size", 2)):
+        if self.dtype not in TRAIN_DTYPES:
+            raise ValueError(f"dtype = {self.dtype!r}: must be one of {', '.join(TRAIN_DTYPES)}.")
+        for name, low in (("steps", 1), ("seq_len", 2), ("unroll", 1), ("draft_vocab_size", 2), ("windows", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} = {value!r}: must be an integer >= {low}.")
@@ -147,16 +155,22 @@ def initial_module(lm: CausalLM, aux_layers: tuple[int, ...], draft_ids: torch.T
 
 
 def _attention(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-               past: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> tuple[torch.Tensor, tuple]:
-    """LlamaAttention's arithmetic over [1, m, D] with earlier steps' keys and values, and a boolean mask."""
+               past: list[tuple[torch.Tensor, torch.Tensor]], bounds: Sequence[tuple[int, int]],
+               step: int) -> tuple[torch.Tensor, tuple]:
+    """LlamaAttention's arithmetic over [1, m, D] packed windows with earlier steps' keys and values:
+    the projections run on every row at once, the attention inside each window (rows a .. b-1)."""
     m, dim = x.shape[1], attn.head_dim
     q = attn.q_proj(x).view(1, m, -1, dim).transpose(1, 2)  # [1, heads, m, dim]
     k = attn.k_proj(x).view(1, m, -1, dim).transpose(1, 2)
     v = attn.v_proj(x).view(1, m, -1, dim).transpose(1, 2)
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    keys = torch.cat([pk for pk, _ in past] + [k], dim=2)
-    values = torch.cat([pv for _, pv in past] + [v], dim=2)
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling, enable_gqa=True)
+    outs = []
+    for a, b in bounds:
+        keys = torch.cat([pk[:, :, a:b] for pk, _ in past] + [k[:, :, a:b]], dim=2)
+        values = torch.cat([pv[:, :, a:b] for _, pv in past] + [v[:, :, a:b]], dim=2)
+        outs.append(F.scaled_dot_product_attention(q[:, :, a:b], keys, values, attn_mask=_step_mask(b - a, step),
+                                                   scale=attn.scaling, enable_gqa=True))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
     return attn.o_proj(out.transpose(1, 2).reshape(1, m, -1)), (k, v)
 
 
@@ -168,15 +182,39 @@ def _step_mask(m: int, s: int) -> torch.Tensor:
     return torch.cat(blocks, dim=1)
 
 
+Window = tuple[Sample, int, int, int]
+"""(sample, start, end, scored_from): entries start .. end-1 of one sequence, the first scored_from
+of them context only (`specsure.train.mtp.draw_window`)."""
+
+
 def unrolled(module: Eagle3Module, sample: Sample, start: int, end: int, unroll: int,
              scored_from: int = 0) -> list[torch.Tensor]:
     """Each step's draft-vocabulary logits [m - scored_from, Vd] for entries start + scored_from .. end-1
     (step s: rows >= s valid); earlier entries run as context only, without the LM head."""
-    layer, m = module.midlayer, end - start
-    positions = torch.arange(start, end).unsqueeze(0)  # [1, m]
-    features = module.features(sample.aux[start:end])[None]  # [1, m, H]
+    return packed_unrolled(module, [(sample, start, end, scored_from)], unroll)[0]
+
+
+def packed_unrolled(module: Eagle3Module, windows: Sequence[Window],
+                    unroll: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """`unrolled` over several windows in one forward: each step's logits for the scored rows of every
+    window, concatenated in order, and [rows] long, each row's place among its window's scored rows
+    (step s's row is valid where that is >= s).
+
+    One window per step leaves the head's matrices working on a few hundred rows and the
+    optimiser running once per window; packing several into one forward, with the attention kept
+    inside each window, does the same arithmetic per window in fewer, larger calls.
+    """
+    layer = module.midlayer
+    widths = [end - start for _, start, end, _ in windows]
+    bounds = [(a - w, a) for a, w in zip(itertools.accumulate(widths), widths)]
+    positions = torch.cat([torch.arange(start, end) for _, start, end, _ in windows]).unsqueeze(0)  # [1, m]
+    features = module.features(torch.cat([s.aux[start:end] for s, start, end, _ in windows]))[None]  # [1, m, H]
     cos, sin = module.rotary(features, positions)
-    embed = layer.input_layernorm(module.target.embed(sample.token_ids[start + 1: end + 1])[None].to(features.dtype))
+    tokens = torch.cat([s.token_ids[start + 1: end + 1] for s, start, end, _ in windows])
+    embed = layer.input_layernorm(module.target.embed(tokens)[None].to(features.dtype))
+    place = torch.cat([torch.arange(w) - f for w, (_, _, _, f) in zip(widths, windows)])
+    # Row numbers, not a boolean mask: a boolean index's backward is a slow accumulate-put on CPU.
+    rows = None if all(f == 0 for *_, f in windows) else (place >= 0).nonzero().squeeze(1)
     past: list[tuple[torch.Tensor, torch.Tensor]] = []
     x, outs = features, []
     for s in range(unroll):
@@ -185,14 +223,16 @@ def unrolled(module: Eagle3Module, sample: Sample, start: int, end: int, unroll:
             residual = g
         else:
             residual, g = x, layer.hidden_norm(x)
-        att, kv = _attention(layer.self_attn, torch.cat([embed, g], dim=-1), cos, sin, past, _step_mask(m, s))
+        att, kv = _attention(layer.self_attn, torch.cat([embed, g], dim=-1), cos, sin, past, bounds, s)
         h = residual + att
         out = h + layer.mlp(layer.post_attention_layernorm(h))  # [1, m, H]
-        outs.append(module.lm_head(module.norm(out[:, scored_from:]))[0].float())
+        kept = out if rows is None else out.index_select(1, rows)
+        outs.append(module.lm_head(module.norm(kept))[0].float())
         past.append(kv)
-        # The next step's entry at t takes this step's output at t - 1 (row 0 has none: it stays invalid).
+        # The next step's entry at t takes this step's output at t - 1. A window's row 0 gets the
+        # previous window's last row (or its own): invalid at every step >= 1, and no valid row sees it.
         x = torch.cat([out[:, :1], out[:, :-1]], dim=1)
-    return outs
+    return outs, place if rows is None else place[rows]
 
 
 def _labels(lm: CausalLM, sample: Sample, start: int, end: int, draft_ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -203,19 +243,22 @@ def _labels(lm: CausalLM, sample: Sample, start: int, end: int, draft_ids: torch
     return probs[:, draft_ids], logits.argmax(-1)
 
 
-def window_loss(module: Eagle3Module, labels: DraftLabels, sample: Sample, start: int, end: int, unroll: int,
-                scored_from: int = 0) -> torch.Tensor:
-    """The weighted soft-label cross-entropy of every unrolled step over one window.
+def window_loss(module: Eagle3Module, labels: DraftLabels, windows: Sequence[Window], unroll: int) -> torch.Tensor:
+    """The weighted soft-label cross-entropy of every unrolled step over some windows, packed.
 
-    Only step s's chains anchored at entries from ``start + scored_from`` on are scored: row r
-    of every step is then the chain anchored r entries further on, and step s's rows >= s exist.
+    Only step s's chains anchored at a window's scored entries (from ``start + scored_from`` on)
+    are scored: row r of a window at every step is the chain anchored r entries further on, and
+    step s's rows >= s exist. Each step's loss is the mean over all its valid rows.
     """
-    p = labels.probs(sample, start + scored_from + 1, end + 1)  # entry t's label: the target at t + 1
+    # Entry t's label: the target at t + 1.
+    p = torch.cat([labels.probs(sample, start + scored + 1, end + 1) for sample, start, end, scored in windows])
+    steps, place = packed_unrolled(module, windows, unroll)
     total, weight = 0.0, 0.0
-    for s, logits in enumerate(unrolled(module, sample, start, end, unroll, scored_from)):
-        if s >= logits.shape[0]:
+    for s, logits in enumerate(steps):
+        valid = (place >= s).float()  # a weight, not an index: the same mean at a fraction of the backward's cost
+        if not bool(valid.any()):
             break
-        ce = -(p[s:] * torch.log_softmax(logits[s:], dim=-1)).sum(-1).mean()
+        ce = (-(p * torch.log_softmax(logits, dim=-1)).sum(-1) * valid).sum() / valid.sum()
         total, weight = total + STEP_WEIGHT ** s * ce, weight + STEP_WEIGHT ** s
     return total / weight
 
@@ -282,8 +325,12 @@ def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle
     labels = DraftLabels(lm, draft_ids)
 
     def step_loss() -> torch.Tensor:
-        sample, start, width, scored = draw_window(train, settings.seq_len, gen, settings.answer_only)
-        return window_loss(module, labels, sample, start, start + width, settings.unroll, scored)
+        windows = []
+        for _ in range(settings.windows):
+            sample, start, width, scored = draw_window(train, settings.seq_len, gen, settings.answer_only)
+            windows.append((sample, start, start + width, scored))
+        with autocast(settings.dtype):
+            return window_loss(module, labels, windows, settings.unroll)
 
     def measure() -> tuple[float]:
         return (evaluate(module, lm, measure_set, settings.unroll, draft_ids).acceptance_length,)

@@ -40,7 +40,7 @@ from specsure.models.loading import LoadedModel
 from specsure.proposers.head_layer import HeadCache
 from specsure.proposers.mtp import MTPModule
 from specsure.train.data import Sample
-from specsure.train.loop import run_steps
+from specsure.train.loop import TRAIN_DTYPES, autocast, run_steps
 
 
 INITS = ("random", "last_layer")
@@ -70,8 +70,12 @@ class MTPTrainSettings:
     (`chain_losses`). 0 (or anything <= modules) trains one step per module."""
     answer_only: bool = False
     """Score only anchors in the answer (`answer_start`); the prompt stays in the window as context."""
+    dtype: str = "float32"
+    """The forward's arithmetic: ``float32``, or ``bfloat16`` under autocast (`specsure.train.loop.autocast`)."""
 
     def __post_init__(self) -> None:
+        if self.dtype not in TRAIN_DTYPES:
+            raise ValueError(f"dtype = {self.dtype!r}: must be one of {', '.join(TRAIN_DTYPES)}.")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps <= 0:
             raise ValueError(f"steps = {self.steps!r}: training needs a positive number of steps, e.g. 300.")
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
@@ -201,25 +205,33 @@ def entry_losses(module: MTPModule, lm: CausalLM, sample: Sample, start: int,
 
 
 def chain_losses(modules: Sequence[MTPModule], lm: CausalLM, sample: Sample, start: int, end: int,
-                 unroll: int = 0, scored_from: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                 unroll: int = 0, scored_from: int = 0,
+                 agree: bool = True) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """(KL [m_s], agree [m_s]) of each draft step s (`unrolled_logits`) over the anchors whose label exists.
 
     Step s of anchor a predicts token a+s+2; its label is the target's distribution at a+s+1. Only
     anchors from ``start + scored_from`` on are scored (row 0 of each result is that anchor): the
-    earlier ones are context, and neither head nor target computes logits for them.
+    earlier ones are context, and neither head nor target computes logits for them. Without
+    ``agree`` (a training step, which needs only the loss) the agreements are None.
     """
     n = sample.token_ids.shape[0]
+    first = start + scored_from + 1  # step 0's first label; step s's labels are the same rows s further on
+    steps = unrolled_logits(modules, sample, start, end, unroll, scored_from)
+    with torch.no_grad():
+        # One LM head over every row any step reads: the steps' labels overlap but for s rows.
+        p_logits = lm.lm_head_logits(sample.hidden[first: min(n, end + len(steps))])
+        log_p = torch.log_softmax(p_logits, dim=-1)
+        p = log_p.exp()
+        entropy = (p * log_p).sum(-1)  # KL = sum p log p - sum p log q; the first term is the head's floor
+        p_top = p_logits.argmax(-1) if agree else None
     out = []
-    for s, q_logits in enumerate(unrolled_logits(modules, sample, start, end, unroll, scored_from)):
+    for s, q_logits in enumerate(steps):
         valid = min(end - start, n - 1 - start - s) - scored_from  # scored rows whose label a+s+1 exists
         if valid <= 0:
             break
-        first = start + scored_from + s + 1
-        with torch.no_grad():
-            p_logits = lm.lm_head_logits(sample.hidden[first: first + valid])
-            log_p = torch.log_softmax(p_logits, dim=-1)
         log_q = torch.log_softmax(q_logits[:valid], dim=-1)
-        out.append(((log_p.exp() * (log_p - log_q)).sum(-1), q_logits[:valid].argmax(-1) == p_logits.argmax(-1)))
+        kl = entropy[s: s + valid] - (p[s: s + valid] * log_q).sum(-1)
+        out.append((kl, q_logits[:valid].argmax(-1) == p_top[s: s + valid] if p_top is not None else None))
     return out
 
 
@@ -326,8 +338,9 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
 
     def step_loss() -> torch.Tensor:
         sample, start, width, scored = draw_window(train, settings.seq_len, gen, settings.answer_only)
-        chain = chain_losses(modules, lm, sample, start, start + width, settings.unroll, scored)
-        return torch.stack([kl.mean() for kl, _ in chain]).mean()
+        with autocast(settings.dtype):
+            chain = chain_losses(modules, lm, sample, start, start + width, settings.unroll, scored, agree=False)
+            return torch.stack([kl.mean() for kl, _ in chain]).mean()
 
     def measure() -> tuple[float, float]:
         now = evaluate(modules, lm, measure_set, settings.unroll)
