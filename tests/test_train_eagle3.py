@@ -15,7 +15,8 @@ from specsure.proposers.head_layer import HeadCache
 from specsure.train.checkpoint import eagle3_config, eagle3_tensors, save_head
 from specsure.train.data import build_sequences
 from specsure.train.eagle3 import (Eagle3TrainSettings, default_aux_layers, draft_vocabulary, initial_module,
-                                   train_eagle3, unrolled)
+                                   packed_unrolled, train_eagle3, unrolled, window_loss)
+from specsure.train.labels import DraftLabels
 from tiny import build_tiny_llama
 
 @pytest.fixture(autouse=True)
@@ -56,6 +57,54 @@ def test_unrolled_steps_are_the_engines_draft_steps(target) -> None:  # noqa: AN
     for s, logits in enumerate((logits0[-1], logits1[0], logits2[0])):
         # The module returns target-vocabulary logits; the trainer's are over the draft vocabulary.
         torch.testing.assert_close(steps[s][a + s], logits[draft_ids], atol=1e-4, rtol=1e-4)
+
+
+def test_packed_windows_are_the_windows_one_at_a_time(target) -> None:  # noqa: ANN001
+    _, loaded = target
+    aux = default_aux_layers(loaded.lm.num_layers)
+    samples = _samples(loaded, aux)
+    draft_ids = draft_vocabulary(samples, loaded.lm.vocab_size, 64)
+    module = initial_module(loaded.lm, aux, draft_ids, seed=3)
+    labels = DraftLabels(loaded.lm, draft_ids)
+    windows = [(samples[0], 4, 30, 0), (samples[2], 0, 17, 5), (samples[4], 9, 40, 2)]
+    with torch.no_grad():
+        packed, place = packed_unrolled(module, windows, 3)
+        alone = [unrolled(module, s, start, end, 3, scored) for s, start, end, scored in windows]
+        assert place.tolist() == [*range(26), *range(12), *range(29)]
+        want = []
+        for step in range(3):
+            # Rows before a window's step-th scored row take the previous window's last row: never scored.
+            valid = place >= step
+            torch.testing.assert_close(packed[step][valid], torch.cat([a[step] for a in alone])[valid],
+                                       atol=1e-5, rtol=1e-5)
+            # The packed loss of a step is the mean over every window's valid rows.
+            rows = [-(labels.probs(s, start + scored + 1 + step, end + 1)
+                      * torch.log_softmax(a[step][step:], -1)).sum(-1)
+                    for (s, start, end, scored), a in zip(windows, alone)]
+            want.append(torch.cat(rows).mean())
+        weights = [0.8 ** s for s in range(3)]
+        expected = sum(w * c for w, c in zip(weights, want)) / sum(weights)
+        torch.testing.assert_close(window_loss(module, labels, windows, 3), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_packed_training_lowers_the_loss_and_the_head_runs_exactly(target, tmp_path: Path) -> None:  # noqa: ANN001
+    folder, loaded = target
+    aux = default_aux_layers(loaded.lm.num_layers)
+    engine = make_engine(str(folder), None, dtype="float32")
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    continuations = [c.token_ids for c in engine.generate(PROMPTS, params)]
+    samples = build_sequences(loaded, PROMPTS, continuations, aux_layers=aux)
+    settings = Eagle3TrainSettings(steps=30, lr=3e-3, seq_len=24, unroll=2, draft_vocab_size=64, windows=3,
+                                   dtype="bfloat16", heldout_fraction=0.2)
+    result = train_eagle3(loaded, samples, settings, aux)
+    assert sum(result.losses[-5:]) / 5 < 0.8 * sum(result.losses[:5]) / 5
+    assert all(p.dtype == torch.float32 for p in result.module.parameters())  # autocast keeps float32 weights
+    head = tmp_path / "head"
+    save_head(head, eagle3_config(loaded.lm, aux, 64, torch.float32),
+              eagle3_tensors(result.module, result.draft_ids, loaded.lm.vocab_size, torch.float32), {"method": "eagle3"})
+    spec = make_engine(str(folder), {"method": "eagle3", "model": str(head), "num_speculative_tokens": 2},
+                       dtype="float32")
+    assert [c.token_ids for c in spec.generate(PROMPTS, params)] == continuations and spec.stats.drafts > 0
 
 
 def test_training_lowers_the_loss_and_the_head_runs_exactly(target, tmp_path: Path) -> None:  # noqa: ANN001
@@ -164,6 +213,24 @@ def test_an_interrupted_or_diverged_run_resumes_where_it_stopped(target, tmp_pat
                          resume=point, resume_key="data", checkpoint_every=2)
     assert len(lower.losses) == 8 and all(math.isfinite(v) for v in lower.losses)
     assert train_eagle3(loaded, samples, settings, aux, resume=point, resume_key="other").losses == whole.losses
+
+
+def test_dialog_prompts_are_the_conversations_opening_turns_with_their_licence() -> None:
+    from specsure.bench.workload import load_builtin
+    from specsure.train.corpus import corpus_prompts, sources_of
+    from specsure.train.dialog_prompts import dialog_prompts
+
+    every = dialog_prompts(5000)
+    assert len(every) > 500 and len({p.text.lower() for p in every}) == len(every)  # each turn once
+    assert all(p.package == "chatterbot-corpus" and "BSD" in p.licence and p.text == " ".join(p.text.split())
+               for p in every)
+    assert dialog_prompts(8, seed=1) == dialog_prompts(8, seed=1) != dialog_prompts(8, seed=2)
+    mixed = corpus_prompts(("chatterbot-corpus", "chat"), limit=10)
+    assert [p.package for p in mixed] == ["chatterbot-corpus", "chat"] * 5
+    assert any("chatterbot-corpus" in s["source"] for s in sources_of(mixed))
+    bench = {row.prompt for split in (False, True) for row in load_builtin(heldout=split) if row.prompt}
+    bench |= {text for split in (False, True) for row in load_builtin(heldout=split) for _, text in row.messages or ()}
+    assert not {b.lower() for b in bench} & {p.text.lower() for p in every}
 
 
 def test_chat_prompts_are_distinct_ours_and_not_bench_prompts() -> None:

@@ -132,7 +132,8 @@ def corpus_prompts(packages: tuple[str, ...] = DEFAULT_PACKAGES, limit: int = 10
                    weights: tuple[int, ...] | None = None) -> list[CorpusPrompt]:
     """Up to ``limit`` prompts drawn from the packages (a seeded sample of their pieces), ``weights[i]``
     from package i in every round (default one each); the names ``chat`` and ``math`` stand for
-    specsure's own chat prompts and word problems (chat_prompts.py, task_prompts.py).
+    specsure's own chat prompts and word problems (chat_prompts.py, task_prompts.py), and
+    ``chatterbot-corpus`` gives its conversations' opening turns (dialog_prompts.py).
 
     Raises:
         CorpusError: a package is missing or states no licence.
@@ -141,6 +142,7 @@ def corpus_prompts(packages: tuple[str, ...] = DEFAULT_PACKAGES, limit: int = 10
         raise ValueError(f"limit = {limit!r}: ask for at least one prompt.")
     # Imported here: chat_prompts and task_prompts build on this module's CorpusPrompt.
     from specsure.train.chat_prompts import SOURCE as CHAT, chat_prompts
+    from specsure.train.dialog_prompts import PACKAGE as DIALOG, dialog_prompts
     from specsure.train.task_prompts import MATH, math_prompts
 
     rng = random.Random(seed)
@@ -151,6 +153,9 @@ def corpus_prompts(packages: tuple[str, ...] = DEFAULT_PACKAGES, limit: int = 10
             continue
         if package == MATH:
             chosen.append(math_prompts(limit, seed))
+            continue
+        if package == DIALOG:  # a data package: its conversations' opening turns, not its code
+            chosen.append(dialog_prompts(limit, seed))
             continue
         licence = licence_of(package)
         paths = _sources(package)
@@ -193,4 +198,5 @@ def sources_of(prompts: list[CorpusPrompt]) -> list[dict[str, object]]:
 _SOURCE_NAMES = {
     "chat": "specsure's chat prompts (templates x topics, train/chat_prompts.py)",
     "math": "specsure's word problems (templates with seeded numbers, train/task_prompts.py)",
+    "chatterbot-corpus": "PyPI package chatterbot-corpus (the opening turns of its English conversations)",
 }
