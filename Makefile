@@ -31,15 +31,15 @@ bench: $(STAMP)
 	$(BIN)/specsure bench --quick --out bench/results
 
 # Trains the default model's shipped heads (src/specsure/heads/, committed) from specsure's own prompts and openly
-# licensed PyPI text (docs/training.md); not part of `make test`. On 2 cores: 25 minutes of data and
-# 31 of MTP training (it reuses the cached samples), each timed on a quiet machine, and about 35 of
-# EAGLE-3 training (estimated from a run on a partly shared machine): about 92 in all.
+# licensed PyPI text (docs/training.md); not part of `make test`. On 2 cores: 25 minutes of data
+# (timed alone from an empty cache), then 37 of EAGLE-3 and 23 of MTP training (timed back to back on
+# the cached samples, which the second command reuses): about 85 in all.
 CORPUS := chat,math,numpy,transformers
 heads: $(STAMP)
 	$(BIN)/specsure train --method eagle3 --corpus $(CORPUS) --corpus-prompts 2000 --unroll 3 --steps 5000 \
-		--eval-every 1000 --out src/specsure/heads/smollm2-135m-eagle3
+		--train-dtype bfloat16 --eval-every 2500 --out src/specsure/heads/smollm2-135m-eagle3
 	$(BIN)/specsure train --method mtp --corpus $(CORPUS) --corpus-prompts 2000 --unroll 2 --steps 2500 \
-		--eval-every 500 --out src/specsure/heads/smollm2-135m-mtp
+		--eval-every 1250 --out src/specsure/heads/smollm2-135m-mtp
 	$(BIN)/python -m specsure.train.curves docs/training-curves.png src/specsure/heads/smollm2-135m-eagle3 \
 		src/specsure/heads/smollm2-135m-mtp
 

@@ -39,6 +39,13 @@ def _samples(loaded, aux):  # noqa: ANN001, ANN202
     return build_sequences(loaded, PROMPTS, engine_out, aux_layers=aux)
 
 
+def _distilled(folder, loaded, aux, tokens: int):  # noqa: ANN001, ANN202
+    """(greedy params, the target's greedy continuations of PROMPTS, their samples)."""
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+    continuations = [c.token_ids for c in make_engine(str(folder), None, dtype="float32").generate(PROMPTS, params)]
+    return params, continuations, build_sequences(loaded, PROMPTS, continuations, aux_layers=aux)
+
+
 def test_unrolled_steps_are_the_engines_draft_steps(target) -> None:  # noqa: ANN001
     _, loaded = target
     aux = default_aux_layers(loaded.lm.num_layers)
@@ -90,10 +97,7 @@ def test_packed_windows_are_the_windows_one_at_a_time(target) -> None:  # noqa: 
 def test_bfloat16_packed_training_lowers_the_loss_and_the_head_runs_exactly(target, tmp_path: Path) -> None:  # noqa: ANN001
     folder, loaded = target
     aux = default_aux_layers(loaded.lm.num_layers)
-    engine = make_engine(str(folder), None, dtype="float32")
-    params = SamplingParams(max_tokens=30, ignore_eos=True)
-    continuations = [c.token_ids for c in engine.generate(PROMPTS, params)]
-    samples = build_sequences(loaded, PROMPTS, continuations, aux_layers=aux)
+    params, continuations, samples = _distilled(folder, loaded, aux, 30)
     settings = Eagle3TrainSettings(steps=30, lr=3e-3, seq_len=24, unroll=2, draft_vocab_size=64, windows=3,
                                    dtype="bfloat16", heldout_fraction=0.2)
     result = train_eagle3(loaded, samples, settings, aux)
@@ -110,10 +114,7 @@ def test_bfloat16_packed_training_lowers_the_loss_and_the_head_runs_exactly(targ
 def test_training_lowers_the_loss_and_the_head_runs_exactly(target, tmp_path: Path) -> None:  # noqa: ANN001
     folder, loaded = target
     aux = default_aux_layers(loaded.lm.num_layers)
-    engine = make_engine(str(folder), None, dtype="float32")
-    params = SamplingParams(max_tokens=40, ignore_eos=True)
-    continuations = [c.token_ids for c in engine.generate(PROMPTS, params)]
-    samples = build_sequences(loaded, PROMPTS, continuations, aux_layers=aux)
+    params, continuations, samples = _distilled(folder, loaded, aux, 40)
     settings = Eagle3TrainSettings(steps=40, lr=3e-3, seq_len=32, unroll=3, draft_vocab_size=64, heldout_fraction=0.2)
     result = train_eagle3(loaded, samples, settings, aux, eval_every=20)
     assert sum(result.losses[-5:]) / 5 < 0.8 * sum(result.losses[:5]) / 5
