@@ -68,7 +68,7 @@ class Eagle3TrainSettings:
     """Windows (each of a random training sequence) packed into one optimiser step."""
     dtype: str = "float32"
     """The forward's arithmetic: ``float32``, or ``bfloat16`` under autocast (the weights and the
-    optimiser stay float32), which on CPUs with bfloat16 matrix units takes far less time a step."""
+    optimiser stay float32), a cheaper step on CPUs with bfloat16 matrix units."""
 
     def __post_init__(self) -> None:
         if self.dtype not in TRAIN_DTYPES:
@@ -184,7 +184,7 @@ def _step_mask(m: int, s: int) -> torch.Tensor:
 
 Window = tuple[Sample, int, int, int]
 """(sample, start, end, scored_from): entries start .. end-1 of one sequence, the first scored_from
-of them context only (`specsure.train.mtp.draw_window`)."""
+of them context only; `specsure.train.mtp.draw_window` draws one (its width is end - start)."""
 
 
 def unrolled(module: Eagle3Module, sample: Sample, start: int, end: int, unroll: int,

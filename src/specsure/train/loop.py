@@ -31,7 +31,7 @@ def autocast(dtype: str) -> contextlib.AbstractContextManager:
 
     The weights, their gradients and the optimiser stay float32 either way; autocast runs the
     matrix products in bfloat16, which CPUs with bfloat16 matrix units (AMX, AVX512-BF16) do
-    several times faster, and keeps reductions such as softmax in float32.
+    about three times faster, and keeps reductions such as softmax in float32.
     """
     if dtype == "bfloat16":
         return torch.autocast("cpu", dtype=torch.bfloat16)
