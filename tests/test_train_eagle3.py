@@ -216,8 +216,15 @@ def test_an_interrupted_or_diverged_run_resumes_where_it_stopped(target, tmp_pat
     assert train_eagle3(loaded, samples, settings, aux, resume=point, resume_key="other").losses == whole.losses
 
 
-def test_dialog_prompts_are_the_conversations_opening_turns_with_their_licence() -> None:
+def _bench_texts() -> set[str]:
+    """Every prompt of both bench splits and every turn of their conversations."""
     from specsure.bench.workload import load_builtin
+
+    rows = [row for split in (False, True) for row in load_builtin(heldout=split)]
+    return {row.prompt for row in rows if row.prompt} | {text for row in rows for _, text in row.messages or ()}
+
+
+def test_dialog_prompts_are_the_conversations_opening_turns_with_their_licence() -> None:
     from specsure.train.corpus import corpus_prompts, sources_of
     from specsure.train.dialog_prompts import dialog_prompts
 
@@ -229,13 +236,11 @@ def test_dialog_prompts_are_the_conversations_opening_turns_with_their_licence()
     mixed = corpus_prompts(("chatterbot-corpus", "chat"), limit=10)
     assert [p.package for p in mixed] == ["chatterbot-corpus", "chat"] * 5
     assert any("chatterbot-corpus" in s["source"] for s in sources_of(mixed))
-    bench = {row.prompt for split in (False, True) for row in load_builtin(heldout=split) if row.prompt}
-    bench |= {text for split in (False, True) for row in load_builtin(heldout=split) for _, text in row.messages or ()}
+    bench = _bench_texts()
     assert not {b.lower() for b in bench} & {p.text.lower() for p in every}
 
 
 def test_chat_prompts_are_distinct_ours_and_not_bench_prompts() -> None:
-    from specsure.bench.workload import load_builtin
     from specsure.train.corpus import corpus_prompts, sources_of
 
     prompts = corpus_prompts(("chat", "tqdm"), limit=40, seed=2)
@@ -244,7 +249,6 @@ def test_chat_prompts_are_distinct_ours_and_not_bench_prompts() -> None:
     assert all(p.licence.startswith("Apache-2.0") and "{" not in p.text for p in chat)
     assert corpus_prompts(("chat",), limit=5, seed=2) == corpus_prompts(("chat",), limit=5, seed=2)
     assert any("chat prompts" in s["source"] for s in sources_of(prompts))
-    bench = {row.prompt for split in (False, True) for row in load_builtin(heldout=split) if row.prompt}
-    bench |= {text for split in (False, True) for row in load_builtin(heldout=split) for _, text in row.messages or ()}
+    bench = _bench_texts()
     assert len(bench) > 100  # both splits' prompts and every turn of their conversations
     assert not bench & {p.text for p in corpus_prompts(("chat",), limit=5000)}
