@@ -13,6 +13,8 @@ from specsure.cli.common import EXIT_OK
 
 METHODS = ("mtp", "eagle3")
 DEFAULT_LR = {"mtp": 2e-3, "eagle3": 1e-3}
+DRAFT_VOCAB = 8192
+"""Default draft vocabulary: 93% of the default model's answer tokens on the bench's held-out prompts."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -62,9 +64,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="draft steps unrolled in training, each fed back as the engine drafts it (eagle3: the "
                              "training-time test, default 7; mtp: steps beyond --modules reuse the modules "
                              "cyclically, default --modules)")
-    parser.add_argument("--draft-vocab-size", type=int, default=8192, metavar="N",
-                        help="eagle3: tokens the head predicts over, the most frequent in the training text "
-                             "(default 8192, at most the target's vocabulary)")
+    parser.add_argument("--aux-layers", default=None, metavar="I,J,K",
+                        help="eagle3: the target layers whose residual-stream inputs the head fuses, comma-separated "
+                             "indices in [0, num_hidden_layers) (default 2,N/2,N-3, EAGLE-3's); written to the "
+                             "head's eagle_aux_hidden_state_layer_ids, which vLLM and SGLang read")
+    parser.add_argument("--draft-vocab-size", type=int, default=None, metavar="N",
+                        help="tokens the head drafts among, the most frequent in the training text, at most the "
+                             "target's vocabulary (default 8192). eagle3: the head's own LM head has these rows; "
+                             "mtp: the head trains on the whole vocabulary and the engine drafts among these, "
+                             "reading a fraction of the LM head per draft step (0: the whole vocabulary)")
     parser.add_argument("--loss-on", default="all", choices=("answer", "all"),
                         help="all (default): score every position, the prompt's text too; answer: only the positions "
                              "the engine drafts from, the answer after each prompt, with the prompt as context "
@@ -122,14 +130,16 @@ def run(args: argparse.Namespace) -> int:
     if args.method == "mtp" and args.batch_windows != 1:
         raise ValueError(f"--batch-windows {args.batch_windows}: only --method eagle3 packs windows; leave it at 1 "
                          "for mtp (its steps are one window each).")
+    vocab = DRAFT_VOCAB if args.draft_vocab_size is None else args.draft_vocab_size
     if args.method == "mtp":
         settings = MTPTrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, seed=args.seed, init=args.init,
                                     modules=args.modules, unroll=args.unroll or 0,
-                                    answer_only=args.loss_on == "answer", dtype=args.train_dtype)
+                                    answer_only=args.loss_on == "answer", dtype=args.train_dtype,
+                                    draft_vocab_size=vocab)
     else:
         unroll = 7 if args.unroll is None else args.unroll
         settings = Eagle3TrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, unroll=unroll,
-                                       draft_vocab_size=args.draft_vocab_size, seed=args.seed,
+                                       draft_vocab_size=vocab, seed=args.seed,
                                        answer_only=args.loss_on == "answer", dtype=args.train_dtype)
     out = check_out_dir(args.out)
     rows = [p for path in args.prompts for p in load_workload(path)] if args.prompts else []
@@ -161,12 +171,13 @@ def run(args: argparse.Namespace) -> int:
 
     from specsure.models.loading import load_model
     from specsure.train import self_distill
-    from specsure.train.data import DISTILL_BATCH, build_sequences
+    from specsure.train.data import DISTILL_BATCH, build_sequences, select_layers
 
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     started = time.perf_counter()
     target = load_model(args.model, dtype=args.dtype)
-    aux = _recorded_layers(target.lm.num_layers)
+    wanted = _aux_layers(args.aux_layers, target.lm.num_layers) if args.method == "eagle3" else ()
+    aux = _recorded_layers(target.lm.num_layers, wanted)
     prompts = [list(encode(row, target.tokenizer)) for row in rows]
     dtype = str(target.lm.dtype).removeprefix("torch.")
     chat_rows = [i for i in chat_rows if i < len(rows)]
@@ -203,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         if args.method == "mtp":
             _train_mtp(args, target, samples, settings, common, data, out, key)
         else:
-            _train_eagle3(args, target, samples, settings, aux, common, data, out, key)
+            _train_eagle3(args, target, select_layers(samples, aux, wanted), settings, wanted, common, data, out, key)
     except FloatingPointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -248,12 +259,31 @@ def _resume_folder(args: argparse.Namespace, out: Path) -> Path | None:
     return out.parent / f".{out.name}.resume" if args.checkpoint_every else None
 
 
-def _recorded_layers(num_layers: int) -> tuple[int, ...]:
-    """EAGLE-3's layers for both methods: recording them costs little in the same forward, and one
-    cached data set then serves both (make heads trains the MTP head on the EAGLE-3 head's samples)."""
+def _recorded_layers(num_layers: int, wanted: tuple[int, ...]) -> tuple[int, ...]:
+    """The layers whose inputs the data phase records: EAGLE-3's defaults, the last layer's input and any
+    asked for, in ascending order. Recording a layer costs little in the same forward, and one cached data
+    set then serves both methods and the usual layer choices (make heads trains the MTP head on the
+    EAGLE-3 head's samples)."""
     from specsure.train.eagle3 import default_aux_layers
 
-    return default_aux_layers(num_layers)
+    return tuple(sorted({*default_aux_layers(num_layers), num_layers - 1, *wanted}))
+
+
+def _aux_layers(text: str | None, num_layers: int) -> tuple[int, ...]:
+    """``--aux-layers`` as layer indices, checked against the target (EAGLE-3's defaults when not given)."""
+    from specsure.train.eagle3 import default_aux_layers
+
+    if text is None:
+        return default_aux_layers(num_layers)
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items or not all(t.isdigit() for t in items):
+        raise ValueError(f"--aux-layers {text!r}: give comma-separated layer indices, for example "
+                         f"2,{num_layers // 2},{num_layers - 3}.")
+    layers = tuple(int(t) for t in items)
+    if len(set(layers)) != len(layers) or any(i >= num_layers for i in layers):
+        raise ValueError(f"--aux-layers {text!r}: each index must appear once and lie in [0, {num_layers}), the "
+                         f"target's num_hidden_layers; for example 2,{num_layers // 2},{num_layers - 3}.")
+    return layers
 
 
 def _run_hint(args: argparse.Namespace, out: Path, k: int) -> str:
@@ -278,7 +308,7 @@ def _train_mtp(args, target, samples, settings, common, data, out, key) -> None:
         "settings": {"steps": settings.steps, "lr": settings.lr, "seq_len": settings.seq_len, "seed": settings.seed,
                      "init": settings.init, "modules": settings.modules, "unroll": settings.unroll,
                      "loss_on": args.loss_on, "train_dtype": settings.dtype, "max_new_tokens": args.max_new_tokens,
-                     "threads": torch.get_num_threads()},
+                     "draft_vocab_size": settings.draft_vocab_size, "threads": torch.get_num_threads()},
         "data": {**data, "train_sequences": result.train_sequences, "heldout_sequences": result.heldout_sequences},
         "heldout": {"kl_before": before.kl, "kl_after": after.kl, "top1_before": before.agreement,
                     "top1_after": after.agreement, "entries": after.entries,
@@ -287,7 +317,7 @@ def _train_mtp(args, target, samples, settings, common, data, out, key) -> None:
         "losses": [round(v, 4) for v in result.losses],
         "train_seconds": round(result.train_s, 1),
     }
-    save_mtp_head(result.modules or result.module, target.lm, out, training)
+    save_mtp_head(result.modules or result.module, target.lm, out, training, result.draft_ids)
     where = "held-out" if result.heldout_sequences else "training (too few prompts to hold any out)"
     print(f"training: {settings.steps} steps in {result.train_s:.0f} s")
     print(f"wrote {out}")

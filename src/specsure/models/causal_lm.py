@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -278,7 +278,22 @@ class CausalLM:
         bias = None if head.bias is None else head.bias[rows]
         return self._transformed(torch.nn.functional.linear(hidden, head.weight[rows], bias).float())
 
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def draft_head(self, rows: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Logits over the vocabulary ids ``rows`` only: post-norm states [n, hidden] -> float32 [n, len(rows)].
+
+        For a drafter that predicts among a draft vocabulary. The LM head's rows are gathered once
+        here, so each call reads len(rows) / vocab of the head: on a small model the full head is
+        most of an MTP draft step's weight reads, and a draft step is bound by them.
+        """
+        head = self._head
+        if type(head) is not torch.nn.Linear:
+            return lambda hidden: self._logits(hidden)[..., rows]
+        weight = head.weight[rows].contiguous()  # [len(rows), hidden]
+        bias = None if head.bias is None else head.bias[rows]
+        return lambda hidden: self._logits(hidden, weight, bias)
+
+    def _logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
         """[..., hidden] post-norm states -> float32 [..., vocab], as `*ForCausalLM.forward` does."""
         transform = self.logits_transform
         if transform.hidden_divisor != 1.0:
@@ -287,13 +302,18 @@ class CausalLM:
         # half-precision arithmetic, and the verifier works in float32 anyway.
         head = self._head
         native = self._native
-        if (native is not None and native.kernel is not None and hidden.dim() == 2 and type(head) is torch.nn.Linear
-                and head.bias is None and head.weight.is_contiguous() and hidden.dtype == torch.bfloat16
+        linear = weight is not None or type(head) is torch.nn.Linear
+        if weight is None and linear:
+            weight, bias = head.weight, head.bias
+        if (native is not None and native.kernel is not None and hidden.dim() == 2 and linear
+                and bias is None and weight.is_contiguous() and hidden.dtype == torch.bfloat16
                 and not hidden.requires_grad  # a head in training backpropagates through the LM head
                 and (hidden.shape[0] == 1 or (native.exact and hidden.shape[0] <= KERNEL_ROWS))):
-            logits = native.kernel.linear_rows(head.weight, hidden.contiguous()).float()
-        elif hidden.dim() == 2 and type(head) is torch.nn.Linear:
-            logits = project(hidden, head.weight, head.bias).float()  # one row: the faster, bit-identical mv
+            logits = native.kernel.linear_rows(weight, hidden.contiguous()).float()
+        elif hidden.dim() == 2 and linear:
+            logits = project(hidden, weight, bias).float()  # one row: the faster, bit-identical mv
+        elif linear:
+            logits = torch.nn.functional.linear(hidden, weight, bias).float()
         else:
             logits = head(hidden).float()
         return self._transformed(logits)

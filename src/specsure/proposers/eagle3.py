@@ -31,7 +31,7 @@ from specsure.proposers.head_layer import (
     HeadCache, attend, commit_rows, kernel_ready, kernel_segment, use_row_kernel,
 )
 from specsure.proposers.head_loading import (
-    TensorFile, check_equal, int_field, llama_config, load_weights, mismatch, read_head_config,
+    TensorFile, check_equal, int_field, llama_config, load_weights, mismatch, read_head_config, vocab_map,
 )
 
 if TYPE_CHECKING:
@@ -220,7 +220,7 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
     own_head = "lm_head.weight" in names
     if not own_head and draft_vocab != vocab:
         raise ConfigError(f"draft head {path!r}: draft_vocab_size = {draft_vocab} but there is no lm_head.weight.")
-    d2t = _vocab_map(weights, names, path, draft_vocab, vocab)
+    d2t = vocab_map(weights, names, path, draft_vocab, vocab)
     head_config = llama_config(config, num_hidden_layers=1, vocab_size=vocab)
     with torch.device("meta"):
         module = Eagle3Module(head_config, len(aux) * lm.hidden_size, draft_vocab, own_embed, own_head)
@@ -233,26 +233,3 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
     logger.info("eagle3 head %s: hidden %s, draft vocab %d of %d, aux layers %s", path, hidden, draft_vocab,
                 vocab, aux)
     return Eagle3Proposer(module, aux)
-
-
-def _vocab_map(weights: TensorFile, names: Mapping[str, str], path: str, draft_vocab: int,
-               vocab: int) -> torch.Tensor | None:
-    """d2t, checked against t2d and the vocabularies; None when the draft vocabulary is the target's."""
-    if "d2t" not in names:
-        if draft_vocab != vocab:
-            raise ConfigError(f"draft head {path!r}: draft_vocab_size = {draft_vocab} is smaller than the target's "
-                              f"vocab_size = {vocab}, but there is no d2t tensor mapping draft ids to target ids.")
-        return None
-    d2t = weights.read([names["d2t"]])[names["d2t"]]
-    check_equal(path, "d2t shape", list(d2t.shape), [draft_vocab], "draft_vocab_size")
-    targets = torch.arange(draft_vocab) + d2t.long()
-    if int(targets.min()) < 0 or int(targets.max()) >= vocab or targets.unique().numel() != draft_vocab:
-        raise ConfigError(f"draft head {path!r}: d2t maps draft ids outside [0, {vocab}) or onto the same target "
-                          "id twice; it was not made for this target's vocabulary.")
-    if "t2d" in names:
-        t2d = weights.read([names["t2d"]])[names["t2d"]].bool()
-        check_equal(path, "t2d shape", list(t2d.shape), [vocab], "the target's vocab_size")
-        if int(t2d.sum()) != draft_vocab or not bool(t2d[targets].all()):
-            raise ConfigError(f"draft head {path!r}: t2d and d2t disagree about which target ids the draft "
-                              "vocabulary holds.")
-    return d2t

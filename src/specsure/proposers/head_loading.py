@@ -109,3 +109,27 @@ def load_weights(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor], c
     module.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()},
                            strict=True, assign=True)
     module.eval().requires_grad_(False)
+
+
+def vocab_map(weights: TensorFile, names: Mapping[str, str], path: str, draft_vocab: int,
+              vocab: int) -> torch.Tensor | None:
+    """d2t (target id = draft id + d2t[draft id]), checked against t2d and the vocabularies; None when the
+    draft vocabulary is the target's. ``names`` maps the head's own tensor names to the file's."""
+    if "d2t" not in names:
+        if draft_vocab != vocab:
+            raise ConfigError(f"draft head {path!r}: draft_vocab_size = {draft_vocab} is smaller than the target's "
+                              f"vocab_size = {vocab}, but there is no d2t tensor mapping draft ids to target ids.")
+        return None
+    d2t = weights.read([names["d2t"]])[names["d2t"]]
+    check_equal(path, "d2t shape", list(d2t.shape), [draft_vocab], "draft_vocab_size")
+    targets = torch.arange(draft_vocab) + d2t.long()
+    if int(targets.min()) < 0 or int(targets.max()) >= vocab or targets.unique().numel() != draft_vocab:
+        raise ConfigError(f"draft head {path!r}: d2t maps draft ids outside [0, {vocab}) or onto the same target "
+                          "id twice; it was not made for this target's vocabulary.")
+    if "t2d" in names:
+        t2d = weights.read([names["t2d"]])[names["t2d"]].bool()
+        check_equal(path, "t2d shape", list(t2d.shape), [vocab], "the target's vocab_size")
+        if int(t2d.sum()) != draft_vocab or not bool(t2d[targets].all()):
+            raise ConfigError(f"draft head {path!r}: t2d and d2t disagree about which target ids the draft "
+                              "vocabulary holds.")
+    return d2t

@@ -33,12 +33,13 @@ from specsure.config.compat import check_mtp_tensors, require_target_mtp
 from specsure.config.detect import SPECSURE_MTP_HEAD, SPECSURE_MTP_MODEL_TYPE, deepseek_mtp_prefix
 from specsure.config.errors import ConfigError
 from specsure.models.kernel import MAX_HEAD_DIM, Kernel, LayerStruct, ShapeStruct
+from specsure.models.native import project
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
     HeadCache, commit_rows, kernel_ready, kernel_segment, use_cache_slots, use_row_kernel,
 )
 from specsure.proposers.head_loading import (
-    TensorFile, check_equal, int_field, load_weights, read_head_config,
+    TensorFile, check_equal, int_field, load_weights, read_head_config, vocab_map,
 )
 
 if TYPE_CHECKING:
@@ -73,9 +74,22 @@ class MTPModule(nn.Module):
         if own_embed:
             self.embed_tokens = nn.Embedding(vocab, hidden)
         self._kernel: Kernel | None = None
+        self.draft_ids: torch.Tensor | None = None
+        """[Vd] ascending target ids the engine drafts among (None: the whole vocabulary)."""
+        self._draft_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
 
-    def attach(self, target: "CausalLM", rotary: nn.Module) -> None:
+    def attach(self, target: "CausalLM", rotary: nn.Module, draft_ids: torch.Tensor | None = None) -> None:
+        """Wire the target's shared parts; with ``draft_ids`` (ascending target ids) inference drafts
+        among those tokens only."""
         self.target, self.rotary = target, rotary
+        self.draft_ids, self._draft_logits = draft_ids, None
+        if draft_ids is not None:
+            own = getattr(self.shared_head, "head", None)
+            if own is None:
+                self._draft_logits = target.draft_head(draft_ids)
+            else:
+                weight = own.weight[draft_ids].contiguous()  # [Vd, H], gathered once
+                self._draft_logits = lambda normed: project(normed, weight).float()
         use_cache_slots([self.block])
 
     def use_kernel(self, kernel: Kernel | None) -> bool:
@@ -121,25 +135,24 @@ class MTPModule(nn.Module):
         if self._kernel is not None and features.dtype == torch.bfloat16 and kernel_ready(cache, n):
             return self._kernel_forward(features, token_ids, cache, last)
         out = self.entries(features, token_ids, cache.positions(n), cache.mask(n, self.eh_proj.weight.dtype), cache.kv,
-                           last)
+                           last, draft=True)
         cache.length += n
         return out
 
     def entries(self, features: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor,
                 mask: torch.Tensor | None, kv: Any, last: bool = False,
-                first_row: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                first_row: int = 0, draft: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` with explicit positions [1, n], additive mask [1, 1, n, past + n] and transformers cache:
         what training uses to lay out unrolled draft steps as the engine runs them. Logits only for
-        rows from ``first_row`` on (training scores no earlier row)."""
+        rows from ``first_row`` on (training scores no earlier row); over the whole vocabulary unless
+        ``draft`` (inference) and the head has a draft vocabulary."""
         h = features[None].to(self.eh_proj.weight.dtype)  # [1, n, H]
         embed = self.embed_tokens(token_ids) if hasattr(self, "embed_tokens") else self.target.embed(token_ids)
         x = self.eh_proj(torch.cat([self.enorm(embed[None].to(h.dtype)), self.hnorm(h)], dim=-1))
         x = self.block(x, attention_mask=mask, position_ids=positions, cache=kv, use_cache=True,
                        position_embeddings=self.rotary(x, positions))  # [1, n, H], fed back before the norm
         normed = self.shared_head.norm(x[:, -1:] if last else x[:, first_row:])[0]
-        if hasattr(self.shared_head, "head"):
-            return x[0], self.shared_head.head(normed).float()
-        return x[0], self.target.lm_head_logits(normed)
+        return x[0], self._logits(normed, draft)
 
     def _kernel_forward(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,
                         last: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,9 +172,18 @@ class MTPModule(nn.Module):
         rows = x[-1:] if last else x
         normed = torch.empty_like(rows)
         kernel.add_norm(rows, None, self.shared_head.norm.weight, normed, self.shared_head.norm.variance_epsilon)
+        return x, self._logits(normed, draft=True)
+
+    def _logits(self, normed: torch.Tensor, draft: bool) -> torch.Tensor:
+        """Target-vocabulary logits [n, V]; with ``draft`` and a draft vocabulary, -inf outside it."""
+        if draft and self._draft_logits is not None:
+            logits = self._draft_logits(normed)  # [n, Vd]
+            full = logits.new_full((logits.shape[0], self.target.vocab_size), float("-inf"))
+            full[:, self.draft_ids] = logits
+            return full
         if hasattr(self.shared_head, "head"):
-            return x, self.shared_head.head(normed).float()
-        return x, self.target.lm_head_logits(normed)
+            return self.shared_head.head(normed).float()
+        return self.target.lm_head_logits(normed)
 
 
 class MTPProposer(HeadChainProposer):
@@ -200,8 +222,14 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> MTPProposer:
         raise ConfigError(f"method 'mtp' supports targets with rotary position embeddings; {target.path!r} "
                           f"({type(lm.hf).__name__}) has none.")
     modules_out = [_load_module(weights, prefix, base, block_config, label, lm) for prefix in prefixes]
+    draft_ids = None
+    if res.config.model is not None:
+        draft_vocab = int_field(config, "draft_vocab_size", lm.vocab_size)
+        d2t = vocab_map(weights, {n: n for n in ("d2t", "t2d") if n in weights.names}, label, draft_vocab,
+                        lm.vocab_size)
+        draft_ids = None if d2t is None else torch.arange(d2t.shape[0]) + d2t.long()
     for module in modules_out:
-        module.attach(lm, base.rotary_emb)
+        module.attach(lm, base.rotary_emb, draft_ids)
         use_row_kernel(module, lm.row_kernel)
         module.use_kernel(lm.row_kernel)
     logger.info("mtp: %d module(s) from %s (%s)", len(modules_out), label, where)

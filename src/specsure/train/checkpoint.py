@@ -81,16 +81,21 @@ def head_config(lm: CausalLM, modules: int = 1, dtype: torch.dtype = torch.float
 
 
 def save_mtp_head(module: MTPModule | Sequence[MTPModule], lm: CausalLM, out: str | Path,
-                  training: dict[str, Any]) -> Path:
+                  training: dict[str, Any], draft_ids: torch.Tensor | None = None) -> Path:
     """Write config.json, model.safetensors and training.json to ``out``, replacing an earlier head.
 
     Several modules are written as layers.0, layers.1, ... (num_nextn_predict_layers of them). The
     tensors are in the target's dtype, which the engine would cast them to anyway (half the size
-    of float32 for a bf16 target).
+    of float32 for a bf16 target). With ``draft_ids`` (ascending target ids), the head drafts
+    among those tokens only: ``draft_vocab_size`` in the config, ``d2t`` and ``t2d`` as EAGLE-3 has them.
     """
     modules = [module] if isinstance(module, MTPModule) else list(module)
     tensors = {name: t for i, m in enumerate(modules) for name, t in head_tensors(m, i, lm.dtype).items()}
-    return save_head(out, head_config(lm, len(modules), lm.dtype), tensors, training)
+    config = head_config(lm, len(modules), lm.dtype)
+    if draft_ids is not None:
+        tensors.update(vocab_tensors(draft_ids, lm.vocab_size))
+        config["draft_vocab_size"] = int(draft_ids.numel())
+    return save_head(out, config, tensors, training)
 
 
 def save_head(out: str | Path, config: dict[str, Any], tensors: dict[str, torch.Tensor],
@@ -133,11 +138,15 @@ def eagle3_tensors(module: torch.nn.Module, draft_ids: torch.Tensor, vocab: int,
     """fc, midlayer.*, norm, lm_head in ``dtype``, plus d2t (int64) and t2d (bool)."""
     out = {name: tensor.detach().to(dtype).contiguous().clone() for name, tensor in module.state_dict().items()
            if not name.startswith(("rotary.", "target."))}
-    out["d2t"] = (draft_ids - torch.arange(draft_ids.numel())).long()
+    out.update(vocab_tensors(draft_ids, vocab))
+    return out
+
+
+def vocab_tensors(draft_ids: torch.Tensor, vocab: int) -> dict[str, torch.Tensor]:
+    """d2t (int64: target id = draft id + d2t) and t2d (bool over the target's vocabulary) of a draft vocabulary."""
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[draft_ids] = True
-    out["t2d"] = t2d
-    return out
+    return {"d2t": (draft_ids - torch.arange(draft_ids.numel())).long(), "t2d": t2d}
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:

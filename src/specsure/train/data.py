@@ -105,3 +105,25 @@ def self_distill(target: LoadedModel, prompts: Sequence[Sequence[int]], max_new_
                                                   progress=progress)
             prompts += more
     return build_sequences(target, prompts, continuations, aux_layers=aux_layers, progress=progress)
+
+
+def select_layers(samples: Sequence[Sample], recorded: tuple[int, ...], wanted: tuple[int, ...]) -> list[Sample]:
+    """The samples with ``aux`` cut down to the ``wanted`` layers, in that order, from the ``recorded`` ones.
+
+    The data phase records more layers than one head fuses, so one cached data set serves heads
+    of different layer choices; this picks one head's columns.
+    """
+    if tuple(wanted) == tuple(recorded):
+        return list(samples)
+    missing = [i for i in wanted if i not in recorded]
+    assert not missing, f"layers {missing} were not recorded (recorded: {recorded})"
+    out = []
+    for sample in samples:
+        if sample.aux is None:
+            out.append(sample)
+            continue
+        blocks = sample.aux.view(sample.aux.shape[0], len(recorded), -1)  # [n, recorded, H]
+        index = torch.tensor([recorded.index(i) for i in wanted])
+        picked = blocks.index_select(1, index).reshape(sample.aux.shape[0], -1)  # [n, len(wanted) * H]
+        out.append(Sample(sample.token_ids, sample.hidden, sample.prompt_len, picked))
+    return out

@@ -38,7 +38,7 @@ from specsure.models.causal_lm import CausalLM
 from specsure.models.loading import LoadedModel
 from specsure.proposers.eagle3 import Eagle3Module
 from specsure.train.data import Sample
-from specsure.train.labels import DraftLabels
+from specsure.train.labels import DraftLabels, draft_vocabulary
 from specsure.train.loop import TRAIN_DTYPES, autocast, run_steps
 from specsure.train.mtp import TargetParts, answer_start, draw_window, optimiser_for, split
 
@@ -116,17 +116,6 @@ class Eagle3TrainResult:
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
     """EAGLE-3's low, middle and high layers: 2, N/2 and N-3 (clamped for tiny models)."""
     return tuple(min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3))
-
-
-def draft_vocabulary(samples: Sequence[Sample], vocab_size: int, size: int) -> torch.Tensor:
-    """The ``size`` most frequent target ids in the training text (ties: the lower id), ascending."""
-    size = min(size, vocab_size)
-    counts = torch.zeros(vocab_size, dtype=torch.float64)
-    for sample in samples:
-        counts += torch.bincount(sample.token_ids, minlength=vocab_size).double()
-    # Order by count, then by id, so unseen tokens fill the rest deterministically.
-    rank = counts * (vocab_size + 1) - torch.arange(vocab_size, dtype=torch.float64)
-    return rank.topk(size).indices.sort().values
 
 
 def initial_module(lm: CausalLM, aux_layers: tuple[int, ...], draft_ids: torch.Tensor, seed: int = 0) -> Eagle3Module:

@@ -9,6 +9,8 @@ first time a window of it is drawn; each step then needs only the draft vocabula
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from specsure.models.causal_lm import CausalLM
@@ -16,6 +18,18 @@ from specsure.train.data import Sample
 
 _CHUNK = 256
 """Positions per LM-head call when a sequence's normalisers are computed (bounds the logits' memory)."""
+
+
+def draft_vocabulary(samples: Sequence[Sample], vocab_size: int, size: int) -> torch.Tensor:
+    """The ``size`` most frequent target ids in the training text (ties: the lower id), ascending."""
+    size = min(size, vocab_size)
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    for sample in samples:
+        counts += torch.bincount(sample.token_ids, minlength=vocab_size).double()
+    # Order by count, then by id, so unseen tokens fill the rest deterministically.
+    rank = counts * (vocab_size + 1) - torch.arange(vocab_size, dtype=torch.float64)
+    return rank.topk(size).indices.sort().values
+
 
 
 class DraftLabels:

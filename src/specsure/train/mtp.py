@@ -40,6 +40,7 @@ from specsure.models.loading import LoadedModel
 from specsure.proposers.head_layer import HeadCache
 from specsure.proposers.mtp import MTPModule
 from specsure.train.data import Sample
+from specsure.train.labels import draft_vocabulary
 from specsure.train.loop import TRAIN_DTYPES, autocast, run_steps
 
 
@@ -72,8 +73,16 @@ class MTPTrainSettings:
     """Score only anchors in the answer (`answer_start`); the prompt stays in the window as context."""
     dtype: str = "float32"
     """The forward's arithmetic: ``float32``, or ``bfloat16`` under autocast (`specsure.train.loop.autocast`)."""
+    draft_vocab_size: int = 0
+    """Tokens the engine drafts among: the most frequent in the training text (0: the whole vocabulary).
+    Training and its figures use the whole vocabulary; a draft step then reads only these rows of the
+    LM head, the bulk of its weights on a small model."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.draft_vocab_size, bool) or not isinstance(self.draft_vocab_size, int) \
+                or self.draft_vocab_size < 0:
+            raise ValueError(f"draft_vocab_size = {self.draft_vocab_size!r}: must be 0 (the whole vocabulary) or a "
+                             "positive number of tokens, e.g. 8192.")
         if self.dtype not in TRAIN_DTYPES:
             raise ValueError(f"dtype = {self.dtype!r}: must be one of {', '.join(TRAIN_DTYPES)}.")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps <= 0:
@@ -132,6 +141,8 @@ class MTPTrainResult:
     curve: list[tuple[int, float, float]] = field(default_factory=list)
     """(step, held-out first-step agreement, held-out acceptance length) at the start, every
     ``eval_every`` steps and at the end."""
+    draft_ids: torch.Tensor | None = None
+    """[draft_vocab_size] ascending target ids the head drafts among; None for the whole vocabulary."""
 
 
 class TargetParts:
@@ -353,7 +364,9 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
     train_s = time.perf_counter() - started
     after = evaluate(modules, lm, measure_set, settings.unroll)
     curve.append((settings.steps, after.agreement, after.acceptance_length))
-    return MTPTrainResult(modules[0], losses, before, after, len(train), len(heldout), train_s, modules, curve)
+    draft_ids = draft_vocabulary(train, lm.vocab_size, settings.draft_vocab_size) if settings.draft_vocab_size else None
+    return MTPTrainResult(modules[0], losses, before, after, len(train), len(heldout), train_s, modules, curve,
+                          draft_ids)
 
 
 def optimiser_for(params: list[torch.nn.Parameter], lr: float,

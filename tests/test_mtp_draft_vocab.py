@@ -1,0 +1,122 @@
+"""An MTP head with a draft vocabulary: the engine drafts among those tokens only, and stays exact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from specsure import SamplingParams, make_engine
+from specsure.config import ConfigError
+from specsure.models.loading import load_model
+from specsure.train import MTPTrainSettings, save_mtp_head, self_distill, train_mtp
+from specsure.train.data import Sample, select_layers
+from tiny import build_tiny_llama
+
+GREEDY = SamplingParams(max_tokens=32, ignore_eos=True)
+
+
+def _prompts(count: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 128, (16,), generator=gen).tolist() for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """A tiny target and one trained module written twice: with a 48-token draft vocabulary and without."""
+    root = tmp_path_factory.mktemp("draft-vocab")
+    target_dir = build_tiny_llama(root / "target", tie=False, seed=3)
+    target = load_model(str(target_dir), dtype="float32")
+    samples = self_distill(target, _prompts(24, seed=0), 24)
+    result = train_mtp(target, samples, MTPTrainSettings(steps=60, lr=3e-3, draft_vocab_size=48))
+    assert result.draft_ids is not None and result.draft_ids.shape == (48,)
+    limited = save_mtp_head(result.module, target.lm, root / "limited", {}, result.draft_ids)
+    full = save_mtp_head(result.module, target.lm, root / "full", {})
+    return target_dir, result.draft_ids, limited, full
+
+
+def _engine(target: Path, head: Path | None, k: int = 2):  # noqa: ANN202
+    spec = None if head is None else {"method": "mtp", "model": str(head), "num_speculative_tokens": k}
+    return make_engine(str(target), spec, dtype="float32")
+
+
+def test_the_head_records_its_draft_vocabulary(heads) -> None:  # noqa: ANN001
+    _, draft_ids, limited, full = heads
+    config = json.loads((limited / "config.json").read_text())
+    assert config["draft_vocab_size"] == 48 and "draft_vocab_size" not in json.loads((full / "config.json").read_text())
+    tensors = load_file(str(limited / "model.safetensors"))
+    assert torch.equal(torch.arange(48) + tensors["d2t"], draft_ids)
+    assert int(tensors["t2d"].sum()) == 48 and bool(tensors["t2d"][draft_ids].all())
+    assert bool((draft_ids[1:] > draft_ids[:-1]).all())  # ascending, as d2t's offsets assume
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_drafts_come_from_the_draft_vocabulary_and_the_output_equals_plain(heads, k: int) -> None:  # noqa: ANN001
+    target_dir, draft_ids, limited, _ = heads
+    spec, plain = _engine(target_dir, limited, k), _engine(target_dir, None)
+    allowed = set(draft_ids.tolist())
+    proposed: list[int] = []
+    original = spec.proposer.propose
+
+    def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        draft = original(*args, **kwargs)
+        proposed.extend(draft.token_ids)
+        return draft
+
+    spec.proposer.propose = spy
+    for prompt in _prompts(4, seed=1):
+        assert spec.generate(prompt, GREEDY)[0].token_ids == plain.generate(prompt, GREEDY)[0].token_ids
+    assert proposed and set(proposed) <= allowed
+    assert spec.stats.accepted_tokens > 0
+
+
+def test_sampled_drafts_carry_zero_probability_outside_the_draft_vocabulary(heads) -> None:  # noqa: ANN001
+    target_dir, draft_ids, limited, _ = heads
+    spec = _engine(target_dir, limited, k=2)
+    lm, proposer = spec.target.lm, spec.proposer
+    tokens = _prompts(1, seed=5)[0]
+    lm.reset()
+    proposer.reset()
+    proposer.observe(tokens[:-1], 0, lm.forward(tokens[:-1], hidden=True))
+    draft = proposer.propose(tokens, 2, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    outside = torch.ones(lm.vocab_size, dtype=torch.bool)
+    outside[draft_ids] = False
+    assert draft.probs is not None and draft.probs.shape == (2, lm.vocab_size)
+    assert float(draft.probs[:, outside].abs().max()) == 0.0
+    torch.testing.assert_close(draft.probs.sum(-1), torch.ones(2))
+
+
+def test_the_draft_vocabulary_logits_are_the_lm_heads_rows(heads) -> None:  # noqa: ANN001
+    target_dir, draft_ids, _, _ = heads
+    lm = load_model(str(target_dir), dtype="float32").lm
+    hidden = torch.randn(3, lm.hidden_size, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(lm.draft_head(draft_ids)(hidden), lm.lm_head_logits(hidden)[:, draft_ids])
+
+
+def test_a_draft_vocabulary_that_does_not_fit_the_target_is_refused(heads, tmp_path: Path) -> None:  # noqa: ANN001
+    target_dir, _, limited, _ = heads
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    config = json.loads((limited / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "draft_vocab_size": 40}))
+    tensors = load_file(str(limited / "model.safetensors"))
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(ConfigError, match="d2t shape"):
+        _engine(target_dir, broken)
+    tensors["d2t"] = torch.full((48,), 500, dtype=torch.long)
+    (broken / "config.json").write_text(json.dumps(config))
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(ConfigError, match="d2t maps draft ids outside"):
+        _engine(target_dir, broken)
+
+
+def test_select_layers_picks_the_wanted_layers_in_order() -> None:
+    n, hidden = 5, 4
+    aux = torch.arange(n * 3 * hidden, dtype=torch.float32).view(n, 3 * hidden)  # layers 2, 7, 9 side by side
+    sample = Sample(torch.zeros(n, dtype=torch.long), torch.zeros(n, hidden), 2, aux)
+    (picked,) = select_layers([sample], (2, 7, 9), (9, 2))
+    assert torch.equal(picked.aux, torch.cat([aux[:, 2 * hidden:], aux[:, :hidden]], dim=1))
+    assert select_layers([sample], (2, 7, 9), (2, 7, 9))[0] is sample
