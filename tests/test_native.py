@@ -10,7 +10,7 @@ from transformers import (
 )
 
 from specsure.models import CausalLM
-from specsure.models.native import unsupported
+from specsure.models.native import KERNEL_ROWS, project, unsupported
 from specsure.models.token_tree import TokenTree
 
 SHAPE = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
@@ -125,3 +125,19 @@ def test_malformed_trees_and_paths_are_refused():
     lm.forward([1, 2, 3])
     with pytest.raises(ValueError, match="ascending, distinct"):
         lm.keep(1, [1, 0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 5, KERNEL_ROWS, KERNEL_ROWS + 1])
+def test_project_is_f_linear_for_every_row_count(dtype: torch.dtype, rows: int) -> None:
+    """Each way `project` takes (mv, weight @ x.T, F.linear) computes x @ W.T + b, shaped [rows, out]."""
+    gen = torch.Generator().manual_seed(rows)
+    x, weight, bias = (torch.randn(*shape, generator=gen).to(dtype) for shape in ((rows, 48), (80, 48), (80,)))
+    for b in (None, bias):
+        got = project(x, weight, b)
+        want = torch.nn.functional.linear(x.float(), weight.float(), None if b is None else b.float())
+        assert got.shape == (rows, 80) and got.dtype == dtype
+        tol = 1e-5 if dtype == torch.float32 else 5e-2
+        torch.testing.assert_close(got.float(), want, atol=tol * float(want.abs().max()), rtol=0)
+    if dtype == torch.bfloat16 and rows > 1:  # bf16 keeps F.linear's own arithmetic, bit for bit
+        assert torch.equal(project(x, weight, bias), torch.nn.functional.linear(x, weight, bias))

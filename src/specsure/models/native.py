@@ -71,15 +71,27 @@ def _fuse_bias(modules: list[nn.Linear]) -> torch.Tensor | None:
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for [n, in] rows; one row goes through ``torch.mv``.
+    """``F.linear`` for [n, in] rows; one row goes through ``torch.mv``, a few float32 rows through
+    ``weight @ x.T``.
 
     On these CPUs a bf16 ``F.linear`` over one row costs as much as over nine, while ``mv`` reads
     the weights at about 1.3x the speed, and gives bit-identical results (its row equals row i of
     the batched product), so decode steps get faster without changing a single logit.
+
+    In float32, ``F.linear`` over a few rows (x @ W.T) costs up to twice a one-row step on an AVX2
+    CPU, where ``weight @ x.T`` streams the weight once, as the one-row product does: the default
+    model's whole forward over 2 rows took 91 ms against 63, over 4 rows 106 against 62, with one
+    row at 60 (bench/step_times.py's method, docs/architecture.md). That is the price of every
+    verify step, so float32 speculative decoding runs its verify rows this way. Past
+    ``KERNEL_ROWS`` rows (a prefill) F.linear's blocked product is the faster one.
     """
-    if x.shape[0] != 1:
+    n = x.shape[0]
+    if n == 1:
+        out = torch.mv(weight, x[0]).unsqueeze(0)  # [1, out]
+    elif n <= KERNEL_ROWS and x.dtype == torch.float32:
+        out = torch.mm(weight, x.t()).t()  # [n, out]
+    else:
         return F.linear(x, weight, bias)
-    out = torch.mv(weight, x[0]).unsqueeze(0)  # [1, out]
     return out if bias is None else out + bias
 
 
