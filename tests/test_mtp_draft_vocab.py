@@ -120,3 +120,29 @@ def test_select_layers_picks_the_wanted_layers_in_order() -> None:
     (picked,) = select_layers([sample], (2, 7, 9), (9, 2))
     assert torch.equal(picked.aux, torch.cat([aux[:, 2 * hidden:], aux[:, :hidden]], dim=1))
     assert select_layers([sample], (2, 7, 9), (2, 7, 9))[0] is sample
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--method", "mtp", "--aux-layers", "2,5"], "only --method eagle3 fuses aux layers"),
+    (["--method", "mtp", "--draft-vocab-size", "-1"], "draft_vocab_size = -1"),
+])
+def test_train_flags_that_cannot_apply_are_refused(flags: list[str], says: str, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from specsure.cli.main import main
+
+    assert main(["train", *flags, "--out", str(tmp_path / "head")]) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "head").exists()
+
+
+@pytest.mark.parametrize("layers", ["0,2", "1,1", "a,b"])
+def test_aux_layers_outside_the_target_are_refused(layers: str, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from specsure.cli.main import main
+
+    target = build_tiny_llama(tmp_path / "target")  # 2 layers: indices 0 and 1
+    args = ["train", "--method", "eagle3", "--model", str(target), "--dtype", "float32", "--aux-layers", layers,
+            "--out", str(tmp_path / "head")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"--aux-layers {layers!r}" in err and "for example" in err

@@ -130,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
     if args.method == "mtp" and args.batch_windows != 1:
         raise ValueError(f"--batch-windows {args.batch_windows}: only --method eagle3 packs windows; leave it at 1 "
                          "for mtp (its steps are one window each).")
+    if args.method == "mtp" and args.aux_layers is not None:
+        raise ValueError(f"--aux-layers {args.aux_layers}: only --method eagle3 fuses aux layers (an MTP head reads "
+                         "the target's last hidden state); leave it out for mtp.")
     vocab = DRAFT_VOCAB if args.draft_vocab_size is None else args.draft_vocab_size
     if args.method == "mtp":
         settings = MTPTrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, seed=args.seed, init=args.init,

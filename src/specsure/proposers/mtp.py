@@ -232,7 +232,8 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> MTPProposer:
         module.attach(lm, base.rotary_emb, draft_ids)
         use_row_kernel(module, lm.row_kernel)
         module.use_kernel(lm.row_kernel)
-    logger.info("mtp: %d module(s) from %s (%s)", len(modules_out), label, where)
+    logger.info("mtp: %d module(s) from %s (%s), drafting among %s tokens", len(modules_out), label, where,
+                lm.vocab_size if draft_ids is None else int(draft_ids.numel()))
     return MTPProposer(modules_out)
 
 
