@@ -14,7 +14,8 @@ from specsure.train.data import Sample, build_sequences
 from specsure.train.eagle3 import default_aux_layers, draft_vocabulary, unrolled, window_loss
 from specsure.train.eagle3 import initial_module as eagle3_module
 from specsure.train.labels import DraftLabels
-from specsure.train.mtp import answer_start, chain_losses, draw_window, initial_modules
+from specsure.train.mtp import chain_losses, initial_modules
+from specsure.train.windows import answer_start, draw_window
 from tiny import build_tiny_llama
 
 PROMPTS = [list(range(5, 5 + n)) for n in (9, 14, 3, 40)]

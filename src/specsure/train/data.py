@@ -117,13 +117,13 @@ def select_layers(samples: Sequence[Sample], recorded: tuple[int, ...], wanted: 
         return list(samples)
     missing = [i for i in wanted if i not in recorded]
     assert not missing, f"layers {missing} were not recorded (recorded: {recorded})"
+    index = torch.tensor([recorded.index(i) for i in wanted])
     out = []
     for sample in samples:
         if sample.aux is None:
             out.append(sample)
             continue
         blocks = sample.aux.view(sample.aux.shape[0], len(recorded), -1)  # [n, recorded, H]
-        index = torch.tensor([recorded.index(i) for i in wanted])
         picked = blocks.index_select(1, index).reshape(sample.aux.shape[0], -1)  # [n, len(wanted) * H]
         out.append(Sample(sample.token_ids, sample.hidden, sample.prompt_len, picked))
     return out

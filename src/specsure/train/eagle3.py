@@ -39,8 +39,9 @@ from specsure.models.loading import LoadedModel
 from specsure.proposers.eagle3 import Eagle3Module
 from specsure.train.data import Sample
 from specsure.train.labels import DraftLabels, draft_vocabulary
-from specsure.train.loop import TRAIN_DTYPES, autocast, run_steps
-from specsure.train.mtp import TargetParts, answer_start, draw_window, optimiser_for, split
+from specsure.train.loop import TRAIN_DTYPES, autocast, optimiser_for, run_steps
+from specsure.train.mtp import TargetParts
+from specsure.train.windows import answer_start, draw_window, split
 
 STEP_WEIGHT = 0.8
 """Loss weight ratio between successive unrolled steps (EAGLE-3's 0.8**s)."""
@@ -173,7 +174,7 @@ def _step_mask(m: int, s: int) -> torch.Tensor:
 
 Window = tuple[Sample, int, int, int]
 """(sample, start, end, scored_from): entries start .. end-1 of one sequence, the first scored_from
-of them context only; `specsure.train.mtp.draw_window` draws one (its width is end - start)."""
+of them context only; `specsure.train.windows.draw_window` draws one (its width is end - start)."""
 
 
 def unrolled(module: Eagle3Module, sample: Sample, start: int, end: int, unroll: int,

@@ -31,7 +31,6 @@ def draft_vocabulary(samples: Sequence[Sample], vocab_size: int, size: int) -> t
     return rank.topk(size).indices.sort().values
 
 
-
 class DraftLabels:
     """The target's probabilities over ``draft_ids`` at any position of the training sequences."""
 

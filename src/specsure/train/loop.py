@@ -1,4 +1,5 @@
-"""The optimisation loop both head trainers share: steps, held-out curve, resume points, divergence.
+"""The optimisation loop both head trainers share: the optimiser and its schedule, steps, held-out
+curve, resume points, divergence.
 
 Each step draws one window (the caller's ``step_loss``) and takes one AdamW step. Every
 ``eval_every`` steps ``measure`` adds a point to the curve. Every ``checkpoint_every`` steps a
@@ -10,6 +11,7 @@ FloatingPointError naming the last good point, so no NaN head is ever written.
 from __future__ import annotations
 
 import contextlib
+import math
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -94,3 +96,18 @@ def update(loss: torch.Tensor, params: list[torch.nn.Parameter], optimiser: torc
     optimiser.step()
     schedule.step()
     return float(loss.detach())
+
+
+def optimiser_for(params: list[torch.nn.Parameter], lr: float,
+                  steps: int) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW at peak ``lr`` with a linear warm-up (a tenth of the steps, at most 20), then cosine decay to a tenth."""
+    optimiser = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    warmup = max(1, min(20, steps // 10))
+    return optimiser, torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: _lr_factor(step, warmup, steps))
+
+
+def _lr_factor(step: int, warmup: int, total: int) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))

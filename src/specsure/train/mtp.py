@@ -41,7 +41,8 @@ from specsure.proposers.head_layer import HeadCache
 from specsure.proposers.mtp import MTPModule
 from specsure.train.data import Sample
 from specsure.train.labels import draft_vocabulary
-from specsure.train.loop import TRAIN_DTYPES, autocast, run_steps
+from specsure.train.loop import TRAIN_DTYPES, autocast, optimiser_for, run_steps
+from specsure.train.windows import answer_start, draw_window, split
 
 
 INITS = ("random", "last_layer")
@@ -315,14 +316,6 @@ def evaluate(module: MTPModule | Sequence[MTPModule], lm: CausalLM, samples: Seq
     return Evaluation(kl_sum / max(kl_n, 1), per_module[0], counts[0], per_module, 1 + accepted / max(anchors, 1))
 
 
-def split(samples: Sequence[Sample], fraction: float, seed: int) -> tuple[list[Sample], list[Sample]]:
-    """(train, held out): a seeded shuffle, then the last ceil(fraction * n) held out (none when n < 2)."""
-    order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed)).tolist()
-    held = 0 if len(samples) < 2 or fraction == 0 else min(max(1, math.ceil(fraction * len(samples))), len(samples) - 1)
-    shuffled = [samples[i] for i in order]
-    return shuffled[: len(samples) - held], shuffled[len(samples) - held:]
-
-
 def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrainSettings, *,
               progress: bool = False, eval_every: int = 0, resume: Path | None = None, resume_key: str = "",
               checkpoint_every: int = 0) -> MTPTrainResult:
@@ -367,42 +360,3 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
     draft_ids = draft_vocabulary(train, lm.vocab_size, settings.draft_vocab_size) if settings.draft_vocab_size else None
     return MTPTrainResult(modules[0], losses, before, after, len(train), len(heldout), train_s, modules, curve,
                           draft_ids)
-
-
-def optimiser_for(params: list[torch.nn.Parameter], lr: float,
-                  steps: int) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW at peak ``lr`` with a linear warm-up (a tenth of the steps, at most 20), then cosine decay to a tenth."""
-    optimiser = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    warmup = max(1, min(20, steps // 10))
-    return optimiser, torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: _lr_factor(step, warmup, steps))
-
-
-def answer_start(sample: Sample) -> int:
-    """The first anchor whose draft is an answer token: entry t predicts token t + 2, and the
-    target itself gives token ``prompt_len``, so anchors from ``prompt_len - 2`` on are the ones
-    the engine drafts from (the anchors evaluation counts)."""
-    return max(sample.prompt_len - 2, 0)
-
-
-def draw_window(train: Sequence[Sample], seq_len: int, gen: torch.Generator,
-                answer_only: bool = False) -> tuple[Sample, int, int, int]:
-    """A random training sequence and a random window of at most ``seq_len`` of its entries:
-    (sample, start, width, scored_from), the window's first ``scored_from`` entries context only.
-
-    With ``answer_only`` the window holds at least one answer anchor (`answer_start`), so no step
-    is spent on a window with nothing to score, and the prompt's anchors are context; otherwise
-    every entry is scored.
-    """
-    sample = train[int(torch.randint(len(train), (1,), generator=gen))]
-    entries = sample.token_ids.shape[0] - 1
-    width = min(seq_len, entries)
-    low = min(max(answer_start(sample) + 1 - width, 0), entries - width) if answer_only else 0
-    start = low + int(torch.randint(entries - width - low + 1, (1,), generator=gen))
-    return sample, start, width, max(answer_start(sample) - start, 0) if answer_only else 0
-
-
-def _lr_factor(step: int, warmup: int, total: int) -> float:
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
