@@ -67,6 +67,7 @@ class EngineRunner:
         self._inbox: SimpleQueue[Job] = SimpleQueue()
         self._lock = threading.Lock()  # guards the count and the thread
         self._admitted = 0  # waiting + running
+        self._running = 0  # the scheduler's running batch at the engine thread's last look
         self._thread: threading.Thread | None = None
 
     @property
@@ -85,6 +86,7 @@ class EngineRunner:
                                f"and the queue too (--max-queue {self.max_queue}); retry in about {RETRY_AFTER_S} s.",
                                503, code="queue_full", kind="server_error", headers={"Retry-After": str(RETRY_AFTER_S)})
             self._admitted += len(jobs)
+            self._publish()  # at once: the engine thread may be busy with a step for a while
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="specsure-engine", daemon=True)
                 self._thread.start()
@@ -176,8 +178,15 @@ class EngineRunner:
             self.metrics.aborted()
         with self._lock:
             job.done = True
-            self._admitted -= 1
+            self._admitted -= 1  # the engine thread publishes the gauges after its step
 
     def _gauges(self, scheduler: Scheduler) -> None:
-        self.metrics.running.set(len(scheduler.running))
-        self.metrics.waiting.set(len(scheduler.waiting) + self._inbox.qsize())
+        with self._lock:
+            self._running = len(scheduler.running)
+            self._publish()
+
+    def _publish(self) -> None:
+        """Set both gauges from the admission count (call with the lock held): every admitted job not
+        done is running or waiting, in the inbox or the scheduler's queue."""
+        self.metrics.running.set(self._running)
+        self.metrics.waiting.set(self._admitted - self._running)
