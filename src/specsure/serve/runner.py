@@ -154,11 +154,13 @@ class EngineRunner:
             except Exception as exc:  # a bug (prompts are checked before queueing): every request answers a 500
                 for job, request in jobs.values():
                     scheduler.abort(request)
-                    job.send(exc)
                     self._done(job, aborted=False)
+                    job.send(exc)
                 jobs.clear()
+                self._gauges(scheduler)
                 continue
             now = time.perf_counter()
+            answers: list[tuple[Job, StepUpdate]] = []
             for request, update in updates:
                 job = jobs[id(request)][0]
                 first = job.last == job.arrived
@@ -167,18 +169,20 @@ class EngineRunner:
                 if update.completion is not None:
                     self.engine.finished(request)
                     self.metrics.observe(update.completion, now - job.arrived)
-                    job.send(update)
                     self._done(jobs.pop(id(request))[0], aborted=False)
+                    answers.append((job, update))
                 elif job.stream and not job.cancelled.is_set():
                     job.send(update)
-            self._gauges(scheduler)
+            self._gauges(scheduler)  # before the answers: a client may read /metrics the moment it has one
+            for job, update in answers:
+                job.send(update)
 
     def _done(self, job: Job, aborted: bool) -> None:
         if aborted:
             self.metrics.aborted()
         with self._lock:
             job.done = True
-            self._admitted -= 1  # the engine thread publishes the gauges after its step
+            self._admitted -= 1  # the engine thread publishes the gauges (its callers' next step)
 
     def _gauges(self, scheduler: Scheduler) -> None:
         with self._lock:
