@@ -96,7 +96,8 @@ def test_good_config_as_json(runs):
     assert data["runnable"] is True and data["error"] is None and data["warnings"] == []
     assert data["fields"]["method"] == {"value": "draft_model", "source": "user",
                                         "reason": "You set method 'draft_model'; it is never replaced."}
-    assert set(data["fields"]) == {"target", "method", "model", "num_speculative_tokens", "prompt_lookup_min",
+    assert set(data["fields"]) == {"target", "method", "model", "num_speculative_tokens", "speculative_token_tree",
+                                   "prompt_lookup_min",
                                    "prompt_lookup_max", "prompt_lookup_branches", "suffix_decoding_max_tree_depth",
                                    "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
                                    "suffix_decoding_min_token_prob"}

@@ -12,9 +12,12 @@ from specsure.bench.runners import Runner, SpecsureRunner, TransformersRunner
 from specsure.config import ConfigError
 from specsure.config.schema import SUFFIX_FIELDS
 
-METHODS: tuple[str, ...] = ("plain", "ngram", "ngram-tree", "draft_model", "eagle", "eagle3", "mtp", "suffix")
-"""specsure configurations; 'ngram-tree' is ngram with prompt_lookup_branches > 1 (token trees)."""
-"""specsure configurations, in report order; 'plain' is speculation off."""
+METHODS: tuple[str, ...] = ("plain", "ngram", "ngram-tree", "draft_model", "eagle", "eagle3", "eagle3-tree", "mtp",
+                            "mtp-tree", "suffix")
+"""specsure configurations, in report order; 'plain' is speculation off. 'ngram-tree' is ngram with
+prompt_lookup_branches > 1; 'eagle3-tree' and 'mtp-tree' draft a speculative_token_tree."""
+DEFAULT_TREES: dict[str, str] = {"eagle3-tree": "[(0,), (1,), (0, 0)]", "mtp-tree": "[(0,), (1,), (2,)]"}
+"""The trees of 'eagle3-tree' and 'mtp-tree' unless --token-tree is given (docs/heads.md, "Token trees")."""
 BASELINES: tuple[str, ...] = ("hf", "hf-prompt-lookup", "hf-assisted")
 """transformers configurations: generate greedy, prompt lookup, assisted generation."""
 
@@ -47,6 +50,8 @@ class Settings:
     prompt_lookup_max: int | None = None
     prompt_lookup_branches: int = 4
     """ngram-tree only: the branches merged into each draft's token tree."""
+    token_tree: str | None = None
+    """eagle3-tree and mtp-tree: the speculative_token_tree; None takes DEFAULT_TREES'."""
     # suffix only; None keeps vLLM's default.
     suffix_decoding_max_tree_depth: int | None = None
     suffix_decoding_max_cached_requests: int | None = None
@@ -68,6 +73,10 @@ def speculative_config(method: str, s: Settings) -> dict[str, Any] | None:
         return None
     if method == "ngram-tree":
         return {**speculative_config("ngram", s), "prompt_lookup_branches": s.prompt_lookup_branches}
+    if method in DEFAULT_TREES:  # k is the tree's node count
+        base = {k: v for k, v in speculative_config(method.removesuffix("-tree"), s).items()  # type: ignore[union-attr]
+                if k != "num_speculative_tokens"}
+        return {**base, "speculative_token_tree": s.token_tree or DEFAULT_TREES[method]}
     # The heads take their own k unless one was asked for; the rest take the run's.
     k = s.head_k if method in ("eagle", "eagle3", "mtp") else s.num_speculative_tokens
     config: dict[str, Any] = {"method": method} if k is None else {"method": method, "num_speculative_tokens": k}

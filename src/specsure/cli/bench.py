@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specsure.bench.configs import (
-    BASELINES, DEFAULT_K, METHODS, Settings, build_specsure, build_transformers, dtype_name,
+    BASELINES, DEFAULT_K, DEFAULT_TREES, METHODS, Settings, build_specsure, build_transformers, dtype_name,
 )
 from specsure.bench.harness import Item, run_batched, run_interleaved, warm_up
 from specsure.bench.llamacpp.baselines import LLAMA_CPP_BASELINES, build_llamacpp
@@ -80,6 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-lookup-max", type=int, default=None, help="ngram: longest n-gram to match")
     parser.add_argument("--prompt-lookup-branches", type=int, default=4,
                         help="ngram-tree: matches merged into each draft's token tree (default 4)")
+    parser.add_argument("--token-tree", default=None, metavar="TREE",
+                        help="eagle3-tree and mtp-tree: the speculative_token_tree, e.g. \"[(0,), (1,), (0, 0)]\" "
+                             f"(default {DEFAULT_TREES['eagle3-tree']} and {DEFAULT_TREES['mtp-tree']})")
     parser.add_argument("--suffix-max-tree-depth", type=int, default=None, help="suffix: suffix_decoding_max_tree_depth (vLLM's default 24)")
     parser.add_argument("--suffix-max-cached-requests", type=int, default=None,
                         help="suffix: suffix_decoding_max_cached_requests, earlier outputs kept (vLLM's default 10000; 0: off)")
@@ -205,6 +208,7 @@ def _run(args: argparse.Namespace) -> int:
         prompt_lookup_min=args.prompt_lookup_min,
         prompt_lookup_max=args.prompt_lookup_max,
         prompt_lookup_branches=args.prompt_lookup_branches,
+        token_tree=args.token_tree,
         suffix_decoding_max_tree_depth=args.suffix_max_tree_depth,
         suffix_decoding_max_cached_requests=args.suffix_max_cached_requests,
         suffix_decoding_max_spec_factor=args.suffix_max_spec_factor,

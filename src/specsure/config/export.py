@@ -280,8 +280,16 @@ def _sglang(res: "Resolution") -> Export:
                         "its drafts can differ from prompt lookup's earliest match; verification stays lossless.")
     else:
         draft = config.model if config.model is not None else target_path(res)
-        args += ["--speculative-draft-model-path", draft, "--speculative-num-steps", str(k),
-                 "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(k + 1)]
+        tree = config.speculative_token_tree
+        steps, topk = (k, 1) if tree is None else (max(map(len, tree)), 1 + max(rank for node in tree for rank in node))
+        args += ["--speculative-draft-model-path", draft, "--speculative-num-steps", str(steps),
+                 "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(k + 1)]
+        if tree is not None and topk > 1:
+            warnings.append(f"SGLang has no static speculative_token_tree: it grows a tree each step from the head's "
+                            f"top {topk} at every node for {steps} steps and verifies the {k} most likely nodes "
+                            "(--speculative-eagle-topk, --speculative-num-steps, --speculative-num-draft-tokens); "
+                            "the export gives it your tree's width, depth and node count. The output is the same; "
+                            "which nodes are drafted differs.")
         if config.method == "mtp":
             warnings.append("SGLang renames NEXTN to EAGLE internally; with a target that has MTP (NextN) layers "
                             "it still runs those layers, which is mtp.")

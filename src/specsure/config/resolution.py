@@ -26,6 +26,7 @@ from specsure.config.schema import (
     FIELDS, MAX_SPECULATIVE_TOKENS, METHODS, SUFFIX_FIELDS, UNSET, SpeculativeConfig, UserSpec, parse_user_spec,
 )
 from specsure.config.shipped import SHIPPED_K, shipped_head
+from specsure.config.token_tree import TREE_METHODS, TokenTree, is_chain, tree_shape
 
 logger = logging.getLogger("specsure.config")
 
@@ -118,8 +119,9 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, str
     fields = {"method": method, "model": state.decide_model(method.value)}
     fields.update(decide_prompt_lookup(spec, method.value))
     fields.update(decide_suffix(spec, method.value))
+    fields["speculative_token_tree"] = _decide_tree(spec.speculative_token_tree, method.value)
     fields["num_speculative_tokens"] = state.decide_num_tokens(
-        method.value, fields["suffix_decoding_max_tree_depth"].value)
+        method.value, fields["suffix_decoding_max_tree_depth"].value, fields["speculative_token_tree"].value)
     decisions.update((name, fields[name]) for name in FIELDS)
     if strict and state.conflicts:
         raise ConfigConflictError(" ".join(state.conflicts) + " (strict mode: disagreement is an error.)")
@@ -146,6 +148,22 @@ def _read_draft(path: str) -> CheckpointInfo:
         return read_checkpoint(path)
     except ConfigError as exc:
         raise ConfigError(f"model (the draft checkpoint): {exc}") from None
+
+
+def _decide_tree(tree: Any, method: str) -> Decision:
+    name = "speculative_token_tree"
+    if method not in TREE_METHODS:
+        if tree is not UNSET:
+            other = {"ngram": " (ngram's own tree is prompt_lookup_branches)",
+                     "suffix": " (suffix builds its own tree from the suffix trees)"}.get(method, "")
+            raise ConfigError(f"{name} applies only to methods {', '.join(TREE_METHODS)}, which draft with a head, "
+                              f"but the method is {method!r}{other}. Remove {name}.")
+        return Decision(name, None, "derived", f"Only a head's drafts form a static tree; the method is {method!r}.")
+    if tree is UNSET:
+        return Decision(name, None, "default", "None: the draft is a chain of num_speculative_tokens tokens, "
+                                               "vLLM's default tree.")
+    kind = " It is a chain, which is what no tree drafts too." if is_chain(tree) else ""
+    return Decision(name, tree, "user", f"You set the draft tree: {tree_shape(tree)}.{kind}")
 
 
 def _checkpoint_k(count: int, reason: str) -> Decision:
@@ -307,9 +325,20 @@ class _State:
             return " Its metadata does not say what kind of draft it is."
         return f" Its metadata marks it as {WHAT_IS[evidence.value]} ({evidence.signal})."
 
-    def decide_num_tokens(self, method: str, tree_depth: int | None) -> Decision:
+    def decide_num_tokens(self, method: str, tree_depth: int | None, token_tree: TokenTree | None) -> Decision:
         user = self.spec.num_speculative_tokens
         n_predict = self.draft.int_field("n_predict") if self.draft is not None else None
+        if token_tree is not None:  # both explicit: they must agree, and neither replaces the other
+            if user is not UNSET and user != len(token_tree):
+                raise ConfigError(f"num_speculative_tokens = {user} but speculative_token_tree has {len(token_tree)} "
+                                  "nodes, and every node is a draft token (vLLM's count). Set "
+                                  f"num_speculative_tokens to {len(token_tree)}, or leave it out.")
+            if user is not UNSET:
+                return Decision("num_speculative_tokens", user, "user", "You set num_speculative_tokens; it equals "
+                                                                        "the node count of your tree.")
+            return Decision("num_speculative_tokens", len(token_tree), "derived",
+                            f"speculative_token_tree has {len(token_tree)} nodes, and every node is a draft token "
+                            "(vLLM's count).")
         if user is not UNSET:
             if n_predict and n_predict != user:
                 self.conflict("num_speculative_tokens", user, n_predict, self.draft.signal("n_predict"))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, Mapping
 
 from specsure.config.errors import ConfigError
+from specsure.config.token_tree import TREE_METHODS, TokenTree, parse_token_tree, tree_text
 
 Method = Literal["ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix"]
 METHODS: Final[tuple[str, ...]] = ("ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix")
@@ -30,7 +31,7 @@ SUFFIX_FIELDS: Final[tuple[str, ...]] = (
 )
 """vLLM's suffix-decoding keys, in vLLM's order; only method 'suffix' reads them."""
 FIELDS: Final[tuple[str, ...]] = (
-    "method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_branches",
+    "method", "model", "num_speculative_tokens", "speculative_token_tree", "prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_branches",
     *SUFFIX_FIELDS,
 )
 SPECSURE_ONLY_FIELDS: Final[frozenset[str]] = frozenset({"prompt_lookup_branches"})
@@ -78,6 +79,7 @@ class UserSpec:
     method: Any = UNSET
     model: Any = UNSET
     num_speculative_tokens: Any = UNSET
+    speculative_token_tree: Any = UNSET
     prompt_lookup_min: Any = UNSET
     prompt_lookup_max: Any = UNSET
     prompt_lookup_branches: Any = UNSET
@@ -121,6 +123,8 @@ def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
         values["model"] = _check_model(values["model"])
     if "num_speculative_tokens" in values:
         _check_int("num_speculative_tokens", values["num_speculative_tokens"], MAX_SPECULATIVE_TOKENS)
+    if "speculative_token_tree" in values:
+        values["speculative_token_tree"] = parse_token_tree(values["speculative_token_tree"], MAX_SPECULATIVE_TOKENS)
     for key in ("prompt_lookup_min", "prompt_lookup_max"):
         if key in values:
             _check_int(key, values[key], MAX_PROMPT_LOOKUP)
@@ -242,7 +246,7 @@ class SpeculativeConfig:
     model: str | None
     """Draft or head checkpoint path; None for ngram and suffix, and for mtp using the target's own layers."""
     num_speculative_tokens: int
-    """k: draft tokens proposed per verification step, 1..64."""
+    """k: draft tokens proposed per verification step, 1..64 (a token tree's node count)."""
     prompt_lookup_min: int | None = None
     """ngram only: the shortest n-gram matched, 1..64, <= prompt_lookup_max."""
     prompt_lookup_max: int | None = None
@@ -260,6 +264,9 @@ class SpeculativeConfig:
     suffix_decoding_min_token_prob: float | None = None
     """suffix only: drafting stops before a token whose estimated probability (from the trees'
     counts, multiplied along the draft) is below this, 0..1."""
+    speculative_token_tree: TokenTree | None = None
+    """eagle, eagle3 and mtp (vLLM's key): the draft tree as child-rank paths, breadth-first; None
+    drafts a chain of k tokens, as vLLM's default tree does."""
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -280,6 +287,14 @@ class SpeculativeConfig:
                 f"prompt_lookup_min = {self.prompt_lookup_min} is larger than prompt_lookup_max = "
                 f"{self.prompt_lookup_max}; set min <= max."
             )
+        tree = self.speculative_token_tree
+        if tree is not None:
+            if self.method not in TREE_METHODS:
+                raise ConfigError(f"speculative_token_tree applies only to methods {', '.join(TREE_METHODS)}, "
+                                  f"not {self.method!r}.")
+            if len(tree) != self.num_speculative_tokens:
+                raise ConfigError(f"speculative_token_tree has {len(tree)} nodes but num_speculative_tokens is "
+                                  f"{self.num_speculative_tokens}; they must be equal.")
         if self.method in NO_DRAFT_METHODS and self.model is not None:
             raise ConfigError(f"model = {self.model!r} is not used by method {self.method!r}; remove it.")
         for key in SUFFIX_FIELDS:
@@ -296,6 +311,8 @@ class SpeculativeConfig:
         out: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
         if self.model is not None:
             out["model"] = self.model
+        if self.speculative_token_tree is not None:
+            out["speculative_token_tree"] = tree_text(self.speculative_token_tree)
         if self.method == "ngram":
             out["prompt_lookup_min"] = self.prompt_lookup_min
             out["prompt_lookup_max"] = self.prompt_lookup_max

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Callable
 from specsure.config.compat import check_same_vocab
 from specsure.config.errors import ConfigError
 from specsure.proposers.base import Proposer
+from specsure.proposers.head_chain import HeadChainProposer
 
 if TYPE_CHECKING:
     from specsure.config.resolution import Resolution
@@ -39,7 +40,11 @@ def build_proposer(res: "Resolution", target: "LoadedModel", dtype: str) -> Prop
         raise ConfigError(f"method {res.config.method!r} is not available in this build of specsure "
                           f"({module_name} is missing).") from None
     builder: Builder = getattr(module, func_name)
-    return builder(res, target, dtype)
+    proposer = builder(res, target, dtype)
+    if res.config.speculative_token_tree is not None:
+        assert isinstance(proposer, HeadChainProposer), "the config allows a tree only for the head methods"
+        proposer.use_tree(res.config.speculative_token_tree)
+    return proposer
 
 
 def build_ngram(res: "Resolution", target: "LoadedModel", dtype: str) -> Proposer:

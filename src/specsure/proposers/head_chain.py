@@ -25,9 +25,12 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
+from specsure.config.errors import ConfigError
+from specsure.config.token_tree import TokenTree, is_chain
 from specsure.sampling import draw
 from specsure.proposers.base import Draft, Proposer
 from specsure.proposers.head_layer import HeadCache, HeadModule
+from specsure.proposers.head_tree import draft_tree
 
 if TYPE_CHECKING:
     from specsure.sampling import SamplingParams
@@ -46,7 +49,18 @@ class HeadChainProposer(Proposer):
         self.modules = list(modules)
         self._feature_of = feature_of
         self._caches = [HeadCache() for _ in self.modules]
+        self.tree: TokenTree | None = None
+        """The static draft tree (vLLM's speculative_token_tree); None drafts a chain."""
         self.reset()
+
+    def use_tree(self, tree: TokenTree | None) -> None:
+        """Draft ``tree`` each step instead of a chain (a chain-shaped tree stays a chain, which
+        keeps sampled drafts and their q under sampling)."""
+        if tree is not None and not is_chain(tree) and len(self.modules) > 1:
+            raise ConfigError(f"speculative_token_tree needs a head with one module, but this {self.method} head has "
+                              f"{len(self.modules)} (MTP modules chain depth by depth); drop the tree, or draft a "
+                              "chain of num_speculative_tokens tokens.")
+        self.tree = None if tree is None or is_chain(tree) else tree
 
     def fork(self) -> "HeadChainProposer":
         """The same modules (weights shared), with KV caches of its own."""
@@ -81,6 +95,9 @@ class HeadChainProposer(Proposer):
             return Draft([])
         assert len(context) == n_obs + 1, f"context of {len(context)} tokens after observing {n_obs} positions"
         tokens = list(context)
+        if self.tree is not None:  # the first k nodes, breadth-first: a tree again
+            hidden, logits, _ = self._depth_step(0, tokens, None)
+            return draft_tree(self.modules[0], self._caches[0], hidden[-1:], logits, self.tree[:k])
         draft: list[int] = []
         rows: list[torch.Tensor] = []
         spec: torch.Tensor | None = None  # the previous module's speculative outputs, positions done[i-1]..

@@ -31,7 +31,25 @@ class HeadCache:
     def __init__(self) -> None:
         self.kv = RollbackCache()
         self.length = 0
-        """Entries held; the next entry's position."""
+        """Entries held; the next entry's position, unless a token tree's layout says otherwise."""
+        self._layout: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def lay_out(self, positions: list[int], allowed: torch.Tensor) -> None:
+        """Give the next call's entries (one per ``positions`` item) these positions and this
+        attention ([n, length + n] bool, True where an entry may look), instead of the next ones in
+        a chain: a token tree's nodes of one depth share a position and see only their ancestors.
+        `advance` drops it; the C kernel does not run while it is set (its attention is causal)."""
+        assert allowed.shape == (len(positions), self.length + len(positions)), "one mask row per entry"
+        self._layout = (torch.tensor(positions, dtype=torch.long).unsqueeze(0), allowed)
+
+    @property
+    def laid_out(self) -> bool:
+        return self._layout is not None
+
+    def advance(self, n: int) -> None:
+        """The call wrote n entries."""
+        self.length += n
+        self._layout = None
 
     def crop(self, keep: int) -> None:
         """Keep only the first ``keep`` entries (the buffers stay allocated, even for 0)."""
@@ -43,18 +61,24 @@ class HeadCache:
 
     def positions(self, n: int) -> torch.Tensor:
         """[1, n] positions of the next n entries."""
+        if self._layout is not None:
+            return self._layout[0]
         return torch.arange(self.length, self.length + n, dtype=torch.long).unsqueeze(0)
 
     def mask(self, n: int, dtype: torch.dtype) -> torch.Tensor | None:
-        """Additive causal mask [1, 1, n, length + n] for n new entries; None for one entry.
+        """Additive mask [1, 1, n, length + n] for n new entries: causal, or the laid-out tree's;
+        None for one entry of a chain.
 
         SDPA's own ``is_causal`` aligns the triangle top-left, which is wrong once the cache holds
         earlier entries, so several new entries always get an explicit mask.
         """
-        if n == 1:
-            return None
         past = self.length
-        allowed = torch.arange(past + n)[None, :] <= (past + torch.arange(n))[:, None]  # [n, past + n]
+        if self._layout is not None:
+            allowed = self._layout[1]
+        elif n == 1:
+            return None
+        else:
+            allowed = torch.arange(past + n)[None, :] <= (past + torch.arange(n))[:, None]  # [n, past + n]
         mask = torch.zeros(n, past + n, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
         return mask[None, None]
 
@@ -87,7 +111,7 @@ def run_blocks(blocks: torch.nn.ModuleList | list[torch.nn.Module], x: torch.Ten
     for block in blocks:
         x = block(x, attention_mask=mask, position_ids=positions, cache=cache.kv, use_cache=True,
                   position_embeddings=position_embeddings)
-    cache.length += n
+    cache.advance(n)
     return x
 
 
@@ -101,7 +125,7 @@ def attend(attention: torch.nn.Module, x: torch.Tensor, cache: HeadCache, rotary
     positions = cache.positions(n)
     out, _ = attention(hidden_states=x, position_embeddings=rotary(reference, positions),
                        attention_mask=cache.mask(n, reference.dtype), cache=cache.kv, position_ids=positions)
-    cache.length += n
+    cache.advance(n)
     return out
 
 
@@ -109,7 +133,8 @@ def kernel_ready(cache: HeadCache, rows: int) -> bool:
     """Whether the C kernel may write the next ``rows`` entries of ``cache``'s one layer: outside
     autograd, a few rows, and a layer the first (prompt) call has already sized on torch."""
     layers = cache.kv.layers
-    return rows <= KERNEL_ROWS and not torch.is_grad_enabled() and bool(layers) and layers[0].is_initialized
+    return (rows <= KERNEL_ROWS and not torch.is_grad_enabled() and bool(layers) and layers[0].is_initialized
+            and not cache.laid_out)
 
 
 def kernel_segment(cache: HeadCache, rows: int) -> ctypes.Array:
@@ -122,7 +147,7 @@ def kernel_segment(cache: HeadCache, rows: int) -> ctypes.Array:
 
 def commit_rows(cache: HeadCache, rows: int) -> None:
     cache.kv.layers[0].set_length(cache.length + rows)
-    cache.length += rows
+    cache.advance(rows)
 
 
 def use_cache_slots(blocks: list[torch.nn.Module]) -> None:

@@ -136,7 +136,7 @@ class MTPModule(nn.Module):
             return self._kernel_forward(features, token_ids, cache, last)
         out = self.entries(features, token_ids, cache.positions(n), cache.mask(n, self.eh_proj.weight.dtype), cache.kv,
                            last, draft=True)
-        cache.length += n
+        cache.advance(n)
         return out
 
     def entries(self, features: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor,
