@@ -88,6 +88,13 @@ def test_explicit_mtp_with_a_draft_in_a_beagle_folder_is_kept(models):
     assert spec.method == "mtp" and same_folder(spec.model, models["beagle-target"])
 
 
+def test_a_token_tree_reaches_vllm_sorted_and_the_guard_compares_it(models):
+    spec = vllm(models["target"], speculative_config={"method": "eagle3", "model": models["EAGLE3-LLaMA-head"],
+                                                      "speculative_token_tree": "[(0, 0), (1,), (0,)]"})
+    assert spec.method == "eagle3" and spec.num_speculative_tokens == 3
+    assert spec.speculative_token_tree == "[(0,), (1,), (0, 0)]"
+
+
 def test_a_model_type_rewrite_is_refused_naming_both_sides_and_the_fix(models):
     with pytest.raises(PluginRefusal) as err:
         vllm(models["target"], speculative_config={"method": "draft_model", "model": models["dsv3"]})
