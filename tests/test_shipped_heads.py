@@ -10,7 +10,7 @@ import pytest
 from specsure import SamplingParams, make_engine
 from specsure.bench.configs import Settings, speculative_config
 from specsure.config import ConfigError, resolve
-from specsure.config.shipped import HEADS_DIR, SHIPPED, SHIPPED_K, shipped_head
+from specsure.config.shipped import HEADS_DIR, SHIPPED, SHIPPED_TREE, shipped_head
 
 HEAD_BYTES_LIMIT = 30 * 1024 * 1024
 """The issue's bound on the committed heads, all together."""
@@ -33,10 +33,15 @@ def test_an_unset_model_on_the_default_target_is_the_shipped_head(method: str) -
     res = resolve({"method": method})
     model = res.decisions["model"]
     assert model.value == shipped_head(method) and model.source == "default" and "shipped" in model.reason
-    k = res.decisions["num_speculative_tokens"]
-    assert k.value == SHIPPED_K[method] and k.source == "default"
+    tree, k = res.decisions["speculative_token_tree"], res.decisions["num_speculative_tokens"]
+    assert tree.value == SHIPPED_TREE[method] and tree.source == "default" and "shipped" in tree.reason
+    assert k.value == len(SHIPPED_TREE[method]) and k.source == "derived"
     assert "shipped" in res.explain() and not res.warnings
-    assert resolve({"method": method, "num_speculative_tokens": 2}).config.num_speculative_tokens == 2
+    chain = resolve({"method": method, "num_speculative_tokens": 2})  # an explicit k drafts a chain of k
+    assert chain.config.num_speculative_tokens == 2 and chain.config.speculative_token_tree is None
+    assert chain.reason("speculative_token_tree").startswith("You set num_speculative_tokens, so the draft is a chain")
+    mine = resolve({"method": method, "speculative_token_tree": "[(0,), (1,)]"})
+    assert mine.config.speculative_token_tree == ((0,), (1,)) and mine.source("speculative_token_tree") == "user"
 
 
 def test_an_explicit_model_or_another_target_never_gets_a_shipped_head(tiny_llama: Path, tmp_path: Path) -> None:

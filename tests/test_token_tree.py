@@ -70,8 +70,8 @@ def test_only_the_head_methods_take_a_tree(tmp_path, method, hint):
     assert hint in str(err.value) and "Remove speculative_token_tree" in str(err.value)
 
 
-def test_no_tree_is_a_chain_by_default():
-    res = resolve({"method": "eagle3"})
+def test_no_tree_is_a_chain_by_default(target, heads):
+    res = resolve({"method": "eagle3", "model": str(heads["eagle3"])}, model=str(target))
     assert res.config.speculative_token_tree is None and res.source("speculative_token_tree") == "default"
     assert "speculative_token_tree" not in res.config.to_vllm()
 
@@ -81,6 +81,9 @@ def test_vllm_gets_the_tree_in_its_own_text_and_sglang_the_nearest_dynamic_tree(
     vllm = export(res, "vllm")
     assert vllm.speculative_config["speculative_token_tree"] == "[(0,), (1,), (0, 0)]"
     assert vllm.speculative_config["num_speculative_tokens"] == 3
+    assert any("--attention-backend TREE_ATTN" in w for w in vllm.warnings)
+    chain = export(resolve({"method": "eagle3", "speculative_token_tree": "[(0,), (0, 0)]"}), "vllm")
+    assert not any("TREE_ATTN" in w for w in chain.warnings)
     sglang = export(res, "sglang")
     args = dict(zip(sglang.args[::2], sglang.args[1::2]))
     assert (args["--speculative-num-steps"], args["--speculative-eagle-topk"],
@@ -126,9 +129,10 @@ def tree_engine(target, method, head, tree=WIDE):  # noqa: ANN001
 
 
 @pytest.mark.parametrize("method", ["eagle3", "eagle", "mtp"])
-def test_each_node_is_what_a_chain_through_it_drafts(target, heads, method):
-    engine = tree_engine(target, method, heads[method])
-    proposer, lm, tree = engine.proposer, engine.target.lm, parse_token_tree(WIDE, 64)
+@pytest.mark.parametrize("text", [WIDE, "[(0,), (1,), (0, 0), (0, 0, 0)]"])  # the second grows one node a level
+def test_each_node_is_what_a_chain_through_it_drafts(target, heads, method, text):
+    engine = tree_engine(target, method, heads[method], tree=text)
+    proposer, lm, tree = engine.proposer, engine.target.lm, parse_token_tree(text, 64)
     want = {"hidden": proposer.needs_hidden, "aux_layers": tuple(proposer.aux_layers)}
     out = lm.forward(PROMPT, **want)
     context = [*PROMPT, int(out.logits[-1].argmax())]

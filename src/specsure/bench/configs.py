@@ -16,6 +16,9 @@ METHODS: tuple[str, ...] = ("plain", "ngram", "ngram-tree", "draft_model", "eagl
                             "mtp-tree", "suffix")
 """specsure configurations, in report order; 'plain' is speculation off. 'ngram-tree' is ngram with
 prompt_lookup_branches > 1; 'eagle3-tree' and 'mtp-tree' draft a speculative_token_tree."""
+DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in METHODS if m not in ("eagle3-tree", "mtp-tree"))
+"""What --methods runs by default: the tree rows repeat the eagle3 and mtp rows, whose shipped heads
+draft a tree by default, unless --token-tree or -k sets something else."""
 DEFAULT_TREES: dict[str, str] = {"eagle3-tree": "[(0,), (1,), (0, 0)]", "mtp-tree": "[(0,), (1,), (2,)]"}
 """The trees of 'eagle3-tree' and 'mtp-tree' unless --token-tree is given (docs/heads.md, "Token trees")."""
 BASELINES: tuple[str, ...] = ("hf", "hf-prompt-lookup", "hf-assisted")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specsure.bench.configs import (
-    BASELINES, DEFAULT_K, DEFAULT_TREES, METHODS, Settings, build_specsure, build_transformers, dtype_name,
+    BASELINES, DEFAULT_K, DEFAULT_METHODS, DEFAULT_TREES, METHODS, Settings, build_specsure, build_transformers, dtype_name,
 )
 from specsure.bench.harness import Item, run_batched, run_interleaved, warm_up
 from specsure.bench.llamacpp.baselines import LLAMA_CPP_BASELINES, build_llamacpp
@@ -56,7 +56,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the `specsure bench` options to `parser`."""
     parser.add_argument("--model", default=None, help="target: HF folder or .gguf (default: the packaged SmolLM2-135M-Instruct)")
-    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma list of specsure methods ({', '.join(METHODS)}); plain is always run")
+    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                        help=f"comma list of specsure methods ({', '.join(METHODS)}; default all but the tree rows); "
+                             "plain is always run")
     parser.add_argument("--baselines", default=",".join(BASELINES),
                         help=f"comma list of baselines, or none: transformers ({', '.join(BASELINES)}; the default) and "
                              f"llama.cpp ({', '.join(LLAMA_CPP_BASELINES)}; needs `make llama-cpp`)")
@@ -75,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-speculative-tokens", "-k", type=int, default=None,
                         help=f"k for every speculative configuration (default {DEFAULT_K} for ngram, ngram-tree, "
                              "suffix, draft_model and the baselines; the head's own default for eagle, eagle3 and "
-                             "mtp: 2 and 1 for the shipped heads)")
+                             "mtp, which for the shipped heads is a 3-node token tree; -k N makes them chains of N)")
     parser.add_argument("--prompt-lookup-min", type=int, default=None, help="ngram: shortest n-gram to match")
     parser.add_argument("--prompt-lookup-max", type=int, default=None, help="ngram: longest n-gram to match")
     parser.add_argument("--prompt-lookup-branches", type=int, default=4,

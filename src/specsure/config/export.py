@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Mapping
 from specsure.config.detect import MTP_HEAD_ARCHITECTURES
 from specsure.config.errors import ConfigError
 from specsure.config.schema import NO_DRAFT_METHODS
+from specsure.config.token_tree import is_chain
 
 if TYPE_CHECKING:
     from specsure.config.resolution import Resolution
@@ -240,6 +241,11 @@ def _vllm(res: "Resolution") -> Export:
         warnings.append(f"prompt_lookup_branches = {config.prompt_lookup_branches} is a specsure key that vLLM does "
                         "not have, so it is left out: vLLM drafts one chain (the first branch). Its output is the "
                         "same; fewer tokens are accepted per step.")
+    if config.speculative_token_tree is not None and not is_chain(config.speculative_token_tree):
+        # vllm/v1/spec_decode/eagle.py propose_tree asserts a TreeAttentionMetadataBuilder.
+        warnings.append("vLLM drafts a speculative_token_tree that is not a chain only with its tree attention "
+                        "backend: start it with --attention-backend TREE_ATTN (VLLM_ATTENTION_BACKEND=TREE_ATTN "
+                        "on versions without the flag).")
     if config.method == "suffix":
         # vllm/config/speculative.py _validate_suffix_decoding raises ImportError without it.
         warnings.append("vLLM runs suffix decoding through the arctic-inference package and refuses the config "

@@ -25,7 +25,7 @@ from specsure.config.lookup import decide_prompt_lookup, decide_suffix
 from specsure.config.schema import (
     FIELDS, MAX_SPECULATIVE_TOKENS, METHODS, SUFFIX_FIELDS, UNSET, SpeculativeConfig, UserSpec, parse_user_spec,
 )
-from specsure.config.shipped import SHIPPED_K, shipped_head
+from specsure.config.shipped import SHIPPED_TREE, shipped_head
 from specsure.config.token_tree import TREE_METHODS, TokenTree, is_chain, tree_shape
 
 logger = logging.getLogger("specsure.config")
@@ -119,7 +119,7 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, str
     fields = {"method": method, "model": state.decide_model(method.value)}
     fields.update(decide_prompt_lookup(spec, method.value))
     fields.update(decide_suffix(spec, method.value))
-    fields["speculative_token_tree"] = _decide_tree(spec.speculative_token_tree, method.value)
+    fields["speculative_token_tree"] = state.decide_tree(method.value)
     fields["num_speculative_tokens"] = state.decide_num_tokens(
         method.value, fields["suffix_decoding_max_tree_depth"].value, fields["speculative_token_tree"].value)
     decisions.update((name, fields[name]) for name in FIELDS)
@@ -150,7 +150,7 @@ def _read_draft(path: str) -> CheckpointInfo:
         raise ConfigError(f"model (the draft checkpoint): {exc}") from None
 
 
-def _decide_tree(tree: Any, method: str) -> Decision:
+def _decide_tree(tree: Any, method: str, shipped: TokenTree | None, k_given: bool) -> Decision:
     name = "speculative_token_tree"
     if method not in TREE_METHODS:
         if tree is not UNSET:
@@ -159,8 +159,13 @@ def _decide_tree(tree: Any, method: str) -> Decision:
             raise ConfigError(f"{name} applies only to methods {', '.join(TREE_METHODS)}, which draft with a head, "
                               f"but the method is {method!r}{other}. Remove {name}.")
         return Decision(name, None, "derived", f"Only a head's drafts form a static tree; the method is {method!r}.")
+    if tree is UNSET and shipped is not None and not k_given:
+        return Decision(name, shipped, "default", f"The shipped {method} head drafts this tree unless you set "
+                                                  f"num_speculative_tokens or a tree: the best measured for it on the "
+                                                  f"bench (BENCHMARKS.md); {tree_shape(shipped)}.")
     if tree is UNSET:
-        return Decision(name, None, "default", "None: the draft is a chain of num_speculative_tokens tokens, "
+        chain = "You set num_speculative_tokens, so" if k_given and shipped is not None else "None:"
+        return Decision(name, None, "default", f"{chain} the draft is a chain of num_speculative_tokens tokens, "
                                                "vLLM's default tree.")
     kind = " It is a chain, which is what no tree drafts too." if is_chain(tree) else ""
     return Decision(name, tree, "user", f"You set the draft tree: {tree_shape(tree)}.{kind}")
@@ -185,8 +190,8 @@ class _State:
     draft_evidence: Evidence | None = None
     default_target: bool = False
     """The target is the packaged default model, for which specsure ships heads."""
-    shipped_k: int | None = None
-    """k the shipped head runs with by default, once `shipped` chose it."""
+    shipped_tree: TokenTree | None = None
+    """The tree the shipped head drafts by default, once `shipped` chose it."""
     notices: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
 
@@ -299,7 +304,7 @@ class _State:
             return None
         self.draft = _read_draft(path)
         self.draft_evidence = classify_draft(self.draft)
-        self.shipped_k = SHIPPED_K.get(method)
+        self.shipped_tree = SHIPPED_TREE.get(method)
         return Decision("model", path, "default",
                         f"No draft 'model' was given and the target is the packaged default, so the {method} head "
                         "shipped with specsure for it is used (trained by `make heads`, docs/training.md)."
@@ -325,6 +330,10 @@ class _State:
             return " Its metadata does not say what kind of draft it is."
         return f" Its metadata marks it as {WHAT_IS[evidence.value]} ({evidence.signal})."
 
+    def decide_tree(self, method: str) -> Decision:
+        return _decide_tree(self.spec.speculative_token_tree, method, self.shipped_tree,
+                            self.spec.num_speculative_tokens is not UNSET)
+
     def decide_num_tokens(self, method: str, tree_depth: int | None, token_tree: TokenTree | None) -> Decision:
         user = self.spec.num_speculative_tokens
         n_predict = self.draft.int_field("n_predict") if self.draft is not None else None
@@ -346,10 +355,6 @@ class _State:
         if n_predict:
             return _checkpoint_k(n_predict, f"The draft declares how many tokens it predicts "
                                             f"({self.draft.signal('n_predict')}).")
-        if self.shipped_k is not None:
-            return Decision("num_speculative_tokens", self.shipped_k, "default",
-                            f"The shipped {method} head runs with k = {self.shipped_k} unless you set one: the best "
-                            "k measured for it on the bench (BENCHMARKS.md).")
         if method == "mtp":
             holder = self.draft if self.draft is not None else self.target
             if (layers := holder.mtp_layers) is not None:

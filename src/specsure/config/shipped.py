@@ -17,8 +17,9 @@ HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"
 SHIPPED: dict[str, str] = {"eagle3": "smollm2-135m-eagle3", "mtp": "smollm2-135m-mtp"}
 """Method -> folder name of the head trained for SmolLM2-135M-Instruct."""
 
-SHIPPED_K: dict[str, int] = {"eagle3": 2, "mtp": 1}
-"""k each shipped head runs with when the user sets none: the best measured on the bench (BENCHMARKS.md)."""
+SHIPPED_TREE: dict[str, tuple[tuple[int, ...], ...]] = {"eagle3": ((0,), (1,), (0, 0)), "mtp": ((0,), (1,), (2,))}
+"""The token tree each shipped head drafts when the user sets neither num_speculative_tokens nor a
+tree: the best measured on the bench (BENCHMARKS.md, "Token trees"). k is its node count."""
 
 
 def shipped_head(method: str) -> str | None:

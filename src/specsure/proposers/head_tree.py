@@ -62,7 +62,9 @@ def draft_tree(module: HeadModule, cache: HeadCache, root_hidden: torch.Tensor, 
             allowed[row, past + row] = True
             entry[node] = past + row
         # A chain puts its step-d entry at position visible - 1 + d; every node of depth d sits there.
-        cache.lay_out([visible - 1 + level] * n, allowed)
+        # A lone node that sees every entry before it is a chain step: no layout, so the C kernel may run it.
+        if not (n == 1 and past == visible - 1 + level and bool(allowed.all())):
+            cache.lay_out([visible - 1 + level] * n, allowed)
         features = torch.cat([hidden[node[:-1]] for node in growing])
         ids = torch.tensor([tokens[index[node] - 1] for node in growing], dtype=torch.long)
         out, rows = module(features, ids, cache)  # [n, H], [n, V]
