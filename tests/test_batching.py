@@ -48,6 +48,7 @@ METHODS = {
     "draft_model": {"method": "draft_model", "model": "draft", "num_speculative_tokens": 3},
     "eagle": {"method": "eagle", "model": "eagle", "num_speculative_tokens": 3},
     "eagle3": {"method": "eagle3", "model": "eagle3", "num_speculative_tokens": 3},
+    "eagle3-tree": {"method": "eagle3", "model": "eagle3", "speculative_token_tree": "[(0,), (1,), (0, 0), (1, 0)]"},
     "mtp": {"method": "mtp", "num_speculative_tokens": 3},
 }
 

@@ -167,7 +167,7 @@ def _decide_tree(tree: Any, method: str, shipped: TokenTree | None, k_given: boo
         chain = "You set num_speculative_tokens, so" if k_given and shipped is not None else "None:"
         return Decision(name, None, "default", f"{chain} the draft is a chain of num_speculative_tokens tokens, "
                                                "vLLM's default tree.")
-    kind = " It is a chain, which is what no tree drafts too." if is_chain(tree) else ""
+    kind = " It is a chain: the same draft as no tree." if is_chain(tree) else ""
     return Decision(name, tree, "user", f"You set the draft tree: {tree_shape(tree)}.{kind}")
 
 

@@ -31,7 +31,8 @@ SUFFIX_FIELDS: Final[tuple[str, ...]] = (
 )
 """vLLM's suffix-decoding keys, in vLLM's order; only method 'suffix' reads them."""
 FIELDS: Final[tuple[str, ...]] = (
-    "method", "model", "num_speculative_tokens", "speculative_token_tree", "prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_branches",
+    "method", "model", "num_speculative_tokens", "speculative_token_tree",
+    "prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_branches",
     *SUFFIX_FIELDS,
 )
 SPECSURE_ONLY_FIELDS: Final[frozenset[str]] = frozenset({"prompt_lookup_branches"})
@@ -289,6 +290,8 @@ class SpeculativeConfig:
             )
         tree = self.speculative_token_tree
         if tree is not None:
+            tree = parse_token_tree(tree, MAX_SPECULATIVE_TOKENS)  # checked and breadth-first, however it was built
+            object.__setattr__(self, "speculative_token_tree", tree)
             if self.method not in TREE_METHODS:
                 raise ConfigError(f"speculative_token_tree applies only to methods {', '.join(TREE_METHODS)}, "
                                   f"not {self.method!r}.")

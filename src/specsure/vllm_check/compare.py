@@ -112,7 +112,8 @@ def compare(res: "Resolution", vllm: Mapping[str, Any], *, exported: Mapping[str
     where = vllm_draft_path(res)
     ours = {"method": config.method, "model": where[0] if where else None,
             "num_speculative_tokens": config.num_speculative_tokens,
-            "speculative_token_tree": _tree(config.method, config.speculative_token_tree, config.num_speculative_tokens),
+            "speculative_token_tree": _tree(config.method, config.speculative_token_tree,
+                                            config.num_speculative_tokens),
             "prompt_lookup_min": config.prompt_lookup_min, "prompt_lookup_max": config.prompt_lookup_max,
             **{key: getattr(config, key) for key in SUFFIX_FIELDS}}
     theirs = _normalise(vllm)
