@@ -150,3 +150,17 @@ def test_suffix_keys_resolve_the_same_in_vllm(vllm_python, ckpt, tmp_path, monke
         assert {r.field: r.vllm for r in check.rows}["suffix_decoding_max_tree_depth"] == \
             res.config.suffix_decoding_max_tree_depth
         assert any("arctic-inference" in w for w in out.warnings)
+
+
+def test_a_token_tree_resolves_the_same_in_vllm(vllm_python, ckpt):
+    """vLLM 0.33.0 keeps an exported speculative_token_tree (sorted as specsure sorts it), and fills
+    a chain of k where the export has none."""
+    specs = [{"method": "eagle3", "model": ckpt["head-three"], "speculative_token_tree": "[(1,), (0, 0), (0,)]"},
+             {"method": "eagle3", "model": ckpt["head-three"], "num_speculative_tokens": 3}]
+    resolved = [(res, export(res, "vllm")) for res in (resolve(spec, model=ckpt["target"]) for spec in specs)]
+    cases = [{"model": ckpt["target"], "speculative_config": dict(out.speculative_config)} for _, out in resolved]
+    answer = run_probe(vllm_python, cases)
+    trees = [result["speculative_token_tree"] for result in answer["results"]]
+    assert trees == ["[(0,), (1,), (0, 0)]", "[(0,), (0, 0), (0, 0, 0)]"], answer
+    for (res, out), result in zip(resolved, answer["results"]):
+        assert compare(res, result, exported=out.speculative_config).ok
