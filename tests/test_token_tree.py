@@ -1,5 +1,6 @@
-"""speculative_token_tree (vLLM's key): parsing and resolution, export and check-vllm, and a head
-drafting the tree exactly as chains through each node would, lossless greedy and sampled."""
+"""speculative_token_tree (the key of earlier vLLM releases): parsing and resolution, export and
+check-vllm, and a head drafting the tree exactly as chains through each node would, lossless greedy
+and sampled."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ def test_k_is_the_node_count_and_a_different_explicit_k_is_an_error():
     assert res.config.num_speculative_tokens == 3 and res.source("num_speculative_tokens") == "derived"
     assert res.config.speculative_token_tree == ((0,), (1,), (0, 0)) and res.source("speculative_token_tree") == "user"
     assert "3 nodes over 2 levels (2, 1 per level)" in res.reason("speculative_token_tree")
+    assert "[(0,), (1,), (0, 0)]" in res.explain()  # shown in vLLM's text
     same = resolve({"method": "mtp", "num_speculative_tokens": 2, "speculative_token_tree": [[0], [1]]})
     assert same.config.num_speculative_tokens == 2 and same.source("num_speculative_tokens") == "user"
     with pytest.raises(ConfigError, match="num_speculative_tokens = 2 but speculative_token_tree has 3 nodes"):
@@ -76,14 +78,15 @@ def test_no_tree_is_a_chain_by_default(target, heads):
     assert "speculative_token_tree" not in res.config.to_vllm()
 
 
-def test_vllm_gets_the_tree_in_its_own_text_and_sglang_the_nearest_dynamic_tree():
+def test_vllm_gets_a_chain_of_k_with_a_warning_and_sglang_the_nearest_dynamic_tree():
     res = resolve({"method": "eagle3", "speculative_token_tree": [[1], [0], [0, 0]]})
-    vllm = export(res, "vllm")
-    assert vllm.speculative_config["speculative_token_tree"] == "[(0,), (1,), (0, 0)]"
+    vllm = export(res, "vllm")  # vLLM 0.33.0 refuses the key
+    assert "speculative_token_tree" not in vllm.speculative_config
     assert vllm.speculative_config["num_speculative_tokens"] == 3
-    assert any("--attention-backend TREE_ATTN" in w for w in vllm.warnings)
+    assert any("speculative_token_tree = [(0,), (1,), (0, 0)] is not a key of vLLM 0.33.0" in w
+               and "a chain of num_speculative_tokens = 3" in w for w in vllm.warnings)
     chain = export(resolve({"method": "eagle3", "speculative_token_tree": "[(0,), (0, 0)]"}), "vllm")
-    assert not any("TREE_ATTN" in w for w in chain.warnings)
+    assert not any("speculative_token_tree" in w for w in chain.warnings)  # the same draft as k = 2
     sglang = export(res, "sglang")
     args = dict(zip(sglang.args[::2], sglang.args[1::2]))
     assert (args["--speculative-num-steps"], args["--speculative-eagle-topk"],
@@ -91,14 +94,13 @@ def test_vllm_gets_the_tree_in_its_own_text_and_sglang_the_nearest_dynamic_tree(
     assert any("SGLang has no static speculative_token_tree" in w for w in sglang.warnings)
 
 
-def test_check_vllm_compares_the_tree(tmp_path):
-    target, draft = write(tmp_path / "target"), write(tmp_path / "small", num_hidden_layers=2)
-    chain = resolve({"method": "draft_model", "model": draft}, model=target)
-    assert compare(chain, vllm_result(model=draft, speculative_token_tree="[(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]"),
-                   exported={}).ok
-    assert compare(chain, vllm_result(model=draft), exported={}).ok  # a vLLM without the key drafts a chain
-    differs = compare(chain, vllm_result(model=draft, speculative_token_tree="[(0,), (1,), (2,), (3,)]"), exported={})
-    assert [m.field for m in differs.mismatches] == ["speculative_token_tree"]
+def test_check_vllm_compares_a_trees_k_and_not_the_tree_vllm_has_no_key_for(tmp_path):
+    target, head = write(tmp_path / "target"), write(tmp_path / "head", architectures=["LlamaForCausalLMEagle3"],
+                                                      num_hidden_layers=1)
+    res = resolve({"method": "eagle3", "model": head, "speculative_token_tree": "[(0,), (1,), (2,)]"}, model=target)
+    check = compare(res, vllm_result(method="eagle3", model=head, num_speculative_tokens=3), exported={})
+    assert check.ok and "speculative_token_tree" not in {r.field for r in check.rows}
+    assert not compare(res, vllm_result(method="eagle3", model=head, num_speculative_tokens=2), exported={}).ok
 
 
 def test_the_bench_runs_each_tree_method_with_its_tree():

@@ -88,11 +88,13 @@ def test_explicit_mtp_with_a_draft_in_a_beagle_folder_is_kept(models):
     assert spec.method == "mtp" and same_folder(spec.model, models["beagle-target"])
 
 
-def test_a_token_tree_reaches_vllm_sorted_and_the_guard_compares_it(models):
-    spec = vllm(models["target"], speculative_config={"method": "eagle3", "model": models["EAGLE3-LLaMA-head"],
-                                                      "speculative_token_tree": "[(0, 0), (1,), (0,)]"})
+def test_a_token_tree_is_handed_to_vllm_as_a_chain_and_the_plugin_says_so(models, caplog):
+    with caplog.at_level(logging.WARNING, logger="vllm.specsure"):
+        spec = vllm(models["target"], speculative_config={"method": "eagle3", "model": models["EAGLE3-LLaMA-head"],
+                                                          "speculative_token_tree": "[(0, 0), (1,), (0,)]"})
     assert spec.method == "eagle3" and spec.num_speculative_tokens == 3
-    assert spec.speculative_token_tree == "[(0,), (1,), (0, 0)]"
+    assert "speculative_token_tree" not in spec.extra  # vLLM 0.33.0 would refuse the key
+    assert any("speculative_token_tree is a specsure key that vLLM does not have" in r.message for r in caplog.records)
 
 
 def test_a_model_type_rewrite_is_refused_naming_both_sides_and_the_fix(models):

@@ -8,7 +8,6 @@ here, spelled out independently of specsure's own prediction tables.
 
 from __future__ import annotations
 
-import ast
 import json
 import types
 from dataclasses import dataclass, field
@@ -41,7 +40,6 @@ class SpeculativeConfig:
     suffix_decoding_max_cached_requests: int = 10000
     suffix_decoding_max_spec_factor: float = 1.0
     suffix_decoding_min_token_prob: float = 0.1
-    speculative_token_tree: str | None = None
     target_model_config: ModelConfig | None = None
     target_parallel_config: Any = None
     draft_model_config: Any = field(default=None)
@@ -70,11 +68,6 @@ class SpeculativeConfig:
             return  # no draft checkpoint
         self.prompt_lookup_min = self.prompt_lookup_max = 0
         self.draft_model_config = ModelConfig(self.model)
-        if self.speculative_token_tree is None:  # a chain of k, else the tree sorted breadth-first
-            self.speculative_token_tree = str([(i + 1) * (0,) for i in range(self.num_speculative_tokens or 0)])
-        else:
-            nodes = ast.literal_eval(self.speculative_token_tree)
-            self.speculative_token_tree = str(sorted(nodes, key=lambda t: (len(t), t)))
         draft_type = self.draft_model_config.hf_config.model_type
         lowered = self.draft_model_config.model.lower()
         if self.method in ("eagle", "eagle3", "dflash", "dspark"):
@@ -112,7 +105,7 @@ class EngineArgs:
             return None
         known = {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
                  "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
-                 "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob", "speculative_token_tree"}
+                 "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob"}
         spec = {k.replace("-", "_"): v for k, v in self.speculative_config.items()}
         return SpeculativeConfig(**{k: v for k, v in spec.items() if k in known},
                                  extra={k: v for k, v in spec.items() if k not in known},

@@ -18,6 +18,8 @@ REASON_WIDTH = 72
 
 
 def _show(value: Any) -> str:
+    if isinstance(value, tuple):  # a token tree: vLLM's own text, "[(0,), (1,), (0, 0)]"
+        return str(list(value))
     return "-" if value is None else (value if isinstance(value, str) else json.dumps(value))
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Mapping
 from specsure.config.detect import MTP_HEAD_ARCHITECTURES
 from specsure.config.errors import ConfigError
 from specsure.config.schema import NO_DRAFT_METHODS
-from specsure.config.token_tree import is_chain
+from specsure.config.token_tree import is_chain, tree_text
 
 if TYPE_CHECKING:
     from specsure.config.resolution import Resolution
@@ -242,10 +242,11 @@ def _vllm(res: "Resolution") -> Export:
                         "not have, so it is left out: vLLM drafts one chain (the first branch). Its output is the "
                         "same; fewer tokens are accepted per step.")
     if config.speculative_token_tree is not None and not is_chain(config.speculative_token_tree):
-        # vllm/v1/spec_decode/eagle.py propose_tree asserts a TreeAttentionMetadataBuilder.
-        warnings.append("vLLM drafts a speculative_token_tree that is not a chain only with its tree attention "
-                        "backend: start it with --attention-backend TREE_ATTN (VLLM_ATTENTION_BACKEND=TREE_ATTN "
-                        "on versions without the flag).")
+        # vLLM 0.33.0's SpeculativeConfig refuses the key (earlier releases had it, with tree attention).
+        warnings.append(f"speculative_token_tree = {tree_text(config.speculative_token_tree)} is not a key of vLLM "
+                        f"{', '.join(VLLM_TESTED_VERSIONS)} (earlier vLLM releases had it), so it is left out: vLLM "
+                        f"drafts a chain of num_speculative_tokens = {config.num_speculative_tokens} tokens. Its output "
+                        "is the same; a different number of tokens is accepted per step.")
     if config.method == "suffix":
         # vllm/config/speculative.py _validate_suffix_decoding raises ImportError without it.
         warnings.append("vLLM runs suffix decoding through the arctic-inference package and refuses the config "

@@ -166,7 +166,7 @@ def _decide_tree(tree: Any, method: str, shipped: TokenTree | None, k_given: boo
     if tree is UNSET:
         chain = "You set num_speculative_tokens, so" if k_given and shipped is not None else "None:"
         return Decision(name, None, "default", f"{chain} the draft is a chain of num_speculative_tokens tokens, "
-                                               "vLLM's default tree.")
+                                               "as vLLM drafts.")
     kind = " It is a chain: the same draft as no tree." if is_chain(tree) else ""
     return Decision(name, tree, "user", f"You set the draft tree: {tree_shape(tree)}.{kind}")
 
@@ -340,14 +340,13 @@ class _State:
         if token_tree is not None:  # both explicit: they must agree, and neither replaces the other
             if user is not UNSET and user != len(token_tree):
                 raise ConfigError(f"num_speculative_tokens = {user} but speculative_token_tree has {len(token_tree)} "
-                                  "nodes, and every node is a draft token (vLLM's count). Set "
+                                  "nodes, and every node is a draft token. Set "
                                   f"num_speculative_tokens to {len(token_tree)}, or leave it out.")
             if user is not UNSET:
                 return Decision("num_speculative_tokens", user, "user", "You set num_speculative_tokens; it equals "
                                                                         "the node count of your tree.")
             return Decision("num_speculative_tokens", len(token_tree), "derived",
-                            f"speculative_token_tree has {len(token_tree)} nodes, and every node is a draft token "
-                            "(vLLM's count).")
+                            f"speculative_token_tree has {len(token_tree)} nodes, and every node is a draft token.")
         if user is not UNSET:
             if n_predict and n_predict != user:
                 self.conflict("num_speculative_tokens", user, n_predict, self.draft.signal("n_predict"))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, Mapping
 
 from specsure.config.errors import ConfigError
-from specsure.config.token_tree import TREE_METHODS, TokenTree, parse_token_tree, tree_text
+from specsure.config.token_tree import TREE_METHODS, TokenTree, parse_token_tree
 
 Method = Literal["ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix"]
 METHODS: Final[tuple[str, ...]] = ("ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix")
@@ -35,8 +35,9 @@ FIELDS: Final[tuple[str, ...]] = (
     "prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_branches",
     *SUFFIX_FIELDS,
 )
-SPECSURE_ONLY_FIELDS: Final[frozenset[str]] = frozenset({"prompt_lookup_branches"})
-"""Keys vLLM does not have: exports leave them out (and say what vLLM does instead)."""
+SPECSURE_ONLY_FIELDS: Final[frozenset[str]] = frozenset({"prompt_lookup_branches", "speculative_token_tree"})
+"""Keys vLLM 0.33.0 does not have: exports leave them out (and say what vLLM does instead).
+speculative_token_tree is the key of earlier vLLM releases, which 0.33.0 refuses."""
 KEY_ALIASES: Final[Mapping[str, str]] = {"draft_model": "model"}
 MAX_SPECULATIVE_TOKENS: Final[int] = 64
 MAX_PROMPT_LOOKUP: Final[int] = 64
@@ -266,8 +267,8 @@ class SpeculativeConfig:
     """suffix only: drafting stops before a token whose estimated probability (from the trees'
     counts, multiplied along the draft) is below this, 0..1."""
     speculative_token_tree: TokenTree | None = None
-    """eagle, eagle3 and mtp (vLLM's key): the draft tree as child-rank paths, breadth-first; None
-    drafts a chain of k tokens, as vLLM's default tree does."""
+    """eagle, eagle3 and mtp (the key of earlier vLLM releases): the draft tree as child-rank paths,
+    breadth-first; None drafts a chain of k tokens."""
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -314,8 +315,6 @@ class SpeculativeConfig:
         out: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
         if self.model is not None:
             out["model"] = self.model
-        if self.speculative_token_tree is not None:
-            out["speculative_token_tree"] = tree_text(self.speculative_token_tree)
         if self.method == "ngram":
             out["prompt_lookup_min"] = self.prompt_lookup_min
             out["prompt_lookup_max"] = self.prompt_lookup_max

@@ -1,11 +1,10 @@
-"""vLLM's ``speculative_token_tree``: a static draft tree for the head methods (eagle, eagle3, mtp).
+"""``speculative_token_tree``: a static draft tree for the head methods (eagle, eagle3, mtp).
 
-Each node is a tuple of child ranks from the root: ``(0,)`` is the head's most likely first token,
-``(1,)`` its second most likely, ``(0, 2)`` the third most likely token after ``(0,)``. vLLM takes
-the tree as a string holding a Python list of tuples (``"[(0,), (1,), (0, 0)]"``), sorts it
-breadth-first, and counts every node as a speculative token; without one it drafts the chain
-``[(0,), (0, 0), ...]`` of num_speculative_tokens nodes. specsure reads the same string, or the same
-tree as a JSON list of lists.
+The key and its text are those of earlier vLLM releases (vLLM 0.33.0 no longer has it): each node
+is a tuple of child ranks from the root, ``(0,)`` the head's most likely first token, ``(1,)`` its
+second most likely, ``(0, 2)`` the third most likely token after ``(0,)``, written as a string
+holding a Python list of tuples (``"[(0,), (1,), (0, 0)]"``), sorted breadth-first, every node a
+speculative token. specsure reads the same string, or the same tree as a JSON list of lists.
 """
 
 from __future__ import annotations
@@ -69,12 +68,12 @@ def parse_token_tree(value: Any, max_nodes: int) -> TokenTree:
 
 
 def is_chain(tree: TokenTree) -> bool:
-    """Whether the tree is vLLM's default: one chain of the head's first choices."""
+    """Whether the tree is one chain of the head's first choices (what no tree drafts)."""
     return all(node == (0,) * (i + 1) for i, node in enumerate(tree))
 
 
 def tree_text(tree: TokenTree) -> str:
-    """vLLM's string form, as vLLM itself writes it after sorting: ``"[(0,), (1,), (0, 0)]"``."""
+    """The string form, as vLLM wrote it after sorting: ``"[(0,), (1,), (0, 0)]"``."""
     return str(list(tree))
 
 

@@ -50,7 +50,7 @@ class HeadChainProposer(Proposer):
         self._feature_of = feature_of
         self._caches = [HeadCache() for _ in self.modules]
         self.tree: TokenTree | None = None
-        """The static draft tree (vLLM's speculative_token_tree); None drafts a chain."""
+        """The static draft tree (speculative_token_tree); None drafts a chain."""
         self.reset()
 
     def use_tree(self, tree: TokenTree | None) -> None:

@@ -14,9 +14,7 @@ from typing import TYPE_CHECKING, Any, Final, Mapping
 from specsure.config.export import (
     VLLM_DETECTION_SKIPPED, VLLM_MTP_MODEL_TYPES, PathTrap, vllm_draft_path, vllm_path_trap,
 )
-from specsure.config.errors import ConfigError
-from specsure.config.schema import FIELDS, MAX_SPECULATIVE_TOKENS, SPECSURE_ONLY_FIELDS, SUFFIX_FIELDS
-from specsure.config.token_tree import parse_token_tree, tree_text
+from specsure.config.schema import FIELDS, SPECSURE_ONLY_FIELDS, SUFFIX_FIELDS
 
 if TYPE_CHECKING:
     from specsure.config.resolution import Resolution
@@ -112,8 +110,6 @@ def compare(res: "Resolution", vllm: Mapping[str, Any], *, exported: Mapping[str
     where = vllm_draft_path(res)
     ours = {"method": config.method, "model": where[0] if where else None,
             "num_speculative_tokens": config.num_speculative_tokens,
-            "speculative_token_tree": _tree(config.method, config.speculative_token_tree,
-                                            config.num_speculative_tokens),
             "prompt_lookup_min": config.prompt_lookup_min, "prompt_lookup_max": config.prompt_lookup_max,
             **{key: getattr(config, key) for key in SUFFIX_FIELDS}}
     theirs = _normalise(vllm)
@@ -150,26 +146,11 @@ def _normalise(result: Mapping[str, Any]) -> dict[str, Any]:
     is_ngram = method in NO_DRAFT
     return {"method": method, "model": None if is_ngram or model in NO_DRAFT else model,
             "num_speculative_tokens": result.get("num_speculative_tokens"),
-            "speculative_token_tree": _tree(method, result.get("speculative_token_tree"),
-                                            result.get("num_speculative_tokens")),
             # vLLM stores 0 for "not used" where specsure stores None.
             "prompt_lookup_min": result.get("prompt_lookup_min") if is_ngram else None,
             "prompt_lookup_max": result.get("prompt_lookup_max") if is_ngram else None,
             # vLLM keeps its suffix defaults for every method; only suffix reads them.
             **{key: result.get(key) if method == "suffix" else None for key in SUFFIX_FIELDS}}
-
-
-def _tree(method: Any, tree: Any, k: Any) -> str | None:
-    """The draft tree in vLLM's text, for either side: None for the methods without a draft model,
-    a chain of k nodes where none is set (what vLLM fills in, and what a vLLM without the key drafts)."""
-    if method in NO_DRAFT or method is None:
-        return None
-    if tree is None:
-        return tree_text(tuple((0,) * (i + 1) for i in range(k))) if isinstance(k, int) and k > 0 else None
-    try:
-        return tree_text(parse_token_tree(tree, MAX_SPECULATIVE_TOKENS))
-    except ConfigError:
-        return str(tree)  # shown as vLLM holds it; it differs from specsure's, which is a valid tree
 
 
 def _same(name: str, ours: Any, theirs: Any) -> bool:

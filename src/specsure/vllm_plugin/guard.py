@@ -25,7 +25,6 @@ def resolved(spec: Any, target_model_type: str | None = None) -> dict[str, Any]:
             "num_speculative_tokens": spec.num_speculative_tokens,
             "prompt_lookup_min": spec.prompt_lookup_min, "prompt_lookup_max": spec.prompt_lookup_max,
             **{key: getattr(spec, key, None) for key in SUFFIX_FIELDS},
-            "speculative_token_tree": getattr(spec, "speculative_token_tree", None),
             "draft_model_type": getattr(inner, "model_type", None) or getattr(hf, "model_type", None),
             "draft_architectures": list(getattr(hf, "architectures", None) or []),
             "target_model_type": target_model_type}

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from specsure.config.errors import ConfigError
 from specsure.config.export import VLLM_DETECTION_SKIPPED, vllm_draft_path, vllm_path_trap
 from specsure.config.resolution import Resolution, resolve
-from specsure.config.schema import FIELDS, KEY_ALIASES
+from specsure.config.schema import FIELDS, KEY_ALIASES, SPECSURE_ONLY_FIELDS
 from specsure.vllm_plugin.links import neutral_link
 
 SPEC_FLAGS: tuple[tuple[str, str, str], ...] = (
@@ -88,6 +88,9 @@ def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = Tr
         # vLLM runs an explicit method whatever the checkpoint is; the plugin keeps the method and says so.
         warnings.append(f"specsure's engine would refuse this config: {exc}")
     handed = {**theirs, **res.config.to_vllm()}
+    for key in sorted(SPECSURE_ONLY_FIELDS & set(ours)):
+        warnings.append(f"{key} is a specsure key that vLLM does not have, so vLLM is handed the config without it: "
+                        f"it drafts a chain of num_speculative_tokens = {res.config.num_speculative_tokens} tokens.")
     links: list[tuple[str, str]] = []
     where = vllm_draft_path(res)
     if where is not None and res.config.method not in VLLM_DETECTION_SKIPPED and vllm_path_trap(where[0]):
