@@ -81,7 +81,10 @@ class Resolution:
         """One line: each field with its source, for the engine's start-up log."""
         if self.config is None:
             return "speculative decoding off"
-        return ", ".join(f"{n}={self.decisions[n].value!r} ({self.decisions[n].source})"
+        def shown(value: Any) -> str:
+            return str(list(value)) if isinstance(value, tuple) else repr(value)  # a tree in its own text
+
+        return ", ".join(f"{n}={shown(self.decisions[n].value)} ({self.decisions[n].source})"
                          for n in self.decisions if n != "target")
 
     def check_runnable(self, *, weights: bool = True) -> None:
