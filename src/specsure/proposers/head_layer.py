@@ -54,6 +54,7 @@ class HeadCache:
     def crop(self, keep: int) -> None:
         """Keep only the first ``keep`` entries (the buffers stay allocated, even for 0)."""
         assert 0 <= keep <= self.length, f"crop to {keep} outside [0, {self.length}]"
+        self._layout = None  # a layout is for the very next call; a rollback ends any left unused
         if keep == self.length:
             return
         self.kv.crop(keep - self.length)  # transformers 5.x: minus the number of entries to drop
