@@ -11,6 +11,7 @@ import torch
 from specsure.bench.runners import Runner, SpecsureRunner, TransformersRunner
 from specsure.config import ConfigError
 from specsure.config.schema import SUFFIX_FIELDS
+from specsure.config.shipped import SHIPPED_TREE
 
 METHODS: tuple[str, ...] = ("plain", "ngram", "ngram-tree", "draft_model", "eagle", "eagle3", "eagle3-tree", "mtp",
                             "mtp-tree", "suffix")
@@ -19,8 +20,8 @@ prompt_lookup_branches > 1; 'eagle3-tree' and 'mtp-tree' draft a speculative_tok
 DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in METHODS if m not in ("eagle3-tree", "mtp-tree"))
 """What --methods runs by default: the tree rows repeat the eagle3 and mtp rows, whose shipped heads
 draft a tree by default, unless --token-tree or -k sets something else."""
-DEFAULT_TREES: dict[str, str] = {"eagle3-tree": "[(0,), (1,), (0, 0)]", "mtp-tree": "[(0,), (1,), (2,)]"}
-"""The trees of 'eagle3-tree' and 'mtp-tree' unless --token-tree is given (docs/heads.md, "Token trees")."""
+DEFAULT_TREES: dict[str, str] = {f"{m}-tree": str(SHIPPED_TREE[m]) for m in ("eagle3", "mtp")}
+"""The trees of 'eagle3-tree' and 'mtp-tree' unless --token-tree is given: the shipped heads' defaults."""
 BASELINES: tuple[str, ...] = ("hf", "hf-prompt-lookup", "hf-assisted")
 """transformers configurations: generate greedy, prompt lookup, assisted generation."""
 

@@ -47,8 +47,7 @@ def print_effective(engine: "Engine") -> None:
     print(f"effective config (running: {engine.speculative_method or 'plain decoding'}):")
     width = max(len(name) for name in res.decisions)
     for name, decision in res.decisions.items():
-        value = str(list(decision.value)) if isinstance(decision.value, tuple) else str(decision.value)  # a tree
-        print(f"  {name:<{width}} {value:<30} [{decision.source}]")
+        print(f"  {name:<{width}} {decision.value!s:<30} [{decision.source}]")
     for warning in res.warnings:
         print(f"  warning: {warning}")
 

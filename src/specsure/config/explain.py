@@ -6,6 +6,8 @@ import json
 import textwrap
 from typing import Any, Mapping, Protocol, Sequence
 
+from specsure.config.token_tree import DraftTree
+
 
 class Row(Protocol):
     """One field's decision, as explain shows it (``resolution.Decision`` is one)."""
@@ -18,8 +20,8 @@ REASON_WIDTH = 72
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, tuple):  # a token tree: vLLM's own text, "[(0,), (1,), (0, 0)]"
-        return str(list(value))
+    if isinstance(value, DraftTree):  # its own text, not JSON's nested lists
+        return str(value)
     return "-" if value is None else (value if isinstance(value, str) else json.dumps(value))
 
 

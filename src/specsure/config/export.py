@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Mapping
 from specsure.config.detect import MTP_HEAD_ARCHITECTURES
 from specsure.config.errors import ConfigError
 from specsure.config.schema import NO_DRAFT_METHODS
-from specsure.config.token_tree import is_chain, tree_text
+from specsure.config.token_tree import is_chain
 
 if TYPE_CHECKING:
     from specsure.config.resolution import Resolution
@@ -243,7 +243,7 @@ def _vllm(res: "Resolution") -> Export:
                         "same; fewer tokens are accepted per step.")
     if config.speculative_token_tree is not None and not is_chain(config.speculative_token_tree):
         # vLLM 0.33.0's SpeculativeConfig refuses the key (earlier releases had it, with tree attention).
-        warnings.append(f"speculative_token_tree = {tree_text(config.speculative_token_tree)} is not a key of vLLM "
+        warnings.append(f"speculative_token_tree = {config.speculative_token_tree} is not a key of vLLM "
                         f"{', '.join(VLLM_TESTED_VERSIONS)} (earlier vLLM releases had it), so it is left out: vLLM "
                         f"drafts a chain of num_speculative_tokens = {config.num_speculative_tokens} tokens. Its output "
                         "is the same; a different number of tokens is accepted per step.")

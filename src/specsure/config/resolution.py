@@ -26,7 +26,7 @@ from specsure.config.schema import (
     FIELDS, MAX_SPECULATIVE_TOKENS, METHODS, SUFFIX_FIELDS, UNSET, SpeculativeConfig, UserSpec, parse_user_spec,
 )
 from specsure.config.shipped import SHIPPED_TREE, shipped_head
-from specsure.config.token_tree import TREE_METHODS, TokenTree, is_chain, tree_shape
+from specsure.config.token_tree import TREE_METHODS, DraftTree, is_chain, tree_shape
 
 logger = logging.getLogger("specsure.config")
 
@@ -81,10 +81,7 @@ class Resolution:
         """One line: each field with its source, for the engine's start-up log."""
         if self.config is None:
             return "speculative decoding off"
-        def shown(value: Any) -> str:
-            return str(list(value)) if isinstance(value, tuple) else repr(value)  # a tree in its own text
-
-        return ", ".join(f"{n}={shown(self.decisions[n].value)} ({self.decisions[n].source})"
+        return ", ".join(f"{n}={self.decisions[n].value!r} ({self.decisions[n].source})"
                          for n in self.decisions if n != "target")
 
     def check_runnable(self, *, weights: bool = True) -> None:
@@ -153,27 +150,6 @@ def _read_draft(path: str) -> CheckpointInfo:
         raise ConfigError(f"model (the draft checkpoint): {exc}") from None
 
 
-def _decide_tree(tree: Any, method: str, shipped: TokenTree | None, k_given: bool) -> Decision:
-    name = "speculative_token_tree"
-    if method not in TREE_METHODS:
-        if tree is not UNSET:
-            other = {"ngram": " (ngram's own tree is prompt_lookup_branches)",
-                     "suffix": " (suffix builds its own tree from the suffix trees)"}.get(method, "")
-            raise ConfigError(f"{name} applies only to methods {', '.join(TREE_METHODS)}, which draft with a head, "
-                              f"but the method is {method!r}{other}. Remove {name}.")
-        return Decision(name, None, "derived", f"Only a head's drafts form a static tree; the method is {method!r}.")
-    if tree is UNSET and shipped is not None and not k_given:
-        return Decision(name, shipped, "default", f"The shipped {method} head drafts this tree unless you set "
-                                                  f"num_speculative_tokens or a tree: the best measured for it on the "
-                                                  f"bench (BENCHMARKS.md); {tree_shape(shipped)}.")
-    if tree is UNSET:
-        chain = "You set num_speculative_tokens, so" if k_given and shipped is not None else "None:"
-        return Decision(name, None, "default", f"{chain} the draft is a chain of num_speculative_tokens tokens, "
-                                               "as vLLM drafts.")
-    kind = " It is a chain: the same draft as no tree." if is_chain(tree) else ""
-    return Decision(name, tree, "user", f"You set the draft tree: {tree_shape(tree)}.{kind}")
-
-
 def _checkpoint_k(count: int, reason: str) -> Decision:
     """k read from a checkpoint; a count above the schema's ceiling is capped, and the reason says so."""
     if count > MAX_SPECULATIVE_TOKENS:
@@ -193,7 +169,7 @@ class _State:
     draft_evidence: Evidence | None = None
     default_target: bool = False
     """The target is the packaged default model, for which specsure ships heads."""
-    shipped_tree: TokenTree | None = None
+    shipped_tree: DraftTree | None = None
     """The tree the shipped head drafts by default, once `shipped` chose it."""
     notices: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
@@ -334,10 +310,28 @@ class _State:
         return f" Its metadata marks it as {WHAT_IS[evidence.value]} ({evidence.signal})."
 
     def decide_tree(self, method: str) -> Decision:
-        return _decide_tree(self.spec.speculative_token_tree, method, self.shipped_tree,
-                            self.spec.num_speculative_tokens is not UNSET)
+        name, tree, shipped = "speculative_token_tree", self.spec.speculative_token_tree, self.shipped_tree
+        k_given = self.spec.num_speculative_tokens is not UNSET
+        if method not in TREE_METHODS:
+            if tree is not UNSET:
+                other = {"ngram": " (ngram's own tree is prompt_lookup_branches)",
+                         "suffix": " (suffix builds its own tree from the suffix trees)"}.get(method, "")
+                raise ConfigError(f"{name} applies only to methods {', '.join(TREE_METHODS)}, which draft with a "
+                                  f"head, but the method is {method!r}{other}. Remove {name}.")
+            return Decision(name, None, "derived",
+                            f"Only a head's drafts form a static tree; the method is {method!r}.")
+        if tree is UNSET and shipped is not None and not k_given:
+            return Decision(name, shipped, "default", f"The shipped {method} head drafts this tree unless you set "
+                                                      f"num_speculative_tokens or a tree: the best measured for it on "
+                                                      f"the bench (BENCHMARKS.md); {tree_shape(shipped)}.")
+        if tree is UNSET:
+            chain = "You set num_speculative_tokens, so" if k_given and shipped is not None else "None:"
+            return Decision(name, None, "default", f"{chain} the draft is a chain of num_speculative_tokens tokens, "
+                                                   "as vLLM drafts.")
+        kind = " It is a chain: the same draft as no tree." if is_chain(tree) else ""
+        return Decision(name, tree, "user", f"You set the draft tree: {tree_shape(tree)}.{kind}")
 
-    def decide_num_tokens(self, method: str, tree_depth: int | None, token_tree: TokenTree | None) -> Decision:
+    def decide_num_tokens(self, method: str, tree_depth: int | None, token_tree: DraftTree | None) -> Decision:
         user = self.spec.num_speculative_tokens
         n_predict = self.draft.int_field("n_predict") if self.draft is not None else None
         if token_tree is not None:  # both explicit: they must agree, and neither replaces the other

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, Mapping
 
 from specsure.config.errors import ConfigError
-from specsure.config.token_tree import TREE_METHODS, TokenTree, parse_token_tree
+from specsure.config.token_tree import TREE_METHODS, DraftTree, parse_token_tree
 
 Method = Literal["ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix"]
 METHODS: Final[tuple[str, ...]] = ("ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix")
@@ -266,7 +266,7 @@ class SpeculativeConfig:
     suffix_decoding_min_token_prob: float | None = None
     """suffix only: drafting stops before a token whose estimated probability (from the trees'
     counts, multiplied along the draft) is below this, 0..1."""
-    speculative_token_tree: TokenTree | None = None
+    speculative_token_tree: DraftTree | None = None
     """eagle, eagle3 and mtp (the key of earlier vLLM releases): the draft tree as child-rank paths,
     breadth-first; None drafts a chain of k tokens."""
 

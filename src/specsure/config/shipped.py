@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specsure.config.token_tree import DraftTree
+
 HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"
 """Where the shipped head folders are: ``src/specsure/heads/`` in a checkout."""
 
 SHIPPED: dict[str, str] = {"eagle3": "smollm2-135m-eagle3", "mtp": "smollm2-135m-mtp"}
 """Method -> folder name of the head trained for SmolLM2-135M-Instruct."""
 
-SHIPPED_TREE: dict[str, tuple[tuple[int, ...], ...]] = {"eagle3": ((0,), (1,), (0, 0)), "mtp": ((0,), (1,), (2,))}
+SHIPPED_TREE: dict[str, DraftTree] = {"eagle3": DraftTree([(0,), (1,), (0, 0)]), "mtp": DraftTree([(0,), (1,), (2,)])}
 """The token tree each shipped head drafts when the user sets neither num_speculative_tokens nor a
 tree: the best measured on the bench (BENCHMARKS.md, "Token trees"). k is its node count."""
 

@@ -14,8 +14,15 @@ from typing import Any, Final
 
 from specsure.config.errors import ConfigError
 
-TokenTree = tuple[tuple[int, ...], ...]
-"""Nodes as child-rank paths, breadth-first (by depth, then rank by rank)."""
+class DraftTree(tuple[tuple[int, ...], ...]):
+    """Nodes as child-rank paths, breadth-first (by depth, then rank by rank). It prints as the
+    text users write, ``[(0,), (1,), (0, 0)]``, wherever a value is shown (explain, logs, metrics),
+    and equals the plain tuple of the same nodes."""
+
+    def __repr__(self) -> str:
+        return str(list(self))
+
+    __str__ = __repr__
 
 TREE_METHODS: Final[tuple[str, ...]] = ("eagle", "eagle3", "mtp")
 MAX_TREE_RANK: Final[int] = 16
@@ -25,7 +32,7 @@ _MAX_TEXT: Final[int] = 20_000
 _EXAMPLE: Final[str] = '"[(0,), (1,), (0, 0)]"'
 
 
-def parse_token_tree(value: Any, max_nodes: int) -> TokenTree:
+def parse_token_tree(value: Any, max_nodes: int) -> DraftTree:
     """The tree in ``value`` (vLLM's string, or a list of lists), checked and sorted breadth-first."""
     field = "speculative_token_tree"
     if isinstance(value, str):
@@ -64,20 +71,15 @@ def parse_token_tree(value: Any, max_nodes: int) -> TokenTree:
         if len(node) > 1 and node[:-1] not in seen:
             raise ConfigError(f"{field}: node {node!r} has no parent {node[:-1]!r} in the tree; every prefix of "
                               f"a node must be a node too. Add {node[:-1]!r}, or drop {node!r}.")
-    return tuple(sorted(nodes, key=lambda node: (len(node), node)))
+    return DraftTree(sorted(nodes, key=lambda node: (len(node), node)))
 
 
-def is_chain(tree: TokenTree) -> bool:
+def is_chain(tree: DraftTree) -> bool:
     """Whether the tree is one chain of the head's first choices (what no tree drafts)."""
     return all(node == (0,) * (i + 1) for i, node in enumerate(tree))
 
 
-def tree_text(tree: TokenTree) -> str:
-    """The string form, as vLLM wrote it after sorting: ``"[(0,), (1,), (0, 0)]"``."""
-    return str(list(tree))
-
-
-def tree_shape(tree: TokenTree) -> str:
+def tree_shape(tree: DraftTree) -> str:
     """A few words on the tree: nodes, depth, widest level."""
     depth = max(len(node) for node in tree)
     widths = [sum(len(node) == d for node in tree) for d in range(1, depth + 1)]

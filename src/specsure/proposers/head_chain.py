@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 
 from specsure.config.errors import ConfigError
-from specsure.config.token_tree import TokenTree, is_chain
+from specsure.config.token_tree import DraftTree, is_chain
 from specsure.sampling import draw
 from specsure.proposers.base import Draft, Proposer
 from specsure.proposers.head_layer import HeadCache, HeadModule
@@ -49,11 +49,11 @@ class HeadChainProposer(Proposer):
         self.modules = list(modules)
         self._feature_of = feature_of
         self._caches = [HeadCache() for _ in self.modules]
-        self.tree: TokenTree | None = None
+        self.tree: DraftTree | None = None
         """The static draft tree (speculative_token_tree); None drafts a chain."""
         self.reset()
 
-    def use_tree(self, tree: TokenTree | None) -> None:
+    def use_tree(self, tree: DraftTree | None) -> None:
         """Draft ``tree`` each step instead of a chain (a chain-shaped tree stays a chain, which
         keeps sampled drafts and their q under sampling)."""
         if tree is not None and not is_chain(tree) and len(self.modules) > 1:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from specsure.config.token_tree import TokenTree
+from typing import Sequence
+
 from specsure.proposers.base import Draft
 from specsure.proposers.head_layer import HeadCache, HeadModule
 
@@ -23,7 +24,7 @@ Node = tuple[int, ...]
 
 
 def draft_tree(module: HeadModule, cache: HeadCache, root_hidden: torch.Tensor, root_logits: torch.Tensor,
-               tree: TokenTree) -> Draft:
+               tree: Sequence[Node]) -> Draft:
     """The draft for ``tree`` (breadth-first; any prefix of it is a tree).
 
     ``root_hidden`` ([1, H]) and ``root_logits`` ([V]) are the head's output for the pending

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
-from specsure.config.token_tree import tree_text
 from specsure.decode.engine import Completion, Engine
 
 # vLLM 0.33's buckets (vllm/v1/metrics/buckets.py) for each latency histogram.
@@ -101,8 +100,7 @@ def config_labels(engine: Engine, model_name: str) -> dict[str, str]:
     """``{field: value, field_source: source}`` for every resolved field, plus the running method."""
     labels = {"model_name": model_name, "running_method": engine.speculative_method or ""}
     for name, decision in engine.resolution.to_dict().items():
-        value = decision["value"]
-        labels[name] = "" if value is None else tree_text(value) if name == "speculative_token_tree" else str(value)
+        labels[name] = "" if decision["value"] is None else str(decision["value"])
         labels[f"{name}_source"] = decision["source"]
     labels.setdefault("method", "")  # speculation off: the series still exists, so queries need no special case
     labels.setdefault("method_source", "")
