@@ -128,15 +128,16 @@ def test_malformed_trees_and_paths_are_refused():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 2, 5, KERNEL_ROWS, KERNEL_ROWS + 1])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 13, KERNEL_ROWS, KERNEL_ROWS + 1])
 def test_project_is_f_linear_for_every_row_count(dtype: torch.dtype, rows: int) -> None:
-    """Each way `project` takes (mv, weight @ x.T, F.linear) computes x @ W.T + b, shaped [rows, out]."""
+    """Each way `project` takes (mv, weight @ x.T padded or not, F.linear) computes x @ W.T + b, shaped
+    [rows, out], row-major (the next product's fast layout)."""
     gen = torch.Generator().manual_seed(rows)
     x, weight, bias = (torch.randn(*shape, generator=gen).to(dtype) for shape in ((rows, 48), (80, 48), (80,)))
     for b in (None, bias):
         got = project(x, weight, b)
         want = torch.nn.functional.linear(x.float(), weight.float(), None if b is None else b.float())
-        assert got.shape == (rows, 80) and got.dtype == dtype
+        assert got.shape == (rows, 80) and got.dtype == dtype and got.is_contiguous()
         tol = 1e-5 if dtype == torch.float32 else 5e-2
         torch.testing.assert_close(got.float(), want, atol=tol * float(want.abs().max()), rtol=0)
     if dtype == torch.bfloat16 and rows > 1:  # bf16 keeps F.linear's own arithmetic, bit for bit

@@ -327,7 +327,7 @@ class CausalLM:
                 and (hidden.shape[0] == 1 or (native.exact and hidden.shape[0] <= KERNEL_ROWS))):
             logits = native.kernel.linear_rows(weight, hidden.contiguous()).float()
         elif hidden.dim() == 2 and linear:
-            logits = project(hidden, weight, bias).float()  # one row: the faster, bit-identical mv
+            logits = project(hidden, weight, bias).float()  # few rows: the faster products
         elif linear:
             logits = torch.nn.functional.linear(hidden, weight, bias).float()
         else:

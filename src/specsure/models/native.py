@@ -70,26 +70,37 @@ def _fuse_bias(modules: list[nn.Linear]) -> torch.Tensor | None:
                       for m, b in zip(modules, biases)])
 
 
-def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for [n, in] rows; one row goes through ``torch.mv``, a few float32 rows through
-    ``weight @ x.T``.
+PADDED_ROWS = {1: 2, 3: 4, 7: 8, 12: 16, 13: 16, 14: 16, 15: 16}
+"""float32 row counts that `project` rounds up, repeating the last row. On an AVX2 CPU a product
+over one row ran on one core, and some counts took a slower blocking; the padded products cost
+less. The default model's whole forward at ~200 cached tokens (2 threads): one row 50 ms against
+65 through ``mv``, three rows 55 against 79 unpadded, thirteen 113 against 153; 5, 6, 9-11 and 20
+rows were slower padded."""
 
-    On these CPUs a bf16 ``F.linear`` over one row costs as much as over nine, while ``mv`` reads
-    the weights at about 1.3x the speed, and gives bit-identical results (its row equals row i of
-    the batched product), so decode steps get faster without changing a single logit.
+
+def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` for [n, in] rows: a few float32 rows as ``weight @ x.T``, one bf16 row through
+    ``torch.mv``, anything else through ``F.linear``.
+
+    In bf16 an ``F.linear`` over one row costs as much as over nine, while ``mv`` reads the weights
+    at about 1.3x the speed and gives bit-identical results (its row equals row i of the batched
+    product), so decode steps get faster without changing a single logit.
 
     In float32, ``F.linear`` over a few rows (x @ W.T) costs up to twice a one-row step on an AVX2
-    CPU, where ``weight @ x.T`` streams the weight once, as the one-row product does: the default
-    model's whole forward over 2 rows took 91 ms against 63, over 4 rows 106 against 62, with one
-    row at 60 (bench/step_times.py's method, docs/architecture.md). That is the price of every
-    verify step, so float32 speculative decoding runs its verify rows this way. Past
-    ``KERNEL_ROWS`` rows (a prefill) F.linear's blocked product is the faster one.
+    CPU, where ``weight @ x.T`` streams the weight once. Its input must be row-major and its output
+    is made so: the product's own output is a transposed view, and ``weight @ x.T`` over such a view
+    took 2.5 times as long, which was every product of a layer after the first (the default
+    model's 4-row forward 69 -> 53 ms on 2 threads, interleaved). A few row counts are padded
+    (`PADDED_ROWS`), one row among them. Past ``KERNEL_ROWS`` rows (a prefill) F.linear's
+    blocked product is the faster one.
     """
     n = x.shape[0]
-    if n == 1:
+    if x.dtype == torch.float32 and n <= KERNEL_ROWS:
+        padded = PADDED_ROWS.get(n, n)
+        rows = x.contiguous() if padded == n else torch.cat([x, x[-1:].expand(padded - n, -1)])
+        out = torch.mm(weight, rows.t())[:, :n].t().contiguous()  # [n, out], row-major for the next product
+    elif n == 1:
         out = torch.mv(weight, x[0]).unsqueeze(0)  # [1, out]
-    elif n <= KERNEL_ROWS and x.dtype == torch.float32:
-        out = torch.mm(weight, x.t()).t()  # [n, out]
     else:
         return F.linear(x, weight, bias)
     return out if bias is None else out + bias
