@@ -35,3 +35,21 @@ def test_last_row_logits_are_the_full_logits_last_row(tmp_path, method: str, dty
     # One row and several take different product kernels (mv against mm), which may round differently.
     scale = float(full.abs().max())
     torch.testing.assert_close(last_row, full[-1:], atol=(1e-5 if dtype == "float32" else 0.02) * scale, rtol=0)
+
+
+def test_a_heads_float32_linears_take_the_few_row_products() -> None:
+    """float32 inference rows go through `native.project` (row-major, padded where it pays); under
+    autograd the layer is F.linear itself, bit for bit, so training is unchanged."""
+    from specsure.proposers.head_layer import RowLinear, use_row_kernel
+
+    layer = torch.nn.Sequential(torch.nn.Linear(48, 80))
+    assert use_row_kernel(layer, None) == 1 and type(layer[0]) is RowLinear
+    gen = torch.Generator().manual_seed(0)
+    for rows in (1, 3, 6):
+        x = torch.randn(1, rows, 48, generator=gen)
+        want = torch.nn.functional.linear(x, layer[0].weight, layer[0].bias)
+        with torch.inference_mode():
+            got = layer(x)
+        assert got.shape == (1, rows, 80)
+        torch.testing.assert_close(got, want.detach(), atol=1e-5 * float(want.detach().abs().max()), rtol=0)
+        assert torch.equal(layer(x), want)  # grad enabled: F.linear

@@ -184,7 +184,8 @@ def test_in_bf16_every_method_equals_plain_decoding_with_amx(tmp_path):
 
 
 def test_draft_heads_run_their_bf16_products_on_the_kernel(tmp_path, products):
-    """A loaded head's linears become RowLinear: kernel products for its few bf16 rows, torch's otherwise."""
+    """A loaded head's linears become RowLinear: kernel products for its few bf16 rows where there is
+    a kernel, torch's otherwise."""
     from specsure import SamplingParams, make_engine
     from specsure.models.loading import load_model
     from specsure.proposers.head_layer import RowLinear
@@ -197,10 +198,14 @@ def test_draft_heads_run_their_bf16_products_on_the_kernel(tmp_path, products):
     engine = make_engine(target, {"method": "mtp", "model": str(head), "num_speculative_tokens": 2},
                          dtype="bfloat16")
     linears = [m for m in engine.proposer.modules[0].modules() if isinstance(m, torch.nn.Linear)]
-    if products is None:  # no kernel on this CPU: the head keeps torch's products
-        assert linears and not any(isinstance(m, RowLinear) for m in linears)
-        return
     assert linears and all(type(m) is RowLinear for m in linears)
+    if products is None:  # no kernel on this CPU: the head keeps torch's bf16 products
+        layer = linears[0]
+        assert layer.kernel is None
+        x = torch.randn(3, layer.in_features).to(torch.bfloat16)
+        with torch.inference_mode():
+            assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
+        return
     layer = linears[0]
     layer.kernel = products
     x = torch.randn(3, layer.in_features).to(torch.bfloat16)
