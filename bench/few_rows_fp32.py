@@ -1,5 +1,6 @@
-"""One float32 forward of the default model at 1, 2, 3, 4 and 9 new rows, with the few-row products
-as F.linear (before) and as `native.project` does them now (weight @ x.T), interleaved.
+"""One float32 forward of the default model at 1 to 16 new rows, with the few-row products three
+ways, interleaved: F.linear (before ea38d1e), weight @ x.T over the rows as they come (ea38d1e),
+and as `native.project` does them now (row-major in and out, some row counts padded).
 
     .venv/bin/python bench/few_rows_fp32.py [--repeats 12]
 
@@ -30,6 +31,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return out if bias is None else out + bias
 
 
+def transposed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The product of ea38d1e: torch.mv for one row, weight @ x.T on whatever layout x has."""
+    if x.shape[0] == 1:
+        out = torch.mv(weight, x[0]).unsqueeze(0)
+    elif x.shape[0] <= native.KERNEL_ROWS:
+        out = torch.mm(weight, x.t()).t()
+    else:
+        return F.linear(x, weight, bias)
+    return out if bias is None else out + bias
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=12)
@@ -39,8 +51,9 @@ def main() -> None:
     print(lm.path)
     lm.forward(list(range(100, 300)), last_logits=1)
     cached = lm.cache_len
-    ways = {"F.linear": linear, "weight @ x.T": native.project}
-    times: dict[tuple[str, int], list[float]] = {(w, r): [] for w in ways for r in (1, 2, 3, 4, 9)}
+    ways = {"F.linear": linear, "weight @ x.T": transposed, "row-major": native.project}
+    rows_tried = (1, 2, 3, 4, 5, 7, 8, 9, 13, 16)
+    times: dict[tuple[str, int], list[float]] = {(w, r): [] for w in ways for r in rows_tried}
     try:
         for _ in range(args.repeats):
             for (way, rows), samples in times.items():
@@ -50,9 +63,9 @@ def main() -> None:
                 samples.append(time.perf_counter() - started)
                 lm.crop(cached)
     finally:
-        native.project = causal_lm.project = ways["weight @ x.T"]
+        native.project = causal_lm.project = ways["row-major"]
     for (way, rows), samples in times.items():
-        print(f"{way:>13}  {rows} rows  {statistics.median(samples) * 1000:6.1f} ms")
+        print(f"{way:>13}  {rows:2d} rows  {statistics.median(samples) * 1000:6.1f} ms")
 
 
 if __name__ == "__main__":

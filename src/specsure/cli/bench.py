@@ -85,7 +85,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ngram-tree: matches merged into each draft's token tree (default 4)")
     parser.add_argument("--token-tree", default=None, metavar="TREE",
                         help="eagle3-tree and mtp-tree: the speculative_token_tree, e.g. \"[(0,), (1,), (0, 0)]\" "
-                             f"(default {DEFAULT_TREES['eagle3-tree']} and {DEFAULT_TREES['mtp-tree']})")
+                             f"(default {DEFAULT_TREES['eagle3-tree']} for eagle3-tree and "
+                             f"{DEFAULT_TREES['mtp-tree']} for mtp-tree, the shipped heads' own)")
     parser.add_argument("--suffix-max-tree-depth", type=int, default=None, help="suffix: suffix_decoding_max_tree_depth (vLLM's default 24)")
     parser.add_argument("--suffix-max-cached-requests", type=int, default=None,
                         help="suffix: suffix_decoding_max_cached_requests, earlier outputs kept (vLLM's default 10000; 0: off)")
