@@ -103,15 +103,18 @@ def test_each_tree_node_sees_exactly_its_path(native):
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "transformers"])
-def test_keeping_the_accepted_path_leaves_the_cache_as_if_only_it_was_fed(native):
+@pytest.mark.parametrize("path", [(0, 3, 5, 6), (0, 1, 2), (0,)], ids=["moved", "in-place", "root"])
+def test_keeping_the_accepted_path_leaves_the_cache_as_if_only_it_was_fed(native, path):
+    """A path scattered through the tree is moved into place; one that is the first nodes fed
+    (root -> 1 -> 2) is already there and only the rest is dropped."""
     cls, config = FAMILIES["qwen2"]
     lm, ref = CausalLM(_model(cls, config), native=native), CausalLM(_model(cls, config), native=native)
     prefix = [3, 14, 15, 92, 65]
     lm.forward(prefix)
     lm.forward(TREE_IDS, tree=TokenTree.from_parents(TREE))
-    lm.keep(len(prefix), [0, 3, 5, 6])  # the path root -> 3 -> 5 -> 6
-    assert lm.cache_len == len(prefix) + 4
-    ref.forward(prefix + [TREE_IDS[i] for i in (0, 3, 5, 6)])
+    lm.keep(len(prefix), list(path))
+    assert lm.cache_len == len(prefix) + len(path)
+    ref.forward(prefix + [TREE_IDS[i] for i in path])
     torch.testing.assert_close(lm.forward([9, 10]).logits, ref.forward([9, 10]).logits, atol=1e-4, rtol=1e-4)
 
 

@@ -271,6 +271,9 @@ class CausalLM:
         if not offsets or list(offsets) != sorted(set(offsets)) or start + offsets[-1] >= self._cache_len:
             raise ValueError(f"keep offsets {list(offsets)} must be ascending, distinct and inside the "
                              f"{self._cache_len - start} tokens fed at {start}.")
+        if offsets[-1] == len(offsets) - 1:  # the path is the first nodes fed, already in place
+            self.crop(start + len(offsets))
+            return
         self._cache.compact(start, torch.tensor(list(offsets), dtype=torch.long))
         self._cache_len = start + len(offsets)
 
