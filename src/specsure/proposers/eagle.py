@@ -28,7 +28,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from specsure.config.detect import eagle3_tensor
 from specsure.config.errors import ConfigError
 from specsure.proposers.head_chain import HeadChainProposer
-from specsure.proposers.head_layer import HeadCache, run_blocks, use_cache_slots
+from specsure.proposers.head_layer import HeadCache, run_blocks, use_cache_slots, use_row_kernel
 from specsure.proposers.head_loading import (
     TensorFile, check_equal, int_field, llama_config, load_weights, read_head_config,
 )
@@ -113,5 +113,6 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> EagleProposer
     tensors = weights.read(wanted.values())
     load_weights(module, {c: tensors[n] for c, n in wanted.items()}, path, lm.dtype)
     module.attach(lm, head_config)
+    use_row_kernel(module, lm.row_kernel)  # few-row products: project in float32, the C kernel's in bf16
     logger.info("eagle head %s: %d decoder layer(s), fc bias %s", path, len(layer_ids), "fc.bias" in names)
     return EagleProposer(module)
