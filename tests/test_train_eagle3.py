@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from specsure import SamplingParams, make_engine
 from specsure.models.loading import load_model
@@ -252,3 +253,51 @@ def test_chat_prompts_are_distinct_ours_and_not_bench_prompts() -> None:
     bench = _bench_texts()
     assert len(bench) > 100  # both splits' prompts and every turn of their conversations
     assert not bench & {p.text for p in corpus_prompts(("chat",), limit=5000)}
+
+
+def test_a_run_can_continue_a_head_it_keeps_the_heads_vocabulary_and_layers(target, tmp_path: Path,  # noqa: ANN001
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """--init-from starts from the head's own weights: on the same data and seed the continued run's
+    "before" is the first run's "after"; its draft vocabulary and aux layers stay; conflicting flags
+    and foreign heads are refused with the fix."""
+    from specsure.cli.main import main
+
+    folder, _ = target
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"category": "code", "prompt_ids": p}) + "\n" for p in PROMPTS))
+    common = ["train", "--method", "eagle3", "--model", str(folder), "--dtype", "float32", "--prompts", str(prompts),
+              "--max-new-tokens", "16", "--unroll", "2", "--no-progress", "--checkpoint-every", "0"]
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert main([*common, "--out", str(first), "--steps", "6", "--draft-vocab-size", "40", "--aux-layers", "1,3,4"]) == 0
+    assert main([*common, "--out", str(second), "--steps", "4", "--init-from", str(first)]) == 0
+    capsys.readouterr()
+    one, two = (json.loads((f / "training.json").read_text()) for f in (first, second))
+    assert two["heldout"]["acceptance_length_before"] == pytest.approx(one["heldout"]["acceptance_length_after"])
+    assert two["heldout"]["loss_before"] == pytest.approx(one["heldout"]["loss_after"], rel=1e-5)
+    assert two["settings"]["init_from"] == str(first) and two["settings"]["aux_layers"] == [1, 3, 4]
+    config = json.loads((second / "config.json").read_text())
+    assert config["draft_vocab_size"] == 40 and config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    d2t = {f: load_file(str(f / "model.safetensors"))["d2t"] for f in (first, second)}
+    assert torch.equal(d2t[first], d2t[second])
+    plain = make_engine(str(folder), None, dtype="float32")
+    spec = make_engine(str(folder), {"method": "eagle3", "model": str(second), "num_speculative_tokens": 2},
+                       dtype="float32")
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    assert [c.token_ids for c in spec.generate(PROMPTS, params)] == [c.token_ids for c in plain.generate(PROMPTS, params)]
+
+    def refused(extra: list[str], message: str, base: list[str] = common) -> None:
+        assert main([*base, "--out", str(tmp_path / "x"), "--steps", "1", *extra]) != 0
+        assert message in capsys.readouterr().err
+
+    refused(["--init-from", str(first), "--aux-layers", "1,2,3"],
+            "--aux-layers 1,2,3: the head --init-from gives was trained on layers [1, 3, 4]")
+    refused(["--init-from", str(first), "--draft-vocab-size", "48"],
+            "--draft-vocab-size 48: the head --init-from gives drafts among 40 tokens")
+    refused(["--init-from", str(first)], "only --method eagle3 continues a head", [*common[:2], "mtp", *common[3:]])
+    refused(["--init-from", "shipped"], "--init-from shipped names the head shipped for the default model")
+    mtp_head = tmp_path / "mtp-head"
+    assert main(["train", "--method", "mtp", "--model", str(folder), "--dtype", "float32", "--prompts", str(prompts),
+                 "--max-new-tokens", "16", "--steps", "1", "--no-progress", "--checkpoint-every", "0",
+                 "--out", str(mtp_head)]) == 0
+    capsys.readouterr()
+    refused(["--init-from", str(mtp_head)], "not an EAGLE-3 head (no midlayer.hidden_norm.weight)")

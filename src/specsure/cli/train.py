@@ -60,6 +60,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--init", default="random", choices=("random", "last_layer"),
                         help="how the head's block starts: small random weights (default), or the target's last "
                              "layer with its output projections zeroed")
+    parser.add_argument("--init-from", default=None, metavar="DIR",
+                        help="eagle3: continue training this EAGLE-3 head (its weights, draft vocabulary and aux "
+                             "layers) instead of starting a new one, for example to adapt it to your own --prompts; "
+                             "'shipped' names the head shipped for the default model")
     parser.add_argument("--unroll", type=int, default=None, metavar="N",
                         help="draft steps unrolled in training, each fed back as the engine drafts it (eagle3: the "
                              "training-time test, default 7; mtp: steps beyond --modules reuse the modules "
@@ -130,6 +134,12 @@ def run(args: argparse.Namespace) -> int:
     if args.method == "mtp" and args.batch_windows != 1:
         raise ValueError(f"--batch-windows {args.batch_windows}: only --method eagle3 packs windows; leave it at 1 "
                          "for mtp (its steps are one window each).")
+    if args.method == "mtp" and args.init_from is not None:
+        raise ValueError(f"--init-from {args.init_from}: only --method eagle3 continues a head so far; leave it out "
+                         "for mtp (its --init chooses how a new head starts).")
+    if args.init_from == "shipped" and args.model is not None:
+        raise ValueError("--init-from shipped names the head shipped for the default model, but --model gives "
+                         f"another target ({args.model}); give the folder of a head made for it.")
     if args.method == "mtp" and args.aux_layers is not None:
         raise ValueError(f"--aux-layers {args.aux_layers}: only --method eagle3 fuses aux layers (an MTP head reads "
                          "the target's last hidden state); leave it out for mtp.")
@@ -180,6 +190,9 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     target = load_model(args.model, dtype=args.dtype)
     wanted = _aux_layers(args.aux_layers, target.lm.num_layers) if args.method == "eagle3" else ()
+    start = _starting_head(args, target.lm, wanted)
+    if start is not None:
+        wanted = start.aux_layers
     aux = _recorded_layers(target.lm.num_layers, wanted)
     prompts = [list(encode(row, target.tokenizer)) for row in rows]
     dtype = str(target.lm.dtype).removeprefix("torch.")
@@ -217,7 +230,8 @@ def run(args: argparse.Namespace) -> int:
         if args.method == "mtp":
             _train_mtp(args, target, samples, settings, common, data, out, key)
         else:
-            _train_eagle3(args, target, select_layers(samples, aux, wanted), settings, wanted, common, data, out, key)
+            _train_eagle3(args, target, select_layers(samples, aux, wanted), settings, wanted, common, data, out, key,
+                          start)
     except FloatingPointError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -255,6 +269,27 @@ def _derived(rows, chat_rows, tokenizer, seed):  # noqa: ANN001, ANN202
                 for j, t in enumerate(turns)]
 
     return build
+
+
+def _starting_head(args: argparse.Namespace, lm, wanted: tuple[int, ...]):  # noqa: ANN001, ANN202
+    """The head --init-from names (None without it), checked against --aux-layers and --draft-vocab-size."""
+    if args.init_from is None:
+        return None
+    from specsure.config.shipped import shipped_head
+    from specsure.train.eagle3 import read_starting_head
+
+    folder = shipped_head("eagle3") if args.init_from == "shipped" else args.init_from
+    if folder is None:
+        raise ValueError("--init-from shipped: this installation has no shipped EAGLE-3 head (src/specsure/heads/).")
+    start = read_starting_head(lm, folder)
+    if args.aux_layers is not None and tuple(wanted) != tuple(start.aux_layers):
+        raise ValueError(f"--aux-layers {args.aux_layers}: the head --init-from gives was trained on layers "
+                         f"{list(start.aux_layers)}, which a continued run keeps; leave --aux-layers out.")
+    size = int(start.draft_ids.numel())
+    if args.draft_vocab_size is not None and args.draft_vocab_size != size:
+        raise ValueError(f"--draft-vocab-size {args.draft_vocab_size}: the head --init-from gives drafts among "
+                         f"{size} tokens, which a continued run keeps; leave --draft-vocab-size out.")
+    return start
 
 
 def _resume_folder(args: argparse.Namespace, out: Path) -> Path | None:
@@ -333,18 +368,19 @@ def _train_mtp(args, target, samples, settings, common, data, out, key) -> None:
               f"{after.acceptance_length:.2f}")
 
 
-def _train_eagle3(args, target, samples, settings, aux, common, data, out, key) -> None:  # noqa: ANN001
+def _train_eagle3(args, target, samples, settings, aux, common, data, out, key, start) -> None:  # noqa: ANN001
     import torch
 
     from specsure.train.checkpoint import eagle3_config, eagle3_tensors, save_head
     from specsure.train.eagle3 import train_eagle3
 
     # What shapes the run, so a resume point is only taken up by the same run (lr and steps may differ).
+    init = None if start is None else start.path
     resume_key = json.dumps([key, settings.unroll, settings.draft_vocab_size, settings.seq_len, settings.seed, aux,
-                             args.loss_on, settings.windows, settings.dtype])
+                             args.loss_on, settings.windows, settings.dtype] + ([init] if init else []))
     result = train_eagle3(target, samples, settings, aux, progress=not args.no_progress, eval_every=args.eval_every,
                           resume=_resume_folder(args, out), resume_key=resume_key,
-                          checkpoint_every=args.checkpoint_every)
+                          checkpoint_every=args.checkpoint_every, start=start)
     before, after = result.before, result.after
     # The head is written in the target's dtype: what the engine would cast it to anyway, and half the size.
     dtype = target.lm.dtype
@@ -354,7 +390,8 @@ def _train_eagle3(args, target, samples, settings, aux, common, data, out, key) 
         "settings": {"steps": settings.steps, "lr": settings.lr, "seq_len": settings.seq_len, "seed": settings.seed,
                      "unroll": settings.unroll, "draft_vocab_size": draft_vocab, "aux_layers": list(aux),
                      "loss_on": args.loss_on, "batch_windows": settings.windows, "train_dtype": settings.dtype,
-                     "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads()},
+                     "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
+                     **({"init_from": init} if init else {})},
         "data": {**data, "train_sequences": result.train_sequences, "heldout_sequences": result.heldout_sequences},
         "heldout": {"acceptance_length_before": before.acceptance_length,
                     "acceptance_length_after": after.acceptance_length, "agreement_per_step": after.agreement,
