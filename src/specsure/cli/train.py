@@ -190,8 +190,16 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     target = load_model(args.model, dtype=args.dtype)
     wanted = _aux_layers(args.aux_layers, target.lm.num_layers) if args.method == "eagle3" else ()
-    start = _starting_head(args, target.lm, wanted)
-    if start is not None:
+    start = None
+    if args.init_from is not None:
+        from specsure.config.shipped import shipped_head
+        from specsure.train.starting_head import read_starting_head
+
+        folder = shipped_head("eagle3") if args.init_from == "shipped" else args.init_from
+        if folder is None:
+            raise ValueError("--init-from shipped: this installation has no shipped EAGLE-3 head (specsure/heads/).")
+        start = read_starting_head(target.lm, folder, wanted if args.aux_layers is not None else None,
+                                   args.draft_vocab_size)
         wanted = start.aux_layers
     aux = _recorded_layers(target.lm.num_layers, wanted)
     prompts = [list(encode(row, target.tokenizer)) for row in rows]
@@ -269,27 +277,6 @@ def _derived(rows, chat_rows, tokenizer, seed):  # noqa: ANN001, ANN202
                 for j, t in enumerate(turns)]
 
     return build
-
-
-def _starting_head(args: argparse.Namespace, lm, wanted: tuple[int, ...]):  # noqa: ANN001, ANN202
-    """The head --init-from names (None without it), checked against --aux-layers and --draft-vocab-size."""
-    if args.init_from is None:
-        return None
-    from specsure.config.shipped import shipped_head
-    from specsure.train.eagle3 import read_starting_head
-
-    folder = shipped_head("eagle3") if args.init_from == "shipped" else args.init_from
-    if folder is None:
-        raise ValueError("--init-from shipped: this installation has no shipped EAGLE-3 head (src/specsure/heads/).")
-    start = read_starting_head(lm, folder)
-    if args.aux_layers is not None and tuple(wanted) != tuple(start.aux_layers):
-        raise ValueError(f"--aux-layers {args.aux_layers}: the head --init-from gives was trained on layers "
-                         f"{list(start.aux_layers)}, which a continued run keeps; leave --aux-layers out.")
-    size = int(start.draft_ids.numel())
-    if args.draft_vocab_size is not None and args.draft_vocab_size != size:
-        raise ValueError(f"--draft-vocab-size {args.draft_vocab_size}: the head --init-from gives drafts among "
-                         f"{size} tokens, which a continued run keeps; leave --draft-vocab-size out.")
-    return start
 
 
 def _resume_folder(args: argparse.Namespace, out: Path) -> Path | None:

@@ -34,15 +34,15 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from specsure.config.errors import ConfigError
 from specsure.models.causal_lm import CausalLM
 from specsure.models.loading import LoadedModel
-from specsure.proposers.eagle3 import Eagle3Module, aux_layer_ids, canonical
-from specsure.proposers.head_loading import TensorFile, check_equal, int_field, mismatch, read_head_config, vocab_map
+from specsure.proposers.eagle3 import Eagle3Module
+from specsure.proposers.head_loading import load_weights
 from specsure.train.data import Sample
 from specsure.train.labels import DraftLabels, draft_vocabulary
 from specsure.train.loop import TRAIN_DTYPES, autocast, optimiser_for, run_steps
 from specsure.train.mtp import TargetParts
+from specsure.train.starting_head import StartingHead
 from specsure.train.windows import answer_start, draw_window, split
 
 STEP_WEIGHT = 0.8
@@ -144,67 +144,6 @@ def initial_module(lm: CausalLM, aux_layers: tuple[int, ...], draft_ids: torch.T
         module.lm_head.weight.copy_(head[draft_ids].float())
     module.attach(TargetParts(lm), config, draft_ids - torch.arange(draft_ids.numel()))  # type: ignore[arg-type]
     return module
-
-
-@dataclass(frozen=True)
-class StartingHead:
-    """An EAGLE-3 head that training continues from (``--init-from``): its weights, and the aux
-    layers and draft vocabulary they were trained for, which the new run keeps."""
-
-    path: str
-    aux_layers: tuple[int, ...]
-    draft_ids: torch.Tensor
-    """[draft_vocab] ascending target ids."""
-    tensors: dict[str, torch.Tensor]
-    """Float32, by this module's names."""
-
-
-def read_starting_head(lm: CausalLM, folder: str) -> StartingHead:
-    """The EAGLE-3 head in ``folder``, checked against ``lm`` (ConfigError naming the field otherwise).
-
-    Its midlayer must have the shapes `initial_module` builds for this target, and it must share
-    the target's embedding, as every head this trainer writes does.
-    """
-    config = read_head_config(folder)
-    weights = TensorFile(folder)
-    names = {canonical(n): n for n in weights.names}
-    if "midlayer.hidden_norm.weight" not in names:
-        raise ConfigError(f"--init-from {folder!r}: not an EAGLE-3 head (no midlayer.hidden_norm.weight); give a "
-                          "folder that `specsure train --method eagle3` wrote, or the shipped head.")
-    if "embed_tokens.weight" in names:
-        raise ConfigError(f"--init-from {folder!r}: the head has its own embed_tokens.weight, but this trainer's "
-                          "heads share the target's embedding; train a new head instead (leave out --init-from).")
-    vocab = lm.vocab_size
-    check_equal(folder, "vocab_size", int_field(config, "vocab_size", vocab), vocab, "the target's vocabulary")
-    check_equal(folder, "target_hidden_size", int_field(config, "target_hidden_size", lm.hidden_size),
-                lm.hidden_size, "the target's hidden_size")
-    draft_vocab = int_field(config, "draft_vocab_size", vocab)
-    assert draft_vocab is not None
-    d2t = vocab_map(weights, names, folder, draft_vocab, vocab)
-    draft_ids = torch.arange(draft_vocab) if d2t is None else torch.arange(draft_vocab) + d2t.long()
-    if bool((draft_ids[1:] <= draft_ids[:-1]).any()):
-        raise ConfigError(f"--init-from {folder!r}: its d2t does not list the draft vocabulary in ascending target "
-                          "ids, which this trainer's labels need; train a new head instead.")
-    wanted = {c: n for c, n in names.items() if c not in ("d2t", "t2d")}
-    tensors = weights.read(wanted.values())
-    return StartingHead(folder, aux_layer_ids(config, folder, lm.num_layers), draft_ids,
-                        {c: tensors[n].float() for c, n in wanted.items()})
-
-
-def _load_start(module: Eagle3Module, start: StartingHead) -> None:
-    """Copy the starting head's weights into a fresh module of the same layout (ConfigError otherwise)."""
-    expected = module.state_dict()
-    missing, extra = sorted(set(expected) - set(start.tensors)), sorted(set(start.tensors) - set(expected))
-    if missing or extra:
-        raise ConfigError(f"--init-from {start.path!r}: missing tensors {missing[:4]} and unexpected tensors "
-                          f"{extra[:4]} for the head this trainer builds for the target.")
-    with torch.no_grad():
-        for name, want in expected.items():
-            got = start.tensors[name]
-            if tuple(got.shape) != tuple(want.shape):
-                raise mismatch(start.path, f"tensor {name!r} shape", list(got.shape), list(want.shape),
-                               "the head this trainer builds for the target (one midlayer of its sizes)")
-            want.copy_(got)
 
 
 def _attention(attn: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -375,7 +314,8 @@ def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle
         assert tuple(start.aux_layers) == tuple(aux_layers), "the samples carry the starting head's aux layers"
         draft_ids = start.draft_ids
         module = initial_module(lm, aux_layers, draft_ids, settings.seed)
-        _load_start(module, start)
+        load_weights(module, start.tensors, start.path, torch.float32)  # checks names and shapes
+        module.requires_grad_(True)  # load_weights readies a module for inference
     else:
         draft_ids = draft_vocabulary(train, lm.vocab_size, settings.draft_vocab_size)
         module = initial_module(lm, aux_layers, draft_ids, settings.seed)
