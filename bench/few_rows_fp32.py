@@ -1,12 +1,12 @@
-"""One float32 forward of the default model at 1 to 16 new rows, with the few-row products three
-ways, interleaved: F.linear (before ea38d1e), weight @ x.T over the rows as they come (ea38d1e),
-and as `native.project` does them now (row-major in and out, some row counts padded).
+"""One float32 forward of the default model at 1 to 16 new rows, on torch ops (the products as
+`native.project` does them without the C kernel) and on the float32 C kernel (float_kernel.c),
+interleaved.
 
     .venv/bin/python bench/few_rows_fp32.py [--repeats 12]
 
 Each figure is the median over the repeats of one forward at ~200 cached tokens, rolled back
 after each, on 2 threads. Not a test: the measurement behind BENCHMARKS.md's "An AVX2 CPU in
-float32" (it matters where float32 runs on torch ops, the default on CPUs without fast bf16).
+float32" (it matters where float32 runs, the default on CPUs without fast bf16).
 """
 
 from __future__ import annotations
@@ -16,30 +16,9 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 
-import specsure.models.causal_lm as causal_lm
-import specsure.models.native as native
+from specsure.models import float_kernel as float_kernels
 from specsure.models.loading import load_model
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The product before: torch.mv for one row, F.linear for more."""
-    if x.shape[0] != 1:
-        return F.linear(x, weight, bias)
-    out = torch.mv(weight, x[0]).unsqueeze(0)
-    return out if bias is None else out + bias
-
-
-def transposed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The product of ea38d1e: torch.mv for one row, weight @ x.T on whatever layout x has."""
-    if x.shape[0] == 1:
-        out = torch.mv(weight, x[0]).unsqueeze(0)
-    elif x.shape[0] <= native.KERNEL_ROWS:
-        out = torch.mm(weight, x.t()).t()
-    else:
-        return F.linear(x, weight, bias)
-    return out if bias is None else out + bias
 
 
 def main() -> None:
@@ -49,23 +28,28 @@ def main() -> None:
     torch.set_num_threads(2)
     lm = load_model(None, dtype="float32").lm
     print(lm.path)
+    decoder = lm._native
+    kernel, why = float_kernels.load()
+    if decoder is None or kernel is None:
+        raise SystemExit(f"no float32 C kernel here: {why}")
     lm.forward(list(range(100, 300)), last_logits=1)
     cached = lm.cache_len
-    ways = {"F.linear": linear, "weight @ x.T": transposed, "row-major": native.project}
-    rows_tried = (1, 2, 3, 4, 5, 7, 8, 9, 13, 16)
+    ways = {"torch ops": (None, "off for the comparison"), "C kernel": (kernel, why)}
+    rows_tried = (1, 2, 3, 4, 5, 6, 8, 10, 13, 16)
     times: dict[tuple[str, int], list[float]] = {(w, r): [] for w in ways for r in rows_tried}
     try:
         for _ in range(args.repeats):
             for (way, rows), samples in times.items():
-                native.project = causal_lm.project = ways[way]  # both modules call it by this name
+                float_kernels._loaded = ways[way]  # `native.project` asks for it on every product
+                decoder.float_kernel = ways[way][0]
                 started = time.perf_counter()
                 lm.forward([5] * rows)
                 samples.append(time.perf_counter() - started)
                 lm.crop(cached)
     finally:
-        native.project = causal_lm.project = ways["row-major"]
+        float_kernels._loaded, decoder.float_kernel = (kernel, why), kernel
     for (way, rows), samples in times.items():
-        print(f"{way:>13}  {rows:2d} rows  {statistics.median(samples) * 1000:6.1f} ms")
+        print(f"{way:>9}  {rows:2d} rows  {statistics.median(samples) * 1000:6.1f} ms")
 
 
 if __name__ == "__main__":

@@ -129,11 +129,11 @@ def _compiler_version(cc: str) -> str:
     return done.stdout.splitlines()[0] if done.stdout else cc
 
 
-def _build(cc: str) -> Path:
-    """Compile the library into the cache (once per source, flags and compiler); return its path."""
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _compiler_version(cc).encode()).hexdigest()[:16]
-    target = cache_root() / "kernels" / f"decode-{key}.so"
+def build_library(cc: str, source_path: Path, flags: tuple[str, ...], stem: str) -> Path:
+    """Compile ``source_path`` into the cache (once per source, flags and compiler); return its path."""
+    source = source_path.read_bytes()
+    key = hashlib.sha256(source + " ".join(flags).encode() + _compiler_version(cc).encode()).hexdigest()[:16]
+    target = cache_root() / "kernels" / f"{stem}-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -141,16 +141,21 @@ def _build(cc: str) -> Path:
     fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", partial, "-lm"], capture_output=True, text=True,
+        done = subprocess.run([cc, *flags, str(source_path), "-o", partial, "-lm"], capture_output=True, text=True,
                               timeout=300)
         if done.returncode != 0:
             first = (done.stderr.strip().splitlines() or ["no output"])[0]
-            raise RuntimeError(f"{cc} failed on {SOURCE.name}: {first}")
+            raise RuntimeError(f"{cc} failed on {source_path.name}: {first}")
         os.replace(partial, target)
     finally:
         if os.path.exists(partial):
             os.remove(partial)
     return target
+
+
+def compiler() -> str | None:
+    """The C compiler the kernels build with: $CC, else cc or gcc on PATH; None when there is none."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
 def _bind(library: ctypes.CDLL) -> Kernel:
@@ -190,11 +195,11 @@ def _load() -> tuple[Kernel | None, str]:
     missing = [f for f in _CPU_FLAGS if f not in flags]
     if missing:
         return None, f"this CPU lacks {', '.join(missing)}"
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = compiler()
     if cc is None:
         return None, "no C compiler (cc or gcc) is on PATH; install gcc for the C decode kernel"
     try:
-        path = _build(cc)
+        path = build_library(cc, SOURCE, FLAGS, "decode")
         kernel = _bind(ctypes.CDLL(str(path)))
         return kernel, f"{'AMX' if kernel.amx else 'AVX512-BF16 (no AMX)'} products, {path.name}"
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:

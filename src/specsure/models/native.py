@@ -19,14 +19,16 @@ says why in one sentence.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
-from specsure.models.kv_cache import RollbackCache
+from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.token_tree import TokenTree, attention_mask
 
 FAMILIES = ("llama", "mistral", "qwen2")
@@ -79,8 +81,9 @@ rows were slower padded."""
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for [n, in] rows: a few float32 rows as ``weight @ x.T``, one bf16 row through
-    ``torch.mv``, anything else through ``F.linear``.
+    """``F.linear`` for [n, in] rows: a few float32 rows on the float32 C kernel (float_kernel.c:
+    the weights streamed once, each row's bits independent of the others) or, without it, as
+    ``weight @ x.T``; one bf16 row through ``torch.mv``; anything else through ``F.linear``.
 
     In bf16 an ``F.linear`` over one row costs as much as over nine, while ``mv`` reads the weights
     at about 1.3x the speed and gives bit-identical results (its row equals row i of the batched
@@ -95,6 +98,10 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     blocked product is the faster one.
     """
     n = x.shape[0]
+    if x.dtype == torch.float32 and n <= KERNEL_ROWS and _float_ready(x, weight, bias):
+        fast, _ = float_kernels.load()
+        assert fast is not None
+        return fast.linear(weight, x.contiguous(), bias)
     if x.dtype == torch.float32 and n <= KERNEL_ROWS:
         padded = PADDED_ROWS.get(n, n)
         rows = x.contiguous() if padded == n else torch.cat([x, x[-1:].expand(padded - n, -1)])
@@ -104,6 +111,17 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     else:
         return F.linear(x, weight, bias)
     return out if bias is None else out + bias
+
+
+def _float_ready(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether a float32 product may run on the C kernel: it is loaded, the weights are contiguous
+    float32, and no gradient is wanted (training keeps torch's products)."""
+    if float_kernels.load()[0] is None or weight.dtype != torch.float32 or not weight.is_contiguous():
+        return False
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        return False
+    return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                             or (bias is not None and bias.requires_grad)))
 
 
 def _ready(cache: RollbackCache, layers: int) -> bool:
@@ -167,6 +185,15 @@ class NativeDecoder:
         oneDNN there); without AMX the dot-product kernel is slower than oneDNN for several rows."""
         if self.kernel is not None:
             self._bind_kernel(config)
+        self.float_kernel: float_kernels.FloatKernel | None = None
+        """The C kernel that runs float32 forwards of up to KERNEL_ROWS rows, or None (`kernel_why`)."""
+        if self.embed.weight.dtype == torch.float32:
+            self.float_kernel, self.kernel_why = float_kernels.load()
+        if self.float_kernel is not None and self.head_dim > float_kernels.MAX_HEAD_DIM:
+            self.float_kernel = None
+            self.kernel_why = f"head_dim {self.head_dim} exceeds the kernel's {float_kernels.MAX_HEAD_DIM}"
+        if self.float_kernel is not None:
+            self._bind_float(config)
 
     def _bind_kernel(self, config: object) -> None:
         """The kernel's view of the weights: pointers into the tensors this decoder keeps alive."""
@@ -183,6 +210,18 @@ class NativeDecoder:
         self._scratch = torch.empty(hidden + (2 * self.heads + 2 * self.kv_heads) * self.head_dim
                                     + 3 * self.intermediate, dtype=torch.bfloat16)
 
+    def _bind_float(self, config: object) -> None:
+        """The float32 kernel's view of the weights: pointers into the tensors this decoder keeps alive."""
+        self._shape = kernels.ShapeStruct(int(config.hidden_size), self.heads, self.kv_heads, self.head_dim,
+                                          self.intermediate, self.eps)
+        self._float_structs = (float_kernels.FloatLayerStruct * len(self.layers))()
+        for struct, layer in zip(self._float_structs, self.layers):
+            for name in ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down"):
+                tensor = getattr(layer, name)
+                if tensor is not None and not tensor.is_contiguous():
+                    raise AssertionError(f"{name} must be contiguous for the C kernel")
+                setattr(struct, name, None if tensor is None else tensor.data_ptr())
+
     @classmethod
     def build(cls, hf: nn.Module) -> tuple["NativeDecoder | None", str]:
         """(decoder, why): the native decoder for ``hf``, or None and the reason it runs on transformers."""
@@ -194,8 +233,11 @@ class NativeDecoder:
         if why is not None:
             return None, why
         decoder = cls(base, config)
-        step = (f"bf16 forwards of up to {KERNEL_ROWS} rows in C ({decoder.kernel_why})" if decoder.kernel
-                else f"few-row steps on torch ops: {decoder.kernel_why}")
+        if decoder.kernel or decoder.float_kernel:
+            dtype = "bf16" if decoder.kernel else "float32"
+            step = f"{dtype} forwards of up to {KERNEL_ROWS} rows in C ({decoder.kernel_why})"
+        else:
+            step = f"few-row steps on torch ops: {decoder.kernel_why}"
         return decoder, f"fused q|k|v and gate|up projections; {step}"
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -238,6 +280,8 @@ class NativeDecoder:
             if total == 1:
                 return self._kernel_step(ids, segments[0], aux_layers)
             return self._kernel_rows(ids, segments, aux_layers)
+        if self.float_kernel is not None and total <= KERNEL_ROWS:
+            return self._float_rows(ids, segments, aux_layers)
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         x = self.embed(ids)  # [T, hidden]
         positions = torch.cat([torch.arange(s.start, s.start + s.length) if s.tree is None else s.start + s.tree.depths
@@ -330,14 +374,7 @@ class NativeDecoder:
                                for s in segments]).unsqueeze(0)  # [1, T]
         cos, sin = self.rotary(x.unsqueeze(0), positions)  # [1, T, dim] each
         cos, sin = cos[0].contiguous(), sin[0].contiguous()
-        masks = [None if s.tree is None else s.tree.ancestors.to(torch.uint8).contiguous() for s in segments]
-        table = (kernels.SegmentStruct * (len(self.layers) * count))()
-        for i in range(len(self.layers)):
-            for j, (segment, mask) in enumerate(zip(segments, masks)):
-                keys, values = segment.cache.layers[i].reserve(segment.start + segment.length)
-                table[i * count + j] = kernels.SegmentStruct(keys.data_ptr(), values.data_ptr(), keys.shape[-2],
-                                                             segment.start, segment.length,
-                                                             None if mask is None else mask.data_ptr())
+        table = self._segment_table(segments)
         entering: dict[int, torch.Tensor] = {}
         if self.exact:  # the whole stack in C, pausing only where an aux layer's input is wanted
             scratch = kernel.rows_scratch(self._shape, total)
@@ -361,6 +398,58 @@ class NativeDecoder:
             delta = self._product(act, layer.down)
         kernel.add_norm(x, delta, None, None, self.eps)
         return self._finish_rows(x, segments, aux_layers, entering)
+
+    def _float_rows(self, ids: torch.Tensor, segments: list["Segment"], aux_layers: tuple[int, ...]
+                    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A float32 forward over a few rows (a decode step, a verify step, a batch): every layer in
+        one C call, pausing only where an aux layer's input is wanted."""
+        kernel = self.float_kernel
+        assert kernel is not None
+        total, count = ids.shape[0], len(segments)
+        x = self.embed(ids).contiguous()  # [T, hidden]
+        positions = torch.cat([torch.arange(s.start, s.start + s.length) if s.tree is None else s.start + s.tree.depths
+                               for s in segments]).unsqueeze(0)  # [1, T]
+        cos, sin = self.rotary(x.unsqueeze(0), positions)  # [1, T, dim] each
+        cos, sin = cos[0].contiguous(), sin[0].contiguous()
+        for segment in segments:
+            self._allocate(segment.cache, x)
+        table = self._segment_table(segments)
+        scratch = kernel.scratch(self._shape, total)
+        entering: dict[int, torch.Tensor] = {}
+        for first, stop in self._runs(aux_layers):
+            if first in aux_layers:
+                entering[first] = x.clone()
+            kernel.forward_rows(self._shape, self._float_structs, first, stop - first, table, count, cos, sin, x,
+                                scratch)
+        for segment in segments:
+            for layer in segment.cache.layers:
+                layer.set_length(segment.start + segment.length)
+        return kernel.add_norm(x, self.norm, self.eps), [entering[i] for i in aux_layers]
+
+    def _allocate(self, cache: RollbackCache, x: torch.Tensor) -> None:
+        """Give every layer of ``cache`` its buffers, so a first short forward (a prompt of up to
+        KERNEL_ROWS tokens) runs in C as later ones do: which code computes a prompt's cache must
+        not depend on whether the buffers were kept from the last request."""
+        while len(cache.layers) < len(self.layers):
+            cache.layers.append(GrowableLayer())
+        empty = x.new_empty(1, self.kv_heads, 0, self.head_dim)
+        for layer in cache.layers:
+            if not layer.is_initialized:
+                layer.lazy_initialization(empty, empty)
+
+    def _segment_table(self, segments: list["Segment"]) -> ctypes.Array:
+        """The kernels' Segment structs, one per layer and segment (layer 0's first); room is made in
+        each cache for its new rows. The tree masks live in ``self._masks`` until the next call."""
+        count = len(segments)
+        self._masks = [None if s.tree is None else s.tree.ancestors.to(torch.uint8).contiguous() for s in segments]
+        table = (kernels.SegmentStruct * (len(self.layers) * count))()
+        for i in range(len(self.layers)):
+            for j, (segment, mask) in enumerate(zip(segments, self._masks)):
+                keys, values = segment.cache.layers[i].reserve(segment.start + segment.length)
+                table[i * count + j] = kernels.SegmentStruct(keys.data_ptr(), values.data_ptr(), keys.shape[-2],
+                                                             segment.start, segment.length,
+                                                             None if mask is None else mask.data_ptr())
+        return table
 
     def _finish_rows(self, x: torch.Tensor, segments: list["Segment"], aux_layers: tuple[int, ...],
                      entering: dict[int, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:

@@ -1,0 +1,294 @@
+/* float32 forwards of a Llama-family decoder over a few rows, in C, on AVX2 + FMA: decode and
+ * verify steps on CPUs without fast bf16 (where dtype='auto' picks float32).
+ *
+ * Why: on an AVX2 CPU with 2 cores a 135M model's one-token step reads ~540 MB of float32 weights,
+ * about 18 ms at the memory bandwidth, but torch's products over one to eight rows ran at a third
+ * to a half of it (a one-row forward 47 ms, eight rows 74) and eager PyTorch adds ~600 small ops
+ * on top. Here every weight is streamed once per forward, whatever the row count, and a whole run
+ * of layers is one call (`forward_rows`).
+ *
+ * Products: each output y[i, j] is one 8-lane float32 FMA chain over k in order, then one fixed
+ * lane reduction, whatever the number of rows or how they are blocked. A row's bits never depend
+ * on how many rows run with it: a verify row equals the decode step at its position, so greedy
+ * speculative decoding equals plain decoding bit for bit. Attention walks a row's visible
+ * positions in position order for the same reason.
+ *
+ * Numerics follow the transformers float32 forward step by step (RMSNorm, RoPE, softmax
+ * attention, SiLU); results differ from torch's only in summation order and exp (a fixed
+ * polynomial, below).
+ *
+ * Built by specsure.models.kernel (FLOAT_FLAGS: AVX2, FMA, OpenMP), loaded after torch so its
+ * OpenMP calls run on torch's libgomp threads.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const float *input_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *down;
+} Layer;
+
+typedef struct {
+    int64_t hidden, heads, kv_heads, head_dim, intermediate;
+    float eps;
+} Shape;
+
+/* One sequence's rows in one layer: `length` new tokens stored at `start ..` of this layer's cache
+ * (keys and values [kv_heads, capacity, head_dim]). Row r attends to positions 0 .. start-1, then
+ * to new token j when mask[r * length + j] (a token tree's ancestor matrix), or, with no mask,
+ * when j <= r (a chain). */
+typedef struct {
+    float *keys, *values;
+    int64_t capacity, start, length;
+    const uint8_t *mask;
+} Segment;
+
+/* The mask for the last, partial chunk of a k-long dot product (all lanes when k % 8 == 0). */
+static inline __m256i tail_mask(int64_t left) {
+    const int32_t lanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    return _mm256_loadu_si256((const __m256i *)(lanes + 8 - (left >= 8 ? 8 : left)));
+}
+
+/* The one lane reduction every output goes through: (0+4, 1+5, 2+6, 3+7), then pairs. */
+static inline float reduce8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#define WROWS 4 /* weight rows per block: the block stays in L1 while the rows of x pass over it */
+#define XROWS 3 /* rows of x per pass: 4 x 3 accumulators, 3 x values and a weight in 16 registers */
+
+/* Outputs (i .. i + mi) x (j0 .. j0 + nr) of y = x . w^T; `rows` are the block's 4 weight rows.
+ * With `ahead`, the next block's weights (4 k floats from there) are prefetched along the way, so
+ * memory keeps streaming while a pass over several rows computes from L1. */
+static inline __attribute__((always_inline)) void micro(const float *const *rows, const float *x, float *y,
+                                                         int64_t n, int64_t k, int64_t i, int mi, int nr,
+                                                         int64_t j0, const float *ahead) {
+    __m256 acc[XROWS][WROWS];
+    for (int a = 0; a < XROWS; a++)
+        for (int r = 0; r < WROWS; r++) acc[a][r] = _mm256_setzero_ps();
+    int64_t full = k - k % 8;
+    for (int64_t c = 0; c < full; c += 8) {
+        if (ahead && (c & 15) == 0)  /* 4 lines of the next block per 16 columns of this one */
+            for (int64_t p = c * WROWS; p < (c + 16) * WROWS; p += 16) _mm_prefetch((const char *)(ahead + p), _MM_HINT_T0);
+        __m256 xv[XROWS];
+        for (int a = 0; a < mi; a++) xv[a] = _mm256_loadu_ps(x + (i + a) * k + c);
+        for (int r = 0; r < WROWS; r++) {
+            __m256 wv = _mm256_loadu_ps(rows[r] + c);
+            for (int a = 0; a < mi; a++) acc[a][r] = _mm256_fmadd_ps(wv, xv[a], acc[a][r]);
+        }
+    }
+    if (full < k) {
+        __m256i mask = tail_mask(k - full);
+        for (int a = 0; a < mi; a++) {
+            __m256 xv = _mm256_maskload_ps(x + (i + a) * k + full, mask);
+            for (int r = 0; r < WROWS; r++)
+                acc[a][r] = _mm256_fmadd_ps(_mm256_maskload_ps(rows[r] + full, mask), xv, acc[a][r]);
+        }
+    }
+    for (int a = 0; a < mi; a++)
+        for (int r = 0; r < nr; r++) y[(i + a) * n + j0 + r] = reduce8(acc[a][r]);
+}
+
+/* y [m, n] = x [m, k] . w [n, k]^T (+ bias), all row-major. OpenMP splits the weight rows; each
+ * thread walks its blocks in memory order. A one-pass product (m <= 3) is bound by the memory
+ * stream and prefetching only costs it; with more passes the prefetch overlaps the next block's
+ * reads with this block's later passes (the default model's 8-row products 36 -> 29 ms). */
+static void gemm(const float *w, const float *bias, const float *x, float *y, int64_t n, int64_t k, int64_t m) {
+    int64_t blocks = (n + WROWS - 1) / WROWS;
+    int prefetch = m > XROWS;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t j0 = b * WROWS;
+        int nr = n - j0 < WROWS ? (int)(n - j0) : WROWS;
+        const float *rows[WROWS];
+        for (int r = 0; r < WROWS; r++) rows[r] = w + (j0 + (r < nr ? r : 0)) * k;
+        const float *next = prefetch && j0 + 2 * WROWS <= n ? w + (j0 + WROWS) * k : NULL;
+        int64_t i = 0;
+        for (; i + XROWS <= m; i += XROWS) micro(rows, x, y, n, k, i, XROWS, nr, j0, next);
+        if (m - i == 2) micro(rows, x, y, n, k, i, 2, nr, j0, next);
+        if (m - i == 1) micro(rows, x, y, n, k, i, 1, nr, j0, next);
+        if (bias)
+            for (int64_t a = 0; a < m; a++)
+                for (int r = 0; r < nr; r++) y[a * n + j0 + r] += bias[j0 + r];
+    }
+}
+
+/* The products for torch code (draft heads, the LM head): y [m, n] = x [m, k] . w [n, k]^T + bias. */
+void linear_rows(const float *w, const float *bias, const float *x, float *y, int64_t n, int64_t k, int64_t m) {
+    gemm(w, bias, x, y, n, k, m);
+}
+
+/* e^x for 8 lanes: x = n ln2 + r (Cody-Waite split), e^r by its degree-7 Taylor polynomial on
+ * |r| <= ln2/2 (error below one float32 ulp), times 2^n built in the exponent bits. A fixed
+ * formula, so every row rounds alike; libm's expf is scalar and several times slower. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    /* n is in [-126, 127] after the clamp: a normal power of two. */
+    __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));
+}
+
+/* x += delta (skipped when delta is NULL), then out = RMSNorm(x) * weight (skipped when weight is
+ * NULL), for each row; LlamaRMSNorm's order: x * rsqrt(mean(x^2) + eps), then times the weight. */
+void add_norm(float *x, const float *delta, const float *weight, float *out, int64_t rows, int64_t hidden,
+              float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *xr = x + r * hidden;
+        if (delta)
+            for (int64_t i = 0; i < hidden; i++) xr[i] += delta[r * hidden + i];
+        if (!weight) continue;
+        float sum = 0.0f;
+        for (int64_t i = 0; i < hidden; i++) sum += xr[i] * xr[i];
+        float scale = 1.0f / sqrtf(sum / (float)hidden + eps);
+        for (int64_t i = 0; i < hidden; i++) out[r * hidden + i] = weight[i] * (xr[i] * scale);
+    }
+}
+
+/* act = SiLU(gate) * up per row (SiLU(g) = g / (1 + e^-g), as torch computes it); gate_up [rows, 2 inter]. */
+void silu_mul(const float *gate_up, float *act, int64_t rows, int64_t inter) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gate = gate_up + r * 2 * inter, *up = gate + inter;
+        int64_t i = 0;
+        for (; i + 8 <= inter; i += 8) {
+            __m256 g = _mm256_loadu_ps(gate + i);
+            __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+            __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+            _mm256_storeu_ps(act + r * inter + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
+        }
+        for (; i < inter; i++) act[r * inter + i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    }
+}
+
+/* x * cos + rotate_half(x) * sin, in place. */
+static void rope(float *x, const float *cos, const float *sin, int64_t dim) {
+    int64_t half = dim / 2;
+    float out[dim];
+    for (int64_t i = 0; i < dim; i++) out[i] = x[i] * cos[i] + (i < half ? -x[i + half] : x[i - half]) * sin[i];
+    memcpy(x, out, (size_t)dim * sizeof(float));
+}
+
+/* RoPE on q and k of every row, then k and v into each row's cache slot. qkv: [rows, qkv_size]. */
+static void rope_and_store(const Shape *s, const Segment *segs, int64_t nseg, float *qkv, const float *cos,
+                           const float *sin) {
+    int64_t dim = s->head_dim, q_size = s->heads * dim, kv_size = s->kv_heads * dim;
+    int64_t row = 0;
+    for (int64_t g = 0; g < nseg; g++) {
+        const Segment *seg = &segs[g];
+        for (int64_t r = 0; r < seg->length; r++, row++) {
+            float *q = qkv + row * (q_size + 2 * kv_size), *k = q + q_size, *v = k + kv_size;
+            const float *c = cos + row * dim, *sn = sin + row * dim;
+            for (int64_t h = 0; h < s->heads; h++) rope(q + h * dim, c, sn, dim);
+            for (int64_t h = 0; h < s->kv_heads; h++) {
+                rope(k + h * dim, c, sn, dim);
+                memcpy(seg->keys + (h * seg->capacity + seg->start + r) * dim, k + h * dim, (size_t)dim * sizeof(float));
+                memcpy(seg->values + (h * seg->capacity + seg->start + r) * dim, v + h * dim, (size_t)dim * sizeof(float));
+            }
+        }
+    }
+}
+
+#define MAX_DIM 512 /* head_dim limit of the vector accumulators below (kernel.py checks it) */
+
+/* Row r of `seg`, head h: softmax(q . K / sqrt(dim)) V over the positions the row may see, in
+ * position order, so a row gives the same bits whichever forward it is part of. */
+static void attend_row(const Shape *s, const Segment *seg, int64_t r, int64_t h, const float *q, float *out) {
+    int64_t dim = s->head_dim, group = s->heads / s->kv_heads, chunks = (dim + 7) / 8;
+    const float *keys = seg->keys + (h / group) * seg->capacity * dim;
+    const float *values = seg->values + (h / group) * seg->capacity * dim;
+    int64_t visible = seg->start + seg->length;
+    float *scores = malloc((size_t)(visible + 8) * sizeof(float));
+    int64_t *slots = malloc((size_t)visible * sizeof(int64_t));
+    int64_t count = 0;
+    for (int64_t t = 0; t < seg->start; t++) slots[count++] = t;
+    for (int64_t j = 0; j < seg->length; j++)
+        if (seg->mask ? seg->mask[r * seg->length + j] : j <= r) slots[count++] = seg->start + j;
+    __m256 qv[MAX_DIM / 8], acc[MAX_DIM / 8];
+    __m256i last = tail_mask(dim - (chunks - 1) * 8);
+    for (int64_t c = 0; c < chunks; c++) {
+        qv[c] = _mm256_maskload_ps(q + c * 8, c == chunks - 1 ? last : tail_mask(8));
+        acc[c] = _mm256_setzero_ps();
+    }
+    float scale = 1.0f / sqrtf((float)dim), top = -INFINITY;
+    for (int64_t i = 0; i < count; i++) {
+        const float *kt = keys + slots[i] * dim;
+        __m256 dot = _mm256_setzero_ps();
+        for (int64_t c = 0; c < chunks; c++)
+            dot = _mm256_fmadd_ps(qv[c], _mm256_maskload_ps(kt + c * 8, c == chunks - 1 ? last : tail_mask(8)), dot);
+        scores[i] = reduce8(dot) * scale;
+        if (scores[i] > top) top = scores[i];
+    }
+    for (int64_t i = count; i < count + 8; i++) scores[i] = top; /* padding for the last vector below */
+    for (int64_t i = 0; i < count; i += 8)
+        _mm256_storeu_ps(scores + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + i), _mm256_set1_ps(top))));
+    float total = 0.0f;
+    for (int64_t i = 0; i < count; i++) {
+        float p = scores[i];
+        total += p;
+        const float *vt = values + slots[i] * dim;
+        __m256 pv = _mm256_set1_ps(p);
+        for (int64_t c = 0; c < chunks; c++)
+            acc[c] = _mm256_fmadd_ps(pv, _mm256_maskload_ps(vt + c * 8, c == chunks - 1 ? last : tail_mask(8)), acc[c]);
+    }
+    float lanes[MAX_DIM];
+    for (int64_t c = 0; c < chunks; c++) _mm256_storeu_ps(lanes + c * 8, acc[c]);
+    for (int64_t i = 0; i < dim; i++) out[i] = lanes[i] / total;
+    free(scores);
+    free(slots);
+}
+
+/* RoPE, the cache writes and attention for every row and head: out [rows, heads * head_dim]. */
+static void attend_all(const Shape *s, const Segment *segs, int64_t nseg, int64_t rows, float *qkv,
+                       const float *cos, const float *sin, float *out) {
+    rope_and_store(s, segs, nseg, qkv, cos, sin);
+    int64_t dim = s->head_dim, stride = (s->heads + 2 * s->kv_heads) * dim;
+    int64_t seg_of[rows], first[nseg];
+    for (int64_t g = 0, row = 0; g < nseg; g++) {
+        first[g] = row;
+        for (int64_t r = 0; r < segs[g].length; r++) seg_of[row++] = g;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t job = 0; job < rows * s->heads; job++) {
+        int64_t row = job / s->heads, h = job % s->heads, g = seg_of[row];
+        attend_row(s, &segs[g], row - first[g], h, qkv + row * stride + h * dim, out + row * s->heads * dim + h * dim);
+    }
+}
+
+/* `count` layers over `rows` rows in one call (a decode step, a verify step, a batch of sequences),
+ * each layer's segments at segs[l * nseg ..] (their rows in order; the caller has made room in
+ * the caches). cos/sin: [rows, head_dim]. x: [rows, hidden], the residual stream, updated in
+ * place; scratch: room for rows x (2 hidden + qkv_size + heads head_dim + 3 intermediate) floats. */
+void forward_rows(const Shape *s, const Layer *layers, int64_t count, const Segment *segs, int64_t nseg,
+                  int64_t rows, const float *cos, const float *sin, float *x, float *scratch) {
+    int64_t hidden = s->hidden, dim = s->head_dim, inter = s->intermediate;
+    int64_t q_size = s->heads * dim, kv_size = s->kv_heads * dim, qkv_size = q_size + 2 * kv_size;
+    float *h = scratch, *delta = h + rows * hidden, *qkv = delta + rows * hidden, *att = qkv + rows * qkv_size;
+    float *gate_up = att + rows * q_size, *act = gate_up + rows * 2 * inter;
+    for (int64_t l = 0; l < count; l++) {
+        const Layer *layer = &layers[l];
+        add_norm(x, NULL, layer->input_norm, h, rows, hidden, s->eps);
+        gemm(layer->qkv, layer->qkv_bias, h, qkv, qkv_size, hidden, rows);
+        attend_all(s, segs + l * nseg, nseg, rows, qkv, cos, sin, att);
+        gemm(layer->o, layer->o_bias, att, delta, hidden, q_size, rows);
+        add_norm(x, delta, layer->post_norm, h, rows, hidden, s->eps);
+        gemm(layer->gate_up, NULL, h, gate_up, 2 * inter, hidden, rows);
+        silu_mul(gate_up, act, rows, inter);
+        gemm(layer->down, NULL, act, delta, hidden, inter, rows);
+        add_norm(x, delta, NULL, NULL, rows, hidden, s->eps);
+    }
+}

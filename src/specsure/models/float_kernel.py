@@ -1,0 +1,125 @@
+"""The float32 C kernel (float_kernel.c): AVX2 + FMA forwards and products, built and loaded like kernel.py's.
+
+On a CPU without fast bf16, dtype='auto' runs float32, and torch's products over one to eight rows
+read the weights at a third to a half of the memory bandwidth. This kernel streams each weight
+once per forward whatever the row count, runs a run of decoder layers in one call, and keeps
+every row's bits independent of the rows beside it (a verify row equals the decode step). It
+needs AVX2, FMA and a C compiler; without them `load` says why and torch runs instead.
+`SPECSURE_KERNEL=0` turns it off too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specsure.models.dtypes import cpu_flags
+from specsure.models.kernel import ShapeStruct, SegmentStruct, build_library, compiler
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("float_kernel.c")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+_CPU_FLAGS = ("avx2", "fma")
+_ENV = "SPECSURE_KERNEL"
+MAX_HEAD_DIM = 512
+"""float_kernel.c's MAX_DIM: its attention keeps a head's query and output in registers."""
+
+__all__ = ["FloatKernel", "FloatLayerStruct", "MAX_HEAD_DIM", "SegmentStruct", "ShapeStruct", "load"]
+
+
+class FloatLayerStruct(ctypes.Structure):
+    """float_kernel.c's Layer: one decoder layer's float32 weights (the caches travel in segments)."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in
+                ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down")]
+
+
+def _pointer(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+@dataclass(frozen=True)
+class FloatKernel:
+    """The loaded library's entry points."""
+
+    library: ctypes.CDLL
+
+    def linear(self, weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ weight.T + bias`` for float32 rows ``x`` ([m, in], row-major) -> [m, out]; each row's
+        bits do not depend on m. ``weight`` and ``bias`` must be contiguous float32."""
+        out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+        self.library.linear_rows(weight.data_ptr(), _pointer(bias), x.data_ptr(), out.data_ptr(), weight.shape[0],
+                                 weight.shape[1], x.shape[0])
+        return out
+
+    def forward_rows(self, shape: ShapeStruct, layers: ctypes.Array, first: int, count: int, segments: ctypes.Array,
+                     per_layer: int, cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
+                     scratch: torch.Tensor) -> None:
+        """Run layers ``first .. first + count`` on the rows ``x`` ([rows, hidden] float32, in place);
+        ``segments`` holds ``per_layer`` segments for each layer, layer 0's first."""
+        self.library.forward_rows(ctypes.byref(shape), ctypes.byref(layers, first * ctypes.sizeof(FloatLayerStruct)),
+                                  count, ctypes.byref(segments, first * per_layer * ctypes.sizeof(SegmentStruct)),
+                                  per_layer, x.shape[0], cos.data_ptr(), sin.data_ptr(), x.data_ptr(),
+                                  scratch.data_ptr())
+
+    def add_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm(x) * weight for the rows ``x`` ([rows, hidden] float32)."""
+        out = torch.empty_like(x)
+        self.library.add_norm(x.data_ptr(), None, weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps)
+        return out
+
+    @staticmethod
+    def scratch(shape: ShapeStruct, rows: int) -> torch.Tensor:
+        """The float32 scratch buffer `forward_rows` needs for ``rows`` rows of a decoder of ``shape``."""
+        per_row = 2 * shape.hidden + (2 * shape.heads + 2 * shape.kv_heads) * shape.head_dim + 3 * shape.intermediate
+        return torch.empty(rows * per_row, dtype=torch.float32)
+
+
+def _bind(library: ctypes.CDLL) -> FloatKernel:
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    signatures = {
+        "linear_rows": [pointer, pointer, pointer, pointer, size, size, size],
+        "forward_rows": [pointer, pointer, size, pointer, size, size, pointer, pointer, pointer, pointer],
+        "add_norm": [pointer, pointer, pointer, pointer, size, size, ctypes.c_float],
+    }
+    for name, arguments in signatures.items():
+        function = getattr(library, name)
+        function.argtypes, function.restype = arguments, None
+    return FloatKernel(library)
+
+
+_loaded: tuple[FloatKernel | None, str] | None = None
+
+
+def load() -> tuple[FloatKernel | None, str]:
+    """(kernel, why): the kernel, or None and the reason the torch ops run instead. Built once per process."""
+    global _loaded
+    if _loaded is None:
+        _loaded = _load()
+        if _loaded[0] is None:
+            logger.info("float32 few-row forwards run on torch ops: %s", _loaded[1])
+    return _loaded
+
+
+def _load() -> tuple[FloatKernel | None, str]:
+    if os.environ.get(_ENV, "1") == "0":
+        return None, f"{_ENV}=0 turns the C kernel off"
+    flags = cpu_flags()
+    missing = [f for f in _CPU_FLAGS if f not in flags]
+    if missing:
+        return None, f"this CPU lacks {', '.join(missing)}"
+    cc = compiler()
+    if cc is None:
+        return None, "no C compiler (cc or gcc) is on PATH; install gcc for the C float32 kernel"
+    try:
+        path = build_library(cc, SOURCE, FLAGS, "float")
+        return _bind(ctypes.CDLL(str(path))), f"AVX2 products, {path.name}"
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        return None, f"the C kernel did not build or load: {error}"

@@ -1,0 +1,145 @@
+"""The float32 C kernel: its forwards agree with the torch ops, a verify row is the decode step's
+bits, and its absence is explained."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from specsure.models import CausalLM
+from specsure.models import float_kernel as float_kernels
+from specsure.models import native
+from specsure.models.token_tree import TokenTree
+
+SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=84, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=512)
+FAMILIES = {
+    "llama": (LlamaForCausalLM, LlamaConfig(**SHAPE)),
+    "llama-biased": (LlamaForCausalLM, LlamaConfig(**SHAPE, attention_bias=True)),
+    "qwen2": (Qwen2ForCausalLM, Qwen2Config(**SHAPE, tie_word_embeddings=True)),
+    "odd-head-dim": (LlamaForCausalLM, LlamaConfig(**{**SHAPE, "hidden_size": 60, "num_attention_heads": 6})),
+}
+TREE = (-1, 0, 1, 0, 3, 3, 5)  # root; chain 1-2; branch 3 with children 4 and 5-6
+PROMPT = [5, 17, 3, 88, 42, 9, 61, 2, 30, 7]
+
+
+@pytest.fixture
+def kernel():
+    """The float32 kernel, or None where this machine can't build it (then the path must say why)."""
+    loaded, _ = float_kernels.load()
+    return loaded
+
+
+def _pair(family: str, kernel: float_kernels.FloatKernel | None) -> tuple[CausalLM, CausalLM]:
+    """Two float32 copies of one random model: the first runs the C kernel, the second torch ops."""
+    cls, config = FAMILIES[family]
+    models = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        hf = cls(config).eval()
+        with torch.no_grad():
+            for p in hf.parameters():
+                p.normal_(0.0, 0.2)
+        models.append(CausalLM(hf))
+    models[0]._native.float_kernel = kernel
+    models[1]._native.float_kernel = None
+    return models[0], models[1]
+
+
+def test_products_are_row_invariant_and_close_to_torch(kernel):
+    if kernel is None:
+        return
+    torch.manual_seed(0)
+    for out_features, in_features in ((13, 37), (64, 64), (200, 96)):  # tails of every width
+        weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
+        x = torch.randn(11, in_features)
+        for rows in range(1, 12):
+            got = kernel.linear(weight, x[:rows].contiguous(), bias)
+            torch.testing.assert_close(got, x[:rows] @ weight.T + bias, atol=1e-4, rtol=1e-5)
+            for i in range(rows):  # each row's bits whatever runs with it
+                assert torch.equal(got[i], kernel.linear(weight, x[i:i + 1].contiguous(), bias)[0])
+
+
+def test_project_keeps_torch_products_where_gradients_are_wanted(kernel):
+    weight = torch.randn(8, 16, requires_grad=True)
+    out = native.project(torch.randn(3, 16), weight)
+    assert out.grad_fn is not None  # training's products stay on autograd
+    with torch.no_grad():
+        assert native.project(torch.randn(3, 16), weight).grad_fn is None
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_kernel_steps_and_verify_rows_match_the_torch_ops(family, kernel):
+    fast, ref = _pair(family, kernel)
+    if kernel is None:
+        assert float_kernels.load()[1] in fast.path
+        return
+    assert "float32 forwards of up to 64 rows in C" in fast.path
+    for lm in (fast, ref):
+        lm.forward(PROMPT)
+    close = dict(atol=1e-4 * float(ref.forward([1]).logits.abs().max()), rtol=0)
+    fast.forward([1])
+    token = 11
+    for _ in range(260):  # past the cache's first 256 positions, so its buffers grow mid-run
+        a = fast.forward([token], hidden=True, aux_layers=(0, 2))
+        b = ref.forward([token], hidden=True, aux_layers=(0, 2))
+        torch.testing.assert_close(a.logits, b.logits, **close)
+        torch.testing.assert_close(a.aux_hidden, b.aux_hidden, atol=1e-4, rtol=1e-4)
+        token = int(b.logits[-1].argmax())
+    for ids in ([4, 8, 15, 16, 23, 42, 50, 51, 52], [60, 61]):  # verify steps of a chain
+        torch.testing.assert_close(fast.forward(ids).logits, ref.forward(ids).logits, **close)
+    tree = TokenTree.from_parents(TREE)
+    torch.testing.assert_close(fast.forward(list(range(20, 27)), tree=tree).logits,
+                               ref.forward(list(range(20, 27)), tree=tree).logits, **close)
+    # What the kernel wrote into the cache serves torch's own long forward afterwards.
+    fast.crop(len(PROMPT) + 150)
+    ref.crop(len(PROMPT) + 150)
+    long = list(range(1, 90))  # past the kernel's 64 rows: torch runs it
+    torch.testing.assert_close(fast.forward(long).logits, ref.forward(long).logits, **close)
+
+
+@pytest.mark.parametrize("family", ["llama", "llama-biased", "odd-head-dim"])
+def test_verify_rows_equal_decode_steps_bit_for_bit(family, kernel):
+    verify, decode = _pair(family, kernel)
+    if kernel is None:
+        return
+    decode._native.float_kernel = kernel
+    for lm in (verify, decode):
+        lm.forward(PROMPT)
+        lm.forward([1])  # the kernel runs once a sequence's cache exists
+    draft = [4, 8, 15, 16, 23, 42, 50, 51, 52]
+    rows = verify.forward(draft).logits
+    steps = torch.cat([decode.forward([t]).logits for t in draft])
+    assert torch.equal(rows, steps)
+    start = verify.cache_len
+    nodes = verify.forward(list(range(20, 27)), tree=TokenTree.from_parents(TREE)).logits
+    for node in range(len(TREE)):  # each node equals decoding its own path one token at a time
+        path, i = [], node
+        while i != -1:
+            path.insert(0, 20 + i)
+            i = TREE[i]
+        decode.crop(start)
+        last = [decode.forward([t]).logits for t in path][-1]
+        assert torch.equal(nodes[node], last[0]), f"node {node}"
+
+
+def test_the_kernel_can_be_turned_off_and_the_path_says_so(monkeypatch):
+    monkeypatch.setattr(float_kernels, "_loaded", None)
+    monkeypatch.setenv("SPECSURE_KERNEL", "0")
+    cls, config = FAMILIES["llama"]
+    lm = CausalLM(cls(config).eval())
+    assert lm._native.float_kernel is None
+    assert "few-row steps on torch ops: SPECSURE_KERNEL=0 turns the C kernel off" in lm.path
+
+
+def test_a_compiler_that_fails_is_reported_not_hidden(monkeypatch, tmp_path):
+    if not {"avx2", "fma"} <= float_kernels.cpu_flags():
+        kernel, why = float_kernels._load()
+        assert kernel is None and "this CPU lacks" in why
+        return
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", "/bin/false")
+    kernel, why = float_kernels._load()
+    assert kernel is None and why.startswith("the C kernel did not build or load: /bin/false failed")
+    assert not list(tmp_path.rglob("*.partial"))  # nothing half-written is left in the cache
