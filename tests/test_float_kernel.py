@@ -11,6 +11,7 @@ from specsure.models import CausalLM
 from specsure.models import float_kernel as float_kernels
 from specsure.models import native
 from specsure.models.token_tree import TokenTree
+from trees import TREE, node_paths
 
 SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=84, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512)
@@ -20,7 +21,6 @@ FAMILIES = {
     "qwen2": (Qwen2ForCausalLM, Qwen2Config(**SHAPE, tie_word_embeddings=True)),
     "odd-head-dim": (LlamaForCausalLM, LlamaConfig(**{**SHAPE, "hidden_size": 60, "num_attention_heads": 6})),
 }
-TREE = (-1, 0, 1, 0, 3, 3, 5)  # root; chain 1-2; branch 3 with children 4 and 5-6
 PROMPT = [5, 17, 3, 88, 42, 9, 61, 2, 30, 7]
 
 
@@ -114,13 +114,9 @@ def test_verify_rows_equal_decode_steps_bit_for_bit(family, kernel):
     assert torch.equal(rows, steps)
     start = verify.cache_len
     nodes = verify.forward(list(range(20, 27)), tree=TokenTree.from_parents(TREE)).logits
-    for node in range(len(TREE)):  # each node equals decoding its own path one token at a time
-        path, i = [], node
-        while i != -1:
-            path.insert(0, 20 + i)
-            i = TREE[i]
+    for node, path in enumerate(node_paths(TREE)):  # each node equals decoding its own path one token at a time
         decode.crop(start)
-        last = [decode.forward([t]).logits for t in path][-1]
+        last = [decode.forward([20 + i]).logits for i in path][-1]
         assert torch.equal(nodes[node], last[0]), f"node {node}"
 
 

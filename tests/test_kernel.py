@@ -8,6 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from specsure.models import CausalLM
 from specsure.models import kernel as kernels
+from trees import TREE, node_paths
 
 SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=512)
@@ -94,7 +95,6 @@ def test_a_compiler_that_fails_is_reported_not_hidden(monkeypatch, tmp_path):
     assert not list(tmp_path.rglob("*.partial"))  # nothing half-written is left in the cache
 
 
-TREE = (-1, 0, 1, 0, 3, 3, 5)  # root; chain 1-2; branch 3 with children 4 and 5-6
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -147,13 +147,9 @@ def test_exact_mode_verify_rows_equal_decode_steps_bit_for_bit(family, products)
     tree = TokenTree.from_parents(TREE)
     start = verify.cache_len
     nodes = verify.forward(list(range(20, 27)), tree=tree).logits
-    for node in range(len(TREE)):  # each node equals decoding its own path one token at a time
-        path, i = [], node
-        while i != -1:
-            path.insert(0, 20 + i)
-            i = TREE[i]
+    for node, path in enumerate(node_paths(TREE)):  # each node equals decoding its own path one token at a time
         decode.crop(start)
-        last = [decode.forward([t]).logits for t in path][-1]
+        last = [decode.forward([20 + i]).logits for i in path][-1]
         assert torch.equal(nodes[node], last[0]), f"node {node}"
 
 

@@ -11,7 +11,9 @@ from transformers import (
 
 from specsure.models import CausalLM
 from specsure.models.native import KERNEL_ROWS, project, unsupported
+from specsure.models import float_kernel as float_kernels
 from specsure.models.token_tree import TokenTree
+from trees import TREE, node_paths
 
 SHAPE = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256)
@@ -81,7 +83,6 @@ def test_other_architectures_run_on_transformers_and_say_why():
 
 # --- token trees: one forward over several candidate continuations, then the accepted path kept ---
 
-TREE = (-1, 0, 1, 0, 3, 3, 5)  # root; chain 1-2; branch 3 with children 4 and 5-6
 TREE_IDS = [7, 21, 33, 45, 60, 71, 84]
 
 
@@ -93,13 +94,10 @@ def test_each_tree_node_sees_exactly_its_path(native):
     lm.forward(prefix)
     tree = TokenTree.from_parents(TREE)
     got = lm.forward(TREE_IDS, tree=tree).logits  # [7, vocab]
-    for node in range(len(TREE)):  # each node's logits equal a plain forward over its own path
-        path, i = [], node
-        while i != -1:
-            path.insert(0, TREE_IDS[i])
-            i = TREE[i]
+    for node, path in enumerate(node_paths(TREE)):  # each node's logits equal a plain forward over its own path
         ref.reset()
-        torch.testing.assert_close(got[node], ref.forward(prefix + path).logits[-1], atol=1e-4, rtol=1e-4)
+        ids = [TREE_IDS[i] for i in path]
+        torch.testing.assert_close(got[node], ref.forward(prefix + ids).logits[-1], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native", "transformers"])
@@ -132,9 +130,12 @@ def test_malformed_trees_and_paths_are_refused():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 13, KERNEL_ROWS, KERNEL_ROWS + 1])
-def test_project_is_f_linear_for_every_row_count(dtype: torch.dtype, rows: int) -> None:
-    """Each way `project` takes (mv, weight @ x.T padded or not, F.linear) computes x @ W.T + b, shaped
-    [rows, out], row-major (the next product's fast layout)."""
+@pytest.mark.parametrize("c_kernel", [True, False], ids=["c-kernel", "torch"])
+def test_project_is_f_linear_for_every_row_count(dtype: torch.dtype, rows: int, c_kernel: bool, monkeypatch) -> None:
+    """Each way `project` takes (the float32 C kernel; without it mv, weight @ x.T padded or not,
+    F.linear) computes x @ W.T + b, shaped [rows, out], row-major (the next product's fast layout)."""
+    if not c_kernel:
+        monkeypatch.setattr(float_kernels, "_loaded", (None, "off for this test"))
     gen = torch.Generator().manual_seed(rows)
     x, weight, bias = (torch.randn(*shape, generator=gen).to(dtype) for shape in ((rows, 48), (80, 48), (80,)))
     for b in (None, bias):

@@ -12,26 +12,23 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from specsure.models.dtypes import cpu_flags
-from specsure.models.kernel import ShapeStruct, SegmentStruct, build_library, compiler
+from specsure.models.kernel import SegmentStruct, ShapeStruct, open_library
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("float_kernel.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 _CPU_FLAGS = ("avx2", "fma")
-_ENV = "SPECSURE_KERNEL"
 MAX_HEAD_DIM = 512
 """float_kernel.c's MAX_DIM: its attention keeps a head's query and output in registers."""
 
-__all__ = ["FloatKernel", "FloatLayerStruct", "MAX_HEAD_DIM", "SegmentStruct", "ShapeStruct", "load"]
+__all__ = ["FloatKernel", "FloatLayerStruct", "MAX_HEAD_DIM", "SegmentStruct", "ShapeStruct", "cpu_flags", "load"]
 
 
 class FloatLayerStruct(ctypes.Structure):
@@ -109,17 +106,5 @@ def load() -> tuple[FloatKernel | None, str]:
 
 
 def _load() -> tuple[FloatKernel | None, str]:
-    if os.environ.get(_ENV, "1") == "0":
-        return None, f"{_ENV}=0 turns the C kernel off"
-    flags = cpu_flags()
-    missing = [f for f in _CPU_FLAGS if f not in flags]
-    if missing:
-        return None, f"this CPU lacks {', '.join(missing)}"
-    cc = compiler()
-    if cc is None:
-        return None, "no C compiler (cc or gcc) is on PATH; install gcc for the C float32 kernel"
-    try:
-        path = build_library(cc, SOURCE, FLAGS, "float")
-        return _bind(ctypes.CDLL(str(path))), f"AVX2 products, {path.name}"
-    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-        return None, f"the C kernel did not build or load: {error}"
+    kernel, why = open_library(SOURCE, FLAGS, "float", _CPU_FLAGS, _bind)
+    return kernel, why if kernel is None else f"AVX2 products, {why}"

@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 
@@ -29,6 +30,8 @@ from specsure.models.dtypes import cpu_flags
 from specsure.models.gguf_cache import cache_root
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 SOURCE = Path(__file__).with_name("decode_kernel.c")
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-fopenmp",
@@ -188,19 +191,29 @@ def load() -> tuple[Kernel | None, str]:
     return _loaded
 
 
-def _load() -> tuple[Kernel | None, str]:
+def open_library(source: Path, flags: tuple[str, ...], stem: str, cpu_needed: tuple[str, ...],
+                 bind: Callable[[ctypes.CDLL], T]) -> tuple[T | None, str]:
+    """(bound, why): build ``source`` (once per machine) and ``bind`` it, or None and the reason
+    (turned off, a CPU flag missing, no compiler, a failed build or load), with the library's
+    file name as ``why`` when it loaded."""
     if os.environ.get(_ENV, "1") == "0":
         return None, f"{_ENV}=0 turns the C kernel off"
-    flags = cpu_flags()
-    missing = [f for f in _CPU_FLAGS if f not in flags]
+    have = cpu_flags()
+    missing = [f for f in cpu_needed if f not in have]
     if missing:
         return None, f"this CPU lacks {', '.join(missing)}"
     cc = compiler()
     if cc is None:
-        return None, "no C compiler (cc or gcc) is on PATH; install gcc for the C decode kernel"
+        return None, f"no C compiler (cc or gcc) is on PATH; install gcc for the C kernel {source.name}"
     try:
-        path = build_library(cc, SOURCE, FLAGS, "decode")
-        kernel = _bind(ctypes.CDLL(str(path)))
-        return kernel, f"{'AMX' if kernel.amx else 'AVX512-BF16 (no AMX)'} products, {path.name}"
+        path = build_library(cc, source, flags, stem)
+        return bind(ctypes.CDLL(str(path))), path.name
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:
         return None, f"the C kernel did not build or load: {error}"
+
+
+def _load() -> tuple[Kernel | None, str]:
+    kernel, why = open_library(SOURCE, FLAGS, "decode", _CPU_FLAGS, _bind)
+    if kernel is None:
+        return None, why
+    return kernel, f"{'AMX' if kernel.amx else 'AVX512-BF16 (no AMX)'} products, {why}"

@@ -197,30 +197,31 @@ class NativeDecoder:
 
     def _bind_kernel(self, config: object) -> None:
         """The kernel's view of the weights: pointers into the tensors this decoder keeps alive."""
-        self._shape = kernels.ShapeStruct(int(config.hidden_size), self.heads, self.kv_heads, self.head_dim,
-                                          self.intermediate, self.eps)
-        self._structs = (kernels.LayerStruct * len(self.layers))()
-        for struct, layer in zip(self._structs, self.layers):
-            for name in ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down"):
-                tensor = getattr(layer, name)
-                if tensor is not None and not tensor.is_contiguous():
-                    raise AssertionError(f"{name} must be contiguous for the C kernel")
-                setattr(struct, name, None if tensor is None else tensor.data_ptr())
+        self._shape = self._shape_struct(config)
+        self._structs = self._weight_structs(kernels.LayerStruct)
         hidden = int(config.hidden_size)
         self._scratch = torch.empty(hidden + (2 * self.heads + 2 * self.kv_heads) * self.head_dim
                                     + 3 * self.intermediate, dtype=torch.bfloat16)
 
     def _bind_float(self, config: object) -> None:
         """The float32 kernel's view of the weights: pointers into the tensors this decoder keeps alive."""
-        self._shape = kernels.ShapeStruct(int(config.hidden_size), self.heads, self.kv_heads, self.head_dim,
-                                          self.intermediate, self.eps)
-        self._float_structs = (float_kernels.FloatLayerStruct * len(self.layers))()
-        for struct, layer in zip(self._float_structs, self.layers):
+        self._shape = self._shape_struct(config)
+        self._float_structs = self._weight_structs(float_kernels.FloatLayerStruct)
+
+    def _shape_struct(self, config: object) -> kernels.ShapeStruct:
+        return kernels.ShapeStruct(int(config.hidden_size), self.heads, self.kv_heads, self.head_dim,
+                                   self.intermediate, self.eps)
+
+    def _weight_structs(self, struct_type: type[ctypes.Structure]) -> ctypes.Array:
+        """One ``struct_type`` per layer, its weight fields pointing at this decoder's tensors."""
+        structs = (struct_type * len(self.layers))()
+        for struct, layer in zip(structs, self.layers):
             for name in ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down"):
                 tensor = getattr(layer, name)
                 if tensor is not None and not tensor.is_contiguous():
                     raise AssertionError(f"{name} must be contiguous for the C kernel")
                 setattr(struct, name, None if tensor is None else tensor.data_ptr())
+        return structs
 
     @classmethod
     def build(cls, hf: nn.Module) -> tuple["NativeDecoder | None", str]:
