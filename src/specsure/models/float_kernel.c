@@ -110,12 +110,13 @@ static inline __attribute__((always_inline)) void pass(const float *const *rows,
 
 /* y [m, n] = x [m, k] . w [n, k]^T (+ bias), all row-major. OpenMP splits the weight rows; each
  * thread walks its blocks in memory order. Passes: 3 rows at a time, a 4- or 5-row pass where the
- * remainder would leave one or two rows. Up to 3 rows the product is bound by the memory stream
- * and prefetching only costs it; past that the prefetch overlaps the next block's reads with this
- * block's passes (the default model's 8-row products 36 -> 27 ms, 4 rows 29 -> 24). */
+ * remainder would leave one or two rows. One row is a pure memory stream and prefetching only
+ * costs it; past that the prefetch keeps the next block's reads going while this block computes
+ * (the default model's products over 8 rows 36 -> 26 ms, 4 rows 29 -> 23, 3 rows 24 -> 22; one
+ * row 19, its weights' read at the memory bandwidth 18). */
 static void gemm(const float *w, const float *bias, const float *x, float *y, int64_t n, int64_t k, int64_t m) {
     int64_t blocks = (n + WROWS - 1) / WROWS;
-    int prefetch = m > 3;
+    int prefetch = m > 1;
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
         int64_t j0 = b * WROWS;
