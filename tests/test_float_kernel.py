@@ -55,10 +55,10 @@ def test_products_are_row_invariant_and_close_to_torch(kernel):
         weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
         x = torch.randn(11, in_features)
         for rows in range(1, 12):
-            got = kernel.linear(weight, x[:rows].contiguous(), bias)
+            got = kernel.linear_rows(weight, x[:rows].contiguous(), bias)
             torch.testing.assert_close(got, x[:rows] @ weight.T + bias, atol=1e-4, rtol=1e-5)
             for i in range(rows):  # each row's bits whatever runs with it
-                assert torch.equal(got[i], kernel.linear(weight, x[i:i + 1].contiguous(), bias)[0])
+                assert torch.equal(got[i], kernel.linear_rows(weight, x[i:i + 1].contiguous(), bias)[0])
 
 
 def test_project_keeps_torch_products_where_gradients_are_wanted(kernel):
@@ -139,3 +139,44 @@ def test_a_compiler_that_fails_is_reported_not_hidden(monkeypatch, tmp_path):
     kernel, why = float_kernels._load()
     assert kernel is None and why.startswith("the C kernel did not build or load: /bin/false failed")
     assert not list(tmp_path.rglob("*.partial"))  # nothing half-written is left in the cache
+
+
+@pytest.mark.parametrize("method", ["eagle3", "mtp"])
+def test_draft_heads_run_their_layer_in_c_and_agree_with_their_torch_ops(method, kernel, tmp_path):
+    from heads import build_mtp_target, write_eagle3_head
+
+    from specsure import make_engine
+    from specsure.proposers.head_layer import HeadCache
+    from tiny import build_tiny_llama
+
+    if method == "eagle3":
+        target = build_tiny_llama(tmp_path / "t", num_layers=4)
+        spec = {"method": "eagle3", "model": str(write_eagle3_head(tmp_path / "h", target, draft_vocab=64))}
+    else:
+        target = build_mtp_target(tmp_path / "t")
+        spec = {"method": "mtp"}
+    module = make_engine(str(target), spec, dtype="float32").proposer.modules[0]
+    if kernel is None:
+        assert module._kernel is None
+        return
+    assert module._kernel is kernel  # the target's float32 kernel, shared
+    hidden = module.fc.out_features if method == "eagle3" else module.eh_proj.out_features
+    width = module.fc.in_features if method == "eagle3" else hidden
+    torch.manual_seed(0)
+    fast, slow = HeadCache(), HeadCache()
+    with torch.no_grad():
+        prompt = (torch.randn(6, width), torch.tensor([3, 1, 4, 1, 5, 9]))
+        prompt = (module.features(prompt[0]) if method == "eagle3" else prompt[0], prompt[1])
+        for cache in (fast, slow):  # the first call sizes the head's cache on torch
+            module(*prompt, cache)
+        for step in range(4):
+            features, tokens = torch.randn(1 + step % 2, hidden), torch.tensor([7, 2][: 1 + step % 2])
+            a = module(features, tokens, fast)
+            saved, module._kernel = module._kernel, None
+            b = module(features, tokens, slow)
+            module._kernel = saved
+            torch.testing.assert_close(a[0], b[0], atol=1e-4, rtol=1e-4)
+            finite = torch.isfinite(b[1])
+            assert torch.equal(finite, torch.isfinite(a[1]))
+            torch.testing.assert_close(a[1][finite], b[1][finite], atol=1e-4, rtol=1e-4)
+    assert fast.length == slow.length == 6 + 1 + 2 + 1 + 2

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from specsure.models import kernel as kernels
+from specsure.models.float_kernel import AnyKernel
 from specsure.models.errors import ModelLoadError
 from specsure.models.kv_cache import RollbackCache
 from specsure.models.forward_output import ForwardOutput
@@ -107,9 +107,12 @@ class CausalLM:
         self._cache_len = 0
 
     @property
-    def row_kernel(self) -> "kernels.Kernel | None":
-        """The C kernel whose bf16 products the draft heads may use for their few rows, or None."""
-        return self._native.kernel if self._native is not None else None
+    def row_kernel(self) -> "AnyKernel | None":
+        """The C kernel the draft heads may run their few rows on (the bf16 or the float32 one, as the
+        target runs), or None."""
+        if self._native is None:
+            return None
+        return self._native.kernel or self._native.float_kernel
 
     @property
     def cache_len(self) -> int:

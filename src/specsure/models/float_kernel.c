@@ -5,7 +5,7 @@
  * about 18 ms at the memory bandwidth, but torch's products over one to eight rows ran at a third
  * to a half of it (a one-row forward 47 ms, eight rows 74) and eager PyTorch adds ~600 small ops
  * on top. Here every weight is streamed once per forward, whatever the row count, and a whole run
- * of layers is one call (`forward_rows`).
+ * of layers is one call (`decode_rows`).
  *
  * Products: each output y[i, j] is one 8-lane float32 FMA chain over k in order, then one fixed
  * lane reduction, whatever the number of rows or how they are blocked. A row's bits never depend
@@ -288,11 +288,21 @@ static void attend_all(const Shape *s, const Segment *segs, int64_t nseg, int64_
     }
 }
 
+/* The rows path of a draft head's layer, between its products: RoPE, the cache writes and
+ * attention. segs: the layer's segments (their rows in order); qkv [rows, qkv_size] (RoPE applied in
+ * place); out [rows, heads head_dim]. */
+void attend_rows(const Shape *s, const Segment *segs, int64_t nseg, float *qkv, const float *cos, const float *sin,
+                 float *out) {
+    int64_t rows = 0;
+    for (int64_t g = 0; g < nseg; g++) rows += segs[g].length;
+    attend_all(s, segs, nseg, rows, qkv, cos, sin, out);
+}
+
 /* `count` layers over `rows` rows in one call (a decode step, a verify step, a batch of sequences),
  * each layer's segments at segs[l * nseg ..] (their rows in order; the caller has made room in
  * the caches). cos/sin: [rows, head_dim]. x: [rows, hidden], the residual stream, updated in
  * place; scratch: room for rows x (2 hidden + qkv_size + heads head_dim + 3 intermediate) floats. */
-void forward_rows(const Shape *s, const Layer *layers, int64_t count, const Segment *segs, int64_t nseg,
+void decode_rows(const Shape *s, const Layer *layers, int64_t count, const Segment *segs, int64_t nseg,
                   int64_t rows, const float *cos, const float *sin, float *x, float *scratch) {
     int64_t hidden = s->hidden, dim = s->head_dim, inter = s->intermediate;
     int64_t q_size = s->heads * dim, kv_size = s->kv_heads * dim, qkv_size = q_size + 2 * kv_size;

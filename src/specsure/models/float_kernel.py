@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from specsure.models.dtypes import cpu_flags
-from specsure.models.kernel import SegmentStruct, ShapeStruct, open_library
+from specsure.models.kernel import Kernel, SegmentStruct, ShapeStruct, open_library
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ _CPU_FLAGS = ("avx2", "fma")
 MAX_HEAD_DIM = 512
 """float_kernel.c's MAX_DIM: its attention keeps a head's query and output in registers."""
 
-__all__ = ["FloatKernel", "FloatLayerStruct", "MAX_HEAD_DIM", "SegmentStruct", "ShapeStruct", "cpu_flags", "load"]
+__all__ = ["AnyKernel", "FloatKernel", "FloatLayerStruct", "MAX_HEAD_DIM", "SegmentStruct", "ShapeStruct", "cpu_flags", "load"]
 
 
 class FloatLayerStruct(ctypes.Structure):
@@ -44,11 +44,16 @@ def _pointer(tensor: torch.Tensor | None) -> int | None:
 
 @dataclass(frozen=True)
 class FloatKernel:
-    """The loaded library's entry points."""
+    """The loaded library's entry points, named and called as `kernel.Kernel`'s are, so the draft
+    heads' C paths run on either (the tensors are float32 here)."""
 
     library: ctypes.CDLL
+    dtype = torch.float32
+    rows_in_c = True
+    """Every product of a few-row forward runs in C, row-invariant (`Kernel` needs AMX for that)."""
+    layer_struct = FloatLayerStruct
 
-    def linear(self, weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def linear_rows(self, weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight.T + bias`` for float32 rows ``x`` ([m, in], row-major) -> [m, out]; each row's
         bits do not depend on m. ``weight`` and ``bias`` must be contiguous float32."""
         out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
@@ -56,35 +61,51 @@ class FloatKernel:
                                  weight.shape[1], x.shape[0])
         return out
 
-    def forward_rows(self, shape: ShapeStruct, layers: ctypes.Array, first: int, count: int, segments: ctypes.Array,
-                     per_layer: int, cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
-                     scratch: torch.Tensor) -> None:
+    def decode_rows(self, shape: ShapeStruct, layers: ctypes.Array, first: int, count: int, segments: ctypes.Array,
+                    per_layer: int, cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor,
+                    scratch: torch.Tensor) -> None:
         """Run layers ``first .. first + count`` on the rows ``x`` ([rows, hidden] float32, in place);
         ``segments`` holds ``per_layer`` segments for each layer, layer 0's first."""
-        self.library.forward_rows(ctypes.byref(shape), ctypes.byref(layers, first * ctypes.sizeof(FloatLayerStruct)),
-                                  count, ctypes.byref(segments, first * per_layer * ctypes.sizeof(SegmentStruct)),
-                                  per_layer, x.shape[0], cos.data_ptr(), sin.data_ptr(), x.data_ptr(),
-                                  scratch.data_ptr())
+        self.library.decode_rows(ctypes.byref(shape), ctypes.byref(layers, first * ctypes.sizeof(FloatLayerStruct)),
+                                 count, ctypes.byref(segments, first * per_layer * ctypes.sizeof(SegmentStruct)),
+                                 per_layer, x.shape[0], cos.data_ptr(), sin.data_ptr(), x.data_ptr(),
+                                 scratch.data_ptr())
 
-    def add_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """RMSNorm(x) * weight for the rows ``x`` ([rows, hidden] float32)."""
-        out = torch.empty_like(x)
-        self.library.add_norm(x.data_ptr(), None, weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps)
-        return out
+    def attend_rows(self, shape: ShapeStruct, segments: ctypes.Array, first: int, count: int, qkv: torch.Tensor,
+                    cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> None:
+        """RoPE, cache writes and attention for ``count`` segments from ``segments[first]`` (one layer's)."""
+        self.library.attend_rows(ctypes.byref(shape), ctypes.byref(segments, first * ctypes.sizeof(SegmentStruct)),
+                                 count, qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr())
+
+    def add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor | None,
+                 out: torch.Tensor | None, eps: float) -> None:
+        """``x += delta`` (skipped for None), then ``out = RMSNorm(x) * weight`` (skipped for None)."""
+        rows, hidden = x.shape
+        self.library.add_norm(x.data_ptr(), _pointer(delta), _pointer(weight), _pointer(out), rows, hidden, eps)
+
+    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
+        """``out = SiLU(gate) * up`` for [rows, 2 * inter] -> [rows, inter]."""
+        self.library.silu_mul(gate_up.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1])
 
     @staticmethod
-    def scratch(shape: ShapeStruct, rows: int) -> torch.Tensor:
-        """The float32 scratch buffer `forward_rows` needs for ``rows`` rows of a decoder of ``shape``."""
+    def rows_scratch(shape: ShapeStruct, rows: int) -> torch.Tensor:
+        """The float32 scratch buffer `decode_rows` needs for ``rows`` rows of a decoder of ``shape``."""
         per_row = 2 * shape.hidden + (2 * shape.heads + 2 * shape.kv_heads) * shape.head_dim + 3 * shape.intermediate
         return torch.empty(rows * per_row, dtype=torch.float32)
+
+
+AnyKernel = Kernel | FloatKernel
+"""The C kernel a model's draft heads share: the bf16 one or the float32 one, whichever the target runs."""
 
 
 def _bind(library: ctypes.CDLL) -> FloatKernel:
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     signatures = {
         "linear_rows": [pointer, pointer, pointer, pointer, size, size, size],
-        "forward_rows": [pointer, pointer, size, pointer, size, size, pointer, pointer, pointer, pointer],
+        "decode_rows": [pointer, pointer, size, pointer, size, size, pointer, pointer, pointer, pointer],
+        "attend_rows": [pointer, pointer, size, pointer, pointer, pointer, pointer],
         "add_norm": [pointer, pointer, pointer, pointer, size, size, ctypes.c_float],
+        "silu_mul": [pointer, pointer, size, size],
     }
     for name, arguments in signatures.items():
         function = getattr(library, name)

@@ -73,6 +73,15 @@ class Kernel:
     """Whether the products run on AMX tiles (faster than oneDNN for a few rows, and bit-identical
     to its results); otherwise on AVX512-BF16 dot products (fast for one row only)."""
 
+    dtype = torch.bfloat16
+    layer_struct = LayerStruct
+
+    @property
+    def rows_in_c(self) -> bool:
+        """Whether every product of a few-row forward runs in C, row-invariant: with AMX (the
+        dot-product loop is slower than oneDNN for several rows, so they go there without it)."""
+        return self.amx
+
     def decode_layers(self, shape: ShapeStruct, layers: ctypes.Array, first: int, count: int, pos: int,
                       cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor, scratch: torch.Tensor) -> None:
         """Run layers ``first .. first + count`` on ``x`` ([hidden] bf16, in place) at position ``pos``."""

@@ -101,7 +101,7 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     if x.dtype == torch.float32 and n <= KERNEL_ROWS and _float_ready(x, weight, bias):
         fast, _ = float_kernels.load()
         assert fast is not None
-        return fast.linear(weight, x.contiguous(), bias)
+        return fast.linear_rows(weight, x.contiguous(), bias)
     if x.dtype == torch.float32 and n <= KERNEL_ROWS:
         padded = PADDED_ROWS.get(n, n)
         rows = x.contiguous() if padded == n else torch.cat([x, x[-1:].expand(padded - n, -1)])
@@ -415,17 +415,19 @@ class NativeDecoder:
         for segment in segments:
             self._allocate(segment.cache, x)
         table = self._segment_table(segments)
-        scratch = kernel.scratch(self._shape, total)
+        scratch = kernel.rows_scratch(self._shape, total)
         entering: dict[int, torch.Tensor] = {}
         for first, stop in self._runs(aux_layers):
             if first in aux_layers:
                 entering[first] = x.clone()
-            kernel.forward_rows(self._shape, self._float_structs, first, stop - first, table, count, cos, sin, x,
-                                scratch)
+            kernel.decode_rows(self._shape, self._float_structs, first, stop - first, table, count, cos, sin, x,
+                               scratch)
         for segment in segments:
             for layer in segment.cache.layers:
                 layer.set_length(segment.start + segment.length)
-        return kernel.add_norm(x, self.norm, self.eps), [entering[i] for i in aux_layers]
+        out = torch.empty_like(x)
+        kernel.add_norm(x, None, self.norm, out, self.eps)
+        return out, [entering[i] for i in aux_layers]
 
     def _allocate(self, cache: RollbackCache, x: torch.Tensor) -> None:
         """Give every layer of ``cache`` its buffers, so a first short forward (a prompt of up to

@@ -25,7 +25,8 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from specsure.config.errors import ConfigError
-from specsure.models.kernel import MAX_HEAD_DIM, Kernel, ShapeStruct
+from specsure.models.float_kernel import AnyKernel
+from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
     HeadCache, attend, commit_rows, kernel_ready, kernel_segment, use_row_kernel,
@@ -63,7 +64,7 @@ class Eagle3Module(nn.Module):
         if own_embed:
             self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
         self.norm_before_residual = bool(getattr(config, "norm_before_residual", False))
-        self._kernel: Kernel | None = None
+        self._kernel: AnyKernel | None = None
 
     def attach(self, target: "CausalLM", config: Any, d2t: torch.Tensor | None) -> None:
         """Wire the parts that are not weights: rotary embedding, shared target parts, vocab map."""
@@ -76,17 +77,18 @@ class Eagle3Module(nn.Module):
         """g = fc(concat of the aux layers) [n, H]: applied to target features only."""
         return self.fc(aux_hidden.to(self.fc.weight.dtype))
 
-    def use_kernel(self, kernel: Kernel | None) -> bool:
-        """Run bf16 inference steps of the midlayer on ``kernel`` (with AMX products) where the layer
-        has no biases; returns whether it will. The layer's arithmetic is the same as `forward`'s
-        torch ops, rounded at the same points, in a dozen C calls instead of some eighty small
-        torch ops: the ops, not the weight reads, were half of a draft step's time."""
+    def use_kernel(self, kernel: AnyKernel | None) -> bool:
+        """Run inference steps of the midlayer on ``kernel`` (the target's: bf16 with AMX products, or
+        the float32 one) where the layer has no biases and the head is in the kernel's dtype;
+        returns whether it will. The layer's arithmetic is the same as `forward`'s torch ops (in
+        bf16 rounded at the same points), in a dozen C calls instead of some eighty small torch
+        ops: the ops, not the weight reads, were half of a draft step's time."""
         layer = self.midlayer
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         dim = getattr(attn, "head_dim", None)
-        if (kernel is None or not kernel.amx or any(p.bias is not None for p in linears)
-                or self.fc.weight.dtype != torch.bfloat16 or not isinstance(dim, int) or dim > MAX_HEAD_DIM):
+        if (kernel is None or not kernel.rows_in_c or any(p.bias is not None for p in linears)
+                or self.fc.weight.dtype != kernel.dtype or not isinstance(dim, int) or dim > MAX_HEAD_DIM):
             self._kernel = None
             return False
         config = attn.config
@@ -117,11 +119,12 @@ class Eagle3Module(nn.Module):
         return out[0], self._logits(self.norm(out[:, -1:] if last else out)[0])
 
     def _kernel_can_run(self, features: torch.Tensor, cache: HeadCache) -> bool:
-        return self._kernel is not None and features.dtype == torch.bfloat16 and kernel_ready(cache, features.shape[0])
+        return (self._kernel is not None and features.dtype == self._kernel.dtype
+                and kernel_ready(cache, features.shape[0]))
 
     def _kernel_forward(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,
                         last: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """`forward` on the C kernel: the same steps, each rounded to bf16 where torch rounds it."""
+        """`forward` on the C kernel: the same steps (in bf16 each rounded where torch rounds it)."""
         kernel, layer, shape = self._kernel, self.midlayer, self._shape
         assert kernel is not None
         n, eps = features.shape[0], shape.eps

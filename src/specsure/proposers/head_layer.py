@@ -17,7 +17,7 @@ from specsure.models.kv_cache import RollbackCache
 from specsure.models.native import KERNEL_ROWS, project
 
 if TYPE_CHECKING:
-    from specsure.models.kernel import Kernel
+    from specsure.models.float_kernel import AnyKernel
 
 
 class HeadCache:
@@ -168,7 +168,7 @@ class RowLinear(torch.nn.Linear):
     A draft head's numerics never reach the output: the target's verification decides every token.
     """
 
-    kernel: "Kernel | None" = None
+    kernel: "AnyKernel | None" = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
@@ -178,8 +178,9 @@ class RowLinear(torch.nn.Linear):
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             return project(flat, self.weight, self.bias).view(*x.shape[:-1], self.out_features)
         kernel = self.kernel
-        if (kernel is None or x.dtype != torch.bfloat16 or self.weight.dtype != torch.bfloat16
-                or rows > (KERNEL_ROWS if kernel.amx else 1)):  # without AMX the kernel is fast for one row only
+        if (kernel is None or kernel.dtype != torch.bfloat16 or x.dtype != torch.bfloat16
+                or self.weight.dtype != torch.bfloat16
+                or rows > (KERNEL_ROWS if kernel.rows_in_c else 1)):  # without AMX the kernel is fast for one row only
             return F.linear(x, self.weight, self.bias)
         out = kernel.linear_rows(self.weight, flat.contiguous())
         if self.bias is not None:
@@ -187,7 +188,7 @@ class RowLinear(torch.nn.Linear):
         return out.view(*x.shape[:-1], self.out_features)
 
 
-def use_row_kernel(module: torch.nn.Module, kernel: "Kernel | None") -> int:
+def use_row_kernel(module: torch.nn.Module, kernel: "AnyKernel | None") -> int:
     """Turn every nn.Linear of a loaded head into a `RowLinear` on ``kernel`` (None: no C kernel, the
     float32 path still applies); returns how many."""
     count = 0

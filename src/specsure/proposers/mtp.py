@@ -32,7 +32,8 @@ from torch import nn
 from specsure.config.compat import check_mtp_tensors, require_target_mtp
 from specsure.config.detect import SPECSURE_MTP_HEAD, SPECSURE_MTP_MODEL_TYPE, deepseek_mtp_prefix
 from specsure.config.errors import ConfigError
-from specsure.models.kernel import MAX_HEAD_DIM, Kernel, LayerStruct, ShapeStruct
+from specsure.models.float_kernel import AnyKernel
+from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
 from specsure.models.native import project
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
@@ -73,7 +74,7 @@ class MTPModule(nn.Module):
             self.shared_head.head = nn.Linear(hidden, vocab, bias=False)
         if own_embed:
             self.embed_tokens = nn.Embedding(vocab, hidden)
-        self._kernel: Kernel | None = None
+        self._kernel: AnyKernel | None = None
         self.draft_ids: torch.Tensor | None = None
         """[Vd] ascending target ids the engine drafts among (None: the whole vocabulary)."""
         self._draft_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -92,15 +93,15 @@ class MTPModule(nn.Module):
                 self._draft_logits = lambda normed: project(normed, weight).float()
         use_cache_slots([self.block])
 
-    def use_kernel(self, kernel: Kernel | None) -> bool:
-        """Run bf16 inference steps on ``kernel`` (the target's, so the target's family runs on the C
-        path, and the block is its layer class) with AMX products, where the block is a dense layer;
-        returns whether it will. The arithmetic is `entries`', rounded at the same points, in a few
+    def use_kernel(self, kernel: AnyKernel | None) -> bool:
+        """Run inference steps on ``kernel`` (the target's, so the target's family runs on the C path,
+        and the block is its layer class: bf16 with AMX products, or the float32 one) where the
+        block is a dense layer in the kernel's dtype; returns whether it will. The arithmetic is `entries`', rounded at the same points, in a few
         C calls instead of some sixty small torch ops."""
         block = self.block
         attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
         dim = getattr(attn, "head_dim", None)
-        if (kernel is None or not kernel.amx or self.eh_proj.weight.dtype != torch.bfloat16
+        if (kernel is None or not kernel.rows_in_c or self.eh_proj.weight.dtype != kernel.dtype
                 or not all(hasattr(mlp, p) for p in ("gate_proj", "up_proj", "down_proj"))
                 or not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
                 or not isinstance(dim, int) or dim > MAX_HEAD_DIM):
@@ -119,7 +120,7 @@ class MTPModule(nn.Module):
         if any(b is not None for b in biases) and self._weights["qkv_bias"] is None:
             self._kernel = None
             return False
-        self._layer = (LayerStruct * 1)()
+        self._layer = (kernel.layer_struct * 1)()
         for name, tensor in self._weights.items():
             setattr(self._layer[0], name, None if tensor is None else tensor.data_ptr())
         config = attn.config
@@ -132,7 +133,7 @@ class MTPModule(nn.Module):
     def forward(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,
                 last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         n = token_ids.shape[0]
-        if self._kernel is not None and features.dtype == torch.bfloat16 and kernel_ready(cache, n):
+        if self._kernel is not None and features.dtype == self._kernel.dtype and kernel_ready(cache, n):
             return self._kernel_forward(features, token_ids, cache, last)
         out = self.entries(features, token_ids, cache.positions(n), cache.mask(n, self.eh_proj.weight.dtype), cache.kv,
                            last, draft=True)
@@ -161,8 +162,8 @@ class MTPModule(nn.Module):
         assert kernel is not None
         n, hidden = features.shape[0], shape.hidden
         embed = self.embed_tokens(token_ids) if hasattr(self, "embed_tokens") else self.target.embed(token_ids)
-        e, g = (torch.empty(n, hidden, dtype=torch.bfloat16) for _ in range(2))
-        kernel.add_norm(embed.to(torch.bfloat16).contiguous(), None, self.enorm.weight, e, self.enorm.variance_epsilon)
+        e, g = (torch.empty(n, hidden, dtype=kernel.dtype) for _ in range(2))
+        kernel.add_norm(embed.to(kernel.dtype).contiguous(), None, self.enorm.weight, e, self.enorm.variance_epsilon)
         kernel.add_norm(features.contiguous(), None, self.hnorm.weight, g, self.hnorm.variance_epsilon)
         x = kernel.linear_rows(self.eh_proj.weight, torch.cat([e, g], dim=-1))  # [n, H]
         cos, sin = self.rotary(x[None], cache.positions(n))
