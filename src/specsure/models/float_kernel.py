@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from specsure.models.dtypes import cpu_flags
-from specsure.models.kernel import Kernel, SegmentStruct, ShapeStruct, open_library
+from specsure.models.kernel import Kernel, RowOps, SegmentStruct, ShapeStruct, open_library
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def _pointer(tensor: torch.Tensor | None) -> int | None:
 
 
 @dataclass(frozen=True)
-class FloatKernel:
+class FloatKernel(RowOps):
     """The loaded library's entry points, named and called as `kernel.Kernel`'s are, so the draft
     heads' C paths run on either (the tensors are float32 here)."""
 
@@ -70,22 +70,6 @@ class FloatKernel:
                                  count, ctypes.byref(segments, first * per_layer * ctypes.sizeof(SegmentStruct)),
                                  per_layer, x.shape[0], cos.data_ptr(), sin.data_ptr(), x.data_ptr(),
                                  scratch.data_ptr())
-
-    def attend_rows(self, shape: ShapeStruct, segments: ctypes.Array, first: int, count: int, qkv: torch.Tensor,
-                    cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> None:
-        """RoPE, cache writes and attention for ``count`` segments from ``segments[first]`` (one layer's)."""
-        self.library.attend_rows(ctypes.byref(shape), ctypes.byref(segments, first * ctypes.sizeof(SegmentStruct)),
-                                 count, qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr())
-
-    def add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor | None,
-                 out: torch.Tensor | None, eps: float) -> None:
-        """``x += delta`` (skipped for None), then ``out = RMSNorm(x) * weight`` (skipped for None)."""
-        rows, hidden = x.shape
-        self.library.add_norm(x.data_ptr(), _pointer(delta), _pointer(weight), _pointer(out), rows, hidden, eps)
-
-    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
-        """``out = SiLU(gate) * up`` for [rows, 2 * inter] -> [rows, inter]."""
-        self.library.silu_mul(gate_up.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1])
 
     @staticmethod
     def rows_scratch(shape: ShapeStruct, rows: int) -> torch.Tensor:

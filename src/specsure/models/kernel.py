@@ -64,8 +64,35 @@ class ShapeStruct(ctypes.Structure):
     _fields_ += [("eps", ctypes.c_float)]
 
 
+class RowOps:
+    """What both C kernels (bf16 and float32) do between a layer's products, with one signature:
+    the draft heads' C paths call them on whichever kernel the target runs. ``library`` is the
+    loaded CDLL; tensors are in the kernel's dtype."""
+
+    library: ctypes.CDLL
+
+    def attend_rows(self, shape: ShapeStruct, segments: ctypes.Array, first: int, count: int, qkv: torch.Tensor,
+                    cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> None:
+        """RoPE, cache writes and attention for ``count`` segments from ``segments[first]`` (one layer's)."""
+        self.library.attend_rows(ctypes.byref(shape), ctypes.byref(segments, first * ctypes.sizeof(SegmentStruct)),
+                                 count, qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr())
+
+    def add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor | None,
+                 out: torch.Tensor | None, eps: float) -> None:
+        """``x += delta`` (skipped for None), then ``out = RMSNorm(x) * weight`` (skipped for None); in
+        bf16 rounded as torch rounds."""
+        rows, hidden = x.shape
+        self.library.add_norm(x.data_ptr(), None if delta is None else delta.data_ptr(),
+                              None if weight is None else weight.data_ptr(), None if out is None else out.data_ptr(),
+                              rows, hidden, eps)
+
+    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
+        """``out = SiLU(gate) * up`` for [rows, 2 * inter] -> [rows, inter]."""
+        self.library.silu_mul(gate_up.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1])
+
+
 @dataclass(frozen=True)
-class Kernel:
+class Kernel(RowOps):
     """The loaded library's entry points."""
 
     library: ctypes.CDLL
@@ -117,23 +144,6 @@ class Kernel:
                                  x.shape[0])
         return out
 
-    def attend_rows(self, shape: ShapeStruct, segments: ctypes.Array, first: int, count: int, qkv: torch.Tensor,
-                    cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> None:
-        """RoPE, cache writes and attention for ``count`` segments from ``segments[first]`` (one layer's)."""
-        self.library.attend_rows(ctypes.byref(shape), ctypes.byref(segments, first * ctypes.sizeof(SegmentStruct)),
-                                 count, qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), out.data_ptr())
-
-    def add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor | None,
-                 out: torch.Tensor | None, eps: float) -> None:
-        """``x += delta`` (rounded; skipped for None), then ``out = RMSNorm(x) * weight`` (skipped for None)."""
-        rows, hidden = x.shape
-        self.library.add_norm(x.data_ptr(), None if delta is None else delta.data_ptr(),
-                              None if weight is None else weight.data_ptr(), None if out is None else out.data_ptr(),
-                              rows, hidden, eps)
-
-    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
-        """``out = SiLU(gate) * up`` for [rows, 2 * inter] -> [rows, inter], rounded as torch rounds."""
-        self.library.silu_mul(gate_up.data_ptr(), out.data_ptr(), out.shape[0], out.shape[1])
 
 
 def _compiler_version(cc: str) -> str:
