@@ -92,6 +92,15 @@ def test_kernel_steps_and_verify_rows_match_the_torch_ops(family, kernel):
     tree = TokenTree.from_parents(TREE)
     torch.testing.assert_close(fast.forward(list(range(20, 27)), tree=tree).logits,
                                ref.forward(list(range(20, 27)), tree=tree).logits, **close)
+    # Two more sequences batched with the first: one a step, one a short continuation.
+    from specsure.models.causal_lm import Call
+
+    fast_views, ref_views = [fast.fork(), fast.fork()], [ref.fork(), ref.fork()]
+    for view in fast_views + ref_views:
+        view.forward(PROMPT)
+    calls = lambda lm, views: [Call(lm, [3]), Call(views[0], [7, 8, 9]), Call(views[1], [11])]  # noqa: E731
+    for a, b in zip(fast.forward_batch(calls(fast, fast_views)), ref.forward_batch(calls(ref, ref_views))):
+        torch.testing.assert_close(a.logits, b.logits, **close)
     # What the kernel wrote into the cache serves torch's own long forward afterwards.
     fast.crop(len(PROMPT) + 150)
     ref.crop(len(PROMPT) + 150)

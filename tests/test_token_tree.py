@@ -105,7 +105,7 @@ def test_check_vllm_compares_a_trees_k_and_not_the_tree_vllm_has_no_key_for(tmp_
 
 def test_the_bench_runs_each_tree_method_with_its_tree():
     s = Settings(model=None, dtype="float32", num_speculative_tokens=8, head_k=3)
-    want = {"method": "eagle3", "speculative_token_tree": "[(0,), (1,), (2,)]"}  # the shipped head's tree
+    want = {"method": "eagle3", "speculative_token_tree": "[(0,), (1,)]"}  # the shipped head's tree
     assert speculative_config("eagle3-tree", s) == want  # the tree's node count is k, not -k
     ours = Settings(model=None, dtype="float32", num_speculative_tokens=8, token_tree="[(0,), (1,)]")
     assert speculative_config("mtp-tree", ours) == {"method": "mtp", "speculative_token_tree": "[(0,), (1,)]"}

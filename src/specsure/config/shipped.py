@@ -19,10 +19,11 @@ HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"
 SHIPPED: dict[str, str] = {"eagle3": "smollm2-135m-eagle3", "mtp": "smollm2-135m-mtp"}
 """Method -> folder name of the head trained for SmolLM2-135M-Instruct."""
 
-SHIPPED_TREE: dict[str, DraftTree] = {"eagle3": DraftTree([(0,), (1,), (2,)]), "mtp": DraftTree([(0,), (1,), (2,)])}
+SHIPPED_TREE: dict[str, DraftTree] = {"eagle3": DraftTree([(0,), (1,)]), "mtp": DraftTree([(0,), (1,)])}
 """The token tree each shipped head drafts when the user sets neither num_speculative_tokens nor a
-tree: the best measured on the bench (BENCHMARKS.md, "Token trees"), for both heads the first three
-choices of one draft step. k is its node count."""
+tree: the best measured on the bench (BENCHMARKS.md, "Token trees" and "the float32 C kernel"),
+for both heads the first two choices of one draft step (the first three were best until a verify
+row stopped being nearly free on the AVX2 machine). k is its node count."""
 
 
 def shipped_head(method: str) -> str | None:
