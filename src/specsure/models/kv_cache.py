@@ -17,6 +17,21 @@ from transformers.cache_utils import Cache, DynamicLayer
 _MIN_CAPACITY = 256
 
 
+def _buffer_view(buffer: str) -> property:
+    """A property reading as the first ``_length`` positions of the named buffer (None before it
+    exists); assigning None is accepted and ignored, anything else refused."""
+
+    def read(layer: "GrowableLayer") -> torch.Tensor | None:
+        tensor = getattr(layer, buffer, None)
+        return None if tensor is None else tensor[..., : layer._length, :]
+
+    def write(layer: "GrowableLayer", value: torch.Tensor | None) -> None:
+        if value is not None:
+            raise AttributeError(f"GrowableLayer's {buffer} is read through views; write through update or reserve.")
+
+    return property(read, write)
+
+
 class GrowableLayer(DynamicLayer):
     """One full-attention layer: `keys` / `values` are views `[batch, heads, len, head_dim]`
     into buffers `[batch, heads, capacity, head_dim]`."""
@@ -78,25 +93,8 @@ class GrowableLayer(DynamicLayer):
     # `keys` and `values` are views made when read: a C forward moves the end marker of every
     # layer on every step and reads no view, and making two views per layer cost ~0.7 ms of a
     # 30 ms speculative step. transformers assigns None to them (init, reset); nothing else may.
-    @property
-    def keys(self) -> torch.Tensor | None:  # type: ignore[override]
-        buffer = getattr(self, "_key_buffer", None)
-        return None if buffer is None else buffer[..., : self._length, :]
-
-    @keys.setter
-    def keys(self, value: torch.Tensor | None) -> None:
-        if value is not None:
-            raise AttributeError("GrowableLayer.keys is a view of its buffer; write through update or reserve.")
-
-    @property
-    def values(self) -> torch.Tensor | None:  # type: ignore[override]
-        buffer = getattr(self, "_value_buffer", None)
-        return None if buffer is None else buffer[..., : self._length, :]
-
-    @values.setter
-    def values(self, value: torch.Tensor | None) -> None:
-        if value is not None:
-            raise AttributeError("GrowableLayer.values is a view of its buffer; write through update or reserve.")
+    keys = _buffer_view("_key_buffer")
+    values = _buffer_view("_value_buffer")
 
     def get_seq_length(self) -> int:
         return self._length
