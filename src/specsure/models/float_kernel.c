@@ -17,7 +17,7 @@
  * attention, SiLU); results differ from torch's only in summation order and exp (a fixed
  * polynomial, below).
  *
- * Built by specsure.models.kernel (FLOAT_FLAGS: AVX2, FMA, OpenMP), loaded after torch so its
+ * Built by specsure.models.float_kernel (its FLAGS: AVX2, FMA, OpenMP), loaded after torch so its
  * OpenMP calls run on torch's libgomp threads.
  */
 #include <immintrin.h>
@@ -73,7 +73,8 @@ static inline __attribute__((always_inline)) void micro(const float *const *rows
     int64_t full = k - k % 8;
     for (int64_t c = 0; c < full; c += 8) {
         if (ahead && (c & 15) == 0)
-            for (int64_t p = c * WROWS; p < (c + 16) * WROWS; p += 16) _mm_prefetch((const char *)(ahead + p), _MM_HINT_T0);
+            for (int64_t p = c * WROWS; p < (c + 16) * WROWS; p += 16)
+                _mm_prefetch((const char *)(ahead + p), _MM_HINT_T0);
         __m256 xv[6];
         for (int a = 0; a < xr; a++) xv[a] = _mm256_loadu_ps(x + (i + a) * k + c);
         for (int r = 0; r < wr; r++) {
@@ -103,8 +104,14 @@ static inline __attribute__((always_inline)) void pass(const float *const *rows,
     case 1: micro(rows, 0, 4, x, y, n, k, i, 1, nr, j0, ahead); break;
     case 2: micro(rows, 0, 4, x, y, n, k, i, 2, nr, j0, ahead); break;
     case 3: micro(rows, 0, 4, x, y, n, k, i, 3, nr, j0, ahead); break;
-    case 4: micro(rows, 0, 2, x, y, n, k, i, 4, nr, j0, ahead); micro(rows, 2, 2, x, y, n, k, i, 4, nr, j0, ahead); break;
-    case 5: micro(rows, 0, 2, x, y, n, k, i, 5, nr, j0, ahead); micro(rows, 2, 2, x, y, n, k, i, 5, nr, j0, ahead); break;
+    case 4:
+        micro(rows, 0, 2, x, y, n, k, i, 4, nr, j0, ahead);
+        micro(rows, 2, 2, x, y, n, k, i, 4, nr, j0, ahead);
+        break;
+    case 5:
+        micro(rows, 0, 2, x, y, n, k, i, 5, nr, j0, ahead);
+        micro(rows, 2, 2, x, y, n, k, i, 5, nr, j0, ahead);
+        break;
     }
 }
 
@@ -147,7 +154,8 @@ void linear_rows(const float *w, const float *bias, const float *x, float *y, in
  * formula, so every row rounds alike; libm's expf is scalar and several times slower. */
 static inline __m256 exp8(__m256 x) {
     x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
     __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
@@ -215,8 +223,9 @@ static void rope_and_store(const Shape *s, const Segment *segs, int64_t nseg, fl
             for (int64_t h = 0; h < s->heads; h++) rope(q + h * dim, c, sn, dim);
             for (int64_t h = 0; h < s->kv_heads; h++) {
                 rope(k + h * dim, c, sn, dim);
-                memcpy(seg->keys + (h * seg->capacity + seg->start + r) * dim, k + h * dim, (size_t)dim * sizeof(float));
-                memcpy(seg->values + (h * seg->capacity + seg->start + r) * dim, v + h * dim, (size_t)dim * sizeof(float));
+                size_t bytes = (size_t)dim * sizeof(float);
+                memcpy(seg->keys + (h * seg->capacity + seg->start + r) * dim, k + h * dim, bytes);
+                memcpy(seg->values + (h * seg->capacity + seg->start + r) * dim, v + h * dim, bytes);
             }
         }
     }

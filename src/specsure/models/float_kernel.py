@@ -28,7 +28,8 @@ _CPU_FLAGS = ("avx2", "fma")
 MAX_HEAD_DIM = 512
 """float_kernel.c's MAX_DIM: its attention keeps a head's query and output in registers."""
 
-__all__ = ["AnyKernel", "FloatKernel", "FloatLayerStruct", "MAX_HEAD_DIM", "SegmentStruct", "ShapeStruct", "cpu_flags", "load"]
+__all__ = ["AnyKernel", "FloatKernel", "FloatLayerStruct", "MAX_HEAD_DIM", "SegmentStruct", "ShapeStruct", "cpu_flags",
+           "load"]
 
 
 class FloatLayerStruct(ctypes.Structure):

@@ -96,8 +96,9 @@ class MTPModule(nn.Module):
     def use_kernel(self, kernel: AnyKernel | None) -> bool:
         """Run inference steps on ``kernel`` (the target's, so the target's family runs on the C path,
         and the block is its layer class: bf16 with AMX products, or the float32 one) where the
-        block is a dense layer in the kernel's dtype; returns whether it will. The arithmetic is `entries`', rounded at the same points, in a few
-        C calls instead of some sixty small torch ops."""
+        block is a dense layer in the kernel's dtype; returns whether it will. The arithmetic is
+        `entries`' (in bf16 rounded at the same points), in a few C calls instead of some sixty small
+        torch ops."""
         block = self.block
         attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
         dim = getattr(attn, "head_dim", None)
