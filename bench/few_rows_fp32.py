@@ -1,5 +1,5 @@
 """One float32 forward of the default model at 1 to 16 new rows, on torch ops (the products as
-`native.project` does them without the C kernel) and on the float32 C kernel (float_kernel.c),
+`products.project` does them without the C kernel) and on the float32 C kernel (float_kernel.c),
 interleaved.
 
     .venv/bin/python bench/few_rows_fp32.py [--repeats 12]
@@ -40,7 +40,7 @@ def main() -> None:
     try:
         for _ in range(args.repeats):
             for (way, rows), samples in times.items():
-                float_kernels._loaded = ways[way]  # `native.project` asks for it on every product
+                float_kernels._loaded = ways[way]  # `products.project` asks for it on every product
                 decoder.float_kernel = ways[way][0]
                 started = time.perf_counter()
                 lm.forward([5] * rows)

@@ -38,7 +38,7 @@ def test_last_row_logits_are_the_full_logits_last_row(tmp_path, method: str, dty
 
 
 def test_a_heads_float32_linears_take_the_few_row_products() -> None:
-    """float32 inference rows go through `native.project` (row-major, padded where it pays); under
+    """float32 inference rows go through `products.project` (row-major, padded where it pays); under
     autograd the layer is F.linear itself, bit for bit, so training is unchanged."""
     from specsure.proposers.head_layer import RowLinear, use_row_kernel
 

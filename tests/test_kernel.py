@@ -1,4 +1,5 @@
-"""The C decode kernel: bf16 one-token steps agree with the torch ops, and its absence is explained."""
+"""The C decode kernel: bf16 one-token steps agree with the torch ops, and its absence (and the float32
+kernel's) is explained."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from specsure.models import CausalLM
+from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
 from trees import TREE, node_paths
 
@@ -83,14 +85,16 @@ def test_the_kernel_can_be_turned_off_and_the_path_says_so(monkeypatch):
     assert "few-row steps on torch ops: SPECSURE_KERNEL=0 turns the C kernel off" in fast.path
 
 
-def test_a_compiler_that_fails_is_reported_not_hidden(monkeypatch, tmp_path):
-    if not {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= kernels.cpu_flags():
-        kernel, why = kernels._load()
+@pytest.mark.parametrize(("module", "needs"), [(kernels, {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"}),
+                                                (float_kernels, {"avx2", "fma"})], ids=["bf16", "float32"])
+def test_a_compiler_that_fails_is_reported_not_hidden(monkeypatch, tmp_path, module, needs):
+    if not needs <= kernels.cpu_flags():
+        kernel, why = module._load()
         assert kernel is None and "this CPU lacks" in why
         return
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv("CC", "/bin/false")
-    kernel, why = kernels._load()
+    kernel, why = module._load()
     assert kernel is None and why.startswith("the C kernel did not build or load: /bin/false failed")
     assert not list(tmp_path.rglob("*.partial"))  # nothing half-written is left in the cache
 

@@ -16,7 +16,8 @@ from specsure.models.errors import ModelLoadError
 from specsure.models.kv_cache import RollbackCache
 from specsure.models.forward_output import ForwardOutput
 from specsure.models.logits import LogitsTransform, logits_transform
-from specsure.models.native import KERNEL_ROWS, NativeDecoder, Segment, project
+from specsure.models.native import NativeDecoder, Segment
+from specsure.models.products import KERNEL_ROWS, project
 from specsure.models.token_tree import TokenTree, attention_mask
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ def _align(hf: torch.nn.Module) -> None:
     """Move every parameter whose storage is not 64-byte aligned into an aligned copy, in place.
 
     Weights read from safetensors may start anywhere the file put them (8-byte alignment). The
-    few-row float32 product (`native.project`, ``weight @ x.T``) rounds differently depending on the
+    few-row float32 product (`products.project`, ``weight @ x.T``) rounds differently depending on the
     weight's alignment, so without this the same weights in two file layouts (one file, or shards)
     would give logits a few ulps apart. A parameter shared by two modules (tied embeddings) is one
     object, so both keep sharing the copy.
@@ -377,7 +378,7 @@ class CausalLM:
         # Both paths run the same base model on the same inputs, so they differ only by how the
         # head's product and scalar steps round: a few units of the model dtype's epsilon, relative
         # to the largest logit; in float32 the few-row product sums in another order than
-        # F.linear (`native.project`), up to about 1e-6 of it. Any real transform (a scale, a cap,
+        # F.linear (`products.project`), up to about 1e-6 of it. Any real transform (a scale, a cap,
         # a bias) is far larger.
         scale = max(1.0, float(expected.abs().max()))
         tolerance = max(8 * torch.finfo(self.dtype).eps, 1e-5) * scale

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 
-from specsure.models.dtypes import cpu_flags
 from specsure.models.kernel import Kernel, RowOps, SegmentStruct, ShapeStruct, open_library
 
 logger = logging.getLogger(__name__)
@@ -28,8 +27,7 @@ _CPU_FLAGS = ("avx2", "fma")
 MAX_HEAD_DIM = 512
 """float_kernel.c's MAX_DIM: its attention keeps a head's query and output in registers."""
 
-__all__ = ["AnyKernel", "FloatKernel", "FloatLayerStruct", "MAX_HEAD_DIM", "SegmentStruct", "ShapeStruct", "cpu_flags",
-           "load"]
+__all__ = ["AnyKernel", "FloatKernel", "FloatLayerStruct", "MAX_HEAD_DIM", "load"]
 
 
 class FloatLayerStruct(ctypes.Structure):

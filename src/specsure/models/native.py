@@ -29,15 +29,11 @@ from torch import nn
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
+from specsure.models.products import KERNEL_ROWS, project
 from specsure.models.token_tree import TokenTree, attention_mask
 
 FAMILIES = ("llama", "mistral", "qwen2")
 """Text-config model_types whose decoder layers this module runs."""
-
-KERNEL_ROWS = 64
-"""Forwards over at most this many rows (decode, verify, a batch of them) run through the C kernel;
-its attention loops cost rows x context, so a long prefill stays on torch's SDPA."""
-
 
 @dataclass
 class _Layer:
@@ -70,58 +66,6 @@ def _fuse_bias(modules: list[nn.Linear]) -> torch.Tensor | None:
         return None
     return torch.cat([b.detach() if b is not None else m.weight.new_zeros(m.weight.shape[0])
                       for m, b in zip(modules, biases)])
-
-
-PADDED_ROWS = {1: 2, 3: 4, 7: 8, 12: 16, 13: 16, 14: 16, 15: 16}
-"""float32 row counts that `project` rounds up, repeating the last row. On an AVX2 CPU a product
-over one row ran on one core, and some counts took a slower blocking; the padded products cost
-less. The default model's whole forward at ~200 cached tokens (2 threads): one row 50 ms against
-65 through ``mv``, three rows 55 against 79 unpadded, thirteen 113 against 153; 5, 6, 9-11 and 20
-rows were slower padded."""
-
-
-def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for [n, in] rows: a few float32 rows on the float32 C kernel (float_kernel.c:
-    the weights streamed once, each row's bits independent of the others) or, without it, as
-    ``weight @ x.T``; one bf16 row through ``torch.mv``; anything else through ``F.linear``.
-
-    In bf16 an ``F.linear`` over one row costs as much as over nine, while ``mv`` reads the weights
-    at about 1.3x the speed and gives bit-identical results (its row equals row i of the batched
-    product), so decode steps get faster without changing a single logit.
-
-    In float32, ``F.linear`` over a few rows (x @ W.T) costs up to twice a one-row step on an AVX2
-    CPU, where ``weight @ x.T`` streams the weight once. Its input must be row-major and its output
-    is made so: the product's own output is a transposed view, and ``weight @ x.T`` over such a view
-    took 2.5 times as long, which was every product of a layer after the first (the default
-    model's 4-row forward 69 -> 53 ms on 2 threads, interleaved). A few row counts are padded
-    (`PADDED_ROWS`), one row among them. Past ``KERNEL_ROWS`` rows (a prefill) F.linear's
-    blocked product is the faster one.
-    """
-    n = x.shape[0]
-    if x.dtype == torch.float32 and n <= KERNEL_ROWS and _float_ready(x, weight, bias):
-        fast, _ = float_kernels.load()
-        assert fast is not None
-        return fast.linear_rows(weight, x.contiguous(), bias)
-    if x.dtype == torch.float32 and n <= KERNEL_ROWS:
-        padded = PADDED_ROWS.get(n, n)
-        rows = x.contiguous() if padded == n else torch.cat([x, x[-1:].expand(padded - n, -1)])
-        out = torch.mm(weight, rows.t())[:, :n].t().contiguous()  # [n, out], row-major for the next product
-    elif n == 1:
-        out = torch.mv(weight, x[0]).unsqueeze(0)  # [1, out]
-    else:
-        return F.linear(x, weight, bias)
-    return out if bias is None else out + bias
-
-
-def _float_ready(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether a float32 product may run on the C kernel: it is loaded, the weights are contiguous
-    float32, and no gradient is wanted (training keeps torch's products)."""
-    if float_kernels.load()[0] is None or weight.dtype != torch.float32 or not weight.is_contiguous():
-        return False
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-        return False
-    return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                             or (bias is not None and bias.requires_grad)))
 
 
 def _ready(cache: RollbackCache, layers: int) -> bool:
@@ -342,7 +286,7 @@ class NativeDecoder:
             self.kernel.decode_layers(self._shape, self._structs, first, stop - first, pos, cos, sin, x, self._scratch)
         for layer in layers:
             layer.set_length(pos + 1)
-        return self._kernel_norm(x.unsqueeze(0)), [entering[i] for i in aux_layers]
+        return self._kernel_norm(x.unsqueeze(0), self.kernel), [entering[i] for i in aux_layers]
 
     def _runs(self, aux_layers: tuple[int, ...]) -> list[tuple[int, int]]:
         """Layer spans (first, stop), one C call each: the stack cut at every aux layer, whose input
@@ -350,10 +294,9 @@ class NativeDecoder:
         cuts = sorted({0, *aux_layers, len(self.layers)})
         return list(zip(cuts, cuts[1:]))
 
-    def _kernel_norm(self, x: torch.Tensor) -> torch.Tensor:
+    def _kernel_norm(self, x: torch.Tensor, kernel: kernels.RowOps) -> torch.Tensor:
         out = torch.empty_like(x)
-        assert self.kernel is not None
-        self.kernel.add_norm(x, None, self.norm, out, self.eps)
+        kernel.add_norm(x, None, self.norm, out, self.eps)
         return out
 
     def _product(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -370,20 +313,12 @@ class NativeDecoder:
         kernel = self.kernel
         assert kernel is not None
         total, count = ids.shape[0], len(segments)
-        x = self.embed(ids).contiguous()  # [T, hidden]
-        positions = torch.cat([torch.arange(s.start, s.start + s.length) if s.tree is None else s.start + s.tree.depths
-                               for s in segments]).unsqueeze(0)  # [1, T]
-        cos, sin = self.rotary(x.unsqueeze(0), positions)  # [1, T, dim] each
-        cos, sin = cos[0].contiguous(), sin[0].contiguous()
+        x, cos, sin = self._rows_input(ids, segments)
         table = self._segment_table(segments)
+        if self.exact:  # the whole stack in C
+            entering = self._c_stack(kernel, self._structs, x, table, count, cos, sin, aux_layers)
+            return self._finish_rows(x, segments, aux_layers, entering, kernel)
         entering: dict[int, torch.Tensor] = {}
-        if self.exact:  # the whole stack in C, pausing only where an aux layer's input is wanted
-            scratch = kernel.rows_scratch(self._shape, total)
-            for first, stop in self._runs(aux_layers):
-                if first in aux_layers:
-                    entering[first] = x.clone()
-                kernel.decode_rows(self._shape, self._structs, first, stop - first, table, count, cos, sin, x, scratch)
-            return self._finish_rows(x, segments, aux_layers, entering)
         h = torch.empty_like(x)
         att = torch.empty(total, self.heads * self.head_dim, dtype=x.dtype)
         act = torch.empty(total, self.intermediate, dtype=x.dtype)
@@ -398,44 +333,51 @@ class NativeDecoder:
             kernel.silu_mul(self._product(h, layer.gate_up), act)
             delta = self._product(act, layer.down)
         kernel.add_norm(x, delta, None, None, self.eps)
-        return self._finish_rows(x, segments, aux_layers, entering)
+        return self._finish_rows(x, segments, aux_layers, entering, kernel)
 
     def _float_rows(self, ids: torch.Tensor, segments: list["Segment"], aux_layers: tuple[int, ...]
                     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """A float32 forward over a few rows (a decode step, a verify step, a batch): every layer in
-        one C call, pausing only where an aux layer's input is wanted."""
+        """A float32 forward over a few rows (a decode step, a verify step, a batch): every layer in C."""
         kernel = self.float_kernel
         assert kernel is not None
-        total, count = ids.shape[0], len(segments)
-        x = self.embed(ids).contiguous()  # [T, hidden]
+        x, cos, sin = self._rows_input(ids, segments)
+        for segment in segments:
+            self._allocate(segment.cache, x.dtype)
+        table = self._segment_table(segments)
+        entering = self._c_stack(kernel, self._float_structs, x, table, len(segments), cos, sin, aux_layers)
+        return self._finish_rows(x, segments, aux_layers, entering, kernel)
+
+    def _rows_input(self, ids: torch.Tensor, segments: list["Segment"]
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The C paths' inputs: the rows' embeddings [T, hidden] and their RoPE cos and sin [T, dim]."""
+        x = self.embed(ids).contiguous()
         positions = torch.cat([torch.arange(s.start, s.start + s.length) if s.tree is None else s.start + s.tree.depths
                                for s in segments]).unsqueeze(0)  # [1, T]
         cos, sin = self.rotary(x.unsqueeze(0), positions)  # [1, T, dim] each
-        cos, sin = cos[0].contiguous(), sin[0].contiguous()
-        for segment in segments:
-            self._allocate(segment.cache, x)
-        table = self._segment_table(segments)
-        scratch = kernel.rows_scratch(self._shape, total)
+        return x, cos[0].contiguous(), sin[0].contiguous()
+
+    def _c_stack(self, kernel: "kernels.Kernel | float_kernels.FloatKernel", structs: ctypes.Array, x: torch.Tensor,
+                 table: ctypes.Array, count: int, cos: torch.Tensor, sin: torch.Tensor,
+                 aux_layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
+        """Every layer on ``x`` in place through ``kernel.decode_rows``, pausing only where an aux
+        layer's input is wanted; returns those inputs by layer."""
+        scratch = kernel.rows_scratch(self._shape, x.shape[0])
         entering: dict[int, torch.Tensor] = {}
         for first, stop in self._runs(aux_layers):
             if first in aux_layers:
                 entering[first] = x.clone()
-            kernel.decode_rows(self._shape, self._float_structs, first, stop - first, table, count, cos, sin, x,
-                               scratch)
-        for segment in segments:
-            for layer in segment.cache.layers:
-                layer.set_length(segment.start + segment.length)
-        out = torch.empty_like(x)
-        kernel.add_norm(x, None, self.norm, out, self.eps)
-        return out, [entering[i] for i in aux_layers]
+            kernel.decode_rows(self._shape, structs, first, stop - first, table, count, cos, sin, x, scratch)
+        return entering
 
-    def _allocate(self, cache: RollbackCache, x: torch.Tensor) -> None:
+    def _allocate(self, cache: RollbackCache, dtype: torch.dtype) -> None:
         """Give every layer of ``cache`` its buffers, so a first short forward (a prompt of up to
         KERNEL_ROWS tokens) runs in C as later ones do: which code computes a prompt's cache must
         not depend on whether the buffers were kept from the last request."""
+        if _ready(cache, len(self.layers)):
+            return
         while len(cache.layers) < len(self.layers):
             cache.layers.append(GrowableLayer())
-        empty = x.new_empty(1, self.kv_heads, 0, self.head_dim)
+        empty = torch.empty(1, self.kv_heads, 0, self.head_dim, dtype=dtype)
         for layer in cache.layers:
             if not layer.is_initialized:
                 layer.lazy_initialization(empty, empty)
@@ -455,11 +397,12 @@ class NativeDecoder:
         return table
 
     def _finish_rows(self, x: torch.Tensor, segments: list["Segment"], aux_layers: tuple[int, ...],
-                     entering: dict[int, torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                     entering: dict[int, torch.Tensor], kernel: kernels.RowOps
+                     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         for segment in segments:
             for layer in segment.cache.layers:
                 layer.set_length(segment.start + segment.length)
-        return self._kernel_norm(x), [entering[i] for i in aux_layers]
+        return self._kernel_norm(x, kernel), [entering[i] for i in aux_layers]
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from specsure.models.kernel import SegmentStruct
 from specsure.models.kv_cache import RollbackCache
-from specsure.models.native import KERNEL_ROWS, project
+from specsure.models.products import KERNEL_ROWS, project
 
 if TYPE_CHECKING:
     from specsure.models.float_kernel import AnyKernel
@@ -159,7 +159,7 @@ def use_cache_slots(blocks: list[torch.nn.Module]) -> None:
 
 class RowLinear(torch.nn.Linear):
     """An nn.Linear whose inference products over a few rows take the faster path: float32 rows
-    through `native.project` (as the target's), bf16 rows on the C kernel where there is one.
+    through `products.project` (as the target's), bf16 rows on the C kernel where there is one.
 
     A draft step is one row (a head's catch-up after a verify a few). In float32 ``F.linear`` over
     one row runs on one core on an AVX2 CPU: `project` made the shipped EAGLE-3 head's one-row step

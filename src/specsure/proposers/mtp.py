@@ -34,7 +34,7 @@ from specsure.config.detect import SPECSURE_MTP_HEAD, SPECSURE_MTP_MODEL_TYPE, d
 from specsure.config.errors import ConfigError
 from specsure.models.float_kernel import AnyKernel
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
-from specsure.models.native import project
+from specsure.models.products import project
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
     HeadCache, commit_rows, kernel_ready, kernel_segment, use_cache_slots, use_row_kernel,
