@@ -44,9 +44,26 @@ def _pair(family: str, kernel: kernels.Kernel | None = None) -> tuple[CausalLM, 
                 p.normal_(0.0, 0.2)
         models.append(CausalLM(hf.to(torch.bfloat16)))
     if kernel is not None:
-        models[0]._native.kernel, models[0]._native.exact = kernel, kernel.amx
+        models[0]._native.kernel = kernel
     models[1]._native.kernel = None
     return models[0], models[1]
+
+
+def test_products_are_row_invariant_and_close_to_torch(products):
+    """Weight tails (rows not a multiple of the 4-row block, widths not of 32) and 1 to 13 rows (tiles
+    of 6 and what is left): every row's bits whatever runs with it, and torch's up to bf16 rounding."""
+    if products is None:
+        return
+    torch.manual_seed(0)
+    for out_features, in_features in ((13, 37), (64, 64), (203, 96), (18, 600)):
+        weight = torch.randn(out_features, in_features).to(torch.bfloat16)
+        x = torch.randn(13, in_features).to(torch.bfloat16)
+        want = (x.float() @ weight.float().T)
+        for rows in range(1, 14):
+            got = products.linear_rows(weight, x[:rows].contiguous())
+            torch.testing.assert_close(got.float(), want[:rows], atol=0.02 * float(want.abs().max()), rtol=0.01)
+            for i in range(rows):
+                assert torch.equal(got[i], products.linear_rows(weight, x[i:i + 1].contiguous())[0])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -139,7 +156,6 @@ def test_exact_mode_verify_rows_equal_decode_steps_bit_for_bit(family, products)
     if products is None:
         return
     decode._native.kernel = products
-    verify._native.exact = True  # the default with AMX; asked for here on the dot-product loop too
     prompt = [5, 17, 3, 88, 42, 9, 61, 2, 30, 7]
     for lm in (verify, decode):
         lm.forward(prompt)
@@ -157,8 +173,9 @@ def test_exact_mode_verify_rows_equal_decode_steps_bit_for_bit(family, products)
         assert torch.equal(nodes[node], last[0]), f"node {node}"
 
 
-def test_in_bf16_every_method_equals_plain_decoding_with_amx(tmp_path):
-    """With AMX products, a verify row is the decode step's bits, so bf16 greedy output is plain's exactly."""
+def test_in_bf16_every_method_equals_plain_decoding_on_the_kernel(tmp_path, products):
+    """On the kernel (AMX or dot-product tiles) a verify row is the decode step's bits, so bf16 greedy
+    output is plain's exactly."""
     from specsure import SamplingParams, make_engine
     from tiny import build_tiny_llama
 
@@ -166,9 +183,8 @@ def test_in_bf16_every_method_equals_plain_decoding_with_amx(tmp_path):
     greedy = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
     prompts = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [40, 41, 3, 50, 40, 41, 3, 50]]
     plain = make_engine(target, None, dtype="bfloat16")
-    kernel, why = kernels.load()
-    if kernel is None or not kernel.amx:  # no bit-exact claim without AMX; the path says what runs
-        assert plain.target.lm.path.startswith("native") and (why in plain.target.lm.path or "no AMX" in why)
+    if products is None:  # no bit-exact claim without the kernel; the path says why
+        assert kernels.load()[1] in plain.target.lm.path
         return
     expected = [[c.token_ids for c in plain.generate([p], greedy)] for p in prompts]
     specs = [{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
@@ -213,16 +229,15 @@ def test_draft_heads_run_their_bf16_products_on_the_kernel(tmp_path, products):
         got = layer(x)
         one = layer(x[:1])
     want = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    assert torch.equal(one, got[:1])  # row-invariant on either product path
     if products.amx:
         assert torch.equal(got, want)  # AMX products are oneDNN's bits
-    else:  # the dot loop runs one row; several rows stay on oneDNN
-        assert torch.equal(got, want)
-        torch.testing.assert_close(one, want[:1], atol=0.02, rtol=0.02)
+    else:  # the dot-product tiles sum in another order than oneDNN
+        torch.testing.assert_close(got, want, atol=0.02, rtol=0.02)
     greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     plain = make_engine(target, None, dtype="bfloat16")
     prompt = [5, 6, 7, 8, 9, 10, 5, 6, 7]
-    if products.amx:
-        assert engine.generate([prompt], greedy)[0].token_ids == plain.generate([prompt], greedy)[0].token_ids
+    assert engine.generate([prompt], greedy)[0].token_ids == plain.generate([prompt], greedy)[0].token_ids
 
 
 def _kernel_then_torch(module: torch.nn.Module, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -246,7 +261,7 @@ def _kernel_then_torch(module: torch.nn.Module, seed: int) -> list[tuple[torch.T
 
 
 def test_eagle3_midlayer_on_the_kernel_matches_its_torch_ops(tmp_path, products):
-    """In bf16 with AMX the EAGLE-3 head's layer runs on the kernel: the same arithmetic as its torch
+    """In bf16 the EAGLE-3 head's layer runs on the kernel: the same arithmetic as its torch
     ops up to float32 summation order, and the engine still equals plain decoding."""
     from heads import write_eagle3_head
     from specsure import SamplingParams, make_engine
@@ -257,8 +272,8 @@ def test_eagle3_midlayer_on_the_kernel_matches_its_torch_ops(tmp_path, products)
     engine = make_engine(str(target), {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3},
                          dtype="bfloat16")
     module = engine.proposer.module
-    if products is None or not products.amx:  # no kernel, or dot products only: the torch ops run
-        assert module._kernel is None or module._kernel.amx
+    if products is None:  # no kernel: the torch ops run
+        assert module._kernel is None
         return
     assert module._kernel is not None
     (hidden, logits), (want_hidden, want_logits) = _kernel_then_torch(module, seed=3)
@@ -275,7 +290,7 @@ def test_eagle3_midlayer_on_the_kernel_matches_its_torch_ops(tmp_path, products)
 
 
 def test_mtp_block_on_the_kernel_matches_its_torch_ops(tmp_path, products):
-    """In bf16 with AMX a dense MTP module runs on the kernel (decode_rows on the head's cache): its
+    """In bf16 a dense MTP module runs on the kernel (decode_rows on the head's cache): its
     torch ops' arithmetic up to float32 summation order, and the engine still equals plain."""
     from specsure import SamplingParams, make_engine
     from specsure.models.loading import load_model
@@ -292,8 +307,8 @@ def test_mtp_block_on_the_kernel_matches_its_torch_ops(tmp_path, products):
     head = save_mtp_head(module, loaded.lm, tmp_path / "head", {})
     engine = make_engine(target, {"method": "mtp", "model": str(head), "num_speculative_tokens": 3}, dtype="bfloat16")
     module = engine.proposer.modules[0]
-    if products is None or not products.amx:
-        assert module._kernel is None or module._kernel.amx
+    if products is None:
+        assert module._kernel is None
         return
     assert module._kernel is not None
     (hidden, logits), (want_hidden, want_logits) = _kernel_then_torch(module, seed=5)

@@ -331,7 +331,7 @@ class CausalLM:
         if (native is not None and native.kernel is not None and hidden.dim() == 2 and linear
                 and bias is None and weight.is_contiguous() and hidden.dtype == torch.bfloat16
                 and not hidden.requires_grad  # a head in training backpropagates through the LM head
-                and (hidden.shape[0] == 1 or (native.exact and hidden.shape[0] <= KERNEL_ROWS))):
+                and hidden.shape[0] <= KERNEL_ROWS):
             logits = native.kernel.linear_rows(weight, hidden.contiguous()).float()
         elif hidden.dim() == 2 and linear:
             logits = project(hidden, weight, bias).float()  # few rows: the faster products

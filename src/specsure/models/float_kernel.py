@@ -48,8 +48,6 @@ class FloatKernel(RowOps):
 
     library: ctypes.CDLL
     dtype = torch.float32
-    rows_in_c = True
-    """Every product of a few-row forward runs in C, row-invariant (`Kernel` needs AMX for that)."""
     layer_struct = FloatLayerStruct
 
     def linear_rows(self, weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """The C decode kernel (decode_kernel.c): built once per machine with the system C compiler, loaded with ctypes.
 
 A bfloat16 one-token step through eager PyTorch costs about twice its weight reads on a small
-model; the kernel runs a whole run of decoder layers in one call, and the ops of a few-row
-forward (a verify step) between AMX weight products. It needs a CPU with AVX512-BF16 (AMX is
-used where Linux grants it) and a C compiler; without either, `load` says why and the torch ops
+model; the kernel runs a whole run of decoder layers in one call, for one row (a decode step) or
+a few (a verify step, a batch), its products on AMX tiles where Linux grants them, else on
+AVX512-BF16 dot-product tiles. It needs a CPU with AVX512-BF16 and a C compiler; without either, `load` says why and the torch ops
 run instead (`CausalLM.path` names the reason, so the fallback is never silent).
 `SPECSURE_KERNEL=0` turns it off; `SPECSURE_KERNEL=dot` keeps it but leaves AMX alone. The
 library is compiled into the user's cache under a name that hashes the source, the flags and the
@@ -97,17 +97,11 @@ class Kernel(RowOps):
 
     library: ctypes.CDLL
     amx: bool
-    """Whether the products run on AMX tiles (faster than oneDNN for a few rows, and bit-identical
-    to its results); otherwise on AVX512-BF16 dot products (fast for one row only)."""
+    """Whether the products run on AMX tiles (bit-identical to oneDNN's AMX results); otherwise on
+    AVX512-BF16 dot-product tiles (Zen 4, Cooper Lake, or AMX refused by Linux)."""
 
     dtype = torch.bfloat16
     layer_struct = LayerStruct
-
-    @property
-    def rows_in_c(self) -> bool:
-        """Whether every product of a few-row forward runs in C, row-invariant: with AMX (the
-        dot-product loop is slower than oneDNN for several rows, so they go there without it)."""
-        return self.amx
 
     def decode_layers(self, shape: ShapeStruct, layers: ctypes.Array, first: int, count: int, pos: int,
                       cos: torch.Tensor, sin: torch.Tensor, x: torch.Tensor, scratch: torch.Tensor) -> None:

@@ -123,10 +123,6 @@ class NativeDecoder:
             self.kernel, self.kernel_why = kernels.load()
         if self.kernel is not None and self.head_dim > kernels.MAX_HEAD_DIM:
             self.kernel, self.kernel_why = None, f"head_dim {self.head_dim} exceeds the kernel's {kernels.MAX_HEAD_DIM}"
-        self.exact = self.kernel is not None and self.kernel.amx
-        """Run every bf16 product of a forward over <= KERNEL_ROWS rows in C, row-invariant, so a verify
-        row equals the decode step at its position bit for bit. On by default with AMX (faster than
-        oneDNN there); without AMX the dot-product kernel is slower than oneDNN for several rows."""
         if self.kernel is not None:
             self._bind_kernel(config)
         self.float_kernel: float_kernels.FloatKernel | None = None
@@ -220,13 +216,16 @@ class NativeDecoder:
         total = ids.shape[0]
         if sum(s.length for s in segments) != total:
             raise ValueError(f"segments cover {sum(s.length for s in segments)} tokens but {total} were given.")
-        if (self.kernel is not None and total <= KERNEL_ROWS
-                and all(_ready(s.cache, len(self.layers)) for s in segments)):
+        if self.kernel is not None and total <= KERNEL_ROWS:
+            for segment in segments:
+                self._allocate(segment.cache, torch.bfloat16)
             if total == 1:
                 return self._kernel_step(ids, segments[0], aux_layers)
-            return self._kernel_rows(ids, segments, aux_layers)
+            return self._c_rows(self.kernel, self._structs, ids, segments, aux_layers)
         if self.float_kernel is not None and total <= KERNEL_ROWS:
-            return self._float_rows(ids, segments, aux_layers)
+            for segment in segments:
+                self._allocate(segment.cache, torch.float32)
+            return self._c_rows(self.float_kernel, self._float_structs, ids, segments, aux_layers)
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         x = self.embed(ids)  # [T, hidden]
         positions = torch.cat([torch.arange(s.start, s.start + s.length) if s.tree is None else s.start + s.tree.depths
@@ -299,52 +298,14 @@ class NativeDecoder:
         kernel.add_norm(x, None, self.norm, out, self.eps)
         return out
 
-    def _product(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if not self.exact:
-            return F.linear(x, weight, bias)
-        assert self.kernel is not None
-        out = self.kernel.linear_rows(weight, x)
-        return out if bias is None else out + bias  # rounded twice, as the decode step rounds it
-
-    def _kernel_rows(self, ids: torch.Tensor, segments: list["Segment"], aux_layers: tuple[int, ...]
-                     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """A few rows (a verify step, a batch): in exact mode every layer in one C call (`decode_rows`),
-        else everything between the products in C and the products in oneDNN."""
-        kernel = self.kernel
-        assert kernel is not None
-        total, count = ids.shape[0], len(segments)
+    def _c_rows(self, kernel: "kernels.Kernel | float_kernels.FloatKernel", structs: ctypes.Array,
+                ids: torch.Tensor, segments: list["Segment"], aux_layers: tuple[int, ...]
+                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A few rows (a verify step, a batch; in float32 a decode step too): every layer in C, every
+        product row-invariant, so a row's bits equal the decode step's at its position."""
         x, cos, sin = self._rows_input(ids, segments)
         table = self._segment_table(segments)
-        if self.exact:  # the whole stack in C
-            entering = self._c_stack(kernel, self._structs, x, table, count, cos, sin, aux_layers)
-            return self._finish_rows(x, segments, aux_layers, entering, kernel)
-        entering: dict[int, torch.Tensor] = {}
-        h = torch.empty_like(x)
-        att = torch.empty(total, self.heads * self.head_dim, dtype=x.dtype)
-        act = torch.empty(total, self.intermediate, dtype=x.dtype)
-        delta = None
-        for i, layer in enumerate(self.layers):
-            kernel.add_norm(x, delta, layer.input_norm, h, self.eps)  # the last layer's residual, then this norm
-            if i in aux_layers:
-                entering[i] = x.clone()
-            qkv = self._product(h, layer.qkv, layer.qkv_bias)
-            kernel.attend_rows(self._shape, table, i * count, count, qkv, cos, sin, att)
-            kernel.add_norm(x, self._product(att, layer.o, layer.o_bias), layer.post_norm, h, self.eps)
-            kernel.silu_mul(self._product(h, layer.gate_up), act)
-            delta = self._product(act, layer.down)
-        kernel.add_norm(x, delta, None, None, self.eps)
-        return self._finish_rows(x, segments, aux_layers, entering, kernel)
-
-    def _float_rows(self, ids: torch.Tensor, segments: list["Segment"], aux_layers: tuple[int, ...]
-                    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """A float32 forward over a few rows (a decode step, a verify step, a batch): every layer in C."""
-        kernel = self.float_kernel
-        assert kernel is not None
-        x, cos, sin = self._rows_input(ids, segments)
-        for segment in segments:
-            self._allocate(segment.cache, x.dtype)
-        table = self._segment_table(segments)
-        entering = self._c_stack(kernel, self._float_structs, x, table, len(segments), cos, sin, aux_layers)
+        entering = self._c_stack(kernel, structs, x, table, len(segments), cos, sin, aux_layers)
         return self._finish_rows(x, segments, aux_layers, entering, kernel)
 
     def _rows_input(self, ids: torch.Tensor, segments: list["Segment"]

@@ -78,8 +78,8 @@ class Eagle3Module(nn.Module):
         return self.fc(aux_hidden.to(self.fc.weight.dtype))
 
     def use_kernel(self, kernel: AnyKernel | None) -> bool:
-        """Run inference steps of the midlayer on ``kernel`` (the target's: bf16 with AMX products, or
-        the float32 one) where the layer has no biases and the head is in the kernel's dtype;
+        """Run inference steps of the midlayer on ``kernel`` (the target's: the bf16 one or the float32
+        one) where the layer has no biases and the head is in the kernel's dtype;
         returns whether it will. The layer's arithmetic is the same as `forward`'s torch ops (in
         bf16 rounded at the same points), in a dozen C calls instead of some eighty small torch
         ops: the ops, not the weight reads, were half of a draft step's time."""
@@ -87,7 +87,7 @@ class Eagle3Module(nn.Module):
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         dim = getattr(attn, "head_dim", None)
-        if (kernel is None or not kernel.rows_in_c or any(p.bias is not None for p in linears)
+        if (kernel is None or any(p.bias is not None for p in linears)
                 or self.fc.weight.dtype != kernel.dtype or not isinstance(dim, int) or dim > MAX_HEAD_DIM):
             self._kernel = None
             return False

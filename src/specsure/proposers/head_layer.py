@@ -179,8 +179,7 @@ class RowLinear(torch.nn.Linear):
             return project(flat, self.weight, self.bias).view(*x.shape[:-1], self.out_features)
         kernel = self.kernel
         if (kernel is None or kernel.dtype != torch.bfloat16 or x.dtype != torch.bfloat16
-                or self.weight.dtype != torch.bfloat16
-                or rows > (KERNEL_ROWS if kernel.rows_in_c else 1)):  # without AMX the kernel is fast for one row only
+                or self.weight.dtype != torch.bfloat16):
             return F.linear(x, self.weight, self.bias)
         out = kernel.linear_rows(self.weight, flat.contiguous())
         if self.bias is not None:

@@ -95,14 +95,14 @@ class MTPModule(nn.Module):
 
     def use_kernel(self, kernel: AnyKernel | None) -> bool:
         """Run inference steps on ``kernel`` (the target's, so the target's family runs on the C path,
-        and the block is its layer class: bf16 with AMX products, or the float32 one) where the
+        and the block is its layer class: the bf16 one or the float32 one) where the
         block is a dense layer in the kernel's dtype; returns whether it will. The arithmetic is
         `entries`' (in bf16 rounded at the same points), in a few C calls instead of some sixty small
         torch ops."""
         block = self.block
         attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
         dim = getattr(attn, "head_dim", None)
-        if (kernel is None or not kernel.rows_in_c or self.eh_proj.weight.dtype != kernel.dtype
+        if (kernel is None or self.eh_proj.weight.dtype != kernel.dtype
                 or not all(hasattr(mlp, p) for p in ("gate_proj", "up_proj", "down_proj"))
                 or not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
                 or not isinstance(dim, int) or dim > MAX_HEAD_DIM):
