@@ -3,12 +3,12 @@
 A bfloat16 one-token step through eager PyTorch costs about twice its weight reads on a small
 model; the kernel runs a whole run of decoder layers in one call, for one row (a decode step) or
 a few (a verify step, a batch), its products on AMX tiles where Linux grants them, else on
-AVX512-BF16 dot-product tiles. It needs a CPU with AVX512-BF16 and a C compiler; without either, `load` says why and the torch ops
-run instead (`CausalLM.path` names the reason, so the fallback is never silent).
-`SPECSURE_KERNEL=0` turns it off; `SPECSURE_KERNEL=dot` keeps it but leaves AMX alone. The
-library is compiled into the user's cache under a name that hashes the source, the flags and the
-compiler, and loaded after torch, so its OpenMP calls land in torch's own libgomp (one thread
-pool, sized by `torch.set_num_threads`).
+AVX512-BF16 dot-product tiles. It needs a CPU with AVX512-BF16 and a C compiler; without
+either, `load` says why and the torch ops run instead (`CausalLM.path` names the reason, so the
+fallback is never silent). `SPECSURE_KERNEL=0` turns it off; `SPECSURE_KERNEL=dot` keeps it but
+leaves AMX alone. The library is compiled into the user's cache under a name that hashes the
+source, the flags and the compiler, and loaded after torch, so its OpenMP calls land in torch's
+own libgomp (one thread pool, sized by `torch.set_num_threads`).
 """
 
 from __future__ import annotations
