@@ -143,6 +143,29 @@ def test_apps_do_not_share_metrics(engine: Engine) -> None:
     assert metric(two.get("/metrics").text, "vllm:generation_tokens_total") == 0
 
 
+def test_the_engine_thread_runs_with_the_threads_asked_for(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`specsure serve` loads on one thread and hands the real count to the engine thread, where
+    every forward runs (an OpenMP pool on the loading thread too halved the step rate)."""
+    import threading
+
+    import torch
+
+    wanted = 2 if torch.get_num_threads() == 1 else 1  # differs from what the test thread has
+    seen: list[tuple[str, int]] = []
+    step = engine.scheduler.step
+
+    def recording_step():  # type: ignore[no-untyped-def]
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return step()
+
+    monkeypatch.setattr(engine.scheduler, "step", recording_step)
+    client = TestClient(create_app(engine, threads=wanted))
+    assert client.post("/v1/completions", json={"prompt": PROMPT_IDS, "max_tokens": 3}).status_code == 200
+    assert seen and all(entry == ("specsure-engine", wanted) for entry in seen)
+    with pytest.raises(ValueError, match="threads = 0 must be an int >= 1"):
+        create_app(engine, threads=0)
+
+
 def test_api_key(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     client = TestClient(create_app(engine, api_key="s3cret"))
     body = {"prompt": PROMPT_IDS, "max_tokens": 2}

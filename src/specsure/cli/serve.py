@@ -67,12 +67,18 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("specsure.serve").warning(
             "binding %s without an API key: anyone who can reach port %d can use the model; "
             "pass --api-key or set SPECSURE_API_KEY", args.host, args.port)
+    import torch
+
+    # Every forward runs on the engine thread; loading on one thread keeps this one from starting an
+    # OpenMP pool of its own, which halved the engine thread's speed (specsure.serve.runner).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     engine = make_engine(args.model, parse_speculative_config(args.speculative_config), strict=args.strict,
                          dtype=args.dtype, max_num_seqs=args.max_num_seqs)
     # This process serves one app, so the process-wide switch is safe; vLLM flips it too.
     prometheus_client.disable_created_metrics()
     app = create_app(engine, served_model_name=args.served_model_name, api_key=api_key, max_queue=args.max_queue,
-                     request_timeout=args.request_timeout)
+                     request_timeout=args.request_timeout, threads=threads)
     print(f"serving {app.state.model_name!r} (speculative: {engine.resolution.summary()}; running "
           f"{engine.speculative_method or 'plain decoding'}); up to {args.max_num_seqs} requests batched, "
           f"{args.max_queue} more waiting", file=sys.stderr)

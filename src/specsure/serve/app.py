@@ -49,7 +49,8 @@ def default_model_name(engine: Engine) -> str:
 
 
 def create_app(engine: Engine, *, served_model_name: str | None = None, api_key: str | None = None,
-               max_queue: int = DEFAULT_MAX_QUEUE, request_timeout: float | None = None) -> FastAPI:
+               max_queue: int = DEFAULT_MAX_QUEUE, request_timeout: float | None = None,
+               threads: int | None = None) -> FastAPI:
     """An OpenAI-compatible app serving ``engine``.
 
     Args:
@@ -61,14 +62,19 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
             one more is a 503.
         request_timeout: seconds from arrival (queueing included) after which a request is
             stopped and answered with an error (docs/serving.md); None waits as long as it takes.
+        threads: torch threads for the engine thread, which runs every forward; None keeps what
+            it inherits. Load the model with one thread and pass the count here (as `specsure
+            serve` does): see `specsure.serve.runner` for why.
     """
     if type(max_queue) is not int or max_queue < 0:
         raise ValueError(f"max_queue = {max_queue!r} must be an int >= 0 (0: no request waits).")
     if request_timeout is not None and not request_timeout > 0:
         raise ValueError(f"request_timeout = {request_timeout!r} must be a number of seconds > 0, or None.")
+    if threads is not None and (type(threads) is not int or threads < 1):
+        raise ValueError(f"threads = {threads!r} must be an int >= 1, or None.")
     name = served_model_name or default_model_name(engine)
     metrics = ServeMetrics(engine, name)
-    runner = EngineRunner(engine, metrics, max_queue, request_timeout)
+    runner = EngineRunner(engine, metrics, max_queue, request_timeout, threads)
     method = engine.speculative_method
     started = int(time.time())
 
