@@ -38,8 +38,8 @@ CORPUS := chat,math,numpy,transformers
 heads: $(STAMP)
 	$(BIN)/specsure train --method eagle3 --corpus $(CORPUS) --corpus-prompts 2000 --unroll 3 --steps 5000 \
 		--train-dtype bfloat16 --eval-every 2500 --out src/specsure/heads/smollm2-135m-eagle3
-	$(BIN)/specsure train --method mtp --corpus $(CORPUS) --corpus-prompts 2000 --unroll 2 --steps 2500 \
-		--eval-every 1250 --out src/specsure/heads/smollm2-135m-mtp
+	$(BIN)/specsure train --method mtp --corpus $(CORPUS) --corpus-prompts 2000 --unroll 2 --steps 5000 \
+		--eval-every 2500 --out src/specsure/heads/smollm2-135m-mtp
 	$(BIN)/python -m specsure.train.curves docs/training-curves.png src/specsure/heads/smollm2-135m-eagle3 \
 		src/specsure/heads/smollm2-135m-mtp
 
