@@ -4,7 +4,7 @@
  * the memory bandwidth), but eager PyTorch adds ~600 small ops per step on top. Here a one-token
  * step is one call for all layers (`decode_layers`), and so is a forward over a few rows (a verify
  * step, a batch of sequences: `decode_rows`). (`add_norm`, `attend_rows` and `silu_mul` are also
- * exported for the draft heads and for a measured mix with oneDNN's products.) OpenMP
+ * exported, for the draft heads' layers and the final norm.) OpenMP
  * splits the products and attention over torch's own libgomp threads (the library is loaded after
  * torch), so there is no second thread pool.
  *
