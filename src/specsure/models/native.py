@@ -68,6 +68,12 @@ def _fuse_bias(modules: list[nn.Linear]) -> torch.Tensor | None:
                       for m, b in zip(modules, biases)])
 
 
+def _positions(segments: list["Segment"]) -> torch.Tensor:
+    """The new rows' positions [1, T]: a chain's in order, a tree node's at its depth."""
+    return torch.cat([torch.arange(s.start, s.start + s.length) if s.tree is None else s.start + s.tree.depths
+                      for s in segments]).unsqueeze(0)
+
+
 def _ready(cache: RollbackCache, layers: int) -> bool:
     """Whether every layer of ``cache`` has buffers a kernel can write into (after its first forward)."""
     return len(cache.layers) == layers and all(layer.is_initialized for layer in cache.layers)
@@ -216,20 +222,16 @@ class NativeDecoder:
         total = ids.shape[0]
         if sum(s.length for s in segments) != total:
             raise ValueError(f"segments cover {sum(s.length for s in segments)} tokens but {total} were given.")
-        if self.kernel is not None and total <= KERNEL_ROWS:
+        kernel = self.kernel or self.float_kernel  # at most one is loaded: the model's dtype picks it
+        if kernel is not None and total <= KERNEL_ROWS:
             for segment in segments:
-                self._allocate(segment.cache, torch.bfloat16)
-            if total == 1:
+                self._allocate(segment.cache, kernel.dtype)
+            if total == 1 and kernel is self.kernel:
                 return self._kernel_step(ids, segments[0], aux_layers)
-            return self._c_rows(self.kernel, self._structs, ids, segments, aux_layers)
-        if self.float_kernel is not None and total <= KERNEL_ROWS:
-            for segment in segments:
-                self._allocate(segment.cache, torch.float32)
-            return self._c_rows(self.float_kernel, self._float_structs, ids, segments, aux_layers)
+            return self._c_rows(kernel, ids, segments, aux_layers)
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         x = self.embed(ids)  # [T, hidden]
-        positions = torch.cat([torch.arange(s.start, s.start + s.length) if s.tree is None else s.start + s.tree.depths
-                               for s in segments]).unsqueeze(0)  # [1, T]
+        positions = _positions(segments)
         cos, sin = self.rotary(x.unsqueeze(0), positions)  # [1, T, dim] each
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, dim]
         # One new token attends to everything cached; several need the causal triangle (or the
@@ -298,37 +300,26 @@ class NativeDecoder:
         kernel.add_norm(x, None, self.norm, out, self.eps)
         return out
 
-    def _c_rows(self, kernel: "kernels.Kernel | float_kernels.FloatKernel", structs: ctypes.Array,
-                ids: torch.Tensor, segments: list["Segment"], aux_layers: tuple[int, ...]
-                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """A few rows (a verify step, a batch; in float32 a decode step too): every layer in C, every
-        product row-invariant, so a row's bits equal the decode step's at its position."""
-        x, cos, sin = self._rows_input(ids, segments)
+    def _c_rows(self, kernel: "kernels.Kernel | float_kernels.FloatKernel", ids: torch.Tensor,
+                segments: list["Segment"], aux_layers: tuple[int, ...]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A few rows (a verify step, a batch; in float32 a decode step too): every layer in C through
+        ``kernel.decode_rows``, every product row-invariant, so a row's bits equal the decode step's
+        at its position. The stack pauses only where an aux layer's input is wanted."""
+        structs = self._structs if kernel is self.kernel else self._float_structs
+        x = self.embed(ids).contiguous()  # [T, hidden]
+        cos, sin = self.rotary(x.unsqueeze(0), _positions(segments))  # [1, T, dim] each
+        cos, sin = cos[0].contiguous(), sin[0].contiguous()
         table = self._segment_table(segments)
-        entering = self._c_stack(kernel, structs, x, table, len(segments), cos, sin, aux_layers)
-        return self._finish_rows(x, segments, aux_layers, entering, kernel)
-
-    def _rows_input(self, ids: torch.Tensor, segments: list["Segment"]
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The C paths' inputs: the rows' embeddings [T, hidden] and their RoPE cos and sin [T, dim]."""
-        x = self.embed(ids).contiguous()
-        positions = torch.cat([torch.arange(s.start, s.start + s.length) if s.tree is None else s.start + s.tree.depths
-                               for s in segments]).unsqueeze(0)  # [1, T]
-        cos, sin = self.rotary(x.unsqueeze(0), positions)  # [1, T, dim] each
-        return x, cos[0].contiguous(), sin[0].contiguous()
-
-    def _c_stack(self, kernel: "kernels.Kernel | float_kernels.FloatKernel", structs: ctypes.Array, x: torch.Tensor,
-                 table: ctypes.Array, count: int, cos: torch.Tensor, sin: torch.Tensor,
-                 aux_layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
-        """Every layer on ``x`` in place through ``kernel.decode_rows``, pausing only where an aux
-        layer's input is wanted; returns those inputs by layer."""
         scratch = kernel.rows_scratch(self._shape, x.shape[0])
         entering: dict[int, torch.Tensor] = {}
         for first, stop in self._runs(aux_layers):
             if first in aux_layers:
                 entering[first] = x.clone()
-            kernel.decode_rows(self._shape, structs, first, stop - first, table, count, cos, sin, x, scratch)
-        return entering
+            kernel.decode_rows(self._shape, structs, first, stop - first, table, len(segments), cos, sin, x, scratch)
+        for segment in segments:
+            for layer in segment.cache.layers:
+                layer.set_length(segment.start + segment.length)
+        return self._kernel_norm(x, kernel), [entering[i] for i in aux_layers]
 
     def _allocate(self, cache: RollbackCache, dtype: torch.dtype) -> None:
         """Give every layer of ``cache`` its buffers, so a first short forward (a prompt of up to
@@ -356,14 +347,6 @@ class NativeDecoder:
                                                              segment.start, segment.length,
                                                              None if mask is None else mask.data_ptr())
         return table
-
-    def _finish_rows(self, x: torch.Tensor, segments: list["Segment"], aux_layers: tuple[int, ...],
-                     entering: dict[int, torch.Tensor], kernel: kernels.RowOps
-                     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        for segment in segments:
-            for layer in segment.cache.layers:
-                layer.set_length(segment.start + segment.length)
-        return self._kernel_norm(x, kernel), [entering[i] for i in aux_layers]
 
 
 @dataclass(frozen=True)
