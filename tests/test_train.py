@@ -321,3 +321,44 @@ def test_teacher_forced_text_is_the_packages_own_text_as_the_answer(default_mode
     for sample, piece in zip(samples, pieces):
         answer = target.tokenizer.decode(sample.token_ids[sample.prompt_len:].tolist())
         assert answer and piece.startswith(answer.strip()[:40])  # no generation: the answer is the package's text
+
+
+def test_a_draft_vocabulary_loss_is_the_full_one_restricted_and_trains_a_head_that_runs(tmp_path: Path) -> None:
+    """Over every id the draft-vocabulary KL is the full one; over a subset, the training labels
+    (normalisers cached per sequence) give the evaluation's KL, and agreement maps draft ids back."""
+    from specsure.train.mtp import DraftVocab, chain_losses, initial_modules
+
+    folder = _learnable_target(tmp_path / "target")
+    target = load_model(str(folder), dtype="float32")
+    lm = target.lm
+    samples = self_distill(target, _prompts(12, seed=4), max_new_tokens=48)
+    sample, modules = samples[0], initial_modules(lm, seed=3)
+    n = sample.hidden.shape[0]
+    with torch.no_grad():
+        full = chain_losses(modules, lm, sample, 0, n - 1, unroll=2)
+        every = chain_losses(modules, lm, sample, 0, n - 1, unroll=2, vocab=DraftVocab.of(lm, torch.arange(lm.vocab_size)))
+        for (kl, agree), (kl_v, agree_v) in zip(full, every, strict=True):
+            torch.testing.assert_close(kl_v, kl, atol=1e-5, rtol=1e-5)
+            assert torch.equal(agree_v, agree)
+        ids = torch.arange(0, lm.vocab_size, 2)
+        vocab = DraftVocab.of(lm, ids)
+        scored = chain_losses(modules, lm, sample, 0, n - 1, unroll=2, vocab=vocab)
+        trained = chain_losses(modules, lm, sample, 0, n - 1, unroll=2, agree=False, vocab=vocab)
+        for (kl, agree), (kl_t, none) in zip(scored, trained, strict=True):
+            torch.testing.assert_close(kl_t, kl, atol=1e-5, rtol=1e-5)
+            assert none is None and torch.isfinite(kl).all()  # not a KL: p has less than unit mass here
+        # Agreement: the head's best even id against the target's best id over the whole vocabulary.
+        _, q = modules[0](sample.hidden[: n - 1], sample.token_ids[1:n], HeadCache())
+        target_top = lm.lm_head_logits(sample.hidden[1:n]).argmax(-1)
+        assert torch.equal(scored[0][1], ids[q[:, ids].argmax(-1)] == target_top)
+    size = lm.vocab_size // 2
+    result = train_mtp(target, samples, MTPTrainSettings(steps=120, lr=3e-3, unroll=2, draft_vocab_size=size))
+    assert result.draft_ids is not None and result.draft_ids.numel() == size
+    assert result.after.acceptance_length > result.before.acceptance_length + 0.3, (result.before, result.after)
+    head = save_mtp_head(result.modules, lm, tmp_path / "head", {}, result.draft_ids)
+    spec = make_engine(str(folder), {"method": "mtp", "model": str(head), "num_speculative_tokens": 2},
+                       dtype="float32")
+    plain = make_engine(str(folder), None, dtype="float32")
+    prompts = _prompts(3, seed=9)
+    assert [c.token_ids for c in spec.generate(prompts, GREEDY)] == [c.token_ids for c in plain.generate(prompts, GREEDY)]
+    assert spec.stats.mean_acceptance_length > 1.3

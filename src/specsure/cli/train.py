@@ -75,8 +75,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--draft-vocab-size", type=int, default=None, metavar="N",
                         help="tokens the head drafts among, the most frequent in the training text, at most the "
                              "target's vocabulary (default 8192). eagle3: the head's own LM head has these rows; "
-                             "mtp: the head trains on the whole vocabulary and the engine drafts among these, "
-                             "reading a fraction of the LM head per draft step (0: the whole vocabulary)")
+                             "mtp: the head trains and drafts among these, reading a fraction of the target's LM "
+                             "head per step (0: the whole vocabulary)")
     parser.add_argument("--loss-on", default="all", choices=("answer", "all"),
                         help="all (default): score every position, the prompt's text too; answer: only the positions "
                              "the engine drafts from, the answer after each prompt, with the prompt as context "
@@ -324,7 +324,7 @@ def _train_mtp(args, target, samples, settings, common, data, out, key) -> None:
 
     # What shapes the run, so a resume point is only taken up by the same run (lr and steps may differ).
     resume_key = json.dumps([key, "mtp", settings.modules, settings.unroll, settings.init, settings.seq_len,
-                             settings.seed, args.loss_on, settings.dtype])
+                             settings.seed, args.loss_on, settings.dtype, settings.draft_vocab_size])
     result = train_mtp(target, samples, settings, progress=not args.no_progress, eval_every=args.eval_every,
                        resume=_resume_folder(args, out), resume_key=resume_key, checkpoint_every=args.checkpoint_every)
     before, after = result.before, result.after

@@ -143,18 +143,20 @@ class MTPModule(nn.Module):
 
     def entries(self, features: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor,
                 mask: torch.Tensor | None, kv: Any, last: bool = False,
-                first_row: int = 0, draft: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                first_row: int = 0, draft: bool = False,
+                head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` with explicit positions [1, n], additive mask [1, 1, n, past + n] and transformers cache:
         what training uses to lay out unrolled draft steps as the engine runs them. Logits only for
         rows from ``first_row`` on (training scores no earlier row); over the whole vocabulary unless
-        ``draft`` (inference) and the head has a draft vocabulary."""
+        ``draft`` (inference) and the head has a draft vocabulary. ``head`` replaces the LM head
+        (post-norm rows -> logits): a trainer's differentiable draft-vocabulary head."""
         h = features[None].to(self.eh_proj.weight.dtype)  # [1, n, H]
         embed = self.embed_tokens(token_ids) if hasattr(self, "embed_tokens") else self.target.embed(token_ids)
         x = self.eh_proj(torch.cat([self.enorm(embed[None].to(h.dtype)), self.hnorm(h)], dim=-1))
         x = self.block(x, attention_mask=mask, position_ids=positions, cache=kv, use_cache=True,
                        position_embeddings=self.rotary(x, positions))  # [1, n, H], fed back before the norm
         normed = self.shared_head.norm(x[:, -1:] if last else x[:, first_row:])[0]
-        return x[0], self._logits(normed, draft)
+        return x[0], head(normed) if head is not None else self._logits(normed, draft)
 
     def _kernel_forward(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,
                         last: bool) -> tuple[torch.Tensor, torch.Tensor]:

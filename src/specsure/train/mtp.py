@@ -8,6 +8,13 @@ at position t+1 (p = softmax of the target's logits there), and the loss is KL(p
 labels carry more signal per token than the greedy token alone, and their argmax is the token
 the target says next.
 
+With a draft vocabulary (``draft_vocab_size``, as `make heads` trains), q and the loss run over
+those tokens only, as EAGLE-3's do: the engine drafts among them and nothing else, and the LM
+head behind q, forward and backward at every unrolled step, was most of a training step (49,152
+rows against 8,192 on the default model). p is then the target's full softmax restricted to the
+draft tokens (`specsure.train.labels.DraftLabels`), and agreement compares q's top draft token
+with the target's top token over the whole vocabulary, which is what the engine accepts.
+
 Initialisation (``init``). In both, ``eh_proj`` is [0 | I] (the module starts from the
 normalised h_t; the embedding half learns from zero) and every norm is ones, so with the
 residual branches near zero the module starts as the target's own next-token prediction,
@@ -31,7 +38,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 
@@ -40,7 +47,7 @@ from specsure.models.loading import LoadedModel
 from specsure.proposers.head_layer import HeadCache
 from specsure.proposers.mtp import MTPModule
 from specsure.train.data import Sample
-from specsure.train.labels import draft_vocabulary
+from specsure.train.labels import DraftLabels, draft_vocabulary
 from specsure.train.loop import TRAIN_DTYPES, autocast, optimiser_for, run_steps
 from specsure.train.windows import answer_start, draw_window, split
 
@@ -76,8 +83,8 @@ class MTPTrainSettings:
     """The forward's arithmetic: ``float32``, or ``bfloat16`` under autocast (`specsure.train.loop.autocast`)."""
     draft_vocab_size: int = 0
     """Tokens the engine drafts among: the most frequent in the training text (0: the whole vocabulary).
-    Training and its figures use the whole vocabulary; a draft step then reads only these rows of the
-    LM head, the bulk of its weights on a small model."""
+    The loss and the figures then run over these tokens too (module docstring); a draft step reads
+    only their rows of the LM head, the bulk of its weights on a small model."""
 
     def __post_init__(self) -> None:
         if isinstance(self.draft_vocab_size, bool) or not isinstance(self.draft_vocab_size, int) \
@@ -144,6 +151,22 @@ class MTPTrainResult:
     ``eval_every`` steps and at the end."""
     draft_ids: torch.Tensor | None = None
     """[draft_vocab_size] ascending target ids the head drafts among; None for the whole vocabulary."""
+
+
+@dataclass(frozen=True)
+class DraftVocab:
+    """Training over a draft vocabulary: the target's labels there and the head's logits over it."""
+
+    ids: torch.Tensor
+    """[Vd] ascending target ids."""
+    labels: DraftLabels
+    logits: Callable[[torch.Tensor], torch.Tensor]
+    """Post-norm rows [n, H] -> float32 [n, Vd], differentiable (the LM head's rows, gathered once)."""
+
+    @classmethod
+    def of(cls, lm: CausalLM, ids: torch.Tensor) -> "DraftVocab":
+        project = lm.draft_head(ids)
+        return cls(ids, DraftLabels(lm, ids), lambda normed: project(normed.to(lm.dtype)))
 
 
 class TargetParts:
@@ -217,25 +240,33 @@ def entry_losses(module: MTPModule, lm: CausalLM, sample: Sample, start: int,
 
 
 def chain_losses(modules: Sequence[MTPModule], lm: CausalLM, sample: Sample, start: int, end: int,
-                 unroll: int = 0, scored_from: int = 0,
-                 agree: bool = True) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+                 unroll: int = 0, scored_from: int = 0, agree: bool = True,
+                 vocab: DraftVocab | None = None) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """(KL [m_s], agree [m_s]) of each draft step s (`unrolled_logits`) over the anchors whose label exists.
 
     Step s of anchor a predicts token a+s+2; its label is the target's distribution at a+s+1. Only
     anchors from ``start + scored_from`` on are scored (row 0 of each result is that anchor): the
     earlier ones are context, and neither head nor target computes logits for them. Without
-    ``agree`` (a training step, which needs only the loss) the agreements are None.
+    ``agree`` (a training step, which needs only the loss) the agreements are None. With ``vocab``,
+    q and the KL run over the draft vocabulary (module docstring).
     """
     n = sample.token_ids.shape[0]
     first = start + scored_from + 1  # step 0's first label; step s's labels are the same rows s further on
-    steps = unrolled_logits(modules, sample, start, end, unroll, scored_from)
+    steps = unrolled_logits(modules, sample, start, end, unroll, scored_from, None if vocab is None else vocab.logits)
+    stop = min(n, end + len(steps))  # one label row set serves every step: the steps' labels overlap but for s rows
     with torch.no_grad():
-        # One LM head over every row any step reads: the steps' labels overlap but for s rows.
-        p_logits = lm.lm_head_logits(sample.hidden[first: min(n, end + len(steps))])
-        log_p = torch.log_softmax(p_logits, dim=-1)
-        p = log_p.exp()
-        entropy = (p * log_p).sum(-1)  # KL = sum p log p - sum p log q; the first term is the head's floor
-        p_top = p_logits.argmax(-1) if agree else None
+        p_top = None
+        if vocab is None or agree:
+            p_logits = lm.lm_head_logits(sample.hidden[first:stop])
+            log_p = torch.log_softmax(p_logits, dim=-1)
+            p_top = p_logits.argmax(-1) if agree else None
+            if vocab is not None:
+                log_p = log_p[:, vocab.ids]
+            p = log_p.exp()
+        else:  # a training step: the draft rows only, normalised over the whole vocabulary once per sequence
+            p = vocab.labels.probs(sample, first, stop)
+        entropy = torch.xlogy(p, p) if vocab is not None else p * log_p  # 0 log 0 = 0 where p underflows
+        entropy = entropy.sum(-1)  # KL = sum p log p - sum p log q; the first term is the head's floor
     out = []
     for s, q_logits in enumerate(steps):
         valid = min(end - start, n - 1 - start - s) - scored_from  # scored rows whose label a+s+1 exists
@@ -243,14 +274,19 @@ def chain_losses(modules: Sequence[MTPModule], lm: CausalLM, sample: Sample, sta
             break
         log_q = torch.log_softmax(q_logits[:valid], dim=-1)
         kl = entropy[s: s + valid] - (p[s: s + valid] * log_q).sum(-1)
-        out.append((kl, q_logits[:valid].argmax(-1) == p_top[s: s + valid] if p_top is not None else None))
+        top = q_logits[:valid].argmax(-1)
+        if vocab is not None:
+            top = vocab.ids[top]
+        out.append((kl, top == p_top[s: s + valid] if p_top is not None else None))
     return out
 
 
 def unrolled_logits(modules: Sequence[MTPModule], sample: Sample, start: int, end: int,
-                    unroll: int = 0, scored_from: int = 0) -> list[torch.Tensor]:
+                    unroll: int = 0, scored_from: int = 0,
+                    head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> list[torch.Tensor]:
     """Each draft step's target-vocabulary logits [m - scored_from, V] for anchors start + scored_from ..
-    end-1 (the earlier anchors run as context only), laid out as the engine drafts.
+    end-1 (the earlier anchors run as context only), laid out as the engine drafts; with ``head``,
+    that head's logits instead (`DraftVocab.logits`).
 
     Row r is the anchor a = start + r: the last committed entry, whose step s predicts token a+s+2.
     Steps s < len(modules) are the DeepSeek-V3 chain: module s's entry at a takes module s-1's
@@ -282,16 +318,17 @@ def unrolled_logits(modules: Sequence[MTPModule], sample: Sample, start: int, en
             made[j] += 1
         dtype = modules[j].eh_proj.weight.dtype
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
-        x, logits = modules[j].entries(x, ids, positions[None], mask, kvs[j], first_row=scored_from)
+        x, logits = modules[j].entries(x, ids, positions[None], mask, kvs[j], first_row=scored_from, head=head)
         out.append(logits)
     return out
 
 
 @torch.no_grad()
 def evaluate(module: MTPModule | Sequence[MTPModule], lm: CausalLM, samples: Sequence[Sample],
-             unroll: int = 0) -> Evaluation:
+             unroll: int = 0, vocab: DraftVocab | None = None) -> Evaluation:
     """Mean KL over module 0's entries; top-1 agreement per draft step and the greedy acceptance length
-    at k = max(unroll, modules), over entries whose label predicts a continuation token."""
+    at k = max(unroll, modules), over entries whose label predicts a continuation token; with ``vocab``,
+    as the head drafts among those tokens (`chain_losses`)."""
     modules = [module] if isinstance(module, MTPModule) else list(module)
     steps = max(unroll, len(modules))
     kl_sum, kl_n, anchors, accepted = 0.0, 0, 0, 0
@@ -300,7 +337,7 @@ def evaluate(module: MTPModule | Sequence[MTPModule], lm: CausalLM, samples: Seq
         n = sample.hidden.shape[0]
         if n < 2:
             continue
-        chain = chain_losses(modules, lm, sample, 0, n - 1, unroll)
+        chain = chain_losses(modules, lm, sample, 0, n - 1, unroll, vocab=vocab)
         kl_sum, kl_n = kl_sum + float(chain[0][0].sum()), kl_n + chain[0][0].shape[0]
         first = answer_start(sample)
         for i, (_, agree) in enumerate(chain):
@@ -334,7 +371,9 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
     train, heldout = split(usable, settings.heldout_fraction, settings.seed)
     measure_set = heldout or train
     modules = initial_modules(lm, settings.init, settings.seed, settings.modules)
-    before = evaluate(modules, lm, measure_set, settings.unroll)
+    draft_ids = draft_vocabulary(train, lm.vocab_size, settings.draft_vocab_size) if settings.draft_vocab_size else None
+    vocab = None if draft_ids is None else DraftVocab.of(lm, draft_ids)
+    before = evaluate(modules, lm, measure_set, settings.unroll, vocab)
     params = [p for module in modules for p in module.parameters() if p.requires_grad]
     optimiser, schedule = optimiser_for(params, settings.lr, settings.steps)
     gen = torch.Generator().manual_seed(settings.seed)
@@ -343,11 +382,12 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
     def step_loss() -> torch.Tensor:
         sample, start, width, scored = draw_window(train, settings.seq_len, gen, settings.answer_only)
         with autocast(settings.dtype):
-            chain = chain_losses(modules, lm, sample, start, start + width, settings.unroll, scored, agree=False)
+            chain = chain_losses(modules, lm, sample, start, start + width, settings.unroll, scored, agree=False,
+                                 vocab=vocab)
             return torch.stack([kl.mean() for kl, _ in chain]).mean()
 
     def measure() -> tuple[float, float]:
-        now = evaluate(modules, lm, measure_set, settings.unroll)
+        now = evaluate(modules, lm, measure_set, settings.unroll, vocab)
         return now.agreement, now.acceptance_length
 
     started = time.perf_counter()
@@ -355,8 +395,7 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
                        step_loss, measure, curve, eval_every=eval_every, resume=resume, resume_key=resume_key,
                        checkpoint_every=checkpoint_every, progress=progress)
     train_s = time.perf_counter() - started
-    after = evaluate(modules, lm, measure_set, settings.unroll)
+    after = evaluate(modules, lm, measure_set, settings.unroll, vocab)
     curve.append((settings.steps, after.agreement, after.acceptance_length))
-    draft_ids = draft_vocabulary(train, lm.vocab_size, settings.draft_vocab_size) if settings.draft_vocab_size else None
     return MTPTrainResult(modules[0], losses, before, after, len(train), len(heldout), train_s, modules, curve,
                           draft_ids)
