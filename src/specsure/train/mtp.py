@@ -13,7 +13,9 @@ those tokens only, as EAGLE-3's do: the engine drafts among them and nothing els
 head behind q, forward and backward at every unrolled step, was most of a training step (49,152
 rows against 8,192 on the default model). p is then the target's full softmax restricted to the
 draft tokens (`specsure.train.labels.DraftLabels`), and agreement compares q's top draft token
-with the target's top token over the whole vocabulary, which is what the engine accepts.
+with the target's top token over the whole vocabulary, which is what the engine accepts. The
+reported "KL" is then sum over the draft tokens of p (log p - log q): p's mass there is below 1,
+so it is not a divergence and can dip below 0; its gradient is the cross-entropy's.
 
 Initialisation (``init``). In both, ``eh_proj`` is [0 | I] (the module starts from the
 normalised h_t; the embedding half learns from zero) and every norm is ones, so with the
