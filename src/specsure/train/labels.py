@@ -9,7 +9,8 @@ first time a window of it is drawn; each step then needs only the draft vocabula
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -52,3 +53,20 @@ class DraftLabels:
             self._normalisers[key] = torch.cat([torch.logsumexp(self.lm.lm_head_logits(hidden[i: i + _CHUNK]), dim=-1)
                                                 for i in range(0, hidden.shape[0], _CHUNK)])
         return self._normalisers[key]
+
+
+@dataclass(frozen=True)
+class DraftVocab:
+    """Training a head that shares the target's LM head over a draft vocabulary (MTP): the target's
+    labels there and the head's logits over it."""
+
+    ids: torch.Tensor
+    """[Vd] ascending target ids."""
+    labels: DraftLabels
+    logits: Callable[[torch.Tensor], torch.Tensor]
+    """Post-norm rows [n, H] -> float32 [n, Vd], differentiable (the LM head's rows, gathered once)."""
+
+    @classmethod
+    def of(cls, lm: CausalLM, ids: torch.Tensor) -> "DraftVocab":
+        project = lm.draft_head(ids)
+        return cls(ids, DraftLabels(lm, ids), lambda normed: project(normed.to(lm.dtype)))

@@ -12,7 +12,7 @@ With a draft vocabulary (``draft_vocab_size``, as `make heads` trains), q and th
 those tokens only, as EAGLE-3's do: the engine drafts among them and nothing else, and the LM
 head behind q, forward and backward at every unrolled step, was most of a training step (49,152
 rows against 8,192 on the default model). p is then the target's full softmax restricted to the
-draft tokens (`specsure.train.labels.DraftLabels`), and agreement compares q's top draft token
+draft tokens (`specsure.train.labels.DraftVocab`), and agreement compares q's top draft token
 with the target's top token over the whole vocabulary, which is what the engine accepts. The
 reported "KL" is then sum over the draft tokens of p (log p - log q): p's mass there is below 1,
 so it is not a divergence and can dip below 0; its gradient is the cross-entropy's.
@@ -49,7 +49,7 @@ from specsure.models.loading import LoadedModel
 from specsure.proposers.head_layer import HeadCache
 from specsure.proposers.mtp import MTPModule
 from specsure.train.data import Sample
-from specsure.train.labels import DraftLabels, draft_vocabulary
+from specsure.train.labels import DraftVocab, draft_vocabulary
 from specsure.train.loop import TRAIN_DTYPES, autocast, optimiser_for, run_steps
 from specsure.train.windows import answer_start, draw_window, split
 
@@ -153,22 +153,6 @@ class MTPTrainResult:
     ``eval_every`` steps and at the end."""
     draft_ids: torch.Tensor | None = None
     """[draft_vocab_size] ascending target ids the head drafts among; None for the whole vocabulary."""
-
-
-@dataclass(frozen=True)
-class DraftVocab:
-    """Training over a draft vocabulary: the target's labels there and the head's logits over it."""
-
-    ids: torch.Tensor
-    """[Vd] ascending target ids."""
-    labels: DraftLabels
-    logits: Callable[[torch.Tensor], torch.Tensor]
-    """Post-norm rows [n, H] -> float32 [n, Vd], differentiable (the LM head's rows, gathered once)."""
-
-    @classmethod
-    def of(cls, lm: CausalLM, ids: torch.Tensor) -> "DraftVocab":
-        project = lm.draft_head(ids)
-        return cls(ids, DraftLabels(lm, ids), lambda normed: project(normed.to(lm.dtype)))
 
 
 class TargetParts:
