@@ -31,15 +31,15 @@ bench: $(STAMP)
 	$(BIN)/specsure bench --quick --out bench/results
 
 # Trains the default model's shipped heads (src/specsure/heads/, committed) from specsure's own prompts and openly
-# licensed PyPI text (docs/training.md); not part of `make test`. On 2 cores: 25 minutes of data
-# (timed alone from an empty cache), then 37 of EAGLE-3 and 23 of MTP training (timed back to back on
-# the cached samples, which the second command reuses): about 85 in all.
+# licensed PyPI text (docs/training.md); not part of `make test`. Both heads are trained for the one draft step
+# their default tree uses (--unroll 1). On 2 cores (Zen 4): 33 minutes of data from an empty cache, then about 23
+# of EAGLE-3 and 20 of MTP training on the cached samples: about 76 in all, from its parts.
 CORPUS := chat,math,numpy,transformers
 heads: $(STAMP)
-	$(BIN)/specsure train --method eagle3 --corpus $(CORPUS) --corpus-prompts 2000 --unroll 3 --steps 5000 \
-		--train-dtype bfloat16 --eval-every 2500 --out src/specsure/heads/smollm2-135m-eagle3
-	$(BIN)/specsure train --method mtp --corpus $(CORPUS) --corpus-prompts 2000 --unroll 2 --steps 5000 \
-		--eval-every 2500 --out src/specsure/heads/smollm2-135m-mtp
+	$(BIN)/specsure train --method eagle3 --corpus $(CORPUS) --corpus-prompts 2000 --unroll 1 --steps 9000 \
+		--train-dtype bfloat16 --eval-every 4500 --out src/specsure/heads/smollm2-135m-eagle3
+	$(BIN)/specsure train --method mtp --corpus $(CORPUS) --corpus-prompts 2000 --unroll 1 --steps 9000 \
+		--eval-every 4500 --out src/specsure/heads/smollm2-135m-mtp
 	$(BIN)/python -m specsure.train.curves docs/training-curves.png src/specsure/heads/smollm2-135m-eagle3 \
 		src/specsure/heads/smollm2-135m-mtp
 
