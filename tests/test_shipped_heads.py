@@ -11,6 +11,7 @@ from specsure import SamplingParams, make_engine
 from specsure.bench.configs import Settings, speculative_config
 from specsure.config import ConfigError, resolve
 from specsure.config.shipped import HEADS_DIR, SHIPPED, SHIPPED_TREE, shipped_head
+from specsure.config.training_record import trained_depth
 
 HEAD_BYTES_LIMIT = 30 * 1024 * 1024
 """The issue's bound on the committed heads, all together."""
@@ -70,3 +71,32 @@ def test_the_shipped_heads_equal_plain_decoding_in_float32(default_model_cache: 
     got = spec.generate(prompts, params)
     assert [c.token_ids for c in got] == [c.token_ids for c in plain.generate(prompts, params)]
     assert sum(c.stats.accepted_tokens for c in got) > 0  # the head's drafts were verified, and some kept
+
+
+def _head_with_record(tmp_path: Path, record: str) -> str:
+    """The shipped EAGLE-3 head's files next to a training.json of our own."""
+    folder = tmp_path / "head"
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).symlink_to(HEADS_DIR / SHIPPED["eagle3"] / name)
+    (folder / "training.json").write_text(record)
+    return str(folder)
+
+
+def test_a_draft_deeper_than_the_head_was_trained_for_is_explained(tmp_path: Path) -> None:
+    assert trained_depth(shipped_head("eagle3")) == 1 and trained_depth(shipped_head("mtp")) == 1
+    assert "trained for" not in resolve({"method": "eagle3"}).reason("num_speculative_tokens")
+    chain = resolve({"method": "eagle3", "num_speculative_tokens": 3})
+    assert "The head was trained for 1 draft step" in chain.reason("num_speculative_tokens")
+    assert chain.config.num_speculative_tokens == 3 and not chain.warnings  # a note; the config runs as given
+    deep_tree = resolve({"method": "mtp", "speculative_token_tree": "[(0,), (0, 0)]"})
+    assert "--unroll 2" in deep_tree.reason("num_speculative_tokens")
+    three = _head_with_record(tmp_path, json.dumps({"settings": {"unroll": 3}}))
+    assert "trained for" not in resolve({"method": "eagle3", "model": three, "num_speculative_tokens": 3}).reason(
+        "num_speculative_tokens")
+    assert "trained for 3 draft steps" in resolve({"method": "eagle3", "model": three, "num_speculative_tokens": 4}
+                                                  ).reason("num_speculative_tokens")
+    (tmp_path / "head" / "training.json").write_text("{not json")  # documentation only: nothing to say, no error
+    assert trained_depth(three) is None
+    assert "trained for" not in resolve({"method": "eagle3", "model": three, "num_speculative_tokens": 4}).reason(
+        "num_speculative_tokens")

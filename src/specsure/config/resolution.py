@@ -9,7 +9,7 @@ turns it into ConfigConflictError.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Final, Mapping
 
@@ -27,6 +27,7 @@ from specsure.config.schema import (
 )
 from specsure.config.shipped import SHIPPED_TREE, shipped_head
 from specsure.config.token_tree import TREE_METHODS, DraftTree, is_chain, tree_shape
+from specsure.config.training_record import depth_note
 
 logger = logging.getLogger("specsure.config")
 
@@ -122,6 +123,7 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, str
     fields["speculative_token_tree"] = state.decide_tree(method.value)
     fields["num_speculative_tokens"] = state.decide_num_tokens(
         method.value, fields["suffix_decoding_max_tree_depth"].value, fields["speculative_token_tree"].value)
+    fields["num_speculative_tokens"] = _with_depth_note(fields, method.value)
     decisions.update((name, fields[name]) for name in FIELDS)
     if strict and state.conflicts:
         raise ConfigConflictError(" ".join(state.conflicts) + " (strict mode: disagreement is an error.)")
@@ -141,6 +143,16 @@ def _target_decision(model: str | None, target: CheckpointInfo) -> Decision:
     if target.note:
         reason += f" Note: {target.note}."
     return Decision("target", target.path, "default", reason)
+
+
+def _with_depth_note(fields: Mapping[str, Decision], method: str) -> Decision:
+    """k's decision, its reason noting when the draft goes deeper than the head was trained for."""
+    k, model, tree = (fields[name] for name in ("num_speculative_tokens", "model", "speculative_token_tree"))
+    if method not in TREE_METHODS or not isinstance(model.value, str) or not isinstance(k.value, int):
+        return k
+    depth = max(len(node) for node in tree.value) if tree.value else k.value
+    note = depth_note(model.value, depth)
+    return replace(k, reason=k.reason + note) if note else k
 
 
 def _read_draft(path: str) -> CheckpointInfo:

@@ -1,0 +1,43 @@
+"""The draft depth a head was trained for, read from the training.json that `specsure train` writes.
+
+A head trained with ``--unroll N`` (MTP: or N modules) learned draft steps 1 .. N. A deeper step
+feeds on the head's own output at a place it never learned to continue from, and accepts less.
+Resolution says so in the reason of ``num_speculative_tokens``: a note for `explain`, not a
+warning, since the config runs exactly as given.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+RECORD_FILE = "training.json"
+
+
+def trained_depth(folder: str) -> int | None:
+    """Draft steps the head in ``folder`` was trained for, or None when it has no readable record.
+
+    The record is documentation, not part of the checkpoint's format (vLLM and SGLang ignore it), so
+    a missing or unreadable one only means there is nothing to say.
+    """
+    try:
+        record = json.loads((Path(folder) / RECORD_FILE).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    settings = record.get("settings") if isinstance(record, dict) else None
+    if not isinstance(settings, dict):
+        return None
+    steps = [settings.get("unroll"), settings.get("modules", 1)]
+    if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in steps):
+        return None
+    return max(steps)
+
+
+def depth_note(folder: str, depth: int) -> str:
+    """A sentence for a draft ``depth`` steps deep from the head in ``folder``; empty when it was trained that deep."""
+    trained = trained_depth(folder)
+    if trained is None or depth <= trained:
+        return ""
+    steps = "step" if trained == 1 else "steps"
+    return (f" The head was trained for {trained} draft {steps} ({RECORD_FILE}: settings.unroll), so drafts past "
+            f"depth {trained} accept less; train one with --unroll {depth} for this depth (docs/training.md).")
