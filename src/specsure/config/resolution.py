@@ -150,7 +150,7 @@ def _with_depth_note(fields: Mapping[str, Decision], method: str) -> Decision:
     k, model, tree = (fields[name] for name in ("num_speculative_tokens", "model", "speculative_token_tree"))
     if method not in TREE_METHODS or not isinstance(model.value, str) or not isinstance(k.value, int):
         return k
-    depth = max(len(node) for node in tree.value) if tree.value else k.value
+    depth = tree.value.depth if tree.value else k.value
     note = depth_note(model.value, depth)
     return replace(k, reason=k.reason + note) if note else k
 

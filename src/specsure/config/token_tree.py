@@ -24,6 +24,11 @@ class DraftTree(tuple[tuple[int, ...], ...]):
 
     __str__ = __repr__
 
+    @property
+    def depth(self) -> int:
+        """Levels below the root: the last node's, since nodes come breadth-first."""
+        return len(self[-1])
+
 TREE_METHODS: Final[tuple[str, ...]] = ("eagle", "eagle3", "mtp")
 MAX_TREE_RANK: Final[int] = 16
 """A node's rank among its siblings is below this: candidates further down a head's list are
@@ -81,7 +86,7 @@ def is_chain(tree: DraftTree) -> bool:
 
 def tree_shape(tree: DraftTree) -> str:
     """A few words on the tree: nodes, depth, widest level."""
-    depth = max(len(node) for node in tree)
+    depth = tree.depth
     widths = [sum(len(node) == d for node in tree) for d in range(1, depth + 1)]
     return (f"{len(tree)} nodes over {depth} level{'s' if depth > 1 else ''} ({', '.join(map(str, widths))} "
             f"per level); a verify forward feeds {len(tree) + 1} tokens")
