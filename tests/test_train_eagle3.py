@@ -275,6 +275,7 @@ def test_a_run_can_continue_a_head_it_keeps_the_heads_vocabulary_and_layers(targ
     assert two["heldout"]["acceptance_length_before"] == pytest.approx(one["heldout"]["acceptance_length_after"])
     assert two["heldout"]["loss_before"] == pytest.approx(one["heldout"]["loss_after"], rel=1e-5)
     assert two["settings"]["init_from"] == str(first) and two["settings"]["aux_layers"] == [1, 3, 4]
+    assert two["continued_from"] == one  # the first run's record travels with the head it became
     config = json.loads((second / "config.json").read_text())
     assert config["draft_vocab_size"] == 40 and config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
     d2t = {f: load_file(str(f / "model.safetensors"))["d2t"] for f in (first, second)}
@@ -301,3 +302,5 @@ def test_a_run_can_continue_a_head_it_keeps_the_heads_vocabulary_and_layers(targ
                  "--out", str(mtp_head)]) == 0
     capsys.readouterr()
     refused(["--init-from", str(mtp_head)], "not an EAGLE-3 head (no midlayer.hidden_norm.weight)")
+    (first / "training.json").write_text("{not json")
+    refused(["--init-from", str(first)], f"--init-from {str(first)!r}: its training.json cannot be read")

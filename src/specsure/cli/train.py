@@ -387,6 +387,7 @@ def _train_eagle3(args, target, samples, settings, aux, common, data, out, key, 
         "curve": [{"step": s, "heldout_acceptance_length": v} for s, v in result.curve],
         "losses": [round(v, 4) for v in result.losses],
         "train_seconds": round(result.train_s, 1),
+        **({"continued_from": start.training} if start is not None and start.training is not None else {}),
     }
     save_head(out, eagle3_config(target.lm, aux, draft_vocab, dtype),
               eagle3_tensors(result.module, result.draft_ids, target.lm.vocab_size, dtype), training)

@@ -15,8 +15,18 @@ SMOOTH = 50
 """Steps in the running mean of the loss (one window per step is noisy)."""
 
 
-def curve_data(training: dict[str, Any]) -> dict[str, Any]:
-    """{"label", "steps", "loss" (running mean), "eval_steps", "acceptance"} of one head's training.json."""
+def stages(training: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs that made a head, first to last: a run that continued a head (``--init-from``) keeps that
+    head's training.json under ``continued_from``."""
+    chain = [training]
+    while isinstance(chain[-1].get("continued_from"), dict):
+        chain.append(chain[-1]["continued_from"])
+    return chain[::-1]
+
+
+def curve_data(training: dict[str, Any], offset: int = 0) -> dict[str, Any]:
+    """{"label", "steps", "loss" (running mean), "eval_steps", "acceptance"} of one run's training.json, its
+    steps counted from ``offset`` (the steps of the runs it continued)."""
     losses = [float(v) for v in training.get("losses", [])]
     smoothed, total = [], 0.0
     for i, value in enumerate(losses):
@@ -25,20 +35,29 @@ def curve_data(training: dict[str, Any]) -> dict[str, Any]:
     curve = training.get("curve", [])
     held = training.get("heldout", {})
     k = held.get("k") or len(held.get("top1_per_module", [])) or None  # the k its acceptance length is at
-    label = str(training.get("method", "head")) + (f" (k = {k})" if k else "")
-    return {"label": label, "steps": list(range(1, len(losses) + 1)), "loss": smoothed,
-            "eval_steps": [int(c["step"]) for c in curve],
+    label = str(training.get("method", "head")) + (" continued" if offset else "") + (f" (k = {k})" if k else "")
+    return {"label": label, "steps": list(range(offset + 1, offset + len(losses) + 1)), "loss": smoothed,
+            "eval_steps": [offset + int(c["step"]) for c in curve],
             "acceptance": [float(c["heldout_acceptance_length"]) for c in curve]}
 
 
+def head_curves(training: dict[str, Any]) -> list[dict[str, Any]]:
+    """`curve_data` of every run that made a head, each continuing the step count of the one before."""
+    data, offset = [], 0
+    for run in stages(training):
+        data.append(curve_data(run, offset))
+        offset += len(run.get("losses", []))
+    return data
+
+
 def plot_curves(folders: list[Path], out: Path) -> list[dict[str, Any]]:
-    """One figure, loss on the left and held-out acceptance length on the right, a line per head; returns the data."""
+    """One figure, loss on the left and held-out acceptance length on the right, a line per run; returns the data."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only; never needs a display
     import matplotlib.pyplot as plt
 
-    data = [curve_data(json.loads((Path(f) / "training.json").read_text())) for f in folders]
+    data = [d for f in folders for d in head_curves(json.loads((Path(f) / "training.json").read_text()))]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for d in data:
         left.plot(d["steps"], d["loss"], label=d["label"])

@@ -6,7 +6,10 @@ vocabulary. Everything is checked against the target before any training, with t
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,6 +29,8 @@ class StartingHead:
     """[draft_vocab] ascending target ids."""
     tensors: dict[str, torch.Tensor]
     """Float32, by the trainer module's names (``d2t``/``t2d`` left out)."""
+    training: dict[str, Any] | None = None
+    """The head's own training.json, kept in the continued head's record so that its history is not lost."""
 
 
 def read_starting_head(lm: CausalLM, folder: str, aux_layers: tuple[int, ...] | None = None,
@@ -65,4 +70,22 @@ def read_starting_head(lm: CausalLM, folder: str, aux_layers: tuple[int, ...] | 
                           f"{draft_vocab} tokens, which a continued run keeps; leave --draft-vocab-size out.")
     wanted = {c: n for c, n in names.items() if c not in ("d2t", "t2d")}
     tensors = weights.read(wanted.values())
-    return StartingHead(folder, layers, draft_ids, {c: tensors[n].float() for c, n in wanted.items()})
+    return StartingHead(folder, layers, draft_ids, {c: tensors[n].float() for c, n in wanted.items()},
+                        _training_record(folder))
+
+
+def _training_record(folder: str) -> dict[str, Any] | None:
+    """The head's training.json; None when it has none (a head from elsewhere), an error when it is unreadable,
+    since the continued head would otherwise claim a history it has lost."""
+    path = Path(folder) / "training.json"
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ConfigError(f"--init-from {folder!r}: its training.json cannot be read ({err}); restore it, or delete "
+                          "it if the head's history is unknown.") from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"--init-from {folder!r}: its training.json holds a {type(record).__name__}, not an "
+                          "object; restore it, or delete it if the head's history is unknown.")
+    return record
