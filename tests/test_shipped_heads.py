@@ -84,9 +84,14 @@ def _head_with_record(tmp_path: Path, record: str) -> str:
 
 
 def test_a_draft_deeper_than_the_head_was_trained_for_is_explained(tmp_path: Path) -> None:
-    assert trained_depth(shipped_head("eagle3")) == 1 and trained_depth(shipped_head("mtp")) == 1
-    assert "trained for" not in resolve({"method": "eagle3"}).reason("num_speculative_tokens")
-    chain = resolve({"method": "eagle3", "num_speculative_tokens": 3})
+    # make heads continues the EAGLE-3 head at three unrolled steps; the MTP head is trained for one
+    assert trained_depth(shipped_head("eagle3")) == 3 and trained_depth(shipped_head("mtp")) == 1
+    assert "trained for" not in resolve({"method": "mtp"}).reason("num_speculative_tokens")
+    assert "trained for" not in resolve({"method": "eagle3", "num_speculative_tokens": 3}).reason(
+        "num_speculative_tokens")
+    assert "trained for 3 draft steps" in resolve({"method": "eagle3", "num_speculative_tokens": 4}).reason(
+        "num_speculative_tokens")
+    chain = resolve({"method": "mtp", "num_speculative_tokens": 3})
     assert "The head was trained for 1 draft step" in chain.reason("num_speculative_tokens")
     assert chain.config.num_speculative_tokens == 3 and not chain.warnings  # a note; the config runs as given
     deep_tree = resolve({"method": "mtp", "speculative_token_tree": "[(0,), (0, 0)]"})
