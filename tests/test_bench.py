@@ -313,3 +313,30 @@ def test_batched_run_reports_throughput_and_agreement_with_batch_one(tiny_llama:
         assert figures["exact_match_rate"] == 1.0 and figures["mismatches"] == [] and figures["prompts"] == 5
         assert figures["max_num_seqs"] == 3 and figures["tokens_per_s"] > 0 and figures["speedup_vs_batch1"] > 0
     assert "## Batched: every prompt at once, 3 sequences at a time" in (out / "results.md").read_text()
+
+
+def test_results_name_the_commit_and_say_when_the_package_differs_from_it(tmp_path: Path) -> None:
+    """A figure made with a head or module not yet committed must not claim the commit's code made it."""
+    import subprocess
+
+    from specsure.cli.bench import _git_commit
+
+    package = tmp_path / "src" / "specsure"
+    package.mkdir(parents=True)
+    (package / "head.txt").write_text("one")
+    (tmp_path / "notes.txt").write_text("outside the package")
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
+
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first")
+    short = git("rev-parse", "--short", "HEAD")
+    assert _git_commit(package) == short
+    (tmp_path / "notes.txt").write_text("changed, but not the package")
+    (package / "new.txt").write_text("untracked files are not the code that ran")
+    assert _git_commit(package) == short
+    (package / "head.txt").write_text("two")
+    assert _git_commit(package) == f"{short} with uncommitted changes"
+    assert _git_commit(tmp_path.parent) == "unknown"  # not a checkout

@@ -125,13 +125,21 @@ def command_line(args: argparse.Namespace) -> str:
     return shlex.join(words)
 
 
-def _git_commit() -> str:
-    """The specsure checkout's commit, so a figure can be traced to the code that made it."""
+def _git_commit(folder: Path = Path(__file__).parent.parent) -> str:
+    """The commit of the specsure checkout holding ``folder`` (the package), so a figure can be traced to the
+    code that made it; marked when tracked files there differ from it (a head or module not yet committed),
+    since then the commit alone names other code."""
     try:
-        done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10)
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=folder, capture_output=True, text=True,
+                              timeout=10)
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "."], cwd=folder,
+                                 capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return done.stdout.strip() if done.returncode == 0 else "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    dirty = changed.returncode == 0 and changed.stdout.strip()
+    return head.stdout.strip() + (" with uncommitted changes" if dirty else "")
 
 
 def _cpu_model() -> str:
