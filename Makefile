@@ -38,6 +38,7 @@ bench: $(STAMP)
 CORPUS := chat,math,numpy,transformers
 EAGLE3_FIRST := build/heads/smollm2-135m-eagle3-first-step
 heads: $(STAMP)
+	mkdir -p $(dir $(EAGLE3_FIRST))
 	$(BIN)/specsure train --method eagle3 --corpus $(CORPUS) --corpus-prompts 2000 --unroll 1 --steps 9000 \
 		--train-dtype bfloat16 --eval-every 4500 --out $(EAGLE3_FIRST)
 	$(BIN)/specsure train --method eagle3 --corpus $(CORPUS) --corpus-prompts 2000 --init-from $(EAGLE3_FIRST) \
