@@ -33,8 +33,8 @@ bench: $(STAMP)
 # Trains the default model's shipped heads (src/specsure/heads/, committed) from specsure's own prompts and openly
 # licensed PyPI text (docs/training.md); not part of `make test`. Both heads are trained first for the one draft step
 # their default tree uses (--unroll 1); the EAGLE-3 head then continues at three unrolled steps, so that chains (and
-# the exported head in vLLM or SGLang) accept past the first step. On 2 cores (Zen 4): 33 minutes of data from an
-# empty cache, then about 23 + 11 of EAGLE-3 and 20 of MTP training on the cached samples: about 87 in all, from its parts.
+# the exported head in vLLM or SGLang) accept past the first step. On 2 cores (Zen 4), run end to end: 35 minutes of data
+# from an empty cache, then 25 + 10 of EAGLE-3 and 20 of MTP training: about 95 in all, heads bit-identical to the committed.
 CORPUS := chat,math,numpy,transformers
 EAGLE3_FIRST := build/heads/smollm2-135m-eagle3-first-step
 heads: $(STAMP)
