@@ -294,7 +294,7 @@ def test_a_run_can_continue_a_head_it_keeps_the_heads_vocabulary_and_layers(targ
             "--aux-layers 1,2,3: the head --init-from gives was trained on layers [1, 3, 4]")
     refused(["--init-from", str(first), "--draft-vocab-size", "48"],
             "--draft-vocab-size 48: the head --init-from gives drafts among 40 tokens")
-    refused(["--init-from", str(first)], "only --method eagle3 continues a head", [*common[:2], "mtp", *common[3:]])
+    refused(["--init-from", str(first)], "not an MTP head that specsure train wrote", [*common[:2], "mtp", *common[3:]])
     refused(["--init-from", "shipped"], "--init-from shipped names the head shipped for the default model")
     mtp_head = tmp_path / "mtp-head"
     assert main(["train", "--method", "mtp", "--model", str(folder), "--dtype", "float32", "--prompts", str(prompts),

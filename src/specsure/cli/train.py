@@ -54,16 +54,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--steps", type=int, default=300, help="optimiser steps (default 300)")
     parser.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3 for mtp, 1e-3 for eagle3)")
     parser.add_argument("--seq-len", type=int, default=256, help="longest training window in tokens (default 256)")
-    parser.add_argument("--modules", type=int, default=1, metavar="N",
+    parser.add_argument("--modules", type=int, default=None, metavar="N",
                         help="mtp: modules trained together (num_nextn_predict_layers); module i drafts token i+1 "
-                             "(default 1)")
-    parser.add_argument("--init", default="random", choices=("random", "last_layer"),
-                        help="how the head's block starts: small random weights (default), or the target's last "
-                             "layer with its output projections zeroed")
+                             "(default 1, or the --init-from head's)")
+    parser.add_argument("--init", default=None, choices=("random", "last_layer"),
+                        help="mtp: how a new head's block starts: small random weights (default), or the target's "
+                             "last layer with its output projections zeroed")
     parser.add_argument("--init-from", default=None, metavar="DIR",
-                        help="eagle3: continue training this EAGLE-3 head (its weights, draft vocabulary and aux "
-                             "layers) instead of starting a new one, for example to adapt it to your own --prompts; "
-                             "'shipped' names the head shipped for the default model")
+                        help="continue training this head of the --method's kind (its weights and draft vocabulary; "
+                             "an EAGLE-3 head's aux layers, an MTP head's modules) instead of starting a new one, for "
+                             "example for more unrolled steps or your own --prompts; 'shipped' names the head "
+                             "shipped for the default model")
     parser.add_argument("--unroll", type=int, default=None, metavar="N",
                         help="draft steps unrolled in training, each fed back as the engine drafts it (eagle3: the "
                              "training-time test, default 7; mtp: steps beyond --modules reuse the modules "
@@ -134,9 +135,9 @@ def run(args: argparse.Namespace) -> int:
     if args.method == "mtp" and args.batch_windows != 1:
         raise ValueError(f"--batch-windows {args.batch_windows}: only --method eagle3 packs windows; leave it at 1 "
                          "for mtp (its steps are one window each).")
-    if args.method == "mtp" and args.init_from is not None:
-        raise ValueError(f"--init-from {args.init_from}: only --method eagle3 continues a head so far; leave it out "
-                         "for mtp (its --init chooses how a new head starts).")
+    if args.init is not None and args.init_from is not None:
+        raise ValueError(f"--init {args.init}: a continued head starts from the weights --init-from gives; leave "
+                         "--init out.")
     if args.init_from == "shipped" and args.model is not None:
         raise ValueError("--init-from shipped names the head shipped for the default model, but --model gives "
                          f"another target ({args.model}); give the folder of a head made for it.")
@@ -145,8 +146,9 @@ def run(args: argparse.Namespace) -> int:
                          "the target's last hidden state); leave it out for mtp.")
     vocab = DRAFT_VOCAB if args.draft_vocab_size is None else args.draft_vocab_size
     if args.method == "mtp":
-        settings = MTPTrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, seed=args.seed, init=args.init,
-                                    modules=args.modules, unroll=args.unroll or 0,
+        settings = MTPTrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, seed=args.seed,
+                                    init=args.init or "random", modules=1 if args.modules is None else args.modules,
+                                    unroll=args.unroll or 0,
                                     answer_only=args.loss_on == "answer", dtype=args.train_dtype,
                                     draft_vocab_size=vocab)
     else:
@@ -192,15 +194,22 @@ def run(args: argparse.Namespace) -> int:
     wanted = _aux_layers(args.aux_layers, target.lm.num_layers) if args.method == "eagle3" else ()
     start = None
     if args.init_from is not None:
-        from specsure.config.shipped import shipped_head
-        from specsure.train.starting_head import read_starting_head
+        from dataclasses import replace
 
-        folder = shipped_head("eagle3") if args.init_from == "shipped" else args.init_from
+        from specsure.config.shipped import shipped_head
+        from specsure.train.starting_head import read_starting_head, read_starting_mtp_head
+
+        folder = shipped_head(args.method) if args.init_from == "shipped" else args.init_from
         if folder is None:
-            raise ValueError("--init-from shipped: this installation has no shipped EAGLE-3 head (specsure/heads/).")
-        start = read_starting_head(target.lm, folder, wanted if args.aux_layers is not None else None,
-                                   args.draft_vocab_size)
-        wanted = start.aux_layers
+            raise ValueError(f"--init-from shipped: this installation has no shipped {args.method} head "
+                             "(specsure/heads/).")
+        if args.method == "mtp":
+            start = read_starting_mtp_head(target.lm, folder, args.modules, args.draft_vocab_size)
+            settings = replace(settings, modules=len(start.modules), draft_vocab_size=start.draft_vocab_size)
+        else:
+            start = read_starting_head(target.lm, folder, wanted if args.aux_layers is not None else None,
+                                       args.draft_vocab_size)
+            wanted = start.aux_layers
     aux = _recorded_layers(target.lm.num_layers, wanted)
     prompts = [list(encode(row, target.tokenizer)) for row in rows]
     dtype = str(target.lm.dtype).removeprefix("torch.")
@@ -236,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
           + (f" (from the cache in {folder})" if hit else ""))
     try:
         if args.method == "mtp":
-            _train_mtp(args, target, samples, settings, common, data, out, key)
+            _train_mtp(args, target, samples, settings, common, data, out, key, start)
         else:
             _train_eagle3(args, target, select_layers(samples, aux, wanted), settings, wanted, common, data, out, key,
                           start)
@@ -317,23 +326,27 @@ def _run_hint(args: argparse.Namespace, out: Path, k: int) -> str:
     return f"run it: specsure generate{model_flag} --speculative-config '{spec}' PROMPT"
 
 
-def _train_mtp(args, target, samples, settings, common, data, out, key) -> None:  # noqa: ANN001
+def _train_mtp(args, target, samples, settings, common, data, out, key, start) -> None:  # noqa: ANN001
     import torch
 
     from specsure.train import save_mtp_head, train_mtp
 
     # What shapes the run, so a resume point is only taken up by the same run (lr and steps may differ).
+    init = None if start is None else start.path
     resume_key = json.dumps([key, "mtp", settings.modules, settings.unroll, settings.init, settings.seq_len,
-                             settings.seed, args.loss_on, settings.dtype, settings.draft_vocab_size])
+                             settings.seed, args.loss_on, settings.dtype, settings.draft_vocab_size]
+                            + ([init] if init else []))
     result = train_mtp(target, samples, settings, progress=not args.no_progress, eval_every=args.eval_every,
-                       resume=_resume_folder(args, out), resume_key=resume_key, checkpoint_every=args.checkpoint_every)
+                       resume=_resume_folder(args, out), resume_key=resume_key, checkpoint_every=args.checkpoint_every,
+                       start=start)
     before, after = result.before, result.after
     training = {
         **common,
         "settings": {"steps": settings.steps, "lr": settings.lr, "seq_len": settings.seq_len, "seed": settings.seed,
-                     "init": settings.init, "modules": settings.modules, "unroll": settings.unroll,
+                     "init": None if init else settings.init, "modules": settings.modules, "unroll": settings.unroll,
                      "loss_on": args.loss_on, "train_dtype": settings.dtype, "max_new_tokens": args.max_new_tokens,
-                     "draft_vocab_size": settings.draft_vocab_size, "threads": torch.get_num_threads()},
+                     "draft_vocab_size": settings.draft_vocab_size, "threads": torch.get_num_threads(),
+                     **({"init_from": init} if init else {})},
         "data": {**data, "train_sequences": result.train_sequences, "heldout_sequences": result.heldout_sequences},
         "heldout": {"kl_before": before.kl, "kl_after": after.kl, "top1_before": before.agreement,
                     "top1_after": after.agreement, "entries": after.entries,
@@ -341,6 +354,7 @@ def _train_mtp(args, target, samples, settings, common, data, out, key) -> None:
         "curve": [{"step": s, "heldout_top1": a, "heldout_acceptance_length": v} for s, a, v in result.curve],
         "losses": [round(v, 4) for v in result.losses],
         "train_seconds": round(result.train_s, 1),
+        **({"continued_from": start.training} if start is not None and start.training is not None else {}),
     }
     save_mtp_head(result.modules or result.module, target.lm, out, training, result.draft_ids)
     where = "held-out" if result.heldout_sequences else "training (too few prompts to hold any out)"

@@ -260,14 +260,20 @@ def _standalone_prefixes(config: dict[str, Any], weights: TensorFile, label: str
 
 def _load_module(weights: TensorFile, prefix: str, base: nn.Module, block_config: Any, label: str,
                  lm: "CausalLM") -> MTPModule:
-    names = {n[len(prefix):]: n for n in weights.names if n.startswith(prefix)}
-    local = {(k if k.startswith(OWN) else "block." + k): n for k, n in names.items()}
+    local = module_names(weights.names, prefix)
     with torch.device("meta"):
-        module = MTPModule(base, block_config, "embed_tokens.weight" in names, "shared_head.head.weight" in names)
+        module = MTPModule(base, block_config, "embed_tokens.weight" in local, "shared_head.head.weight" in local)
     tensors = weights.read(local.values())
     by_name = fuse_experts({k: tensors[n] for k, n in local.items()}, set(module.state_dict()), f"{label} ({prefix}*)")
     load_weights(module, by_name, f"{label} ({prefix}*)", lm.dtype)
     return module
+
+
+def module_names(names: frozenset[str], prefix: str) -> dict[str, str]:
+    """The file's tensors under ``prefix`` (one module), keyed by `MTPModule`'s own names: the block's
+    tensors gain ``block.``, the module-level ones (`OWN`) keep theirs."""
+    local = {n[len(prefix):]: n for n in names if n.startswith(prefix)}
+    return {(k if k.startswith(OWN) else "block." + k): n for k, n in local.items()}
 
 
 _EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<index>\d+)\.(?P<part>gate|up|down)_proj\.weight$")

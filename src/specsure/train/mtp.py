@@ -51,6 +51,7 @@ from specsure.proposers.mtp import MTPModule
 from specsure.train.data import Sample
 from specsure.train.labels import DraftVocab, draft_vocabulary
 from specsure.train.loop import TRAIN_DTYPES, autocast, optimiser_for, run_steps
+from specsure.train.starting_head import StartingMTPHead, load_module_weights
 from specsure.train.windows import answer_start, draw_window, split
 
 
@@ -341,10 +342,14 @@ def evaluate(module: MTPModule | Sequence[MTPModule], lm: CausalLM, samples: Seq
 
 def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrainSettings, *,
               progress: bool = False, eval_every: int = 0, resume: Path | None = None, resume_key: str = "",
-              checkpoint_every: int = 0) -> MTPTrainResult:
+              checkpoint_every: int = 0, start: StartingMTPHead | None = None) -> MTPTrainResult:
     """Distill MTP modules from ``samples`` (see `specsure.train.data.self_distill`); with ``eval_every``,
     measure the held-out sequences every that many steps (the result's ``curve``). ``resume``,
     ``resume_key`` and ``checkpoint_every``: resume points, as `specsure.train.loop.run_steps` keeps them.
+
+    With ``start``, training continues from that head: its modules (as many as ``settings.modules``)
+    and its draft vocabulary (``settings.draft_vocab_size`` must be its size); the "before"
+    evaluation is the starting head's. ``settings.init`` then plays no part.
 
     Raises:
         ValueError: no sequence has the two tokens an entry needs.
@@ -357,7 +362,16 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
     train, heldout = split(usable, settings.heldout_fraction, settings.seed)
     measure_set = heldout or train
     modules = initial_modules(lm, settings.init, settings.seed, settings.modules)
-    draft_ids = draft_vocabulary(train, lm.vocab_size, settings.draft_vocab_size) if settings.draft_vocab_size else None
+    if start is not None:
+        assert len(start.modules) == settings.modules and start.draft_vocab_size == settings.draft_vocab_size, \
+            "the settings carry the starting head's modules and draft vocabulary"
+        for module, tensors in zip(modules, start.modules):
+            load_module_weights(module, tensors, start.path)
+        draft_ids = start.draft_ids
+    elif settings.draft_vocab_size:
+        draft_ids = draft_vocabulary(train, lm.vocab_size, settings.draft_vocab_size)
+    else:
+        draft_ids = None
     vocab = None if draft_ids is None else DraftVocab.of(lm, draft_ids)
     before = evaluate(modules, lm, measure_set, settings.unroll, vocab)
     params = [p for module in modules for p in module.parameters() if p.requires_grad]

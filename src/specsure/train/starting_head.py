@@ -1,7 +1,8 @@
-"""The EAGLE-3 head a training run continues from (``specsure train --init-from``).
+"""The head a training run continues from (``specsure train --init-from``), EAGLE-3 or MTP.
 
-A continued run keeps what the head's weights were trained for: its aux layers and its draft
-vocabulary. Everything is checked against the target before any training, with the reason.
+A continued run keeps what the head's weights were trained for: an EAGLE-3 head's aux layers, an
+MTP head's module count, and either's draft vocabulary. Everything is checked against the target
+before any training, with the reason.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from typing import Any
 
 import torch
 
+from specsure.config.detect import SPECSURE_MTP_HEAD, SPECSURE_MTP_MODEL_TYPE
 from specsure.config.errors import ConfigError
 from specsure.models.causal_lm import CausalLM
 from specsure.proposers.eagle3 import aux_layer_ids, canonical
+from specsure.proposers.mtp import BLOCK_OVERRIDES, module_names
 from specsure.proposers.head_loading import TensorFile, check_equal, int_field, read_head_config, vocab_map
 
 
@@ -72,6 +75,94 @@ def read_starting_head(lm: CausalLM, folder: str, aux_layers: tuple[int, ...] | 
     tensors = weights.read(wanted.values())
     return StartingHead(folder, layers, draft_ids, {c: tensors[n].float() for c, n in wanted.items()},
                         _training_record(folder))
+
+
+@dataclass(frozen=True)
+class StartingMTPHead:
+    """An MTP head's modules and the draft vocabulary they were trained for."""
+
+    path: str
+    modules: tuple[dict[str, torch.Tensor], ...]
+    """Per module, float32, by `MTPModule`'s names (module 0 first)."""
+    draft_ids: torch.Tensor | None
+    """[draft_vocab] ascending target ids; None for the whole vocabulary."""
+    training: dict[str, Any] | None = None
+    """The head's own training.json (`StartingHead.training`)."""
+
+    @property
+    def draft_vocab_size(self) -> int:
+        """As `MTPTrainSettings.draft_vocab_size` counts it: 0 for the whole vocabulary."""
+        return 0 if self.draft_ids is None else int(self.draft_ids.numel())
+
+
+def read_starting_mtp_head(lm: CausalLM, folder: str, modules: int | None = None,
+                           draft_vocab_size: int | None = None) -> StartingMTPHead:
+    """The MTP head in ``folder`` (a SpecsureMTPHead, as `specsure train --method mtp` writes), checked
+    against ``lm`` and against the ``--modules`` and ``--draft-vocab-size`` asked for, if any
+    (ConfigError naming the field otherwise). Its tensors' shapes are checked when they are loaded
+    (`load_module_weights`)."""
+    config = read_head_config(folder)
+    if SPECSURE_MTP_HEAD not in (config.get("architectures") or []) \
+            and config.get("model_type") != SPECSURE_MTP_MODEL_TYPE:
+        raise ConfigError(f"--init-from {folder!r}: not an MTP head that specsure train wrote (architectures "
+                          f"{config.get('architectures')}, not [\"{SPECSURE_MTP_HEAD}\"]); give a folder that "
+                          "`specsure train --method mtp` wrote, or the shipped head.")
+    vocab = lm.vocab_size
+    check_equal(folder, "vocab_size", int_field(config, "vocab_size", vocab), vocab, "the target's vocabulary")
+    check_equal(folder, "hidden_size", int_field(config, "hidden_size", lm.hidden_size), lm.hidden_size,
+                "the target's hidden_size")
+    text = lm.hf.config.get_text_config(decoder=True)
+    for key in BLOCK_OVERRIDES:
+        if key in config and config[key] != getattr(text, key, None):
+            raise ConfigError(f"--init-from {folder!r}: its config.json sets {key} = {config[key]!r}, but this "
+                              f"trainer's modules have the target's layer shape ({key} = {getattr(text, key, None)!r}); "
+                              "train a new head instead (leave out --init-from).")
+    count = int_field(config, "num_nextn_predict_layers", 1) or 1
+    if modules is not None and modules != count:
+        raise ConfigError(f"--modules {modules}: the head --init-from gives has {count} module(s) "
+                          "(num_nextn_predict_layers), which a continued run keeps; leave --modules out.")
+    weights = TensorFile(folder)
+    names = [module_names(weights.names, f"layers.{i}.") for i in range(count)]
+    for i, local in enumerate(names):
+        if not local:
+            raise ConfigError(f"--init-from {folder!r}: num_nextn_predict_layers = {count}, but the weights hold no "
+                              f"tensors for module {i} (layers.{i}.*).")
+        own = sorted(k for k in local if k.startswith(("embed_tokens.", "shared_head.head.")))
+        if own:
+            raise ConfigError(f"--init-from {folder!r}: module {i} has its own {', '.join(own)}, but this trainer's "
+                              "heads share the target's; train a new head instead (leave out --init-from).")
+    draft_vocab = int_field(config, "draft_vocab_size", vocab)
+    assert draft_vocab is not None
+    d2t = vocab_map(weights, {n: n for n in ("d2t", "t2d") if n in weights.names}, folder, draft_vocab, vocab)
+    draft_ids = None if d2t is None else torch.arange(draft_vocab) + d2t.long()
+    if draft_ids is not None and bool((draft_ids[1:] <= draft_ids[:-1]).any()):
+        raise ConfigError(f"--init-from {folder!r}: its d2t does not list the draft vocabulary in ascending target "
+                          "ids, which this trainer's labels need; train a new head instead.")
+    found = 0 if draft_ids is None else draft_vocab
+    if draft_vocab_size is not None and draft_vocab_size != found:
+        raise ConfigError(f"--draft-vocab-size {draft_vocab_size}: the head --init-from gives drafts among "
+                          f"{f'{found} tokens' if found else 'the whole vocabulary (0)'}, which a continued run keeps; "
+                          "leave --draft-vocab-size out.")
+    tensors = weights.read([n for local in names for n in local.values()])
+    return StartingMTPHead(folder, tuple({k: tensors[n].float() for k, n in local.items()} for local in names),
+                           draft_ids, _training_record(folder))
+
+
+def load_module_weights(module: torch.nn.Module, tensors: dict[str, torch.Tensor], checkpoint: str) -> None:
+    """Copy a starting head's tensors into a trainer's module (built and attached to the target), after
+    checking that they are exactly its own: the same names (the target's shared parts aside) and shapes."""
+    own = {k: v for k, v in module.state_dict(keep_vars=True).items() if not k.startswith(("rotary.", "target."))}
+    missing, extra = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
+    if missing or extra:
+        raise ConfigError(f"--init-from {checkpoint!r}: missing tensors {missing[:6]} and unexpected tensors "
+                          f"{extra[:6]} for this target's module layout; train a new head instead.")
+    for name, param in own.items():
+        if tuple(tensors[name].shape) != tuple(param.shape):
+            raise ConfigError(f"--init-from {checkpoint!r}: tensor {name!r} has shape {list(tensors[name].shape)}, "
+                              f"this target's module needs {list(param.shape)}; train a new head instead.")
+    with torch.no_grad():
+        for name, param in own.items():
+            param.copy_(tensors[name])
 
 
 def _training_record(folder: str) -> dict[str, Any] | None:
