@@ -168,6 +168,9 @@ def test_corpus_prompts_come_from_installed_packages_with_their_licences() -> No
                for p in prompts)
     assert corpus_prompts(("tqdm", "jinja2"), limit=8, seed=1) == prompts  # seeded: the same prompts again
     assert sum(s["prompts"] for s in sources_of(prompts)) == 8
+    import importlib.metadata  # each package's version, since another version's files give other prompts
+    assert {s["version"] for s in sources_of(prompts)} == {importlib.metadata.version(n) for n in ("tqdm", "jinja2")}
+    assert "version" not in sources_of(corpus_prompts(("chat",), limit=2))[0]  # specsure's own prompts have none
     with pytest.raises(CorpusError, match="not installed"):
         corpus_prompts(("no-such-package-xyz",), limit=2)
 

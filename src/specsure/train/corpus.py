@@ -186,13 +186,25 @@ def corpus_prompts(packages: tuple[str, ...] = DEFAULT_PACKAGES, limit: int = 10
 
 
 def sources_of(prompts: list[CorpusPrompt]) -> list[dict[str, object]]:
-    """What training.json records: each package, its licence and how many prompts it gave."""
+    """What training.json records: each package, its licence, its installed version (a PyPI package's
+    prompts are drawn from the files of that version, so another version gives other data) and how
+    many prompts it gave."""
     counts: dict[tuple[str, str], int] = {}
     for p in prompts:
         counts[(p.package, p.licence)] = counts.get((p.package, p.licence), 0) + 1
     return [{"source": _SOURCE_NAMES.get(package, f"PyPI package {package} (docstrings and functions of its installed "
                                                   "sources)"),
-             "licence": licence, "prompts": n} for (package, licence), n in counts.items()]
+             "licence": licence, **_version_of(package), "prompts": n} for (package, licence), n in counts.items()]
+
+
+def _version_of(package: str) -> dict[str, str]:
+    """``{"version": ...}`` for an installed distribution; empty for specsure's own prompt sets."""
+    if package in ("chat", "math"):
+        return {}
+    try:
+        return {"version": importlib.metadata.version(package)}
+    except importlib.metadata.PackageNotFoundError:
+        return {}
 
 
 _SOURCE_NAMES = {
