@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from specsure.config.checkpoint import load_config_json
 from specsure.config.detect import SPECSURE_MTP_HEAD, SPECSURE_MTP_MODEL_TYPE
 from specsure.config.errors import ConfigError
+from specsure.config.training_record import RECORD_FILE
 from specsure.models.causal_lm import CausalLM
 from specsure.proposers.mtp import MTPModule
 
@@ -28,8 +29,9 @@ HEAD_ARCH = SPECSURE_MTP_HEAD
 EAGLE3_ARCH = "LlamaForCausalLMEagle3"
 HEAD_ARCHS = (HEAD_ARCH, EAGLE3_ARCH)
 """What specsure train writes, so what an --out folder may hold to be replaced."""
-TRAINING_FILE = "training.json"
-"""How the head was made (settings, data, figures); the engine does not read it."""
+TRAINING_FILE = RECORD_FILE
+"""How the head was made (settings, data, figures); resolution reads its depth for a note
+(config/training_record.py), the engine nothing."""
 
 
 def check_out_dir(out: str | Path) -> Path:

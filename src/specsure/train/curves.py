@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from specsure.config.training_record import RECORD_FILE
+
 SMOOTH = 50
 """Steps in the running mean of the loss (one window per step is noisy)."""
 
@@ -57,7 +59,7 @@ def plot_curves(folders: list[Path], out: Path) -> list[dict[str, Any]]:
     matplotlib.use("Agg")  # files only; never needs a display
     import matplotlib.pyplot as plt
 
-    data = [d for f in folders for d in head_curves(json.loads((Path(f) / "training.json").read_text()))]
+    data = [d for f in folders for d in head_curves(json.loads((Path(f) / RECORD_FILE).read_text()))]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for d in data:
         left.plot(d["steps"], d["loss"], label=d["label"])
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) < 2:
         print("usage: python -m specsure.train.curves OUT.png HEAD_DIR [HEAD_DIR ...]", file=sys.stderr)
         return 2
-    missing = [a for a in args[1:] if not (Path(a) / "training.json").is_file()]
+    missing = [a for a in args[1:] if not (Path(a) / RECORD_FILE).is_file()]
     if missing:
         print(f"error: no training.json in {', '.join(missing)}; give folders written by specsure train.",
               file=sys.stderr)

@@ -16,6 +16,7 @@ import torch
 
 from specsure.config.detect import SPECSURE_MTP_HEAD, SPECSURE_MTP_MODEL_TYPE
 from specsure.config.errors import ConfigError
+from specsure.config.training_record import RECORD_FILE
 from specsure.models.causal_lm import CausalLM
 from specsure.proposers.eagle3 import aux_layer_ids, canonical
 from specsure.proposers.mtp import BLOCK_OVERRIDES, module_names
@@ -168,7 +169,7 @@ def load_module_weights(module: torch.nn.Module, tensors: dict[str, torch.Tensor
 def _training_record(folder: str) -> dict[str, Any] | None:
     """The head's training.json; None when it has none (a head from elsewhere), an error when it is unreadable,
     since the continued head would otherwise claim a history it has lost."""
-    path = Path(folder) / "training.json"
+    path = Path(folder) / RECORD_FILE
     if not path.exists():
         return None
     try:
