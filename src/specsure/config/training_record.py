@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 
 RECORD_FILE = "training.json"
+"""How `specsure train` made a head (settings, data, figures); written beside its weights, read here for
+the depth note and by train/starting_head.py for a continued head's history. The engine never reads it."""
 
 
 def trained_depth(folder: str) -> int | None:

@@ -29,9 +29,6 @@ HEAD_ARCH = SPECSURE_MTP_HEAD
 EAGLE3_ARCH = "LlamaForCausalLMEagle3"
 HEAD_ARCHS = (HEAD_ARCH, EAGLE3_ARCH)
 """What specsure train writes, so what an --out folder may hold to be replaced."""
-TRAINING_FILE = RECORD_FILE
-"""How the head was made (settings, data, figures); resolution reads its depth for a note
-(config/training_record.py), the engine nothing."""
 
 
 def check_out_dir(out: str | Path) -> Path:
@@ -108,7 +105,7 @@ def save_head(out: str | Path, config: dict[str, Any], tensors: dict[str, torch.
     try:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / TRAINING_FILE).write_text(json.dumps(training, indent=2) + "\n", encoding="utf-8")
+        (tmp / RECORD_FILE).write_text(json.dumps(training, indent=2) + "\n", encoding="utf-8")
         os.chmod(tmp, 0o755)  # mkdtemp makes it owner-only; a head folder is ordinary data
         for path in tmp.iterdir():
             os.chmod(path, 0o644)
