@@ -11,10 +11,12 @@ from safetensors.torch import load_file, save_file
 
 from specsure import SamplingParams, make_engine
 from specsure.cli.main import main
+from specsure.cli.train_data import tokens_digest
 from specsure.models.loading import load_model
 from tiny import build_tiny_llama
 from specsure.proposers.head_layer import HeadCache
 from specsure.train import MTPTrainSettings, initial_module, save_mtp_head, self_distill, train_mtp
+from specsure.train.data import Sample
 from specsure.train.mtp import entry_losses
 
 GREEDY = SamplingParams(max_tokens=32, ignore_eos=True)
@@ -125,18 +127,40 @@ def test_cli_trains_and_replaces_an_earlier_head(tmp_path: Path, capsys, _sample
             "--prompts", str(prompts), "--steps", "15", "--max-new-tokens", "24", "--no-progress"]
     assert main(args) == 0
     first = capsys.readouterr().out
+    generated = _data_record(tmp_path / "head")
     assert "from the cache" not in first and len(list(_sample_cache.glob("*.safetensors"))) == 1
     assert main(args) == 0  # an earlier head in --out is replaced
     out = capsys.readouterr().out
     assert "from the cache" in out  # the second run reuses the samples
     assert _tokens_line(first) == _tokens_line(out)
+    assert _data_record(tmp_path / "head")["tokens_sha256"] == generated["tokens_sha256"]
     next(_sample_cache.glob("*.safetensors")).write_bytes(b"not safetensors")
     assert main(args) == 0  # a corrupt cache file is rebuilt, not trusted
     assert "from the cache" not in capsys.readouterr().out
+    # Generating again on the same machine makes the same data, and the record says so.
+    assert _data_record(tmp_path / "head")["tokens_sha256"] == generated["tokens_sha256"]
     assert "held-out top-1 agreement:" in out and "wrote" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["head", "prompts.jsonl", "target"]  # no temp folders
     training = json.loads((tmp_path / "head" / "training.json").read_text())
     assert training["settings"]["steps"] == 15 and training["data"]["prompts"] == 6
+    environment = generated["environment"]
+    assert environment["torch"] == torch.__version__ and environment["forward"].startswith(("native", "transformers"))
+
+
+def _data_record(head: Path) -> dict:
+    return json.loads((head / "training.json").read_text())["data"]
+
+
+def test_the_data_digest_covers_every_token_and_prompt_length() -> None:
+    samples = [Sample(torch.tensor(p), torch.zeros(len(p), 2), 1) for p in ([5, 6, 7], [8, 9])]
+    digest = tokens_digest(samples)
+    assert digest == tokens_digest([Sample(s.token_ids.clone(), s.hidden, 1) for s in samples])
+    changed_token = [samples[0], Sample(torch.tensor([8, 10]), samples[1].hidden, 1)]
+    changed_prompt = [samples[0], Sample(samples[1].token_ids, samples[1].hidden, 2)]
+    moved_boundary = [Sample(torch.tensor([5, 6]), torch.zeros(2, 2), 1), Sample(torch.tensor([7, 8, 9]),
+                                                                                 torch.zeros(3, 2), 1)]
+    others = {tokens_digest(s) for s in (changed_token, changed_prompt, moved_boundary, samples[::-1])}
+    assert digest not in others and len(others) == 4
 
 
 def _tokens_line(printed: str) -> str:

@@ -29,6 +29,7 @@ from specsure.bench.results import ALL, BenchResults, prompt_result, summarize
 from specsure.bench.workload import CATEGORIES, WorkloadError, encode, load_builtin, load_workload, select
 from specsure.cli import bench_serve
 from specsure.config import ConfigError
+from specsure.models.dtypes import cpu_model
 
 QUICK = {"per_category": 2, "max_tokens": 96, "repeats": 3}
 """--quick: a few prompts per category, sized to finish in minutes on the default model."""
@@ -140,16 +141,6 @@ def _git_commit(folder: Path = Path(__file__).parent.parent) -> str:
         return "unknown"
     dirty = changed.returncode == 0 and changed.stdout.strip()
     return head.stdout.strip() + (" with uncommitted changes" if dirty else "")
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _resolve_options(args: argparse.Namespace) -> tuple[int | None, int, int]:
@@ -281,7 +272,7 @@ def _run(args: argparse.Namespace) -> int:
         "dtype_reason": target.dtype_reason,
         "threads": torch.get_num_threads(),
         "cores": os.cpu_count(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),

@@ -124,10 +124,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--checkpoint-every {args.checkpoint_every}: must be 0 (off) or a positive number of steps.")
     if args.eval_every < 0:
         raise ValueError(f"--eval-every {args.eval_every}: must be 0 (off) or a positive number of steps.")
-    from specsure.bench.workload import Prompt, encode, load_builtin, load_workload
+    from specsure.cli.train_data import recorded_layers, training_prompts, training_samples
     from specsure.train import check_out_dir
-    from specsure.train.cache import cache_key, cached_samples, default_cache_dir
-    from specsure.train.corpus import corpus_prompts, sources_of
     from specsure.train.eagle3 import Eagle3TrainSettings
     from specsure.train.mtp import MTPTrainSettings
 
@@ -157,36 +155,12 @@ def run(args: argparse.Namespace) -> int:
                                        draft_vocab_size=vocab, seed=args.seed,
                                        answer_only=args.loss_on == "answer", dtype=args.train_dtype)
     out = check_out_dir(args.out)
-    rows = [p for path in args.prompts for p in load_workload(path)] if args.prompts else []
-    sources = [{"source": str(path), "licence": "given by the user (--prompts)"} for path in args.prompts or []]
-    chat_rows: list[int] = []
-    pieces: list[str] = []
-    if args.data == "text" and (args.prompts or not args.corpus):
-        raise ValueError("--data text teacher-forces the corpus's own text: give --corpus with package names, and "
-                         "no --prompts (a prompt file has no answers to teacher-force).")
-    if args.corpus:
-        packages, weights = _corpus_mix(args.corpus)
-        corpus = corpus_prompts(packages, args.corpus_prompts, args.seed, weights)
-        if args.data == "text":
-            corpus = [c for c in corpus if c.piece]
-            if not corpus:
-                raise ValueError(f"--data text needs package names in --corpus (their docstrings and functions are "
-                                 f"the text); {args.corpus!r} has none.")
-            pieces = [c.piece for c in corpus]
-        chat_rows = [len(rows) + i for i, c in enumerate(corpus) if c.package == "chat"]
-        rows += [Prompt(id=f"corpus-{i}", category="corpus", prompt=c.text, source=c.where) for i, c in enumerate(corpus)]
-        sources += sources_of(corpus)
-    if not rows:
-        rows = load_builtin()
-        sources = [{"source": "specsure's built-in bench workloads (main split, not held out)",
-                    "licence": "Apache-2.0 (this repository)"}]
-    rows = rows[: args.max_prompts]
+    prompts = training_prompts(args)
 
     import torch
 
     from specsure.models.loading import load_model
-    from specsure.train import self_distill
-    from specsure.train.data import DISTILL_BATCH, build_sequences, select_layers
+    from specsure.train.data import select_layers
 
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     started = time.perf_counter()
@@ -210,39 +184,10 @@ def run(args: argparse.Namespace) -> int:
             start = read_starting_head(target.lm, folder, wanted if args.aux_layers is not None else None,
                                        args.draft_vocab_size)
             wanted = start.aux_layers
-    aux = _recorded_layers(target.lm.num_layers, wanted)
-    prompts = [list(encode(row, target.tokenizer)) for row in rows]
-    dtype = str(target.lm.dtype).removeprefix("torch.")
-    chat_rows = [i for i in chat_rows if i < len(rows)]
-    follow_up = _derived(rows, chat_rows, target.tokenizer, args.seed) if chat_rows and target.tokenizer else None
-    # The batch is part of the key: batching may change a near-tied greedy token, so samples
-    # generated 8 at a time are not the ones 32 at a time would give.
-    derived = f"derived-{DERIVED_VERSION}-seed{args.seed}-" if follow_up else ""
-    key = cache_key(target.path, dtype, prompts, args.max_new_tokens, aux, extra=f"{derived}batch{DISTILL_BATCH}")
-    folder = None if args.no_cache else Path(args.cache_dir) if args.cache_dir else default_cache_dir()
-    if pieces:  # teacher forcing: the package's own text is the answer, cut to twice the continuation length
-        answers = [target.tokenizer.encode(p, add_special_tokens=False)[: 2 * args.max_new_tokens] for p in pieces]
-        key = cache_key(target.path, dtype, [[*a, -1, *b] for a, b in zip(prompts, answers)], args.max_new_tokens,
-                        aux, extra="teacher-forced text")
-
-        def build():  # noqa: ANN202
-            return build_sequences(target, prompts, answers, aux_layers=aux, progress=not args.no_progress)
-    else:
-        def build():  # noqa: ANN202
-            return self_distill(target, prompts, args.max_new_tokens, aux_layers=aux, progress=not args.no_progress,
-                                follow_up=follow_up)
-    samples, hit = cached_samples(folder, key, build)
-    if len(samples) > len(prompts):
-        sources.append({"source": "tasks built on the target's answers to specsure's chat prompts (a second turn, a "
-                                  "summary, a translation, a passage question; train/task_prompts.py)",
-                        "licence": "Apache-2.0 (templates written for this repository; the text is the target's own)",
-                        "prompts": len(samples) - len(prompts)})
-    data = {"kind": args.data, "prompts": len(samples), "tokens": sum(s.token_ids.shape[0] for s in samples),
-            "seconds": round(time.perf_counter() - started, 1), "from_cache": hit, "sources": sources}
+    aux = recorded_layers(target.lm.num_layers, wanted)
+    samples, key, data = training_samples(args, target, prompts, aux, started)
     common = {"method": args.method, "target": args.model or "default (SmolLM2-135M-Instruct)",
               "target_folder": target.path, "dtype": str(target.lm.dtype).removeprefix("torch.")}
-    print(f"data: {len(samples)} prompts, {data['tokens']} tokens in {data['seconds']:.0f} s"
-          + (f" (from the cache in {folder})" if hit else ""))
     try:
         if args.method == "mtp":
             _train_mtp(args, target, samples, settings, common, data, out, key, start)
@@ -255,52 +200,9 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _corpus_mix(text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """``--corpus`` as names and weights: ``chat:2,numpy`` takes two chat prompts per numpy prompt."""
-    names, weights = [], []
-    for item in (p.strip() for p in text.split(",")):
-        if not item:
-            continue
-        name, _, weight = item.partition(":")
-        if weight and not (weight.isdigit() and int(weight) >= 1):
-            raise ValueError(f"--corpus {text!r}: the weight in {item!r} must be a positive integer, for example "
-                             f"{name}:2 (two of its prompts for each one of a package without a weight).")
-        names.append(name.strip())
-        weights.append(int(weight) if weight else 1)
-    return tuple(names), tuple(weights)
-
-
-DERIVED_VERSION = 2
-"""Bumped when task_prompts.derived_prompts changes, so cached samples built the old way are not reused."""
-
-
-def _derived(rows, chat_rows, tokenizer, seed):  # noqa: ANN001, ANN202
-    """The follow_up of `self_distill`: tasks built on the answers to the chat prompts at ``chat_rows``."""
-    from specsure.bench.workload import Prompt, encode
-    from specsure.train.task_prompts import derived_prompts
-
-    def build(continuations):  # noqa: ANN001, ANN202
-        pairs = [(rows[i].prompt, tokenizer.decode(continuations[i], skip_special_tokens=True)) for i in chat_rows]
-        turns = derived_prompts(pairs, seed)
-        return [list(encode(Prompt(id=f"derived-{j}", category="derived", messages=tuple(t)), tokenizer))
-                for j, t in enumerate(turns)]
-
-    return build
-
-
 def _resume_folder(args: argparse.Namespace, out: Path) -> Path | None:
     """Where resume points go: next to --out, hidden (None with --checkpoint-every 0)."""
     return out.parent / f".{out.name}.resume" if args.checkpoint_every else None
-
-
-def _recorded_layers(num_layers: int, wanted: tuple[int, ...]) -> tuple[int, ...]:
-    """The layers whose inputs the data phase records: EAGLE-3's defaults, the last layer's input and any
-    asked for, in ascending order. Recording a layer costs little in the same forward, and one cached data
-    set then serves both methods and the usual layer choices (make heads trains the MTP head on the
-    EAGLE-3 head's samples)."""
-    from specsure.train.eagle3 import default_aux_layers
-
-    return tuple(sorted({*default_aux_layers(num_layers), num_layers - 1, *wanted}))
 
 
 def _aux_layers(text: str | None, num_layers: int) -> tuple[int, ...]:

@@ -41,8 +41,8 @@ from specsure.proposers.head_loading import load_weights
 from specsure.train.data import Sample
 from specsure.train.labels import DraftLabels, draft_vocabulary
 from specsure.train.loop import TRAIN_DTYPES, autocast, optimiser_for, run_steps
-from specsure.train.mtp import TargetParts
 from specsure.train.starting_head import StartingHead
+from specsure.train.target_parts import TargetParts
 from specsure.train.windows import answer_start, draw_window, split
 
 STEP_WEIGHT = 0.8

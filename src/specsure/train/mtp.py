@@ -52,6 +52,7 @@ from specsure.train.data import Sample
 from specsure.train.labels import DraftVocab, draft_vocabulary
 from specsure.train.loop import TRAIN_DTYPES, autocast, optimiser_for, run_steps
 from specsure.train.starting_head import StartingMTPHead, load_module_weights
+from specsure.train.target_parts import TargetParts
 from specsure.train.windows import answer_start, draw_window, split
 
 
@@ -154,24 +155,6 @@ class MTPTrainResult:
     ``eval_every`` steps and at the end."""
     draft_ids: torch.Tensor | None = None
     """[draft_vocab_size] ascending target ids the head drafts among; None for the whole vocabulary."""
-
-
-class TargetParts:
-    """The target's embedding and LM head as `MTPModule` calls them, for a float32 module on any target.
-
-    The LM head runs in the target's dtype (as at inference); autograd carries the gradient back
-    to the float32 module through the cast.
-    """
-
-    def __init__(self, lm: CausalLM) -> None:
-        self.lm = lm
-        self.vocab_size = lm.vocab_size
-
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self.lm.embed(token_ids)
-
-    def lm_head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm.lm_head_logits(hidden.to(self.lm.dtype))
 
 
 def initial_modules(lm: CausalLM, init: str = "random", seed: int = 0, count: int = 1) -> list[MTPModule]:

@@ -121,7 +121,7 @@ def trimmed(answer: str, limit: int = MAX_ANSWER_CHARS) -> str:
     """The answer without a cut-off last sentence, and at most ``limit`` characters (whole sentences)."""
     text = answer.strip()
     # A list marker ("1.", "12.") at the start of a line ends no sentence. Changing this rule changes
-    # `make heads`' data: bump cli/train.py's DERIVED_VERSION with it.
+    # `make heads`' data: bump cli/train_data.py's DERIVED_VERSION with it.
     ends = [m.end() for m in re.finditer(r"(?<!^\d)(?<!^\d\d)[.!?](?=\s|$)", text, flags=re.M)]
     fitting = [e for e in ends if e <= limit]
     if fitting:

@@ -1,0 +1,174 @@
+"""The data phase of `specsure train`: the prompts its flags name, then the target's samples (cached)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the engine's imports load torch, which `run` defers until the flags are checked
+    from specsure.bench.workload import Prompt
+    from specsure.models.loading import LoadedModel
+    from specsure.train.data import Sample
+
+DERIVED_VERSION = 2
+"""Bumped when task_prompts.derived_prompts changes, so cached samples built the old way are not reused."""
+
+
+@dataclass
+class TrainingPrompts:
+    """The prompts a run trains on, before the target has seen them."""
+
+    rows: list[Prompt]
+    sources: list[dict[str, object]]
+    """Each source with its licence and prompt count, as training.json records them."""
+    chat_rows: list[int] = field(default_factory=list)
+    """Indices into ``rows`` of specsure's chat prompts, whose answers the derived tasks build on."""
+    pieces: list[str] = field(default_factory=list)
+    """--data text: each row's package text, the answer teacher forcing labels."""
+
+
+def training_prompts(args: argparse.Namespace) -> TrainingPrompts:
+    """The rows of --prompts and --corpus (or the built-in bench workloads), cut to --max-prompts."""
+    from specsure.bench.workload import Prompt, load_builtin, load_workload
+    from specsure.train.corpus import corpus_prompts, sources_of
+
+    if args.data == "text" and (args.prompts or not args.corpus):
+        raise ValueError("--data text teacher-forces the corpus's own text: give --corpus with package names, and "
+                         "no --prompts (a prompt file has no answers to teacher-force).")
+    rows = [p for path in args.prompts for p in load_workload(path)] if args.prompts else []
+    sources: list[dict[str, object]] = [{"source": str(path), "licence": "given by the user (--prompts)"}
+                                        for path in args.prompts or []]
+    chat_rows: list[int] = []
+    pieces: list[str] = []
+    if args.corpus:
+        packages, weights = corpus_mix(args.corpus)
+        corpus = corpus_prompts(packages, args.corpus_prompts, args.seed, weights)
+        if args.data == "text":
+            corpus = [c for c in corpus if c.piece]
+            if not corpus:
+                raise ValueError(f"--data text needs package names in --corpus (their docstrings and functions are "
+                                 f"the text); {args.corpus!r} has none.")
+            pieces = [c.piece for c in corpus]
+        chat_rows = [len(rows) + i for i, c in enumerate(corpus) if c.package == "chat"]
+        rows += [Prompt(id=f"corpus-{i}", category="corpus", prompt=c.text, source=c.where) for i, c in enumerate(corpus)]
+        sources += sources_of(corpus)
+    if not rows:
+        rows = load_builtin()
+        sources = [{"source": "specsure's built-in bench workloads (main split, not held out)",
+                    "licence": "Apache-2.0 (this repository)"}]
+    rows = rows[: args.max_prompts]
+    return TrainingPrompts(rows, sources, [i for i in chat_rows if i < len(rows)], pieces)
+
+
+def corpus_mix(text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """``--corpus`` as names and weights: ``chat:2,numpy`` takes two chat prompts per numpy prompt."""
+    names, weights = [], []
+    for item in (p.strip() for p in text.split(",")):
+        if not item:
+            continue
+        name, _, weight = item.partition(":")
+        if weight and not (weight.isdigit() and int(weight) >= 1):
+            raise ValueError(f"--corpus {text!r}: the weight in {item!r} must be a positive integer, for example "
+                             f"{name}:2 (two of its prompts for each one of a package without a weight).")
+        names.append(name.strip())
+        weights.append(int(weight) if weight else 1)
+    return tuple(names), tuple(weights)
+
+
+def recorded_layers(num_layers: int, wanted: tuple[int, ...]) -> tuple[int, ...]:
+    """The layers whose inputs the data phase records: EAGLE-3's defaults, the last layer's input and any
+    asked for, in ascending order. Recording a layer costs little in the same forward, and one cached data
+    set then serves both methods and the usual layer choices (make heads trains the MTP head on the
+    EAGLE-3 head's samples)."""
+    from specsure.train.eagle3 import default_aux_layers
+
+    return tuple(sorted({*default_aux_layers(num_layers), num_layers - 1, *wanted}))
+
+
+def training_samples(args: argparse.Namespace, target: LoadedModel, prompts: TrainingPrompts,
+                     aux: tuple[int, ...], started: float) -> tuple[list[Sample], str, dict[str, Any]]:
+    """(samples, cache key, the data record of training.json): the target's samples for ``prompts``,
+    from the cache when an earlier run made the same ones. ``started`` is when loading began."""
+    from specsure.bench.workload import encode
+    from specsure.train import self_distill
+    from specsure.train.cache import cache_key, cached_samples, default_cache_dir
+    from specsure.train.data import DISTILL_BATCH, build_sequences
+
+    rows = prompts.rows
+    token_prompts = [list(encode(row, target.tokenizer)) for row in rows]
+    dtype = str(target.lm.dtype).removeprefix("torch.")
+    follow_up = _derived(rows, prompts.chat_rows, target.tokenizer, args.seed) \
+        if prompts.chat_rows and target.tokenizer else None
+    # The batch is part of the key: batching may change a near-tied greedy token, so samples
+    # generated 8 at a time are not the ones 32 at a time would give.
+    derived = f"derived-{DERIVED_VERSION}-seed{args.seed}-" if follow_up else ""
+    key = cache_key(target.path, dtype, token_prompts, args.max_new_tokens, aux, extra=f"{derived}batch{DISTILL_BATCH}")
+    folder = None if args.no_cache else Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    if prompts.pieces:  # teacher forcing: the package's own text is the answer, cut to twice the continuation length
+        answers = [target.tokenizer.encode(p, add_special_tokens=False)[: 2 * args.max_new_tokens]
+                   for p in prompts.pieces]
+        key = cache_key(target.path, dtype, [[*a, -1, *b] for a, b in zip(token_prompts, answers)],
+                        args.max_new_tokens, aux, extra="teacher-forced text")
+
+        def build() -> list[Sample]:
+            return build_sequences(target, token_prompts, answers, aux_layers=aux, progress=not args.no_progress)
+    else:
+        def build() -> list[Sample]:
+            return self_distill(target, token_prompts, args.max_new_tokens, aux_layers=aux,
+                                progress=not args.no_progress, follow_up=follow_up)
+    samples, hit = cached_samples(folder, key, build)
+    sources = list(prompts.sources)
+    if len(samples) > len(rows):
+        sources.append({"source": "tasks built on the target's answers to specsure's chat prompts (a second turn, a "
+                                  "summary, a translation, a passage question; train/task_prompts.py)",
+                        "licence": "Apache-2.0 (templates written for this repository; the text is the target's own)",
+                        "prompts": len(samples) - len(rows)})
+    data = {"kind": args.data, "prompts": len(samples), "tokens": sum(s.token_ids.shape[0] for s in samples),
+            "tokens_sha256": tokens_digest(samples), "seconds": round(time.perf_counter() - started, 1),
+            "from_cache": hit, "sources": sources, "environment": environment(target)}
+    print(f"data: {len(samples)} prompts, {data['tokens']} tokens in {data['seconds']:.0f} s"
+          + (f" (from the cache in {folder})" if hit else ""))
+    return samples, key, data
+
+
+def tokens_digest(samples: list[Sample]) -> str:
+    """SHA-256 of every sample's length, prompt length and token ids, in order: two runs made the same
+    data exactly when their digests match (the features follow from the tokens on one machine)."""
+    digest = hashlib.sha256()
+    for sample in samples:
+        ids = sample.token_ids.to("cpu").long().numpy().astype("<i8")
+        digest.update(len(ids).to_bytes(8, "little") + sample.prompt_len.to_bytes(8, "little") + ids.tobytes())
+    return digest.hexdigest()
+
+
+def environment(target: LoadedModel) -> dict[str, str]:
+    """What the generated answers depend on besides the prompts: a near-tied greedy token can go the
+    other way with another torch, transformers (it converts the GGUF target), CPU or forward path."""
+    import numpy
+    import torch
+    import transformers
+
+    from specsure.models.dtypes import cpu_model
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "numpy": numpy.__version__, "cpu": cpu_model(),
+            "forward": target.lm.path}
+
+
+def _derived(rows, chat_rows, tokenizer, seed):  # noqa: ANN001, ANN202
+    """The follow_up of `self_distill`: tasks built on the answers to the chat prompts at ``chat_rows``."""
+    from specsure.bench.workload import Prompt, encode
+    from specsure.train.task_prompts import derived_prompts
+
+    def build(continuations):  # noqa: ANN001, ANN202
+        pairs = [(rows[i].prompt, tokenizer.decode(continuations[i], skip_special_tokens=True)) for i in chat_rows]
+        turns = derived_prompts(pairs, seed)
+        return [list(encode(Prompt(id=f"derived-{j}", category="derived", messages=tuple(t)), tokenizer))
+                for j, t in enumerate(turns)]
+
+    return build
