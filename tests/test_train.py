@@ -145,6 +145,12 @@ def test_cli_trains_and_replaces_an_earlier_head(tmp_path: Path, capsys, _sample
     assert training["settings"]["steps"] == 15 and training["data"]["prompts"] == 6
     environment = generated["environment"]
     assert environment["torch"] == torch.__version__ and environment["forward"].startswith(("native", "transformers"))
+    assert main([*args, "--expect-data-sha256", generated["tokens_sha256"].upper()]) == 0
+    assert "warning" not in capsys.readouterr().err
+    other = "0" * 64
+    assert main([*args, "--expect-data-sha256", other]) == 0  # a warning, and the head is still written
+    err = capsys.readouterr().err
+    assert f"tokens_sha256 {generated['tokens_sha256']}, not the {other}" in err and torch.__version__ in err
 
 
 def _data_record(head: Path) -> dict:
@@ -178,6 +184,7 @@ def _tokens_line(printed: str) -> str:
     ("--data", "text", "--data text teacher-forces the corpus's own text"),
     ("--batch-windows", "0", "--batch-windows 0: must be a positive integer"),
     ("--batch-windows", "2", "only --method eagle3 packs windows"),
+    ("--expect-data-sha256", "abc", "--expect-data-sha256 'abc': give the 64 hex digits"),
 ])
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys, flag: str, value: str, message: str) -> None:
     target = build_tiny_llama(tmp_path / "target")  # no tokenizer

@@ -105,6 +105,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="where the self-distilled samples are cached, so a second run on the same data starts "
                              "training at once (default $XDG_CACHE_HOME/specsure/train)")
     parser.add_argument("--no-cache", action="store_true", help="neither read nor write the sample cache")
+    parser.add_argument("--expect-data-sha256", default=None, metavar="HEX",
+                        help="the tokens_sha256 that an earlier run's training.json records for its data; a warning "
+                             "says so when this run's data differs (other package versions, CPU or forward path), "
+                             "since its head will then differ too (make heads gives the shipped heads' digest)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.set_defaults(run=run)
 
@@ -124,6 +128,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--checkpoint-every {args.checkpoint_every}: must be 0 (off) or a positive number of steps.")
     if args.eval_every < 0:
         raise ValueError(f"--eval-every {args.eval_every}: must be 0 (off) or a positive number of steps.")
+    expected = args.expect_data_sha256
+    if expected is not None and not (len(expected) == 64 and all(c in "0123456789abcdef" for c in expected.lower())):
+        raise ValueError(f"--expect-data-sha256 {expected!r}: give the 64 hex digits of a training.json's "
+                         "data.tokens_sha256.")
     from specsure.cli.train_data import recorded_layers, training_prompts, training_samples
     from specsure.train import check_out_dir
     from specsure.train.eagle3 import Eagle3TrainSettings

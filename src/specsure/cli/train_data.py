@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import platform
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +134,13 @@ def training_samples(args: argparse.Namespace, target: LoadedModel, prompts: Tra
             "from_cache": hit, "sources": sources, "environment": environment(target)}
     print(f"data: {len(samples)} prompts, {data['tokens']} tokens in {data['seconds']:.0f} s"
           + (f" (from the cache in {folder})" if hit else ""))
+    expected = args.expect_data_sha256
+    if expected is not None and expected.lower() != data["tokens_sha256"]:
+        print(f"warning: this run's data has tokens_sha256 {data['tokens_sha256']}, not the {expected.lower()} that "
+              "--expect-data-sha256 gives, so the head will differ from the one trained on that data. The prompts "
+              "come from the installed packages' files and the answers depend on torch, transformers, the CPU and "
+              f"the forward path; this run's: {data['environment']} (make heads pins the packages in "
+              "heads-constraints.txt).", file=sys.stderr)
     return samples, key, data
 
 
