@@ -155,8 +155,9 @@ def tokens_digest(samples: list[Sample]) -> str:
 
 
 def environment(target: LoadedModel) -> dict[str, str]:
-    """What the generated answers depend on besides the prompts: a near-tied greedy token can go the
-    other way with another torch, transformers (it converts the GGUF target), CPU or forward path."""
+    """What the data depends on besides the flags: transformers' and numpy's files are prompts, and a
+    near-tied greedy token can go the other way with another torch, transformers, CPU or forward path
+    (transformers 5.24.0 and 5.25.0 converted the GGUF target alike; docs/training.md)."""
     import numpy
     import torch
     import transformers
