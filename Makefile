@@ -33,8 +33,9 @@ bench: $(STAMP)
 # Trains the default model's shipped heads (src/specsure/heads/, committed) from specsure's own prompts and openly
 # licensed PyPI text (docs/training.md); not part of `make test`. Both heads are trained first for the one draft step
 # their default tree uses (--unroll 1); the EAGLE-3 head then continues at three unrolled steps, so that chains (and
-# the exported head in vLLM or SGLang) accept past the first step. On 2 cores (Zen 4), run end to end: 35 minutes of data
-# from an empty cache, then 25 + 10 of EAGLE-3 and 20 of MTP training: about 95 in all, heads bit-identical to the committed.
+# the exported head in vLLM or SGLang) accept past the first step. On 2 cores (Zen 4), on a fresh clone with an empty
+# cache: 75 minutes in all (1 for the venv, 28 of data, 21 + 9 of EAGLE-3 and 16 of MTP), heads bit-identical to
+# the committed.
 # The prompts come from numpy's and transformers' files and the answers depend on their code, so the heads are trained
 # in their own venv with the packages pinned (heads-constraints.txt); the first run warns when its data is not the
 # shipped heads' (HEADS_DATA, their data's tokens_sha256), as on another CPU it may not be.

@@ -317,6 +317,21 @@ def test_conversion_is_atomic_and_done_once(monkeypatch: pytest.MonkeyPatch, tmp
     assert len(calls) == 1 and (dest / "config.json").is_file() and gguf_cache.is_converted(dest)
 
 
+def test_dequantizing_bar_hidden(capfd: pytest.CaptureFixture[str]) -> None:
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    drawn = gguf_utils.tqdm
+    desc = "Converting and de-quantizing GGUF tensors..."
+    for _ in gguf_utils.tqdm(range(3), desc=desc):
+        pass
+    assert "de-quantizing" in capfd.readouterr().err  # what --no-progress let through
+    with gguf_cache.no_dequantizing_bar():
+        for _ in gguf_utils.tqdm(range(3), desc=desc):
+            pass
+    assert capfd.readouterr().err == ""
+    assert gguf_utils.tqdm is drawn
+
+
 def test_gguf_cache_folder_changes_with_file(tmp_path: Path) -> None:
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"a")

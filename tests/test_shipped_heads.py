@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,18 @@ def test_the_shipped_heads_are_committed_small_and_documented() -> None:
         assert training["method"] == method and training["data"]["sources"]
         assert all(s["licence"] for s in training["data"]["sources"])
     assert total <= HEAD_BYTES_LIMIT
+
+
+def test_make_heads_expects_the_data_the_shipped_heads_record() -> None:
+    """`make heads` warns when its data is not the shipped heads' (HEADS_DATA): that digest must be theirs."""
+    root = Path(__file__).resolve().parents[1]
+    makefile, pins = (root / "Makefile").read_text(), (root / "heads-constraints.txt").read_text().split()
+    expected = re.search(r"^HEADS_DATA := ([0-9a-f]{64})$", makefile, re.MULTILINE)
+    assert expected, "the Makefile no longer sets HEADS_DATA"
+    for name in SHIPPED.values():
+        data = json.loads((HEADS_DIR / name / "training.json").read_text())["data"]
+        assert data["tokens_sha256"] == expected.group(1)
+        assert f"transformers=={data['environment']['transformers']}" in pins  # the version that made them
 
 
 @pytest.mark.parametrize("method", sorted(SHIPPED))

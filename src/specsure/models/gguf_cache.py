@@ -6,6 +6,7 @@ converted safetensors folder takes ~2 s, so every GGUF is converted once and reu
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import logging
@@ -13,7 +14,9 @@ import os
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -116,7 +119,7 @@ def _write_conversion(gguf: Path, out: Path) -> None:
 
     kwargs = {"gguf_file": gguf.name, "local_files_only": True, "trust_remote_code": False}
     try:
-        with quiet_loading():
+        with quiet_loading(), no_dequantizing_bar():
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
     except ImportError as err:
@@ -135,6 +138,26 @@ def _write_conversion(gguf: Path, out: Path) -> None:
     with quiet_loading():  # save_pretrained draws a "Writing model shards" bar
         model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+@contextmanager
+def no_dequantizing_bar() -> Iterator[None]:
+    """Hide the bar transformers draws while it de-quantises GGUF tensors.
+
+    transformers draws it with a bare ``tqdm`` that its own progress-bar switch (which
+    ``quiet_loading`` turns off) does not reach, so it printed through ``--no-progress``.
+    """
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None:  # a transformers that draws no bar there
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
 
 
 def _remove_stale_temps(dest: Path) -> None:
