@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -129,9 +130,11 @@ def run(args: argparse.Namespace) -> int:
     if args.eval_every < 0:
         raise ValueError(f"--eval-every {args.eval_every}: must be 0 (off) or a positive number of steps.")
     expected = args.expect_data_sha256
-    if expected is not None and not (len(expected) == 64 and all(c in "0123456789abcdef" for c in expected.lower())):
-        raise ValueError(f"--expect-data-sha256 {expected!r}: give the 64 hex digits of a training.json's "
-                         "data.tokens_sha256.")
+    if expected is not None:
+        if not re.fullmatch(r"[0-9a-fA-F]{64}", expected):
+            raise ValueError(f"--expect-data-sha256 {expected!r}: give the 64 hex digits of a training.json's "
+                             "data.tokens_sha256.")
+        args.expect_data_sha256 = expected.lower()  # as hexdigest() writes it
     from specsure.cli.train_data import recorded_layers, training_prompts, training_samples
     from specsure.train import check_out_dir
     from specsure.train.eagle3 import Eagle3TrainSettings

@@ -135,8 +135,8 @@ def training_samples(args: argparse.Namespace, target: LoadedModel, prompts: Tra
     print(f"data: {len(samples)} prompts, {data['tokens']} tokens in {data['seconds']:.0f} s"
           + (f" (from the cache in {folder})" if hit else ""))
     expected = args.expect_data_sha256
-    if expected is not None and expected.lower() != data["tokens_sha256"]:
-        print(f"warning: this run's data has tokens_sha256 {data['tokens_sha256']}, not the {expected.lower()} that "
+    if expected is not None and expected != data["tokens_sha256"]:
+        print(f"warning: this run's data has tokens_sha256 {data['tokens_sha256']}, not the {expected} that "
               "--expect-data-sha256 gives, so the head will differ from the one trained on that data. The prompts "
               "come from the installed packages' files and the answers depend on torch, transformers, the CPU and "
               f"the forward path; this run's: {data['environment']} (make heads pins the packages in "
