@@ -364,3 +364,30 @@ def test_default_model(default_model_cache: Path) -> None:
         out.append(int(lm.forward(out[-1:]).logits[-1].argmax()))
     assert out == expected.tolist()
     assert "Paris" in tok.decode(out)
+
+
+def test_cli_says_when_it_converts_a_gguf(tmp_path: Path) -> None:
+    """The CLI shows warnings only, yet a first conversion (seconds) must not pass in silence."""
+    import subprocess
+    import sys
+
+    script = f"""
+import logging
+from pathlib import Path
+from specsure.cli.common import CONVERSION_LOGGER, setup_logging
+from specsure.models import gguf_cache
+assert gguf_cache.logger.name == CONVERSION_LOGGER
+setup_logging(False)
+gguf_cache._write_conversion = lambda gguf, out: (out / "config.json").write_text("{{}}")
+gguf = Path({str(tmp_path)!r}) / "m.gguf"
+gguf.write_bytes(b"GGUF")
+gguf_cache.convert_gguf(gguf, gguf.parent / "cache" / "m")
+gguf_cache.convert_gguf(gguf, gguf.parent / "cache" / "m")
+logging.getLogger("specsure.models.loading").info("an info line the CLI keeps quiet")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert sum("converting" in line and "m.gguf" in line for line in lines) == 1, lines
+    assert sum("converted m.gguf in" in line for line in lines) == 1, lines
+    assert not any("keeps quiet" in line for line in lines), lines

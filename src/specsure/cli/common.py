@@ -15,6 +15,8 @@ from specsure.config.errors import ConfigError
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 _ENGINE = ("torch", "transformers", "safetensors", "tokenizers", "gguf", "accelerate", "numpy", "tqdm")
+CONVERSION_LOGGER = "specsure.models.gguf_cache"
+"""The logger that says a GGUF is being converted; named, not imported, so `explain` stays light."""
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "engine": _ENGINE,
     "serve": (*_ENGINE, "fastapi", "uvicorn", "prometheus_client"),
@@ -94,3 +96,6 @@ def setup_logging(verbose: bool) -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    # The first load of a GGUF converts it (seconds, once per machine); without this line the
+    # CLI would sit silent through it.
+    logging.getLogger(CONVERSION_LOGGER).setLevel(logging.INFO)
