@@ -176,22 +176,23 @@ def test_counts_match_the_reference_after_adds_and_removes(seqs, depth, removals
 HISTORY = [1, 2, 3, 4, 9, 1, 2, 3, 4, 8, 1, 2, 3, 5, 7, 1, 2, 3]
 
 
-@pytest.mark.parametrize(("depth", "factor", "min_prob", "expected"), [
+@pytest.mark.parametrize(("depth", "factor", "min_prob", "expected", "score"), [
     # m = 3 may draft 3: [4, 8, 1] scores 2/3 + 1/3 + 1/3 = 4/3; m = 2 gives [4, 8] (1.0), m = 1 [4].
-    (24, 1.0, 0.1, [4, 8, 1]),
+    (24, 1.0, 0.1, [4, 8, 1], 4 / 3),
     # factor 2: m = 3 may draft 6 and follows the chain: 2/3 + 5 * 1/3 = 7/3.
-    (24, 2.0, 0.1, [4, 8, 1, 2, 3, 5]),
+    (24, 2.0, 0.1, [4, 8, 1, 2, 3, 5], 7 / 3),
     # factor 0.5: floor(1.5) = 1 token for m = 3 and m = 2, equal scores; the longer match wins.
-    (24, 0.5, 0.1, [4]),
+    (24, 0.5, 0.1, [4], 2 / 3),
     # Depth 4: m = 3 leaves room for 1 token (2/3), m = 2 for 2 ([4, 8], 1.0): the shorter match wins.
-    (4, 1.0, 0.1, [4, 8]),
+    (4, 1.0, 0.1, [4, 8], 1.0),
     # min_token_prob 0.5 stops before 8 (1/3); 0.7 stops before 4 (2/3), so nothing is drafted.
-    (24, 1.0, 0.5, [4]),
-    (24, 1.0, 0.7, []),
+    (24, 1.0, 0.5, [4], 2 / 3),
+    (24, 1.0, 0.7, [], 0.0),
 ])
-def test_golden_drafts(depth, factor, min_prob, expected):
+def test_golden_drafts(depth, factor, min_prob, expected, score):
     proposer = SuffixProposer(depth, 0, factor, min_prob)
     assert propose(proposer, HISTORY) == expected
+    assert proposer.last_score == pytest.approx(score)  # what the draft expects to be accepted
     assert reference_draft(HISTORY, [], 8, depth, factor, min_prob) == expected
 
 

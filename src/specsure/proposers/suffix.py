@@ -110,6 +110,9 @@ class SuffixProposer(Proposer):
         self.min_token_prob = float(min_token_prob)
         self._history = _History(max_tree_depth, bool(max_cached_requests))
         self._request: _Request
+        self.last_score = 0.0
+        """The score of the last draft: the sum of its tokens' estimated path probabilities, so
+        about the number of them the target will accept (0 for no draft)."""
         self.clear_history()
 
     def _fresh(self) -> _Request:
@@ -174,9 +177,10 @@ class SuffixProposer(Proposer):
                 cursor = history.tree.advance(cursor, token)
             request.cursor = cursor
         request.seen = size
-        return Draft(self._best_draft(request, k) if k > 0 else [])
+        tokens, self.last_score = self._best_draft(request, k) if k > 0 else ([], 0.0)
+        return Draft(tokens)
 
-    def _best_draft(self, request: _Request, k: int) -> list[int]:
+    def _best_draft(self, request: _Request, k: int) -> tuple[list[int], float]:
         depth, factor = self.max_tree_depth, self.max_spec_factor
         candidates: list[tuple[int, int, int, Position]] = []
         for m, position in enumerate(request.tree.frontier, 1):
@@ -200,7 +204,7 @@ class SuffixProposer(Proposer):
             tokens, score = draft_from(position, limit, self.min_token_prob)
             if tokens and (score, mine, m) > best_key:
                 best_key, best = (score, mine, m), tokens
-        return best
+        return best, best_key[0]
 
     def _retire(self) -> None:
         """Add the request's output to the global tree, and evict the oldest beyond the limit."""
