@@ -23,6 +23,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -279,50 +280,87 @@ static inline void store16(bf16 *p, __m512 v, int64_t left) {
 
 #define MAX_DIM 512 /* head_dim limit of the vector accumulators below (kernel.py checks it) */
 
-/* Row r of `seg`, head h: softmax(q . K / sqrt(dim)) V over the positions the row may see, in
- * position order, so a row gives the same bits whichever forward it is part of. */
-static void attend_row(const Shape *s, const Segment *seg, int64_t r, int64_t h, const bf16 *q, bf16 *out) {
-    int64_t dim = s->head_dim, group = s->heads / s->kv_heads, chunks = (dim + 15) / 16;
-    const bf16 *keys = seg->keys + (h / group) * seg->capacity * dim;
-    const bf16 *values = seg->values + (h / group) * seg->capacity * dim;
+#define MAX_GROUP 4 /* query heads attended together, sharing each key and value load */
+
+/* Row r of `seg`, the `group` query heads that share kv head `kv` (q and out: the first one's):
+ * for each, softmax(q . K / sqrt(dim)) V over the positions the row may see, in position order.
+ * Each head's sums are the one-head loop's, in the same order, so its bits depend neither on the
+ * forward the row is part of nor on how its heads are grouped; a group loads each key and value
+ * once for all its heads (GQA heads read the same cache) instead of once per head. Inlined with
+ * constant `group` and `chunks` where it can be, so the queries and sums stay in registers. */
+static inline __attribute__((always_inline)) void attend_heads(const Shape *s, const Segment *seg, int64_t r,
+                                                               int64_t kv, const bf16 *q, bf16 *out, int group,
+                                                               int64_t chunks) {
+    int64_t dim = s->head_dim;
+    const bf16 *keys = seg->keys + kv * seg->capacity * dim;
+    const bf16 *values = seg->values + kv * seg->capacity * dim;
     int64_t visible = seg->start + seg->length;
-    float *scores = malloc((size_t)visible * sizeof(float));
+    float *scores = malloc((size_t)(visible * group) * sizeof(float));
     int64_t *slots = malloc((size_t)visible * sizeof(int64_t));
     int64_t count = 0;
     for (int64_t t = 0; t < seg->start; t++) slots[count++] = t;
     for (int64_t j = 0; j < seg->length; j++)
         if (seg->mask ? seg->mask[r * seg->length + j] : j <= r) slots[count++] = seg->start + j;
-    __m512 qv[MAX_DIM / 16], acc[MAX_DIM / 16];
-    for (int64_t c = 0; c < chunks; c++) {
-        qv[c] = load_f32(q + c * 16, dim - c * 16);
-        acc[c] = _mm512_setzero_ps();
+    __m512 qv[MAX_GROUP][MAX_DIM / 16], acc[MAX_GROUP][MAX_DIM / 16], kc[MAX_DIM / 16];
+    float top[MAX_GROUP], total[MAX_GROUP];
+    for (int g = 0; g < group; g++) {
+        for (int64_t c = 0; c < chunks; c++) {
+            qv[g][c] = load_f32(q + g * dim + c * 16, dim - c * 16);
+            acc[g][c] = _mm512_setzero_ps();
+        }
+        top[g] = -INFINITY;
+        total[g] = 0.0f;
     }
-    float scale = 1.0f / sqrtf((float)dim), top = -INFINITY;
+    float scale = 1.0f / sqrtf((float)dim);
     for (int64_t i = 0; i < count; i++) {
         const bf16 *kt = keys + slots[i] * dim;
-        __m512 dot = _mm512_setzero_ps();
-        for (int64_t c = 0; c < chunks; c++) dot = _mm512_fmadd_ps(qv[c], load_f32(kt + c * 16, dim - c * 16), dot);
-        scores[i] = _mm512_reduce_add_ps(dot) * scale;
-        if (scores[i] > top) top = scores[i];
+        for (int64_t c = 0; c < chunks; c++) kc[c] = load_f32(kt + c * 16, dim - c * 16);
+        for (int g = 0; g < group; g++) {
+            __m512 dot = _mm512_setzero_ps();
+            for (int64_t c = 0; c < chunks; c++) dot = _mm512_fmadd_ps(qv[g][c], kc[c], dot);
+            float score = _mm512_reduce_add_ps(dot) * scale;
+            scores[g * count + i] = score;
+            if (score > top[g]) top[g] = score;
+        }
     }
-    for (int64_t i = 0; i < count; i += 16) {
-        __mmask16 mask = count - i >= 16 ? 0xffff : (__mmask16)((1u << (count - i)) - 1u);
-        __m512 v = _mm512_maskz_loadu_ps(mask, scores + i);
-        _mm512_mask_storeu_ps(scores + i, mask, exp16(_mm512_sub_ps(v, _mm512_set1_ps(top))));
+    for (int g = 0; g < group; g++) {
+        float *row = scores + g * count;
+        for (int64_t i = 0; i < count; i += 16) {
+            __mmask16 mask = count - i >= 16 ? 0xffff : (__mmask16)((1u << (count - i)) - 1u);
+            __m512 v = _mm512_maskz_loadu_ps(mask, row + i);
+            _mm512_mask_storeu_ps(row + i, mask, exp16(_mm512_sub_ps(v, _mm512_set1_ps(top[g]))));
+        }
     }
-    float total = 0.0f;
     for (int64_t i = 0; i < count; i++) {
-        float p = scores[i];
-        total += p;
         const bf16 *vt = values + slots[i] * dim;
-        __m512 pv = _mm512_set1_ps(p);
-        for (int64_t c = 0; c < chunks; c++) acc[c] = _mm512_fmadd_ps(pv, load_f32(vt + c * 16, dim - c * 16), acc[c]);
+        for (int64_t c = 0; c < chunks; c++) kc[c] = load_f32(vt + c * 16, dim - c * 16);
+        for (int g = 0; g < group; g++) {
+            float p = scores[g * count + i];
+            total[g] += p;
+            __m512 pv = _mm512_set1_ps(p);
+            for (int64_t c = 0; c < chunks; c++) acc[g][c] = _mm512_fmadd_ps(pv, kc[c], acc[g][c]);
+        }
     }
-    float lanes[MAX_DIM];
-    for (int64_t c = 0; c < chunks; c++) _mm512_storeu_ps(lanes + c * 16, acc[c]);
-    for (int64_t i = 0; i < dim; i++) out[i] = round_bf16(lanes[i] / total);
+    for (int g = 0; g < group; g++) {
+        float lanes[MAX_DIM];
+        for (int64_t c = 0; c < chunks; c++) _mm512_storeu_ps(lanes + c * 16, acc[g][c]);
+        for (int64_t i = 0; i < dim; i++) out[g * dim + i] = round_bf16(lanes[i] / total[g]);
+    }
     free(scores);
     free(slots);
+}
+
+/* `attend_heads` for one job; the common shapes (head_dim 64 or 128, up to MAX_GROUP heads a
+ * group) get a copy each with their constants, the rest the general loop. */
+static void attend_job(const Shape *s, const Segment *seg, int64_t r, int64_t kv, const bf16 *q, bf16 *out,
+                       int group) {
+    int64_t chunks = (s->head_dim + 15) / 16;
+#define ATTEND_CASE(G, C) \
+    if (group == G && chunks == C) { attend_heads(s, seg, r, kv, q, out, G, C); return; }
+    ATTEND_CASE(1, 4) ATTEND_CASE(2, 4) ATTEND_CASE(3, 4) ATTEND_CASE(4, 4)
+    ATTEND_CASE(1, 8) ATTEND_CASE(2, 8) ATTEND_CASE(3, 8) ATTEND_CASE(4, 8)
+#undef ATTEND_CASE
+    attend_heads(s, seg, r, kv, q, out, group, chunks);
 }
 
 /* RoPE on q and k of every row, then k and v into each row's cache slot. qkv: [rows, qkv_size]. */
@@ -346,19 +384,27 @@ static void rope_and_store(const Shape *s, const Segment *segs, int64_t nseg, bf
     }
 }
 
-/* Attention for every row and head: out [rows, heads * head_dim]. */
+/* Attention for every row and head: out [rows, heads * head_dim]. A job is one row and a group of
+ * query heads that share a kv head: the largest group (a divisor of the heads per kv head, at most
+ * MAX_GROUP) that still leaves every thread four jobs, so a one-row step keeps its threads busy. */
 static void attend_all(const Shape *s, const Segment *segs, int64_t nseg, int64_t rows, const bf16 *qkv,
                        bf16 *out) {
     int64_t dim = s->head_dim, stride = (s->heads + 2 * s->kv_heads) * dim;
+    int64_t shared = s->heads / s->kv_heads, wanted = 4 * (int64_t)omp_get_max_threads();
+    int group = 1;
+    for (int g = MAX_GROUP; g > 1 && group == 1; g--)
+        if (shared % g == 0 && rows * (s->heads / g) >= wanted) group = g;
+    int64_t per_row = s->heads / group;
     int64_t seg_of[rows], first[nseg];
     for (int64_t g = 0, row = 0; g < nseg; g++) {
         first[g] = row;
         for (int64_t r = 0; r < segs[g].length; r++) seg_of[row++] = g;
     }
 #pragma omp parallel for schedule(static)
-    for (int64_t job = 0; job < rows * s->heads; job++) {
-        int64_t row = job / s->heads, h = job % s->heads, g = seg_of[row];
-        attend_row(s, &segs[g], row - first[g], h, qkv + row * stride + h * dim, out + row * s->heads * dim + h * dim);
+    for (int64_t job = 0; job < rows * per_row; job++) {
+        int64_t row = job / per_row, h = (job % per_row) * group, g = seg_of[row];
+        attend_job(s, &segs[g], row - first[g], h / shared, qkv + row * stride + h * dim,
+                   out + row * s->heads * dim + h * dim, group);
     }
 }
 
