@@ -16,7 +16,7 @@ import argparse
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -28,10 +28,12 @@ from specsure.sampling import SamplingParams
 
 
 class SuffixFirst(Proposer):
-    """Suffix decoding's draft when it scores at least ``min_score``, else the head's."""
+    """Suffix decoding's draft when it scores at least ``min_score``, else the EAGLE-3 head's."""
+
+    method: ClassVar[str] = "eagle3"  # the engine checks it against the method it was resolved for
 
     def __init__(self, head: Proposer, suffix: SuffixProposer, min_score: float, suffix_k: int) -> None:
-        self.method = head.method  # the engine checks the method it was resolved for
+        assert head.method == self.method
         self.head, self.suffix, self.min_score, self.suffix_k = head, suffix, min_score, suffix_k
         self.needs_hidden, self.aux_layers = head.needs_hidden, head.aux_layers
         self.steps = {"head": 0, "suffix": 0}
