@@ -1,7 +1,8 @@
-"""Two builds of the bf16 C kernel, A/B: forward times at 1 to 9 new rows, and whether their logits agree bit for bit.
+"""Two builds of a C kernel, A/B: forward times at 1 to 9 new rows, and whether their logits agree bit for bit.
 
     git show HEAD~1:src/specsure/models/decode_kernel.c > /tmp/old_kernel.c
     .venv/bin/python bench/kernel_ab.py /tmp/old_kernel.c [--cached 200,800] [--repeats 15]
+    .venv/bin/python bench/kernel_ab.py /tmp/old_float_kernel.c --float   # float_kernel.c, the model in float32
 
 A is the given source, B the checked-out one. For each cached length the default model's cache
 is filled with that many tokens, then each forward runs on A and on B in turn (rolled back
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
 from specsure.models.loading import load_model
 
@@ -30,15 +32,18 @@ def main() -> None:
     parser.add_argument("source", type=Path, help="decode_kernel.c of build A")
     parser.add_argument("--cached", default="200,800", help="comma-separated cache lengths")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--float", action="store_true", help="the float32 kernel (float_kernel.c), the model in float32")
     args = parser.parse_args()
+    module = float_kernels if args.float else kernels
     torch.set_num_threads(2)
     cc = kernels.compiler()
     if cc is None:
         raise SystemExit("no C compiler on PATH")
-    builds = {name: kernels._bind(ctypes.CDLL(str(kernels.build_library(cc, source, kernels.FLAGS, f"ab-{name}"))))
-              for name, source in (("A", args.source), ("B", kernels.SOURCE))}
-    lm = load_model(None).lm
+    builds = {name: module._bind(ctypes.CDLL(str(kernels.build_library(cc, source, module.FLAGS, f"ab-{name}"))))
+              for name, source in (("A", args.source), ("B", module.SOURCE))}
+    lm = load_model(None, dtype="float32" if args.float else "auto").lm
     native = lm._native
+    slot = "float_kernel" if args.float else "kernel"
     print(f"| cached | rows | A (ms) | B (ms) | B / A | logits equal |\n|---|---|---|---|---|---|")
     for cached in (int(n) for n in args.cached.split(",")):
         lm.crop(0)
@@ -49,7 +54,7 @@ def main() -> None:
             for rows in ROWS:
                 logits = []
                 for name, build in builds.items():
-                    native.kernel = build
+                    setattr(native, slot, build)
                     start = time.perf_counter()
                     logits.append(lm.forward([5 + i for i in range(rows)]).logits)
                     times[(name, rows)].append(time.perf_counter() - start)
