@@ -22,7 +22,6 @@
  */
 #include <immintrin.h>
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -234,85 +233,51 @@ static void rope_and_store(const Shape *s, const Segment *segs, int64_t nseg, fl
 
 #define MAX_DIM 512 /* head_dim limit of the vector accumulators below (kernel.py checks it) */
 
-#define MAX_GROUP 4 /* query heads attended together, sharing each key and value load */
-
-/* Row r of `seg`, the `group` query heads that share kv head `kv` (q and out: the first one's):
- * for each, softmax(q . K / sqrt(dim)) V over the positions the row may see, in position order.
- * Each head's sums are the one-head loop's, in the same order, so its bits depend neither on the
- * forward the row is part of nor on how its heads are grouped; a group loads each key and value
- * once for all its heads. Inlined with constant `group` and `chunks` where it can be. */
-static inline __attribute__((always_inline)) void attend_heads(const Shape *s, const Segment *seg, int64_t r,
-                                                               int64_t kv, const float *q, float *out, int group,
-                                                               int64_t chunks) {
-    int64_t dim = s->head_dim;
-    const float *keys = seg->keys + kv * seg->capacity * dim;
-    const float *values = seg->values + kv * seg->capacity * dim;
-    int64_t visible = seg->start + seg->length, stride = visible + 8; /* 8: padding for the last vector */
-    float *scores = malloc((size_t)(stride * group) * sizeof(float));
+/* Row r of `seg`, head h: softmax(q . K / sqrt(dim)) V over the positions the row may see, in
+ * position order, so a row gives the same bits whichever forward it is part of. */
+static void attend_row(const Shape *s, const Segment *seg, int64_t r, int64_t h, const float *q, float *out) {
+    int64_t dim = s->head_dim, group = s->heads / s->kv_heads, chunks = (dim + 7) / 8;
+    const float *keys = seg->keys + (h / group) * seg->capacity * dim;
+    const float *values = seg->values + (h / group) * seg->capacity * dim;
+    int64_t visible = seg->start + seg->length;
+    float *scores = malloc((size_t)(visible + 8) * sizeof(float));
     int64_t *slots = malloc((size_t)visible * sizeof(int64_t));
     int64_t count = 0;
     for (int64_t t = 0; t < seg->start; t++) slots[count++] = t;
     for (int64_t j = 0; j < seg->length; j++)
         if (seg->mask ? seg->mask[r * seg->length + j] : j <= r) slots[count++] = seg->start + j;
-    __m256 qv[MAX_GROUP][MAX_DIM / 8], acc[MAX_GROUP][MAX_DIM / 8], kc[MAX_DIM / 8];
-    float top[MAX_GROUP], total[MAX_GROUP];
+    __m256 qv[MAX_DIM / 8], acc[MAX_DIM / 8];
     __m256i last = tail_mask(dim - (chunks - 1) * 8);
-    for (int g = 0; g < group; g++) {
-        for (int64_t c = 0; c < chunks; c++) {
-            qv[g][c] = _mm256_maskload_ps(q + g * dim + c * 8, c == chunks - 1 ? last : tail_mask(8));
-            acc[g][c] = _mm256_setzero_ps();
-        }
-        top[g] = -INFINITY;
-        total[g] = 0.0f;
+    for (int64_t c = 0; c < chunks; c++) {
+        qv[c] = _mm256_maskload_ps(q + c * 8, c == chunks - 1 ? last : tail_mask(8));
+        acc[c] = _mm256_setzero_ps();
     }
-    float scale = 1.0f / sqrtf((float)dim);
+    float scale = 1.0f / sqrtf((float)dim), top = -INFINITY;
     for (int64_t i = 0; i < count; i++) {
         const float *kt = keys + slots[i] * dim;
-        for (int64_t c = 0; c < chunks; c++) kc[c] = _mm256_maskload_ps(kt + c * 8, c == chunks - 1 ? last : tail_mask(8));
-        for (int g = 0; g < group; g++) {
-            __m256 dot = _mm256_setzero_ps();
-            for (int64_t c = 0; c < chunks; c++) dot = _mm256_fmadd_ps(qv[g][c], kc[c], dot);
-            float score = reduce8(dot) * scale;
-            scores[g * stride + i] = score;
-            if (score > top[g]) top[g] = score;
-        }
+        __m256 dot = _mm256_setzero_ps();
+        for (int64_t c = 0; c < chunks; c++)
+            dot = _mm256_fmadd_ps(qv[c], _mm256_maskload_ps(kt + c * 8, c == chunks - 1 ? last : tail_mask(8)), dot);
+        scores[i] = reduce8(dot) * scale;
+        if (scores[i] > top) top = scores[i];
     }
-    for (int g = 0; g < group; g++) {
-        float *row = scores + g * stride;
-        for (int64_t i = count; i < count + 8; i++) row[i] = top[g];
-        for (int64_t i = 0; i < count; i += 8)
-            _mm256_storeu_ps(row + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(row + i), _mm256_set1_ps(top[g]))));
-    }
+    for (int64_t i = count; i < count + 8; i++) scores[i] = top; /* padding for the last vector below */
+    for (int64_t i = 0; i < count; i += 8)
+        _mm256_storeu_ps(scores + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + i), _mm256_set1_ps(top))));
+    float total = 0.0f;
     for (int64_t i = 0; i < count; i++) {
+        float p = scores[i];
+        total += p;
         const float *vt = values + slots[i] * dim;
-        for (int64_t c = 0; c < chunks; c++) kc[c] = _mm256_maskload_ps(vt + c * 8, c == chunks - 1 ? last : tail_mask(8));
-        for (int g = 0; g < group; g++) {
-            float p = scores[g * stride + i];
-            total[g] += p;
-            __m256 pv = _mm256_set1_ps(p);
-            for (int64_t c = 0; c < chunks; c++) acc[g][c] = _mm256_fmadd_ps(pv, kc[c], acc[g][c]);
-        }
+        __m256 pv = _mm256_set1_ps(p);
+        for (int64_t c = 0; c < chunks; c++)
+            acc[c] = _mm256_fmadd_ps(pv, _mm256_maskload_ps(vt + c * 8, c == chunks - 1 ? last : tail_mask(8)), acc[c]);
     }
-    for (int g = 0; g < group; g++) {
-        float lanes[MAX_DIM];
-        for (int64_t c = 0; c < chunks; c++) _mm256_storeu_ps(lanes + c * 8, acc[g][c]);
-        for (int64_t i = 0; i < dim; i++) out[g * dim + i] = lanes[i] / total[g];
-    }
+    float lanes[MAX_DIM];
+    for (int64_t c = 0; c < chunks; c++) _mm256_storeu_ps(lanes + c * 8, acc[c]);
+    for (int64_t i = 0; i < dim; i++) out[i] = lanes[i] / total;
     free(scores);
     free(slots);
-}
-
-/* `attend_heads` for one job; the common shapes (head_dim 64 or 128, up to MAX_GROUP heads a
- * group) get a copy each with their constants, the rest the general loop. */
-static void attend_job(const Shape *s, const Segment *seg, int64_t r, int64_t kv, const float *q, float *out,
-                       int group) {
-    int64_t chunks = (s->head_dim + 7) / 8;
-#define ATTEND_CASE(G, C) \
-    if (group == G && chunks == C) { attend_heads(s, seg, r, kv, q, out, G, C); return; }
-    ATTEND_CASE(1, 8) ATTEND_CASE(2, 8) ATTEND_CASE(3, 8) ATTEND_CASE(4, 8)
-    ATTEND_CASE(1, 16) ATTEND_CASE(2, 16) ATTEND_CASE(3, 16) ATTEND_CASE(4, 16)
-#undef ATTEND_CASE
-    attend_heads(s, seg, r, kv, q, out, group, chunks);
 }
 
 /* RoPE, the cache writes and attention for every row and head: out [rows, heads * head_dim]. */
@@ -325,18 +290,10 @@ static void attend_all(const Shape *s, const Segment *segs, int64_t nseg, int64_
         first[g] = row;
         for (int64_t r = 0; r < segs[g].length; r++) seg_of[row++] = g;
     }
-    /* A job: one row and the largest group of query heads sharing a kv head (a divisor of the heads
-     * per kv head, at most MAX_GROUP) that still leaves every thread four jobs. */
-    int64_t shared = s->heads / s->kv_heads, wanted = 4 * (int64_t)omp_get_max_threads();
-    int group = 1;
-    for (int h = MAX_GROUP; h > 1 && group == 1; h--)
-        if (shared % h == 0 && rows * (s->heads / h) >= wanted) group = h;
-    int64_t per_row = s->heads / group;
 #pragma omp parallel for schedule(static)
-    for (int64_t job = 0; job < rows * per_row; job++) {
-        int64_t row = job / per_row, h = (job % per_row) * group, g = seg_of[row];
-        attend_job(s, &segs[g], row - first[g], h / shared, qkv + row * stride + h * dim,
-                   out + row * s->heads * dim + h * dim, group);
+    for (int64_t job = 0; job < rows * s->heads; job++) {
+        int64_t row = job / s->heads, h = job % s->heads, g = seg_of[row];
+        attend_row(s, &segs[g], row - first[g], h, qkv + row * stride + h * dim, out + row * s->heads * dim + h * dim);
     }
 }
 
