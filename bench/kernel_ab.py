@@ -29,7 +29,7 @@ ROWS = (1, 3, 6, 9)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", type=Path, help="decode_kernel.c of build A")
+    parser.add_argument("source", type=Path, help="build A's source: a decode_kernel.c, or a float_kernel.c with --float")
     parser.add_argument("--cached", default="200,800", help="comma-separated cache lengths")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--float", action="store_true", help="the float32 kernel (float_kernel.c), the model in float32")
@@ -44,7 +44,7 @@ def main() -> None:
     lm = load_model(None, dtype="float32" if args.float else "auto").lm
     native = lm._native
     slot = "float_kernel" if args.float else "kernel"
-    print(f"| cached | rows | A (ms) | B (ms) | B / A | logits equal |\n|---|---|---|---|---|---|")
+    print("| cached | rows | A (ms) | B (ms) | B / A | logits equal |\n|---|---|---|---|---|---|")
     for cached in (int(n) for n in args.cached.split(",")):
         lm.crop(0)
         lm.forward(list(range(100, 100 + cached)), last_logits=1)
