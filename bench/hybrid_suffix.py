@@ -93,7 +93,7 @@ def main() -> None:
         engine.generate([ids[0]], SamplingParams(max_tokens=16, temperature=0.0))
         if engine.proposer is not None:
             engine.proposer.clear_history()
-    seconds = {name: {} for name in runs}  # name -> category -> [seconds, tokens]
+    seconds: dict[str, dict[str, list[float]]] = {name: {} for name in runs}  # name -> category -> [seconds, tokens]
     counts = {name: [0, 0, 0] for name in runs}  # drafts, accepted tokens, outputs equal to plain
     for prompt, prompt_ids in zip(prompts, ids):
         reference: list[int] = []
@@ -108,10 +108,11 @@ def main() -> None:
                 counts[name][1] += int(out.stats.accepted_tokens)
             reference = list(out.token_ids) if name == "plain" else reference
             counts[name][2] += list(out.token_ids) == reference
-    print(report(runs, seconds, counts, len(prompts), args))
+    table = report(runs, seconds, counts, len(prompts), args)
+    print(table)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report(runs, seconds, counts, len(prompts), args), encoding="utf-8")
+        args.out.write_text(table, encoding="utf-8")
 
 
 def report(runs: dict[str, Engine], seconds: dict[str, dict[str, list[float]]], counts: dict[str, list[int]],
