@@ -29,10 +29,12 @@ ROWS = (1, 3, 6, 9)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("source", type=Path, help="build A's source: a decode_kernel.c, or a float_kernel.c with --float")
+    parser.add_argument("source", type=Path,
+                        help="build A's source: a decode_kernel.c, or a float_kernel.c with --float")
     parser.add_argument("--cached", default="200,800", help="comma-separated cache lengths")
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--float", action="store_true", help="the float32 kernel (float_kernel.c), the model in float32")
+    parser.add_argument("--float", action="store_true",
+                        help="the float32 kernel (float_kernel.c), the model in float32")
     args = parser.parse_args()
     module = float_kernels if args.float else kernels
     torch.set_num_threads(2)
