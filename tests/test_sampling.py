@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from specsure.sampling import SamplingParams, draw, probs_from_logits, sample
+from specsure.sampling import SamplingParams, argmax_ids, draw, probs_from_logits, sample
 
 
 # --- SamplingParams validation: one case per bad value, asserting on the message -------------
@@ -151,6 +151,20 @@ def test_sample_never_picks_a_zero_probability_token():
     probs = torch.tensor([0.0, 0.5, 0.0, 0.5]).expand(2000, 4)
     ids = sample(probs, torch.Generator().manual_seed(0))
     assert set(ids.tolist()) == {1, 3}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_argmax_ids_is_torch_argmax_ties_nan_and_inf_included(dtype):
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randint(-3, 4, (64, 50), generator=gen).to(dtype)  # small integers: many tied maxima
+    rows[5, 7] = rows[5, 30] = math.nan  # the first NaN wins, as in torch
+    rows[9] = -math.inf
+    rows[11, [2, 40]] = math.inf
+    assert argmax_ids(rows) == rows.argmax(-1).tolist()
+    assert argmax_ids(rows[5]) == [7] and argmax_ids(rows[9]) == [0] and argmax_ids(rows[11]) == [2]
+    assert argmax_ids(rows[20]) == [int(rows[20].argmax())]
+    with torch.inference_mode():  # the engine's tensors
+        assert argmax_ids(rows[:3] * 1) == rows[:3].argmax(-1).tolist()
 
 
 def test_draw_is_argmax_when_greedy_and_a_sample_from_the_transform_otherwise():

@@ -151,9 +151,22 @@ def draw(logits: torch.Tensor, params: SamplingParams,
     tokens with it and every drafter its draft tokens, so p and q are always made the same way.
     """
     if params.greedy:
-        return int(logits.argmax()), None
+        return argmax_ids(logits)[0], None
     probs = probs_from_logits(logits[None], params)[0]  # [V]
     return int(sample(probs, generator)), probs
+
+
+def argmax_ids(logits: torch.Tensor) -> list[int]:
+    """Each row's argmax: ``[V]`` -> one id, ``[n, V]`` -> n ids; the first maximum wins (a NaN
+    counts as the maximum), as with ``torch.argmax``.
+
+    Float rows on the CPU go through numpy, whose argmax is vectorised where torch's CPU reduction
+    is not: over the default model's 49,152 logits about 4 us a row against 55 us on one core, and
+    a speculative step takes it over every row it verifies.
+    """
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
+        return logits.detach().numpy().argmax(-1).reshape(-1).tolist()
+    return logits.argmax(-1).reshape(-1).tolist()
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from specsure.sampling import sample
+from specsure.sampling import argmax_ids, sample
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def verify_greedy(target_logits: torch.Tensor, draft_ids: Sequence[int]) -> Verd
     """
     k = len(draft_ids)
     _check_rows("target_logits", target_logits, k + 1, k)
-    target_ids = target_logits.argmax(dim=-1).tolist()  # [k + 1]
+    target_ids = argmax_ids(target_logits)  # k + 1 ids
     accepted = 0
     while accepted < k and draft_ids[accepted] == target_ids[accepted]:
         accepted += 1

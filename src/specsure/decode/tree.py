@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from specsure.sampling import sample
+from specsure.sampling import argmax_ids, sample
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def verify_tree(p: torch.Tensor | None, logits: torch.Tensor | None, tokens: Seq
     rows = p if p is not None else logits
     assert rows is not None and rows.shape[0] == len(tokens), "one target row per fed node"
     kids = _child_index(tokens, parents)
-    argmax = rows.argmax(dim=-1).tolist() if p is None else None  # greedy: one transfer for every node
+    argmax = argmax_ids(rows) if p is None else None  # greedy: every node's at once
     node, path, output = 0, [0], []
     while True:
         token = argmax[node] if argmax is not None else int(sample(p[node], generator))
