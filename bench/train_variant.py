@@ -1,14 +1,14 @@
-"""`specsure train` with one experimental change the CLI does not offer, for head-size and data-size runs.
+"""`specsure train` with one experimental change the CLI does not offer, for data-size and label runs.
 
-    .venv/bin/python bench/train_variant.py --intermediate 3072 -- train --method eagle3 ... --out DIR
     .venv/bin/python bench/train_variant.py --share 0.5 -- train --method eagle3 ... --out DIR
+    .venv/bin/python bench/train_variant.py --hard-weight 0.5 -- train --method eagle3 ... --out DIR
 
-- ``--intermediate N``: a new EAGLE-3 head's MLP gets N units instead of the target's
-  ``intermediate_size``; its ``config.json`` is written with N, so the engine and
-  `head_acceptance.py` load it.
 - ``--share F``: train on a seeded random share F of the samples the data phase returns (the
   cached ones), so data sizes compare on the same data. The held-out tenth is then a tenth of
   the share, so its figures are not comparable with a full run's; the bench's prompts are.
+- ``--hard-weight W``: the soft labels become (1 - W) x the target's distribution over the draft
+  vocabulary + W x a one-hot on its most probable draft token, so W = 1 trains on the target's
+  greedy token alone (greedy verification accepts only that token).
 
 Everything else is `specsure train` as it is (docs/training.md, "A wider head, a larger draft
 vocabulary and less data").
@@ -17,26 +17,14 @@ vocabulary and less data").
 from __future__ import annotations
 
 import argparse
-import copy
-import json
 import random
 import sys
-import types
-from pathlib import Path
+
+import torch
 
 import specsure.cli.train_data as train_data
-import specsure.train.eagle3 as eagle3
+import specsure.train.labels as labels
 from specsure.cli.main import main as specsure_main
-
-
-def _wider(units: int) -> None:
-    def deepcopy(value: object) -> object:
-        out = copy.deepcopy(value)
-        if hasattr(out, "intermediate_size"):  # the target's text config, copied for the new head
-            out.intermediate_size = units
-        return out
-
-    eagle3.copy = types.SimpleNamespace(deepcopy=deepcopy)  # type: ignore[assignment]
 
 
 def _share(fraction: float) -> None:
@@ -53,32 +41,33 @@ def _share(fraction: float) -> None:
     train_data.training_samples = subset
 
 
-def _fix_config(argv: list[str], units: int) -> None:
-    """The head writer copies the target's sizes into config.json; the head's own MLP is wider."""
-    out = Path(argv[argv.index("--out") + 1])
-    path = out / "config.json"
-    config = json.loads(path.read_text())
-    config["intermediate_size"] = units
-    path.write_text(json.dumps(config, indent=2) + "\n")
+def _hard(weight: float) -> None:
+    soft = labels.DraftLabels.probs
+
+    def mixed(self: labels.DraftLabels, sample: object, first: int, end: int) -> torch.Tensor:
+        p = soft(self, sample, first, end)
+        hot = torch.zeros_like(p).scatter_(1, p.argmax(1, keepdim=True), 1.0)
+        return (1 - weight) * p + weight * hot
+
+    labels.DraftLabels.probs = mixed  # type: ignore[method-assign]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--intermediate", type=int, help="a new EAGLE-3 head's MLP units")
     parser.add_argument("--share", type=float, help="the share of the samples to train on, in (0, 1]")
+    parser.add_argument("--hard-weight", type=float, help="weight in [0, 1] of the one-hot greedy label")
     parser.add_argument("specsure", nargs=argparse.REMAINDER, help="-- then the specsure command line")
     args = parser.parse_args()
     argv = args.specsure[1:] if args.specsure[:1] == ["--"] else args.specsure
-    if args.intermediate is not None:
-        _wider(args.intermediate)
     if args.share is not None:
         if not 0 < args.share <= 1:
             parser.error(f"--share {args.share}: must be in (0, 1]")
         _share(args.share)
-    code = specsure_main(argv)
-    if code == 0 and args.intermediate is not None:
-        _fix_config(argv, args.intermediate)
-    return code
+    if args.hard_weight is not None:
+        if not 0 <= args.hard_weight <= 1:
+            parser.error(f"--hard-weight {args.hard_weight}: must be in [0, 1]")
+        _hard(args.hard_weight)
+    return specsure_main(argv)
 
 
 if __name__ == "__main__":

@@ -307,3 +307,42 @@ def test_a_run_can_continue_a_head_it_keeps_the_heads_vocabulary_and_layers(targ
     refused(["--init-from", str(mtp_head)], "not an EAGLE-3 head (no midlayer.hidden_norm.weight)")
     (first / "training.json").write_text("{not json")
     refused(["--init-from", str(first)], f"--init-from {str(first)!r}: its training.json cannot be read")
+
+
+def test_a_wider_head_states_its_width_runs_exactly_and_continues_at_it(target, tmp_path: Path,  # noqa: ANN001
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """--intermediate-size sizes a new head's MLP; its config.json says so (vLLM and SGLang build the head
+    from it), the engine loads and runs it exactly, and a continued run keeps the width."""
+    from specsure.cli.main import main
+
+    folder, loaded = target
+    target_width = loaded.lm.hf.config.intermediate_size
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"category": "code", "prompt_ids": p}) + "\n" for p in PROMPTS))
+    common = ["train", "--method", "eagle3", "--model", str(folder), "--dtype", "float32", "--prompts", str(prompts),
+              "--max-new-tokens", "16", "--unroll", "2", "--no-progress", "--checkpoint-every", "0",
+              "--draft-vocab-size", "40"]
+    wide, more = tmp_path / "wide", tmp_path / "more"
+    assert main([*common, "--out", str(wide), "--steps", "3", "--intermediate-size", str(2 * target_width)]) == 0
+    assert main([*common[:-2], "--out", str(more), "--steps", "2", "--init-from", str(wide)]) == 0
+    capsys.readouterr()
+    for head in (wide, more):
+        assert json.loads((head / "config.json").read_text())["intermediate_size"] == 2 * target_width
+        assert json.loads((head / "training.json").read_text())["settings"]["intermediate_size"] == 2 * target_width
+        assert load_file(str(head / "model.safetensors"))["midlayer.mlp.gate_proj.weight"].shape[0] == 2 * target_width
+    plain = make_engine(str(folder), None, dtype="float32")
+    spec = make_engine(str(folder), {"method": "eagle3", "model": str(more), "num_speculative_tokens": 2},
+                       dtype="float32")
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    assert [c.token_ids for c in spec.generate(PROMPTS, params)] == [c.token_ids for c in plain.generate(PROMPTS, params)]
+
+    def refused(extra: list[str], message: str) -> None:
+        assert main([*common[:-2], "--out", str(tmp_path / "x"), "--steps", "1", *extra]) != 0
+        assert message in capsys.readouterr().err
+
+    refused(["--init-from", str(wide), "--intermediate-size", str(target_width)],
+            f"--intermediate-size {target_width}: the head --init-from gives has an MLP of {2 * target_width} units")
+    refused(["--intermediate-size", "0"], "--intermediate-size 0: must be a positive integer")
+    assert main(["train", "--method", "mtp", "--model", str(folder), "--prompts", str(prompts), "--steps", "1",
+                 "--out", str(tmp_path / "m"), "--intermediate-size", "64"]) != 0
+    assert "--intermediate-size 64: only --method eagle3 sizes its own MLP" in capsys.readouterr().err

@@ -79,6 +79,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "target's vocabulary (default 8192). eagle3: the head's own LM head has these rows; "
                              "mtp: the head trains and drafts among these, reading a fraction of the target's LM "
                              "head per step (0: the whole vocabulary)")
+    parser.add_argument("--intermediate-size", type=int, default=None, metavar="N",
+                        help="eagle3: the new head's MLP units (default: the target's intermediate_size). Wider "
+                             "learned no more from the shipped heads' data on 2 cores (docs/training.md); a run "
+                             "with far more data may want it")
     parser.add_argument("--loss-on", default="all", choices=("answer", "all"),
                         help="all (default): score every position, the prompt's text too; answer: only the positions "
                              "the engine drafts from, the answer after each prompt, with the prompt as context "
@@ -123,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     # Check everything a user can get wrong before loading torch or the model.
     for flag, value in (("--max-prompts", args.max_prompts), ("--max-new-tokens", args.max_new_tokens),
                         ("--threads", args.threads), ("--corpus-prompts", args.corpus_prompts),
-                        ("--batch-windows", args.batch_windows)):
+                        ("--batch-windows", args.batch_windows), ("--intermediate-size", args.intermediate_size)):
         _positive(flag, value)
     if args.checkpoint_every < 0:
         raise ValueError(f"--checkpoint-every {args.checkpoint_every}: must be 0 (off) or a positive number of steps.")
@@ -150,6 +154,9 @@ def run(args: argparse.Namespace) -> int:
     if args.init_from == "shipped" and args.model is not None:
         raise ValueError("--init-from shipped names the head shipped for the default model, but --model gives "
                          f"another target ({args.model}); give the folder of a head made for it.")
+    if args.method == "mtp" and args.intermediate_size is not None:
+        raise ValueError(f"--intermediate-size {args.intermediate_size}: only --method eagle3 sizes its own MLP (an "
+                         "MTP head's block takes the target's sizes); leave it out for mtp.")
     if args.method == "mtp" and args.aux_layers is not None:
         raise ValueError(f"--aux-layers {args.aux_layers}: only --method eagle3 fuses aux layers (an MTP head reads "
                          "the target's last hidden state); leave it out for mtp.")
@@ -164,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
         unroll = 7 if args.unroll is None else args.unroll
         settings = Eagle3TrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, unroll=unroll,
                                        draft_vocab_size=vocab, seed=args.seed,
-                                       answer_only=args.loss_on == "answer", dtype=args.train_dtype)
+                                       answer_only=args.loss_on == "answer", dtype=args.train_dtype,
+                                       intermediate_size=args.intermediate_size)
     out = check_out_dir(args.out)
     prompts = training_prompts(args)
 
@@ -193,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
             settings = replace(settings, modules=len(start.modules), draft_vocab_size=start.draft_vocab_size)
         else:
             start = read_starting_head(target.lm, folder, wanted if args.aux_layers is not None else None,
-                                       args.draft_vocab_size)
+                                       args.draft_vocab_size, args.intermediate_size)
             wanted = start.aux_layers
     aux = recorded_layers(target.lm.num_layers, wanted)
     samples, key, data = training_samples(args, target, prompts, aux, started)
@@ -286,12 +294,14 @@ def _train_eagle3(args, target, samples, settings, aux, common, data, out, key, 
     import torch
 
     from specsure.train.checkpoint import eagle3_config, eagle3_tensors, save_head
-    from specsure.train.eagle3 import train_eagle3
+    from specsure.train.eagle3 import mlp_width, train_eagle3
 
     # What shapes the run, so a resume point is only taken up by the same run (lr and steps may differ).
     init = None if start is None else start.path
+    width = settings.intermediate_size
     resume_key = json.dumps([key, settings.unroll, settings.draft_vocab_size, settings.seq_len, settings.seed, aux,
-                             args.loss_on, settings.windows, settings.dtype] + ([init] if init else []))
+                             args.loss_on, settings.windows, settings.dtype] + ([init] if init else [])
+                            + ([width] if width is not None else []))
     result = train_eagle3(target, samples, settings, aux, progress=not args.no_progress, eval_every=args.eval_every,
                           resume=_resume_folder(args, out), resume_key=resume_key,
                           checkpoint_every=args.checkpoint_every, start=start)
@@ -305,7 +315,7 @@ def _train_eagle3(args, target, samples, settings, aux, common, data, out, key, 
                      "unroll": settings.unroll, "draft_vocab_size": draft_vocab, "aux_layers": list(aux),
                      "loss_on": args.loss_on, "batch_windows": settings.windows, "train_dtype": settings.dtype,
                      "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
-                     **({"init_from": init} if init else {})},
+                     "intermediate_size": mlp_width(result.module), **({"init_from": init} if init else {})},
         "data": {**data, "train_sequences": result.train_sequences, "heldout_sequences": result.heldout_sequences},
         "heldout": {"acceptance_length_before": before.acceptance_length,
                     "acceptance_length_after": after.acceptance_length, "agreement_per_step": after.agreement,
@@ -316,7 +326,7 @@ def _train_eagle3(args, target, samples, settings, aux, common, data, out, key, 
         "train_seconds": round(result.train_s, 1),
         **({"continued_from": start.training} if start is not None and start.training is not None else {}),
     }
-    save_head(out, eagle3_config(target.lm, aux, draft_vocab, dtype),
+    save_head(out, eagle3_config(target.lm, aux, draft_vocab, dtype, mlp_width(result.module)),
               eagle3_tensors(result.module, result.draft_ids, target.lm.vocab_size, dtype), training)
     where = "held-out" if result.heldout_sequences else "training (too few prompts to hold any out)"
     print(f"training: {settings.steps} steps in {result.train_s:.0f} s")

@@ -116,8 +116,10 @@ def save_head(out: str | Path, config: dict[str, Any], tensors: dict[str, torch.
     return out
 
 
-def eagle3_config(lm: CausalLM, aux_layers: tuple[int, ...], draft_vocab: int, dtype: torch.dtype) -> dict[str, Any]:
-    """The head's config.json as vLLM, SGLang and specsure read an EAGLE-3 head."""
+def eagle3_config(lm: CausalLM, aux_layers: tuple[int, ...], draft_vocab: int, dtype: torch.dtype,
+                  intermediate_size: int | None = None) -> dict[str, Any]:
+    """The head's config.json as vLLM, SGLang and specsure read an EAGLE-3 head; its MLP has
+    ``intermediate_size`` units (None: the target's, which every other size is)."""
     text = lm.hf.config.get_text_config(decoder=True)
     keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
             "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings",
@@ -127,6 +129,7 @@ def eagle3_config(lm: CausalLM, aux_layers: tuple[int, ...], draft_vocab: int, d
     config.update({"architectures": [EAGLE3_ARCH], "model_type": "llama", "num_hidden_layers": 1,
                    "vocab_size": lm.vocab_size, "draft_vocab_size": draft_vocab, "target_hidden_size": lm.hidden_size,
                    "tie_word_embeddings": False, "torch_dtype": str(dtype).removeprefix("torch."),
+                   **({"intermediate_size": intermediate_size} if intermediate_size is not None else {}),
                    "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_layers),
                                     "use_aux_hidden_state": True}})
     return config

@@ -72,10 +72,15 @@ class Eagle3TrainSettings:
     dtype: str = "float32"
     """The forward's arithmetic: ``float32``, or ``bfloat16`` under autocast (the weights and the
     optimiser stay float32), a cheaper step on CPUs with bfloat16 matrix units."""
+    intermediate_size: int | None = None
+    """A new head's MLP width; None: the target's ``intermediate_size``, as EAGLE-3 heads usually have."""
 
     def __post_init__(self) -> None:
         if self.dtype not in TRAIN_DTYPES:
             raise ValueError(f"dtype = {self.dtype!r}: must be one of {', '.join(TRAIN_DTYPES)}.")
+        size = self.intermediate_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(f"intermediate_size = {size!r}: must be a positive integer, or None for the target's.")
         for name, low in (("steps", 1), ("seq_len", 2), ("unroll", 1), ("draft_vocab_size", 2), ("windows", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -121,11 +126,15 @@ def default_aux_layers(num_layers: int) -> tuple[int, ...]:
     return tuple(min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3))
 
 
-def initial_module(lm: CausalLM, aux_layers: tuple[int, ...], draft_ids: torch.Tensor, seed: int = 0) -> Eagle3Module:
+def initial_module(lm: CausalLM, aux_layers: tuple[int, ...], draft_ids: torch.Tensor, seed: int = 0,
+                   intermediate_size: int | None = None) -> Eagle3Module:
     """A float32 head: random midlayer (std initializer_range), ones in every norm, the LM head's rows
-    for the draft vocabulary copied from the target's, attached to the target."""
+    for the draft vocabulary copied from the target's, attached to the target. Its MLP has
+    ``intermediate_size`` units (None: the target's)."""
     config = copy.deepcopy(lm.hf.config.get_text_config(decoder=True))
     config.num_hidden_layers = 1
+    if intermediate_size is not None:
+        config.intermediate_size = intermediate_size
     config._attn_implementation = "sdpa"
     hidden = lm.hidden_size
     module = Eagle3Module(config, len(aux_layers) * hidden, int(draft_ids.numel()), own_embed=False,
@@ -286,6 +295,11 @@ def evaluate(module: Eagle3Module, lm: CausalLM, samples: Sequence[Sample], unro
                             1 + accepted / max(anchors, 1), anchors)
 
 
+def mlp_width(module: Eagle3Module) -> int:
+    """The head's MLP units, as its config.json must state them."""
+    return int(module.midlayer.mlp.gate_proj.out_features)
+
+
 def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle3TrainSettings,
                  aux_layers: tuple[int, ...], *, progress: bool = False, eval_every: int = 0,
                  resume: Path | None = None, resume_key: str = "", checkpoint_every: int = 0,
@@ -313,12 +327,12 @@ def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle
     if start is not None:
         assert tuple(start.aux_layers) == tuple(aux_layers), "the samples carry the starting head's aux layers"
         draft_ids = start.draft_ids
-        module = initial_module(lm, aux_layers, draft_ids, settings.seed)
+        module = initial_module(lm, aux_layers, draft_ids, settings.seed, start.intermediate_size)
         load_weights(module, start.tensors, start.path, torch.float32)  # checks names and shapes
         module.requires_grad_(True)  # load_weights readies a module for inference
     else:
         draft_ids = draft_vocabulary(train, lm.vocab_size, settings.draft_vocab_size)
-        module = initial_module(lm, aux_layers, draft_ids, settings.seed)
+        module = initial_module(lm, aux_layers, draft_ids, settings.seed, settings.intermediate_size)
     before = evaluate(module, lm, measure_set, settings.unroll, draft_ids)
     params = [p for p in module.parameters() if p.requires_grad]
     optimiser, schedule = optimiser_for(params, settings.lr, settings.steps)

@@ -35,12 +35,14 @@ class StartingHead:
     """Float32, by the trainer module's names (``d2t``/``t2d`` left out)."""
     training: dict[str, Any] | None = None
     """The head's own training.json, kept in the continued head's record so that its history is not lost."""
+    intermediate_size: int | None = None
+    """Its MLP's units, from its config.json (the target's where the config does not say)."""
 
 
 def read_starting_head(lm: CausalLM, folder: str, aux_layers: tuple[int, ...] | None = None,
-                       draft_vocab_size: int | None = None) -> StartingHead:
-    """The EAGLE-3 head in ``folder``, checked against ``lm`` and against the ``--aux-layers`` and
-    ``--draft-vocab-size`` asked for, if any (ConfigError naming the field otherwise).
+                       draft_vocab_size: int | None = None, intermediate_size: int | None = None) -> StartingHead:
+    """The EAGLE-3 head in ``folder``, checked against ``lm`` and against the ``--aux-layers``,
+    ``--draft-vocab-size`` and ``--intermediate-size`` asked for, if any (ConfigError naming the field otherwise).
 
     It must share the target's embedding, as every head this trainer writes does; its midlayer's
     shapes are checked when the weights are loaded.
@@ -72,10 +74,15 @@ def read_starting_head(lm: CausalLM, folder: str, aux_layers: tuple[int, ...] | 
     if draft_vocab_size is not None and draft_vocab_size != draft_vocab:
         raise ConfigError(f"--draft-vocab-size {draft_vocab_size}: the head --init-from gives drafts among "
                           f"{draft_vocab} tokens, which a continued run keeps; leave --draft-vocab-size out.")
+    # A config without the key has the target's width, as the head's module is then built.
+    width = int_field(config, "intermediate_size", lm.hf.config.get_text_config(decoder=True).intermediate_size)
+    if intermediate_size is not None and intermediate_size != width:
+        raise ConfigError(f"--intermediate-size {intermediate_size}: the head --init-from gives has an MLP of "
+                          f"{width} units, which a continued run keeps; leave --intermediate-size out.")
     wanted = {c: n for c, n in names.items() if c not in ("d2t", "t2d")}
     tensors = weights.read(wanted.values())
     return StartingHead(folder, layers, draft_ids, {c: tensors[n].float() for c, n in wanted.items()},
-                        _training_record(folder))
+                        _training_record(folder), width)
 
 
 @dataclass(frozen=True)
