@@ -11,7 +11,7 @@
   greedy token alone (greedy verification accepts only that token).
 
 Everything else is `specsure train` as it is (docs/training.md, "A wider head, a larger draft
-vocabulary and less data").
+vocabulary and less data" and "Soft labels or the target's greedy token").
 """
 
 from __future__ import annotations
