@@ -129,6 +129,7 @@ def test_cli_trains_and_replaces_an_earlier_head(tmp_path: Path, capsys, _sample
     first = capsys.readouterr().out
     generated = _data_record(tmp_path / "head")
     assert "from the cache" not in first and len(list(_sample_cache.glob("*.safetensors"))) == 1
+    assert not list(_sample_cache.glob("*.part-*.json"))  # generation's progress goes once the samples are stored
     assert main(args) == 0  # an earlier head in --out is replaced
     out = capsys.readouterr().out
     assert "from the cache" in out  # the second run reuses the samples
@@ -151,6 +152,76 @@ def test_cli_trains_and_replaces_an_earlier_head(tmp_path: Path, capsys, _sample
     assert main([*args, "--expect-data-sha256", other]) == 0  # a warning, and the head is still written
     err = capsys.readouterr().err
     assert f"tokens_sha256 {generated['tokens_sha256']}, not the {other}" in err and torch.__version__ in err
+
+
+def test_an_interrupted_data_phase_goes_on_from_the_last_finished_chunk(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Generation keeps each finished chunk's continuations; the same run started again after an
+    interruption reads them back, generates only the rest, and makes the uninterrupted run's data."""
+    from specsure.decode.engine import Engine
+    from specsure.train.continuations import ContinuationStore
+
+    target = load_model(str(build_tiny_llama(tmp_path / "target")), dtype="float32")
+    prompts = _prompts(20, seed=5)  # batch 2: chunks of 8, 8 and 4 prompts
+    expected = self_distill(target, prompts, 12, batch_size=2)
+    generate = Engine.generate
+    calls: list[int] = []
+
+    def counted(self: Engine, batch, params=None):  # noqa: ANN001, ANN202
+        calls.append(len(batch))
+        if stop_at is not None and len(calls) == stop_at:
+            raise KeyboardInterrupt
+        return generate(self, batch, params)
+
+    monkeypatch.setattr(Engine, "generate", counted)
+    stop_at: int | None = 2
+    with pytest.raises(KeyboardInterrupt):
+        self_distill(target, prompts, 12, batch_size=2, store=ContinuationStore(tmp_path / "cache", "k"))
+    assert len(list((tmp_path / "cache").glob("k.part-*.json"))) == 1 and calls == [8, 8]
+    calls.clear()
+    stop_at = None
+    store = ContinuationStore(tmp_path / "cache", "k")
+    resumed = self_distill(target, prompts, 12, batch_size=2, store=store)
+    assert store.resumed == 8 and calls == [8, 4]  # the first chunk was read back, not generated
+    assert [s.token_ids.tolist() for s in resumed] == [s.token_ids.tolist() for s in expected]
+    assert all(torch.equal(a.hidden, b.hidden) for a, b in zip(resumed, expected))
+    # A chunk file that cannot be read, or holds other prompts, is generated again, not trusted.
+    parts = (tmp_path / "cache").glob("k.part-*.json")
+    first, second = (p for p in parts if len(json.loads(p.read_text())["prompts"]) == 8)  # the last chunk stays
+    first.write_text("{not json")
+    second.write_text(json.dumps({"format": "specsure-train-continuations-1", "prompts": [[1]], "continuations": [[2]]}))
+    calls.clear()
+    store = ContinuationStore(tmp_path / "cache", "k")
+    again = self_distill(target, prompts, 12, batch_size=2, store=store)
+    assert store.resumed == 20 - 16 and sorted(calls) == [8, 8]
+    assert [s.token_ids.tolist() for s in again] == [s.token_ids.tolist() for s in expected]
+    store.clear()
+    assert not list((tmp_path / "cache").glob("k.part-*.json"))
+
+
+def test_the_cli_says_when_its_data_phase_went_on_from_an_interrupted_run(tmp_path: Path, capsys,  # noqa: ANN001
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         _sample_cache: Path) -> None:
+    import specsure.train.data as data
+
+    target = build_tiny_llama(tmp_path / "target")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"category": "t", "prompt_ids": p}) for p in _prompts(6, seed=3)))
+    args = ["train", "--model", str(target), "--dtype", "float32", "--out", str(tmp_path / "head"),
+            "--prompts", str(prompts), "--steps", "2", "--max-new-tokens", "24", "--no-progress"]
+    features = data.build_sequences
+
+    def stopped(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # Ctrl-C after generation, while the features are recorded
+
+    monkeypatch.setattr(data, "build_sequences", stopped)
+    assert main(args) == 130 and "interrupted" in capsys.readouterr().err
+    assert len(list(_sample_cache.glob("*.part-*.json"))) == 1
+    monkeypatch.setattr(data, "build_sequences", features)
+    assert main(args) == 0
+    assert "generation went on from an interrupted run: 6 prompts' continuations read back" in capsys.readouterr().out
+    assert _data_record(tmp_path / "head")["resumed_prompts"] == 6
+    assert not list(_sample_cache.glob("*.part-*.json"))
 
 
 def _data_record(head: Path) -> dict:

@@ -98,6 +98,7 @@ def training_samples(args: argparse.Namespace, target: LoadedModel, prompts: Tra
     from specsure.bench.workload import encode
     from specsure.train import self_distill
     from specsure.train.cache import cache_key, cached_samples, default_cache_dir
+    from specsure.train.continuations import ContinuationStore
     from specsure.train.data import DISTILL_BATCH, build_sequences
 
     rows = prompts.rows
@@ -121,8 +122,12 @@ def training_samples(args: argparse.Namespace, target: LoadedModel, prompts: Tra
     else:
         def build() -> list[Sample]:
             return self_distill(target, token_prompts, args.max_new_tokens, aux_layers=aux,
-                                progress=not args.no_progress, follow_up=follow_up)
+                                progress=not args.no_progress, follow_up=follow_up, store=store)
+    # Generation's progress, beside the samples file: an interrupted run goes on where it stopped.
+    store = ContinuationStore(folder, key) if folder is not None and not prompts.pieces else None
     samples, hit = cached_samples(folder, key, build)
+    if store is not None and not hit:
+        store.clear()  # the samples file holds them all now
     sources = list(prompts.sources)
     if len(samples) > len(rows):
         sources.append({"source": "tasks built on the target's answers to specsure's chat prompts (a second turn, a "
@@ -132,8 +137,13 @@ def training_samples(args: argparse.Namespace, target: LoadedModel, prompts: Tra
     data = {"kind": args.data, "prompts": len(samples), "tokens": sum(s.token_ids.shape[0] for s in samples),
             "tokens_sha256": tokens_digest(samples), "seconds": round(time.perf_counter() - started, 1),
             "from_cache": hit, "sources": sources, "environment": environment(target)}
+    resumed = store.resumed if store is not None else 0
+    if resumed:
+        data["resumed_prompts"] = resumed
     print(f"data: {len(samples)} prompts, {data['tokens']} tokens in {data['seconds']:.0f} s"
-          + (f" (from the cache in {folder})" if hit else ""))
+          + (f" (from the cache in {folder})" if hit else "")
+          + (f" (generation went on from an interrupted run: {resumed} prompts' continuations read back from "
+             f"{folder})" if resumed else ""))
     expected = args.expect_data_sha256
     if expected is not None and expected != data["tokens_sha256"]:
         print(f"warning: this run's data has tokens_sha256 {data['tokens_sha256']}, not the {expected} that "

@@ -4,6 +4,9 @@ Generating the target's continuations and recording its features is most of a sh
 The samples are stored as one safetensors file (never pickle) under a key that covers everything
 they depend on: the target's folder and dtype, the prompts' token ids, the continuation length
 and the aux layers. A changed input is a new key; a corrupt or foreign file is ignored and rebuilt.
+
+Generation itself can take hours when the data grows, so its progress is kept too, beside the
+samples file (`specsure.train.continuations`).
 """
 
 from __future__ import annotations
@@ -85,3 +88,4 @@ def _store(folder: Path, path: Path, samples: list[Sample]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+

@@ -26,6 +26,7 @@ from specsure.config import resolve
 from specsure.decode.engine import Engine
 from specsure.models.loading import LoadedModel
 from specsure.sampling import SamplingParams
+from specsure.train.continuations import ContinuationStore
 
 @dataclass(frozen=True)
 class Sample:
@@ -49,8 +50,13 @@ DISTILL_BATCH = 32
 
 
 def greedy_continuations(target: LoadedModel, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
-                         batch_size: int = DISTILL_BATCH, progress: bool = False) -> list[list[int]]:
-    """The target's greedy continuation of each prompt (at most ``max_new_tokens``, cut after EOS)."""
+                         batch_size: int = DISTILL_BATCH, progress: bool = False,
+                         store: ContinuationStore | None = None) -> list[list[int]]:
+    """The target's greedy continuation of each prompt (at most ``max_new_tokens``, cut after EOS).
+
+    With ``store``, each chunk's continuations are kept as it finishes, and chunks an earlier,
+    interrupted run finished are read back instead of generated.
+    """
     engine = Engine(resolve(None, model=target.path), target, None, max_num_seqs=batch_size)
     params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0)
     chunk = 4 * batch_size  # enough to keep the batch full, few enough for a live progress bar
@@ -58,7 +64,12 @@ def greedy_continuations(target: LoadedModel, prompts: Sequence[Sequence[int]], 
     with tqdm(total=len(prompts), desc="generating", unit="prompt", disable=not progress) as bar:
         for i in range(0, len(prompts), chunk):
             batch = [list(p) for p in prompts[i: i + chunk]]
-            out.extend(c.token_ids for c in engine.generate(batch, params))
+            done = store.get(batch) if store is not None else None
+            if done is None:
+                done = [c.token_ids for c in engine.generate(batch, params)]
+                if store is not None:
+                    store.put(batch, done)
+            out.extend(done)
             bar.update(len(batch))
     target.lm.reset()
     return out
@@ -90,19 +101,21 @@ FollowUp = Callable[[Sequence[Sequence[int]]], list[list[int]]]
 
 def self_distill(target: LoadedModel, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
                  aux_layers: tuple[int, ...] = (), batch_size: int = DISTILL_BATCH, progress: bool = False,
-                 follow_up: FollowUp | None = None) -> list[Sample]:
+                 follow_up: FollowUp | None = None, store: ContinuationStore | None = None) -> list[Sample]:
     """Greedy continuations, then the target's features along prompt + continuation.
 
     With ``follow_up``, a second round answers the prompts it builds from the first round's
     answers (a second turn, a summary of the answer, ...); its samples follow the first round's.
+    ``store`` keeps generation's progress (`greedy_continuations`).
     """
     prompts = [list(p) for p in prompts]
-    continuations = greedy_continuations(target, prompts, max_new_tokens, batch_size=batch_size, progress=progress)
+    continuations = greedy_continuations(target, prompts, max_new_tokens, batch_size=batch_size, progress=progress,
+                                         store=store)
     if follow_up is not None:
         more = follow_up(continuations)
         if more:
             continuations += greedy_continuations(target, more, max_new_tokens, batch_size=batch_size,
-                                                  progress=progress)
+                                                  progress=progress, store=store)
             prompts += more
     return build_sequences(target, prompts, continuations, aux_layers=aux_layers, progress=progress)
 
