@@ -215,7 +215,7 @@ def test_the_cli_says_when_its_data_phase_went_on_from_an_interrupted_run(tmp_pa
         raise KeyboardInterrupt  # Ctrl-C after generation, while the features are recorded
 
     monkeypatch.setattr(data, "build_sequences", stopped)
-    assert main(args) == 130 and "interrupted" in capsys.readouterr().err
+    assert main(args) == 130 and "interrupted: run the same command again" in capsys.readouterr().err
     assert len(list(_sample_cache.glob("*.part-*.json"))) == 1
     monkeypatch.setattr(data, "build_sequences", features)
     assert main(args) == 0

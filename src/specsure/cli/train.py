@@ -115,7 +115,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "says so when this run's data differs (other package versions, CPU or forward path), "
                              "since its head will then differ too (make heads gives the shipped heads' digest)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run_guarded)
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -217,6 +217,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return EXIT_OK
+
+
+def run_guarded(args: argparse.Namespace) -> int:
+    """`run`, and what to do after Ctrl-C: both phases keep their progress (docs/training.md)."""
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        kept = ([] if args.no_cache or args.data == "text" else ["generation from its last finished chunk"]) \
+            + (["training from its last resume point"] if args.checkpoint_every else [])
+        print("interrupted" + (f": run the same command again to go on where it stopped ({', '.join(kept)})"
+                               if kept else ""), file=sys.stderr)
+        return 130
 
 
 def _resume_folder(args: argparse.Namespace, out: Path) -> Path | None:
