@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
@@ -173,6 +174,24 @@ def test_corpus_prompts_come_from_installed_packages_with_their_licences() -> No
     assert "version" not in sources_of(corpus_prompts(("chat",), limit=2))[0]  # specsure's own prompts have none
     with pytest.raises(CorpusError, match="not installed"):
         corpus_prompts(("no-such-package-xyz",), limit=2)
+
+
+def test_a_source_that_runs_out_is_named_since_the_others_change_the_mix(capsys: pytest.CaptureFixture[str]) -> None:
+    from specsure.cli.train_data import training_prompts
+    from specsure.train.corpus import corpus_prompts, short_sources
+
+    few = corpus_prompts(("tqdm", "chat"), limit=20, seed=0)
+    assert short_sources(few, ("tqdm", "chat"), (1, 1), 20) == []  # both gave their share
+    many = corpus_prompts(("tqdm", "chat"), limit=2000, seed=0)
+    tqdm = sum(p.package == "tqdm" for p in many)
+    assert len(many) == 2000 and tqdm < 900  # tqdm's sources hold fewer pieces; chat filled the rest
+    assert short_sources(many, ("tqdm", "chat"), (1, 1), 2000) == [("tqdm", tqdm, 1000)]
+    assert short_sources(many, ("tqdm", "chat"), (1, 3), 2000) == ([("tqdm", tqdm, 500)] if tqdm < 450 else [])
+    args = argparse.Namespace(data="self-distill", prompts=None, corpus="tqdm,chat", corpus_prompts=2000, seed=0,
+                              max_prompts=None)
+    assert len(training_prompts(args).rows) == 2000
+    assert (f"note: --corpus tqdm gave {tqdm} prompts, short of its share of 1000 of --corpus-prompts 2000"
+            in capsys.readouterr().err)
 
 
 def test_an_interrupted_or_diverged_run_resumes_where_it_stopped(target, tmp_path: Path,  # noqa: ANN001

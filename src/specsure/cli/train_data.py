@@ -36,7 +36,7 @@ class TrainingPrompts:
 def training_prompts(args: argparse.Namespace) -> TrainingPrompts:
     """The rows of --prompts and --corpus (or the built-in bench workloads), cut to --max-prompts."""
     from specsure.bench.workload import Prompt, load_builtin, load_workload
-    from specsure.train.corpus import corpus_prompts, sources_of
+    from specsure.train.corpus import corpus_prompts, short_sources, sources_of
 
     if args.data == "text" and (args.prompts or not args.corpus):
         raise ValueError("--data text teacher-forces the corpus's own text: give --corpus with package names, and "
@@ -49,6 +49,10 @@ def training_prompts(args: argparse.Namespace) -> TrainingPrompts:
     if args.corpus:
         packages, weights = corpus_mix(args.corpus)
         corpus = corpus_prompts(packages, args.corpus_prompts, args.seed, weights)
+        for name, given, share in short_sources(corpus, packages, weights, args.corpus_prompts):
+            print(f"note: --corpus {name} gave {given} prompts, short of its share of {share} of --corpus-prompts "
+                  f"{args.corpus_prompts}: it has no more. The other sources filled the rest, so the mix is not "
+                  "what the weights say (training.json records each source's count).", file=sys.stderr)
         if args.data == "text":
             corpus = [c for c in corpus if c.piece]
             if not corpus:

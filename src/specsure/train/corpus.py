@@ -185,6 +185,19 @@ def corpus_prompts(packages: tuple[str, ...] = DEFAULT_PACKAGES, limit: int = 10
     return out[:limit]
 
 
+def short_sources(prompts: list[CorpusPrompt], packages: tuple[str, ...], weights: tuple[int, ...],
+                  limit: int) -> list[tuple[str, int, int]]:
+    """(name, prompts given, its share of ``limit``) for each source that ran out short of its share:
+    the others filled the rest, so the mix is not what the weights say."""
+    counts = {name: 0 for name in packages}
+    for p in prompts:
+        counts[p.package] = counts.get(p.package, 0) + 1
+    total = sum(weights)
+    shares = {name: limit * w // total for name, w in zip(packages, weights)}
+    # A tenth of slack: the round-robin's last round may end part-way through the sources.
+    return [(name, counts[name], shares[name]) for name in packages if counts[name] < 0.9 * shares[name]]
+
+
 def sources_of(prompts: list[CorpusPrompt]) -> list[dict[str, object]]:
     """What training.json records: each package, its licence, its installed version (a PyPI package's
     prompts are drawn from the files of that version, so another version gives other data) and how
