@@ -120,15 +120,17 @@ def training_samples(args: argparse.Namespace, target: LoadedModel, prompts: Tra
                    for p in prompts.pieces]
         key = cache_key(target.path, dtype, [[*a, -1, *b] for a, b in zip(token_prompts, answers)],
                         args.max_new_tokens, aux, extra="teacher-forced text")
+        store = None  # nothing is generated
 
         def build() -> list[Sample]:
             return build_sequences(target, token_prompts, answers, aux_layers=aux, progress=not args.no_progress)
     else:
+        # Generation's progress, beside the samples file: an interrupted run goes on where it stopped.
+        store = ContinuationStore(folder, key) if folder is not None else None
+
         def build() -> list[Sample]:
             return self_distill(target, token_prompts, args.max_new_tokens, aux_layers=aux,
                                 progress=not args.no_progress, follow_up=follow_up, store=store)
-    # Generation's progress, beside the samples file: an interrupted run goes on where it stopped.
-    store = ContinuationStore(folder, key) if folder is not None and not prompts.pieces else None
     samples, hit = cached_samples(folder, key, build)
     if store is not None and not hit:
         store.clear()  # the samples file holds them all now
