@@ -87,6 +87,20 @@ def test_seeded_sampling_is_deterministic(models: dict[str, str]) -> None:
     assert [c.token_ids for c in other] != [c.token_ids for c in first]
 
 
+def test_each_prompt_may_have_its_own_params(models: dict[str, str]) -> None:
+    engine = make_engine(models["target"], None, dtype="float32")
+    params = [SamplingParams(max_tokens=20, temperature=1.0, seed=s, ignore_eos=True) for s in (1, 2, 1)]
+    same = [PROMPTS[0]] * 3
+    out = [c.token_ids for c in engine.generate(same, params)]
+    # A shared seed on equal prompts samples alike; its own seed samples its own tokens.
+    assert out[0] == out[2] != out[1]
+    assert out[1] == engine.generate(PROMPTS[0], params[1])[0].token_ids
+    mixed = engine.generate(PROMPTS[:2], [GREEDY, dataclasses.replace(GREEDY, max_tokens=5)])
+    assert [len(c.token_ids) for c in mixed] == [80, 5]
+    with pytest.raises(ValueError, match="2 SamplingParams for 3 prompts"):
+        engine.generate(PROMPTS, params[:2])
+
+
 def _histogram(engine: Engine, prompt: list[int], runs: int, temperature: float) -> torch.Tensor:
     counts = torch.zeros(engine.target.lm.vocab_size)
     for seed in range(runs):

@@ -41,7 +41,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "(for example numpy,transformers,jinja2,tqdm; docs/training.md), a name:N weight "
                              "taking N of its prompts per round (chat:2); the name chat adds "
                              "specsure's own chat-style prompts and tasks built on their answers, math its word "
-                             "problems, chatterbot-corpus the opening turns of that package's conversations")
+                             "problems, chatterbot-corpus the opening turns of that package's conversations, "
+                             "self requests the target writes itself (sampled from its chat template's user turn; "
+                             "tasks are built on their answers too)")
     parser.add_argument("--data", default="self-distill", choices=("self-distill", "text"),
                         help="self-distill (default): the target answers every prompt and the head learns its "
                              "answers; text: teacher forcing over the corpus's own docstrings and functions, each "

@@ -28,7 +28,10 @@ class TrainingPrompts:
     sources: list[dict[str, object]]
     """Each source with its licence and prompt count, as training.json records them."""
     chat_rows: list[int] = field(default_factory=list)
-    """Indices into ``rows`` of specsure's chat prompts, whose answers the derived tasks build on."""
+    """Indices into ``rows`` of specsure's chat prompts and the target's own, whose answers the derived
+    tasks build on."""
+    self_rows: list[int] = field(default_factory=list)
+    """Indices into ``rows`` of the prompts the target writes (``--corpus self``), empty until it does."""
     pieces: list[str] = field(default_factory=list)
     """--data text: each row's package text, the answer teacher forcing labels."""
 
@@ -45,6 +48,7 @@ def training_prompts(args: argparse.Namespace) -> TrainingPrompts:
     sources: list[dict[str, object]] = [{"source": str(path), "licence": "given by the user (--prompts)"}
                                         for path in args.prompts or []]
     chat_rows: list[int] = []
+    self_rows: list[int] = []
     pieces: list[str] = []
     if args.corpus:
         packages, weights = corpus_mix(args.corpus)
@@ -59,7 +63,8 @@ def training_prompts(args: argparse.Namespace) -> TrainingPrompts:
                 raise ValueError(f"--data text needs package names in --corpus (their docstrings and functions are "
                                  f"the text); {args.corpus!r} has none.")
             pieces = [c.piece for c in corpus]
-        chat_rows = [len(rows) + i for i, c in enumerate(corpus) if c.package == "chat"]
+        chat_rows = [len(rows) + i for i, c in enumerate(corpus) if c.package in ("chat", "self")]
+        self_rows = [len(rows) + i for i, c in enumerate(corpus) if c.package == "self"]
         rows += [Prompt(id=f"corpus-{i}", category="corpus", prompt=c.text, source=c.where) for i, c in enumerate(corpus)]
         sources += sources_of(corpus)
     if not rows:
@@ -67,7 +72,29 @@ def training_prompts(args: argparse.Namespace) -> TrainingPrompts:
         sources = [{"source": "specsure's built-in bench workloads (main split, not held out)",
                     "licence": "Apache-2.0 (this repository)"}]
     rows = rows[: args.max_prompts]
-    return TrainingPrompts(rows, sources, [i for i in chat_rows if i < len(rows)], pieces)
+    return TrainingPrompts(rows, sources, [i for i in chat_rows if i < len(rows)],
+                           [i for i in self_rows if i < len(rows)], pieces)
+
+
+def written_prompts(args: argparse.Namespace, target: LoadedModel, prompts: TrainingPrompts) -> TrainingPrompts:
+    """``prompts`` with the target's own requests in the ``self`` rows (rows it could not fill dropped)."""
+    from dataclasses import replace
+
+    from specsure.train.cache import default_cache_dir
+    from specsure.train.self_prompts import LICENCE, cached_prompts
+
+    if not prompts.self_rows:
+        return prompts
+    folder = None if args.no_cache else Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    texts = cached_prompts(target, len(prompts.self_rows), args.seed, folder, progress=not args.no_progress)
+    filled = dict(zip(prompts.self_rows, texts))
+    unfilled = set(prompts.self_rows) - filled.keys()
+    keep = [i for i in range(len(prompts.rows)) if i not in unfilled]
+    index = {old: new for new, old in enumerate(keep)}
+    rows = [replace(prompts.rows[i], prompt=filled[i]) if i in filled else prompts.rows[i] for i in keep]
+    sources = [dict(s, prompts=len(texts)) if s.get("licence") == LICENCE else s for s in prompts.sources]
+    return TrainingPrompts(rows, sources, [index[i] for i in prompts.chat_rows if i in index],
+                           [index[i] for i in filled], prompts.pieces)
 
 
 def corpus_mix(text: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -105,6 +132,7 @@ def training_samples(args: argparse.Namespace, target: LoadedModel, prompts: Tra
     from specsure.train.continuations import ContinuationStore
     from specsure.train.data import DISTILL_BATCH, build_sequences
 
+    prompts = written_prompts(args, target, prompts)
     rows = prompts.rows
     token_prompts = [list(encode(row, target.tokenizer)) for row in rows]
     dtype = str(target.lm.dtype).removeprefix("torch.")
@@ -136,8 +164,9 @@ def training_samples(args: argparse.Namespace, target: LoadedModel, prompts: Tra
         store.clear()  # the samples file holds them all now
     sources = list(prompts.sources)
     if len(samples) > len(rows):
-        sources.append({"source": "tasks built on the target's answers to specsure's chat prompts (a second turn, a "
-                                  "summary, a translation, a passage question; train/task_prompts.py)",
+        sources.append({"source": "tasks built on the target's answers to the chat prompts (specsure's, and its own "
+                                  "with --corpus self: a second turn, a summary, a translation, a passage question; "
+                                  "train/task_prompts.py)",
                         "licence": "Apache-2.0 (templates written for this repository; the text is the target's own)",
                         "prompts": len(samples) - len(rows)})
     data = {"kind": args.data, "prompts": len(samples), "tokens": sum(s.token_ids.shape[0] for s in samples),

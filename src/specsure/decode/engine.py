@@ -77,10 +77,22 @@ class Engine:
         """The target's tokenizer; None when its folder has no tokenizer files."""
         return self.target.tokenizer
 
-    def generate(self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | None = None) -> list[Completion]:
-        """Generate for one prompt or a list, in order; up to ``max_num_seqs`` of them run batched."""
-        params = self._checked(params)
-        requests = [self.request(self._encode(p, i), params) for i, p in enumerate(_as_batch(prompts))]
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[Completion]:
+        """Generate for one prompt or a list, in order; up to ``max_num_seqs`` of them run batched.
+
+        ``params`` is one SamplingParams for every prompt, or a list of one per prompt (each its own
+        seed, for example, since one seed shared by equal prompts samples them alike).
+        """
+        batch = _as_batch(prompts)
+        if isinstance(params, Sequence):
+            if len(params) != len(batch):
+                raise ValueError(f"params: {len(params)} SamplingParams for {len(batch)} prompts; give one for "
+                                 "every prompt, or a single SamplingParams for all.")
+            each = [self._checked(p) for p in params]
+        else:
+            each = [self._checked(params)] * len(batch)
+        requests = [self.request(self._encode(p, i), q) for i, (p, q) in enumerate(zip(batch, each))]
         for _ in self._run(requests):
             pass
         completions = [r.completion for r in requests]

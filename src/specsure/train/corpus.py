@@ -133,7 +133,9 @@ def corpus_prompts(packages: tuple[str, ...] = DEFAULT_PACKAGES, limit: int = 10
     """Up to ``limit`` prompts drawn from the packages (a seeded sample of their pieces), ``weights[i]``
     from package i in every round (default one each); the names ``chat`` and ``math`` stand for
     specsure's own chat prompts and word problems (chat_prompts.py, task_prompts.py), and
-    ``chatterbot-corpus`` gives its conversations' opening turns (dialog_prompts.py).
+    ``chatterbot-corpus`` gives its conversations' opening turns (dialog_prompts.py). ``self`` holds
+    places for prompts the target writes (self_prompts.py): their text is empty here, filled in once
+    the target is loaded.
 
     Raises:
         CorpusError: a package is missing or states no licence.
@@ -143,6 +145,7 @@ def corpus_prompts(packages: tuple[str, ...] = DEFAULT_PACKAGES, limit: int = 10
     # Imported here: chat_prompts and task_prompts build on this module's CorpusPrompt.
     from specsure.train.chat_prompts import SOURCE as CHAT, chat_prompts
     from specsure.train.dialog_prompts import PACKAGE as DIALOG, dialog_prompts
+    from specsure.train.self_prompts import LICENCE as SELF_LICENCE, SOURCE as SELF
     from specsure.train.task_prompts import MATH, math_prompts
 
     rng = random.Random(seed)
@@ -153,6 +156,10 @@ def corpus_prompts(packages: tuple[str, ...] = DEFAULT_PACKAGES, limit: int = 10
             continue
         if package == MATH:
             chosen.append(math_prompts(limit, seed))
+            continue
+        if package == SELF:  # the target writes these once it is loaded; their count is known now
+            chosen.append([CorpusPrompt("", SELF, SELF_LICENCE, f"written by the target, prompt {i}")
+                           for i in range(limit)])
             continue
         if package == DIALOG:  # a data package: its conversations' opening turns, not its code
             chosen.append(dialog_prompts(limit, seed))
@@ -212,7 +219,7 @@ def sources_of(prompts: list[CorpusPrompt]) -> list[dict[str, object]]:
 
 def _version_of(package: str) -> dict[str, str]:
     """``{"version": ...}`` for an installed distribution; empty for specsure's own prompt sets."""
-    if package in ("chat", "math"):
+    if package in ("chat", "math", "self"):
         return {}
     try:
         return {"version": importlib.metadata.version(package)}
@@ -224,4 +231,6 @@ _SOURCE_NAMES = {
     "chat": "specsure's chat prompts (templates x topics, train/chat_prompts.py)",
     "math": "specsure's word problems (templates with seeded numbers, train/task_prompts.py)",
     "chatterbot-corpus": "PyPI package chatterbot-corpus (the opening turns of its English conversations)",
+    "self": "user requests the target wrote itself (its chat template up to a user's turn, sampled; "
+            "train/self_prompts.py)",
 }
