@@ -10,7 +10,7 @@ after, with no dataset to download or license: the text is the target's own, as 
 Sampling makes them varied; a few come out unusable (cut off at the length limit, a handful of
 words, a repeat), and those are dropped and more are sampled. Each request has its own seed,
 numbered from the run's ``--seed``, so the same run writes the same prompts on one machine.
-The sampled texts are cached by everything they depend on: the data phase's cache key comes
+The sampled texts are cached by what they depend on: the data phase's cache key comes
 from the prompts' tokens, so without this a second run would sample them again to find its key.
 """
 
@@ -117,7 +117,9 @@ def cached_prompts(target: LoadedModel, count: int, seed: int, folder: Path | No
                    progress: bool = False) -> list[str]:
     """`sample_prompts`, read from ``folder`` when an earlier run wrote the same ones (None: no cache)."""
     dtype = str(target.lm.dtype).removeprefix("torch.")
-    fields = {"version": VERSION, "target": str(target.path), "dtype": dtype, "count": count, "seed": seed,
+    # The prefix too: a chat template edited in place writes other requests from the same folder.
+    fields = {"version": VERSION, "target": str(target.path), "prefix": user_turn_prefix(target), "dtype": dtype,
+              "count": count, "seed": seed,
               "temperature": TEMPERATURE, "top_p": TOP_P, "max_tokens": MAX_TOKENS, "batch": batch_size}
     key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
     path = folder / f"self-prompts-{key}.json" if folder is not None else None
