@@ -6,6 +6,9 @@
 - ``--share F``: train on a seeded random share F of the samples the data phase returns (the
   cached ones), so data sizes compare on the same data. The held-out tenth is then a tenth of
   the share, so its figures are not comparable with a full run's; the bench's prompts are.
+- ``--add-samples FILE``: also train on the samples of another run's data cache
+  (``$XDG_CACHE_HOME/specsure/train/<key>.safetensors``, made with the same aux layers), those whose
+  prompt is not among this run's, so two data sets with prompts in common join without repeats.
 - ``--hard-weight W``: the soft labels become (1 - W) x the target's distribution over the draft
   vocabulary + W x a one-hot on its most probable draft token, so W = 1 trains on the target's
   greedy token alone (greedy verification accepts only that token).
@@ -41,6 +44,29 @@ def _share(fraction: float) -> None:
     train_data.training_samples = subset
 
 
+def _added(path: str) -> None:
+    from pathlib import Path
+
+    from specsure.train.cache import _load
+
+    full = train_data.training_samples
+
+    def union(*args: object, **kwargs: object) -> tuple:
+        samples, key, data = full(*args, **kwargs)
+        extra = _load(Path(path))
+        if extra is None:
+            raise SystemExit(f"--add-samples {path}: not a readable data cache")
+        own = {tuple(s.token_ids[: s.prompt_len].tolist()) for s in samples}
+        new = [s for s in extra if tuple(s.token_ids[: s.prompt_len].tolist()) not in own]
+        joined = samples + new
+        tokens = sum(s.token_ids.shape[0] for s in joined)
+        print(f"add-samples: {len(new)} of {len(extra)} samples from {path} are new; {len(joined)} samples, "
+              f"{tokens} tokens", flush=True)
+        return joined, key, dict(data, prompts=len(joined), tokens=tokens, added_samples=path, added=len(new))
+
+    train_data.training_samples = union
+
+
 def _hard(weight: float) -> None:
     soft = labels.DraftLabels.probs
 
@@ -56,6 +82,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--share", type=float, help="the share of the samples to train on, in (0, 1]")
     parser.add_argument("--hard-weight", type=float, help="weight in [0, 1] of the one-hot greedy label")
+    parser.add_argument("--add-samples", metavar="FILE", help="another data cache's samples to train on as well")
     parser.add_argument("specsure", nargs=argparse.REMAINDER, help="-- then the specsure command line")
     args = parser.parse_args()
     argv = args.specsure[1:] if args.specsure[:1] == ["--"] else args.specsure
@@ -63,6 +90,8 @@ def main() -> int:
         if not 0 < args.share <= 1:
             parser.error(f"--share {args.share}: must be in (0, 1]")
         _share(args.share)
+    if args.add_samples is not None:
+        _added(args.add_samples)
     if args.hard_weight is not None:
         if not 0 <= args.hard_weight <= 1:
             parser.error(f"--hard-weight {args.hard_weight}: must be in [0, 1]")
