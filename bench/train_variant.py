@@ -47,15 +47,16 @@ def _share(fraction: float) -> None:
 def _added(path: str) -> None:
     from pathlib import Path
 
-    from specsure.train.cache import _load
+    from specsure.train.cache import cached_samples
 
     full = train_data.training_samples
 
+    def unreadable() -> list:
+        raise SystemExit(f"--add-samples {path}: not a readable data cache")
+
     def union(*args: object, **kwargs: object) -> tuple:
         samples, key, data = full(*args, **kwargs)
-        extra = _load(Path(path))
-        if extra is None:
-            raise SystemExit(f"--add-samples {path}: not a readable data cache")
+        extra, _ = cached_samples(Path(path).parent, Path(path).stem, unreadable)
         own = {tuple(s.token_ids[: s.prompt_len].tolist()) for s in samples}
         new = [s for s in extra if tuple(s.token_ids[: s.prompt_len].tolist()) not in own]
         joined = samples + new

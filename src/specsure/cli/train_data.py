@@ -76,17 +76,23 @@ def training_prompts(args: argparse.Namespace) -> TrainingPrompts:
                            [i for i in self_rows if i < len(rows)], pieces)
 
 
+def cache_folder(args: argparse.Namespace) -> Path | None:
+    """Where the data phase caches what it makes: --cache-dir, the user cache, or None with --no-cache."""
+    from specsure.train.cache import default_cache_dir
+
+    return None if args.no_cache else Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+
+
 def written_prompts(args: argparse.Namespace, target: LoadedModel, prompts: TrainingPrompts) -> TrainingPrompts:
     """``prompts`` with the target's own requests in the ``self`` rows (rows it could not fill dropped)."""
     from dataclasses import replace
 
-    from specsure.train.cache import default_cache_dir
     from specsure.train.self_prompts import LICENCE, cached_prompts
 
     if not prompts.self_rows:
         return prompts
-    folder = None if args.no_cache else Path(args.cache_dir) if args.cache_dir else default_cache_dir()
-    texts = cached_prompts(target, len(prompts.self_rows), args.seed, folder, progress=not args.no_progress)
+    texts = cached_prompts(target, len(prompts.self_rows), args.seed, cache_folder(args),
+                           progress=not args.no_progress)
     filled = dict(zip(prompts.self_rows, texts))
     unfilled = set(prompts.self_rows) - filled.keys()
     keep = [i for i in range(len(prompts.rows)) if i not in unfilled]
@@ -128,7 +134,7 @@ def training_samples(args: argparse.Namespace, target: LoadedModel, prompts: Tra
     from the cache when an earlier run made the same ones. ``started`` is when loading began."""
     from specsure.bench.workload import encode
     from specsure.train import self_distill
-    from specsure.train.cache import cache_key, cached_samples, default_cache_dir
+    from specsure.train.cache import cache_key, cached_samples
     from specsure.train.continuations import ContinuationStore
     from specsure.train.data import DISTILL_BATCH, build_sequences
 
@@ -142,7 +148,7 @@ def training_samples(args: argparse.Namespace, target: LoadedModel, prompts: Tra
     # generated 8 at a time are not the ones 32 at a time would give.
     derived = f"derived-{DERIVED_VERSION}-seed{args.seed}-" if follow_up else ""
     key = cache_key(target.path, dtype, token_prompts, args.max_new_tokens, aux, extra=f"{derived}batch{DISTILL_BATCH}")
-    folder = None if args.no_cache else Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    folder = cache_folder(args)
     if prompts.pieces:  # teacher forcing: the package's own text is the answer, cut to twice the continuation length
         answers = [target.tokenizer.encode(p, add_special_tokens=False)[: 2 * args.max_new_tokens]
                    for p in prompts.pieces]
