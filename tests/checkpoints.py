@@ -12,6 +12,8 @@ import struct
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from specsure.config.detect import EAGLE3_ARCHITECTURES, EAGLE_ARCHITECTURES, MTP_HEAD_ARCHITECTURES
+
 VOCAB = 49152
 """The default model's vocabulary size (SmolLM2); drafts share it unless a test says otherwise."""
 
@@ -33,9 +35,18 @@ def write_checkpoint(folder: Path, config: Mapping[str, Any] | str | None,
     """Create ``folder`` with config.json (a dict, raw text, or None for none) and weights.
 
     weights: "safetensors" (a real header), "pickle" (a pytorch_model.bin stub) or "none".
-    tensors: names in the header; by default the embedding and LM head, plus the MTP modules'
-    ``eh_proj`` (stored as layers N + i) when the config declares num_nextn_predict_layers.
+    tensors: names in the header; by default a head's own tensors for a config with a head's
+    architectures (EAGLE_TENSORS, EAGLE3_TENSORS, an MTP head's layers.0.eh_proj), else the
+    embedding and LM head, plus the MTP modules' ``eh_proj`` (stored as layers N + i) when the
+    config declares num_nextn_predict_layers.
     """
+    archs = set(config.get("architectures") or ()) if isinstance(config, Mapping) else set()
+    if tensors is None and archs & EAGLE3_ARCHITECTURES:
+        tensors = list(EAGLE3_TENSORS)
+    elif tensors is None and archs & EAGLE_ARCHITECTURES:
+        tensors = list(EAGLE_TENSORS)
+    elif tensors is None and archs & MTP_HEAD_ARCHITECTURES:
+        tensors = [f"layers.{i}.eh_proj.weight" for i in range(min(config.get("num_nextn_predict_layers") or 1, 256))]
     if tensors is None:
         tensors = ["model.embed_tokens.weight", "lm_head.weight"]
         if isinstance(config, Mapping) and config.get("num_nextn_predict_layers"):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from serving import build_tiny_chat_model
 
 from specsure.cli.demo import equality_line
+from specsure.cli.generate import DEFAULT_MAX_TOKENS, fit_max_tokens
 from specsure.cli.main import main
 
 
@@ -16,13 +19,38 @@ def test_generate_on_a_model_without_tokenizer_is_a_clear_error(tiny_llama: Path
     assert rc == 2 and "has no tokenizer" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("flags, field", [
-    (["--temperature", "-1"], "temperature"), (["--max-tokens", "0"], "max_tokens"), (["--top-p", "2"], "top_p"),
+def exit_code(argv: list[str]) -> int:
+    """main's return code, or argparse's exit code for a flag it refuses."""
+    try:
+        return main(argv)
+    except SystemExit as stop:
+        return int(stop.code or 0)
+
+
+@pytest.mark.parametrize("flags, flag", [
+    (["--temperature", "-1"], "--temperature"), (["--max-tokens", "0"], "--max-tokens"), (["--top-p", "2"], "--top-p"),
+    (["--seed", "-1"], "--seed"), (["--top-k", "-2"], "--top-k"),
 ])
-def test_generate_bad_sampling_flags_name_the_field(tiny_llama: Path, capsys, flags: list[str], field: str) -> None:
-    rc = main(["generate", "--model", str(tiny_llama), *flags, "hello"])
+def test_generate_bad_sampling_flags_name_the_flag(tiny_llama: Path, capsys, flags: list[str], flag: str) -> None:
+    rc = exit_code(["generate", "--model", str(tiny_llama), *flags, "hello"])
     err = capsys.readouterr().err
-    assert rc == 2 and field in err and "Traceback" not in err
+    assert rc == 2 and flag in err and "SamplingParams" not in err and "Traceback" not in err
+
+
+def test_generate_max_tokens_beyond_the_context_is_an_error_naming_the_room(tmp_path: Path, capsys) -> None:
+    model = build_tiny_chat_model(tmp_path / "chat")
+    context = json.loads((model / "config.json").read_text())["max_position_embeddings"]
+    rc = main(["generate", "--model", str(model), "--dtype", "float32", "--max-tokens", str(context), "w1 w2 w3"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"--max-tokens {context} does not fit" in err and f"at most {context - 3} more" in err
+
+
+def test_fit_max_tokens_lowers_only_the_default() -> None:
+    assert fit_max_tokens(None, 100, 120) == 20  # the default, lowered to the room
+    assert fit_max_tokens(None, 10, 1000) == DEFAULT_MAX_TOKENS
+    assert fit_max_tokens(20, 100, 120) == 20 and fit_max_tokens(500, 10, None) == 500
+    with pytest.raises(ValueError, match="at most 20 more fit"):
+        fit_max_tokens(21, 100, 120)
 
 
 def test_generate_bad_speculative_json_names_the_flag(tiny_llama: Path, capsys) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import errno
 import importlib.util
 import json
 import logging
@@ -43,7 +45,10 @@ def parse_speculative_config(text: str | None, flag: str = "--speculative-config
         return None
     source = flag
     if text.startswith("@"):
-        path = Path(text[1:]).expanduser()
+        try:
+            path = Path(text[1:]).expanduser()
+        except RuntimeError as exc:  # ~user that does not exist
+            raise ConfigError(f"{flag} {text!r}: cannot expand the path ({exc}); give the file's full path.") from None
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as exc:
@@ -52,8 +57,10 @@ def parse_speculative_config(text: str | None, flag: str = "--speculative-config
             raise ConfigError(f"{flag} {text!r}: {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
                               "save the JSON file as UTF-8.") from None
         source = f"{flag} file {path}"
+    if text.startswith("\ufeff"):  # a byte-order mark, as some Windows editors write UTF-8
+        text = text[1:]
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_unique_keys(source))
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"{source} is not valid JSON ({exc.msg} at column {exc.colno}): {text!r}. "
@@ -63,6 +70,40 @@ def parse_speculative_config(text: str | None, flag: str = "--speculative-config
                           'for example {"method": "ngram", "num_speculative_tokens": 4}.') from None
     if not isinstance(value, dict):
         raise ConfigError(f"{source} must be a JSON object, got {type(value).__name__}: {text!r}.")
+    return value
+
+
+def _unique_keys(source: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    """A json object hook that refuses a key given twice (json would keep the last one silently)."""
+    def build(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise ConfigError(f"{source} gives {key!r} twice ({json.dumps(seen[key])} and {json.dumps(value)}); "
+                                  "keep the one you mean.")
+            seen[key] = value
+        return seen
+    return build
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``low`` (argparse names the flag and exits 2 otherwise)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} must be at least {low}")
+        return value
+    return parse
+
+
+def seed_value(text: str) -> int:
+    """An argparse type: a sampling seed, an integer in [0, 2**64) (torch's generator range)."""
+    value = int_at_least(0)(text)
+    if value >= 2**64:
+        raise argparse.ArgumentTypeError(f"{value} must be below 2**64; leave --seed out for an unseeded run")
     return value
 
 
@@ -81,13 +122,25 @@ def add_model_flags(parser: Any, *, speculative: bool = True) -> None:
 def guarded(run: Callable[[], int]) -> int:
     """Run a command; a user error prints one paragraph (no traceback) and exits 2."""
     try:
-        return run()
+        code = run()
+        sys.stdout.flush()  # a full or closed stdout fails here, inside the handlers below
+        return code
     except ValueError as exc:  # ConfigError and every other user-input error
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): nothing is lost that it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's own flush stays quiet
+        return EXIT_FAIL
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        print(f"error: could not write the output: {exc.strerror} ({exc.filename or 'standard output'}).",
+              file=sys.stderr)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAIL
 
 
 def setup_logging(verbose: bool) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from specsure.cli.common import EXIT_OK
-from specsure.cli.generate import print_effective, print_stats, render_prompt
+from specsure.cli.common import EXIT_OK, int_at_least
+from specsure.cli.generate import fit_max_tokens, print_effective, print_stats, render_prompt
 
 DEMO_CODE = """class Inventory:
     def __init__(self):
@@ -33,6 +33,9 @@ DEMO_METHODS = ("ngram", "suffix", "eagle3", "mtp")
 """What --method takes; eagle3 and mtp run the heads shipped for the default model (docs/training.md)."""
 
 
+DEMO_MAX_TOKENS = 200
+
+
 def demo_config(method: str) -> dict[str, object]:
     """ngram's tuned demo settings; any other method as the user would write it, everything else resolved."""
     return dict(DEMO_CONFIG) if method == "ngram" else {"method": method}
@@ -45,8 +48,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--method", default="ngram", choices=DEMO_METHODS,
                         help="the speculative method (default ngram); eagle3 and mtp use the heads shipped for the "
                              "default model")
-    parser.add_argument("--max-tokens", type=int, default=200)
-    parser.add_argument("--repeats", type=int, default=2, help="timed runs of each, interleaved")
+    parser.add_argument("--max-tokens", type=int_at_least(1), default=None,
+                        help=f"tokens to generate (default {DEMO_MAX_TOKENS}, or what the context has room for)")
+    parser.add_argument("--repeats", type=int_at_least(1), default=2, help="timed runs of each, interleaved")
     # float32 by default: there the speculative output is bit-identical to plain greedy decoding,
     # which is what the demo shows. bfloat16 (--dtype auto here) is faster but may flip near-ties.
     parser.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16", "float16"),
@@ -61,16 +65,27 @@ def run(args: argparse.Namespace) -> int:
     from specsure.sampling import SamplingParams
 
     print("loading the model (the first run converts the packaged GGUF to safetensors once)...", flush=True)
-    spec = make_engine(args.model, demo_config(args.method), dtype=args.dtype)
+    try:
+        spec = make_engine(args.model, demo_config(args.method), dtype=args.dtype)
+    except ValueError as err:
+        if args.model is None or args.method not in ("eagle3", "mtp"):
+            raise
+        # The resolution's fix says to add "model", which demo has no flag for.
+        raise ValueError(f"{err} (specsure demo --method {args.method} runs the head shipped for the default model; for "
+                         f"another model run specsure generate --model {args.model} --speculative-config "
+                         f"'{{\"method\": \"{args.method}\", \"model\": \"/path/to/head\"}}'.)") from None
     # The plain engine shares the loaded target, so both runs use the same weights and threads.
     plain = Engine(resolve(None, model=args.model), spec.target, None)
-    prompt = render_prompt(spec, DEMO_PROMPT, chat=True)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    prompt = spec.encode(render_prompt(spec, DEMO_PROMPT, chat=True,
+                                       why="specsure demo sends a chat prompt, and this model's tokenizer has no chat "
+                                           "template; use specsure generate without --chat for it."))
+    max_tokens = fit_max_tokens(args.max_tokens, len(prompt), spec.target.lm.max_context, DEMO_MAX_TOKENS)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     warm = SamplingParams(max_tokens=8, temperature=0.0)
     plain.generate(prompt, warm)
     spec.generate(prompt, warm)
     plain_speeds, spec_speeds = [], []
-    for _ in range(max(1, args.repeats)):
+    for _ in range(args.repeats):
         base = plain.generate(prompt, params)[0]
         fast = spec.generate(prompt, params)[0]
         plain_speeds.append(base.stats.tokens_per_s)

@@ -21,10 +21,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    speculative = parse_speculative_config(args.speculative_config)
     # The table lists the warnings itself; logging them too would print each twice.
     logging.getLogger("specsure.config").setLevel(logging.ERROR)
-    res = resolve(speculative, model=args.model, strict=args.strict)
+    try:
+        res = resolve(parse_speculative_config(args.speculative_config), model=args.model, strict=args.strict)
+    except ValueError as exc:
+        if args.json:  # a script reading stdout gets the documented shape, not nothing
+            print(json.dumps({"fields": None, "warnings": [], "runnable": False, "error": str(exc)}, indent=2))
+        raise
     problem = None
     try:
         res.check_runnable()

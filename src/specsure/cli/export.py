@@ -27,10 +27,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    speculative = parse_speculative_config(args.speculative_config)
     logging.getLogger("specsure.config").setLevel(logging.ERROR)  # the warnings are printed below
-    res = resolve(speculative, model=args.model, strict=args.strict)
-    out = export(res, args.to, strict=args.strict)
+    try:
+        res = resolve(parse_speculative_config(args.speculative_config), model=args.model, strict=args.strict)
+        out = export(res, args.to, strict=args.strict)
+    except ValueError as exc:
+        if args.json:  # a script reading stdout gets JSON either way
+            print(json.dumps({"error": str(exc)}, indent=2))
+        raise
     if args.json:
         data = out.to_dict()
         data["resolution_warnings"] = list(res.warnings)

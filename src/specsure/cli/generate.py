@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from specsure.cli.common import EXIT_OK, add_model_flags, parse_speculative_config
+from specsure.cli.common import EXIT_OK, add_model_flags, int_at_least, parse_speculative_config, seed_value
 
 if TYPE_CHECKING:
     from specsure.decode.engine import Completion, Engine
+
+
+DEFAULT_MAX_TOKENS = 128
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -21,24 +24,43 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (default 128)")
+    parser.add_argument("--max-tokens", type=int_at_least(1), default=None,
+                        help=f"tokens to generate (default {DEFAULT_MAX_TOKENS}, or what the context has room for; "
+                             "a larger value than the room is an error)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1]")
-    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off")
-    parser.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    parser.add_argument("--top-k", type=int_at_least(0), default=0, help="keep the k most likely tokens; 0 = off")
+    parser.add_argument("--seed", type=seed_value, default=None, help="seed for sampling")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                         help="auto: bfloat16 where the CPU has fast bf16, else float32")
 
 
-def render_prompt(engine: "Engine", prompt: str, chat: bool) -> str | list[int]:
-    """The prompt as the engine takes it; --chat applies the tokenizer's chat template."""
+def render_prompt(engine: "Engine", prompt: str, chat: bool,
+                  why: str = "--chat needs a tokenizer with a chat template, and this model has none; drop --chat."
+                  ) -> str | list[int]:
+    """The prompt as the engine takes it; --chat applies the tokenizer's chat template (``why``: the
+    error when the model has none)."""
     if not chat:
         return prompt
     tok = engine.tokenizer
     if tok is None or not getattr(tok, "chat_template", None):
-        raise ValueError("--chat needs a tokenizer with a chat template, and this model has none; drop --chat.")
+        raise ValueError(why)
     return list(tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                         tokenize=True, return_dict=False))
+
+
+def fit_max_tokens(asked: int | None, prompt_tokens: int, context: int | None,
+                   default: int = DEFAULT_MAX_TOKENS) -> int:
+    """--max-tokens within the room the prompt leaves in the context: the default is lowered to the
+    room; a value the user gave that does not fit is an error naming the room (as the server's 400)."""
+    room = context - prompt_tokens if context else None
+    if asked is None:
+        return default if room is None else min(default, room)
+    if room is not None and asked > room:
+        raise ValueError(f"--max-tokens {asked} does not fit: the model's context is {context} tokens and the prompt "
+                         f"takes {prompt_tokens}, so at most {room} more fit. Pass --max-tokens {room} or less, or "
+                         "shorten the prompt.")
+    return asked
 
 
 def print_effective(engine: "Engine") -> None:
@@ -47,7 +69,8 @@ def print_effective(engine: "Engine") -> None:
     print(f"effective config (running: {engine.speculative_method or 'plain decoding'}):")
     width = max(len(name) for name in res.decisions)
     for name, decision in res.decisions.items():
-        print(f"  {name:<{width}} {decision.value!s:<30} [{decision.source}]")
+        value = "-" if decision.value is None else decision.value  # as `specsure explain` shows an unset field
+        print(f"  {name:<{width}} {value!s:<30} [{decision.source}]")
     for warning in res.warnings:
         print(f"  warning: {warning}")
 
@@ -66,11 +89,18 @@ def run(args: argparse.Namespace) -> int:
     from specsure.decode.engine import make_engine
     from specsure.sampling import SamplingParams
 
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed)
+    try:
+        SamplingParams(temperature=args.temperature, top_p=args.top_p)
+    except ValueError as err:  # its message names the Python field; the user typed a flag
+        flag = "--temperature" if "temperature" in str(err) else "--top-p"
+        raise ValueError(f"{flag}: {str(err).split(' = ', 1)[1]}") from None
     engine = make_engine(args.model, parse_speculative_config(args.speculative_config), strict=args.strict,
                          dtype=args.dtype, seed=args.seed)
-    completion = engine.generate(render_prompt(engine, args.prompt, args.chat), params)[0]
+    prompt = engine.encode(render_prompt(engine, args.prompt, args.chat))
+    max_tokens = fit_max_tokens(args.max_tokens, len(prompt), engine.target.lm.max_context)
+    params = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed)
+    completion = engine.generate(prompt, params)[0]
     print(completion.text if completion.text is not None else completion.token_ids)
     print()
     print_effective(engine)

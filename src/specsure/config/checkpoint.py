@@ -180,7 +180,8 @@ def load_config_json(path: Path) -> dict[str, Any]:
         if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise ConfigError(f"{path}: {key} = {json.dumps(value)} must be a list of strings, "
                               'for example ["LlamaForCausalLM"].')
-    for key in ("num_hidden_layers", "vocab_size", "hidden_size", "draft_vocab_size", "n_predict", *MTP_LAYER_KEYS):
+    for key in ("num_hidden_layers", "vocab_size", "hidden_size", "draft_vocab_size", "n_predict",
+                "max_position_embeddings", *MTP_LAYER_KEYS):
         value = config.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise ConfigError(f"{path}: {key} = {json.dumps(value)} must be a non-negative integer.")

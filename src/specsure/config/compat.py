@@ -11,10 +11,14 @@ metadata could not make at resolve time is still made, with the same words.
 
 from __future__ import annotations
 
-from typing import Collection
+import json
+from typing import Any, Collection, Mapping
 
 from specsure.config.checkpoint import DEFAULT_INSTALL_HINT, CheckpointInfo, check_weight_files
-from specsure.config.detect import WHAT_IS, Evidence, classify_head, deepseek_mtp_prefix, target_mtp
+from specsure.config.detect import (
+    MTP_HEAD_ARCHITECTURES, MTP_MODEL_TYPES, WHAT_IS, Evidence, classify_head, deepseek_mtp_prefix, eagle3_tensor,
+    target_mtp,
+)
 from specsure.config.errors import ConfigError
 from specsure.config.schema import SpeculativeConfig
 
@@ -60,9 +64,80 @@ def check_runnable(target: CheckpointInfo, config: SpeculativeConfig | None, dra
             f"method {method!r} was asked, which needs {WHAT_IS[method]}, but the draft checkpoint "
             f"{draft.path!r} is {WHAT_IS[draft_evidence.value]} ({draft_evidence.signal}). specsure does not "
             f"switch methods: set method {draft_evidence.value!r} to run this checkpoint, or give {WHAT_IS[method]}.")
+    check_head(method, draft, target)
     if method == "draft_model":
         check_same_vocab(target.vocab_size, draft.vocab_size, target=target.path, draft=draft.path,
                          draft_where=f" ({draft.config_file})" if draft.config_file else "")
+
+
+LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+
+
+def check_head(method: str, draft: CheckpointInfo, target: CheckpointInfo) -> None:
+    """The draft checkpoint holds the head ``method`` loads, sized for the target.
+
+    Read from metadata: the safetensors headers' tensor names and config.json. A folder without
+    readable weights (an export of a config-only folder, a GGUF) is checked when the proposer loads it.
+    """
+    if method in ("eagle", "eagle3", "mtp") and draft.tensor_names:
+        check_head_tensors(method, draft.path, draft.tensor_names, draft.config)
+    if method not in ("eagle", "eagle3"):
+        return
+    if draft.vocab_size is not None and target.vocab_size is not None and draft.vocab_size != target.vocab_size:
+        raise mismatch(draft.path, "vocab_size", draft.vocab_size, target.vocab_size,
+                       f"the target {target.path!r} (vocab_size)")
+    if method == "eagle3" and target.num_hidden_layers is not None:
+        aux_layer_ids(draft.config, draft.path, target.num_hidden_layers)
+
+
+def check_head_tensors(method: str, path: str, names: Collection[str], config: Mapping[str, Any]) -> None:
+    """``names`` (canonical or as stored) include what ``method``'s head must hold."""
+    archs = config.get("architectures") or []
+    whole = ("a whole language model (model.embed_tokens.weight), which drafts with method 'draft_model'"
+             if "model.embed_tokens.weight" in names else None)
+    if method == "eagle3" and eagle3_tensor(names) is None:
+        what = "an EAGLE-1 head (it has fc.weight and layers.*)" if "fc.weight" in names else (
+            whole or "not an EAGLE-3 head")
+        raise ConfigError(f"method 'eagle3' needs an EAGLE-3 head (fc, midlayer.hidden_norm, d2t), but the draft "
+                          f"checkpoint {path!r} is {what}: it has no midlayer.hidden_norm.weight. Use method "
+                          "'eagle' for an EAGLE-1 head, or give an EAGLE-3 checkpoint.")
+    if method == "eagle" and ("fc.weight" not in names or eagle3_tensor(names)):
+        eagle3 = eagle3_tensor(names)
+        what = (f"an EAGLE-3 head (tensor {eagle3!r}); use method 'eagle3' for it" if eagle3 else
+                f"{whole}" if whole else f"not an EAGLE-1 head (no fc.weight among {sorted(names)[:4]}...)")
+        raise ConfigError(f"method 'eagle' needs an EAGLE-1 head (fc.weight over concat(embedding, hidden) plus "
+                          f"decoder layers), but the draft checkpoint {path!r} is {what}. Give an EAGLE-1 checkpoint.")
+    if method == "mtp" and not (set(archs) & MTP_HEAD_ARCHITECTURES or config.get("model_type") in MTP_MODEL_TYPES):
+        layers = config.get("num_hidden_layers")
+        if not (isinstance(layers, int) and deepseek_mtp_prefix(layers, 0) + "eh_proj.weight" in names):
+            raise ConfigError(f"method 'mtp' needs an MTP head (config.json architectures [\"SpecsureMTPHead\"], or a "
+                              "model with num_nextn_predict_layers and model.layers.N.eh_proj.weight), but the draft "
+                              f"checkpoint {path!r} is neither (architectures={archs}).")
+
+
+def aux_layer_ids(config: Mapping[str, Any], checkpoint: str, num_layers: int) -> tuple[int, ...]:
+    """An EAGLE-3 head's eagle_config.eagle_aux_hidden_state_layer_ids (or the top-level key), else
+    (2, N//2, N-3), each a layer of the target's ``num_layers``."""
+    eagle = config.get("eagle_config") or {}
+    if LAYER_IDS_KEY in eagle:
+        field, ids = f"eagle_config.{LAYER_IDS_KEY}", eagle[LAYER_IDS_KEY]
+    elif LAYER_IDS_KEY in config:
+        field, ids = LAYER_IDS_KEY, config[LAYER_IDS_KEY]
+    else:
+        field, ids = "default aux layers (2, N//2, N-3)", [2, num_layers // 2, num_layers - 3]
+    if not (isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+        raise ConfigError(f"draft head {checkpoint!r}: {field} = {ids!r} must be a list of layer indices.")
+    bad = [i for i in ids if not 0 <= i < num_layers]
+    if bad:
+        raise mismatch(checkpoint, field, ids, f"indices in [0, {num_layers})",
+                       f"the target with num_hidden_layers={num_layers}")
+    return tuple(ids)
+
+
+def mismatch(checkpoint: str, field: str, found: Any, expected: Any, why: str) -> ConfigError:
+    """The one shape of a head/target mismatch: checkpoint, field, value found, value expected."""
+    return ConfigError(f"draft head {checkpoint!r}: {field} = {json.dumps(found)}, but {why} needs "
+                       f"{json.dumps(expected)}. Use a head trained for this target.")
 
 
 def _whole_lm_as_draft(method: str, draft: CheckpointInfo) -> bool:

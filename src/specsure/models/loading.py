@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedConfig, PreTrainedTokenizerBase
 
-from specsure.config.checkpoint import check_weight_files, load_config_json, weight_files
+from specsure.config.checkpoint import MTP_LAYER_KEYS, check_weight_files, load_config_json, weight_files
 from specsure.config.errors import ConfigError
 from specsure.models.causal_lm import CausalLM
 from specsure.models.dtypes import resolve_dtype
@@ -23,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 @dataclass
@@ -56,21 +59,23 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
     """
     torch_dtype, dtype_reason = resolve_dtype(dtype)
     folder = weights_folder(path)
-    check_model_folder(folder)
+    config = check_model_folder(folder)
+    hf_config = _hf_config(folder)
     started = time.perf_counter()
-    try:
-        with quiet_loading():
+    with quiet_loading() as reports:
+        try:
             hf, info = AutoModelForCausalLM.from_pretrained(
                 folder,
+                config=hf_config,
                 dtype=torch_dtype,
                 use_safetensors=True,
                 trust_remote_code=False,
                 local_files_only=True,
                 output_loading_info=True,
             )
-    except (OSError, ValueError, KeyError, RuntimeError) as err:
-        raise ModelLoadError(f"transformers could not load the model in {folder}: {err}") from err
-    _check_loading_info(folder, info)
+        except Exception as err:  # transformers' and safetensors' own error types; each becomes one message
+            raise _load_error(folder, hf_config, err, reports) from err
+    _check_loading_info(folder, info, config)
     tokenizer = _load_tokenizer(folder)
     lm = CausalLM(hf)
     logger.info(
@@ -102,6 +107,7 @@ def check_model_folder(folder: Path) -> dict[str, Any]:
         )
     config = _read_config(config_path)
     _check_architecture(config_path, config)
+    _check_dtype_field(config_path, config)
     _check_weights(folder)
     return config
 
@@ -174,6 +180,16 @@ def _check_architecture(config_path: Path, config: dict[str, Any]) -> None:
         )
 
 
+def _check_dtype_field(config_path: Path, config: dict[str, Any]) -> None:
+    for key in ("dtype", "torch_dtype"):
+        value = config.get(key)
+        if value is None or value == "auto" or (isinstance(value, str) and isinstance(getattr(torch, value, None),
+                                                                                      torch.dtype)):
+            continue
+        raise ModelLoadError(f"{config_path}: {key} = {json.dumps(value)} is not a torch dtype; use a name such as "
+                             '"bfloat16", "float16" or "float32", or remove the field.')
+
+
 def _check_weights(folder: Path) -> None:
     try:
         check_weight_files(str(folder), *weight_files(folder), role="model")
@@ -192,7 +208,72 @@ def _check_weights(folder: Path) -> None:
             raise ModelLoadError(f"{index_path} lists shards missing from {folder}: {', '.join(missing)}.")
 
 
-def _check_loading_info(folder: Path, info: dict[str, Any]) -> None:
+def _hf_config(folder: Path) -> PreTrainedConfig:
+    """transformers' config for ``folder``, every field checked as its class checks it.
+
+    Raises:
+        ModelLoadError: naming config.json and the field transformers rejects.
+    """
+    config_path = folder / "config.json"
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    except Exception as err:  # huggingface_hub's strict-dataclass errors name the field; others name the value
+        detail = " ".join(str(err).split()).rstrip(".") or type(err).__name__
+        raise ModelLoadError(f"{config_path} is not a valid configuration: {detail}. Fix that field, or use the "
+                             "config.json the weights came with.") from None
+    _check_rope_type(config_path, config)
+    return config
+
+
+def _check_rope_type(config_path: Path, config: PreTrainedConfig) -> None:
+    """A rope type transformers has no function for fails deep in model building as a bare KeyError."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    rope_type = params.get("rope_type", params.get("type")) if isinstance(params, dict) else None
+    if rope_type not in (None, "default") and rope_type not in ROPE_INIT_FUNCTIONS:
+        known = ", ".join(sorted(["default", *ROPE_INIT_FUNCTIONS]))
+        raise ModelLoadError(f"{config_path}: rope_type = {json.dumps(rope_type)} is not a rotary embedding the "
+                             f"installed transformers knows ({known}). Fix rope_parameters (rope_scaling).")
+
+
+def _load_error(folder: Path, hf_config: PreTrainedConfig, err: Exception, reports: list[Any]) -> ModelLoadError:
+    """One message for a failed ``from_pretrained``: the tensors whose shapes config.json contradicts
+    when that is the cause (instead of transformers' LOAD REPORT), else transformers' own words."""
+    mismatched = _shape_mismatches(folder, hf_config) if "mismatched" in str(err) else []
+    if mismatched:
+        reports.clear()
+        shown = "; ".join(f"{name} is {list(have)} in the weights but {list(want)} for config.json"
+                          for name, have, want in mismatched[:3])
+        more = f" and {len(mismatched) - 3} more" if len(mismatched) > 3 else ""
+        return ModelLoadError(f"the weights in {folder} do not fit its config.json: {shown}{more}. A size in "
+                              "config.json (hidden_size, vocab_size, intermediate_size, head counts) differs from "
+                              "the weights; use the config.json the weights came with.")
+    detail = " ".join(str(err).split()).rstrip(".") or "no message"
+    return ModelLoadError(f"transformers could not load the model in {folder} ({type(err).__name__}: {detail}). "
+                          "Check that config.json and the *.safetensors files belong together and are complete.")
+
+
+def _shape_mismatches(folder: Path, hf_config: PreTrainedConfig) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """(name, shape in the weights, shape the config's model has) for every tensor both name alike."""
+    from safetensors import safe_open
+
+    with torch.device("meta"):
+        wanted = {name: tuple(t.shape) for name, t in AutoModelForCausalLM.from_config(hf_config).state_dict().items()}
+    found = []
+    for file in weight_files(folder)[0]:
+        try:
+            with safe_open(str(folder / file), framework="pt") as handle:
+                for name in handle.keys():
+                    have = tuple(handle.get_slice(name).get_shape())
+                    if name in wanted and wanted[name] != have:
+                        found.append((name, have, wanted[name]))
+        except Exception:  # an unreadable file: transformers' own message covers it
+            return []
+    return sorted(found)
+
+
+def _check_loading_info(folder: Path, info: dict[str, Any], config: dict[str, Any]) -> None:
     # transformers fills weights missing from the checkpoint with random values and only
     # logs it; decoding with them would produce fluent-looking garbage, so refuse.
     missing = sorted(info.get("missing_keys") or ())
@@ -203,9 +284,27 @@ def _check_loading_info(folder: Path, info: dict[str, Any]) -> None:
             f"needs ({shown}); the checkpoint and its config.json do not match."
         )
     unexpected = info.get("unexpected_keys") or ()
+    _check_layer_count(folder, unexpected, config)
     if unexpected:
         # Expected for checkpoints that carry extra modules (e.g. MTP layers) the base class skips.
         logger.info("%s: %d checkpoint tensor(s) unused by the model", folder, len(unexpected))
+
+
+def _check_layer_count(folder: Path, unexpected: Any, config: dict[str, Any]) -> None:
+    """Decoder layers in the weights beyond num_hidden_layers (and the MTP layers config.json declares
+    after them) would be dropped: the model would run, fluent and wrong, without them."""
+    layers = config.get("num_hidden_layers")
+    if not isinstance(layers, int):
+        return
+    mtp_key = next((key for key in MTP_LAYER_KEYS if isinstance(config.get(key), int)), None)
+    declared = layers + (config[mtp_key] if mtp_key else 0)
+    extra = sorted({int(m.group(1)) for name in unexpected if (m := _LAYER_INDEX.search(name))} - set(range(declared)))
+    if extra:
+        mtp = f" and {mtp_key} = {config[mtp_key]}" if mtp_key else ""
+        held = f"{extra[0]}" if len(extra) == 1 else f"{extra[0]} to {extra[-1]}"
+        raise ModelLoadError(f"{folder / 'config.json'}: num_hidden_layers = {layers}{mtp}, but the weights also hold "
+                             f"decoder layer {held}, which the model would run without. Set num_hidden_layers to the "
+                             "number of layers the weights hold, or use the config.json they came with.")
 
 
 def _load_tokenizer(folder: Path) -> PreTrainedTokenizerBase | None:

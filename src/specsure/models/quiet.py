@@ -36,11 +36,12 @@ class _HoldLoadReports(logging.Filter):
 
 
 @contextmanager
-def quiet_loading() -> Iterator[None]:
+def quiet_loading() -> Iterator[list[logging.LogRecord]]:
     """Hide transformers' progress bars and LOAD REPORT tables while the block runs.
 
     When the block raises, the held reports are logged after all: transformers' errors for
-    mismatched shapes or failed conversions say the details are in the report above.
+    mismatched shapes or failed conversions say the details are in the report above. The block
+    gets the held records, and may clear them when its own error says what they would.
     """
     bars = hf_logging.is_progress_bar_enabled()
     if bars:
@@ -50,7 +51,7 @@ def quiet_loading() -> Iterator[None]:
     reports.addFilter(hold)
     ok = False
     try:
-        yield
+        yield hold.held
         ok = True
     finally:
         reports.removeFilter(hold)

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from specsure.config.detect import eagle3_tensor
+from specsure.config.compat import check_head_tensors
 from specsure.config.errors import ConfigError
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import HeadCache, run_blocks, use_cache_slots, use_row_kernel
@@ -87,13 +87,7 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> EagleProposer
     weights = TensorFile(path)
     names = {n: n for n in weights.names}
     lm = target.lm
-    eagle3 = eagle3_tensor(names)
-    if "fc.weight" not in names or eagle3:
-        what = (f"an EAGLE-3 head (tensor {eagle3!r})" if eagle3 else
-                f"not an EAGLE-1 head (no fc.weight among {sorted(names)[:4]}...)")
-        raise ConfigError(f"method 'eagle' needs an EAGLE-1 head (fc.weight over concat(embedding, hidden) plus "
-                          f"decoder layers), but the draft checkpoint {path!r} is {what}. Use method 'eagle3' for an "
-                          "EAGLE-3 head, or give an EAGLE-1 checkpoint.")
+    check_head_tensors("eagle", path, names, config)
     where = f"the target {target.path!r}, whose embedding and LM head EAGLE-1 shares,"
     check_equal(path, "hidden_size", int_field(config, "hidden_size"), lm.hidden_size, where)
     check_equal(path, "vocab_size", int_field(config, "vocab_size"), lm.vocab_size, where)

@@ -18,12 +18,13 @@ Later draft steps feed back the layer's output before ``norm``.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
+from specsure.config.compat import aux_layer_ids, check_head_tensors
 from specsure.config.errors import ConfigError
 from specsure.models.float_kernel import AnyKernel
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
@@ -41,9 +42,6 @@ if TYPE_CHECKING:
     from specsure.models.loading import LoadedModel
 
 logger = logging.getLogger(__name__)
-
-LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
-
 
 class Eagle3Module(nn.Module):
     """fc over the fused target layers, the 2H-wide midlayer, and the draft-vocabulary head."""
@@ -176,24 +174,6 @@ def canonical(name: str) -> str:
     return "midlayer." + name.removeprefix("layers.0.") if name.startswith("layers.0.") else name
 
 
-def aux_layer_ids(config: Mapping[str, Any], checkpoint: str, num_layers: int) -> tuple[int, ...]:
-    """eagle_config.eagle_aux_hidden_state_layer_ids (or the top-level key), else (2, N//2, N-3)."""
-    eagle = config.get("eagle_config") or {}
-    if LAYER_IDS_KEY in eagle:
-        field, ids = f"eagle_config.{LAYER_IDS_KEY}", eagle[LAYER_IDS_KEY]
-    elif LAYER_IDS_KEY in config:
-        field, ids = LAYER_IDS_KEY, config[LAYER_IDS_KEY]
-    else:
-        field, ids = "default aux layers (2, N//2, N-3)", [2, num_layers // 2, num_layers - 3]
-    if not (isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
-        raise ConfigError(f"draft head {checkpoint!r}: {field} = {ids!r} must be a list of layer indices.")
-    bad = [i for i in ids if not 0 <= i < num_layers]
-    if bad:
-        raise mismatch(checkpoint, field, ids, f"indices in [0, {num_layers})",
-                       f"the target with num_hidden_layers={num_layers}")
-    return tuple(ids)
-
-
 def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Proposer:
     assert res.config is not None and res.config.model is not None
     path = res.config.model
@@ -201,11 +181,7 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
     weights = TensorFile(path)
     names = {canonical(n): n for n in weights.names}
     lm = target.lm
-    if "midlayer.hidden_norm.weight" not in names:
-        what = "an EAGLE-1 head (it has fc.weight and layers.*)" if "fc.weight" in names else "not an EAGLE-3 head"
-        raise ConfigError(f"method 'eagle3' needs an EAGLE-3 head (fc, midlayer.hidden_norm, d2t), but the draft "
-                          f"checkpoint {path!r} is {what}: it has no midlayer.hidden_norm.weight. Use method "
-                          "'eagle' for an EAGLE-1 head, or give an EAGLE-3 checkpoint.")
+    check_head_tensors("eagle3", path, names, config)
     hidden = int_field(config, "hidden_size")
     vocab = int_field(config, "vocab_size", lm.vocab_size)
     check_equal(path, "vocab_size", vocab, lm.vocab_size, f"the target {target.path!r} (vocab_size)")

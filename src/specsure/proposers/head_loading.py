@@ -17,13 +17,8 @@ from safetensors import safe_open
 from transformers import LlamaConfig
 
 from specsure.config.checkpoint import load_config_json
+from specsure.config.compat import mismatch
 from specsure.config.errors import ConfigError
-
-
-def mismatch(checkpoint: str, field: str, found: Any, expected: Any, why: str) -> ConfigError:
-    """The one shape of a head/target mismatch: checkpoint, field, value found, value expected."""
-    return ConfigError(f"draft head {checkpoint!r}: {field} = {json.dumps(found)}, but {why} needs "
-                       f"{json.dumps(expected)}. Use a head trained for this target.")
 
 
 class TensorFile:

@@ -14,11 +14,12 @@ from typing import Any
 
 import torch
 
+from specsure.config.compat import aux_layer_ids
 from specsure.config.detect import SPECSURE_MTP_HEAD, SPECSURE_MTP_MODEL_TYPE
 from specsure.config.errors import ConfigError
 from specsure.config.training_record import RECORD_FILE
 from specsure.models.causal_lm import CausalLM
-from specsure.proposers.eagle3 import aux_layer_ids, canonical
+from specsure.proposers.eagle3 import canonical
 from specsure.proposers.mtp import BLOCK_OVERRIDES, module_names
 from specsure.proposers.head_loading import TensorFile, check_equal, int_field, read_head_config, vocab_map
 

@@ -1,0 +1,150 @@
+"""Bad input a user's audit found (2026-12-04): each is one clear error naming the field, never a
+traceback, a silent fallback or a "runnable" that the engine then refuses."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from checkpoints import eagle3_head, llama, silent, write_checkpoint
+from specsure.cli.common import parse_speculative_config
+from specsure.cli.main import main
+from specsure.config import ConfigError, resolve
+from specsure.models import ModelLoadError, load_model
+from tiny import build_tiny_llama
+
+
+def _edited(tiny_llama: Path, folder: Path, **fields: object) -> Path:
+    shutil.copytree(tiny_llama, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **fields}))
+    return folder
+
+
+# --- target checkpoints: config.json that transformers rejects, weights that do not fit -------
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"num_attention_heads": 5}, r"not a valid configuration: .*not a multiple of the number of attention heads"),
+    ({"num_hidden_layers": None}, r"not a valid configuration: .*'num_hidden_layers' expected int"),
+    ({"max_position_embeddings": "8k"}, r'max_position_embeddings = "8k" must be a non-negative integer'),
+    ({"max_position_embeddings": -1}, r"max_position_embeddings = -1 must be a non-negative integer"),
+    ({"dtype": "junk"}, r'dtype = "junk" is not a torch dtype'),
+    ({"rope_scaling": {"rope_type": "weird", "factor": 2.0}}, r'rope_type = "weird" is not a rotary embedding'),
+])
+def test_invalid_config_field_is_named(tiny_llama: Path, tmp_path: Path, fields: dict, message: str) -> None:
+    folder = _edited(tiny_llama, tmp_path / "m", **fields)
+    with pytest.raises(ModelLoadError, match=message) as info:
+        load_model(str(folder), "float32")
+    assert "config.json" in str(info.value)
+
+
+def test_fewer_layers_in_config_than_in_the_weights_is_an_error(tiny_llama: Path, tmp_path: Path) -> None:
+    """transformers drops the extra layers and reports them only as unused tensors."""
+    folder = _edited(tiny_llama, tmp_path / "m", num_hidden_layers=1)
+    with pytest.raises(ModelLoadError, match=r"num_hidden_layers = 1, but the weights also hold decoder layer 1,"):
+        load_model(str(folder), "float32")
+
+
+def test_declared_mtp_layers_are_not_extra_layers(tmp_path: Path) -> None:
+    folder = build_tiny_llama(tmp_path / "m", num_layers=3)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2, "num_nextn_predict_layers": 1}))
+    assert load_model(str(folder), "float32").lm.num_layers == 2
+
+
+def test_truncated_safetensors_is_one_error(tiny_llama: Path, tmp_path: Path) -> None:
+    folder = _edited(tiny_llama, tmp_path / "m")
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match=r"SafetensorError: .*belong together and are complete"):
+        load_model(str(folder), "float32")
+
+
+def test_vocab_in_config_unlike_the_weights_names_the_tensor(tmp_path: Path) -> None:
+    folder = build_tiny_llama(tmp_path / "m")
+    weights = load_file(folder / "model.safetensors")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": 200}))
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"model.embed_tokens.weight is \[128, 32\] in the weights but "
+                                             r"\[200, 32\] for config.json") as info:
+        load_model(str(folder), "float32")
+    assert "ignore_mismatched_sizes" not in str(info.value)
+
+
+# --- draft heads: explain refuses what the engine would refuse ---------------------------------
+
+@pytest.fixture
+def target(tmp_path: Path) -> str:
+    return str(write_checkpoint(tmp_path / "target", llama(layers=30)))
+
+
+@pytest.mark.parametrize(("spec_of", "message"), [
+    (lambda d: {"model": d("eagle3-x", silent())}, r"method 'eagle3' needs an EAGLE-3 head"),
+    (lambda d: {"method": "eagle", "model": d("beagle-qwen", silent())}, r"drafts with method 'draft_model'"),
+    (lambda d: {"method": "mtp", "model": d("my_mtp_head", silent())}, r"method 'mtp' needs an MTP head"),
+    (lambda d: {"model": d("e3", eagle3_head(vocab=32000))}, r"vocab_size = 32000, but the target .* needs 49152"),
+    (lambda d: {"model": d("e3", eagle3_head(eagle_aux_hidden_state_layer_ids=[2, 15, 40]))},
+     r"eagle_aux_hidden_state_layer_ids = \[2, 15, 40\], but the target with num_hidden_layers=30"),
+])
+def test_head_checkpoint_the_engine_cannot_run_is_not_runnable(tmp_path: Path, target: str, spec_of, message) -> None:
+    def draft(name: str, config: dict) -> str:
+        tensors = ["model.embed_tokens.weight", "lm_head.weight"] if config is not None and \
+            config["architectures"] == ["LlamaForCausalLM"] else None
+        return str(write_checkpoint(tmp_path / name, config, tensors))
+
+    res = resolve(spec_of(draft), model=target)
+    with pytest.raises(ConfigError, match=message):
+        res.check_runnable()
+
+
+def test_a_real_eagle3_head_still_resolves_runnable(tmp_path: Path, target: str) -> None:
+    resolve({"model": str(write_checkpoint(tmp_path / "e3", eagle3_head()))}, model=target).check_runnable()
+
+
+# --- the CLI's own input --------------------------------------------------------------------
+
+def test_a_key_given_twice_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"gives 'method' twice \(\"ngram\" and \"suffix\"\)"):
+        parse_speculative_config('{"method": "ngram", "method": "suffix"}')
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:
+    path = tmp_path / "spec.json"
+    path.write_bytes(b'\xef\xbb\xbf{"method": "ngram"}')
+    assert parse_speculative_config(f"@{path}") == {"method": "ngram"}
+
+
+def test_an_unknown_home_directory_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="cannot expand the path"):
+        parse_speculative_config("@~no-such-user-here/spec.json")
+
+
+@pytest.mark.parametrize("command", [["explain"], ["export", "--to", "vllm"]])
+def test_json_output_on_an_error_is_still_json(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main([*command, "--json", "--speculative-config", '{"method": "bogus"}'])
+    out, err = capsys.readouterr()
+    assert rc == 2 and "unknown method 'bogus'" in json.loads(out)["error"] and err.startswith("error:")
+
+
+def test_demo_refuses_zero_repeats(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["demo", "--repeats", "0"])
+    assert stop.value.code == 2 and "--repeats: 0 must be at least 1" in capsys.readouterr().err
+
+
+def test_a_closed_stdout_is_no_traceback() -> None:
+    """`specsure explain ... | head -c 1`: the reader leaves early; no traceback, no complaint."""
+    proc = subprocess.Popen([sys.executable, "-m", "specsure", "explain", "--json", "--speculative-config",
+                             '{"method": "ngram"}'], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the child writes: its writes hit a closed pipe
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    assert "Traceback" not in err and proc.returncode in (0, 1), err
