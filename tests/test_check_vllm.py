@@ -228,3 +228,14 @@ def test_gguf_target_is_asked_as_its_converted_folder(tmp_path, capsys):
     folder = Path(models.pop())
     assert folder.is_dir() and (folder / "config.json").is_file()
     assert "is a GGUF file" in err and str(folder) in err
+
+
+def test_gguf_target_without_the_engine_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    """check-vllm runs without torch; only a .gguf target, converted first, needs the engine."""
+    import specsure.cli.check_vllm as command
+
+    monkeypatch.setattr(command, "missing_modules", lambda extra: ["torch", "gguf"])
+    python = fake_python(tmp_path, answer())
+    rc = main(["check-vllm", "--speculative-config", '{"method": "ngram"}', "--vllm-python", python])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is a GGUF file" in err and "pip install 'specsure[engine]'" in err and "Traceback" not in err

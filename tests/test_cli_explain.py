@@ -206,7 +206,7 @@ def test_missing_target(tmp_path, explain):
 def test_speculative_config_that_is_not_an_object(tmp_path, explain):
     ck = _checkpoints(tmp_path)
     run = explain("--model", ck["target"], "--speculative-config", '["ngram"]')
-    assert_one_paragraph_error(run, "must be a JSON object, got list")
+    assert_one_paragraph_error(run, "must be a JSON object, got an array")
 
 
 def test_deeply_nested_speculative_config(explain):

@@ -148,3 +148,29 @@ def test_a_closed_stdout_is_no_traceback() -> None:
     err = proc.stderr.read().decode()
     proc.wait(timeout=60)
     assert "Traceback" not in err and proc.returncode in (0, 1), err
+
+
+def test_a_vllm_only_key_is_named_as_such() -> None:
+    with pytest.raises(ConfigError, match=r"'draft_tensor_parallel_size' is a key of vLLM's speculative config"):
+        resolve({"method": "ngram", "draft_tensor_parallel_size": 1})
+
+
+def test_export_expands_a_home_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Quoted in the printed command, ~ would reach vLLM literally (a Hugging Face repo id to it)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    write_checkpoint(tmp_path / "target", llama(layers=4))
+    write_checkpoint(tmp_path / "draft", llama(layers=2))
+    for engine in ("vllm", "sglang"):
+        rc = main(["export", "--to", engine, "--model", "~/target", "--speculative-config",
+                   '{"method": "draft_model", "model": "~/draft"}'])
+        out = capsys.readouterr().out
+        assert rc == 0 and "~" not in out and str(tmp_path / "draft") in out and str(tmp_path / "target") in out
+
+
+@pytest.mark.slow
+def test_the_packaged_gguf_by_its_path_reuses_the_default_conversion(default_model_cache: Path) -> None:
+    from specsure.models.gguf_cache import packaged_default_gguf
+    from specsure.models.loading import weights_folder
+
+    assert weights_folder(str(packaged_default_gguf())) == weights_folder(None)

@@ -8,7 +8,9 @@ import logging
 import math
 import sys
 
-from specsure.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_model_flags, parse_speculative_config
+from specsure.cli.common import (
+    EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_model_flags, missing_modules, parse_speculative_config,
+)
 from specsure.config import ConfigError, resolve
 from specsure.config.export import VLLM_TESTED_VERSIONS, export, target_path
 from specsure.config.schema import KEY_ALIASES
@@ -56,6 +58,12 @@ def run(args: argparse.Namespace) -> int:
         # vLLM reads a bare .gguf only with a tokenizer repository to fetch its config from, and
         # fails with "Invalid repository ID" here. The folder specsure converted the file into holds
         # the same model in HF layout, so vLLM's detection sees the same checkpoint metadata.
+        if missing := missing_modules("engine"):  # converting a GGUF needs torch and gguf
+            print(f"error: the target {target} is a GGUF file, which check-vllm asks vLLM about as the folder "
+                  f"specsure converts it into, and converting needs the 'engine' extra ({', '.join(missing)} not "
+                  "installed). Install it with: pip install 'specsure[engine]', or pass --model with a Hugging Face "
+                  "folder.", file=sys.stderr)
+            return EXIT_USAGE
         from specsure.models.loading import weights_folder
 
         gguf, target = target, str(weights_folder(res.target_model))

@@ -69,7 +69,10 @@ def parse_speculative_config(text: str | None, flag: str = "--speculative-config
         raise ConfigError(f"{source} nests too deeply to parse; a speculative config is one flat JSON object, "
                           'for example {"method": "ngram", "num_speculative_tokens": 4}.') from None
     if not isinstance(value, dict):
-        raise ConfigError(f"{source} must be a JSON object, got {type(value).__name__}: {text!r}.")
+        kind = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(
+            type(value), "null")
+        raise ConfigError(f"{source} must be a JSON object, got {kind}: {text!r}. Example: "
+                          '{"method": "ngram", "num_speculative_tokens": 4}')
     return value
 
 

@@ -10,6 +10,7 @@ draft ``model_type`` it rewrites to an MTP type), the export warns and proposes 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from dataclasses import dataclass, replace
@@ -108,13 +109,20 @@ def vllm_draft_path(res: "Resolution") -> tuple[str, Literal["draft", "target"]]
     if config is None or config.method in NO_DRAFT_METHODS:
         return None
     if config.model is not None:
-        return config.model, "draft"
+        return local_path(config.model), "draft"
     return target_path(res), "target"
 
 
 def target_path(res: "Resolution") -> str:
     """The target as another engine's --model: the path given, or the packaged GGUF file."""
-    return res.target_model if res.target_model is not None else res.target.path
+    return local_path(res.target_model) if res.target_model is not None else res.target.path
+
+
+def local_path(path: str) -> str:
+    """``path`` as the other engine must get it: a leading ``~`` expanded as specsure expanded it.
+    Quoted in the exported command, ``~/model`` would reach vLLM or SGLang literally, and they would
+    look it up as a Hugging Face repository id."""
+    return os.path.expanduser(path) if path.startswith("~") else path
 
 
 @dataclass(frozen=True)
@@ -235,6 +243,8 @@ def _vllm(res: "Resolution") -> Export:
     config = res.config
     assert config is not None
     spec = config.to_vllm()
+    if "model" in spec:
+        spec["model"] = local_path(spec["model"])
     args = ("--model", target_path(res), "--speculative-config", json.dumps(spec, separators=(", ", ": ")))
     warnings = _target_warnings(res, "vLLM")
     if (config.prompt_lookup_branches or 1) > 1:
@@ -286,7 +296,7 @@ def _sglang(res: "Resolution") -> Export:
         warnings.append("SGLang's NGRAM drafts from a cache of earlier tokens (this and past requests), so "
                         "its drafts can differ from prompt lookup's earliest match; verification stays lossless.")
     else:
-        draft = config.model if config.model is not None else target_path(res)
+        draft = local_path(config.model) if config.model is not None else target_path(res)
         tree = config.speculative_token_tree
         steps, topk = (k, 1) if tree is None else (max(map(len, tree)), 1 + max(rank for node in tree for rank in node))
         args += ["--speculative-draft-model-path", draft, "--speculative-num-steps", str(steps),

@@ -39,6 +39,12 @@ SPECSURE_ONLY_FIELDS: Final[frozenset[str]] = frozenset({"prompt_lookup_branches
 """Keys vLLM 0.33.0 does not have: exports leave them out (and say what vLLM does instead).
 speculative_token_tree is the key of earlier vLLM releases, which 0.33.0 refuses."""
 KEY_ALIASES: Final[Mapping[str, str]] = {"draft_model": "model"}
+VLLM_ONLY_KEYS: Final[frozenset[str]] = frozenset({
+    "draft_tensor_parallel_size", "quantization", "max_model_len", "revision", "code_revision",
+    "disable_by_batch_size", "disable_padded_drafter_batch", "enforce_eager",
+})
+"""Keys of vLLM's speculative config for its GPU deployment (parallelism, quantization, revisions,
+batching) that have no meaning in specsure's one-process engine."""
 MAX_SPECULATIVE_TOKENS: Final[int] = 64
 MAX_PROMPT_LOOKUP: Final[int] = 64
 MAX_PROMPT_LOOKUP_BRANCHES: Final[int] = 16
@@ -106,6 +112,11 @@ def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
         if not isinstance(key, str):
             raise ConfigError(f"speculative config key {key!r} is not a string; keys are {', '.join(FIELDS)}.")
         canonical = KEY_ALIASES.get(key, key)
+        if canonical in VLLM_ONLY_KEYS:
+            raise ConfigError(
+                f"{key!r} is a key of vLLM's speculative config for its own deployment, which specsure does not "
+                f"use (one process, no parallelism, quantization or revisions). Remove it here; give it to vLLM "
+                f"alongside the command specsure export prints. specsure's keys: {', '.join(FIELDS)}.")
         if canonical not in FIELDS:
             known = list(FIELDS) + list(KEY_ALIASES)
             raise ConfigError(

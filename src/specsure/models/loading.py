@@ -18,7 +18,7 @@ from specsure.config.errors import ConfigError
 from specsure.models.causal_lm import CausalLM
 from specsure.models.dtypes import resolve_dtype
 from specsure.models.errors import ModelLoadError
-from specsure.models.gguf_cache import convert_gguf, default_model_folder, gguf_cache_folder
+from specsure.models.gguf_cache import convert_gguf, default_model_folder, gguf_cache_folder, packaged_default_gguf
 from specsure.models.quiet import quiet_loading
 
 logger = logging.getLogger(__name__)
@@ -129,11 +129,20 @@ def weights_folder(path: str | None) -> Path:
     if p.is_dir():
         return p
     if p.suffix.lower() == ".gguf":
+        if _is_packaged_default(p):  # the packaged file by its path: the default's conversion, not a second one
+            return default_model_folder()
         return convert_gguf(p, gguf_cache_folder(p))
     raise ModelLoadError(
         f"model path {str(p)!r} is a file but not a .gguf; pass the folder that holds "
         "config.json and the *.safetensors weights instead."
     )
+
+
+def _is_packaged_default(gguf: Path) -> bool:
+    try:
+        return gguf.resolve() == packaged_default_gguf().resolve()
+    except ModelLoadError:  # the default model is not installed, so this is another file
+        return False
 
 
 def _read_config(config_path: Path) -> dict[str, Any]:
