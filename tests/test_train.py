@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -256,6 +258,10 @@ def _tokens_line(printed: str) -> str:
     ("--batch-windows", "0", "--batch-windows 0: must be a positive integer"),
     ("--batch-windows", "2", "only --method eagle3 packs windows"),
     ("--expect-data-sha256", "abc", "--expect-data-sha256 'abc': give the 64 hex digits"),
+    ("--out", "/proc/head", "cannot write in its folder '/proc'"),
+    ("--out", ".", "give the path of a folder for the head"),
+    ("--draft-vocab-size", "100000", "--draft-vocab-size 100000 is larger than the target's vocabulary (128"),
+    ("--cache-dir", "TEXT", "is a file; give a folder for the data cache"),
 ])
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys, flag: str, value: str, message: str) -> None:
     target = build_tiny_llama(tmp_path / "target")  # no tokenizer
@@ -359,8 +365,8 @@ def test_one_module_trained_for_two_steps_learns_its_cyclic_second_step(tmp_path
     assert [c.token_ids for c in spec.generate(prompts, GREEDY)] == [c.token_ids for c in plain.generate(prompts, GREEDY)]
 
 
-def test_an_interrupted_or_diverged_mtp_run_resumes_where_it_stopped(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_interrupted_or_diverged_mtp_run_resumes_where_it_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
     import specsure.train.mtp as trainer
 
     folder = _learnable_target(tmp_path / "target")
@@ -401,6 +407,22 @@ def test_an_interrupted_or_diverged_mtp_run_resumes_where_it_stopped(tmp_path: P
     with pytest.raises(FloatingPointError, match="from step 4"):
         train_mtp(target, samples, settings, resume=point, resume_key="data", checkpoint_every=2)
     assert (point / "resume.safetensors").is_file()  # the last good point stays
+
+    with pytest.raises(ValueError, match=r"--steps 3 is below the step of the resume point in .* \(4\)"):
+        train_mtp(target, samples, replace(settings, steps=3), resume=point, resume_key="data", checkpoint_every=2)
+    with caplog.at_level(logging.WARNING, logger="specsure.train.resume"):
+        train_mtp(target, samples, replace(settings, steps=1), resume=point, resume_key="other", checkpoint_every=2)
+    assert "was made by a run with other data or settings" in caplog.text
+
+
+def test_eagle3_aux_layers_must_ascend(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """vLLM and SGLang fuse the layers in ascending order; a head trained on another order reads them permuted."""
+    target = build_tiny_llama(tmp_path / "target", num_layers=4)
+    (tmp_path / "ids.jsonl").write_text(json.dumps({"category": "t", "prompt_ids": [5, 6, 7]}))
+    rc = main(["train", "--method", "eagle3", "--model", str(target), "--dtype", "float32", "--no-progress",
+               "--aux-layers", "3,1,0", "--prompts", str(tmp_path / "ids.jsonl"), "--out", str(tmp_path / "head")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "in ascending order" in err and "for example 1,2,3" in err, err
 
 
 @pytest.mark.slow

@@ -174,3 +174,16 @@ def test_the_packaged_gguf_by_its_path_reuses_the_default_conversion(default_mod
     from specsure.models.loading import weights_folder
 
     assert weights_folder(str(packaged_default_gguf())) == weights_folder(None)
+
+
+@pytest.mark.parametrize(("ids", "message"), [
+    ([3, 1, 0], "out of ascending order"), ([1], "fuses 1 target layer(s)"), ([2, 15, 27], None),
+])
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_export_warns_of_aux_layers_the_engines_read_otherwise(tmp_path: Path, target: str, ids: list[int],
+                                                               message: str | None, engine: str) -> None:
+    from specsure.config.export import export
+
+    head = write_checkpoint(tmp_path / "e3", eagle3_head(eagle_config={"eagle_aux_hidden_state_layer_ids": ids}))
+    warnings = " ".join(export(resolve({"model": str(head)}, model=target), engine).warnings)
+    assert (message in warnings) if message else "eagle_aux_hidden_state_layer_ids" not in warnings

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import sys
@@ -73,9 +74,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "training-time test, default 7; mtp: steps beyond --modules reuse the modules "
                              "cyclically, default --modules)")
     parser.add_argument("--aux-layers", default=None, metavar="I,J,K",
-                        help="eagle3: the target layers whose residual-stream inputs the head fuses, comma-separated "
-                             "indices in [0, num_hidden_layers) (default 2,N/2,N-3, EAGLE-3's); written to the "
-                             "head's eagle_aux_hidden_state_layer_ids, which vLLM and SGLang read")
+                        help="eagle3: the target layers whose residual-stream inputs the head fuses, ascending "
+                             "comma-separated indices in [0, num_hidden_layers) (default 2,N/2,N-3, EAGLE-3's); "
+                             "written to the head's eagle_aux_hidden_state_layer_ids, which vLLM and SGLang read "
+                             "(they fuse exactly three)")
     parser.add_argument("--draft-vocab-size", type=int, default=None, metavar="N",
                         help="tokens the head drafts among, the most frequent in the training text, at most the "
                              "target's vocabulary (default 8192). eagle3: the head's own LM head has these rows; "
@@ -177,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
                                        intermediate_size=args.intermediate_size)
     out = check_out_dir(args.out)
     prompts = training_prompts(args)
+    logging.getLogger(LOOP_LOGGER).setLevel(logging.INFO)  # "resuming from step N" is worth a line
 
     import torch
 
@@ -186,7 +189,13 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
     started = time.perf_counter()
     target = load_model(args.model, dtype=args.dtype)
+    if args.draft_vocab_size is not None and args.draft_vocab_size > target.lm.vocab_size:
+        raise ValueError(f"--draft-vocab-size {args.draft_vocab_size} is larger than the target's vocabulary "
+                         f"({target.lm.vocab_size} tokens); give at most {target.lm.vocab_size}.")
     wanted = _aux_layers(args.aux_layers, target.lm.num_layers) if args.method == "eagle3" else ()
+    if args.method == "eagle3" and len(wanted) != 3:
+        print(f"warning: the head fuses {len(wanted)} target layer(s) {list(wanted)}; specsure runs it, but vLLM's and "
+              "SGLang's EAGLE-3 models fuse exactly 3, so they cannot load it.", file=sys.stderr)
     start = None
     if args.init_from is not None:
         from dataclasses import replace
@@ -221,6 +230,10 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+LOOP_LOGGER = "specsure.train.loop"
+"""Named, not imported: the command imports torch only once its flags are checked."""
+
+
 def run_guarded(args: argparse.Namespace) -> int:
     """`run`, and what to do after Ctrl-C: both phases keep their progress (docs/training.md)."""
     try:
@@ -242,16 +255,20 @@ def _aux_layers(text: str | None, num_layers: int) -> tuple[int, ...]:
     """``--aux-layers`` as layer indices, checked against the target (EAGLE-3's defaults when not given)."""
     from specsure.train.eagle3 import default_aux_layers
 
+    default = default_aux_layers(num_layers)
     if text is None:
-        return default_aux_layers(num_layers)
+        return default
+    example = ",".join(map(str, default))
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items or not all(t.isdigit() for t in items):
-        raise ValueError(f"--aux-layers {text!r}: give comma-separated layer indices, for example "
-                         f"2,{num_layers // 2},{num_layers - 3}.")
+        raise ValueError(f"--aux-layers {text!r}: give comma-separated layer indices, for example {example}.")
     layers = tuple(int(t) for t in items)
-    if len(set(layers)) != len(layers) or any(i >= num_layers for i in layers):
-        raise ValueError(f"--aux-layers {text!r}: each index must appear once and lie in [0, {num_layers}), the "
-                         f"target's num_hidden_layers; for example 2,{num_layers // 2},{num_layers - 3}.")
+    # vLLM and SGLang collect the aux layers as the target runs, so in ascending order: a head trained
+    # on another order would read its inputs permuted there.
+    if list(layers) != sorted(set(layers)) or any(i >= num_layers for i in layers):
+        raise ValueError(f"--aux-layers {text!r}: give each index once, in ascending order (the order in which vLLM "
+                         f"and SGLang fuse them), in [0, {num_layers}), the target's num_hidden_layers; for example "
+                         f"{example}.")
     return layers
 
 

@@ -80,7 +80,13 @@ def cache_folder(args: argparse.Namespace) -> Path | None:
     """Where the data phase caches what it makes: --cache-dir, the user cache, or None with --no-cache."""
     from specsure.train.cache import default_cache_dir
 
-    return None if args.no_cache else Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+    if args.no_cache:
+        return None
+    folder = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--cache-dir {str(folder)!r} is a file; give a folder for the data cache (made if missing), "
+                         "or --no-cache.")
+    return folder
 
 
 def written_prompts(args: argparse.Namespace, target: LoadedModel, prompts: TrainingPrompts) -> TrainingPrompts:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, Mapping
 
+from specsure.config.compat import LAYER_IDS_KEY
 from specsure.config.detect import MTP_HEAD_ARCHITECTURES
 from specsure.config.errors import ConfigError
 from specsure.config.schema import NO_DRAFT_METHODS
@@ -209,6 +210,8 @@ def export(res: "Resolution", engine: str, *, strict: bool | None = None) -> Exp
     _check_loadable(res, engine)
     strict = res.strict if strict is None else strict
     out = _vllm(res) if engine == "vllm" else _sglang(res)
+    if (note := _aux_layers_note(res, engine)) is not None:
+        out = replace(out, warnings=(*out.warnings, note))
     try:
         res.check_runnable(weights=False)
     except ConfigError as exc:
@@ -220,6 +223,25 @@ def export(res: "Resolution", engine: str, *, strict: bool | None = None) -> Exp
         raise ConfigError(" ".join(f"vLLM would run {o.field} {o.vllm!r} instead of {o.asked!r}: {o.cause}. "
                                    f"Fix: {o.fix}." for o in overrides) + " (strict mode)")
     return out
+
+
+def _aux_layers_note(res: "Resolution", engine: str) -> str | None:
+    """vLLM's and SGLang's EAGLE-3 models fuse exactly three target layers, collected in ascending
+    order as the target runs; specsure fuses the listed layers in the listed order."""
+    draft = res.draft
+    if res.config is None or res.config.method != "eagle3" or draft is None:
+        return None
+    eagle = draft.config.get("eagle_config")
+    ids = (eagle if isinstance(eagle, Mapping) else {}).get(LAYER_IDS_KEY, draft.config.get(LAYER_IDS_KEY))
+    if not isinstance(ids, list) or (len(ids) == 3 and ids == sorted(set(ids))):
+        return None
+    name = "vLLM" if engine == "vllm" else "SGLang"
+    if len(ids) != 3:
+        return (f"the head {draft.path!r} fuses {len(ids)} target layer(s) ({LAYER_IDS_KEY} = {ids}); {name}'s "
+                "EAGLE-3 model fuses exactly 3 and will refuse its fc weight. specsure runs it as it is.")
+    return (f"the head {draft.path!r} lists its target layers out of ascending order ({LAYER_IDS_KEY} = {ids}); "
+            f"{name} collects them in ascending order, so the head would read its inputs permuted there and accept "
+            "few drafts (the output stays the same). specsure fuses them in the listed order.")
 
 
 def _check_loadable(res: "Resolution", engine: str) -> None:

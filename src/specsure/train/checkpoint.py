@@ -40,10 +40,15 @@ def check_out_dir(out: str | Path) -> Path:
     Raises:
         ValueError: naming the path and the fix.
     """
+    given = str(out)
     out = Path(out).expanduser()
+    if not given.strip() or out.name in ("", ".", ".."):  # the head is renamed into place, which a cwd cannot be
+        raise ValueError(f"--out {given!r}: give the path of a folder for the head, such as ./my-head (not the "
+                         "current or a parent folder itself).")
     if not out.parent.is_dir():
         raise ValueError(f"--out {str(out)!r}: its parent folder {str(out.parent)!r} does not exist; create it "
                          "first or choose another path.")
+    _check_writable(out.parent, given)  # found now, not after hours of training
     if not out.exists():
         return out
     if not out.is_dir():
@@ -52,6 +57,18 @@ def check_out_dir(out: str | Path) -> Path:
         raise ValueError(f"--out {str(out)!r} already holds files that are not a head folder ({', '.join(HEAD_ARCHS)}); "
                          "choose an empty or new folder (specsure only replaces an earlier head).")
     return out
+
+
+def _check_writable(folder: Path, given: str) -> None:
+    """The head, its resume points and a temporary folder go in ``folder``. Permission bits do not
+    tell a read-only mount or a /proc path; trying does."""
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".specsure-probe-", dir=folder)
+    except OSError as exc:
+        raise ValueError(f"--out {given!r}: cannot write in its folder {str(folder)!r} ({exc.strerror}); choose a "
+                         "writable path.") from None
+    os.close(handle)
+    os.unlink(probe)
 
 
 def _is_head(folder: Path) -> bool:

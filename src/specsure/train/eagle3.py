@@ -122,8 +122,13 @@ class Eagle3TrainResult:
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
-    """EAGLE-3's low, middle and high layers: 2, N/2 and N-3 (clamped for tiny models)."""
-    return tuple(min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3))
+    """EAGLE-3's low, middle and high layers: 2, N/2 and N-3. Below 7 layers those repeat or fall out
+    of order, so the three around the middle instead (fewer on a target of one or two layers)."""
+    layers = (2, num_layers // 2, num_layers - 3)
+    if layers[0] < layers[1] < layers[2]:
+        return layers
+    middle = num_layers // 2
+    return tuple(sorted({min(max(i, 0), num_layers - 1) for i in (middle - 1, middle, middle + 1)}))
 
 
 def initial_module(lm: CausalLM, aux_layers: tuple[int, ...], draft_ids: torch.Tensor, seed: int = 0,

@@ -58,9 +58,12 @@ def run_steps(module: torch.nn.Module, params: list[torch.nn.Parameter], optimis
     point = load_point(resume, resume_key, module, optimiser, schedule, gen, lr) if resume else None
     if point is not None:
         first, record = point
+        if first > steps:  # the head would be the later step's, recorded as this run's
+            raise ValueError(f"--steps {steps} is below the step of the resume point in {resume} ({first}); give "
+                             f"--steps {first} or more to continue that run, or delete {resume} to start over.")
         losses = list(record["losses"])
         curve[:] = [tuple(c) for c in record["curve"]]
-        logger.info("resuming from step %d of an earlier run (%s)", first, resume)
+        logger.info("resuming from step %d of %d, where an earlier run stopped (%s)", first, steps, resume)
     module.train()
     bar = tqdm(range(first, steps), desc="training", unit="step", disable=not progress, initial=first, total=steps)
     for step in bar:

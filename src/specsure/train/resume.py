@@ -11,6 +11,7 @@ change between runs, so a diverged run can go on from its last good point with a
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -21,6 +22,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 FILE = "resume.safetensors"
+logger = logging.getLogger(__name__)
 
 
 def save_point(folder: Path, key: str, step: int, module: torch.nn.Module, optimiser: torch.optim.Optimizer,
@@ -60,10 +62,15 @@ def load_point(folder: Path, key: str, module: torch.nn.Module, optimiser: torch
             size = int.from_bytes(handle.read(8), "little")
             meta = json.loads(handle.read(size))["__metadata__"]
         if meta["key"] != key:
+            logger.warning("the resume point in %s was made by a run with other data or settings, so this run "
+                           "starts from step 0 and replaces it at its first resume point; to continue that run, "
+                           "stop this one and give the original command.", folder)
             return None
         module.load_state_dict({k.removeprefix("module."): v for k, v in tensors.items() if k.startswith("module.")})
         groups = json.loads(meta["param_groups"])
-    except (OSError, SafetensorError, ValueError, KeyError, RuntimeError):
+    except (OSError, SafetensorError, ValueError, KeyError, RuntimeError) as exc:
+        logger.warning("the resume point in %s cannot be read (%s), so this run starts from step 0.", folder,
+                       type(exc).__name__)
         return None
     moments: dict[int, dict[str, torch.Tensor]] = {}
     for name, value in tensors.items():
