@@ -81,3 +81,36 @@ def test_n_choices_share_a_request(sdk: openai.OpenAI) -> None:
     assert streamed == texts
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes == ["length"] * 4 and chunks[-1].usage.completion_tokens == 48
+
+
+def test_logprobs_of_tokens_inside_a_character_keep_their_bytes() -> None:
+    """A byte-level BPE splits an emoji or a CJK character over tokens: each token's bytes are its own
+    (they join to the text's UTF-8), its text is what it completes, and offsets stay inside the text."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from specsure.decode.completion import TokenLogprob
+    from specsure.serve.responses import chat_logprobs, completion_logprobs, token_text_of
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["plain words and more plain words"] * 20, vocab_size=300, show_progress=False)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer)
+    text = "Emoji: 😀😃 and 日本"
+    ids = tokenizer(text)["input_ids"]
+    assert len(ids) > len(text)  # characters split over several tokens
+    entries = [TokenLogprob(i, -0.5, ((i, -0.5),)) for i in ids]
+    names = token_text_of(tokenizer)
+    lp = completion_logprobs(entries, names)
+    assert "".join(lp["tokens"]) == text and max(lp["text_offset"]) <= len(text)
+    content = chat_logprobs(entries, names)["content"]
+    assert b"".join(bytes(e["bytes"]) for e in content) == text.encode("utf-8")
+    assert all(bytes(e["top_logprobs"][0]["bytes"]) == bytes(e["bytes"]) for e in content)
+
+
+def test_models_retrieve_and_top_k_minus_one(sdk: openai.OpenAI) -> None:
+    assert sdk.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError, match="is not served here"):
+        sdk.models.retrieve("other")
+    args = dict(model="tiny", prompt=WORDS, max_tokens=4, temperature=1.0, seed=7)
+    off = sdk.completions.create(**args, extra_body={"ignore_eos": True, "top_k": -1}).choices[0].text
+    assert off == sdk.completions.create(**args, extra_body={"ignore_eos": True}).choices[0].text  # -1: off, as 0

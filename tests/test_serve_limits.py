@@ -161,7 +161,7 @@ EITHER = [  # (body, with {base} standing for the endpoint's prompt or messages;
     (b"", None), (b"{base,", None), (b"[1, 2]", None), (b'"a string"', None), (b"[" * 100_000, None),
     (b'{base, "max_tokens": "8"}', "max_tokens"), (b'{base, "max_tokens": 16.0}', "max_tokens"),
     (b'{base, "max_tokens": true}', "max_tokens"), (b'{base, "temperature": [1]}', "temperature"),
-    (b'{base, "top_p": "x"}', "top_p"), (b'{base, "top_k": -1}', "top_k"), (b'{base, "seed": 1.5}', "seed"),
+    (b'{base, "top_p": "x"}', "top_p"), (b'{base, "top_k": -2}', "top_k"), (b'{base, "seed": 1.5}', "seed"),
     (b'{base, "stop": 5}', "stop"), (b'{base, "stop": [1, 2]}', "stop"), (b'{base, "ignore_eos": "yes"}', "ignore_eos"),
     (b'{base, "n": "1"}', "n"), (b'{base, "user": 3}', "user"), (b'{base, "model": 7}', "model"),
     (b'{base, "temperature": NaN}', "temperature"), (b'{base, "top_p": Infinity}', "top_p"),
@@ -186,7 +186,11 @@ ONLY = {
     "chat/completions": [(b"{}", "messages"), (b'{"messages": {"role": "user"}}', "messages"),
                          (b'{"messages": [{"role": "user", "content": "\\udc00"}]}', "messages[0].content"),
                          (b'{"messages": [{"role": "user", "content": {"x": 1}}]}', "messages[0].content"),
-                         (b'{"messages": [{"role": "user", "content": "' + b"w1 " * 600 + b'"}]}', "messages")],
+                         (b'{"messages": [{"role": "user", "content": "' + b"w1 " * 600 + b'"}]}', "messages"),
+                         (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "w1", "foo": 1}]}]}',
+                          "messages[0].content[0].foo"),
+                         (b'{"messages": [{"role": "user", "content": "w1"}], "echo": false}', "echo"),
+                         (b'{"messages": [{"role": "user", "content": "w1"}], "best_of": 1}', "best_of")],
 }
 CORPUS = [(endpoint, body.replace(b"{base", b"{" + BASES[endpoint].encode()), param)
           for endpoint in BASES for body, param in [*EITHER, *ONLY[endpoint]]]
@@ -235,3 +239,20 @@ def test_serve_limit_flags(capsys: pytest.CaptureFixture[str], engine: Engine) -
         create_app(engine, max_queue=-1)
     with pytest.raises(ValueError, match="request_timeout"):
         create_app(engine, request_timeout=0)
+
+
+def test_a_timed_out_requests_place_is_free_when_its_504_arrives(engine: Engine,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    Trace(engine, monkeypatch, step_s=0.1)
+    monkeypatch.setattr(engine.scheduler, "max_num_seqs", 1)
+    with serving(create_app(engine, served_model_name="tiny", request_timeout=1.5, max_queue=0)) as url:
+        assert httpx.post(f"{url}/v1/completions", json=LONG, timeout=30).status_code == 504
+        assert httpx.post(f"{url}/v1/completions", json=SHORT, timeout=30).status_code == 200  # not "queue full"
+
+
+def test_more_choices_than_the_server_ever_holds_is_a_400(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine.scheduler, "max_num_seqs", 1)
+    with serving(create_app(engine, served_model_name="tiny", max_queue=1)) as url:
+        r = httpx.post(f"{url}/v1/completions", json={**SHORT, "n": 3}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n" and "n <= 2" in r.json()["error"]["message"]
+        assert httpx.post(f"{url}/v1/completions", json={**SHORT, "n": 2}, timeout=30).status_code == 200

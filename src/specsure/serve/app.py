@@ -105,13 +105,22 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    def card() -> dict[str, Any]:
         res = engine.resolution
-        card = {"id": name, "object": "model", "created": started, "owned_by": "specsure",
+        return {"id": name, "object": "model", "created": started, "owned_by": "specsure",
                 "root": str(res.decisions["target"].value), "max_model_len": engine.target.lm.max_context or None,
                 "speculative": {"method": method, "fields": res.to_dict(), "warnings": list(res.warnings)}}
-        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:  # the client's models.retrieve
+        if model_id != name:
+            raise APIError(f"model {model_id!r} is not served here; this server serves {name!r} (GET /v1/models).",
+                           404, param="model", code="model_not_found")
+        return card()
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

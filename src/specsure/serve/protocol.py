@@ -42,6 +42,9 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "response_format": ({"type": "text"},),
 }
 
+COMPLETION_ONLY = frozenset({"echo", "best_of", "suffix"})
+"""OpenAI fields of the legacy completions endpoint; the chat endpoint has none of them."""
+
 _SAMPLING_ERROR = re.compile(r"^SamplingParams\.(\w+) = ")
 
 
@@ -176,7 +179,7 @@ def _check_fields(body: Any, allowed: tuple[str, ...], endpoint: str) -> dict[st
     for key, value in body.items():
         if key in allowed:
             continue
-        if key in NEUTRAL:
+        if key in NEUTRAL and not (key in COMPLETION_ONLY and endpoint == ENDPOINT_OF["messages"]):
             neutral = NEUTRAL[key]
             # bool is an int in Python, but true is not a best_of of 1.
             if value is None or any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutral):
@@ -184,7 +187,7 @@ def _check_fields(body: Any, allowed: tuple[str, ...], endpoint: str) -> dict[st
             accepted = " or ".join(["null", *(shown(n) for n in neutral)])
             raise RequestError(f"{key} = {shown(value)} is not supported by specsure; remove the field "
                                f"(only {accepted} is accepted).", key, "unsupported_field")
-        elsewhere = ENDPOINT_OF.get(key, endpoint)
+        elsewhere = ENDPOINT_OF["prompt"] if key in COMPLETION_ONLY else ENDPOINT_OF.get(key, endpoint)
         hint = f" {key!r} belongs to {elsewhere}." if elsewhere != endpoint else suggest(key, allowed)
         raise RequestError(f"unknown field {key!r} in the body of {endpoint}.{hint} Fields: {', '.join(allowed)}.",
                            key, "unknown_field")
@@ -233,6 +236,8 @@ def _delivery(body: dict[str, Any], max_tokens_field: str | None) -> Delivery:
 
 def _sampling(body: dict[str, Any], max_field: str, default_max: int, logprobs: int | None) -> SamplingParams:
     values = {k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None}
+    if values.get("top_k") == -1 and type(values["top_k"]) is int:  # vLLM's clients send -1 for "off" (0 here)
+        values["top_k"] = 0
     values.setdefault("max_tokens", default_max)
     values["logprobs"] = logprobs
     try:
@@ -303,6 +308,10 @@ def _content(value: Any, where: str) -> str:
         return value
     if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                        and isinstance(p.get("text"), str) for p in value):
+        for i, part in enumerate(value):
+            if extra := sorted(set(part) - {"type", "text"}):  # as a message's unknown fields are: not dropped
+                raise RequestError(f"{where}.content[{i}] has the unknown field {extra[0]!r}; a text part holds only "
+                                   '"type" and "text".', f"{where}.content[{i}].{extra[0]}", "unknown_field")
         return "".join(p["text"] for p in value)
     raise RequestError(f"{where}.content = {shown(value)} must be a string or a list of text parts "
                        '({"type": "text", "text": "..."}); images and audio are not supported.', f"{where}.content")

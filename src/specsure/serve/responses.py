@@ -35,9 +35,32 @@ class TokenText:
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
+        self._byte_of = _byte_level_alphabet(tokenizer)
+        """A byte-level BPE's character -> byte map (GPT-2's alphabet), or None for other tokenizers."""
+        if self._byte_of is not None:
+            self._special = set(tokenizer.all_special_ids)
+            self._added_text = {i: text for text, i in tokenizer.get_added_vocab().items()}
 
     def _decode(self, ids: Sequence[int]) -> str:
+        if self._byte_of is not None:
+            # A token can hold part of a character (emoji, CJK): decoding the bytes so far without the
+            # unfinished character gives each token the text it completes, and "" to the parts before.
+            return b"".join(self.raw_bytes(i) or b"" for i in ids).decode("utf-8", errors="ignore")
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def raw_bytes(self, token_id: int) -> bytes | None:
+        """The token's own bytes (b"" for a special token) for a byte-level BPE, else None."""
+        if self._byte_of is None:
+            return None
+        if token_id in self._special:
+            return b""
+        if token_id in self._added_text:
+            return self._added_text[token_id].encode("utf-8")
+        piece = self._tokenizer.convert_ids_to_tokens(token_id)
+        try:
+            return bytes(self._byte_of[c] for c in piece)
+        except KeyError:  # not in the alphabet: a token stored as plain text
+            return piece.encode("utf-8")
 
     def __call__(self, before: Sequence[int], entries: Sequence[TokenLogprob]) -> list[tuple[str, list[str]]]:
         """(text, alternatives' texts) for each entry, the first following the output ids ``before``."""
@@ -63,6 +86,24 @@ def token_text_of(tokenizer: Any) -> TokenText:
     return TokenText(tokenizer)
 
 
+def _byte_level_alphabet(tokenizer: Any) -> dict[str, int] | None:
+    """GPT-2's printable stand-in for each byte, inverted, when ``tokenizer`` decodes byte-level."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        decoder = json.loads(backend.to_str()).get("decoder") or {}
+    except (ValueError, AttributeError):
+        return None
+    if decoder.get("type") != "ByteLevel":
+        return None
+    # Printable Latin-1 bytes stand for themselves; the others (controls, space, soft hyphen) for the
+    # code points from 256 up, in byte order.
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + n): b for n, b in enumerate(others)}}
+
+
 def completion_logprobs(entries: Sequence[TokenLogprob], text: TokenText, before: Sequence[int] = (),
                         offset: int = 0) -> dict[str, Any]:
     """The completions endpoint's logprobs object; ``text_offset`` counts from ``offset``."""
@@ -81,10 +122,12 @@ def completion_logprobs(entries: Sequence[TokenLogprob], text: TokenText, before
 
 def chat_logprobs(entries: Sequence[TokenLogprob], text: TokenText, before: Sequence[int] = ()) -> dict[str, Any]:
     """The chat endpoint's logprobs object: one entry per token, its alternatives best first."""
-    def one(shown: str, value: float) -> dict[str, Any]:
-        return {"token": shown, "logprob": value, "bytes": list(shown.encode("utf-8"))}
+    def one(shown: str, token_id: int, value: float) -> dict[str, Any]:
+        raw = text.raw_bytes(token_id)  # a token's own bytes, even when they end inside a character
+        return {"token": shown, "logprob": value, "bytes": list(shown.encode("utf-8") if raw is None else raw)}
 
-    return {"content": [{**one(token, e.logprob), "top_logprobs": [one(alt, v) for alt, (_, v) in zip(alts, e.top)]}
+    return {"content": [{**one(token, e.token_id, e.logprob),
+                         "top_logprobs": [one(alt, t, v) for alt, (t, v) in zip(alts, e.top)]}
                         for e, (token, alts) in zip(entries, text(before, entries))], "refusal": None}
 
 

@@ -29,10 +29,12 @@ from specsure.decode.request import Request
 from specsure.decode.scheduler import Scheduler
 from specsure.sampling import SamplingParams
 from specsure.serve.metrics import ServeMetrics
-from specsure.serve.protocol import APIError
+from specsure.serve.protocol import APIError, RequestError
 
 RETRY_AFTER_S = 1
 """The Retry-After of a 503: generation is never far from its next step, so a queue slot opens soon."""
+RELEASE_WAIT_S = 5.0
+"""The longest a stopped request's answer waits for the engine thread to drop it (one step, normally)."""
 
 
 class ClientGone(Exception):
@@ -88,6 +90,11 @@ class EngineRunner:
 
     def submit(self, prompt: list[int], choices: list[SamplingParams], stream: bool) -> list[Job]:
         """Queue one generation per choice (all or none), or raise a 503 APIError when the queue is full."""
+        room = self.max_num_seqs + self.max_queue
+        if len(choices) > room:  # not busy: this request could never be admitted, so retrying cannot help
+            raise RequestError(f"n = {len(choices)} asks for more sequences than this server ever holds at once: "
+                               f"{room} (--max-num-seqs {self.max_num_seqs} running plus --max-queue {self.max_queue} "
+                               f"waiting). Ask for n <= {room}, or start the server with larger limits.", "n")
         jobs = [Job(prompt, params, stream, self.timeout_s) for params in choices]
         for job in jobs[1:]:
             job.leader = jobs[0]
@@ -122,9 +129,18 @@ class EngineRunner:
                 raise item
             return item
         update.cancel()
-        if gone in done:
-            raise ClientGone
-        raise self._timed_out(job)
+        failure = ClientGone() if gone in done else self._timed_out(job)
+        self.cancel(job)
+        await self._released(job)
+        raise failure
+
+    @staticmethod
+    async def _released(job: Job) -> None:
+        """Wait (up to RELEASE_WAIT_S) until the engine thread has dropped a cancelled job, so that its
+        place is free before its answer goes out: a client that retries at once is not told the server is full."""
+        deadline = time.perf_counter() + RELEASE_WAIT_S
+        while not job.done and time.perf_counter() < deadline:
+            await asyncio.sleep(0.002)
 
     def _timed_out(self, job: Job) -> APIError:
         waited = not job.started
