@@ -147,6 +147,9 @@ def eagle3_config(lm: CausalLM, aux_layers: tuple[int, ...], draft_vocab: int, d
                    "vocab_size": lm.vocab_size, "draft_vocab_size": draft_vocab, "target_hidden_size": lm.hidden_size,
                    "tie_word_embeddings": False, "torch_dtype": str(dtype).removeprefix("torch."),
                    **({"intermediate_size": intermediate_size} if intermediate_size is not None else {}),
+                   # vLLM's model runner reads the top-level key (vllm/v1/worker/gpu_model_runner.py) and
+                   # otherwise takes the target's default layers; EAGLE's and SpecForge's configs nest it.
+                   "eagle_aux_hidden_state_layer_ids": list(aux_layers),
                    "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_layers),
                                     "use_aux_hidden_state": True}})
     return config
