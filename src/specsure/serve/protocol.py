@@ -8,6 +8,8 @@ Python API accept exactly the same values.
 
 from __future__ import annotations
 
+import json
+
 import re
 from dataclasses import dataclass, replace
 from typing import Any
@@ -169,7 +171,8 @@ def fit_to_context(params: SamplingParams, prompt_tokens: int, context: int | No
     raise RequestError(f"This model's maximum context length is {context} tokens. However, you requested "
                        f"{prompt_tokens + params.max_tokens} tokens ({prompt_tokens} in the {prompt_name}, "
                        f"{params.max_tokens} in the completion). Please reduce the length of the {prompt_name} or "
-                       f"completion: {field} can be at most {room} for this {prompt_name}.", field)
+                       f"completion: {field} can be at most {room} for "
+                       f"{'these' if prompt_name.endswith('s') else 'this'} {prompt_name}.", field)
 
 
 def _check_fields(body: Any, allowed: tuple[str, ...], endpoint: str) -> dict[str, Any]:
@@ -323,6 +326,9 @@ def _json_type(value: Any) -> str:
 
 
 def shown(value: Any, limit: int = 80) -> str:
-    """``repr(value)``, cut to ``limit`` characters for error messages."""
-    text = repr(value)
+    """``value`` as the client wrote it (JSON: true, null, "text"), cut to ``limit`` characters for error messages."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=True)
+    except (TypeError, ValueError):
+        text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
