@@ -262,6 +262,7 @@ def _tokens_line(printed: str) -> str:
     ("--out", ".", "give the path of a folder for the head"),
     ("--draft-vocab-size", "100000", "--draft-vocab-size 100000 is larger than the target's vocabulary (128"),
     ("--cache-dir", "TEXT", "is a file; give a folder for the data cache"),
+    ("--init-from", "/nonexistent-head", "--init-from '/nonexistent-head' is not a folder"),
 ])
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys, flag: str, value: str, message: str) -> None:
     target = build_tiny_llama(tmp_path / "target")  # no tokenizer

@@ -155,6 +155,9 @@ def run(args: argparse.Namespace) -> int:
     if args.init is not None and args.init_from is not None:
         raise ValueError(f"--init {args.init}: a continued head starts from the weights --init-from gives; leave "
                          "--init out.")
+    if args.init_from not in (None, "shipped") and not Path(args.init_from).expanduser().is_dir():
+        raise ValueError(f"--init-from {args.init_from!r} is not a folder; give the folder of a head to continue "
+                         "(one specsure train wrote, or 'shipped').")
     if args.init_from == "shipped" and args.model is not None:
         raise ValueError("--init-from shipped names the head shipped for the default model, but --model gives "
                          f"another target ({args.model}); give the folder of a head made for it.")
@@ -313,8 +316,11 @@ def _train_mtp(args, target, samples, settings, common, data, out, key, start) -
     print(f"training: {settings.steps} steps in {result.train_s:.0f} s")
     print(f"wrote {out}")
     print(_run_hint(args, out, max(settings.modules, settings.unroll)))
+    # Over a draft vocabulary the target's probabilities are not renormalised, so the sum is the training
+    # loss, KL's terms over the draft rows only, and can fall below 0.
+    kl_name = "KL" if not settings.draft_vocab_size else "KL over the draft vocabulary's rows (the loss)"
     print(f"{where} top-1 agreement: {after.agreement:.1%} (warm start {before.agreement:.1%}), "
-          f"KL {before.kl:.3f} -> {after.kl:.3f} nats over {after.entries} continuation tokens")
+          f"{kl_name} {before.kl:.3f} -> {after.kl:.3f} nats over {after.entries} continuation tokens")
     if len(after.per_module) > 1:
         per = " ".join(f"{a:.0%}" for a in after.per_module)
         print(f"per draft step: {per}; greedy acceptance length at k={len(after.per_module)}: "
