@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from checkpoints import EAGLE_TENSORS, deepseek_v3, eagle3_head, eagle_head, llama, write_checkpoint
@@ -47,13 +49,13 @@ def test_unknown_key_far_from_everything_lists_valid_keys(target):
 
 def test_unknown_method_suggests_the_closest(target):
     msg = error_of({"method": "eagel3"}, target)
-    assert "unknown method 'eagel3'" in msg and "Did you mean 'eagle3'?" in msg
+    assert 'unknown method "eagel3"' in msg and "Did you mean 'eagle3'?" in msg
     assert "ngram, draft_model, eagle, eagle3, mtp" in msg
 
 
 def test_foreign_vllm_method_is_named_as_such(target):
     msg = error_of({"method": "medusa"}, target)
-    assert "'medusa'" in msg and "specsure does not run" in msg and "eagle3" in msg
+    assert '"medusa"' in msg and "specsure does not run" in msg and "eagle3" in msg
 
 
 def test_method_of_wrong_type(target):
@@ -62,12 +64,12 @@ def test_method_of_wrong_type(target):
 
 
 @pytest.mark.parametrize(("value", "shown", "hint"), [
-    ("4", "'4'", "Write 4 without quotes or decimals."),
-    ("4.0", "'4.0'", "Write 4 without quotes or decimals."),
+    ("4", '"4"', "Write 4 without quotes or decimals."),
+    ("4.0", '"4.0"', "Write 4 without quotes or decimals."),
     (4.0, "4.0", "Write 4 without quotes or decimals."),
     (2.5, "2.5", None),
-    (True, "True", None),
-    (None, "None", None),
+    (True, "true", None),
+    (None, "null", None),
     ([4], "[4]", None),
 ])
 def test_num_speculative_tokens_wrong_type(target, value, shown, hint):
@@ -123,7 +125,7 @@ def test_ngram_with_a_model(target, draft):
 @pytest.mark.parametrize("value", ["", "   ", 7])
 def test_model_of_wrong_type_or_empty(target, value):
     msg = error_of({"method": "draft_model", "model": value}, target)
-    assert f"model = {value!r} must be a non-empty path" in msg
+    assert f"model = {json.dumps(value)} must be a non-empty path" in msg
 
 
 def test_model_null_for_a_method_that_needs_a_draft(target):

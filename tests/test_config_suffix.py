@@ -8,6 +8,7 @@ import pytest
 
 from checkpoints import llama, write_checkpoint
 from specsure.config import ConfigError, SpeculativeConfig, resolve
+from specsure.config.errors import as_json
 from specsure.config.export import export
 from specsure.config.schema import FIELDS, METHODS, SUFFIX_FIELDS
 
@@ -135,7 +136,7 @@ def test_suffix_with_a_draft_model_is_an_error_and_null_is_fine(target, draft):
 ])
 def test_bad_suffix_values_name_the_field_the_value_and_what_is_allowed(target, key, value, fragment):
     msg = error_of({"method": "suffix", key: value}, target)
-    assert msg.startswith(f"{key} = {value!r} ") and fragment in msg
+    assert msg.startswith(f"{key} = {as_json(value)} ") and fragment in msg
 
 
 def test_suffix_key_typo_suggests_the_key(target):

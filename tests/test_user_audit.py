@@ -130,7 +130,7 @@ def test_an_unknown_home_directory_is_an_error() -> None:
 def test_json_output_on_an_error_is_still_json(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     rc = main([*command, "--json", "--speculative-config", '{"method": "bogus"}'])
     out, err = capsys.readouterr()
-    assert rc == 2 and "unknown method 'bogus'" in json.loads(out)["error"] and err.startswith("error:")
+    assert rc == 2 and 'unknown method "bogus"' in json.loads(out)["error"] and err.startswith("error:")
 
 
 def test_demo_refuses_zero_repeats(capsys: pytest.CaptureFixture[str]) -> None:

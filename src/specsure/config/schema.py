@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Mapping
 
-from specsure.config.errors import ConfigError
+from specsure.config.errors import ConfigError, as_json
 from specsure.config.token_tree import TREE_METHODS, DraftTree, parse_token_tree
 
 Method = Literal["ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix"]
@@ -158,7 +158,7 @@ def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
 def _check_method(value: Any) -> tuple[str, str | None]:
     if not isinstance(value, str):
         raise ConfigError(
-            f"method = {value!r} must be a string, one of: {', '.join(METHODS)}."
+            f"method = {as_json(value)} must be a string, one of: {', '.join(METHODS)}."
         )
     name = value.strip().lower()
     if name in METHODS:
@@ -167,11 +167,11 @@ def _check_method(value: Any) -> tuple[str, str | None]:
         return "mtp", value
     if name in FOREIGN_METHODS:
         raise ConfigError(
-            f"method = {value!r} is a vLLM method that specsure does not run. "
+            f"method = {as_json(value)} is a vLLM method that specsure does not run. "
             f"Choose one of: {', '.join(METHODS)}."
         )
     raise ConfigError(
-        f"unknown method {value!r}.{suggest(name, METHODS)} Valid methods: {', '.join(METHODS)}."
+        f"unknown method {as_json(value)}.{suggest(name, METHODS)} Valid methods: {', '.join(METHODS)}."
     )
 
 
@@ -183,7 +183,7 @@ def _check_model(value: Any) -> str | None:
         value = os.fspath(value)
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(
-            f"model = {value!r} must be a non-empty path to the draft or head checkpoint "
+            f"model = {as_json(value)} must be a non-empty path to the draft or head checkpoint "
             "(a folder with config.json and *.safetensors)."
         )
     return value
@@ -192,7 +192,7 @@ def _check_model(value: Any) -> str | None:
 def _check_int(field: str, value: Any, upper: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         hint = f" Write {int(float(value))} without quotes or decimals." if _is_whole(value) else ""
-        raise ConfigError(f"{field} = {value!r} must be an integer from 1 to {upper}.{hint}")
+        raise ConfigError(f"{field} = {as_json(value)} must be an integer from 1 to {upper}.{hint}")
     if not 1 <= value <= upper:
         raise ConfigError(f"{field} = {value} is out of range: it must be from 1 to {upper}.")
 
@@ -209,7 +209,7 @@ def check_suffix_value(field: str, value: Any) -> int | float:
     if field == "suffix_decoding_max_cached_requests":
         if isinstance(value, bool) or not isinstance(value, int):
             hint = f" Write {int(float(value))} without quotes or decimals." if _is_whole(value) else ""
-            raise ConfigError(f"{field} = {value!r} must be an integer >= 0 (0 turns the global tree of earlier "
+            raise ConfigError(f"{field} = {as_json(value)} must be an integer >= 0 (0 turns the global tree of earlier "
                               f"requests off).{hint}")
         if value < 0:
             raise ConfigError(f"{field} = {value} is out of range: it must be >= 0 (0 turns the global tree of "
@@ -218,13 +218,13 @@ def check_suffix_value(field: str, value: Any) -> int | float:
     allowed = "a number >= 0" if field == "suffix_decoding_max_spec_factor" else "a number from 0 to 1"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         hint = f" Write {_number_text(value)} without quotes." if _is_number(value) else ""
-        raise ConfigError(f"{field} = {value!r} must be {allowed}.{hint}")
+        raise ConfigError(f"{field} = {as_json(value)} must be {allowed}.{hint}")
     try:
         number = float(value)
     except OverflowError:  # an integer beyond any float
         number = math.inf
     if not math.isfinite(number) or number < 0 or (field == "suffix_decoding_min_token_prob" and number > 1):
-        raise ConfigError(f"{field} = {value!r} is out of range: it must be {allowed}.")
+        raise ConfigError(f"{field} = {as_json(value)} is out of range: it must be {allowed}.")
     return number
 
 
