@@ -167,7 +167,7 @@ def require_target_mtp(target: CheckpointInfo) -> tuple[str, int]:
         raise ConfigError(
             f"method 'mtp' was asked without a 'model', so it needs MTP layers inside the target, but the "
             f"target {target.path!r} declares none ({target.config_file or 'its metadata'} has no "
-            "num_nextn_predict_layers). Give 'model': a standalone MTP head (specsure train can make one), "
+            "num_nextn_predict_layers, or 0). Give 'model': a standalone MTP head (specsure train can make one), "
             "or choose another method such as 'ngram'.")
     return target.mtp_layers
 

@@ -98,6 +98,9 @@ def check_model_folder(folder: Path) -> dict[str, Any]:
         ModelLoadError: naming the file or field at fault and how to fix it.
     """
     config_path = folder / "config.json"
+    if config_path.is_dir():
+        raise ModelLoadError(f"{config_path} is a folder; a model folder needs config.json as a file, as written by "
+                             "transformers' save_pretrained.")
     if not config_path.is_file():
         ggufs = sorted(p.name for p in folder.glob("*.gguf"))
         hint = f" To load a GGUF file, pass its path: {folder / ggufs[0]}." if ggufs else ""
