@@ -340,3 +340,35 @@ def test_results_name_the_commit_and_say_when_the_package_differs_from_it(tmp_pa
     (package / "head.txt").write_text("two")
     assert _git_commit(package) == f"{short} with uncommitted changes"
     assert _git_commit(tmp_path.parent) == "unknown"  # not a checkout
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["-k", "100", "--methods", "ngram"], "--num-speculative-tokens: num_speculative_tokens = 100 is out of range"),
+    (["--suffix-max-spec-factor", "nan", "--methods", "suffix"], "--suffix-max-spec-factor:"),
+    (["--token-tree", "[(0,", "--methods", "mtp-tree"], "--token-tree:"),
+    (["--threads", "0"], "argument --threads: 0 must be at least 1"),
+    (["--batched", "-1"], "argument --batched: -1 must be at least 0"),
+    (["--out", "GOOD"], "cannot write results there"),
+    (["--heldout"], "--heldout chooses the built-in held-out split"),
+    (["--workload", "GOOD"], "is also in"),
+    (["--workload", "ALL"], "has category 'all'"),
+    (["--workload", "OOV"], "holds token id 999, outside the target's vocabulary [0, 128)"),
+])
+def test_bad_bench_input_is_one_error_before_any_timing(tiny_llama: Path, tmp_path: Path, capsys, flags: list[str],
+                                                       words: str) -> None:
+    """A value out of range is an error (exit 2), never a skipped row in a run that exits 0."""
+    files = {}
+    for name, row in (("GOOD", {"id": "a", "category": "code", "prompt_ids": [5, 6, 7]}),
+                      ("ALL", {"id": "b", "category": "all", "prompt_ids": [5, 6]}),
+                      ("OOV", {"id": "c", "category": "x", "prompt_ids": [5, 999]})):
+        (tmp_path / name).mkdir()
+        files[name] = str(_write(tmp_path / name, row))
+    argv = ["bench", "--model", str(tiny_llama), "--dtype", "float32", "--baselines", "none", "--repeats", "1",
+            "--warmup", "0", "--max-tokens", "4", "--out", str(tmp_path / "out"), "--workload", files["GOOD"],
+            *[files.get(f, f) for f in flags]]
+    try:
+        code = main(argv)
+    except SystemExit as stop:  # argparse's own refusal
+        code = int(stop.code or 0)
+    err = capsys.readouterr().err
+    assert code == 2 and words in err and "Traceback" not in err, err

@@ -187,3 +187,37 @@ def test_export_warns_of_aux_layers_the_engines_read_otherwise(tmp_path: Path, t
     head = write_checkpoint(tmp_path / "e3", eagle3_head(eagle_config={"eagle_aux_hidden_state_layer_ids": ids}))
     warnings = " ".join(export(resolve({"model": str(head)}, model=target), engine).warnings)
     assert (message in warnings) if message else "eagle_aux_hidden_state_layer_ids" not in warnings
+
+
+@pytest.mark.parametrize(("prompt", "words"), [
+    ([1, "a"], "mixes token ids with other values"), ([True, 2], "mixes token ids"), (b"hello", "is bytes"),
+    ([[1.0, 2.0]], r"holds 1.0 \(float\), which is not a token id"),
+])
+def test_engine_prompts_of_the_wrong_type_are_one_clear_error(tiny_llama: Path, prompt: object, words: str) -> None:
+    from specsure import SamplingParams, make_engine
+
+    with pytest.raises(ValueError, match=words):
+        make_engine(str(tiny_llama), dtype="float32").generate(prompt, SamplingParams(max_tokens=2))
+
+
+def test_engine_takes_numpy_token_ids(tiny_llama: Path) -> None:
+    import numpy as np
+
+    from specsure import SamplingParams, make_engine
+
+    engine, params = make_engine(str(tiny_llama), dtype="float32"), SamplingParams(max_tokens=3)
+    assert engine.generate([np.int64(5), np.int64(6)], params)[0].token_ids == engine.generate([5, 6], params)[0].token_ids
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"seed": "1"}, "seed = '1' must be None or an int"), ({"seed": -1}, "seed = -1"),
+    ({"strict": "yes"}, "strict = 'yes' must be True or False"), ({"dtype": ["float32"]}, "dtype = \\['float32'\\]"),
+    ({"max_num_seqs": 0}, "max_num_seqs = 0 must be an int >= 1"),
+])
+def test_make_engine_checks_its_arguments_before_loading(monkeypatch: pytest.MonkeyPatch, kwargs: dict,
+                                                         words: str) -> None:
+    import specsure.decode.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "load_model", lambda *a, **k: pytest.fail("the model loaded first"))
+    with pytest.raises(ValueError, match=words):
+        engine_module.make_engine(None, None, **kwargs)

@@ -48,7 +48,10 @@ class SamplingParams:
     top_k: int = 0
     """Keep only the k most likely tokens (>= 0). 0 disables it."""
     seed: int | None = None
-    """Seed for this request's torch.Generator, for reproducible sampling; None = unseeded."""
+    """Seed for this request's torch.Generator, for reproducible sampling; None = unseeded. The draft
+    decides how much of the random stream a step uses, so with suffix decoding, whose drafts also
+    come from earlier requests' outputs, a seed repeats its output only on a fresh engine (the
+    output's distribution is the target's either way)."""
     stop: tuple[str, ...] | None = None
     """Strings that end generation when they appear in the output text. A single str or a list
     is accepted and stored as a tuple; an empty collection is stored as None."""

@@ -10,7 +10,7 @@ import torch
 
 from specsure.bench.runners import Runner, SpecsureRunner, TransformersRunner
 from specsure.config import ConfigError
-from specsure.config.schema import SUFFIX_FIELDS
+from specsure.config.schema import SUFFIX_FIELDS, parse_user_spec
 from specsure.config.shipped import SHIPPED_TREE
 
 METHODS: tuple[str, ...] = ("plain", "ngram", "ngram-tree", "draft_model", "eagle", "eagle3", "eagle3-tree", "mtp",
@@ -99,6 +99,35 @@ def speculative_config(method: str, s: Settings) -> dict[str, Any] | None:
     elif method in ("draft_model", "eagle") or (method == "eagle3" and s.model is not None):
         raise LookupError(f"no --{_HEAD_FLAG[method].replace('_', '-')} given")
     return config
+
+
+FLAG_OF: dict[str, str] = {
+    "num_speculative_tokens": "--num-speculative-tokens", "prompt_lookup_min": "--prompt-lookup-min",
+    "prompt_lookup_max": "--prompt-lookup-max", "prompt_lookup_branches": "--prompt-lookup-branches",
+    "speculative_token_tree": "--token-tree", **{key: "--" + key.replace("_decoding", "").replace("_", "-")
+                                                 for key in SUFFIX_FIELDS},
+}
+"""The bench flag that sets each speculative config key."""
+
+
+def check_flag_values(methods: Sequence[str], s: Settings) -> None:
+    """Each method's config from the flags, checked as resolution checks values (no checkpoint read).
+
+    A value out of range is the user's mistake, not a method this target cannot run: it is an error
+    before anything loads, never a skipped row in a run that exits 0.
+    """
+    for method in methods:
+        try:
+            spec = speculative_config(method, s)
+        except LookupError:
+            continue  # a missing checkpoint flag: build_specsure skips the method and says why
+        if spec is None:
+            continue
+        try:
+            parse_user_spec(spec)
+        except ConfigError as err:
+            flag = next((FLAG_OF[key] for key in FLAG_OF if str(err).startswith(key)), None)
+            raise ConfigError(f"{flag + ': ' if flag else ''}{err} (method {method!r})") from None
 
 
 def build_specsure(methods: Sequence[str], s: Settings, eos_ids: frozenset[int]) -> tuple[list[Runner], list[tuple[str, str]]]:

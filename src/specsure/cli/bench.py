@@ -18,7 +18,7 @@ from typing import Any
 
 from specsure.bench.configs import (
     BASELINES, DEFAULT_K, DEFAULT_METHODS, DEFAULT_TREES, METHODS, Settings, build_specsure, build_transformers,
-    dtype_name,
+    check_flag_values, dtype_name,
 )
 from specsure.bench.harness import Item, run_batched, run_interleaved, warm_up
 from specsure.bench.llamacpp.baselines import LLAMA_CPP_BASELINES, build_llamacpp
@@ -28,6 +28,7 @@ from specsure.bench.report import render_markdown
 from specsure.bench.results import ALL, BenchResults, prompt_result, summarize
 from specsure.bench.workload import CATEGORIES, WorkloadError, encode, load_builtin, load_workload, select
 from specsure.cli import bench_serve
+from specsure.cli.common import int_at_least
 from specsure.config import ConfigError
 from specsure.models.dtypes import cpu_model
 
@@ -69,20 +70,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--categories", default=None, help="comma list of categories to run (default: all)")
     parser.add_argument("--workload", action="append", default=None, metavar="FILE.jsonl", help="your own prompts (schema: bench/README.md); repeatable")
     parser.add_argument("--heldout", action="store_true", help="use the built-in held-out split instead of the main one")
-    parser.add_argument("--per-category", type=int, default=None, help="at most this many prompts per category")
-    parser.add_argument("--max-tokens", type=int, default=None, help="new tokens per prompt unless the prompt sets max_tokens (default 128)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed repeats per configuration and prompt (default 3)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed warm-up passes per configuration (default 1)")
+    parser.add_argument("--per-category", type=int_at_least(1), default=None, help="at most this many prompts per category")
+    parser.add_argument("--max-tokens", type=int_at_least(1), default=None, help="new tokens per prompt unless the prompt sets max_tokens (default 128)")
+    parser.add_argument("--repeats", type=int_at_least(1), default=None, help="timed repeats per configuration and prompt (default 3)")
+    parser.add_argument("--warmup", type=int_at_least(0), default=1, help="untimed warm-up passes per configuration (default 1)")
     parser.add_argument("--quick", action="store_true", help=f"a few prompts per category: {QUICK} unless given explicitly")
-    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16 (default auto)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--num-speculative-tokens", "-k", type=int, default=None,
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"), help="auto, float32, bfloat16 or float16 (default auto)")
+    parser.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--num-speculative-tokens", "-k", type=int_at_least(1), default=None,
                         help=f"k for every speculative configuration (default {DEFAULT_K} for ngram, ngram-tree, "
                              "suffix, draft_model and the baselines; the head's own default for eagle, eagle3 and "
                              "mtp, which for the shipped heads is a 2-node token tree; -k N makes them chains of N)")
     parser.add_argument("--prompt-lookup-min", type=int, default=None, help="ngram: shortest n-gram to match")
     parser.add_argument("--prompt-lookup-max", type=int, default=None, help="ngram: longest n-gram to match")
-    parser.add_argument("--prompt-lookup-branches", type=int, default=4,
+    parser.add_argument("--prompt-lookup-branches", type=int_at_least(1), default=4,
                         help="ngram-tree: matches merged into each draft's token tree (default 4)")
     parser.add_argument("--token-tree", default=None, metavar="TREE",
                         help="eagle3-tree and mtp-tree: the speculative_token_tree, e.g. \"[(0,), (1,), (0, 0)]\" "
@@ -97,7 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eagle-head", default=None, help="EAGLE-1 head checkpoint")
     parser.add_argument("--eagle3-head", default=None, help="EAGLE-3 head checkpoint")
     parser.add_argument("--mtp-head", default=None, help="MTP head checkpoint (default: MTP layers inside the target, if any)")
-    parser.add_argument("--batched", type=int, default=0, metavar="N",
+    parser.add_argument("--batched", type=int_at_least(0), default=0, metavar="N",
                         help="also run every prompt of each specsure configuration at once, N sequences batched, and "
                              "report its throughput and its exact-match rate against the same configuration at batch 1 "
                              "(default 0: off)")
@@ -143,6 +144,27 @@ def _git_commit(folder: Path = Path(__file__).parent.parent) -> str:
     return head.stdout.strip() + (" with uncommitted changes" if dirty else "")
 
 
+def _settings(args: argparse.Namespace, dtype: str) -> Settings:
+    return Settings(
+        model=args.model,
+        dtype=dtype,
+        num_speculative_tokens=args.num_speculative_tokens or DEFAULT_K,
+        head_k=args.num_speculative_tokens,
+        draft_model=args.draft_model,
+        eagle_head=args.eagle_head,
+        eagle3_head=args.eagle3_head,
+        mtp_head=args.mtp_head,
+        prompt_lookup_min=args.prompt_lookup_min,
+        prompt_lookup_max=args.prompt_lookup_max,
+        prompt_lookup_branches=args.prompt_lookup_branches,
+        token_tree=args.token_tree,
+        suffix_decoding_max_tree_depth=args.suffix_max_tree_depth,
+        suffix_decoding_max_cached_requests=args.suffix_max_cached_requests,
+        suffix_decoding_max_spec_factor=args.suffix_max_spec_factor,
+        suffix_decoding_min_token_prob=args.suffix_min_token_prob,
+    )
+
+
 def _resolve_options(args: argparse.Namespace) -> tuple[int | None, int, int]:
     quick = QUICK if args.quick else {}
     per_category = args.per_category if args.per_category is not None else quick.get("per_category")
@@ -158,8 +180,21 @@ def _resolve_options(args: argparse.Namespace) -> tuple[int | None, int, int]:
 
 def _load_prompts(args: argparse.Namespace, per_category: int | None):
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    if args.workload and args.heldout:
+        raise ValueError("--heldout chooses the built-in held-out split, and --workload your own prompts instead; "
+                         "give one of them.")
     if args.workload:
-        prompts = [p for path in args.workload for p in load_workload(path)]
+        prompts, source = [], {}
+        for path in args.workload:
+            for prompt in load_workload(path):
+                if prompt.id in source:  # results are keyed by id: two prompts would share one row
+                    raise WorkloadError(f"{path}: prompt id {prompt.id!r} is also in {source[prompt.id]}; give each "
+                                        "prompt an \"id\" unique across the --workload files (or pass a file once).")
+                if prompt.category == ALL:
+                    raise WorkloadError(f"{path}: prompt {prompt.id!r} has category {ALL!r}, the name of the report's "
+                                        "row over every category; choose another name.")
+                source[prompt.id] = path
+                prompts.append(prompt)
     else:
         prompts = load_builtin(categories or CATEGORIES, heldout=args.heldout)
     chosen = select(prompts, categories, per_category)
@@ -191,34 +226,29 @@ def _run(args: argparse.Namespace) -> int:
     baselines = _names(args.baselines, BASELINES + LLAMA_CPP_BASELINES, "--baselines")
     per_category, max_tokens, repeats = _resolve_options(args)
     prompts = _load_prompts(args, per_category)
+    check_flag_values(methods, _settings(args, "auto"))  # before any model loads: a bad value is no skipped row
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(args.out).expanduser()
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".specsure-write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"--out {args.out!r}: cannot write results there ({exc.strerror}); give a writable folder.") \
+            from None
 
     print(f"loading target {args.model or '(packaged default)'} ...", flush=True)
     target = load_model(args.model, args.dtype)
     # Resolve 'auto' once so specsure and transformers run in exactly the same dtype.
-    settings = Settings(
-        model=args.model,
-        dtype=dtype_name(target.lm.dtype),
-        num_speculative_tokens=args.num_speculative_tokens or DEFAULT_K,
-        head_k=args.num_speculative_tokens,
-        draft_model=args.draft_model,
-        eagle_head=args.eagle_head,
-        eagle3_head=args.eagle3_head,
-        mtp_head=args.mtp_head,
-        prompt_lookup_min=args.prompt_lookup_min,
-        prompt_lookup_max=args.prompt_lookup_max,
-        prompt_lookup_branches=args.prompt_lookup_branches,
-        token_tree=args.token_tree,
-        suffix_decoding_max_tree_depth=args.suffix_max_tree_depth,
-        suffix_decoding_max_cached_requests=args.suffix_max_cached_requests,
-        suffix_decoding_max_spec_factor=args.suffix_max_spec_factor,
-        suffix_decoding_min_token_prob=args.suffix_min_token_prob,
-    )
+    settings = _settings(args, dtype_name(target.lm.dtype))
     eos_ids = frozenset(target.eos_token_ids)
     items = [Item(p, encode(p, target.tokenizer), p.max_tokens or max_tokens) for p in prompts]
+    for item in items:
+        if bad := [t for t in item.prompt_ids if not 0 <= t < target.lm.vocab_size]:
+            raise WorkloadError(f"prompt {item.prompt.id!r} holds token id {bad[0]}, outside the target's vocabulary "
+                                f"[0, {target.lm.vocab_size}); fix its prompt_ids.")
 
     print(f"building engines: {', '.join(methods)} ...", flush=True)
     runners, skipped = build_specsure(methods, settings, eos_ids)

@@ -7,6 +7,7 @@ proposer is whatever the Resolution names (no per-method branches here).
 from __future__ import annotations
 
 import logging
+import numbers
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
@@ -138,13 +139,15 @@ class Engine:
                 raise PromptError(index, f"is text, but the model at {self.target.path} has no tokenizer files; "
                                          "pass token ids instead, or add the tokenizer to the model folder.")
             ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
-        else:
-            ids = list(prompt)
+        elif isinstance(prompt, (list, tuple)):
+            ids = [_token_id(tok, index) for tok in prompt]
+        else:  # bytes would pass as a list of ints, and other iterables hide what they hold
+            raise PromptError(index, f"is {type(prompt).__name__}; give a string or a list of token ids (ints).")
         if not ids:
             raise PromptError(index, "is empty; give at least one token.")
         vocab = self.target.lm.vocab_size
         for tok in ids:
-            if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < vocab:
+            if not 0 <= tok < vocab:
                 raise PromptError(index, f"holds token id {tok!r}, outside the vocabulary [0, {vocab}).")
         limit = self.target.lm.max_context
         if limit and len(ids) >= limit:
@@ -208,12 +211,24 @@ class Engine:
                 yield update
 
 
+def _token_id(tok: object, index: int) -> int:
+    """A token id as an int: numpy and torch integer scalars too, never a bool or a float."""
+    if isinstance(tok, bool) or not isinstance(tok, numbers.Integral):
+        raise PromptError(index, f"holds {tok!r} ({type(tok).__name__}), which is not a token id; a token-id prompt "
+                                 "is a list of ints.")
+    return int(tok)
+
+
 def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
-    if isinstance(prompts, Sequence) and prompts and all(isinstance(t, int) and not isinstance(t, bool)
+    if isinstance(prompts, Sequence) and prompts and all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
                                                          for t in prompts):
         return [prompts]
+    if isinstance(prompts, Sequence) and any(isinstance(t, (numbers.Number, type(None))) for t in prompts) \
+            and not isinstance(prompts, (bytes, bytearray)):  # [1, "a"]: neither one prompt nor a list of them
+        raise ValueError(f"prompts mixes token ids with other values ({_shown_types(prompts)}); give one prompt (a "
+                         "string or a list of ints) or a list of prompts.")
     if isinstance(prompts, Sequence) and not isinstance(prompts, (bytes, bytearray)):
         if not prompts:
             raise ValueError("prompts is empty; give a string, a list of token ids, or a list of either.")
@@ -222,9 +237,14 @@ def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
                      f"{type(prompts).__name__}.")
 
 
+def _shown_types(values: Sequence[object]) -> str:
+    return ", ".join(sorted({type(v).__name__ for v in values}))
+
+
 def make_engine(model: str | None = None, speculative: dict | None = None, *, strict: bool = False,
                 dtype: str = "auto", seed: int | None = None, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> Engine:
     """Resolve the config, check it can run, load the target, build the named proposer."""
+    _check_engine_args(strict, dtype, seed, max_num_seqs)  # before the model loads, not after
     res = resolve(speculative, model=model, strict=strict)
     res.check_runnable()
     target = load_model(model, dtype=dtype)
@@ -233,6 +253,17 @@ def make_engine(model: str | None = None, speculative: dict | None = None, *, st
     engine = Engine(res, target, proposer, seed=seed, max_num_seqs=max_num_seqs)
     logger.info("effective speculative config: %s; running proposer: %s", res.summary(), engine.speculative_method)
     return engine
+
+
+def _check_engine_args(strict: object, dtype: object, seed: object, max_num_seqs: object) -> None:
+    if not isinstance(strict, bool):
+        raise ValueError(f"strict = {strict!r} must be True or False.")
+    if not isinstance(dtype, str):
+        raise ValueError(f"dtype = {dtype!r} must be a string: auto, float32, bfloat16 or float16.")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
+        raise ValueError(f"seed = {seed!r} must be None or an int in [0, 2**64), as SamplingParams.seed.")
+    if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs = {max_num_seqs!r} must be an int >= 1.")
 
 
 __all__ = ["Completion", "ConfigError", "Engine", "ParamsError", "PromptError", "StepUpdate", "make_engine"]
