@@ -65,3 +65,8 @@ def test_bench_serve_errors_name_the_flag(url: str, tmp_path: Path, capsys: pyte
         assert main(["bench", "serve", *flags, "--out", str(tmp_path)]) == 2
         err = capsys.readouterr().err
         assert needle in err and "Traceback" not in err, err
+    (tmp_path / "a-file").write_text("mine")
+    for flags, needle in ((["--url", url, "--api-key", "x", "--out", str(tmp_path / "a-file")], "cannot write results"),):
+        assert main(["bench", "serve", *flags]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err, err

@@ -28,7 +28,7 @@ from specsure.bench.report import render_markdown
 from specsure.bench.results import ALL, BenchResults, prompt_result, summarize
 from specsure.bench.workload import CATEGORIES, WorkloadError, encode, load_builtin, load_workload, select
 from specsure.cli import bench_serve
-from specsure.cli.common import int_at_least
+from specsure.cli.common import int_at_least, writable_folder
 from specsure.config import ConfigError
 from specsure.models.dtypes import cpu_model
 
@@ -229,15 +229,7 @@ def _run(args: argparse.Namespace) -> int:
     check_flag_values(methods, _settings(args, "auto"))  # before any model loads: a bad value is no skipped row
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    out_dir = Path(args.out).expanduser()
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / ".specsure-write-probe"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        raise ValueError(f"--out {args.out!r}: cannot write results there ({exc.strerror}); give a writable folder.") \
-            from None
+    out_dir = writable_folder("--out", args.out)
 
     print(f"loading target {args.model or '(packaged default)'} ...", flush=True)
     target = load_model(args.model, args.dtype)

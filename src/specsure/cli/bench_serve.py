@@ -7,9 +7,9 @@ import datetime
 import json
 import shlex
 import sys
-from pathlib import Path
 
 from specsure.bench.workload import CATEGORIES, WorkloadError, load_builtin, load_workload, select
+from specsure.cli.common import writable_folder
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_CONCURRENCY = "1,2,4,8,16"
@@ -110,8 +110,7 @@ def _run(args: argparse.Namespace) -> int:
     prompts = _prompts(args)
     requests = [args.num_prompts or max(8, 2 * c) for c in levels]
     endpoint = "chat/completions" if args.endpoint == "chat" else "completions"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = writable_folder("--out", args.out)
     print(f"{len(servers)} server(s) x concurrency {levels}, {args.max_tokens} tokens per request, "
           f"/v1/{endpoint}", flush=True)
 

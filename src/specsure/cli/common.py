@@ -89,6 +89,21 @@ def _unique_keys(source: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any
     return build
 
 
+def writable_folder(flag: str, path: str) -> Path:
+    """``path`` as a folder made (if missing) and written to once, so a run cannot end in a traceback
+    after its work when the results cannot be saved."""
+    folder = Path(path).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".specsure-write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"{flag} {path!r}: cannot write results there ({exc.strerror}); give a writable folder.") \
+            from None
+    return folder
+
+
 def int_at_least(low: int) -> Callable[[str], int]:
     """An argparse type: an integer >= ``low`` (argparse names the flag and exits 2 otherwise)."""
     def parse(text: str) -> int:
