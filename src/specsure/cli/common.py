@@ -8,6 +8,7 @@ import importlib.util
 import json
 import logging
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -149,7 +150,10 @@ def guarded(run: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # the reader went away (`| head`): nothing is lost that it wanted
+    except BrokenPipeError:
+        if not _stdout_is_pipe():  # a pipe of the command's own broke: that is a failure to show
+            raise
+        # The reader of stdout went away (`| head`): nothing is lost that it wanted.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's own flush stays quiet
         return EXIT_FAIL
     except OSError as exc:
@@ -159,6 +163,13 @@ def guarded(run: Callable[[], int]) -> int:
               file=sys.stderr)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAIL
+
+
+def _stdout_is_pipe() -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(sys.stdout.fileno()).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def setup_logging(verbose: bool) -> None:

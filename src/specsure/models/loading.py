@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
-_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_LAYER_INDEX = re.compile(r"^(?:model\.)?(?:language_model\.)?(?:model\.)?layers\.(\d+)\.")
+"""A decoder layer's tensor name (not a vision tower's, whose layers count separately)."""
 
 
 @dataclass
