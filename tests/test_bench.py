@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from specsure.cli.main import main
+from specsure.bench.report import render_markdown
 from specsure.bench.results import ALL, BenchResults, first_divergence, prompt_result, summarize
 from specsure.bench.runners import Generation
 from specsure.bench.workload import CATEGORIES, WorkloadError, load_builtin, load_workload, select
@@ -129,6 +130,15 @@ def test_summary_uses_medians_ratios_and_vllm_acceptance() -> None:
     assert plain.exact_match_rate is None and plain.mean_acceptance_length is None
     assert [r.category for r in res.mismatched] == ["qa"]
     assert BenchResults.from_dict(json.loads(json.dumps(res.to_dict()))) == res
+
+
+def test_repeats_that_differ_are_reported() -> None:
+    runs = [Generation((1, 2, 3), 1.0), Generation((1, 2, 4), 1.0)]
+    prompts = [prompt_result("plain", "p", "qa", 5, [Generation((1, 2, 3), 1.0)] * 2, None),
+               prompt_result("ngram", "p", "qa", 5, runs, (1, 2, 3))]
+    res = summarize({}, [("plain", "specsure", False), ("ngram", "specsure", True)], [], prompts, "plain")
+    report = render_markdown(res)
+    assert "## Repeats that differed" in report and "- **ngram** on p" in report and "**plain** on p" not in report
 
 
 # --- end to end on a tiny model ------------------------------------------------------------

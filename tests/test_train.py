@@ -249,7 +249,8 @@ def _tokens_line(printed: str) -> str:
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--out", "/nonexistent-parent/head", "does not exist"),
     ("--out", "BUSY", "not a head folder (SpecsureMTPHead"),
-    ("--steps", "0", "steps = 0"),
+    ("--steps", "0", "--steps 0: training needs"),
+    ("--corpus", "", "--corpus '' names no source"),
     ("--max-new-tokens", "-1", "--max-new-tokens -1"),
     ("--prompts", "TEXT", "no tokenizer"),
     ("--corpus", "no-such-package-xyz", "'no-such-package-xyz' is not installed"),

@@ -65,6 +65,12 @@ def render_markdown(results: BenchResults) -> str:
         for r in results.mismatched:
             where = ", ".join(f"{m['prompt_id']} at token {m['first_divergence']}" for m in r.mismatches)
             out.append(f"- **{r.config}** on {r.category}: {where}")
+    if unstable := [p for p in results.prompts if not p.deterministic]:
+        # Greedy decoding repeats itself; the tokens and the equality checks above are the first repeat's.
+        out += ["", "## Repeats that differed", "",
+                "Greedy output that differs between repeats of one configuration (only the first repeat's tokens "
+                "are counted and compared above):", ""]
+        out += [f"- **{p.config}** on {p.prompt_id}" for p in unstable]
     if meta.get("batched"):
         first = next(iter(meta["batched"].values()))
         out += ["", f"## Batched: every prompt at once, {first['max_num_seqs']} sequences at a time", "",

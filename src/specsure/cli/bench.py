@@ -344,6 +344,9 @@ def _print_summary(results: BenchResults, out_dir: Path) -> None:
             where = ", ".join(f"{m['prompt_id']}@{m['first_divergence']}" for m in r.mismatches)
             print(f"  {r.config} on {r.category}: {where}")
         print(f"(prompt@first divergent new token; bf16 kernels can flip near-tied argmaxes, see BENCHMARKS.md)\n{bar}")
+    for p in results.prompts:
+        if not p.deterministic:
+            print(f"note: {p.config} on {p.prompt_id}: its greedy repeats differ (the first repeat is counted)")
     for name, b in results.meta.get("batched", {}).items():
         print(f"batched {name}: {b['tokens_per_s']:.1f} tok/s, {b['speedup_vs_batch1']:.2f}x its batch-1 run, "
               f"{b['exact_match_rate']:.0%} equal to batch 1")

@@ -10,8 +10,13 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from specsure.cli.common import EXIT_OK
+
+if TYPE_CHECKING:
+    from specsure.train.eagle3 import Eagle3TrainSettings
+    from specsure.train.mtp import MTPTrainSettings
 
 METHODS = ("mtp", "eagle3")
 DEFAULT_LR = {"mtp": 2e-3, "eagle3": 1e-3}
@@ -133,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
                         ("--threads", args.threads), ("--corpus-prompts", args.corpus_prompts),
                         ("--batch-windows", args.batch_windows), ("--intermediate-size", args.intermediate_size)):
         _positive(flag, value)
+    if args.corpus is not None and not args.corpus.strip(" ,"):  # "" would fall back to the built-in prompts unsaid
+        raise ValueError(f"--corpus {args.corpus!r} names no source; give sources such as chat,numpy, or leave the "
+                         "flag out for the built-in prompts.")
     if args.checkpoint_every < 0:
         raise ValueError(f"--checkpoint-every {args.checkpoint_every}: must be 0 (off) or a positive number of steps.")
     if args.eval_every < 0:
@@ -145,8 +153,6 @@ def run(args: argparse.Namespace) -> int:
         args.expect_data_sha256 = expected.lower()  # as hexdigest() writes it
     from specsure.cli.train_data import recorded_layers, training_prompts, training_samples
     from specsure.train import check_out_dir
-    from specsure.train.eagle3 import Eagle3TrainSettings
-    from specsure.train.mtp import MTPTrainSettings
 
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.method]
     if args.method == "mtp" and args.batch_windows != 1:
@@ -167,19 +173,11 @@ def run(args: argparse.Namespace) -> int:
     if args.method == "mtp" and args.aux_layers is not None:
         raise ValueError(f"--aux-layers {args.aux_layers}: only --method eagle3 fuses aux layers (an MTP head reads "
                          "the target's last hidden state); leave it out for mtp.")
-    vocab = DRAFT_VOCAB if args.draft_vocab_size is None else args.draft_vocab_size
-    if args.method == "mtp":
-        settings = MTPTrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, seed=args.seed,
-                                    init=args.init or "random", modules=1 if args.modules is None else args.modules,
-                                    unroll=args.unroll or 0,
-                                    answer_only=args.loss_on == "answer", dtype=args.train_dtype,
-                                    draft_vocab_size=vocab)
-    else:
-        unroll = 7 if args.unroll is None else args.unroll
-        settings = Eagle3TrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, unroll=unroll,
-                                       draft_vocab_size=vocab, seed=args.seed,
-                                       answer_only=args.loss_on == "answer", dtype=args.train_dtype,
-                                       intermediate_size=args.intermediate_size)
+    try:
+        settings = _settings(args, lr)
+    except ValueError as err:  # the settings name their fields; the user typed flags
+        field, _, rest = str(err).partition(" = ")
+        raise ValueError(f"--{field.replace('_', '-')} {rest}" if rest and field.isidentifier() else str(err)) from None
     out = check_out_dir(args.out)
     prompts = training_prompts(args)
     logging.getLogger(LOOP_LOGGER).setLevel(logging.INFO)  # "resuming from step N" is worth a line
@@ -252,6 +250,23 @@ def run_guarded(args: argparse.Namespace) -> int:
 def _resume_folder(args: argparse.Namespace, out: Path) -> Path | None:
     """Where resume points go: next to --out, hidden (None with --checkpoint-every 0)."""
     return out.parent / f".{out.name}.resume" if args.checkpoint_every else None
+
+
+def _settings(args: argparse.Namespace, lr: float) -> "MTPTrainSettings | Eagle3TrainSettings":
+    """The trainer's settings from the flags, validated by their own checks."""
+    from specsure.train.eagle3 import Eagle3TrainSettings
+    from specsure.train.mtp import MTPTrainSettings
+
+    vocab = DRAFT_VOCAB if args.draft_vocab_size is None else args.draft_vocab_size
+    if args.method == "mtp":
+        return MTPTrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len, seed=args.seed,
+                                init=args.init or "random", modules=1 if args.modules is None else args.modules,
+                                unroll=args.unroll or 0, answer_only=args.loss_on == "answer", dtype=args.train_dtype,
+                                draft_vocab_size=vocab)
+    return Eagle3TrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len,
+                               unroll=7 if args.unroll is None else args.unroll, draft_vocab_size=vocab, seed=args.seed,
+                               answer_only=args.loss_on == "answer", dtype=args.train_dtype,
+                               intermediate_size=args.intermediate_size)
 
 
 def _aux_layers(text: str | None, num_layers: int) -> tuple[int, ...]:
