@@ -363,6 +363,7 @@ def test_results_name_the_commit_and_say_when_the_package_differs_from_it(tmp_pa
     (["--workload", "GOOD"], "is also in"),
     (["--workload", "ALL"], "has category 'all'"),
     (["--workload", "OOV"], "holds token id 999, outside the target's vocabulary [0, 128)"),
+    (["--max-tokens", "600"], "exceed the model's context of 512 tokens"),
 ])
 def test_bad_bench_input_is_one_error_before_any_timing(tiny_llama: Path, tmp_path: Path, capsys, flags: list[str],
                                                        words: str) -> None:
@@ -374,8 +375,9 @@ def test_bad_bench_input_is_one_error_before_any_timing(tiny_llama: Path, tmp_pa
         (tmp_path / name).mkdir()
         files[name] = str(_write(tmp_path / name, row))
     argv = ["bench", "--model", str(tiny_llama), "--dtype", "float32", "--baselines", "none", "--repeats", "1",
-            "--warmup", "0", "--max-tokens", "4", "--out", str(tmp_path / "out"), "--workload", files["GOOD"],
+            "--warmup", "0", "--out", str(tmp_path / "out"), "--workload", files["GOOD"],
             *[files.get(f, f) for f in flags]]
+    argv += [] if "--max-tokens" in flags else ["--max-tokens", "4"]
     try:
         code = main(argv)
     except SystemExit as stop:  # argparse's own refusal

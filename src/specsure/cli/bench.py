@@ -237,10 +237,15 @@ def _run(args: argparse.Namespace) -> int:
     settings = _settings(args, dtype_name(target.lm.dtype))
     eos_ids = frozenset(target.eos_token_ids)
     items = [Item(p, encode(p, target.tokenizer), p.max_tokens or max_tokens) for p in prompts]
+    context = target.lm.max_context
     for item in items:
         if bad := [t for t in item.prompt_ids if not 0 <= t < target.lm.vocab_size]:
             raise WorkloadError(f"prompt {item.prompt.id!r} holds token id {bad[0]}, outside the target's vocabulary "
                                 f"[0, {target.lm.vocab_size}); fix its prompt_ids.")
+        if context and len(item.prompt_ids) + item.max_tokens > context:  # each engine would stop at its own limit
+            raise WorkloadError(f"prompt {item.prompt.id!r}: its {len(item.prompt_ids)} tokens and {item.max_tokens} "
+                                f"new ones exceed the model's context of {context} tokens; lower --max-tokens (or the "
+                                "prompt's max_tokens) or drop the prompt.")
 
     print(f"building engines: {', '.join(methods)} ...", flush=True)
     runners, skipped = build_specsure(methods, settings, eos_ids)
