@@ -86,22 +86,24 @@ def token_text_of(tokenizer: Any) -> TokenText:
     return TokenText(tokenizer)
 
 
-def _byte_level_alphabet(tokenizer: Any) -> dict[str, int] | None:
-    """GPT-2's printable stand-in for each byte, inverted, when ``tokenizer`` decodes byte-level."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return None
-    try:
-        decoder = json.loads(backend.to_str()).get("decoder") or {}
-    except (ValueError, AttributeError):
-        return None
-    if decoder.get("type") != "ByteLevel":
-        return None
-    # Printable Latin-1 bytes stand for themselves; the others (controls, space, soft hyphen) for the
-    # code points from 256 up, in byte order.
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's printable stand-in for each byte, inverted: printable Latin-1 bytes stand for themselves,
+    the others (controls, space, soft hyphen) for the code points from 256 up, in byte order."""
     printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
     others = [b for b in range(256) if b not in printable]
     return {**{chr(b): b for b in printable}, **{chr(256 + n): b for n, b in enumerate(others)}}
+
+
+BYTE_OF: dict[str, int] = _byte_alphabet()
+
+
+def _byte_level_alphabet(tokenizer: Any) -> dict[str, int] | None:
+    """BYTE_OF when ``tokenizer`` decodes byte-level (GPT-2, Llama 3, Qwen, SmolLM2), else None. A type
+    check, not the tokenizer's JSON: this runs for every response."""
+    from tokenizers import decoders
+
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    return BYTE_OF if isinstance(decoder, decoders.ByteLevel) else None
 
 
 def completion_logprobs(entries: Sequence[TokenLogprob], text: TokenText, before: Sequence[int] = (),
