@@ -213,6 +213,8 @@ class Engine:
 
 def _token_id(tok: object, index: int) -> int:
     """A token id as an int: numpy and torch integer scalars too, never a bool or a float."""
+    if type(tok) is int:  # the common case, without the ABC check's cost on a long prompt
+        return tok
     if isinstance(tok, bool) or not isinstance(tok, numbers.Integral):
         raise PromptError(index, f"holds {tok!r} ({type(tok).__name__}), which is not a token id; a token-id prompt "
                                  "is a list of ints.")
