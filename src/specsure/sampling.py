@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-_SEED_LIMIT = 2**64  # torch.Generator.manual_seed rejects seeds at or above this
+SEED_LIMIT = 2**64  # torch.Generator.manual_seed rejects seeds at or above this
 MAX_LOGPROBS = 20
 """The most alternatives ``logprobs`` may ask for per position (OpenAI's and vLLM's limit)."""
 MIN_TEMPERATURE = 1e-5
@@ -78,7 +78,7 @@ class SamplingParams:
         if not _is_int(self.top_k) or self.top_k < 0:
             raise _fail("top_k", self.top_k, "is invalid: it must be an int >= 0",
                         "use 0 to disable top-k filtering")
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < _SEED_LIMIT):
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT):
             raise _fail("seed", self.seed, "is invalid: it must be None or an int in [0, 2**64)",
                         "use None for an unseeded (random) generator")
         object.__setattr__(self, "stop", self._normalise_stop(self.stop))

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from specsure.config.errors import ConfigError
+from specsure.config.errors import ConfigError, json_type
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -70,9 +70,9 @@ def parse_speculative_config(text: str | None, flag: str = "--speculative-config
         raise ConfigError(f"{source} nests too deeply to parse; a speculative config is one flat JSON object, "
                           'for example {"method": "ngram", "num_speculative_tokens": 4}.') from None
     if not isinstance(value, dict):
-        kind = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(
-            type(value), "null")
-        raise ConfigError(f"{source} must be a JSON object, got {kind}: {text!r}. Example: "
+        kind = json_type(value)
+        article = "" if kind == "null" else "an " if kind[0] in "aeiou" else "a "
+        raise ConfigError(f"{source} must be a JSON object, got {article}{kind}: {text!r}. Example: "
                           '{"method": "ngram", "num_speculative_tokens": 4}')
     return value
 

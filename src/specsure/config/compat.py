@@ -118,13 +118,8 @@ def check_head_tensors(method: str, path: str, names: Collection[str], config: M
 def aux_layer_ids(config: Mapping[str, Any], checkpoint: str, num_layers: int) -> tuple[int, ...]:
     """An EAGLE-3 head's eagle_config.eagle_aux_hidden_state_layer_ids (or the top-level key), else
     (2, N//2, N-3), each a layer of the target's ``num_layers``."""
-    eagle = config.get("eagle_config") or {}
-    if LAYER_IDS_KEY in eagle:
-        field, ids = f"eagle_config.{LAYER_IDS_KEY}", eagle[LAYER_IDS_KEY]
-    elif LAYER_IDS_KEY in config:
-        field, ids = LAYER_IDS_KEY, config[LAYER_IDS_KEY]
-    else:
-        field, ids = "default aux layers (2, N//2, N-3)", [2, num_layers // 2, num_layers - 3]
+    field, ids = declared_aux_layers(config) or ("default aux layers (2, N//2, N-3)",
+                                                 [2, num_layers // 2, num_layers - 3])
     if not (isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
         raise ConfigError(f"draft head {checkpoint!r}: {field} = {ids!r} must be a list of layer indices.")
     bad = [i for i in ids if not 0 <= i < num_layers]
@@ -132,6 +127,17 @@ def aux_layer_ids(config: Mapping[str, Any], checkpoint: str, num_layers: int) -
         raise mismatch(checkpoint, field, ids, f"indices in [0, {num_layers})",
                        f"the target with num_hidden_layers={num_layers}")
     return tuple(ids)
+
+
+def declared_aux_layers(config: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """(where, value) of the aux layer ids an EAGLE-3 config.json gives: under eagle_config first (EAGLE's
+    and SpecForge's place), then at the top level (vLLM's); None when it gives none."""
+    eagle = config.get("eagle_config")
+    if isinstance(eagle, Mapping) and LAYER_IDS_KEY in eagle:
+        return f"eagle_config.{LAYER_IDS_KEY}", eagle[LAYER_IDS_KEY]
+    if LAYER_IDS_KEY in config:
+        return LAYER_IDS_KEY, config[LAYER_IDS_KEY]
+    return None
 
 
 def mismatch(checkpoint: str, field: str, found: Any, expected: Any, why: str) -> ConfigError:

@@ -20,6 +20,12 @@ class ConfigConflictError(ConfigError):
     """
 
 
+def json_type(value: Any) -> str:
+    """The JSON name of ``value``'s type (null, boolean, number, string, array, object)."""
+    names = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
 def as_json(value: Any) -> str:
     """``value`` as a user wrote it in JSON (true, null, "4"), for messages; repr() when it is not JSON."""
     try:

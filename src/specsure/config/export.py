@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, Mapping
 
-from specsure.config.compat import LAYER_IDS_KEY
+from specsure.config.compat import LAYER_IDS_KEY, declared_aux_layers
 from specsure.config.detect import MTP_HEAD_ARCHITECTURES
 from specsure.config.errors import ConfigError
 from specsure.config.schema import NO_DRAFT_METHODS
@@ -231,8 +231,7 @@ def _aux_layers_note(res: "Resolution", engine: str) -> str | None:
     draft = res.draft
     if res.config is None or res.config.method != "eagle3" or draft is None:
         return None
-    eagle = draft.config.get("eagle_config")
-    ids = (eagle if isinstance(eagle, Mapping) else {}).get(LAYER_IDS_KEY, draft.config.get(LAYER_IDS_KEY))
+    ids = (declared_aux_layers(draft.config) or ("", None))[1]
     if not isinstance(ids, list) or (len(ids) == 3 and ids == sorted(set(ids))):
         return None
     name = "vLLM" if engine == "vllm" else "SGLang"

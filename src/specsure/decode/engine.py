@@ -19,7 +19,7 @@ from specsure.decode.completion import (
 from specsure.decode.metrics import SpecStats
 from specsure.decode.request import Request, Rules
 from specsure.decode.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler
-from specsure.sampling import SamplingParams
+from specsure.sampling import SEED_LIMIT, SamplingParams
 from specsure.models.loading import LoadedModel, load_model
 from specsure.proposers.base import Proposer
 from specsure.proposers.factory import build_proposer
@@ -262,7 +262,7 @@ def _check_engine_args(strict: object, dtype: object, seed: object, max_num_seqs
         raise ValueError(f"strict = {strict!r} must be True or False.")
     if not isinstance(dtype, str):
         raise ValueError(f"dtype = {dtype!r} must be a string: auto, float32, bfloat16 or float16.")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64):
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT):
         raise ValueError(f"seed = {seed!r} must be None or an int in [0, 2**64), as SamplingParams.seed.")
     if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
         raise ValueError(f"max_num_seqs = {max_num_seqs!r} must be an int >= 1.")

@@ -8,12 +8,11 @@ Python API accept exactly the same values.
 
 from __future__ import annotations
 
-import json
-
 import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from specsure.config.errors import as_json, json_type
 from specsure.config.schema import suggest
 from specsure.sampling import MAX_LOGPROBS, SamplingParams
 
@@ -178,7 +177,7 @@ def fit_to_context(params: SamplingParams, prompt_tokens: int, context: int | No
 def _check_fields(body: Any, allowed: tuple[str, ...], endpoint: str) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object with the fields of {endpoint}, got "
-                           f"{_json_type(body)} {shown(body)}.")
+                           f"{json_type(body)} {shown(body)}.")
     for key, value in body.items():
         if key in allowed:
             continue
@@ -276,7 +275,7 @@ def _parse_prompt(value: Any) -> str | list[int]:
                 raise RequestError(f"prompt holds {shown(token)}, which is not a token id; a token-id prompt is "
                                    "a list of ints.", "prompt")
         return value
-    raise RequestError(f"prompt = {shown(value)} is a JSON {_json_type(value)}; send a string, a list of token "
+    raise RequestError(f"prompt = {shown(value)} is a JSON {json_type(value)}; send a string, a list of token "
                        "ids, or a list holding one of them.", "prompt")
 
 
@@ -320,15 +319,7 @@ def _content(value: Any, where: str) -> str:
                        '({"type": "text", "text": "..."}); images and audio are not supported.', f"{where}.content")
 
 
-def _json_type(value: Any) -> str:
-    names = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
-    return "null" if value is None else names.get(type(value), type(value).__name__)
-
-
 def shown(value: Any, limit: int = 80) -> str:
     """``value`` as the client wrote it (JSON: true, null, "text"), cut to ``limit`` characters for error messages."""
-    try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=True)
-    except (TypeError, ValueError):
-        text = repr(value)
+    text = as_json(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
