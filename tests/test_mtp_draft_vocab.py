@@ -125,6 +125,7 @@ def test_select_layers_picks_the_wanted_layers_in_order() -> None:
 @pytest.mark.parametrize(("flags", "says"), [
     (["--method", "mtp", "--aux-layers", "2,5"], "only --method eagle3 fuses aux layers"),
     (["--method", "mtp", "--draft-vocab-size", "-1"], "--draft-vocab-size -1"),
+    (["--method", "mtp", "--draft-vocab-size", "1"], "--draft-vocab-size 1"),
 ])
 def test_train_flags_that_cannot_apply_are_refused(flags: list[str], says: str, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:

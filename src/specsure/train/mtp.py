@@ -92,9 +92,10 @@ class MTPTrainSettings:
 
     def __post_init__(self) -> None:
         if isinstance(self.draft_vocab_size, bool) or not isinstance(self.draft_vocab_size, int) \
-                or self.draft_vocab_size < 0:
-            raise ValueError(f"draft_vocab_size = {self.draft_vocab_size!r}: must be 0 (the whole vocabulary) or a "
-                             "positive number of tokens, e.g. 8192.")
+                or self.draft_vocab_size < 0 or self.draft_vocab_size == 1:
+            # One token would make every draft the same guess; EAGLE-3's settings refuse it too.
+            raise ValueError(f"draft_vocab_size = {self.draft_vocab_size!r}: must be 0 (the whole vocabulary) or at "
+                             "least 2 tokens, e.g. 8192.")
         if self.dtype not in TRAIN_DTYPES:
             raise ValueError(f"dtype = {self.dtype!r}: must be one of {', '.join(TRAIN_DTYPES)}.")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps <= 0:
