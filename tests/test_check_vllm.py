@@ -172,6 +172,24 @@ def test_cli_exit_2_without_default_venv(tmp_path, target, capsys, monkeypatch):
     assert ".venv-vllm/bin/python does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("case", ["bad config", "vLLM missing", "vLLM's config fails", "no environment"])
+def test_cli_json_errors_are_json_on_stdout_and_a_line_on_stderr(tmp_path, target, capsys, monkeypatch, case):
+    spec, python = {"method": "ngram"}, fake_python(tmp_path, answer({"error": "ValueError: boom"}, {}))
+    if case == "bad config":
+        spec = {"method": "bogus"}
+    elif case == "vLLM missing":
+        python = str(tmp_path / "nope" / "python")
+    args = ["check-vllm", "--model", target, "--speculative-config", json.dumps(spec), "--json"]
+    if case == "no environment":
+        monkeypatch.chdir(tmp_path)
+    else:
+        args += ["--vllm-python", python]
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    error = json.loads(captured.out)["error"]
+    assert captured.err.strip() == f"error: {error}"
+
+
 def test_probe_import_failure_is_a_probe_error(tmp_path):
     python = fake_python(tmp_path, "echo 'SPECSURE_PROBE_RESULT {\"import_error\": \"ModuleNotFoundError: vllm\"}'")
     with pytest.raises(ProbeError, match="import vllm failed"):

@@ -68,6 +68,8 @@ def test_method_of_wrong_type(target):
     ("4.0", '"4.0"', "Write 4 without quotes or decimals."),
     (4.0, "4.0", "Write 4 without quotes or decimals."),
     (2.5, "2.5", None),
+    (100.0, "100.0", None),  # writing 100 would only meet the range error next
+    ("0", '"0"', None),
     (True, "true", None),
     (None, "null", None),
     ([4], "[4]", None),
@@ -109,6 +111,14 @@ def test_model_and_draft_model_disagree(target, draft, tmp_path):
     other = str(write_checkpoint(tmp_path / "other", llama(layers=2)))
     msg = error_of({"method": "draft_model", "model": draft, "draft_model": other}, target)
     assert repr(draft) in msg and repr(other) in msg and "Give only one of them" in msg
+
+
+@pytest.mark.parametrize("first", ["model", "draft_model"])
+def test_model_and_draft_model_disagreeing_name_each_value_under_its_own_key(target, draft, tmp_path, first):
+    other = str(write_checkpoint(tmp_path / "other", llama(layers=2)))
+    second = "draft_model" if first == "model" else "model"
+    msg = error_of({"method": "draft_model", first: draft, second: other}, target)
+    assert f"{first!r} = {draft!r} and {second!r} = {other!r} disagree" in msg
 
 
 def test_model_and_draft_model_agreeing_is_fine(target, draft):

@@ -260,3 +260,37 @@ def test_unrunnable_config_warns_and_strict_refuses(ckpts):
     assert any("would refuse" in w and "EAGLE-3" in w for w in out.warnings)
     with pytest.raises(ConfigError, match="would refuse"):
         export(res, "vllm", strict=True)
+
+
+def test_symlink_fix_never_names_a_path_that_exists(tmp_path):
+    draft = write(tmp_path / "eagle-exp" / "llama-1b", num_hidden_layers=2)
+    other = write(tmp_path / "llama-1b", num_hidden_layers=3)  # another model where the link would go
+    res = resolve({"method": "draft_model", "model": draft}, model=write(tmp_path / "target"))
+    (override,) = predict_vllm_overrides(res)
+    link = shlex.split(override.workaround)[-1]
+    assert link != other and not Path(link).exists() and vllm_path_trap(link) is None
+    Path(link).symlink_to(draft)  # made as told: the next export passes the same link, with nothing to run
+    (again,) = predict_vllm_overrides(res)
+    assert again.workaround is None and f"pass the neutral symlink {link!r}, which already links" in again.fix
+
+
+@pytest.mark.parametrize(("architecture", "model_type", "rewritten"), [
+    ("Glm4MoeForCausalLM", "glm4_moe", "glm4_moe_mtp"), ("MiMoForCausalLM", "mimo", "mimo_mtp")])
+def test_a_draft_vllm_rewrites_by_architecture_warns(ckpts, tmp_path, architecture, model_type, rewritten):
+    draft = write(tmp_path / "draft", architectures=[architecture], model_type=model_type, num_hidden_layers=2)
+    res = resolve({"method": "draft_model", "model": draft}, model=ckpts["target"])
+    (override,) = predict_vllm_overrides(res)
+    assert override.vllm == "mtp" and rewritten in override.cause and architecture in override.cause
+    with pytest.raises(ConfigError, match="would run method 'mtp'"):
+        export(res, "vllm", strict=True)
+
+
+def test_an_mtp_k_that_vllm_refuses_is_named(tmp_path):
+    target = write(tmp_path / "dsv3", architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
+                   num_nextn_predict_layers=2)
+    refused = export(resolve({"method": "mtp", "num_speculative_tokens": 3}, model=target), "vllm")
+    assert any("refuses num_speculative_tokens = 3 with 2 MTP modules" in w and "to 2 or 4" in w
+               for w in refused.warnings)
+    for k in (1, 2, 4):
+        out = export(resolve({"method": "mtp", "num_speculative_tokens": k}, model=target), "vllm")
+        assert not any("MTP modules" in w for w in out.warnings)

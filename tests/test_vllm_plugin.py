@@ -237,3 +237,25 @@ def test_the_plan_warns_when_specsures_engine_would_refuse(models):
     plan = make_plan({"method": "draft_model", "model": models["EAGLE3-LLaMA-head"]}, models["target"])
     assert plan.handed is not None and plan.handed["method"] == "draft_model"
     assert any("would refuse" in w and "EAGLE-3 head" in w for w in plan.warnings)
+
+
+def test_a_folder_ending_in_eagle_under_a_trapped_parent_gets_a_link_vllm_passes(tmp_path, models):
+    draft = str(write_checkpoint(tmp_path / "models" / "eagle-runs" / "qwen-eagle", llama()))
+    spec = vllm(models["target"], speculative_config={"method": "draft_model", "model": draft,
+                                                      "num_speculative_tokens": 3})
+    assert spec.method == "draft_model" and same_folder(spec.model, draft)
+
+
+def test_guard_mode_leaves_the_fields_you_did_not_set_to_vllm(models):
+    module = vllm_standin.arg_utils()
+    install(module.EngineArgs, module, "9.9.9")
+    args = module.EngineArgs(models["target"], speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    spec = args.create_speculative_config(vllm_standin.ModelConfig(models["target"]), None)
+    assert spec.method == "ngram" and (spec.prompt_lookup_min, spec.prompt_lookup_max) == (5, 5)  # vLLM's own
+
+
+@pytest.mark.parametrize("name", ["deepseek_mtp", "exaone_moe_mtp"])
+def test_every_mtp_name_vllm_takes_is_mtp_to_the_plugin(models, monkeypatch, name):
+    monkeypatch.setattr(vllm_standin, "MTP_ALIASES", vllm_standin.MTP_ALIASES | {"exaone_moe_mtp"})
+    spec = vllm(models["dsv3"], speculative_config={"method": name, "num_speculative_tokens": 1})
+    assert spec.method == "mtp"

@@ -9,7 +9,7 @@ import math
 import sys
 
 from specsure.cli.common import (
-    EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_model_flags, missing_modules, parse_speculative_config,
+    EXIT_FAIL, EXIT_OK, add_model_flags, missing_modules, parse_speculative_config,
 )
 from specsure.config import ConfigError, resolve
 from specsure.config.export import VLLM_TESTED_VERSIONS, export, target_path
@@ -39,6 +39,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _check(args)
+    except ValueError as exc:
+        if args.json:  # a script reading stdout gets JSON either way; stderr has the same error line
+            print(json.dumps({"error": str(exc)}, indent=2))
+        raise
+
+
+def _check(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise ValueError(f"--timeout {args.timeout}: must be a positive number of seconds.")
     speculative = parse_speculative_config(args.speculative_config)
@@ -49,21 +58,19 @@ def run(args: argparse.Namespace) -> int:
     exported = export(res, "vllm", strict=False)
     python = args.vllm_python or default_vllm_python()
     if python is None:
-        print("error: no vLLM environment found: .venv-vllm/bin/python does not exist. Pass --vllm-python "
-              "PATH (a Python with vLLM installed), or create one: python3 -m venv .venv-vllm && "
-              f".venv-vllm/bin/pip install vllm=={VLLM_TESTED_VERSIONS[-1]}", file=sys.stderr)
-        return EXIT_USAGE
+        raise ValueError("no vLLM environment found: .venv-vllm/bin/python does not exist. Pass --vllm-python "
+                         "PATH (a Python with vLLM installed), or create one: python3 -m venv .venv-vllm && "
+                         f".venv-vllm/bin/pip install vllm=={VLLM_TESTED_VERSIONS[-1]}")
     target, notes = target_path(res), list(res.warnings) + list(exported.warnings)
     if target.lower().endswith(".gguf"):
         # vLLM reads a bare .gguf only with a tokenizer repository to fetch its config from, and
         # fails with "Invalid repository ID" here. The folder specsure converted the file into holds
         # the same model in HF layout, so vLLM's detection sees the same checkpoint metadata.
         if missing := missing_modules("engine"):  # converting a GGUF needs torch and gguf
-            print(f"error: the target {target} is a GGUF file, which check-vllm asks vLLM about as the folder "
-                  f"specsure converts it into, and converting needs the 'engine' extra ({', '.join(missing)} not "
-                  "installed). Install it with: pip install 'specsure[engine]', or pass --model with a Hugging Face "
-                  "folder.", file=sys.stderr)
-            return EXIT_USAGE
+            raise ValueError(f"the target {target} is a GGUF file, which check-vllm asks vLLM about as the folder "
+                             f"specsure converts it into, and converting needs the 'engine' extra "
+                             f"({', '.join(missing)} not installed). Install it with: pip install 'specsure[engine]', "
+                             "or pass --model with a Hugging Face folder.")
         from specsure.models.loading import weights_folder
 
         gguf, target = target, str(weights_folder(res.target_model))
@@ -76,14 +83,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         answer = run_probe(python, cases, timeout=args.timeout)
     except ProbeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        raise ValueError(str(exc)) from None
     result, written = answer["results"]
     version = str(answer.get("vllm_version", "?"))
     if "error" in result:
-        print(f"error: vLLM {version}'s config code failed on the exported config "
-              f"{json.dumps(dict(exported.speculative_config))}: {result['error']}", file=sys.stderr)
-        return EXIT_USAGE
+        raise ValueError(f"vLLM {version}'s config code failed on the exported config "
+                         f"{json.dumps(dict(exported.speculative_config))}: {result['error']}")
     check = compare(res, result, exported=exported.speculative_config, as_written=written, vllm_version=version)
     if version not in VLLM_TESTED_VERSIONS:
         notes.append(f"vLLM {version} is not a tested version ({', '.join(VLLM_TESTED_VERSIONS)}).")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Mapping
 from specsure.config.compat import LAYER_IDS_KEY, declared_aux_layers
 from specsure.config.detect import MTP_HEAD_ARCHITECTURES
 from specsure.config.errors import ConfigError
-from specsure.config.schema import NO_DRAFT_METHODS
+from specsure.config.schema import MTP_METHOD_ALIASES, NO_DRAFT_METHODS
 from specsure.config.token_tree import is_chain
 
 if TYPE_CHECKING:
@@ -43,11 +43,13 @@ VLLM_MTP_REWRITES: Final[Mapping[str, str]] = {
     "qwen3_next": "qwen3_next_mtp", "ernie4_5_moe": "ernie_mtp", "longcat_flash": "longcat_flash_mtp",
     "pangu_ultra_moe": "pangu_ultra_moe_mtp", "exaone_moe": "exaone_moe_mtp", "hy_v3": "hy_v3_mtp",
 }
-VLLM_MTP_MODEL_TYPES: Final[frozenset[str]] = frozenset({
-    "deepseek_mtp", "qwen3_next_mtp", "mimo_mtp", "mimo_v2_mtp", "glm4_moe_mtp", "glm4_moe_lite_mtp",
-    "ernie_mtp", "longcat_flash_mtp", "pangu_ultra_moe_mtp", "exaone_moe_mtp", "qwen3_5_mtp",
-    "step3p5_mtp", "mtp",
-})
+# The same function rewrites these by the draft's first architecture, whatever its model_type.
+VLLM_MTP_ARCHITECTURE_REWRITES: Final[Mapping[str, str]] = {
+    "MiMoForCausalLM": "mimo_mtp", "MiMoV2FlashForCausalLM": "mimo_v2_mtp",
+    "Glm4MoeForCausalLM": "glm4_moe_mtp", "Glm4MoeLiteForCausalLM": "glm4_moe_lite_mtp",
+}
+# vLLM's MTPModelTypes: the model_types that make it run 'mtp', and the method names it takes as 'mtp'.
+VLLM_MTP_MODEL_TYPES: Final[frozenset[str]] = MTP_METHOD_ALIASES | {"mtp"}
 # Draft architectures that only specsure loads; no other engine has a model class for them.
 SPECSURE_ONLY_ARCHITECTURES: Final[frozenset[str]] = MTP_HEAD_ARCHITECTURES
 
@@ -74,8 +76,15 @@ class PathTrap:
         """Where the path goes on vLLM's command line."""
         return "--model" if self.role == "target" else 'the "model" key of --speculative-config'
 
-    def symlink_fix(self) -> tuple[str, str]:
-        """(shell command, new path): a symlink whose path vLLM's substring test passes."""
+    def fix_text(self, command: str | None, link: str) -> str:
+        """The fix for a message: make the link (unless it exists) and pass it."""
+        if command is None:
+            return f"pass the neutral symlink {link!r}, which already links to the {self.role}, as {self.flag}"
+        return f"serve the {self.role} through a neutral symlink: {command} and pass {link!r} as {self.flag}"
+
+    def symlink_fix(self) -> tuple[str | None, str]:
+        """(shell command, new path): a symlink whose path vLLM's substring test passes; the command is
+        None when that link exists already."""
         real = Path(self.path).expanduser().absolute()
         parent = real.parent
         while vllm_path_trap(str(parent)) is not None and parent != parent.parent:
@@ -83,8 +92,21 @@ class PathTrap:
         if vllm_path_trap(str(parent)) is not None:
             parent = Path("/tmp")
         name = neutral_name(real.name) or f"{self.role}-checkpoint"
-        link = str(parent / name)
-        return f"ln -s {shlex.quote(str(real))} {shlex.quote(link)}", link
+        link = parent / name
+        # A name already taken (say /models/llama-1b beside /models/eagle-exp/llama-1b) would make
+        # `ln -s` put the link inside that folder, and vLLM would load the other model as told.
+        n = 1
+        while os.path.lexists(link) and not _links_to(link, real):
+            n += 1
+            link = parent / f"{name}_link{n if n > 2 else ''}"
+        if _links_to(link, real):
+            return None, str(link)
+        return f"ln -s {shlex.quote(str(real))} {shlex.quote(str(link))}", str(link)
+
+
+def _links_to(link: Path, real: Path) -> bool:
+    """Whether ``link`` is a symbolic link that resolves to the folder ``real``."""
+    return link.is_symlink() and link.resolve() == real.resolve()
 
 
 def vllm_path_trap(path: str) -> tuple[str, str] | None:
@@ -154,21 +176,25 @@ def predict_vllm_overrides(res: "Resolution") -> tuple[Override, ...]:
             cause=(f"the {role} path {path!r} contains {trap.substring!r}; vLLM's method detection (skipped "
                    f"only for methods {', '.join(sorted(VLLM_DETECTION_SKIPPED))}) tests for that substring "
                    f"and switches {config.method!r} to {trap.method!r} without a log line"),
-            fix=f"serve the {role} through a neutral symlink: {command} and pass {link!r} as {trap.flag}",
-            workaround=command),)
+            fix=trap.fix_text(command, link), workaround=command),)
     draft = res.draft if config.model is not None else res.target
     model_type = draft.model_type if draft is not None else None
-    if config.method != "mtp" and model_type is not None and (
+    first = draft.architectures[0] if draft is not None and draft.architectures else None
+    if config.method != "mtp" and first in VLLM_MTP_ARCHITECTURE_REWRITES:
+        rewritten = VLLM_MTP_ARCHITECTURE_REWRITES[first]
+        how = f"rewrites its model_type to {rewritten!r} for architecture {first!r}, then "
+    elif config.method != "mtp" and model_type is not None and (
             model_type in VLLM_MTP_REWRITES or model_type in VLLM_MTP_MODEL_TYPES):
         rewritten = VLLM_MTP_REWRITES.get(model_type, model_type)
         how = f"rewrites model_type {model_type!r} to {rewritten!r}, then " if rewritten != model_type else ""
-        return (Override(
-            "method", config.method, "mtp",
-            cause=(f"the {role} checkpoint {path!r} has model_type {model_type!r}; vLLM {how}detects "
-                   "'mtp' from the MTP model_type and replaces the method without a log line"),
-            fix=("no speculative-config key prevents this in vLLM 0.33.0; run this draft with specsure, or "
-                 "choose method 'mtp' if the MTP layers are what you want")),)
-    return ()
+    else:
+        return ()
+    return (Override(
+        "method", config.method, "mtp",
+        cause=(f"the {role} checkpoint {path!r} has model_type {model_type!r}; vLLM {how}detects "
+               "'mtp' from the MTP model_type and replaces the method without a log line"),
+        fix=("no speculative-config key prevents this in vLLM 0.33.0; run this draft with specsure, or "
+             "choose method 'mtp' if the MTP layers are what you want")),)
 
 
 @dataclass(frozen=True)
@@ -278,6 +304,14 @@ def _vllm(res: "Resolution") -> Export:
                         f"{', '.join(VLLM_TESTED_VERSIONS)} (earlier vLLM releases had it), so it is left out: vLLM "
                         f"drafts a chain of num_speculative_tokens = {config.num_speculative_tokens} tokens. Its output "
                         "is the same; a different number of tokens is accepted per step.")
+    if config.method == "mtp" and (modules := _mtp_modules(res)) is not None:
+        k = config.num_speculative_tokens
+        if k > modules and k % modules:
+            # vllm/config/speculative.py __post_init__: above n_predict, k must reuse the modules whole rounds.
+            warnings.append(f"vLLM {', '.join(VLLM_TESTED_VERSIONS)} refuses num_speculative_tokens = {k} with "
+                            f"{modules} MTP modules (n_predict): above {modules} it must be a multiple of "
+                            f"{modules}. specsure runs it, reusing the modules in turn; for vLLM set "
+                            f"num_speculative_tokens to {k - k % modules} or {k - k % modules + modules}.")
     if config.method == "suffix":
         # vllm/config/speculative.py _validate_suffix_decoding raises ImportError without it.
         warnings.append("vLLM runs suffix decoding through the arctic-inference package and refuses the config "
@@ -289,6 +323,13 @@ def _vllm(res: "Resolution") -> Export:
         if o.workaround:
             workarounds.append(o.workaround)
     return Export("vllm", args, spec, tuple(warnings), tuple(workarounds))
+
+
+def _mtp_modules(res: "Resolution") -> int | None:
+    """The MTP modules vLLM counts as n_predict: the draft's, or the target's when mtp runs without one."""
+    holder = res.draft if res.draft is not None else res.target
+    layers = holder.mtp_layers if holder is not None else None
+    return layers[1] if layers is not None else None
 
 
 def _sglang(res: "Resolution") -> Export:

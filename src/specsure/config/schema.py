@@ -18,8 +18,9 @@ NO_DRAFT_METHODS: Final[frozenset[str]] = frozenset({"ngram", "suffix"})
 
 # vLLM's old per-model MTP method names; they all mean "mtp" (vLLM warns the same way).
 MTP_METHOD_ALIASES: Final[frozenset[str]] = frozenset({
-    "deepseek_mtp", "qwen3_next_mtp", "mimo_mtp", "glm4_moe_mtp", "ernie_mtp",
-    "longcat_flash_mtp", "pangu_ultra_moe_mtp", "qwen3_5_mtp", "step3p5_mtp",
+    "deepseek_mtp", "qwen3_next_mtp", "mimo_mtp", "mimo_v2_mtp", "glm4_moe_mtp", "glm4_moe_lite_mtp",
+    "ernie_mtp", "longcat_flash_mtp", "pangu_ultra_moe_mtp", "exaone_moe_mtp", "qwen3_5_mtp", "step3p5_mtp",
+    "hy_v3_mtp",
 })
 
 # vLLM methods specsure does not run; named so the error can say so instead of "unknown".
@@ -124,8 +125,9 @@ def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
                 f"Valid keys: {', '.join(FIELDS)} (and 'draft_model' as an alias of 'model')."
             )
         if canonical in values and values[canonical] != value:
+            first = "draft_model" if key == "model" else "model"  # the name the earlier value came under
             raise ConfigError(
-                f"'model' = {values[canonical]!r} and 'draft_model' = {value!r} disagree; they are two "
+                f"{first!r} = {values[canonical]!r} and {key!r} = {value!r} disagree; they are two "
                 "names for the same field (the draft checkpoint). Give only one of them."
             )
         values[canonical] = value
@@ -191,7 +193,9 @@ def _check_model(value: Any) -> str | None:
 
 def _check_int(field: str, value: Any, upper: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        hint = f" Write {int(float(value))} without quotes or decimals." if _is_whole(value) else ""
+        # The hint only where following it gives a valid value; 100.0 would just meet the range error next.
+        hint = (f" Write {int(float(value))} without quotes or decimals."
+                if _is_whole(value) and 1 <= float(value) <= upper else "")
         raise ConfigError(f"{field} = {as_json(value)} must be an integer from 1 to {upper}.{hint}")
     if not 1 <= value <= upper:
         raise ConfigError(f"{field} = {value} is out of range: it must be from 1 to {upper}.")

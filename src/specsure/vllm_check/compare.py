@@ -175,7 +175,7 @@ def _diagnose(res: "Resolution", name: str, ours: Any, theirs: Any, vllm: Mappin
                         cause=(f"folder-name substring: the {role} path {path!r} contains {trap[0]!r}, and vLLM "
                                f"tests the path for it unless the method is one of "
                                f"{', '.join(sorted(VLLM_DETECTION_SKIPPED))}; so your {ours!r} became {theirs!r}"),
-                        fix=f"give vLLM a neutral path: {command} and pass {link!r} as {fix_trap.flag}")
+                        fix=fix_trap.fix_text(command, link))
     draft_type = vllm.get("draft_model_type")
     if theirs == "mtp" and draft_type in VLLM_MTP_MODEL_TYPES:
         holder = res.draft if res.draft is not None else res.target

@@ -30,6 +30,10 @@ def resolved(spec: Any, target_model_type: str | None = None) -> dict[str, Any]:
             "target_model_type": target_model_type}
 
 
+GUARDED: tuple[str, ...] = ("method", "model")
+"""Fields checked whatever set them: running another method or draft is never vLLM's to decide silently."""
+
+
 def mismatches(plan: Plan, vllm: Mapping[str, Any], version: str) -> list[str]:
     """One sentence per field where vLLM runs something else than was asked; empty when it agrees."""
     res = plan.resolution
@@ -38,6 +42,8 @@ def mismatches(plan: Plan, vllm: Mapping[str, Any], version: str) -> list[str]:
         out = []
         for m in check.mismatches:
             source = res.decisions[m.field].source
+            if plan.handed is None and source != "user" and m.field not in GUARDED:
+                continue  # handed unchanged: vLLM fills the unset fields with its own defaults, as asked
             asked = res.decisions[m.field].value if source == "user" else m.specsure
             out.append(_sentence(m.field, asked, source, m.vllm, m.cause, m.fix, version))
         return out

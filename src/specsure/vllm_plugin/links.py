@@ -27,9 +27,12 @@ def link_cache() -> Path:
 
 
 def link_name(real: Path) -> str:
-    """``<neutral folder name>-<12 hex digits of the real path's hash>``: stable for one folder."""
+    """``<neutral folder name>_<12 hex digits of the real path's hash>``: stable for one folder."""
     digest = hashlib.sha256(str(real).encode()).hexdigest()[:12]  # hex never spells a trap
-    return f"{neutral_name(real.name) or 'checkpoint'}-{digest}"
+    # An underscore, not a hyphen: 'qwen-eagle' + '-' would spell vLLM's 'eagle-'.
+    name = f"{neutral_name(real.name) or 'checkpoint'}_{digest}"
+    assert vllm_path_trap(name) is None, name
+    return name
 
 
 def neutral_link(path: str) -> str:

@@ -115,8 +115,8 @@ def _wrap_speculators(original: Callable[..., Any], version: str) -> Callable[..
         problems = []
         for key in ("method", "model"):
             mine, theirs = asked.get(key), spec.get(key)
-            if key == "method" and mine in MTP_METHOD_ALIASES:
-                mine = "mtp"
+            if key == "method":  # an old MTP name is 'mtp' on both sides: vLLM renames it later, in the config
+                mine, theirs = ("mtp" if m in MTP_METHOD_ALIASES else m for m in (mine, theirs))
             if mine is not None and mine != theirs:
                 problems.append(f"{key}: you asked for {mine!r}, but vLLM {version} would run {theirs!r}. Signal: "
                                 f"the target {kwargs.get('model', args[0] if args else '?')!r} is a speculators-"
