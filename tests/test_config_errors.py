@@ -53,9 +53,10 @@ def test_unknown_method_suggests_the_closest(target):
     assert "ngram, draft_model, eagle, eagle3, mtp" in msg
 
 
-def test_foreign_vllm_method_is_named_as_such(target):
-    msg = error_of({"method": "medusa"}, target)
-    assert '"medusa"' in msg and "specsure does not run" in msg and "eagle3" in msg
+@pytest.mark.parametrize("method", ["medusa", "mlp_speculator", "dflash", "dspark"])
+def test_foreign_vllm_method_is_named_as_such(target, method):
+    msg = error_of({"method": method}, target)
+    assert f'"{method}"' in msg and "specsure does not run" in msg and "eagle3" in msg
 
 
 def test_method_of_wrong_type(target):
@@ -309,3 +310,8 @@ def test_draft_folder_without_weights_is_refused(tmp_path, target):
 def test_runnable_mtp_target_passes(tmp_path):
     target = str(write_checkpoint(tmp_path / "dsv3", deepseek_v3(mtp_layers=1)))
     resolve({"method": "mtp"}, model=target).check_runnable()
+
+
+def test_values_are_checked_before_the_target_is_read(tmp_path):
+    msg = error_of({"method": "ngram", "num_speculative_tokens": 0}, str(tmp_path / "no-such-target"))
+    assert msg.startswith("num_speculative_tokens = 0 is out of range")

@@ -99,3 +99,13 @@ def test_the_old_sampling_path_still_works() -> None:
 
     assert SamplingParams is moved is specsure.SamplingParams and draw is moved_draw
     assert probs_from_logits.__module__ == "specsure.sampling"
+
+
+def test_the_old_sampling_module_exports_every_public_name() -> None:
+    import specsure.decode.sampling as old
+    import specsure.sampling as new
+
+    public = {n for n, v in vars(new).items()
+              if not n.startswith("_") and (n.isupper() or getattr(v, "__module__", None) == new.__name__)}
+    assert "argmax_ids" in public and "SEED_LIMIT" in public
+    assert public <= set(old.__all__) and all(getattr(old, n) is getattr(new, n) for n in public)

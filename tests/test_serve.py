@@ -280,6 +280,8 @@ def test_model_without_tokenizer(bare_client: TestClient) -> None:
         r = bare_client.post(path, json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
         assert "tokenizer" in r.json()["error"]["message"]
+    r = bare_client.post("/v1/completions", json={"prompt": PROMPT_IDS, "stop": "x"})
+    assert r.json()["error"]["message"].startswith('stop = ["x"] needs a tokenizer')  # the request's words, in JSON
     assert bare_client.get("/v1/models").json()["data"][0]["speculative"]["method"] is None
     assert metric(bare_client.get("/metrics").text, "specsure_speculative_config_info", method="") == 1.0
 

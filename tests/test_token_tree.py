@@ -199,3 +199,12 @@ def test_a_tree_on_an_mtp_head_of_two_modules_is_refused(target, tmp_path):
         tree_engine(target, "mtp", head)
     chain = tree_engine(target, "mtp", head, tree="[(0,), (0, 0)]")  # a chain-shaped tree is a chain
     assert chain.proposer.tree is None
+
+
+def test_a_tree_step_counts_every_node_drafted_and_one_position_per_depth(target, heads):
+    engine = tree_engine(target, "eagle3", heads["eagle3"], tree="[(0,), (1,), (2,)]")
+    stats = engine.generate(PROMPT, SamplingParams(max_tokens=40, ignore_eos=True))[0].stats
+    assert stats.drafts > 0 and len(stats.accepted_per_position) == 1
+    # Three nodes verified a step (fewer only in the last steps, where the room left to max_tokens trims the tree).
+    assert 3 * stats.drafts - 4 <= stats.draft_tokens <= 3 * stats.drafts
+    assert stats.accepted_tokens == stats.accepted_per_position[0]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from checkpoints import eagle3_head, llama, silent, write_checkpoint
+from checkpoints import deepseek_v3, eagle3_head, eagle_head, llama, mtp_head, silent, write_checkpoint
 from specsure.cli.common import parse_speculative_config
 from specsure.cli.main import main
 from specsure.config import ConfigError, resolve
@@ -221,3 +221,41 @@ def test_make_engine_checks_its_arguments_before_loading(monkeypatch: pytest.Mon
     monkeypatch.setattr(engine_module, "load_model", lambda *a, **k: pytest.fail("the model loaded first"))
     with pytest.raises(ValueError, match=words):
         engine_module.make_engine(None, None, **kwargs)
+
+
+# --- explain refuses, before loading, what the proposers refuse at load -------------------------
+
+@pytest.mark.parametrize(("method", "head"), [
+    ("eagle", eagle_head(hidden_size=48)), ("eagle3", eagle3_head(target_hidden_size=48)),
+    ("eagle3", eagle3_head(hidden_size=48)),  # shares the target's embedding (no embed_tokens.weight)
+    ("mtp", mtp_head(hidden_size=48)),
+])
+def test_a_head_of_another_width_is_refused_by_resolution(tmp_path: Path, method: str, head: dict) -> None:
+    target = write_checkpoint(tmp_path / "target", llama())  # hidden_size 64
+    draft = write_checkpoint(tmp_path / "head", head)
+    res = resolve({"method": method, "model": str(draft)}, model=str(target))
+    with pytest.raises(ConfigError, match=r"hidden_size = 48, but .*needs 64"):
+        res.check_runnable()
+
+
+def test_an_eagle3_head_with_its_own_embedding_may_be_narrower(tmp_path: Path) -> None:
+    target = write_checkpoint(tmp_path / "target", llama(layers=8))
+    names = ["fc.weight", "midlayer.hidden_norm.weight", "d2t", "t2d", "lm_head.weight", "embed_tokens.weight"]
+    draft = write_checkpoint(tmp_path / "head", eagle3_head(hidden_size=48), names)
+    resolve({"method": "eagle3", "model": str(draft)}, model=str(target)).check_runnable()
+
+
+@pytest.mark.parametrize("holder", ["head", "target"])
+def test_a_tree_on_two_mtp_modules_is_refused_by_resolution(tmp_path: Path, holder: str) -> None:
+    tree = "[(0,), (1,)]"
+    if holder == "head":
+        target = write_checkpoint(tmp_path / "target", llama())
+        spec = {"method": "mtp", "model": str(write_checkpoint(tmp_path / "mtp2", mtp_head(modules=2))),
+                "speculative_token_tree": tree}
+    else:
+        target = write_checkpoint(tmp_path / "target", deepseek_v3(mtp_layers=2))
+        spec = {"method": "mtp", "speculative_token_tree": tree}
+    res = resolve(spec, model=str(target))
+    with pytest.raises(ConfigError, match="speculative_token_tree needs a head with one module.*has 2"):
+        res.check_runnable()
+    resolve({**spec, "speculative_token_tree": "[(0,), (0, 0)]"}, model=str(target)).check_runnable()  # a chain

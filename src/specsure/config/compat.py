@@ -21,6 +21,7 @@ from specsure.config.detect import (
 )
 from specsure.config.errors import ConfigError
 from specsure.config.schema import SpeculativeConfig
+from specsure.config.token_tree import DraftTree, is_chain
 
 
 def check_weights(info: CheckpointInfo, role: str) -> None:
@@ -54,9 +55,12 @@ def check_runnable(target: CheckpointInfo, config: SpeculativeConfig | None, dra
         if target.tensor_names and target.num_hidden_layers is not None:
             check_mtp_tensors(target.tensor_names, target.num_hidden_layers, count,
                               holder=f"the target's safetensors ({target.path!r})", declared=target.signal(key))
+        check_tree_modules(method, config.speculative_token_tree, count)
         return
     if draft is None:
         return
+    if method == "mtp" and draft.mtp_layers is not None:
+        check_tree_modules(method, config.speculative_token_tree, draft.mtp_layers[1])
     if weights:
         check_weights(draft, "draft")
     if draft_evidence is not None and draft_evidence.value != method and not _whole_lm_as_draft(method, draft):
@@ -81,13 +85,51 @@ def check_head(method: str, draft: CheckpointInfo, target: CheckpointInfo) -> No
     """
     if method in ("eagle", "eagle3", "mtp") and draft.tensor_names:
         check_head_tensors(method, draft.path, draft.tensor_names, draft.config)
-    if method not in ("eagle", "eagle3"):
-        return
-    if draft.vocab_size is not None and target.vocab_size is not None and draft.vocab_size != target.vocab_size:
-        raise mismatch(draft.path, "vocab_size", draft.vocab_size, target.vocab_size,
-                       f"the target {target.path!r} (vocab_size)")
+    if method == "mtp" and not set(draft.architectures) & MTP_HEAD_ARCHITECTURES:
+        return  # a whole model's MTP layers are built to its own sizes, checked when it loads
+    if method in ("eagle", "eagle3", "mtp"):
+        check_head_fits(method, draft.path, draft.config, draft.tensor_names, hidden_size=target.hidden_size,
+                        vocab_size=target.vocab_size, target=target.path)
     if method == "eagle3" and target.num_hidden_layers is not None:
         aux_layer_ids(draft.config, draft.path, target.num_hidden_layers)
+
+
+def check_head_fits(method: str, path: str, config: Mapping[str, Any], names: Collection[str], *,
+                    hidden_size: int | None, vocab_size: int | None, target: str) -> None:
+    """A head's declared widths are the target's: the hidden size it reads (EAGLE-3's target_hidden_size,
+    and its own hidden_size when it shares the target's embedding) and the vocabulary it drafts in.
+
+    Resolution calls it on the target's config.json, the proposers again on the loaded target.
+    """
+    def declared(key: str) -> int | None:
+        value = config.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def equal(field: str, found: int | None, expected: int | None, why: str) -> None:
+        if found is not None and expected is not None and found != expected:
+            raise mismatch(path, field, found, expected, why)
+
+    if method == "eagle":
+        where = f"the target {target!r}, whose embedding and LM head EAGLE-1 shares,"
+        equal("hidden_size", declared("hidden_size"), hidden_size, where)
+        equal("vocab_size", declared("vocab_size"), vocab_size, where)
+    elif method == "eagle3":
+        equal("vocab_size", declared("vocab_size"), vocab_size, f"the target {target!r} (vocab_size)")
+        equal("target_hidden_size", declared("target_hidden_size"), hidden_size, f"the target {target!r} (hidden_size)")
+        if names and not any(n.endswith("embed_tokens.weight") for n in names):
+            equal("hidden_size", declared("hidden_size"), hidden_size,
+                  f"sharing the target's embedding (the head has no embed_tokens.weight) with {target!r}")
+    elif method == "mtp":
+        for key, found in (("hidden_size", hidden_size), ("vocab_size", vocab_size)):
+            equal(key, declared(key), found, f"the target {target!r}")
+
+
+def check_tree_modules(method: str, tree: DraftTree | None, modules: int) -> None:
+    """A token tree needs a head of one module: MTP modules chain depth by depth."""
+    if tree is not None and not is_chain(tree) and modules > 1:
+        raise ConfigError(f"speculative_token_tree needs a head with one module, but this {method} head has "
+                          f"{modules} (MTP modules chain depth by depth); drop the tree, or draft a "
+                          "chain of num_speculative_tokens tokens.")
 
 
 def check_head_tensors(method: str, path: str, names: Collection[str], config: Mapping[str, Any]) -> None:

@@ -101,14 +101,15 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, str
     """
     if model is not None and (not isinstance(model, str) or not model.strip()):
         raise ConfigError(f"model = {model!r} must be a path string (a model folder or .gguf file) or None.")
+    off = speculative is None or (isinstance(speculative, Mapping) and not speculative)
+    spec = None if off else parse_user_spec(speculative)  # every value is checked before any checkpoint is read
     target = read_checkpoint(model)
     decisions: dict[str, Decision] = {"target": _target_decision(model, target)}
-    if speculative is None or (isinstance(speculative, Mapping) and not speculative):
-        off = "No speculative config was given, so speculative decoding is off and plain decoding runs."
-        decisions.update({name: Decision(name, None, "default", off) for name in FIELDS})
+    if spec is None:
+        why = "No speculative config was given, so speculative decoding is off and plain decoding runs."
+        decisions.update({name: Decision(name, None, "default", why) for name in FIELDS})
         return Resolution(config=None, decisions=MappingProxyType(decisions), warnings=(), target=target,
                           target_model=model, strict=strict)
-    spec = parse_user_spec(speculative)
     state = _State(spec=spec, target=target, target_head=classify_head(target), default_target=model is None)
     if spec.model is not UNSET and spec.model is not None:
         state.draft = _read_draft(spec.model)

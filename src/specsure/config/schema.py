@@ -24,7 +24,7 @@ MTP_METHOD_ALIASES: Final[frozenset[str]] = frozenset({
 })
 
 # vLLM methods specsure does not run; named so the error can say so instead of "unknown".
-FOREIGN_METHODS: Final[frozenset[str]] = frozenset({"medusa", "mlp_speculator", "dflash"})
+FOREIGN_METHODS: Final[frozenset[str]] = frozenset({"medusa", "mlp_speculator", "dflash", "dspark"})
 
 SUFFIX_FIELDS: Final[tuple[str, ...]] = (
     "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",

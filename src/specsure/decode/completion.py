@@ -21,11 +21,15 @@ class PromptError(ValueError):
 
 
 class ParamsError(ValueError):
-    """SamplingParams that are valid but that this engine's model cannot honour; ``field`` names the param."""
+    """SamplingParams that are valid but that this engine's model cannot honour; ``field`` names the param.
 
-    def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        super().__init__(message)
+    The message is ``SamplingParams.<field> = <value as Python writes it> <reason>``; a server names the
+    field and value as its request wrote them, in front of the same ``reason``.
+    """
+
+    def __init__(self, field: str, value: object, reason: str) -> None:
+        self.field, self.value, self.reason = field, value, reason
+        super().__init__(f"SamplingParams.{field} = {value!r} {reason}")
 
 
 @dataclass(frozen=True)

@@ -127,9 +127,10 @@ class Engine:
     def check_params(self, params: SamplingParams) -> None:
         """Raise ParamsError for valid params that this model cannot honour (stop strings need a tokenizer)."""
         if params.stop and self.tokenizer is None:
-            raise ParamsError("stop", f"SamplingParams.stop = {list(params.stop)!r} needs a tokenizer to match text, "
-                                      f"but the model at {self.target.path} has none; omit stop (generation still "
-                                      "ends at max_tokens or EOS), or add the tokenizer to the model folder.")
+            raise ParamsError("stop", list(params.stop), f"needs a tokenizer to match text, but the model at "
+                                                          f"{self.target.path} has none; omit stop (generation still "
+                                                          "ends at max_tokens or EOS), or add the tokenizer to the "
+                                                          "model folder.")
 
     def _encode(self, prompt: Prompt, index: int) -> list[int]:
         if isinstance(prompt, str):

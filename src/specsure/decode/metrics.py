@@ -7,7 +7,8 @@ numbers from specsure and vLLM can be compared directly:
 - draft_tokens / accepted_tokens: summed over those steps (``num_draft_tokens``,
   ``num_accepted_tokens``).
 - accepted_per_position[i]: steps whose draft token at position i was accepted
-  (``num_accepted_tokens_per_pos``).
+  (``num_accepted_tokens_per_pos``). With a token tree, position i is depth i + 1: a step accepts
+  at most one node per depth, and draft_tokens counts every node it verified.
 - mean acceptance length = 1 + accepted_tokens / drafts; the 1 counts the bonus (or recovered)
   token each step yields.
 - per-position acceptance rate = accepted_per_position[i] / drafts.
@@ -37,17 +38,19 @@ class SpecStats:
     elapsed_s: float = 0.0
     """Wall time spent generating, in seconds (for throughput)."""
 
-    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
-        """Record one verification step. A step with no draft tokens is not a draft (vLLM)."""
-        if not 0 <= num_accepted <= num_draft_tokens:
-            raise ValueError(f"SpecStats.observe: num_accepted = {num_accepted} must be in "
-                             f"[0, num_draft_tokens = {num_draft_tokens}]")
+    def observe(self, num_draft_tokens: int, num_accepted: int, positions: int | None = None) -> None:
+        """Record one verification step. A step with no draft tokens is not a draft (vLLM).
+        ``positions``: a token tree's depth (a chain's is its length, the default)."""
+        positions = num_draft_tokens if positions is None else positions
+        if not 0 <= num_accepted <= positions <= num_draft_tokens:
+            raise ValueError(f"SpecStats.observe: need 0 <= num_accepted = {num_accepted} <= positions = "
+                             f"{positions} <= num_draft_tokens = {num_draft_tokens}")
         if num_draft_tokens == 0:
             return
         self.drafts += 1
         self.draft_tokens += num_draft_tokens
         self.accepted_tokens += num_accepted
-        self._grow(num_draft_tokens)
+        self._grow(positions)
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1
 

@@ -164,7 +164,7 @@ class Request:
             parents = self._parents
             verdict = (verify_tree(None, out.logits, fed, parents, None) if params.greedy else
                        verify_tree(probs_from_logits(out.logits, params), None, fed, parents, self.generator))
-            self.stats.observe(depth(parents), verdict.accepted)
+            self.stats.observe(len(parents) - 1, verdict.accepted, positions=depth(parents))  # every node was drafted
             lm.keep(start, verdict.path)  # the accepted path moves into place; other branches leave the cache
             kept, rows, new = [fed[i] for i in verdict.path], out.pick(verdict.path), verdict.output_ids
             self._record(rows.logits, new)  # the path's rows: where each new token was chosen

@@ -1,8 +1,12 @@
 """The old home of the sampling layer, kept so ``specsure.decode.sampling`` imports keep working.
 
-Sampling sits below both the proposers and the decode loop, so it lives in ``specsure.sampling``.
+Sampling sits below both the proposers and the decode loop, so it lives in ``specsure.sampling``;
+every public name of it is here too.
 """
 
-from specsure.sampling import MIN_TEMPERATURE, SamplingParams, draw, probs_from_logits, sample
+from specsure.sampling import (
+    MAX_LOGPROBS, MIN_TEMPERATURE, SEED_LIMIT, SamplingParams, argmax_ids, draw, probs_from_logits, sample,
+)
 
-__all__ = ["MIN_TEMPERATURE", "SamplingParams", "draw", "probs_from_logits", "sample"]
+__all__ = ["MAX_LOGPROBS", "MIN_TEMPERATURE", "SEED_LIMIT", "SamplingParams", "argmax_ids", "draw",
+           "probs_from_logits", "sample"]

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from specsure.config.compat import check_head_tensors
+from specsure.config.compat import check_head_fits, check_head_tensors
 from specsure.config.errors import ConfigError
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import HeadCache, run_blocks, use_cache_slots, use_row_kernel
@@ -88,9 +88,9 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> EagleProposer
     names = {n: n for n in weights.names}
     lm = target.lm
     check_head_tensors("eagle", path, names, config)
+    check_head_fits("eagle", path, config, names, hidden_size=lm.hidden_size, vocab_size=lm.vocab_size,
+                    target=target.path)
     where = f"the target {target.path!r}, whose embedding and LM head EAGLE-1 shares,"
-    check_equal(path, "hidden_size", int_field(config, "hidden_size"), lm.hidden_size, where)
-    check_equal(path, "vocab_size", int_field(config, "vocab_size"), lm.vocab_size, where)
     if "embed_tokens.weight" in names:
         shape = list(weights.read([names["embed_tokens.weight"]])[names["embed_tokens.weight"]].shape)
         check_equal(path, "embed_tokens.weight shape", shape, [lm.vocab_size, lm.hidden_size], where)

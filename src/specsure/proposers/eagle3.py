@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from specsure.config.compat import aux_layer_ids, check_head_tensors
+from specsure.config.compat import aux_layer_ids, check_head_fits, check_head_tensors
 from specsure.config.errors import ConfigError
 from specsure.models.float_kernel import AnyKernel
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
@@ -33,7 +33,7 @@ from specsure.proposers.head_layer import (
     HeadCache, attend, commit_rows, kernel_ready, kernel_segment, use_row_kernel,
 )
 from specsure.proposers.head_loading import (
-    TensorFile, check_equal, int_field, llama_config, load_weights, mismatch, read_head_config, vocab_map,
+    TensorFile, int_field, llama_config, load_weights, mismatch, read_head_config, vocab_map,
 )
 
 if TYPE_CHECKING:
@@ -182,15 +182,10 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
     names = {canonical(n): n for n in weights.names}
     lm = target.lm
     check_head_tensors("eagle3", path, names, config)
-    hidden = int_field(config, "hidden_size")
+    check_head_fits("eagle3", path, config, names, hidden_size=lm.hidden_size, vocab_size=lm.vocab_size,
+                    target=target.path)
     vocab = int_field(config, "vocab_size", lm.vocab_size)
-    check_equal(path, "vocab_size", vocab, lm.vocab_size, f"the target {target.path!r} (vocab_size)")
-    check_equal(path, "target_hidden_size", int_field(config, "target_hidden_size", lm.hidden_size), lm.hidden_size,
-                f"the target {target.path!r} (hidden_size)")
     own_embed = "embed_tokens.weight" in names
-    if not own_embed:
-        check_equal(path, "hidden_size", hidden, lm.hidden_size,
-                    f"sharing the target's embedding (the head has no embed_tokens.weight) with {target.path!r}")
     draft_vocab = int_field(config, "draft_vocab_size", vocab)
     assert draft_vocab is not None and vocab is not None
     if draft_vocab > vocab:
@@ -209,6 +204,6 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
     module.attach(lm, head_config, d2t)
     use_row_kernel(module, lm.row_kernel)
     module.use_kernel(lm.row_kernel)
-    logger.info("eagle3 head %s: hidden %s, draft vocab %d of %d, aux layers %s", path, hidden, draft_vocab,
+    logger.info("eagle3 head %s: hidden %s, draft vocab %d of %d, aux layers %s", path, head_config.hidden_size, draft_vocab,
                 vocab, aux)
     return Eagle3Proposer(module, aux)

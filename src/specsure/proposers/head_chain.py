@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
-from specsure.config.errors import ConfigError
+from specsure.config.compat import check_tree_modules
 from specsure.config.token_tree import DraftTree, is_chain
 from specsure.sampling import draw
 from specsure.proposers.base import Draft, Proposer
@@ -56,10 +56,7 @@ class HeadChainProposer(Proposer):
     def use_tree(self, tree: DraftTree | None) -> None:
         """Draft ``tree`` each step instead of a chain (a chain-shaped tree stays a chain, which
         keeps sampled drafts and their q under sampling)."""
-        if tree is not None and not is_chain(tree) and len(self.modules) > 1:
-            raise ConfigError(f"speculative_token_tree needs a head with one module, but this {self.method} head has "
-                              f"{len(self.modules)} (MTP modules chain depth by depth); drop the tree, or draft a "
-                              "chain of num_speculative_tokens tokens.")
+        check_tree_modules(self.method, tree, len(self.modules))
         self.tree = None if tree is None or is_chain(tree) else tree
 
     def fork(self) -> "HeadChainProposer":

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
-from specsure.config.compat import check_mtp_tensors, require_target_mtp
+from specsure.config.compat import check_head_fits, check_mtp_tensors, require_target_mtp
 from specsure.config.detect import SPECSURE_MTP_HEAD, SPECSURE_MTP_MODEL_TYPE, deepseek_mtp_prefix
 from specsure.config.errors import ConfigError
 from specsure.models.float_kernel import AnyKernel
@@ -40,7 +40,7 @@ from specsure.proposers.head_layer import (
     HeadCache, commit_rows, kernel_ready, kernel_segment, use_cache_slots, use_row_kernel,
 )
 from specsure.proposers.head_loading import (
-    TensorFile, check_equal, int_field, load_weights, read_head_config, vocab_map,
+    TensorFile, int_field, load_weights, read_head_config, vocab_map,
 )
 
 if TYPE_CHECKING:
@@ -215,8 +215,8 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> MTPProposer:
         config = read_head_config(label)
         weights = TensorFile(label)
         prefixes, where = _standalone_prefixes(config, weights, label)
-        for key, found in (("hidden_size", lm.hidden_size), ("vocab_size", lm.vocab_size)):
-            check_equal(label, key, int_field(config, key), found, f"the target {target.path!r}")
+        check_head_fits("mtp", label, config, weights.names, hidden_size=lm.hidden_size, vocab_size=lm.vocab_size,
+                        target=target.path)
         block_config = copy.deepcopy(text_config)
         for key in BLOCK_OVERRIDES:
             if key in config:

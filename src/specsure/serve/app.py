@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specsure.config.checkpoint import DEFAULT_MODEL_NAME
+from specsure.config.errors import as_json
 from specsure.decode.detokenize import TextDeltas
 from specsure.decode.completion import Completion, TokenLogprob
 from specsure.decode.engine import Engine, ParamsError, PromptError, StepUpdate
@@ -303,7 +304,7 @@ def _check_params(engine: Engine, params: SamplingParams) -> None:
     try:
         engine.check_params(params)
     except ParamsError as exc:
-        raise RequestError(str(exc), exc.field) from None
+        raise RequestError(f"{exc.field} = {as_json(exc.value)} {exc.reason}", exc.field) from None
 
 
 def _encode(engine: Engine, prompt: str | list[int], subject: str, param: str) -> list[int]:
