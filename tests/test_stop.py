@@ -6,6 +6,7 @@ ends just before the stop string, wherever it falls inside or across tokens.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,24 @@ def test_a_stop_string_that_never_appears_changes_nothing(engine) -> None:  # no
     out = engine.generate(PROMPT, SamplingParams(max_tokens=16, stop=["w1000", "w5w5"]))[0]
     assert out.token_ids == FREE and out.finish_reason == "length"
     assert out.text == " ".join(f"w{i}" for i in FREE)
+
+
+@pytest.mark.parametrize("spec", [None, {"method": "draft_model", "model": "{target}", "num_speculative_tokens": 8},
+                                  {"method": "ngram", "num_speculative_tokens": 8}])
+def test_an_eos_just_past_max_tokens_is_not_output(tmp_path: Path, spec: dict | None) -> None:
+    """A step that commits past max_tokens (every draft accepted, then the bonus) must not end on an EOS
+    that plain decoding, stopping at max_tokens, never generates."""
+    target = build_tiny_llama(tmp_path / "tiny", vocab_size=32, hidden_size=32, num_layers=4, seed=5)  # EOS id 2
+    plain = make_engine(str(target), None, dtype="float32")
+    rng = random.Random(0)
+    for _ in range(400):  # a prompt whose greedy answer ends in EOS after a few tokens
+        prompt = [rng.randrange(3, 32) for _ in range(rng.randrange(2, 8))]
+        free = plain.generate(prompt, SamplingParams(max_tokens=8))[0].token_ids
+        if free[-1] == 2 and len(free) >= 3:
+            break
+    else:
+        pytest.fail("no prompt of the tiny model ends in EOS within 8 tokens")
+    config = None if spec is None else {k: (str(target) if v == "{target}" else v) for k, v in spec.items()}
+    engine = make_engine(str(target), config, dtype="float32")
+    out = engine.generate(prompt, SamplingParams(max_tokens=len(free) - 1))[0]
+    assert out.token_ids == free[:-1] and out.finish_reason == "length"

@@ -42,7 +42,9 @@ class Rules:
     def finished(self, output: list[int], checked: int, params: SamplingParams, cache_len: int) -> FinishReason | None:
         """Trim ``output`` in place at EOS or max_tokens; return why generation ends, if it does."""
         if not params.ignore_eos:
-            for i in range(max(0, checked - 1), len(output)):
+            # Only the first max_tokens count: a step may commit past them (a bonus token), and an EOS
+            # there is one plain decoding never generates.
+            for i in range(max(0, checked - 1), min(len(output), params.max_tokens)):
                 if output[i] in self.eos_token_ids:
                     del output[i + 1:]
                     return "stop"
