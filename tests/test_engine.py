@@ -87,6 +87,19 @@ def test_seeded_sampling_is_deterministic(models: dict[str, str]) -> None:
     assert [c.token_ids for c in other] != [c.token_ids for c in first]
 
 
+def test_an_engine_seed_repeats_the_run_and_its_requests_still_differ(models: dict[str, str]) -> None:
+    params = SamplingParams(max_tokens=20, temperature=1.0, ignore_eos=True)  # no seed of its own
+
+    def run() -> list[list[int]]:
+        engine = make_engine(models["target"], None, dtype="float32", seed=3)
+        batch = [c.token_ids for c in engine.generate([PROMPTS[0]] * 3, params)]
+        return batch + [engine.generate(PROMPTS[0], params)[0].token_ids]
+
+    first = run()
+    assert run() == first  # the same engine seed, the same requests: the same samples
+    assert len({tuple(t) for t in first}) == 4  # vLLM's LLM(seed=...): one stream, not one seed per request
+
+
 def test_each_prompt_may_have_its_own_params(models: dict[str, str]) -> None:
     engine = make_engine(models["target"], None, dtype="float32")
     params = [SamplingParams(max_tokens=20, temperature=1.0, seed=s, ignore_eos=True) for s in (1, 2, 1)]

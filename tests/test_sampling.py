@@ -185,3 +185,17 @@ def test_a_temperature_too_small_to_sample_with_is_refused(temperature):
     smallest = SamplingParams(temperature=1e-5)
     logits = 50 * torch.randn(20, generator=torch.Generator().manual_seed(0))
     assert draw(logits, smallest, torch.Generator().manual_seed(1))[0] == int(logits.argmax())
+
+
+def test_numpy_scalars_are_numbers_and_stored_as_pythons() -> None:
+    import numpy as np
+
+    params = SamplingParams(max_tokens=np.int64(8), temperature=np.float32(0.5), top_p=np.float32(0.75),
+                            top_k=np.int32(5), seed=np.uint64(3), logprobs=np.int8(2))
+    assert (params.max_tokens, params.temperature, params.top_p, params.top_k, params.seed, params.logprobs) == \
+        (8, 0.5, 0.75, 5, 3, 2)
+    assert all(type(v) in (int, float) for v in (params.max_tokens, params.temperature, params.top_p, params.seed))
+    with pytest.raises(ValueError, match=r"top_p = '0\.9' is invalid: it must be a number in \(0, 1\]"):
+        SamplingParams(top_p="0.9")
+    with pytest.raises(ValueError, match="max_tokens = np.True_|max_tokens = True"):
+        SamplingParams(max_tokens=np.bool_(True))

@@ -7,6 +7,7 @@ transform, so ``probs_from_logits`` is the only place temperature, top-k and top
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -63,6 +64,15 @@ class SamplingParams:
     (0 to MAX_LOGPROBS); None returns none."""
 
     def __post_init__(self) -> None:
+        # numpy's and other libraries' scalars are numbers too; stored as Python's so every later use is plain.
+        for name in ("max_tokens", "top_k", "seed", "logprobs"):
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+                object.__setattr__(self, name, int(value))
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float)):
+                object.__setattr__(self, name, float(value))
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise _fail("max_tokens", self.max_tokens, "is invalid: it must be an int >= 1",
                         "pass the number of new tokens to generate, e.g. max_tokens=16")
@@ -72,7 +82,10 @@ class SamplingParams:
         if 0 < self.temperature < MIN_TEMPERATURE:
             raise _fail("temperature", self.temperature, f"is too small to sample with: it must be 0 or >= "
                         f"{MIN_TEMPERATURE:g}", "use 0 for greedy decoding")
-        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:  # also rejects NaN
+        if not _is_real(self.top_p):
+            raise _fail("top_p", self.top_p, "is invalid: it must be a number in (0, 1]",
+                        "use 1.0 to disable nucleus sampling")
+        if not 0 < self.top_p <= 1:  # also rejects NaN
             raise _fail("top_p", self.top_p, "is out of range: it must be in (0, 1]",
                         "use 1.0 to disable nucleus sampling")
         if not _is_int(self.top_k) or self.top_k < 0:

@@ -48,6 +48,9 @@ class Engine:
         self.resolution = resolution
         self.target = target
         self.seed = seed
+        # vLLM's LLM(seed=...): one stream for the whole engine, from which each request without a seed
+        # of its own draws one; a run repeats, and unseeded requests still sample independently.
+        self._seeds: torch.Generator | None = None if seed is None else torch.Generator().manual_seed(seed)
         self.stats = SpecStats()
         self.max_num_seqs = max_num_seqs
         self._k = config.num_speculative_tokens if config is not None else 0
@@ -159,7 +162,9 @@ class Engine:
     def _generator(self, params: SamplingParams) -> torch.Generator | None:
         if params.greedy:
             return None
-        seed = params.seed if params.seed is not None else self.seed
+        seed = params.seed
+        if seed is None and self._seeds is not None:
+            seed = int(torch.randint(0, 2**63 - 1, (), generator=self._seeds))
         gen = torch.Generator()
         if seed is None:
             gen.seed()
@@ -246,7 +251,11 @@ def _shown_types(values: Sequence[object]) -> str:
 
 def make_engine(model: str | None = None, speculative: dict | None = None, *, strict: bool = False,
                 dtype: str = "auto", seed: int | None = None, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> Engine:
-    """Resolve the config, check it can run, load the target, build the named proposer."""
+    """Resolve the config, check it can run, load the target, build the named proposer.
+
+    ``seed`` seeds the engine as vLLM's ``LLM(seed=...)`` does: each request without a seed of its own
+    draws one from the engine's stream, so the same run repeats and its requests sample independently.
+    """
     _check_engine_args(strict, dtype, seed, max_num_seqs)  # before the model loads, not after
     res = resolve(speculative, model=model, strict=strict)
     res.check_runnable()
