@@ -85,9 +85,7 @@ def check_head(method: str, draft: CheckpointInfo, target: CheckpointInfo) -> No
     """
     if method in ("eagle", "eagle3", "mtp") and draft.tensor_names:
         check_head_tensors(method, draft.path, draft.tensor_names, draft.config)
-    if method == "mtp" and not set(draft.architectures) & MTP_HEAD_ARCHITECTURES:
-        return  # a whole model's MTP layers are built to its own sizes, checked when it loads
-    if method in ("eagle", "eagle3", "mtp"):
+    if method in ("eagle", "eagle3", "mtp"):  # an MTP module reads the target's hidden states, whoever holds it
         check_head_fits(method, draft.path, draft.config, draft.tensor_names, hidden_size=target.hidden_size,
                         vocab_size=target.vocab_size, target=target.path)
     if method == "eagle3" and target.num_hidden_layers is not None:

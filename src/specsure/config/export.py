@@ -9,6 +9,7 @@ draft ``model_type`` it rewrites to an MTP type), the export warns and proposes 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -92,13 +93,10 @@ class PathTrap:
         if vllm_path_trap(str(parent)) is not None:
             parent = Path("/tmp")
         name = neutral_name(real.name) or f"{self.role}-checkpoint"
-        link = parent / name
         # A name already taken (say /models/llama-1b beside /models/eagle-exp/llama-1b) would make
         # `ln -s` put the link inside that folder, and vLLM would load the other model as told.
-        n = 1
-        while os.path.lexists(link) and not _links_to(link, real):
-            n += 1
-            link = parent / f"{name}_link{n if n > 2 else ''}"
+        candidates = (parent / (name if n == 0 else f"{name}_link{n}") for n in itertools.count())
+        link = next(c for c in candidates if not os.path.lexists(c) or _links_to(c, real))
         if _links_to(link, real):
             return None, str(link)
         return f"ln -s {shlex.quote(str(real))} {shlex.quote(str(link))}", str(link)
