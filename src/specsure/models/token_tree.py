@@ -42,8 +42,19 @@ def depth(parents: Sequence[int]) -> int:
     return max(depths)
 
 
-def attention_mask(start: int, n: int, tree: TokenTree | None) -> torch.Tensor:
-    """[n, start + n] bool: True where a new token may attend (every cached position, then causal or tree)."""
+def attention_mask(start: int, n: int, tree: TokenTree | None, window: int | None = None) -> torch.Tensor:
+    """[n, start + n] bool: True where a new token may attend (every cached position, then causal or tree).
+
+    ``window``: a sliding-window layer's, as transformers applies it: a query at position q sees keys at
+    positions above q - window. A tree node's position is the root's plus its depth, not its index.
+    """
     if tree is None:
-        return torch.arange(start + n)[None, :] <= (start + torch.arange(n))[:, None]
-    return torch.cat([torch.ones(n, start, dtype=torch.bool), tree.ancestors], dim=1)
+        mask = torch.arange(start + n)[None, :] <= (start + torch.arange(n))[:, None]
+        positions = torch.arange(start + n)
+    else:
+        mask = torch.cat([torch.ones(n, start, dtype=torch.bool), tree.ancestors], dim=1)
+        positions = torch.cat([torch.arange(start), start + tree.depths])
+    if window is not None:
+        query = positions[start:]
+        mask &= positions[None, :] > query[:, None] - window
+    return mask

@@ -1,0 +1,63 @@
+"""Token trees on models whose layers do not all attend to every earlier position (sliding windows), and on
+models whose attention adds its mask to the scores (eager): the tree's mask must say what transformers'
+own masks say, or a tree's greedy output leaves plain decoding's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from specsure import SamplingParams, make_engine
+
+SHAPE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=None, eos_token_id=None,
+             pad_token_id=None, tie_word_embeddings=False)
+MODELS = {  # sliding_window 8, so the prompts below reach past it
+    "mistral, every layer slides": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 8}),
+    "gemma2, alternating, eager attention": ("Gemma2Config", "Gemma2ForCausalLM", {
+        "sliding_window": 8, "final_logit_softcapping": 3.0, "attn_logit_softcapping": 5.0}),
+    "gemma3, per-layer types": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
+        "sliding_window": 8, "num_hidden_layers": 3,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]}),
+}
+
+
+def _write(folder: Path, config: str, model: str, extra: dict) -> Path:
+    cfg = getattr(transformers, config)(**{**SHAPE, **extra})
+    cfg.architectures = [model]
+    torch.manual_seed(0)
+    hf = getattr(transformers, model)(cfg)
+    with torch.no_grad():  # peaked logits, so greedy picks are far from ties
+        for name, p in hf.named_parameters():
+            p.normal_(0.0, 0.2 if p.dim() > 1 else 0.1)
+    hf.save_pretrained(folder)
+    return folder
+
+
+def _prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(7)
+    out = []
+    for _ in range(4):  # one motif followed by different continuations: prompt lookup finds several branches
+        motif = torch.randint(3, 256, (3,), generator=gen).tolist()
+        ids: list[int] = []
+        for _ in range(8):
+            ids += motif + torch.randint(3, 256, (4,), generator=gen).tolist()
+        out.append(ids + motif)
+    return out
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_an_ngram_tree_decodes_as_plain_on_sliding_and_eager_models(tmp_path: Path, name: str) -> None:
+    target = str(_write(tmp_path / "model", *MODELS[name]))
+    plain = make_engine(target, None, dtype="float32")
+    tree = make_engine(target, {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                                "prompt_lookup_max": 3, "prompt_lookup_branches": 4}, dtype="float32")
+    params = SamplingParams(max_tokens=24, ignore_eos=True, logprobs=0)
+    for prompt in _prompts():
+        want, got = plain.generate(prompt, params)[0], tree.generate(prompt, params)[0]
+        assert got.token_ids == want.token_ids
+        assert max(abs(a.logprob - b.logprob) for a, b in zip(got.logprobs, want.logprobs)) < 1e-4
+    assert tree.stats.draft_tokens > tree.stats.drafts > 0  # trees of several nodes were verified
