@@ -16,7 +16,8 @@ from specsure.cli.main import main
 def test_generate_on_a_model_without_tokenizer_is_a_clear_error(tiny_llama: Path, capsys) -> None:
     rc = main(["generate", "--model", str(tiny_llama), "--dtype", "float32", "hello"])
     err = capsys.readouterr().err
-    assert rc == 2 and "has no tokenizer" in err and "Traceback" not in err
+    assert rc == 2 and "has no tokenizer files" in err and "Traceback" not in err
+    assert "add its tokenizer" in err and "pass token ids instead" not in err  # no advice the CLI cannot take
 
 
 def exit_code(argv: list[str]) -> int:

@@ -259,3 +259,17 @@ def test_a_tree_on_two_mtp_modules_is_refused_by_resolution(tmp_path: Path, hold
     with pytest.raises(ConfigError, match="speculative_token_tree needs a head with one module.*has 2"):
         res.check_runnable()
     resolve({**spec, "speculative_token_tree": "[(0,), (0, 0)]"}, model=str(target)).check_runnable()  # a chain
+
+
+def test_a_config_declaring_modules_its_weights_lack_is_a_plain_draft(tmp_path: Path) -> None:
+    """transformers writes num_nextn_predict_layers = 1 into every DeepSeek-V3 config it saves, without
+    MTP weights: such a one-layer draft is a causal LM, not an MTP head."""
+    target = write_checkpoint(tmp_path / "target", deepseek_v3(mtp_layers=0))
+    plain = write_checkpoint(tmp_path / "draft", deepseek_v3(layers=1),
+                             ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "lm_head.weight"])
+    res = resolve({"method": "draft_model", "model": str(plain)}, model=str(target))
+    res.check_runnable()
+    assert not res.warnings
+    with_mtp = write_checkpoint(tmp_path / "with-mtp", deepseek_v3(layers=1))  # model.layers.1.eh_proj stored
+    with pytest.raises(ConfigError, match="is an MTP head"):
+        resolve({"method": "draft_model", "model": str(with_mtp)}, model=str(target)).check_runnable()

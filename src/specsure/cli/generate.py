@@ -40,6 +40,10 @@ def render_prompt(engine: "Engine", prompt: str, chat: bool,
                   ) -> str | list[int]:
     """The prompt as the engine takes it; --chat applies the tokenizer's chat template (``why``: the
     error when the model has none)."""
+    if engine.tokenizer is None:  # the engine's own error offers token ids, which a command line cannot pass
+        raise ValueError(f"the model at {engine.target.path} has no tokenizer files, so it cannot read the text "
+                         "prompt; add its tokenizer (tokenizer.json, tokenizer_config.json) to the model folder, or "
+                         "pass token ids from Python (specsure.make_engine(...).generate([[1, 2, 3]])).")
     if not chat:
         return prompt
     tok = engine.tokenizer
@@ -101,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed)
     completion = engine.generate(prompt, params)[0]
-    print(completion.text if completion.text is not None else completion.token_ids)
+    print(completion.text)
     print()
     print_effective(engine)
     print_stats(completion)

@@ -67,13 +67,22 @@ def classify_draft(info: CheckpointInfo) -> Evidence | None:
     if head := classify_head(info):
         return head
     archs = set(info.architectures)
-    if mtp := info.mtp_layers:
+    if (mtp := info.mtp_layers) and _stores_mtp(info):
         return Evidence("mtp", "checkpoint", info.signal(mtp[0]))
     if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs) and (info.num_hidden_layers or 0) >= 2:
         return Evidence("draft_model", "checkpoint",
                         f"{info.config_file or info.path} architectures={sorted(archs)}, "
                         f"num_hidden_layers={info.num_hidden_layers}")
     return None
+
+
+def _stores_mtp(info: CheckpointInfo) -> bool:
+    """Whether the MTP modules a config declares are in its weights, as far as their headers were read.
+    transformers writes num_nextn_predict_layers = 1 into every DeepSeek-V3 config it saves, with no
+    MTP module in the weights; such a draft is a plain causal LM."""
+    if not info.tensor_names or info.num_hidden_layers is None:
+        return True  # nothing read to say otherwise (a config-only folder, a GGUF)
+    return deepseek_mtp_prefix(info.num_hidden_layers, 0) + "eh_proj.weight" in info.tensor_names
 
 
 def classify_head(info: CheckpointInfo) -> Evidence | None:

@@ -69,9 +69,9 @@ class CausalLM:
         modules. `path` says which one runs, and why.
 
         Raises:
-            TypeError: `hf` has no separate base model or no LM head.
-            ModelLoadError: `hf(ids).logits` differ from base model + LM head + the known
-                LogitsTransform, so specsure would decode from the wrong distribution.
+            ModelLoadError: `hf` has no separate base model or no LM head; `hf(ids).logits` differ
+                from base model + LM head + the known LogitsTransform, so specsure would decode from
+                the wrong distribution; or its layers keep a state beyond the KV cache.
         """
         self.hf = hf.eval()
         # The target is never trained here; frozen weights also let draft heads backprop
@@ -86,10 +86,13 @@ class CausalLM:
         self.dtype: torch.dtype = hf.dtype
         self._base = hf.base_model
         if self._base is hf:
-            raise TypeError(f"{type(hf).__name__} has no separate base model; expected a *ForCausalLM.")
+            raise ModelLoadError(f"{type(hf).__name__} (model_type {hf.config.model_type!r}) does not expose its decoder "
+                                 "as a base model (transformers' base_model is the model itself), which specsure needs "
+                                 "to run the decoder and the LM head apart; this architecture is not supported yet.")
         head = hf.get_output_embeddings()
         if head is None:
-            raise TypeError(f"{type(hf).__name__} has no output embeddings (LM head).")
+            raise ModelLoadError(f"{type(hf).__name__} (model_type {hf.config.model_type!r}) has no output embeddings "
+                                 "(LM head); this architecture is not supported yet.")
         self._head: torch.nn.Module = head
         self._embed: torch.nn.Module = hf.get_input_embeddings()
         self.logits_transform: LogitsTransform = logits_transform(text_config)
@@ -101,6 +104,8 @@ class CausalLM:
         self._cache = RollbackCache()
         self._cache_len = 0
         self._check_logits()
+        if self._native is None:
+            self._check_cache()
 
     def reset(self) -> None:
         """Empty the KV cache (its buffers are kept for the next sequence)."""
@@ -380,6 +385,42 @@ class CausalLM:
         return logits
 
     @torch.inference_mode()
+    def _check_cache(self) -> None:
+        """Refuse a model whose layers keep a state that the rollback KV cache does not hold (recurrent,
+        convolutional or linear-attention layers: Mamba, RWKV, hybrids). Its steps after the first would
+        fail, or run without that state and decode from the wrong distribution without a word.
+
+        The last of a few tokens, fed one step after the others, must give the logits it gets when all
+        of them run together.
+        """
+        ids = (torch.arange(1, _CHECK_TOKENS + 1) * (self.vocab_size - 1) // (_CHECK_TOKENS + 1)).tolist()
+        name = f"{type(self.hf).__name__} (model_type {self.config.model_type!r})"
+        try:
+            whole = self.forward(ids).logits[-1]
+            self.reset()
+            self.forward(ids[:-1], last_logits=1)
+            stepped = self.forward(ids[-1:]).logits[-1]
+        except Exception as exc:  # whatever the architecture's own code raises: the reason goes in the message
+            raise ModelLoadError(
+                f"{name}: a decode step with specsure's KV cache fails ({type(exc).__name__}: {exc}). specsure runs "
+                "models whose layers are all attention layers with a key/value cache; recurrent, convolutional "
+                "or linear-attention layers (Mamba, RWKV, hybrids) keep a state it cannot roll back."
+            ) from None
+        finally:
+            self.reset()
+        # Attention over a cache may sum in another order than over the whole sequence: some slack in
+        # float32. In bfloat16 every attention model measured was bit-exact here, and RWKV 58 units off.
+        if gap := _beyond_rounding(stepped, whole, self.dtype, units=16, floor=1e-4):
+            error, tolerance = gap
+            raise ModelLoadError(
+                f"{name}: a token decoded after the others gets other logits than with them in one forward "
+                f"(max |difference| {error:.3g}, tolerance {tolerance:.3g}), so its layers keep a state beyond "
+                "specsure's key/value cache. specsure runs models whose layers are all attention layers with a "
+                "key/value cache; recurrent, convolutional or linear-attention layers (Mamba, RWKV, hybrids) "
+                "are not supported."
+            )
+
+    @torch.inference_mode()
     def _check_logits(self) -> None:
         """Refuse a model whose own forward does more around the head than `logits_transform` knows.
 
@@ -407,13 +448,20 @@ class CausalLM:
         # to the largest logit; in float32 the few-row product sums in another order than
         # F.linear (`products.project`), up to about 1e-6 of it. Any real transform (a scale, a cap,
         # a bias) is far larger.
-        scale = max(1.0, float(expected.abs().max()))
-        tolerance = max(8 * torch.finfo(self.dtype).eps, 1e-5) * scale
-        error = float((got - expected).abs().max())
-        if not error <= tolerance:  # also catches NaN
+        if gap := _beyond_rounding(got, expected, self.dtype, units=8, floor=1e-5):
+            error, tolerance = gap
             raise ModelLoadError(
                 f"{name}: the logits of its own forward differ from its base model + LM head + "
                 f"{self.logits_transform} (max |difference| {error:.3g}, tolerance {tolerance:.3g}); its "
                 f"*ForCausalLM.forward transforms the logits in a way specsure does not reproduce, so "
                 f"specsure cannot decode this architecture faithfully yet."
             )
+
+
+def _beyond_rounding(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, *, units: int,
+                     floor: float) -> tuple[float, float] | None:
+    """(max |difference|, tolerance) when two logit tensors differ by more than ``units`` of the dtype's
+    epsilon (at least ``floor``) relative to the largest logit; None when they agree. NaN disagrees."""
+    tolerance = max(units * torch.finfo(dtype).eps, floor) * max(1.0, float(expected.abs().max()))
+    error = float((got - expected).abs().max())
+    return None if error <= tolerance else (error, tolerance)

@@ -1,6 +1,9 @@
-"""Token trees on models whose layers do not all attend to every earlier position (sliding windows), and on
+"""Models that run on transformers' own modules, written by transformers' save_pretrained.
+
+Token trees on models whose layers do not all attend to every earlier position (sliding windows), and on
 models whose attention adds its mask to the scores (eager): the tree's mask must say what transformers'
-own masks say, or a tree's greedy output leaves plain decoding's."""
+own masks say, or a tree's greedy output leaves plain decoding's. Models whose layers keep a state
+beyond the KV cache are refused when they load."""
 
 from __future__ import annotations
 
@@ -61,3 +64,34 @@ def test_an_ngram_tree_decodes_as_plain_on_sliding_and_eager_models(tmp_path: Pa
         assert got.token_ids == want.token_ids
         assert max(abs(a.logprob - b.logprob) for a, b in zip(got.logprobs, want.logprobs)) < 1e-4
     assert tree.stats.draft_tokens > tree.stats.drafts > 0  # trees of several nodes were verified
+
+
+@pytest.mark.parametrize(("config", "model", "extra", "says"), [
+    ("MambaConfig", "MambaForCausalLM", {"state_size": 8}, "a decode step with specsure's KV cache fails"),
+    ("RwkvConfig", "RwkvForCausalLM", {"context_length": 512, "attention_hidden_size": 64},
+     "gets other logits than with them in one forward"),
+])
+def test_a_model_with_recurrent_state_is_refused_at_load(tmp_path: Path, config: str, model: str, extra: dict,
+                                                        says: str) -> None:
+    """Its state is not in the rollback KV cache: decoding would crash (Mamba) or silently drop it (RWKV)."""
+    from specsure.models import ModelLoadError, load_model
+
+    fields = {k: v for k, v in SHAPE.items() if k not in ("num_key_value_heads", "head_dim")}
+    cfg = getattr(transformers, config)(**{**fields, **extra})
+    cfg.architectures = [model]
+    torch.manual_seed(0)
+    getattr(transformers, model)(cfg).save_pretrained(tmp_path / "model")
+    with pytest.raises(ModelLoadError, match=f"{model} .*{says}.*recurrent, convolutional or linear-attention"):
+        load_model(str(tmp_path / "model"), dtype="float32")
+
+
+def test_a_model_without_a_separate_base_model_is_a_load_error(tmp_path: Path) -> None:
+    from specsure.models import ModelLoadError, load_model
+
+    cfg = transformers.Llama4TextConfig(**SHAPE)
+    cfg.architectures = ["Llama4ForCausalLM"]
+    torch.manual_seed(0)
+    transformers.Llama4ForCausalLM(cfg).save_pretrained(tmp_path / "model")
+    with pytest.raises(ModelLoadError, match=r"Llama4ForCausalLM \(model_type 'llama4_text'\) does not expose its "
+                                             r"decoder as a base model.*not supported yet"):
+        load_model(str(tmp_path / "model"), dtype="float32")
