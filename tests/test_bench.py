@@ -314,14 +314,20 @@ def test_batched_run_reports_throughput_and_agreement_with_batch_one(tiny_llama:
         rows.append({"id": f"code-{i}", "category": "code", "prompt_ids": base * 2 + base[:3], "max_tokens": 10 + i})
     out = tmp_path / "out"
     code = main(["bench", "--model", str(tiny_llama), "--workload", str(_write(tmp_path, *rows)), "--dtype", "float32",
-                 "--methods", "ngram", "--baselines", "none", "-k", "3", "--repeats", "1", "--batched", "3",
+                 "--methods", "ngram", "--baselines", "none", "-k", "3", "--repeats", "2", "--batched", "3",
                  "--out", str(out)])
     assert code == 0
-    batched = json.loads((out / "results.json").read_text())["meta"]["batched"]
+    results = json.loads((out / "results.json").read_text())
+    batched = results["meta"]["batched"]
     assert set(batched) == {"plain", "ngram"}
-    for figures in batched.values():  # float32: batching changes no output
+    for name, figures in batched.items():  # float32: batching changes no output
         assert figures["exact_match_rate"] == 1.0 and figures["mismatches"] == [] and figures["prompts"] == 5
         assert figures["max_num_seqs"] == 3 and figures["tokens_per_s"] > 0 and figures["speedup_vs_batch1"] > 0
+        # "vs batch 1" is against the batch-1 table's median times (two repeats: their mean, not the slower).
+        records = [p for p in results["prompts"] if p["config"] == name]
+        batched_s = sum(p["new_tokens"] for p in records) / figures["tokens_per_s"]
+        serial_s = sum(p["median_seconds"] for p in records)
+        assert figures["speedup_vs_batch1"] == pytest.approx(serial_s / batched_s, rel=1e-9)
     assert "## Batched: every prompt at once, 3 sequences at a time" in (out / "results.md").read_text()
 
 
@@ -384,3 +390,36 @@ def test_bad_bench_input_is_one_error_before_any_timing(tiny_llama: Path, tmp_pa
         code = int(stop.code or 0)
     err = capsys.readouterr().err
     assert code == 2 and words in err and "Traceback" not in err, err
+
+
+def test_an_assisted_draft_of_another_vocabulary_is_skipped_with_why(tiny_llama: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from tiny import build_tiny_llama
+
+    draft = build_tiny_llama(tmp_path / "draft64", vocab_size=64)
+    rows = [{"id": "code-0", "category": "code", "prompt_ids": [5, 6, 7, 5, 6, 7], "max_tokens": 4}]
+    out = tmp_path / "out"
+    code = main(["bench", "--model", str(tiny_llama), "--workload", str(_write(tmp_path, *rows)), "--dtype", "float32",
+                 "--methods", "plain", "--baselines", "hf,hf-assisted", "--draft-model", str(draft), "--repeats", "1",
+                 "--warmup", "0", "--out", str(out)])
+    assert code == 0  # the run goes on, as for a draft_model that make_engine refuses
+    assert "skip hf-assisted: the draft" in capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    assert [s["name"] for s in results["skipped"]] == ["hf-assisted"]
+    assert {c["name"] for c in results["configs"]} == {"plain", "hf"}
+
+
+def test_a_workload_that_is_not_utf8_names_its_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "latin.jsonl"
+    path.write_bytes(b'{"id": "a", "category": "chat", "prompt": "ok"}\n{"id": "b", "prompt": "caf\xe9"}\n')
+    with pytest.raises(WorkloadError, match=rf"{path}:2: not UTF-8 text \(byte 0xe9\)"):
+        load_workload(path)
+
+
+def test_a_category_no_workload_prompt_has_is_an_error(tiny_llama: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [{"id": "code-0", "category": "code", "prompt_ids": [5, 6, 7], "max_tokens": 2}]
+    code = main(["bench", "--model", str(tiny_llama), "--workload", str(_write(tmp_path, *rows)),
+                 "--categories", "code,cdoe", "--out", str(tmp_path / "out")])
+    assert code == 2 and "--categories code,cdoe: no prompt of the --workload files has category 'cdoe'" in \
+        capsys.readouterr().err

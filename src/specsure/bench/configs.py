@@ -177,5 +177,11 @@ def build_transformers(
             except ConfigError as err:
                 skipped.append((name, f"cannot load the draft model: {err}"))
                 continue
+            ours, theirs = (int(m.config.get_text_config(decoder=True).vocab_size) for m in (target_hf, assistant))
+            if ours != theirs:  # transformers would stop the whole run mid-bench, asking for tokenizers
+                skipped.append((name, f"the draft {s.draft_model!r} has vocab_size={theirs} and the target "
+                                      f"{ours}; assisted generation compares token ids, so give --draft-model a "
+                                      "draft with the target's tokenizer"))
+                continue
             runners.append(TransformersRunner(name, target_hf, {"assistant_model": assistant}, eos_ids, plain="hf"))
     return runners, skipped

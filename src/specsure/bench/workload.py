@@ -133,6 +133,10 @@ def load_workload(path: str | Path) -> list[Prompt]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise WorkloadError(f"{path}: cannot read workload file ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise WorkloadError(f"{path}:{line}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); save the file as "
+                            "UTF-8 (JSONL is UTF-8)") from None
     prompts = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():

@@ -195,6 +195,9 @@ def _load_prompts(args: argparse.Namespace, per_category: int | None):
                                         "row over every category; choose another name.")
                 source[prompt.id] = path
                 prompts.append(prompt)
+        if categories and (unknown := sorted(set(categories) - {p.category for p in prompts})):
+            raise WorkloadError(f"--categories {args.categories}: no prompt of the --workload files has category "
+                                f"{', '.join(map(repr, unknown))}; they have {sorted({p.category for p in prompts})}.")
     else:
         prompts = load_builtin(categories or CATEGORIES, heldout=args.heldout)
     chosen = select(prompts, categories, per_category)
