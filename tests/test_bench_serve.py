@@ -1,15 +1,19 @@
-"""`specsure bench serve` against real uvicorn servers on the tiny chat model."""
+"""`specsure bench serve` against real uvicorn servers on the tiny chat model, and a fake that misbehaves."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
 
 from serving import WORDS, serving, tiny_chat_engine
-from specsure.bench.load import Outcome, percentile, summarize
+from specsure.bench.load import Outcome, percentile, summarize, to_json
 from specsure.cli.main import main
 from specsure.decode.engine import Engine
 from specsure.serve import create_app
@@ -26,14 +30,66 @@ def url(engine: Engine) -> Iterator[str]:
         yield base
 
 
+def fake_openai(mode: str, bodies: list[dict[str, Any]]) -> Starlette:
+    """An OpenAI-style server that records each request body; ``mode`` picks a misbehaviour: html (a web page
+    at /v1/models), nomodels (an empty model list), badchunk (the first request streams a chunk that is not
+    JSON), nousage (no usage chunk), else none."""
+
+    async def models(request: HttpRequest) -> Response:
+        if mode == "html":
+            return HTMLResponse("<html>hello</html>")
+        return JSONResponse({"object": "list", "data": [] if mode == "nomodels" else [{"id": "fake"}]})
+
+    async def generate(request: HttpRequest) -> Response:
+        body = await request.json()
+        bodies.append(body)
+        key = "delta" if request.url.path.endswith("chat/completions") else "text"
+        chunks = [json.dumps({"choices": [{key: {"content": f" t{i}"} if key == "delta" else f" t{i}"}]})
+                  for i in range(body["max_tokens"])]
+        if mode == "badchunk" and len(bodies) == 1:
+            chunks[1] = "{not json"
+        if mode != "nousage":
+            chunks.append(json.dumps({"choices": [], "usage": {"completion_tokens": body["max_tokens"]}}))
+        return Response("".join(f"data: {c}\n\n" for c in [*chunks, "[DONE]"]), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/models", models),
+                             Route("/v1/chat/completions", generate, methods=["POST"]),
+                             Route("/v1/completions", generate, methods=["POST"])])
+
+
+def strict_json(path: Path) -> dict[str, Any]:
+    """The file parsed as strict JSON: NaN or Infinity, which jq and JavaScript reject, fail the test."""
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{path} holds {constant}, which is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def bench_serve(url: str, tmp_path: Path, rows: list[dict[str, Any]], *flags: str) -> int:
+    """Runs `specsure bench serve` on ``rows`` (as a workload file), one request at a time, no warm-up."""
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return main(["bench", "serve", "--url", f"odd={url}", "--concurrency", "1", "--warmup", "0",
+                 "--workload", str(workload), "--out", str(tmp_path / "out"), *flags])
+
+
 def test_percentiles_and_the_summary_of_a_level() -> None:
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([1.0, 2.0], 99) == pytest.approx(1.99)
     outcomes = [Outcome(200, tokens=5, ttft_s=0.1, e2e_s=0.5, gaps_s=[0.1] * 4),
-                Outcome(200, tokens=5, ttft_s=0.3, e2e_s=0.7, gaps_s=[0.1, 0.3]), Outcome(503, error="HTTP 503")]
+                Outcome(200, tokens=5, ttft_s=0.3, e2e_s=0.7, gaps_s=[0.1, 0.3]), Outcome(503, error="HTTP 503"),
+                Outcome(0, error="ReadError: gone"), Outcome(503, error="HTTP 503")]
     level = summarize("x", 2, outcomes, wall_s=1.0)
-    assert (level.requests, level.failed, level.output_tokens, level.tokens_per_s) == (3, 1, 10, 10.0)
+    assert (level.requests, level.failed, level.output_tokens, level.tokens_per_s) == (5, 3, 10, 10.0)
     assert level.ttft_p50_s == pytest.approx(0.2) and level.tpot_p50_s == pytest.approx(0.1)
-    assert level.itl_p99_s == pytest.approx(0.3, abs=0.01) and level.errors == ("HTTP 503",)
+    assert level.itl_p99_s == pytest.approx(0.3, abs=0.01)
+    assert list(level.errors.items()) == [("HTTP 503", 2), ("ReadError: gone", 1)]
+
+
+def test_a_level_with_no_success_has_null_percentiles_in_json() -> None:
+    level = summarize("x", 1, [Outcome(400, error="HTTP 400: too long")], wall_s=1.0)
+    row = json.loads(json.dumps(to_json([level], {}), allow_nan=False))["levels"][0]
+    assert (row["ttft_p50_s"], row["itl_p99_s"], row["tpot_p50_s"]) == (None, None, None)
+    assert row["errors"] == {"HTTP 400: too long": 1}
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
@@ -56,7 +112,9 @@ def test_bench_serve_measures_every_level(url: str, tmp_path: Path, endpoint: st
     assert (out / "serve.png").stat().st_size > 0 and "c=3" in (out / "serve.md").read_text()
 
 
-def test_bench_serve_errors_name_the_flag(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_serve_errors_name_the_flag(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPECSURE_API_KEY", raising=False)
     for flags, needle in ((["--url", "localhost:1"], "must start with http://"),
                           (["--concurrency", "1,x"], "--concurrency"),
                           (["--url", "a=http://127.0.0.1:9", "--url", "a=http://127.0.0.1:8"], "labels"),
@@ -70,3 +128,75 @@ def test_bench_serve_errors_name_the_flag(url: str, tmp_path: Path, capsys: pyte
         assert main(["bench", "serve", *flags]) == 2
         err = capsys.readouterr().err
         assert needle in err and "Traceback" not in err, err
+
+
+def test_the_api_key_comes_from_the_environment(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECSURE_API_KEY", "k")  # as specsure serve reads it
+    assert bench_serve(url, tmp_path, [{"category": "c", "prompt": WORDS}], "--num-prompts", "1",
+                       "--max-tokens", "2") == 0, capsys.readouterr().err
+
+
+def test_failed_requests_say_why(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 600 new tokens do not fit the tiny model's 512-token context: the server answers 400 to each request.
+    code = bench_serve(url, tmp_path, [{"category": "c", "prompt": WORDS}], "--api-key", "k", "--num-prompts", "2",
+                       "--max-tokens", "600")
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert "odd c=1 failed: 2 x HTTP 400: This model's maximum context length is 512 tokens" in err, err
+    assert "2 of 2 requests failed" in err.splitlines()[-1]
+    assert "2 x HTTP 400: This model's maximum context length" in (tmp_path / "out" / "serve.md").read_text()
+    level = strict_json(tmp_path / "out" / "serve.json")["levels"][0]
+    assert level["ttft_p50_s"] is None and level["tpot_p50_s"] is None and list(level["errors"].values()) == [2]
+
+
+def test_workload_rows_are_sent_as_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "I am Ann."},
+                    {"role": "assistant", "content": "Hello Ann."}, {"role": "user", "content": "Who am I?"}]
+    rows = [{"category": "c", "messages": conversation, "max_tokens": 3}, {"category": "c", "prompt": "hello"},
+            {"category": "c", "prompt_ids": [1, 2, 3], "max_tokens": 2}]
+    bodies: list[dict[str, Any]] = []
+    with serving(fake_openai("ok", bodies)) as base:
+        assert bench_serve(base, tmp_path, rows, "--num-prompts", "2", "--max-tokens", "5") == 0
+        assert "skipping 1 row(s), the first at " + str(tmp_path / "w.jsonl:3") in capsys.readouterr().err
+        assert [(b["messages"], b["max_tokens"]) for b in bodies] == [
+            (conversation, 3), ([{"role": "user", "content": "hello"}], 5)]
+        bodies.clear()
+        assert bench_serve(base, tmp_path, rows, "--num-prompts", "2", "--max-tokens", "5",
+                           "--endpoint", "completions") == 0
+        assert "skipping 1 row(s), the first at " + str(tmp_path / "w.jsonl:1") in capsys.readouterr().err
+        assert [(b["prompt"], b["max_tokens"]) for b in bodies] == [("hello", 5), ([1, 2, 3], 2)]
+
+
+@pytest.mark.parametrize("mode", ["html", "nomodels"])
+def test_a_server_that_lists_no_model_is_named(mode: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with serving(fake_openai(mode, [])) as base:
+        assert bench_serve(base, tmp_path, [{"category": "c", "prompt": "hi"}]) == 2
+    err = capsys.readouterr().err
+    assert f"the 'odd' server at {base} answered /v1/models with" in err and "Traceback" not in err, err
+
+
+def test_a_malformed_chunk_fails_only_its_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with serving(fake_openai("badchunk", [])) as base:
+        assert bench_serve(base, tmp_path, [{"category": "c", "prompt": "hi"}], "--num-prompts", "2",
+                           "--max-tokens", "4") == 1
+    err = capsys.readouterr().err
+    assert f"1 x {base}/v1/chat/completions: a stream chunk is not JSON" in err and "Traceback" not in err, err
+    level = strict_json(tmp_path / "out" / "serve.json")["levels"][0]
+    assert (level["failed"], level["output_tokens"]) == (1, 4)
+
+
+def test_a_server_that_sends_no_usage_fails_its_requests(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with serving(fake_openai("nousage", [])) as base:
+        assert bench_serve(base, tmp_path, [{"category": "c", "prompt": "hi"}], "--num-prompts", "2") == 1
+    assert "2 x server sent no usage (stream_options.include_usage)" in capsys.readouterr().err
+    level = strict_json(tmp_path / "out" / "serve.json")["levels"][0]
+    assert (level["failed"], level["tokens_per_s"]) == (2, 0.0)
+
+
+def test_a_category_no_workload_prompt_has_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps({"id": "a", "category": "chat", "prompt": "hello"}) + "\n", encoding="utf-8")
+    code = main(["bench", "serve", "--workload", str(path), "--categories", "chta", "--out", str(tmp_path / "out")])
+    assert code == 2 and "--categories chta: no prompt of the --workload files has category 'chta'" in \
+        capsys.readouterr().err

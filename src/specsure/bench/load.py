@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -22,11 +24,35 @@ class LoadError(RuntimeError):
     """The server cannot be benchmarked (unreachable, or it refuses the requests); says which and how."""
 
 
+class BadChunk(ValueError):
+    """A streamed line is not an OpenAI chunk; it fails its request, not the run."""
+
+
 @dataclass(frozen=True)
 class Server:
     label: str
     url: str
     """The base URL, without /v1."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One workload row as it is sent: its input, in the field of the endpoint it suits, and its length."""
+
+    messages: tuple[tuple[str, str], ...] | None = None
+    """The (role, content) turns of a /v1/chat/completions request, the whole conversation."""
+    prompt: str | tuple[int, ...] | None = None
+    """Text or token ids of a /v1/completions request."""
+    max_tokens: int | None = None
+    """This row's output length; None: the run's --max-tokens."""
+
+    def __post_init__(self) -> None:
+        assert (self.messages is None) != (self.prompt is None), "a request has exactly one input"
+
+
+# Chunks cannot stand in for the count: a speculative step streams several tokens in one chunk.
+NO_USAGE = ("server sent no usage (stream_options.include_usage), so the request's output tokens are unknown; "
+            "use a server that honours include_usage, as specsure serve and vllm serve do")
 
 
 @dataclass
@@ -60,7 +86,8 @@ class Level:
     itl_p99_s: float
     tpot_p50_s: float
     """Per-request (e2e - ttft) / (tokens - 1), the median: time per output token after the first."""
-    errors: tuple[str, ...] = ()
+    errors: dict[str, int] = field(default_factory=dict)
+    """Each distinct failure text, with how many requests failed with it; most frequent first."""
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -80,7 +107,7 @@ def summarize(label: str, concurrency: int, outcomes: Sequence[Outcome], wall_s:
     gaps = [g for o in ok for g in o.gaps_s]
     tpot = [(o.e2e_s - o.ttft_s) / (o.tokens - 1) for o in ok if o.ttft_s is not None and o.tokens > 1]
     ttft = [o.ttft_s for o in ok if o.ttft_s is not None]
-    errors = tuple(sorted({o.error or f"HTTP {o.status}" for o in outcomes if o not in ok}))
+    errors = dict(Counter(o.error or f"HTTP {o.status}" for o in outcomes if o not in ok).most_common())
     return Level(label=label, concurrency=concurrency, requests=len(outcomes), failed=len(outcomes) - len(ok),
                  wall_s=wall_s, output_tokens=tokens, tokens_per_s=tokens / wall_s if wall_s > 0 else 0.0,
                  requests_per_s=len(ok) / wall_s if wall_s > 0 else 0.0,
@@ -92,24 +119,22 @@ def summarize(label: str, concurrency: int, outcomes: Sequence[Outcome], wall_s:
 async def _one(client: httpx.AsyncClient, endpoint: str, body: dict[str, Any]) -> Outcome:
     start = time.perf_counter()
     last: float | None = None
+    tokens: int | None = None
     outcome = Outcome(status=0)
     try:
         async with client.stream("POST", f"/v1/{endpoint}", json=body) as response:
             outcome.status = response.status_code
             if response.status_code != 200:
                 await response.aread()
-                outcome.error = f"HTTP {response.status_code}: {response.text[:200]}"
+                outcome.error = f"HTTP {response.status_code}: {_error_text(response)}"
                 return outcome
             async for line in response.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    outcome.error = f"error event: {chunk['error'].get('message', chunk['error'])}"
-                    continue
-                if chunk.get("usage"):
-                    outcome.tokens = int(chunk["usage"]["completion_tokens"])
-                if any(_text(choice) for choice in chunk.get("choices", [])):
+                error, usage, text = _read_chunk(line[6:])
+                outcome.error = outcome.error or error
+                tokens = usage if usage is not None else tokens
+                if text:
                     now = time.perf_counter()
                     if last is None:
                         outcome.ttft_s = now - start
@@ -118,26 +143,66 @@ async def _one(client: httpx.AsyncClient, endpoint: str, body: dict[str, Any]) -
                     last = now
     except httpx.HTTPError as exc:
         outcome.error = f"{type(exc).__name__}: {exc}"
+    except BadChunk as exc:
+        # One garbled chunk spoils this request's figures only; the others still measure the server.
+        outcome.error = f"{client.base_url}/v1/{endpoint}: {exc}"
     outcome.e2e_s = time.perf_counter() - start
+    outcome.tokens = tokens or 0
+    if tokens is None and outcome.error is None:
+        outcome.error = NO_USAGE
     return outcome
+
+
+def _error_text(response: httpx.Response) -> str:
+    """An error reply's message (OpenAI's error.message when the body has one), on one line, cut to 300
+    characters: it is printed once per level and listed in serve.md."""
+    try:
+        error = response.json().get("error")
+        text = str(error.get("message")) if isinstance(error, dict) and error.get("message") else response.text
+    except (ValueError, AttributeError):  # not JSON, or JSON that is not an object
+        text = response.text
+    return " ".join(text.split())[:300]
+
+
+def _read_chunk(data: str) -> tuple[str | None, int | None, str]:
+    """(error event's message, usage's completion_tokens, streamed text) of one SSE data line.
+
+    Raises BadChunk, saying what is wrong, for a chunk that is not an OpenAI stream chunk.
+    """
+    try:
+        chunk = json.loads(data)
+    except ValueError as exc:
+        raise BadChunk(f"a stream chunk is not JSON ({exc}): {data[:100]!r}") from None
+    choices = (chunk.get("choices") or []) if isinstance(chunk, dict) else None
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise BadChunk(f"a stream chunk is not an OpenAI chunk object: {data[:100]!r}")
+    if "error" in chunk:
+        error = chunk["error"]
+        return f"error event: {error.get('message', error) if isinstance(error, dict) else error}", None, ""
+    usage = chunk.get("usage")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return None, tokens if isinstance(tokens, int) else None, "".join(_text(c) for c in choices)
 
 
 def _text(choice: dict[str, Any]) -> str:
     return choice.get("text") or (choice.get("delta") or {}).get("content") or ""
 
 
-def request_body(endpoint: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
-    """A greedy streamed request that asks for exactly ``max_tokens`` tokens."""
-    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+def request_body(endpoint: str, model: str, request: Request, max_tokens: int) -> dict[str, Any]:
+    """A greedy streamed request that asks for exactly the row's max_tokens (else ``max_tokens``) tokens."""
+    length = max_tokens if request.max_tokens is None else request.max_tokens
+    body: dict[str, Any] = {"model": model, "max_tokens": length, "temperature": 0.0, "stream": True,
                             "stream_options": {"include_usage": True}, "ignore_eos": True}
     if endpoint == "chat/completions":
-        body["messages"] = [{"role": "user", "content": prompt}]
+        assert request.messages is not None, "the CLI sends only conversations to the chat endpoint"
+        body["messages"] = [{"role": role, "content": content} for role, content in request.messages]
     else:
-        body["prompt"] = prompt
+        assert request.prompt is not None, "the CLI sends only text or token ids to the completions endpoint"
+        body["prompt"] = request.prompt if isinstance(request.prompt, str) else list(request.prompt)
     return body
 
 
-async def run_level(server: Server, model: str, endpoint: str, prompts: Sequence[str], concurrency: int,
+async def run_level(server: Server, model: str, endpoint: str, prompts: Sequence[Request], concurrency: int,
                     requests: int, max_tokens: int, api_key: str | None = None) -> Level:
     """``requests`` requests (cycling over ``prompts``), at most ``concurrency`` in flight."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -160,18 +225,29 @@ async def run_level(server: Server, model: str, endpoint: str, prompts: Sequence
 def served_model(server: Server, api_key: str | None = None) -> str:
     """The model name the server answers to (its /v1/models), or a LoadError saying why not."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    where = f"the {server.label!r} server at {server.url}"
     try:
         r = httpx.get(f"{server.url}/v1/models", headers=headers, timeout=10)
     except httpx.HTTPError as exc:
-        raise LoadError(f"cannot reach the {server.label!r} server at {server.url}: {exc}. Start it first, for "
-                        "example: specsure serve --port 8000") from None
+        raise LoadError(f"cannot reach {where}: {exc}. Start it first, for example: "
+                        "specsure serve --port 8000") from None
     if r.status_code != 200:
-        raise LoadError(f"the {server.label!r} server at {server.url} answered /v1/models with HTTP "
-                        f"{r.status_code}: {r.text[:200]} (wrong --api-key?)")
-    return str(r.json()["data"][0]["id"])
+        raise LoadError(f"{where} answered /v1/models with HTTP {r.status_code}: {r.text[:200]} (wrong --api-key?)")
+    try:
+        data = r.json().get("data")
+    except (ValueError, AttributeError):  # not JSON, or JSON that is not an object
+        data = None
+    if not isinstance(data, list) or (data and not isinstance(data[0], dict)):
+        raise LoadError(f"{where} answered /v1/models with something that is not an OpenAI model list "
+                        f'({{"data": [{{"id": ...}}]}}): {r.text[:200]!r}; is --url an OpenAI-compatible server '
+                        "such as specsure serve?")
+    if not data or not isinstance(data[0].get("id"), str):
+        raise LoadError(f"{where} answered /v1/models with no model id ({r.text[:200]!r}); it must list the model "
+                        "it serves, as specsure serve and vllm serve do.")
+    return data[0]["id"]
 
 
-def run(servers: Sequence[Server], endpoint: str, prompts: Sequence[str], concurrencies: Sequence[int],
+def run(servers: Sequence[Server], endpoint: str, prompts: Sequence[Request], concurrencies: Sequence[int],
         requests_at: Sequence[int], max_tokens: int, api_key: str | None = None, warmup: int = 1,
         progress: Any = None) -> list[Level]:
     """Every level for every server, interleaved level by level; warm-up requests first, untimed."""
@@ -191,7 +267,20 @@ def run(servers: Sequence[Server], endpoint: str, prompts: Sequence[str], concur
 
 
 def to_json(levels: Sequence[Level], settings: dict[str, Any]) -> dict[str, Any]:
-    return {"settings": settings, "levels": [asdict(level) for level in levels]}
+    """serve.json's content; a percentile of no values is null, since NaN is not JSON."""
+    rows = [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(level).items()}
+            for level in levels]
+    return {"settings": settings, "levels": rows}
+
+
+def ms(seconds: float, digits: int = 0) -> str:
+    """Milliseconds for a table cell; '-' for a percentile of no values."""
+    return "-" if math.isnan(seconds) else f"{1e3 * seconds:.{digits}f}"
+
+
+def error_lines(level: Level) -> list[str]:
+    """One line per distinct failure of a level: the count, then the text."""
+    return [f"{count} x {text}" for text, count in level.errors.items()]
 
 
 def render_markdown(levels: Sequence[Level]) -> str:
@@ -200,8 +289,8 @@ def render_markdown(levels: Sequence[Level]) -> str:
              "ITL p50 / p99 (ms) | TPOT p50 (ms) |", "|---|---|---|---|---|---|---|---|"]
     for v in levels:
         lines.append(f"| {v.label} | {v.concurrency} | {v.requests} ({v.failed}) | {v.tokens_per_s:.1f} | "
-                     f"{v.requests_per_s:.2f} | {1e3 * v.ttft_p50_s:.0f} / {1e3 * v.ttft_p99_s:.0f} | "
-                     f"{1e3 * v.itl_p50_s:.0f} / {1e3 * v.itl_p99_s:.0f} | {1e3 * v.tpot_p50_s:.1f} |")
+                     f"{v.requests_per_s:.2f} | {ms(v.ttft_p50_s)} / {ms(v.ttft_p99_s)} | "
+                     f"{ms(v.itl_p50_s)} / {ms(v.itl_p99_s)} | {ms(v.tpot_p50_s, 1)} |")
     lines += ["", "Aggregate throughput over the same server's concurrency 1:", ""]
     for label in dict.fromkeys(v.label for v in levels):
         mine = [v for v in levels if v.label == label]
@@ -216,6 +305,10 @@ def render_markdown(levels: Sequence[Level]) -> str:
             lines.append(f"- {label}: " + ", ".join(
                 f"c={v.concurrency} {v.tokens_per_s / first[v.concurrency]:.2f}x"
                 for v in levels if v.label == label and first.get(v.concurrency)))
+    failed = [v for v in levels if v.errors]
+    if failed:
+        lines += ["", "Failed requests (each distinct error, with how many requests got it):", ""]
+        lines += [f"- {v.label} c={v.concurrency}: {line}" for v in failed for line in error_lines(v)]
     return "\n".join(lines) + "\n"
 
 

@@ -5,14 +5,22 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import shlex
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from specsure.bench.workload import CATEGORIES, WorkloadError, load_builtin, load_workload, select
-from specsure.cli.common import writable_folder
+from specsure.bench.workload import CATEGORIES, Prompt, WorkloadError, load_builtin, load_workload, select
+from specsure.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, writable_folder
+
+if TYPE_CHECKING:
+    from specsure.bench.load import Level, Request
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 DEFAULT_CONCURRENCY = "1,2,4,8,16"
+SHOWN_ERRORS = 5
+"""Distinct errors printed per level; serve.json and serve.md keep them all."""
 
 
 def add_parser(modes: argparse._SubParsersAction) -> None:
@@ -24,19 +32,22 @@ def add_parser(modes: argparse._SubParsersAction) -> None:
     parser.add_argument("--url", action="append", default=None, metavar="[LABEL=]URL",
                         help=f"a running server's base URL, optionally labelled (plain=http://127.0.0.1:8001); "
                              f"repeatable (default {DEFAULT_URL})")
-    parser.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY'")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help="sent as 'Authorization: Bearer KEY' (default: $SPECSURE_API_KEY, else none)")
     parser.add_argument("--endpoint", default="chat", choices=("chat", "completions"),
-                        help="chat: /v1/chat/completions with the prompt as one user turn (default); "
-                             "completions: /v1/completions with the prompt text")
+                        help="chat: /v1/chat/completions, a prompt as one user turn and a conversation whole "
+                             "(default); completions: /v1/completions with the prompt text or token ids")
     parser.add_argument("--concurrency", default=DEFAULT_CONCURRENCY,
                         help=f"comma list of concurrency levels (default {DEFAULT_CONCURRENCY})")
     parser.add_argument("--num-prompts", type=int, default=None, metavar="N",
                         help="requests per level (default: 2 x concurrency, at least 8)")
-    parser.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (default 128)")
+    parser.add_argument("--max-tokens", type=int, default=128,
+                        help="output tokens per request, unless its workload row sets max_tokens (default 128)")
     parser.add_argument("--categories", default=None,
                         help=f"built-in prompt categories to cycle through (default: all of {', '.join(CATEGORIES)})")
     parser.add_argument("--workload", action="append", default=None, metavar="FILE.jsonl",
-                        help="your own prompts instead (bench/README.md schema; text prompts only); repeatable")
+                        help="your own prompts instead (bench/README.md schema; rows the endpoint cannot take "
+                             "are skipped with a warning); repeatable")
     parser.add_argument("--warmup", type=int, default=1, help="untimed requests per server first (default 1)")
     parser.add_argument("--out", default="bench/serve", help="output folder (default bench/serve)")
     parser.set_defaults(run=run)
@@ -70,20 +81,48 @@ def _levels(text: str) -> list[int]:
     return levels
 
 
-def _prompts(args: argparse.Namespace) -> list[str]:
+def _prompts(args: argparse.Namespace, endpoint: str) -> list[Request]:
     categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
     rows = [p for path in args.workload for p in load_workload(path)] if args.workload else load_builtin(
         categories or CATEGORIES)
-    texts = []
+    if args.workload and categories and (unknown := sorted(set(categories) - {r.category for r in rows})):
+        raise WorkloadError(f"--categories {args.categories}: no prompt of the --workload files has category "
+                            f"{', '.join(map(repr, unknown))}; they have {sorted({r.category for r in rows})}.")
+    requests, skipped = [], []
     for row in select(rows, categories, None):
-        if row.prompt is not None:
-            texts.append(row.prompt)
-        elif row.messages is not None:
-            texts.append(row.messages[-1][1])
-    if not texts:
-        raise WorkloadError("no text prompts to send (token-id prompts cannot go through the chat endpoint); "
-                            "check --categories or --workload.")
-    return texts
+        request = _request(row, endpoint == "chat/completions")
+        if request is None:
+            skipped.append(row)
+        else:
+            requests.append(request)
+    if skipped:
+        # Warned, not refused: the built-in workloads mix conversations and plain prompts.
+        print(f"warning: {_skip_reason(endpoint, skipped)}", file=sys.stderr)
+    if not requests:
+        raise WorkloadError(f"no prompts that /v1/{endpoint} can take; check --categories, --workload or --endpoint.")
+    return requests
+
+
+def _request(row: Prompt, chat: bool) -> Request | None:
+    """The row as the endpoint takes it, or None: the chat endpoint applies the server's chat template and
+    takes no token ids; the completions endpoint sends text or token ids as they are, with no template."""
+    from specsure.bench.load import Request
+
+    if row.messages is not None:
+        return Request(messages=row.messages, max_tokens=row.max_tokens) if chat else None
+    if row.prompt_ids is not None:
+        return None if chat else Request(prompt=row.prompt_ids, max_tokens=row.max_tokens)
+    if chat:
+        return Request(messages=(("user", row.prompt),), max_tokens=row.max_tokens)
+    return Request(prompt=row.prompt, max_tokens=row.max_tokens)
+
+
+def _skip_reason(endpoint: str, skipped: list[Prompt]) -> str:
+    where = f"{len(skipped)} row(s), the first at {skipped[0].source}"
+    if endpoint == "chat/completions":
+        return (f"/v1/{endpoint} takes no token ids: skipping {where} (prompt_ids); send them with "
+                "--endpoint completions")
+    return f"/v1/{endpoint} applies no chat template: skipping {where} (messages); send them with --endpoint chat"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,12 +132,11 @@ def run(args: argparse.Namespace) -> int:
         return _run(args)
     except (LoadError, ValueError) as err:
         print(f"specsure bench serve: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
 
 
 def _run(args: argparse.Namespace) -> int:
-    from specsure.bench.load import render_markdown, run as run_load, to_json
-    from specsure.bench.plots import plot_load
+    from specsure.bench.load import run as run_load
 
     servers = _servers(args.url)
     levels = _levels(args.concurrency)
@@ -107,27 +145,51 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag} must be a positive integer, got {value}.")
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}.")
-    prompts = _prompts(args)
-    requests = [args.num_prompts or max(8, 2 * c) for c in levels]
     endpoint = "chat/completions" if args.endpoint == "chat" else "completions"
+    prompts = _prompts(args, endpoint)
+    requests = [args.num_prompts or max(8, 2 * c) for c in levels]
     out = writable_folder("--out", args.out)
-    print(f"{len(servers)} server(s) x concurrency {levels}, {args.max_tokens} tokens per request, "
-          f"/v1/{endpoint}", flush=True)
-
-    def progress(level) -> None:  # noqa: ANN001 - a Level
-        print(f"  {level.label:<12} c={level.concurrency:<3} {level.tokens_per_s:8.1f} tok/s  "
-              f"{level.requests_per_s:6.2f} req/s  TTFT p50 {1e3 * level.ttft_p50_s:6.0f} ms  "
-              f"ITL p99 {1e3 * level.itl_p99_s:6.0f} ms  failed {level.failed}", flush=True)
-
-    results = run_load(servers, endpoint, prompts, levels, requests, args.max_tokens, args.api_key, args.warmup,
-                       progress)
+    own = sum(p.max_tokens is not None for p in prompts)
+    print(f"{len(servers)} server(s) x concurrency {levels}, {args.max_tokens} tokens per request"
+          f"{f' ({own} of {len(prompts)} prompts set their own)' if own else ''}, /v1/{endpoint}", flush=True)
+    api_key = args.api_key or os.environ.get("SPECSURE_API_KEY") or None  # as specsure serve reads it
+    results = run_load(servers, endpoint, prompts, levels, requests, args.max_tokens, api_key, args.warmup,
+                       _progress)
     settings = {"servers": {s.label: s.url for s in servers}, "endpoint": endpoint, "concurrency": levels,
                 "requests": requests, "max_tokens": args.max_tokens, "warmup": args.warmup,
                 "command": shlex.join(["specsure", *sys.argv[1:]]) if sys.argv[1:3] == ["bench", "serve"] else "",
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    (out / "serve.json").write_text(json.dumps(to_json(results, settings), indent=2) + "\n", encoding="utf-8")
+    _write(out, results, settings)
+    failed = sum(level.failed for level in results)
+    if failed:
+        print(f"specsure bench serve: {failed} of {sum(level.requests for level in results)} requests failed (the "
+              f"figures count only the others); their errors are listed above and in {out}/serve.md",
+              file=sys.stderr)
+    return EXIT_FAIL if failed else EXIT_OK
+
+
+def _write(out: Path, results: list[Level], settings: dict[str, Any]) -> None:
+    from specsure.bench.load import render_markdown, to_json
+    from specsure.bench.plots import plot_load
+
+    # allow_nan=False: serve.json stays strict JSON, which jq and JavaScript can read.
+    (out / "serve.json").write_text(json.dumps(to_json(results, settings), indent=2, allow_nan=False) + "\n",
+                                    encoding="utf-8")
     table = render_markdown(results)
     (out / "serve.md").write_text(table, encoding="utf-8")
     plot_load(results, out / "serve.png")
     print("\n" + table + f"\nwrote {out}/serve.json, serve.md, serve.png")
-    return 1 if any(level.failed for level in results) else 0
+
+
+def _progress(level: Level) -> None:
+    """A level's line as soon as it is measured; its distinct errors (the first few) on stderr."""
+    from specsure.bench.load import error_lines, ms
+
+    print(f"  {level.label:<12} c={level.concurrency:<3} {level.tokens_per_s:8.1f} tok/s  "
+          f"{level.requests_per_s:6.2f} req/s  TTFT p50 {ms(level.ttft_p50_s):>6} ms  "
+          f"ITL p99 {ms(level.itl_p99_s):>6} ms  failed {level.failed}", flush=True)
+    lines = error_lines(level)
+    for line in lines[:SHOWN_ERRORS]:
+        print(f"    {level.label} c={level.concurrency} failed: {line}", file=sys.stderr, flush=True)
+    if len(lines) > SHOWN_ERRORS:
+        print(f"    ... and {len(lines) - SHOWN_ERRORS} more distinct errors (serve.md)", file=sys.stderr, flush=True)
