@@ -30,10 +30,15 @@ def url(engine: Engine) -> Iterator[str]:
         yield base
 
 
+BAD_CHUNKS = {"badchunk": "{not json", "baddelta": '{"choices": [{"delta": "oops"}]}',
+              "badcontent": '{"choices": [{"delta": {"content": 5}}]}'}
+"""Chunks the first request of those modes streams in place of its second."""
+
+
 def fake_openai(mode: str, bodies: list[dict[str, Any]]) -> Starlette:
     """An OpenAI-style server that records each request body; ``mode`` picks a misbehaviour: html (a web page
     at /v1/models), nomodels (an empty model list), badchunk (the first request streams a chunk that is not
-    JSON), nousage (no usage chunk), else none."""
+    JSON; baddelta and badcontent: other BAD_CHUNKS), nousage (no usage chunk), else none."""
 
     async def models(request: HttpRequest) -> Response:
         if mode == "html":
@@ -46,8 +51,8 @@ def fake_openai(mode: str, bodies: list[dict[str, Any]]) -> Starlette:
         key = "delta" if request.url.path.endswith("chat/completions") else "text"
         chunks = [json.dumps({"choices": [{key: {"content": f" t{i}"} if key == "delta" else f" t{i}"}]})
                   for i in range(body["max_tokens"])]
-        if mode == "badchunk" and len(bodies) == 1:
-            chunks[1] = "{not json"
+        if mode in BAD_CHUNKS and len(bodies) == 1:
+            chunks[1] = BAD_CHUNKS[mode]
         if mode != "nousage":
             chunks.append(json.dumps({"choices": [], "usage": {"completion_tokens": body["max_tokens"]}}))
         return Response("".join(f"data: {c}\n\n" for c in [*chunks, "[DONE]"]), media_type="text/event-stream")
@@ -176,12 +181,16 @@ def test_a_server_that_lists_no_model_is_named(mode: str, tmp_path: Path, capsys
     assert f"the 'odd' server at {base} answered /v1/models with" in err and "Traceback" not in err, err
 
 
-def test_a_malformed_chunk_fails_only_its_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with serving(fake_openai("badchunk", [])) as base:
+@pytest.mark.parametrize(("mode", "says"), [("badchunk", "a stream chunk is not JSON"),
+                                             ("baddelta", "has a delta that is not an object"),
+                                             ("badcontent", "has text that is not a string")])
+def test_a_malformed_chunk_fails_only_its_request(mode: str, says: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    with serving(fake_openai(mode, [])) as base:
         assert bench_serve(base, tmp_path, [{"category": "c", "prompt": "hi"}], "--num-prompts", "2",
                            "--max-tokens", "4") == 1
     err = capsys.readouterr().err
-    assert f"1 x {base}/v1/chat/completions: a stream chunk is not JSON" in err and "Traceback" not in err, err
+    assert f"1 x {base}/v1/chat/completions: a stream chunk" in err and says in err and "Traceback" not in err, err
     level = strict_json(tmp_path / "out" / "serve.json")["levels"][0]
     assert (level["failed"], level["output_tokens"]) == (1, 4)
 

@@ -273,3 +273,14 @@ def test_a_config_declaring_modules_its_weights_lack_is_a_plain_draft(tmp_path: 
     with_mtp = write_checkpoint(tmp_path / "with-mtp", deepseek_v3(layers=1))  # model.layers.1.eh_proj stored
     with pytest.raises(ConfigError, match="is an MTP head"):
         resolve({"method": "draft_model", "model": str(with_mtp)}, model=str(target)).check_runnable()
+
+
+def test_a_target_declaring_modules_its_weights_lack_is_not_detected_as_mtp(tmp_path: Path) -> None:
+    target = write_checkpoint(tmp_path / "target", deepseek_v3(layers=2),
+                              ["model.embed_tokens.weight", "model.layers.1.mlp.gate.weight", "lm_head.weight"])
+    with pytest.raises(ConfigError, match="num_nextn_predict_layers=1 declares some, but its weights store none"):
+        resolve({"num_speculative_tokens": 2}, model=str(target))
+    res = resolve({"prompt_lookup_max": 3}, model=str(target))  # ngram, with no MTP evidence against it
+    assert res.config.method == "ngram" and not res.warnings
+    with pytest.raises(ConfigError, match="saved without its MTP weights"):  # asked for: the precise refusal
+        resolve({"method": "mtp"}, model=str(target)).check_runnable()

@@ -185,7 +185,14 @@ def _read_chunk(data: str) -> tuple[str | None, int | None, str]:
 
 
 def _text(choice: dict[str, Any]) -> str:
-    return choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+    """A choice's streamed text (a completion's text, or a chat delta's content); BadChunk if mistyped."""
+    delta = choice.get("delta")
+    if delta is not None and not isinstance(delta, dict):
+        raise BadChunk(f"a stream chunk's choice has a delta that is not an object: {delta!r:.100}")
+    text = choice.get("text") or (delta or {}).get("content") or ""
+    if not isinstance(text, str):
+        raise BadChunk(f"a stream chunk's choice has text that is not a string: {text!r:.100}")
+    return text
 
 
 def request_body(endpoint: str, model: str, request: Request, max_tokens: int) -> dict[str, Any]:

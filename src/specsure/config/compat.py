@@ -17,7 +17,6 @@ from typing import Any, Collection, Mapping
 from specsure.config.checkpoint import DEFAULT_INSTALL_HINT, CheckpointInfo, check_weight_files
 from specsure.config.detect import (
     MTP_HEAD_ARCHITECTURES, MTP_MODEL_TYPES, WHAT_IS, Evidence, classify_head, deepseek_mtp_prefix, eagle3_tensor,
-    target_mtp,
 )
 from specsure.config.errors import ConfigError
 from specsure.config.schema import SpeculativeConfig
@@ -209,7 +208,9 @@ def check_same_vocab(target_vocab: int | None, draft_vocab: int | None, *, targe
 
 def require_target_mtp(target: CheckpointInfo) -> tuple[str, int]:
     """(config key, module count) of the MTP layers that ``mtp`` without a ``model`` runs."""
-    if target_mtp(target) is None or target.mtp_layers is None:
+    # The config's declaration, not target_mtp's: modules declared but not stored get check_mtp_tensors'
+    # error, which says the weights lack them, rather than "declares none".
+    if target.mtp_layers is None:
         raise ConfigError(
             f"method 'mtp' was asked without a 'model', so it needs MTP layers inside the target, but the "
             f"target {target.path!r} declares none ({target.config_file or 'its metadata'} has no "

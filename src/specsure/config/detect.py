@@ -12,6 +12,7 @@ from pathlib import PurePath
 from typing import Collection, Final, Literal
 
 from specsure.config.checkpoint import CheckpointInfo
+from specsure.config.schema import MTP_METHOD_ALIASES
 
 EvidenceSource = Literal["checkpoint", "path"]
 
@@ -29,10 +30,8 @@ EAGLE3_TENSORS: Final[tuple[str, ...]] = ("d2t", "t2d", "midlayer.hidden_norm.we
 SPECSURE_MTP_HEAD: Final[str] = "SpecsureMTPHead"
 SPECSURE_MTP_MODEL_TYPE: Final[str] = "specsure_mtp"
 MTP_HEAD_ARCHITECTURES: Final[frozenset[str]] = frozenset({SPECSURE_MTP_HEAD})
-MTP_MODEL_TYPES: Final[frozenset[str]] = frozenset({
-    "deepseek_mtp", "qwen3_next_mtp", "mimo_mtp", "glm4_moe_mtp", "ernie_mtp",
-    "longcat_flash_mtp", "pangu_ultra_moe_mtp", SPECSURE_MTP_MODEL_TYPE,
-})
+MTP_MODEL_TYPES: Final[frozenset[str]] = MTP_METHOD_ALIASES | {SPECSURE_MTP_MODEL_TYPE}
+"""vLLM's MTP model types (the same names as its MTP method aliases), and specsure's own head's."""
 # Path tokens that hint at a method, longest first so "eagle3" wins over "eagle".
 PATH_HINTS: Final[tuple[tuple[str, str], ...]] = (("eagle3", "eagle3"), ("eagle", "eagle"), ("mtp", "mtp"))
 PATH_COMPONENTS: Final[int] = 2
@@ -136,8 +135,9 @@ def eagle3_tensor(names: Collection[str]) -> str | None:
 
 
 def target_mtp(info: CheckpointInfo) -> Evidence | None:
-    """MTP modules declared by the target itself (DeepSeek-V3 layout and kin)."""
-    if found := info.mtp_layers:
+    """MTP modules declared by the target itself (DeepSeek-V3 layout and kin), and stored in its weights
+    as far as their headers were read (see `_stores_mtp`)."""
+    if (found := info.mtp_layers) and _stores_mtp(info):
         return Evidence("mtp", "checkpoint", info.signal(found[0]))
     return None
 

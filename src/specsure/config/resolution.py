@@ -249,7 +249,7 @@ class _State:
                 f"(method {head.value!r}).")
         raise ConfigError(
             "method is not set and there is nothing to detect it from (no draft 'model', and the target "
-            f"declares no MTP layers). Set method to one of {', '.join(METHODS)}, for example "
+            f"holds no MTP layers{_unstored_mtp(self.target)}). Set method to one of {', '.join(METHODS)}, for example "
             '{"method": "ngram", "num_speculative_tokens": 4}.')
 
     def decide_model(self, method: str) -> Decision:
@@ -377,3 +377,10 @@ class _State:
             return Decision("num_speculative_tokens", min(tree_depth, MAX_SPECULATIVE_TOKENS), "derived", why)
         value = DEFAULT_NUM_SPECULATIVE_TOKENS[method]
         return Decision("num_speculative_tokens", value, "default", f"The default k for {method} is {value}.")
+
+
+def _unstored_mtp(target: CheckpointInfo) -> str:
+    """Why a target whose config declares MTP modules does not count as holding them, or ''."""
+    if target.mtp_layers is None:
+        return ""
+    return f": {target.signal(target.mtp_layers[0])} declares some, but its weights store none"
