@@ -95,3 +95,20 @@ def test_a_model_without_a_separate_base_model_is_a_load_error(tmp_path: Path) -
     with pytest.raises(ModelLoadError, match=r"Llama4ForCausalLM \(model_type 'llama4_text'\) does not expose its "
                                              r"decoder as a base model.*not supported yet"):
         load_model(str(tmp_path / "model"), dtype="float32")
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_a_heads_tree_decodes_as_plain_on_a_sliding_window_target(tmp_path: Path, method: str) -> None:
+    from heads import write_eagle3_head, write_eagle_head
+
+    config, model, extra = MODELS["gemma3, per-layer types"]
+    target = _write(tmp_path / "model", config, model, {**extra, "num_hidden_layers": 4, "layer_types": [
+        "sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]})
+    head = (write_eagle3_head if method == "eagle3" else write_eagle_head)(tmp_path / "head", target)
+    plain = make_engine(str(target), None, dtype="float32")
+    tree = make_engine(str(target), {"method": method, "model": str(head),
+                                     "speculative_token_tree": "[(0,), (1,), (0, 0), (2,)]"}, dtype="float32")
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    for prompt in _prompts()[:2]:
+        assert tree.generate(prompt, params)[0].token_ids == plain.generate(prompt, params)[0].token_ids
+    assert tree.stats.draft_tokens > tree.stats.drafts > 0
