@@ -366,3 +366,22 @@ def test_chat_on_the_default_model(default_model_cache: Path) -> None:
     assert body["speculative"]["method"] == "ngram" and body["speculative"]["drafts"] > 0
     card = client.get("/v1/models").json()["data"][0]
     assert card["id"] == "SmolLM2-135M-Instruct" and card["speculative"]["fields"]["target"]["source"] == "default"
+
+
+def test_a_port_in_use_is_an_error_before_the_model_loads(capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    import specsure.decode.engine as engine_module
+
+    def no_load(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model loaded before the port was checked")
+
+    monkeypatch.setattr(engine_module, "make_engine", no_load)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"--host 127.0.0.1 --port {port}: the address is in use" in err and "Traceback" not in err

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
+import socket
 import sys
 
 from specsure.cli.common import EXIT_OK, EXIT_USAGE, add_model_flags, parse_speculative_config
@@ -60,27 +62,61 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: specsure serve needs {exc.name!r}; install the serve extra: pip install 'specsure[serve]'",
               file=sys.stderr)
         return EXIT_USAGE
+    from specsure.config import resolve
     from specsure.decode.engine import make_engine
 
+    speculative = parse_speculative_config(args.speculative_config)
+    resolve(speculative, model=args.model, strict=args.strict).check_runnable()  # config errors first, unbound
+    # Bound before the model loads: a port in use is a clear error at once, not uvicorn's exit after the load.
+    sock = _bind(args.host, args.port)
+    port = sock.getsockname()[1]  # the one the system picked, for --port 0
     api_key = args.api_key or os.environ.get("SPECSURE_API_KEY") or None
     if args.host not in LOOPBACK and not api_key:
         logging.getLogger("specsure.serve").warning(
             "binding %s without an API key: anyone who can reach port %d can use the model; "
-            "pass --api-key or set SPECSURE_API_KEY", args.host, args.port)
+            "pass --api-key or set SPECSURE_API_KEY", args.host, port)
     import torch
 
     # Every forward runs on the engine thread; loading on one thread keeps this one from starting an
     # OpenMP pool of its own, which halved the engine thread's speed (specsure.serve.runner).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    engine = make_engine(args.model, parse_speculative_config(args.speculative_config), strict=args.strict,
-                         dtype=args.dtype, max_num_seqs=args.max_num_seqs)
+    try:
+        engine = make_engine(args.model, speculative, strict=args.strict, dtype=args.dtype,
+                             max_num_seqs=args.max_num_seqs)
+    except BaseException:
+        sock.close()
+        raise
     # This process serves one app, so the process-wide switch is safe; vLLM flips it too.
     prometheus_client.disable_created_metrics()
     app = create_app(engine, served_model_name=args.served_model_name, api_key=api_key, max_queue=args.max_queue,
                      request_timeout=args.request_timeout, threads=threads)
     print(f"serving {app.state.model_name!r} (speculative: {engine.resolution.summary()}; running "
           f"{engine.speculative_method or 'plain decoding'}); up to {args.max_num_seqs} requests batched, "
-          f"{args.max_queue} more waiting", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+          f"{args.max_queue} more waiting; listening on {_url(args.host, port)}", file=sys.stderr)
+    uvicorn.Server(uvicorn.Config(app, host=args.host, port=port, log_level="info")).run(sockets=[sock])
     return EXIT_OK
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket on ``host``:``port``, or a ValueError naming the flags and the fix."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise ValueError(f"--host {host!r} is not an address to bind ({exc.strerror}); give an IP address such "
+                         "as 127.0.0.1 or 0.0.0.0.") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a restart need not wait
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
+        raise ValueError(f"--host {host} --port {port}: the address {why}; stop what listens there, or give "
+                         "another --port (0 picks a free one).") from None
+    return sock
