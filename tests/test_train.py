@@ -248,7 +248,8 @@ def _tokens_line(printed: str) -> str:
 
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--out", "/nonexistent-parent/head", "does not exist"),
-    ("--out", "BUSY", "not a head folder (SpecsureMTPHead"),
+    ("--out", "BUSY", "not a head specsure train wrote (config.json, model.safetensors, training.json"),
+    ("--out", "DOWNLOADED", "not a head specsure train wrote"),  # a head's config, but a README too: kept
     ("--steps", "0", "--steps 0: training needs"),
     ("--corpus", "", "--corpus '' names no source"),
     ("--max-new-tokens", "-1", "--max-new-tokens -1"),
@@ -271,8 +272,12 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys, flag: str, value: st
     (tmp_path / "ids.jsonl").write_text(json.dumps({"category": "t", "prompt_ids": [5, 6, 7]}))
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
+    (tmp_path / "downloaded").mkdir()
+    (tmp_path / "downloaded" / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    (tmp_path / "downloaded" / "README.md").write_text("a head from elsewhere")
     flags = {"--out": str(tmp_path / "head"), "--prompts": str(tmp_path / "ids.jsonl"), "--steps": "5"}
-    flags[flag] = {"TEXT": str(tmp_path / "text.jsonl"), "BUSY": str(tmp_path / "busy")}.get(value, value)
+    flags[flag] = {"TEXT": str(tmp_path / "text.jsonl"), "BUSY": str(tmp_path / "busy"),
+                   "DOWNLOADED": str(tmp_path / "downloaded")}.get(value, value)
     rc = main(["train", "--model", str(target), "--dtype", "float32", "--no-progress",
                *[part for item in flags.items() for part in item]])
     err = capsys.readouterr().err
@@ -488,3 +493,20 @@ def test_a_draft_vocabulary_loss_is_the_full_one_restricted_and_trains_a_head_th
     prompts = _prompts(3, seed=9)
     assert [c.token_ids for c in spec.generate(prompts, GREEDY)] == [c.token_ids for c in plain.generate(prompts, GREEDY)]
     assert spec.stats.mean_acceptance_length > 1.3
+
+
+def test_the_sample_cache_key_changes_when_another_model_takes_the_targets_path(tmp_path: Path) -> None:
+    """The same path with other weights behind it must not reuse the old model's features."""
+    import os
+    import shutil
+
+    from specsure.train.cache import cache_key
+    from tiny import build_tiny_llama
+
+    target = build_tiny_llama(tmp_path / "target", seed=0)
+    key = cache_key(str(target), "float32", [[1, 2, 3]], 8, (0,))
+    assert cache_key(str(target), "float32", [[1, 2, 3]], 8, (0,)) == key  # stable while nothing changes
+    shutil.rmtree(target)
+    build_tiny_llama(target, seed=1, hidden_size=48)
+    os.utime(target / "model.safetensors", ns=(1, 1))  # even with an old modification time
+    assert cache_key(str(target), "float32", [[1, 2, 3]], 8, (0,)) != key

@@ -34,11 +34,24 @@ def cache_key(target_path: str, dtype: str, prompts: Sequence[Sequence[int]], ma
               aux_layers: tuple[int, ...], extra: str = "") -> str:
     """``extra`` names anything else the samples depend on (a second round of derived prompts)."""
     fields = {"format": FORMAT, "target": str(target_path), "dtype": dtype, "prompts": [list(p) for p in prompts],
-              "max_new_tokens": max_new_tokens, "aux_layers": list(aux_layers)}
+              "max_new_tokens": max_new_tokens, "aux_layers": list(aux_layers),
+              "target_files": target_files(target_path)}
     if extra:  # absent otherwise, so the keys of earlier caches still match
         fields["extra"] = extra
     payload = json.dumps(fields)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+def target_files(target_path: str) -> list[list[object]]:
+    """What identifies the target's weights without reading them: the resolved path of each weight and
+    config file, its size and its modification time. The path as typed is not enough: another model
+    copied over it, or reached through the same relative path, would reuse the old model's features."""
+    path = Path(target_path).expanduser().resolve()
+    if not path.exists():
+        return []
+    files = [path] if path.is_file() else sorted(
+        p for p in path.iterdir() if p.suffix in (".safetensors", ".gguf", ".json") and p.is_file())
+    return [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
 
 
 def cached_samples(folder: Path | None, key: str, build: Callable[[], list[Sample]]) -> tuple[list[Sample], bool]:

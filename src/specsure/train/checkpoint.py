@@ -54,8 +54,9 @@ def check_out_dir(out: str | Path) -> Path:
     if not out.is_dir():
         raise ValueError(f"--out {str(out)!r} is a file; give a folder path for the head.")
     if any(out.iterdir()) and not _is_head(out):
-        raise ValueError(f"--out {str(out)!r} already holds files that are not a head folder ({', '.join(HEAD_ARCHS)}); "
-                         "choose an empty or new folder (specsure only replaces an earlier head).")
+        raise ValueError(f"--out {str(out)!r} already holds files that are not a head specsure train wrote ("
+                         f"{', '.join(sorted(HEAD_FILES))} of a {' or '.join(HEAD_ARCHS)} and nothing else); choose "
+                         "an empty or new folder (specsure only replaces an earlier head of its own).")
     return out
 
 
@@ -71,7 +72,15 @@ def _check_writable(folder: Path, given: str) -> None:
     os.unlink(probe)
 
 
+HEAD_FILES = frozenset({"config.json", "model.safetensors", RECORD_FILE})
+"""What save_head writes, and so all that a folder it may replace holds."""
+
+
 def _is_head(folder: Path) -> bool:
+    """A head this trainer wrote: its three files and nothing else. A downloaded head (a README, a
+    tokenizer, a folder of its own) is not replaced, since replacing deletes what else it holds."""
+    if not {p.name for p in folder.iterdir()} <= HEAD_FILES:
+        return False
     try:
         config = load_config_json(folder / "config.json")
     except ConfigError:
