@@ -18,7 +18,7 @@ from specsure.models.forward_output import ForwardOutput
 from specsure.models.logits import LogitsTransform, logits_transform
 from specsure.models.native import NativeDecoder, Segment
 from specsure.models.products import KERNEL_ROWS, project
-from specsure.models.token_tree import TokenTree, attention_mask
+from specsure.models.token_tree import TokenTree, layer_masks
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ class CausalLM:
             positions = (start + offsets).unsqueeze(0)  # [1, n]
             # transformers takes a 4D boolean mask as given (True = attend) with explicit positions, and
             # then applies no sliding window of its own: a tree's mask carries the window itself.
-            mask = None if tree is None else self._tree_masks(start, n, tree)
+            mask = None if tree is None else layer_masks(self.config, self.dtype, start, n, tree)
             # Asking only for the selected layers keeps the hooks from holding every layer's state.
             want = list(aux_layers) if aux_layers else False
             out = self._base(input_ids=ids.unsqueeze(0), position_ids=positions, attention_mask=mask,
@@ -179,32 +179,6 @@ class CausalLM:
         self._cache_len = start + n
         rows = last if last_logits is None else last[max(0, n - last_logits):]
         return ForwardOutput(logits=self._logits(rows), hidden=last if hidden else None, aux_hidden=aux)
-
-    def _tree_masks(self, start: int, n: int, tree: TokenTree) -> "torch.Tensor | dict[str, torch.Tensor]":
-        """A token tree's [1, 1, n, start + n] mask as this architecture's layers attend: one mask, or
-        one per layer type where layers differ (transformers' mask mapping, keyed by layer type)."""
-        text = self.config.get_text_config(decoder=True)
-        window = getattr(text, "sliding_window", None)
-        types = set(getattr(text, "layer_types", None) or ())
-
-        def shaped(mask: torch.Tensor) -> torch.Tensor:
-            mask = mask[None, None]
-            if getattr(self.config, "_attn_implementation", "sdpa") != "eager":
-                return mask
-            # Eager attention adds the mask to its scores (transformers' own eager masks are additive),
-            # so a boolean one would only add 1 where it should forbid.
-            return torch.zeros(mask.shape, dtype=self.dtype).masked_fill(~mask, torch.finfo(self.dtype).min)
-
-        if not window or types == {"full_attention"}:
-            return shaped(attention_mask(start, n, tree))
-        if not types:  # Mistral's and Phi-3's way: every layer slides
-            return shaped(attention_mask(start, n, tree, window))
-        if types <= {"full_attention", "sliding_attention"}:
-            return {"full_attention": shaped(attention_mask(start, n, tree)),
-                    "sliding_attention": shaped(attention_mask(start, n, tree, window))}
-        raise ValueError(f"a token tree cannot be verified on this model: its layers attend as {sorted(types)}, "
-                         "and specsure builds tree masks for full and sliding-window attention only; draft a chain "
-                         "(no speculative_token_tree, prompt_lookup_branches 1).")
 
     def _check_call(self, n: int, aux_layers: tuple[int, ...]) -> None:
         if n == 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -58,3 +59,32 @@ def attention_mask(start: int, n: int, tree: TokenTree | None, window: int | Non
         query = positions[start:]
         mask &= positions[None, :] > query[:, None] - window
     return mask
+
+
+def layer_masks(config: Any, dtype: torch.dtype, start: int, n: int,
+                tree: TokenTree) -> torch.Tensor | dict[str, torch.Tensor]:
+    """A token tree's [1, 1, n, start + n] mask for transformers' modules of a model with ``config``: one
+    mask, or one per layer type where layers differ (transformers' mask mapping, keyed by layer type).
+    transformers takes a 4D mask as given and applies no sliding window of its own to it."""
+    text = config.get_text_config(decoder=True)
+    window = getattr(text, "sliding_window", None)
+    types = set(getattr(text, "layer_types", None) or ())
+
+    def shaped(mask: torch.Tensor) -> torch.Tensor:
+        mask = mask[None, None]
+        if getattr(config, "_attn_implementation", "sdpa") != "eager":
+            return mask
+        # Eager attention adds the mask to its scores (transformers' own eager masks are additive),
+        # so a boolean one would only add 1 where it should forbid.
+        return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+
+    if not window or types == {"full_attention"}:
+        return shaped(attention_mask(start, n, tree))
+    if not types:  # Mistral's and Phi-3's way: every layer slides
+        return shaped(attention_mask(start, n, tree, window))
+    if types <= {"full_attention", "sliding_attention"}:
+        return {"full_attention": shaped(attention_mask(start, n, tree)),
+                "sliding_attention": shaped(attention_mask(start, n, tree, window))}
+    raise ValueError(f"a token tree cannot be verified on this model: its layers attend as {sorted(types)}, "
+                     "and specsure builds tree masks for full and sliding-window attention only; draft a chain "
+                     "(no speculative_token_tree, prompt_lookup_branches 1).")
