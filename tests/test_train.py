@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from specsure.proposers.head_layer import HeadCache
 from specsure.train import MTPTrainSettings, initial_module, save_mtp_head, self_distill, train_mtp
 from specsure.train.data import Sample
 from specsure.train.mtp import entry_losses
+from specsure.train.resume import clear_point
 
 GREEDY = SamplingParams(max_tokens=32, ignore_eos=True)
 
@@ -407,13 +409,27 @@ def test_an_interrupted_or_diverged_mtp_run_resumes_where_it_stopped(tmp_path: P
         if name.startswith(("rotary.", "target.")):
             continue
         torch.testing.assert_close(resumed.module.state_dict()[name], tensor, rtol=1e-5, atol=1e-6)
+    # The last step's point stays until the head is written, so a crash in the final evaluation or
+    # the write costs no training: the same run again takes no step (any step would raise here).
+    calls[0] = 0
+    monkeypatch.setattr(trainer, "chain_losses", failing(1, KeyboardInterrupt))
+    again = train_mtp(target, samples, settings, resume=point, resume_key="data", checkpoint_every=3)
+    assert again.losses == resumed.losses and calls[0] == 0
+    clear_point(point)
     assert not point.exists()
 
     calls[0] = 0
     monkeypatch.setattr(trainer, "chain_losses", failing(5, "nan"))
-    with pytest.raises(FloatingPointError, match="from step 4"):
-        train_mtp(target, samples, settings, resume=point, resume_key="data", checkpoint_every=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the error alone, no PyTorch warning about the loss's gradient first
+        with pytest.raises(FloatingPointError, match="the last good state, from step 4, is kept in .*delete"):
+            train_mtp(target, samples, settings, resume=point, resume_key="data", checkpoint_every=2)
     assert (point / "resume.safetensors").is_file()  # the last good point stays
+    calls[0] = 0
+    monkeypatch.setattr(trainer, "chain_losses", failing(1, "nan"))  # diverging again from that point
+    with pytest.raises(FloatingPointError, match=r"began from the resume point of step 4 .* diverged again .*delete"):
+        train_mtp(target, samples, replace(settings, lr=1e-4), resume=point, resume_key="data", checkpoint_every=2)
+    monkeypatch.setattr(trainer, "chain_losses", real)
 
     with pytest.raises(ValueError, match=r"--steps 3 is below the step of the resume point in .* \(4\)"):
         train_mtp(target, samples, replace(settings, steps=3), resume=point, resume_key="data", checkpoint_every=2)

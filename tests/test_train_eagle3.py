@@ -19,6 +19,7 @@ from specsure.train.data import build_sequences
 from specsure.train.eagle3 import (Eagle3TrainSettings, default_aux_layers, draft_vocabulary, initial_module,
                                    packed_unrolled, train_eagle3, unrolled, window_loss)
 from specsure.train.labels import DraftLabels
+from specsure.train.resume import clear_point
 from tiny import build_tiny_llama
 
 @pytest.fixture(autouse=True)
@@ -226,7 +227,12 @@ def test_an_interrupted_or_diverged_run_resumes_where_it_stopped(target, tmp_pat
     assert resumed.losses == pytest.approx(whole.losses, rel=1e-5)
     for name, tensor in whole.module.state_dict().items():
         torch.testing.assert_close(resumed.module.state_dict()[name], tensor, rtol=1e-5, atol=1e-6)
-    assert not point.exists()  # a finished run leaves no resume point
+    calls[0] = 0  # the last step's point stays until the CLI has written the head: a run again takes no step
+    monkeypatch.setattr(trainer, "window_loss", failing(1, KeyboardInterrupt))
+    assert train_eagle3(loaded, samples, settings, aux, resume=point, resume_key="data",
+                        checkpoint_every=3).losses == resumed.losses
+    clear_point(point)
+    assert not point.exists()
 
     calls[0] = 0
     monkeypatch.setattr(trainer, "window_loss", failing(5, "nan"))

@@ -252,6 +252,16 @@ def _resume_folder(args: argparse.Namespace, out: Path) -> Path | None:
     return out.parent / f".{out.name}.resume" if args.checkpoint_every else None
 
 
+def _finished(args: argparse.Namespace, out: Path) -> None:
+    """The head is written: its run's last resume point (kept until now, so that a crash while
+    evaluating or writing lost no training) is not needed any more."""
+    from specsure.train.resume import clear_point
+
+    folder = _resume_folder(args, out)
+    if folder is not None:
+        clear_point(folder)
+
+
 def _settings(args: argparse.Namespace, lr: float) -> "MTPTrainSettings | Eagle3TrainSettings":
     """The trainer's settings from the flags, validated by their own checks."""
     from specsure.train.eagle3 import Eagle3TrainSettings
@@ -313,7 +323,9 @@ def _train_mtp(args, target, samples, settings, common, data, out, key, start) -
     training = {
         **common,
         "settings": {"steps": settings.steps, "lr": settings.lr, "seq_len": settings.seq_len, "seed": settings.seed,
-                     "init": None if init else settings.init, "modules": settings.modules, "unroll": settings.unroll,
+                     "init": None if init else settings.init, "modules": settings.modules,
+                     # the draft steps it trained (0 means one per module), which explain's depth note reads
+                     "unroll": max(settings.unroll, settings.modules),
                      "loss_on": args.loss_on, "train_dtype": settings.dtype, "max_new_tokens": args.max_new_tokens,
                      "draft_vocab_size": settings.draft_vocab_size, "threads": torch.get_num_threads(),
                      **({"init_from": init} if init else {})},
@@ -327,6 +339,7 @@ def _train_mtp(args, target, samples, settings, common, data, out, key, start) -
         **({"continued_from": start.training} if start is not None and start.training is not None else {}),
     }
     save_mtp_head(result.modules or result.module, target.lm, out, training, result.draft_ids)
+    _finished(args, out)
     where = "held-out" if result.heldout_sequences else "training (too few prompts to hold any out)"
     print(f"training: {settings.steps} steps in {result.train_s:.0f} s")
     print(f"wrote {out}")
@@ -380,6 +393,7 @@ def _train_eagle3(args, target, samples, settings, aux, common, data, out, key, 
     }
     save_head(out, eagle3_config(target.lm, aux, draft_vocab, dtype, mlp_width(result.module)),
               eagle3_tensors(result.module, result.draft_ids, target.lm.vocab_size, dtype), training)
+    _finished(args, out)
     where = "held-out" if result.heldout_sequences else "training (too few prompts to hold any out)"
     print(f"training: {settings.steps} steps in {result.train_s:.0f} s")
     print(f"wrote {out}")

@@ -29,10 +29,14 @@ def trained_depth(folder: str) -> int | None:
     settings = record.get("settings") if isinstance(record, dict) else None
     if not isinstance(settings, dict):
         return None
-    steps = [settings.get("unroll"), settings.get("modules", 1)]
-    if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in steps):
+    unroll, modules = settings.get("unroll"), settings.get("modules", 1)
+    if not (_count(unroll, 0) and _count(modules, 1)):
         return None
-    return max(steps)
+    return max(unroll, modules)  # unroll 0 (older MTP records): one step per module
+
+
+def _count(value: object, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 def depth_note(folder: str, depth: int) -> str:

@@ -7,7 +7,9 @@ so a crash or Ctrl-C never leaves a half-written head where the engine would loa
 
 from __future__ import annotations
 
+import glob
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -24,6 +26,9 @@ from specsure.config.errors import ConfigError
 from specsure.config.training_record import RECORD_FILE
 from specsure.models.causal_lm import CausalLM
 from specsure.proposers.mtp import MTPModule
+from specsure.train.leftovers import stale, tag
+
+logger = logging.getLogger(__name__)
 
 HEAD_ARCH = SPECSURE_MTP_HEAD
 EAGLE3_ARCH = "LlamaForCausalLMEagle3"
@@ -49,6 +54,7 @@ def check_out_dir(out: str | Path) -> Path:
         raise ValueError(f"--out {str(out)!r}: its parent folder {str(out.parent)!r} does not exist; create it "
                          "first or choose another path.")
     _check_writable(out.parent, given)  # found now, not after hours of training
+    _sweep(out)
     if not out.exists():
         return out
     if not out.is_dir():
@@ -70,6 +76,25 @@ def _check_writable(folder: Path, given: str) -> None:
                          "writable path.") from None
     os.close(handle)
     os.unlink(probe)
+
+
+def _sweep(out: Path) -> None:
+    """Remove what a killed save_head left next to ``out``; put back the head it was replacing.
+
+    A save killed between moving the earlier head aside and renaming the new one into place
+    leaves no head at ``out``: the earlier one, complete, is in its ``.old-`` folder, and is what
+    goes back (the new one may be half-written)."""
+    for path in sorted(out.parent.glob(f".{glob.escape(out.name)}.*")):
+        if stale(path, f".{out.name}.tmp-"):
+            shutil.rmtree(path, ignore_errors=True)
+            logger.info("removed %s, a head that a killed run was writing", path)
+        elif stale(path, f".{out.name}.old-"):
+            if out.exists():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.rename(out)
+                logger.warning("put back the head at %s, which a run killed while replacing it had moved to %s",
+                               out, path.name)
 
 
 HEAD_FILES = frozenset({"config.json", "model.safetensors", RECORD_FILE})
@@ -127,7 +152,7 @@ def save_head(out: str | Path, config: dict[str, Any], tensors: dict[str, torch.
               training: dict[str, Any]) -> Path:
     """config.json, model.safetensors and training.json, written next to ``out`` and renamed into place."""
     out = check_out_dir(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{tag()}-", dir=out.parent))
     try:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -184,7 +209,7 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
     if not out.exists():
         tmp.rename(out)
         return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-{tag()}-", dir=out.parent))
     old.rmdir()
     out.rename(old)
     try:

@@ -314,8 +314,9 @@ def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle
     With ``start``, training continues from that head: its weights and draft vocabulary (its aux
     layers must be ``aux_layers``); the "before" evaluation is the starting head's.
 
-    With ``resume``, a resume point is written there every ``checkpoint_every`` steps, and a run
-    finding one made with the same ``resume_key`` continues from it (`specsure.train.resume`).
+    With ``resume``, a resume point is written there every ``checkpoint_every`` steps and after the
+    last, and a run finding one made with the same ``resume_key`` continues from it
+    (`specsure.train.resume`); once the head is written, `clear_point` removes it.
 
     Raises:
         ValueError: no sequence has the two tokens an entry needs, or the samples carry no aux features.

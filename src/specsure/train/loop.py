@@ -2,10 +2,12 @@
 curve, resume points, divergence.
 
 Each step draws one window (the caller's ``step_loss``) and takes one AdamW step. Every
-``eval_every`` steps ``measure`` adds a point to the curve. Every ``checkpoint_every`` steps a
-resume point goes to ``resume`` (`specsure.train.resume`); a run finding one with the same key
-continues from it, drawing the same windows. A loss that stops being finite raises
-FloatingPointError naming the last good point, so no NaN head is ever written.
+``eval_every`` steps ``measure`` adds a point to the curve. Every ``checkpoint_every`` steps, and
+after the last step, a resume point goes to ``resume`` (`specsure.train.resume`); a run finding one
+with the same key continues from it, drawing the same windows. The last one stays until the caller
+has written the head (`clear_point`), so a crash in the final evaluation or the write costs no
+training. A loss that stops being finite raises FloatingPointError naming the last good point, so
+no NaN head is ever written.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from specsure.train.resume import clear_point, load_point, save_point
+from specsure.train.resume import load_point, save_point
 
 logger = logging.getLogger(__name__)
 
@@ -64,30 +66,41 @@ def run_steps(module: torch.nn.Module, params: list[torch.nn.Parameter], optimis
         losses = list(record["losses"])
         curve[:] = [tuple(c) for c in record["curve"]]
         logger.info("resuming from step %d of %d, where an earlier run stopped (%s)", first, steps, resume)
+    loaded = first if point is not None else None
     module.train()
     bar = tqdm(range(first, steps), desc="training", unit="step", disable=not progress, initial=first, total=steps)
     for step in bar:
         loss = step_loss()
-        if not torch.isfinite(loss):
-            kept = (f"the last good state, from step {first}, is kept in {resume}; run the same command with a "
-                    "lower --lr (for example half) to go on from it" if resume and first else
-                    "lower --lr (for example to half) and train again")
-            raise FloatingPointError(f"the training loss became {float(loss)} at step {step + 1}, so training "
-                                     f"stopped and no head was written; {kept}.")
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise FloatingPointError(_diverged(value, step + 1, resume if first else None, first, loaded))
         losses.append(update(loss, params, optimiser, schedule))
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
             module.eval()
             curve.append((step + 1, *measure()))
             module.train()
-        if resume and checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
+        if resume and checkpoint_every and ((step + 1) % checkpoint_every == 0 or step + 1 == steps):
             save_point(resume, resume_key, step + 1, module, optimiser, schedule, gen,
                        {"losses": losses, "curve": curve})
             first = step + 1
     module.eval()
-    if resume:
-        clear_point(resume)
     return losses
+
+
+def _diverged(value: float, step: int, kept: Path | None, first: int, loaded: int | None) -> str:
+    """The error for a loss that became ``value`` at ``step``: what was lost, what was kept, what to do."""
+    said = f"the training loss became {value} at step {step}, so training stopped and no head was written"
+    if kept is None:
+        return f"{said}; lower --lr (for example to half) and train again."
+    if loaded == first:
+        # This run began at that point and never got past it: the moments saved there may be what
+        # diverges, and running the same command again would start from them again.
+        return (f"{said}; it began from the resume point of step {first} in {kept}, and diverged again before the "
+                f"next one; run the same command with a lower --lr (a tenth) to try that point once more, or "
+                f"delete {kept} to start over.")
+    return (f"{said}; the last good state, from step {first}, is kept in {kept}; run the same command with a lower "
+            f"--lr (for example half) to go on from it, or delete {kept} to start over.")
 
 
 def update(loss: torch.Tensor, params: list[torch.nn.Parameter], optimiser: torch.optim.Optimizer,

@@ -21,6 +21,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from specsure.train.leftovers import stale, tag
+
 FILE = "resume.safetensors"
 logger = logging.getLogger(__name__)
 
@@ -39,7 +41,10 @@ def save_point(folder: Path, key: str, step: int, module: torch.nn.Module, optim
     sched = {k: v for k, v in schedule.state_dict().items() if k != "lr_lambdas"}
     meta = {"key": key, "step": str(step), "param_groups": json.dumps(state["param_groups"]),
             "schedule": json.dumps(sched), "record": json.dumps(record)}
-    handle, tmp = tempfile.mkstemp(prefix=".resume-", suffix=".tmp", dir=folder)
+    for path in folder.glob(".resume-*"):  # a killed run's half-written point
+        if stale(path, ".resume-"):
+            path.unlink(missing_ok=True)
+    handle, tmp = tempfile.mkstemp(prefix=f".resume-{tag()}-", suffix=".tmp", dir=folder)
     os.close(handle)
     try:
         save_file(tensors, tmp, metadata=meta)
@@ -93,6 +98,9 @@ def load_point(folder: Path, key: str, module: torch.nn.Module, optimiser: torch
 def clear_point(folder: Path) -> None:
     """The run finished: its resume point is not needed any more."""
     (folder / FILE).unlink(missing_ok=True)
+    for path in folder.glob(".resume-*"):
+        if stale(path, ".resume-"):
+            path.unlink(missing_ok=True)
     try:
         folder.rmdir()
     except OSError:

@@ -1,0 +1,122 @@
+"""specsure train after the worst: killed while evaluating or writing the head, killed with SIGKILL
+mid-write, and the depth a finished MTP head records."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specsure.cli.main import main
+from specsure.config.resolution import resolve
+from specsure.config.training_record import trained_depth
+from specsure.train.checkpoint import check_out_dir
+from specsure.train.leftovers import stale, tag
+from tiny import build_tiny_llama
+
+
+@pytest.fixture(autouse=True)
+def _sample_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg")))
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def _train_args(tmp_path: Path, method: str = "mtp") -> list[str]:
+    target = build_tiny_llama(tmp_path / "target", num_layers=2)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"category": "t", "prompt_ids": [5 + i, 6, 7, 8]}) for i in range(6)))
+    return ["train", "--method", method, "--model", str(target), "--dtype", "float32", "--out",
+            str(tmp_path / "head"), "--prompts", str(prompts), "--steps", "6", "--checkpoint-every", "4",
+            "--max-new-tokens", "12", "--seq-len", "16", "--no-progress"]
+
+
+@pytest.mark.parametrize("method", ["mtp", "eagle3"])
+def test_a_run_killed_while_writing_its_head_goes_on_without_training_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, capsys, method: str) -> None:  # noqa: ANN001
+    import specsure.train.checkpoint as checkpoint
+
+    args = _train_args(tmp_path, method)
+    write = checkpoint._swap_into_place
+
+    def killed(*_: object) -> None:
+        raise KeyboardInterrupt  # Ctrl-C after the last step, as the head is renamed into place
+
+    monkeypatch.setattr(checkpoint, "_swap_into_place", killed)
+    assert main(args) == 130
+    assert (tmp_path / ".head.resume" / "resume.safetensors").is_file()  # the finished training is kept
+    assert not (tmp_path / "head").exists()
+    monkeypatch.setattr(checkpoint, "_swap_into_place", write)
+    capsys.readouterr()
+    with caplog.at_level(logging.INFO, logger="specsure.train.loop"):
+        assert main(args) == 0
+    assert "resuming from step 6 of 6" in caplog.text
+    assert (tmp_path / "head" / "model.safetensors").is_file()
+    assert json.loads((tmp_path / "head" / "training.json").read_text())["settings"]["steps"] == 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["head", "prompts.jsonl", "target"]  # point cleared
+
+
+def test_a_killed_writers_leftovers_go_and_the_head_it_was_replacing_comes_back(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    dead = _dead_pid()
+    mine = tag().rsplit("-", 1)[0]
+    out = tmp_path / "head"
+    half = tmp_path / f".head.tmp-{mine}-{dead}-abc"  # a SIGKILL while the new head was written
+    earlier = tmp_path / f".head.old-{mine}-{dead}-def"  # ... and between moving the old one aside and renaming
+    live = tmp_path / f".head.tmp-{tag()}-ghi"  # this process's own, in flight
+    foreign = tmp_path / f".head.tmp-00000000-{dead}-jkl"  # another host's: its writer may still run
+    untagged = tmp_path / ".head.tmp-mno"
+    for folder in (half, earlier, live, foreign, untagged):
+        folder.mkdir()
+    (earlier / "config.json").write_text(json.dumps({"architectures": ["SpecsureMTPHead"]}))
+    with caplog.at_level(logging.WARNING):
+        assert check_out_dir(out) == out
+    assert (out / "config.json").is_file() and "put back the head" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".head.tmp-mno", live.name, foreign.name, "head"])
+    # With a head in place, an old copy a killed writer left is only removed.
+    earlier.mkdir()
+    check_out_dir(out)
+    assert not earlier.exists() and (out / "config.json").is_file()
+    assert stale(tmp_path / f".resume-{mine}-{dead}-x.tmp", ".resume-")
+    assert not stale(tmp_path / f".resume-{tag()}-x.tmp", ".resume-")
+
+
+def test_a_killed_resume_point_write_is_removed_by_the_next(tmp_path: Path) -> None:
+    import torch
+
+    from specsure.train.resume import FILE, clear_point, save_point
+
+    folder = tmp_path / "resume"
+    folder.mkdir()
+    half = folder / f".resume-{tag().rsplit('-', 1)[0]}-{_dead_pid()}-x.tmp"
+    half.write_bytes(b"half")
+    module = torch.nn.Linear(2, 2)
+    optimiser = torch.optim.AdamW(module.parameters())
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: 1.0)
+    save_point(folder, "k", 1, module, optimiser, schedule, torch.Generator(), {"losses": [], "curve": []})
+    assert sorted(p.name for p in folder.iterdir()) == [FILE]
+    half.write_bytes(b"half")
+    clear_point(folder)
+    assert not folder.exists()
+
+
+def test_an_mtp_head_records_the_draft_steps_it_trained(tmp_path: Path) -> None:
+    args = _train_args(tmp_path)
+    assert main([*args, "--modules", "2"]) == 0
+    record = json.loads((tmp_path / "head" / "training.json").read_text())
+    assert record["settings"]["unroll"] == 2 and trained_depth(str(tmp_path / "head")) == 2
+    deeper = resolve({"method": "mtp", "model": str(tmp_path / "head"), "num_speculative_tokens": 4},
+                     str(tmp_path / "target"))
+    assert "trained for 2 draft steps" in deeper.reason("num_speculative_tokens")
+    # A record an earlier version wrote, unroll 0 meaning one step per module, reads the same.
+    record["settings"]["unroll"] = 0
+    (tmp_path / "head" / "training.json").write_text(json.dumps(record))
+    assert trained_depth(str(tmp_path / "head")) == 2
