@@ -6,7 +6,6 @@ import copy
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -14,6 +13,7 @@ from transformers import PreTrainedModel
 from specsure.models.float_kernel import AnyKernel
 from specsure.models.errors import ModelLoadError
 from specsure.models.kv_cache import RollbackCache
+from specsure.models.load_check import check_cache, check_logits
 from specsure.models.forward_output import ForwardOutput
 from specsure.models.logits import LogitsTransform, logits_transform
 from specsure.models.native import NativeDecoder, Segment
@@ -21,10 +21,6 @@ from specsure.models.products import KERNEL_ROWS, project
 from specsure.models.token_tree import TokenTree, layer_masks
 
 logger = logging.getLogger(__name__)
-
-
-# Tokens the load-time check runs: enough to see a transform, cheap next to loading the weights.
-_CHECK_TOKENS = 4
 
 
 def _align(hf: torch.nn.Module) -> None:
@@ -103,14 +99,18 @@ class CausalLM:
         """Which forward runs the decoder layers, and why: 'native (...)' or 'transformers (...)'."""
         self._cache = RollbackCache()
         self._cache_len = 0
-        self._check_logits()
+        check_logits(self)
         if self._native is None:
-            self._check_cache()
+            check_cache(self)
 
     def reset(self) -> None:
         """Empty the KV cache (its buffers are kept for the next sequence)."""
         self._cache.clear()
         self._cache_len = 0
+
+    def drop_cache(self) -> None:
+        """Empty the KV cache and free its buffers, as if nothing had run yet."""
+        self._cache, self._cache_len = RollbackCache(), 0
 
     @property
     def row_kernel(self) -> "AnyKernel | None":
@@ -357,85 +357,3 @@ class CausalLM:
         if transform.softcap is not None:
             logits = torch.tanh(logits / transform.softcap) * transform.softcap
         return logits
-
-    @torch.inference_mode()
-    def _check_cache(self) -> None:
-        """Refuse a model whose layers keep a state that the rollback KV cache does not hold (recurrent,
-        convolutional or linear-attention layers: Mamba, RWKV, hybrids). Its steps after the first would
-        fail, or run without that state and decode from the wrong distribution without a word.
-
-        The last of a few tokens, fed one step after the others, must give the logits it gets when all
-        of them run together.
-        """
-        ids = (torch.arange(1, _CHECK_TOKENS + 1) * (self.vocab_size - 1) // (_CHECK_TOKENS + 1)).tolist()
-        name = f"{type(self.hf).__name__} (model_type {self.config.model_type!r})"
-        try:
-            whole = self.forward(ids).logits[-1]
-            self.reset()
-            self.forward(ids[:-1], last_logits=1)
-            stepped = self.forward(ids[-1:]).logits[-1]
-        except Exception as exc:  # whatever the architecture's own code raises: the reason goes in the message
-            raise ModelLoadError(
-                f"{name}: a decode step with specsure's KV cache fails ({type(exc).__name__}: {exc}). specsure runs "
-                "models whose layers are all attention layers with a key/value cache; recurrent, convolutional "
-                "or linear-attention layers (Mamba, RWKV, hybrids) keep a state it cannot roll back."
-            ) from None
-        finally:  # a new cache: the check leaves no layer buffers behind, as if it never ran
-            self._cache, self._cache_len = RollbackCache(), 0
-        # Attention over a cache may sum in another order than over the whole sequence: some slack in
-        # float32. In bfloat16 every attention model measured was bit-exact here, and RWKV 58 units off.
-        if gap := _beyond_rounding(stepped, whole, self.dtype, units=16, floor=1e-4):
-            error, tolerance = gap
-            raise ModelLoadError(
-                f"{name}: a token decoded after the others gets other logits than with them in one forward "
-                f"(max |difference| {error:.3g}, tolerance {tolerance:.3g}), so its layers keep a state beyond "
-                "specsure's key/value cache. specsure runs models whose layers are all attention layers with a "
-                "key/value cache; recurrent, convolutional or linear-attention layers (Mamba, RWKV, hybrids) "
-                "are not supported."
-            )
-
-    @torch.inference_mode()
-    def _check_logits(self) -> None:
-        """Refuse a model whose own forward does more around the head than `logits_transform` knows.
-
-        Runs a few tokens without any cache, so the KV cache stays empty. One forward: a hook
-        keeps what the base model returned inside `hf`'s own forward.
-        """
-        ids = torch.arange(1, _CHECK_TOKENS + 1) * (self.vocab_size - 1) // (_CHECK_TOKENS + 1)  # [n]
-        ids = ids.unsqueeze(0).to(self.hf.device)  # [1, n], spread over the vocabulary
-        base_outputs: list[Any] = []
-        hook = self._base.register_forward_hook(lambda _module, _args, out: base_outputs.append(out))
-        try:
-            expected = self.hf(input_ids=ids, use_cache=False).logits[0].float()  # [n, vocab']
-        finally:
-            hook.remove()
-        base_out = base_outputs[0] if base_outputs else self._base(input_ids=ids, use_cache=False)
-        got = self._logits(base_out.last_hidden_state[0])  # [n, vocab]
-        name = type(self.hf).__name__
-        if got.shape != expected.shape:
-            raise ModelLoadError(
-                f"{name} returns logits of shape {tuple(expected.shape)} where its base model + LM head "
-                f"give {tuple(got.shape)}; specsure cannot decode this architecture faithfully yet."
-            )
-        # Both paths run the same base model on the same inputs, so they differ only by how the
-        # head's product and scalar steps round: a few units of the model dtype's epsilon, relative
-        # to the largest logit; in float32 the few-row product sums in another order than
-        # F.linear (`products.project`), up to about 1e-6 of it. Any real transform (a scale, a cap,
-        # a bias) is far larger.
-        if gap := _beyond_rounding(got, expected, self.dtype, units=8, floor=1e-5):
-            error, tolerance = gap
-            raise ModelLoadError(
-                f"{name}: the logits of its own forward differ from its base model + LM head + "
-                f"{self.logits_transform} (max |difference| {error:.3g}, tolerance {tolerance:.3g}); its "
-                f"*ForCausalLM.forward transforms the logits in a way specsure does not reproduce, so "
-                f"specsure cannot decode this architecture faithfully yet."
-            )
-
-
-def _beyond_rounding(got: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, *, units: int,
-                     floor: float) -> tuple[float, float] | None:
-    """(max |difference|, tolerance) when two logit tensors differ by more than ``units`` of the dtype's
-    epsilon (at least ``floor``) relative to the largest logit; None when they agree. NaN disagrees."""
-    tolerance = max(units * torch.finfo(dtype).eps, floor) * max(1.0, float(expected.abs().max()))
-    error = float((got - expected).abs().max())
-    return None if error <= tolerance else (error, tolerance)
