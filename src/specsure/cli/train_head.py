@@ -1,0 +1,143 @@
+"""`specsure train`'s training phase: train the head on the data phase's samples, write it with its
+training.json, clear the run's resume point, and say how to run it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the command imports torch only once its flags are checked
+    from specsure.models.loading import LoadedModel
+    from specsure.train.data import Sample
+    from specsure.train.eagle3 import Eagle3TrainSettings
+    from specsure.train.mtp import MTPTrainSettings
+    from specsure.train.starting_head import StartingHead, StartingMTPHead
+
+
+def _resume_folder(args: argparse.Namespace, out: Path) -> Path | None:
+    """Where resume points go: next to --out, hidden (None with --checkpoint-every 0)."""
+    return out.parent / f".{out.name}.resume" if args.checkpoint_every else None
+
+
+def _finished(args: argparse.Namespace, out: Path) -> None:
+    """The head is written: its run's last resume point (kept until now, so that a crash while
+    evaluating or writing lost no training) is not needed any more."""
+    from specsure.train.resume import clear_point
+
+    folder = _resume_folder(args, out)
+    if folder is not None:
+        clear_point(folder)
+
+
+def _run_hint(args: argparse.Namespace, out: Path, k: int) -> str:
+    model_flag = f" --model {args.model}" if args.model else ""
+    spec = json.dumps({"method": args.method, "model": str(Path(out).resolve()), "num_speculative_tokens": k})
+    return f"run it: specsure generate{model_flag} --speculative-config '{spec}' PROMPT"
+
+
+def train_mtp_head(args: argparse.Namespace, target: LoadedModel, samples: Sequence[Sample],
+                   settings: MTPTrainSettings, common: dict[str, Any], data: dict[str, Any], out: Path, key: str,
+                   start: StartingMTPHead | None) -> None:
+    """Train an MTP head, write it to ``out`` with its record (``common``, ``data`` and the run's
+    figures), and print what it reached. ``key`` names the samples, for the resume point."""
+    import torch
+
+    from specsure.train import save_mtp_head, train_mtp
+
+    # What shapes the run, so a resume point is only taken up by the same run (lr and steps may differ).
+    init = None if start is None else start.path
+    resume_key = json.dumps([key, "mtp", settings.modules, settings.unroll, settings.init, settings.seq_len,
+                             settings.seed, args.loss_on, settings.dtype, settings.draft_vocab_size]
+                            + ([init] if init else []))
+    result = train_mtp(target, samples, settings, progress=not args.no_progress, eval_every=args.eval_every,
+                       resume=_resume_folder(args, out), resume_key=resume_key, checkpoint_every=args.checkpoint_every,
+                       start=start)
+    before, after = result.before, result.after
+    training = {
+        **common,
+        "settings": {"steps": settings.steps, "lr": settings.lr, "seq_len": settings.seq_len, "seed": settings.seed,
+                     "init": None if init else settings.init, "modules": settings.modules,
+                     # the draft steps it trained (0 means one per module), which explain's depth note reads
+                     "unroll": max(settings.unroll, settings.modules),
+                     "loss_on": args.loss_on, "train_dtype": settings.dtype, "max_new_tokens": args.max_new_tokens,
+                     "draft_vocab_size": settings.draft_vocab_size, "threads": torch.get_num_threads(),
+                     **({"init_from": init} if init else {})},
+        "data": {**data, "train_sequences": result.train_sequences, "heldout_sequences": result.heldout_sequences},
+        "heldout": {"kl_before": before.kl, "kl_after": after.kl, "top1_before": before.agreement,
+                    "top1_after": after.agreement, "entries": after.entries,
+                    "top1_per_module": list(after.per_module), "acceptance_length": after.acceptance_length},
+        "curve": [{"step": s, "heldout_top1": a, "heldout_acceptance_length": v} for s, a, v in result.curve],
+        "losses": [round(v, 4) for v in result.losses],
+        "train_seconds": round(result.train_s, 1),
+        **({"continued_from": start.training} if start is not None and start.training is not None else {}),
+    }
+    save_mtp_head(result.modules or result.module, target.lm, out, training, result.draft_ids)
+    _finished(args, out)
+    where = "held-out" if result.heldout_sequences else "training (too few prompts to hold any out)"
+    print(f"training: {settings.steps} steps in {result.train_s:.0f} s")
+    print(f"wrote {out}")
+    print(_run_hint(args, out, max(settings.modules, settings.unroll)))
+    # Over a draft vocabulary the target's probabilities are not renormalised, so the sum is the training
+    # loss, KL's terms over the draft rows only, and can fall below 0.
+    kl_name = "KL" if not settings.draft_vocab_size else "KL over the draft vocabulary's rows (the loss)"
+    print(f"{where} top-1 agreement: {after.agreement:.1%} (warm start {before.agreement:.1%}), "
+          f"{kl_name} {before.kl:.3f} -> {after.kl:.3f} nats over {after.entries} continuation tokens")
+    if len(after.per_module) > 1:
+        per = " ".join(f"{a:.0%}" for a in after.per_module)
+        print(f"per draft step: {per}; greedy acceptance length at k={len(after.per_module)}: "
+              f"{after.acceptance_length:.2f}")
+
+
+def train_eagle3_head(args: argparse.Namespace, target: LoadedModel, samples: Sequence[Sample],
+                      settings: Eagle3TrainSettings, aux: tuple[int, ...], common: dict[str, Any], data: dict[str, Any],
+                      out: Path, key: str, start: StartingHead | None) -> None:
+    """Train an EAGLE-3 head fusing the target layers ``aux``, write it to ``out`` with its record,
+    and print what it reached."""
+    import torch
+
+    from specsure.train.checkpoint import eagle3_config, eagle3_tensors, save_head
+    from specsure.train.eagle3 import mlp_width, train_eagle3
+
+    # What shapes the run, so a resume point is only taken up by the same run (lr and steps may differ).
+    init = None if start is None else start.path
+    width = settings.intermediate_size
+    resume_key = json.dumps([key, settings.unroll, settings.draft_vocab_size, settings.seq_len, settings.seed, aux,
+                             args.loss_on, settings.windows, settings.dtype] + ([init] if init else [])
+                            + ([width] if width is not None else []))
+    result = train_eagle3(target, samples, settings, aux, progress=not args.no_progress, eval_every=args.eval_every,
+                          resume=_resume_folder(args, out), resume_key=resume_key,
+                          checkpoint_every=args.checkpoint_every, start=start)
+    before, after = result.before, result.after
+    # The head is written in the target's dtype: what the engine would cast it to anyway, and half the size.
+    dtype = target.lm.dtype
+    draft_vocab = int(result.draft_ids.numel())
+    training = {
+        **common,
+        "settings": {"steps": settings.steps, "lr": settings.lr, "seq_len": settings.seq_len, "seed": settings.seed,
+                     "unroll": settings.unroll, "draft_vocab_size": draft_vocab, "aux_layers": list(aux),
+                     "loss_on": args.loss_on, "batch_windows": settings.windows, "train_dtype": settings.dtype,
+                     "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
+                     "intermediate_size": mlp_width(result.module), **({"init_from": init} if init else {})},
+        "data": {**data, "train_sequences": result.train_sequences, "heldout_sequences": result.heldout_sequences},
+        "heldout": {"acceptance_length_before": before.acceptance_length,
+                    "acceptance_length_after": after.acceptance_length, "agreement_per_step": after.agreement,
+                    "loss_before": before.loss, "loss_after": after.loss, "anchors": after.anchors,
+                    "k": settings.unroll},
+        "curve": [{"step": s, "heldout_acceptance_length": v} for s, v in result.curve],
+        "losses": [round(v, 4) for v in result.losses],
+        "train_seconds": round(result.train_s, 1),
+        **({"continued_from": start.training} if start is not None and start.training is not None else {}),
+    }
+    save_head(out, eagle3_config(target.lm, aux, draft_vocab, dtype, mlp_width(result.module)),
+              eagle3_tensors(result.module, result.draft_ids, target.lm.vocab_size, dtype), training)
+    _finished(args, out)
+    where = "held-out" if result.heldout_sequences else "training (too few prompts to hold any out)"
+    print(f"training: {settings.steps} steps in {result.train_s:.0f} s")
+    print(f"wrote {out}")
+    print(_run_hint(args, out, settings.unroll))
+    steps = " ".join(f"{a:.0%}" for a in after.agreement)
+    print(f"{where} greedy acceptance length at k={settings.unroll}: {after.acceptance_length:.2f} (warm start "
+          f"{before.acceptance_length:.2f}); agreement per draft step: {steps}; over {after.anchors} anchors")
