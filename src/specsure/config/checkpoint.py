@@ -72,17 +72,27 @@ class CheckpointInfo:
         value = self.config.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
+    def text_int_field(self, key: str) -> int | None:
+        """An integer field of the language model: top level, else under ``text_config``, where
+        multimodal configs (Gemma 3, Llama 4, Qwen2-VL...) keep it and transformers reads it."""
+        found = self.int_field(key)
+        nested = self.config.get("text_config")
+        if found is None and isinstance(nested, Mapping):
+            value = nested.get(key)
+            found = value if isinstance(value, int) and not isinstance(value, bool) else None
+        return found
+
     @property
     def num_hidden_layers(self) -> int | None:
-        return self.int_field("num_hidden_layers")
+        return self.text_int_field("num_hidden_layers")
 
     @property
     def vocab_size(self) -> int | None:
-        return self.int_field("vocab_size")
+        return self.text_int_field("vocab_size")
 
     @property
     def hidden_size(self) -> int | None:
-        return self.int_field("hidden_size")
+        return self.text_int_field("hidden_size")
 
     @property
     def mtp_layers(self) -> tuple[str, int] | None:
@@ -180,11 +190,17 @@ def load_config_json(path: Path) -> dict[str, Any]:
         if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise ConfigError(f"{path}: {key} = {json.dumps(value)} must be a list of strings, "
                               'for example ["LlamaForCausalLM"].')
-    for key in ("num_hidden_layers", "vocab_size", "hidden_size", "draft_vocab_size", "n_predict",
-                "max_position_embeddings", *MTP_LAYER_KEYS):
-        value = config.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ConfigError(f"{path}: {key} = {json.dumps(value)} must be a non-negative integer.")
+    text = config.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise ConfigError(f"{path}: text_config = {json.dumps(text)} must be a JSON object.")
+    for where, keys in ((config, ("num_hidden_layers", "vocab_size", "hidden_size", "draft_vocab_size", "n_predict",
+                                  "target_hidden_size", "max_position_embeddings", *MTP_LAYER_KEYS)),
+                        (text or {}, ("num_hidden_layers", "vocab_size", "hidden_size"))):
+        for key in keys:
+            value = where.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                name = key if where is config else f"text_config.{key}"
+                raise ConfigError(f"{path}: {name} = {json.dumps(value)} must be a non-negative integer.")
     eagle = config.get("eagle_config")
     if eagle is not None and not isinstance(eagle, dict):
         raise ConfigError(f"{path}: eagle_config = {json.dumps(eagle)} must be a JSON object.")

@@ -17,6 +17,7 @@ from typing import Any, Collection, Mapping
 from specsure.config.checkpoint import DEFAULT_INSTALL_HINT, CheckpointInfo, check_weight_files
 from specsure.config.detect import (
     MTP_HEAD_ARCHITECTURES, MTP_MODEL_TYPES, WHAT_IS, Evidence, classify_head, deepseek_mtp_prefix, eagle3_tensor,
+    foreign_head,
 )
 from specsure.config.errors import ConfigError
 from specsure.config.schema import SpeculativeConfig
@@ -58,6 +59,9 @@ def check_runnable(target: CheckpointInfo, config: SpeculativeConfig | None, dra
         return
     if draft is None:
         return
+    if foreign := foreign_head(draft):
+        raise ConfigError(f"method {method!r} was asked, but the draft checkpoint {draft.path!r} is {foreign}. "
+                          f"{FOREIGN_FIX}")
     if method == "mtp" and draft.mtp_layers is not None:
         check_tree_modules(method, config.speculative_token_tree, draft.mtp_layers[1])
     if weights:
@@ -71,6 +75,10 @@ def check_runnable(target: CheckpointInfo, config: SpeculativeConfig | None, dra
     if method == "draft_model":
         check_same_vocab(target.vocab_size, draft.vocab_size, target=target.path, draft=draft.path,
                          draft_where=f" ({draft.config_file})" if draft.config_file else "")
+
+
+FOREIGN_FIX = ("Give a draft made for one of specsure's methods (a causal LM with the target's vocabulary for "
+               "'draft_model'; an EAGLE, EAGLE-3 or MTP head), or use method 'ngram' or 'suffix', which need none.")
 
 
 LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"

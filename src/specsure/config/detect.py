@@ -45,6 +45,19 @@ WHAT_IS: Final[dict[str, str]] = {
 """What a checkpoint made for each method is, in the words every message uses."""
 
 
+FOREIGN_HEADS: Final[dict[str, str]] = {"medusa": "a Medusa head", "mlp_speculator": "an MLP speculator"}
+"""Draft model_types that name a vLLM method specsure does not run (vLLM detects these two by
+model_type, whatever the method says), with what the checkpoint is, in a message's words."""
+
+
+def foreign_head(info: CheckpointInfo) -> str | None:
+    """A sentence naming the vLLM-only head kind ``info`` is, with its signal; None for anything else."""
+    if info.model_type not in FOREIGN_HEADS:
+        return None
+    return (f"{FOREIGN_HEADS[info.model_type]} ({info.signal('model_type')}), made for vLLM's method "
+            f"{info.model_type!r}, which specsure does not run")
+
+
 def deepseek_mtp_prefix(num_hidden_layers: int, module: int) -> str:
     """Where MTP module ``module`` lives in a DeepSeek-V3-layout checkpoint: right after the main layers."""
     return f"model.layers.{num_hidden_layers + module}."
@@ -151,9 +164,14 @@ COMPOUND_PARTNERS: Final[frozenset[str]] = frozenset({
 
 
 def path_tokens(path: str) -> list[list[str]]:
-    """Per last path component, its lower-cased runs of letters and digits, in order."""
+    """Per last path component, its words (`_words`), in order."""
     parts = PurePath(path.rstrip("/\\")).parts[-PATH_COMPONENTS:]
-    return [_joined_versions([tok for tok in re.split(r"[^0-9a-z]+", part.lower()) if tok]) for part in parts]
+    return [_joined_versions(_words(part)) for part in parts]
+
+
+def _words(part: str) -> list[str]:
+    """Lower-cased runs of letters and digits, any script's: 'éeagle' is one word, as 'myeagle' is."""
+    return [word for word in re.split(r"[\W_]+", part.lower()) if word]
 
 
 def _joined_versions(tokens: list[str]) -> list[str]:
@@ -169,7 +187,7 @@ def _joined_versions(tokens: list[str]) -> list[str]:
 
 def _compound(part: str, token: str) -> bool:
     """True when ``token`` sits next to a known compound partner in ``part``."""
-    words = _joined_versions([w for w in re.split(r"[^0-9a-z]+", part.lower()) if w])
+    words = _joined_versions(_words(part))
     for i, word in enumerate(words):
         if word == token and ({words[i - 1] if i else "", words[i + 1] if i + 1 < len(words) else ""}
                               & COMPOUND_PARTNERS):

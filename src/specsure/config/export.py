@@ -49,6 +49,8 @@ VLLM_MTP_ARCHITECTURE_REWRITES: Final[Mapping[str, str]] = {
     "MiMoForCausalLM": "mimo_mtp", "MiMoV2FlashForCausalLM": "mimo_v2_mtp",
     "Glm4MoeForCausalLM": "glm4_moe_mtp", "Glm4MoeLiteForCausalLM": "glm4_moe_lite_mtp",
 }
+# Draft model_types that vLLM's detection turns into their own method, after the path test, before MTP.
+VLLM_MODEL_TYPE_METHODS: Final[frozenset[str]] = frozenset({"medusa", "mlp_speculator"})
 # vLLM's MTPModelTypes: the model_types that make it run 'mtp', and the method names it takes as 'mtp'.
 VLLM_MTP_MODEL_TYPES: Final[frozenset[str]] = MTP_METHOD_ALIASES | {"mtp"}
 # Draft architectures that only specsure loads; no other engine has a model class for them.
@@ -178,6 +180,12 @@ def predict_vllm_overrides(res: "Resolution") -> tuple[Override, ...]:
     draft = res.draft if config.model is not None else res.target
     model_type = draft.model_type if draft is not None else None
     first = draft.architectures[0] if draft is not None and draft.architectures else None
+    if model_type in VLLM_MODEL_TYPE_METHODS and config.method != model_type:
+        return (Override(
+            "method", config.method, model_type,
+            cause=(f"the {role} checkpoint {path!r} has model_type {model_type!r}; vLLM's method detection "
+                   f"switches {config.method!r} to {model_type!r} for that model_type without a log line"),
+            fix=f"give a draft made for {config.method!r}; specsure does not run {model_type!r} either"),)
     if config.method != "mtp" and first in VLLM_MTP_ARCHITECTURE_REWRITES:
         rewritten = VLLM_MTP_ARCHITECTURE_REWRITES[first]
         how = f"rewrites its model_type to {rewritten!r} for architecture {first!r}, then "

@@ -14,10 +14,10 @@ from types import MappingProxyType
 from typing import Any, Final, Mapping
 
 from specsure.config.checkpoint import CheckpointInfo, read_checkpoint
-from specsure.config.compat import check_runnable
+from specsure.config.compat import FOREIGN_FIX, check_runnable
 from specsure.config.decision import Decision, Source
 from specsure.config.detect import (
-    WHAT_IS, Evidence, classify_draft, classify_head, path_hint, target_as_draft, target_mtp,
+    WHAT_IS, Evidence, classify_draft, classify_head, foreign_head, path_hint, target_as_draft, target_mtp,
 )
 from specsure.config.errors import ConfigConflictError, ConfigError
 from specsure.config.explain import format_table
@@ -217,6 +217,9 @@ class _State:
             else:
                 why = f"Detected from a whole-token path hint: {evidence.signal}; the draft's metadata says nothing."
             return Decision("method", evidence.value, evidence.source, why)
+        if self.draft is not None and (foreign := foreign_head(self.draft)):
+            raise ConfigError(f"method is not set, and the draft checkpoint {self.spec.model!r} is {foreign}. "
+                              f"{FOREIGN_FIX}")
         if self.draft is not None:
             return Decision("method", "draft_model", "default",
                             "A draft checkpoint was given and nothing in its metadata or path marks it as a "

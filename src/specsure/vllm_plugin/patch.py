@@ -18,7 +18,7 @@ from typing import Any, Callable, Final, Literal
 from specsure.config.export import VLLM_TESTED_VERSIONS
 from specsure.config.schema import MTP_METHOD_ALIASES
 from specsure.vllm_plugin.guard import mismatches, resolved
-from specsure.vllm_plugin.plan import SPEC_FLAGS, make_plan, provenance, user_config
+from specsure.vllm_plugin.plan import SPEC_FLAGS, make_plan, provenance, user_config, vllm_summary
 
 Mode = Literal["enforce", "warn", "off"]
 MODES: Final[tuple[str, ...]] = ("enforce", "warn", "off")
@@ -97,7 +97,10 @@ def _wrap_create(original: Callable[..., Any], version: str, *, rewrite: bool) -
         if spec is None or user is None:
             return spec
         target_type = getattr(getattr(target_model_config, "hf_config", None), "model_type", None)
-        _refuse_or_warn(mismatches(plan, resolved(spec, target_type), version),
+        theirs = resolved(spec, target_type)
+        if plan.handed is None:  # vLLM filled the unset fields: say with what
+            logger.info("specsure: vLLM %s resolved the speculative config as: %s", version, vllm_summary(theirs))
+        _refuse_or_warn(mismatches(plan, theirs, version),
                         "vLLM resolved another speculative config than the one asked for")
         return spec
 

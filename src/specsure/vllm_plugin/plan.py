@@ -104,11 +104,29 @@ def provenance(plan: Plan) -> str:
     """The one log line: the effective config with each field's source, and any link used."""
     if plan.resolution is None or plan.resolution.config is None:
         return f"speculative config handed to vLLM unchanged ({plan.guard_only}); checked after vLLM resolves it"
+    if plan.handed is None:
+        # Handed unchanged: vLLM fills the unset fields with its own defaults, which may not be
+        # specsure's (ngram's 5..5 against 2..5), so specsure's values for them are no forecast.
+        decisions = plan.resolution.decisions
+        mine = ", ".join(f"{n}={d.value!r}" for n, d in decisions.items() if n != "target" and d.source == "user")
+        return (f"speculative config handed to vLLM unchanged ({plan.guard_only}): you set {mine or 'nothing'}; "
+                "the fields you left unset take vLLM's own defaults, logged once vLLM resolves it")
     line = f"effective speculative config: {plan.resolution.summary()}"
     if plan.handed is not None:
         line += f"; handed to vLLM as {plan.handed}"
     for path, link in plan.links:
         line += f"; {path!r} is passed as the neutral link {link!r}, which vLLM's path detection does not catch"
-    if plan.guard_only:
-        line += f" ({plan.guard_only}: handed unchanged, checked after vLLM resolves it)"
     return line
+
+
+def vllm_summary(vllm: Mapping[str, Any]) -> str:
+    """vLLM's resolved speculative config (`guard.resolved`), its fields that are set, in one line."""
+    method = vllm.get("method")
+
+    def read(key: str) -> bool:  # vLLM fills every method's keys; show those its method reads
+        return not ((key.startswith("prompt_lookup_") and method != "ngram")
+                    or (key.startswith("suffix_decoding_") and method != "suffix"))
+
+    shown = {k: v for k, v in vllm.items()
+             if v is not None and read(k) and k not in ("draft_architectures", "target_model_type")}
+    return ", ".join(f"{k}={v!r}" for k, v in shown.items())
