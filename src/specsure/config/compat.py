@@ -12,7 +12,7 @@ metadata could not make at resolve time is still made, with the same words.
 from __future__ import annotations
 
 import json
-from typing import Any, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from specsure.config.checkpoint import DEFAULT_INSTALL_HINT, CheckpointInfo, check_weight_files
 from specsure.config.detect import (
@@ -21,6 +21,7 @@ from specsure.config.detect import (
 )
 from specsure.config.errors import ConfigError
 from specsure.config.schema import SpeculativeConfig
+from specsure.config.vocabulary import SharedTokenizer, compare_folders
 from specsure.config.token_tree import DraftTree, is_chain
 
 
@@ -73,8 +74,11 @@ def check_runnable(target: CheckpointInfo, config: SpeculativeConfig | None, dra
             f"switch methods: set method {draft_evidence.value!r} to run this checkpoint, or give {WHAT_IS[method]}.")
     check_head(method, draft, target)
     if method == "draft_model":
+        folders = target.kind == "hf_dir" and draft.kind == "hf_dir"
         check_same_vocab(target.vocab_size, draft.vocab_size, target=target.path, draft=draft.path,
-                         draft_where=f" ({draft.config_file})" if draft.config_file else "")
+                         draft_where=f" ({draft.config_file})" if draft.config_file else "",
+                         tokenizers=lambda: compare_folders(target.path, draft.path) if folders else SharedTokenizer(
+                             None, "only tokenizer.json files are compared, not a GGUF file's tokenizer"))
 
 
 FOREIGN_FIX = ("Give a draft made for one of specsure's methods (a causal LM with the target's vocabulary for "
@@ -201,17 +205,25 @@ def _whole_lm_as_draft(method: str, draft: CheckpointInfo) -> bool:
 
 
 def check_same_vocab(target_vocab: int | None, draft_vocab: int | None, *, target: str, draft: str,
-                     draft_where: str = "") -> None:
+                     draft_where: str = "", tokenizers: Callable[[], SharedTokenizer] | None = None) -> None:
     """draft_model compares token ids directly, so the draft must share the target's vocabulary.
 
-    Called on metadata at resolve time and again on the loaded models, whose vocabulary is
-    known even when config.json nests it (multimodal configs) or the draft is a GGUF file.
+    Embedding sizes (``vocab_size``) may differ by padding when ``tokenizers()`` shows one tokenizer
+    whose every id both embeddings hold (`specsure.config.vocabulary`). Called on metadata at
+    resolve time and again on the loaded models, whose vocabulary and tokenizers are known even
+    when config.json nests them or the draft is a GGUF file.
     """
-    if target_vocab is not None and draft_vocab is not None and target_vocab != draft_vocab:
-        raise ConfigError(
-            f"draft_model needs the target's vocabulary, but the draft {draft!r} has vocab_size={draft_vocab}"
-            f"{draft_where} and the target {target!r} has vocab_size={target_vocab}. Use a draft trained "
-            "with the target's tokenizer, or method 'ngram'.")
+    if target_vocab is None or draft_vocab is None or target_vocab == draft_vocab:
+        return
+    shared = tokenizers() if tokenizers is not None else SharedTokenizer(None, "there is no tokenizer to compare")
+    if shared.size is not None and shared.size <= min(target_vocab, draft_vocab):
+        return
+    detail = shared.why if shared.size is None else f"{shared.why}, more than the smaller embedding holds"
+    raise ConfigError(
+        f"draft_model needs the target's vocabulary, but the draft {draft!r} has vocab_size={draft_vocab}"
+        f"{draft_where} and the target {target!r} has vocab_size={target_vocab}. The sizes may differ by "
+        f"embedding padding when both share one tokenizer, but {detail}. Use a draft made with the target's "
+        "tokenizer (its tokenizer.json beside it), or method 'ngram'.")
 
 
 def require_target_mtp(target: CheckpointInfo) -> tuple[str, int]:

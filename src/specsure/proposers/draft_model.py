@@ -25,15 +25,18 @@ class DraftModelProposer(Proposer):
 
     method = "draft_model"
 
-    def __init__(self, draft: "CausalLM") -> None:
+    def __init__(self, draft: "CausalLM", target_vocab: int | None = None) -> None:
+        """``target_vocab``: the target's embedding rows, when the draft's differ only by padding
+        (`specsure.config.vocabulary`): its logits are cut or padded to the target's rows."""
         self.draft = draft
+        self.target_vocab = draft.vocab_size if target_vocab is None else target_vocab
         self._fed: list[int] = []
         self._stable = 0
         """Length of the context at the previous proposal; that prefix is committed and shared."""
 
     def fork(self) -> "DraftModelProposer":
         """The same draft model (weights shared), with a KV cache of its own."""
-        return DraftModelProposer(self.draft.fork())
+        return DraftModelProposer(self.draft.fork(), self.target_vocab)
 
     def reset(self) -> None:
         self.draft.reset()
@@ -62,11 +65,15 @@ class DraftModelProposer(Proposer):
                 # The draft's cache ends up holding the context and k - 1 draft tokens; a draft with a
                 # shorter context than the target's stops drafting instead of failing the request.
                 k = min(k, proposer.draft.max_context - len(context) + 1)
+            # Always feed at least the pending token, whose logits give the first draft token.
+            keep = min(proposer._shared_prefix(context), len(context) - 1)
+            if k > 0 and max(context[keep:]) >= proposer.draft.vocab_size:
+                # The target chose one of its padding rows, which the draft has no embedding for:
+                # the target goes on alone, exactly as without a draft.
+                k = 0
             if k <= 0:
                 drafts[i] = Draft([])
                 continue
-            # Always feed at least the pending token, whose logits give the first draft token.
-            keep = min(proposer._shared_prefix(context), len(context) - 1)
             proposer.draft.crop(keep)
             calls.append(Call(proposer.draft, context[keep:], last_logits=1))
             proposer._fed = list(context)
@@ -79,7 +86,7 @@ class DraftModelProposer(Proposer):
             outs = calls[0].lm.forward_batch(calls)
             calls, still = [], []
             for (i, job, k), out in zip(live, outs):
-                token, q = draw(out.logits[-1], job.params, job.generator)
+                token, q = draw(_fit(out.logits[-1], job.proposer.target_vocab), job.params, job.generator)
                 if q is not None:
                     rows[i].append(q)
                 tokens[i].append(token)
@@ -99,3 +106,14 @@ class DraftModelProposer(Proposer):
         while i < limit and fed[i] == context[i]:
             i += 1
         return i
+
+
+def _fit(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Draft logits ``[V_draft]`` over the target's ``vocab`` rows: padding rows the target lacks are
+    cut, rows the draft lacks are -inf (never drafted, q = 0 there, as the verifier needs)."""
+    size = logits.shape[-1]
+    if size == vocab:
+        return logits
+    if size > vocab:
+        return logits[:vocab]
+    return torch.nn.functional.pad(logits, (0, vocab - size), value=float("-inf"))

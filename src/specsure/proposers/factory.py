@@ -6,6 +6,7 @@ import importlib
 from typing import TYPE_CHECKING, Callable
 
 from specsure.config.compat import check_same_vocab
+from specsure.config.vocabulary import SharedTokenizer, compare_vocabs
 from specsure.config.errors import ConfigError
 from specsure.proposers.base import Proposer
 from specsure.proposers.head_chain import HeadChainProposer
@@ -61,8 +62,16 @@ def build_draft_model(res: "Resolution", target: "LoadedModel", dtype: str) -> P
 
     assert res.config is not None and res.config.model is not None
     draft = load_model(res.config.model, dtype=_same_dtype(target, dtype))
-    check_same_vocab(target.lm.vocab_size, draft.lm.vocab_size, target=target.path, draft=res.config.model)
-    return DraftModelProposer(draft.lm)
+    check_same_vocab(target.lm.vocab_size, draft.lm.vocab_size, target=target.path, draft=res.config.model,
+                     tokenizers=lambda: _shared_tokenizer(target, draft))
+    return DraftModelProposer(draft.lm, target.lm.vocab_size)
+
+
+def _shared_tokenizer(target: "LoadedModel", draft: "LoadedModel") -> SharedTokenizer:
+    if target.tokenizer is None or draft.tokenizer is None:
+        role = "target" if target.tokenizer is None else "draft"
+        return SharedTokenizer(None, f"the {role} has no tokenizer to compare")
+    return compare_vocabs(target.tokenizer.get_vocab(), draft.tokenizer.get_vocab(), "their tokenizers")
 
 
 def _same_dtype(target: "LoadedModel", dtype: str) -> str:

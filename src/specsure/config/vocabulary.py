@@ -1,0 +1,74 @@
+"""Whether a draft and a target share a tokenizer though their embeddings differ in size.
+
+config.json's ``vocab_size`` counts embedding rows, and models pad them to a round number: the
+Qwen2.5 family shares one tokenizer of 151,665 tokens, with 151,936 rows in the 0.5B model and
+152,064 in the 7B. Such a pair drafts exactly: the rows past the tokenizer are never a token's.
+What decides it is the tokenizer, so this reads both folders' tokenizer.json (standard library
+only, as everything in specsure.config), and the engine checks the loaded tokenizers again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+TOKENIZER_FILE = "tokenizer.json"
+
+
+@dataclass(frozen=True)
+class SharedTokenizer:
+    """The outcome of comparing two checkpoints' tokenizers."""
+
+    size: int | None
+    """The shared tokenizer's size (its largest id + 1), or None when they are not shown to be the same."""
+    why: str
+    """How it was decided, for a message: what matched, or what differed or was missing."""
+
+
+def compare_folders(target: str, draft: str) -> SharedTokenizer:
+    """Compare the tokenizer.json files in two checkpoint folders (a GGUF file has none here)."""
+    found = []
+    for role, folder in (("target", target), ("draft", draft)):
+        path = Path(folder).expanduser() / TOKENIZER_FILE
+        if not path.is_file():
+            return SharedTokenizer(None, f"the {role} has no {TOKENIZER_FILE} to compare")
+        vocab = _read_vocab(path)
+        if vocab is None:
+            return SharedTokenizer(None, f"the {role}'s {path} is not a tokenizer.json that lists its vocabulary")
+        found.append(vocab)
+    return compare_vocabs(found[0], found[1], f"their {TOKENIZER_FILE} files")
+
+
+def compare_vocabs(target: Mapping[str, int], draft: Mapping[str, int], what: str) -> SharedTokenizer:
+    """Compare two token -> id maps (the loaded tokenizers' ``get_vocab()``, or tokenizer.json's)."""
+    if target != draft:
+        token = next((t for t in target if draft.get(t) != target[t]), None)
+        if token is None:
+            token = next(t for t in draft if t not in target)
+        return SharedTokenizer(None, f"{what} differ (token {token!r}: id {target.get(token)} in the target's, "
+                                     f"{draft.get(token)} in the draft's)")
+    size = max(target.values(), default=-1) + 1
+    return SharedTokenizer(size, f"{what} are the same ({len(target)} tokens, ids below {size})")
+
+
+def _read_vocab(path: Path) -> dict[str, int] | None:
+    """token -> id: the model's vocabulary (a map for BPE and WordPiece, a list of (piece, score) for
+    Unigram) and the added tokens; None for a file that does not hold one."""
+    try:
+        data: Any = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    model = data.get("model") if isinstance(data, dict) else None
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if isinstance(vocab, dict):
+        out = {str(k): v for k, v in vocab.items() if isinstance(v, int)}
+    elif isinstance(vocab, list):
+        out = {str(item[0]): i for i, item in enumerate(vocab) if isinstance(item, list) and item}
+    else:
+        return None
+    for added in data.get("added_tokens") or ():
+        if isinstance(added, dict) and isinstance(added.get("id"), int) and isinstance(added.get("content"), str):
+            out[added["content"]] = added["id"]
+    return out
