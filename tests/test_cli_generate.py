@@ -30,12 +30,29 @@ def exit_code(argv: list[str]) -> int:
 
 @pytest.mark.parametrize("flags, flag", [
     (["--temperature", "-1"], "--temperature"), (["--max-tokens", "0"], "--max-tokens"), (["--top-p", "2"], "--top-p"),
-    (["--seed", "-1"], "--seed"), (["--top-k", "-2"], "--top-k"),
+    (["--seed", "-1"], "--seed"), (["--top-k", "-2"], "--top-k"), (["--threads", "0"], "--threads"),
 ])
 def test_generate_bad_sampling_flags_name_the_flag(tiny_llama: Path, capsys, flags: list[str], flag: str) -> None:
     rc = exit_code(["generate", "--model", str(tiny_llama), *flags, "hello"])
     err = capsys.readouterr().err
     assert rc == 2 and flag in err and "SamplingParams" not in err and "Traceback" not in err
+
+
+def test_generate_takes_threads_and_vllms_top_k_off_and_names_an_empty_prompt(tmp_path: Path, capsys) -> None:
+    import torch
+
+    model = build_tiny_chat_model(tmp_path / "chat")
+    before = torch.get_num_threads()
+    try:
+        assert main(["generate", "--model", str(model), "--dtype", "float32", "--threads", "1", "--top-k", "-1",
+                     "--max-tokens", "3", "hello"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    capsys.readouterr()
+    assert main(["generate", "--model", str(model), ""]) == 2
+    err = capsys.readouterr().err
+    assert "PROMPT is empty" in err and "prompt 0" not in err and "token ids" not in err
 
 
 def test_generate_max_tokens_beyond_the_context_is_an_error_naming_the_room(tmp_path: Path, capsys) -> None:

@@ -28,7 +28,7 @@ from specsure.sampling import SamplingParams, argmax_ids, draw, probs_from_logit
                           "use 1.0 to disable nucleus sampling"]),
         ({"top_p": 0.0}, ["SamplingParams.top_p = 0.0", "(0, 1]"]),
         ({"top_p": math.nan}, ["SamplingParams.top_p = nan", "(0, 1]"]),
-        ({"top_k": -1}, ["SamplingParams.top_k = -1", "int >= 0", "use 0 to disable top-k"]),
+        ({"top_k": -2}, ["SamplingParams.top_k = -2", "int >= 0, or -1", "use 0 (or -1) to disable top-k"]),
         ({"top_k": 5.0}, ["SamplingParams.top_k = 5.0", "int >= 0"]),
         ({"top_k": True}, ["SamplingParams.top_k = True", "int >= 0"]),
         ({"seed": -1}, ["SamplingParams.seed = -1", "[0, 2**64)", "use None"]),
@@ -47,6 +47,21 @@ def test_bad_value_is_rejected_with_a_helpful_message(kwargs, fragments):
         SamplingParams(**kwargs)
     for fragment in fragments:
         assert fragment in str(info.value)
+
+
+def test_vllms_spelling_of_no_top_k_is_no_top_k():
+    assert SamplingParams(top_k=-1) == SamplingParams(top_k=0)
+
+
+@pytest.mark.parametrize(("name", "fragment"), [
+    ("min_p", "vLLM has it, specsure does not implement it; use top_p or top_k"),
+    ("n", "pass the prompt n times"), ("presence_penalty", "vLLM has it"),
+    ("temprature", "Did you mean 'temperature'?"),
+])
+def test_a_field_specsure_lacks_is_named_with_what_to_do(name: str, fragment: str):
+    with pytest.raises(TypeError, match=f"SamplingParams has no field {name!r}") as info:
+        SamplingParams(**{name: 1})
+    assert fragment in str(info.value)
 
 
 def test_defaults_are_greedy_and_valid():

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+import difflib
+from dataclasses import dataclass, fields
 from typing import Sequence
 
 import torch
@@ -23,6 +24,32 @@ overflows float32 and the sampler fails on inf/nan; that close to 0, greedy is w
 
 def _fail(field: str, value: object, allowed: str, fix: str) -> ValueError:
     return ValueError(f"SamplingParams.{field} = {value!r} {allowed}; {fix}")
+
+
+VLLM_ONLY_FIELDS: dict[str, str] = {
+    "n": "pass the prompt n times in one generate() call, each copy with its own seed (the server takes n)",
+    "best_of": "pass the prompt several times and keep the best completion yourself",
+    "presence_penalty": "leave it out; the target's distribution is used as it is",
+    "frequency_penalty": "leave it out; the target's distribution is used as it is",
+    "repetition_penalty": "leave it out; the target's distribution is used as it is",
+    "min_p": "use top_p or top_k to cut the tail instead",
+    "stop_token_ids": "pass the tokens' text as stop strings, or rely on the model's end-of-sequence tokens",
+    "include_stop_str_in_output": "append the stop string to the text yourself; the text ends before it",
+    "min_tokens": "leave it out, or pass ignore_eos=True and cut the text yourself",
+    "skip_special_tokens": "leave it out; special tokens are skipped in the text",
+    "logit_bias": "leave it out; the target's distribution is used as it is",
+    "prompt_logprobs": "leave it out; logprobs covers the generated tokens",
+}
+"""vLLM SamplingParams fields specsure does not implement, and what to do instead."""
+
+
+def _unknown_field(name: str, known: list[str]) -> str:
+    if name in VLLM_ONLY_FIELDS:
+        return (f"SamplingParams has no field {name!r}: vLLM has it, specsure does not implement it; "
+                f"{VLLM_ONLY_FIELDS[name]}.")
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"SamplingParams has no field {name!r}.{hint} Fields: {', '.join(known)}."
 
 
 def _is_int(value: object) -> bool:
@@ -47,7 +74,8 @@ class SamplingParams:
     """Nucleus sampling: keep the smallest set of most likely tokens whose mass is >= top_p,
     in (0, 1]. 1.0 disables it."""
     top_k: int = 0
-    """Keep only the k most likely tokens (>= 0). 0 disables it."""
+    """Keep only the k most likely tokens (>= 1). 0 disables it; -1, vLLM's other spelling of
+    disabled, is stored as 0."""
     seed: int | None = None
     """Seed for this request's torch.Generator, for reproducible sampling; None = unseeded. The draft
     decides how much of the random stream a step uses, so with suffix decoding, whose drafts also
@@ -62,6 +90,15 @@ class SamplingParams:
     """Also return each output token's log-probability under the target's own distribution (its
     logits before temperature, top-k or top-p), with this many most likely alternatives
     (0 to MAX_LOGPROBS); None returns none."""
+
+    def __new__(cls, *args: object, **kwargs: object) -> "SamplingParams":
+        # The generated __init__ would refuse a vLLM field specsure lacks with a bare TypeError;
+        # code ported from vLLM deserves the field's name and what to do instead.
+        known = {f.name for f in fields(cls)}
+        for name in kwargs:
+            if name not in known:
+                raise TypeError(_unknown_field(name, sorted(known)))
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         # numpy's and other libraries' scalars are numbers too; stored as Python's so every later use is plain.
@@ -88,9 +125,11 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:  # also rejects NaN
             raise _fail("top_p", self.top_p, "is out of range: it must be in (0, 1]",
                         "use 1.0 to disable nucleus sampling")
-        if not _is_int(self.top_k) or self.top_k < 0:
-            raise _fail("top_k", self.top_k, "is invalid: it must be an int >= 0",
-                        "use 0 to disable top-k filtering")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise _fail("top_k", self.top_k, "is invalid: it must be an int >= 0, or -1",
+                        "use 0 (or -1) to disable top-k filtering")
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT):
             raise _fail("seed", self.seed, "is invalid: it must be None or an int in [0, 2**64)",
                         "use None for an unseeded (random) generator")

@@ -19,6 +19,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_flags(parser)
     add_sampling_flags(parser)
     parser.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
+    parser.add_argument("--threads", type=int_at_least(1), default=None, metavar="N",
+                        help="torch CPU threads (default: torch's choice, every core)")
     parser.add_argument("prompt", metavar="PROMPT", help="the prompt text")
     parser.set_defaults(run=run)
 
@@ -29,7 +31,8 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
                              "a larger value than the room is an error)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1]")
-    parser.add_argument("--top-k", type=int_at_least(0), default=0, help="keep the k most likely tokens; 0 = off")
+    parser.add_argument("--top-k", type=int_at_least(-1), default=0,
+                        help="keep the k most likely tokens; 0 or -1 (vLLM's spelling) = off")
     parser.add_argument("--seed", type=seed_value, default=None, help="seed for sampling")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                         help="auto: bfloat16 where the CPU has fast bf16, else float32")
@@ -98,6 +101,12 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:  # its message names the Python field; the user typed a flag
         flag = "--temperature" if "temperature" in str(err) else "--top-p"
         raise ValueError(f"{flag}: {str(err).split(' = ', 1)[1]}") from None
+    if not args.prompt:
+        raise ValueError("PROMPT is empty; give some text to continue, for example specsure generate \"Hello\".")
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     engine = make_engine(args.model, parse_speculative_config(args.speculative_config), strict=args.strict,
                          dtype=args.dtype, seed=args.seed)
     prompt = engine.encode(render_prompt(engine, args.prompt, args.chat))

@@ -238,8 +238,6 @@ def _delivery(body: dict[str, Any], max_tokens_field: str | None) -> Delivery:
 
 def _sampling(body: dict[str, Any], max_field: str, default_max: int, logprobs: int | None) -> SamplingParams:
     values = {k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None}
-    if values.get("top_k") == -1 and type(values["top_k"]) is int:  # vLLM's clients send -1 for "off" (0 here)
-        values["top_k"] = 0
     values.setdefault("max_tokens", default_max)
     values["logprobs"] = logprobs
     try:
