@@ -123,8 +123,8 @@ def check_head_fits(method: str, path: str, config: Mapping[str, Any], names: Co
         equal("hidden_size", declared("hidden_size"), hidden_size, where)
         equal("vocab_size", declared("vocab_size"), vocab_size, where)
     elif method == "eagle3":
-        equal("vocab_size", declared("vocab_size"), vocab_size, f"the target {target!r} (vocab_size)")
-        equal("target_hidden_size", declared("target_hidden_size"), hidden_size, f"the target {target!r} (hidden_size)")
+        equal("vocab_size", declared("vocab_size"), vocab_size, f"the target {target!r}, by its vocab_size,")
+        equal("target_hidden_size", declared("target_hidden_size"), hidden_size, f"the target {target!r}, by its hidden_size,")
         if names and not any(n.endswith("embed_tokens.weight") for n in names):
             equal("hidden_size", declared("hidden_size"), hidden_size,
                   f"sharing the target's embedding (the head has no embed_tokens.weight) with {target!r}")

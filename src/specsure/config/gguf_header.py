@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import struct
+from dataclasses import dataclass
 from typing import Any, BinaryIO, Final
 
 # value type -> struct format for fixed-size scalars
@@ -19,30 +20,69 @@ _SCALARS: Final[dict[int, str]] = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 
 _STRING, _ARRAY = 8, 9
 _MAX_KEYS: Final[int] = 1 << 20
 _MAX_ARRAY_DEPTH: Final[int] = 8
+_MAX_DIMS: Final[int] = 8
 
 
 class GGUFHeaderError(ValueError):
     """The file is not a GGUF file this reader understands."""
 
 
+@dataclass(frozen=True)
+class TensorEntry:
+    """One row of a GGUF file's tensor table."""
+
+    name: str
+    shape: tuple[int, ...]
+    """As the file lists it: the fastest-varying dimension first (llama.cpp's order)."""
+    kind: int
+    """The GGML type id (0 F32, 1 F16, 8 Q8_0, ...)."""
+    start: int
+    """Where its data begins in the file, in bytes."""
+
+
 def read_gguf_metadata(path: str) -> dict[str, Any]:
     """Scalar and string values by key; an array's value is its element count."""
     with open(path, "rb") as fh:
-        if fh.read(4) != b"GGUF":
-            raise GGUFHeaderError("missing the GGUF magic bytes")
-        (version,) = _unpack(fh, "<I")
-        if version not in (2, 3):
-            raise GGUFHeaderError(f"GGUF version {version} is not supported (2 or 3 are)")
-        _unpack(fh, "<Q")  # tensor count
-        (count,) = _unpack(fh, "<Q")
-        if count > _MAX_KEYS:
-            raise GGUFHeaderError(f"implausible key count {count}")
-        out: dict[str, Any] = {}
-        for _ in range(count):
-            key = _string(fh)
-            (kind,) = _unpack(fh, "<I")
-            out[key] = _value(fh, kind)
-        return out
+        return _metadata(fh)[0]
+
+
+def read_gguf_tensors(path: str) -> tuple[dict[str, Any], list[TensorEntry]]:
+    """The metadata (as `read_gguf_metadata`) and the tensor table, whose data offsets are made
+    absolute (the data section starts at the next ``general.alignment`` boundary, default 32)."""
+    with open(path, "rb") as fh:
+        metadata, tensors = _metadata(fh)
+        rows = []
+        for _ in range(tensors):
+            name = _string(fh)
+            (dims,) = _unpack(fh, "<I")
+            if dims > _MAX_DIMS:
+                raise GGUFHeaderError(f"tensor {name!r} has an implausible {dims} dimensions")
+            shape = _unpack(fh, f"<{dims}Q") if dims else ()
+            kind, offset = _unpack(fh, "<IQ")
+            rows.append((name, tuple(shape), kind, offset))
+        align = metadata.get("general.alignment", 32)
+        align = align if isinstance(align, int) and align > 0 else 32
+        data = -(-fh.tell() // align) * align
+    return metadata, [TensorEntry(name, shape, kind, data + offset) for name, shape, kind, offset in rows]
+
+
+def _metadata(fh: BinaryIO) -> tuple[dict[str, Any], int]:
+    """(key/value metadata, tensor count), leaving ``fh`` at the tensor table."""
+    if fh.read(4) != b"GGUF":
+        raise GGUFHeaderError("missing the GGUF magic bytes")
+    (version,) = _unpack(fh, "<I")
+    if version not in (2, 3):
+        raise GGUFHeaderError(f"GGUF version {version} is not supported (2 or 3 are)")
+    (tensors,) = _unpack(fh, "<Q")
+    (count,) = _unpack(fh, "<Q")
+    if count > _MAX_KEYS or tensors > _MAX_KEYS:
+        raise GGUFHeaderError(f"implausible key or tensor count ({count}, {tensors})")
+    out: dict[str, Any] = {}
+    for _ in range(count):
+        key = _string(fh)
+        (kind,) = _unpack(fh, "<I")
+        out[key] = _value(fh, kind)
+    return out, tensors
 
 
 def _unpack(fh: BinaryIO, fmt: str) -> tuple[Any, ...]:

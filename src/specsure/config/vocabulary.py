@@ -25,6 +25,8 @@ class SharedTokenizer:
     """The shared tokenizer's size (its largest id + 1), or None when they are not shown to be the same."""
     why: str
     """How it was decided, for a message: what matched, or what differed or was missing."""
+    differs: bool = False
+    """True when both were read and map some token to other ids (not merely unknown)."""
 
 
 def compare_folders(target: str, draft: str) -> SharedTokenizer:
@@ -47,8 +49,9 @@ def compare_vocabs(target: Mapping[str, int], draft: Mapping[str, int], what: st
         token = next((t for t in target if draft.get(t) != target[t]), None)
         if token is None:
             token = next(t for t in draft if t not in target)
-        return SharedTokenizer(None, f"{what} differ (token {token!r}: id {target.get(token)} in the target's, "
-                                     f"{draft.get(token)} in the draft's)")
+        ids = [f"id {m[token]}" if token in m else "absent" for m in (target, draft)]
+        return SharedTokenizer(None, f"{what} differ (token {token!r}: {ids[0]} in the target's, {ids[1]} in "
+                                     "the draft's)", differs=True)
     size = max(target.values(), default=-1) + 1
     return SharedTokenizer(size, f"{what} are the same ({len(target)} tokens, ids below {size})")
 

@@ -115,20 +115,35 @@ def _write_conversion(gguf: Path, out: Path) -> None:
     # Imported here: most loads hit the cache and never need the GGUF machinery.
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from specsure.models.gguf_file import check_gguf
     from specsure.models.quiet import quiet_loading
 
+    check_gguf(gguf)
+    # transformers reads tokenizer files beside a GGUF before the GGUF's own tokenizer, so a GGUF
+    # kept next to another model's would encode with that vocabulary; it loads from a folder that
+    # holds a link to the file and nothing else (the conversion's own, still empty, folder).
+    alone = out / gguf.name
+    os.symlink(gguf.resolve(), alone)
     kwargs = {"gguf_file": gguf.name, "local_files_only": True, "trust_remote_code": False}
     try:
         with quiet_loading(), no_dequantizing_bar():
-            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(out, **kwargs)
+            # Mismatched sizes are reported below, naming the tensors, rather than raised as transformers'
+            # "see the report above", which quiet loading hides.
+            model, info = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, output_loading_info=True,
+                                                               ignore_mismatched_sizes=True, **kwargs)
     except ImportError as err:
         raise ModelLoadError(
             f"loading {gguf} needs the `gguf` and `accelerate` packages ({err}); "
             "run `pip install gguf accelerate`."
         ) from err
-    except (OSError, ValueError, KeyError) as err:
-        raise ModelLoadError(f"transformers could not read the GGUF file {gguf}: {err}") from err
+    except (OSError, ValueError, KeyError, NotImplementedError) as err:
+        # A KeyError is a metadata key transformers looks up ('scores': tokenizer.ggml.scores).
+        detail = f"its metadata lacks the key {err} that transformers reads" if isinstance(err, KeyError) else str(err)
+        raise ModelLoadError(f"transformers could not read the GGUF file {gguf}: {detail}") from err
+    finally:
+        alone.unlink()
+    _check_conversion(gguf, info)
     # The weights are already dequantised in memory; save_pretrained refuses to serialise a
     # model that still carries the GGUF quantizer, so drop every trace of it.
     model.hf_quantizer = None
@@ -138,6 +153,24 @@ def _write_conversion(gguf: Path, out: Path) -> None:
     with quiet_loading():  # save_pretrained draws a "Writing model shards" bar
         model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+def _check_conversion(gguf: Path, info: dict) -> None:
+    """transformers fills a tensor the file lacks with random values and, with ignore_mismatched_sizes,
+    one whose shape the metadata contradicts; the cache would keep them as if they were the model's."""
+    mismatched = list(info.get("mismatched_keys") or ())
+    if mismatched:
+        shown = "; ".join(f"{name} is {list(have)} in the file but {list(want)} for its metadata"
+                          for name, have, want in sorted(mismatched)[:3])
+        raise ModelLoadError(f"{gguf}: the tensors do not fit the file's metadata ({shown}). A size in its metadata "
+                             "(embedding_length, head_count, head_count_kv, feed_forward_length, vocab_size) differs "
+                             "from the tensors; re-convert the model.")
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ModelLoadError(f"{gguf} lacks {len(missing)} tensor(s) its architecture needs ({shown}, in "
+                             "transformers' names), or holds them under names transformers does not map; "
+                             "re-convert the model.")
 
 
 @contextmanager

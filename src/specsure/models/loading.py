@@ -13,18 +13,18 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedConfig, PreTrainedTokenizerBase
 
-from specsure.config.checkpoint import MTP_LAYER_KEYS, check_weight_files, load_config_json, weight_files
-from specsure.config.errors import ConfigError
+from specsure.config.checkpoint import MTP_LAYER_KEYS, weight_files
 from specsure.models.causal_lm import CausalLM
 from specsure.models.dtypes import resolve_dtype
 from specsure.models.errors import ModelLoadError
+from specsure.models.model_folder import check_model_folder
 from specsure.models.gguf_cache import convert_gguf, default_model_folder, gguf_cache_folder, packaged_default_gguf
 from specsure.models.quiet import quiet_loading
 
 logger = logging.getLogger(__name__)
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-_SAFETENSORS_INDEX = "model.safetensors.index.json"
+_VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "tiktoken.model")
 _LAYER_INDEX = re.compile(r"^(?:model\.)?(?:language_model\.)?(?:model\.)?layers\.(\d+)\.")
 """A decoder layer's tensor name (not a vision tower's, whose layers count separately)."""
 
@@ -92,30 +92,6 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
     )
 
 
-def check_model_folder(folder: Path) -> dict[str, Any]:
-    """Validate a model folder before handing it to transformers; return its config.json.
-
-    Raises:
-        ModelLoadError: naming the file or field at fault and how to fix it.
-    """
-    config_path = folder / "config.json"
-    if config_path.is_dir():
-        raise ModelLoadError(f"{config_path} is a folder; a model folder needs config.json as a file, as written by "
-                             "transformers' save_pretrained.")
-    if not config_path.is_file():
-        ggufs = sorted(p.name for p in folder.glob("*.gguf"))
-        hint = f" To load a GGUF file, pass its path: {folder / ggufs[0]}." if ggufs else ""
-        raise ModelLoadError(
-            f"{folder} has no config.json; a model folder needs config.json and *.safetensors "
-            f"weights, as written by transformers' save_pretrained.{hint}"
-        )
-    config = _read_config(config_path)
-    _check_architecture(config_path, config)
-    _check_dtype_field(config_path, config)
-    _check_weights(folder)
-    return config
-
-
 def weights_folder(path: str | None) -> Path:
     """The HF folder the weights load from: ``path`` itself, or a GGUF's converted folder (made once).
 
@@ -147,78 +123,6 @@ def _is_packaged_default(gguf: Path) -> bool:
         return gguf.resolve() == packaged_default_gguf().resolve()
     except ModelLoadError:  # the default model is not installed, so this is another file
         return False
-
-
-def _read_config(config_path: Path) -> dict[str, Any]:
-    try:
-        return load_config_json(config_path)
-    except ConfigError as err:
-        raise ModelLoadError(str(err)) from None
-
-
-def _check_architecture(config_path: Path, config: dict[str, Any]) -> None:
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    model_type = config.get("model_type")
-    if not isinstance(model_type, str) or not model_type:
-        raise ModelLoadError(
-            f"{config_path} has no 'model_type' string; add the transformers model type "
-            "(e.g. \"llama\"), as save_pretrained writes it."
-        )
-    if model_type not in CONFIG_MAPPING_NAMES:
-        raise ModelLoadError(
-            f"{config_path}: model_type {model_type!r} is unknown to the installed transformers; "
-            "specsure never runs checkpoint code (trust_remote_code), so use a built-in "
-            "architecture or upgrade transformers."
-        )
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise ModelLoadError(
-            f"{config_path}: model_type {model_type!r} has no causal-LM class in transformers; "
-            "specsure needs a *ForCausalLM model."
-        )
-    architectures = config.get("architectures")
-    if architectures is None:
-        return
-    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
-        raise ModelLoadError(f"{config_path}: 'architectures' must be a list of class names.")
-    import transformers
-
-    unknown = [a for a in architectures if not hasattr(transformers, a)]
-    if architectures and len(unknown) == len(architectures):
-        raise ModelLoadError(
-            f"{config_path}: architectures {unknown} are not transformers classes. A draft head "
-            "(EAGLE, EAGLE-3, MTP) is not a standalone model: pass it as the speculative "
-            "'model' with its method, not as the target."
-        )
-
-
-def _check_dtype_field(config_path: Path, config: dict[str, Any]) -> None:
-    for key in ("dtype", "torch_dtype"):
-        value = config.get(key)
-        if value is None or value == "auto" or (isinstance(value, str) and isinstance(getattr(torch, value, None),
-                                                                                      torch.dtype)):
-            continue
-        raise ModelLoadError(f"{config_path}: {key} = {json.dumps(value)} is not a torch dtype; use a name such as "
-                             '"bfloat16", "float16" or "float32", or remove the field.')
-
-
-def _check_weights(folder: Path) -> None:
-    try:
-        check_weight_files(str(folder), *weight_files(folder), role="model")
-    except ConfigError as err:
-        raise ModelLoadError(str(err)) from None
-    index_path = folder / _SAFETENSORS_INDEX
-    if index_path.is_file():
-        try:
-            weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ModelLoadError(
-                f"{index_path} is malformed ({err}); regenerate it with save_pretrained."
-            ) from err
-        missing = sorted({s for s in weight_map.values() if not (folder / s).is_file()})
-        if missing:
-            raise ModelLoadError(f"{index_path} lists shards missing from {folder}: {', '.join(missing)}.")
 
 
 def _hf_config(folder: Path) -> PreTrainedConfig:
@@ -324,9 +228,18 @@ def _load_tokenizer(folder: Path) -> PreTrainedTokenizerBase | None:
     if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
         logger.info("%s has no tokenizer files; only token-id prompts will work", folder)
         return None
+    if not any((folder / name).is_file() for name in _VOCABULARY_FILES):
+        # transformers would try to build one from tokenizer_config.json alone and ask for sentencepiece.
+        raise ModelLoadError(f"{folder} holds tokenizer_config.json but no vocabulary file ({', '.join(_VOCABULARY_FILES)}"
+                             "); copy tokenizer.json from where the model came from, or remove tokenizer_config.json "
+                             "to load the model for token-id prompts only.")
     try:
         return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as err:
+        if "trust_remote_code" in str(err):  # its advice names an option specsure never offers
+            raise ModelLoadError(f"the tokenizer in {folder} needs its own Python code (auto_map in "
+                                 "tokenizer_config.json), and specsure never runs code from a checkpoint; use a "
+                                 "tokenizer.json with a standard tokenizer_class.") from None
         raise ModelLoadError(f"the tokenizer files in {folder} could not be loaded: {err}") from err
 
 

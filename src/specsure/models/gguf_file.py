@@ -1,0 +1,80 @@
+"""What a GGUF file must be before transformers converts it: every tensor of a type that can be
+de-quantised, every tensor's data inside the file, no decoder block past ``block_count``.
+
+transformers reports none of these in words: an unsupported type is a bare NotImplementedError
+from the gguf package, a truncated file a numpy reshape error, and blocks past ``block_count``
+are dropped without a word (the model then runs fluent and wrong). Reading the tensor table
+first (`config.gguf_header`, no numpy) names the file, the tensor and the fix instead.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+from specsure.config.gguf_header import GGUFHeaderError, TensorEntry, read_gguf_tensors
+from specsure.models.errors import ModelLoadError
+
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
+
+
+def check_gguf(path: Path) -> None:
+    """Raise ModelLoadError naming ``path`` and the tensor at fault; return quietly for a sound file."""
+    import gguf
+
+    try:
+        metadata, tensors = read_gguf_tensors(str(path))
+    except (OSError, GGUFHeaderError) as exc:
+        raise ModelLoadError(f"{path} is not a readable GGUF file ({exc}); re-download or re-convert it.") from None
+    readable = dequantisable()
+    size = path.stat().st_size
+    for entry in tensors:
+        kind = _type_name(entry.kind)
+        if entry.kind not in readable:
+            names = ", ".join(_type_name(t) for t in sorted(readable))
+            raise ModelLoadError(f"{path}: tensor {entry.name!r} is of type {kind}, which the installed gguf package "
+                                 f"cannot de-quantise (it reads {names}); convert the model to one of those types, "
+                                 "for example Q8_0 or F16 with llama.cpp's convert_hf_to_gguf.py.")
+        block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(entry.kind)]
+        end = entry.start + math.prod(entry.shape) // block * type_size
+        if end > size:
+            raise ModelLoadError(f"{path} is truncated: tensor {entry.name!r} ({kind}, shape {list(entry.shape)}) "
+                                 f"ends at byte {end}, but the file has {size} bytes; re-download it.")
+    _check_blocks(path, metadata, tensors)
+
+
+def dequantisable() -> frozenset[int]:
+    """GGML type ids the installed gguf package de-quantises (transformers converts through it)."""
+    import gguf
+    from gguf import quants
+
+    traits = getattr(quants, "_type_traits", None)
+    if not isinstance(traits, dict):  # a gguf without that table: every type it names, and the conversion decides
+        return frozenset(int(t) for t in gguf.GGMLQuantizationType)
+    return frozenset({int(gguf.GGMLQuantizationType.F32), int(gguf.GGMLQuantizationType.F16),
+                      *(int(t) for t in traits)})
+
+
+def _check_blocks(path: Path, metadata: dict[str, object], tensors: list[TensorEntry]) -> None:
+    arch = metadata.get("general.architecture")
+    count = metadata.get(f"{arch}.block_count")
+    if not isinstance(count, int):
+        return
+    nextn = metadata.get(f"{arch}.nextn_predict_layers")
+    declared = count + (nextn if isinstance(nextn, int) else 0)
+    beyond = sorted({int(m.group(1)) for e in tensors if (m := _BLOCK.match(e.name))} - set(range(declared)))
+    if beyond:
+        held = str(beyond[0]) if len(beyond) == 1 else f"{beyond[0]} to {beyond[-1]}"
+        raise ModelLoadError(f"{path}: {arch}.block_count = {count}, but the file also holds block {held} "
+                             "(blk.N tensors), which the model would run without; the file's metadata and "
+                             "tensors do not match, so re-convert it.")
+
+
+def _type_name(kind: int) -> str:
+    import gguf
+
+    try:
+        return gguf.GGMLQuantizationType(kind).name
+    except ValueError:
+        return f"type id {kind}"

@@ -1,0 +1,153 @@
+"""What a Hugging Face model folder must hold before transformers reads it: config.json whose
+model type, architecture, dtype and sizes transformers can build, and safetensors weights.
+
+transformers would fail later and in its own words (a KeyError for an unknown activation, a
+modulo by zero for 0 heads) or, worse, load pickle; each check here names the file, the field
+and the fix instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specsure.config.checkpoint import check_weight_files, load_config_json, weight_files
+from specsure.config.errors import ConfigError
+from specsure.models.errors import ModelLoadError
+
+_SAFETENSORS_INDEX = "model.safetensors.index.json"
+_POSITIVE_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                   "intermediate_size", "head_dim")
+_ACTIVATIONS = ("hidden_act", "hidden_activation")
+
+
+def check_model_folder(folder: Path) -> dict[str, Any]:
+    """Validate a model folder before handing it to transformers; return its config.json.
+
+    Raises:
+        ModelLoadError: naming the file or field at fault and how to fix it.
+    """
+    config_path = folder / "config.json"
+    if config_path.is_dir():
+        raise ModelLoadError(f"{config_path} is a folder; a model folder needs config.json as a file, as written by "
+                             "transformers' save_pretrained.")
+    if not config_path.is_file():
+        ggufs = sorted(p.name for p in folder.glob("*.gguf"))
+        hint = f" To load a GGUF file, pass its path: {folder / ggufs[0]}." if ggufs else ""
+        raise ModelLoadError(
+            f"{folder} has no config.json; a model folder needs config.json and *.safetensors "
+            f"weights, as written by transformers' save_pretrained.{hint}"
+        )
+    config = _read_config(config_path)
+    _check_architecture(config_path, config)
+    _check_dtype_field(config_path, config)
+    _check_sizes(config_path, config)
+    _check_weights(folder)
+    return config
+
+
+def _read_config(config_path: Path) -> dict[str, Any]:
+    try:
+        return load_config_json(config_path)
+    except ConfigError as err:
+        raise ModelLoadError(str(err)) from None
+
+
+def _check_architecture(config_path: Path, config: dict[str, Any]) -> None:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise ModelLoadError(
+            f"{config_path} has no 'model_type' string; add the transformers model type "
+            "(e.g. \"llama\"), as save_pretrained writes it."
+        )
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise ModelLoadError(
+            f"{config_path}: model_type {model_type!r} is unknown to the installed transformers; "
+            "specsure never runs checkpoint code (trust_remote_code), so use a built-in "
+            "architecture or upgrade transformers."
+        )
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelLoadError(
+            f"{config_path}: model_type {model_type!r} has no causal-LM class in transformers; "
+            "specsure needs a *ForCausalLM model."
+        )
+    architectures = config.get("architectures")
+    if architectures is None:
+        return
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise ModelLoadError(f"{config_path}: 'architectures' must be a list of class names.")
+    import transformers
+
+    unknown = [a for a in architectures if not hasattr(transformers, a)]
+    if architectures and len(unknown) == len(architectures):
+        raise ModelLoadError(
+            f"{config_path}: architectures {unknown} are not transformers classes. A draft head "
+            "(EAGLE, EAGLE-3, MTP) is not a standalone model: pass it as the speculative "
+            "'model' with its method, not as the target."
+        )
+
+
+def _check_dtype_field(config_path: Path, config: dict[str, Any]) -> None:
+    for key in ("dtype", "torch_dtype"):
+        value = config.get(key)
+        if value is None or value == "auto" or (isinstance(value, str) and isinstance(getattr(torch, value, None),
+                                                                                      torch.dtype)):
+            continue
+        raise ModelLoadError(f"{config_path}: {key} = {json.dumps(value)} is not a torch dtype; use a name such as "
+                             '"bfloat16", "float16" or "float32", or remove the field.')
+
+
+def _check_weights(folder: Path) -> None:
+    try:
+        check_weight_files(str(folder), *weight_files(folder), role="model")
+    except ConfigError as err:
+        raise ModelLoadError(str(err)) from None
+    index_path = folder / _SAFETENSORS_INDEX
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise ModelLoadError(
+                f"{index_path} is malformed ({err}); regenerate it with save_pretrained."
+            ) from err
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ModelLoadError(f"{index_path} is malformed (weight_map must map tensor names to shard file names, "
+                                 f"got {json.dumps(weight_map)[:80]}); regenerate it with save_pretrained.")
+        missing = sorted({s for s in weight_map.values() if not (folder / s).is_file()})
+        if missing:
+            raise ModelLoadError(f"{index_path} lists shards missing from {folder}: {', '.join(missing)}.")
+
+
+def _check_sizes(config_path: Path, config: dict[str, Any]) -> None:
+    """The fields transformers divides by, looks up or raises to a power, each as what it must be."""
+    from transformers.activations import ACT2FN
+
+    for prefix, fields in (("", config), ("text_config.", config.get("text_config"))):
+        if not isinstance(fields, dict):
+            continue
+        for key in _POSITIVE_SIZES:
+            value = fields.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ModelLoadError(f"{config_path}: {prefix}{key} = {json.dumps(value)} must be a positive integer; "
+                                     "use the config.json the weights came with.")
+        for key in _ACTIVATIONS:
+            value = fields.get(key)
+            if value is not None and (not isinstance(value, str) or value not in ACT2FN):
+                known = ", ".join(sorted(k for k in ACT2FN if k in ("gelu", "gelu_pytorch_tanh", "relu", "silu")))
+                raise ModelLoadError(f"{config_path}: {prefix}{key} = {json.dumps(value)} is not an activation the "
+                                     f"installed transformers has (such as {known}); use the config.json the "
+                                     "weights came with.")
+        rope = fields.get("rope_parameters") or fields.get("rope_scaling")
+        for holder, name in ((fields, "rope_theta"), (rope if isinstance(rope, dict) else {}, "rope_theta")):
+            value = holder.get(name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value <= 0):
+                raise ModelLoadError(f"{config_path}: {name} = {json.dumps(value)} must be a positive number (the "
+                                     "rotary base, such as 10000.0).")

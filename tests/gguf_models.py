@@ -1,0 +1,94 @@
+"""Real llama GGUF files written from a tiny Hugging Face model, in llama.cpp's layout (its q/k row
+order, its tensor names, a byte-level BPE tokenizer in the metadata); test-only code."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TEXT = "def add(x, y): return x + y\nThe quick brown fox jumps over the lazy dog. Hello world.\n" * 30
+HF_TO_GGUF = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+              "lm_head.weight": "output.weight"}
+LAYER = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
+         "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
+         "self_attn.o_proj.weight": "attn_output.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+         "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+         "mlp.down_proj.weight": "ffn_down.weight"}
+
+
+def byte_bpe_tokenizer(folder: Path, vocab: int) -> None:
+    """A byte-level BPE tokenizer of exactly ``vocab`` tokens (3 special, 256 bytes, merges), saved into ``folder``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([TEXT], trainer)
+    assert tok.get_vocab_size() == vocab, "the text is too short to train that many merges"
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+                            ).save_pretrained(folder)
+
+
+def write_llama_gguf(hf: Path, out: Path, *, skip: tuple[str, ...] = (), metadata: Mapping[str, Any] | None = None,
+                     raw: Mapping[str, Any] | None = None) -> Path:
+    """``hf`` (a llama folder with tokenizer.json) as a GGUF file of F32 tensors.
+
+    skip: GGUF tensor names left out; metadata: llama.* values that replace the true ones;
+    raw: GGUF tensor names written as raw bytes of another GGML type, ``{name: type_name}``.
+    """
+    import gguf
+    from safetensors.numpy import load_file
+
+    config = json.loads((hf / "config.json").read_text())
+    tokenizer = json.loads((hf / "tokenizer.json").read_text())
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    values = {"context_length": config["max_position_embeddings"], "embedding_length": config["hidden_size"],
+              "feed_forward_length": config["intermediate_size"], "block_count": config["num_hidden_layers"],
+              "attention.head_count": heads, "attention.head_count_kv": kv_heads,
+              "vocab_size": config["vocab_size"], **(metadata or {})}
+    writer = gguf.GGUFWriter(str(out), "llama")
+    for key, value in values.items():
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
+    writer.add_float32("llama.rope.freq_base", float((config.get("rope_parameters") or {}).get("rope_theta", 10000.0)))
+    writer.add_uint32("llama.rope.dimension_count", config["hidden_size"] // heads)
+    vocab = {**tokenizer["model"]["vocab"], **{a["content"]: a["id"] for a in tokenizer["added_tokens"]}}
+    tokens = sorted(vocab, key=vocab.get)
+    special = {a["content"] for a in tokenizer["added_tokens"]}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    names = dict(HF_TO_GGUF)
+    for i in range(config["num_hidden_layers"]):
+        names.update({f"model.layers.{i}.{k}": f"blk.{i}.{v}" for k, v in LAYER.items()})
+    for hf_name, array in load_file(str(hf / "model.safetensors")).items():
+        name = names[hf_name]
+        if name in skip:
+            continue
+        array = array.astype(np.float32)
+        if name.endswith(("attn_q.weight", "attn_k.weight")):  # llama.cpp's rotary row order
+            n = heads if name.endswith("attn_q.weight") else kv_heads
+            array = array.reshape(n, 2, array.shape[0] // n // 2, -1).swapaxes(1, 2).reshape(array.shape)
+        if raw and name in raw:
+            kind = gguf.GGMLQuantizationType[raw[name]]
+            block, size = gguf.GGML_QUANT_SIZES[kind]
+            data = np.zeros((array.shape[0], array.shape[1] // block * size), dtype=np.uint8)
+            writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
+        else:
+            writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out

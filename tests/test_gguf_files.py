@@ -1,0 +1,130 @@
+"""GGUF files as users bring them: each broken one is refused naming the file, the tensor and the
+fix, never converted with random or missing weights; the tokenizer is always the file's own."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from gguf_models import byte_bpe_tokenizer, write_llama_gguf
+from specsure.models.errors import ModelLoadError
+from specsure.models.loading import load_model
+from tiny import build_tiny_llama
+from words import write_word_tokenizer
+
+VOCAB = 300
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = build_tiny_llama(tmp_path_factory.mktemp("hf") / "llama", vocab_size=VOCAB, hidden_size=32, tie=False)
+    byte_bpe_tokenizer(folder, VOCAB)
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def test_a_sound_gguf_loads_as_its_source_with_its_own_tokenizer(hf: Path, tmp_path: Path) -> None:
+    # Beside it, another model's tokenizer files (a folder of several models, say): not read.
+    folder = tmp_path / "models"
+    folder.mkdir()
+    gguf = write_llama_gguf(hf, folder / "tiny.gguf")
+    write_word_tokenizer(folder, 50)
+    loaded, source = load_model(str(gguf), dtype="float32"), load_model(str(hf), dtype="float32")
+    own = loaded.tokenizer.get_vocab()
+    # transformers' GGUF reader adds <|endoftext|> past the vocabulary to a gpt2-style tokenizer.
+    assert {t: i for t, i in own.items() if i < VOCAB} == source.tokenizer.get_vocab()
+    ids = torch.tensor([[5, 17, 33, 2]])
+    torch.testing.assert_close(loaded.lm.hf(ids).logits, source.lm.hf(ids).logits)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"skip": ("blk.1.ffn_up.weight",)}, r"lacks 1 tensor\(s\) its architecture needs \(model\.layers\.1\.mlp\.up_proj"),
+    ({"metadata": {"block_count": 3}}, r"lacks 9 tensor\(s\) .*model\.layers\.2\."),
+    ({"metadata": {"block_count": 1}}, r"llama\.block_count = 1, but the file also holds block 1"),
+    ({"metadata": {"feed_forward_length": 48}},
+     r"the tensors do not fit the file's metadata \(model\.layers\.0\.mlp\.down_proj\.weight is \[32, 64\] in the file "
+     r"but \[32, 48\]"),
+    ({"raw": {"blk.0.ffn_up.weight": "Q8_1"}},
+     r"tensor 'blk\.0\.ffn_up\.weight' is of type Q8_1, which the installed gguf package cannot de-quantise \(it reads "
+     r"F32, F16, .*Q8_0"),
+])
+def test_a_broken_gguf_is_refused_naming_what_is_wrong(hf: Path, tmp_path: Path, kwargs, message: str) -> None:  # noqa: ANN001
+    gguf = write_llama_gguf(hf, tmp_path / "broken.gguf", **kwargs)
+    with pytest.raises(ModelLoadError, match=message):
+        load_model(str(gguf), dtype="float32")
+    assert not list((tmp_path / "cache" / "specsure").glob("broken-*/model.safetensors"))  # nothing cached
+
+
+def test_a_truncated_gguf_names_the_tensor_past_its_end(hf: Path, tmp_path: Path) -> None:
+    whole = write_llama_gguf(hf, tmp_path / "whole.gguf")
+    cut = tmp_path / "cut.gguf"
+    shutil.copyfile(whole, cut)
+    with open(cut, "r+b") as handle:
+        handle.truncate(cut.stat().st_size - 10)
+    with pytest.raises(ModelLoadError, match=r"cut\.gguf is truncated: tensor '.*' \(F32, shape .*\) ends at byte "
+                                             rf"{whole.stat().st_size}, but the file has {cut.stat().st_size} bytes; "
+                                             "re-download it"):
+        load_model(str(cut), dtype="float32")
+
+
+# --- Hugging Face folders: config.json fields transformers would trip on, tokenizers half there ------------
+
+def _folder_with(hf: Path, tmp_path: Path, **fields: object) -> Path:
+    folder = tmp_path / "model"
+    shutil.copytree(hf, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(fields)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"hidden_act": "nope"}, r"hidden_act = \"nope\" is not an activation the installed transformers has"),
+    ({"num_attention_heads": 0}, r"num_attention_heads = 0 must be a positive integer"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": "abc"}}, r"rope_theta = \"abc\" must be a positive"),
+])
+def test_a_config_field_transformers_would_trip_on_is_named(hf: Path, tmp_path: Path, fields, message: str) -> None:  # noqa: ANN001
+    with pytest.raises(ModelLoadError, match=message):
+        load_model(str(_folder_with(hf, tmp_path, **fields)), dtype="float32")
+
+
+def test_a_malformed_index_or_a_half_tokenizer_is_named(hf: Path, tmp_path: Path) -> None:
+    folder = _folder_with(hf, tmp_path)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": ["a"]}))
+    with pytest.raises(ModelLoadError, match=r"index\.json is malformed \(weight_map must map tensor names"):
+        load_model(str(folder), dtype="float32")
+    (folder / "model.safetensors.index.json").unlink()
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(ModelLoadError, match=r"holds tokenizer_config\.json but no vocabulary file"):
+        load_model(str(folder), dtype="float32")
+
+
+def test_a_tokenizer_asking_for_its_own_code_is_refused_without_running_it(hf: Path, tmp_path: Path) -> None:
+    folder = _folder_with(hf, tmp_path)
+    marker = tmp_path / "ran"
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('x')\nclass EvilTok: pass\n")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.update({"tokenizer_class": "EvilTok", "auto_map": {"AutoTokenizer": ["evil.EvilTok", None]}})
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=r"needs its own Python code \(auto_map in tokenizer_config\.json\), and "
+                                             r"specsure never runs code from a checkpoint"):
+        load_model(str(folder), dtype="float32")
+    assert not marker.exists()
+
+
+def test_a_draft_of_the_targets_size_with_another_tokenizer_is_a_warning(hf: Path, tmp_path: Path) -> None:
+    from specsure.config.resolution import resolve
+
+    draft = _folder_with(hf, tmp_path)
+    write_word_tokenizer(draft, VOCAB)
+    res = resolve({"method": "draft_model", "model": str(draft)}, str(hf))
+    assert any("has the target's vocab_size, but their tokenizer.json files differ" in w for w in res.warnings)
+    assert not resolve({"method": "draft_model", "model": str(hf)}, str(hf)).warnings
