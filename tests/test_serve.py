@@ -93,6 +93,9 @@ def test_chat_renders_the_template(client: TestClient, engine: Engine) -> None:
              {"role": "user", "content": [{"type": "text", "text": WORDS[:12]}, {"type": "text", "text": WORDS[12:]}]}]
     again = client.post("/v1/chat/completions", json={"messages": parts, "max_tokens": 10}).json()
     assert again["choices"][0]["message"]["content"] == expected.text
+    parts[0]["role"] = "developer"  # what OpenAI's newer clients send for system instructions
+    developer = client.post("/v1/chat/completions", json={"messages": parts, "max_tokens": 10}).json()
+    assert developer["choices"][0]["message"]["content"] == expected.text
 
 
 def test_models_shows_effective_config_with_sources(client: TestClient) -> None:
@@ -184,12 +187,12 @@ def test_api_key(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
 BAD_COMPLETIONS = [
     ({"prompt": PROMPT_IDS, "max_token": 5}, "max_token", "Did you mean 'max_tokens'"),
     ({"prompt": PROMPT_IDS, "temprature": 0.5}, "temprature", "Did you mean 'temperature'"),
-    ({"prompt": PROMPT_IDS, "temperature": "hot"}, "temperature", "'hot'"),
+    ({"prompt": PROMPT_IDS, "temperature": "hot"}, "temperature", '"hot"'),
     ({"prompt": PROMPT_IDS, "temperature": -1}, "temperature", ">= 0"),
     ({"prompt": PROMPT_IDS, "top_p": 0}, "top_p", "(0, 1]"),
     ({"prompt": PROMPT_IDS, "top_k": 1.5}, "top_k", "1.5"),
     ({"prompt": PROMPT_IDS, "max_tokens": 0}, "max_tokens", "max_tokens = 0"),
-    ({"prompt": PROMPT_IDS, "max_tokens": "8"}, "max_tokens", "'8'"),
+    ({"prompt": PROMPT_IDS, "max_tokens": "8"}, "max_tokens", '"8"'),
     ({"prompt": PROMPT_IDS, "seed": -3}, "seed", "-3"),
     ({"prompt": PROMPT_IDS, "stop": [""]}, "stop", "non-empty"),
     ({"prompt": PROMPT_IDS, "n": 17}, "n", "n = 17"),
@@ -228,6 +231,7 @@ BAD_CHATS = [
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role", "\"robot\""),
     ({"messages": [{"role": "user", "contnet": "hi"}]}, "messages[0].contnet", "Did you mean 'content'"),
     ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content", "3"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content", "messages[0].content is missing"),
     ({"messages": CHAT, "max_tokens": 4, "max_completion_tokens": 5}, "max_tokens", "disagree"),
     ({"messages": CHAT, "max_completion_tokens": -1}, "max_completion_tokens", "max_completion_tokens = -1"),
     ({"messages": CHAT, "prompt": "hi"}, "prompt", "belongs to POST /v1/completions"),
@@ -249,8 +253,34 @@ def test_bad_bodies(client: TestClient) -> None:
         r = client.post("/v1/completions", content=content, headers={"Content-Type": "application/json"})
         assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
     assert "not valid JSON" in client.post("/v1/completions", content=b"{").json()["error"]["message"]
-    missing = client.get("/v1/nothing-here")
-    assert missing.status_code == 404 and missing.json()["error"]["message"] == "Not Found"
+    missing = client.post("/v1/embeddings", json={})
+    assert missing.status_code == 404
+    assert missing.json()["error"]["message"].startswith("POST /v1/embeddings: no such route; this server has GET "
+                                                         "/v1/models, POST /v1/completions")
+    wrong = client.get("/v1/completions")
+    assert wrong.status_code == 405 and "GET /v1/completions: that method is not allowed there" in wrong.text
+
+
+@pytest.mark.parametrize(("body", "param", "message"), [
+    ({"max_tokens": True}, "max_tokens", 'max_tokens = true is invalid: it must be an integer >= 1; send the number '
+                                         'of new tokens to generate, e.g. "max_tokens": 16.'),
+    ({"temperature": "0.5"}, "temperature", 'temperature = "0.5" is invalid'),
+    ({"stop": [""]}, "stop", 'stop = [""] is invalid: every stop string must be a non-empty string'),
+    ({"seed": -1}, "seed", "seed = -1 is invalid: it must be null or an integer in [0, 2^64); send null"),
+    ({"ignore_eos": "yes"}, "ignore_eos", 'ignore_eos = "yes" is invalid: it must be true or false; send true or false.'),
+])
+def test_a_bad_sampling_field_is_said_in_the_requests_json(client: TestClient, body, param, message) -> None:  # noqa: ANN001
+    r = client.post("/v1/completions", json={"prompt": PROMPT_IDS, **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+    assert message in r.json()["error"]["message"] and "None" not in r.json()["error"]["message"]
+
+
+def test_a_top_p_below_float32s_range_samples_the_top_token_not_a_500(client: TestClient) -> None:
+    r = client.post("/v1/completions", json={"prompt": PROMPT_IDS, "max_tokens": 4, "temperature": 1.0,
+                                             "top_p": 1e-300, "seed": 1})
+    greedy = client.post("/v1/completions", json={"prompt": PROMPT_IDS, "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["token_ids"] == greedy.json()["choices"][0]["token_ids"]  # only the top token left
 
 
 def test_deeply_nested_body_is_a_400(client: TestClient) -> None:

@@ -22,8 +22,18 @@ MIN_TEMPERATURE = 1e-5
 overflows float32 and the sampler fails on inf/nan; that close to 0, greedy is what is meant."""
 
 
-def _fail(field: str, value: object, allowed: str, fix: str) -> ValueError:
-    return ValueError(f"SamplingParams.{field} = {value!r} {allowed}; {fix}")
+class SamplingError(ValueError):
+    """A SamplingParams field with a value it refuses; ``field`` and ``allowed`` let the server say it in JSON."""
+
+    def __init__(self, field: str, value: object, allowed: str, fix: str) -> None:
+        super().__init__(f"SamplingParams.{field} = {value!r} {allowed}; {fix}")
+        self.field = field
+        self.allowed = allowed
+        """What is wrong, in words ("is invalid: it must be an int >= 1")."""
+
+
+def _fail(field: str, value: object, allowed: str, fix: str) -> SamplingError:
+    return SamplingError(field, value, allowed, fix)
 
 
 VLLM_ONLY_FIELDS: dict[str, str] = {
@@ -193,7 +203,9 @@ def _nucleus(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
     if top_p >= 1.0:
         return sorted_probs
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    kept = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    cut = mass_before >= top_p
+    cut[..., 0] = False  # a top_p below float32's smallest number compares as 0, which would cut every token
+    kept = sorted_probs.masked_fill(cut, 0.0)
     return kept / kept.sum(dim=-1, keepdim=True)
 
 

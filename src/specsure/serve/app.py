@@ -38,6 +38,7 @@ from specsure.serve.responses import (DONE, ChunkWriter, Endpoint, chat_body, co
                                       token_text_of)
 from specsure.serve.runner import ClientGone, EngineRunner, Job
 
+ROUTES = "GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health and GET /metrics"
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_QUEUE = 64
@@ -90,12 +91,17 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         return JSONResponse(exc.to_body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse(error_body(str(exc.detail)), status_code=exc.status_code, headers=exc.headers)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        message = str(exc.detail)
+        if exc.status_code in (404, 405) and message in ("Not Found", "Method Not Allowed"):
+            said = "no such route" if exc.status_code == 404 else "that method is not allowed there"
+            message = f"{request.method} {request.url.path}: {said}; this server has {ROUTES}."
+        return JSONResponse(error_body(message), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def server_error(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("request failed")
+        # No log line here: Starlette raises the exception on after this answer, and the server
+        # (uvicorn) logs it with its traceback; logging here too printed every traceback twice.
         return JSONResponse(internal_error(exc), status_code=500)
 
     @app.get("/health")

@@ -14,7 +14,7 @@ from typing import Any
 
 from specsure.config.errors import as_json, json_type
 from specsure.config.schema import suggest
-from specsure.sampling import MAX_LOGPROBS, SamplingParams
+from specsure.sampling import MAX_LOGPROBS, SamplingError, SamplingParams
 
 COMPLETION_MAX_TOKENS = 16
 """max_tokens when a completion request omits it (OpenAI's and vLLM's default)."""
@@ -46,7 +46,19 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 COMPLETION_ONLY = frozenset({"echo", "best_of", "suffix"})
 """OpenAI fields of the legacy completions endpoint; the chat endpoint has none of them."""
 
-_SAMPLING_ERROR = re.compile(r"^SamplingParams\.(\w+) = ")
+_JSON_WORDS = ((r"\bNone\b", "null"), (r"\ba bool\b", "true or false"), (r"\ban int\b", "an integer"),
+               (r"\bint\b", "integer"), (r"\ba str\b", "a string"), (r"\bstr\b", "string"), (r"2\*\*64", "2^64"))
+SAMPLING_FIXES = {
+    "max_tokens": 'send the number of new tokens to generate, e.g. "{param}": 16',
+    "temperature": "send 0 for greedy decoding or a positive number such as 0.7",
+    "top_p": "send 1 to disable nucleus sampling",
+    "top_k": "send 0 or -1 to disable top-k",
+    "seed": "send null, or leave it out, for an unseeded generator",
+    "stop": 'send a string or a list of non-empty strings, e.g. "stop": ["\\n\\n"]',
+    "ignore_eos": "send true or false",
+    "logprobs": "send the number of alternatives to return per token",
+}
+"""The fix for each SamplingParams field, in the request's JSON."""
 
 
 class APIError(Exception):
@@ -242,13 +254,15 @@ def _sampling(body: dict[str, Any], max_field: str, default_max: int, logprobs: 
     values["logprobs"] = logprobs
     try:
         return SamplingParams(**values)
-    except ValueError as exc:
-        message = str(exc).removeprefix("SamplingParams.")
-        match = _SAMPLING_ERROR.match(str(exc))
-        param = match.group(1) if match else None
-        if param == "max_tokens" and max_field != "max_tokens":
-            param, message = max_field, max_field + message.removeprefix("max_tokens")
-        raise RequestError(message, param) from None
+    except SamplingError as exc:
+        param = max_field if exc.field == "max_tokens" else exc.field
+        # SamplingParams speaks Python (None, True, max_tokens=16); the client wrote JSON.
+        allowed = exc.allowed
+        for python, json_word in _JSON_WORDS:
+            allowed = re.sub(python, json_word, allowed)
+        fix = SAMPLING_FIXES[exc.field].format(param=param)
+        raise RequestError(f"{param} = {shown(body.get(param, values.get(exc.field)))} {allowed}; {fix}.",
+                           param) from None
 
 
 def _parse_prompt(value: Any) -> str | list[int]:
@@ -291,10 +305,15 @@ def _parse_messages(value: Any) -> list[dict[str, str]]:
                 raise RequestError(f"unknown field {key!r} in {where}.{suggest(key, MESSAGE_FIELDS)} A message has "
                                    "role, content and optionally name.", f"{where}.{key}", "unknown_field")
         role = message.get("role")
+        if role == "developer":  # OpenAI's newer name for system instructions, which its clients send
+            role = "system"
         if role not in ROLES:
             raise RequestError(f"{where}.role = {shown(role)} is not a role this server renders; use one of "
-                               f"{', '.join(ROLES)}.", f"{where}.role")
-        rendered = {"role": role, "content": _content(message.get("content"), where)}
+                               f"{', '.join(ROLES)} (developer is taken as system).", f"{where}.role")
+        if "content" not in message:
+            raise RequestError(f'{where}.content is missing; send the message\'s text, e.g. "content": "Hello".',
+                               f"{where}.content")
+        rendered = {"role": role, "content": _content(message["content"], where)}
         if message.get("name") is not None:
             if not isinstance(message["name"], str):
                 raise RequestError(f"{where}.name = {shown(message['name'])} must be a string.", f"{where}.name")
