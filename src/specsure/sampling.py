@@ -1,7 +1,7 @@
 """Sampling parameters, the one logits -> probabilities transform, and drawing a token.
 
 The verifier is lossless only when the target's p and the draft's q come from the *same*
-transform, so ``probs_from_logits`` is the only place temperature, top-k and top-p are applied.
+transform, so ``probs_from_logits`` is the only place temperature, min-p, top-k and top-p are applied.
 """
 
 from __future__ import annotations
@@ -42,10 +42,6 @@ VLLM_ONLY_FIELDS: dict[str, str] = {
     "presence_penalty": "leave it out; the target's distribution is used as it is",
     "frequency_penalty": "leave it out; the target's distribution is used as it is",
     "repetition_penalty": "leave it out; the target's distribution is used as it is",
-    "min_p": "use top_p or top_k to cut the tail instead",
-    "stop_token_ids": "pass the tokens' text as stop strings, or rely on the model's end-of-sequence tokens",
-    "include_stop_str_in_output": "append the stop string to the text yourself; the text ends before it",
-    "min_tokens": "leave it out, or pass ignore_eos=True and cut the text yourself",
     "skip_special_tokens": "leave it out; special tokens are skipped in the text",
     "logit_bias": "leave it out; the target's distribution is used as it is",
     "prompt_logprobs": "leave it out; logprobs covers the generated tokens",
@@ -100,6 +96,17 @@ class SamplingParams:
     """Also return each output token's log-probability under the target's own distribution (its
     logits before temperature, top-k or top-p), with this many most likely alternatives
     (0 to MAX_LOGPROBS); None returns none."""
+    min_p: float = 0.0
+    """Drop the tokens whose probability (after temperature) is below min_p times the most likely
+    one's, in [0, 1], before top-k and top-p, as vLLM does. 0 disables it."""
+    stop_token_ids: tuple[int, ...] | None = None
+    """Token ids that end generation when generated, even with ignore_eos (as in vLLM); the token
+    stays in the output ids, its text leaves the text unless include_stop_str_in_output."""
+    include_stop_str_in_output: bool = False
+    """Keep the stop string (or a stop token's text) at the end of the text."""
+    min_tokens: int = 0
+    """Generate at least this many tokens before EOS, a stop token or a stop string may end the
+    output; until then the target's EOS and stop tokens get probability 0 (vLLM's rule)."""
 
     def __new__(cls, *args: object, **kwargs: object) -> "SamplingParams":
         # The generated __init__ would refuse a vLLM field specsure lacks with a bare TypeError;
@@ -150,6 +157,28 @@ class SamplingParams:
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise _fail("logprobs", self.logprobs, f"is invalid: it must be None or an int from 0 to {MAX_LOGPROBS}",
                         "pass the number of alternatives to return per token (0: only the chosen token's)")
+        if isinstance(self.min_p, numbers.Real) and not isinstance(self.min_p, (bool, int, float)):
+            object.__setattr__(self, "min_p", float(self.min_p))
+        if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:  # also rejects NaN
+            raise _fail("min_p", self.min_p, "is invalid: it must be a number in [0, 1]", "use 0 to disable it")
+        object.__setattr__(self, "stop_token_ids", self._normalise_ids(self.stop_token_ids))
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise _fail("include_stop_str_in_output", self.include_stop_str_in_output, "is invalid: it must be a bool",
+                        "pass True or False")
+        if isinstance(self.min_tokens, numbers.Integral) and not isinstance(self.min_tokens, (bool, int)):
+            object.__setattr__(self, "min_tokens", int(self.min_tokens))
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise _fail("min_tokens", self.min_tokens, f"is invalid: it must be an int from 0 to max_tokens "
+                        f"({self.max_tokens})", "use 0 to let EOS end the output at any time")
+
+    @staticmethod
+    def _normalise_ids(ids: object) -> tuple[int, ...] | None:
+        if ids is None:
+            return None
+        if not isinstance(ids, (list, tuple)) or not all(_is_int(i) and i >= 0 for i in ids):
+            raise _fail("stop_token_ids", ids, "is invalid: it must be None or a list of token ids (ints >= 0)",
+                        "pass e.g. stop_token_ids=[2]")
+        return tuple(ids) or None
 
     @staticmethod
     def _normalise_stop(stop: object) -> tuple[str, ...] | None:
@@ -174,7 +203,7 @@ class SamplingParams:
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Turn logits ``[..., V]`` into the sampling distribution ``[..., V]`` (float32).
 
-    Order: temperature, then top-k, then top-p, then renormalise; the same transform must feed
+    Order: temperature, then min-p, then top-k, then top-p, then renormalise; the same transform must feed
     both the target's p and the draft's q. Greedy params give a one-hot at the argmax (the
     temperature -> 0 limit), so the verifier's sampled rule reduces to argmax equality.
     Top-k keeps exactly k tokens (ties broken by ``torch.topk``). Top-p keeps the smallest
@@ -185,6 +214,10 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         index = logits.argmax(dim=-1, keepdim=True)
         return torch.zeros_like(logits).scatter_(-1, index, 1.0)
     logits = logits / params.temperature
+    if params.min_p > 0:
+        probs = torch.softmax(logits, dim=-1)
+        floor = params.min_p * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < floor, float("-inf"))  # the top token is never below its own floor
     vocab = logits.shape[-1]
     if 0 < params.top_k < vocab:
         # topk returns the survivors already sorted, so top-p never sorts the full vocabulary.

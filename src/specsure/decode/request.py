@@ -20,7 +20,7 @@ from specsure.decode.rejection import verify_greedy, verify_sampled
 from specsure.decode.tree import verify_tree
 from specsure.models.causal_lm import Call, CausalLM
 from specsure.models.forward_output import ForwardOutput
-from specsure.models.token_tree import TokenTree, depth
+from specsure.models.token_tree import TokenTree, depth, node_depths
 from specsure.proposers.base import Draft, DraftJob, Proposer
 from specsure.sampling import SamplingParams, draw, probs_from_logits
 
@@ -39,45 +39,57 @@ class Rules:
         self.tokenizer = tokenizer
         self.max_context = max_context
 
+    def stop_ids(self, params: SamplingParams) -> frozenset[int]:
+        """The token ids that end ``params``' output: its stop_token_ids, and EOS unless ignore_eos."""
+        return frozenset(params.stop_token_ids or ()) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+
     def finished(self, output: list[int], checked: int, params: SamplingParams, cache_len: int) -> FinishReason | None:
-        """Trim ``output`` in place at EOS or max_tokens; return why generation ends, if it does."""
-        if not params.ignore_eos:
-            # Only the first max_tokens count: a step may commit past them (a bonus token), and an EOS
-            # there is one plain decoding never generates.
+        """Trim ``output`` in place at a stop token or max_tokens; return why generation ends, if it does."""
+        if stops := self.stop_ids(params):
+            # Only the first max_tokens count: a step may commit past them (a bonus token), and a stop
+            # token there is one plain decoding never generates. Before min_tokens none is generated.
             for i in range(max(0, checked - 1), min(len(output), params.max_tokens)):
-                if output[i] in self.eos_token_ids:
+                if output[i] in stops:
                     del output[i + 1:]
                     return "stop"
         if len(output) >= params.max_tokens:
             del output[params.max_tokens:]
             return "length"
-        if params.stop and self.tokenizer is not None and self.stop_at(output, params.stop) is not None:
+        if params.stop and self.tokenizer is not None and self.stop_at(output, params) is not None:
             return "stop"
         if self.max_context and cache_len + 1 >= self.max_context:
             return "length"
         return None
 
-    def stop_at(self, output: list[int], stops: Sequence[str]) -> int | None:
-        """Where the first stop string starts in the decoded output, or None."""
-        assert self.tokenizer is not None
+    def stop_at(self, output: list[int], params: SamplingParams) -> tuple[int, int] | None:
+        """(start, end) in the decoded output of the first stop string, or None. A stop string that
+        ends within the text of the first min_tokens tokens does not count (vLLM checks none before)."""
+        assert self.tokenizer is not None and params.stop
         text = self.tokenizer.decode(output, skip_special_tokens=True)
-        hits = [text.find(s) for s in stops if s in text]
+        early = len(self.tokenizer.decode(output[:params.min_tokens], skip_special_tokens=True)) \
+            if params.min_tokens else 0
+        hits = [(at, at + len(s)) for s in params.stop if (at := text.find(s, max(0, early - len(s) + 1))) >= 0]
         return min(hits) if hits else None
 
     def detokenize(self, output: list[int], params: SamplingParams,
                    finish: FinishReason) -> tuple[str | None, list[int], FinishReason]:
-        """The final (text, tokens, finish reason): the text cut before a stop string, and the tokens
-        up to the one that completed it."""
+        """The final (text, tokens, finish reason): the text cut before a stop string (after it with
+        include_stop_str_in_output), and the tokens up to the one that completed it. A stop token
+        stays in the tokens; its text leaves the text unless include_stop_str_in_output."""
         if self.tokenizer is None:
             return None, output, finish
-        text = self.tokenizer.decode(output, skip_special_tokens=True)
         if params.stop:
-            cut = self.stop_at(output, params.stop)
-            if cut is not None:
-                while len(output) > 1 and self.stop_at(output[:-1], params.stop) is not None:
+            found = self.stop_at(output, params)
+            if found is not None:
+                text = self.tokenizer.decode(output, skip_special_tokens=True)
+                while len(output) > 1 and self.stop_at(output[:-1], params) is not None:
                     output = output[:-1]
-                return text[:cut], output, "stop"
-        return text, output, finish
+                return text[:found[1] if params.include_stop_str_in_output else found[0]], output, "stop"
+        shown = output
+        if (finish == "stop" and output and output[-1] in (params.stop_token_ids or ())
+                and not params.include_stop_str_in_output):
+            shown = output[:-1]
+        return self.tokenizer.decode(shown, skip_special_tokens=True), output, finish
 
 
 class Request:
@@ -154,7 +166,7 @@ class Request:
             self.lm.copy_cache(shared_from.lm)
         if self.proposer is not None:
             self.proposer.observe(self.prompt, 0, out)
-        self.output.append(draw(out.logits[-1], self.params, self.generator)[0])
+        self.output.append(draw(self._allowed(out.logits[-1:], [0])[0], self.params, self.generator)[0])
         self._record(out.logits[-1:], self.output)
         return self._after(0)
 
@@ -164,17 +176,19 @@ class Request:
         assert lm is not None
         if self._parents is not None:
             parents = self._parents
-            verdict = (verify_tree(None, out.logits, fed, parents, None) if params.greedy else
-                       verify_tree(probs_from_logits(out.logits, params), None, fed, parents, self.generator))
+            logits = self._allowed(out.logits, node_depths(parents))
+            verdict = (verify_tree(None, logits, fed, parents, None) if params.greedy else
+                       verify_tree(probs_from_logits(logits, params), None, fed, parents, self.generator))
             self.stats.observe(len(parents) - 1, verdict.accepted, positions=depth(parents))  # every node was drafted
             lm.keep(start, verdict.path)  # the accepted path moves into place; other branches leave the cache
             kept, rows, new = [fed[i] for i in verdict.path], out.pick(verdict.path), verdict.output_ids
             self._record(rows.logits, new)  # the path's rows: where each new token was chosen
         elif not draft.token_ids:
-            kept, rows, new = fed, out, [draw(out.logits[0], params, self.generator)[0]]
+            kept, rows, new = fed, out, [draw(self._allowed(out.logits[:1], [0])[0], params, self.generator)[0]]
         else:
-            verdict = (verify_greedy(out.logits, draft.token_ids) if params.greedy else
-                       verify_sampled(probs_from_logits(out.logits, params), draft.token_ids, draft.probs,
+            logits = self._allowed(out.logits, range(len(out.logits)))
+            verdict = (verify_greedy(logits, draft.token_ids) if params.greedy else
+                       verify_sampled(probs_from_logits(logits, params), draft.token_ids, draft.probs,
                                       self.generator))
             self.stats.observe(len(draft.token_ids), verdict.accepted)
             lm.crop(start + 1 + verdict.accepted)  # rejected positions leave the target cache
@@ -186,6 +200,18 @@ class Request:
         before = len(self.output)
         self.output.extend(new)
         return self._after(before)
+
+    def _allowed(self, logits: torch.Tensor, depths: Sequence[int]) -> torch.Tensor:
+        """The target's logits ``[n, vocab]`` with its stop tokens at -inf in the rows that choose an output
+        position below min_tokens (row i chooses position len(output) + depths[i]); the same rows when
+        min_tokens is passed. The logprobs stay the raw ones."""
+        early = [i for i, d in enumerate(depths) if len(self.output) + d < self.params.min_tokens]
+        banned = [t for t in self.rules.stop_ids(self.params) if t < logits.shape[-1]]
+        if not early or not banned:
+            return logits
+        logits = logits.clone()
+        logits[torch.tensor(early)[:, None], torch.tensor(banned)[None, :]] = float("-inf")
+        return logits
 
     def _record(self, logits: torch.Tensor, tokens: list[int]) -> None:
         """Log-probabilities of ``tokens`` under the target's raw distribution at their rows ([n, vocab])."""

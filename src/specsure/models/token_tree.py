@@ -34,13 +34,18 @@ class TokenTree:
         return cls(tuple(parents), torch.tensor(depths, dtype=torch.long), ancestors)
 
 
-def depth(parents: Sequence[int]) -> int:
-    """The longest root-to-leaf path of a tree given by ``parents`` (node 0 the root, -1), in draft
-    tokens (what SpecStats counts as positions drafted)."""
+def node_depths(parents: Sequence[int]) -> list[int]:
+    """Each node's depth in a tree given by ``parents`` (node 0 the root at 0, its parent -1)."""
     depths = [0] * len(parents)
     for node in range(1, len(parents)):
         depths[node] = depths[parents[node]] + 1
-    return max(depths)
+    return depths
+
+
+def depth(parents: Sequence[int]) -> int:
+    """The longest root-to-leaf path of a tree given by ``parents`` (node 0 the root, -1), in draft
+    tokens (what SpecStats counts as positions drafted)."""
+    return max(node_depths(parents))
 
 
 def attention_mask(start: int, n: int, tree: TokenTree | None, window: int | None = None) -> torch.Tensor:

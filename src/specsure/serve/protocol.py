@@ -23,7 +23,9 @@ CHAT_MAX_TOKENS = 512
 on a CPU can mean minutes for a model that never stops; the response says 'length' when cut.
 Either default is lowered to the room the prompt leaves in the context."""
 
-SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "min_p",
+                   "stop_token_ids", "include_stop_str_in_output", "min_tokens")
+"""OpenAI's sampling fields and vLLM's extensions that specsure implements."""
 COMMON_FIELDS = ("model", *SAMPLING_FIELDS, "n", "stream", "stream_options", "user")
 COMPLETION_FIELDS = ("prompt", "logprobs", *COMMON_FIELDS)
 CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", *COMMON_FIELDS)
@@ -57,6 +59,10 @@ SAMPLING_FIXES = {
     "stop": 'send a string or a list of non-empty strings, e.g. "stop": ["\\n\\n"]',
     "ignore_eos": "send true or false",
     "logprobs": "send the number of alternatives to return per token",
+    "min_p": "send 0 to disable it",
+    "stop_token_ids": 'send a list of token ids, e.g. "stop_token_ids": [2]',
+    "include_stop_str_in_output": "send true or false",
+    "min_tokens": "send at most the request's max_tokens, or 0",
 }
 """The fix for each SamplingParams field, in the request's JSON."""
 

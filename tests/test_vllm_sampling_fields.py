@@ -1,0 +1,119 @@
+"""vLLM's min_p, stop_token_ids, include_stop_str_in_output and min_tokens, as vLLM defines them,
+with speculative output equal to plain decoding under each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from serving import build_tiny_chat_model
+from specsure import SamplingParams, make_engine
+from specsure.decode.engine import Engine
+from specsure.sampling import probs_from_logits
+
+PROMPT = [[5, 6, 7, 5, 6, 7, 5, 6]]
+METHODS = [None, {"method": "ngram", "num_speculative_tokens": 4},
+           {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_branches": 3}]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(build_tiny_chat_model(tmp_path_factory.mktemp("chat")))
+
+
+@pytest.fixture(scope="module")
+def engines(model: str) -> list[Engine]:
+    return [make_engine(model, spec, dtype="float32") for spec in METHODS]
+
+
+def _all(engines: list[Engine], params: SamplingParams) -> list:  # noqa: ANN401
+    """Every engine's completion; all must equal plain decoding's."""
+    outs = [e.generate(PROMPT, params)[0] for e in engines]
+    for out in outs[1:]:
+        assert (out.token_ids, out.text, out.finish_reason) == (outs[0].token_ids, outs[0].text, outs[0].finish_reason)
+    return outs
+
+
+def test_a_stop_token_ends_the_output_and_leaves_the_text_unless_asked(engines: list[Engine]) -> None:
+    base = engines[0].generate(PROMPT, SamplingParams(max_tokens=24, ignore_eos=True))[0]
+    stop = base.token_ids[3]
+    first = base.token_ids.index(stop)
+    out = _all(engines, SamplingParams(max_tokens=24, ignore_eos=True, stop_token_ids=[stop]))[0]
+    assert out.token_ids == base.token_ids[:first + 1] and out.finish_reason == "stop"
+    tok = engines[0].tokenizer
+    assert out.text == tok.decode(base.token_ids[:first])
+    kept = _all(engines, SamplingParams(max_tokens=24, ignore_eos=True, stop_token_ids=[stop],
+                                        include_stop_str_in_output=True))[0]
+    assert kept.text == tok.decode(base.token_ids[:first + 1])
+    # A stop token ends the output even with ignore_eos (vLLM's rule), and streaming gives the same text.
+    streamed = list(engines[1].generate_stream(PROMPT[0], SamplingParams(max_tokens=24, ignore_eos=True,
+                                                                         stop_token_ids=[stop])))
+    assert [t for u in streamed for t in u.token_ids] == out.token_ids
+
+
+def test_a_stop_string_can_stay_in_the_text(engines: list[Engine]) -> None:
+    base = engines[0].generate(PROMPT, SamplingParams(max_tokens=24, ignore_eos=True))[0]
+    stop = base.text.split()[2]
+    cut = _all(engines, SamplingParams(max_tokens=24, ignore_eos=True, stop=stop))[0]
+    kept = _all(engines, SamplingParams(max_tokens=24, ignore_eos=True, stop=stop, include_stop_str_in_output=True))[0]
+    assert kept.text == cut.text + stop and kept.token_ids == cut.token_ids
+
+
+def test_min_tokens_keeps_stop_tokens_and_strings_from_ending_the_output_early(engines: list[Engine]) -> None:
+    base = engines[0].generate(PROMPT, SamplingParams(max_tokens=24, ignore_eos=True))[0]
+    first = base.token_ids[0]
+    out = _all(engines, SamplingParams(max_tokens=24, ignore_eos=True, stop_token_ids=[first], min_tokens=4))[0]
+    assert out.token_ids[0] != first  # the target's own first choice had probability 0 there
+    assert first not in out.token_ids[:4]
+    words = base.text.split()
+    early = _all(engines, SamplingParams(max_tokens=24, ignore_eos=True, stop=words[0], min_tokens=3))[0]
+    assert early.finish_reason == "length" or len(early.token_ids) > 3
+
+
+def test_min_p_drops_tokens_below_its_share_of_the_top_one() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    probs = probs_from_logits(logits, SamplingParams(temperature=1.0, min_p=0.25))
+    torch.testing.assert_close(probs, torch.tensor([[0.5, 0.3, 0.15, 0.0]]) / 0.95)
+    assert probs_from_logits(logits, SamplingParams(temperature=1.0, min_p=1.0))[0].tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_min_p_sampling_draws_only_tokens_min_p_keeps(engines: list[Engine]) -> None:
+    params = [SamplingParams(max_tokens=6, temperature=1.5, min_p=0.3, seed=s) for s in range(30)]
+    hf = engines[0].target.lm.hf
+    seen = set()
+    for engine in engines:  # each method's accepted, recovered and bonus tokens alike
+        for out in engine.generate(PROMPT * len(params), params):
+            ids = PROMPT[0] + out.token_ids
+            with torch.no_grad():
+                logits = hf(torch.tensor([ids])).logits[0, len(PROMPT[0]) - 1:-1]  # the row that chose each token
+            kept = probs_from_logits(logits, params[0])  # [6, vocab]
+            assert all(kept[i, t] > 0 for i, t in enumerate(out.token_ids)), out.token_ids
+            seen.update(out.token_ids)
+    assert len(seen) > 3  # it sampled, rather than always taking the top token
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("min_p", 1.5, "SamplingParams.min_p = 1.5 is invalid: it must be a number in [0, 1]"),
+    ("stop_token_ids", [-1], "SamplingParams.stop_token_ids = [-1] is invalid"),
+    ("include_stop_str_in_output", 1, "must be a bool"),
+    ("min_tokens", 40, "SamplingParams.min_tokens = 40 is invalid: it must be an int from 0 to max_tokens (16)"),
+])
+def test_bad_values_are_named(field: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
+                       .replace(")", r"\)")):
+        SamplingParams(**{field: value})
+
+
+def test_the_server_takes_vllms_fields(model: str, engines: list[Engine]) -> None:
+    from fastapi.testclient import TestClient
+
+    from specsure.serve.app import create_app
+
+    base = engines[0].generate(PROMPT, SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    client = TestClient(create_app(engines[1]))
+    r = client.post("/v1/completions", json={"prompt": PROMPT[0], "max_tokens": 12, "ignore_eos": True,
+                                             "stop_token_ids": [base.token_ids[2]], "min_p": 0.1, "min_tokens": 1})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["token_ids"] == base.token_ids[:base.token_ids.index(base.token_ids[2]) + 1]
