@@ -55,7 +55,7 @@ def test_vllms_spelling_of_no_top_k_is_no_top_k():
 
 @pytest.mark.parametrize(("name", "fragment"), [
     ("logit_bias", "vLLM has it, specsure does not implement it; leave it out"),
-    ("n", "pass the prompt n times"), ("presence_penalty", "vLLM has it"),
+    ("n", "pass the prompt n times"), ("best_of", "vLLM has it"),
     ("temprature", "Did you mean 'temperature'?"),
 ])
 def test_a_field_specsure_lacks_is_named_with_what_to_do(name: str, fragment: str):

@@ -117,3 +117,44 @@ def test_the_server_takes_vllms_fields(model: str, engines: list[Engine]) -> Non
                                              "stop_token_ids": [base.token_ids[2]], "min_p": 0.1, "min_tokens": 1})
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["token_ids"] == base.token_ids[:base.token_ids.index(base.token_ids[2]) + 1]
+
+
+PENALTIES = [{"presence_penalty": 1.5}, {"frequency_penalty": 0.7}, {"repetition_penalty": 1.8},
+             {"presence_penalty": -0.5, "frequency_penalty": 0.3, "repetition_penalty": 0.7}]
+
+
+def _penalised_logits(hf, prompt: list[int], output: list[int], params: SamplingParams) -> torch.Tensor:  # noqa: ANN001
+    """The next token's logits after ``prompt + output`` with vLLM's penalty formulas, from the raw model."""
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + output])).logits[0, -1].float()
+    counts = torch.zeros_like(logits)
+    for t in output:
+        counts[t] += 1
+    if params.repetition_penalty != 1:
+        seen = counts > 0
+        seen[torch.tensor(prompt)] = True
+        scaled = torch.where(logits > 0, logits / params.repetition_penalty, logits * params.repetition_penalty)
+        logits = torch.where(seen, scaled, logits)
+    return logits - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).float()
+
+
+@pytest.mark.parametrize("penalty", PENALTIES)
+def test_penalties_are_vllms_and_every_method_equals_plain_decoding_under_them(engines: list[Engine],
+                                                                              penalty: dict) -> None:
+    params = SamplingParams(max_tokens=20, ignore_eos=True, **penalty)
+    out = _all(engines, params)[0]  # greedy: ngram chains and trees equal plain, token for token
+    hf, expected = engines[0].target.lm.hf, []
+    for _ in range(20):
+        expected.append(int(_penalised_logits(hf, PROMPT[0], expected, params).argmax()))
+    assert out.token_ids == expected
+    assert out.token_ids != engines[0].generate(PROMPT, SamplingParams(max_tokens=20, ignore_eos=True))[0].token_ids
+
+
+def test_a_penalised_sample_draws_only_tokens_the_penalised_target_allows(engines: list[Engine]) -> None:
+    params = [SamplingParams(max_tokens=5, temperature=1.0, top_k=2, presence_penalty=2.0, seed=s) for s in range(20)]
+    hf = engines[0].target.lm.hf
+    for engine in engines:  # accepted, recovered and bonus tokens: each among the penalised target's top 2
+        for out in engine.generate(PROMPT * len(params), params):
+            for i, token in enumerate(out.token_ids):
+                top = _penalised_logits(hf, PROMPT[0], out.token_ids[:i], params[0]).topk(2).indices.tolist()
+                assert token in top, (out.token_ids, i)

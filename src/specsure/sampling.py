@@ -39,9 +39,6 @@ def _fail(field: str, value: object, allowed: str, fix: str) -> SamplingError:
 VLLM_ONLY_FIELDS: dict[str, str] = {
     "n": "pass the prompt n times in one generate() call, each copy with its own seed (the server takes n)",
     "best_of": "pass the prompt several times and keep the best completion yourself",
-    "presence_penalty": "leave it out; the target's distribution is used as it is",
-    "frequency_penalty": "leave it out; the target's distribution is used as it is",
-    "repetition_penalty": "leave it out; the target's distribution is used as it is",
     "skip_special_tokens": "leave it out; special tokens are skipped in the text",
     "logit_bias": "leave it out; the target's distribution is used as it is",
     "prompt_logprobs": "leave it out; logprobs covers the generated tokens",
@@ -107,6 +104,13 @@ class SamplingParams:
     min_tokens: int = 0
     """Generate at least this many tokens before EOS, a stop token or a stop string may end the
     output; until then the target's EOS and stop tokens get probability 0 (vLLM's rule)."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token the output holds, in [-2, 2] (OpenAI's and vLLM's)."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per time the output holds it, in [-2, 2]."""
+    repetition_penalty: float = 1.0
+    """For tokens in the prompt or the output: positive logits divided by it, negative ones multiplied;
+    any finite number above 0, as vLLM takes it; 1 disables it."""
 
     def __new__(cls, *args: object, **kwargs: object) -> "SamplingParams":
         # The generated __init__ would refuse a vLLM field specsure lacks with a bare TypeError;
@@ -167,6 +171,16 @@ class SamplingParams:
                         "pass True or False")
         if isinstance(self.min_tokens, numbers.Integral) and not isinstance(self.min_tokens, (bool, int)):
             object.__setattr__(self, "min_tokens", int(self.min_tokens))
+        for name, low, high in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0),
+                                ("repetition_penalty", 0.0, math.inf)):
+            value = getattr(self, name)
+            if isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float)):
+                object.__setattr__(self, name, value := float(value))
+            inside = _is_real(value) and (low < value < high if name == "repetition_penalty" else low <= value <= high)
+            if not inside:  # also NaN
+                span = "(0, inf), finite" if name == "repetition_penalty" else f"[{low:g}, {high:g}]"
+                neutral = 1 if name == "repetition_penalty" else 0
+                raise _fail(name, value, f"is invalid: it must be a number in {span}", f"use {neutral} to disable it")
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise _fail("min_tokens", self.min_tokens, f"is invalid: it must be an int from 0 to max_tokens "
                         f"({self.max_tokens})", "use 0 to let EOS end the output at any time")

@@ -16,11 +16,12 @@ import torch
 
 from specsure.decode.completion import Completion, FinishReason, StepUpdate, TokenLogprob
 from specsure.decode.metrics import SpecStats
+from specsure.decode.penalties import Penalties, penalised
 from specsure.decode.rejection import verify_greedy, verify_sampled
 from specsure.decode.tree import verify_tree
 from specsure.models.causal_lm import Call, CausalLM
 from specsure.models.forward_output import ForwardOutput
-from specsure.models.token_tree import TokenTree, depth, node_depths
+from specsure.models.token_tree import TokenTree, depth, tree_paths
 from specsure.proposers.base import Draft, DraftJob, Proposer
 from specsure.sampling import SamplingParams, draw, probs_from_logits
 
@@ -116,10 +117,12 @@ class Request:
         self._fed: list[int] = []
         self._parents: list[int] | None = None
         self._start = 0
+        self._penalties: Penalties | None = None
 
     def attach(self, lm: CausalLM, proposer: Proposer | None) -> None:
         """Take a slot's target view and proposer, emptied for this request."""
         self.lm, self.proposer = lm, proposer
+        self._penalties = Penalties(self.params, self.prompt, lm.vocab_size) if penalised(self.params) else None
         self.started = time.perf_counter()
         lm.reset()
         if proposer is not None:
@@ -166,7 +169,9 @@ class Request:
             self.lm.copy_cache(shared_from.lm)
         if self.proposer is not None:
             self.proposer.observe(self.prompt, 0, out)
-        self.output.append(draw(self._allowed(out.logits[-1:], [0])[0], self.params, self.generator)[0])
+        self.output.append(draw(self._target(out.logits[-1:], [[]])[0], self.params, self.generator)[0])
+        if self._penalties is not None:
+            self._penalties.add(self.output[-1:])
         self._record(out.logits[-1:], self.output)
         return self._after(0)
 
@@ -176,7 +181,7 @@ class Request:
         assert lm is not None
         if self._parents is not None:
             parents = self._parents
-            logits = self._allowed(out.logits, node_depths(parents))
+            logits = self._target(out.logits, tree_paths(fed, parents))
             verdict = (verify_tree(None, logits, fed, parents, None) if params.greedy else
                        verify_tree(probs_from_logits(logits, params), None, fed, parents, self.generator))
             self.stats.observe(len(parents) - 1, verdict.accepted, positions=depth(parents))  # every node was drafted
@@ -184,9 +189,9 @@ class Request:
             kept, rows, new = [fed[i] for i in verdict.path], out.pick(verdict.path), verdict.output_ids
             self._record(rows.logits, new)  # the path's rows: where each new token was chosen
         elif not draft.token_ids:
-            kept, rows, new = fed, out, [draw(self._allowed(out.logits[:1], [0])[0], params, self.generator)[0]]
+            kept, rows, new = fed, out, [draw(self._target(out.logits[:1], [[]])[0], params, self.generator)[0]]
         else:
-            logits = self._allowed(out.logits, range(len(out.logits)))
+            logits = self._target(out.logits, [draft.token_ids[:j] for j in range(len(out.logits))])
             verdict = (verify_greedy(logits, draft.token_ids) if params.greedy else
                        verify_sampled(probs_from_logits(logits, params), draft.token_ids, draft.probs,
                                       self.generator))
@@ -199,13 +204,17 @@ class Request:
             self.proposer.observe(kept, start, rows)
         before = len(self.output)
         self.output.extend(new)
+        if self._penalties is not None:
+            self._penalties.add(new)
         return self._after(before)
 
-    def _allowed(self, logits: torch.Tensor, depths: Sequence[int]) -> torch.Tensor:
-        """The target's logits ``[n, vocab]`` with its stop tokens at -inf in the rows that choose an output
-        position below min_tokens (row i chooses position len(output) + depths[i]); the same rows when
-        min_tokens is passed. The logprobs stay the raw ones."""
-        early = [i for i, d in enumerate(depths) if len(self.output) + d < self.params.min_tokens]
+    def _target(self, logits: torch.Tensor, paths: Sequence[Sequence[int]]) -> torch.Tensor:
+        """The target's logits ``[n, vocab]`` as plain decoding would sample from them: row i follows the
+        output plus the draft tokens ``paths[i]``, so its penalties count those, and while it chooses a
+        position below min_tokens the stop tokens get -inf. The logprobs stay the raw ones."""
+        if self._penalties is not None:
+            logits = self._penalties.apply(logits, paths)
+        early = [i for i, path in enumerate(paths) if len(self.output) + len(path) < self.params.min_tokens]
         banned = [t for t in self.rules.stop_ids(self.params) if t < logits.shape[-1]]
         if not early or not banned:
             return logits

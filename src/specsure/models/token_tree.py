@@ -42,6 +42,15 @@ def node_depths(parents: Sequence[int]) -> list[int]:
     return depths
 
 
+def tree_paths(tokens: Sequence[int], parents: Sequence[int]) -> list[list[int]]:
+    """Per node, the tokens from the root's child down to the node itself (the root's path is empty):
+    what a node's verify row has behind it beyond the committed output."""
+    paths: list[list[int]] = [[] for _ in parents]
+    for node in range(1, len(parents)):
+        paths[node] = [*paths[parents[node]], tokens[node]]
+    return paths
+
+
 def depth(parents: Sequence[int]) -> int:
     """The longest root-to-leaf path of a tree given by ``parents`` (node 0 the root, -1), in draft
     tokens (what SpecStats counts as positions drafted)."""

@@ -24,7 +24,8 @@ on a CPU can mean minutes for a model that never stops; the response says 'lengt
 Either default is lowered to the room the prompt leaves in the context."""
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "min_p",
-                   "stop_token_ids", "include_stop_str_in_output", "min_tokens")
+                   "stop_token_ids", "include_stop_str_in_output", "min_tokens", "presence_penalty",
+                   "frequency_penalty", "repetition_penalty")
 """OpenAI's sampling fields and vLLM's extensions that specsure implements."""
 COMMON_FIELDS = ("model", *SAMPLING_FIELDS, "n", "stream", "stream_options", "user")
 COMPLETION_FIELDS = ("prompt", "logprobs", *COMMON_FIELDS)
@@ -39,7 +40,6 @@ STREAM_OPTION_FIELDS = ("include_usage",)
 # OpenAI fields specsure does not implement. Each is accepted only as null or at the value that
 # changes nothing, so clients that send defaults keep working and no setting is silently dropped.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,),
     "echo": (False,), "best_of": (1,),
     "logit_bias": ({},), "suffix": (), "tools": ([],), "tool_choice": ("none",),
     "response_format": ({"type": "text"},),
@@ -63,6 +63,9 @@ SAMPLING_FIXES = {
     "stop_token_ids": 'send a list of token ids, e.g. "stop_token_ids": [2]',
     "include_stop_str_in_output": "send true or false",
     "min_tokens": "send at most the request's max_tokens, or 0",
+    "presence_penalty": "send 0 to disable it",
+    "frequency_penalty": "send 0 to disable it",
+    "repetition_penalty": "send 1 to disable it",
 }
 """The fix for each SamplingParams field, in the request's JSON."""
 
