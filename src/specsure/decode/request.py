@@ -215,8 +215,8 @@ class Request:
         if self._penalties is not None:
             logits = self._penalties.apply(logits, paths)
         early = [i for i, path in enumerate(paths) if len(self.output) + len(path) < self.params.min_tokens]
-        banned = [t for t in self.rules.stop_ids(self.params) if t < logits.shape[-1]]
-        if not early or not banned:
+        banned = [t for t in self.rules.stop_ids(self.params) if t < logits.shape[-1]] if early else []
+        if not banned:
             return logits
         logits = logits.clone()
         logits[torch.tensor(early)[:, None], torch.tensor(banned)[None, :]] = float("-inf")
