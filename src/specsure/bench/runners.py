@@ -78,7 +78,9 @@ class SpecsureRunner:
             for request in requests:
                 scheduler.add(request)
             while not scheduler.idle:
-                scheduler.step()
+                for _, update in scheduler.step():
+                    if update.error is not None:
+                        raise update.error
             seconds = time.perf_counter() - start
         finally:
             scheduler.max_num_seqs = before

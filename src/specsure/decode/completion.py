@@ -72,3 +72,6 @@ class StepUpdate:
     """On the last update only: the whole result, as ``Engine.generate`` returns it."""
     logprobs: list[TokenLogprob] | None = None
     """One per token of ``token_ids`` when ``SamplingParams.logprobs`` asked for them; else None."""
+    error: Exception | None = None
+    """Set when verifying this request alone failed in the step (a bug: its input was checked before):
+    it has left the scheduler, and the other requests of the step went on."""

@@ -197,6 +197,8 @@ class Engine:
             while not scheduler.idle:
                 updates = scheduler.step()
                 for request, update in updates:
+                    if update.error is not None:
+                        raise update.error
                     if update.completion is not None:
                         self.finished(request)
                 yield updates

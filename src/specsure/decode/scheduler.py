@@ -14,13 +14,18 @@ batch size 1 nothing is forked and decoding runs exactly as it always has.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from specsure.decode.completion import StepUpdate
 from specsure.decode.request import Request
 from specsure.models.causal_lm import CausalLM
 from specsure.proposers.base import Proposer, propose_all
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_NUM_SEQS = 8
 """vLLM's name; 8 concurrent sequences is where a verify forward here still costs about 3x a single one."""
@@ -89,17 +94,17 @@ class Scheduler:
         drafts = propose_all([r.draft_job() for r in decoding])
         calls = [r.draft_call(d) for r, d in zip(decoding, drafts)] + [r.prefill_call() for r in prefilling]
         outs = self._lm.forward_batch(calls, hidden=self._hidden, aux_layers=self._aux_layers)
-        updates = [(r, r.commit(out)) for r, out in zip(decoding, outs)]
+        updates = [(r, _isolated(r.commit, out)) for r, out in zip(decoding, outs)]
         prefills = dict(zip(map(id, prefilling), outs[len(decoding):]))
         for request in joining:
             if id(request) in copying:
                 leader = request.prefill_from
-                updates.append((request, request.commit_prefill(prefills[id(leader)], shared_from=leader)))
+                updates.append((request, _isolated(request.commit_prefill, prefills[id(leader)], shared_from=leader)))
             else:
-                updates.append((request, request.commit_prefill(prefills[id(request)])))
+                updates.append((request, _isolated(request.commit_prefill, prefills[id(request)])))
         self.running.extend(joining)
         for request, update in updates:
-            if update.completion is not None:
+            if update.completion is not None or update.error is not None:
                 self.running.remove(request)
                 self._release(request)
         return updates
@@ -119,3 +124,12 @@ class Scheduler:
             self._slots[slot].proposer.retire()
         self._free.append(slot)
         self._free.sort()  # slot 0 first: a lone request always runs on the engine's own caches
+
+
+def _isolated(commit: Callable[..., StepUpdate], *args: Any, **kwargs: Any) -> StepUpdate:
+    """One request's commit; an exception there fails that request alone, not the step's others."""
+    try:
+        return commit(*args, **kwargs)
+    except Exception as exc:  # a bug; the caller raises it for this request
+        logger.exception("a request failed while its step was verified; the step's other requests go on")
+        return StepUpdate([], error=exc)

@@ -190,9 +190,13 @@ class EngineRunner:
                 self._gauges(scheduler)
                 continue
             now = time.perf_counter()
-            answers: list[tuple[Job, StepUpdate]] = []
+            answers: list[tuple[Job, StepUpdate | Exception]] = []
             for request, update in updates:
                 job = jobs[id(request)][0]
+                if update.error is not None:  # this request alone failed (a bug): it answers a 500
+                    self._done(jobs.pop(id(request))[0], aborted=False)
+                    answers.append((job, update.error))
+                    continue
                 first = job.last == job.arrived
                 (self.metrics.first_token if first else self.metrics.inter_token).observe(now - job.last)
                 job.last = now
