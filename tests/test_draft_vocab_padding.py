@@ -67,7 +67,7 @@ def test_a_draft_with_another_tokenizer_is_refused_naming_the_first_difference(t
     (Path(draft) / "tokenizer.json").write_text(json.dumps(vocab))
     with pytest.raises(ConfigError, match=r"vocab_size=112 .* vocab_size=128\. The sizes may differ by embedding "
                                           r"padding when both share one tokenizer, but their tokenizer\.json files "
-                                          r"differ \(token 'w7': id 7 in the target's, 8 in the draft's\)"):
+                                          r"differ \(token 'w7': id 7 in the target's, id 8 in the draft's\)"):
         resolve({"method": "draft_model", "model": draft}, target).check_runnable()
     (Path(draft) / "tokenizer.json").unlink()
     with pytest.raises(ConfigError, match=r"but the draft has no tokenizer\.json to compare"):
