@@ -9,7 +9,7 @@ import os
 import socket
 import sys
 
-from specsure.cli.common import EXIT_OK, EXIT_USAGE, add_model_flags, parse_speculative_config
+from specsure.cli.common import EXIT_OK, EXIT_USAGE, add_model_flags, int_at_least, parse_speculative_config
 
 DEFAULT_MAX_QUEUE = 64  # specsure.serve.app.DEFAULT_MAX_QUEUE; not imported, so --help needs no fastapi
 DEFAULT_MAX_NUM_SEQS = 8  # specsure.decode.scheduler.DEFAULT_MAX_NUM_SEQS; not imported, so --help needs no torch
@@ -38,6 +38,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
                         help="stop a request this long after it arrived, queueing included, and answer with an "
                              "error: 503 if it never started, else 504 (default: no limit)")
+    parser.add_argument("--threads", type=int_at_least(1), default=None, metavar="N",
+                        help="torch CPU threads of the engine thread, which runs every forward (default: torch's "
+                             "choice, every core)")
     parser.set_defaults(run=run)
 
 
@@ -79,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Every forward runs on the engine thread; loading on one thread keeps this one from starting an
     # OpenMP pool of its own, which halved the engine thread's speed (specsure.serve.runner).
-    threads = torch.get_num_threads()
+    threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         engine = make_engine(args.model, speculative, strict=args.strict, dtype=args.dtype,
