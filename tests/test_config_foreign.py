@@ -76,3 +76,9 @@ def test_guard_mode_logs_what_vllm_filled_in_not_specsures_defaults(tmp_path: Pa
     assert "prompt_lookup_min=2" not in caplog.text  # specsure's default, which vLLM never received
     assert "vLLM 9.9.9 resolved the speculative config as: method='ngram'" in caplog.text
     assert "prompt_lookup_min=5, prompt_lookup_max=5" in caplog.text and "suffix_decoding" not in caplog.text
+
+
+def test_an_accent_stored_as_a_combining_character_still_joins_its_word() -> None:
+    import unicodedata
+
+    assert path_hint("/models/" + unicodedata.normalize("NFD", "éeagle")) is None

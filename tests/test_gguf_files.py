@@ -50,7 +50,7 @@ def test_a_sound_gguf_loads_as_its_source_with_its_own_tokenizer(hf: Path, tmp_p
     ({"metadata": {"block_count": 3}}, r"lacks 9 tensor\(s\) .*model\.layers\.2\."),
     ({"metadata": {"block_count": 1}}, r"llama\.block_count = 1, but the file also holds block 1"),
     ({"metadata": {"feed_forward_length": 48}},
-     r"the tensors do not fit the file's metadata \(model\.layers\.0\.mlp\.down_proj\.weight is \[32, 64\] in the file "
+     r"the tensors do not fit the model transformers builds from the file's metadata \(model\.layers\.0\.mlp\.down_proj\.weight is \[32, 64\] in the file "
      r"but \[32, 48\]"),
     ({"raw": {"blk.0.ffn_up.weight": "Q8_1"}},
      r"tensor 'blk\.0\.ffn_up\.weight' is of type Q8_1, which the installed gguf package cannot de-quantise \(it reads "
@@ -128,3 +128,12 @@ def test_a_draft_of_the_targets_size_with_another_tokenizer_is_a_warning(hf: Pat
     res = resolve({"method": "draft_model", "model": str(draft)}, str(hf))
     assert any("has the target's vocab_size, but their tokenizer.json files differ" in w for w in res.warnings)
     assert not resolve({"method": "draft_model", "model": str(hf)}, str(hf)).warnings
+
+
+def test_a_per_layer_intermediate_size_is_a_size_not_an_error(hf: Path, tmp_path: Path) -> None:
+    from specsure.models.model_folder import check_model_folder
+
+    folder = _folder_with(hf, tmp_path, intermediate_size=[64, 64])  # as Gemma 3n writes it
+    assert check_model_folder(folder)["intermediate_size"] == [64, 64]
+    with pytest.raises(ModelLoadError, match=r"intermediate_size = 0 must be a positive integer"):
+        check_model_folder(_folder_with(hf, tmp_path / "bad", intermediate_size=[64, 0]))

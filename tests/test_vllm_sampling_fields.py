@@ -158,3 +158,10 @@ def test_a_penalised_sample_draws_only_tokens_the_penalised_target_allows(engine
             for i, token in enumerate(out.token_ids):
                 top = _penalised_logits(hf, PROMPT[0], out.token_ids[:i], params[0]).topk(2).indices.tolist()
                 assert token in top, (out.token_ids, i)
+
+
+def test_help_and_ides_still_see_every_field() -> None:
+    import dataclasses
+    import inspect
+
+    assert list(inspect.signature(SamplingParams).parameters) == [f.name for f in dataclasses.fields(SamplingParams)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 import difflib
+import inspect
 from dataclasses import dataclass, fields
 from typing import Sequence
 
@@ -212,6 +213,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when decoding picks the argmax (temperature 0)."""
         return self.temperature == 0
+
+
+# __new__ takes (*args, **kwargs) to name a vLLM field it lacks; help() and IDEs read the fields from here.
+_SIGNATURE = inspect.signature(SamplingParams.__init__)
+SamplingParams.__signature__ = _SIGNATURE.replace(parameters=list(_SIGNATURE.parameters.values())[1:])  # type: ignore[attr-defined]
 
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

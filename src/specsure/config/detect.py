@@ -7,6 +7,7 @@ uses evidence only to fill unset fields, and to warn when it disagrees with the 
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Collection, Final, Literal
@@ -170,8 +171,9 @@ def path_tokens(path: str) -> list[list[str]]:
 
 
 def _words(part: str) -> list[str]:
-    """Lower-cased runs of letters and digits, any script's: 'éeagle' is one word, as 'myeagle' is."""
-    return [word for word in re.split(r"[\W_]+", part.lower()) if word]
+    """Lower-cased runs of letters and digits, any script's: 'éeagle' is one word, as 'myeagle' is, also
+    when the accent is a separate combining character (macOS file names): NFC joins it first."""
+    return [word for word in re.split(r"[\W_]+", unicodedata.normalize("NFC", part).lower()) if word]
 
 
 def _joined_versions(tokens: list[str]) -> list[str]:

@@ -162,9 +162,12 @@ def _check_conversion(gguf: Path, info: dict) -> None:
     if mismatched:
         shown = "; ".join(f"{name} is {list(have)} in the file but {list(want)} for its metadata"
                           for name, have, want in sorted(mismatched)[:3])
-        raise ModelLoadError(f"{gguf}: the tensors do not fit the file's metadata ({shown}). A size in its metadata "
-                             "(embedding_length, head_count, head_count_kv, feed_forward_length, vocab_size) differs "
-                             "from the tensors; re-convert the model.")
+        raise ModelLoadError(f"{gguf}: the tensors do not fit the model transformers builds from the file's metadata "
+                             f"({shown}). Either a size in the metadata (embedding_length, head_count, head_count_kv, "
+                             "feed_forward_length, vocab_size) is wrong, and re-converting the model fixes it, or "
+                             "transformers' GGUF reader does not take this architecture's size from the file (it "
+                             "uses its defaults for Qwen MoE expert sizes, for one): then load the model's Hugging "
+                             "Face folder instead.")
     missing = sorted(info.get("missing_keys") or ())
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")

@@ -22,6 +22,8 @@ from specsure.models.errors import ModelLoadError
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 _POSITIVE_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                    "intermediate_size", "head_dim")
+_PER_LAYER_SIZES = ("intermediate_size",)
+"""Sizes a config may give per layer, as a list (Gemma 3n's intermediate_size)."""
 _ACTIVATIONS = ("hidden_act", "hidden_activation")
 
 
@@ -134,6 +136,8 @@ def _check_sizes(config_path: Path, config: dict[str, Any]) -> None:
             continue
         for key in _POSITIVE_SIZES:
             value = fields.get(key)
+            if key in _PER_LAYER_SIZES and isinstance(value, list) and value:  # one per layer (Gemma 3n)
+                value = next((v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < 1), None)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ModelLoadError(f"{config_path}: {prefix}{key} = {json.dumps(value)} must be a positive integer; "
                                      "use the config.json the weights came with.")
