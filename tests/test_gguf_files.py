@@ -137,3 +137,13 @@ def test_a_per_layer_intermediate_size_is_a_size_not_an_error(hf: Path, tmp_path
     assert check_model_folder(folder)["intermediate_size"] == [64, 64]
     with pytest.raises(ModelLoadError, match=r"intermediate_size = 0 must be a positive integer"):
         check_model_folder(_folder_with(hf, tmp_path / "bad", intermediate_size=[64, 0]))
+
+
+def test_text_the_tokenizer_maps_past_the_models_vocabulary_is_named(hf: Path, tmp_path: Path) -> None:
+    from specsure import make_engine
+    from specsure.decode.completion import PromptError
+
+    engine = make_engine(str(write_llama_gguf(hf, tmp_path / "tiny.gguf")), None, dtype="float32")
+    with pytest.raises(PromptError, match=r"is text whose token '<\|endoftext\|>' has id 300, which the tokenizer "
+                                          r"holds but the model's vocabulary \[0, 300\) does not"):
+        engine.generate("hello <|endoftext|>")

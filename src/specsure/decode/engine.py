@@ -152,6 +152,11 @@ class Engine:
         vocab = self.target.lm.vocab_size
         for tok in ids:
             if not 0 <= tok < vocab:
+                if isinstance(prompt, str) and self.tokenizer is not None:  # the tokenizer knows more than the model
+                    piece = self.tokenizer.convert_ids_to_tokens(tok)
+                    raise PromptError(index, f"is text whose token {piece!r} has id {tok}, which the tokenizer holds "
+                                             f"but the model's vocabulary [0, {vocab}) does not; remove that text "
+                                             "from the prompt.")
                 raise PromptError(index, f"holds token id {tok!r}, outside the vocabulary [0, {vocab}).")
         limit = self.target.lm.max_context
         if limit and len(ids) >= limit:
