@@ -120,3 +120,15 @@ def test_an_mtp_head_records_the_draft_steps_it_trained(tmp_path: Path) -> None:
     record["settings"]["unroll"] = 0
     (tmp_path / "head" / "training.json").write_text(json.dumps(record))
     assert trained_depth(str(tmp_path / "head")) == 2
+
+
+def test_an_unwritable_cache_or_an_mtp_flag_on_eagle3_fails_before_any_work(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    args = _train_args(tmp_path)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the cache folder's parent should be")
+    assert main([*args, "--cache-dir", str(blocker / "cache")]) == 2
+    err = capsys.readouterr().err
+    assert "--cache-dir" in err and "cannot be written" in err and "Traceback" not in err
+    for flag in (["--modules", "2"], ["--init", "last_layer"]):
+        assert main([*_train_args(tmp_path, "eagle3"), *flag]) == 2
+        assert f"{flag[0]} {flag[1]}: only --method mtp takes it" in capsys.readouterr().err

@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--expect-data-sha256 {expected!r}: give the 64 hex digits of a training.json's "
                              "data.tokens_sha256.")
         args.expect_data_sha256 = expected.lower()  # as hexdigest() writes it
-    from specsure.cli.train_data import recorded_layers, training_prompts, training_samples
+    from specsure.cli.train_data import cache_folder, recorded_layers, training_prompts, training_samples
     from specsure.cli.train_head import train_eagle3_head, train_mtp_head
     from specsure.train import check_out_dir
 
@@ -170,6 +170,10 @@ def run(args: argparse.Namespace) -> int:
     if args.method == "mtp" and args.intermediate_size is not None:
         raise ValueError(f"--intermediate-size {args.intermediate_size}: only --method eagle3 sizes its own MLP (an "
                          "MTP head's block takes the target's sizes); leave it out for mtp.")
+    for flag, value in (("--modules", args.modules), ("--init", args.init)):
+        if args.method == "eagle3" and value is not None:
+            raise ValueError(f"{flag} {value}: only --method mtp takes it (an EAGLE-3 head has one layer and starts "
+                             "from random weights or --init-from); leave it out for eagle3.")
     if args.method == "mtp" and args.aux_layers is not None:
         raise ValueError(f"--aux-layers {args.aux_layers}: only --method eagle3 fuses aux layers (an MTP head reads "
                          "the target's last hidden state); leave it out for mtp.")
@@ -179,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
         field, _, rest = str(err).partition(" = ")
         raise ValueError(f"--{field.replace('_', '-')} {rest}" if rest and field.isidentifier() else str(err)) from None
     out = check_out_dir(args.out)
+    cache_folder(args)  # a cache that cannot be written fails now, not after the first chunk of generation
     prompts = training_prompts(args)
     logging.getLogger(LOOP_LOGGER).setLevel(logging.INFO)  # "resuming from step N" is worth a line
 

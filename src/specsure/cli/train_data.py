@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import platform
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +88,15 @@ def cache_folder(args: argparse.Namespace) -> Path | None:
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"--cache-dir {str(folder)!r} is a file; give a folder for the data cache (made if missing), "
                          "or --no-cache.")
+    try:  # found now, not after the first chunk of generation (permission bits miss read-only mounts)
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(prefix=".specsure-probe-", dir=folder)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as exc:
+        flag = "--cache-dir" if args.cache_dir else "the data cache ($XDG_CACHE_HOME/specsure/train)"
+        raise ValueError(f"{flag} {str(folder)!r} cannot be written ({exc.strerror}); give a writable --cache-dir, "
+                         "or --no-cache.") from None
     return folder
 
 
