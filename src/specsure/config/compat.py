@@ -158,7 +158,7 @@ def check_head_tensors(method: str, path: str, names: Collection[str], config: M
                 f"{whole}" if whole else f"not an EAGLE-1 head (no fc.weight among {sorted(names)[:4]}...)")
         raise ConfigError(f"method 'eagle' needs an EAGLE-1 head (fc.weight over concat(embedding, hidden) plus "
                           f"decoder layers), but the draft checkpoint {path!r} is {what}. Give an EAGLE-1 checkpoint.")
-    if method == "mtp" and not (set(archs) & MTP_HEAD_ARCHITECTURES or config.get("model_type") in MTP_MODEL_TYPES):
+    if method == "mtp" and not (set(archs) & MTP_HEAD_ARCHITECTURES or str(config.get("model_type")) in MTP_MODEL_TYPES):
         layers = config.get("num_hidden_layers")
         if not (isinstance(layers, int) and deepseek_mtp_prefix(layers, 0) + "eh_proj.weight" in names):
             raise ConfigError(f"method 'mtp' needs an MTP head (config.json architectures [\"SpecsureMTPHead\"], or a "
