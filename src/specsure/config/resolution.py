@@ -28,7 +28,7 @@ from specsure.config.schema import (
 from specsure.config.shipped import SHIPPED_TREE, shipped_head
 from specsure.config.token_tree import TREE_METHODS, DraftTree, is_chain, tree_shape
 from specsure.config.training_record import depth_note
-from specsure.config.vocabulary import compare_folders
+from specsure.config.vocabulary import other_tokenizer
 
 logger = logging.getLogger("specsure.config")
 
@@ -94,19 +94,6 @@ class Resolution:
         check_runnable(self.target, self.config, self.draft, self.draft_evidence, weights=weights)
 
 
-def _other_tokenizer(target: CheckpointInfo, draft: CheckpointInfo | None) -> str:
-    """A warning for a draft whose tokenizer.json maps tokens to other ids than the target's though the
-    vocabulary sizes agree: it runs (the output is the target's), but its drafts mean other tokens."""
-    if draft is None or target.kind != "hf_dir" or draft.kind != "hf_dir" or target.vocab_size != draft.vocab_size:
-        return ""  # other sizes are check_runnable's, with the same comparison
-    found = compare_folders(target.path, draft.path)
-    if not found.differs:
-        return ""
-    return (f"the draft {draft.path!r} has the target's vocab_size, but {found.why}: it drafts token ids that mean "
-            "other text, so few drafts will be accepted (the output stays the target's). Use a draft made with the "
-            "target's tokenizer.")
-
-
 def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, strict: bool = False) -> Resolution:
     """Resolve the user's speculative config against the target and draft checkpoints.
 
@@ -140,7 +127,7 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, str
         method.value, fields["suffix_decoding_max_tree_depth"].value, fields["speculative_token_tree"].value)
     fields["num_speculative_tokens"] = _with_depth_note(fields, method.value)
     decisions.update((name, fields[name]) for name in FIELDS)
-    if method.value == "draft_model" and (note := _other_tokenizer(target, state.draft)):
+    if method.value == "draft_model" and (note := other_tokenizer(target, state.draft)):
         state.notices.append(note)
     if strict and state.conflicts:
         raise ConfigConflictError(" ".join(state.conflicts) + " (strict mode: disagreement is an error.)")

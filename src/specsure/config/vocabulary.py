@@ -12,7 +12,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from specsure.config.checkpoint import CheckpointInfo
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -75,3 +78,16 @@ def _read_vocab(path: Path) -> dict[str, int] | None:
         if isinstance(added, dict) and isinstance(added.get("id"), int) and isinstance(added.get("content"), str):
             out[added["content"]] = added["id"]
     return out
+
+
+def other_tokenizer(target: "CheckpointInfo", draft: "CheckpointInfo | None") -> str:
+    """A warning for a draft whose tokenizer.json maps tokens to other ids than the target's though the
+    vocabulary sizes agree: it runs (the output is the target's), but its drafts mean other tokens."""
+    if draft is None or target.kind != "hf_dir" or draft.kind != "hf_dir" or target.vocab_size != draft.vocab_size:
+        return ""  # other sizes are check_runnable's, with the same comparison
+    found = compare_folders(target.path, draft.path)
+    if not found.differs:
+        return ""
+    return (f"the draft {draft.path!r} has the target's vocab_size, but {found.why}: it drafts token ids that mean "
+            "other text, so few drafts will be accepted (the output stays the target's). Use a draft made with the "
+            "target's tokenizer.")
