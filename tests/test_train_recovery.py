@@ -113,6 +113,8 @@ def test_an_mtp_head_records_the_draft_steps_it_trained(tmp_path: Path) -> None:
     assert main([*args, "--modules", "2"]) == 0
     record = json.loads((tmp_path / "head" / "training.json").read_text())
     assert record["settings"]["unroll"] == 2 and trained_depth(str(tmp_path / "head")) == 2
+    config = json.loads((tmp_path / "head" / "config.json").read_text())
+    assert record["settings"]["draft_vocab_size"] == config["draft_vocab_size"] == 128  # what it drafts, not the 8192 asked
     deeper = resolve({"method": "mtp", "model": str(tmp_path / "head"), "num_speculative_tokens": 4},
                      str(tmp_path / "target"))
     assert "trained for 2 draft steps" in deeper.reason("num_speculative_tokens")
@@ -132,3 +134,135 @@ def test_an_unwritable_cache_or_an_mtp_flag_on_eagle3_fails_before_any_work(tmp_
     for flag in (["--modules", "2"], ["--init", "last_layer"]):
         assert main([*_train_args(tmp_path, "eagle3"), *flag]) == 2
         assert f"{flag[0]} {flag[1]}: only --method mtp takes it" in capsys.readouterr().err
+
+
+def test_a_second_run_on_the_same_out_is_refused_while_the_first_holds_it(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    from specsure.train.out_lock import hold, lock_path
+
+    args = _train_args(tmp_path)
+    out = tmp_path / "head"
+    with hold(out):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert f"pid {__import__('os').getpid()}" in err and "another specsure train" in err and "--out" in err
+    assert not lock_path(out).exists()  # released and removed
+    # A holder killed with SIGKILL holds nothing: the kernel drops its lock.
+    code = ("import sys, time; from pathlib import Path; from specsure.train.out_lock import hold\n"
+            "with hold(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ValueError, match="another specsure train"):
+            with hold(out):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    assert lock_path(out).exists()  # left by the killed holder, and taken over
+    assert main(args) == 0 and not lock_path(out).exists()
+
+
+def test_what_a_killed_safetensors_write_leaves_is_swept(tmp_path: Path) -> None:
+    import torch
+
+    from specsure.train.cache import _store
+    from specsure.train.data import Sample
+    from specsure.train.resume import FILE, clear_point, save_point
+
+    mine = tag().rsplit("-", 1)[0]
+    folder = tmp_path / "resume"
+    folder.mkdir()
+    half = folder / f".resume-{mine}-{_dead_pid()}-x"  # a SIGKILL inside safetensors' own temporary file
+    half.mkdir()
+    (half / ".tmpab12cd").write_bytes(b"half of a point")
+    module = torch.nn.Linear(2, 2)
+    optimiser = torch.optim.AdamW(module.parameters())
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda step: 1.0)
+    save_point(folder, "k", 1, module, optimiser, schedule, torch.Generator(), {"losses": [], "curve": []})
+    assert sorted(p.name for p in folder.iterdir()) == [FILE]
+    (folder / ".tmpXY12ab").write_bytes(b"an earlier version's untagged temporary")
+    clear_point(folder)
+    assert not folder.exists()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    killed = cache / f".samples-{mine}-{_dead_pid()}-y"
+    killed.mkdir()
+    (killed / "k.safetensors").write_bytes(b"half")
+    live = cache / f".samples-{tag()}-z"  # this process's own: never another's to remove
+    live.mkdir()
+    sample = Sample(torch.tensor([1, 2, 3]), torch.zeros(3, 4), 1)
+    _store(cache, cache / "k.safetensors", [sample])
+    assert sorted(p.name for p in cache.iterdir()) == sorted(["k.safetensors", live.name])
+
+
+def test_weights_that_blow_up_under_a_finite_loss_stop_the_run_before_a_point_is_kept(tmp_path: Path) -> None:
+    import torch
+
+    from specsure.train.loop import optimiser_for, run_steps
+
+    def attempt(lr: float) -> object:
+        torch.manual_seed(0)
+        module = torch.nn.Linear(4, 4)
+        params = list(module.parameters())
+        optimiser, schedule = optimiser_for(params, lr, 20)
+        x = torch.randn(8, 4)
+        # tanh keeps the loss finite however large the weights grow
+        return run_steps(module, params, optimiser, schedule, torch.Generator(), 20, lr,
+                         lambda: torch.tanh(module(x)).mean(), lambda: (), [], resume=tmp_path / "point",
+                         resume_key="k", checkpoint_every=5)
+
+    with pytest.raises(FloatingPointError, match=r"weights grew to .* by step 5 .* lower --lr .* train again"):
+        attempt(1e13)
+    assert not (tmp_path / "point").exists()  # no point was kept as a good one
+    trained = attempt(1e-3)
+    assert len(trained.losses) == 20 and trained.resumed_from == 0 and trained.seconds > 0
+
+
+def test_checkpoint_every_0_says_it_passes_over_a_resume_point_and_clears_it(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    from specsure.train.resume import FILE
+
+    args = _train_args(tmp_path)
+    point = tmp_path / ".head.resume"
+    point.mkdir()
+    (point / FILE).write_bytes(b"an earlier run's point")
+    assert main([*args, "--checkpoint-every", "0"]) == 0
+    assert "--checkpoint-every 0: this run does not go on from the resume point" in capsys.readouterr().err
+    assert not point.exists() and (tmp_path / "head" / "model.safetensors").is_file()
+
+
+def test_a_resumed_run_says_so_and_counts_every_runs_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys) -> None:  # noqa: ANN001
+    import specsure.train.loop as loop
+
+    args = _train_args(tmp_path)
+    steps = loop.update
+    calls = []
+
+    def interrupted(*a: object) -> float:
+        calls.append(1)
+        if len(calls) == 5:  # Ctrl-C in step 5, after the point of step 4
+            raise KeyboardInterrupt
+        return steps(*a)
+
+    monkeypatch.setattr(loop, "update", interrupted)
+    assert main(args) == 130
+    monkeypatch.setattr(loop, "update", steps)
+    capsys.readouterr()
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "training: 6 steps in" in out and "2 of them in this run, which went on from the resume point of step 4" in out
+    record = json.loads((tmp_path / "head" / "training.json").read_text())
+    assert record["resumed_from_step"] == 4 and len(record["losses"]) == 6
+
+
+def test_small_train_mistakes_name_their_flag_or_file(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    args = _train_args(tmp_path)
+    (tmp_path / "nonhead").mkdir()
+    assert main([*args, "--init-from", str(tmp_path / "nonhead")]) == 2
+    assert "--init-from" in (err := capsys.readouterr().err) and "no config.json there" in err
+    assert main([*_train_args(tmp_path, "eagle3"), "--unroll", "17"]) == 2
+    assert "--unroll 17: must be an integer from 1 to 16" in capsys.readouterr().err
+    bad = tmp_path / "oob.jsonl"
+    bad.write_text(json.dumps({"category": "t", "prompt_ids": [5, 999]}) + "\n")
+    assert main([*args, "--prompts", str(bad)]) == 2  # --prompts adds to the file _train_args gives
+    assert f"{bad}:1: prompt_ids holds token id 999" in capsys.readouterr().err

@@ -150,9 +150,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--expect-data-sha256 {expected!r}: give the 64 hex digits of a training.json's "
                              "data.tokens_sha256.")
         args.expect_data_sha256 = expected.lower()  # as hexdigest() writes it
-    from specsure.cli.train_data import cache_folder, recorded_layers, training_prompts, training_samples
-    from specsure.cli.train_head import train_eagle3_head, train_mtp_head
     from specsure.train import check_out_dir
+    from specsure.train.out_lock import hold
 
     lr = args.lr if args.lr is not None else DEFAULT_LR[args.method]
     if args.method == "mtp" and args.batch_windows != 1:
@@ -183,8 +182,18 @@ def run(args: argparse.Namespace) -> int:
         field, _, rest = str(err).partition(" = ")
         raise ValueError(f"--{field.replace('_', '-')} {rest}" if rest and field.isidentifier() else str(err)) from None
     out = check_out_dir(args.out)
+    with hold(out):
+        return _train(args, out, settings)
+
+
+def _train(args: argparse.Namespace, out: Path, settings: "MTPTrainSettings | Eagle3TrainSettings") -> int:
+    """The run once its flags are checked and --out is locked: data, training, the head."""
+    from specsure.cli.train_data import cache_folder, recorded_layers, training_prompts, training_samples
+    from specsure.cli.train_head import ignored_point, train_eagle3_head, train_mtp_head
+
     cache_folder(args)  # a cache that cannot be written fails now, not after the first chunk of generation
     prompts = training_prompts(args)
+    ignored_point(args, out)
     logging.getLogger(LOOP_LOGGER).setLevel(logging.INFO)  # "resuming from step N" is worth a line
 
     import torch
@@ -209,7 +218,8 @@ def run(args: argparse.Namespace) -> int:
         from specsure.config.shipped import shipped_head
         from specsure.train.starting_head import read_starting_head, read_starting_mtp_head
 
-        folder = shipped_head(args.method) if args.init_from == "shipped" else args.init_from
+        # absolute, as training.json records it and the resume key names it: the run may go on from another folder
+        folder = shipped_head(args.method) if args.init_from == "shipped" else str(Path(args.init_from).expanduser().resolve())
         if folder is None:
             raise ValueError(f"--init-from shipped: this installation has no shipped {args.method} head "
                              "(specsure/heads/).")
@@ -220,9 +230,11 @@ def run(args: argparse.Namespace) -> int:
             start = read_starting_head(target.lm, folder, wanted if args.aux_layers is not None else None,
                                        args.draft_vocab_size, args.intermediate_size)
             wanted = start.aux_layers
+        _other_target(start.training, target.path, folder)
     aux = recorded_layers(target.lm.num_layers, wanted)
     samples, key, data = training_samples(args, target, prompts, aux, started)
-    common = {"method": args.method, "target": args.model or "default (SmolLM2-135M-Instruct)",
+    given = str(Path(args.model).expanduser().resolve()) if args.model else "default (SmolLM2-135M-Instruct)"
+    common = {"method": args.method, "target": given,
               "target_folder": target.path, "dtype": str(target.lm.dtype).removeprefix("torch.")}
     try:
         if args.method == "mtp":
@@ -250,6 +262,17 @@ def run_guarded(args: argparse.Namespace) -> int:
         print("interrupted" + (f": run the same command again to go on where it stopped ({', '.join(kept)})"
                                if kept else ""), file=sys.stderr)
         return 130
+
+
+def _other_target(record: dict | None, target_folder: str, head: str) -> None:
+    """Warn when the --init-from head was trained for another target: its shapes fit (they were
+    checked), but what it learned is another model's features. Folders are compared by name, since
+    a model moves between machines (the default one lives in each user's cache)."""
+    trained_for = (record or {}).get("target_folder")
+    if isinstance(trained_for, str) and Path(trained_for).name != Path(target_folder).name:
+        print(f"warning: --init-from {head!r} was trained for the target in {trained_for}, not this run's "
+              f"({target_folder}); its shapes fit, so it trains on, but it starts from another model's features.",
+              file=sys.stderr)
 
 
 def _settings(args: argparse.Namespace, lr: float) -> "MTPTrainSettings | Eagle3TrainSettings":

@@ -158,6 +158,12 @@ def training_samples(args: argparse.Namespace, target: LoadedModel, prompts: Tra
     prompts = written_prompts(args, target, prompts)
     rows = prompts.rows
     token_prompts = [list(encode(row, target.tokenizer)) for row in rows]
+    vocab = target.lm.vocab_size
+    for row, ids in zip(rows, token_prompts):
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:  # named by its file and line, before any generation
+            raise ValueError(f"{row.source or row.id}: prompt_ids holds token id {bad}, outside the target's "
+                             f"vocabulary [0, {vocab}); give ids the target's tokenizer makes.")
     dtype = str(target.lm.dtype).removeprefix("torch.")
     follow_up = _derived(rows, prompts.chat_rows, target.tokenizer, args.seed) \
         if prompts.chat_rows and target.tokenizer else None

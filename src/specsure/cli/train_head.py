@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,21 +21,42 @@ if TYPE_CHECKING:  # the command imports torch only once its flags are checked
 
 def _resume_folder(args: argparse.Namespace, out: Path) -> Path | None:
     """Where resume points go: next to --out, hidden (None with --checkpoint-every 0)."""
-    return out.parent / f".{out.name}.resume" if args.checkpoint_every else None
+    return _point_folder(out) if args.checkpoint_every else None
 
 
-def _finished(args: argparse.Namespace, out: Path) -> None:
+def _point_folder(out: Path) -> Path:
+    return out.parent / f".{out.name}.resume"
+
+
+def ignored_point(args: argparse.Namespace, out: Path) -> None:
+    """Say so when --checkpoint-every 0 passes over the resume point of an earlier run on --out."""
+    from specsure.train.resume import FILE
+
+    folder = _point_folder(out)
+    if not args.checkpoint_every and (folder / FILE).is_file():
+        print(f"warning: --checkpoint-every 0: this run does not go on from the resume point an earlier run on this "
+              f"--out left in {folder}, and removes it once its own head is written; to go on from it instead, stop "
+              "now and run without --checkpoint-every 0.", file=sys.stderr)
+
+
+def _finished(out: Path) -> None:
     """The head is written: its run's last resume point (kept until now, so that a crash while
-    evaluating or writing lost no training) is not needed any more."""
+    evaluating or writing lost no training), or an earlier run's that --checkpoint-every 0 passed
+    over, is not needed any more."""
     from specsure.train.resume import clear_point
 
-    folder = _resume_folder(args, out)
-    if folder is not None:
-        clear_point(folder)
+    clear_point(_point_folder(out))
+
+
+def _steps_line(steps: int, seconds: float, resumed_from: int) -> str:
+    if not resumed_from:
+        return f"training: {steps} steps in {seconds:.0f} s"
+    return (f"training: {steps} steps in {seconds:.0f} s, {steps - resumed_from} of them in this run, which went on "
+            f"from the resume point of step {resumed_from}")
 
 
 def _run_hint(args: argparse.Namespace, out: Path, k: int) -> str:
-    model_flag = f" --model {args.model}" if args.model else ""
+    model_flag = f" --model {shlex.quote(str(Path(args.model).expanduser().resolve()))}" if args.model else ""
     spec = json.dumps({"method": args.method, "model": str(Path(out).resolve()), "num_speculative_tokens": k})
     return f"run it: specsure generate{model_flag} --speculative-config '{spec}' PROMPT"
 
@@ -63,7 +86,9 @@ def train_mtp_head(args: argparse.Namespace, target: LoadedModel, samples: Seque
                      # the draft steps it trained (0 means one per module), which explain's depth note reads
                      "unroll": max(settings.unroll, settings.modules),
                      "loss_on": args.loss_on, "train_dtype": settings.dtype, "max_new_tokens": args.max_new_tokens,
-                     "draft_vocab_size": settings.draft_vocab_size, "threads": torch.get_num_threads(),
+                     # what the head drafts among (the whole vocabulary when the asked size covers it), as eagle3 records
+                     "draft_vocab_size": 0 if result.draft_ids is None else int(result.draft_ids.numel()),
+                     "threads": torch.get_num_threads(),
                      **({"init_from": init} if init else {})},
         "data": {**data, "train_sequences": result.train_sequences, "heldout_sequences": result.heldout_sequences},
         "heldout": {"kl_before": before.kl, "kl_after": after.kl, "top1_before": before.agreement,
@@ -72,12 +97,13 @@ def train_mtp_head(args: argparse.Namespace, target: LoadedModel, samples: Seque
         "curve": [{"step": s, "heldout_top1": a, "heldout_acceptance_length": v} for s, a, v in result.curve],
         "losses": [round(v, 4) for v in result.losses],
         "train_seconds": round(result.train_s, 1),
+        **({"resumed_from_step": result.resumed_from} if result.resumed_from else {}),
         **({"continued_from": start.training} if start is not None and start.training is not None else {}),
     }
     save_mtp_head(result.modules or result.module, target.lm, out, training, result.draft_ids)
-    _finished(args, out)
+    _finished(out)
     where = "held-out" if result.heldout_sequences else "training (too few prompts to hold any out)"
-    print(f"training: {settings.steps} steps in {result.train_s:.0f} s")
+    print(_steps_line(settings.steps, result.train_s, result.resumed_from))
     print(f"wrote {out}")
     print(_run_hint(args, out, max(settings.modules, settings.unroll)))
     # Over a draft vocabulary the target's probabilities are not renormalised, so the sum is the training
@@ -129,13 +155,14 @@ def train_eagle3_head(args: argparse.Namespace, target: LoadedModel, samples: Se
         "curve": [{"step": s, "heldout_acceptance_length": v} for s, v in result.curve],
         "losses": [round(v, 4) for v in result.losses],
         "train_seconds": round(result.train_s, 1),
+        **({"resumed_from_step": result.resumed_from} if result.resumed_from else {}),
         **({"continued_from": start.training} if start is not None and start.training is not None else {}),
     }
     save_head(out, eagle3_config(target.lm, aux, draft_vocab, dtype, mlp_width(result.module)),
               eagle3_tensors(result.module, result.draft_ids, target.lm.vocab_size, dtype), training)
-    _finished(args, out)
+    _finished(out)
     where = "held-out" if result.heldout_sequences else "training (too few prompts to hold any out)"
-    print(f"training: {settings.steps} steps in {result.train_s:.0f} s")
+    print(_steps_line(settings.steps, result.train_s, result.resumed_from))
     print(f"wrote {out}")
     print(_run_hint(args, out, settings.unroll))
     steps = " ".join(f"{a:.0%}" for a in after.agreement)

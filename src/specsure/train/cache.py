@@ -14,14 +14,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from specsure.train.data import Sample
+from specsure.train.leftovers import save_tensors
 
 FORMAT = "specsure-train-samples-1"
 
@@ -93,12 +93,7 @@ def _store(folder: Path, path: Path, samples: list[Sample]) -> None:
         tensors[f"hidden.{i}"] = sample.hidden.contiguous()
         if sample.aux is not None:
             tensors[f"aux.{i}"] = sample.aux.contiguous()
-    handle, tmp = tempfile.mkstemp(prefix=".samples-", suffix=".tmp", dir=folder)
-    os.close(handle)
-    try:
-        save_file(tensors, tmp, metadata={"format": FORMAT, "prompt_lens": json.dumps([s.prompt_len for s in samples])})
-        os.replace(tmp, path)  # atomic: a reader sees the old file or the whole new one
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # shared by every run: its temporaries carry this process's tag, for a later run to sweep if it is killed
+    save_tensors(tensors, path, ".samples-",
+                 metadata={"format": FORMAT, "prompt_lens": json.dumps([s.prompt_len for s in samples])})
 

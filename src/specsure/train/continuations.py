@@ -15,6 +15,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from specsure.train.leftovers import sweep, tag
+
 FORMAT = "specsure-train-continuations-1"
 
 
@@ -53,7 +55,8 @@ class ContinuationStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         record = {"format": FORMAT, "prompts": [list(p) for p in prompts],
                   "continuations": [list(c) for c in continuations]}
-        handle, tmp = tempfile.mkstemp(prefix=".part-", suffix=".tmp", dir=self.folder)
+        sweep(self.folder, ".part-")
+        handle, tmp = tempfile.mkstemp(prefix=f".part-{tag()}-", suffix=".tmp", dir=self.folder)
         try:
             with os.fdopen(handle, "w", encoding="utf-8") as out:
                 json.dump(record, out)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +84,8 @@ class Eagle3TrainSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} = {value!r}: must be an integer >= {low}.")
+        if self.unroll > 16:  # as MTP's: each unrolled step is one more head forward and backward a window
+            raise ValueError(f"unroll = {self.unroll}: must be an integer from 1 to 16 (EAGLE-3 trains 7 steps).")
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr = {self.lr!r}: the learning rate must be a positive number, e.g. 1e-3.")
         if not 0 <= self.heldout_fraction < 1:
@@ -119,6 +120,9 @@ class Eagle3TrainResult:
     train_sequences: int
     heldout_sequences: int
     train_s: float
+    """Seconds in the optimisation loop, an interrupted earlier run's up to its resume point too."""
+    resumed_from: int = 0
+    """The step of the resume point training went on from (0: none)."""
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
@@ -358,12 +362,10 @@ def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle
     def measure() -> tuple[float]:
         return (evaluate(module, lm, measure_set, settings.unroll, draft_ids).acceptance_length,)
 
-    started = time.perf_counter()
-    losses = run_steps(module, params, optimiser, schedule, gen, settings.steps, settings.lr, step_loss, measure,
-                       curve, eval_every=eval_every, resume=resume, resume_key=resume_key,
-                       checkpoint_every=checkpoint_every, progress=progress)
-    train_s = time.perf_counter() - started
+    trained = run_steps(module, params, optimiser, schedule, gen, settings.steps, settings.lr, step_loss, measure,
+                        curve, eval_every=eval_every, resume=resume, resume_key=resume_key,
+                        checkpoint_every=checkpoint_every, progress=progress)
     after = evaluate(module, lm, measure_set, settings.unroll, draft_ids)
     curve.append((settings.steps, after.acceptance_length))
-    return Eagle3TrainResult(module, aux_layers, draft_ids, losses, before, after, curve, len(train), len(heldout),
-                             train_s)
+    return Eagle3TrainResult(module, aux_layers, draft_ids, trained.losses, before, after, curve, len(train),
+                             len(heldout), trained.seconds, trained.resumed_from)

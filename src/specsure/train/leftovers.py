@@ -10,11 +10,17 @@ same folder, even on a folder that several hosts or containers share.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import re
+import shutil
 import socket
+import tempfile
 from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_file
 
 
 def tag() -> str:
@@ -41,6 +47,33 @@ def stale(path: Path, prefix: str) -> bool:
     except OSError:  # it runs, as another user
         return False
     return False
+
+
+def sweep(folder: Path, prefix: str) -> None:
+    """Remove the entries of ``folder`` named ``{prefix}{tag}-...`` whose writer is gone (files or folders)."""
+    for path in folder.glob(f"{glob.escape(prefix)}*"):
+        if stale(path, prefix):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+
+def save_tensors(tensors: dict[str, Any], dest: Path, prefix: str, metadata: dict[str, str] | None = None) -> None:
+    """Write a safetensors file to ``dest`` atomically, its temporaries in a folder ``{prefix}{tag}-...``
+    beside it, so that `sweep` can find what a killed write left.
+
+    safetensors writes through a temporary file of its own (``.tmpXXXXXX``, as large as the file)
+    in the destination's folder; written straight beside ``dest``, a SIGKILL would leave that file
+    untagged, with no telling whose it is. In a tagged folder of this process's it goes with the folder.
+    """
+    sweep(dest.parent, prefix)
+    work = Path(tempfile.mkdtemp(prefix=f"{prefix}{tag()}-", dir=dest.parent))
+    try:
+        save_file(tensors, str(work / dest.name), metadata=metadata)
+        os.replace(work / dest.name, dest)  # atomic: a reader sees the previous file or the whole new one
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _host() -> str:

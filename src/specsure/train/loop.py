@@ -13,9 +13,11 @@ no NaN head is ever written.
 from __future__ import annotations
 
 import contextlib
-import math
 import logging
+import math
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,21 +44,43 @@ def autocast(dtype: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+@dataclass
+class Trained:
+    """What `run_steps` did."""
+    losses: list[float]
+    """The loss of every step, an earlier run's too when this one resumed."""
+    resumed_from: int
+    """The step of the resume point this run went on from (0: it started at step 0)."""
+    seconds: float
+    """Seconds in the loop, the earlier runs' up to their resume point too."""
+
+
+WEIGHT_LIMIT = 1e4
+"""The largest weight a healthy head may reach, or a hundred times its largest at the start if that
+is more. AdamW moves a weight about lr a step, so no sane run gets near it; a run whose loss is
+still finite but whose weights blow up (a far too high --lr) is stopped before it saves such a
+point as a good one, from which no lower rate could recover."""
+
+
 def run_steps(module: torch.nn.Module, params: list[torch.nn.Parameter], optimiser: torch.optim.Optimizer,
               schedule: torch.optim.lr_scheduler.LambdaLR, gen: torch.Generator, steps: int, lr: float,
               step_loss: Callable[[], torch.Tensor], measure: Callable[[], Any], curve: list[Any], *,
               eval_every: int = 0, resume: Path | None = None, resume_key: str = "", checkpoint_every: int = 0,
-              progress: bool = False) -> list[float]:
-    """Train ``module`` (its trainable ``params``) for ``steps`` steps; returns the loss of every step.
+              progress: bool = False) -> Trained:
+    """Train ``module`` (its trainable ``params``) for ``steps`` steps.
 
     ``curve`` holds the points measured so far (the warm start); ``measure()`` gives the next one
     (a tuple whose first item the loop sets to the step). A resumed run replaces both lists with
     the saved ones. The caller measures the end of training itself.
 
     Raises:
-        FloatingPointError: the loss stopped being finite; the last resume point is kept.
+        FloatingPointError: the loss stopped being finite, or the weights blew up; the last good
+            resume point is kept.
     """
-    first, losses = 0, []
+    started = time.perf_counter()
+    initial = _largest(params)
+    limit = max(WEIGHT_LIMIT, 100 * initial)
+    first, losses, earlier = 0, [], 0.0
     point = load_point(resume, resume_key, module, optimiser, schedule, gen, lr) if resume else None
     if point is not None:
         first, record = point
@@ -65,6 +89,7 @@ def run_steps(module: torch.nn.Module, params: list[torch.nn.Parameter], optimis
                              f"--steps {first} or more to continue that run, or delete {resume} to start over.")
         losses = list(record["losses"])
         curve[:] = [tuple(c) for c in record["curve"]]
+        earlier = float(record.get("seconds", 0.0))
         logger.info("resuming from step %d of %d, where an earlier run stopped (%s)", first, steps, resume)
     loaded = first if point is not None else None
     module.train()
@@ -73,32 +98,47 @@ def run_steps(module: torch.nn.Module, params: list[torch.nn.Parameter], optimis
         loss = step_loss()
         value = float(loss.detach())
         if not math.isfinite(value):
-            raise FloatingPointError(_diverged(value, step + 1, resume if first else None, first, loaded))
+            said = f"the training loss became {value} at step {step + 1}"
+            raise FloatingPointError(_diverged(said, resume if first else None, first, loaded))
         losses.append(update(loss, params, optimiser, schedule))
         bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
             module.eval()
             curve.append((step + 1, *measure()))
             module.train()
-        if resume and checkpoint_every and ((step + 1) % checkpoint_every == 0 or step + 1 == steps):
+        checkpoint = bool(resume and checkpoint_every) and ((step + 1) % checkpoint_every == 0 or step + 1 == steps)
+        if checkpoint or step + 1 == steps:
+            largest = _largest(params)
+            if not largest <= limit:  # NaN too
+                said = (f"the head's weights grew to {largest:.3g} by step {step + 1} (they began at most "
+                        f"{initial:.3g}) though the loss ({value:.4g}) was still finite")
+                raise FloatingPointError(_diverged(said, resume if first else None, first, loaded))
+        if checkpoint:
+            seconds = earlier + time.perf_counter() - started
             save_point(resume, resume_key, step + 1, module, optimiser, schedule, gen,
-                       {"losses": losses, "curve": curve})
+                       {"losses": losses, "curve": curve, "seconds": round(seconds, 3)})
             first = step + 1
     module.eval()
-    return losses
+    return Trained(losses, loaded or 0, earlier + time.perf_counter() - started)
 
 
-def _diverged(value: float, step: int, kept: Path | None, first: int, loaded: int | None) -> str:
-    """The error for a loss that became ``value`` at ``step``: what was lost, what was kept, what to do."""
-    said = f"the training loss became {value} at step {step}, so training stopped and no head was written"
+def _largest(params: list[torch.nn.Parameter]) -> float:
+    """The largest weight's magnitude (NaN if any is NaN)."""
+    with torch.no_grad():
+        return max((float(p.detach().abs().max()) for p in params if p.numel()), default=0.0)
+
+
+def _diverged(said: str, kept: Path | None, first: int, loaded: int | None) -> str:
+    """The error for a run that diverged (``said`` what happened): what was lost, what was kept, what to do."""
+    said += ", so training stopped and no head was written"
     if kept is None:
         return f"{said}; lower --lr (for example to half) and train again."
     if loaded == first:
         # This run began at that point and never got past it: the moments saved there may be what
         # diverges, and running the same command again would start from them again.
         return (f"{said}; it began from the resume point of step {first} in {kept}, and diverged again before the "
-                f"next one; run the same command with a lower --lr (a tenth) to try that point once more, or "
-                f"delete {kept} to start over.")
+                f"next one; run the same command with a lower --lr (a tenth) to try that point once more, and if "
+                f"that diverges too, delete {kept} to start over.")
     return (f"{said}; the last good state, from step {first}, is kept in {kept}; run the same command with a lower "
             f"--lr (for example half) to go on from it, or delete {kept} to start over.")
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,7 +147,7 @@ class MTPTrainResult:
     heldout_sequences: int
     """0 when there were too few sequences to hold any out; then `before`/`after` are on the training set."""
     train_s: float
-    """Seconds spent in the optimisation loop."""
+    """Seconds in the optimisation loop, an interrupted earlier run's up to its resume point too."""
     modules: list[MTPModule] | None = None
     """Every module, in order (module 0 first)."""
     curve: list[tuple[int, float, float]] = field(default_factory=list)
@@ -156,6 +155,8 @@ class MTPTrainResult:
     ``eval_every`` steps and at the end."""
     draft_ids: torch.Tensor | None = None
     """[draft_vocab_size] ascending target ids the head drafts among; None for the whole vocabulary."""
+    resumed_from: int = 0
+    """The step of the resume point training went on from (0: none)."""
 
 
 def initial_modules(lm: CausalLM, init: str = "random", seed: int = 0, count: int = 1) -> list[MTPModule]:
@@ -374,12 +375,10 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
         now = evaluate(modules, lm, measure_set, settings.unroll, vocab)
         return now.agreement, now.acceptance_length
 
-    started = time.perf_counter()
-    losses = run_steps(torch.nn.ModuleList(modules), params, optimiser, schedule, gen, settings.steps, settings.lr,
-                       step_loss, measure, curve, eval_every=eval_every, resume=resume, resume_key=resume_key,
-                       checkpoint_every=checkpoint_every, progress=progress)
-    train_s = time.perf_counter() - started
+    trained = run_steps(torch.nn.ModuleList(modules), params, optimiser, schedule, gen, settings.steps, settings.lr,
+                        step_loss, measure, curve, eval_every=eval_every, resume=resume, resume_key=resume_key,
+                        checkpoint_every=checkpoint_every, progress=progress)
     after = evaluate(modules, lm, measure_set, settings.unroll, vocab)
     curve.append((settings.steps, after.agreement, after.acceptance_length))
-    return MTPTrainResult(modules[0], losses, before, after, len(train), len(heldout), train_s, modules, curve,
-                          draft_ids)
+    return MTPTrainResult(modules[0], trained.losses, before, after, len(train), len(heldout), trained.seconds,
+                          modules, curve, draft_ids, trained.resumed_from)

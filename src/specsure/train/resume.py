@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from specsure.train.leftovers import stale, tag
+from specsure.train.leftovers import save_tensors
 
 FILE = "resume.safetensors"
 logger = logging.getLogger(__name__)
@@ -41,17 +40,7 @@ def save_point(folder: Path, key: str, step: int, module: torch.nn.Module, optim
     sched = {k: v for k, v in schedule.state_dict().items() if k != "lr_lambdas"}
     meta = {"key": key, "step": str(step), "param_groups": json.dumps(state["param_groups"]),
             "schedule": json.dumps(sched), "record": json.dumps(record)}
-    for path in folder.glob(".resume-*"):  # a killed run's half-written point
-        if stale(path, ".resume-"):
-            path.unlink(missing_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=f".resume-{tag()}-", suffix=".tmp", dir=folder)
-    os.close(handle)
-    try:
-        save_file(tensors, tmp, metadata=meta)
-        os.replace(tmp, folder / FILE)  # atomic: an interrupted write leaves the previous point
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    save_tensors(tensors, folder / FILE, ".resume-", metadata=meta)  # an interrupted write leaves the previous point
 
 
 def load_point(folder: Path, key: str, module: torch.nn.Module, optimiser: torch.optim.Optimizer,
@@ -96,12 +85,8 @@ def load_point(folder: Path, key: str, module: torch.nn.Module, optimiser: torch
 
 
 def clear_point(folder: Path) -> None:
-    """The run finished: its resume point is not needed any more."""
-    (folder / FILE).unlink(missing_ok=True)
-    for path in folder.glob(".resume-*"):
-        if stale(path, ".resume-"):
-            path.unlink(missing_ok=True)
-    try:
-        folder.rmdir()
-    except OSError:
-        pass
+    """The run finished: its resume point is not needed any more, nor anything a killed write of one left.
+
+    The folder belongs to one --out, whose lock (`specsure.train.out_lock`) the caller holds, so no
+    other run is writing in it: the whole folder goes."""
+    shutil.rmtree(folder, ignore_errors=True)

@@ -48,7 +48,7 @@ def read_starting_head(lm: CausalLM, folder: str, aux_layers: tuple[int, ...] | 
     It must share the target's embedding, as every head this trainer writes does; its midlayer's
     shapes are checked when the weights are loaded.
     """
-    config = read_head_config(folder)
+    config = _config(folder, "eagle3")
     weights = TensorFile(folder)
     names = {canonical(n): n for n in weights.names}
     if "midlayer.hidden_norm.weight" not in names:
@@ -110,7 +110,7 @@ def read_starting_mtp_head(lm: CausalLM, folder: str, modules: int | None = None
     against ``lm`` and against the ``--modules`` and ``--draft-vocab-size`` asked for, if any
     (ConfigError naming the field otherwise). Its tensors' shapes are checked when they are loaded
     (`load_module_weights`)."""
-    config = read_head_config(folder)
+    config = _config(folder, "mtp")
     if SPECSURE_MTP_HEAD not in (config.get("architectures") or []) \
             and config.get("model_type") != SPECSURE_MTP_MODEL_TYPE:
         raise ConfigError(f"--init-from {folder!r}: not an MTP head that specsure train wrote (architectures "
@@ -172,6 +172,13 @@ def load_module_weights(module: torch.nn.Module, tensors: dict[str, torch.Tensor
     with torch.no_grad():
         for name, param in own.items():
             param.copy_(tensors[name])
+
+
+def _config(folder: str, method: str) -> dict[str, Any]:
+    if not (Path(folder) / "config.json").is_file():
+        raise ConfigError(f"--init-from {folder!r}: no config.json there, so it is not a head; give a folder that "
+                          f"`specsure train --method {method}` wrote, or 'shipped'.")
+    return read_head_config(folder)
 
 
 def _training_record(folder: str) -> dict[str, Any] | None:
