@@ -202,7 +202,7 @@ BAD_COMPLETIONS = [
     ({"prompt": PROMPT_IDS, "model": "gpt-4"}, "model", "'tiny'"),
     ({"prompt": PROMPT_IDS, "stream": "yes"}, "stream", "must be true or false"),
     ({"prompt": PROMPT_IDS, "presence_penalty": 2.5}, "presence_penalty", "must be a number in [-2, 2]; send 0"),
-    ({"prompt": PROMPT_IDS, "logit_bias": {"5": 1}}, "logit_bias", "not supported"),
+    ({"prompt": PROMPT_IDS, "logit_bias": {"5": 1e3}}, "logit_bias", "must be a number in [-100, 100]"),
     ({"prompt": PROMPT_IDS, "best_of": True}, "best_of", "not supported"),
     ({"max_tokens": 4}, "prompt", "prompt is missing"),
     ({"prompt": ""}, "prompt", "empty string"),

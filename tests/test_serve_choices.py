@@ -114,3 +114,18 @@ def test_models_retrieve_and_top_k_minus_one(sdk: openai.OpenAI) -> None:
     args = dict(model="tiny", prompt=WORDS, max_tokens=4, temperature=1.0, seed=7)
     off = sdk.completions.create(**args, extra_body={"ignore_eos": True, "top_k": -1}).choices[0].text
     assert off == sdk.completions.create(**args, extra_body={"ignore_eos": True}).choices[0].text  # -1: off, as 0
+
+
+
+def test_logit_bias_from_the_official_client(sdk: openai.OpenAI) -> None:
+    one = sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=8, extra_body={"ignore_eos": True})
+    banned = one.choices[0].model_extra["token_ids"][0]
+    biased = sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=8, logit_bias={str(banned): -100},
+                                    extra_body={"ignore_eos": True})
+    assert banned not in biased.choices[0].model_extra["token_ids"]
+    assert biased.choices[0].text != one.choices[0].text
+    chat = sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=6, logit_bias={str(banned): -100},
+                                       extra_body={"ignore_eos": True, "allowed_token_ids": [9, 11, 13]})
+    assert chat.usage.completion_tokens == 6
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=4, logit_bias={"token": 1})

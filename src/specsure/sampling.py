@@ -11,6 +11,7 @@ import numbers
 import difflib
 import inspect
 from dataclasses import dataclass, fields
+from collections.abc import Mapping
 from typing import Sequence
 
 import torch
@@ -41,7 +42,6 @@ VLLM_ONLY_FIELDS: dict[str, str] = {
     "n": "pass the prompt n times in one generate() call, each copy with its own seed (the server takes n)",
     "best_of": "pass the prompt several times and keep the best completion yourself",
     "skip_special_tokens": "leave it out; special tokens are skipped in the text",
-    "logit_bias": "leave it out; the target's distribution is used as it is",
     "prompt_logprobs": "leave it out; logprobs covers the generated tokens",
 }
 """vLLM SamplingParams fields specsure does not implement, and what to do instead."""
@@ -112,6 +112,14 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     """For tokens in the prompt or the output: positive logits divided by it, negative ones multiplied;
     any finite number above 0, as vLLM takes it; 1 disables it."""
+    logit_bias: tuple[tuple[int, float], ...] | None = None
+    """Added to the target's logits of these token ids before anything else but allowed_token_ids
+    (vLLM's order), each bias in [-100, 100] (OpenAI's range): -100 all but bans a token. Given as a
+    dict {token id: bias}, as vLLM and OpenAI take it; stored as (id, bias) pairs in id order, so
+    that the params stay hashable. An empty dict is stored as None."""
+    allowed_token_ids: tuple[int, ...] | None = None
+    """Only these token ids may be generated: every other logit is -inf (vLLM's field). A list is
+    stored as a tuple; it may not be empty."""
 
     def __new__(cls, *args: object, **kwargs: object) -> "SamplingParams":
         # The generated __init__ would refuse a vLLM field specsure lacks with a bare TypeError;
@@ -182,6 +190,8 @@ class SamplingParams:
                 span = "(0, inf), finite" if name == "repetition_penalty" else f"[{low:g}, {high:g}]"
                 neutral = 1 if name == "repetition_penalty" else 0
                 raise _fail(name, value, f"is invalid: it must be a number in {span}", f"use {neutral} to disable it")
+        object.__setattr__(self, "logit_bias", _token_bias(self.logit_bias))
+        object.__setattr__(self, "allowed_token_ids", _allowed_ids(self.allowed_token_ids))
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise _fail("min_tokens", self.min_tokens, f"is invalid: it must be an int from 0 to max_tokens "
                         f"({self.max_tokens})", "use 0 to let EOS end the output at any time")
@@ -213,6 +223,47 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when decoding picks the argmax (temperature 0)."""
         return self.temperature == 0
+
+
+MAX_BIAS = 100.0
+"""The largest logit_bias magnitude, OpenAI's limit."""
+
+
+def _token_bias(bias: object) -> tuple[tuple[int, float], ...] | None:
+    if bias is None:
+        return None
+    # a tuple of pairs is what a stored value reads back as (dataclasses.replace passes it in again)
+    pairs = list(bias.items()) if isinstance(bias, Mapping) else bias
+    if not isinstance(pairs, (list, tuple)):
+        raise _fail("logit_bias", bias, "is invalid: it must be None or a dict of token id -> bias",
+                    "pass e.g. logit_bias={50256: -100}")
+    out: dict[int, float] = {}
+    for item in pairs:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2):
+            raise _fail("logit_bias", bias, "is invalid: it must be None or a dict of token id -> bias",
+                        "pass e.g. logit_bias={50256: -100}")
+        token, value = item
+        if isinstance(token, numbers.Integral) and not isinstance(token, bool):
+            token = int(token)
+        if not _is_int(token) or token < 0:
+            raise _fail("logit_bias", bias, f"is invalid: its key {token!r} is not a token id (an int >= 0)",
+                        "key each bias by a token id, e.g. logit_bias={50256: -100}")
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            value = float(value)
+        if not _is_real(value) or not -MAX_BIAS <= value <= MAX_BIAS:  # also NaN
+            raise _fail("logit_bias", bias, f"is invalid: the bias of token {token} must be a number in "
+                        f"[{-MAX_BIAS:g}, {MAX_BIAS:g}]", "use -100 to ban a token and 100 to all but force it")
+        out[token] = float(value)
+    return tuple(sorted(out.items())) or None
+
+
+def _allowed_ids(ids: object) -> tuple[int, ...] | None:
+    if ids is None:
+        return None
+    if not isinstance(ids, (list, tuple)) or not ids or not all(_is_int(i) and i >= 0 for i in ids):
+        raise _fail("allowed_token_ids", ids, "is invalid: it must be None or a non-empty list of token ids "
+                    "(ints >= 0)", "pass the ids that may be generated, e.g. allowed_token_ids=[11, 13, 42]")
+    return tuple(ids)
 
 
 # __new__ takes (*args, **kwargs) to name a vLLM field it lacks; help() and IDEs read the fields from here.

@@ -128,7 +128,16 @@ class Engine:
         return params
 
     def check_params(self, params: SamplingParams) -> None:
-        """Raise ParamsError for valid params that this model cannot honour (stop strings need a tokenizer)."""
+        """Raise ParamsError for valid params that this model cannot honour (stop strings need a tokenizer;
+        logit_bias and allowed_token_ids need ids in its vocabulary)."""
+        vocab = self.target.lm.vocab_size
+        for field, ids in (("logit_bias", [t for t, _ in params.logit_bias or ()]),
+                           ("allowed_token_ids", params.allowed_token_ids or ())):
+            outside = sorted({t for t in ids if t >= vocab})
+            if outside:
+                value = dict(params.logit_bias or ()) if field == "logit_bias" else list(ids)
+                raise ParamsError(field, value, f"names token id(s) {outside[:8]} outside the model's vocabulary "
+                                                f"[0, {vocab}); give ids its tokenizer makes.")
         if params.stop and self.tokenizer is None:
             raise ParamsError("stop", list(params.stop), f"needs a tokenizer to match text, but the model at "
                                                           f"{self.target.path} has none; omit stop (generation still "

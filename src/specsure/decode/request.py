@@ -17,6 +17,7 @@ import torch
 from specsure.decode.completion import Completion, FinishReason, StepUpdate, TokenLogprob
 from specsure.decode.metrics import SpecStats
 from specsure.decode.penalties import Penalties, penalised
+from specsure.decode.token_bias import TokenBias, biased
 from specsure.decode.rejection import verify_greedy, verify_sampled
 from specsure.decode.tree import verify_tree
 from specsure.models.causal_lm import Call, CausalLM
@@ -118,11 +119,13 @@ class Request:
         self._parents: list[int] | None = None
         self._start = 0
         self._penalties: Penalties | None = None
+        self._bias: TokenBias | None = None
 
     def attach(self, lm: CausalLM, proposer: Proposer | None) -> None:
         """Take a slot's target view and proposer, emptied for this request."""
         self.lm, self.proposer = lm, proposer
         self._penalties = Penalties(self.params, self.prompt, lm.vocab_size) if penalised(self.params) else None
+        self._bias = TokenBias(self.params, lm.vocab_size) if biased(self.params) else None
         self.started = time.perf_counter()
         lm.reset()
         if proposer is not None:
@@ -211,7 +214,10 @@ class Request:
     def _target(self, logits: torch.Tensor, paths: Sequence[Sequence[int]]) -> torch.Tensor:
         """The target's logits ``[n, vocab]`` as plain decoding would sample from them: row i follows the
         output plus the draft tokens ``paths[i]``, so its penalties count those, and while it chooses a
-        position below min_tokens the stop tokens get -inf. The logprobs stay the raw ones."""
+        position below min_tokens the stop tokens get -inf. logit_bias and allowed_token_ids come first,
+        as in vLLM. The logprobs stay the raw ones."""
+        if self._bias is not None:
+            logits = self._bias.apply(logits)
         if self._penalties is not None:
             logits = self._penalties.apply(logits, paths)
         early = [i for i, path in enumerate(paths) if len(self.output) + len(path) < self.params.min_tokens]

@@ -25,7 +25,7 @@ Either default is lowered to the room the prompt leaves in the context."""
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "min_p",
                    "stop_token_ids", "include_stop_str_in_output", "min_tokens", "presence_penalty",
-                   "frequency_penalty", "repetition_penalty")
+                   "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids")
 """OpenAI's sampling fields and vLLM's extensions that specsure implements."""
 COMMON_FIELDS = ("model", *SAMPLING_FIELDS, "n", "stream", "stream_options", "user")
 COMPLETION_FIELDS = ("prompt", "logprobs", *COMMON_FIELDS)
@@ -41,7 +41,7 @@ STREAM_OPTION_FIELDS = ("include_usage",)
 # changes nothing, so clients that send defaults keep working and no setting is silently dropped.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "echo": (False,), "best_of": (1,),
-    "logit_bias": ({},), "suffix": (), "tools": ([],), "tool_choice": ("none",),
+    "suffix": (), "tools": ([],), "tool_choice": ("none",),
     "response_format": ({"type": "text"},),
 }
 
@@ -49,7 +49,7 @@ COMPLETION_ONLY = frozenset({"echo", "best_of", "suffix"})
 """OpenAI fields of the legacy completions endpoint; the chat endpoint has none of them."""
 
 _JSON_WORDS = ((r"\bNone\b", "null"), (r"\ba bool\b", "true or false"), (r"\ban int\b", "an integer"),
-               (r"\bint\b", "integer"), (r"\ba str\b", "a string"), (r"\bstr\b", "string"), (r"2\*\*64", "2^64"))
+               (r"\bint\b", "integer"), (r"\bints\b", "integers"), (r"\ba dict\b", "an object"), (r"\ba str\b", "a string"), (r"\bstr\b", "string"), (r"2\*\*64", "2^64"))
 SAMPLING_FIXES = {
     "max_tokens": 'send the number of new tokens to generate, e.g. "{param}": 16',
     "temperature": "send 0 for greedy decoding or a positive number such as 0.7",
@@ -66,6 +66,8 @@ SAMPLING_FIXES = {
     "presence_penalty": "send 0 to disable it",
     "frequency_penalty": "send 0 to disable it",
     "repetition_penalty": "send 1 to disable it",
+    "logit_bias": 'send an object of token ids (as strings) to biases in [-100, 100], e.g. "logit_bias": {{"50256": -100}}',
+    "allowed_token_ids": 'send a non-empty list of token ids, e.g. "allowed_token_ids": [11, 13, 42]',
 }
 """The fix for each SamplingParams field, in the request's JSON."""
 
@@ -259,6 +261,8 @@ def _delivery(body: dict[str, Any], max_tokens_field: str | None) -> Delivery:
 
 def _sampling(body: dict[str, Any], max_field: str, default_max: int, logprobs: int | None) -> SamplingParams:
     values = {k: body[k] for k in SAMPLING_FIELDS if body.get(k) is not None}
+    if "logit_bias" in values:
+        values["logit_bias"] = _bias_keys(values["logit_bias"])
     values.setdefault("max_tokens", default_max)
     values["logprobs"] = logprobs
     try:
@@ -272,6 +276,19 @@ def _sampling(body: dict[str, Any], max_field: str, default_max: int, logprobs: 
         fix = SAMPLING_FIXES[exc.field].format(param=param)
         raise RequestError(f"{param} = {shown(body.get(param, values.get(exc.field)))} {allowed}; {fix}.",
                            param) from None
+
+
+def _bias_keys(bias: Any) -> Any:
+    """logit_bias with JSON's string keys as token ids ("50256" -> 50256), as OpenAI's clients send it."""
+    if not isinstance(bias, dict):
+        return bias  # SamplingParams names the field and the shape it wants
+    out = {}
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise RequestError(f"logit_bias key {shown(key)} is not a token id; key each bias by a token id written "
+                               'as a string, e.g. "logit_bias": {"50256": -100}.', "logit_bias")
+        out[int(key)] = value
+    return out
 
 
 def _parse_prompt(value: Any) -> str | list[int]:
