@@ -5,9 +5,9 @@ every public name of it is here too.
 """
 
 from specsure.sampling import (
-    MAX_LOGPROBS, MIN_TEMPERATURE, SEED_LIMIT, VLLM_ONLY_FIELDS, SamplingError, SamplingParams, argmax_ids, draw,
+    MAX_BIAS, MAX_LOGPROBS, MIN_TEMPERATURE, SEED_LIMIT, VLLM_ONLY_FIELDS, SamplingError, SamplingParams, argmax_ids, draw,
     probs_from_logits, sample,
 )
 
-__all__ = ["MAX_LOGPROBS", "MIN_TEMPERATURE", "SEED_LIMIT", "VLLM_ONLY_FIELDS", "SamplingError", "SamplingParams",
+__all__ = ["MAX_BIAS", "MAX_LOGPROBS", "MIN_TEMPERATURE", "SEED_LIMIT", "VLLM_ONLY_FIELDS", "SamplingError", "SamplingParams",
            "argmax_ids", "draw", "probs_from_logits", "sample"]
