@@ -116,7 +116,7 @@ def check_head_fits(method: str, path: str, config: Mapping[str, Any], names: Co
 
     def equal(field: str, found: int | None, expected: int | None, why: str) -> None:
         if found is not None and expected is not None and found != expected:
-            raise mismatch(path, field, found, expected, why)
+            raise mismatch(path, field, found, expected, why, method)
 
     if method == "eagle":
         where = f"the target {target!r}, whose embedding and LM head EAGLE-1 shares,"
@@ -172,11 +172,11 @@ def aux_layer_ids(config: Mapping[str, Any], checkpoint: str, num_layers: int) -
     field, ids = declared_aux_layers(config) or ("default aux layers (2, N//2, N-3)",
                                                  [2, num_layers // 2, num_layers - 3])
     if not (isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
-        raise ConfigError(f"draft head {checkpoint!r}: {field} = {ids!r} must be a list of layer indices.")
+        raise ConfigError(f"eagle3 draft head {checkpoint!r}: {field} = {ids!r} must be a list of layer indices.")
     bad = [i for i in ids if not 0 <= i < num_layers]
     if bad:
         raise mismatch(checkpoint, field, ids, f"indices in [0, {num_layers})",
-                       f"the target with num_hidden_layers={num_layers}")
+                       f"the target with num_hidden_layers={num_layers}", "eagle3")
     return tuple(ids)
 
 
@@ -191,9 +191,10 @@ def declared_aux_layers(config: Mapping[str, Any]) -> tuple[str, Any] | None:
     return None
 
 
-def mismatch(checkpoint: str, field: str, found: Any, expected: Any, why: str) -> ConfigError:
-    """The one shape of a head/target mismatch: checkpoint, field, value found, value expected."""
-    return ConfigError(f"draft head {checkpoint!r}: {field} = {json.dumps(found)}, but {why} needs "
+def mismatch(checkpoint: str, field: str, found: Any, expected: Any, why: str, method: str | None = None) -> ConfigError:
+    """The one shape of a head/target mismatch: method (when known), checkpoint, field, value found, value expected."""
+    head = f"{method} draft head" if method else "draft head"
+    return ConfigError(f"{head} {checkpoint!r}: {field} = {json.dumps(found)}, but {why} needs "
                        f"{json.dumps(expected)}. Use a head trained for this target.")
 
 
