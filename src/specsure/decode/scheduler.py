@@ -92,10 +92,14 @@ class Scheduler:
                    and r.prefill_from.prefill_from is None}
         prefilling = [r for r in joining if id(r) not in copying]
         drafts = propose_all([r.draft_job() for r in decoding])
-        calls = [r.draft_call(d) for r, d in zip(decoding, drafts)] + [r.prefill_call() for r in prefilling]
-        outs = self._lm.forward_batch(calls, hidden=self._hidden, aux_layers=self._aux_layers)
-        updates = [(r, _isolated(r.commit, out)) for r, out in zip(decoding, outs)]
-        prefills = dict(zip(map(id, prefilling), outs[len(decoding):]))
+        # A request whose drafter failed leaves the step with that error; the others verify as usual.
+        drafted = [(r, d) for r, d in zip(decoding, drafts) if not isinstance(d, Exception)]
+        calls = [r.draft_call(d) for r, d in drafted] + [r.prefill_call() for r in prefilling]
+        outs = self._lm.forward_batch(calls, hidden=self._hidden, aux_layers=self._aux_layers) if calls else []
+        committed = {id(r): _isolated(r.commit, out) for (r, _), out in zip(drafted, outs)}
+        updates = [(r, StepUpdate([], error=d) if isinstance(d, Exception) else committed[id(r)])
+                   for r, d in zip(decoding, drafts)]
+        prefills = dict(zip(map(id, prefilling), outs[len(drafted):]))
         for request in joining:
             if id(request) in copying:
                 leader = request.prefill_from

@@ -11,6 +11,7 @@ committed to the target's KV cache and the target's features for them, so featur
 from __future__ import annotations
 
 import copy
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Sequence
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from specsure.sampling import SamplingParams
     from specsure.models.causal_lm import ForwardOutput
 
+logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Draft:
@@ -49,16 +51,28 @@ class DraftJob:
     generator: torch.Generator | None
 
 
-def propose_all(jobs: Sequence[DraftJob | None]) -> list[Draft]:
-    """Every sequence's draft for one step; a proposer class that can batch its drafting does (draft_model)."""
-    drafts: list[Draft] = [Draft([])] * len(jobs)
+def propose_all(jobs: Sequence[DraftJob | None]) -> list[Draft | Exception]:
+    """Every sequence's draft for one step; a proposer class that can batch its drafting does (draft_model).
+
+    A proposer that raises fails only the sequences it drafts for: their entry is the exception,
+    which the scheduler turns into that request's error. Sequences drafted one by one fail alone;
+    a batched draft forward fails every sequence in it.
+    """
+    drafts: list[Draft | Exception] = [Draft([])] * len(jobs)
     groups: dict[type, list[int]] = {}
     for i, job in enumerate(jobs):
         if job is not None:
             groups.setdefault(type(job.proposer), []).append(i)
     for kind, indices in groups.items():
-        for i, draft in zip(indices, kind.propose_batch([jobs[i] for i in indices])):  # type: ignore[misc]
-            drafts[i] = draft
+        batched = kind.propose_batch.__func__ is not Proposer.propose_batch.__func__  # type: ignore[attr-defined]
+        for part in ([indices] if batched else [[i] for i in indices]):
+            try:
+                made: list[Draft | Exception] = list(kind.propose_batch([jobs[i] for i in part]))  # type: ignore[misc]
+            except Exception as exc:  # a bug in a drafter; the scheduler raises it for these requests
+                logger.exception("drafting failed for %d sequence(s); the step's other sequences go on", len(part))
+                made = [exc] * len(part)
+            for i, draft in zip(part, made):
+                drafts[i] = draft
     return drafts
 
 
