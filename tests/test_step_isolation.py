@@ -11,6 +11,18 @@ from specsure.decode.request import Request
 from tiny import build_tiny_llama
 
 
+def _two_requests(engine, good: SamplingParams, bad: SamplingParams) -> tuple[Request, list[tuple[bool, str]]]:  # noqa: ANN001
+    """Run a good and a bad request in one batch to the end: the good one, and each error (from the bad one?, text)."""
+    scheduler = engine.scheduler
+    ours, theirs = engine.request([5, 6, 7, 5, 6], good), engine.request([9, 8, 7], bad)
+    scheduler.add(ours)
+    scheduler.add(theirs)
+    errors = []
+    while not scheduler.idle:
+        errors += [(r is theirs, str(u.error)) for r, u in scheduler.step() if u.error is not None]
+    return ours, errors
+
+
 def test_one_failing_request_leaves_the_others_of_its_step_running(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     engine = make_engine(str(build_tiny_llama(tmp_path / "m")), {"method": "ngram", "num_speculative_tokens": 3},
@@ -25,14 +37,8 @@ def test_one_failing_request_leaves_the_others_of_its_step_running(tmp_path: Pat
         return commit(self, out)
 
     monkeypatch.setattr(Request, "commit", failing)
-    scheduler = engine.scheduler
-    ours, theirs = engine.request([5, 6, 7, 5, 6], good), engine.request([9, 8, 7], bad)
-    scheduler.add(ours)
-    scheduler.add(theirs)
-    errors = []
-    while not scheduler.idle:
-        errors += [(r, u.error) for r, u in scheduler.step() if u.error is not None]
-    assert [(r is theirs, str(e)) for r, e in errors] == [(True, "a bug in one request")]
+    ours, errors = _two_requests(engine, good, bad)
+    assert errors == [(True, "a bug in one request")]
     assert ours.completion is not None and ours.completion.token_ids == expected
     with pytest.raises(RuntimeError, match="a bug in one request"):  # generate raises it, as before
         engine.generate([[5, 6, 7, 5, 6], [9, 8, 7]], [good, bad])
@@ -68,13 +74,7 @@ def test_a_drafter_that_fails_for_one_request_fails_that_request_alone(tmp_path:
             return batch(cls, jobs)
 
         monkeypatch.setattr(kind, "propose_batch", classmethod(failing_batch))
-    scheduler = engine.scheduler
-    ours, theirs = engine.request([5, 6, 7, 5, 6], good), engine.request([9, 8, 7], bad)
-    scheduler.add(ours)
-    scheduler.add(theirs)
-    errors = []
-    while not scheduler.idle:
-        errors += [(r is theirs, str(u.error)) for r, u in scheduler.step() if u.error is not None]
+    ours, errors = _two_requests(engine, good, bad)
     if method == "draft_model":
         assert sorted(errors) == [(False, "a bug in a drafter"), (True, "a bug in a drafter")]
     else:
