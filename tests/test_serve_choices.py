@@ -129,3 +129,26 @@ def test_logit_bias_from_the_official_client(sdk: openai.OpenAI) -> None:
     assert chat.usage.completion_tokens == 6
     with pytest.raises(openai.BadRequestError, match="logit_bias"):
         sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=4, logit_bias={"token": 1})
+
+
+def test_several_prompts_in_one_completions_request(sdk: openai.OpenAI) -> None:
+    other = "w9 w3 w9 w3 w9"
+    args = dict(model="tiny", max_tokens=8, extra_body={"ignore_eos": True})
+    alone = [sdk.completions.create(prompt=p, **args) for p in (WORDS, other)]
+    both = sdk.completions.create(prompt=[WORDS, other], n=2, **args)
+    # vLLM's order: choice j of prompt i has index i * n + j
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    assert [c.text for c in both.choices] == [alone[0].choices[0].text] * 2 + [alone[1].choices[0].text] * 2
+    assert both.usage.prompt_tokens == alone[0].usage.prompt_tokens + alone[1].usage.prompt_tokens
+    assert both.usage.completion_tokens == 2 * (alone[0].usage.completion_tokens + alone[1].usage.completion_tokens)
+    by_ids = sdk.completions.create(prompt=[[5, 6, 7, 5, 6, 7], [9, 3, 9, 3]], **args)  # token-id prompts too
+    assert [c.index for c in by_ids.choices] == [0, 1] and by_ids.usage.prompt_tokens == 10
+    texts: dict[int, str] = {}
+    usage = None
+    for chunk in sdk.completions.create(prompt=[WORDS, other], stream=True, stream_options={"include_usage": True},
+                                        **args):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+        usage = chunk.usage or usage
+    assert texts == {0: alone[0].choices[0].text, 1: alone[1].choices[0].text}
+    assert usage.prompt_tokens == alone[0].usage.prompt_tokens + alone[1].usage.prompt_tokens

@@ -256,3 +256,6 @@ def test_more_choices_than_the_server_ever_holds_is_a_400(engine: Engine, monkey
         r = httpx.post(f"{url}/v1/completions", json={**SHORT, "n": 3}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == "n" and "n <= 2" in r.json()["error"]["message"]
         assert httpx.post(f"{url}/v1/completions", json={**SHORT, "n": 2}, timeout=30).status_code == 200
+        r = httpx.post(f"{url}/v1/completions", json={**SHORT, "prompt": [SHORT["prompt"]] * 2, "n": 2}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+        assert "2 prompts with n = 2 (4 sequences)" in r.json()["error"]["message"]

@@ -133,8 +133,10 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
     async def completions(request: Request) -> Response:
         req = parse_completion(parse_json(await read_body(request)), name)
         _check_params(engine, req.params)
-        prompt = await run_in_threadpool(_encode, engine, req.prompt, "the prompt", "prompt")
-        return await answer(request, "completion", prompt, req.params, req.delivery)
+        names = ["prompt"] if len(req.prompts) == 1 else [f"prompt[{i}]" for i in range(len(req.prompts))]
+        prompts = [await run_in_threadpool(_encode, engine, p, f"the {name}" if len(names) == 1 else name, "prompt")
+                   for p, name in zip(req.prompts, names)]
+        return await answer(request, "completion", list(zip(prompts, names)), req.params, req.delivery)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -146,18 +148,19 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
                                "messages")
         _check_params(engine, req.params)
         prompt = await run_in_threadpool(_render, engine, req.messages)
-        return await answer(request, "chat", prompt, req.params, req.delivery)
+        return await answer(request, "chat", [(prompt, "messages")], req.params, req.delivery)
 
-    async def answer(request: Request, endpoint: Endpoint, prompt: list[int], params: SamplingParams,
-                     delivery: Delivery) -> Response:
-        params = fit_to_context(params, len(prompt), engine.target.lm.max_context, delivery,
-                                "messages" if endpoint == "chat" else "prompt")
-        jobs = runner.submit(prompt, choice_params(params, delivery.n), delivery.stream)
+    async def answer(request: Request, endpoint: Endpoint, prompts: list[tuple[list[int], str]],
+                     params: SamplingParams, delivery: Delivery) -> Response:
+        """Generate ``delivery.n`` choices for each (prompt, its name in the body), side by side."""
+        context = engine.target.lm.max_context
+        jobs = runner.submit([(prompt, choice_params(fit_to_context(params, len(prompt), context, delivery, name),
+                                                     delivery.n)) for prompt, name in prompts], delivery.stream)
         text = token_text_of(engine.tokenizer)
         if delivery.stream:
             deltas = [TextDeltas(engine.tokenizer, params.stop) if engine.tokenizer is not None else None
                       for _ in jobs]
-            writer = ChunkWriter(endpoint, name, method, delivery.include_usage, text, len(jobs))
+            writer = ChunkWriter(endpoint, name, method, delivery.include_usage, text, len(jobs), delivery.n)
             return EventStream(runner, jobs, writer, deltas)
         gone = asyncio.ensure_future(_disconnected(request.receive))
         try:
@@ -172,8 +175,9 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
             gone.cancel()
             for job in jobs:
                 runner.cancel(job)
-        body = chat_body if endpoint == "chat" else completion_body
-        return JSONResponse(body(completions, name, method, text))
+        if endpoint == "chat":
+            return JSONResponse(chat_body(completions, name, method, text))
+        return JSONResponse(completion_body(completions, name, method, text, delivery.n))
 
     return app
 

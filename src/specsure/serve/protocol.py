@@ -32,6 +32,8 @@ COMPLETION_FIELDS = ("prompt", "logprobs", *COMMON_FIELDS)
 CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", *COMMON_FIELDS)
 MAX_N = 16
 """The most choices one request may ask for: each is a sequence in the running batch."""
+MAX_PROMPTS = 64
+"""The most prompts one completions request may hold."""
 ENDPOINT_OF = {"prompt": "POST /v1/completions", "messages": "POST /v1/chat/completions"}
 ROLES = ("system", "user", "assistant")
 MESSAGE_FIELDS = ("role", "content", "name")
@@ -121,8 +123,8 @@ class Delivery:
 class CompletionRequest:
     """A validated POST /v1/completions body."""
 
-    prompt: str | list[int]
-    """One prompt: text, or token ids."""
+    prompts: list[str | list[int]]
+    """Each prompt: text, or token ids (one, unless the body sent a list of them)."""
     params: SamplingParams
     delivery: Delivery = Delivery()
 
@@ -140,14 +142,14 @@ class ChatRequest:
 def parse_completion(body: Any, model_name: str) -> CompletionRequest:
     body = _check_fields(body, COMPLETION_FIELDS, "POST /v1/completions")
     _check_common(body, model_name)
-    prompt = _parse_prompt(body.get("prompt"))
+    prompts = _parse_prompts(body.get("prompt"))
     given = "max_tokens" if body.get("max_tokens") is not None else None
     logprobs = body.get("logprobs")
     if logprobs is not None and (type(logprobs) is not int or not 0 <= logprobs <= MAX_LOGPROBS):
         raise RequestError(f"logprobs = {shown(logprobs)} must be an integer from 0 to {MAX_LOGPROBS}: how many "
                            "most likely alternatives to return with each token (0: only the chosen one's).",
                            "logprobs")
-    return CompletionRequest(prompt, _sampling(body, "max_tokens", COMPLETION_MAX_TOKENS, logprobs),
+    return CompletionRequest(prompts, _sampling(body, "max_tokens", COMPLETION_MAX_TOKENS, logprobs),
                              _delivery(body, given))
 
 
@@ -291,30 +293,34 @@ def _bias_keys(bias: Any) -> Any:
     return out
 
 
-def _parse_prompt(value: Any) -> str | list[int]:
+def _parse_prompts(value: Any) -> list[str | list[int]]:
+    """The body's prompt: one (text or token ids), or a list of them, as OpenAI's completions take it."""
     if value is None:
         raise RequestError('prompt is missing: send a string or a list of token ids, e.g. "prompt": "Hello".',
                            "prompt")
     if isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):
-        if len(value) != 1:
-            raise RequestError(f"prompt holds {len(value)} prompts, but this server takes one prompt per request; "
-                               "send each prompt as its own request (they run batched), or use n for several "
-                               "choices of one prompt.", "prompt")
-        value = value[0]
+        if len(value) > MAX_PROMPTS:
+            raise RequestError(f"prompt holds {len(value)} prompts; one request takes at most {MAX_PROMPTS}: split "
+                               "them over several requests (they run batched).", "prompt")
+        return [_parse_prompt(p, f"prompt[{i}]") for i, p in enumerate(value)]
+    return [_parse_prompt(value, "prompt")]
+
+
+def _parse_prompt(value: Any, where: str) -> str | list[int]:
     if isinstance(value, str):
         if not value:
-            raise RequestError("prompt is an empty string; send some text or a list of token ids.", "prompt")
+            raise RequestError(f"{where} is an empty string; send some text or a list of token ids.", "prompt")
         return value
     if isinstance(value, list):
         if not value:
-            raise RequestError("prompt is an empty list; send at least one token id, or a string.", "prompt")
+            raise RequestError(f"{where} is an empty list; send at least one token id, or a string.", "prompt")
         for token in value:
             if type(token) is not int:
-                raise RequestError(f"prompt holds {shown(token)}, which is not a token id; a token-id prompt is "
+                raise RequestError(f"{where} holds {shown(token)}, which is not a token id; a token-id prompt is "
                                    "a list of ints.", "prompt")
         return value
-    raise RequestError(f"prompt = {shown(value)} is a JSON {json_type(value)}; send a string, a list of token "
-                       "ids, or a list holding one of them.", "prompt")
+    raise RequestError(f"{where} = {shown(value)} is a JSON {json_type(value)}; send a string, a list of token "
+                       "ids, or a list of those (several prompts).", "prompt")
 
 
 def _parse_messages(value: Any) -> list[dict[str, str]]:

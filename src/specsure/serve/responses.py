@@ -134,12 +134,13 @@ def chat_logprobs(entries: Sequence[TokenLogprob], text: TokenText, before: Sequ
 
 
 def completion_body(completions: Sequence[Completion], model_name: str, method: str | None,
-                    text: TokenText) -> dict[str, Any]:
-    """OpenAI's text_completion object, plus ``token_ids`` per choice and ``speculative``."""
+                    text: TokenText, n: int = 1) -> dict[str, Any]:
+    """OpenAI's text_completion object, plus ``token_ids`` per choice and ``speculative``; ``n``
+    choices a prompt, prompt after prompt (choice j of prompt i has index i * n + j, as in vLLM)."""
     choices = [{"index": i, "text": c.text, "token_ids": c.token_ids,
                 "logprobs": None if c.logprobs is None else completion_logprobs(c.logprobs, text),
                 "finish_reason": c.finish_reason} for i, c in enumerate(completions)]
-    return _body("cmpl", "text_completion", choices, completions, model_name, method)
+    return _body("cmpl", "text_completion", choices, completions, model_name, method, n)
 
 
 def chat_body(completions: Sequence[Completion], model_name: str, method: str | None,
@@ -152,21 +153,22 @@ def chat_body(completions: Sequence[Completion], model_name: str, method: str | 
 
 
 def _body(prefix: str, kind: str, choices: list[dict[str, Any]], completions: Sequence[Completion],
-          model_name: str, method: str | None) -> dict[str, Any]:
+          model_name: str, method: str | None, n: int = 1) -> dict[str, Any]:
     return {
         "id": f"{prefix}-{uuid.uuid4().hex}",
         "object": kind,
         "created": int(time.time()),
         "model": model_name,
         "choices": choices,
-        "usage": usage(completions),
+        "usage": usage(completions, n),
         "speculative": speculative(completions, method),
     }
 
 
-def usage(completions: Sequence[Completion]) -> dict[str, int]:
-    """OpenAI's usage object: the prompt once, every choice's tokens (a final EOS counts, as in vLLM)."""
-    prompt_tokens = len(completions[0].prompt_token_ids)
+def usage(completions: Sequence[Completion], n: int = 1) -> dict[str, int]:
+    """OpenAI's usage object: each prompt once (``n`` choices a prompt, prompt after prompt), every
+    choice's tokens (a final EOS counts, as in vLLM)."""
+    prompt_tokens = sum(len(c.prompt_token_ids) for c in completions[::n])
     completion_tokens = sum(len(c.token_ids) for c in completions)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
@@ -191,9 +193,10 @@ class ChunkWriter:
     """The events of one streamed answer, for each of its choices. Completion chunks carry ``token_ids`` too."""
 
     def __init__(self, endpoint: Endpoint, model_name: str, method: str | None, include_usage: bool,
-                 text: TokenText, n: int = 1) -> None:
+                 text: TokenText, n: int = 1, per_prompt: int | None = None) -> None:
         chat = endpoint == "chat"
         self._chat, self._method, self._include_usage, self._text, self._n = chat, method, include_usage, text, n
+        self._per_prompt = per_prompt or n  # choices a prompt, for usage
         self._offsets = [0] * n  # each choice's text_offset so far
         self._before: list[list[int]] = [[] for _ in range(n)]  # each choice's output ids in earlier chunks
         self._head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
@@ -223,7 +226,7 @@ class ChunkWriter:
 
     def end(self, completions: Sequence[Completion]) -> bytes:
         """The usage chunk, if asked, then [DONE]."""
-        last = event({**self._head, "choices": [], "usage": usage(completions)}) if self._include_usage else b""
+        last = event({**self._head, "choices": [], "usage": usage(completions, self._per_prompt)}) if self._include_usage else b""
         return last + DONE
 
     def _chunk(self, index: int, content: dict[str, Any] | str | None, token_ids: list[int] | None = None, *,

@@ -88,16 +88,25 @@ class EngineRunner:
     def max_num_seqs(self) -> int:
         return self.engine.scheduler.max_num_seqs
 
-    def submit(self, prompt: list[int], choices: list[SamplingParams], stream: bool) -> list[Job]:
-        """Queue one generation per choice (all or none), or raise a 503 APIError when the queue is full."""
+    def submit(self, prompts: list[tuple[list[int], list[SamplingParams]]], stream: bool) -> list[Job]:
+        """Queue one generation per choice of each prompt (all or none), prompt after prompt, or raise
+        a 503 APIError when the queue is full."""
         room = self.max_num_seqs + self.max_queue
-        if len(choices) > room:  # not busy: this request could never be admitted, so retrying cannot help
-            raise RequestError(f"n = {len(choices)} asks for more sequences than this server ever holds at once: "
-                               f"{room} (--max-num-seqs {self.max_num_seqs} running plus --max-queue {self.max_queue} "
-                               f"waiting). Ask for n <= {room}, or start the server with larger limits.", "n")
-        jobs = [Job(prompt, params, stream, self.timeout_s) for params in choices]
-        for job in jobs[1:]:
-            job.leader = jobs[0]
+        wanted = sum(len(choices) for _, choices in prompts)
+        if wanted > room:  # not busy: this request could never be admitted, so retrying cannot help
+            asked = (f"n = {wanted}" if len(prompts) == 1 else
+                     f"{len(prompts)} prompts with n = {len(prompts[0][1])} ({wanted} sequences)")
+            raise RequestError(f"{asked} asks for more sequences than this server ever holds at once: {room} "
+                               f"(--max-num-seqs {self.max_num_seqs} running plus --max-queue {self.max_queue} "
+                               f"waiting). Ask for {'n' if len(prompts) == 1 else 'prompts times n'} <= {room}, or "
+                               "start the server with larger limits.",
+                               "n" if len(prompts) == 1 else "prompt")
+        jobs = []
+        for prompt, choices in prompts:
+            group = [Job(prompt, params, stream, self.timeout_s) for params in choices]
+            for job in group[1:]:
+                job.leader = group[0]
+            jobs += group
         with self._lock:
             if self._admitted + len(jobs) > self.max_num_seqs + self.max_queue:
                 self.metrics.rejected.inc()
