@@ -152,3 +152,32 @@ def test_several_prompts_in_one_completions_request(sdk: openai.OpenAI) -> None:
         usage = chunk.usage or usage
     assert texts == {0: alone[0].choices[0].text, 1: alone[1].choices[0].text}
     assert usage.prompt_tokens == alone[0].usage.prompt_tokens + alone[1].usage.prompt_tokens
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(sdk: openai.OpenAI, engine: Engine) -> None:
+    import torch
+
+    # lm-evaluation-harness's loglikelihood request to a completions server
+    out = sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=1, logprobs=1, echo=True, temperature=0,
+                                 seed=1234).choices[0]
+    plain = sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=1).choices[0]
+    ids = engine.encode(WORDS)
+    lp = out.logprobs
+    assert out.text == WORDS + plain.text and len(lp.tokens) == len(ids) + 1 and "".join(lp.tokens) == out.text
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and lp.text_offset[0] == 0
+    with torch.no_grad():
+        logp = torch.log_softmax(engine.target.lm.hf(torch.tensor([ids])).logits[0].float(), dim=-1)
+    for i in range(1, len(ids)):
+        assert abs(lp.token_logprobs[i] - float(logp[i - 1, ids[i]])) < 1e-4
+        assert max(lp.top_logprobs[i].values()) == pytest.approx(float(logp[i - 1].max()), abs=1e-4)
+    assert lp.text_offset[len(ids)] == len(WORDS)
+    chunks = list(sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=1, logprobs=1, echo=True,
+                                         stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == out.text
+    streamed = [v for c in chunks if c.choices and c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    assert streamed == lp.token_logprobs
+    assert sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=3, echo=True).choices[0].text.startswith(WORDS)
+    with pytest.raises(openai.BadRequestError, match="echo"):
+        sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2, extra_body={"echo": True})
+    with pytest.raises(openai.BadRequestError, match='echo = "yes" must be true or false'):
+        sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=2, extra_body={"echo": "yes"})

@@ -165,3 +165,21 @@ def test_help_and_ides_still_see_every_field() -> None:
     import inspect
 
     assert list(inspect.signature(SamplingParams).parameters) == [f.name for f in dataclasses.fields(SamplingParams)]
+
+
+def test_prompt_logprobs_are_the_targets_own_for_every_prompt_token(engines: list[Engine]) -> None:
+    params = SamplingParams(max_tokens=4, ignore_eos=True, prompt_logprobs=3)
+    with torch.no_grad():
+        logp = torch.log_softmax(engines[0].target.lm.hf(torch.tensor(PROMPT)).logits[0].float(), dim=-1)
+    for engine in engines:
+        out = engine.generate(PROMPT, params)[0]
+        scored = out.prompt_logprobs
+        assert scored is not None and len(scored) == len(PROMPT[0]) and scored[0] is None
+        for i, entry in enumerate(scored[1:]):
+            assert entry.token_id == PROMPT[0][i + 1]
+            assert abs(entry.logprob - float(logp[i, entry.token_id])) < 1e-4
+            assert [t for t, _ in entry.top] == logp[i].topk(3).indices.tolist()
+        assert out.token_ids == engines[0].generate(PROMPT, SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids
+    assert engines[0].generate(PROMPT, SamplingParams(max_tokens=2))[0].prompt_logprobs is None
+    with pytest.raises(ValueError, match="SamplingParams.prompt_logprobs = 21 is invalid"):
+        SamplingParams(prompt_logprobs=21)

@@ -42,7 +42,6 @@ VLLM_ONLY_FIELDS: dict[str, str] = {
     "n": "pass the prompt n times in one generate() call, each copy with its own seed (the server takes n)",
     "best_of": "pass the prompt several times and keep the best completion yourself",
     "skip_special_tokens": "leave it out; special tokens are skipped in the text",
-    "prompt_logprobs": "leave it out; logprobs covers the generated tokens",
 }
 """vLLM SamplingParams fields specsure does not implement, and what to do instead."""
 
@@ -94,6 +93,11 @@ class SamplingParams:
     """Also return each output token's log-probability under the target's own distribution (its
     logits before temperature, top-k or top-p), with this many most likely alternatives
     (0 to MAX_LOGPROBS); None returns none."""
+    prompt_logprobs: int | None = None
+    """Also return each prompt token's log-probability under the target's own distribution (the first
+    token has none: nothing precedes it), with this many most likely alternatives (0 to
+    MAX_LOGPROBS), as vLLM does; None returns none. The prompt's forward then computes the logits
+    of every prompt position, not only its last."""
     min_p: float = 0.0
     """Drop the tokens whose probability (after temperature) is below min_p times the most likely
     one's, in [0, 1], before top-k and top-p, as vLLM does. 0 disables it."""
@@ -132,7 +136,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         # numpy's and other libraries' scalars are numbers too; stored as Python's so every later use is plain.
-        for name in ("max_tokens", "top_k", "seed", "logprobs"):
+        for name in ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
                 object.__setattr__(self, name, int(value))
@@ -170,6 +174,11 @@ class SamplingParams:
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise _fail("logprobs", self.logprobs, f"is invalid: it must be None or an int from 0 to {MAX_LOGPROBS}",
                         "pass the number of alternatives to return per token (0: only the chosen token's)")
+        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs)
+                                                 or not 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
+            raise _fail("prompt_logprobs", self.prompt_logprobs, "is invalid: it must be None or an int from 0 to "
+                        f"{MAX_LOGPROBS}", "pass the number of alternatives to return per prompt token (0: only "
+                        "the prompt token's own)")
         if isinstance(self.min_p, numbers.Real) and not isinstance(self.min_p, (bool, int, float)):
             object.__setattr__(self, "min_p", float(self.min_p))
         if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:  # also rejects NaN

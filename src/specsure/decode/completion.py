@@ -56,6 +56,9 @@ class Completion:
     prompt_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     """One per output token when ``SamplingParams.logprobs`` asked for them; else None."""
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """One per prompt token when ``SamplingParams.prompt_logprobs`` asked for them, the first None
+    (nothing precedes it), as vLLM gives them; else None."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,8 @@ class StepUpdate:
     """On the last update only: the whole result, as ``Engine.generate`` returns it."""
     logprobs: list[TokenLogprob] | None = None
     """One per token of ``token_ids`` when ``SamplingParams.logprobs`` asked for them; else None."""
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """On the prompt's update (the first) only, ``Completion.prompt_logprobs``."""
     error: Exception | None = None
     """Set when verifying this request alone failed in the step (a bug: its input was checked before):
     it has left the scheduler, and the other requests of the step went on."""

@@ -120,6 +120,7 @@ class Request:
         self._start = 0
         self._penalties: Penalties | None = None
         self._bias: TokenBias | None = None
+        self._prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def attach(self, lm: CausalLM, proposer: Proposer | None) -> None:
         """Take a slot's target view and proposer, emptied for this request."""
@@ -134,7 +135,8 @@ class Request:
     def prefill_call(self) -> Call:
         """The prompt's forward: only its last row's logits are read."""
         assert self.lm is not None
-        return Call(self.lm, self.prompt, last_logits=1)
+        # prompt_logprobs reads every position's logits; otherwise only the last one is computed
+        return Call(self.lm, self.prompt, last_logits=None if self.params.prompt_logprobs is not None else 1)
 
     def draft_job(self) -> DraftJob | None:
         """What this step's draft needs (None: no proposer, or no room for a draft token)."""
@@ -176,6 +178,8 @@ class Request:
         if self._penalties is not None:
             self._penalties.add(self.output[-1:])
         self._record(out.logits[-1:], self.output)
+        if self.params.prompt_logprobs is not None:
+            self._prompt_logprobs = [None, *_scored(out.logits[:-1], self.prompt[1:], self.params.prompt_logprobs)]
         return self._after(0)
 
     def commit(self, out: ForwardOutput) -> StepUpdate:
@@ -230,14 +234,8 @@ class Request:
 
     def _record(self, logits: torch.Tensor, tokens: list[int]) -> None:
         """Log-probabilities of ``tokens`` under the target's raw distribution at their rows ([n, vocab])."""
-        if self._logprobs is None:
-            return
-        logp = torch.log_softmax(logits.float(), dim=-1)  # [n, vocab]
-        chosen = logp.gather(-1, torch.tensor(tokens, dtype=torch.long).unsqueeze(-1))[:, 0].tolist()
-        want = self.params.logprobs or 0
-        values, index = logp.topk(want, dim=-1) if want else (logp[:, :0], logp[:, :0].long())
-        for token, value, top_values, top_index in zip(tokens, chosen, values.tolist(), index.tolist()):
-            self._logprobs.append(TokenLogprob(int(token), float(value), tuple(zip(top_index, top_values))))
+        if self._logprobs is not None:
+            self._logprobs += _scored(logits, tokens, self.params.logprobs or 0)
 
     def _after(self, before: int) -> StepUpdate:
         """The update for the tokens after ``before``; the final one (with the completion) when it ends here."""
@@ -245,9 +243,10 @@ class Request:
         output = self.output
         self.finish = self.rules.finished(output, before or 1, self.params, self.lm.cache_len)
         logprobs = self._logprobs
+        prompt = self._prompt_logprobs if not self._streamed else None  # on the prompt's update only
         if self.finish is None:
             update = StepUpdate(output[self._streamed:], logprobs=None if logprobs is None else
-                                logprobs[self._streamed:])
+                                logprobs[self._streamed:], prompt_logprobs=prompt)
             self._streamed = len(output)
             return update
         text, output, finish = self.rules.detokenize(output, self.params, self.finish)
@@ -258,6 +257,19 @@ class Request:
         self.stats.add_generated(len(output))
         self.stats.add_time(time.perf_counter() - self.started)  # from its prefill, as at batch size 1
         self.completion = Completion(text=text, token_ids=output, finish_reason=finish, stats=self.stats,
-                                     prompt_token_ids=self.prompt, logprobs=logprobs)
+                                     prompt_token_ids=self.prompt, logprobs=logprobs,
+                                     prompt_logprobs=self._prompt_logprobs)
         return StepUpdate(output[self._streamed:], finish, self.completion,
-                          logprobs=None if logprobs is None else logprobs[self._streamed:])
+                          logprobs=None if logprobs is None else logprobs[self._streamed:], prompt_logprobs=prompt)
+
+
+def _scored(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+    """Each of ``tokens``' log-probability under the raw distribution of its row of ``logits`` [n, vocab],
+    with the ``top`` most likely alternatives there."""
+    if not tokens:
+        return []
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [n, vocab]
+    chosen = logp.gather(-1, torch.tensor(list(tokens), dtype=torch.long).unsqueeze(-1))[:, 0].tolist()
+    values, index = logp.topk(top, dim=-1) if top else (logp[:, :0], logp[:, :0].long())
+    return [TokenLogprob(int(token), float(value), tuple(zip(top_index, top_values)))
+            for token, value, top_values, top_index in zip(tokens, chosen, values.tolist(), index.tolist())]

@@ -34,7 +34,7 @@ from specsure.serve.body import parse_json, read_body
 from specsure.serve.metrics import ServeMetrics
 from specsure.serve.protocol import (APIError, Delivery, RequestError, error_body, fit_to_context, parse_chat,
                                      parse_completion)
-from specsure.serve.responses import (DONE, ChunkWriter, Endpoint, chat_body, completion_body, event,
+from specsure.serve.responses import (DONE, ChunkWriter, Echo, Endpoint, chat_body, completion_body, event,
                                       token_text_of)
 from specsure.serve.runner import ClientGone, EngineRunner, Job
 
@@ -136,7 +136,9 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         names = ["prompt"] if len(req.prompts) == 1 else [f"prompt[{i}]" for i in range(len(req.prompts))]
         prompts = [await run_in_threadpool(_encode, engine, p, f"the {name}" if len(names) == 1 else name, "prompt")
                    for p, name in zip(req.prompts, names)]
-        return await answer(request, "completion", list(zip(prompts, names)), req.params, req.delivery)
+        echoes = [Echo(_prompt_text(engine, given, ids), ids) for given, ids in zip(req.prompts, prompts)] \
+            if req.echo else None
+        return await answer(request, "completion", list(zip(prompts, names)), req.params, req.delivery, echoes)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -151,8 +153,10 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         return await answer(request, "chat", [(prompt, "messages")], req.params, req.delivery)
 
     async def answer(request: Request, endpoint: Endpoint, prompts: list[tuple[list[int], str]],
-                     params: SamplingParams, delivery: Delivery) -> Response:
-        """Generate ``delivery.n`` choices for each (prompt, its name in the body), side by side."""
+                     params: SamplingParams, delivery: Delivery, echoes: list[Echo] | None = None) -> Response:
+        """Generate ``delivery.n`` choices for each (prompt, its name in the body), side by side; each
+        choice after its prompt's echo, if ``echoes``."""
+        each = None if echoes is None else [e for e in echoes for _ in range(delivery.n)]  # one per choice
         context = engine.target.lm.max_context
         jobs = runner.submit([(prompt, choice_params(fit_to_context(params, len(prompt), context, delivery, name),
                                                      delivery.n)) for prompt, name in prompts], delivery.stream)
@@ -161,7 +165,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
             deltas = [TextDeltas(engine.tokenizer, params.stop) if engine.tokenizer is not None else None
                       for _ in jobs]
             writer = ChunkWriter(endpoint, name, method, delivery.include_usage, text, len(jobs), delivery.n)
-            return EventStream(runner, jobs, writer, deltas)
+            return EventStream(runner, jobs, writer, deltas, each)
         gone = asyncio.ensure_future(_disconnected(request.receive))
         try:
             completions = []
@@ -177,7 +181,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
                 runner.cancel(job)
         if endpoint == "chat":
             return JSONResponse(chat_body(completions, name, method, text))
-        return JSONResponse(completion_body(completions, name, method, text, delivery.n))
+        return JSONResponse(completion_body(completions, name, method, text, delivery.n, each))
 
     return app
 
@@ -201,13 +205,15 @@ class EventStream(Response):
     media_type = "text/event-stream"
 
     def __init__(self, runner: EngineRunner, jobs: list[Job], writer: ChunkWriter,
-                 texts: list[TextDeltas | None]) -> None:
+                 texts: list[TextDeltas | None], echoes: list[Echo] | None = None) -> None:
         self.status_code, self.background = 200, None
         self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._runner, self._jobs, self._writer, self._texts = runner, jobs, writer, texts
         self._ids: list[list[int]] = [[] for _ in jobs]  # token ids not yet in a chunk: their text is held back
         self._logprobs: list[list[TokenLogprob]] = [[] for _ in jobs]
         self._completions: list[Completion | None] = [None] * len(jobs)
+        self._echoes: list[Echo | None] = list(echoes) if echoes is not None else [None] * len(jobs)
+        """Each choice's prompt to send before its first output (echo), until it is sent."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone = asyncio.ensure_future(_disconnected(receive))
@@ -259,6 +265,11 @@ class EventStream(Response):
 
     def _step(self, i: int, update: StepUpdate) -> bytes:
         """Choice i's events for one update: a delta once text is final, or its finish chunk."""
+        echo, self._echoes[i] = self._echoes[i], None
+        head = b"" if echo is None else self._writer.echo(i, echo, update.prompt_logprobs)
+        return head + self._delta(i, update)
+
+    def _delta(self, i: int, update: StepUpdate) -> bytes:
         ids, logprobs, text = self._ids[i], self._logprobs[i], self._texts[i]
         ids += update.token_ids
         logprobs += update.logprobs or []
@@ -315,6 +326,13 @@ def _check_params(engine: Engine, params: SamplingParams) -> None:
         engine.check_params(params)
     except ParamsError as exc:
         raise RequestError(f"{exc.field} = {as_json(exc.value)} {exc.reason}", exc.field) from None
+
+
+def _prompt_text(engine: Engine, given: str | list[int], ids: list[int]) -> str | None:
+    """An echoed prompt's text: as the request wrote it, or its token ids decoded (None without a tokenizer)."""
+    if isinstance(given, str):
+        return given
+    return None if engine.tokenizer is None else engine.tokenizer.decode(ids)
 
 
 def _encode(engine: Engine, prompt: str | list[int], subject: str, param: str) -> list[int]:

@@ -28,7 +28,7 @@ SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop"
                    "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids")
 """OpenAI's sampling fields and vLLM's extensions that specsure implements."""
 COMMON_FIELDS = ("model", *SAMPLING_FIELDS, "n", "stream", "stream_options", "user")
-COMPLETION_FIELDS = ("prompt", "logprobs", *COMMON_FIELDS)
+COMPLETION_FIELDS = ("prompt", "logprobs", "echo", *COMMON_FIELDS)
 CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", *COMMON_FIELDS)
 MAX_N = 16
 """The most choices one request may ask for: each is a sequence in the running batch."""
@@ -42,7 +42,7 @@ STREAM_OPTION_FIELDS = ("include_usage",)
 # OpenAI fields specsure does not implement. Each is accepted only as null or at the value that
 # changes nothing, so clients that send defaults keep working and no setting is silently dropped.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "echo": (False,), "best_of": (1,),
+    "best_of": (1,),
     "suffix": (), "tools": ([],), "tool_choice": ("none",),
     "response_format": ({"type": "text"},),
 }
@@ -127,6 +127,8 @@ class CompletionRequest:
     """Each prompt: text, or token ids (one, unless the body sent a list of them)."""
     params: SamplingParams
     delivery: Delivery = Delivery()
+    echo: bool = False
+    """Each choice's text (and logprobs) begins with its prompt's (OpenAI's echo)."""
 
 
 @dataclass(frozen=True)
@@ -149,8 +151,14 @@ def parse_completion(body: Any, model_name: str) -> CompletionRequest:
         raise RequestError(f"logprobs = {shown(logprobs)} must be an integer from 0 to {MAX_LOGPROBS}: how many "
                            "most likely alternatives to return with each token (0: only the chosen one's).",
                            "logprobs")
-    return CompletionRequest(prompts, _sampling(body, "max_tokens", COMPLETION_MAX_TOKENS, logprobs),
-                             _delivery(body, given))
+    echo = body.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise RequestError(f"echo = {shown(echo)} must be true or false: whether each choice's text begins with its "
+                           "prompt.", "echo")
+    params = _sampling(body, "max_tokens", COMPLETION_MAX_TOKENS, logprobs)
+    if echo and logprobs is not None:  # the prompt's tokens get their log-probabilities too, as in vLLM
+        params = replace(params, prompt_logprobs=logprobs)
+    return CompletionRequest(prompts, params, _delivery(body, given), bool(echo))
 
 
 def parse_chat(body: Any, model_name: str) -> ChatRequest:

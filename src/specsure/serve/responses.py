@@ -12,8 +12,10 @@ choice's chunk with ``finish_reason`` also carries ``speculative``, and
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
 from specsure.decode.completion import Completion, TokenLogprob
@@ -122,6 +124,39 @@ def completion_logprobs(entries: Sequence[TokenLogprob], text: TokenText, before
             "text_offset": offsets}
 
 
+@dataclass(frozen=True)
+class Echo:
+    """A completions choice's prompt, echoed before its output (OpenAI's ``echo``)."""
+
+    text: str | None
+    """The prompt as the request gave it (token ids decoded); None without a tokenizer."""
+    prompt: list[int]
+
+
+def echo_logprobs(echo: Echo, scored: Sequence[TokenLogprob | None], text: TokenText) -> dict[str, Any]:
+    """The logprobs object of an echoed prompt: its first token's log-probability and alternatives
+    are null (nothing precedes it), as OpenAI and vLLM give them."""
+    entries = [e if e is not None else TokenLogprob(t, math.nan) for t, e in zip(echo.prompt, scored)]
+    block = completion_logprobs(entries, text)
+    for i, entry in enumerate(scored):
+        if entry is None:
+            block["token_logprobs"][i] = block["top_logprobs"][i] = None
+    return block
+
+
+def _echoed(echo: Echo | None, completion: Completion, text: TokenText) -> tuple[str | None, dict[str, Any] | None]:
+    """A completions choice's text and logprobs object, the prompt's first when echoed."""
+    shift = len(echo.text or "") if echo is not None else 0
+    logprobs = None if completion.logprobs is None else completion_logprobs(completion.logprobs, text, offset=shift)
+    if echo is None:
+        return completion.text, logprobs
+    if logprobs is not None and completion.prompt_logprobs is not None:
+        head = echo_logprobs(echo, completion.prompt_logprobs, text)
+        logprobs = {key: head[key] + logprobs[key] for key in logprobs}
+    joined = None if completion.text is None or echo.text is None else echo.text + completion.text
+    return joined, logprobs
+
+
 def chat_logprobs(entries: Sequence[TokenLogprob], text: TokenText, before: Sequence[int] = ()) -> dict[str, Any]:
     """The chat endpoint's logprobs object: one entry per token, its alternatives best first."""
     def one(shown: str, token_id: int, value: float) -> dict[str, Any]:
@@ -134,12 +169,15 @@ def chat_logprobs(entries: Sequence[TokenLogprob], text: TokenText, before: Sequ
 
 
 def completion_body(completions: Sequence[Completion], model_name: str, method: str | None,
-                    text: TokenText, n: int = 1) -> dict[str, Any]:
-    """OpenAI's text_completion object, plus ``token_ids`` per choice and ``speculative``; ``n``
-    choices a prompt, prompt after prompt (choice j of prompt i has index i * n + j, as in vLLM)."""
-    choices = [{"index": i, "text": c.text, "token_ids": c.token_ids,
-                "logprobs": None if c.logprobs is None else completion_logprobs(c.logprobs, text),
-                "finish_reason": c.finish_reason} for i, c in enumerate(completions)]
+                    text: TokenText, n: int = 1, echoes: Sequence[Echo | None] | None = None) -> dict[str, Any]:
+    """OpenAI's text_completion object, plus ``token_ids`` (the output's) per choice and ``speculative``;
+    ``n`` choices a prompt, prompt after prompt (choice j of prompt i has index i * n + j, as in
+    vLLM), each after its prompt where ``echoes`` gives one."""
+    choices = []
+    for i, c in enumerate(completions):
+        shown, logprobs = _echoed(echoes[i] if echoes else None, c, text)
+        choices.append({"index": i, "text": shown, "token_ids": c.token_ids, "logprobs": logprobs,
+                        "finish_reason": c.finish_reason})
     return _body("cmpl", "text_completion", choices, completions, model_name, method, n)
 
 
@@ -207,6 +245,13 @@ class ChunkWriter:
         """Chat's first chunk per choice, the assistant's role; nothing for completions."""
         return b"".join(self._chunk(i, {"role": "assistant", "content": ""}) for i in range(self._n)) \
             if self._chat else b""
+
+    def echo(self, index: int, echo: Echo, scored: Sequence[TokenLogprob | None] | None) -> bytes:
+        """Choice ``index``'s echoed prompt, before its first output, with the prompt's logprobs if scored."""
+        shown = None if scored is None else echo_logprobs(echo, scored, self._text)
+        self._offsets[index] += len(echo.text or "")
+        choice = {"index": index, "text": echo.text, "token_ids": [], "logprobs": shown, "finish_reason": None}
+        return event({**self._head, "choices": [choice], **({"usage": None} if self._include_usage else {})})
 
     def delta(self, index: int, text: str | None, token_ids: list[int],
               logprobs: list[TokenLogprob] | None = None) -> bytes:
