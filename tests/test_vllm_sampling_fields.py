@@ -181,5 +181,10 @@ def test_prompt_logprobs_are_the_targets_own_for_every_prompt_token(engines: lis
             assert [t for t, _ in entry.top] == logp[i].topk(3).indices.tolist()
         assert out.token_ids == engines[0].generate(PROMPT, SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids
     assert engines[0].generate(PROMPT, SamplingParams(max_tokens=2))[0].prompt_logprobs is None
+    long = [5 + (i * 7) % 90 for i in range(300)]  # past the 256 rows scored at a time
+    with torch.no_grad():
+        logp = torch.log_softmax(engines[0].target.lm.hf(torch.tensor([long])).logits[0].float(), dim=-1)
+    scored = engines[0].generate([long], SamplingParams(max_tokens=1, prompt_logprobs=0))[0].prompt_logprobs
+    assert max(abs(scored[i].logprob - float(logp[i - 1, long[i]])) for i in range(1, 300)) < 1e-4
     with pytest.raises(ValueError, match="SamplingParams.prompt_logprobs = 21 is invalid"):
         SamplingParams(prompt_logprobs=21)

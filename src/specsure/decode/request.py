@@ -266,10 +266,16 @@ class Request:
 def _scored(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
     """Each of ``tokens``' log-probability under the raw distribution of its row of ``logits`` [n, vocab],
     with the ``top`` most likely alternatives there."""
-    if not tokens:
-        return []
-    logp = torch.log_softmax(logits.float(), dim=-1)  # [n, vocab]
-    chosen = logp.gather(-1, torch.tensor(list(tokens), dtype=torch.long).unsqueeze(-1))[:, 0].tolist()
-    values, index = logp.topk(top, dim=-1) if top else (logp[:, :0], logp[:, :0].long())
-    return [TokenLogprob(int(token), float(value), tuple(zip(top_index, top_values)))
-            for token, value, top_values, top_index in zip(tokens, chosen, values.tolist(), index.tolist())]
+    out: list[TokenLogprob] = []
+    for start in range(0, len(tokens), SCORED_ROWS):  # a long prompt's float32 copy, a slice at a time
+        part = list(tokens[start:start + SCORED_ROWS])
+        logp = torch.log_softmax(logits[start:start + SCORED_ROWS].float(), dim=-1)  # [rows, vocab]
+        chosen = logp.gather(-1, torch.tensor(part, dtype=torch.long).unsqueeze(-1))[:, 0].tolist()
+        values, index = logp.topk(top, dim=-1) if top else (logp[:, :0], logp[:, :0].long())
+        out += [TokenLogprob(int(token), float(value), tuple(zip(top_index, top_values)))
+                for token, value, top_values, top_index in zip(part, chosen, values.tolist(), index.tolist())]
+    return out
+
+
+SCORED_ROWS = 256
+"""Rows of logits turned into log-probabilities at once: a 150,000-token vocabulary's 256 rows are 150 MB."""
