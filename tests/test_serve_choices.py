@@ -177,6 +177,18 @@ def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(sdk: openai.OpenAI
     streamed = [v for c in chunks if c.choices and c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
     assert streamed == lp.token_logprobs
     assert sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=3, echo=True).choices[0].text.startswith(WORDS)
+    # max_tokens 0 with echo: the prompt alone, scored (vLLM's echo without generation)
+    alone = sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=0, logprobs=1, echo=True)
+    assert alone.choices[0].text == WORDS and alone.choices[0].logprobs.token_logprobs == lp.token_logprobs[:-1]
+    assert alone.choices[0].model_extra["token_ids"] == [] and alone.choices[0].finish_reason == "length"
+    assert (alone.usage.prompt_tokens, alone.usage.completion_tokens) == (len(ids), 0)
+    chunks = list(sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=0, logprobs=1, echo=True, stream=True,
+                                         stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == WORDS
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 0
+    with pytest.raises(openai.BadRequestError, match="max_tokens = 0 generates nothing"):
+        sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=0)
     with pytest.raises(openai.BadRequestError, match="echo"):
         sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2, extra_body={"echo": True})
     with pytest.raises(openai.BadRequestError, match='echo = "yes" must be true or false'):

@@ -138,7 +138,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
                    for p, name in zip(req.prompts, names)]
         echoes = [Echo(_prompt_text(engine, given, ids), ids) for given, ids in zip(req.prompts, prompts)] \
             if req.echo else None
-        return await answer(request, "completion", list(zip(prompts, names)), req.params, req.delivery, echoes)
+        return await answer(request, "completion", list(zip(prompts, names)), req.params, req.delivery, echoes,
+                            req.prompt_only)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -153,9 +154,10 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         return await answer(request, "chat", [(prompt, "messages")], req.params, req.delivery)
 
     async def answer(request: Request, endpoint: Endpoint, prompts: list[tuple[list[int], str]],
-                     params: SamplingParams, delivery: Delivery, echoes: list[Echo] | None = None) -> Response:
+                     params: SamplingParams, delivery: Delivery, echoes: list[Echo] | None = None,
+                     prompt_only: bool = False) -> Response:
         """Generate ``delivery.n`` choices for each (prompt, its name in the body), side by side; each
-        choice after its prompt's echo, if ``echoes``."""
+        choice after its prompt's echo, if ``echoes``; with ``prompt_only``, the echo alone."""
         each = None if echoes is None else [e for e in echoes for _ in range(delivery.n)]  # one per choice
         context = engine.target.lm.max_context
         jobs = runner.submit([(prompt, choice_params(fit_to_context(params, len(prompt), context, delivery, name),
@@ -165,7 +167,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
             deltas = [TextDeltas(engine.tokenizer, params.stop) if engine.tokenizer is not None else None
                       for _ in jobs]
             writer = ChunkWriter(endpoint, name, method, delivery.include_usage, text, len(jobs), delivery.n)
-            return EventStream(runner, jobs, writer, deltas, each)
+            return EventStream(runner, jobs, writer, deltas, each, prompt_only)
         gone = asyncio.ensure_future(_disconnected(request.receive))
         try:
             completions = []
@@ -179,6 +181,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
             gone.cancel()
             for job in jobs:
                 runner.cancel(job)
+        if prompt_only:
+            completions = [without_output(c) for c in completions]
         if endpoint == "chat":
             return JSONResponse(chat_body(completions, name, method, text))
         return JSONResponse(completion_body(completions, name, method, text, delivery.n, each))
@@ -205,13 +209,14 @@ class EventStream(Response):
     media_type = "text/event-stream"
 
     def __init__(self, runner: EngineRunner, jobs: list[Job], writer: ChunkWriter,
-                 texts: list[TextDeltas | None], echoes: list[Echo] | None = None) -> None:
+                 texts: list[TextDeltas | None], echoes: list[Echo] | None = None, prompt_only: bool = False) -> None:
         self.status_code, self.background = 200, None
         self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._runner, self._jobs, self._writer, self._texts = runner, jobs, writer, texts
         self._ids: list[list[int]] = [[] for _ in jobs]  # token ids not yet in a chunk: their text is held back
         self._logprobs: list[list[TokenLogprob]] = [[] for _ in jobs]
         self._completions: list[Completion | None] = [None] * len(jobs)
+        self._prompt_only = prompt_only
         self._echoes: list[Echo | None] = list(echoes) if echoes is not None else [None] * len(jobs)
         """Each choice's prompt to send before its first output (echo), until it is sent."""
 
@@ -270,6 +275,11 @@ class EventStream(Response):
         return head + self._delta(i, update)
 
     def _delta(self, i: int, update: StepUpdate) -> bytes:
+        if self._prompt_only:  # the one token generated is not part of the answer
+            if update.completion is None:
+                return b""
+            completion = self._completions[i] = without_output(update.completion)
+            return self._writer.finish(i, completion, "", [], [] if completion.logprobs is not None else None)
         ids, logprobs, text = self._ids[i], self._logprobs[i], self._texts[i]
         ids += update.token_ids
         logprobs += update.logprobs or []
@@ -326,6 +336,12 @@ def _check_params(engine: Engine, params: SamplingParams) -> None:
         engine.check_params(params)
     except ParamsError as exc:
         raise RequestError(f"{exc.field} = {as_json(exc.value)} {exc.reason}", exc.field) from None
+
+
+def without_output(completion: Completion) -> Completion:
+    """A choice of an echo with max_tokens 0: its prompt alone, the token generated with it left out."""
+    return replace(completion, text="" if completion.text is not None else None, token_ids=[], finish_reason="length",
+                   logprobs=[] if completion.logprobs is not None else None)
 
 
 def _prompt_text(engine: Engine, given: str | list[int], ids: list[int]) -> str | None:

@@ -129,6 +129,8 @@ class CompletionRequest:
     delivery: Delivery = Delivery()
     echo: bool = False
     """Each choice's text (and logprobs) begins with its prompt's (OpenAI's echo)."""
+    prompt_only: bool = False
+    """echo with max_tokens 0: each choice is its prompt alone, no output."""
 
 
 @dataclass(frozen=True)
@@ -155,10 +157,18 @@ def parse_completion(body: Any, model_name: str) -> CompletionRequest:
     if echo is not None and not isinstance(echo, bool):
         raise RequestError(f"echo = {shown(echo)} must be true or false: whether each choice's text begins with its "
                            "prompt.", "echo")
-    params = _sampling(body, "max_tokens", COMPLETION_MAX_TOKENS, logprobs)
+    # max_tokens 0 with echo scores the prompt alone (vLLM's echo without generation): one token is
+    # generated, as the prompt's forward gives it anyway, and left out of the answer.
+    zero = type(body.get("max_tokens")) is int and body["max_tokens"] == 0
+    if zero and echo is not True:
+        raise RequestError('max_tokens = 0 generates nothing; send at least 1, or "echo": true with it to score the '
+                           "prompt alone.", "max_tokens")
+    prompt_only = zero and echo is True
+    params = _sampling({**body, "max_tokens": 1} if prompt_only else body, "max_tokens", COMPLETION_MAX_TOKENS,
+                       logprobs)
     if echo and logprobs is not None:  # the prompt's tokens get their log-probabilities too, as in vLLM
         params = replace(params, prompt_logprobs=logprobs)
-    return CompletionRequest(prompts, params, _delivery(body, given), bool(echo))
+    return CompletionRequest(prompts, params, _delivery(body, given), bool(echo), prompt_only)
 
 
 def parse_chat(body: Any, model_name: str) -> ChatRequest:
