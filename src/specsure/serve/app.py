@@ -37,8 +37,10 @@ from specsure.serve.protocol import (APIError, Delivery, RequestError, error_bod
 from specsure.serve.responses import (DONE, ChunkWriter, Echo, Endpoint, chat_body, completion_body, event,
                                       token_text_of)
 from specsure.serve.runner import ClientGone, EngineRunner, Job
+from specsure.serve.tokenizer_routes import add_tokenizer_routes
 
-ROUTES = "GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health and GET /metrics"
+ROUTES = ("GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /tokenize, POST /detokenize, "
+          "GET /tokenizer_info, GET /health and GET /metrics")
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_QUEUE = 64
@@ -58,7 +60,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
     Args:
         engine: built by ``make_engine``; the app reads its resolution and never re-resolves.
         served_model_name: the name clients send as ``model``; default: ``default_model_name``.
-        api_key: when set, every /v1/* request needs ``Authorization: Bearer <api_key>``;
+        api_key: when set, every /v1/* and tokenizer request needs ``Authorization: Bearer <api_key>``;
             /health and /metrics stay open.
         max_queue: requests that may wait for a place in the running batch (``engine.max_num_seqs``);
             one more is a 503.
@@ -103,6 +105,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         # No log line here: Starlette raises the exception on after this answer, and the server
         # (uvicorn) logs it with its traceback; logging here too printed every traceback twice.
         return JSONResponse(internal_error(exc), status_code=500)
+
+    add_tokenizer_routes(app, engine, name)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -298,14 +302,18 @@ class EventStream(Response):
             await self._send({"type": "http.response.body", "body": events, "more_body": True})
 
 
+GUARDED = ("/v1/", "/tokenize", "/detokenize", "/tokenizer_info")
+"""The paths --api-key guards: all but /health and /metrics."""
+
+
 class RequireKey:
-    """ASGI middleware: every /v1/* request needs ``Authorization: Bearer <api_key>``, else a 401."""
+    """ASGI middleware: every request to a GUARDED path needs ``Authorization: Bearer <api_key>``, else a 401."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app, self.api_key = app, api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/") and not self._authorised(scope):
+        if scope["type"] == "http" and scope["path"].startswith(GUARDED) and not self._authorised(scope):
             reply = JSONResponse(error_body("missing or wrong API key: send the header 'Authorization: Bearer "
                                             "<key>' with the key the server was started with (--api-key or "
                                             "SPECSURE_API_KEY).", code="invalid_api_key"),

@@ -1,0 +1,109 @@
+"""vLLM's tokenizer routes: POST /tokenize, POST /detokenize and GET /tokenizer_info, at the server's root.
+
+lm-evaluation-harness's `local-completions` looks for /tokenizer_info and /tokenize and then
+tokenizes through the server (its "remote" tokenizer backend), so an evaluation needs no copy of
+the model's tokenizer on the client: the packaged GGUF model has no Hugging Face name to fetch
+one by. The bodies are vLLM's: /tokenize takes a ``prompt`` (or chat ``messages``) and answers
+``tokens``, ``count`` and ``max_model_len``; /detokenize takes ``tokens`` and answers ``prompt``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from specsure.config.errors import json_type
+from specsure.decode.engine import Engine
+from specsure.serve.body import parse_json, read_body
+from specsure.serve.protocol import RequestError, shown
+
+TOKENIZE_FIELDS = ("model", "prompt", "messages", "add_special_tokens", "add_generation_prompt")
+DETOKENIZE_FIELDS = ("model", "tokens")
+
+
+def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str) -> None:
+    """Register the three routes on ``app`` for ``engine``'s tokenizer."""
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        body = _fields(parse_json(await read_body(request)), TOKENIZE_FIELDS, "POST /tokenize", model_name)
+        tokenizer = _tokenizer(engine, model_name)
+        special = _flag(body, "add_special_tokens", True)
+        if (body.get("prompt") is None) == (body.get("messages") is None):
+            raise RequestError('send either "prompt" (a string) or "messages" (a chat), e.g. {"prompt": "Hello"}.',
+                               "prompt")
+        if body.get("messages") is not None:
+            messages = body["messages"]
+            if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+                raise RequestError(f"messages = {shown(messages)} must be a list of objects with role and content.",
+                                   "messages")
+            if not getattr(tokenizer, "chat_template", None):
+                raise RequestError(f"model {model_name!r} has no chat template; send a prompt instead.", "messages")
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=_flag(body, "add_generation_prompt",
+                                                                                      True),
+                                                tokenize=True, return_dict=False)
+        else:
+            prompt = body["prompt"]
+            if not isinstance(prompt, str):
+                raise RequestError(f"prompt = {shown(prompt)} is a JSON {json_type(prompt)}; send a string.", "prompt")
+            ids = tokenizer(prompt, add_special_tokens=special)["input_ids"]
+        tokens = [int(t) for t in ids]
+        return {"count": len(tokens), "max_model_len": engine.target.lm.max_context, "tokens": tokens,
+                "token_strs": None}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        body = _fields(parse_json(await read_body(request)), DETOKENIZE_FIELDS, "POST /detokenize", model_name)
+        tokenizer = _tokenizer(engine, model_name)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+            raise RequestError(f"tokens = {shown(tokens)} must be a list of token ids (integers), e.g. [9906, 11].",
+                               "tokens")
+        vocab = engine.target.lm.vocab_size
+        outside = [t for t in tokens if not 0 <= t < vocab]
+        if outside:
+            raise RequestError(f"tokens holds {outside[0]}, outside the model's vocabulary [0, {vocab}).", "tokens")
+        return {"prompt": tokenizer.decode(tokens)}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info() -> dict[str, Any]:
+        tokenizer = _tokenizer(engine, model_name)
+        info: dict[str, Any] = {"tokenizer_class": type(tokenizer).__name__,
+                                "model_max_length": engine.target.lm.max_context,
+                                "chat_template": getattr(tokenizer, "chat_template", None)}
+        for key in ("eos_token", "bos_token", "pad_token", "unk_token"):
+            value = getattr(tokenizer, key, None)
+            info[key] = value if isinstance(value, str) else None
+        return info
+
+
+def _fields(body: Any, allowed: tuple[str, ...], route: str, model_name: str) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object with the fields of {route}, got "
+                           f"{json_type(body)} {shown(body)}.")
+    unknown = [k for k in body if k not in allowed]
+    if unknown:
+        raise RequestError(f"unknown field {unknown[0]!r} in the body of {route}. Fields: {', '.join(allowed)}.",
+                           unknown[0], "unknown_field")
+    model = body.get("model")
+    if model is not None and model != model_name:
+        raise RequestError(f"model = {shown(model)} is not served here; this server serves {model_name!r}. Send "
+                           "that name, or omit the field.", "model", "model_not_found")
+    return body
+
+
+def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise RequestError(f"{key} = {shown(value)} must be true or false.", key)
+    return value
+
+
+def _tokenizer(engine: Engine, model_name: str) -> Any:
+    if engine.tokenizer is None:
+        raise RequestError(f"model {model_name!r} has no tokenizer files, so it cannot tokenize; send token ids to "
+                           "POST /v1/completions instead.", "model")
+    return engine.tokenizer

@@ -1,0 +1,52 @@
+"""vLLM's tokenizer routes, as lm-evaluation-harness's remote tokenizer uses them."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from serving import CHAT, WORDS, tiny_chat_engine
+from specsure.decode.engine import Engine
+from specsure.serve import create_app
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    return tiny_chat_engine(tmp_path_factory, "tiny-chat-tokenizer")
+
+
+def test_tokenize_detokenize_and_tokenizer_info(engine: Engine) -> None:
+    client = TestClient(create_app(engine, served_model_name="tiny"))
+    info = client.get("/tokenizer_info").json()
+    assert "eos_token" in info and info["chat_template"] == engine.tokenizer.chat_template
+    assert info["model_max_length"] == engine.target.lm.max_context
+    # lm-evaluation-harness's probe and its encode: no special tokens
+    r = client.post("/tokenize", json={"prompt": WORDS, "add_special_tokens": False}).json()
+    assert r["tokens"] == engine.tokenizer(WORDS, add_special_tokens=False)["input_ids"] and r["count"] == len(r["tokens"])
+    assert r["max_model_len"] == engine.target.lm.max_context
+    assert client.post("/tokenize", json={"prompt": WORDS}).json()["tokens"] == engine.encode(WORDS)
+    chat = client.post("/tokenize", json={"model": "tiny", "messages": CHAT}).json()["tokens"]
+    assert chat == engine.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True,
+                                                        return_dict=False)
+    assert client.post("/detokenize", json={"tokens": r["tokens"]}).json()["prompt"] == engine.tokenizer.decode(r["tokens"])
+    for route, body, param, words in (
+            ("/tokenize", {"prompt": 5}, "prompt", "send a string"),
+            ("/tokenize", {}, "prompt", 'send either "prompt"'),
+            ("/tokenize", {"prompt": "a", "add_special_tokens": "no"}, "add_special_tokens", "true or false"),
+            ("/tokenize", {"prompt": "a", "model": "gpt-4"}, "model", "is not served here"),
+            ("/tokenize", {"text": "a"}, "text", "unknown field 'text'"),
+            ("/detokenize", {"tokens": [1, "x"]}, "tokens", "list of token ids"),
+            ("/detokenize", {"tokens": [10**6]}, "tokens", "outside the model's vocabulary")):
+        reply = client.post(route, json=body)
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["param"] == param and words in error["message"], error
+
+
+def test_the_api_key_guards_the_tokenizer_routes(engine: Engine) -> None:
+    client = TestClient(create_app(engine, served_model_name="tiny", api_key="s3cret"))
+    assert client.post("/tokenize", json={"prompt": "a"}).status_code == 401
+    assert client.get("/tokenizer_info").status_code == 401
+    ok = client.post("/tokenize", json={"prompt": "a"}, headers={"Authorization": "Bearer s3cret"})
+    assert ok.status_code == 200 and ok.json()["count"] >= 1
+    assert client.get("/health").status_code == 200
