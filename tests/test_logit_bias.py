@@ -124,3 +124,9 @@ def test_the_server_takes_openais_string_keys(engines: list[Engine]) -> None:
         assert r.status_code == 400, r.text
         error = r.json()["error"]
         assert error["param"] == field and words in error["message"], error
+
+
+def test_allowed_ids_that_are_all_stop_tokens_under_min_tokens_are_refused(engines: list[Engine]) -> None:
+    eos = engines[0].target.eos_token_ids[0]
+    with pytest.raises(ParamsError, match="holds only stop tokens, which min_tokens"):
+        engines[0].generate(PROMPT, SamplingParams(max_tokens=4, allowed_token_ids=[eos], min_tokens=2))

@@ -4,6 +4,7 @@ mid-write, and the depth a finished MTP head records."""
 from __future__ import annotations
 
 import json
+import math
 import logging
 import subprocess
 import sys
@@ -266,3 +267,12 @@ def test_small_train_mistakes_name_their_flag_or_file(tmp_path: Path, capsys) ->
     bad.write_text(json.dumps({"category": "t", "prompt_ids": [5, 999]}) + "\n")
     assert main([*args, "--prompts", str(bad)]) == 2  # --prompts adds to the file _train_args gives
     assert f"{bad}:1: prompt_ids holds token id 999" in capsys.readouterr().err
+
+
+def test_a_nan_weight_after_the_first_is_caught() -> None:
+    import torch
+
+    from specsure.train.loop import _largest
+
+    params = [torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.tensor([1.0, float("nan")]))]
+    assert math.isnan(_largest(params))

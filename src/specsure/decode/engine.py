@@ -131,6 +131,13 @@ class Engine:
         """Raise ParamsError for valid params that this model cannot honour (stop strings need a tokenizer;
         logit_bias and allowed_token_ids need ids in its vocabulary)."""
         vocab = self.target.lm.vocab_size
+        allowed = params.allowed_token_ids
+        if allowed and params.min_tokens and set(allowed) <= set(
+                Rules(self.target.eos_token_ids, self.target.tokenizer, self.target.lm.max_context).stop_ids(params)):
+            raise ParamsError("allowed_token_ids", list(allowed), f"holds only stop tokens, which min_tokens "
+                                                                 f"({params.min_tokens}) forbids before then: no token "
+                                                                 "could be generated; allow other tokens or set "
+                                                                 "min_tokens 0.")
         for field, ids in (("logit_bias", [t for t, _ in params.logit_bias or ()]),
                            ("allowed_token_ids", params.allowed_token_ids or ())):
             outside = sorted({t for t in ids if t >= vocab})

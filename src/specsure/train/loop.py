@@ -125,7 +125,8 @@ def run_steps(module: torch.nn.Module, params: list[torch.nn.Parameter], optimis
 def _largest(params: list[torch.nn.Parameter]) -> float:
     """The largest weight's magnitude (NaN if any is NaN)."""
     with torch.no_grad():
-        return max((float(p.detach().abs().max()) for p in params if p.numel()), default=0.0)
+        peaks = [p.detach().abs().max().float() for p in params if p.numel()]
+        return float(torch.stack(peaks).max()) if peaks else 0.0  # torch's max keeps a NaN; Python's drops it
 
 
 def _diverged(said: str, kept: Path | None, first: int, loaded: int | None) -> str:

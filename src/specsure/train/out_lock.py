@@ -39,7 +39,11 @@ def hold(out: Path) -> Iterator[None]:
 
 def _acquire(path: Path, out: Path) -> int:
     for _ in range(100):  # only another run's unlink between our open and our lock makes us go round
-        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError:  # another user's run left it (SIGKILL): say whose file blocks this --out
+            raise ValueError(f"--out {str(out)!r}: the lock file {str(path)!r} belongs to another user and cannot be "
+                             "taken; if no run of theirs is writing this head, delete that file.") from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
