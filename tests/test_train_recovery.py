@@ -4,8 +4,8 @@ mid-write, and the depth a finished MTP head records."""
 from __future__ import annotations
 
 import json
-import math
 import logging
+import math
 import subprocess
 import sys
 from pathlib import Path

@@ -132,8 +132,7 @@ class Engine:
         logit_bias and allowed_token_ids need ids in its vocabulary)."""
         vocab = self.target.lm.vocab_size
         allowed = params.allowed_token_ids
-        if allowed and params.min_tokens and set(allowed) <= set(
-                Rules(self.target.eos_token_ids, self.target.tokenizer, self.target.lm.max_context).stop_ids(params)):
+        if allowed and params.min_tokens and set(allowed) <= set(self._rules().stop_ids(params)):
             raise ParamsError("allowed_token_ids", list(allowed), f"holds only stop tokens, which min_tokens "
                                                                  f"({params.min_tokens}) forbids before then: no token "
                                                                  "could be generated; allow other tokens or set "
@@ -195,8 +194,11 @@ class Engine:
 
     def request(self, prompt_ids: list[int], params: SamplingParams) -> Request:
         """A Request for checked prompt ids and params, ready for ``scheduler.add``."""
-        rules = Rules(self.target.eos_token_ids, self.target.tokenizer, self.target.lm.max_context)
-        return Request(prompt_ids, params, self._generator(params), rules, self._k)
+        return Request(prompt_ids, params, self._generator(params), self._rules(), self._k)
+
+    def _rules(self) -> Rules:
+        """When a request's output ends, for this target (its EOS ids, tokenizer and context)."""
+        return Rules(self.target.eos_token_ids, self.target.tokenizer, self.target.lm.max_context)
 
     def finished(self, request: Request) -> None:
         """Count a completed request's work in ``engine.stats`` (the scheduler's users call it)."""

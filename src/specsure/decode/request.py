@@ -17,8 +17,8 @@ import torch
 from specsure.decode.completion import Completion, FinishReason, StepUpdate, TokenLogprob
 from specsure.decode.metrics import SpecStats
 from specsure.decode.penalties import Penalties, penalised
-from specsure.decode.token_bias import TokenBias, biased
 from specsure.decode.rejection import verify_greedy, verify_sampled
+from specsure.decode.token_bias import TokenBias, biased
 from specsure.decode.tree import verify_tree
 from specsure.models.causal_lm import Call, CausalLM
 from specsure.models.forward_output import ForwardOutput
@@ -133,9 +133,8 @@ class Request:
             proposer.reset()
 
     def prefill_call(self) -> Call:
-        """The prompt's forward: only its last row's logits are read."""
+        """The prompt's forward: only its last row's logits are read, unless prompt_logprobs scores every row."""
         assert self.lm is not None
-        # prompt_logprobs reads every position's logits; otherwise only the last one is computed
         return Call(self.lm, self.prompt, last_logits=None if self.params.prompt_logprobs is not None else 1)
 
     def draft_job(self) -> DraftJob | None:
