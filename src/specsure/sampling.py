@@ -16,6 +16,8 @@ from typing import Sequence
 
 import torch
 
+from specsure.grammar import GrammarError, StructuredOutputs
+
 SEED_LIMIT = 2**64  # torch.Generator.manual_seed rejects seeds at or above this
 MAX_LOGPROBS = 20
 """The most alternatives ``logprobs`` may ask for per position (OpenAI's and vLLM's limit)."""
@@ -124,6 +126,10 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = None
     """Only these token ids may be generated: every other logit is -inf (vLLM's field). A list is
     stored as a tuple; it may not be empty."""
+    structured_outputs: StructuredOutputs | None = None
+    """Constrain the output text to a JSON Schema, a regular expression, a list of choices or any
+    JSON object (vLLM's field; ``specsure.grammar``). A dict with vLLM's keys (``{"json": schema}``,
+    ``{"regex": ...}``, ``{"choice": [...]}``, ``{"json_object": True}``) is accepted."""
 
     def __new__(cls, *args: object, **kwargs: object) -> "SamplingParams":
         # The generated __init__ would refuse a vLLM field specsure lacks with a bare TypeError;
@@ -201,6 +207,7 @@ class SamplingParams:
                 raise _fail(name, value, f"is invalid: it must be a number in {span}", f"use {neutral} to disable it")
         object.__setattr__(self, "logit_bias", _token_bias(self.logit_bias))
         object.__setattr__(self, "allowed_token_ids", _allowed_ids(self.allowed_token_ids))
+        object.__setattr__(self, "structured_outputs", _structured(self.structured_outputs))
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise _fail("min_tokens", self.min_tokens, f"is invalid: it must be an int from 0 to max_tokens "
                         f"({self.max_tokens})", "use 0 to let EOS end the output at any time")
@@ -232,6 +239,18 @@ class SamplingParams:
     def greedy(self) -> bool:
         """True when decoding picks the argmax (temperature 0)."""
         return self.temperature == 0
+
+
+def _structured(value: object) -> StructuredOutputs | None:
+    if value is None or isinstance(value, StructuredOutputs):
+        return value
+    if not isinstance(value, Mapping):
+        raise _fail("structured_outputs", value, "is invalid: it must be None, a StructuredOutputs or a dict",
+                    'pass e.g. structured_outputs={"json": {"type": "object"}}')
+    try:
+        return StructuredOutputs.from_dict(value)
+    except GrammarError as e:
+        raise _fail("structured_outputs", value, f"is invalid: {e}", "change that field as it says") from None
 
 
 MAX_BIAS = 100.0

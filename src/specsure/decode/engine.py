@@ -19,8 +19,10 @@ from specsure.decode.completion import (
 from specsure.decode.metrics import SpecStats
 from specsure.decode.request import Request, Rules
 from specsure.decode.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler
+from specsure.decode.structured import Grammars
 from specsure.sampling import SEED_LIMIT, SamplingParams
 from specsure.models.loading import LoadedModel, load_model
+from specsure.models.token_bytes import TokenizerKindError
 from specsure.proposers.base import Proposer
 from specsure.proposers.factory import build_proposer
 
@@ -55,6 +57,7 @@ class Engine:
         self.max_num_seqs = max_num_seqs
         self._k = config.num_speculative_tokens if config is not None else 0
         self._running: object | None = None
+        self._grammars = Grammars(target.tokenizer, target.lm.vocab_size)
         self.proposer = proposer
 
     @property
@@ -144,11 +147,24 @@ class Engine:
                 value = dict(params.logit_bias or ()) if field == "logit_bias" else list(ids)
                 raise ParamsError(field, value, f"names token id(s) {outside[:8]} outside the model's vocabulary "
                                                 f"[0, {vocab}); give ids its tokenizer makes.")
+        if params.structured_outputs is not None:
+            self._check_structured(params)
         if params.stop and self.tokenizer is None:
             raise ParamsError("stop", list(params.stop), f"needs a tokenizer to match text, but the model at "
                                                           f"{self.target.path} has none; omit stop (generation still "
                                                           "ends at max_tokens or EOS), or add the tokenizer to the "
                                                           "model folder.")
+
+    def _check_structured(self, params: SamplingParams) -> None:
+        spec = params.structured_outputs
+        try:
+            self._grammars.table()
+        except TokenizerKindError as e:
+            raise ParamsError("structured_outputs", spec, f"cannot run: {e}.") from None
+        if not self._rules().stop_ids(params):
+            raise ParamsError("structured_outputs", spec, "needs a token that ends the output once its text is "
+                                                          "complete, but ignore_eos is set and stop_token_ids is "
+                                                          "empty; drop ignore_eos, or give stop_token_ids.")
 
     def _encode(self, prompt: Prompt, index: int) -> list[int]:
         if isinstance(prompt, str):
@@ -198,7 +214,7 @@ class Engine:
 
     def _rules(self) -> Rules:
         """When a request's output ends, for this target (its EOS ids, tokenizer and context)."""
-        return Rules(self.target.eos_token_ids, self.target.tokenizer, self.target.lm.max_context)
+        return Rules(self.target.eos_token_ids, self.target.tokenizer, self.target.lm.max_context, self._grammars)
 
     def finished(self, request: Request) -> None:
         """Count a completed request's work in ``engine.stats`` (the scheduler's users call it)."""

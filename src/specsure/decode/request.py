@@ -18,6 +18,7 @@ from specsure.decode.completion import Completion, FinishReason, StepUpdate, Tok
 from specsure.decode.metrics import SpecStats
 from specsure.decode.penalties import Penalties, penalised
 from specsure.decode.rejection import verify_greedy, verify_sampled
+from specsure.decode.structured import Constraint, Grammars
 from specsure.decode.token_bias import TokenBias, biased
 from specsure.decode.tree import verify_tree
 from specsure.models.causal_lm import Call, CausalLM
@@ -36,10 +37,12 @@ class Rules:
     """What decides when any request ends and what its text is: the target's EOS ids, tokenizer, context."""
 
     def __init__(self, eos_token_ids: Sequence[int], tokenizer: "PreTrainedTokenizerBase | None",
-                 max_context: int) -> None:
+                 max_context: int, grammars: Grammars | None = None) -> None:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.tokenizer = tokenizer
         self.max_context = max_context
+        self.grammars = grammars
+        """The engine's structured-output automata (None: no request may ask for structured outputs)."""
 
     def stop_ids(self, params: SamplingParams) -> frozenset[int]:
         """The token ids that end ``params``' output: its stop_token_ids, and EOS unless ignore_eos."""
@@ -120,6 +123,7 @@ class Request:
         self._start = 0
         self._penalties: Penalties | None = None
         self._bias: TokenBias | None = None
+        self._constraint: Constraint | None = None
         self._prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def attach(self, lm: CausalLM, proposer: Proposer | None) -> None:
@@ -127,6 +131,10 @@ class Request:
         self.lm, self.proposer = lm, proposer
         self._penalties = Penalties(self.params, self.prompt, lm.vocab_size) if penalised(self.params) else None
         self._bias = TokenBias(self.params, lm.vocab_size) if biased(self.params) else None
+        spec = self.params.structured_outputs
+        if spec is not None:
+            assert self.rules.grammars is not None, "Engine.check_params lets structured outputs through only with grammars"
+            self._constraint = Constraint(self.rules.grammars.automaton(spec), self.rules.stop_ids(self.params))
         self.started = time.perf_counter()
         lm.reset()
         if proposer is not None:
@@ -176,6 +184,8 @@ class Request:
         self.output.append(draw(self._target(out.logits[-1:], [[]])[0], self.params, self.generator)[0])
         if self._penalties is not None:
             self._penalties.add(self.output[-1:])
+        if self._constraint is not None:
+            self._constraint.advance(self.output[-1:])
         self._record(out.logits[-1:], self.output)
         if self.params.prompt_logprobs is not None:
             self._prompt_logprobs = [None, *_scored(out.logits[:-1], self.prompt[1:], self.params.prompt_logprobs)]
@@ -212,23 +222,32 @@ class Request:
         self.output.extend(new)
         if self._penalties is not None:
             self._penalties.add(new)
+        if self._constraint is not None:
+            self._constraint.advance(new)
         return self._after(before)
 
     def _target(self, logits: torch.Tensor, paths: Sequence[Sequence[int]]) -> torch.Tensor:
         """The target's logits ``[n, vocab]`` as plain decoding would sample from them: row i follows the
         output plus the draft tokens ``paths[i]``, so its penalties count those, and while it chooses a
         position below min_tokens the stop tokens get -inf. logit_bias and allowed_token_ids come first,
-        as in vLLM. The logprobs stay the raw ones."""
+        as in vLLM, and a structured output's mask last: where its text is complete and nothing may
+        follow, its stop tokens stay even below min_tokens. The logprobs stay the raw ones."""
         if self._bias is not None:
             logits = self._bias.apply(logits)
         if self._penalties is not None:
             logits = self._penalties.apply(logits, paths)
+        if self._constraint is not None:
+            logits = self._constraint.apply(logits, paths)
         early = [i for i, path in enumerate(paths) if len(self.output) + len(path) < self.params.min_tokens]
         banned = [t for t in self.rules.stop_ids(self.params) if t < logits.shape[-1]] if early else []
         if not banned:
             return logits
+        rows = torch.tensor(early)
+        trial = logits[rows]  # [early rows, vocab]
+        trial[:, torch.tensor(banned)] = float("-inf")
+        left = torch.isinf(trial).logical_not().any(dim=-1)  # a row with nothing left keeps its stop tokens
         logits = logits.clone()
-        logits[torch.tensor(early)[:, None], torch.tensor(banned)[None, :]] = float("-inf")
+        logits[rows[left]] = trial[left]
         return logits
 
     def _record(self, logits: torch.Tensor, tokens: list[int]) -> None:

@@ -1,0 +1,101 @@
+"""Structured outputs in the engine: each verify row's tokens limited to those that keep the output
+a prefix of a text the request's constraint accepts.
+
+The mask is part of the target's distribution, as logit_bias is: row i of a verify forward
+follows the output plus the first i draft tokens, so its mask is the constraint's state after
+them. A draft token the constraint refuses has probability 0 under that distribution and is
+rejected like any other, so greedy output equals plain decoding with the same constraint, and
+sampling keeps the constrained distribution. Drafts themselves are not constrained: a proposer
+that drafts outside the grammar only loses acceptance.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import torch
+
+from specsure.grammar import StructuredOutputs
+from specsure.grammar.automaton import DEAD, ByteDFA, TokenAutomaton, TokenTable
+from specsure.grammar.spec import compiled
+from specsure.models.token_bytes import TokenizerKindError, token_bytes
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+AUTOMATA_KEPT = 32
+"""Constraints whose automata an engine keeps: requests with the same schema share one."""
+
+
+class Grammars:
+    """One engine's automata for structured outputs over its target's vocabulary, built on first use."""
+
+    def __init__(self, tokenizer: "PreTrainedTokenizerBase | None", vocab_size: int) -> None:
+        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self._table: TokenTable | None = None
+        self._automata: OrderedDict[StructuredOutputs, TokenAutomaton] = OrderedDict()
+
+    def table(self) -> TokenTable:
+        """The vocabulary's bytes; TokenizerKindError when they cannot be read."""
+        if self._table is None:
+            if self.tokenizer is None:
+                raise TokenizerKindError("the model has no tokenizer files, so its tokens' text is unknown; "
+                                         "add the tokenizer to the model folder")
+            self._table = TokenTable(token_bytes(self.tokenizer, self.vocab_size))
+        return self._table
+
+    def automaton(self, spec: StructuredOutputs) -> TokenAutomaton:
+        found = self._automata.get(spec)
+        if found is None:
+            found = TokenAutomaton(ByteDFA(compiled(spec)), self.table())
+            self._automata[spec] = found
+            if len(self._automata) > AUTOMATA_KEPT:
+                self._automata.popitem(last=False)
+        self._automata.move_to_end(spec)
+        return found
+
+
+class Constraint:
+    """One request's place in its constraint: the state its output has reached."""
+
+    def __init__(self, automaton: TokenAutomaton, end_ids: frozenset[int]) -> None:
+        self.automaton = automaton
+        self.end_ids = sorted(end_ids)
+        """The tokens that end the output (EOS, stop_token_ids): allowed only where the text is complete."""
+        self.state = automaton.dfa.start
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        """Move past committed output tokens (an end token ends the text; nothing follows it)."""
+        self.state = self._after(self.state, tokens)
+
+    def _after(self, state: int, tokens: Sequence[int]) -> int:
+        for token in tokens:
+            if state == DEAD or token in self.end_ids:
+                return DEAD
+            state = self.automaton.advance(state, token)
+        return state
+
+    def allowed(self, state: int, vocab: int) -> np.ndarray | None:
+        """[vocab] bool of what may follow ``state``; None for a row past a refused token (never reached)."""
+        if state == DEAD:
+            return None
+        dfa = self.automaton.dfa
+        mask = np.zeros(vocab, dtype=bool)
+        if dfa.can_continue(state):
+            tokens = self.automaton.allowed(state)
+            mask[:len(tokens)] = tokens[:vocab]
+        if dfa.accepting[state]:
+            mask[[t for t in self.end_ids if t < vocab]] = True
+        return mask
+
+    def apply(self, logits: torch.Tensor, paths: Sequence[Sequence[int]]) -> torch.Tensor:
+        """``logits`` [n, vocab] with -inf for what each row's state refuses; row i's state is the
+        output's followed by ``paths[i]``."""
+        vocab = logits.shape[-1]
+        masks = [self.allowed(self._after(self.state, path), vocab) for path in paths]
+        if all(m is None for m in masks):
+            return logits
+        keep = torch.from_numpy(np.stack([m if m is not None else np.ones(vocab, dtype=bool) for m in masks]))
+        return logits.masked_fill(~keep, float("-inf"))  # [n, vocab]

@@ -1,0 +1,351 @@
+"""JSON Schema to a pattern: the JSON texts a schema accepts, as structured outputs generate them.
+
+What it follows (as vLLM's default backend, xgrammar, does): properties in the schema's order;
+no properties beyond those listed unless the schema lists none (``{"type": "object"}`` is any
+object); ``oneOf`` as ``anyOf``. Whitespace between tokens is bounded (up to two spaces or tabs,
+or one line break and up to 16 of indentation), so a model cannot pad forever; none before or
+after the value. A keyword that would change which texts are valid and that this compiler cannot
+enforce (``not``, ``uniqueItems``, ``multipleOf``, ...) is refused by name, never ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from specsure.grammar.pattern import (Alt, Chars, Joined, Members, Pattern, PatternError, Repeat, Seq,
+                                      either, literal, normalise, subtract)
+from specsure.grammar.regex import parse_regex
+
+ANY_DEPTH = 4
+"""How deep an object or array of unspecified content may nest (``{"type": "object"}``, json_object)."""
+MAX_REF_DEPTH = 8
+"""How many ``$ref``s may be open at once; a schema that refers to itself is refused."""
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
+                         "readOnly", "writeOnly", "$defs", "definitions", "format", "strict"})
+"""Keywords that describe a value without narrowing it (format is read where it narrows)."""
+KEYWORDS = {
+    "string": {"type", "enum", "const", "minLength", "maxLength", "pattern"},
+    "integer": {"type", "enum", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
+    "number": {"type", "enum", "const", "minimum"},
+    "boolean": {"type", "enum", "const"},
+    "null": {"type", "enum", "const"},
+    "object": {"type", "enum", "const", "properties", "required", "additionalProperties"},
+    "array": {"type", "enum", "const", "items", "minItems", "maxItems"},
+}
+
+SPACE_TAB = Chars(((0x09, 0x09), (0x20, 0x20)))
+WS = Alt((Repeat(SPACE_TAB, 0, 2), Seq((Repeat(literal("\r"), 0, 1), literal("\n"), Repeat(SPACE_TAB, 0, 16)))))
+UNESCAPED = Chars(subtract(((0, 0x10FFFF),), ((0, 0x1F), (0x22, 0x22), (0x5C, 0x5C))))
+HEX = Chars(((0x30, 0x39), (0x41, 0x46), (0x61, 0x66)))
+ESCAPED = Alt((Seq((literal("\\"), Chars(normalise([(ord(c), ord(c)) for c in '"\\/bfnrt'])))),
+               Seq((literal("\\u"), Repeat(HEX, 4, 4)))))
+CHAR = Alt((UNESCAPED, ESCAPED))
+"""One character of a JSON string's content, as written."""
+DIGIT = Chars(((0x30, 0x39),))
+NONZERO = Chars(((0x31, 0x39),))
+NATURAL = Alt((literal("0"), Seq((NONZERO, Repeat(DIGIT, 0, None)))))
+INTEGER = Seq((Repeat(literal("-"), 0, 1), NATURAL))
+FRACTION_EXPONENT = Seq((Repeat(Seq((literal("."), Repeat(DIGIT, 1, None))), 0, 1),
+                         Repeat(Seq((Chars(((0x45, 0x45), (0x65, 0x65))), Repeat(Chars(((0x2B, 0x2B), (0x2D, 0x2D))), 0, 1),
+                                     Repeat(DIGIT, 1, None))), 0, 1)))
+NUMBER = Seq((INTEGER, FRACTION_EXPONENT))
+STRING = Seq((literal('"'), Repeat(CHAR, 0, None), literal('"')))
+COMMA = Seq((WS, literal(","), WS))
+COLON = Seq((WS, literal(":"), WS))
+DATE = parse_regex(r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])")
+TIME = parse_regex(r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])?")
+FORMATS: dict[str, Pattern] = {
+    "date": DATE,
+    "time": TIME,
+    "date-time": Seq((DATE, literal("T"), TIME)),
+    "uuid": parse_regex(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"),
+    "email": parse_regex(r"[a-zA-Z0-9._%+-]+@[a-zA-Z0-9-]+(?:\.[a-zA-Z0-9-]+)*\.[a-zA-Z]{2,}"),
+    "ipv4": parse_regex(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"),
+}
+"""String formats that narrow the text; the email form is the common one, stricter than RFC 5322."""
+
+
+def any_value(depth: int = ANY_DEPTH) -> Pattern:
+    """Any JSON value whose objects and arrays nest at most ``depth`` deep."""
+    scalars = [STRING, NUMBER, either("true", "false", "null")]
+    if depth > 0:
+        scalars += [any_object(depth - 1), any_array(depth - 1)]
+    return Alt(tuple(scalars))
+
+
+def any_object(depth: int = ANY_DEPTH) -> Pattern:
+    member = Seq((STRING, COLON, any_value(depth)))
+    return Seq((literal("{"), WS, Repeat(Seq((Joined(member, COMMA, 1), WS)), 0, 1), literal("}")))
+
+
+def any_array(depth: int) -> Pattern:
+    return Seq((literal("["), WS, Repeat(Seq((Joined(any_value(depth), COMMA, 1), WS)), 0, 1), literal("]")))
+
+
+def schema_pattern(schema: Any) -> Pattern:
+    """The pattern of the JSON texts ``schema`` accepts; PatternError names the keyword and its path."""
+    return _Compiler(schema).value(schema, "#", ())
+
+
+class _Compiler:
+    def __init__(self, root: Any) -> None:
+        self.root = root
+
+    def value(self, schema: Any, path: str, refs: tuple[str, ...]) -> Pattern:
+        if schema is True or schema == {}:
+            return any_value()
+        if not isinstance(schema, dict):
+            raise PatternError(f"{path} is {json.dumps(schema)[:60]}; a schema is an object (or true)")
+        if "$ref" in schema:
+            return self.ref(schema, path, refs)
+        for key in ("anyOf", "oneOf", "allOf"):
+            if key in schema:
+                return self.combined(schema, key, path, refs)
+        if "const" in schema:
+            return literal(_dump(schema["const"]))
+        if "enum" in schema:
+            options = schema["enum"]
+            if not isinstance(options, list) or not options:
+                raise PatternError(f"{path}/enum must be a non-empty list")
+            return Alt(tuple(literal(_dump(v)) for v in options))
+        kind = schema.get("type")
+        if kind is None:
+            kind = _implied_type(schema, path)
+            if kind == "any":
+                return any_value()
+        if isinstance(kind, list):
+            if not kind:
+                raise PatternError(f"{path}/type is an empty list")
+            return Alt(tuple(self.typed({**schema, "type": k}, k, path, refs) for k in kind))
+        return self.typed(schema, kind, path, refs)
+
+    def typed(self, schema: dict[str, Any], kind: Any, path: str, refs: tuple[str, ...]) -> Pattern:
+        if kind not in KEYWORDS:
+            raise PatternError(f"{path}/type is {json.dumps(kind)}; JSON Schema's types are "
+                               f"{', '.join(sorted(KEYWORDS))}")
+        for key in schema:
+            if key not in KEYWORDS[kind] and key not in ANNOTATIONS:
+                raise PatternError(f"{path}/{key}: specsure's structured outputs cannot enforce {key!r} on a "
+                                   f"{kind}; drop it, or check that part of the output yourself")
+        if kind == "string":
+            return self.string(schema, path)
+        if kind == "integer":
+            return integer_range(*_integer_bounds(schema, path))
+        if kind == "number":
+            minimum = schema.get("minimum")
+            if minimum is None:
+                return NUMBER
+            if minimum != 0:
+                raise PatternError(f"{path}/minimum is {minimum}; on a number only 0 (not negative) is supported. "
+                                   "Use type integer for whole numbers in a range")
+            return Seq((NATURAL, FRACTION_EXPONENT))
+        if kind == "boolean":
+            return either("true", "false")
+        if kind == "null":
+            return literal("null")
+        if kind == "array":
+            return self.array(schema, path, refs)
+        return self.object(schema, path, refs)
+
+    def string(self, schema: dict[str, Any], path: str) -> Pattern:
+        fmt, pattern = schema.get("format"), schema.get("pattern")
+        if fmt is not None and pattern is not None:
+            raise PatternError(f"{path} has both format and pattern; keep one")
+        if fmt is not None:
+            if fmt not in FORMATS:
+                raise PatternError(f"{path}/format is {fmt!r}; specsure can enforce {', '.join(sorted(FORMATS))}. "
+                                   "Drop it, or give a pattern")
+            return Seq((literal('"'), FORMATS[fmt], literal('"')))
+        if pattern is not None:
+            if not isinstance(pattern, str):
+                raise PatternError(f"{path}/pattern must be a string")
+            return Seq((literal('"'), _in_string(pattern, path), literal('"')))
+        low = _count(schema, "minLength", path, 0)
+        high = _count(schema, "maxLength", path, None)
+        if high is not None and high < low:
+            raise PatternError(f"{path}: maxLength {high} is below minLength {low}")
+        return Seq((literal('"'), Repeat(CHAR, low, high), literal('"')))
+
+    def array(self, schema: dict[str, Any], path: str, refs: tuple[str, ...]) -> Pattern:
+        item = self.value(schema.get("items", True), f"{path}/items", refs)
+        low = _count(schema, "minItems", path, 0)
+        high = _count(schema, "maxItems", path, None)
+        if high is not None and high < low:
+            raise PatternError(f"{path}: maxItems {high} is below minItems {low}")
+        if high == 0:
+            return Seq((literal("["), WS, literal("]")))
+        if low <= 1 and high is None:
+            items = Seq((Joined(item, COMMA, 1), WS))
+            body = items if low == 1 else Repeat(items, 0, 1)
+        else:
+            rest = Repeat(Seq((COMMA, item)), max(low - 1, 0), None if high is None else high - 1)
+            body = Seq((item, rest, WS)) if low >= 1 else Repeat(Seq((item, rest, WS)), 0, 1)
+        return Seq((literal("["), WS, body, literal("]")))
+
+    def object(self, schema: dict[str, Any], path: str, refs: tuple[str, ...]) -> Pattern:
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties", not props)
+        if not isinstance(props, dict):
+            raise PatternError(f"{path}/properties must be an object")
+        required = schema.get("required", [])
+        if not isinstance(required, list) or any(name not in props for name in required):
+            missing = [n for n in required if n not in props] if isinstance(required, list) else required
+            raise PatternError(f"{path}/required names {missing}, which properties does not list")
+        if props and extra not in (False, None):
+            raise PatternError(f"{path}/additionalProperties alongside properties is not supported; set it to "
+                               "false, or describe every property")
+        if not props:
+            if extra is False:
+                return Seq((literal("{"), WS, literal("}")))
+            value = any_value() if extra is True else self.value(extra, f"{path}/additionalProperties", refs)
+            member = Seq((STRING, COLON, value))
+            return Seq((literal("{"), WS, Repeat(Seq((Joined(member, COMMA, 1), WS)), 0, 1), literal("}")))
+        members = tuple((Seq((literal(json.dumps(name)), COLON, self.value(sub, f"{path}/properties/{name}", refs))),
+                         name in required) for name, sub in props.items())
+        return Seq((literal("{"), WS, Members(members, COMMA), WS, literal("}")))
+
+    def combined(self, schema: dict[str, Any], key: str, path: str, refs: tuple[str, ...]) -> Pattern:
+        options = schema[key]
+        if not isinstance(options, list) or not options:
+            raise PatternError(f"{path}/{key} must be a non-empty list of schemas")
+        rest = {k: v for k, v in schema.items() if k != key and k not in ANNOTATIONS}
+        if rest:
+            raise PatternError(f"{path}: {key} beside {', '.join(sorted(rest))} is not supported; move them into "
+                               f"each {key} option")
+        if key == "allOf":
+            if len(options) != 1:
+                raise PatternError(f"{path}/allOf with {len(options)} schemas is not supported; merge them into one")
+            return self.value(options[0], f"{path}/allOf/0", refs)
+        return Alt(tuple(self.value(o, f"{path}/{key}/{i}", refs) for i, o in enumerate(options)))
+
+    def ref(self, schema: dict[str, Any], path: str, refs: tuple[str, ...]) -> Pattern:
+        target = schema["$ref"]
+        if not isinstance(target, str) or not (target == "#" or target.startswith("#/")):
+            raise PatternError(f"{path}/$ref is {target!r}; only references inside the schema (#/...) are supported")
+        if target in refs or len(refs) >= MAX_REF_DEPTH:
+            raise PatternError(f"{path}/$ref {target!r} refers back to itself; recursive schemas cannot be "
+                               "compiled to a finite automaton")
+        node: Any = self.root
+        for part in target[2:].split("/") if target != "#" else ():
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(node, dict) or part not in node:
+                raise PatternError(f"{path}/$ref {target!r} points at nothing in the schema")
+            node = node[part]
+        return self.value(node, target, (*refs, target))
+
+
+def integer_range(low: int | None, high: int | None) -> Pattern:
+    """The decimal integers from ``low`` to ``high`` (None: unbounded), written without leading zeros."""
+    if low is not None and high is not None and low > high:
+        raise PatternError(f"no integer lies between {low} and {high}")
+    options: list[Pattern] = []
+    if low is None or low < 0:  # the negative ones, as '-' and their magnitude
+        top = None if low is None else -low
+        bottom = 1 if high is None or high >= 0 else -high
+        options.append(Seq((literal("-"), _naturals(bottom, top))))
+    if high is None or high >= 0:
+        options.append(_naturals(max(low or 0, 0), high))
+    return options[0] if len(options) == 1 else Alt(tuple(options))
+
+
+def _naturals(low: int, high: int | None) -> Pattern:
+    """low..high (>= 0; high None is unbounded) in decimal without leading zeros."""
+    options: list[Pattern] = []
+    last = len(str(high)) if high is not None else len(str(low))
+    for n in range(len(str(low)), last + 1):
+        lo = max(low, 10 ** (n - 1) if n > 1 else 0)
+        hi = min(high, 10 ** n - 1) if high is not None else 10 ** n - 1
+        if lo <= hi:
+            options.append(_fixed(str(lo), str(hi)))
+    if high is None:  # every longer number
+        options.append(Seq((NONZERO, Repeat(DIGIT, last, None))))
+    return options[0] if len(options) == 1 else Alt(tuple(options))
+
+
+def _fixed(lo: str, hi: str) -> Pattern:
+    """Digit strings of this one length from lo to hi (leading zeros allowed past the first digit)."""
+    if len(lo) == 1:
+        return Chars(((ord(lo), ord(hi)),))
+    if lo[0] == hi[0]:
+        return Seq((literal(lo[0]), _fixed(lo[1:], hi[1:])))
+    k = len(lo) - 1
+    options = [Seq((literal(lo[0]), _fixed(lo[1:], "9" * k)))]
+    if int(lo[0]) + 1 <= int(hi[0]) - 1:
+        options.append(Seq((Chars(((ord(lo[0]) + 1, ord(hi[0]) - 1),)), Repeat(DIGIT, k, k))))
+    options.append(Seq((literal(hi[0]), _fixed("0" * k, hi[1:]))))
+    return Alt(tuple(options))
+
+
+def _integer_bounds(schema: dict[str, Any], path: str) -> tuple[int | None, int | None]:
+    bounds: list[int | None] = [None, None]
+    for i, (key, strict, rounding) in enumerate((("minimum", "exclusiveMinimum", math.ceil),
+                                                  ("maximum", "exclusiveMaximum", math.floor))):
+        for name, shift in ((key, 0), (strict, 1 if i == 0 else -1)):
+            value = schema.get(name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise PatternError(f"{path}/{name} is {value!r}; it must be a finite number")
+            bound = rounding(value) + (shift if rounding(value) == value else 0) if shift else rounding(value)
+            if abs(bound) > 10 ** 18:
+                raise PatternError(f"{path}/{name} is {value}; bounds beyond 10^18 are not supported")
+            current = bounds[i]
+            bounds[i] = bound if current is None else (max(current, bound) if i == 0 else min(current, bound))
+    return bounds[0], bounds[1]
+
+
+def _count(schema: dict[str, Any], key: str, path: str, default: int | None) -> int | None:
+    value = schema.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value > 1000:
+        raise PatternError(f"{path}/{key} is {value!r}; it must be an integer from 0 to 1000")
+    return value
+
+
+def _implied_type(schema: dict[str, Any], path: str) -> str:
+    """The type a schema without "type" describes, from its keywords (pydantic leaves it out at times)."""
+    for kind in ("object", "array", "string"):
+        if any(k in schema for k in KEYWORDS[kind] - {"type", "enum", "const"}):
+            return kind
+    if any(k in schema for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")):
+        return "number"
+    others = sorted(set(schema) - ANNOTATIONS)
+    if others:
+        raise PatternError(f"{path}: specsure's structured outputs cannot enforce {', '.join(map(repr, others))}; "
+                           "drop it, or give the value a type")
+    return "any"
+
+
+def _in_string(source: str, path: str) -> Pattern:
+    """A JSON Schema pattern inside a string's quotes: searched, not matched, unless anchored."""
+    try:
+        inner = parse_regex(source)
+    except PatternError as e:
+        raise PatternError(f"{path}/pattern: {e}") from None
+    anchored_end = source.endswith("$") and not source.endswith("\\$")
+    anything = Repeat(CHAR, 0, None)
+    parts = ([] if source.startswith("^") else [anything]) + [_json_chars(inner, path)] + \
+        ([] if anchored_end else [anything])
+    return Seq(tuple(parts))
+
+
+def _json_chars(p: Pattern, path: str) -> Pattern:
+    """``p`` with every character class limited to what a JSON string holds unescaped."""
+    if isinstance(p, Chars):
+        ranges = subtract(p.ranges, ((0, 0x1F), (0x22, 0x22), (0x5C, 0x5C)))
+        if not ranges:
+            raise PatternError(f"{path}/pattern matches a quote, backslash or control character, which a JSON "
+                               "string holds only escaped; this is not supported")
+        return Chars(ranges)
+    if isinstance(p, (Seq, Alt)):
+        return type(p)(tuple(_json_chars(i, path) for i in p.items))
+    if isinstance(p, Repeat):
+        return Repeat(_json_chars(p.item, path), p.low, p.high)
+    return p
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))

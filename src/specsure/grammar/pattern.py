@@ -1,0 +1,236 @@
+"""The pattern tree that regexes and JSON schemas compile to, and its byte NFA.
+
+Patterns are over characters; the NFA is over the UTF-8 bytes of the text, because tokens are
+byte strings (a token may hold half of a character). Character classes become UTF-8 byte-range
+sequences, so one automaton checks both the characters and their encoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+MAX_CODEPOINT = 0x10FFFF
+SURROGATES = (0xD800, 0xDFFF)
+MAX_NFA_STATES = 200_000
+"""A pattern whose automaton grows past this many states is refused: it would take seconds to
+compile and memory per request (bounded repeats such as ``{0,100000}`` are what reach it)."""
+
+
+class PatternError(ValueError):
+    """A pattern this compiler cannot build; the message says what and why."""
+
+
+@dataclass(frozen=True)
+class Chars:
+    """One character from a set, as inclusive codepoint ranges, sorted and disjoint."""
+
+    ranges: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Seq:
+    items: tuple["Pattern", ...]
+
+
+@dataclass(frozen=True)
+class Alt:
+    items: tuple["Pattern", ...]
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """``item`` from ``low`` to ``high`` times; ``high`` None is unbounded."""
+
+    item: "Pattern"
+    low: int
+    high: int | None
+
+
+@dataclass(frozen=True)
+class Joined:
+    """``item (sep item)*``, at least ``low`` items when ``low`` is 1 (else also nothing). Built with
+    one copy of ``item`` and a loop back through ``sep``, so nesting it (JSON's objects of arrays of
+    objects) does not double the automaton at each level as ``item (sep item)*`` would."""
+
+    item: "Pattern"
+    sep: "Pattern"
+    low: int
+
+
+@dataclass(frozen=True)
+class Members:
+    """JSON object members in a fixed order, each present or (when not required) absent, with
+    ``sep`` between the present ones. Built as two hubs per member (none written yet, some written),
+    so k optional members cost 2k copies, not the 2^k that nested alternatives would."""
+
+    items: tuple[tuple["Pattern", bool], ...]
+    """(the member's ``"key": value`` pattern, required)."""
+    sep: "Pattern"
+
+
+Pattern = Union[Chars, Seq, Alt, Repeat, Joined, Members]
+EMPTY = Seq(())
+
+
+def literal(text: str) -> Pattern:
+    """The exact text."""
+    return Seq(tuple(Chars(((ord(c), ord(c)),)) for c in text))
+
+
+def either(*options: str) -> Pattern:
+    return Alt(tuple(literal(o) for o in options))
+
+
+def normalise(ranges: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Sorted, merged, disjoint ranges."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+def negate(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """Every codepoint not in ``ranges``."""
+    out, at = [], 0
+    for lo, hi in normalise(list(ranges)):
+        if lo > at:
+            out.append((at, lo - 1))
+        at = hi + 1
+    if at <= MAX_CODEPOINT:
+        out.append((at, MAX_CODEPOINT))
+    return tuple(out)
+
+
+def subtract(ranges: tuple[tuple[int, int], ...], minus: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    """The codepoints of ``ranges`` not in ``minus``."""
+    keep = negate(minus)
+    out = [(max(a, c), min(b, d)) for a, b in ranges for c, d in keep if max(a, c) <= min(b, d)]
+    return normalise(out)
+
+
+def _encode(cp: int) -> bytes:
+    return chr(cp).encode("utf-8", "surrogatepass")
+
+
+def utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
+    """The codepoints lo..hi as UTF-8: alternatives, each a sequence of inclusive byte ranges."""
+    for edge in (0x7F, 0x7FF, 0xFFFF):  # split where the encoded length changes
+        if lo <= edge < hi:
+            return utf8_sequences(lo, edge) + utf8_sequences(edge + 1, hi)
+    n = len(_encode(lo))
+    for i in range(1, n):  # split until lo..hi differ only in whole trailing continuation bytes
+        m = (1 << (6 * i)) - 1
+        if lo & ~m != hi & ~m:
+            if lo & m:
+                return utf8_sequences(lo, lo | m) + utf8_sequences((lo | m) + 1, hi)
+            if hi & m != m:
+                return utf8_sequences(lo, (hi & ~m) - 1) + utf8_sequences(hi & ~m, hi)
+    a, b = _encode(lo), _encode(hi)
+    return [[(a[i], b[i]) for i in range(n)]]
+
+
+class NFA:
+    """A byte NFA: per state, byte-range edges ``(lo, hi, to)`` and epsilon edges; one start, one final."""
+
+    def __init__(self) -> None:
+        self.edges: list[list[tuple[int, int, int]]] = []
+        self.eps: list[list[int]] = []
+        self.start = self.final = 0
+
+    def state(self) -> int:
+        if len(self.edges) >= MAX_NFA_STATES:
+            raise PatternError(f"the pattern needs more than {MAX_NFA_STATES:,} automaton states; "
+                               "use smaller bounded repeats ({m,n}) or a shorter pattern")
+        self.edges.append([])
+        self.eps.append([])
+        return len(self.edges) - 1
+
+
+def compile_nfa(pattern: Pattern) -> NFA:
+    """The byte NFA that accepts exactly the UTF-8 encodings of the texts ``pattern`` matches."""
+    nfa = NFA()
+    nfa.start, nfa.final = _build(nfa, pattern)
+    return nfa
+
+
+def _build(nfa: NFA, p: Pattern) -> tuple[int, int]:
+    """(start, end) of a fragment for ``p``; ``end`` has no edges yet."""
+    if isinstance(p, Chars):
+        start, end = nfa.state(), nfa.state()
+        if not p.ranges:
+            raise PatternError("a character class that matches no character")
+        for lo, hi in p.ranges:
+            for s_lo, s_hi in ((lo, min(hi, SURROGATES[0] - 1)), (max(lo, SURROGATES[1] + 1), hi)):
+                for seq in (utf8_sequences(s_lo, s_hi) if s_lo <= s_hi else []):
+                    at = start
+                    for i, (b_lo, b_hi) in enumerate(seq):
+                        to = end if i == len(seq) - 1 else nfa.state()
+                        nfa.edges[at].append((b_lo, b_hi, to))
+                        at = to
+        return start, end
+    if isinstance(p, Seq):
+        start = end = nfa.state()
+        for item in p.items:
+            s, e = _build(nfa, item)
+            nfa.eps[end].append(s)
+            end = e
+        return start, end
+    if isinstance(p, Alt):
+        start, end = nfa.state(), nfa.state()
+        for item in p.items:
+            s, e = _build(nfa, item)
+            nfa.eps[start].append(s)
+            nfa.eps[e].append(end)
+        return start, end
+    if isinstance(p, Repeat):
+        start = end = nfa.state()
+        for _ in range(p.low):
+            s, e = _build(nfa, p.item)
+            nfa.eps[end].append(s)
+            end = e
+        if p.high is None:
+            s, e = _build(nfa, p.item)
+            nfa.eps[end].append(s)
+            nfa.eps[e].append(end)  # loop: end -> item -> end
+            return start, end
+        last = nfa.state()
+        nfa.eps[end].append(last)
+        for _ in range(p.high - p.low):
+            s, e = _build(nfa, p.item)
+            nfa.eps[end].append(s)
+            nfa.eps[e].append(last)
+            end = e
+        return start, last
+    if isinstance(p, Joined):
+        start, end = nfa.state(), nfa.state()
+        s, e = _build(nfa, p.item)
+        ss, se = _build(nfa, p.sep)
+        nfa.eps[start].append(s)
+        if p.low == 0:
+            nfa.eps[start].append(end)
+        nfa.eps[e] += [end, ss]
+        nfa.eps[se].append(s)
+        return start, end
+    if isinstance(p, Members):
+        n = len(p.items)
+        none = [nfa.state() for _ in range(n + 1)]
+        some = [nfa.state() for _ in range(n + 1)]
+        for i, (item, required) in enumerate(p.items):
+            s, e = _build(nfa, item)
+            nfa.eps[none[i]].append(s)
+            nfa.eps[e].append(some[i + 1])
+            ss, se = _build(nfa, Seq((p.sep, item)))
+            nfa.eps[some[i]].append(ss)
+            nfa.eps[se].append(some[i + 1])
+            if not required:
+                nfa.eps[none[i]].append(none[i + 1])
+                nfa.eps[some[i]].append(some[i + 1])
+        end = nfa.state()
+        nfa.eps[none[n]].append(end)
+        nfa.eps[some[n]].append(end)
+        return none[0], end
+    raise AssertionError(f"not a pattern: {p!r}")

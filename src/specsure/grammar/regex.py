@@ -1,0 +1,189 @@
+"""A regular-expression parser for structured outputs: Python's ``re`` syntax, full-match.
+
+The subset every regex engine shares and a finite automaton can run: literals, ``.``, classes
+(``[a-z]``, ``[^"]``, ``\\d \\w \\s`` and their negations), groups (``(...)``, ``(?:...)``,
+``(?P<name>...)``), alternation, and the quantifiers ``* + ? {m} {m,} {m,n}`` (lazy or greedy
+alike: only the set of texts matters). The whole output must match, so ``^`` at the start and
+``$`` at the end are accepted and change nothing. Lookarounds, backreferences and other anchors
+cannot be run by an automaton and are refused by name.
+"""
+
+from __future__ import annotations
+
+from specsure.grammar.pattern import (EMPTY, MAX_CODEPOINT, Alt, Chars, Pattern, PatternError, Repeat, Seq,
+                                      negate, normalise)
+
+DIGIT = ((0x30, 0x39),)
+WORD = normalise([(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)])
+SPACE = normalise([(0x09, 0x0D), (0x20, 0x20)])
+ESCAPE_CLASSES = {"d": DIGIT, "w": WORD, "s": SPACE}
+ESCAPE_CHARS = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a", "0": "\0"}
+MAX_REPEAT = 1000
+"""The largest bound of ``{m,n}``: each bounded copy is a copy of the automaton."""
+
+
+def parse_regex(source: str) -> Pattern:
+    """The pattern ``source`` matches in full; PatternError names the construct and its position."""
+    parser = _Parser(source)
+    if source.startswith("^"):
+        parser.at = 1
+    pattern = parser.alternation()
+    if parser.at < len(source):
+        raise parser.fail("unbalanced ')'")
+    return pattern
+
+
+class _Parser:
+    def __init__(self, source: str) -> None:
+        self.src, self.at = source, 0
+
+    def fail(self, what: str) -> PatternError:
+        return PatternError(f"{what} at position {self.at} of the regex {self.src!r}")
+
+    def peek(self) -> str | None:
+        return self.src[self.at] if self.at < len(self.src) else None
+
+    def take(self) -> str:
+        if self.at >= len(self.src):
+            raise self.fail("the regex ends too early")
+        self.at += 1
+        return self.src[self.at - 1]
+
+    def alternation(self) -> Pattern:
+        options = [self.sequence()]
+        while self.peek() == "|":
+            self.at += 1
+            options.append(self.sequence())
+        return options[0] if len(options) == 1 else Alt(tuple(options))
+
+    def sequence(self) -> Pattern:
+        items: list[Pattern] = []
+        while (c := self.peek()) is not None and c not in "|)":
+            if c == "$" and self.at == len(self.src) - 1:
+                self.at += 1  # the end anchor: the match is whole anyway
+                break
+            items.append(self.quantified(self.atom()))
+        return items[0] if len(items) == 1 else Seq(tuple(items))
+
+    def quantified(self, item: Pattern) -> Pattern:
+        while (c := self.peek()) is not None and c in "*+?{":
+            start = self.at
+            self.at += 1
+            if c == "*":
+                item = Repeat(item, 0, None)
+            elif c == "+":
+                item = Repeat(item, 1, None)
+            elif c == "?":
+                item = Repeat(item, 0, 1)
+            else:
+                bounds = self.bounds()
+                if bounds is None:  # a '{' that is no quantifier is a literal, as in Python
+                    self.at = start
+                    return item
+                item = Repeat(item, *bounds)
+            if self.peek() in ("?", "+"):  # lazy or possessive: the same texts match
+                self.at += 1
+            if isinstance(item, Repeat) and self.peek() is not None and self.peek() in "*+{":
+                raise self.fail("a quantifier after a quantifier")
+        return item
+
+    def bounds(self) -> tuple[int, int | None] | None:
+        end = self.src.find("}", self.at)
+        body = self.src[self.at:end] if end >= 0 else ""
+        low, comma, high = body.partition(",")
+        if end < 0 or not (low.isdigit() or (comma and not low)) or (high and not high.isdigit()):
+            return None  # Python reads '{' that opens no repeat as a literal
+        lo = int(low) if low else 0
+        hi = (int(high) if high else None) if comma else lo
+        if hi is not None and hi < lo:
+            raise self.fail(f"a repeat {{{body}}} whose maximum is below its minimum")
+        if max(lo, hi or 0) > MAX_REPEAT:
+            raise self.fail(f"a repeat {{{body}}} above {MAX_REPEAT}")
+        self.at = end + 1
+        return lo, hi
+
+    def atom(self) -> Pattern:
+        c = self.take()
+        if c == "(":
+            return self.group()
+        if c == "[":
+            return Chars(self.klass())
+        if c == ".":
+            return Chars(negate(((0x0A, 0x0A),)))
+        if c == "\\":
+            return Chars(self.escape(in_class=False))
+        if c in "*+?":
+            self.at -= 1
+            raise self.fail(f"nothing to repeat before {c!r}")
+        if c in "^$":
+            self.at -= 1
+            raise self.fail(f"the anchor {c!r} inside the regex (only a leading ^ and a trailing $ are "
+                            "allowed: the whole output must match)")
+        return Chars(((ord(c), ord(c)),))
+
+    def group(self) -> Pattern:
+        if self.peek() == "?":
+            self.at += 1
+            kind = self.take()
+            if kind == "P" and self.peek() == "<":
+                end = self.src.find(">", self.at)
+                if end < 0:
+                    raise self.fail("an unterminated group name")
+                self.at = end + 1
+            elif kind != ":":
+                self.at -= 2
+                raise self.fail(f"the group '(?{kind}' (lookarounds, flags and conditionals cannot run as an "
+                                "automaton; use (?:...) for a plain group)")
+        inner = self.alternation() if self.peek() != ")" else EMPTY
+        if self.peek() != ")":
+            raise self.fail("a '(' without its ')'")
+        self.at += 1
+        return inner
+
+    def escape(self, in_class: bool) -> tuple[tuple[int, int], ...]:
+        c = self.take()
+        if c.lower() in ESCAPE_CLASSES:
+            ranges = ESCAPE_CLASSES[c.lower()]
+            return negate(ranges) if c.isupper() else ranges
+        if c in ESCAPE_CHARS:
+            cp = ord(ESCAPE_CHARS[c])
+        elif c in "xuU":
+            width = {"x": 2, "u": 4, "U": 8}[c]
+            digits = self.src[self.at:self.at + width]
+            if len(digits) != width or any(d not in "0123456789abcdefABCDEF" for d in digits):
+                raise self.fail(f"'\\{c}' needs {width} hex digits")
+            self.at += width
+            cp = int(digits, 16)
+            if cp > MAX_CODEPOINT:
+                raise self.fail(f"'\\{c}{digits}' is above U+10FFFF")
+        elif c.isalnum():
+            self.at -= 2
+            raise self.fail(f"the escape '\\{c}' (backreferences and anchors such as \\b cannot run as an automaton)")
+        else:
+            cp = ord(c)
+        return ((cp, cp),)
+
+    def klass(self) -> tuple[tuple[int, int], ...]:
+        negated = self.peek() == "^"
+        if negated:
+            self.at += 1
+        ranges: list[tuple[int, int]] = []
+        first = True
+        while True:
+            c = self.take()
+            if c == "]" and not first:
+                break
+            first = False
+            lo = self.escape(in_class=True) if c == "\\" else ((ord(c), ord(c)),)
+            if self.peek() == "-" and self.at + 1 < len(self.src) and self.src[self.at + 1] != "]" and len(lo) == 1 \
+                    and lo[0][0] == lo[0][1]:
+                self.at += 1
+                h = self.take()
+                hi = self.escape(in_class=True) if h == "\\" else ((ord(h), ord(h)),)
+                if len(hi) != 1 or hi[0][0] != hi[0][1] or hi[0][0] < lo[0][0]:
+                    raise self.fail("a bad range in a character class")
+                ranges.append((lo[0][0], hi[0][0]))
+            else:
+                ranges.extend(lo)
+        out = normalise(ranges)
+        return negate(out) if negated else out

@@ -1,0 +1,108 @@
+"""What a request asks its output to be: ``StructuredOutputs``, vLLM's field of the same name."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from typing import Any, Mapping
+
+from specsure.grammar.json_schema import any_object, schema_pattern
+from specsure.grammar.pattern import NFA, Alt, PatternError, compile_nfa, literal
+from specsure.grammar.regex import parse_regex
+
+MAX_CHOICES = 1000
+
+
+class GrammarError(ValueError):
+    """A StructuredOutputs that cannot be compiled; ``field`` is the one at fault (``json``, ``regex``, ...)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"structured_outputs.{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class StructuredOutputs:
+    """Constrain the output's text (vLLM's ``StructuredOutputsParams``); set exactly one field.
+
+    The constraint is on the whole output text: generation can only end (EOS or a stop token)
+    where the text is complete, and every token is one that keeps it a prefix of a valid text.
+    """
+
+    json: str | None = None
+    """A JSON Schema, as its JSON text (a dict is accepted and stored as compact JSON, so the
+    params stay hashable). The output is one JSON value the schema accepts."""
+    regex: str | None = None
+    """A regular expression (Python syntax, the automaton-friendly subset) the whole output matches."""
+    choice: tuple[str, ...] | None = None
+    """The output is exactly one of these strings (a list is stored as a tuple)."""
+    json_object: bool = False
+    """The output is one JSON object of any content (OpenAI's ``response_format: json_object``)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.json, str):  # one spelling per schema, so equal schemas share an automaton
+            try:
+                object.__setattr__(self, "json", _compact(json.loads(self.json)))
+            except json.JSONDecodeError:
+                pass  # compiled() names the error
+        elif isinstance(self.json, (Mapping, bool)):
+            object.__setattr__(self, "json", _compact(self.json))
+        if isinstance(self.choice, list):
+            object.__setattr__(self, "choice", tuple(self.choice))
+        given = [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
+        if len(given) != 1:
+            raise GrammarError("json" if not given else given[1],
+                               f"set exactly one of json, regex, choice and json_object (given: "
+                               f"{', '.join(given) or 'none'})")
+        if self.json is not None and not isinstance(self.json, str):
+            raise GrammarError("json", f"is a {type(self.json).__name__}; give a JSON Schema as a dict or its JSON text")
+        if self.regex is not None and (not isinstance(self.regex, str) or not self.regex):
+            raise GrammarError("regex", f"is {self.regex!r}; give a non-empty regular expression string")
+        if self.choice is not None and (not isinstance(self.choice, tuple) or not self.choice
+                                        or len(self.choice) > MAX_CHOICES
+                                        or not all(isinstance(c, str) and c for c in self.choice)):
+            raise GrammarError("choice", f"must be a list of 1 to {MAX_CHOICES} non-empty strings")
+        if not isinstance(self.json_object, bool):
+            raise GrammarError("json_object", f"is {self.json_object!r}; give true or false")
+        compiled(self)  # refuse what cannot compile now, not when a model has loaded
+
+    @property
+    def field(self) -> str:
+        """The one field that is set."""
+        return next(f.name for f in fields(self) if getattr(self, f.name) not in (None, False))
+
+    @classmethod
+    def from_dict(cls, body: Mapping[str, Any]) -> "StructuredOutputs":
+        """From vLLM's JSON shape; an unknown key names the ones there are."""
+        known = {f.name for f in fields(cls)}
+        for key in body:
+            if key not in known:
+                hint = " (specsure has no grammar engine; give a regex or a JSON Schema)" if key == "grammar" else ""
+                raise GrammarError(key, f"is not a field specsure implements{hint}; fields: {', '.join(sorted(known))}")
+        return cls(**dict(body))
+
+
+def _compact(schema: Any) -> str:
+    return json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+
+
+@lru_cache(maxsize=64)
+def compiled(spec: StructuredOutputs) -> NFA:
+    """The byte NFA of ``spec``'s texts, compiled once per distinct constraint."""
+    field = spec.field
+    try:
+        if spec.json is not None:
+            try:
+                schema = json.loads(spec.json)
+            except json.JSONDecodeError as e:
+                raise PatternError(f"is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+            return compile_nfa(schema_pattern(schema))
+        if spec.regex is not None:
+            return compile_nfa(parse_regex(spec.regex))
+        if spec.choice is not None:
+            return compile_nfa(Alt(tuple(literal(c) for c in spec.choice)))
+        return compile_nfa(any_object())
+    except (PatternError, RecursionError) as e:
+        message = str(e) if isinstance(e, PatternError) else "nests too deeply to compile"
+        raise GrammarError(field, message) from None

@@ -1,0 +1,174 @@
+"""Structured outputs' compiler: regexes, JSON schemas and choices to byte automata, and the tokens
+each state allows, checked against Python's ``re``, ``json`` and a token-by-token walk."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from specsure import SamplingParams
+from specsure.grammar import GrammarError, StructuredOutputs
+from specsure.grammar.automaton import DEAD, ByteDFA, TokenAutomaton, TokenTable
+from specsure.grammar.json_schema import integer_range
+from specsure.grammar.pattern import compile_nfa
+from specsure.grammar.spec import compiled
+from specsure.sampling import SamplingError
+
+
+def accepts(spec: StructuredOutputs | ByteDFA, text: str | bytes) -> bool:
+    dfa = spec if isinstance(spec, ByteDFA) else ByteDFA(compiled(spec))
+    state = dfa.walk(dfa.start, text.encode("utf-8") if isinstance(text, str) else text)
+    return state != DEAD and dfa.accepting[state]
+
+
+REGEXES = [r"[a-z]+@x\.com", r"\d{3}-\d{2,4}", r"(ab|cd)*e?", r"[^\d\s]+", r"colou?r", r"(?:\w+ ){1,3}\w+",
+           r"^\(\d{3}\) \d{3}-\d{4}$", r"[+-]?(0|[1-9]\d*)(\.\d+)?", r"a{2}b{0,2}c{1,}", r".é.", r"[\u00e0-\u00ff]+x",
+           r"(?P<year>\d{4})-(?P<m>0[1-9]|1[0-2])", r"[]a]+", r"[a\-z]+", r"x{,3}"]
+TEXTS = ["", "a", "abc@x.com", "ab@x.com.", "123-45", "123-4567", "12-345", "ababcde", "abcde", "e", "abab",
+         "hello", "hel lo", "h3llo", "color", "colour", "colouur", "one two", "one two three four", "one two three four five",
+         "(555) 123-4567", "555 123-4567", "-12.5", "+0", "01", "3.", "aab", "aabbc", "aabbbc", "aaccc", "xéx", "aéa", "éé",
+         "àéÿx", "ax", "2024-09", "2024-13", "]a]", "a-z", "x{,3}", "中文", "😀", "a\nb"]
+
+
+@pytest.mark.parametrize("source", REGEXES)
+def test_a_regex_accepts_exactly_what_python_fullmatches(source: str) -> None:
+    dfa = ByteDFA(compiled(StructuredOutputs(regex=source)))
+    for text in TEXTS:
+        assert accepts(dfa, text) == bool(re.fullmatch(source, text)), (source, text)
+
+
+@pytest.mark.parametrize("source, construct", [("a(?=b)", "(?="), (r"(a)\1", "\\1"), (r"\bword", "\\b"),
+                                               ("a**", "quantifier after a quantifier"), ("(ab", "without its ')'"),
+                                               ("ab)", "unbalanced"), ("a^b", "anchor"), ("x{5,2}", "below its minimum"),
+                                               ("x{2000}", "above 1000"), ("*a", "nothing to repeat")])
+def test_a_regex_an_automaton_cannot_run_is_refused_by_name(source: str, construct: str) -> None:
+    with pytest.raises(GrammarError, match=re.escape(construct)) as info:
+        StructuredOutputs(regex=source)
+    assert info.value.field == "regex" and "position" in str(info.value)
+
+
+def test_any_character_is_valid_utf8_and_nothing_else() -> None:
+    dfa = ByteDFA(compiled(StructuredOutputs(regex=r"[^x]")))
+    for ch in ["a", "é", "中", "😀", "\u07ff", "\u0800", "\uffff", "\U00010000", "\U0010ffff"]:
+        assert accepts(dfa, ch), ch
+    for raw in [b"x", b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80", b"\xe4\xb8"]:
+        assert not accepts(dfa, raw), raw  # lone, truncated, overlong, surrogate and out-of-range encodings
+
+
+def test_integer_ranges_hold_exactly_their_integers() -> None:
+    for low, high in [(-37, 104), (0, 9), (5, 5), (-1000, -999), (7, None), (None, -3), (0, 120), (99, 1001)]:
+        dfa = ByteDFA(compile_nfa(integer_range(low, high)))
+        for n in range(-1200, 1200):
+            inside = (low is None or n >= low) and (high is None or n <= high)
+            assert accepts(dfa, str(n)) == inside, (low, high, n)
+        assert not accepts(dfa, "007") and not accepts(dfa, "-0") and not accepts(dfa, "+5")
+
+
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "minLength": 1, "maxLength": 8},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "email": {"type": "string", "format": "email"},
+    "tags": {"type": "array", "items": {"enum": ["a", "b", 3]}, "maxItems": 2},
+    "kind": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/Kind"}]},
+    "score": {"type": "number"}},
+    "required": ["name", "age"], "$defs": {"Kind": {"type": "string", "enum": ["cat", "dog"]}}}
+
+
+@pytest.mark.parametrize("text, valid", [
+    ('{"name": "Al", "age": 30}', True),
+    ('{"name":"Al","age":30}', True),
+    ('{\n  "name": "Al",\n  "age": 30\n}', True),
+    ('{"name": "Al", "age": 30, "tags": ["a", 3], "kind": "dog", "score": -1.5e3}', True),
+    ('{"name": "Al", "age": 30, "email": "al@example.org", "kind": null}', True),
+    ('{"name": "Al\\u00e9\\"", "age": 0}', True),
+    ('{"name": "中文", "age": 120}', True),
+    ('{"age": 30, "name": "Al"}', False),  # properties come in the schema's order
+    ('{"name": "Al"}', False),  # age is required
+    ('{"name": "", "age": 30}', False),  # minLength
+    ('{"name": "Alexander the Great", "age": 30}', False),  # maxLength
+    ('{"name": "Al", "age": 121}', False),
+    ('{"name": "Al", "age": 30.5}', False),
+    ('{"name": "Al", "age": 30, "tags": ["a", "b", 3]}', False),  # maxItems
+    ('{"name": "Al", "age": 30, "kind": "cow"}', False),
+    ('{"name": "Al", "age": 30, "email": "not an email"}', False),
+    ('{"name": "Al", "age": 30, "extra": 1}', False),  # no properties beyond those listed
+    ('{"name": "Al", "age": 30,}', False),
+    ('{"name": "A\nl", "age": 30}', False),  # a raw control character in a string
+    (' {"name": "Al", "age": 30}', False),  # nothing before the value
+    ('{"name": "Al", "age": 30}\n', False),  # or after it
+    ('{"name": "Al",' + " " * 40 + '"age": 30}', False),  # whitespace is bounded
+])
+def test_a_json_schema_accepts_its_documents(text: str, valid: bool) -> None:
+    assert accepts(StructuredOutputs(json=PERSON), text) is valid
+    if valid:
+        json.loads(text)
+
+
+def test_json_object_accepts_nested_json_and_refuses_other_values() -> None:
+    spec = StructuredOutputs(json_object=True)
+    for text in ['{}', '{"a": [1, 2.5, {"b": null}], "c": {"d": [true, false, "x"]}}', '{ "k" : [ ] }']:
+        assert accepts(spec, text), text
+    for text in ['[]', '"x"', '{"a": }', "{'a': 1}", '{"a": 1', '{"a": [[[[[[1]]]]]]}']:
+        assert not accepts(spec, text), text  # the last nests deeper than ANY_DEPTH
+
+
+@pytest.mark.parametrize("schema, words", [
+    ({"type": "string", "not": {"const": "x"}}, "'not'"),
+    ({"type": "array", "uniqueItems": True}, "'uniqueItems'"),
+    ({"type": "integer", "multipleOf": 3}, "'multipleOf'"),
+    ({"type": "object", "properties": {"a": {"$ref": "#"}}}, "refers back to itself"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}, "['b']"),
+    ({"type": "string", "format": "hostname"}, "'hostname'"),
+    ({"type": "number", "minimum": 1}, "minimum is 1"),
+    ({"type": "strng"}, '"strng"'),
+    ({"$ref": "#/$defs/Missing"}, "points at nothing"),
+    ({"type": "object", "properties": {"a": {}}, "additionalProperties": True}, "additionalProperties"),
+])
+def test_a_schema_keyword_that_cannot_be_enforced_is_refused_by_name(schema: dict, words: str) -> None:
+    with pytest.raises(GrammarError, match=re.escape(words)) as info:
+        StructuredOutputs(json=schema)
+    assert info.value.field == "json"
+
+
+def test_exactly_one_field_and_the_params_carry_it_as_given() -> None:
+    with pytest.raises(GrammarError, match="exactly one"):
+        StructuredOutputs(regex="a", choice=["a"])
+    with pytest.raises(GrammarError, match="exactly one"):
+        StructuredOutputs()
+    with pytest.raises(GrammarError, match="not a field specsure implements.*no grammar engine"):
+        StructuredOutputs.from_dict({"grammar": "root ::= 'a'"})
+    with pytest.raises(SamplingError, match=r"structured_outputs.*json: .*'not'"):
+        SamplingParams(structured_outputs={"json": {"not": {}}})
+    params = SamplingParams(structured_outputs={"json": PERSON})
+    assert params.structured_outputs == StructuredOutputs(json=PERSON)
+    assert hash(params) == hash(SamplingParams(structured_outputs=StructuredOutputs(json=json.dumps(PERSON))))
+    assert accepts(StructuredOutputs(choice=["yes", "no"]), "no") and not accepts(StructuredOutputs(choice=["yes"]), "ye")
+
+
+def test_a_string_pattern_is_searched_unless_anchored_and_stays_inside_the_quotes() -> None:
+    anchored = StructuredOutputs(json={"type": "string", "pattern": "^[A-Z]{2}[0-9]+$"})
+    assert accepts(anchored, '"AB12"') and not accepts(anchored, '"xAB12"')
+    searched = StructuredOutputs(json={"type": "string", "pattern": "[0-9]{3}"})
+    assert accepts(searched, '"id 123 ok"') and not accepts(searched, '"id 12"')
+    loose = StructuredOutputs(json={"type": "string", "pattern": "^[^,]+$"})
+    assert accepts(loose, '"a b"') and not accepts(loose, '"a"b"')
+
+
+VOCAB = [None, b"{", b'{"', b'"', b'":', b"a", b"ab", b"1", b"12", b"}", b" ", b"\xc3", b"\xa9", b"\xc3\xa9", b"x}",
+         b'"}', b",", b"", None]
+
+
+def test_the_allowed_tokens_are_the_ones_a_byte_walk_allows() -> None:
+    automaton = TokenAutomaton(ByteDFA(compiled(StructuredOutputs(json_object=True))), TokenTable(VOCAB))
+    dfa, state = automaton.dfa, automaton.dfa.start
+    for token in [2, 5, 4, 10, 3, 11, 12, 13, 15]:  # {"a": "é é"}, the é once split over two tokens
+        mask = automaton.allowed(state)
+        walked = [raw is not None and raw != b"" and dfa.walk(state, raw) != DEAD for raw in VOCAB]
+        assert mask.tolist() == walked
+        assert mask[token], (token, VOCAB[token])
+        state = automaton.advance(state, token)
+    assert dfa.accepting[state] and automaton.advance(state, 9) == DEAD
+    assert not np.any(automaton.allowed(state))  # complete: only an end token may follow
