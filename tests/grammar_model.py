@@ -33,6 +33,7 @@ def build_byte_level_model(folder: Path, seed: int = 0) -> Path:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(["</s>", "<s>"])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     build_tiny_llama(folder, vocab_size=len(vocab), seed=seed, extra_config={"eos_token_id": 0, "bos_token_id": 1})
     fast.save_pretrained(folder)
     return folder

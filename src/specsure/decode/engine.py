@@ -157,12 +157,14 @@ class Engine:
 
     def _check_structured(self, params: SamplingParams) -> None:
         spec = params.structured_outputs
+        assert spec is not None
+        shown = {spec.field: getattr(spec, spec.field)}
         try:
             self._grammars.table()
         except TokenizerKindError as e:
-            raise ParamsError("structured_outputs", spec, f"cannot run: {e}.") from None
+            raise ParamsError("structured_outputs", shown, f"cannot run: {e}.") from None
         if not self._rules().stop_ids(params):
-            raise ParamsError("structured_outputs", spec, "needs a token that ends the output once its text is "
+            raise ParamsError("structured_outputs", shown, "needs a token that ends the output once its text is "
                                                           "complete, but ignore_eos is set and stop_token_ids is "
                                                           "empty; drop ignore_eos, or give stop_token_ids.")
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 from specsure.config.errors import as_json, json_type
 from specsure.config.schema import suggest
+from specsure.grammar import GrammarError, StructuredOutputs
 from specsure.sampling import MAX_LOGPROBS, SamplingError, SamplingParams
 
 COMPLETION_MAX_TOKENS = 16
@@ -27,7 +28,8 @@ SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop"
                    "stop_token_ids", "include_stop_str_in_output", "min_tokens", "presence_penalty",
                    "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids")
 """OpenAI's sampling fields and vLLM's extensions that specsure implements."""
-COMMON_FIELDS = ("model", *SAMPLING_FIELDS, "n", "stream", "stream_options", "user")
+COMMON_FIELDS = ("model", *SAMPLING_FIELDS, "n", "stream", "stream_options", "user", "response_format",
+                 "structured_outputs")
 COMPLETION_FIELDS = ("prompt", "logprobs", "echo", *COMMON_FIELDS)
 CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", *COMMON_FIELDS)
 MAX_N = 16
@@ -44,8 +46,9 @@ STREAM_OPTION_FIELDS = ("include_usage",)
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "best_of": (1,),
     "suffix": (), "tools": ([],), "tool_choice": ("none",),
-    "response_format": ({"type": "text"},),
 }
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+JSON_SCHEMA_FIELDS = ("name", "schema", "strict", "description")
 
 COMPLETION_ONLY = frozenset({"echo", "best_of", "suffix"})
 """OpenAI fields of the legacy completions endpoint; the chat endpoint has none of them."""
@@ -285,6 +288,9 @@ def _sampling(body: dict[str, Any], max_field: str, default_max: int, logprobs: 
         values["logit_bias"] = _bias_keys(values["logit_bias"])
     values.setdefault("max_tokens", default_max)
     values["logprobs"] = logprobs
+    structured = _structured(body)
+    if structured is not None:
+        values["structured_outputs"] = structured
     try:
         return SamplingParams(**values)
     except SamplingError as exc:
@@ -296,6 +302,53 @@ def _sampling(body: dict[str, Any], max_field: str, default_max: int, logprobs: 
         fix = SAMPLING_FIXES[exc.field].format(param=param)
         raise RequestError(f"{param} = {shown(body.get(param, values.get(exc.field)))} {allowed}; {fix}.",
                            param) from None
+
+
+def _structured(body: dict[str, Any]) -> StructuredOutputs | None:
+    """The body's constraint on the output: OpenAI's response_format or vLLM's structured_outputs."""
+    fmt, extra = body.get("response_format"), body.get("structured_outputs")
+    if fmt is not None and extra is not None:
+        raise RequestError("response_format and structured_outputs both constrain the output; send one of them.",
+                           "structured_outputs")
+    if extra is not None:
+        if not isinstance(extra, dict):
+            raise RequestError(f"structured_outputs = {shown(extra)} must be an object such as "
+                               '{"json": {"type": "object"}}, {"regex": "..."} or {"choice": ["a", "b"]}.',
+                               "structured_outputs")
+        return _grammar(lambda: StructuredOutputs.from_dict(extra), "structured_outputs")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind not in RESPONSE_FORMATS:
+        raise RequestError(f"response_format = {shown(fmt)} must be an object whose type is one of "
+                           f"{', '.join(RESPONSE_FORMATS)}, e.g. " + '{"type": "json_object"}.', "response_format")
+    unknown = sorted(set(fmt) - {"type", "json_schema"})
+    if unknown or (kind != "json_schema" and "json_schema" in fmt):
+        field = unknown[0] if unknown else "json_schema"
+        raise RequestError(f"unknown field {field!r} in response_format of type {kind!r}.", f"response_format.{field}",
+                           "unknown_field")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutputs(json_object=True)
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise RequestError('response_format of type json_schema needs "json_schema": {"name": ..., "schema": {...}}; '
+                           f"got {shown(spec)}.", "response_format.json_schema")
+    for key in spec:
+        if key not in JSON_SCHEMA_FIELDS:
+            raise RequestError(f"unknown field {key!r} in response_format.json_schema.{suggest(key, JSON_SCHEMA_FIELDS)}"
+                               f" Fields: {', '.join(JSON_SCHEMA_FIELDS)}.", f"response_format.json_schema.{key}",
+                               "unknown_field")
+    return _grammar(lambda: StructuredOutputs(json=spec["schema"]), "response_format.json_schema.schema")
+
+
+def _grammar(make: Callable[[], StructuredOutputs], param: str) -> StructuredOutputs:
+    try:
+        return make()
+    except GrammarError as exc:
+        where = param if param.startswith("response_format") else f"structured_outputs.{exc.field}"
+        raise RequestError(f"{where}: {str(exc).split(': ', 1)[1]}.", where) from None
 
 
 def _bias_keys(bias: Any) -> Any:
