@@ -107,6 +107,13 @@ def test_min_tokens_gives_way_where_the_text_is_complete(engines: list[Engine]) 
     assert completion.text in ("yes", "no") and completion.finish_reason == "stop"
 
 
+def test_allowed_token_ids_that_leave_the_constraint_nothing_end_the_output(engines: list[Engine]) -> None:
+    x = engines[0].encode("x")[-1]
+    params = SamplingParams(max_tokens=5, allowed_token_ids=[x], structured_outputs={"choice": ["yes"]})
+    completion = engines[0].generate(PROMPT, params)[0]
+    assert completion.token_ids == [0] and completion.text == "" and completion.finish_reason == "stop"
+
+
 def test_streamed_steps_join_to_the_completion(engines: list[Engine]) -> None:
     params = SamplingParams(max_tokens=40, structured_outputs={"json": SCHEMA})
     steps = list(engines[1].generate_stream(PROMPT, params))

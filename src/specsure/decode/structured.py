@@ -98,4 +98,9 @@ class Constraint:
         if all(m is None for m in masks):
             return logits
         keep = torch.from_numpy(np.stack([m if m is not None else np.ones(vocab, dtype=bool) for m in masks]))
-        return logits.masked_fill(~keep, float("-inf"))  # [n, vocab]
+        masked = logits.masked_fill(~keep, float("-inf"))  # [n, vocab]
+        stuck = (masked == float("-inf")).all(dim=-1)
+        if stuck.any():  # allowed_token_ids left no token the constraint allows: the output ends there
+            ends = torch.tensor([t for t in self.end_ids if t < vocab])
+            masked[stuck.nonzero()[:, :1], ends[None, :]] = 0.0
+        return masked

@@ -61,8 +61,9 @@ class Joined:
 @dataclass(frozen=True)
 class Members:
     """JSON object members in a fixed order, each present or (when not required) absent, with
-    ``sep`` between the present ones. Built as two hubs per member (none written yet, some written),
-    so k optional members cost 2k copies, not the 2^k that nested alternatives would."""
+    ``sep`` between the present ones. Built as two hubs per member (none written yet, some written)
+    around one copy of it, so k optional members cost k copies, not the 2^k that nested
+    alternatives would."""
 
     items: tuple[tuple["Pattern", bool], ...]
     """(the member's ``"key": value`` pattern, required)."""
@@ -163,18 +164,28 @@ def _build(nfa: NFA, p: Pattern) -> tuple[int, int]:
         start, end = nfa.state(), nfa.state()
         if not p.ranges:
             raise PatternError("a character class that matches no character")
+        # Sequences that end alike share their tail: the continuation bytes of every multi-byte
+        # character of a wide class are a few states, not one path per sequence.
+        tails: dict[tuple[tuple[int, int], ...], int] = {(): end}
+
+        def tail(rest: tuple[tuple[int, int], ...]) -> int:
+            if rest not in tails:
+                state = nfa.state()
+                nfa.edges[state].append((rest[0][0], rest[0][1], tail(rest[1:])))
+                tails[rest] = state
+            return tails[rest]
+
         for lo, hi in p.ranges:
             for s_lo, s_hi in ((lo, min(hi, SURROGATES[0] - 1)), (max(lo, SURROGATES[1] + 1), hi)):
                 for seq in (utf8_sequences(s_lo, s_hi) if s_lo <= s_hi else []):
-                    at = start
-                    for i, (b_lo, b_hi) in enumerate(seq):
-                        to = end if i == len(seq) - 1 else nfa.state()
-                        nfa.edges[at].append((b_lo, b_hi, to))
-                        at = to
+                    nfa.edges[start].append((seq[0][0], seq[0][1], tail(tuple(seq[1:]))))
         return start, end
     if isinstance(p, Seq):
-        start = end = nfa.state()
-        for item in p.items:
+        if not p.items:
+            start = end = nfa.state()
+            return start, end
+        start, end = _build(nfa, p.items[0])
+        for item in p.items[1:]:
             s, e = _build(nfa, item)
             nfa.eps[end].append(s)
             end = e
@@ -220,12 +231,13 @@ def _build(nfa: NFA, p: Pattern) -> tuple[int, int]:
         none = [nfa.state() for _ in range(n + 1)]
         some = [nfa.state() for _ in range(n + 1)]
         for i, (item, required) in enumerate(p.items):
-            s, e = _build(nfa, item)
+            s, e = _build(nfa, item)  # one copy: from either hub it leads to some[i + 1]
             nfa.eps[none[i]].append(s)
             nfa.eps[e].append(some[i + 1])
-            ss, se = _build(nfa, Seq((p.sep, item)))
-            nfa.eps[some[i]].append(ss)
-            nfa.eps[se].append(some[i + 1])
+            if i:
+                ss, se = _build(nfa, p.sep)
+                nfa.eps[some[i]].append(ss)
+                nfa.eps[se].append(s)
             if not required:
                 nfa.eps[none[i]].append(none[i + 1])
                 nfa.eps[some[i]].append(some[i + 1])
