@@ -131,3 +131,18 @@ def test_what_cannot_run_is_refused_before_the_first_step(engines: list[Engine],
     words = make_engine(str(build_tiny_chat_model(tmp_path_factory.mktemp("words"))), dtype="float32")
     with pytest.raises(ParamsError, match="neither byte-level BPE nor SentencePiece"):
         words.generate([5, 6], SamplingParams(structured_outputs={"choice": ["w5"]}))
+
+
+def test_generate_takes_structured_outputs_inline_or_from_a_file(model: str, tmp_path, capsys) -> None:
+    from specsure.cli.main import main
+
+    spec = tmp_path / "so.json"
+    spec.write_text(json.dumps({"choice": ["yes", "no"]}), encoding="utf-8")
+    for flag in (f"@{spec}", '{"choice": ["yes", "no"]}'):
+        assert main(["generate", "--model", model, "--dtype", "float32", "--structured-outputs", flag, PROMPT]) == 0
+        assert capsys.readouterr().out.splitlines()[0] in ("yes", "no")
+    for flag, words in (('{"regex": "a(?=b)"}', "structured_outputs.regex"), ("[1]", "must be a JSON object"),
+                        ("{", "is not valid JSON"), (f"@{tmp_path / 'none.json'}", "cannot read")):
+        assert main(["generate", "--model", model, "--structured-outputs", flag, PROMPT]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "--structured-outputs" in err and "Traceback" not in err

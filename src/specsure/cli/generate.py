@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specsure.cli.common import EXIT_OK, add_model_flags, int_at_least, parse_speculative_config, seed_value
 
 if TYPE_CHECKING:
     from specsure.decode.engine import Completion, Engine
+    from specsure.grammar import StructuredOutputs
 
 
 DEFAULT_MAX_TOKENS = 128
@@ -19,6 +22,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_flags(parser)
     add_sampling_flags(parser)
     parser.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
+    parser.add_argument("--structured-outputs", default=None, metavar="JSON",
+                        help='constrain the output, as vLLM\'s structured_outputs: {"json": SCHEMA}, {"regex": "..."}, '
+                             '{"choice": [...]} or {"json_object": true}; inline JSON or @file.json')
     parser.add_argument("--threads", type=int_at_least(1), default=None, metavar="N",
                         help="torch CPU threads (default: torch's choice, every core)")
     parser.add_argument("prompt", metavar="PROMPT", help="the prompt text")
@@ -54,6 +60,34 @@ def render_prompt(engine: "Engine", prompt: str, chat: bool,
         raise ValueError(why)
     return list(tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                         tokenize=True, return_dict=False))
+
+
+def parse_structured_outputs(text: str | None) -> "StructuredOutputs | None":
+    """--structured-outputs: vLLM's structured_outputs object, inline or @file.json."""
+    from specsure.grammar import GrammarError, StructuredOutputs
+
+    if text is None:
+        return None
+    source = "--structured-outputs"
+    if text.startswith("@"):
+        path = Path(text[1:]).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8-sig")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--structured-outputs {text!r}: cannot read {path} as UTF-8 text ({exc}).") from None
+        source = f"--structured-outputs file {path}"
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ValueError(f"{source} is not valid JSON ({exc}). Example: --structured-outputs "
+                         '\'{"choice": ["yes", "no"]}\'') from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{source} must be a JSON object such as {{\"json\": {{\"type\": \"object\"}}}}, not "
+                         f"{text.strip()[:40]!r}.")
+    try:
+        return StructuredOutputs.from_dict(value)
+    except GrammarError as exc:
+        raise ValueError(f"{source}: {exc}.") from None
 
 
 def fit_max_tokens(asked: int | None, prompt_tokens: int, context: int | None,
@@ -101,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:  # its message names the Python field; the user typed a flag
         flag = "--temperature" if "temperature" in str(err) else "--top-p"
         raise ValueError(f"{flag}: {str(err).split(' = ', 1)[1]}") from None
+    structured = parse_structured_outputs(args.structured_outputs)
     if not args.prompt:
         raise ValueError("PROMPT is empty; give some text to continue, for example specsure generate \"Hello\".")
     if args.threads is not None:
@@ -112,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     prompt = engine.encode(render_prompt(engine, args.prompt, args.chat))
     max_tokens = fit_max_tokens(args.max_tokens, len(prompt), engine.target.lm.max_context)
     params = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed)
+                            top_k=args.top_k, seed=args.seed, structured_outputs=structured)
     completion = engine.generate(prompt, params)[0]
     print(completion.text)
     print()
