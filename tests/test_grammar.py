@@ -172,3 +172,18 @@ def test_the_allowed_tokens_are_the_ones_a_byte_walk_allows() -> None:
         state = automaton.advance(state, token)
     assert dfa.accepting[state] and automaton.advance(state, 9) == DEAD
     assert not np.any(automaton.allowed(state))  # complete: only an end token may follow
+
+
+def test_a_point_mass_draft_loses_what_the_constraint_refuses() -> None:
+    from specsure.decode.structured import Constraint
+    from specsure.proposers.base import Draft
+
+    vocab = [None, b"y", b"e", b"s", b"n", b"o", b"x"]  # id 0 ends the output
+    automaton = TokenAutomaton(ByteDFA(compiled(StructuredOutputs(choice=["yes", "no"]))), TokenTable(vocab))
+    constraint = Constraint(automaton, frozenset({0}))
+    assert constraint.prune(Draft([1, 2, 3, 0, 1])).token_ids == [1, 2, 3, 0]  # nothing after the end
+    assert constraint.prune(Draft([1, 6, 3])).token_ids == [1]
+    assert constraint.prune(Draft([6])).token_ids == []
+    tree = Draft([1, 4, 6, 2, 5, 3], parents=[0, 0, 0, 1, 2, 4])  # y, n, x; y>e, n>o, y>e>s
+    pruned = constraint.prune(tree)
+    assert pruned.token_ids == [1, 4, 2, 5, 3] and pruned.parents == [0, 0, 1, 2, 3]

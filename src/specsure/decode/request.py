@@ -160,6 +160,8 @@ class Request:
         """The verify forward for this step's draft: the pending token, then the draft (chain or tree)."""
         lm, output = self.lm, self.output
         assert lm is not None and output
+        if self._constraint is not None and draft.token_ids and draft.probs is None:
+            draft = self._constraint.prune(draft)
         self._draft, self._start = draft, lm.cache_len
         fed = [output[-1], *draft.token_ids]
         if draft.parents is not None and draft.token_ids:

@@ -21,6 +21,7 @@ from specsure.grammar import StructuredOutputs
 from specsure.grammar.automaton import DEAD, ByteDFA, TokenAutomaton, TokenTable
 from specsure.grammar.spec import compiled
 from specsure.models.token_bytes import TokenizerKindError, token_bytes
+from specsure.proposers.base import Draft
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -76,6 +77,39 @@ class Constraint:
                 return DEAD
             state = self.automaton.advance(state, token)
         return state
+
+    def prune(self, draft: Draft) -> Draft:
+        """``draft`` without the tokens the constraint refuses and what follows them.
+
+        Only for point-mass drafts (``probs`` None: ngram, suffix, trees, greedy drafting): a refused
+        token would be rejected and the target's token drawn from p at that row either way, so
+        dropping it only saves a verify row. A sampled draft (q a distribution) keeps every token:
+        skipping rejection there would change the output's distribution.
+        """
+        assert draft.probs is None
+        parents = draft.parents if draft.parents is not None else list(range(len(draft.token_ids)))
+        states = [self.state]  # index 0: the pending token's state; node i's is states[i + 1]
+        kept: list[int] = []  # new index of each node, -1 when dropped
+        new_ids: list[int] = []
+        new_parents: list[int] = []
+        for token, parent in zip(draft.token_ids, parents):
+            state = states[parent] if parent == 0 or kept[parent - 1] >= 0 else DEAD
+            nxt = self._after(state, [token]) if state != DEAD else DEAD
+            ends = token in self.end_ids and state != DEAD and self.automaton.dfa.accepting[state]
+            if nxt == DEAD and not ends:
+                kept.append(-1)
+                states.append(DEAD)
+                continue
+            kept.append(len(new_ids) + 1)
+            new_ids.append(token)
+            new_parents.append(0 if parent == 0 else kept[parent - 1])
+            states.append(nxt)  # DEAD after an end token: nothing may follow it
+        if len(new_ids) == len(draft.token_ids):
+            return draft
+        if draft.parents is None:
+            cut = next(i for i, k in enumerate(kept) if k < 0)
+            return Draft(draft.token_ids[:cut])
+        return Draft(new_ids, parents=new_parents)
 
     def allowed(self, state: int, vocab: int) -> np.ndarray | None:
         """[vocab] bool of what may follow ``state``; None for a row past a refused token (never reached)."""
