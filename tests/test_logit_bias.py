@@ -130,3 +130,11 @@ def test_allowed_ids_that_are_all_stop_tokens_under_min_tokens_are_refused(engin
     eos = engines[0].target.eos_token_ids[0]
     with pytest.raises(ParamsError, match="holds only stop tokens, which min_tokens"):
         engines[0].generate(PROMPT, SamplingParams(max_tokens=4, allowed_token_ids=[eos], min_tokens=2))
+
+
+def test_numpy_token_ids_are_taken_as_ints_in_both_fields() -> None:
+    import numpy as np
+
+    params = SamplingParams(allowed_token_ids=[np.int64(3), 5], logit_bias={np.int32(7): 1.0})
+    assert params.allowed_token_ids == (3, 5) and all(type(i) is int for i in params.allowed_token_ids)
+    assert params.logit_bias == ((7, 1.0),)

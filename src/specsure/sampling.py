@@ -288,6 +288,8 @@ def _token_bias(bias: object) -> tuple[tuple[int, float], ...] | None:
 def _allowed_ids(ids: object) -> tuple[int, ...] | None:
     if ids is None:
         return None
+    if isinstance(ids, (list, tuple)):  # numpy's integers are token ids too, as logit_bias takes them
+        ids = [int(i) if isinstance(i, numbers.Integral) and not isinstance(i, bool) else i for i in ids]
     if not isinstance(ids, (list, tuple)) or not ids or not all(_is_int(i) and i >= 0 for i in ids):
         raise _fail("allowed_token_ids", ids, "is invalid: it must be None or a non-empty list of token ids "
                     "(ints >= 0)", "pass the ids that may be generated, e.g. allowed_token_ids=[11, 13, 42]")
