@@ -37,11 +37,12 @@ def byte_bpe_tokenizer(folder: Path, vocab: int) -> None:
 
 
 def write_llama_gguf(hf: Path, out: Path, *, skip: tuple[str, ...] = (), metadata: Mapping[str, Any] | None = None,
-                     raw: Mapping[str, Any] | None = None) -> Path:
+                     raw: Mapping[str, Any] | None = None, merges: bool = True) -> Path:
     """``hf`` (a llama folder with tokenizer.json) as a GGUF file of F32 tensors.
 
     skip: GGUF tensor names left out; metadata: llama.* values that replace the true ones;
-    raw: GGUF tensor names written as raw bytes of another GGML type, ``{name: type_name}``.
+    raw: GGUF tensor names written as raw bytes of another GGML type, ``{name: type_name}``;
+    merges: False leaves the BPE merges out.
     """
     import gguf
     from safetensors.numpy import load_file
@@ -66,7 +67,8 @@ def write_llama_gguf(hf: Path, out: Path, *, skip: tuple[str, ...] = (), metadat
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
     writer.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
-    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
+    if merges:
+        writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     names = dict(HF_TO_GGUF)

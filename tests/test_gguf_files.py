@@ -52,6 +52,7 @@ def test_a_sound_gguf_loads_as_its_source_with_its_own_tokenizer(hf: Path, tmp_p
     ({"metadata": {"feed_forward_length": 48}},
      r"the tensors do not fit the model transformers builds from the file's metadata \(model\.layers\.0\.mlp\.down_proj\.weight is \[32, 64\] in the file "
      r"but \[32, 48\]"),
+    ({"merges": False}, r"byte-level BPE \(tokenizer\.ggml\.model = 'gpt2'\) but the metadata has no tokenizer\.ggml\.merges"),
     ({"raw": {"blk.0.ffn_up.weight": "Q8_1"}},
      r"tensor 'blk\.0\.ffn_up\.weight' is of type Q8_1, which the installed gguf package cannot de-quantise \(it reads "
      r"F32, F16, .*Q8_0"),

@@ -42,6 +42,16 @@ def check_gguf(path: Path) -> None:
             raise ModelLoadError(f"{path} is truncated: tensor {entry.name!r} ({kind}, shape {list(entry.shape)}) "
                                  f"ends at byte {end}, but the file has {size} bytes; re-download it.")
     _check_blocks(path, metadata, tensors)
+    _check_tokenizer(path, metadata)
+
+
+def _check_tokenizer(path: Path, metadata: dict[str, object]) -> None:
+    """A byte-level BPE ('gpt2') vocabulary is unusable without its merges; transformers then looks
+    for SentencePiece scores instead and fails with a bare KeyError('scores')."""
+    if metadata.get("tokenizer.ggml.model") == "gpt2" and "tokenizer.ggml.merges" not in metadata:
+        raise ModelLoadError(f"{path}: its tokenizer is byte-level BPE (tokenizer.ggml.model = 'gpt2') but the "
+                             "metadata has no tokenizer.ggml.merges, so text cannot be tokenized; re-convert the "
+                             "model with its merges (llama.cpp's convert_hf_to_gguf.py writes them).")
 
 
 def dequantisable() -> frozenset[int]:
