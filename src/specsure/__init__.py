@@ -12,18 +12,19 @@ from specsure.config import ConfigConflictError, ConfigError, Resolution, Specul
 if TYPE_CHECKING:
     from specsure.decode.engine import Completion, Engine, make_engine
     from specsure.decode.metrics import SpecStats
+    from specsure.grammar import StructuredOutputs
     from specsure.sampling import SamplingParams
 
 __all__ = [
     "Completion", "ConfigConflictError", "ConfigError", "Engine", "Resolution", "SamplingParams",
-    "SpecStats", "SpeculativeConfig", "make_engine", "resolve",
+    "SpecStats", "SpeculativeConfig", "StructuredOutputs", "make_engine", "resolve",
 ]
 __version__ = "0.1.0"
 
 _LAZY = {
     "make_engine": "specsure.decode.engine", "Engine": "specsure.decode.engine",
     "Completion": "specsure.decode.engine", "SamplingParams": "specsure.sampling",
-    "SpecStats": "specsure.decode.metrics",
+    "SpecStats": "specsure.decode.metrics", "StructuredOutputs": "specsure.grammar",
 }
 
 
