@@ -12,7 +12,7 @@ import pytest
 from specsure import SamplingParams
 from specsure.grammar import GrammarError, StructuredOutputs
 from specsure.grammar.automaton import DEAD, ByteDFA, TokenAutomaton, TokenTable
-from specsure.grammar.json_schema import integer_range
+from specsure.grammar.integers import integer_range
 from specsure.grammar.pattern import compile_nfa
 from specsure.grammar.spec import compiled
 from specsure.sampling import SamplingError
