@@ -30,14 +30,14 @@ REGEXES = [r"[a-z]+@x\.com", r"\d{3}-\d{2,4}", r"(ab|cd)*e?", r"[^\d\s]+", r"col
 TEXTS = ["", "a", "abc@x.com", "ab@x.com.", "123-45", "123-4567", "12-345", "ababcde", "abcde", "e", "abab",
          "hello", "hel lo", "h3llo", "color", "colour", "colouur", "one two", "one two three four", "one two three four five",
          "(555) 123-4567", "555 123-4567", "-12.5", "+0", "01", "3.", "aab", "aabbc", "aabbbc", "aaccc", "xéx", "aéa", "éé",
-         "àéÿx", "ax", "2024-09", "2024-13", "]a]", "a-z", "x{,3}", "中文", "😀", "a\nb"]
+         "àéÿx", "ax", "été", "٣", "2024-09", "2024-13", "]a]", "a-z", "x{,3}", "中文", "😀", "a\nb"]
 
 
 @pytest.mark.parametrize("source", REGEXES)
 def test_a_regex_accepts_exactly_what_python_fullmatches(source: str) -> None:
     dfa = ByteDFA(compiled(StructuredOutputs(regex=source)))
     for text in TEXTS:
-        assert accepts(dfa, text) == bool(re.fullmatch(source, text)), (source, text)
+        assert accepts(dfa, text) == bool(re.fullmatch(source, text, re.ASCII)), (source, text)
 
 
 @pytest.mark.parametrize("source, construct", [("a(?=b)", "(?="), (r"(a)\1", "\\1"), (r"\bword", "\\b"),
@@ -126,6 +126,10 @@ def test_json_object_accepts_nested_json_and_refuses_other_values() -> None:
     ({"type": "strng"}, '"strng"'),
     ({"$ref": "#/$defs/Missing"}, "points at nothing"),
     ({"type": "object", "properties": {"a": {}}, "additionalProperties": True}, "additionalProperties"),
+    ({"type": "string", "pattern": "^a+$", "maxLength": 3}, "maxLength beside pattern"),
+    ({"type": "string", "format": "date", "minLength": 3}, "minLength beside format"),
+    ({"enum": ["a", "bb"], "minLength": 2}, "enum beside 'minLength'"),
+    ({"$ref": "#/$defs/A", "maxLength": 2, "$defs": {"A": {"type": "string"}}}, "$ref beside 'maxLength'"),
 ])
 def test_a_schema_keyword_that_cannot_be_enforced_is_refused_by_name(schema: dict, words: str) -> None:
     with pytest.raises(GrammarError, match=re.escape(words)) as info:

@@ -26,7 +26,7 @@ from specsure.proposers.base import Draft
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-AUTOMATA_KEPT = 32
+AUTOMATA_KEPT = 16
 """Constraints whose automata an engine keeps: requests with the same schema share one."""
 
 

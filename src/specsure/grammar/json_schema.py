@@ -96,6 +96,11 @@ class _Compiler:
             return any_value()
         if not isinstance(schema, dict):
             raise PatternError(f"{path} is {json.dumps(schema)[:60]}; a schema is an object (or true)")
+        for key in ("$ref", "const", "enum"):  # each names its texts outright: a sibling that narrows is refused
+            rest = sorted(set(schema) - ANNOTATIONS - {key, "type"})
+            if key in schema and rest:
+                raise PatternError(f"{path}: {key} beside {', '.join(map(repr, rest))} is not supported; keep {key} "
+                                   "alone (with annotations such as description), or drop the others")
         if "$ref" in schema:
             return self.ref(schema, path, refs)
         for key in ("anyOf", "oneOf", "allOf"):
@@ -151,6 +156,10 @@ class _Compiler:
         fmt, pattern = schema.get("format"), schema.get("pattern")
         if fmt is not None and pattern is not None:
             raise PatternError(f"{path} has both format and pattern; keep one")
+        lengths = sorted({"minLength", "maxLength"} & set(schema))
+        if (fmt is not None or pattern is not None) and lengths:
+            raise PatternError(f"{path}: {' and '.join(lengths)} beside {'format' if fmt else 'pattern'} is not "
+                               "supported; put the length into a pattern (e.g. ^.{1,20}$) or drop it")
         if fmt is not None:
             if fmt not in FORMATS:
                 raise PatternError(f"{path}/format is {fmt!r}; specsure can enforce {', '.join(sorted(FORMATS))}. "

@@ -1,5 +1,8 @@
 """A regular-expression parser for structured outputs: Python's ``re`` syntax, full-match.
 
+``\\d``, ``\\w`` and ``\\s`` are ASCII classes, as in JSON Schema's (ECMAScript) patterns and in
+Python with ``re.ASCII``; Python's default Unicode classes would let ``\\w`` take any letter.
+
 The subset every regex engine shares and a finite automaton can run: literals, ``.``, classes
 (``[a-z]``, ``[^"]``, ``\\d \\w \\s`` and their negations), groups (``(...)``, ``(?:...)``,
 ``(?P<name>...)``), alternation, and the quantifiers ``* + ? {m} {m,} {m,n}`` (lazy or greedy

@@ -34,7 +34,8 @@ class StructuredOutputs:
     """A JSON Schema, as its JSON text (a dict is accepted and stored as compact JSON, so the
     params stay hashable). The output is one JSON value the schema accepts."""
     regex: str | None = None
-    """A regular expression (Python syntax, the automaton-friendly subset) the whole output matches."""
+    """A regular expression (Python syntax, the automaton-friendly subset; ``\\d \\w \\s`` are ASCII,
+    as with ``re.ASCII``) the whole output matches."""
     choice: tuple[str, ...] | None = None
     """The output is exactly one of these strings (a list is stored as a tuple)."""
     json_object: bool = False
@@ -87,7 +88,7 @@ def _compact(schema: Any) -> str:
     return json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=16)
 def compiled(spec: StructuredOutputs) -> NFA:
     """The byte NFA of ``spec``'s texts, compiled once per distinct constraint."""
     field = spec.field
