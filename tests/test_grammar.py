@@ -130,6 +130,8 @@ def test_json_object_accepts_nested_json_and_refuses_other_values() -> None:
     ({"type": "string", "format": "date", "minLength": 3}, "minLength beside format"),
     ({"enum": ["a", "bb"], "minLength": 2}, "enum beside 'minLength'"),
     ({"$ref": "#/$defs/A", "maxLength": 2, "$defs": {"A": {"type": "string"}}}, "$ref beside 'maxLength'"),
+    ({"type": "integer", "const": "x"}, "is not of the type integer"),
+    ({"type": "boolean", "enum": [1, "x"]}, "no value of enum has the type boolean"),
 ])
 def test_a_schema_keyword_that_cannot_be_enforced_is_refused_by_name(schema: dict, words: str) -> None:
     with pytest.raises(GrammarError, match=re.escape(words)) as info:
@@ -150,6 +152,13 @@ def test_exactly_one_field_and_the_params_carry_it_as_given() -> None:
     assert params.structured_outputs == StructuredOutputs(json=PERSON)
     assert hash(params) == hash(SamplingParams(structured_outputs=StructuredOutputs(json=json.dumps(PERSON))))
     assert accepts(StructuredOutputs(choice=["yes", "no"]), "no") and not accepts(StructuredOutputs(choice=["yes"]), "ye")
+
+
+def test_enum_values_of_another_type_are_left_out_and_surrogates_refused() -> None:
+    spec = StructuredOutputs(json={"type": "integer", "enum": [1, "x", 2.0, 2.5]})
+    assert accepts(spec, "1") and accepts(spec, "2.0") and not accepts(spec, '"x"') and not accepts(spec, "2.5")
+    with pytest.raises(GrammarError, match="only surrogates"):
+        StructuredOutputs(regex="a[\ud800-\udfff]b|c")
 
 
 def test_a_string_pattern_is_searched_unless_anchored_and_stays_inside_the_quotes() -> None:
@@ -191,3 +200,21 @@ def test_a_point_mass_draft_loses_what_the_constraint_refuses() -> None:
     tree = Draft([1, 4, 6, 2, 5, 3], parents=[0, 0, 0, 1, 2, 4])  # y, n, x; y>e, n>o, y>e>s
     pruned = constraint.prune(tree)
     assert pruned.token_ids == [1, 4, 2, 5, 3] and pruned.parents == [0, 0, 1, 2, 3]
+
+
+def test_an_automaton_that_blows_up_fails_its_request_and_the_next_starts_afresh(monkeypatch) -> None:
+    import specsure.grammar.automaton as automaton_module
+    from specsure.decode.structured import Grammars
+    from specsure.grammar.pattern import PatternError
+
+    monkeypatch.setattr(automaton_module, "MAX_DFA_STATES", 40)
+    grammars = Grammars(None, len(VOCAB))
+    grammars._table = TokenTable([None, b"a", b"b", b"ab"])  # the vocabulary without a tokenizer to read
+    spec = StructuredOutputs(regex="[ab]*a[ab]{8}")  # 2^9 states: the last nine letters matter
+    first = grammars.automaton(spec)
+    with pytest.raises(PatternError, match="passed 40 states"):
+        state = first.dfa.start
+        for i in range(60):
+            first.allowed(state)
+            state = first.advance(state, 1 + bin(i * 2654435761).count("1") % 2)  # a and b mixed, no short period
+    assert first.dfa.full and grammars.automaton(spec) is not first

@@ -49,7 +49,7 @@ class Grammars:
 
     def automaton(self, spec: StructuredOutputs) -> TokenAutomaton:
         found = self._automata.get(spec)
-        if found is None:
+        if found is None or found.dfa.full:  # a blown-up automaton fails its request; the next starts afresh
             found = TokenAutomaton(ByteDFA(compiled(spec)), self.table())
             self._automata[spec] = found
             if len(self._automata) > AUTOMATA_KEPT:
@@ -135,6 +135,6 @@ class Constraint:
         masked = logits.masked_fill(~keep, float("-inf"))  # [n, vocab]
         stuck = (masked == float("-inf")).all(dim=-1)
         if stuck.any():  # allowed_token_ids left no token the constraint allows: the output ends there
-            ends = torch.tensor([t for t in self.end_ids if t < vocab])
+            ends = torch.tensor([t for t in self.end_ids if t < vocab], dtype=torch.long)
             masked[stuck.nonzero()[:, :1], ends[None, :]] = 0.0
         return masked

@@ -32,6 +32,8 @@ class ByteDFA:
         """[state, byte] -> the next state; a row is valid once ``_built[state]``."""
         self._built: list[bool] = []
         self.accepting: list[bool] = []
+        self.full = False
+        """Set when a state past MAX_DFA_STATES was refused: the automaton serves no new request."""
         self.start = self._intern(self._closure([nfa.start]))
 
     def _closure(self, states: Sequence[int]) -> frozenset[int]:
@@ -50,6 +52,7 @@ class ByteDFA:
         if sid is None:
             sid = len(self._sets)
             if sid >= MAX_DFA_STATES:
+                self.full = True
                 raise PatternError(f"the constraint's automaton passed {MAX_DFA_STATES:,} states; simplify it")
             self._sets.append(states)
             self._ids[states] = sid

@@ -107,11 +107,23 @@ class _Compiler:
             if key in schema:
                 return self.combined(schema, key, path, refs)
         if "const" in schema:
+            kinds = schema.get("type")
+            kind = _json_type(schema["const"])
+            if kinds is not None and kind not in (kinds if isinstance(kinds, list) else [kinds]) and not (
+                    kind == "integer" and "number" in (kinds if isinstance(kinds, list) else [kinds])):
+                raise PatternError(f"{path}: const {_dump(schema['const'])} is not of the type {schema['type']}")
             return literal(_dump(schema["const"]))
         if "enum" in schema:
             options = schema["enum"]
             if not isinstance(options, list) or not options:
                 raise PatternError(f"{path}/enum must be a non-empty list")
+            kinds = schema.get("type")
+            if kinds is not None:  # the values the type allows, as a validator would
+                kinds = kinds if isinstance(kinds, list) else [kinds]
+                options = [v for v in options if _json_type(v) in kinds or (_json_type(v) == "integer"
+                                                                            and "number" in kinds)]
+                if not options:
+                    raise PatternError(f"{path}: no value of enum has the type {schema['type']}")
             return Alt(tuple(literal(_dump(v)) for v in options))
         kind = schema.get("type")
         if kind is None:
@@ -292,6 +304,17 @@ def _json_chars(p: Pattern, path: str) -> Pattern:
     if isinstance(p, Repeat):
         return Repeat(_json_chars(p.item, path), p.low, p.high)
     return p
+
+
+def _json_type(value: Any) -> str:
+    """JSON Schema's name for the type of a JSON value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+        return "integer"
+    return {float: "number", str: "string", list: "array", dict: "object"}.get(type(value), "unknown")
 
 
 def _dump(value: Any) -> str:

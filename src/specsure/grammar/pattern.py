@@ -179,6 +179,9 @@ def _build(nfa: NFA, p: Pattern) -> tuple[int, int]:
             for s_lo, s_hi in ((lo, min(hi, SURROGATES[0] - 1)), (max(lo, SURROGATES[1] + 1), hi)):
                 for seq in (utf8_sequences(s_lo, s_hi) if s_lo <= s_hi else []):
                     nfa.edges[start].append((seq[0][0], seq[0][1], tail(tuple(seq[1:]))))
+        if not nfa.edges[start]:  # only surrogates, which UTF-8 cannot hold
+            raise PatternError("a character class that matches only surrogates (U+D800 to U+DFFF), which text "
+                               "cannot hold")
         return start, end
     if isinstance(p, Seq):
         if not p.items:
