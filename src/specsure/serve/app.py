@@ -135,7 +135,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req = parse_completion(parse_json(await read_body(request)), name)
+        # A structured output's schema compiles while parsing (up to about a second): off the event loop.
+        req = await run_in_threadpool(parse_completion, parse_json(await read_body(request)), name)
         _check_params(engine, req.params)
         names = ["prompt"] if len(req.prompts) == 1 else [f"prompt[{i}]" for i in range(len(req.prompts))]
         prompts = [await run_in_threadpool(_encode, engine, p, f"the {name}" if len(names) == 1 else name, "prompt")
@@ -147,7 +148,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req = parse_chat(parse_json(await read_body(request)), name)
+        req = await run_in_threadpool(parse_chat, parse_json(await read_body(request)), name)
         tok = engine.tokenizer
         if tok is None or not getattr(tok, "chat_template", None):
             raise RequestError(f"model {name!r} has no chat template (no tokenizer, or one without "
