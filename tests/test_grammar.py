@@ -146,6 +146,10 @@ def test_exactly_one_field_and_the_params_carry_it_as_given() -> None:
         StructuredOutputs()
     with pytest.raises(GrammarError, match="not a field specsure implements.*no grammar engine"):
         StructuredOutputs.from_dict({"grammar": "root ::= 'a'"})
+    assert StructuredOutputs.from_dict({"choice": ["a"], "grammar": None, "disable_fallback": False,
+                                        "disable_any_whitespace": False}) == StructuredOutputs(choice=["a"])
+    with pytest.raises(GrammarError, match="disable_any_whitespace: is not a field"):
+        StructuredOutputs.from_dict({"choice": ["a"], "disable_any_whitespace": True})
     with pytest.raises(SamplingError, match=r"structured_outputs.*json: .*'not'"):
         SamplingParams(structured_outputs={"json": {"not": {}}})
     params = SamplingParams(structured_outputs={"json": PERSON})

@@ -243,9 +243,12 @@ class _Compiler:
         target = schema["$ref"]
         if not isinstance(target, str) or not (target == "#" or target.startswith("#/")):
             raise PatternError(f"{path}/$ref is {target!r}; only references inside the schema (#/...) are supported")
-        if target in refs or len(refs) >= MAX_REF_DEPTH:
+        if target in refs:
             raise PatternError(f"{path}/$ref {target!r} refers back to itself; recursive schemas cannot be "
                                "compiled to a finite automaton")
+        if len(refs) >= MAX_REF_DEPTH:
+            raise PatternError(f"{path}/$ref {target!r} is the {len(refs) + 1}th $ref open at once; at most "
+                               f"{MAX_REF_DEPTH} may nest")
         node: Any = self.root
         for part in target[2:].split("/") if target != "#" else ():
             part = part.replace("~1", "/").replace("~0", "~")

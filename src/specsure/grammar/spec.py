@@ -12,6 +12,12 @@ from specsure.grammar.pattern import NFA, Alt, PatternError, compile_nfa, litera
 from specsure.grammar.regex import parse_regex
 
 MAX_CHOICES = 1000
+VLLM_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "grammar": (None,), "structural_tag": (None,), "whitespace_pattern": (None,), "disable_fallback": (None, False),
+    "disable_any_whitespace": (None, False), "disable_additional_properties": (None, False, True),
+}
+"""vLLM's other StructuredOutputsParams keys, taken at the values that change nothing here (a client
+may send all of them): no additional properties is already specsure's rule, so True is neutral too."""
 
 
 class GrammarError(ValueError):
@@ -77,6 +83,7 @@ class StructuredOutputs:
     def from_dict(cls, body: Mapping[str, Any]) -> "StructuredOutputs":
         """From vLLM's JSON shape; an unknown key names the ones there are."""
         known = {f.name for f in fields(cls)}
+        body = {k: v for k, v in body.items() if not (k in VLLM_NEUTRAL and v in VLLM_NEUTRAL[k])}
         for key in body:
             if key not in known:
                 hint = " (specsure has no grammar engine; give a regex or a JSON Schema)" if key == "grammar" else ""
