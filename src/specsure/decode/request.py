@@ -232,8 +232,9 @@ class Request:
         """The target's logits ``[n, vocab]`` as plain decoding would sample from them: row i follows the
         output plus the draft tokens ``paths[i]``, so its penalties count those, and while it chooses a
         position below min_tokens the stop tokens get -inf. logit_bias and allowed_token_ids come first,
-        as in vLLM, and a structured output's mask last: where its text is complete and nothing may
-        follow, its stop tokens stay even below min_tokens. The logprobs stay the raw ones."""
+        as in vLLM, then the penalties, then a structured output's mask; min_tokens' ban comes last and
+        spares a row it would leave empty (a structured text that is complete, with nothing allowed
+        to follow, keeps its stop tokens). The logprobs stay the raw ones."""
         if self._bias is not None:
             logits = self._bias.apply(logits)
         if self._penalties is not None:
