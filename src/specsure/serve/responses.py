@@ -20,6 +20,7 @@ from typing import Any, Literal, Sequence
 
 from specsure.decode.completion import Completion, TokenLogprob
 from specsure.decode.metrics import SpecStats
+from specsure.models.token_bytes import BYTE_LEVEL
 
 Endpoint = Literal["chat", "completion"]
 DONE = b"data: [DONE]\n\n"
@@ -88,24 +89,13 @@ def token_text_of(tokenizer: Any) -> TokenText:
     return TokenText(tokenizer)
 
 
-def _byte_alphabet() -> dict[str, int]:
-    """GPT-2's printable stand-in for each byte, inverted: printable Latin-1 bytes stand for themselves,
-    the others (controls, space, soft hyphen) for the code points from 256 up, in byte order."""
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    others = [b for b in range(256) if b not in printable]
-    return {**{chr(b): b for b in printable}, **{chr(256 + n): b for n, b in enumerate(others)}}
-
-
-BYTE_OF: dict[str, int] = _byte_alphabet()
-
-
 def _byte_level_alphabet(tokenizer: Any) -> dict[str, int] | None:
-    """BYTE_OF when ``tokenizer`` decodes byte-level (GPT-2, Llama 3, Qwen, SmolLM2), else None. A type
+    """BYTE_LEVEL when ``tokenizer`` decodes byte-level (GPT-2, Llama 3, Qwen, SmolLM2), else None. A type
     check, not the tokenizer's JSON: this runs for every response."""
     from tokenizers import decoders
 
     decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
-    return BYTE_OF if isinstance(decoder, decoders.ByteLevel) else None
+    return BYTE_LEVEL if isinstance(decoder, decoders.ByteLevel) else None
 
 
 def completion_logprobs(entries: Sequence[TokenLogprob], text: TokenText, before: Sequence[int] = (),
