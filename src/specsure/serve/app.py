@@ -31,9 +31,9 @@ from specsure.decode.completion import Completion, TokenLogprob
 from specsure.decode.engine import Engine, ParamsError, PromptError, StepUpdate
 from specsure.sampling import SamplingParams
 from specsure.serve.body import parse_json, read_body
+from specsure.serve.errors import APIError, RequestError, error_body
 from specsure.serve.metrics import ServeMetrics
-from specsure.serve.protocol import (APIError, Delivery, RequestError, error_body, fit_to_context, parse_chat,
-                                     parse_completion)
+from specsure.serve.protocol import Delivery, fit_to_context, parse_chat, parse_completion
 from specsure.serve.responses import (DONE, ChunkWriter, Echo, Endpoint, chat_body, completion_body, event,
                                       token_text_of)
 from specsure.serve.runner import ClientGone, EngineRunner, Job

@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from specsure.serve.protocol import APIError, RequestError, shown
+from specsure.serve.errors import APIError, RequestError, shown
 
 MAX_BODY_BYTES = 16 * 2**20
 """The largest request body kept; a larger one is a 413, never parsed."""

@@ -1,4 +1,5 @@
-"""OpenAI request parsing and the error shape for ``specsure serve`` (bodies: ``responses``).
+"""OpenAI request parsing for ``specsure serve`` (errors: ``errors``; output constraints:
+``response_format``; bodies: ``responses``).
 
 Parsing is strict: an unknown field, a wrong type or a value out of range is a ``RequestError``
 whose message names the field, the value and the fix; the app answers it with a 400 in OpenAI's
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any
 
-from specsure.config.errors import as_json, json_type
+from specsure.config.errors import json_type
 from specsure.config.schema import suggest
-from specsure.grammar import GrammarError, StructuredOutputs
 from specsure.sampling import MAX_LOGPROBS, SamplingError, SamplingParams
+from specsure.serve.errors import RequestError, shown
+from specsure.serve.response_format import output_constraint
+
 
 COMPLETION_MAX_TOKENS = 16
 """max_tokens when a completion request omits it (OpenAI's and vLLM's default)."""
@@ -47,8 +50,7 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "best_of": (1,),
     "suffix": (), "tools": ([],), "tool_choice": ("none",),
 }
-RESPONSE_FORMATS = ("text", "json_object", "json_schema")
-JSON_SCHEMA_FIELDS = ("name", "schema", "strict", "description")
+
 
 COMPLETION_ONLY = frozenset({"echo", "best_of", "suffix"})
 """OpenAI fields of the legacy completions endpoint; the chat endpoint has none of them."""
@@ -75,36 +77,6 @@ SAMPLING_FIXES = {
     "allowed_token_ids": 'send a non-empty list of token ids, e.g. "allowed_token_ids": [11, 13, 42]',
 }
 """The fix for each SamplingParams field, in the request's JSON."""
-
-
-class APIError(Exception):
-    """An answer in OpenAI's error shape with an HTTP status other than 200."""
-
-    def __init__(self, message: str, status: int, *, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error", headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.param = param
-        """The request field at fault (OpenAI's ``param``), or None for the body as a whole."""
-        self.code = code
-        self.kind = kind
-        self.headers = headers or {}
-
-    def to_body(self) -> dict[str, Any]:
-        return error_body(str(self), self.param, self.code, self.kind)
-
-
-class RequestError(APIError, ValueError):
-    """A client mistake, answered with one 400 in OpenAI's error shape."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message, 400, param=param, code=code)
-
-
-def error_body(message: str, param: str | None = None, code: str | None = None,
-               kind: str = "invalid_request_error") -> dict[str, Any]:
-    """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 @dataclass(frozen=True)
@@ -288,7 +260,7 @@ def _sampling(body: dict[str, Any], max_field: str, default_max: int, logprobs: 
         values["logit_bias"] = _bias_keys(values["logit_bias"])
     values.setdefault("max_tokens", default_max)
     values["logprobs"] = logprobs
-    structured = _structured(body)
+    structured = output_constraint(body)
     if structured is not None:
         values["structured_outputs"] = structured
     try:
@@ -302,53 +274,6 @@ def _sampling(body: dict[str, Any], max_field: str, default_max: int, logprobs: 
         fix = SAMPLING_FIXES[exc.field].format(param=param)
         raise RequestError(f"{param} = {shown(body.get(param, values.get(exc.field)))} {allowed}; {fix}.",
                            param) from None
-
-
-def _structured(body: dict[str, Any]) -> StructuredOutputs | None:
-    """The body's constraint on the output: OpenAI's response_format or vLLM's structured_outputs."""
-    fmt, extra = body.get("response_format"), body.get("structured_outputs")
-    if fmt is not None and extra is not None:
-        raise RequestError("response_format and structured_outputs both constrain the output; send one of them.",
-                           "structured_outputs")
-    if extra is not None:
-        if not isinstance(extra, dict):
-            raise RequestError(f"structured_outputs = {shown(extra)} must be an object such as "
-                               '{"json": {"type": "object"}}, {"regex": "..."} or {"choice": ["a", "b"]}.',
-                               "structured_outputs")
-        return _grammar(lambda: StructuredOutputs.from_dict(extra), "structured_outputs")
-    if fmt is None:
-        return None
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind not in RESPONSE_FORMATS:
-        raise RequestError(f"response_format = {shown(fmt)} must be an object whose type is one of "
-                           f"{', '.join(RESPONSE_FORMATS)}, e.g. " + '{"type": "json_object"}.', "response_format")
-    unknown = sorted(set(fmt) - {"type", "json_schema"})
-    if unknown or (kind != "json_schema" and "json_schema" in fmt):
-        field = unknown[0] if unknown else "json_schema"
-        raise RequestError(f"unknown field {field!r} in response_format of type {kind!r}.", f"response_format.{field}",
-                           "unknown_field")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return StructuredOutputs(json_object=True)
-    spec = fmt.get("json_schema")
-    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-        raise RequestError('response_format of type json_schema needs "json_schema": {"name": ..., "schema": {...}}; '
-                           f"got {shown(spec)}.", "response_format.json_schema")
-    for key in spec:
-        if key not in JSON_SCHEMA_FIELDS:
-            raise RequestError(f"unknown field {key!r} in response_format.json_schema.{suggest(key, JSON_SCHEMA_FIELDS)}"
-                               f" Fields: {', '.join(JSON_SCHEMA_FIELDS)}.", f"response_format.json_schema.{key}",
-                               "unknown_field")
-    return _grammar(lambda: StructuredOutputs(json=spec["schema"]), "response_format.json_schema.schema")
-
-
-def _grammar(make: Callable[[], StructuredOutputs], param: str) -> StructuredOutputs:
-    try:
-        return make()
-    except GrammarError as exc:
-        where = param if param.startswith("response_format") else f"structured_outputs.{exc.field}"
-        raise RequestError(f"{where}: {str(exc).split(': ', 1)[1]}.", where) from None
 
 
 def _bias_keys(bias: Any) -> Any:
@@ -437,9 +362,3 @@ def _content(value: Any, where: str) -> str:
         return "".join(p["text"] for p in value)
     raise RequestError(f"{where}.content = {shown(value)} must be a string or a list of text parts "
                        '({"type": "text", "text": "..."}); images and audio are not supported.', f"{where}.content")
-
-
-def shown(value: Any, limit: int = 80) -> str:
-    """``value`` as the client wrote it (JSON: true, null, "text"), cut to ``limit`` characters for error messages."""
-    text = as_json(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

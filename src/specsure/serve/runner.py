@@ -29,7 +29,7 @@ from specsure.decode.request import Request
 from specsure.decode.scheduler import Scheduler
 from specsure.sampling import SamplingParams
 from specsure.serve.metrics import ServeMetrics
-from specsure.serve.protocol import APIError, RequestError
+from specsure.serve.errors import APIError, RequestError
 
 RETRY_AFTER_S = 1
 """The Retry-After of a 503: generation is never far from its next step, so a queue slot opens soon."""

@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from specsure.config.errors import json_type
 from specsure.decode.engine import Engine
 from specsure.serve.body import parse_json, read_body
-from specsure.serve.protocol import RequestError, shown
+from specsure.serve.errors import RequestError, shown
 
 TOKENIZE_FIELDS = ("model", "prompt", "messages", "add_special_tokens", "add_generation_prompt")
 DETOKENIZE_FIELDS = ("model", "tokens")
