@@ -15,6 +15,7 @@ DEFAULT_MAX_QUEUE = 64  # specsure.serve.app.DEFAULT_MAX_QUEUE; not imported, so
 DEFAULT_MAX_NUM_SEQS = 8  # specsure.decode.scheduler.DEFAULT_MAX_NUM_SEQS; not imported, so --help needs no torch
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+TOOL_CALL_PARSERS = ("hermes",)  # specsure.serve.tool_calls.PARSERS; not imported, so --help needs no fastapi
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,6 +42,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=int_at_least(1), default=None, metavar="N",
                         help="torch CPU threads of the engine thread, which runs every forward (default: torch's "
                              "choice, every core)")
+    parser.add_argument("--chat-template", default=None, metavar="FILE|TEMPLATE",
+                        help="a Jinja chat template (a file, or the template itself) to render messages with "
+                             "instead of the tokenizer's")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help='allow "tool_choice": "auto" (the default when a request has tools): the model decides '
+                             "whether to call, and --tool-call-parser finds its calls")
+    parser.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_PARSERS,
+                        help="the format the model writes calls in (hermes: <tool_call>{...}</tool_call>, as "
+                             "Qwen2.5 and Hermes models do); needs --enable-auto-tool-choice")
     parser.set_defaults(run=run)
 
 
@@ -56,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
     if args.request_timeout is not None and not 0 < args.request_timeout < float("inf"):
         raise ValueError(f"--request-timeout {args.request_timeout:g} must be a number of seconds > 0; omit it "
                          "for no limit.")
+    if args.enable_auto_tool_choice != (args.tool_call_parser is not None):
+        raise ValueError("--enable-auto-tool-choice and --tool-call-parser go together: the first allows "
+                         'tool_choice "auto", the second says how to find the calls in the text; pass both '
+                         "(e.g. --enable-auto-tool-choice --tool-call-parser hermes), or neither.")
+    chat_template = _chat_template(args.chat_template) if args.chat_template is not None else None
     try:
         import prometheus_client
         import uvicorn
@@ -93,12 +108,24 @@ def run(args: argparse.Namespace) -> int:
     # This process serves one app, so the process-wide switch is safe; vLLM flips it too.
     prometheus_client.disable_created_metrics()
     app = create_app(engine, served_model_name=args.served_model_name, api_key=api_key, max_queue=args.max_queue,
-                     request_timeout=args.request_timeout, threads=threads)
+                     request_timeout=args.request_timeout, threads=threads, chat_template=chat_template,
+                     tool_call_parser=args.tool_call_parser)
     print(f"serving {app.state.model_name!r} (speculative: {engine.resolution.summary()}; running "
           f"{engine.speculative_method or 'plain decoding'}); up to {args.max_num_seqs} requests batched, "
           f"{args.max_queue} more waiting; listening on {_url(args.host, port)}", file=sys.stderr)
     uvicorn.Server(uvicorn.Config(app, host=args.host, port=port, log_level="info")).run(sockets=[sock])
     return EXIT_OK
+
+
+def _chat_template(value: str) -> str:
+    """--chat-template's template: the file's text, or the value itself when it is a template (as vLLM reads it)."""
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{{" in value or "{%" in value:
+        return value
+    raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template; give the path of a template "
+                     "file (e.g. tool_chat_template.jinja), or the template text itself.")
 
 
 def _url(host: str, port: int) -> str:

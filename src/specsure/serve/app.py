@@ -31,6 +31,7 @@ from specsure.decode.completion import Completion, TokenLogprob
 from specsure.decode.engine import Engine, ParamsError, PromptError, StepUpdate
 from specsure.sampling import SamplingParams
 from specsure.serve.body import parse_json, read_body
+from specsure.serve.chat_template import ChatTemplate
 from specsure.serve.errors import APIError, RequestError, error_body
 from specsure.serve.metrics import ServeMetrics
 from specsure.serve.protocol import Delivery, fit_to_context, parse_chat, parse_completion
@@ -38,6 +39,8 @@ from specsure.serve.responses import (DONE, ChunkWriter, Echo, Endpoint, chat_bo
                                       token_text_of)
 from specsure.serve.runner import ClientGone, EngineRunner, Job
 from specsure.serve.tokenizer_routes import add_tokenizer_routes
+from specsure.serve.tool_calls import ToolCallStream, parse_answer
+from specsure.serve.tools import Tools
 
 ROUTES = ("GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /tokenize, POST /detokenize, "
           "GET /tokenizer_info, GET /health and GET /metrics")
@@ -54,7 +57,8 @@ def default_model_name(engine: Engine) -> str:
 
 def create_app(engine: Engine, *, served_model_name: str | None = None, api_key: str | None = None,
                max_queue: int = DEFAULT_MAX_QUEUE, request_timeout: float | None = None,
-               threads: int | None = None) -> FastAPI:
+               threads: int | None = None, chat_template: str | None = None,
+               tool_call_parser: str | None = None) -> FastAPI:
     """An OpenAI-compatible app serving ``engine``.
 
     Args:
@@ -69,6 +73,9 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         threads: torch threads for the engine thread, which runs every forward; None keeps what
             it inherits. Load the model with one thread and pass the count here (as `specsure
             serve` does): see `specsure.serve.runner` for why.
+        chat_template: a Jinja chat template that replaces the tokenizer's (vLLM's --chat-template).
+        tool_call_parser: the format in which the model writes calls (``hermes``); set, it turns on
+            ``tool_choice: auto`` (vLLM's --enable-auto-tool-choice --tool-call-parser).
     """
     if type(max_queue) is not int or max_queue < 0:
         raise ValueError(f"max_queue = {max_queue!r} must be an int >= 0 (0: no request waits).")
@@ -77,6 +84,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
     if threads is not None and (type(threads) is not int or threads < 1):
         raise ValueError(f"threads = {threads!r} must be an int >= 1, or None.")
     name = served_model_name or default_model_name(engine)
+    template = ChatTemplate(engine, chat_template, tool_call_parser)
     metrics = ServeMetrics(engine, name)
     runner = EngineRunner(engine, metrics, max_queue, request_timeout, threads)
     method = engine.speculative_method
@@ -106,7 +114,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         # (uvicorn) logs it with its traceback; logging here too printed every traceback twice.
         return JSONResponse(internal_error(exc), status_code=500)
 
-    add_tokenizer_routes(app, engine, name)
+    add_tokenizer_routes(app, engine, name, template)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -148,19 +156,16 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req = await run_in_threadpool(parse_chat, parse_json(await read_body(request)), name)
-        tok = engine.tokenizer
-        if tok is None or not getattr(tok, "chat_template", None):
-            raise RequestError(f"model {name!r} has no chat template (no tokenizer, or one without "
-                               "chat_template), so messages cannot be rendered; use POST /v1/completions.",
-                               "messages")
+        req = await run_in_threadpool(parse_chat, parse_json(await read_body(request)), name, tool_call_parser)
+        template.check(name, req.tools)
         _check_params(engine, req.params)
-        prompt = await run_in_threadpool(_render, engine, req.messages)
-        return await answer(request, "chat", [(prompt, "messages")], req.params, req.delivery)
+        prompt = await run_in_threadpool(lambda: _encode(engine, template.render(req.messages, req.tools),
+                                                         "the prompt rendered from messages", "messages"))
+        return await answer(request, "chat", [(prompt, "messages")], req.params, req.delivery, tools=req.tools)
 
     async def answer(request: Request, endpoint: Endpoint, prompts: list[tuple[list[int], str]],
                      params: SamplingParams, delivery: Delivery, echoes: list[Echo] | None = None,
-                     prompt_only: bool = False) -> Response:
+                     prompt_only: bool = False, tools: Tools | None = None) -> Response:
         """Generate ``delivery.n`` choices for each (prompt, its name in the body), side by side; each
         choice after its prompt's echo, if ``echoes``; with ``prompt_only``, the echo alone."""
         each = None if echoes is None else [e for e in echoes for _ in range(delivery.n)]  # one per choice
@@ -172,7 +177,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
             deltas = [TextDeltas(engine.tokenizer, params.stop) if engine.tokenizer is not None else None
                       for _ in jobs]
             writer = ChunkWriter(endpoint, name, method, delivery.include_usage, text, len(jobs), delivery.n)
-            return EventStream(runner, jobs, writer, deltas, each, prompt_only)
+            calls = [ToolCallStream(tools) for _ in jobs] if tools is not None else None
+            return EventStream(runner, jobs, writer, deltas, each, prompt_only, calls)
         gone = asyncio.ensure_future(_disconnected(request.receive))
         try:
             completions = []
@@ -189,7 +195,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         if prompt_only:
             completions = [without_output(c) for c in completions]
         if endpoint == "chat":
-            return JSONResponse(chat_body(completions, name, method, text))
+            answers = None if tools is None else [parse_answer(tools, c.text or "", c.finish_reason) for c in completions]
+            return JSONResponse(chat_body(completions, name, method, text, answers))
         return JSONResponse(completion_body(completions, name, method, text, delivery.n, each))
 
     return app
@@ -214,7 +221,8 @@ class EventStream(Response):
     media_type = "text/event-stream"
 
     def __init__(self, runner: EngineRunner, jobs: list[Job], writer: ChunkWriter,
-                 texts: list[TextDeltas | None], echoes: list[Echo] | None = None, prompt_only: bool = False) -> None:
+                 texts: list[TextDeltas | None], echoes: list[Echo] | None = None, prompt_only: bool = False,
+                 calls: list[ToolCallStream] | None = None) -> None:
         self.status_code, self.background = 200, None
         self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._runner, self._jobs, self._writer, self._texts = runner, jobs, writer, texts
@@ -222,6 +230,8 @@ class EventStream(Response):
         self._logprobs: list[list[TokenLogprob]] = [[] for _ in jobs]
         self._completions: list[Completion | None] = [None] * len(jobs)
         self._prompt_only = prompt_only
+        self._calls = calls
+        """Each chat choice's text split into content and tool calls, when the request offers tools."""
         self._echoes: list[Echo | None] = list(echoes) if echoes is not None else [None] * len(jobs)
         """Each choice's prompt to send before its first output (echo), until it is sent."""
 
@@ -288,14 +298,22 @@ class EventStream(Response):
         ids, logprobs, text = self._ids[i], self._logprobs[i], self._texts[i]
         ids += update.token_ids
         logprobs += update.logprobs or []
+        calls = self._calls[i] if self._calls is not None else None
         if update.completion is None:
             delta = text.push(update.token_ids) if text is not None else None
             if not delta and text is not None:
                 return b""
+            pieces = calls.deltas(delta or "") if calls is not None else None
+            if calls is not None and not pieces:
+                return b""  # inside a call, or a tag still arriving: its tokens' logprobs wait with it
             self._ids[i], self._logprobs[i] = [], []
-            return self._writer.delta(i, delta, ids, logprobs or None)
+            return self._writer.delta(i, delta, ids, logprobs or None, pieces)
         completion = self._completions[i] = update.completion
         rest = text.finish(completion.text) if text is not None else None
+        if calls is not None:
+            pieces = calls.deltas(rest or "", final=True)
+            return self._writer.finish(i, completion, rest, ids, logprobs or None, pieces,
+                                       calls.finish_reason(completion.finish_reason))
         return self._writer.finish(i, completion, rest, ids, logprobs or None)
 
     async def _chunk(self, events: bytes) -> None:
@@ -365,16 +383,3 @@ def _encode(engine: Engine, prompt: str | list[int], subject: str, param: str) -
         return engine.encode(prompt)
     except PromptError as exc:
         raise RequestError(f"{subject} {exc.detail}", param) from None
-
-
-def _render(engine: Engine, messages: list[dict[str, str]]) -> list[int]:
-    from jinja2 import TemplateError  # transformers renders chat templates with jinja2
-
-    try:
-        ids = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                   return_dict=False)
-    except TemplateError as exc:
-        raise RequestError(f"the model's chat template rejected these messages: {exc}. Fix the messages (for "
-                           "example the order of roles), or use POST /v1/completions with a plain prompt.",
-                           "messages") from None
-    return _encode(engine, list(ids), "the prompt rendered from messages", "messages")

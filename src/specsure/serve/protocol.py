@@ -1,5 +1,5 @@
 """OpenAI request parsing for ``specsure serve`` (errors: ``errors``; output constraints:
-``response_format``; bodies: ``responses``).
+``response_format``; chat messages: ``messages``; tools: ``tools``; bodies: ``responses``).
 
 Parsing is strict: an unknown field, a wrong type or a value out of range is a ``RequestError``
 whose message names the field, the value and the fix; the app answers it with a 400 in OpenAI's
@@ -17,7 +17,9 @@ from specsure.config.errors import json_type
 from specsure.config.schema import suggest
 from specsure.sampling import MAX_LOGPROBS, SamplingError, SamplingParams
 from specsure.serve.errors import RequestError, shown
+from specsure.serve.messages import parse_messages
 from specsure.serve.response_format import output_constraint
+from specsure.serve.tools import Tools, parse_tools
 
 
 COMPLETION_MAX_TOKENS = 16
@@ -34,21 +36,20 @@ SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop"
 COMMON_FIELDS = ("model", *SAMPLING_FIELDS, "n", "stream", "stream_options", "user", "response_format",
                  "structured_outputs")
 COMPLETION_FIELDS = ("prompt", "logprobs", "echo", *COMMON_FIELDS)
-CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", *COMMON_FIELDS)
+CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+               "parallel_tool_calls", *COMMON_FIELDS)
 MAX_N = 16
 """The most choices one request may ask for: each is a sequence in the running batch."""
 MAX_PROMPTS = 64
 """The most prompts one completions request may hold."""
 ENDPOINT_OF = {"prompt": "POST /v1/completions", "messages": "POST /v1/chat/completions"}
-ROLES = ("system", "user", "assistant")
-MESSAGE_FIELDS = ("role", "content", "name")
 STREAM_OPTION_FIELDS = ("include_usage",)
 
 # OpenAI fields specsure does not implement. Each is accepted only as null or at the value that
 # changes nothing, so clients that send defaults keep working and no setting is silently dropped.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "best_of": (1,),
-    "suffix": (), "tools": ([],), "tool_choice": ("none",),
+    "suffix": (),
 }
 
 
@@ -112,10 +113,12 @@ class CompletionRequest:
 class ChatRequest:
     """A validated POST /v1/chat/completions body."""
 
-    messages: list[dict[str, str]]
-    """Messages as the chat template takes them: role, content (text), optionally name."""
+    messages: list[dict[str, Any]]
+    """Messages as the chat template takes them (``specsure.serve.messages``)."""
     params: SamplingParams
     delivery: Delivery = Delivery()
+    tools: Tools | None = None
+    """The functions offered and how they may be called; None without tools."""
 
 
 def parse_completion(body: Any, model_name: str) -> CompletionRequest:
@@ -146,17 +149,26 @@ def parse_completion(body: Any, model_name: str) -> CompletionRequest:
     return CompletionRequest(prompts, params, _delivery(body, given), bool(echo), prompt_only)
 
 
-def parse_chat(body: Any, model_name: str) -> ChatRequest:
+def parse_chat(body: Any, model_name: str, auto_tool_parser: str | None = None) -> ChatRequest:
+    """``auto_tool_parser``: the server's --tool-call-parser when --enable-auto-tool-choice is on."""
     body = _check_fields(body, CHAT_FIELDS, "POST /v1/chat/completions")
     _check_common(body, model_name)
-    messages = _parse_messages(body.get("messages"))
+    messages = parse_messages(body.get("messages"))
+    tools = parse_tools(body, auto_tool_parser)
     new, old = body.get("max_completion_tokens"), body.get("max_tokens")
     if new is not None and old is not None and new != old:
         raise RequestError(f"max_completion_tokens = {shown(new)} and max_tokens = {shown(old)} disagree; they are "
                            "two names for the same limit. Send only max_completion_tokens.", "max_tokens")
     field = "max_completion_tokens" if new is not None else "max_tokens"
     params = _sampling({**body, "max_tokens": body.get(field)}, field, CHAT_MAX_TOKENS, _chat_logprobs(body))
-    return ChatRequest(messages, params, _delivery(body, field if body.get(field) is not None else None))
+    enforced = tools.constraint() if tools is not None else None
+    if enforced is not None:
+        if params.structured_outputs is not None:
+            given = "response_format" if body.get("response_format") is not None else "structured_outputs"
+            raise RequestError(f"tool_choice {shown(body.get('tool_choice'))} constrains the output to tool calls, "
+                               f"and {given} constrains it too; send one of them.", given)
+        params = replace(params, structured_outputs=enforced)
+    return ChatRequest(messages, params, _delivery(body, field if body.get(field) is not None else None), tools)
 
 
 def _chat_logprobs(body: dict[str, Any]) -> int | None:
@@ -317,48 +329,3 @@ def _parse_prompt(value: Any, where: str) -> str | list[int]:
         return value
     raise RequestError(f"{where} = {shown(value)} is a JSON {json_type(value)}; send a string, a list of token "
                        "ids, or a list of those (several prompts).", "prompt")
-
-
-def _parse_messages(value: Any) -> list[dict[str, str]]:
-    if not isinstance(value, list) or not value:
-        said = "messages is missing" if value is None else f"messages = {shown(value)} is not a non-empty list"
-        raise RequestError(f'{said}; send e.g. "messages": [{{"role": "user", "content": "Hello"}}].', "messages")
-    messages = []
-    for i, message in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise RequestError(f"{where} = {shown(message)} must be an object with role and content.", where)
-        for key in message:
-            if key not in MESSAGE_FIELDS:
-                raise RequestError(f"unknown field {key!r} in {where}.{suggest(key, MESSAGE_FIELDS)} A message has "
-                                   "role, content and optionally name.", f"{where}.{key}", "unknown_field")
-        role = message.get("role")
-        if role == "developer":  # OpenAI's newer name for system instructions, which its clients send
-            role = "system"
-        if role not in ROLES:
-            raise RequestError(f"{where}.role = {shown(role)} is not a role this server renders; use one of "
-                               f"{', '.join(ROLES)} (developer is taken as system).", f"{where}.role")
-        if "content" not in message:
-            raise RequestError(f'{where}.content is missing; send the message\'s text, e.g. "content": "Hello".',
-                               f"{where}.content")
-        rendered = {"role": role, "content": _content(message["content"], where)}
-        if message.get("name") is not None:
-            if not isinstance(message["name"], str):
-                raise RequestError(f"{where}.name = {shown(message['name'])} must be a string.", f"{where}.name")
-            rendered["name"] = message["name"]
-        messages.append(rendered)
-    return messages
-
-
-def _content(value: Any, where: str) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                       and isinstance(p.get("text"), str) for p in value):
-        for i, part in enumerate(value):
-            if extra := sorted(set(part) - {"type", "text"}):  # as a message's unknown fields are: not dropped
-                raise RequestError(f"{where}.content[{i}] has the unknown field {extra[0]!r}; a text part holds only "
-                                   '"type" and "text".', f"{where}.content[{i}].{extra[0]}", "unknown_field")
-        return "".join(p["text"] for p in value)
-    raise RequestError(f"{where}.content = {shown(value)} must be a string or a list of text parts "
-                       '({"type": "text", "text": "..."}); images and audio are not supported.', f"{where}.content")

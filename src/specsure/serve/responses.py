@@ -21,6 +21,7 @@ from typing import Any, Literal, Sequence
 from specsure.decode.completion import Completion, TokenLogprob
 from specsure.decode.metrics import SpecStats
 from specsure.models.token_bytes import BYTE_LEVEL
+from specsure.serve.tool_calls import Answer
 
 Endpoint = Literal["chat", "completion"]
 DONE = b"data: [DONE]\n\n"
@@ -172,11 +173,19 @@ def completion_body(completions: Sequence[Completion], model_name: str, method: 
 
 
 def chat_body(completions: Sequence[Completion], model_name: str, method: str | None,
-              text: TokenText) -> dict[str, Any]:
-    """OpenAI's chat.completion object, plus ``speculative``."""
-    choices = [{"index": i, "message": {"role": "assistant", "content": c.text},
-                "logprobs": None if c.logprobs is None else chat_logprobs(c.logprobs, text),
-                "finish_reason": c.finish_reason} for i, c in enumerate(completions)]
+              text: TokenText, answers: Sequence[Answer] | None = None) -> dict[str, Any]:
+    """OpenAI's chat.completion object, plus ``speculative``; ``answers``: each choice's content and
+    tool calls when the request offered tools."""
+    choices = []
+    for i, c in enumerate(completions):
+        message: dict[str, Any] = {"role": "assistant", "content": c.text}
+        finish = c.finish_reason
+        if answers is not None:
+            message["content"], finish = answers[i].content, answers[i].finish_reason
+            message["tool_calls"] = [call.to_dict() for call in answers[i].tool_calls]
+        choices.append({"index": i, "message": message,
+                        "logprobs": None if c.logprobs is None else chat_logprobs(c.logprobs, text),
+                        "finish_reason": finish})
     return _body("chatcmpl", "chat.completion", choices, completions, model_name, method)
 
 
@@ -244,19 +253,30 @@ class ChunkWriter:
         return event({**self._head, "choices": [choice], **({"usage": None} if self._include_usage else {})})
 
     def delta(self, index: int, text: str | None, token_ids: list[int],
-              logprobs: list[TokenLogprob] | None = None) -> bytes:
-        """A chunk of new text for choice ``index`` (and, for completions, the token ids it came from)."""
+              logprobs: list[TokenLogprob] | None = None, pieces: list[dict[str, Any]] | None = None) -> bytes:
+        """A chunk of new text for choice ``index`` (and, for completions, the token ids it came from);
+        with ``pieces``, the chat deltas a request with tools made of the text (the logprobs go with
+        the first)."""
+        if pieces is not None:
+            return b"".join(self._chunk(index, piece, logprobs=logprobs if j == 0 else None)
+                            for j, piece in enumerate(pieces))
         if self._chat:
             return self._chunk(index, {"content": text}, logprobs=logprobs)
         return self._chunk(index, text, token_ids, logprobs=logprobs)
 
     def finish(self, index: int, completion: Completion, text: str | None, token_ids: list[int],
-               logprobs: list[TokenLogprob] | None = None) -> bytes:
-        """Choice ``index``'s rest of the text, then its chunk with finish_reason and speculative."""
+               logprobs: list[TokenLogprob] | None = None, pieces: list[dict[str, Any]] | None = None,
+               finish_reason: str | None = None) -> bytes:
+        """Choice ``index``'s rest of the text (or the ``pieces`` of it, as in ``delta``), then its chunk
+        with finish_reason (``finish_reason`` replaces the engine's) and speculative."""
         figures = {"speculative": speculative([completion], self._method)}
         if self._chat:
-            rest = self._chunk(index, {"content": text}, logprobs=logprobs) if text or logprobs else b""
-            return rest + self._chunk(index, {}, finish=completion.finish_reason, **figures)
+            reason = finish_reason or completion.finish_reason
+            if pieces is not None:
+                rest = self.delta(index, None, [], logprobs, pieces or ([{}] if logprobs else []))
+            else:
+                rest = self._chunk(index, {"content": text}, logprobs=logprobs) if text or logprobs else b""
+            return rest + self._chunk(index, {}, finish=reason, **figures)
         return self._chunk(index, text, token_ids, logprobs=logprobs, finish=completion.finish_reason, **figures)
 
     def end(self, completions: Sequence[Completion]) -> bytes:

@@ -16,14 +16,17 @@ from fastapi import FastAPI, Request
 from specsure.config.errors import json_type
 from specsure.decode.engine import Engine
 from specsure.serve.body import parse_json, read_body
+from specsure.serve.chat_template import ChatTemplate
 from specsure.serve.errors import RequestError, shown
+from specsure.serve.messages import parse_messages
 
 TOKENIZE_FIELDS = ("model", "prompt", "messages", "add_special_tokens", "add_generation_prompt")
 DETOKENIZE_FIELDS = ("model", "tokens")
 
 
-def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str) -> None:
-    """Register the three routes on ``app`` for ``engine``'s tokenizer."""
+def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, template: ChatTemplate) -> None:
+    """Register the three routes on ``app`` for ``engine``'s tokenizer; messages render with ``template``,
+    as the chat endpoint renders them."""
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
@@ -34,15 +37,10 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str) -> None:
             raise RequestError('send either "prompt" (a string) or "messages" (a chat), e.g. {"prompt": "Hello"}.',
                                "prompt")
         if body.get("messages") is not None:
-            messages = body["messages"]
-            if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-                raise RequestError(f"messages = {shown(messages)} must be a list of objects with role and content.",
-                                   "messages")
-            if not getattr(tokenizer, "chat_template", None):
+            messages = parse_messages(body["messages"])  # as the chat endpoint reads them
+            if not template.text:
                 raise RequestError(f"model {model_name!r} has no chat template; send a prompt instead.", "messages")
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=_flag(body, "add_generation_prompt",
-                                                                                      True),
-                                                tokenize=True, return_dict=False)
+            ids = template.render(messages, add_generation_prompt=_flag(body, "add_generation_prompt", True))
         else:
             prompt = body["prompt"]
             if not isinstance(prompt, str):
@@ -71,7 +69,7 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str) -> None:
         tokenizer = _tokenizer(engine, model_name)
         info: dict[str, Any] = {"tokenizer_class": type(tokenizer).__name__,
                                 "model_max_length": engine.target.lm.max_context,
-                                "chat_template": getattr(tokenizer, "chat_template", None)}
+                                "chat_template": template.text}
         for key in ("eos_token", "bos_token", "pad_token", "unk_token"):
             value = getattr(tokenizer, key, None)
             info[key] = value if isinstance(value, str) else None

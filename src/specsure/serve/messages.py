@@ -1,0 +1,110 @@
+"""A chat request's ``messages``, checked and shaped as chat templates take them.
+
+Besides text turns, a conversation with tools has the assistant's earlier calls (``tool_calls``,
+their arguments JSON text) and the results (role ``tool``, with the ``tool_call_id`` they answer).
+Templates read a call's arguments as an object (Qwen2.5's writes them with ``tojson``), so the
+text is parsed here, as vLLM parses it, and bad JSON is the client's 400, not a template's.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from specsure.config.schema import suggest
+from specsure.serve.errors import RequestError, shown
+
+ROLES = ("system", "user", "assistant", "tool")
+FIELDS = {"system": ("role", "content", "name"), "user": ("role", "content", "name"),
+          "assistant": ("role", "content", "name", "tool_calls"), "tool": ("role", "content", "tool_call_id", "name")}
+"""Each role's fields."""
+CALL_FIELDS = ("id", "type", "function")
+
+
+def parse_messages(value: Any) -> list[dict[str, Any]]:
+    """The body's messages as chat templates take them: role, content (text), and the tool fields."""
+    if not isinstance(value, list) or not value:
+        said = "messages is missing" if value is None else f"messages = {shown(value)} is not a non-empty list"
+        raise RequestError(f'{said}; send e.g. "messages": [{{"role": "user", "content": "Hello"}}].', "messages")
+    return [_message(message, f"messages[{i}]") for i, message in enumerate(value)]
+
+
+def _message(message: Any, where: str) -> dict[str, Any]:
+    if not isinstance(message, dict):
+        raise RequestError(f"{where} = {shown(message)} must be an object with role and content.", where)
+    role = message.get("role")
+    if role == "developer":  # OpenAI's newer name for system instructions, which its clients send
+        role = "system"
+    if role not in ROLES:
+        raise RequestError(f"{where}.role = {shown(role)} is not a role this server renders; use one of "
+                           f"{', '.join(ROLES)} (developer is taken as system).", f"{where}.role")
+    fields = FIELDS[role]
+    for key in message:
+        if key not in fields:
+            raise RequestError(f"unknown field {key!r} in {where}.{suggest(key, fields)} A {role} message has "
+                               f"{', '.join(fields)}.", f"{where}.{key}", "unknown_field")
+    calls = message.get("tool_calls")
+    if message.get("content") is None and not calls:
+        raise RequestError(f'{where}.content is missing; send the message\'s text, e.g. "content": "Hello"'
+                           + (", or the assistant's tool_calls." if role == "assistant" else "."), f"{where}.content")
+    # An assistant turn that only calls has no text: "" renders as nothing where None could print "None".
+    rendered: dict[str, Any] = {"role": role, "content": "" if message.get("content") is None
+                                else _content(message["content"], where)}
+    for key in ("name", "tool_call_id"):
+        if message.get(key) is not None:
+            if not isinstance(message[key], str):
+                raise RequestError(f"{where}.{key} = {shown(message[key])} must be a string.", f"{where}.{key}")
+            rendered[key] = message[key]
+    if role == "tool" and "tool_call_id" not in rendered:
+        raise RequestError(f"{where}.tool_call_id is missing: a tool message answers one call; send the id of the "
+                           "assistant's tool call it answers.", f"{where}.tool_call_id")
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise RequestError(f"{where}.tool_calls = {shown(calls)} must be a list of calls.", f"{where}.tool_calls")
+        rendered["tool_calls"] = [_call(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(calls)]
+    return rendered
+
+
+def _call(call: Any, where: str) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or call.get("type", "function") != "function":
+        raise RequestError(f'{where} = {shown(call)} must be {{"id": ..., "type": "function", "function": '
+                           '{"name": ..., "arguments": "..."}}.', where)
+    for key in call:
+        if key not in CALL_FIELDS:
+            raise RequestError(f"unknown field {key!r} in {where}.{suggest(key, CALL_FIELDS)} Fields: "
+                               f"{', '.join(CALL_FIELDS)}.", f"{where}.{key}", "unknown_field")
+    name, arguments = function.get("name"), function.get("arguments")
+    if not isinstance(name, str) or not name:
+        raise RequestError(f"{where}.function.name = {shown(name)} must be the called function's name.",
+                           f"{where}.function.name")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as exc:
+            raise RequestError(f"{where}.function.arguments is not JSON ({exc.msg} at column {exc.colno}); send the "
+                               "arguments as the JSON text of an object, as the call gave them.",
+                               f"{where}.function.arguments") from None
+    if not isinstance(arguments, dict):
+        raise RequestError(f"{where}.function.arguments = {shown(function.get('arguments'))} must be the JSON text "
+                           'of an object, e.g. "{\\"city\\": \\"Paris\\"}".', f"{where}.function.arguments")
+    shaped: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": arguments}}
+    if call.get("id") is not None:
+        if not isinstance(call["id"], str):
+            raise RequestError(f"{where}.id = {shown(call['id'])} must be a string.", f"{where}.id")
+        shaped["id"] = call["id"]
+    return shaped
+
+
+def _content(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                       and isinstance(p.get("text"), str) for p in value):
+        for i, part in enumerate(value):
+            if extra := sorted(set(part) - {"type", "text"}):  # as a message's unknown fields are: not dropped
+                raise RequestError(f"{where}.content[{i}] has the unknown field {extra[0]!r}; a text part holds only "
+                                   '"type" and "text".', f"{where}.content[{i}].{extra[0]}", "unknown_field")
+        return "".join(p["text"] for p in value)
+    raise RequestError(f"{where}.content = {shown(value)} must be a string or a list of text parts "
+                       '({"type": "text", "text": "..."}); images and audio are not supported.', f"{where}.content")

@@ -1,0 +1,215 @@
+"""The function calls in a chat answer: found in its text, whole or as it streams.
+
+What each ``tool_choice`` generates (``specsure.serve.tools``) is read back here:
+- ``auto``, Hermes format (``--tool-call-parser hermes``; Qwen2.5, Hermes 2 Pro and later): each call
+  is ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. Text outside calls is the
+  message's content. A call whose JSON does not parse, or that lacks its name, stays in the
+  content as written, so nothing the model wrote is lost.
+- ``required``: the whole output is a JSON array of ``{"name", "parameters"}`` objects.
+- a named function: the whole output is the arguments.
+
+``ToolCallStream`` gives the same calls and content as ``parse_answer``, in pieces: content as it
+becomes final, each call once its text is complete. Whitespace at the end of the content is held
+back while a call may follow, and dropped when calls were made, as ``parse_answer`` strips it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from specsure.serve.tools import Tools
+
+PARSERS = ("hermes",)
+"""The values of ``--tool-call-parser``."""
+HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
+
+
+def check_parser(name: str, tokenizer: Any) -> None:
+    """Refuse a parser that cannot see its tags in this tokenizer's decoded text."""
+    if name not in PARSERS:
+        raise ValueError(f"tool_call_parser = {name!r} is not one specsure has; choose one of {', '.join(PARSERS)}.")
+    if tokenizer is None:
+        raise ValueError("tool_call_parser needs the model's tokenizer (its chat template renders the tools), and "
+                         "this model has none.")
+    special = set(getattr(tokenizer, "all_special_tokens", ()))
+    hidden = [tag for tag in (HERMES_START, HERMES_END) if tag in special]
+    if hidden:
+        # Decoding skips special tokens, so the calls would arrive as bare JSON in the content.
+        raise ValueError(f"tool_call_parser = {name!r}: this tokenizer makes {hidden[0]} a special token, which "
+                         "decoded text leaves out, so the calls could not be found; specsure does not yet parse "
+                         "such models' calls. Send tool_choice 'required' or a named function instead (enforced), "
+                         "and start the server without --enable-auto-tool-choice.")
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model made; ``arguments`` is JSON text, as OpenAI sends it."""
+
+    name: str
+    arguments: str
+    id: str = field(default_factory=lambda: f"chatcmpl-tool-{uuid.uuid4().hex}")
+
+    def to_dict(self, index: int | None = None) -> dict[str, Any]:
+        """The message's ``tool_calls`` entry; with ``index``, the streamed delta's."""
+        head = {} if index is None else {"index": index}
+        return {**head, "id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A chat choice's message after its calls are read: content (None when empty) and calls."""
+
+    content: str | None
+    tool_calls: list[ToolCall]
+    finish_reason: str | None
+
+
+def parse_answer(tools: Tools | None, text: str, finish_reason: str | None) -> Answer:
+    """The message a finished chat choice's ``text`` gives under ``tools``."""
+    stream = ToolCallStream(tools)
+    if stream.named is not None:
+        return Answer(None, [ToolCall(stream.named, text)], finish_reason)
+    content, calls = stream.push(text)
+    rest, more = stream.finish()
+    content += rest
+    calls += more
+    return Answer(content or None if calls else content, calls, stream.finish_reason(finish_reason))
+
+
+class ToolCallStream:
+    """One chat choice's text, pushed as it becomes final, split into content and calls."""
+
+    def __init__(self, tools: Tools | None) -> None:
+        self._mode = tools.choice if tools is not None else "none"
+        self._parallel = tools is None or tools.parallel
+        self.named = tools.named if tools is not None and tools.choice == "named" else None
+        self._pending = ""  # text not yet released: a tag arriving, a call's body, the array's rest
+        self._held = ""  # content's trailing whitespace, released with the content after it
+        self._in_call = False
+        self._calls: list[ToolCall] = []
+        self._named_call: ToolCall | None = None
+
+    def deltas(self, text: str, final: bool = False) -> list[dict[str, Any]]:
+        """The chat deltas for ``text`` (and, when ``final``, for everything still held back)."""
+        if self.named is not None:
+            if self._named_call is None:  # the first delta names the call; later ones add to its arguments
+                self._named_call = ToolCall(self.named, text)
+                return [{"tool_calls": [self._named_call.to_dict(0)]}]
+            return [{"tool_calls": [{"index": 0, "function": {"arguments": text}}]}] if text else []
+        before = len(self._calls)
+        content, calls = self.push(text)
+        if final:
+            rest, more = self.finish()
+            content, calls = content + rest, calls + more
+        out: list[dict[str, Any]] = [{"content": content}] if content else []
+        if calls:
+            out.append({"tool_calls": [call.to_dict(before + i) for i, call in enumerate(calls)]})
+        return out
+
+    def push(self, text: str) -> tuple[str, list[ToolCall]]:
+        """(content released, calls completed) after ``text``."""
+        if self._mode == "none":
+            return text, []
+        self._pending += text
+        return self._release(final=False)
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """The rest, once the choice has finished."""
+        if self._mode == "none":
+            return "", []
+        return self._release(final=True)
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        """``tool_calls`` when the model stopped after calling (OpenAI's), else the engine's reason."""
+        return "tool_calls" if self._calls and reason == "stop" else reason
+
+    def _release(self, final: bool) -> tuple[str, list[ToolCall]]:
+        content, calls = self._required(final) if self._mode == "required" else self._hermes(final)
+        return self._hold_whitespace(content, final), calls
+
+    def _hermes(self, final: bool) -> tuple[str, list[ToolCall]]:
+        content, calls = "", []
+        while True:
+            if self._in_call:
+                end = self._pending.find(HERMES_END)
+                if end < 0:
+                    if final:  # an unfinished call stays as written
+                        content += HERMES_START + self._pending
+                        self._pending, self._in_call = "", False
+                    break
+                body = self._pending[:end]
+                self._pending, self._in_call = self._pending[end + len(HERMES_END):], False
+                call = _hermes_call(body)
+                if call is None:
+                    content += HERMES_START + body + HERMES_END
+                elif self._parallel or not self._calls:  # parallel_tool_calls false: the first call only
+                    self._calls.append(call)
+                    calls.append(call)
+                continue
+            start = self._pending.find(HERMES_START)
+            if start >= 0:
+                content += self._pending[:start]
+                self._pending, self._in_call = self._pending[start + len(HERMES_START):], True
+                continue
+            keep = 0 if final else _tag_prefix(self._pending, HERMES_START)
+            content += self._pending[:len(self._pending) - keep]
+            self._pending = self._pending[len(self._pending) - keep:]
+            return content, calls
+        return content, calls
+
+    def _required(self, final: bool) -> tuple[str, list[ToolCall]]:
+        """``required``'s JSON array: each element becomes a call once it has parsed."""
+        calls = []
+        decoder = json.JSONDecoder()
+        while True:
+            text = self._pending.lstrip()
+            text = text[1:] if text[:1] in ("[", ",") else text
+            try:
+                item, end = decoder.raw_decode(text.lstrip())
+            except json.JSONDecodeError:
+                break
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str) or "parameters" not in item:
+                break  # the grammar rules this out; what is left becomes content below
+            call = ToolCall(item["name"], json.dumps(item["parameters"], ensure_ascii=False))
+            self._calls.append(call)
+            calls.append(call)
+            self._pending = text.lstrip()[end:]
+        if not final:
+            return "", calls
+        rest, self._pending = self._pending.strip(), ""
+        # Cut short (max_tokens) before the array closed: what did not parse is the content, as written.
+        return ("" if rest == "]" else rest), calls
+
+    def _hold_whitespace(self, content: str, final: bool) -> str:
+        """``content`` less its trailing whitespace, which waits for the content after it; at the end an
+        answer with calls drops it, as ``parse_answer`` does."""
+        content, self._held = self._held + content, ""
+        stripped = content.rstrip()
+        if final:
+            return stripped if self._calls else content
+        self._held = content[len(stripped):]
+        return stripped
+
+
+def _hermes_call(body: str) -> ToolCall | None:
+    try:
+        call = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    arguments = call.get("arguments", {})
+    if not isinstance(arguments, dict):
+        return None
+    return ToolCall(call["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+def _tag_prefix(text: str, tag: str) -> int:
+    """The length of the longest end of ``text`` that begins ``tag``: it may be a tag still arriving."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0

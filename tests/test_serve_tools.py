@@ -1,0 +1,180 @@
+"""Tool calling over HTTP, as the official client does it: a named function and ``required`` are
+enforced by structured outputs, ``auto`` is read back by the Hermes parser; streamed or not, the
+calls are the same; every bad tool, choice or message is a 400 that names the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from grammar_model import build_byte_level_model
+from serving import serving
+from specsure import make_engine
+from specsure.cli.main import main
+from specsure.decode.engine import Engine
+from specsure.serve import create_app
+from specsure.serve.tool_calls import check_parser
+
+TEMPLATE = ("{%- if tools %}<tools>{% for t in tools %}{{ t.function.name }} {% endfor %}</tools>\n{% endif %}"
+            "{% for m in messages %}{% if m.role == 'tool' %}<tool_response>{{ m.content }}</tool_response>"
+            "{% elif m.tool_calls %}{% for c in m.tool_calls %}<tool_call>"
+            "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}</tool_call>{% endfor %}"
+            "{% else %}{{ m.content }}{% endif %}\n{% endfor %}")
+"""A Hermes-style template: tools in a header, earlier calls as <tool_call> JSON, results as <tool_response>."""
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                                    "unit": {"enum": ["c", "f"]}}, "required": ["city", "unit"]}}}
+NOW = {"type": "function", "function": {"name": "now"}}
+TOOLS = [WEATHER, NOW]
+MESSAGES = [{"role": "user", "content": '{"name": "yes"} What is the weather in Paris?'}]
+HERMES_ANSWER = ('Sure\\.\\n<tool_call>\\{"name": "get_weather", "arguments": \\{"city": "Paris", "unit": "c"\\}\\}'
+                 "</tool_call>")
+"""A regex that makes the tiny model write one Hermes call, so that ``auto`` has one to find."""
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    folder = build_byte_level_model(tmp_path_factory.mktemp("bytes-tools"))
+    return make_engine(str(folder), {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1},
+                       dtype="float32")
+
+
+def calls_of(message: Any) -> list[tuple[str, Any]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []]
+
+
+def streamed(chunks: Any) -> tuple[str | None, list[tuple[str, Any]], str | None]:
+    """Content, calls and finish_reason as a client joins a streamed answer."""
+    content, calls, finish = "", {}, None
+    for chunk in chunks:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for call in choice.delta.tool_calls or []:
+                entry = calls.setdefault(call.index, {"name": "", "arguments": "", "id": None})
+                entry["id"] = entry["id"] or call.id
+                entry["name"] += call.function.name or ""
+                entry["arguments"] += call.function.arguments or ""
+            finish = choice.finish_reason or finish
+    assert all(e["id"] for e in calls.values())
+    return content or None, [(calls[i]["name"], json.loads(calls[i]["arguments"])) for i in sorted(calls)], finish
+
+
+def test_named_and_required_calls_are_enforced_streamed_or_not(engine: Engine) -> None:
+    with serving(create_app(engine, served_model_name="tiny", chat_template=TEMPLATE)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        ask = {"model": "tiny", "messages": MESSAGES, "max_tokens": 200, "tools": TOOLS}
+        reply = client.chat.completions.create(**ask, tool_choice=named)
+        choice = reply.choices[0]
+        (name, arguments), = calls_of(choice.message)
+        assert name == "get_weather" and list(arguments) == ["city", "unit"] and arguments["unit"] in ("c", "f")
+        assert choice.finish_reason == "stop" and choice.message.content is None
+        assert streamed(client.chat.completions.create(**ask, tool_choice=named, stream=True)) == \
+            (None, calls_of(choice.message), "stop")
+
+        one = client.chat.completions.create(**ask, tool_choice="required", parallel_tool_calls=False)
+        (name, arguments), = calls_of(one.choices[0].message)
+        assert name in ("get_weather", "now") and one.choices[0].finish_reason == "tool_calls"
+        assert arguments == {} if name == "now" else list(arguments) == ["city", "unit"]
+        assert streamed(client.chat.completions.create(**ask, tool_choice="required", parallel_tool_calls=False,
+                                                       stream=True)) == (None, calls_of(one.choices[0].message),
+                                                                         "tool_calls")
+
+
+def test_auto_finds_the_calls_the_model_writes(engine: Engine) -> None:
+    app = create_app(engine, served_model_name="tiny", chat_template=TEMPLATE, tool_call_parser="hermes")
+    with serving(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        ask = {"model": "tiny", "messages": MESSAGES, "max_tokens": 200, "tools": TOOLS,
+               "extra_body": {"structured_outputs": {"regex": HERMES_ANSWER}}}
+        reply = client.chat.completions.create(**ask)  # tool_choice defaults to auto when tools are given
+        message = reply.choices[0].message
+        assert message.content == "Sure."
+        assert calls_of(message) == [("get_weather", {"city": "Paris", "unit": "c"})]
+        assert message.tool_calls[0].id.startswith("chatcmpl-tool-") and message.tool_calls[0].type == "function"
+        assert reply.choices[0].finish_reason == "tool_calls"
+        assert streamed(client.chat.completions.create(**ask, stream=True)) == \
+            ("Sure.", calls_of(message), "tool_calls")
+        plain = client.chat.completions.create(**{**ask, "extra_body": {"structured_outputs": {"regex": "Hi there"}}})
+        assert plain.choices[0].message.content == "Hi there" and not plain.choices[0].message.tool_calls
+        assert plain.choices[0].finish_reason == "stop"
+
+
+def test_a_conversation_with_calls_and_results_renders(engine: Engine) -> None:
+    client = TestClient(create_app(engine, served_model_name="tiny", chat_template=TEMPLATE))
+    messages = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "18C"}]
+    ids = client.post("/tokenize", json={"messages": messages}).json()["tokens"]
+    text = client.post("/detokenize", json={"tokens": ids}).json()["prompt"]
+    assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>' in text
+    assert "<tool_response>18C</tool_response>" in text
+    reply = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 3, "tools": TOOLS,
+                                                      "tool_choice": "none"})
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["tool_calls"] == []
+
+
+BAD = [
+    ({"tools": {"get": 1}}, "tools", "must be a list"),
+    ({"tools": [{"type": "code_interpreter"}]}, "tools[0]", "function tools are the only kind"),
+    ({"tools": [{"type": "function", "function": {"name": "get weather"}}]}, "tools[0].function.name", "letters"),
+    ({"tools": [NOW, NOW]}, "tools[1].function.name", "listed twice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "paramters": {}}}]}, "tools[0].function.paramters",
+     "Did you mean 'parameters'"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_wether"}}},
+     "tool_choice.function.name", "not in tools"),
+    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tools": TOOLS}, "tool_choice", "--enable-auto-tool-choice"),
+    ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "none, auto, required"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string", "not": {}}}}],
+      "tool_choice": "required"}, "tools[0].function.parameters", "'not'"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format",
+     "send one of them"),
+    ({"tools": TOOLS, "tool_choice": "none", "parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "missing"),
+    ({"messages": [{"role": "tool", "content": "18C"}]}, "messages[0].tool_call_id", "answers one call"),
+    ({"messages": [{"role": "user", "content": "hi", "tool_calls": []}]}, "messages[0].tool_calls",
+     "A user message has"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+        "name": "f", "arguments": "{city: Paris}"}}]}]}, "messages[0].tool_calls[0].function.arguments", "not JSON"),
+]
+
+
+@pytest.mark.parametrize("body, param, words", BAD)
+def test_a_bad_tool_request_is_a_400_that_names_the_field(engine: Engine, body: dict, param: str, words: str) -> None:
+    client = TestClient(create_app(engine, served_model_name="tiny", chat_template=TEMPLATE))
+    reply = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, **body})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+
+
+def test_auto_is_refused_where_the_template_cannot_show_the_tools(engine: Engine) -> None:
+    client = TestClient(create_app(engine, served_model_name="tiny", tool_call_parser="hermes"))
+    reply = client.post("/v1/chat/completions", json={"messages": MESSAGES, "tools": TOOLS})
+    assert reply.status_code == 400 and "does not render tools" in reply.json()["error"]["message"]
+    enforced = client.post("/v1/chat/completions", json={"messages": MESSAGES, "tools": TOOLS, "max_tokens": 200,
+                                                         "tool_choice": "required", "parallel_tool_calls": False})
+    assert enforced.status_code == 200 and len(enforced.json()["choices"][0]["message"]["tool_calls"]) == 1
+
+
+def test_a_parser_whose_tags_decoding_hides_is_refused() -> None:
+    class Tokenizer:
+        all_special_tokens = ["</s>", "<tool_call>"]
+
+    with pytest.raises(ValueError, match="<tool_call> a special token"):
+        check_parser("hermes", Tokenizer())
+    with pytest.raises(ValueError, match="choose one of hermes"):
+        check_parser("mistral", Tokenizer())
+
+
+def test_serve_tool_flags_are_checked_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--enable-auto-tool-choice", "--port", "0"]) == 2
+    assert "--tool-call-parser" in capsys.readouterr().err
+    assert main(["serve", "--chat-template", "/no/such/template.jinja", "--port", "0"]) == 2
+    assert "neither a file nor a Jinja template" in capsys.readouterr().err

@@ -1,0 +1,105 @@
+"""Reading calls back from a chat answer's text: whole (``parse_answer``) and streamed in pieces
+(``ToolCallStream``), which must agree at every split of the text."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from specsure.serve.tool_calls import ToolCallStream, _tag_prefix, parse_answer
+from specsure.serve.tools import Function, Tools
+
+WEATHER = Function("get_weather", None, {"type": "object", "properties": {"city": {"type": "string"}}})
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def tools(choice: str = "auto", parallel: bool = True, named: str | None = None) -> Tools:
+    return Tools((WEATHER, Function("now", None, None)), choice, named, parallel)  # type: ignore[arg-type]
+
+
+def joined(stream: ToolCallStream, pieces: list[str]) -> tuple[str | None, list[tuple[str, str]]]:
+    """Content and (name, arguments) per call, as a client joins the streamed deltas."""
+    content, calls = "", {}
+    deltas = [d for i, p in enumerate(pieces) for d in stream.deltas(p, final=i == len(pieces) - 1)]
+    for delta in deltas:
+        content += delta.get("content", "")
+        for call in delta.get("tool_calls", []):
+            entry = calls.setdefault(call["index"], ["", ""])
+            entry[0] += call.get("function", {}).get("name", "")
+            entry[1] += call["function"].get("arguments", "")
+    return content or None, [tuple(calls[i]) for i in sorted(calls)]  # type: ignore[misc]
+
+
+HERMES_CASES = [
+    ("just text, no call", "just text, no call", []),
+    (f"Sure.\n{CALL}", "Sure.", [("get_weather", '{"city": "Paris"}')]),
+    (f"{CALL}\n{CALL}\n", None, [("get_weather", '{"city": "Paris"}')] * 2),
+    (f'{CALL}<tool_call>{{"name": "now"}}</tool_call>', None, [("get_weather", '{"city": "Paris"}'), ("now", "{}")]),
+    (f"{CALL}\nDone.", "\nDone.", [("get_weather", '{"city": "Paris"}')]),
+    ("<tool_call>{not json}</tool_call> after", "<tool_call>{not json}</tool_call> after", []),
+    ('<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
+    (f'{CALL}<tool_call>{{"name": "now", "argu', '<tool_call>{"name": "now", "argu',
+     [("get_weather", '{"city": "Paris"}')]),
+    ("a < b and <tool_ but no call", "a < b and <tool_ but no call", []),
+]
+
+
+@pytest.mark.parametrize("text, content, calls", HERMES_CASES)
+def test_hermes_calls_are_the_same_whole_or_split_anywhere(text: str, content: str | None,
+                                                           calls: list[tuple[str, str]]) -> None:
+    answer = parse_answer(tools(), text, "stop")
+    assert answer.content == content
+    assert [(c.name, c.arguments) for c in answer.tool_calls] == calls
+    assert answer.finish_reason == ("tool_calls" if calls else "stop")
+    for cut in range(len(text) + 1):
+        for second in (cut, min(len(text), cut + 3)):
+            pieces = [text[:cut], text[cut:second], text[second:]]
+            assert joined(ToolCallStream(tools()), pieces) == (content, calls), pieces
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
+    answer = parse_answer(tools(parallel=False), f"{CALL}{CALL}", "stop")
+    assert len(answer.tool_calls) == 1 and answer.content is None
+
+
+def test_required_array_becomes_calls_element_by_element() -> None:
+    text = '[{"name": "get_weather", "parameters": {"city": "Oslo"}}, {"name": "now", "parameters": {}}]'
+    expected = [("get_weather", '{"city": "Oslo"}'), ("now", "{}")]
+    answer = parse_answer(tools("required"), text, "stop")
+    assert (answer.content, [(c.name, c.arguments) for c in answer.tool_calls]) == (None, expected)
+    assert answer.finish_reason == "tool_calls"
+    seen: list[int] = []
+    stream = ToolCallStream(tools("required"))
+    for i, ch in enumerate(text):  # one character at a time: each call comes once its object has closed
+        for delta in stream.deltas(ch, final=i == len(text) - 1):
+            seen += [c["index"] for c in delta.get("tool_calls", [])]
+            if c := delta.get("tool_calls"):
+                assert json.loads(text[: i + 1].rstrip("]") + "]")[c[0]["index"]]["name"] == c[0]["function"]["name"]
+    assert seen == [0, 1]
+    for cut in range(len(text) + 1):
+        assert joined(ToolCallStream(tools("required")), [text[:cut], text[cut:]]) == (None, expected)
+
+
+def test_a_required_answer_cut_short_keeps_its_text() -> None:
+    text = '[{"name": "get_weather", "parameters": {"ci'
+    answer = parse_answer(tools("required"), text, "length")
+    assert answer.tool_calls == [] and answer.content == text and answer.finish_reason == "length"
+
+
+def test_a_named_call_streams_its_arguments() -> None:
+    text = '{"city": "Rome"}'
+    answer = parse_answer(tools("named", named="get_weather"), text, "stop")
+    assert answer.content is None and answer.finish_reason == "stop"
+    assert [(c.name, c.arguments) for c in answer.tool_calls] == [("get_weather", text)]
+    stream = ToolCallStream(tools("named", named="get_weather"))
+    deltas: list[dict[str, Any]] = [*stream.deltas('{"ci'), *stream.deltas('ty": "Rome"}'), *stream.deltas("", True)]
+    assert deltas[0]["tool_calls"][0]["function"]["name"] == "get_weather" and "id" in deltas[0]["tool_calls"][0]
+    assert "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas) == text
+
+
+def test_tag_prefix_holds_back_only_what_can_start_the_tag() -> None:
+    assert _tag_prefix("text <tool", "<tool_call>") == 5
+    assert _tag_prefix("text <", "<tool_call>") == 1
+    assert _tag_prefix("text <tx", "<tool_call>") == 0
