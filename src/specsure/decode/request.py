@@ -134,7 +134,10 @@ class Request:
         spec = self.params.structured_outputs
         if spec is not None:
             assert self.rules.grammars is not None, "Engine.check_params lets structured outputs through only with grammars"
-            self._constraint = Constraint(self.rules.grammars.automaton(spec), self.rules.stop_ids(self.params))
+            grammars = self.rules.grammars
+            eos = getattr(self.rules.tokenizer, "eos_token_id", None)
+            self._constraint = Constraint(grammars.automaton(spec), self.rules.stop_ids(self.params), grammars.spell,
+                                          eos if isinstance(eos, int) else None)
         self.started = time.perf_counter()
         lm.reset()
         if proposer is not None:
@@ -147,21 +150,24 @@ class Request:
 
     def draft_job(self) -> DraftJob | None:
         """What this step's draft needs (None: no proposer, or no room for a draft token)."""
-        lm, output = self.lm, self.output
-        assert lm is not None and output
-        # Room for the draft: the verify forward must fit the context. Tokens past max_tokens are
-        # cut after verification, which leaves the kept ones distributed as before.
-        room = min(self.k, self.params.max_tokens - len(output), (lm.max_context or 1 << 30) - lm.cache_len - 2)
+        room = self._room()
         if self.proposer is None or room <= 0:
             return None
-        return DraftJob(self.proposer, self.prompt + output, room, self.params, self.generator)
+        return DraftJob(self.proposer, self.prompt + self.output, room, self.params, self.generator)
+
+    def _room(self) -> int:
+        """How many tokens this step may draft: the verify forward must fit the context. Tokens past
+        max_tokens are cut after verification, which leaves the kept ones distributed as before."""
+        lm, output = self.lm, self.output
+        assert lm is not None and output
+        return min(self.k, self.params.max_tokens - len(output), (lm.max_context or 1 << 30) - lm.cache_len - 2)
 
     def draft_call(self, draft: Draft = NO_DRAFT) -> Call:
         """The verify forward for this step's draft: the pending token, then the draft (chain or tree)."""
         lm, output = self.lm, self.output
         assert lm is not None and output
-        if self._constraint is not None and draft.token_ids and draft.probs is None:
-            draft = self._constraint.prune(draft)
+        if self._constraint is not None and self.proposer is not None:  # plain decoding drafts nothing
+            draft = self._constraint.steer(draft, max(0, self._room()))
         self._draft, self._start = draft, lm.cache_len
         fed = [output[-1], *draft.token_ids]
         if draft.parents is not None and draft.token_ids:

@@ -7,12 +7,18 @@ them. A draft token the constraint refuses has probability 0 under that distribu
 rejected like any other, so greedy output equals plain decoding with the same constraint, and
 sampling keeps the constrained distribution. Drafts themselves are not constrained: a proposer
 that drafts outside the grammar only loses acceptance.
+
+Where the constraint leaves no choice (a JSON Schema's keys and punctuation, a tool call's name),
+it drafts itself: ``Constraint.steer`` puts those bytes, written as the tokenizer writes them,
+in place of a draft that does not begin with them. That draft depends only on the output so
+far, never on the target's draws, so the rejection sampler keeps it lossless like any other;
+the target may still write the same bytes as other tokens, and then the forced draft is rejected.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import torch
@@ -38,6 +44,16 @@ class Grammars:
         self._table: TokenTable | None = None
         self._automata: OrderedDict[StructuredOutputs, TokenAutomaton] = OrderedDict()
 
+    def spell(self, data: bytes) -> list[int]:
+        """The tokenizer's tokens for ``data`` (its whole characters): how a forced text is drafted."""
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:  # the forced bytes stop inside a character
+            text = data[:exc.start].decode("utf-8")
+        if not text or self.tokenizer is None:
+            return []
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
     def table(self) -> TokenTable:
         """The vocabulary's bytes; TokenizerKindError when they cannot be read."""
         if self._table is None:
@@ -61,10 +77,14 @@ class Grammars:
 class Constraint:
     """One request's place in its constraint: the state its output has reached."""
 
-    def __init__(self, automaton: TokenAutomaton, end_ids: frozenset[int]) -> None:
+    def __init__(self, automaton: TokenAutomaton, end_ids: frozenset[int],
+                 spell: Callable[[bytes], list[int]] = lambda data: [], eos: int | None = None) -> None:
         self.automaton = automaton
         self.end_ids = sorted(end_ids)
         """The tokens that end the output (EOS, stop_token_ids): allowed only where the text is complete."""
+        self._spell = spell
+        self._end = eos if eos in end_ids else (self.end_ids[0] if self.end_ids else None)
+        """The end token drafted where the text is complete and nothing may follow: EOS when it is one."""
         self.state = automaton.dfa.start
 
     def advance(self, tokens: Sequence[int]) -> None:
@@ -77,6 +97,42 @@ class Constraint:
                 return DEAD
             state = self.automaton.advance(state, token)
         return state
+
+    def forced(self, limit: int) -> list[int]:
+        """Up to ``limit`` tokens the constraint leaves no choice about from here: its forced bytes,
+        then an end token if the text is complete there and nothing may follow."""
+        tokens, state = self.automaton.forced(self.state, self._spell) if self.state != DEAD else ((), DEAD)
+        out = list(tokens[:limit])
+        dfa = self.automaton.dfa
+        if (len(out) == len(tokens) < limit and state != DEAD and self._end is not None and dfa.accepting[state]
+                and not dfa.can_continue(state)):
+            out.append(self._end)
+        return out
+
+    def steer(self, draft: Draft, room: int) -> Draft:
+        """The draft to verify: ``draft`` pruned, or the forced tokens where it does not write them.
+
+        A point-mass draft whose text (its first chain, for a tree) begins with the forced text is
+        kept, as it guesses past it, whichever tokens it writes it with; a sampled draft is
+        replaced, since its q says nothing of the forced text.
+        """
+        if draft.token_ids and draft.probs is None:
+            draft = self.prune(draft)
+        forced = self.forced(room)
+        if not forced:
+            return draft
+        parents = draft.parents
+        chain = draft.token_ids if parents is None else \
+            draft.token_ids[:next((i for i, p in enumerate(parents) if p != i), len(parents))]
+        if draft.probs is None and self._text(chain).startswith(self._text(forced)):
+            return draft
+        return Draft(forced)
+
+    def _text(self, tokens: Sequence[int]) -> bytes:
+        """The bytes ``tokens`` write, an end token as a byte no text holds after the end (0xFF is never UTF-8)."""
+        table = self.automaton.tokens.bytes
+        return b"".join(b"\xff" if t in self.end_ids else (table[t] or b"") if 0 <= t < len(table) else b"\xff"
+                        for t in tokens)
 
     def prune(self, draft: Draft) -> Draft:
         """``draft`` without the tokens the constraint refuses and what follows them.
