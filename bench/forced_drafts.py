@@ -33,6 +33,8 @@ WORKLOADS = {
                                  "Forecast for Tokyo for the next ten days, please.", "How hot is it in Cairo?",
                                  "Will it snow in Denver over the weekend?", "Weather in Sydney in fahrenheit."]),
 }
+WORKLOADS["json schema, one line"] = (PERSON, WORKLOADS["json schema"][1])
+"""The same requests with disable_any_whitespace: every separator is forced."""
 METHODS = ("ngram", "suffix", "eagle3", "mtp")
 
 
@@ -60,7 +62,9 @@ def main() -> None:
     tok = engines[("plain", "-")].tokenizer
     rows: dict[tuple[str, str, str], list[Any]] = {}
     for workload, (schema, questions) in WORKLOADS.items():
-        params = SamplingParams(max_tokens=args.tokens, structured_outputs={"json": schema})
+        compact = workload.endswith("one line")
+        params = SamplingParams(max_tokens=args.tokens,
+                                structured_outputs={"json": schema, "disable_any_whitespace": compact})
         for i, question in enumerate(questions):
             prompt = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
                                              add_generation_prompt=True)

@@ -107,6 +107,22 @@ def test_a_json_schema_accepts_its_documents(text: str, valid: bool) -> None:
         json.loads(text)
 
 
+def test_disable_any_whitespace_writes_json_as_json_dumps_does() -> None:
+    compact = StructuredOutputs(json=PERSON, disable_any_whitespace=True)
+    doc = {"name": "Al", "age": 30}
+    assert accepts(compact, json.dumps(doc))
+    for text in [json.dumps(doc, indent=2), json.dumps(doc, separators=(",", ":")), '{ "name": "Al", "age": 30}',
+                 '{"name": "Al" , "age": 30}']:
+        assert accepts(StructuredOutputs(json=PERSON), text) and not accepts(compact, text), text
+    nested = {"a": [1, {"b": None}], "c": {}}
+    objects = StructuredOutputs(json_object=True, disable_any_whitespace=True)
+    assert accepts(objects, json.dumps(nested)) and not accepts(objects, json.dumps(nested, indent=1))
+    assert StructuredOutputs.from_dict({"json_object": True, "disable_any_whitespace": None}) == \
+        StructuredOutputs(json_object=True)
+    with pytest.raises(GrammarError, match="disable_any_whitespace: is 'yes'; give true or false"):
+        StructuredOutputs(json_object=True, disable_any_whitespace="yes")  # type: ignore[arg-type]
+
+
 def test_json_object_accepts_nested_json_and_refuses_other_values() -> None:
     spec = StructuredOutputs(json_object=True)
     for text in ['{}', '{"a": [1, 2.5, {"b": null}], "c": {"d": [true, false, "x"]}}', '{ "k" : [ ] }']:
@@ -148,7 +164,7 @@ def test_exactly_one_field_and_the_params_carry_it_as_given() -> None:
         StructuredOutputs.from_dict({"grammar": "root ::= 'a'"})
     assert StructuredOutputs.from_dict({"choice": ["a"], "grammar": None, "disable_fallback": False,
                                         "disable_any_whitespace": False}) == StructuredOutputs(choice=["a"])
-    with pytest.raises(GrammarError, match="disable_any_whitespace: is not a field"):
+    with pytest.raises(GrammarError, match="disable_any_whitespace: applies to json and json_object only"):
         StructuredOutputs.from_dict({"choice": ["a"], "disable_any_whitespace": True})
     with pytest.raises(SamplingError, match=r"structured_outputs.*json: .*'not'"):
         SamplingParams(structured_outputs={"json": {"not": {}}})

@@ -164,8 +164,12 @@ def test_auto_is_refused_where_the_template_cannot_show_the_tools(engine: Engine
 
 
 def test_a_parser_whose_tags_decoding_hides_is_refused() -> None:
-    class Tokenizer:
-        all_special_tokens = ["</s>", "<tool_call>"]
+    class Tokenizer:  # decoding skips <tool_call>, as for a special token
+        def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+            return [7] if text == "<tool_call>" else [8]
+
+        def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+            return "" if ids == [7] else "</tool_call>"
 
     with pytest.raises(ValueError, match="<tool_call> a special token"):
         check_parser("hermes", Tokenizer())

@@ -19,7 +19,8 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
                                            "age": {"type": "integer", "minimum": 0, "maximum": 99},
                                            "ok": {"type": "boolean"}},
           "required": ["name", "age", "ok"]}
-CONSTRAINTS = [{"json": SCHEMA}, {"choice": ["yes", "no", "maybe"]}, {"regex": r"(ab|12)+x?"}, {"json_object": True}]
+CONSTRAINTS = [{"json": SCHEMA}, {"choice": ["yes", "no", "maybe"]}, {"regex": r"(ab|12)+x?"}, {"json_object": True},
+               {"json": SCHEMA, "disable_any_whitespace": True}]
 PROMPT = '{"name": "yes", "age": 12, "ok": true} {"na'
 
 
@@ -48,7 +49,7 @@ def engines(model: str) -> list[Engine]:
     return [make_engine(model, spec, dtype="float32") for spec in specs]
 
 
-@pytest.mark.parametrize("constraint", CONSTRAINTS, ids=["json", "choice", "regex", "json_object"])
+@pytest.mark.parametrize("constraint", CONSTRAINTS, ids=["json", "choice", "regex", "json_object", "compact json"])
 def test_every_method_equals_plain_and_the_text_obeys(engines: list[Engine], constraint: dict) -> None:
     params = SamplingParams(max_tokens=60, structured_outputs=constraint)
     outs = [e.generate([PROMPT, PROMPT[:9]], params) for e in engines]

@@ -4,13 +4,14 @@ What it follows (as vLLM's default backend, xgrammar, does): properties in the s
 no properties beyond those listed unless the schema lists none (``{"type": "object"}`` is any
 object); ``oneOf`` as ``anyOf``. Whitespace between tokens is bounded (up to two spaces or tabs,
 or one line break and up to 16 of indentation), so a model cannot pad forever; none before or
-after the value. A keyword that would change which texts are valid and that this compiler cannot
+after the value. ``COMPACT`` allows none but the single spaces after "," and ":". A keyword that would change which texts are valid and that this compiler cannot
 enforce (``not``, ``uniqueItems``, ``multipleOf``, ...) is refused by name, never ignored.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from specsure.grammar.pattern import (Alt, Chars, Joined, Members, Pattern, PatternError, Repeat, Seq,
@@ -52,6 +53,22 @@ NUMBER = Seq((INTEGER, FRACTION_EXPONENT))
 STRING = Seq((literal('"'), Repeat(CHAR, 0, None), literal('"')))
 COMMA = Seq((WS, literal(","), WS))
 COLON = Seq((WS, literal(":"), WS))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where whitespace may go: inside brackets (``ws``), and around the separators."""
+
+    ws: Pattern
+    comma: Pattern
+    colon: Pattern
+
+
+FREE = Layout(WS, COMMA, COLON)
+"""Bounded whitespace between any two tokens: the default."""
+COMPACT = Layout(literal(""), literal(", "), literal(": "))
+"""vLLM's ``disable_any_whitespace`` (xgrammar without any_whitespace): one line, ", " and ": " as
+Python's json.dumps writes them, nothing inside brackets."""
 DATE = parse_regex(r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])")
 TIME = parse_regex(r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])?")
 FORMATS: dict[str, Pattern] = {
@@ -65,35 +82,37 @@ FORMATS: dict[str, Pattern] = {
 """String formats that narrow the text; the email form is the common one, stricter than RFC 5322."""
 
 
-def any_value(depth: int = ANY_DEPTH) -> Pattern:
+def any_value(depth: int = ANY_DEPTH, layout: Layout = FREE) -> Pattern:
     """Any JSON value whose objects and arrays nest at most ``depth`` deep."""
     scalars = [STRING, NUMBER, either("true", "false", "null")]
     if depth > 0:
-        scalars += [any_object(depth - 1), any_array(depth - 1)]
+        scalars += [any_object(depth - 1, layout), any_array(depth - 1, layout)]
     return Alt(tuple(scalars))
 
 
-def any_object(depth: int = ANY_DEPTH) -> Pattern:
-    member = Seq((STRING, COLON, any_value(depth)))
-    return Seq((literal("{"), WS, Repeat(Seq((Joined(member, COMMA, 1), WS)), 0, 1), literal("}")))
+def any_object(depth: int = ANY_DEPTH, layout: Layout = FREE) -> Pattern:
+    member = Seq((STRING, layout.colon, any_value(depth, layout)))
+    return Seq((literal("{"), layout.ws, Repeat(Seq((Joined(member, layout.comma, 1), layout.ws)), 0, 1),
+                literal("}")))
 
 
-def any_array(depth: int) -> Pattern:
-    return Seq((literal("["), WS, Repeat(Seq((Joined(any_value(depth), COMMA, 1), WS)), 0, 1), literal("]")))
+def any_array(depth: int, layout: Layout = FREE) -> Pattern:
+    return Seq((literal("["), layout.ws, Repeat(Seq((Joined(any_value(depth, layout), layout.comma, 1), layout.ws)),
+                                                0, 1), literal("]")))
 
 
-def schema_pattern(schema: Any) -> Pattern:
+def schema_pattern(schema: Any, layout: Layout = FREE) -> Pattern:
     """The pattern of the JSON texts ``schema`` accepts; PatternError names the keyword and its path."""
-    return _Compiler(schema).value(schema, "#", ())
+    return _Compiler(schema, layout).value(schema, "#", ())
 
 
 class _Compiler:
-    def __init__(self, root: Any) -> None:
-        self.root = root
+    def __init__(self, root: Any, layout: Layout) -> None:
+        self.root, self.layout = root, layout
 
     def value(self, schema: Any, path: str, refs: tuple[str, ...]) -> Pattern:
         if schema is True or schema == {}:
-            return any_value()
+            return any_value(layout=self.layout)
         if not isinstance(schema, dict):
             raise PatternError(f"{path} is {json.dumps(schema)[:60]}; a schema is an object (or true)")
         for key in ("$ref", "const", "enum"):  # each names its texts outright: a sibling that narrows is refused
@@ -129,7 +148,7 @@ class _Compiler:
         if kind is None:
             kind = _implied_type(schema, path)
             if kind == "any":
-                return any_value()
+                return any_value(layout=self.layout)
         if isinstance(kind, list):
             if not kind:
                 raise PatternError(f"{path}/type is an empty list")
@@ -193,15 +212,16 @@ class _Compiler:
         high = _count(schema, "maxItems", path, None)
         if high is not None and high < low:
             raise PatternError(f"{path}: maxItems {high} is below minItems {low}")
+        ws, comma = self.layout.ws, self.layout.comma
         if high == 0:
-            return Seq((literal("["), WS, literal("]")))
+            return Seq((literal("["), ws, literal("]")))
         if low <= 1 and high is None:
-            items = Seq((Joined(item, COMMA, 1), WS))
+            items = Seq((Joined(item, comma, 1), ws))
             body = items if low == 1 else Repeat(items, 0, 1)
         else:
-            rest = Repeat(Seq((COMMA, item)), max(low - 1, 0), None if high is None else high - 1)
-            body = Seq((item, rest, WS)) if low >= 1 else Repeat(Seq((item, rest, WS)), 0, 1)
-        return Seq((literal("["), WS, body, literal("]")))
+            rest = Repeat(Seq((comma, item)), max(low - 1, 0), None if high is None else high - 1)
+            body = Seq((item, rest, ws)) if low >= 1 else Repeat(Seq((item, rest, ws)), 0, 1)
+        return Seq((literal("["), ws, body, literal("]")))
 
     def object(self, schema: dict[str, Any], path: str, refs: tuple[str, ...]) -> Pattern:
         props = schema.get("properties", {})
@@ -215,15 +235,17 @@ class _Compiler:
         if props and extra not in (False, None):
             raise PatternError(f"{path}/additionalProperties alongside properties is not supported; set it to "
                                "false, or describe every property")
+        ws, comma, colon = self.layout.ws, self.layout.comma, self.layout.colon
         if not props:
             if extra is False:
-                return Seq((literal("{"), WS, literal("}")))
-            value = any_value() if extra is True else self.value(extra, f"{path}/additionalProperties", refs)
-            member = Seq((STRING, COLON, value))
-            return Seq((literal("{"), WS, Repeat(Seq((Joined(member, COMMA, 1), WS)), 0, 1), literal("}")))
-        members = tuple((Seq((literal(json.dumps(name)), COLON, self.value(sub, f"{path}/properties/{name}", refs))),
+                return Seq((literal("{"), ws, literal("}")))
+            value = any_value(layout=self.layout) if extra is True else \
+                self.value(extra, f"{path}/additionalProperties", refs)
+            member = Seq((STRING, colon, value))
+            return Seq((literal("{"), ws, Repeat(Seq((Joined(member, comma, 1), ws)), 0, 1), literal("}")))
+        members = tuple((Seq((literal(json.dumps(name)), colon, self.value(sub, f"{path}/properties/{name}", refs))),
                          name in required) for name, sub in props.items())
-        return Seq((literal("{"), WS, Members(members, COMMA), WS, literal("}")))
+        return Seq((literal("{"), ws, Members(members, comma), ws, literal("}")))
 
     def combined(self, schema: dict[str, Any], key: str, path: str, refs: tuple[str, ...]) -> Pattern:
         options = schema[key]

@@ -7,14 +7,16 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Any, Mapping
 
-from specsure.grammar.json_schema import any_object, schema_pattern
+from specsure.grammar.json_schema import COMPACT, FREE, any_object, schema_pattern
 from specsure.grammar.pattern import NFA, Alt, PatternError, compile_nfa, literal
 from specsure.grammar.regex import parse_regex
 
 MAX_CHOICES = 1000
+KINDS = ("json", "regex", "choice", "json_object")
+"""The fields that say what the output is; exactly one is set."""
 VLLM_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "grammar": (None,), "structural_tag": (None,), "whitespace_pattern": (None,), "disable_fallback": (None, False),
-    "disable_any_whitespace": (None, False), "disable_additional_properties": (None, False, True),
+    "disable_additional_properties": (None, False, True),
 }
 """vLLM's other StructuredOutputsParams keys, taken at the values that change nothing here (a client
 may send all of them): no additional properties is already specsure's rule, so True is neutral too."""
@@ -46,6 +48,10 @@ class StructuredOutputs:
     """The output is exactly one of these strings (a list is stored as a tuple)."""
     json_object: bool = False
     """The output is one JSON object of any content (OpenAI's ``response_format: json_object``)."""
+    disable_any_whitespace: bool = False
+    """With ``json`` or ``json_object``: the JSON on one line, written as ``json.dumps`` writes it
+    (", " and ": ", nothing else between tokens), as vLLM's option of the same name; by default
+    bounded whitespace may go between any two tokens."""
 
     def __post_init__(self) -> None:
         if isinstance(self.json, str):  # one spelling per schema, so equal schemas share an automaton
@@ -57,7 +63,7 @@ class StructuredOutputs:
             object.__setattr__(self, "json", _compact(self.json))
         if isinstance(self.choice, list):
             object.__setattr__(self, "choice", tuple(self.choice))
-        given = [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
+        given = [f.name for f in fields(self) if f.name in KINDS and getattr(self, f.name) not in (None, False)]
         if len(given) != 1:
             raise GrammarError("json" if not given else given[1],
                                f"set exactly one of json, regex, choice and json_object (given: "
@@ -72,18 +78,24 @@ class StructuredOutputs:
             raise GrammarError("choice", f"must be a list of 1 to {MAX_CHOICES} non-empty strings")
         if not isinstance(self.json_object, bool):
             raise GrammarError("json_object", f"is {self.json_object!r}; give true or false")
+        if not isinstance(self.disable_any_whitespace, bool):
+            raise GrammarError("disable_any_whitespace", f"is {self.disable_any_whitespace!r}; give true or false")
+        if self.disable_any_whitespace and self.json is None and not self.json_object:
+            raise GrammarError("disable_any_whitespace", "applies to json and json_object only; a regex or choice "
+                               "says its own whitespace, so drop it")
         compiled(self)  # refuse what cannot compile now, not when a model has loaded
 
     @property
     def field(self) -> str:
         """The one field that is set."""
-        return next(f.name for f in fields(self) if getattr(self, f.name) not in (None, False))
+        return next(f.name for f in fields(self) if f.name in KINDS and getattr(self, f.name) not in (None, False))
 
     @classmethod
     def from_dict(cls, body: Mapping[str, Any]) -> "StructuredOutputs":
         """From vLLM's JSON shape; an unknown key names the ones there are."""
         known = {f.name for f in fields(cls)}
-        body = {k: v for k, v in body.items() if not (k in VLLM_NEUTRAL and v in VLLM_NEUTRAL[k])}
+        body = {k: v for k, v in body.items() if not (k in VLLM_NEUTRAL and v in VLLM_NEUTRAL[k])
+                and not (k == "disable_any_whitespace" and v is None)}
         for key in body:
             if key not in known:
                 hint = " (specsure has no grammar engine; give a regex or a JSON Schema)" if key == "grammar" else ""
@@ -99,18 +111,19 @@ def _compact(schema: Any) -> str:
 def compiled(spec: StructuredOutputs) -> NFA:
     """The byte NFA of ``spec``'s texts, compiled once per distinct constraint."""
     field = spec.field
+    layout = COMPACT if spec.disable_any_whitespace else FREE
     try:
         if spec.json is not None:
             try:
                 schema = json.loads(spec.json)
             except json.JSONDecodeError as e:
                 raise PatternError(f"is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
-            return compile_nfa(schema_pattern(schema))
+            return compile_nfa(schema_pattern(schema, layout))
         if spec.regex is not None:
             return compile_nfa(parse_regex(spec.regex))
         if spec.choice is not None:
             return compile_nfa(Alt(tuple(literal(c) for c in spec.choice)))
-        return compile_nfa(any_object())
+        return compile_nfa(any_object(layout=layout))
     except (PatternError, RecursionError) as e:
         message = str(e) if isinstance(e, PatternError) else "nests too deeply to compile"
         raise GrammarError(field, message) from None

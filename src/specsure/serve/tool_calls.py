@@ -34,8 +34,8 @@ def check_parser(name: str, tokenizer: Any) -> None:
     if tokenizer is None:
         raise ValueError("tool_call_parser needs the model's tokenizer (its chat template renders the tools), and "
                          "this model has none.")
-    special = set(getattr(tokenizer, "all_special_tokens", ()))
-    hidden = [tag for tag in (HERMES_START, HERMES_END) if tag in special]
+    hidden = [tag for tag in (HERMES_START, HERMES_END)
+              if tokenizer.decode(tokenizer.encode(tag, add_special_tokens=False), skip_special_tokens=True) != tag]
     if hidden:
         # Decoding skips special tokens, so the calls would arrive as bare JSON in the content.
         raise ValueError(f"tool_call_parser = {name!r}: this tokenizer makes {hidden[0]} a special token, which "
