@@ -123,6 +123,56 @@ def test_disable_any_whitespace_writes_json_as_json_dumps_does() -> None:
         StructuredOutputs(json_object=True, disable_any_whitespace="yes")  # type: ignore[arg-type]
 
 
+JSON_GBNF = r'''
+# JSON objects, in the style users write GBNF grammars in
+root ::= obj
+obj ::= "{" sp (
+    pair
+    ("," sp pair)*
+  )? "}" sp
+pair ::= str ":" sp val
+arr ::= "[" sp (val ("," sp val)*)? "]" sp
+val ::= obj | arr | str | num | ("true" | "false" | "null") sp
+str ::= "\"" ( [^"\\\x00-\x1F\x7F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" sp
+num ::= "-"? ("0" | [1-9] [0-9]{0,15}) ("." [0-9]+)? ([eE] [-+]? [0-9]{1,3})? sp
+sp ::= | " " | "\n" [ \t]{0,20}
+'''
+"""A JSON grammar with what users' GBNF grammars hold: rules over lines inside parentheses, an empty
+alternative, escapes, classes, bounded repeats, recursion and comments."""
+
+
+def test_a_gbnf_grammar_generates_its_language_nested_as_deep_as_unrolled() -> None:
+    spec = StructuredOutputs(grammar=JSON_GBNF)
+    for text in ['{}', '{"a": [1, 2.5, {"b": null}]}', '{"k":"v\\n","n":-3e5}', '{"a": {"b": {"c": {"d": 1}}}}',
+                 '{"a": [true, false]}\n']:
+        assert accepts(spec, text) and isinstance(json.loads(text), dict), text
+    for text in ['[]', '{"a": }', '{"a": 1', "{'a': 1}", '{"a": {"b": {"c": {"d": {"e": 1}}}}}', '{"a": 01}']:
+        assert not accepts(spec, text), text  # the fifth nests past RECURSION_DEPTH
+    arithmetic = StructuredOutputs(grammar='root ::= expr\nexpr ::= term (("+" | "-") term)*\n'
+                                           'term ::= [0-9]+ | "(" expr ")"  # a comment')
+    for text, ok in [("1+2", True), ("(1-2)+3", True), ("((4))", True), ("1+", False), ("(1", False), ("", False)]:
+        assert accepts(arithmetic, text) is ok, text
+    assert accepts(StructuredOutputs(grammar='root ::= "\\x41" [\\u00e9] .{2} "\\""'), 'Aé\u4e2d!"')
+
+
+@pytest.mark.parametrize("grammar, words", [
+    ('rot ::= "a"', "no rule named root (rules: rot)"),
+    ("root ::= foo", "the rule 'foo' is used but never defined"),
+    ('root ::= "a"\n  | "b"', "line 2, column 3"),
+    ('root ::= (= "a")', "lookahead"),
+    ('root ::= [z-a]', "reversed range"),
+    ('root ::= "\\q"', "the escape '\\q'"),
+    ('root ::= "a"{3,1}', "bounds are reversed"),
+    ('root ::= <[1234]>', "token reference"),
+    ('root ::= "a"\nroot ::= "b"', "defined twice"),
+    ('root ::= ("a"', "without its ')'"),
+])
+def test_a_bad_grammar_is_refused_with_its_line_and_column(grammar: str, words: str) -> None:
+    with pytest.raises(GrammarError, match=re.escape(words)) as info:
+        StructuredOutputs(grammar=grammar)
+    assert info.value.field == "grammar"
+
+
 def test_json_object_accepts_nested_json_and_refuses_other_values() -> None:
     spec = StructuredOutputs(json_object=True)
     for text in ['{}', '{"a": [1, 2.5, {"b": null}], "c": {"d": [true, false, "x"]}}', '{ "k" : [ ] }']:
@@ -160,8 +210,8 @@ def test_exactly_one_field_and_the_params_carry_it_as_given() -> None:
         StructuredOutputs(regex="a", choice=["a"])
     with pytest.raises(GrammarError, match="exactly one"):
         StructuredOutputs()
-    with pytest.raises(GrammarError, match="not a field specsure implements.*no grammar engine"):
-        StructuredOutputs.from_dict({"grammar": "root ::= 'a'"})
+    with pytest.raises(GrammarError, match="structural_tag: is not a field specsure implements"):
+        StructuredOutputs.from_dict({"structural_tag": {"type": "structural_tag"}})
     assert StructuredOutputs.from_dict({"choice": ["a"], "grammar": None, "disable_fallback": False,
                                         "disable_any_whitespace": False}) == StructuredOutputs(choice=["a"])
     with pytest.raises(GrammarError, match="disable_any_whitespace: applies to json and json_object only"):

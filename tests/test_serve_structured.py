@@ -61,7 +61,7 @@ def test_the_official_client_gets_json_by_schema_streamed_or_not(engine: Engine)
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "strcit": True}}},
      "response_format.json_schema.strcit", "Did you mean 'strict'"),
     ({"structured_outputs": {"regex": "a(?=b)"}}, "structured_outputs.regex", "(?="),
-    ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs.grammar", "no grammar engine"),
+    ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs.grammar", "never defined"),
     ({"structured_outputs": {"choice": ["a"], "regex": "a"}}, "structured_outputs.choice", "exactly one"),
     ({"structured_outputs": "json"}, "structured_outputs", "must be an object"),
     ({"structured_outputs": {"choice": ["a"]}, "response_format": {"type": "json_object"}}, "structured_outputs",

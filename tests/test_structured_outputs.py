@@ -20,7 +20,8 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
                                            "ok": {"type": "boolean"}},
           "required": ["name", "age", "ok"]}
 CONSTRAINTS = [{"json": SCHEMA}, {"choice": ["yes", "no", "maybe"]}, {"regex": r"(ab|12)+x?"}, {"json_object": True},
-               {"json": SCHEMA, "disable_any_whitespace": True}]
+               {"json": SCHEMA, "disable_any_whitespace": True},
+               {"grammar": 'root ::= item (", " item)*\nitem ::= "yes" | "no" | [0-9]{1,3}'}]
 PROMPT = '{"name": "yes", "age": 12, "ok": true} {"na'
 
 
@@ -32,6 +33,8 @@ def obeys(constraint: dict, text: str) -> bool:
         return text in constraint["choice"]
     if "regex" in constraint:
         return re.fullmatch(constraint["regex"], text) is not None
+    if "grammar" in constraint:
+        return re.fullmatch(r"(yes|no|[0-9]{1,3})(, (yes|no|[0-9]{1,3}))*", text) is not None
     return isinstance(json.loads(text), dict)
 
 
@@ -49,7 +52,7 @@ def engines(model: str) -> list[Engine]:
     return [make_engine(model, spec, dtype="float32") for spec in specs]
 
 
-@pytest.mark.parametrize("constraint", CONSTRAINTS, ids=["json", "choice", "regex", "json_object", "compact json"])
+@pytest.mark.parametrize("constraint", CONSTRAINTS, ids=["json", "choice", "regex", "json_object", "compact json", "gbnf"])
 def test_every_method_equals_plain_and_the_text_obeys(engines: list[Engine], constraint: dict) -> None:
     params = SamplingParams(max_tokens=60, structured_outputs=constraint)
     outs = [e.generate([PROMPT, PROMPT[:9]], params) for e in engines]

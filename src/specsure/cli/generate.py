@@ -24,7 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
     parser.add_argument("--structured-outputs", default=None, metavar="JSON",
                         help='constrain the output, as vLLM\'s structured_outputs: {"json": SCHEMA}, {"regex": "..."}, '
-                             '{"choice": [...]} or {"json_object": true}; inline JSON or @file.json')
+                             '{"choice": [...]}, {"grammar": "root ::= ..."} (GBNF) or {"json_object": true}; inline JSON '
+                             'or @file.json')
     parser.add_argument("--threads", type=int_at_least(1), default=None, metavar="N",
                         help="torch CPU threads (default: torch's choice, every core)")
     parser.add_argument("prompt", metavar="PROMPT", help="the prompt text")

@@ -7,15 +7,16 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Any, Mapping
 
+from specsure.grammar.gbnf import parse_gbnf
 from specsure.grammar.json_schema import COMPACT, FREE, any_object, schema_pattern
 from specsure.grammar.pattern import NFA, Alt, PatternError, compile_nfa, literal
 from specsure.grammar.regex import parse_regex
 
 MAX_CHOICES = 1000
-KINDS = ("json", "regex", "choice", "json_object")
+KINDS = ("json", "regex", "choice", "grammar", "json_object")
 """The fields that say what the output is; exactly one is set."""
 VLLM_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "grammar": (None,), "structural_tag": (None,), "whitespace_pattern": (None,), "disable_fallback": (None, False),
+    "structural_tag": (None,), "whitespace_pattern": (None,), "disable_fallback": (None, False),
     "disable_additional_properties": (None, False, True),
 }
 """vLLM's other StructuredOutputsParams keys, taken at the values that change nothing here (a client
@@ -46,6 +47,9 @@ class StructuredOutputs:
     as with ``re.ASCII``) the whole output matches."""
     choice: tuple[str, ...] | None = None
     """The output is exactly one of these strings (a list is stored as a tuple)."""
+    grammar: str | None = None
+    """A GBNF grammar (llama.cpp's format, vLLM's ``grammar``): the output is what its ``root`` rule
+    generates; a rule inside itself nests at most ``gbnf.RECURSION_DEPTH`` deep."""
     json_object: bool = False
     """The output is one JSON object of any content (OpenAI's ``response_format: json_object``)."""
     disable_any_whitespace: bool = False
@@ -72,6 +76,8 @@ class StructuredOutputs:
             raise GrammarError("json", f"is a {type(self.json).__name__}; give a JSON Schema as a dict or its JSON text")
         if self.regex is not None and (not isinstance(self.regex, str) or not self.regex):
             raise GrammarError("regex", f"is {self.regex!r}; give a non-empty regular expression string")
+        if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):
+            raise GrammarError("grammar", f"is {self.grammar!r}; give a GBNF grammar, e.g. 'root ::= \"yes\" | \"no\"'")
         if self.choice is not None and (not isinstance(self.choice, tuple) or not self.choice
                                         or len(self.choice) > MAX_CHOICES
                                         or not all(isinstance(c, str) and c for c in self.choice)):
@@ -81,8 +87,8 @@ class StructuredOutputs:
         if not isinstance(self.disable_any_whitespace, bool):
             raise GrammarError("disable_any_whitespace", f"is {self.disable_any_whitespace!r}; give true or false")
         if self.disable_any_whitespace and self.json is None and not self.json_object:
-            raise GrammarError("disable_any_whitespace", "applies to json and json_object only; a regex or choice "
-                               "says its own whitespace, so drop it")
+            raise GrammarError("disable_any_whitespace", "applies to json and json_object only; a regex, choice or "
+                               "grammar says its own whitespace, so drop it")
         compiled(self)  # refuse what cannot compile now, not when a model has loaded
 
     @property
@@ -98,8 +104,7 @@ class StructuredOutputs:
                 and not (k == "disable_any_whitespace" and v is None)}
         for key in body:
             if key not in known:
-                hint = " (specsure has no grammar engine; give a regex or a JSON Schema)" if key == "grammar" else ""
-                raise GrammarError(key, f"is not a field specsure implements{hint}; fields: {', '.join(sorted(known))}")
+                raise GrammarError(key, f"is not a field specsure implements; fields: {', '.join(sorted(known))}")
         return cls(**dict(body))
 
 
@@ -123,6 +128,8 @@ def compiled(spec: StructuredOutputs) -> NFA:
             return compile_nfa(parse_regex(spec.regex))
         if spec.choice is not None:
             return compile_nfa(Alt(tuple(literal(c) for c in spec.choice)))
+        if spec.grammar is not None:
+            return compile_nfa(parse_gbnf(spec.grammar))
         return compile_nfa(any_object(layout=layout))
     except (PatternError, RecursionError) as e:
         message = str(e) if isinstance(e, PatternError) else "nests too deeply to compile"
