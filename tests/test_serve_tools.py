@@ -105,6 +105,17 @@ def test_auto_finds_the_calls_the_model_writes(engine: Engine) -> None:
         assert plain.choices[0].finish_reason == "stop"
 
 
+def test_auto_reads_llama3_json_calls(engine: Engine) -> None:
+    app = create_app(engine, served_model_name="tiny", chat_template=TEMPLATE, tool_call_parser="llama3_json")
+    client = TestClient(app)
+    forced = '\\{"name": "get_weather", "parameters": \\{"city": "Oslo", "unit": "f"\\}\\}'
+    body = {"messages": MESSAGES, "max_tokens": 200, "tools": TOOLS, "structured_outputs": {"regex": forced}}
+    choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    assert choice["message"]["content"] is None and choice["finish_reason"] == "tool_calls"
+    call = choice["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Oslo", "unit": "f"}
+
+
 def test_a_conversation_with_calls_and_results_renders(engine: Engine) -> None:
     client = TestClient(create_app(engine, served_model_name="tiny", chat_template=TEMPLATE))
     messages = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [
@@ -173,7 +184,7 @@ def test_a_parser_whose_tags_decoding_hides_is_refused() -> None:
 
     with pytest.raises(ValueError, match="<tool_call> a special token"):
         check_parser("hermes", Tokenizer())
-    with pytest.raises(ValueError, match="choose one of hermes"):
+    with pytest.raises(ValueError, match="choose one of hermes, llama3_json"):
         check_parser("mistral", Tokenizer())
 
 

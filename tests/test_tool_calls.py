@@ -59,6 +59,30 @@ def test_hermes_calls_are_the_same_whole_or_split_anywhere(text: str, content: s
             assert joined(ToolCallStream(tools()), pieces) == (content, calls), pieces
 
 
+LLAMA3_CASES = [
+    ("The weather is fine.", "The weather is fine.", []),
+    ('{"name": "get_weather", "parameters": {"city": "Paris"}}', None, [("get_weather", '{"city": "Paris"}')]),
+    ('<|python_tag|>{"name": "now", "arguments": {}}; {"name": "get_weather", "parameters": {"city": "Oslo"}}', None,
+     [("now", "{}"), ("get_weather", '{"city": "Oslo"}')]),
+    ('  {"answer": 42}', '{"answer": 42}', []),  # JSON that is no call is the content
+    ('{"name": "now", "parameters": {}} and then text', "and then text", [("now", "{}")]),
+    ('{"name": "now", "param', '{"name": "now", "param', []),  # cut short: as written
+    ("<|python", "<|python", []),
+]
+
+
+@pytest.mark.parametrize("text, content, calls", LLAMA3_CASES)
+def test_llama3_json_calls_are_the_same_whole_or_split_anywhere(text: str, content: str | None,
+                                                                 calls: list[tuple[str, str]]) -> None:
+    answer = parse_answer(tools(), text, "stop", "llama3_json")
+    assert (answer.content, [(c.name, c.arguments) for c in answer.tool_calls]) == (content, calls)
+    assert answer.finish_reason == ("tool_calls" if calls else "stop")
+    for cut in range(len(text) + 1):
+        for second in (cut, min(len(text), cut + 3)):
+            pieces = [text[:cut], text[cut:second], text[second:]]
+            assert joined(ToolCallStream(tools(), "llama3_json"), pieces) == (content, calls), pieces
+
+
 def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
     answer = parse_answer(tools(parallel=False), f"{CALL}{CALL}", "stop")
     assert len(answer.tool_calls) == 1 and answer.content is None

@@ -5,6 +5,10 @@ What each ``tool_choice`` generates (``specsure.serve.tools``) is read back here
   is ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. Text outside calls is the
   message's content. A call whose JSON does not parse, or that lacks its name, stays in the
   content as written, so nothing the model wrote is lost.
+- ``auto``, Llama 3 JSON format (``--tool-call-parser llama3_json``; Llama 3.1 to 3.3, 4): an
+  answer that begins with ``{`` (after Llama's ``<|python_tag|>``, if the text shows it) is calls,
+  ``{"name": ..., "parameters": {...}}`` (or ``"arguments"``), one after another, optionally
+  separated by ``;``. What does not parse as a call, from there on, is the content.
 - ``required``: the whole output is a JSON array of ``{"name", "parameters"}`` objects.
 - a named function: the whole output is the arguments.
 
@@ -22,9 +26,11 @@ from typing import Any
 
 from specsure.serve.tools import Tools
 
-PARSERS = ("hermes",)
+PARSERS = ("hermes", "llama3_json")
 """The values of ``--tool-call-parser``."""
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
+PYTHON_TAG = "<|python_tag|>"
+"""What Llama 3 writes before a call; a special token, so decoded text usually leaves it out."""
 
 
 def check_parser(name: str, tokenizer: Any) -> None:
@@ -34,7 +40,8 @@ def check_parser(name: str, tokenizer: Any) -> None:
     if tokenizer is None:
         raise ValueError("tool_call_parser needs the model's tokenizer (its chat template renders the tools), and "
                          "this model has none.")
-    hidden = [tag for tag in (HERMES_START, HERMES_END)
+    tags = (HERMES_START, HERMES_END) if name == "hermes" else ()
+    hidden = [tag for tag in tags
               if tokenizer.decode(tokenizer.encode(tag, add_special_tokens=False), skip_special_tokens=True) != tag]
     if hidden:
         # Decoding skips special tokens, so the calls would arrive as bare JSON in the content.
@@ -67,9 +74,9 @@ class Answer:
     finish_reason: str | None
 
 
-def parse_answer(tools: Tools | None, text: str, finish_reason: str | None) -> Answer:
-    """The message a finished chat choice's ``text`` gives under ``tools``."""
-    stream = ToolCallStream(tools)
+def parse_answer(tools: Tools | None, text: str, finish_reason: str | None, parser: str = "hermes") -> Answer:
+    """The message a finished chat choice's ``text`` gives under ``tools``; ``parser`` reads ``auto``."""
+    stream = ToolCallStream(tools, parser)
     if stream.named is not None:
         return Answer(None, [ToolCall(stream.named, text)], finish_reason)
     content, calls = stream.push(text)
@@ -82,8 +89,10 @@ def parse_answer(tools: Tools | None, text: str, finish_reason: str | None) -> A
 class ToolCallStream:
     """One chat choice's text, pushed as it becomes final, split into content and calls."""
 
-    def __init__(self, tools: Tools | None) -> None:
+    def __init__(self, tools: Tools | None, parser: str = "hermes") -> None:
         self._mode = tools.choice if tools is not None else "none"
+        self._parser = parser
+        self._json: bool | None = None  # llama3_json: None until the answer shows whether it is calls
         self._parallel = tools is None or tools.parallel
         self.named = tools.named if tools is not None and tools.choice == "named" else None
         self._pending = ""  # text not yet released: a tag arriving, a call's body, the array's rest
@@ -127,8 +136,44 @@ class ToolCallStream:
         return "tool_calls" if self._calls and reason == "stop" else reason
 
     def _release(self, final: bool) -> tuple[str, list[ToolCall]]:
-        content, calls = self._required(final) if self._mode == "required" else self._hermes(final)
+        if self._mode == "required":
+            content, calls = self._required(final)
+        else:
+            content, calls = self._hermes(final) if self._parser == "hermes" else self._llama3(final)
         return self._hold_whitespace(content, final), calls
+
+    def _llama3(self, final: bool) -> tuple[str, list[ToolCall]]:
+        if self._json is None:
+            head = self._pending.lstrip()
+            if not final and (not head or PYTHON_TAG.startswith(head)):
+                return "", []  # nothing yet, or the tag still arriving: undecided
+            if head.startswith(PYTHON_TAG):
+                head = head[len(PYTHON_TAG):].lstrip()
+            self._json = head.startswith("{")
+            if self._json:
+                self._pending = head
+        if not self._json:
+            content, self._pending = self._pending, ""
+            return content, []
+        calls = []
+        decoder = json.JSONDecoder()
+        while True:
+            text = self._pending.lstrip().lstrip(";").lstrip()
+            try:
+                item, end = decoder.raw_decode(text)
+            except json.JSONDecodeError:
+                if final or (text and text[0] != "{"):  # not a call: the rest is content
+                    self._json, content, self._pending = False, self._pending.lstrip(), ""
+                    return content, calls
+                return "", calls
+            call = _llama3_call(item)
+            if call is None:
+                self._json, content, self._pending = False, self._pending.lstrip(), ""
+                return content, calls
+            if self._parallel or not self._calls:
+                self._calls.append(call)
+                calls.append(call)
+            self._pending = text[end:]
 
     def _hermes(self, final: bool) -> tuple[str, list[ToolCall]]:
         content, calls = "", []
@@ -205,6 +250,15 @@ def _hermes_call(body: str) -> ToolCall | None:
     if not isinstance(arguments, dict):
         return None
     return ToolCall(call["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+def _llama3_call(item: Any) -> ToolCall | None:
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        return None
+    arguments = item.get("parameters", item.get("arguments", {}))
+    if not isinstance(arguments, dict):
+        return None
+    return ToolCall(item["name"], json.dumps(arguments, ensure_ascii=False))
 
 
 def _tag_prefix(text: str, tag: str) -> int:
