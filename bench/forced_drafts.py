@@ -1,7 +1,9 @@
-"""Forced drafts: what a structured output's forced text (keys, punctuation, a tool call's name, the
-final EOS) adds to each method's drafting. Every method runs with and without it
-(``Constraint.forced`` patched to force nothing), interleaved prompt by prompt, on the default
-model in float32, greedy; every constrained output must equal plain decoding's.
+"""Drafts from the constraint: what a structured output's foreseen text adds to each method's
+drafting. Three variants of every method, interleaved prompt by prompt, on the default model in
+float32, greedy; every constrained output must equal plain decoding's:
+- foreseen: the default (forced text, and the output's own choice at places with a few ways on);
+- forced only: ``HABIT_BRANCHES`` patched to 1, so only text the constraint forces is drafted;
+- pruned only: ``Constraint._predicted`` patched to draft nothing, as before drafts from the constraint.
 
     .venv/bin/python bench/forced_drafts.py [--tokens 96] [--out FILE]
 """
@@ -38,15 +40,21 @@ WORKLOADS["json schema, one line"] = (PERSON, WORKLOADS["json schema"][1])
 METHODS = ("ngram", "suffix", "eagle3", "mtp")
 
 
+VARIANTS = ("foreseen", "forced only", "pruned only")
+
+
 @contextlib.contextmanager
-def no_forced_drafts() -> Iterator[None]:
-    """Constraints force nothing: drafts are only pruned, as before forced drafting."""
-    original = structured.Constraint.forced
-    structured.Constraint.forced = lambda self, limit: []  # type: ignore[method-assign]
+def variant(name: str) -> Iterator[None]:
+    """Run the constraint's drafting as ``name`` says (module docstring)."""
+    predicted, branches = structured.Constraint._predicted, structured.HABIT_BRANCHES
+    if name == "pruned only":
+        structured.Constraint._predicted = lambda self, limit, data: []  # type: ignore[method-assign]
+    elif name == "forced only":
+        structured.HABIT_BRANCHES = 1
     try:
         yield
     finally:
-        structured.Constraint.forced = original  # type: ignore[method-assign]
+        structured.Constraint._predicted, structured.HABIT_BRANCHES = predicted, branches  # type: ignore[method-assign]
 
 
 def main() -> None:
@@ -57,8 +65,8 @@ def main() -> None:
     # One engine per variant: suffix's drafts come from earlier answers, which must be each variant's own.
     engines = {("plain", "-"): make_engine(dtype="float32")}
     for method in METHODS:
-        for variant in ("forced", "pruned only"):
-            engines[(method, variant)] = make_engine(speculative={"method": method}, dtype="float32")
+        for name in VARIANTS:
+            engines[(method, name)] = make_engine(speculative={"method": method}, dtype="float32")
     tok = engines[("plain", "-")].tokenizer
     rows: dict[tuple[str, str, str], list[Any]] = {}
     for workload, (schema, questions) in WORKLOADS.items():
@@ -70,30 +78,29 @@ def main() -> None:
                                              add_generation_prompt=True)
             ref = None
             order = list(engines.items()) if i % 2 == 0 else list(reversed(engines.items()))
-            for (name, variant), engine in order:
-                guard = no_forced_drafts() if variant == "pruned only" else contextlib.nullcontext()
-                with guard:
+            for (name, how), engine in order:
+                with variant(how):
                     start = time.perf_counter()
                     out = engine.generate(prompt, params)[0]
                     elapsed = time.perf_counter() - start
                 ref = out.token_ids if ref is None else ref
-                assert out.token_ids == ref, (name, variant, question)
+                assert out.token_ids == ref, (name, how, question)
                 if out.finish_reason == "stop":
                     json.loads(out.text)
-                rows.setdefault((workload, name, variant), []).append(
+                rows.setdefault((workload, name, how), []).append(
                     (elapsed, len(out.token_ids), out.stats.accepted_tokens, out.stats.drafts))
     rows = dict(sorted(rows.items(), key=lambda kv: (kv[0][0], list(engines).index(kv[0][1:]))))
     lines = ["| workload | method | drafting | tok/s | vs plain | acceptance length |", "|---|---|---|---|---|---|"]
     for workload in WORKLOADS:
         plain = rows[(workload, "plain", "-")]
         base = sum(n for _, n, _, _ in plain) / sum(t for t, _, _, _ in plain)
-        for (w, name, variant), runs in rows.items():
+        for (w, name, how), runs in rows.items():
             if w != workload:
                 continue
             tps = sum(n for _, n, _, _ in runs) / sum(t for t, _, _, _ in runs)
             drafts = sum(d for *_, d in runs)
             length = 1 + sum(a for _, _, a, _ in runs) / drafts if drafts else 1.0
-            lines.append(f"| {workload} | {name} | {variant} | {tps:.1f} | {tps / base:.2f}x | {length:.2f} |")
+            lines.append(f"| {workload} | {name} | {how} | {tps:.1f} | {tps / base:.2f}x | {length:.2f} |")
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -15,9 +15,6 @@ from specsure.decode import structured
 from specsure.decode.engine import Engine
 from specsure.decode.structured import Constraint, Grammars
 from specsure.grammar import StructuredOutputs
-from specsure.grammar.automaton import ByteDFA
-from specsure.grammar.pattern import compile_nfa
-from specsure.grammar.regex import parse_regex
 from specsure.proposers.base import Draft
 
 CHOICES = ["yes", "no", "maybe"]
@@ -38,12 +35,28 @@ def engines(model: str) -> dict[str, Engine]:
                                        dtype="float32")}
 
 
-def test_forced_bytes_stop_where_a_choice_or_the_end_comes() -> None:
-    dfa = ByteDFA(compile_nfa(parse_regex("abc(de|df)g")))
-    assert dfa.forced(dfa.start) == b"abcd"
-    assert dfa.forced(dfa.walk(dfa.start, b"abcde")) == b"g"
-    assert dfa.forced(dfa.walk(dfa.start, b"abcdeg")) == b""  # complete: the end is a choice too
-    assert dfa.forced(dfa.start, limit=2) == b"ab"
+def test_the_foreseen_text_is_forced_or_what_the_output_chose_at_a_small_choice(engines: dict[str, Engine]) -> None:
+    tok = engines["plain"].tokenizer
+    grammars = Grammars(tok, len(tok))
+
+    def constraint(regex: str) -> Constraint:
+        return Constraint(grammars.automaton(StructuredOutputs(regex=regex)), frozenset({0}), grammars.spell, 0)
+
+    ids = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    c = constraint("abc(de|df)g")
+    assert c.foreseen() == b"abcd"
+    c.advance(ids("abcde"))
+    assert c.foreseen() == b"g"
+    c.advance(ids("g"))
+    assert c.foreseen() == b""  # complete: the end is a choice too
+    listing = constraint("x([ ,;]x){1,4}")  # a separator of three after each x; the automaton counts them
+    listing.advance(ids("x;x"))
+    assert listing.foreseen() == b""  # "x" may end it
+    schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abc"}, "required": list("abc")}
+    pretty = Constraint(grammars.automaton(StructuredOutputs(json=schema)), frozenset({0}), grammars.spell, 0)
+    pretty.advance(ids('{\n  "a": 1,\n  "b": 2,'))
+    assert pretty.foreseen() == b'\n  "c":'  # its layout and the one key left; then a space or a number
+
 
 
 def test_steer_drafts_the_forced_text_unless_the_draft_writes_it(engines: dict[str, Engine]) -> None:
@@ -51,9 +64,9 @@ def test_steer_drafts_the_forced_text_unless_the_draft_writes_it(engines: dict[s
     grammars = Grammars(tok, len(tok))
     constraint = Constraint(grammars.automaton(StructuredOutputs(choice=CHOICES)), frozenset({0}), grammars.spell, 0)
     ids = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
-    assert constraint.forced(8) == []  # y, n or m: a choice
+    assert constraint.predicted(8) == []  # y, n or m: a choice not yet made
     constraint.advance(ids("m"))
-    forced = constraint.forced(8)
+    forced = constraint.predicted(8)
     assert tok.decode(forced[:-1]) == "aybe" and forced[-1] == 0  # then nothing may follow: EOS
     assert constraint.steer(Draft(ids("xyz")), 8) == Draft(forced)
     written_otherwise = Draft([*[tok.convert_tokens_to_ids(c) for c in "aybe"], 0])
@@ -67,14 +80,14 @@ def test_steer_drafts_the_forced_text_unless_the_draft_writes_it(engines: dict[s
 def test_forced_drafts_run_and_greedy_output_equals_plain(engines: dict[str, Engine],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     drafted: list[list[int]] = []
-    original = Constraint.forced
+    original = Constraint._predicted
 
-    def spy(self: Constraint, limit: int) -> list[int]:
-        out = original(self, limit)
+    def spy(self: Constraint, limit: int, data: bytes) -> list[int]:
+        out = original(self, limit, data)
         drafted.append(out)
         return out
 
-    monkeypatch.setattr(structured.Constraint, "forced", spy)
+    monkeypatch.setattr(structured.Constraint, "_predicted", spy)
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
                                                "ok": {"type": "boolean"}}, "required": ["name", "ok"]}
     for spec in ({"json": schema}, {"choice": CHOICES}, {"regex": "(ab|12)+x"}):

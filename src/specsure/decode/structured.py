@@ -9,10 +9,11 @@ sampling keeps the constrained distribution. Drafts themselves are not constrain
 that drafts outside the grammar only loses acceptance.
 
 Where the constraint leaves no choice (a JSON Schema's keys and punctuation, a tool call's name),
-it drafts itself: ``Constraint.steer`` puts those bytes, written as the tokenizer writes them,
-in place of a draft that does not begin with them. That draft depends only on the output so
-far, never on the target's draws, so the rejection sampler keeps it lossless like any other;
-the target may still write the same bytes as other tokens, and then the forced draft is rejected.
+it drafts itself, and at a state with a few choices (JSON's whitespace) it drafts the one the
+output made there last: ``Constraint.steer`` puts that text, written as the tokenizer writes it,
+in place of a draft that does not begin with it. That draft depends only on the output so far,
+never on the target's draws, so the rejection sampler keeps it lossless like any other; the
+target may write other bytes or the same bytes as other tokens, and then the draft is rejected.
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ if TYPE_CHECKING:
 
 AUTOMATA_KEPT = 16
 """Constraints whose automata an engine keeps: requests with the same schema share one."""
+HABIT_BRANCHES = 8
+"""A place with at most this many bytes leading on (JSON's whitespace before a key, true or false)
+is drafted as the output went on from the same place last time; one with more (a string's
+characters, a number's digits) ends the draft. 1 drafts forced text alone."""
+FORESEEN_BYTES = 256
+"""The most bytes drafted ahead: far more than a draft's tokens write."""
+SPELLINGS_KEPT = 4096
 
 
 class Grammars:
@@ -43,16 +51,22 @@ class Grammars:
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
         self._table: TokenTable | None = None
         self._automata: OrderedDict[StructuredOutputs, TokenAutomaton] = OrderedDict()
+        self._spellings: OrderedDict[bytes, list[int]] = OrderedDict()
 
     def spell(self, data: bytes) -> list[int]:
-        """The tokenizer's tokens for ``data`` (its whole characters): how a forced text is drafted."""
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:  # the forced bytes stop inside a character
-            text = data[:exc.start].decode("utf-8")
-        if not text or self.tokenizer is None:
-            return []
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        """The tokenizer's tokens for ``data`` (its whole characters): how a foreseen text is drafted."""
+        found = self._spellings.get(data)
+        if found is None:
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as exc:  # the foreseen bytes stop inside a character
+                text = data[:exc.start].decode("utf-8")
+            found = list(self.tokenizer.encode(text, add_special_tokens=False)) \
+                if text and self.tokenizer is not None else []
+            self._spellings[data] = found
+            if len(self._spellings) > SPELLINGS_KEPT:
+                self._spellings.popitem(last=False)
+        return found
 
     def table(self) -> TokenTable:
         """The vocabulary's bytes; TokenizerKindError when they cannot be read."""
@@ -85,11 +99,17 @@ class Constraint:
         self._spell = spell
         self._end = eos if eos in end_ids else (self.end_ids[0] if self.end_ids else None)
         """The end token drafted where the text is complete and nothing may follow: EOS when it is one."""
+        self._habits: dict[tuple[bytes, bytes], int] = {}
+        """(the two bytes before, the bytes that may follow) -> the byte this output took there last."""
+        self._tail = b""
+        """The last two bytes the output chose where a few could follow."""
         self.state = automaton.dfa.start
 
     def advance(self, tokens: Sequence[int]) -> None:
         """Move past committed output tokens (an end token ends the text; nothing follows it)."""
-        self.state = self._after(self.state, tokens)
+        for token in tokens:
+            self._learn(self.state, token)
+            self.state = self._after(self.state, [token])
 
     def _after(self, state: int, tokens: Sequence[int]) -> int:
         for token in tokens:
@@ -98,35 +118,92 @@ class Constraint:
             state = self.automaton.advance(state, token)
         return state
 
-    def forced(self, limit: int) -> list[int]:
-        """Up to ``limit`` tokens the constraint leaves no choice about from here: its forced bytes,
-        then an end token if the text is complete there and nothing may follow."""
-        tokens, state = self.automaton.forced(self.state, self._spell) if self.state != DEAD else ((), DEAD)
-        out = list(tokens[:limit])
+    def _learn(self, state: int, token: int) -> None:
+        """At each place with a few ways on that ``token``'s bytes pass, remember the one they took.
+
+        A place is the bytes that may follow and the last two bytes chosen at such places (a key's
+        forced letters and a string's or a number's own characters are left out). JSON's layout
+        repeats by that (after ': ' a quote, after the indentation a quote), while the
+        automaton's states differ from one member to the next."""
+        table = self.automaton.tokens
+        raw = table.bytes[token] if 0 <= token < table.size else None
         dfa = self.automaton.dfa
-        if (len(out) == len(tokens) < limit and state != DEAD and self._end is not None and dfa.accepting[state]
-                and not dfa.can_continue(state)):
-            out.append(self._end)
-        return out
+        for byte in raw or b"":
+            if state == DEAD:
+                return
+            live = dfa.live(state)
+            if 1 < len(live) <= HABIT_BRANCHES:
+                self._habits[(self._tail, live.tobytes())] = byte
+                self._tail = (self._tail + bytes((byte,)))[-2:]
+            state = int(dfa.table[state, byte])
+
+    def foreseen(self) -> bytes:
+        """The text that comes next as far as it can be foreseen: forced bytes, and where a few ways
+        lead on (JSON's whitespace, a boolean) the one this output took at the same place last
+        time. It stops where the text may end, or where many ways lead on (a string, a number)."""
+        return self._foresee()[0]
+
+    def _foresee(self) -> tuple[bytes, int]:
+        """``foreseen()``'s text, and how many of its first bytes are forced (before any habit)."""
+        dfa, state, tail, data = self.automaton.dfa, self.state, self._tail, bytearray()
+        forced = -1
+        while state != DEAD and len(data) < FORESEEN_BYTES and not dfa.accepting[state]:
+            live = dfa.live(state)
+            if len(live) == 1:
+                byte = int(live[0])
+            elif len(live) <= HABIT_BRANCHES and (tail, live.tobytes()) in self._habits:
+                byte = self._habits[(tail, live.tobytes())]
+                tail = (tail + bytes((byte,)))[-2:]
+                forced = len(data) if forced < 0 else forced
+            else:
+                break
+            data.append(byte)
+            state = int(dfa.table[state, byte])
+        return bytes(data), len(data) if forced < 0 else forced
+
+    def predicted(self, limit: int) -> list[int]:
+        """Up to ``limit`` tokens to draft: the foreseen text as the tokenizer writes it, then an end
+        token if the text is complete there and nothing may follow."""
+        return self._predicted(limit, self._foresee()[0])
+
+    def _predicted(self, limit: int, data: bytes) -> list[int]:
+        if self.state == DEAD:
+            return []
+        tokens, state, written = [], self.state, 0
+        for token in self._spell(data) if data else []:
+            nxt = self.automaton.advance(state, token)
+            if nxt == DEAD or len(tokens) == limit:
+                break
+            tokens.append(token)
+            state, written = nxt, written + len(self.automaton.tokens.bytes[token] or b"")
+        dfa = self.automaton.dfa
+        if (written == len(data) and len(tokens) < limit and state != DEAD and self._end is not None
+                and dfa.accepting[state] and not dfa.can_continue(state)):
+            tokens.append(self._end)
+        return tokens
 
     def steer(self, draft: Draft, room: int) -> Draft:
-        """The draft to verify: ``draft`` pruned, or the forced tokens where it does not write them.
+        """The draft to verify: ``draft`` pruned, or the predicted tokens in its place.
 
-        A point-mass draft whose text (its first chain, for a tree) begins with the forced text is
-        kept, as it guesses past it, whichever tokens it writes it with; a sampled draft is
-        replaced, since its q says nothing of the forced text.
+        A point-mass draft (its first chain, for a tree) is kept when its text begins with the
+        predicted text, or begins with the forced part of it and guesses further: past what is
+        forced, the method's guess beats the output's habit. A sampled draft is replaced, since its
+        q says nothing of the predicted text.
         """
         if draft.token_ids and draft.probs is None:
             draft = self.prune(draft)
-        forced = self.forced(room)
-        if not forced:
+        data, forced = self._foresee()
+        predicted = self._predicted(room, data)
+        if not predicted:
             return draft
         parents = draft.parents
         chain = draft.token_ids if parents is None else \
             draft.token_ids[:next((i for i, p in enumerate(parents) if p != i), len(parents))]
-        if draft.probs is None and self._text(chain).startswith(self._text(forced)):
+        text = self._text(chain)
+        if draft.probs is None and (text.startswith(self._text(predicted))
+                                    or (forced < len(data) and len(text) > forced and text.startswith(data[:forced]))):
             return draft
-        return Draft(forced)
+        return Draft(predicted)
 
     def _text(self, tokens: Sequence[int]) -> bytes:
         """The bytes ``tokens`` write, an end token as a byte no text holds after the end (0xFF is never UTF-8)."""

@@ -9,7 +9,7 @@ column with numpy, and the answer is kept per state, so a state seen again costs
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -17,8 +17,6 @@ from specsure.grammar.pattern import NFA, PatternError
 
 DEAD = -1
 MAX_DFA_STATES = 100_000
-FORCED_BYTES = 256
-"""The most bytes ``ByteDFA.forced`` reads ahead: far more than a draft's tokens spell."""
 MASKS_KEPT = 2048
 """Allowed-token masks kept per automaton, packed 8 tokens a byte (6 KB for 49,152 tokens)."""
 
@@ -36,6 +34,7 @@ class ByteDFA:
         self.accepting: list[bool] = []
         self.full = False
         """Set when a state past MAX_DFA_STATES was refused: the automaton serves no new request."""
+        self._live: dict[int, np.ndarray] = {}
         self.start = self._intern(self._closure([nfa.start]))
 
     def _closure(self, states: Sequence[int]) -> frozenset[int]:
@@ -97,17 +96,13 @@ class ByteDFA:
         self.build(sid)
         return bool((self.table[sid] != DEAD).any())
 
-    def forced(self, sid: int, limit: int = FORCED_BYTES) -> bytes:
-        """The bytes that must follow ``sid``: read while the text may not end and one byte alone leads on."""
-        out = bytearray()
-        while sid != DEAD and len(out) < limit and not self.accepting[sid]:
+    def live(self, sid: int) -> np.ndarray:
+        """The bytes that lead on from ``sid``, ascending."""
+        found = self._live.get(sid)
+        if found is None:
             self.build(sid)
-            live = np.flatnonzero(self.table[sid] != DEAD)
-            if len(live) != 1:
-                break
-            out.append(int(live[0]))
-            sid = int(self.table[sid, live[0]])
-        return bytes(out)
+            found = self._live[sid] = np.flatnonzero(self.table[sid] != DEAD)
+        return found
 
 
 class TokenTable:
@@ -137,7 +132,6 @@ class TokenAutomaton:
         self.dfa, self.tokens = dfa, tokens
         self._masks: OrderedDict[int, np.ndarray] = OrderedDict()
         self._next: dict[tuple[int, int], int] = {}
-        self._forced: dict[int, tuple[tuple[int, ...], int]] = {}
 
     def allowed(self, sid: int) -> np.ndarray:
         """[vocab] bool: the tokens whose whole bytes ``sid`` can read (special tokens never)."""
@@ -167,22 +161,6 @@ class TokenAutomaton:
         if len(self._masks) > MASKS_KEPT:
             self._masks.popitem(last=False)
         return mask
-
-    def forced(self, sid: int, spell: Callable[[bytes], Sequence[int]]) -> tuple[tuple[int, ...], int]:
-        """The tokens that write the bytes ``sid`` forces, as ``spell`` (the tokenizer) writes them, and the
-        state after them. Only tokens the automaton accepts are kept: a tokenizer that changes the text
-        (SentencePiece's leading space) forces fewer, or none."""
-        found = self._forced.get(sid)
-        if found is None:
-            tokens, state = [], sid
-            for token in spell(self.dfa.forced(sid)):
-                nxt = self.advance(state, token)
-                if nxt == DEAD:
-                    break
-                tokens.append(token)
-                state = nxt
-            found = self._forced[sid] = (tuple(tokens), state)
-        return found
 
     def advance(self, sid: int, token: int) -> int:
         """The state after ``token`` (DEAD for a special token or one the state refuses)."""
