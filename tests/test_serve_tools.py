@@ -125,6 +125,9 @@ def test_a_conversation_with_calls_and_results_renders(engine: Engine) -> None:
     text = client.post("/detokenize", json={"tokens": ids}).json()["prompt"]
     assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>' in text
     assert "<tool_response>18C</tool_response>" in text
+    with_tools = client.post("/tokenize", json={"messages": messages, "tools": TOOLS}).json()["tokens"]
+    assert client.post("/detokenize", json={"tokens": with_tools}).json()["prompt"].startswith("<tools>get_weather now ")
+    assert client.post("/tokenize", json={"prompt": "hi", "tools": TOOLS}).json()["error"]["param"] == "tools"
     reply = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 3, "tools": TOOLS,
                                                       "tool_choice": "none"})
     assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["tool_calls"] == []

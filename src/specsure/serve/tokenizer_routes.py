@@ -19,8 +19,9 @@ from specsure.serve.body import parse_json, read_body
 from specsure.serve.chat_template import ChatTemplate
 from specsure.serve.errors import RequestError, shown
 from specsure.serve.messages import parse_messages
+from specsure.serve.tools import parse_tools
 
-TOKENIZE_FIELDS = ("model", "prompt", "messages", "add_special_tokens", "add_generation_prompt")
+TOKENIZE_FIELDS = ("model", "prompt", "messages", "tools", "add_special_tokens", "add_generation_prompt")
 DETOKENIZE_FIELDS = ("model", "tokens")
 
 
@@ -33,6 +34,9 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, template
         body = _fields(parse_json(await read_body(request)), TOKENIZE_FIELDS, "POST /tokenize", model_name)
         tokenizer = _tokenizer(engine, model_name)
         special = _flag(body, "add_special_tokens", True)
+        if body.get("tools") is not None and body.get("messages") is None:
+            raise RequestError("tools are rendered by the chat template, so they go with messages; send messages, or "
+                               "drop tools.", "tools")
         if (body.get("prompt") is None) == (body.get("messages") is None):
             raise RequestError('send either "prompt" (a string) or "messages" (a chat), e.g. {"prompt": "Hello"}.',
                                "prompt")
@@ -40,7 +44,8 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, template
             messages = parse_messages(body["messages"])  # as the chat endpoint reads them
             if not template.text:
                 raise RequestError(f"model {model_name!r} has no chat template; send a prompt instead.", "messages")
-            ids = template.render(messages, add_generation_prompt=_flag(body, "add_generation_prompt", True))
+            tools = parse_tools({"tools": body.get("tools"), "tool_choice": "none"}, None)  # rendered, not called
+            ids = template.render(messages, tools, add_generation_prompt=_flag(body, "add_generation_prompt", True))
         else:
             prompt = body["prompt"]
             if not isinstance(prompt, str):
