@@ -64,9 +64,9 @@ def test_steer_drafts_the_forced_text_unless_the_draft_writes_it(engines: dict[s
     grammars = Grammars(tok, len(tok))
     constraint = Constraint(grammars.automaton(StructuredOutputs(choice=CHOICES)), frozenset({0}), grammars.spell, 0)
     ids = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
-    assert constraint.predicted(8) == []  # y, n or m: a choice not yet made
+    assert constraint.steer(Draft([]), 8) == Draft([])  # y, n or m: a choice not yet made
     constraint.advance(ids("m"))
-    forced = constraint.predicted(8)
+    forced = constraint.steer(Draft([]), 8).token_ids
     assert tok.decode(forced[:-1]) == "aybe" and forced[-1] == 0  # then nothing may follow: EOS
     assert constraint.steer(Draft(ids("xyz")), 8) == Draft(forced)
     written_otherwise = Draft([*[tok.convert_tokens_to_ids(c) for c in "aybe"], 0])
@@ -75,6 +75,27 @@ def test_steer_drafts_the_forced_text_unless_the_draft_writes_it(engines: dict[s
     assert constraint.steer(Draft([]), 2) == Draft(forced[:2])
     sampled = Draft(ids("ay"), probs=torch.zeros(2, len(tok)))
     assert constraint.steer(sampled, 8) == Draft(forced)  # a sampled draft says nothing of the forced text
+
+
+def test_a_sentencepiece_tokenizer_drafts_the_text_without_its_leading_space() -> None:
+    """encode() of a SentencePiece tokenizer writes "aybe" as "▁aybe"; the draft must not."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}}
+    for piece in ["▁", "a", "y", "e", "s", "m", "b", "ye", "yes", "▁m", "ay", "be", "aybe"]:
+        vocab.setdefault(piece, len(vocab))
+    sp = Tokenizer(models.BPE(vocab, [], byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    sp.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    sp.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                    decoders.Strip(" ", 1, 0)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=sp, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    assert tok.convert_ids_to_tokens(tok.encode("aybe", add_special_tokens=False))[0] == "▁"
+    grammars = Grammars(tok, len(tok))
+    constraint = Constraint(grammars.automaton(StructuredOutputs(choice=["yes", "maybe"])), frozenset({2}),
+                            grammars.spell, 2)
+    constraint.advance([vocab["m"]])
+    assert tok.convert_ids_to_tokens(constraint.steer(Draft([]), 8).token_ids) == ["aybe", "</s>"]
 
 
 def test_forced_drafts_run_and_greedy_output_equals_plain(engines: dict[str, Engine],

@@ -150,6 +150,16 @@ BAD = [
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format",
      "send one of them"),
     ({"tools": TOOLS, "tool_choice": "none", "parallel_tool_calls": "yes"}, "parallel_tool_calls", "true or false"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "now"}, "x": 1}}, "tool_choice.x",
+     "unknown field"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "now", "nmae": 1}}},
+     "tool_choice.function.nmae", "unknown field"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {},
+                                                                              "required": ["x"]}}}],
+      "tool_choice": "required"}, "tools[0].function.parameters", "['x']"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+        "name": "f", "arguments": "{}", "argumnets": "{}"}}]}]}, "messages[0].tool_calls[0].function.argumnets",
+     "Did you mean 'arguments'"),
     ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "missing"),
     ({"messages": [{"role": "tool", "content": "18C"}]}, "messages[0].tool_call_id", "answers one call"),
     ({"messages": [{"role": "user", "content": "hi", "tool_calls": []}]}, "messages[0].tool_calls",
@@ -168,13 +178,20 @@ def test_a_bad_tool_request_is_a_400_that_names_the_field(engine: Engine, body: 
     assert error["param"] == param and words in error["message"], error
 
 
-def test_auto_is_refused_where_the_template_cannot_show_the_tools(engine: Engine) -> None:
-    client = TestClient(create_app(engine, served_model_name="tiny", tool_call_parser="hermes"))
-    reply = client.post("/v1/chat/completions", json={"messages": MESSAGES, "tools": TOOLS})
-    assert reply.status_code == 400 and "does not render tools" in reply.json()["error"]["message"]
+def test_auto_is_refused_at_start_where_the_template_cannot_show_the_tools(engine: Engine,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="never mentions tools"):
+        create_app(engine, served_model_name="tiny", tool_call_parser="hermes")
+    client = TestClient(create_app(engine, served_model_name="tiny"))  # enforced choices need no tools in it
     enforced = client.post("/v1/chat/completions", json={"messages": MESSAGES, "tools": TOOLS, "max_tokens": 200,
                                                          "tool_choice": "required", "parallel_tool_calls": False})
     assert enforced.status_code == 200 and len(enforced.json()["choices"][0]["message"]["tool_calls"]) == 1
+    named = {"default": engine.tokenizer.chat_template, "tool_use": TEMPLATE}  # as transformers picks: tool_use
+    monkeypatch.setattr(engine.tokenizer, "chat_template", named)
+    client = TestClient(create_app(engine, served_model_name="tiny", tool_call_parser="hermes"))
+    ids = client.post("/tokenize", json={"messages": MESSAGES, "tools": TOOLS}).json()["tokens"]
+    assert client.post("/detokenize", json={"tokens": ids}).json()["prompt"].startswith("<tools>")
+    assert client.get("/tokenizer_info").json()["chat_template"] == named
 
 
 def test_a_parser_whose_tags_decoding_hides_is_refused() -> None:

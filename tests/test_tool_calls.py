@@ -38,6 +38,7 @@ HERMES_CASES = [
     (f"{CALL}\n{CALL}\n", None, [("get_weather", '{"city": "Paris"}')] * 2),
     (f'{CALL}<tool_call>{{"name": "now"}}</tool_call>', None, [("get_weather", '{"city": "Paris"}'), ("now", "{}")]),
     (f"{CALL}\nDone.", "\nDone.", [("get_weather", '{"city": "Paris"}')]),
+    (f"Hello {CALL} after", "Hello after", [("get_weather", '{"city": "Paris"}')]),
     ("<tool_call>{not json}</tool_call> after", "<tool_call>{not json}</tool_call> after", []),
     ('<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
     (f'{CALL}<tool_call>{{"name": "now", "argu', '<tool_call>{"name": "now", "argu',
@@ -121,6 +122,12 @@ def test_a_named_call_streams_its_arguments() -> None:
     deltas: list[dict[str, Any]] = [*stream.deltas('{"ci'), *stream.deltas('ty": "Rome"}'), *stream.deltas("", True)]
     assert deltas[0]["tool_calls"][0]["function"]["name"] == "get_weather" and "id" in deltas[0]["tool_calls"][0]
     assert "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas) == text
+
+
+def test_the_arguments_are_always_an_object() -> None:
+    assert Function("f", None, None).arguments_schema() == Function("f", None, {"type": "object", "properties": {}})\
+        .arguments_schema() == {"type": "object", "properties": {}, "additionalProperties": False}  # takes none
+    assert Function("f", None, {}).arguments_schema() == {"type": "object"}  # any object, never a bare value
 
 
 def test_tag_prefix_holds_back_only_what_can_start_the_tag() -> None:

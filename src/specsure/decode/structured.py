@@ -52,9 +52,12 @@ class Grammars:
         self._table: TokenTable | None = None
         self._automata: OrderedDict[StructuredOutputs, TokenAutomaton] = OrderedDict()
         self._spellings: OrderedDict[bytes, list[int]] = OrderedDict()
+        self._by_bytes: dict[bytes, int] | None = None
 
     def spell(self, data: bytes) -> list[int]:
-        """The tokenizer's tokens for ``data`` (its whole characters): how a foreseen text is drafted."""
+        """Tokens for ``data`` (its whole characters), as a drafted text: the tokenizer's own, where
+        they write exactly those bytes, else the longest vocabulary token at each point (a
+        SentencePiece tokenizer's encode adds a leading space, which the text lacks)."""
         found = self._spellings.get(data)
         if found is None:
             try:
@@ -63,10 +66,32 @@ class Grammars:
                 text = data[:exc.start].decode("utf-8")
             found = list(self.tokenizer.encode(text, add_special_tokens=False)) \
                 if text and self.tokenizer is not None else []
+            table = self.table()
+            if b"".join(table.bytes[t] or b"" if 0 <= t < table.size else b"" for t in found) != text.encode():
+                found = self._longest(text.encode())
             self._spellings[data] = found
             if len(self._spellings) > SPELLINGS_KEPT:
                 self._spellings.popitem(last=False)
         return found
+
+    def _longest(self, data: bytes) -> list[int]:
+        """``data`` cut greedily into the longest tokens of the vocabulary (stops where none fits)."""
+        table = self.table()
+        if self._by_bytes is None:
+            self._by_bytes = {}
+            for i, raw in enumerate(table.bytes):
+                if raw:
+                    self._by_bytes.setdefault(raw, i)
+        width = table.data.shape[1]
+        out, at = [], 0
+        while at < len(data):
+            token = next((self._by_bytes[data[at:at + n]] for n in range(min(width, len(data) - at), 0, -1)
+                          if data[at:at + n] in self._by_bytes), None)
+            if token is None:
+                break
+            out.append(token)
+            at += len(table.bytes[token] or b"")
+        return out
 
     def table(self) -> TokenTable:
         """The vocabulary's bytes; TokenizerKindError when they cannot be read."""
@@ -103,6 +128,8 @@ class Constraint:
         """(the two bytes before, the bytes that may follow) -> the byte this output took there last."""
         self._tail = b""
         """The last two bytes the output chose where a few could follow."""
+        self._foreseen: dict[tuple[int, bytes], tuple[bytes, int]] = {}
+        """(state, tail) -> what ``_foresee`` found there, while the habits stay as they were."""
         self.state = automaton.dfa.start
 
     def advance(self, tokens: Sequence[int]) -> None:
@@ -133,7 +160,10 @@ class Constraint:
                 return
             live = dfa.live(state)
             if 1 < len(live) <= HABIT_BRANCHES:
-                self._habits[(self._tail, live.tobytes())] = byte
+                key = (self._tail, live.tobytes())
+                if self._habits.get(key) != byte:
+                    self._habits[key] = byte
+                    self._foreseen.clear()  # what was foreseen from here on may change
                 self._tail = (self._tail + bytes((byte,)))[-2:]
             state = int(dfa.table[state, byte])
 
@@ -145,6 +175,12 @@ class Constraint:
 
     def _foresee(self) -> tuple[bytes, int]:
         """``foreseen()``'s text, and how many of its first bytes are forced (before any habit)."""
+        found = self._foreseen.get((self.state, self._tail))
+        if found is None:
+            found = self._foreseen[(self.state, self._tail)] = self._walk_ahead()
+        return found
+
+    def _walk_ahead(self) -> tuple[bytes, int]:
         dfa, state, tail, data = self.automaton.dfa, self.state, self._tail, bytearray()
         forced = -1
         while state != DEAD and len(data) < FORESEEN_BYTES and not dfa.accepting[state]:
@@ -161,12 +197,9 @@ class Constraint:
             state = int(dfa.table[state, byte])
         return bytes(data), len(data) if forced < 0 else forced
 
-    def predicted(self, limit: int) -> list[int]:
-        """Up to ``limit`` tokens to draft: the foreseen text as the tokenizer writes it, then an end
-        token if the text is complete there and nothing may follow."""
-        return self._predicted(limit, self._foresee()[0])
-
     def _predicted(self, limit: int, data: bytes) -> list[int]:
+        """Up to ``limit`` tokens to draft: ``data`` (the foreseen text) as ``spell`` writes it, then an
+        end token if the text is complete there and nothing may follow."""
         if self.state == DEAD:
             return []
         tokens, state, written = [], self.state, 0

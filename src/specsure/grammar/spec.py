@@ -70,7 +70,7 @@ class StructuredOutputs:
         given = [f.name for f in fields(self) if f.name in KINDS and getattr(self, f.name) not in (None, False)]
         if len(given) != 1:
             raise GrammarError("json" if not given else given[1],
-                               f"set exactly one of json, regex, choice and json_object (given: "
+                               f"set exactly one of json, regex, choice, grammar and json_object (given: "
                                f"{', '.join(given) or 'none'})")
         if self.json is not None and not isinstance(self.json, str):
             raise GrammarError("json", f"is a {type(self.json).__name__}; give a JSON Schema as a dict or its JSON text")

@@ -14,20 +14,29 @@ class ChatTemplate:
     """How the server renders messages (and the tools offered) into a prompt."""
 
     def __init__(self, engine: Engine, override: str | None, tool_call_parser: str | None) -> None:
-        """Raises ValueError for an override that is not a Jinja template, or a parser this tokenizer hides."""
+        """Raises ValueError for an override that is not a Jinja template, a parser this tokenizer hides,
+        or a parser (auto tool choice) with a template that never shows the tools."""
         if override is not None:
             _check_syntax(override)
         if tool_call_parser is not None:
             check_parser(tool_call_parser, engine.tokenizer)
         self._engine = engine
         tok = engine.tokenizer
-        self.text: str | None = override or (getattr(tok, "chat_template", None) if tok is not None else None)
-        if isinstance(self.text, dict):  # a tokenizer with several named templates: the default one
-            self.text = self.text.get("default")
+        given = override or (getattr(tok, "chat_template", None) if tok is not None else None)
+        # A tokenizer may hold named templates; transformers renders a request with tools with
+        # "tool_use" where there is one, and every other request with "default".
+        named = given if isinstance(given, dict) else {"default": given}
+        self.shown: str | dict[str, str] | None = given
+        """The template as /tokenizer_info shows it: text, or the named templates."""
+        self.text: str | None = named.get("default")
+        """The template requests without tools render with."""
+        tool_text = named.get("tool_use") or self.text
         self._override = override
-        self._parser = tool_call_parser
-        self.renders_tools = bool(self.text) and "tools" in self.text
-        """Whether the template mentions ``tools``; one that does not never shows them to the model."""
+        if tool_call_parser is not None and self.text and "tools" not in (tool_text or ""):
+            raise ValueError(f"tool_call_parser = {tool_call_parser!r} turns on tool_choice auto, but the chat "
+                             "template never mentions tools, so the model would never see them; give a "
+                             "--chat-template that renders tools, or leave out --enable-auto-tool-choice "
+                             "(required and named tool choices still work).")
 
     def check(self, model_name: str, tools: Tools | None) -> None:
         """Refuse what this template cannot render."""
@@ -35,11 +44,6 @@ class ChatTemplate:
             raise RequestError(f"model {model_name!r} has no chat template (no tokenizer, or one without "
                                "chat_template), so messages cannot be rendered; use POST /v1/completions, or start "
                                "the server with --chat-template.", "messages")
-        if tools is not None and tools.choice == "auto" and not self.renders_tools:
-            raise RequestError(f"tool_choice auto: the chat template of {model_name!r} does not render tools, so "
-                               "the model would never see them; start the server with a --chat-template that "
-                               f"renders tools in the {self._parser} format, or send \"tool_choice\": \"required\" "
-                               "or a named function (enforced, though the model sees no tools).", "tool_choice")
 
     def render(self, messages: list[dict[str, Any]], tools: Tools | None = None,
                add_generation_prompt: bool = True) -> list[int]:

@@ -19,6 +19,7 @@ FIELDS = {"system": ("role", "content", "name"), "user": ("role", "content", "na
           "assistant": ("role", "content", "name", "tool_calls"), "tool": ("role", "content", "tool_call_id", "name")}
 """Each role's fields."""
 CALL_FIELDS = ("id", "type", "function")
+FUNCTION_FIELDS = ("name", "arguments")
 
 
 def parse_messages(value: Any) -> list[dict[str, Any]]:
@@ -74,6 +75,10 @@ def _call(call: Any, where: str) -> dict[str, Any]:
         if key not in CALL_FIELDS:
             raise RequestError(f"unknown field {key!r} in {where}.{suggest(key, CALL_FIELDS)} Fields: "
                                f"{', '.join(CALL_FIELDS)}.", f"{where}.{key}", "unknown_field")
+    for key in function:
+        if key not in FUNCTION_FIELDS:
+            raise RequestError(f"unknown field {key!r} in {where}.function.{suggest(key, FUNCTION_FIELDS)} Fields: "
+                               f"{', '.join(FUNCTION_FIELDS)}.", f"{where}.function.{key}", "unknown_field")
     name, arguments = function.get("name"), function.get("arguments")
     if not isinstance(name, str) or not name:
         raise RequestError(f"{where}.function.name = {shown(name)} must be the called function's name.",

@@ -74,7 +74,7 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, template
         tokenizer = _tokenizer(engine, model_name)
         info: dict[str, Any] = {"tokenizer_class": type(tokenizer).__name__,
                                 "model_max_length": engine.target.lm.max_context,
-                                "chat_template": template.text}
+                                "chat_template": template.shown}
         for key in ("eos_token", "bos_token", "pad_token", "unk_token"):
             value = getattr(tokenizer, key, None)
             info[key] = value if isinstance(value, str) else None

@@ -190,9 +190,13 @@ class ToolCallStream:
                 call = _hermes_call(body)
                 if call is None:
                     content += HERMES_START + body + HERMES_END
-                elif self._parallel or not self._calls:  # parallel_tool_calls false: the first call only
-                    self._calls.append(call)
-                    calls.append(call)
+                else:
+                    # A call separates the text around it: whitespace before it goes (the text after
+                    # keeps its own), as a call at the end drops it.
+                    content, self._held = content.rstrip(), ""
+                    if self._parallel or not self._calls:  # parallel_tool_calls false: the first call only
+                        self._calls.append(call)
+                        calls.append(call)
                 continue
             start = self._pending.find(HERMES_START)
             if start >= 0:

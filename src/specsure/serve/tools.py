@@ -31,7 +31,9 @@ TOOL_FIELDS = ("type", "function")
 FUNCTION_FIELDS = ("name", "description", "parameters", "strict")
 CHOICES = ("none", "auto", "required")
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
-"""The arguments of a function that lists no parameters, or an empty properties object: ``{}``."""
+"""The empty object, the arguments of a function that takes none."""
+ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
+"""Any object: the arguments of ``"parameters": {}``."""
 
 
 @dataclass(frozen=True)
@@ -54,17 +56,20 @@ class Function:
         return {"type": "function", "function": function}
 
     def arguments_schema(self) -> dict[str, Any]:
-        """The schema the arguments are enforced with: the tool's, or ``{}`` only when it takes none.
+        """The schema the arguments are enforced with.
 
-        specsure's compiler reads an object schema without properties as "any object"; a function
-        without parameters takes none, so its arguments are the empty object.
+        A function without ``parameters``, or with an empty ``properties`` object, takes none: its
+        arguments are ``{}`` (specsure's compiler would read an object schema that lists no
+        properties as any object). ``"parameters": {}`` takes any object: arguments are an object,
+        even where the schema would allow any value.
         """
         params = self.parameters
         if params is None or (params.get("type") == "object" and params.get("properties") == {}
+                              and not params.get("required")
                               and set(params) <= {"type", "properties", "additionalProperties", "required",
                                                   "description", "title"}):
             return NO_ARGUMENTS
-        return params
+        return ANY_ARGUMENTS if params == {} else params
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,8 @@ def _choice(value: Any, functions: tuple[Function, ...]) -> tuple[Literal["none"
     if not isinstance(name, str):
         raise RequestError(f"tool_choice = {shown(value)} must be one of {', '.join(CHOICES)}, or "
                            '{"type": "function", "function": {"name": "..."}} naming one of the tools.', "tool_choice")
+    _known(value, TOOL_FIELDS, "tool_choice")
+    _known(spec, ("name",), "tool_choice.function")
     names = [f.name for f in functions]
     if functions and name not in names:
         raise RequestError(f"tool_choice names the function {name!r}, which is not in tools.{suggest(name, names)} "
@@ -192,7 +199,7 @@ def _compiled(make: Any, where: str) -> StructuredOutputs:
     try:
         return make()
     except GrammarError as exc:
-        detail = str(exc).split(": ", 1)[1]
+        detail = str(exc).partition(": ")[2] or str(exc)
         raise RequestError(f"{where}: the arguments' schema cannot be enforced: {detail}. Simplify the schema, or "
                            'send "tool_choice": "auto" (not enforced).', where) from None
 
