@@ -84,6 +84,30 @@ def test_llama3_json_calls_are_the_same_whole_or_split_anywhere(text: str, conte
             assert joined(ToolCallStream(tools(), "llama3_json"), pieces) == (content, calls), pieces
 
 
+PYTHONIC_CASES = [
+    ("Sunny, 20 degrees.", "Sunny, 20 degrees.", []),
+    ('[get_weather(city="Oslo", days=3), now()]', None, [("get_weather", '{"city": "Oslo", "days": 3}'),
+                                                         ("now", "{}")]),
+    (' [get_weather(city=\'Lima\', tags=["a", None, True])]', None,
+     [("get_weather", '{"city": "Lima", "tags": ["a", null, true]}')]),
+    ("[1] A footnote.", "[1] A footnote.", []),
+    ("[get_weather(city=input())]", "[get_weather(city=input())]", []),  # not a literal: never evaluated
+    ('[get_weather("Oslo")]', '[get_weather("Oslo")]', []),  # positional arguments have no names
+    ('[get_weather(city="Os', '[get_weather(city="Os', []),
+]
+
+
+@pytest.mark.parametrize("text, content, calls", PYTHONIC_CASES)
+def test_pythonic_calls_are_the_same_whole_or_split_anywhere(text: str, content: str | None,
+                                                             calls: list[tuple[str, str]]) -> None:
+    answer = parse_answer(tools(), text, "stop", "pythonic")
+    assert (answer.content, [(c.name, c.arguments) for c in answer.tool_calls]) == (content, calls)
+    assert answer.finish_reason == ("tool_calls" if calls else "stop")
+    for cut in range(len(text) + 1):
+        pieces = [text[:cut], text[cut:]]
+        assert joined(ToolCallStream(tools(), "pythonic"), pieces) == (content, calls), pieces
+
+
 def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
     answer = parse_answer(tools(parallel=False), f"{CALL}{CALL}", "stop")
     assert len(answer.tool_calls) == 1 and answer.content is None

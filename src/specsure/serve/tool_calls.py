@@ -9,6 +9,10 @@ What each ``tool_choice`` generates (``specsure.serve.tools``) is read back here
   answer that begins with ``{`` (after Llama's ``<|python_tag|>``, if the text shows it) is calls,
   ``{"name": ..., "parameters": {...}}`` (or ``"arguments"``), one after another, optionally
   separated by ``;``. What does not parse as a call, from there on, is the content.
+- ``auto``, Python format (``--tool-call-parser pythonic``; Llama 3.2's small models, ToolACE): an
+  answer that is a Python list of calls with keyword arguments, ``[get_weather(city="Oslo")]``, is
+  calls; the arguments must be literals. Any other answer is text (one that begins with ``[`` is
+  held back until it ends, to tell).
 - ``required``: the whole output is a JSON array of ``{"name", "parameters"}`` objects.
 - a named function: the whole output is the arguments.
 
@@ -26,7 +30,7 @@ from typing import Any
 
 from specsure.serve.tools import Tools
 
-PARSERS = ("hermes", "llama3_json")
+PARSERS = ("hermes", "llama3_json", "pythonic")
 """The values of ``--tool-call-parser``."""
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
@@ -139,8 +143,28 @@ class ToolCallStream:
         if self._mode == "required":
             content, calls = self._required(final)
         else:
-            content, calls = self._hermes(final) if self._parser == "hermes" else self._llama3(final)
+            read = {"hermes": self._hermes, "llama3_json": self._llama3, "pythonic": self._pythonic}[self._parser]
+            content, calls = read(final)
         return self._hold_whitespace(content, final), calls
+
+    def _pythonic(self, final: bool) -> tuple[str, list[ToolCall]]:
+        if self._json is None:
+            head = self._pending.lstrip()
+            if not head and not final:
+                return "", []
+            self._json = head.startswith("[")
+        if not self._json:
+            content, self._pending = self._pending, ""
+            return content, []
+        if not final:
+            return "", []  # a list is calls only if the whole of it parses: wait for its end
+        text, self._pending = self._pending.strip(), ""
+        calls = _python_calls(text)
+        if calls is None:
+            return text, []
+        kept = calls if self._parallel else calls[:1]
+        self._calls += kept
+        return "", kept
 
     def _llama3(self, final: bool) -> tuple[str, list[ToolCall]]:
         if self._json is None:
@@ -254,6 +278,29 @@ def _hermes_call(body: str) -> ToolCall | None:
     if not isinstance(arguments, dict):
         return None
     return ToolCall(call["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+def _python_calls(text: str) -> list[ToolCall] | None:
+    """``[f(a=1), g(b="x")]`` as calls; None unless the whole text is such a list of literal-argument calls."""
+    import ast  # only here: parsing, never evaluating
+
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError):
+        return None
+    if not isinstance(tree, ast.List) or not tree.elts:
+        return None
+    calls = []
+    for node in tree.elts:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args
+                and all(k.arg is not None for k in node.keywords)):
+            return None
+        try:
+            arguments = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+            calls.append(ToolCall(node.func.id, json.dumps(arguments, ensure_ascii=False)))
+        except (ValueError, TypeError, SyntaxError):  # not a literal, or not JSON (a set, bytes)
+            return None
+    return calls
 
 
 def _llama3_call(item: Any) -> ToolCall | None:
