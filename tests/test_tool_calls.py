@@ -47,19 +47,6 @@ HERMES_CASES = [
 ]
 
 
-@pytest.mark.parametrize("text, content, calls", HERMES_CASES)
-def test_hermes_calls_are_the_same_whole_or_split_anywhere(text: str, content: str | None,
-                                                           calls: list[tuple[str, str]]) -> None:
-    answer = parse_answer(tools(), text, "stop")
-    assert answer.content == content
-    assert [(c.name, c.arguments) for c in answer.tool_calls] == calls
-    assert answer.finish_reason == ("tool_calls" if calls else "stop")
-    for cut in range(len(text) + 1):
-        for second in (cut, min(len(text), cut + 3)):
-            pieces = [text[:cut], text[cut:second], text[second:]]
-            assert joined(ToolCallStream(tools()), pieces) == (content, calls), pieces
-
-
 LLAMA3_CASES = [
     ("The weather is fine.", "The weather is fine.", []),
     ('{"name": "get_weather", "parameters": {"city": "Paris"}}', None, [("get_weather", '{"city": "Paris"}')]),
@@ -70,18 +57,6 @@ LLAMA3_CASES = [
     ('{"name": "now", "param', '{"name": "now", "param', []),  # cut short: as written
     ("<|python", "<|python", []),
 ]
-
-
-@pytest.mark.parametrize("text, content, calls", LLAMA3_CASES)
-def test_llama3_json_calls_are_the_same_whole_or_split_anywhere(text: str, content: str | None,
-                                                                 calls: list[tuple[str, str]]) -> None:
-    answer = parse_answer(tools(), text, "stop", "llama3_json")
-    assert (answer.content, [(c.name, c.arguments) for c in answer.tool_calls]) == (content, calls)
-    assert answer.finish_reason == ("tool_calls" if calls else "stop")
-    for cut in range(len(text) + 1):
-        for second in (cut, min(len(text), cut + 3)):
-            pieces = [text[:cut], text[cut:second], text[second:]]
-            assert joined(ToolCallStream(tools(), "llama3_json"), pieces) == (content, calls), pieces
 
 
 PYTHONIC_CASES = [
@@ -97,15 +72,18 @@ PYTHONIC_CASES = [
 ]
 
 
-@pytest.mark.parametrize("text, content, calls", PYTHONIC_CASES)
-def test_pythonic_calls_are_the_same_whole_or_split_anywhere(text: str, content: str | None,
-                                                             calls: list[tuple[str, str]]) -> None:
-    answer = parse_answer(tools(), text, "stop", "pythonic")
+@pytest.mark.parametrize("parser, text, content, calls", [
+    *(("hermes", *case) for case in HERMES_CASES), *(("llama3_json", *case) for case in LLAMA3_CASES),
+    *(("pythonic", *case) for case in PYTHONIC_CASES)])
+def test_calls_are_the_same_whole_or_split_anywhere(parser: str, text: str, content: str | None,
+                                                    calls: list[tuple[str, str]]) -> None:
+    answer = parse_answer(tools(), text, "stop", parser)
     assert (answer.content, [(c.name, c.arguments) for c in answer.tool_calls]) == (content, calls)
     assert answer.finish_reason == ("tool_calls" if calls else "stop")
     for cut in range(len(text) + 1):
-        pieces = [text[:cut], text[cut:]]
-        assert joined(ToolCallStream(tools(), "pythonic"), pieces) == (content, calls), pieces
+        for second in (cut, min(len(text), cut + 3)):
+            pieces = [text[:cut], text[cut:second], text[second:]]
+            assert joined(ToolCallStream(tools(), parser), pieces) == (content, calls), pieces
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
