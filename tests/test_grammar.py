@@ -173,6 +173,23 @@ def test_a_bad_grammar_is_refused_with_its_line_and_column(grammar: str, words: 
     assert info.value.field == "grammar"
 
 
+def test_a_constraint_that_failed_to_compile_fails_again_without_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    from specsure.grammar import spec as spec_module
+
+    calls = []
+    original = spec_module._compiled
+
+    def counting(spec: StructuredOutputs):  # type: ignore[no-untyped-def]
+        calls.append(spec)
+        return original(spec)
+
+    monkeypatch.setattr(spec_module, "_compiled", counting)
+    for _ in range(3):
+        with pytest.raises(GrammarError, match="used but never defined"):
+            StructuredOutputs(grammar="root ::= undefined-rule-for-the-failure-cache")
+    assert len(calls) == 1
+
+
 def test_json_object_accepts_nested_json_and_refuses_other_values() -> None:
     spec = StructuredOutputs(json_object=True)
     for text in ['{}', '{"a": [1, 2.5, {"b": null}], "c": {"d": [true, false, "x"]}}', '{ "k" : [ ] }']:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Any, Mapping
@@ -112,9 +114,31 @@ def _compact(schema: Any) -> str:
     return json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
 
 
-@lru_cache(maxsize=16)
 def compiled(spec: StructuredOutputs) -> NFA:
-    """The byte NFA of ``spec``'s texts, compiled once per distinct constraint."""
+    """The byte NFA of ``spec``'s texts, compiled once per distinct constraint; a constraint that
+    failed fails again at once (a client that repeats a schema too large to compile would otherwise
+    spend a second of the server's each time)."""
+    with _FAILED_LOCK:
+        failed = _FAILED.get(spec)
+    if failed is not None:
+        raise GrammarError(spec.field, failed)
+    try:
+        return _compiled(spec)
+    except GrammarError as exc:
+        with _FAILED_LOCK:
+            _FAILED[spec] = str(exc).partition(": ")[2]
+            if len(_FAILED) > FAILURES_KEPT:
+                _FAILED.popitem(last=False)
+        raise
+
+
+FAILURES_KEPT = 256
+_FAILED: OrderedDict[StructuredOutputs, str] = OrderedDict()
+_FAILED_LOCK = threading.Lock()  # requests are parsed on several threads
+
+
+@lru_cache(maxsize=16)
+def _compiled(spec: StructuredOutputs) -> NFA:
     field = spec.field
     layout = COMPACT if spec.disable_any_whitespace else FREE
     try:
