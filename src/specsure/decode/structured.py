@@ -52,7 +52,6 @@ class Grammars:
         self._table: TokenTable | None = None
         self._automata: OrderedDict[StructuredOutputs, TokenAutomaton] = OrderedDict()
         self._spellings: OrderedDict[bytes, list[int]] = OrderedDict()
-        self._by_bytes: dict[bytes, int] | None = None
 
     def spell(self, data: bytes) -> list[int]:
         """Tokens for ``data`` (its whole characters), as a drafted text: the tokenizer's own, where
@@ -68,30 +67,11 @@ class Grammars:
                 if text and self.tokenizer is not None else []
             table = self.table()
             if b"".join(table.bytes[t] or b"" if 0 <= t < table.size else b"" for t in found) != text.encode():
-                found = self._longest(text.encode())
+                found = table.longest(text.encode())
             self._spellings[data] = found
             if len(self._spellings) > SPELLINGS_KEPT:
                 self._spellings.popitem(last=False)
         return found
-
-    def _longest(self, data: bytes) -> list[int]:
-        """``data`` cut greedily into the longest tokens of the vocabulary (stops where none fits)."""
-        table = self.table()
-        if self._by_bytes is None:
-            self._by_bytes = {}
-            for i, raw in enumerate(table.bytes):
-                if raw:
-                    self._by_bytes.setdefault(raw, i)
-        width = table.data.shape[1]
-        out, at = [], 0
-        while at < len(data):
-            token = next((self._by_bytes[data[at:at + n]] for n in range(min(width, len(data) - at), 0, -1)
-                          if data[at:at + n] in self._by_bytes), None)
-            if token is None:
-                break
-            out.append(token)
-            at += len(table.bytes[token] or b"")
-        return out
 
     def table(self) -> TokenTable:
         """The vocabulary's bytes; TokenizerKindError when they cannot be read."""

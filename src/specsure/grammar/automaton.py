@@ -123,6 +123,24 @@ class TokenTable:
             self.data[row, :len(raw)] = np.frombuffer(raw, dtype=np.uint8)
         self.bytes = list(token_bytes)
         """Each token's bytes; None for special tokens, which no constraint's text holds."""
+        self._by_bytes: dict[bytes, int] | None = None
+
+    def longest(self, data: bytes) -> list[int]:
+        """``data`` cut greedily into the longest tokens of the vocabulary (stops where none fits)."""
+        if self._by_bytes is None:
+            self._by_bytes = {}
+            for i, raw in enumerate(self.bytes):
+                if raw:
+                    self._by_bytes.setdefault(raw, i)
+        out, at, width = [], 0, self.data.shape[1]
+        while at < len(data):
+            token = next((self._by_bytes[data[at:at + n]] for n in range(min(width, len(data) - at), 0, -1)
+                          if data[at:at + n] in self._by_bytes), None)
+            if token is None:
+                break
+            out.append(token)
+            at += len(self.bytes[token] or b"")
+        return out
 
 
 class TokenAutomaton:

@@ -82,6 +82,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         raise ValueError(f"threads = {threads!r} must be an int >= 1, or None.")
     name = served_model_name or default_model_name(engine)
     template = ChatTemplate(engine, chat_template, tool_call_parser)
+    parser = tool_call_parser or "hermes"  # without one, auto is refused and no answer is read with it
     metrics = ServeMetrics(engine, name)
     runner = EngineRunner(engine, metrics, max_queue, request_timeout, threads)
     method = engine.speculative_method
@@ -174,7 +175,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
             deltas = [TextDeltas(engine.tokenizer, params.stop) if engine.tokenizer is not None else None
                       for _ in jobs]
             writer = ChunkWriter(endpoint, name, method, delivery.include_usage, text, len(jobs), delivery.n)
-            calls = [ToolCallStream(tools, tool_call_parser or "hermes") for _ in jobs] if tools is not None else None
+            calls = [ToolCallStream(tools, parser) for _ in jobs] if tools is not None else None
             return EventStream(runner, jobs, writer, deltas, each, prompt_only, calls)
         gone = asyncio.ensure_future(disconnected(request.receive))
         try:
@@ -192,8 +193,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         if prompt_only:
             completions = [without_output(c) for c in completions]
         if endpoint == "chat":
-            answers = None if tools is None else [parse_answer(tools, c.text or "", c.finish_reason,
-                                                               tool_call_parser or "hermes") for c in completions]
+            answers = None if tools is None else [parse_answer(tools, c.text or "", c.finish_reason, parser)
+                                                  for c in completions]
             return JSONResponse(chat_body(completions, name, method, text, answers))
         return JSONResponse(completion_body(completions, name, method, text, delivery.n, each))
 

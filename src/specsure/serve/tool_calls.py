@@ -96,7 +96,7 @@ class ToolCallStream:
     def __init__(self, tools: Tools | None, parser: str = "hermes") -> None:
         self._mode = tools.choice if tools is not None else "none"
         self._parser = parser
-        self._json: bool | None = None  # llama3_json: None until the answer shows whether it is calls
+        self._calling: bool | None = None  # llama3_json, pythonic: None until the answer shows whether it is calls
         self._parallel = tools is None or tools.parallel
         self.named = tools.named if tools is not None and tools.choice == "named" else None
         self._pending = ""  # text not yet released: a tag arriving, a call's body, the array's rest
@@ -147,13 +147,20 @@ class ToolCallStream:
             content, calls = read(final)
         return self._hold_whitespace(content, final), calls
 
+    def _take(self, call: ToolCall) -> bool:
+        """Record ``call`` unless parallel_tool_calls is false and one was made: then only the first counts."""
+        if self._calls and not self._parallel:
+            return False
+        self._calls.append(call)
+        return True
+
     def _pythonic(self, final: bool) -> tuple[str, list[ToolCall]]:
-        if self._json is None:
+        if self._calling is None:
             head = self._pending.lstrip()
             if not head and not final:
                 return "", []
-            self._json = head.startswith("[")
-        if not self._json:
+            self._calling = head.startswith("[")
+        if not self._calling:
             content, self._pending = self._pending, ""
             return content, []
         if not final:
@@ -162,21 +169,19 @@ class ToolCallStream:
         calls = _python_calls(text)
         if calls is None:
             return text, []
-        kept = calls if self._parallel else calls[:1]
-        self._calls += kept
-        return "", kept
+        return "", [call for call in calls if self._take(call)]
 
     def _llama3(self, final: bool) -> tuple[str, list[ToolCall]]:
-        if self._json is None:
+        if self._calling is None:
             head = self._pending.lstrip()
             if not final and (not head or PYTHON_TAG.startswith(head)):
                 return "", []  # nothing yet, or the tag still arriving: undecided
             if head.startswith(PYTHON_TAG):
                 head = head[len(PYTHON_TAG):].lstrip()
-            self._json = head.startswith("{")
-            if self._json:
+            self._calling = head.startswith("{")
+            if self._calling:
                 self._pending = head
-        if not self._json:
+        if not self._calling:
             content, self._pending = self._pending, ""
             return content, []
         calls = []
@@ -187,15 +192,14 @@ class ToolCallStream:
                 item, end = decoder.raw_decode(text)
             except json.JSONDecodeError:
                 if final or (text and text[0] != "{"):  # not a call: the rest is content
-                    self._json, content, self._pending = False, self._pending.lstrip(), ""
+                    self._calling, content, self._pending = False, self._pending.lstrip(), ""
                     return content, calls
                 return "", calls
             call = _llama3_call(item)
             if call is None:
-                self._json, content, self._pending = False, self._pending.lstrip(), ""
+                self._calling, content, self._pending = False, self._pending.lstrip(), ""
                 return content, calls
-            if self._parallel or not self._calls:
-                self._calls.append(call)
+            if self._take(call):
                 calls.append(call)
             self._pending = text[end:]
 
@@ -218,8 +222,7 @@ class ToolCallStream:
                     # A call separates the text around it: whitespace before it goes (the text after
                     # keeps its own), as a call at the end drops it.
                     content, self._held = content.rstrip(), ""
-                    if self._parallel or not self._calls:  # parallel_tool_calls false: the first call only
-                        self._calls.append(call)
+                    if self._take(call):
                         calls.append(call)
                 continue
             start = self._pending.find(HERMES_START)
