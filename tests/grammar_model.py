@@ -11,9 +11,10 @@ MERGED = ['{"', '":', '",', '"}', ' "', "na", "me", "name", "ag", "age", "tr", "
 """Multi-character tokens, so that a token can cross from one part of a JSON text into the next."""
 
 
-def build_byte_level_model(folder: Path, seed: int = 0) -> Path:
-    """The tiny Llama over a byte-level BPE vocabulary: every byte, the merges above, EOS."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+def build_byte_level_model(folder: Path, seed: int = 0, added: tuple[str, ...] = ()) -> Path:
+    """The tiny Llama over a byte-level BPE vocabulary: every byte, the merges above, EOS; ``added``:
+    tokens added as plain text (not special), as Qwen3 adds ``<think>`` and ``</think>``."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
@@ -32,9 +33,10 @@ def build_byte_level_model(folder: Path, seed: int = 0) -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(["</s>", "<s>"])
+    tok.add_tokens([AddedToken(text, special=False, normalized=False) for text in added])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
     fast.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    build_tiny_llama(folder, vocab_size=len(vocab), seed=seed, extra_config={"eos_token_id": 0, "bos_token_id": 1})
+    build_tiny_llama(folder, vocab_size=len(vocab) + len(added), seed=seed, extra_config={"eos_token_id": 0, "bos_token_id": 1})
     fast.save_pretrained(folder)
     return folder
 

@@ -14,6 +14,7 @@ from serving import build_tiny_chat_model
 from specsure import SamplingParams, make_engine
 from specsure.decode.completion import ParamsError
 from specsure.decode.engine import Engine
+from specsure.grammar import StructuredOutputs
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
                                            "age": {"type": "integer", "minimum": 0, "maximum": 99},
@@ -103,6 +104,21 @@ def test_sampled_outputs_obey_the_constraint_with_and_without_drafts(engines: li
                 completion = engine.generate(PROMPT, params)[0]
                 if completion.finish_reason == "stop":
                     assert obeys(constraint, completion.text), completion.text
+
+
+def test_a_constraint_after_a_marker_leaves_the_text_before_it_free(engines: list[Engine]) -> None:
+    # The server's reasoning models: free thinking up to </think>, constrained after. Here the marker
+    # is three characters the model writes unconstrained, so that the free part reaches it.
+    free = engines[0].generate(PROMPT, SamplingParams(max_tokens=12))[0].text
+    marker = free[2:5]
+    assert free.find(marker) == 2
+    params = SamplingParams(max_tokens=60, structured_outputs=StructuredOutputs(regex=r"(ab|12)+x?", after=marker))
+    outs = [e.generate(PROMPT, params)[0] for e in engines]
+    for out in outs[1:]:
+        assert out.token_ids == outs[0].token_ids
+    text = outs[0].text
+    assert text.startswith(free[:5]) and outs[0].finish_reason == "stop"
+    assert re.fullmatch(r"(ab|12)+x?", text[5:]), text
 
 
 def test_min_tokens_gives_way_where_the_text_is_complete(engines: list[Engine]) -> None:

@@ -16,6 +16,7 @@ DEFAULT_MAX_NUM_SEQS = 8  # specsure.decode.scheduler.DEFAULT_MAX_NUM_SEQS; not 
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "pythonic")  # specsure.serve.tool_calls.PARSERS; not imported, so --help needs no fastapi
+REASONING_PARSERS = ("deepseek_r1", "qwen3")  # specsure.serve.reasoning.PARSERS, likewise
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -53,6 +54,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "Qwen2.5 and Hermes models do; llama3_json: a JSON object, as Llama 3.1 and later "
                              "do; pythonic: [f(a=1)], as Llama 3.2's small models do); needs "
                              "--enable-auto-tool-choice")
+    parser.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
+                        help="how a reasoning model's thinking is told from its answer (deepseek_r1, qwen3: "
+                             "<think>...</think>): chat answers then carry it as 'reasoning', and structured "
+                             "outputs and tool calls are enforced after it")
     parser.set_defaults(run=run)
 
 
@@ -111,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     prometheus_client.disable_created_metrics()
     app = create_app(engine, served_model_name=args.served_model_name, api_key=api_key, max_queue=args.max_queue,
                      request_timeout=args.request_timeout, threads=threads, chat_template=chat_template,
-                     tool_call_parser=args.tool_call_parser)
+                     tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser)
     print(f"serving {app.state.model_name!r} (speculative: {engine.resolution.summary()}; running "
           f"{engine.speculative_method or 'plain decoding'}); up to {args.max_num_seqs} requests batched, "
           f"{args.max_queue} more waiting; listening on {_url(args.host, port)}", file=sys.stderr)

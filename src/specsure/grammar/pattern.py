@@ -249,3 +249,44 @@ def _build(nfa: NFA, p: Pattern) -> tuple[int, int]:
         nfa.eps[some[n]].append(end)
         return none[0], end
     raise AssertionError(f"not a pattern: {p!r}")
+
+
+def after_marker(nfa: NFA, marker: bytes) -> NFA:
+    """An NFA for any bytes up to the first ``marker``, then ``marker`` and a text ``nfa`` accepts.
+
+    Before the marker every byte is allowed and the output may end there too: a reasoning model's
+    thinking is free, and only its answer after ``</think>`` is constrained (as vLLM does). The
+    free part is the marker's matching automaton (Knuth-Morris-Pratt), so the constraint starts at
+    the marker's first occurrence and never at a later one.
+    """
+    if not marker:
+        raise PatternError("the marker after which the constraint starts is empty")
+    out = NFA()
+    matched = [out.state() for _ in marker]  # state i: the text ends with the marker's first i bytes
+    offset = len(out.edges)
+    out.edges += [[(lo, hi, to + offset) for lo, hi, to in row] for row in nfa.edges]
+    out.eps += [[to + offset for to in row] for row in nfa.eps]
+    final = out.state()  # its own: nfa's final may have edges (a loop), which the free part must not reach
+    out.eps[nfa.final + offset].append(final)
+    fail = [0] * len(marker)
+    for i in range(1, len(marker)):
+        j = fail[i - 1]
+        while j and marker[i] != marker[j]:
+            j = fail[j - 1]
+        fail[i] = j + 1 if marker[i] == marker[j] else 0
+    for i, state in enumerate(matched):
+        targets = []
+        for byte in range(256):
+            j = i
+            while j and marker[j] != byte:
+                j = fail[j - 1]
+            j = j + 1 if marker[j] == byte else 0
+            targets.append(nfa.start + offset if j == len(marker) else matched[j])
+        lo = 0
+        for byte in range(1, 257):
+            if byte == 256 or targets[byte] != targets[lo]:
+                out.edges[state].append((lo, byte - 1, targets[lo]))
+                lo = byte
+        out.eps[state].append(final)
+    out.start, out.final = matched[0], final
+    return out

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Any, Mapping
 
 from specsure.grammar.gbnf import parse_gbnf
 from specsure.grammar.json_schema import COMPACT, FREE, any_object, schema_pattern
-from specsure.grammar.pattern import NFA, Alt, PatternError, compile_nfa, literal
+from specsure.grammar.pattern import NFA, Alt, PatternError, after_marker, compile_nfa, literal
 from specsure.grammar.regex import parse_regex
 
 MAX_CHOICES = 1000
@@ -58,6 +58,10 @@ class StructuredOutputs:
     """With ``json`` or ``json_object``: the JSON on one line, written as ``json.dumps`` writes it
     (", " and ": ", nothing else between tokens), as vLLM's option of the same name; by default
     bounded whitespace may go between any two tokens."""
+    after: str | None = None
+    """specsure's own, set by the server for a reasoning model (never taken from a request): the
+    output is free up to the first occurrence of this text (``</think>``), and may end there; only
+    what follows it is constrained."""
 
     def __post_init__(self) -> None:
         if isinstance(self.json, str):  # one spelling per schema, so equal schemas share an automaton
@@ -91,6 +95,8 @@ class StructuredOutputs:
         if self.disable_any_whitespace and self.json is None and not self.json_object:
             raise GrammarError("disable_any_whitespace", "applies to json and json_object only; a regex, choice or "
                                "grammar says its own whitespace, so drop it")
+        if self.after is not None and (not isinstance(self.after, str) or not self.after):
+            raise GrammarError("after", f"is {self.after!r}; give the non-empty text after which the constraint starts")
         compiled(self)  # refuse what cannot compile now, not when a model has loaded
 
     @property
@@ -101,7 +107,7 @@ class StructuredOutputs:
     @classmethod
     def from_dict(cls, body: Mapping[str, Any]) -> "StructuredOutputs":
         """From vLLM's JSON shape; an unknown key names the ones there are."""
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"after"}
         body = {k: v for k, v in body.items() if not (k in VLLM_NEUTRAL and v in VLLM_NEUTRAL[k])
                 and not (k == "disable_any_whitespace" and v is None)}
         for key in body:
@@ -139,6 +145,8 @@ _FAILED_LOCK = threading.Lock()  # requests are parsed on several threads
 
 @lru_cache(maxsize=16)
 def _compiled(spec: StructuredOutputs) -> NFA:
+    if spec.after is not None:
+        return after_marker(compiled(replace(spec, after=None)), spec.after.encode())
     field = spec.field
     layout = COMPACT if spec.disable_any_whitespace else FREE
     try:

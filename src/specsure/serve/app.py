@@ -37,7 +37,9 @@ from specsure.serve.event_stream import EventStream, disconnected, internal_erro
 from specsure.serve.responses import ChunkWriter, Echo, Endpoint, chat_body, completion_body, token_text_of
 from specsure.serve.runner import ClientGone, EngineRunner
 from specsure.serve.tokenizer_routes import add_tokenizer_routes
-from specsure.serve.tool_calls import ToolCallStream, parse_answer
+from specsure.serve.reasoning import END, TAIL_TOKENS, ReasoningStream, Thinking, check_reasoning_parser, \
+    split_answer, thinks
+from specsure.serve.tool_calls import Answer, ToolCallStream, parse_answer
 from specsure.serve.tools import Tools
 
 ROUTES = ("GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /tokenize, POST /detokenize, "
@@ -55,7 +57,7 @@ def default_model_name(engine: Engine) -> str:
 def create_app(engine: Engine, *, served_model_name: str | None = None, api_key: str | None = None,
                max_queue: int = DEFAULT_MAX_QUEUE, request_timeout: float | None = None,
                threads: int | None = None, chat_template: str | None = None,
-               tool_call_parser: str | None = None) -> FastAPI:
+               tool_call_parser: str | None = None, reasoning_parser: str | None = None) -> FastAPI:
     """An OpenAI-compatible app serving ``engine``.
 
     Args:
@@ -73,6 +75,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         chat_template: a Jinja chat template that replaces the tokenizer's (vLLM's --chat-template).
         tool_call_parser: the format in which the model writes calls (``hermes``); set, it turns on
             ``tool_choice: auto`` (vLLM's --enable-auto-tool-choice --tool-call-parser).
+        reasoning_parser: how the model's thinking is told from its answer (``deepseek_r1``,
+            ``qwen3``); set, chat answers carry ``reasoning``, and constraints apply after it.
     """
     if type(max_queue) is not int or max_queue < 0:
         raise ValueError(f"max_queue = {max_queue!r} must be an int >= 0 (0: no request waits).")
@@ -82,6 +86,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         raise ValueError(f"threads = {threads!r} must be an int >= 1, or None.")
     name = served_model_name or default_model_name(engine)
     template = ChatTemplate(engine, chat_template, tool_call_parser)
+    if reasoning_parser is not None:
+        check_reasoning_parser(reasoning_parser, engine.tokenizer)
     parser = tool_call_parser or "hermes"  # without one, auto is refused and no answer is read with it
     metrics = ServeMetrics(engine, name)
     runner = EngineRunner(engine, metrics, max_queue, request_timeout, threads)
@@ -157,15 +163,27 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         req = await run_in_threadpool(parse_chat, parse_json(await read_body(request)), name, tool_call_parser)
         template.check(name, req.tools)
         _check_params(engine, req.params)
-        prompt = await run_in_threadpool(lambda: _encode(engine, template.render(req.messages, req.tools),
+        prompt = await run_in_threadpool(lambda: _encode(engine, template.render(req.messages, req.tools,
+                                                                                 variables=req.template_kwargs),
                                                          "the prompt rendered from messages", "messages"))
-        return await answer(request, "chat", [(prompt, "messages")], req.params, req.delivery, tools=req.tools)
+        params, thinking = req.params, None
+        if reasoning_parser is not None:
+            tail = engine.tokenizer.decode(prompt[-TAIL_TOKENS:], skip_special_tokens=False)
+            thinking = Thinking(thinks(reasoning_parser, tail, req.template_kwargs), req.include_reasoning)
+            if thinking.starts_inside and params.structured_outputs is not None:
+                # The thinking is free; the constraint (or the tool call it enforces) starts after it.
+                constraint = await run_in_threadpool(replace, params.structured_outputs, after=END)
+                params = replace(params, structured_outputs=constraint)
+        return await answer(request, "chat", [(prompt, "messages")], params, req.delivery, tools=req.tools,
+                            thinking=thinking)
 
     async def answer(request: Request, endpoint: Endpoint, prompts: list[tuple[list[int], str]],
                      params: SamplingParams, delivery: Delivery, echoes: list[Echo] | None = None,
-                     prompt_only: bool = False, tools: Tools | None = None) -> Response:
+                     prompt_only: bool = False, tools: Tools | None = None,
+                     thinking: Thinking | None = None) -> Response:
         """Generate ``delivery.n`` choices for each (prompt, its name in the body), side by side; each
-        choice after its prompt's echo, if ``echoes``; with ``prompt_only``, the echo alone."""
+        choice after its prompt's echo, if ``echoes``; with ``prompt_only``, the echo alone; a chat
+        answer split into reasoning and content under ``thinking``."""
         each = None if echoes is None else [e for e in echoes for _ in range(delivery.n)]  # one per choice
         context = engine.target.lm.max_context
         jobs = runner.submit([(prompt, choice_params(fit_to_context(params, len(prompt), context, delivery, name),
@@ -176,7 +194,9 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
                       for _ in jobs]
             writer = ChunkWriter(endpoint, name, method, delivery.include_usage, text, len(jobs), delivery.n)
             calls = [ToolCallStream(tools, parser) for _ in jobs] if tools is not None else None
-            return EventStream(runner, jobs, writer, deltas, each, prompt_only, calls)
+            thoughts = [ReasoningStream(thinking.starts_inside) for _ in jobs] if thinking is not None else None
+            return EventStream(runner, jobs, writer, deltas, each, prompt_only, calls, thoughts,
+                               thinking is None or thinking.include)
         gone = asyncio.ensure_future(disconnected(request.receive))
         try:
             completions = []
@@ -193,8 +213,16 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         if prompt_only:
             completions = [without_output(c) for c in completions]
         if endpoint == "chat":
-            answers = None if tools is None else [parse_answer(tools, c.text or "", c.finish_reason, parser)
-                                                  for c in completions]
+            parts = [split_answer(thinking.starts_inside, c.text or "") if thinking is not None else (None, c.text)
+                     for c in completions]
+            # An answer that never left its thinking has no content, so no call either.
+            answers = None if tools is None else [
+                parse_answer(tools, content, c.finish_reason, parser) if content is not None
+                else Answer(None, [], c.finish_reason) for (_, content), c in zip(parts, completions)]
+            if thinking is not None:
+                thoughts = [reasoning if thinking.include else None for reasoning, _ in parts]
+                return JSONResponse(chat_body(completions, name, method, text, answers,
+                                              [content for _, content in parts], thoughts))
             return JSONResponse(chat_body(completions, name, method, text, answers))
         return JSONResponse(completion_body(completions, name, method, text, delivery.n, each))
 

@@ -46,14 +46,15 @@ class ChatTemplate:
                                "the server with --chat-template.", "messages")
 
     def render(self, messages: list[dict[str, Any]], tools: Tools | None = None,
-               add_generation_prompt: bool = True) -> list[int]:
-        """The prompt's token ids; a template's error is the client's 400."""
+               add_generation_prompt: bool = True, variables: dict[str, Any] | None = None) -> list[int]:
+        """The prompt's token ids; ``variables``: the request's chat_template_kwargs. A template's error
+        is the client's 400."""
         from jinja2 import TemplateError  # transformers renders chat templates with jinja2
 
         try:
             ids = self._engine.tokenizer.apply_chat_template(
                 messages, tools=tools.for_template() if tools is not None else None, chat_template=self._override,
-                add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False)
+                add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False, **(variables or {}))
         except TemplateError as exc:
             raise RequestError(f"the chat template rejected these messages: {exc}. Fix the messages (for example "
                                "the order of roles), or use POST /v1/completions with a plain prompt.",

@@ -17,6 +17,7 @@ from specsure.decode.engine import StepUpdate
 from specsure.serve.errors import APIError, error_body
 from specsure.serve.responses import DONE, ChunkWriter, Echo, event
 from specsure.serve.runner import ClientGone, EngineRunner, Job
+from specsure.serve.reasoning import ReasoningStream
 from specsure.serve.tool_calls import ToolCallStream
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,8 @@ class EventStream(Response):
 
     def __init__(self, runner: EngineRunner, jobs: list[Job], writer: ChunkWriter,
                  texts: list[TextDeltas | None], echoes: list[Echo] | None = None, prompt_only: bool = False,
-                 calls: list[ToolCallStream] | None = None) -> None:
+                 calls: list[ToolCallStream] | None = None, thoughts: list[ReasoningStream] | None = None,
+                 include_reasoning: bool = True) -> None:
         self.status_code, self.background = 200, None
         self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._runner, self._jobs, self._writer, self._texts = runner, jobs, writer, texts
@@ -45,6 +47,8 @@ class EventStream(Response):
         self._prompt_only = prompt_only
         self._calls = calls
         """Each chat choice's text split into content and tool calls, when the request offers tools."""
+        self._thoughts, self._include_reasoning = thoughts, include_reasoning
+        """Each chat choice's text split into reasoning and content, under a reasoning parser."""
         self._echoes: list[Echo | None] = list(echoes) if echoes is not None else [None] * len(jobs)
         """Each choice's prompt to send before its first output (echo), until it is sent."""
 
@@ -116,18 +120,35 @@ class EventStream(Response):
             delta = text.push(update.token_ids) if text is not None else None
             if not delta and text is not None:
                 return b""
-            pieces = calls.deltas(delta or "") if calls is not None else None
-            if calls is not None and not pieces:
+            pieces = self._pieces(i, delta or "", final=False)
+            if pieces is not None and not pieces:
                 return b""  # inside a call, or a tag still arriving: its tokens' logprobs wait with it
             self._ids[i], self._logprobs[i] = [], []
             return self._writer.delta(i, delta, ids, logprobs or None, pieces)
         completion = self._completions[i] = update.completion
         rest = text.finish(completion.text) if text is not None else None
-        if calls is not None:
-            pieces = calls.deltas(rest or "", final=True)
-            return self._writer.finish(i, completion, rest, ids, logprobs or None, pieces,
-                                       calls.finish_reason(completion.finish_reason))
-        return self._writer.finish(i, completion, rest, ids, logprobs or None)
+        pieces = self._pieces(i, rest or "", final=True)
+        reason = calls.finish_reason(completion.finish_reason) if calls is not None else None
+        return self._writer.finish(i, completion, rest, ids, logprobs or None, pieces, reason)
+
+    def _pieces(self, i: int, text: str, final: bool) -> list[dict[str, Any]] | None:
+        """Choice i's chat deltas for ``text``: its reasoning, then its content or calls; None when the
+        text is only content (no tools, no reasoning parser)."""
+        thought = self._thoughts[i] if self._thoughts is not None else None
+        calls = self._calls[i] if self._calls is not None else None
+        if thought is None and calls is None:
+            return None
+        reasoning, content = ("", text) if thought is None else thought.push(text)
+        if final and thought is not None:
+            more, rest = thought.finish()
+            reasoning, content = reasoning + more, content + rest
+        out: list[dict[str, Any]] = [{"reasoning": reasoning}] if reasoning and self._include_reasoning else []
+        # A named call opens with its first text: an answer still thinking (or that never stops) has none.
+        if calls is not None and (content or (final and (calls.named is None or thought is None))):
+            out += calls.deltas(content, final=final)
+        elif calls is None and content:
+            out.append({"content": content})
+        return out
 
     async def _chunk(self, events: bytes) -> None:
         if events:

@@ -1,6 +1,7 @@
 """A chat request's ``messages``, checked and shaped as chat templates take them.
 
-Besides text turns, a conversation with tools has the assistant's earlier calls (``tool_calls``,
+An assistant turn may carry its ``reasoning`` (or ``reasoning_content``, the older name), which
+templates that show earlier thinking read. Besides text turns, a conversation with tools has the assistant's earlier calls (``tool_calls``,
 their arguments JSON text) and the results (role ``tool``, with the ``tool_call_id`` they answer).
 Templates read a call's arguments as an object (Qwen2.5's writes them with ``tojson``), so the
 text is parsed here, as vLLM parses it, and bad JSON is the client's 400, not a template's.
@@ -16,7 +17,7 @@ from specsure.serve.errors import RequestError, shown
 
 ROLES = ("system", "user", "assistant", "tool")
 FIELDS = {"system": ("role", "content", "name"), "user": ("role", "content", "name"),
-          "assistant": ("role", "content", "name", "tool_calls"), "tool": ("role", "content", "tool_call_id", "name")}
+          "assistant": ("role", "content", "name", "tool_calls", "reasoning", "reasoning_content"), "tool": ("role", "content", "tool_call_id", "name")}
 """Each role's fields."""
 CALL_FIELDS = ("id", "type", "function")
 FUNCTION_FIELDS = ("name", "arguments")
@@ -51,6 +52,14 @@ def _message(message: Any, where: str) -> dict[str, Any]:
     # An assistant turn that only calls has no text: "" renders as nothing where None could print "None".
     rendered: dict[str, Any] = {"role": role, "content": "" if message.get("content") is None
                                 else _content(message["content"], where)}
+    thought = [message[k] for k in ("reasoning", "reasoning_content") if message.get(k) is not None]
+    if thought:
+        if not all(isinstance(t, str) for t in thought) or len(set(thought)) > 1:
+            raise RequestError(f"{where}.reasoning = {shown(thought[0])} must be a string (the turn's thinking, as the "
+                               "server returned it); reasoning_content is its older name: send one of them.",
+                               f"{where}.reasoning")
+        # Templates read it as reasoning_content (Qwen3's), vLLM's name since is reasoning: both are set.
+        rendered["reasoning"] = rendered["reasoning_content"] = thought[0]
     for key in ("name", "tool_call_id"):
         if message.get(key) is not None:
             if not isinstance(message[key], str):

@@ -37,7 +37,11 @@ COMMON_FIELDS = ("model", *SAMPLING_FIELDS, "n", "stream", "stream_options", "us
                  "structured_outputs")
 COMPLETION_FIELDS = ("prompt", "logprobs", "echo", *COMMON_FIELDS)
 CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
-               "parallel_tool_calls", *COMMON_FIELDS)
+               "parallel_tool_calls", "chat_template_kwargs", "include_reasoning", *COMMON_FIELDS)
+TEMPLATE_OWN = ("conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+                "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+                "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs")
+"""apply_chat_template's own arguments, which chat_template_kwargs may not set."""
 MAX_N = 16
 """The most choices one request may ask for: each is a sequence in the running batch."""
 MAX_PROMPTS = 64
@@ -119,6 +123,10 @@ class ChatRequest:
     delivery: Delivery = Delivery()
     tools: Tools | None = None
     """The functions offered and how they may be called; None without tools."""
+    template_kwargs: dict[str, Any] | None = None
+    """``chat_template_kwargs``: more variables for the chat template (Qwen3's ``enable_thinking``)."""
+    include_reasoning: bool = True
+    """vLLM's ``include_reasoning``: with a reasoning parser, false leaves the thinking out of the answer."""
 
 
 def parse_completion(body: Any, model_name: str) -> CompletionRequest:
@@ -168,7 +176,27 @@ def parse_chat(body: Any, model_name: str, auto_tool_parser: str | None = None) 
             raise RequestError(f"tool_choice {shown(body.get('tool_choice'))} constrains the output to tool calls, "
                                f"and {given} constrains it too; send one of them.", given)
         params = replace(params, structured_outputs=enforced)
-    return ChatRequest(messages, params, _delivery(body, field if body.get(field) is not None else None), tools)
+    include = body.get("include_reasoning")
+    if include is not None and not isinstance(include, bool):
+        raise RequestError(f"include_reasoning = {shown(include)} must be true or false: whether the answer carries "
+                           "the model's thinking (with a reasoning parser).", "include_reasoning")
+    return ChatRequest(messages, params, _delivery(body, field if body.get(field) is not None else None), tools,
+                       parse_template_kwargs(body.get("chat_template_kwargs")), include is not False)
+
+
+def parse_template_kwargs(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RequestError(f"chat_template_kwargs = {shown(value)} must be an object of variables for the chat "
+                           'template, e.g. {"enable_thinking": false}.', "chat_template_kwargs")
+    for key in value:
+        if key in TEMPLATE_OWN:
+            field = "tools" if key == "tools" else "messages" if key in ("conversation", "messages") else None
+            fix = f"send it as the request's {field}" if field else "remove it"
+            raise RequestError(f"chat_template_kwargs.{key} is set by the server, not by a template variable; {fix}.",
+                               f"chat_template_kwargs.{key}")
+    return value
 
 
 def _chat_logprobs(body: dict[str, Any]) -> int | None:

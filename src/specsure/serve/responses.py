@@ -173,12 +173,17 @@ def completion_body(completions: Sequence[Completion], model_name: str, method: 
 
 
 def chat_body(completions: Sequence[Completion], model_name: str, method: str | None,
-              text: TokenText, answers: Sequence[Answer] | None = None) -> dict[str, Any]:
+              text: TokenText, answers: Sequence[Answer] | None = None,
+              contents: Sequence[str | None] | None = None,
+              reasoning: Sequence[str | None] | None = None) -> dict[str, Any]:
     """OpenAI's chat.completion object, plus ``speculative``; ``answers``: each choice's content and
-    tool calls when the request offered tools."""
+    tool calls when the request offered tools; ``contents`` and ``reasoning``: each choice's answer
+    and thinking, under a reasoning parser (the message then carries ``reasoning``, as vLLM's)."""
     choices = []
     for i, c in enumerate(completions):
-        message: dict[str, Any] = {"role": "assistant", "content": c.text}
+        message: dict[str, Any] = {"role": "assistant", "content": c.text if contents is None else contents[i]}
+        if reasoning is not None:
+            message["reasoning"] = reasoning[i]
         finish = c.finish_reason
         if answers is not None:
             message["content"], finish = answers[i].content, answers[i].finish_reason

@@ -19,9 +19,11 @@ from specsure.serve.body import parse_json, read_body
 from specsure.serve.chat_template import ChatTemplate
 from specsure.serve.errors import RequestError, shown
 from specsure.serve.messages import parse_messages
+from specsure.serve.protocol import parse_template_kwargs
 from specsure.serve.tools import parse_tools
 
-TOKENIZE_FIELDS = ("model", "prompt", "messages", "tools", "add_special_tokens", "add_generation_prompt")
+TOKENIZE_FIELDS = ("model", "prompt", "messages", "tools", "add_special_tokens", "add_generation_prompt",
+                   "chat_template_kwargs")
 DETOKENIZE_FIELDS = ("model", "tokens")
 
 
@@ -34,9 +36,10 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, template
         body = _fields(parse_json(await read_body(request)), TOKENIZE_FIELDS, "POST /tokenize", model_name)
         tokenizer = _tokenizer(engine, model_name)
         special = _flag(body, "add_special_tokens", True)
-        if body.get("tools") is not None and body.get("messages") is None:
-            raise RequestError("tools are rendered by the chat template, so they go with messages; send messages, or "
-                               "drop tools.", "tools")
+        for key in ("tools", "chat_template_kwargs"):
+            if body.get(key) is not None and body.get("messages") is None:
+                raise RequestError(f"{key} go to the chat template, so they go with messages; send messages, or drop "
+                                   f"{key}.", key)
         if (body.get("prompt") is None) == (body.get("messages") is None):
             raise RequestError('send either "prompt" (a string) or "messages" (a chat), e.g. {"prompt": "Hello"}.',
                                "prompt")
@@ -45,7 +48,8 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, template
             if not template.text:
                 raise RequestError(f"model {model_name!r} has no chat template; send a prompt instead.", "messages")
             tools = parse_tools({"tools": body.get("tools"), "tool_choice": "none"}, None)  # rendered, not called
-            ids = template.render(messages, tools, add_generation_prompt=_flag(body, "add_generation_prompt", True))
+            ids = template.render(messages, tools, add_generation_prompt=_flag(body, "add_generation_prompt", True),
+                                  variables=parse_template_kwargs(body.get("chat_template_kwargs")))
         else:
             prompt = body["prompt"]
             if not isinstance(prompt, str):

@@ -1,0 +1,120 @@
+"""A reasoning model's thinking, split from its answer (vLLM's ``--reasoning-parser``).
+
+DeepSeek-R1, QwQ and Qwen3 think before they answer, between ``<think>`` and ``</think>``; their
+chat templates often write the opening tag into the prompt, so the output may hold only the
+closing one. With a reasoning parser, a chat answer's text up to the first ``</think>`` is the
+message's ``reasoning`` (a leading ``<think>`` dropped) and the rest is its ``content``, in which
+tool calls are then looked for. An answer that never closes its thinking (cut by max_tokens, or
+a model that does not think) is all reasoning and has no content, as in vLLM.
+
+No reasoning is looked for when the prompt already closed it (Qwen3's template with
+``enable_thinking: false`` ends the prompt with ``<think>\\n\\n</think>\\n\\n``), nor, with the
+``qwen3`` parser, when the request sends ``chat_template_kwargs.enable_thinking: false``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+PARSERS = ("deepseek_r1", "qwen3")
+"""The values of ``--reasoning-parser``: both read ``<think>...</think>``; ``qwen3`` also takes the
+request's ``enable_thinking`` switch."""
+START, END = "<think>", "</think>"
+TAIL_TOKENS = 16
+"""Prompt tokens decoded to tell whether the prompt closed the thinking: far more than the tag's."""
+
+
+def check_reasoning_parser(name: str, tokenizer: Any) -> None:
+    """Refuse a parser this server cannot use: an unknown name, or tags the decoded text would hide."""
+    if name not in PARSERS:
+        raise ValueError(f"reasoning_parser = {name!r} is not one specsure has; choose one of {', '.join(PARSERS)}.")
+    if tokenizer is None:
+        raise ValueError("reasoning_parser needs the model's tokenizer, and this model has none.")
+    for tag in (START, END):
+        if tokenizer.decode(tokenizer.encode(tag, add_special_tokens=False), skip_special_tokens=True) != tag:
+            raise ValueError(f"reasoning_parser = {name!r}: this tokenizer makes {tag} a special token, which decoded "
+                             "text leaves out, so the thinking could not be told from the answer; start the server "
+                             "without --reasoning-parser.")
+
+
+def thinks(parser: str | None, prompt_tail: str, template_kwargs: dict[str, Any] | None) -> bool:
+    """Whether an answer to this prompt starts inside its thinking.
+
+    Args:
+        parser: the server's reasoning parser; None: no answer is split.
+        prompt_tail: the prompt's last tokens, decoded with special tokens kept.
+        template_kwargs: the request's ``chat_template_kwargs``.
+    """
+    if parser is None:
+        return False
+    if parser == "qwen3" and (template_kwargs or {}).get("enable_thinking", True) is False:
+        return False
+    tail = prompt_tail.rstrip()
+    return not (tail.endswith(END) and tail.rfind(END) > tail.rfind(START))
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """How one chat request's answers are split, under the server's reasoning parser."""
+
+    starts_inside: bool
+    """The answer starts inside the thinking (``thinks``); False: it is all content."""
+    include: bool = True
+    """The request's ``include_reasoning``: false leaves the thinking out of the answer."""
+
+
+@dataclass
+class ReasoningStream:
+    """One choice's text, pushed as it becomes final, split into reasoning and content."""
+
+    thinking: bool
+    """Whether the text starts inside the thinking (``thinks``); False passes everything as content."""
+    _opening: bool = True
+    _held: str = ""
+
+    def push(self, text: str) -> tuple[str, str]:
+        """(reasoning, content) released by ``text``; a tag still arriving is held back."""
+        if not self.thinking:
+            return "", text
+        text, self._held = self._held + text, ""
+        if self._opening:
+            # A leading <think> (the model opened its thinking itself) is not part of it.
+            stripped = text.lstrip()
+            if len(stripped) < len(START) and START.startswith(stripped):
+                self._held = text
+                return "", ""
+            self._opening = False
+            if stripped.startswith(START):
+                text = stripped[len(START):]
+        at = text.find(END)
+        if at >= 0:
+            self.thinking = False
+            return text[:at], text[at + len(END):]
+        keep = _partial_tag(text)
+        self._held = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep], ""
+
+    def finish(self) -> tuple[str, str]:
+        """The rest once the choice has finished: a held partial tag was reasoning after all."""
+        held, self._held = self._held, ""
+        return (held, "") if self.thinking else ("", held)
+
+
+def split_answer(thinking: bool, text: str) -> tuple[str | None, str | None]:
+    """(reasoning, content) of a finished answer, as its streamed deltas join; None for an empty part
+    of a split answer (vLLM's), and the text unchanged as content when it was not split."""
+    if not thinking:
+        return None, text
+    stream = ReasoningStream(thinking)
+    reasoning, content = stream.push(text)
+    more, rest = stream.finish()
+    return (reasoning + more) or None, (content + rest) or None
+
+
+def _partial_tag(text: str) -> int:
+    """The length of the longest end of ``text`` that begins the closing tag."""
+    for n in range(min(len(END) - 1, len(text)), 0, -1):
+        if END.startswith(text[-n:]):
+            return n
+    return 0
