@@ -146,6 +146,13 @@ def test_a_parser_whose_tags_decoding_hides_is_refused(engine: Engine) -> None:
         create_app(engine, reasoning_parser="qwq")
 
 
+def test_a_template_that_never_thinks_is_warned_of(engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    create_app(engine, chat_template=OPENS, reasoning_parser="qwen3")
+    assert not caplog.records
+    create_app(engine, chat_template="{{ messages[0]['content'] }}", reasoning_parser="qwen3")
+    assert "never mentions <think>" in caplog.text and "null content" in caplog.text
+
+
 def test_the_cli_offers_the_parsers(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["serve", "--reasoning-parser", "granite"])

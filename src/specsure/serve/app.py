@@ -87,7 +87,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
     name = served_model_name or default_model_name(engine)
     template = ChatTemplate(engine, chat_template, tool_call_parser)
     if reasoning_parser is not None:
-        check_reasoning_parser(reasoning_parser, engine.tokenizer)
+        check_reasoning_parser(reasoning_parser, engine.tokenizer, template.text)
     parser = tool_call_parser or "hermes"  # without one, auto is refused and no answer is read with it
     metrics = ServeMetrics(engine, name)
     runner = EngineRunner(engine, metrics, max_queue, request_timeout, threads)

@@ -14,6 +14,7 @@ No reasoning is looked for when the prompt already closed it (Qwen3's template w
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +26,9 @@ TAIL_TOKENS = 16
 """Prompt tokens decoded to tell whether the prompt closed the thinking: far more than the tag's."""
 
 
-def check_reasoning_parser(name: str, tokenizer: Any) -> None:
-    """Refuse a parser this server cannot use: an unknown name, or tags the decoded text would hide."""
+def check_reasoning_parser(name: str, tokenizer: Any, template: str | None = None) -> None:
+    """Refuse a parser this server cannot use: an unknown name, or tags the decoded text would hide;
+    warn when the chat ``template`` never mentions the thinking (a model that does not think)."""
     if name not in PARSERS:
         raise ValueError(f"reasoning_parser = {name!r} is not one specsure has; choose one of {', '.join(PARSERS)}.")
     if tokenizer is None:
@@ -36,6 +38,11 @@ def check_reasoning_parser(name: str, tokenizer: Any) -> None:
             raise ValueError(f"reasoning_parser = {name!r}: this tokenizer makes {tag} a special token, which decoded "
                              "text leaves out, so the thinking could not be told from the answer; start the server "
                              "without --reasoning-parser.")
+    if template is not None and "think" not in template:
+        # As in vLLM, an answer that never closes a thinking is all reasoning: say so before it surprises.
+        logging.getLogger("specsure.serve").warning(
+            "--reasoning-parser %s: the chat template never mentions <think>, so this model may not think; then "
+            "every chat answer is reasoning, with null content", name)
 
 
 def thinks(parser: str | None, prompt_tail: str, template_kwargs: dict[str, Any] | None) -> bool:
