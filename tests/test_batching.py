@@ -83,6 +83,31 @@ def test_batched_greedy_equals_batch_one(name: str, folders: dict[str, Path]) ->
         assert sum(r.stats.drafts for r in requests) > 0
 
 
+@pytest.mark.parametrize("name", [n for n in METHODS if n != "plain"])
+def test_a_batch_at_disable_by_batch_size_drafts_nothing_and_loses_nothing(name: str, folders: dict[str, Path]) -> None:
+    prompts = _prompts(7, seed=2)
+    params = [SamplingParams(max_tokens=12 + 5 * (i % 3), ignore_eos=True) for i in range(len(prompts))]
+    want = [_engine("plain", folders, max_num_seqs=1).generate(p, sp)[0].token_ids for p, sp in zip(prompts, params)]
+    spec = METHODS[name]
+    folder = folders["mtp_target"] if name == "mtp" else folders["target"]
+    spec = {**spec, "disable_by_batch_size": 3}
+    if "model" in spec:
+        spec["model"] = str(folders[spec["model"]])
+    engine = make_engine(str(folder), spec, dtype="float32", max_num_seqs=4)
+    # The sequences drafted alone and in pairs (as the batch drains), never in a batch of 3 or 4.
+    requests = [engine.request(p, sp) for p, sp in zip(prompts, params)]
+    for request in requests:
+        engine.scheduler.add(request)
+    while not engine.scheduler.idle:
+        before = sum(r.stats.drafts for r in requests)
+        width = len(engine.scheduler.running) + min(len(engine.scheduler.waiting), 4 - len(engine.scheduler.running))
+        engine.scheduler.step()
+        if width >= 3:
+            assert sum(r.stats.drafts for r in requests) == before
+    assert [r.completion.token_ids for r in requests] == want
+    assert engine.scheduler.undrafted_steps > 0 and sum(r.stats.drafts for r in requests) > 0
+
+
 def test_generate_on_a_list_runs_it_batched(folders: dict[str, Path]) -> None:
     engine = _engine("ngram", folders, max_num_seqs=8)
     prompts = _prompts(5, seed=1)

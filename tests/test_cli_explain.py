@@ -100,7 +100,7 @@ def test_good_config_as_json(runs):
                                    "prompt_lookup_min",
                                    "prompt_lookup_max", "prompt_lookup_branches", "suffix_decoding_max_tree_depth",
                                    "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
-                                   "suffix_decoding_min_token_prob"}
+                                   "suffix_decoding_min_token_prob", "disable_by_batch_size"}
     assert data["fields"]["suffix_decoding_max_tree_depth"] == {
         "value": None, "source": "derived", "reason": "Only suffix decoding uses it; the method is 'draft_model'."}
 

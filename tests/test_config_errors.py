@@ -96,6 +96,15 @@ def test_prompt_lookup_out_of_range(target, key):
     assert f"{key} = 0 is out of range" in msg
 
 
+@pytest.mark.parametrize("value, words", [
+    (1, "out of range: it must be >= 2"), (0, "out of range"), ("8", 'must be an integer >= 2'),
+    (True, "must be an integer >= 2"), (8.0, "Write 8 without quotes or decimals"),
+])
+def test_disable_by_batch_size_out_of_range_or_of_the_wrong_type(target, value, words):
+    msg = error_of({"method": "ngram", "disable_by_batch_size": value}, target)
+    assert "disable_by_batch_size" in msg and words in msg
+
+
 def test_prompt_lookup_min_above_max(target):
     msg = error_of({"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 3}, target)
     assert "prompt_lookup_min = 5" in msg and "prompt_lookup_max = 3" in msg

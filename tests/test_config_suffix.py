@@ -34,7 +34,7 @@ def error_of(spec, model) -> str:
 
 def test_suffix_is_a_method_and_its_keys_are_fields():
     assert "suffix" in METHODS
-    assert FIELDS[-4:] == SUFFIX_FIELDS == tuple(DEFAULTS)
+    assert FIELDS[-5:-1] == SUFFIX_FIELDS == tuple(DEFAULTS)
 
 
 def test_defaults_are_vllms_and_k_is_the_tree_depth(target):

@@ -294,3 +294,15 @@ def test_an_mtp_k_that_vllm_refuses_is_named(tmp_path):
     for k in (1, 2, 4):
         out = export(resolve({"method": "mtp", "num_speculative_tokens": k}, model=target), "vllm")
         assert not any("MTP modules" in w for w in out.warnings)
+
+
+def test_disable_by_batch_size_goes_to_vllm_and_is_named_for_sglang(ckpts):
+    res = resolve({"method": "ngram", "disable_by_batch_size": 8}, model=ckpts["target"])
+    assert res.decisions["disable_by_batch_size"].source == "user"
+    assert vllm_json(export(res, "vllm"))["disable_by_batch_size"] == 8
+    sglang = export(res, "sglang")
+    assert not any("batch" in flag for flag in flags(sglang))
+    assert any("disable_by_batch_size = 8 has no SGLang flag" in w for w in sglang.warnings)
+    unset = resolve({"method": "ngram"}, model=ckpts["target"])
+    assert unset.decisions["disable_by_batch_size"].source == "default"
+    assert "disable_by_batch_size" not in vllm_json(export(unset, "vllm"))

@@ -378,4 +378,8 @@ def _sglang(res: "Resolution") -> Export:
         if config.method == "mtp":
             warnings.append("SGLang renames NEXTN to EAGLE internally; with a target that has MTP (NextN) layers "
                             "it still runs those layers, which is mtp.")
+    if config.disable_by_batch_size is not None:
+        warnings.append(f"disable_by_batch_size = {config.disable_by_batch_size} has no SGLang flag, so it is left "
+                        "out: SGLang drafts at every batch size. The output is the same; full batches verify drafts "
+                        "that specsure and vLLM would skip.")
     return Export("sglang", tuple(args), None, tuple(warnings))

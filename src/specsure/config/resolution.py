@@ -126,6 +126,7 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, str
     fields["num_speculative_tokens"] = state.decide_num_tokens(
         method.value, fields["suffix_decoding_max_tree_depth"].value, fields["speculative_token_tree"].value)
     fields["num_speculative_tokens"] = _with_depth_note(fields, method.value)
+    fields["disable_by_batch_size"] = _decide_batch_limit(spec.disable_by_batch_size)
     decisions.update((name, fields[name]) for name in FIELDS)
     if method.value == "draft_model" and (note := other_tokenizer(target, state.draft)):
         state.notices.append(note)
@@ -138,6 +139,18 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, str
     return Resolution(config=config, decisions=MappingProxyType(decisions), warnings=warnings, target=target,
                       draft=state.draft, target_model=model, strict=strict, draft_evidence=state.draft_evidence,
                       target_head=state.target_head)
+
+
+def _decide_batch_limit(value: Any) -> Decision:
+    if value is UNSET:
+        return Decision("disable_by_batch_size", None, "default",
+                        "Not set: every step drafts, whatever its batch size (vLLM's default).")
+    if value is None:
+        return Decision("disable_by_batch_size", None, "user",
+                        "You set null: every step drafts, however many sequences it batches.")
+    return Decision("disable_by_batch_size", value, "user",
+                    f"You set disable_by_batch_size: a step that batches {value} or more sequences drafts nothing, "
+                    "and each sequence decodes one token, as plain decoding.")
 
 
 def _target_decision(model: str | None, target: CheckpointInfo) -> Decision:

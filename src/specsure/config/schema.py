@@ -34,7 +34,7 @@ SUFFIX_FIELDS: Final[tuple[str, ...]] = (
 FIELDS: Final[tuple[str, ...]] = (
     "method", "model", "num_speculative_tokens", "speculative_token_tree",
     "prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_branches",
-    *SUFFIX_FIELDS,
+    *SUFFIX_FIELDS, "disable_by_batch_size",
 )
 SPECSURE_ONLY_FIELDS: Final[frozenset[str]] = frozenset({"prompt_lookup_branches", "speculative_token_tree"})
 """Keys vLLM 0.33.0 does not have: exports leave them out (and say what vLLM does instead).
@@ -42,7 +42,7 @@ speculative_token_tree is the key of earlier vLLM releases, which 0.33.0 refuses
 KEY_ALIASES: Final[Mapping[str, str]] = {"draft_model": "model"}
 VLLM_ONLY_KEYS: Final[frozenset[str]] = frozenset({
     "draft_tensor_parallel_size", "quantization", "max_model_len", "revision", "code_revision",
-    "disable_by_batch_size", "disable_padded_drafter_batch", "enforce_eager",
+    "disable_padded_drafter_batch", "enforce_eager",
 })
 """Keys of vLLM's speculative config for its GPU deployment (parallelism, quantization, revisions,
 batching) that have no meaning in specsure's one-process engine."""
@@ -96,6 +96,7 @@ class UserSpec:
     suffix_decoding_max_cached_requests: Any = UNSET
     suffix_decoding_max_spec_factor: Any = UNSET
     suffix_decoding_min_token_prob: Any = UNSET
+    disable_by_batch_size: Any = UNSET
     method_alias: str | None = None
     """The deprecated MTP alias the user wrote, when the method came from one."""
 
@@ -154,7 +155,22 @@ def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
     for key in SUFFIX_FIELDS:
         if key in values:
             check_suffix_value(key, values[key])
+    if "disable_by_batch_size" in values:
+        check_batch_size(values["disable_by_batch_size"])
     return UserSpec(**values, method_alias=alias)
+
+
+def check_batch_size(value: Any) -> None:
+    """disable_by_batch_size: null, or an integer >= 2 (vLLM's bound: at 1 no step would ever draft)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        hint = f" Write {int(float(value))} without quotes or decimals." if _is_whole(value) else ""
+        raise ConfigError(f"disable_by_batch_size = {as_json(value)} must be an integer >= 2: steps whose batch holds "
+                          f"at least that many sequences draft nothing.{hint}")
+    if value < 2:
+        raise ConfigError(f"disable_by_batch_size = {value} is out of range: it must be >= 2 (vLLM's bound); at 1 no "
+                          "step would draft, which is plain decoding: remove the speculative config instead.")
 
 
 def _check_method(value: Any) -> tuple[str, str | None]:
@@ -284,6 +300,9 @@ class SpeculativeConfig:
     speculative_token_tree: DraftTree | None = None
     """eagle, eagle3 and mtp (the key of earlier vLLM releases): the draft tree as child-rank paths,
     breadth-first; None drafts a chain of k tokens."""
+    disable_by_batch_size: int | None = None
+    """Every method: a step whose batch holds at least this many sequences drafts nothing (each
+    sequence decodes one token, as plain decoding); None drafts at every batch size."""
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -324,6 +343,7 @@ class SpeculativeConfig:
                 check_suffix_value(key, value)
             elif value is not None:
                 raise ConfigError(f"{key} = {value} applies only to method 'suffix', not {self.method!r}.")
+        check_batch_size(self.disable_by_batch_size)
 
     def to_vllm(self) -> dict[str, Any]:
         """Every field explicit, in vLLM's key names, so vLLM has nothing left to detect."""
@@ -335,4 +355,6 @@ class SpeculativeConfig:
             out["prompt_lookup_max"] = self.prompt_lookup_max
         if self.method == "suffix":
             out.update({key: getattr(self, key) for key in SUFFIX_FIELDS})
+        if self.disable_by_batch_size is not None:
+            out["disable_by_batch_size"] = self.disable_by_batch_size
         return out

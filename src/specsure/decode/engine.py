@@ -70,8 +70,10 @@ class Engine:
         self._proposer = proposer
         hidden = bool(proposer is not None and proposer.needs_hidden)
         aux_layers = tuple(proposer.aux_layers) if proposer is not None else ()
+        config = self.resolution.config
         self.scheduler = Scheduler(self.target.lm, proposer, hidden=hidden, aux_layers=aux_layers,
-                                   max_num_seqs=self.max_num_seqs)
+                                   max_num_seqs=self.max_num_seqs,
+                                   disable_by_batch_size=config.disable_by_batch_size if config is not None else None)
         """The one scheduler of this engine: ``generate`` runs on it, and so does the server."""
 
     @property

@@ -162,11 +162,12 @@ class Request:
         assert lm is not None and output
         return min(self.k, self.params.max_tokens - len(output), (lm.max_context or 1 << 30) - lm.cache_len - 2)
 
-    def draft_call(self, draft: Draft = NO_DRAFT) -> Call:
-        """The verify forward for this step's draft: the pending token, then the draft (chain or tree)."""
+    def draft_call(self, draft: Draft = NO_DRAFT, steer: bool = True) -> Call:
+        """The verify forward for this step's draft: the pending token, then the draft (chain or tree);
+        ``steer`` False keeps a structured output from drafting its foreseen text (a step that drafts nothing)."""
         lm, output = self.lm, self.output
         assert lm is not None and output
-        if self._constraint is not None and self.proposer is not None:  # plain decoding drafts nothing
+        if self._constraint is not None and self.proposer is not None and steer:  # plain decoding drafts nothing
             draft = self._constraint.steer(draft, max(0, self._room()))
         self._draft, self._start = draft, lm.cache_len
         fed = [output[-1], *draft.token_ids]

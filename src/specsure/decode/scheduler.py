@@ -2,7 +2,8 @@
 
 Each step, every running request drafts on its own and contributes its pending token plus its
 draft (a chain or a tree) to one batched target forward; requests admitted this step contribute
-their prompts to the same forward. Then each request verifies on its own and rolls its own caches
+their prompts to the same forward (unless the batch has reached ``disable_by_batch_size``: then
+no sequence drafts that step). Then each request verifies on its own and rolls its own caches
 back to what it accepted. A request that ends leaves at once, and the next waiting one takes its
 slot at the next step.
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specsure.decode.completion import StepUpdate
-from specsure.decode.request import Request
+from specsure.decode.request import NO_DRAFT, Request
 from specsure.models.causal_lm import CausalLM
 from specsure.proposers.base import Proposer, propose_all
 
@@ -44,10 +45,14 @@ class Scheduler:
     """
 
     def __init__(self, lm: CausalLM, proposer: Proposer | None, *, hidden: bool, aux_layers: tuple[int, ...],
-                 max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> None:
+                 max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, disable_by_batch_size: int | None = None) -> None:
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs = {max_num_seqs!r} must be an int >= 1.")
         self.max_num_seqs = max_num_seqs
+        self.disable_by_batch_size = disable_by_batch_size
+        """A step that batches at least this many sequences drafts nothing (vLLM's key); None: never."""
+        self.undrafted_steps = 0
+        """Steps that had sequences to draft for and drafted nothing because of disable_by_batch_size."""
         self._lm, self._hidden, self._aux_layers = lm, hidden, aux_layers
         self._slots = [_Slot(lm, proposer)]
         self._free = [0]
@@ -91,10 +96,16 @@ class Scheduler:
         copying = {id(r) for r in joining if r.prefill_from is not None and r.prefill_from in joining
                    and r.prefill_from.prefill_from is None}
         prefilling = [r for r in joining if id(r) not in copying]
-        drafts = propose_all([r.draft_job() for r in decoding])
+        # A full batch is compute-bound: verifying drafts there costs more rows than their accepted
+        # tokens save, so under disable_by_batch_size every sequence decodes one token this step.
+        limit = self.disable_by_batch_size
+        speculate = limit is None or len(decoding) + len(joining) < limit
+        if not speculate and decoding and self._slots[0].proposer is not None:
+            self.undrafted_steps += 1
+        drafts = propose_all([r.draft_job() for r in decoding]) if speculate else [NO_DRAFT] * len(decoding)
         # A request whose drafter failed leaves the step with that error; the others verify as usual.
         drafted = [(r, d) for r, d in zip(decoding, drafts) if not isinstance(d, Exception)]
-        calls = [r.draft_call(d) for r, d in drafted] + [r.prefill_call() for r in prefilling]
+        calls = [r.draft_call(d, steer=speculate) for r, d in drafted] + [r.prefill_call() for r in prefilling]
         outs = self._lm.forward_batch(calls, hidden=self._hidden, aux_layers=self._aux_layers) if calls else []
         committed = {id(r): _isolated(r.commit, out) for (r, _), out in zip(drafted, outs)}
         updates = [(r, StepUpdate([], error=d) if isinstance(d, Exception) else committed[id(r)])
