@@ -162,15 +162,18 @@ def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
 
 def check_batch_size(value: Any) -> None:
     """disable_by_batch_size: null, or an integer >= 2 (vLLM's bound: at 1 no step would ever draft)."""
-    if value is None:
-        return
+    if value is not None:
+        _check_at_least("disable_by_batch_size", value, 2, "steps whose batch holds at least that many sequences draft "
+                        "nothing; at 1 none would, which is plain decoding: remove the speculative config instead")
+
+
+def _check_at_least(field: str, value: Any, low: int, meaning: str) -> None:
+    """An integer >= ``low``; ``meaning`` says what the value does, in both errors."""
     if isinstance(value, bool) or not isinstance(value, int):
         hint = f" Write {int(float(value))} without quotes or decimals." if _is_whole(value) else ""
-        raise ConfigError(f"disable_by_batch_size = {as_json(value)} must be an integer >= 2: steps whose batch holds "
-                          f"at least that many sequences draft nothing.{hint}")
-    if value < 2:
-        raise ConfigError(f"disable_by_batch_size = {value} is out of range: it must be >= 2 (vLLM's bound); at 1 no "
-                          "step would draft, which is plain decoding: remove the speculative config instead.")
+        raise ConfigError(f"{field} = {as_json(value)} must be an integer >= {low} ({meaning}).{hint}")
+    if value < low:
+        raise ConfigError(f"{field} = {value} is out of range: it must be >= {low} ({meaning}).")
 
 
 def _check_method(value: Any) -> tuple[str, str | None]:
@@ -227,13 +230,7 @@ def check_suffix_value(field: str, value: Any) -> int | float:
         _check_int(field, value, MAX_SUFFIX_TREE_DEPTH)
         return value
     if field == "suffix_decoding_max_cached_requests":
-        if isinstance(value, bool) or not isinstance(value, int):
-            hint = f" Write {int(float(value))} without quotes or decimals." if _is_whole(value) else ""
-            raise ConfigError(f"{field} = {as_json(value)} must be an integer >= 0 (0 turns the global tree of earlier "
-                              f"requests off).{hint}")
-        if value < 0:
-            raise ConfigError(f"{field} = {value} is out of range: it must be >= 0 (0 turns the global tree of "
-                              "earlier requests off).")
+        _check_at_least(field, value, 0, "0 turns the global tree of earlier requests off")
         return value
     allowed = "a number >= 0" if field == "suffix_decoding_max_spec_factor" else "a number from 0 to 1"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
