@@ -7,6 +7,7 @@ from fastapi.testclient import TestClient
 
 from serving import CHAT, WORDS, tiny_chat_engine
 from specsure.decode.engine import Engine
+from specsure import SamplingParams
 from specsure.serve import create_app
 
 
@@ -50,3 +51,30 @@ def test_the_api_key_guards_the_tokenizer_routes(engine: Engine) -> None:
     ok = client.post("/tokenize", json={"prompt": "a"}, headers={"Authorization": "Bearer s3cret"})
     assert ok.status_code == 200 and ok.json()["count"] >= 1
     assert client.get("/health").status_code == 200
+
+
+def test_a_prefilled_reply_is_continued(engine: Engine) -> None:
+    client = TestClient(create_app(engine, served_model_name="tiny"))
+    turns = [*CHAT, {"role": "assistant", "content": "w9 w10"}]
+    open_turn = {"messages": turns, "add_generation_prompt": False, "continue_final_message": True}
+    tokens = client.post("/tokenize", json=open_turn).json()["tokens"]
+    assert engine.tokenizer.decode(tokens).endswith("<|im_start|> assistant w9 w10")  # no <|im_end|> after it
+    reply = client.post("/v1/chat/completions", json={**open_turn, "max_tokens": 4}).json()
+    assert reply["usage"]["prompt_tokens"] == len(tokens)
+    ids = engine.generate(tokens, SamplingParams(max_tokens=4))[0].token_ids
+    assert reply["choices"][0]["message"]["content"] == engine.tokenizer.decode(ids, skip_special_tokens=True)
+    for body, param, words in (
+            ({"messages": turns, "continue_final_message": True}, "continue_final_message",
+             '"add_generation_prompt": false'),
+            ({"messages": turns, "add_generation_prompt": "no"}, "add_generation_prompt", "true or false"),
+            ({"messages": turns, "chat_template_kwargs": {"continue_final_message": True}},
+             "chat_template_kwargs.continue_final_message", "send it as the request's continue_final_message")):
+        for route in ("/tokenize", "/v1/chat/completions"):
+            answer = client.post(route, json=body)
+            assert answer.status_code == 400 and answer.json()["error"]["param"] == param, (route, answer.text)
+            assert words in answer.json()["error"]["message"]
+    # A template that does not write the content as given leaves nothing to continue from.
+    shouting = TestClient(create_app(engine, served_model_name="tiny",
+                                     chat_template="{% for m in messages %}{{ m['content'] | upper }}{% endfor %}"))
+    answer = shouting.post("/v1/chat/completions", json={**open_turn, "max_tokens": 2})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "continue_final_message"

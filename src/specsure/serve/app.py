@@ -163,9 +163,9 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         req = await run_in_threadpool(parse_chat, parse_json(await read_body(request)), name, tool_call_parser)
         template.check(name, req.tools)
         _check_params(engine, req.params)
-        prompt = await run_in_threadpool(lambda: _encode(engine, template.render(req.messages, req.tools,
-                                                                                 variables=req.template_kwargs),
-                                                         "the prompt rendered from messages", "messages"))
+        rendered = await run_in_threadpool(template.render, req.messages, req.tools, req.add_generation_prompt,
+                                           req.template_kwargs, req.continue_final_message)
+        prompt = await run_in_threadpool(_encode, engine, rendered, "the prompt rendered from messages", "messages")
         params, thinking = req.params, None
         if reasoning_parser is not None:
             tail = engine.tokenizer.decode(prompt[-TAIL_TOKENS:], skip_special_tokens=False)

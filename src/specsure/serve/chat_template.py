@@ -46,15 +46,26 @@ class ChatTemplate:
                                "the server with --chat-template.", "messages")
 
     def render(self, messages: list[dict[str, Any]], tools: Tools | None = None,
-               add_generation_prompt: bool = True, variables: dict[str, Any] | None = None) -> list[int]:
-        """The prompt's token ids; ``variables``: the request's chat_template_kwargs. A template's error
-        is the client's 400."""
+               add_generation_prompt: bool = True, variables: dict[str, Any] | None = None,
+               continue_final_message: bool = False) -> list[int]:
+        """The prompt's token ids; ``variables``: the request's chat_template_kwargs;
+        ``continue_final_message``: the last message left open, for the answer to continue. A
+        template's error is the client's 400."""
         from jinja2 import TemplateError  # transformers renders chat templates with jinja2
 
         try:
             ids = self._engine.tokenizer.apply_chat_template(
                 messages, tools=tools.for_template() if tools is not None else None, chat_template=self._override,
-                add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False, **(variables or {}))
+                add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+                tokenize=True, return_dict=False, **(variables or {}))
+        except ValueError as exc:
+            if not continue_final_message:
+                raise
+            # transformers cuts the rendered text after the last message's content; a template that
+            # does not write that content verbatim leaves nothing to cut at.
+            raise RequestError(f"continue_final_message: the chat template could not leave the last message open "
+                               f"({exc}); send the message's content as plain text, or use POST /v1/completions "
+                               "with the prompt written out.", "continue_final_message") from None
         except TemplateError as exc:
             raise RequestError(f"the chat template rejected these messages: {exc}. Fix the messages (for example "
                                "the order of roles), or use POST /v1/completions with a plain prompt.",

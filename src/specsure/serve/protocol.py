@@ -37,7 +37,8 @@ COMMON_FIELDS = ("model", *SAMPLING_FIELDS, "n", "stream", "stream_options", "us
                  "structured_outputs")
 COMPLETION_FIELDS = ("prompt", "logprobs", "echo", *COMMON_FIELDS)
 CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
-               "parallel_tool_calls", "chat_template_kwargs", "include_reasoning", *COMMON_FIELDS)
+               "parallel_tool_calls", "chat_template_kwargs", "include_reasoning", "add_generation_prompt",
+               "continue_final_message", *COMMON_FIELDS)
 TEMPLATE_OWN = ("conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
                 "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
                 "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs")
@@ -127,6 +128,10 @@ class ChatRequest:
     """``chat_template_kwargs``: more variables for the chat template (Qwen3's ``enable_thinking``)."""
     include_reasoning: bool = True
     """vLLM's ``include_reasoning``: with a reasoning parser, false leaves the thinking out of the answer."""
+    add_generation_prompt: bool = True
+    """The template opens the assistant's turn after the messages (vLLM's field, default true)."""
+    continue_final_message: bool = False
+    """The last message is left open and the answer continues it: a prefilled reply (vLLM's field)."""
 
 
 def parse_completion(body: Any, model_name: str) -> CompletionRequest:
@@ -181,7 +186,29 @@ def parse_chat(body: Any, model_name: str, auto_tool_parser: str | None = None) 
         raise RequestError(f"include_reasoning = {shown(include)} must be true or false: whether the answer carries "
                            "the model's thinking (with a reasoning parser).", "include_reasoning")
     return ChatRequest(messages, params, _delivery(body, field if body.get(field) is not None else None), tools,
-                       parse_template_kwargs(body.get("chat_template_kwargs")), include is not False)
+                       parse_template_kwargs(body.get("chat_template_kwargs")), include is not False,
+                       *template_flags(body))
+
+
+def template_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+    """(add_generation_prompt, continue_final_message), vLLM's chat fields: at most one of them true."""
+    opens, continues = (flag(body, key, default) for key, default in (("add_generation_prompt", True),
+                                                                       ("continue_final_message", False)))
+    if opens and continues:
+        raise RequestError("continue_final_message continues the last message, and add_generation_prompt opens a new "
+                           'assistant turn after it; send "add_generation_prompt": false with it.',
+                           "continue_final_message")
+    return opens, continues
+
+
+def flag(body: dict[str, Any], key: str, default: bool) -> bool:
+    """The body's boolean ``key``; ``default`` when absent or null."""
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise RequestError(f"{key} = {shown(value)} must be true or false.", key)
+    return value
 
 
 def parse_template_kwargs(value: Any) -> dict[str, Any] | None:
@@ -192,7 +219,8 @@ def parse_template_kwargs(value: Any) -> dict[str, Any] | None:
                            'template, e.g. {"enable_thinking": false}.', "chat_template_kwargs")
     for key in value:
         if key in TEMPLATE_OWN:
-            field = "tools" if key == "tools" else "messages" if key in ("conversation", "messages") else None
+            field = ("messages" if key in ("conversation", "messages") else key if key in (
+                "tools", "add_generation_prompt", "continue_final_message") else None)
             fix = f"send it as the request's {field}" if field else "remove it"
             raise RequestError(f"chat_template_kwargs.{key} is set by the server, not by a template variable; {fix}.",
                                f"chat_template_kwargs.{key}")

@@ -19,11 +19,11 @@ from specsure.serve.body import parse_json, read_body
 from specsure.serve.chat_template import ChatTemplate
 from specsure.serve.errors import RequestError, shown
 from specsure.serve.messages import parse_messages
-from specsure.serve.protocol import parse_template_kwargs
+from specsure.serve.protocol import flag, parse_template_kwargs, template_flags
 from specsure.serve.tools import parse_tools
 
 TOKENIZE_FIELDS = ("model", "prompt", "messages", "tools", "add_special_tokens", "add_generation_prompt",
-                   "chat_template_kwargs")
+                   "continue_final_message", "chat_template_kwargs")
 DETOKENIZE_FIELDS = ("model", "tokens")
 
 
@@ -35,7 +35,7 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, template
     async def tokenize(request: Request) -> dict[str, Any]:
         body = _fields(parse_json(await read_body(request)), TOKENIZE_FIELDS, "POST /tokenize", model_name)
         tokenizer = _tokenizer(engine, model_name)
-        special = _flag(body, "add_special_tokens", True)
+        special = flag(body, "add_special_tokens", True)
         for key in ("tools", "chat_template_kwargs"):
             if body.get(key) is not None and body.get("messages") is None:
                 raise RequestError(f"{key} go to the chat template, so they go with messages; send messages, or drop "
@@ -48,7 +48,8 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, template
             if not template.text:
                 raise RequestError(f"model {model_name!r} has no chat template; send a prompt instead.", "messages")
             tools = parse_tools({"tools": body.get("tools"), "tool_choice": "none"}, None)  # rendered, not called
-            ids = template.render(messages, tools, add_generation_prompt=_flag(body, "add_generation_prompt", True),
+            opens, continues = template_flags(body)
+            ids = template.render(messages, tools, add_generation_prompt=opens, continue_final_message=continues,
                                   variables=parse_template_kwargs(body.get("chat_template_kwargs")))
         else:
             prompt = body["prompt"]
@@ -98,15 +99,6 @@ def _fields(body: Any, allowed: tuple[str, ...], route: str, model_name: str) ->
         raise RequestError(f"model = {shown(model)} is not served here; this server serves {model_name!r}. Send "
                            "that name, or omit the field.", "model", "model_not_found")
     return body
-
-
-def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise RequestError(f"{key} = {shown(value)} must be true or false.", key)
-    return value
 
 
 def _tokenizer(engine: Engine, model_name: str) -> Any:
