@@ -116,6 +116,18 @@ def test_auto_reads_llama3_json_calls(engine: Engine) -> None:
     assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Oslo", "unit": "f"}
 
 
+def test_auto_reads_qwen3_coder_calls(engine: Engine) -> None:
+    app = create_app(engine, served_model_name="tiny", chat_template=TEMPLATE, tool_call_parser="qwen3_coder")
+    client = TestClient(app)
+    forced = ("Let me check\\.\\n<tool_call>\\n<function=get_weather>\\n<parameter=city>\\nOslo\\n</parameter>\\n"
+              "<parameter=unit>\\nf\\n</parameter>\\n</function>\\n</tool_call>")
+    body = {"messages": MESSAGES, "max_tokens": 200, "tools": TOOLS, "structured_outputs": {"regex": forced}}
+    choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    assert choice["message"]["content"] == "Let me check." and choice["finish_reason"] == "tool_calls"
+    call = choice["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Oslo", "unit": "f"}
+
+
 def test_a_conversation_with_calls_and_results_renders(engine: Engine) -> None:
     client = TestClient(create_app(engine, served_model_name="tiny", chat_template=TEMPLATE))
     messages = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [

@@ -72,9 +72,24 @@ PYTHONIC_CASES = [
 ]
 
 
+TAGGED = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>"
+QWEN3_CODER_CASES = [
+    ("No call here.", "No call here.", []),
+    (f"Checking.\n{TAGGED}", "Checking.", [("get_weather", '{"city": "Paris"}')]),
+    (f"{TAGGED}\n<tool_call>\n<function=now>\n</function>\n</tool_call>", None,
+     [("get_weather", '{"city": "Paris"}'), ("now", "{}")]),
+    # Values are text unless the schema types them; an unlisted function's are all text.
+    ("<tool_call><function=get_weather><parameter=city>\n 2 cities \n</parameter>"
+     "<parameter=extra>\n3\n</parameter></function></tool_call>", None,
+     [("get_weather", '{"city": " 2 cities ", "extra": "3"}')]),
+    ('<tool_call>{"name": "now"}</tool_call>', '<tool_call>{"name": "now"}</tool_call>', []),  # JSON: not this format
+    (f"{TAGGED[:40]}", TAGGED[:40], []),  # cut short: as written
+]
+
+
 @pytest.mark.parametrize("parser, text, content, calls", [
     *(("hermes", *case) for case in HERMES_CASES), *(("llama3_json", *case) for case in LLAMA3_CASES),
-    *(("pythonic", *case) for case in PYTHONIC_CASES)])
+    *(("pythonic", *case) for case in PYTHONIC_CASES), *(("qwen3_coder", *case) for case in QWEN3_CODER_CASES)])
 def test_calls_are_the_same_whole_or_split_anywhere(parser: str, text: str, content: str | None,
                                                     calls: list[tuple[str, str]]) -> None:
     answer = parse_answer(tools(), text, "stop", parser)
@@ -136,3 +151,20 @@ def test_tag_prefix_holds_back_only_what_can_start_the_tag() -> None:
     assert _tag_prefix("text <tool", "<tool_call>") == 5
     assert _tag_prefix("text <", "<tool_call>") == 1
     assert _tag_prefix("text <tx", "<tool_call>") == 0
+
+
+def test_tagged_values_take_their_schemas_types() -> None:
+    schema = {"type": "object", "properties": {
+        "n": {"type": "integer"}, "x": {"type": "number"}, "ok": {"type": "boolean"}, "tags": {"type": "array"},
+        "opt": {"anyOf": [{"type": "integer"}, {"type": "null"}]}, "name": {"type": ["string", "null"]},
+        "m": {"type": "object"}, "bad": {"type": "integer"}, "maybe": {"type": "boolean"}}}
+    offered = Tools((Function("f", None, schema),), "auto")
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in [
+        ("n", "3"), ("x", "2.50"), ("ok", "True"), ("tags", "['a', \"b\"]"), ("opt", "None"), ("name", "null"),
+        ("m", "{1, 2}"), ("bad", "three"), ("maybe", "perhaps")])
+    answer = parse_answer(offered, f"<tool_call>\n<function=f>\n{body}</function>\n</tool_call>", "stop",
+                          "qwen3_coder")
+    (call,) = answer.tool_calls
+    # A set is no JSON value, and neither "three" nor "perhaps" is its type: each stays as written.
+    assert json.loads(call.arguments) == {"n": 3, "x": 2.5, "ok": True, "tags": ["a", "b"], "opt": None,
+                                          "name": None, "m": "{1, 2}", "bad": "three", "maybe": "perhaps"}

@@ -15,7 +15,7 @@ DEFAULT_MAX_QUEUE = 64  # specsure.serve.app.DEFAULT_MAX_QUEUE; not imported, so
 DEFAULT_MAX_NUM_SEQS = 8  # specsure.decode.scheduler.DEFAULT_MAX_NUM_SEQS; not imported, so --help needs no torch
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "pythonic")  # specsure.serve.tool_calls.PARSERS; not imported, so --help needs no fastapi
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "pythonic", "qwen3_coder")  # specsure.serve.tool_calls.PARSERS; not imported, so --help needs no fastapi
 REASONING_PARSERS = ("deepseek_r1", "qwen3")  # specsure.serve.reasoning.PARSERS, likewise
 
 
@@ -52,8 +52,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_PARSERS,
                         help="the format the model writes calls in (hermes: <tool_call>{...}</tool_call>, as "
                              "Qwen2.5 and Hermes models do; llama3_json: a JSON object, as Llama 3.1 and later "
-                             "do; pythonic: [f(a=1)], as Llama 3.2's small models do); needs "
-                             "--enable-auto-tool-choice")
+                             "do; pythonic: [f(a=1)], as Llama 3.2's small models do; qwen3_coder: "
+                             "<tool_call><function=f><parameter=a>1</parameter></function></tool_call>, as "
+                             "Qwen3-Coder and Qwen3.5 do); needs --enable-auto-tool-choice")
     parser.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
                         help="how a reasoning model's thinking is told from its answer (deepseek_r1, qwen3: "
                              "<think>...</think>): chat answers then carry it as 'reasoning', and structured "

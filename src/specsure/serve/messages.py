@@ -1,8 +1,9 @@
 """A chat request's ``messages``, checked and shaped as chat templates take them.
 
 An assistant turn may carry its ``reasoning`` (or ``reasoning_content``, the older name), which
-templates that show earlier thinking read. Besides text turns, a conversation with tools has the assistant's earlier calls (``tool_calls``,
-their arguments JSON text) and the results (role ``tool``, with the ``tool_call_id`` they answer).
+templates that show earlier thinking read. Besides text turns, a conversation with tools has the
+assistant's earlier calls (``tool_calls``, their arguments JSON text) and the results (role
+``tool``, with the ``tool_call_id`` they answer).
 Templates read a call's arguments as an object (Qwen2.5's writes them with ``tojson``), so the
 text is parsed here, as vLLM parses it, and bad JSON is the client's 400, not a template's.
 """
@@ -17,7 +18,8 @@ from specsure.serve.errors import RequestError, shown
 
 ROLES = ("system", "user", "assistant", "tool")
 FIELDS = {"system": ("role", "content", "name"), "user": ("role", "content", "name"),
-          "assistant": ("role", "content", "name", "tool_calls", "reasoning", "reasoning_content"), "tool": ("role", "content", "tool_call_id", "name")}
+          "assistant": ("role", "content", "name", "tool_calls", "reasoning", "reasoning_content"),
+          "tool": ("role", "content", "tool_call_id", "name")}
 """Each role's fields."""
 CALL_FIELDS = ("id", "type", "function")
 FUNCTION_FIELDS = ("name", "arguments")

@@ -9,6 +9,9 @@ What each ``tool_choice`` generates (``specsure.serve.tools``) is read back here
   answer that begins with ``{`` (after Llama's ``<|python_tag|>``, if the text shows it) is calls,
   ``{"name": ..., "parameters": {...}}`` (or ``"arguments"``), one after another, optionally
   separated by ``;``. What does not parse as a call, from there on, is the content.
+- ``auto``, tag format (``--tool-call-parser qwen3_coder``; Qwen3-Coder, Qwen3.5): each call is a
+  ``<tool_call>`` block of ``<function=NAME>`` and ``<parameter=KEY>value</parameter>`` tags, the
+  values typed by the function's schema (``xml_calls``); otherwise as Hermes.
 - ``auto``, Python format (``--tool-call-parser pythonic``; Llama 3.2's small models, ToolACE): an
   answer that is a Python list of calls with keyword arguments, ``[get_weather(city="Oslo")]``, is
   calls; the arguments must be literals. Any other answer is text (one that begins with ``[`` is
@@ -29,8 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specsure.serve.tools import Tools
+from specsure.serve.xml_calls import xml_call
 
-PARSERS = ("hermes", "llama3_json", "pythonic")
+PARSERS = ("hermes", "llama3_json", "pythonic", "qwen3_coder")
 """The values of ``--tool-call-parser``."""
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
@@ -44,7 +48,7 @@ def check_parser(name: str, tokenizer: Any) -> None:
     if tokenizer is None:
         raise ValueError("tool_call_parser needs the model's tokenizer (its chat template renders the tools), and "
                          "this model has none.")
-    tags = (HERMES_START, HERMES_END) if name == "hermes" else ()
+    tags = (HERMES_START, HERMES_END) if name in ("hermes", "qwen3_coder") else ()
     hidden = [tag for tag in tags
               if tokenizer.decode(tokenizer.encode(tag, add_special_tokens=False), skip_special_tokens=True) != tag]
     if hidden:
@@ -96,6 +100,9 @@ class ToolCallStream:
     def __init__(self, tools: Tools | None, parser: str = "hermes") -> None:
         self._mode = tools.choice if tools is not None else "none"
         self._parser = parser
+        schemas = {f.name: f.parameters for f in tools.functions} if tools is not None else {}
+        self._body_call = _hermes_call if parser != "qwen3_coder" else lambda body: _tagged_call(body, schemas)
+        """Reads the text inside <tool_call> ... </tool_call>: JSON (hermes) or tags (qwen3_coder)."""
         self._calling: bool | None = None  # llama3_json, pythonic: None until the answer shows whether it is calls
         self._parallel = tools is None or tools.parallel
         self.named = tools.named if tools is not None and tools.choice == "named" else None
@@ -143,7 +150,8 @@ class ToolCallStream:
         if self._mode == "required":
             content, calls = self._required(final)
         else:
-            read = {"hermes": self._hermes, "llama3_json": self._llama3, "pythonic": self._pythonic}[self._parser]
+            read = {"hermes": self._hermes, "qwen3_coder": self._hermes, "llama3_json": self._llama3,
+                    "pythonic": self._pythonic}[self._parser]
             content, calls = read(final)
         return self._hold_whitespace(content, final), calls
 
@@ -215,7 +223,7 @@ class ToolCallStream:
                     break
                 body = self._pending[:end]
                 self._pending, self._in_call = self._pending[end + len(HERMES_END):], False
-                call = _hermes_call(body)
+                call = self._body_call(body)
                 if call is None:
                     content += HERMES_START + body + HERMES_END
                 else:
@@ -281,6 +289,11 @@ def _hermes_call(body: str) -> ToolCall | None:
     if not isinstance(arguments, dict):
         return None
     return ToolCall(call["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+def _tagged_call(body: str, schemas: dict[str, Any]) -> ToolCall | None:
+    found = xml_call(body, schemas)
+    return ToolCall(*found) if found is not None else None
 
 
 def _python_calls(text: str) -> list[ToolCall] | None:
