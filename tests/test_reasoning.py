@@ -37,6 +37,28 @@ def test_an_answer_splits_alike_whole_and_streamed_at_every_point(text: str, par
             assert (reasoning or None, content or None) == parts, (cut, second)
 
 
+CALL_CASES = [
+    ("plan <tool_call>\n<function=f>\n</function>\n</tool_call>",
+     ("plan ", "<tool_call>\n<function=f>\n</function>\n</tool_call>")),
+    ("a <tool_call> is a tag</think>ok", ("a <tool_call> is a tag", "ok")),  # no <function= after it
+    ("x</think>y<tool_call><function=f>", ("x", "y<tool_call><function=f>")),
+    ("mention <tool_call> then <tool_call> <function=g></function>",
+     ("mention <tool_call> then ", "<tool_call> <function=g></function>")),
+    ("cut <tool_call>\n<func", ("cut <tool_call>\n<func", None)),
+]
+
+
+@pytest.mark.parametrize("text, parts", CALL_CASES)
+def test_qwen3_thinking_ends_at_a_tagged_call_too(text: str, parts: tuple) -> None:
+    assert split_answer(True, text, calls_end=True) == parts
+    for cut in range(len(text) + 1):
+        stream = ReasoningStream(True, calls_end=True)
+        pieces = [stream.push(text[:cut]), stream.push(text[cut:]), stream.finish()]
+        assert ("".join(p[0] for p in pieces) or None, "".join(p[1] for p in pieces) or None) == parts, cut
+    if "</think>" not in text:  # deepseek_r1 reads only </think>
+        assert split_answer(True, text) == (text, None)
+
+
 def test_a_tag_arriving_in_pieces_is_held_back_then_released() -> None:
     stream = ReasoningStream(True)
     assert stream.push("plan </th") == ("plan ", "")

@@ -169,7 +169,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         params, thinking = req.params, None
         if reasoning_parser is not None:
             tail = engine.tokenizer.decode(prompt[-TAIL_TOKENS:], skip_special_tokens=False)
-            thinking = Thinking(thinks(reasoning_parser, tail, req.template_kwargs), req.include_reasoning)
+            thinking = Thinking(thinks(reasoning_parser, tail, req.template_kwargs), req.include_reasoning,
+                                calls_end=reasoning_parser == "qwen3")
             if thinking.starts_inside and params.structured_outputs is not None:
                 # The thinking is free; the constraint (or the tool call it enforces) starts after it.
                 constraint = await run_in_threadpool(replace, params.structured_outputs, after=END)
@@ -194,7 +195,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
                       for _ in jobs]
             writer = ChunkWriter(endpoint, name, method, delivery.include_usage, text, len(jobs), delivery.n)
             calls = [ToolCallStream(tools, parser) for _ in jobs] if tools is not None else None
-            thoughts = [ReasoningStream(thinking.starts_inside) for _ in jobs] if thinking is not None else None
+            thoughts = [ReasoningStream(thinking.starts_inside, thinking.calls_end) for _ in jobs] \
+                if thinking is not None else None
             return EventStream(runner, jobs, writer, deltas, each, prompt_only, calls, thoughts,
                                thinking is None or thinking.include)
         gone = asyncio.ensure_future(disconnected(request.receive))
@@ -213,7 +215,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         if prompt_only:
             completions = [without_output(c) for c in completions]
         if endpoint == "chat":
-            parts = [split_answer(thinking.starts_inside, c.text or "") if thinking is not None else (None, c.text)
+            parts = [split_answer(thinking.starts_inside, c.text or "", thinking.calls_end) if thinking is not None
+                     else (None, c.text)
                      for c in completions]
             # An answer that never left its thinking has no content, so no call either.
             answers = None if tools is None else [

@@ -7,7 +7,9 @@ message's ``reasoning`` (a leading ``<think>`` dropped) and the rest is its ``co
 tool calls are then looked for. An answer that never closes its thinking (cut by max_tokens, or
 a model that does not think) is all reasoning and has no content, as in vLLM.
 
-No reasoning is looked for when the prompt already closed it (Qwen3's template with
+With the ``qwen3`` parser, a ``<tool_call>`` followed by ``<function=`` (a tagged call, which
+Qwen3.5 may write without closing its thinking) ends the thinking as well, as in vLLM, and the
+call is the content's. No reasoning is looked for when the prompt already closed it (Qwen3's template with
 ``enable_thinking: false`` ends the prompt with ``<think>\\n\\n</think>\\n\\n``), nor, with the
 ``qwen3`` parser, when the request sends ``chat_template_kwargs.enable_thinking: false``.
 """
@@ -22,6 +24,8 @@ PARSERS = ("deepseek_r1", "qwen3")
 """The values of ``--reasoning-parser``: both read ``<think>...</think>``; ``qwen3`` also takes the
 request's ``enable_thinking`` switch."""
 START, END = "<think>", "</think>"
+CALL, FUNCTION = "<tool_call>", "<function="
+"""A tagged call's opening (``--tool-call-parser qwen3_coder``), which ends a Qwen3 thinking too."""
 TAIL_TOKENS = 16
 """Prompt tokens decoded to tell whether the prompt closed the thinking: far more than the tag's."""
 
@@ -69,6 +73,8 @@ class Thinking:
     """The answer starts inside the thinking (``thinks``); False: it is all content."""
     include: bool = True
     """The request's ``include_reasoning``: false leaves the thinking out of the answer."""
+    calls_end: bool = False
+    """A ``<tool_call>`` that opens a tagged call (``<function=``) ends the thinking too (``qwen3``)."""
 
 
 @dataclass
@@ -77,6 +83,8 @@ class ReasoningStream:
 
     thinking: bool
     """Whether the text starts inside the thinking (``thinks``); False passes everything as content."""
+    calls_end: bool = False
+    """``Thinking.calls_end``: Qwen3.5 may open a tagged call without closing its thinking first."""
     _opening: bool = True
     _held: str = ""
 
@@ -95,10 +103,14 @@ class ReasoningStream:
             if stripped.startswith(START):
                 text = stripped[len(START):]
         at = text.find(END)
+        call = _call_opening(text) if self.calls_end else -1
+        if call >= 0 and (at < 0 or call < at):
+            self.thinking = False  # the call is the answer's: it stays in the content, tag and all
+            return text[:call], text[call:]
         if at >= 0:
             self.thinking = False
             return text[:at], text[at + len(END):]
-        keep = _partial_tag(text)
+        keep = max(_partial_tag(text), _partial_call(text) if self.calls_end else 0)
         self._held = text[len(text) - keep:] if keep else ""
         return text[:len(text) - keep], ""
 
@@ -108,12 +120,12 @@ class ReasoningStream:
         return (held, "") if self.thinking else ("", held)
 
 
-def split_answer(thinking: bool, text: str) -> tuple[str | None, str | None]:
+def split_answer(thinking: bool, text: str, calls_end: bool = False) -> tuple[str | None, str | None]:
     """(reasoning, content) of a finished answer, as its streamed deltas join; None for an empty part
     of a split answer (vLLM's), and the text unchanged as content when it was not split."""
     if not thinking:
         return None, text
-    stream = ReasoningStream(thinking)
+    stream = ReasoningStream(thinking, calls_end)
     reasoning, content = stream.push(text)
     more, rest = stream.finish()
     return (reasoning + more) or None, (content + rest) or None
@@ -125,3 +137,21 @@ def _partial_tag(text: str) -> int:
         if END.startswith(text[-n:]):
             return n
     return 0
+
+
+def _call_opening(text: str) -> int:
+    """Where the first ``<tool_call>`` that a ``<function=`` follows (after whitespace) begins; -1: none."""
+    at = text.find(CALL)
+    while at >= 0:
+        if text[at + len(CALL):].lstrip().startswith(FUNCTION):
+            return at
+        at = text.find(CALL, at + 1)
+    return -1
+
+
+def _partial_call(text: str) -> int:
+    """The length of the end of ``text`` that may still become ``<tool_call>`` and ``<function=``."""
+    at = text.rfind(CALL)
+    if at >= 0 and FUNCTION.startswith(text[at + len(CALL):].lstrip()):
+        return len(text) - at
+    return next((n for n in range(min(len(CALL) - 1, len(text)), 0, -1) if CALL.startswith(text[-n:])), 0)
