@@ -11,9 +11,11 @@ MERGED = ['{"', '":', '",', '"}', ' "', "na", "me", "name", "ag", "age", "tr", "
 """Multi-character tokens, so that a token can cross from one part of a JSON text into the next."""
 
 
-def build_byte_level_model(folder: Path, seed: int = 0, added: tuple[str, ...] = ()) -> Path:
+def build_byte_level_model(folder: Path, seed: int = 0, added: tuple[str, ...] = (),
+                           special: tuple[str, ...] = ()) -> Path:
     """The tiny Llama over a byte-level BPE vocabulary: every byte, the merges above, EOS; ``added``:
-    tokens added as plain text (not special), as Qwen3 adds ``<think>`` and ``</think>``."""
+    tokens added as plain text (not special), as Qwen3 adds ``<think>`` and ``</think>``; ``special``:
+    tokens added as special ones, as Hermes 3 adds ``<tool_call>``."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -34,9 +36,10 @@ def build_byte_level_model(folder: Path, seed: int = 0, added: tuple[str, ...] =
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(["</s>", "<s>"])
     tok.add_tokens([AddedToken(text, special=False, normalized=False) for text in added])
+    tok.add_special_tokens([AddedToken(text, special=True, normalized=False) for text in special])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
     fast.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    build_tiny_llama(folder, vocab_size=len(vocab) + len(added), seed=seed, extra_config={"eos_token_id": 0, "bos_token_id": 1})
+    build_tiny_llama(folder, vocab_size=len(vocab) + len(added) + len(special), seed=seed, extra_config={"eos_token_id": 0, "bos_token_id": 1})
     fast.save_pretrained(folder)
     return folder
 

@@ -54,7 +54,6 @@ def test_vllms_spelling_of_no_top_k_is_no_top_k():
 
 
 @pytest.mark.parametrize(("name", "fragment"), [
-    ("skip_special_tokens", "vLLM has it, specsure does not implement it; leave it out"),
     ("n", "pass the prompt n times"), ("best_of", "vLLM has it"),
     ("temprature", "Did you mean 'temperature'?"),
 ])

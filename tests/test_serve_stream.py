@@ -72,6 +72,21 @@ def test_chat_stream_has_openai_shape_and_joins_to_the_whole_answer(client: open
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_special_tokens_shown_stream_as_they_come_whole(client: openai.OpenAI, engine: Engine) -> None:
+    start = engine.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    args = dict(model="tiny", prompt=WORDS, max_tokens=40, temperature=1.0, seed=2,
+                logit_bias={str(start): 3.0}, extra_body={"skip_special_tokens": False, "ignore_eos": True})
+    whole = client.completions.create(**args)
+    assert "<|im_start|>" in whole.choices[0].text
+    chunks = list(client.completions.create(**args, stream=True, logprobs=0))
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    # logprobs name each token by the text it adds, special ones included, so they join to the text
+    assert "".join(t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens) == \
+        whole.choices[0].text
+    hidden = client.completions.create(**{**args, "extra_body": {"ignore_eos": True}})
+    assert "<|im_start|>" not in hidden.choices[0].text
+
+
 def test_without_include_usage_no_usage_chunk(client: openai.OpenAI) -> None:
     chunks = list(client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=5, stream=True))
     assert chunks[-1].choices[0].finish_reason is not None and all(c.usage is None for c in chunks)

@@ -206,18 +206,22 @@ def test_auto_is_refused_at_start_where_the_template_cannot_show_the_tools(engin
     assert client.get("/tokenizer_info").json()["chat_template"] == named
 
 
-def test_a_parser_whose_tags_decoding_hides_is_refused() -> None:
-    class Tokenizer:  # decoding skips <tool_call>, as for a special token
-        def encode(self, text: str, add_special_tokens: bool) -> list[int]:
-            return [7] if text == "<tool_call>" else [8]
-
-        def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
-            return "" if ids == [7] else "</tool_call>"
-
-    with pytest.raises(ValueError, match="<tool_call> a special token"):
-        check_parser("hermes", Tokenizer())
+def test_special_tags_are_decoded_for_answers_that_may_call(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Hermes 2 Pro and 3 make <tool_call> a special token, which decoded text would leave out.
+    folder = build_byte_level_model(tmp_path_factory.mktemp("special-tags"), special=("<tool_call>", "</tool_call>"))
+    engine = make_engine(str(folder), None, dtype="float32")
+    assert check_parser("hermes", engine.tokenizer) and not check_parser("llama3_json", engine.tokenizer)
     with pytest.raises(ValueError, match="choose one of hermes, llama3_json"):
-        check_parser("mistral", Tokenizer())
+        check_parser("mistral", engine.tokenizer)
+    client = TestClient(create_app(engine, served_model_name="tiny", chat_template=TEMPLATE, tool_call_parser="hermes"))
+    opening = engine.tokenizer.convert_tokens_to_ids("<tool_call>")
+    body = {"messages": MESSAGES, "max_tokens": 3, "tools": TOOLS, "logit_bias": {str(opening): 100}}
+    message = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+    assert message["content"] == "<tool_call>" * 3  # an unfinished call stays as written, its tags shown
+    plain = client.post("/v1/chat/completions", json={**body, "tool_choice": "none"}).json()["choices"][0]
+    assert plain["message"]["content"] == ""  # no parser reads it, so special tokens stay out, as by default
+    refused = client.post("/v1/chat/completions", json={**body, "skip_special_tokens": True})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "skip_special_tokens"
 
 
 def test_serve_tool_flags_are_checked_before_loading(capsys: pytest.CaptureFixture[str]) -> None:

@@ -188,3 +188,20 @@ def test_prompt_logprobs_are_the_targets_own_for_every_prompt_token(engines: lis
     assert max(abs(scored[i].logprob - float(logp[i - 1, long[i]])) for i in range(1, 300)) < 1e-4
     with pytest.raises(ValueError, match="SamplingParams.prompt_logprobs = 21 is invalid"):
         SamplingParams(prompt_logprobs=21)
+
+
+def test_skip_special_tokens_false_writes_them_but_not_the_token_that_ended_the_output(engines: list[Engine]) -> None:
+    tok = engines[0].tokenizer
+    start, eos = tok.convert_tokens_to_ids("<|im_start|>"), tok.eos_token_id
+    ask = dict(max_tokens=40, temperature=1.0, seed=0, logit_bias={start: 3.0, eos: 2.0})
+    out = _all(engines[:1], SamplingParams(**ask, skip_special_tokens=False))[0]
+    hidden = engines[0].generate(PROMPT, SamplingParams(**ask))[0]
+    assert out.token_ids == hidden.token_ids and start in out.token_ids[:-1] and out.finish_reason == "stop"
+    assert out.token_ids[-1] == eos  # seeded: special tokens in the middle, and EOS ends it
+    assert out.text == tok.decode(out.token_ids[:-1], skip_special_tokens=False)
+    assert "<|im_start|>" in out.text and "<|im_start|>" not in hidden.text and "</s>" not in out.text
+    kept = engines[0].generate(PROMPT, SamplingParams(**ask, skip_special_tokens=False,
+                                                      include_stop_str_in_output=True))[0]
+    assert kept.text == out.text + " </s>"
+    streamed = list(engines[0].generate_stream(PROMPT[0], SamplingParams(**ask, skip_special_tokens=False)))
+    assert streamed[-1].completion.text == out.text

@@ -43,7 +43,6 @@ def _fail(field: str, value: object, allowed: str, fix: str) -> SamplingError:
 VLLM_ONLY_FIELDS: dict[str, str] = {
     "n": "pass the prompt n times in one generate() call, each copy with its own seed (the server takes n)",
     "best_of": "pass the prompt several times and keep the best completion yourself",
-    "skip_special_tokens": "leave it out; special tokens are skipped in the text",
 }
 """vLLM SamplingParams fields specsure does not implement, and what to do instead."""
 
@@ -108,6 +107,10 @@ class SamplingParams:
     stays in the output ids, its text leaves the text unless include_stop_str_in_output."""
     include_stop_str_in_output: bool = False
     """Keep the stop string (or a stop token's text) at the end of the text."""
+    skip_special_tokens: bool = True
+    """Leave special tokens' text out of the output text (vLLM's default); False writes them, as a
+    tool-call parser whose tags are special tokens needs. The token that ended the output (EOS or
+    a stop token) stays out of the text either way, unless include_stop_str_in_output."""
     min_tokens: int = 0
     """Generate at least this many tokens before EOS, a stop token or a stop string may end the
     output; until then the target's EOS and stop tokens get probability 0 (vLLM's rule)."""
@@ -190,9 +193,9 @@ class SamplingParams:
         if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:  # also rejects NaN
             raise _fail("min_p", self.min_p, "is invalid: it must be a number in [0, 1]", "use 0 to disable it")
         object.__setattr__(self, "stop_token_ids", self._normalise_ids(self.stop_token_ids))
-        if not isinstance(self.include_stop_str_in_output, bool):
-            raise _fail("include_stop_str_in_output", self.include_stop_str_in_output, "is invalid: it must be a bool",
-                        "pass True or False")
+        for name in ("include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise _fail(name, getattr(self, name), "is invalid: it must be a bool", "pass True or False")
         if isinstance(self.min_tokens, numbers.Integral) and not isinstance(self.min_tokens, (bool, int)):
             object.__setattr__(self, "min_tokens", int(self.min_tokens))
         for name, low, high in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0),

@@ -33,9 +33,11 @@ class TextDeltas:
     the cut. When generation ends, ``finish(completion.text)`` returns the rest.
     """
 
-    def __init__(self, tokenizer: "PreTrainedTokenizerBase", stop: Sequence[str] | None = None) -> None:
+    def __init__(self, tokenizer: "PreTrainedTokenizerBase", stop: Sequence[str] | None = None,
+                 skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
         self._stop = tuple(stop or ())
+        self._skip = skip_special_tokens
         self._tail = CLEANUP_TAIL if getattr(tokenizer, "clean_up_tokenization_spaces", False) else 0
         self._ids: list[int] = []
         self.text = ""
@@ -44,7 +46,7 @@ class TextDeltas:
     def push(self, token_ids: Sequence[int]) -> str:
         """The new final text after these tokens; often '' while a tail is held back."""
         self._ids.extend(token_ids)
-        text = self._tokenizer.decode(self._ids, skip_special_tokens=True)
+        text = self._tokenizer.decode(self._ids, skip_special_tokens=self._skip)
         end = len(text)
         while end and text[end - 1] == REPLACEMENT:
             end -= 1

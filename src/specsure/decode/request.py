@@ -70,8 +70,9 @@ class Rules:
         """(start, end) in the decoded output of the first stop string, or None. A stop string that
         ends within the text of the first min_tokens tokens does not count (vLLM checks none before)."""
         assert self.tokenizer is not None and params.stop
-        text = self.tokenizer.decode(output, skip_special_tokens=True)
-        early = len(self.tokenizer.decode(output[:params.min_tokens], skip_special_tokens=True)) \
+        skip = params.skip_special_tokens
+        text = self.tokenizer.decode(output, skip_special_tokens=skip)
+        early = len(self.tokenizer.decode(output[:params.min_tokens], skip_special_tokens=skip)) \
             if params.min_tokens else 0
         hits = [(at, at + len(s)) for s in params.stop if (at := text.find(s, max(0, early - len(s) + 1))) >= 0]
         return min(hits) if hits else None
@@ -86,15 +87,14 @@ class Rules:
         if params.stop:
             found = self.stop_at(output, params)
             if found is not None:
-                text = self.tokenizer.decode(output, skip_special_tokens=True)
+                text = self.tokenizer.decode(output, skip_special_tokens=params.skip_special_tokens)
                 while len(output) > 1 and self.stop_at(output[:-1], params) is not None:
                     output = output[:-1]
                 return text[:found[1] if params.include_stop_str_in_output else found[0]], output, "stop"
         shown = output
-        if (finish == "stop" and output and output[-1] in (params.stop_token_ids or ())
-                and not params.include_stop_str_in_output):
-            shown = output[:-1]
-        return self.tokenizer.decode(shown, skip_special_tokens=True), output, finish
+        if finish == "stop" and output and output[-1] in self.stop_ids(params) and not params.include_stop_str_in_output:
+            shown = output[:-1]  # the token that ended the output; EOS too, which special tokens' text would show
+        return self.tokenizer.decode(shown, skip_special_tokens=params.skip_special_tokens), output, finish
 
 
 class Request:

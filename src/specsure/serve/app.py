@@ -160,7 +160,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req = await run_in_threadpool(parse_chat, parse_json(await read_body(request)), name, tool_call_parser)
+        req = await run_in_threadpool(parse_chat, parse_json(await read_body(request)), name, tool_call_parser,
+                                      template.special_tags)
         template.check(name, req.tools)
         _check_params(engine, req.params)
         rendered = await run_in_threadpool(template.render, req.messages, req.tools, req.add_generation_prompt,
@@ -189,9 +190,10 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         context = engine.target.lm.max_context
         jobs = runner.submit([(prompt, choice_params(fit_to_context(params, len(prompt), context, delivery, name),
                                                      delivery.n)) for prompt, name in prompts], delivery.stream)
-        text = token_text_of(engine.tokenizer)
+        text = token_text_of(engine.tokenizer, params.skip_special_tokens)
         if delivery.stream:
-            deltas = [TextDeltas(engine.tokenizer, params.stop) if engine.tokenizer is not None else None
+            deltas = [TextDeltas(engine.tokenizer, params.stop, params.skip_special_tokens)
+                      if engine.tokenizer is not None else None
                       for _ in jobs]
             writer = ChunkWriter(endpoint, name, method, delivery.include_usage, text, len(jobs), delivery.n)
             calls = [ToolCallStream(tools, parser) for _ in jobs] if tools is not None else None

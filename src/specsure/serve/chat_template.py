@@ -14,12 +14,12 @@ class ChatTemplate:
     """How the server renders messages (and the tools offered) into a prompt."""
 
     def __init__(self, engine: Engine, override: str | None, tool_call_parser: str | None) -> None:
-        """Raises ValueError for an override that is not a Jinja template, a parser this tokenizer hides,
-        or a parser (auto tool choice) with a template that never shows the tools."""
+        """Raises ValueError for an override that is not a Jinja template, an unknown parser, or a parser
+        (auto tool choice) with a template that never shows the tools."""
         if override is not None:
             _check_syntax(override)
-        if tool_call_parser is not None:
-            check_parser(tool_call_parser, engine.tokenizer)
+        self.special_tags = check_parser(tool_call_parser, engine.tokenizer) if tool_call_parser is not None else False
+        """The tool-call parser's tags are special tokens: answers that may call are decoded with them."""
         self._engine = engine
         tok = engine.tokenizer
         given = override or (getattr(tok, "chat_template", None) if tok is not None else None)

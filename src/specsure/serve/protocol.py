@@ -31,7 +31,7 @@ Either default is lowered to the room the prompt leaves in the context."""
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos", "min_p",
                    "stop_token_ids", "include_stop_str_in_output", "min_tokens", "presence_penalty",
-                   "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids")
+                   "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids", "skip_special_tokens")
 """OpenAI's sampling fields and vLLM's extensions that specsure implements."""
 COMMON_FIELDS = ("model", *SAMPLING_FIELDS, "n", "stream", "stream_options", "user", "response_format",
                  "structured_outputs")
@@ -75,6 +75,7 @@ SAMPLING_FIXES = {
     "min_p": "send 0 to disable it",
     "stop_token_ids": 'send a list of token ids, e.g. "stop_token_ids": [2]',
     "include_stop_str_in_output": "send true or false",
+    "skip_special_tokens": "send true (the default) or false",
     "min_tokens": "send at most the request's max_tokens, or 0",
     "presence_penalty": "send 0 to disable it",
     "frequency_penalty": "send 0 to disable it",
@@ -162,8 +163,11 @@ def parse_completion(body: Any, model_name: str) -> CompletionRequest:
     return CompletionRequest(prompts, params, _delivery(body, given), bool(echo), prompt_only)
 
 
-def parse_chat(body: Any, model_name: str, auto_tool_parser: str | None = None) -> ChatRequest:
-    """``auto_tool_parser``: the server's --tool-call-parser when --enable-auto-tool-choice is on."""
+def parse_chat(body: Any, model_name: str, auto_tool_parser: str | None = None,
+               special_tags: bool = False) -> ChatRequest:
+    """``auto_tool_parser``: the server's --tool-call-parser when --enable-auto-tool-choice is on;
+    ``special_tags``: its tags are special tokens, so an answer that may call is decoded with
+    special tokens shown (as vLLM's parsers ask), unless the request says otherwise."""
     body = _check_fields(body, CHAT_FIELDS, "POST /v1/chat/completions")
     _check_common(body, model_name)
     messages = parse_messages(body.get("messages"))
@@ -181,6 +185,12 @@ def parse_chat(body: Any, model_name: str, auto_tool_parser: str | None = None) 
             raise RequestError(f"tool_choice {shown(body.get('tool_choice'))} constrains the output to tool calls, "
                                f"and {given} constrains it too; send one of them.", given)
         params = replace(params, structured_outputs=enforced)
+    if special_tags and tools is not None and tools.choice == "auto":
+        if body.get("skip_special_tokens") is True:
+            raise RequestError(f"skip_special_tokens = true hides this model's {auto_tool_parser} tags, which are "
+                               "special tokens, so tool_choice auto could not find its calls; leave the field out.",
+                               "skip_special_tokens")
+        params = replace(params, skip_special_tokens=False)
     include = body.get("include_reasoning")
     if include is not None and not isinstance(include, bool):
         raise RequestError(f"include_reasoning = {shown(include)} must be true or false: whether the answer carries "

@@ -37,12 +37,13 @@ class TokenText:
     spelling).
     """
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
         self._byte_of = _byte_level_alphabet(tokenizer)
         """A byte-level BPE's character -> byte map (GPT-2's alphabet), or None for other tokenizers."""
         if self._byte_of is not None:
-            self._special = set(tokenizer.all_special_ids)
+            self._special = set(tokenizer.all_special_ids) if skip_special_tokens else set()
             self._added_text = {i: text for text, i in tokenizer.get_added_vocab().items()}
 
     def _decode(self, ids: Sequence[int]) -> str:
@@ -50,10 +51,10 @@ class TokenText:
             # A token can hold part of a character (emoji, CJK): decoding the bytes so far without the
             # unfinished character gives each token the text it completes, and "" to the parts before.
             return b"".join(self.raw_bytes(i) or b"" for i in ids).decode("utf-8", errors="ignore")
-        return self._tokenizer.decode(list(ids), skip_special_tokens=True)
+        return self._tokenizer.decode(list(ids), skip_special_tokens=self._skip)
 
     def raw_bytes(self, token_id: int) -> bytes | None:
-        """The token's own bytes (b"" for a special token) for a byte-level BPE, else None."""
+        """The token's own bytes (b"" for a special token the text skips) for a byte-level BPE, else None."""
         if self._byte_of is None:
             return None
         if token_id in self._special:
@@ -86,8 +87,8 @@ class TokenText:
         return text[len(prev):] if text.startswith(prev) else self._decode([token])
 
 
-def token_text_of(tokenizer: Any) -> TokenText:
-    return TokenText(tokenizer)
+def token_text_of(tokenizer: Any, skip_special_tokens: bool = True) -> TokenText:
+    return TokenText(tokenizer, skip_special_tokens)
 
 
 def _byte_level_alphabet(tokenizer: Any) -> dict[str, int] | None:

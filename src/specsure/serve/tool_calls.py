@@ -41,22 +41,17 @@ PYTHON_TAG = "<|python_tag|>"
 """What Llama 3 writes before a call; a special token, so decoded text usually leaves it out."""
 
 
-def check_parser(name: str, tokenizer: Any) -> None:
-    """Refuse a parser that cannot see its tags in this tokenizer's decoded text."""
+def check_parser(name: str, tokenizer: Any) -> bool:
+    """Refuse an unknown parser or a model without a tokenizer; True when the parser's tags are
+    special tokens, which decoded text skips: its requests then decode with them shown."""
     if name not in PARSERS:
         raise ValueError(f"tool_call_parser = {name!r} is not one specsure has; choose one of {', '.join(PARSERS)}.")
     if tokenizer is None:
         raise ValueError("tool_call_parser needs the model's tokenizer (its chat template renders the tools), and "
                          "this model has none.")
     tags = (HERMES_START, HERMES_END) if name in ("hermes", "qwen3_coder") else ()
-    hidden = [tag for tag in tags
-              if tokenizer.decode(tokenizer.encode(tag, add_special_tokens=False), skip_special_tokens=True) != tag]
-    if hidden:
-        # Decoding skips special tokens, so the calls would arrive as bare JSON in the content.
-        raise ValueError(f"tool_call_parser = {name!r}: this tokenizer makes {hidden[0]} a special token, which "
-                         "decoded text leaves out, so the calls could not be found; specsure does not yet parse "
-                         "such models' calls. Send tool_choice 'required' or a named function instead (enforced), "
-                         "and start the server without --enable-auto-tool-choice.")
+    return any(tokenizer.decode(tokenizer.encode(tag, add_special_tokens=False), skip_special_tokens=True) != tag
+               for tag in tags)
 
 
 @dataclass(frozen=True)
