@@ -7,6 +7,7 @@ assert on order and flags rather than on wall time.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from typing import Iterator
@@ -192,3 +193,31 @@ def test_a_model_without_tokenizer_streams_token_ids(tiny_llama) -> None:  # noq
     assert all(c["choices"][0]["text"] is None for c in chunks)
     assert [t for c in chunks for t in c["choices"][0]["token_ids"]] == whole["token_ids"]
     assert len(chunks) == len(whole["token_ids"])  # plain decoding: one token per step, one chunk each
+
+
+def test_continuous_usage_counts_each_chunk_and_a_long_prompt_is_truncated(client: openai.OpenAI,
+                                                                         engine: Engine) -> None:
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = list(client.completions.create(model="tiny", prompt=PROMPT_IDS, max_tokens=12, stream=True,
+                                            stream_options=options, extra_body={"ignore_eos": True}))
+    *steps, last = chunks
+    counts = [c.usage.completion_tokens for c in steps]
+    assert counts == list(itertools.accumulate(len(c.choices[0].model_extra["token_ids"]) for c in steps))
+    assert all(c.usage.prompt_tokens == len(PROMPT_IDS) for c in chunks) and last.usage.completion_tokens == 12
+    plain = list(client.completions.create(model="tiny", prompt=PROMPT_IDS, max_tokens=4, stream=True,
+                                           stream_options={"include_usage": True}))
+    assert all(c.usage is None for c in plain[:-1])  # usage on the last chunk only, unless asked
+    context = engine.target.lm.max_context
+    long_prompt = (PROMPT_IDS * context)[:context + 5]
+    kept = client.completions.create(model="tiny", prompt=long_prompt, max_tokens=2, echo=True,
+                                     extra_body={"truncate_prompt_tokens": 7})
+    assert kept.usage.prompt_tokens == 7
+    assert kept.choices[0].text.startswith(engine.tokenizer.decode(long_prompt[-7:]))
+    most = client.completions.create(model="tiny", prompt=long_prompt, max_tokens=1,
+                                     extra_body={"truncate_prompt_tokens": -1})
+    assert most.usage.prompt_tokens == context - 1
+    with pytest.raises(openai.BadRequestError, match="keeps no room to generate"):
+        client.completions.create(model="tiny", prompt=long_prompt, extra_body={"truncate_prompt_tokens": context})
+    chat = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2,
+                                          extra_body={"truncate_prompt_tokens": 3})
+    assert chat.usage.prompt_tokens == 3

@@ -121,9 +121,10 @@ class Engine:
         params = self._checked(params)
         return self._steps(self._encode(prompt, 0), params)
 
-    def encode(self, prompt: Prompt) -> list[int]:
-        """The token ids ``generate`` would run for ``prompt``; PromptError when it cannot run."""
-        return self._encode(prompt, 0)
+    def encode(self, prompt: Prompt, keep_last: int | None = None) -> list[int]:
+        """The token ids ``generate`` would run for ``prompt``; PromptError when it cannot run.
+        ``keep_last``: only the prompt's last this many tokens (vLLM's truncate_prompt_tokens)."""
+        return self._encode(prompt, 0, keep_last)
 
     def _checked(self, params: SamplingParams | None) -> SamplingParams:
         params = params if params is not None else SamplingParams()
@@ -170,7 +171,7 @@ class Engine:
                                                           "complete, but ignore_eos is set and stop_token_ids is "
                                                           "empty; drop ignore_eos, or give stop_token_ids.")
 
-    def _encode(self, prompt: Prompt, index: int) -> list[int]:
+    def _encode(self, prompt: Prompt, index: int, keep_last: int | None = None) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
                 raise PromptError(index, "is an empty string; give some text or token ids.")
@@ -193,6 +194,8 @@ class Engine:
                                              f"but the model's vocabulary [0, {vocab}) does not; remove that text "
                                              "from the prompt.")
                 raise PromptError(index, f"holds token id {tok!r}, outside the vocabulary [0, {vocab}).")
+        if keep_last is not None:
+            ids = ids[-keep_last:]
         limit = self.target.lm.max_context
         if limit and len(ids) >= limit:
             raise PromptError(index, f"has {len(ids)} tokens, but the model's context is {limit} tokens and "

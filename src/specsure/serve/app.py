@@ -151,10 +151,12 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         req = await run_in_threadpool(parse_completion, parse_json(await read_body(request)), name)
         _check_params(engine, req.params)
         names = ["prompt"] if len(req.prompts) == 1 else [f"prompt[{i}]" for i in range(len(req.prompts))]
-        prompts = [await run_in_threadpool(_encode, engine, p, f"the {name}" if len(names) == 1 else name, "prompt")
-                   for p, name in zip(req.prompts, names)]
-        echoes = [Echo(_prompt_text(engine, given, ids), ids) for given, ids in zip(req.prompts, prompts)] \
-            if req.echo else None
+        cut = req.delivery.truncate_prompt_tokens
+        prompts = [await run_in_threadpool(_encode, engine, p, f"the {name}" if len(names) == 1 else name, "prompt",
+                                           cut) for p, name in zip(req.prompts, names)]
+        # A truncated prompt is echoed as what the model saw: its kept tokens, decoded.
+        echoes = [Echo(_prompt_text(engine, given if cut is None else ids, ids), ids)
+                  for given, ids in zip(req.prompts, prompts)] if req.echo else None
         return await answer(request, "completion", list(zip(prompts, names)), req.params, req.delivery, echoes,
                             req.prompt_only)
 
@@ -166,7 +168,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         _check_params(engine, req.params)
         rendered = await run_in_threadpool(template.render, req.messages, req.tools, req.add_generation_prompt,
                                            req.template_kwargs, req.continue_final_message)
-        prompt = await run_in_threadpool(_encode, engine, rendered, "the prompt rendered from messages", "messages")
+        prompt = await run_in_threadpool(_encode, engine, rendered, "the prompt rendered from messages", "messages",
+                                         req.delivery.truncate_prompt_tokens)
         params, thinking = req.params, None
         if reasoning_parser is not None:
             tail = engine.tokenizer.decode(prompt[-TAIL_TOKENS:], skip_special_tokens=False)
@@ -195,7 +198,9 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
             deltas = [TextDeltas(engine.tokenizer, params.stop, params.skip_special_tokens)
                       if engine.tokenizer is not None else None
                       for _ in jobs]
-            writer = ChunkWriter(endpoint, name, method, delivery.include_usage, text, len(jobs), delivery.n)
+            lengths = [len(prompt) for prompt, _ in prompts for _ in range(delivery.n)]  # each choice's prompt
+            writer = ChunkWriter(endpoint, name, method, delivery.include_usage, text, len(jobs), delivery.n,
+                                 lengths if delivery.continuous_usage else None)
             calls = [ToolCallStream(tools, parser) for _ in jobs] if tools is not None else None
             thoughts = [ReasoningStream(thinking.starts_inside, thinking.calls_end) for _ in jobs] \
                 if thinking is not None else None
@@ -280,8 +285,16 @@ def _prompt_text(engine: Engine, given: str | list[int], ids: list[int]) -> str 
     return None if engine.tokenizer is None else engine.tokenizer.decode(ids)
 
 
-def _encode(engine: Engine, prompt: str | list[int], subject: str, param: str) -> list[int]:
+def _encode(engine: Engine, prompt: str | list[int], subject: str, param: str, keep: int | None = None) -> list[int]:
+    """The prompt's ids; ``keep``: vLLM's truncate_prompt_tokens (-1: as many as leave room to generate)."""
+    context = engine.target.lm.max_context
+    if keep == -1:
+        keep = context - 1 if context else None
+    elif keep is not None and context and keep >= context:
+        raise RequestError(f"truncate_prompt_tokens = {keep} keeps no room to generate in the model's context of "
+                           f"{context} tokens; send at most {context - 1}, or -1 for as many as leave room.",
+                           "truncate_prompt_tokens")
     try:
-        return engine.encode(prompt)
+        return engine.encode(prompt, keep)
     except PromptError as exc:
         raise RequestError(f"{subject} {exc.detail}", param) from None

@@ -34,7 +34,7 @@ SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop"
                    "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids", "skip_special_tokens")
 """OpenAI's sampling fields and vLLM's extensions that specsure implements."""
 COMMON_FIELDS = ("model", *SAMPLING_FIELDS, "n", "stream", "stream_options", "user", "response_format",
-                 "structured_outputs")
+                 "structured_outputs", "truncate_prompt_tokens")
 COMPLETION_FIELDS = ("prompt", "logprobs", "echo", *COMMON_FIELDS)
 CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
                "parallel_tool_calls", "chat_template_kwargs", "include_reasoning", "add_generation_prompt",
@@ -48,7 +48,7 @@ MAX_N = 16
 MAX_PROMPTS = 64
 """The most prompts one completions request may hold."""
 ENDPOINT_OF = {"prompt": "POST /v1/completions", "messages": "POST /v1/chat/completions"}
-STREAM_OPTION_FIELDS = ("include_usage",)
+STREAM_OPTION_FIELDS = ("include_usage", "continuous_usage_stats")
 
 # OpenAI fields specsure does not implement. Each is accepted only as null or at the value that
 # changes nothing, so clients that send defaults keep working and no setting is silently dropped.
@@ -99,6 +99,12 @@ class Delivery:
     max_tokens_field: str | None = None
     """The field that set max_tokens (``max_tokens`` or ``max_completion_tokens``); None when the
     endpoint's default applies, which is lowered to the room the prompt leaves."""
+    continuous_usage: bool = False
+    """``stream_options.continuous_usage_stats`` (vLLM's) with include_usage: every chunk carries
+    its choice's usage so far."""
+    truncate_prompt_tokens: int | None = None
+    """vLLM's ``truncate_prompt_tokens``: keep only the prompt's last this many tokens (-1: as many
+    as leave room in the context to generate); None keeps it whole."""
 
 
 @dataclass(frozen=True)
@@ -312,8 +318,13 @@ def _check_common(body: dict[str, Any], model_name: str) -> None:
 def _delivery(body: dict[str, Any], max_tokens_field: str | None) -> Delivery:
     stream, options = body.get("stream") is True, body.get("stream_options")
     n = body.get("n") or 1
+    truncate = body.get("truncate_prompt_tokens")
+    if truncate is not None and (type(truncate) is not int or truncate == 0 or truncate < -1):
+        raise RequestError(f"truncate_prompt_tokens = {shown(truncate)} must be an integer >= 1 (keep the prompt's last "
+                           "that many tokens) or -1 (as many as leave room to generate); leave it out to keep the whole "
+                           "prompt.", "truncate_prompt_tokens")
     if options is None:
-        return Delivery(stream, n, False, max_tokens_field)
+        return Delivery(stream, n, False, max_tokens_field, truncate_prompt_tokens=truncate)
     if not stream:
         raise RequestError("stream_options is only allowed with stream = true; remove stream_options, or send "
                            "stream = true.", "stream_options")
@@ -325,11 +336,16 @@ def _delivery(body: dict[str, Any], max_tokens_field: str | None) -> Delivery:
             raise RequestError(f"unknown field {key!r} in stream_options.{suggest(key, STREAM_OPTION_FIELDS)} "
                                f"Fields: {', '.join(STREAM_OPTION_FIELDS)}.", f"stream_options.{key}",
                                "unknown_field")
-    usage = options.get("include_usage")
-    if usage is not None and not isinstance(usage, bool):
-        raise RequestError(f"stream_options.include_usage = {shown(usage)} must be true or false.",
-                           "stream_options.include_usage")
-    return Delivery(stream, n, bool(usage), max_tokens_field)
+    usage, continuous = (_option(options, key) for key in ("include_usage", "continuous_usage_stats"))
+    # vLLM's rule: per-chunk usage only together with the usage chunk.
+    return Delivery(stream, n, usage, max_tokens_field, usage and continuous, truncate)
+
+
+def _option(options: dict[str, Any], key: str) -> bool:
+    value = options.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise RequestError(f"stream_options.{key} = {shown(value)} must be true or false.", f"stream_options.{key}")
+    return bool(value)
 
 
 def _sampling(body: dict[str, Any], max_field: str, default_max: int, logprobs: int | None) -> SamplingParams:

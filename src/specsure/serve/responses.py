@@ -236,9 +236,14 @@ class ChunkWriter:
     """The events of one streamed answer, for each of its choices. Completion chunks carry ``token_ids`` too."""
 
     def __init__(self, endpoint: Endpoint, model_name: str, method: str | None, include_usage: bool,
-                 text: TokenText, n: int = 1, per_prompt: int | None = None) -> None:
+                 text: TokenText, n: int = 1, per_prompt: int | None = None,
+                 prompt_tokens: list[int] | None = None) -> None:
+        """``prompt_tokens``: each choice's prompt length, for usage on every chunk (vLLM's
+        continuous_usage_stats); None puts usage on the last chunk only."""
         chat = endpoint == "chat"
         self._chat, self._method, self._include_usage, self._text, self._n = chat, method, include_usage, text, n
+        self._prompt_tokens = prompt_tokens
+        self._generated = [0] * n  # each choice's output tokens in the chunks so far
         self._per_prompt = per_prompt or n  # choices a prompt, for usage
         self._offsets = [0] * n  # each choice's text_offset so far
         self._before: list[list[int]] = [[] for _ in range(n)]  # each choice's output ids in earlier chunks
@@ -263,6 +268,7 @@ class ChunkWriter:
         """A chunk of new text for choice ``index`` (and, for completions, the token ids it came from);
         with ``pieces``, the chat deltas a request with tools made of the text (the logprobs go with
         the first)."""
+        self._generated[index] += len(token_ids)
         if pieces is not None:
             return b"".join(self._chunk(index, piece, logprobs=logprobs if j == 0 else None)
                             for j, piece in enumerate(pieces))
@@ -275,6 +281,7 @@ class ChunkWriter:
                finish_reason: str | None = None) -> bytes:
         """Choice ``index``'s rest of the text (or the ``pieces`` of it, as in ``delta``), then its chunk
         with finish_reason (``finish_reason`` replaces the engine's) and speculative."""
+        self._generated[index] += len(token_ids)
         figures = {"speculative": speculative([completion], self._method)}
         if self._chat:
             reason = finish_reason or completion.finish_reason
@@ -307,6 +314,9 @@ class ChunkWriter:
             choice = {"index": index, "text": content, "token_ids": token_ids, "logprobs": shown,
                       "finish_reason": finish}
         chunk = {**self._head, "choices": [choice], **extra}
-        if self._include_usage:
+        if self._prompt_tokens is not None:
+            prompt, out = self._prompt_tokens[index], self._generated[index]
+            chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out}
+        elif self._include_usage:
             chunk["usage"] = None  # OpenAI's shape: null on every chunk but the last
         return event(chunk)
