@@ -84,6 +84,7 @@ def test_an_answer_outside_the_thinking_is_content_unchanged() -> None:
     ("qwen3", "<|im_start|>assistant\n", {"enable_thinking": False}, False),
     ("deepseek_r1", "<|im_start|>assistant\n", {"enable_thinking": False}, True),
     ("qwen3", "</think>old turn<|im_start|>assistant\n<think>", {"enable_thinking": True}, True),
+    ("deepseek_r1", "<think>\nplan</think>\n\nThe answer so far", None, False),  # a prefilled reply past it
 ])
 def test_whether_an_answer_starts_inside_its_thinking(parser: str | None, tail: str, variables: dict | None,
                                                       expected: bool) -> None:

@@ -159,3 +159,18 @@ def test_the_cli_offers_the_parsers(capsys: pytest.CaptureFixture[str]) -> None:
     err = capsys.readouterr().err
     assert "--reasoning-parser: invalid choice: 'granite'" in err and "deepseek_r1" in err and "qwen3" in err
     assert REASONING_PARSERS == PARSERS  # the CLI keeps its own copy, so --help needs no server imports
+
+
+def test_a_prefilled_reply_continues_inside_or_after_its_thinking(engine: Engine) -> None:
+    client = TestClient(create_app(engine, served_model_name="tiny", chat_template=SHOWS, reasoning_parser="qwen3"))
+    plain = TestClient(create_app(engine, served_model_name="tiny", chat_template=SHOWS))
+    past = {"messages": [*MESSAGES, {"role": "assistant", "content": "Yes, ", "reasoning": "easy"}],
+            "add_generation_prompt": False, "continue_final_message": True, "max_tokens": 6}
+    text = plain.post("/v1/chat/completions", json=past).json()["choices"][0]["message"]["content"]
+    assert client.post("/v1/chat/completions", json=past).json()["choices"][0]["message"] == \
+        {"role": "assistant", "content": text, "reasoning": None}
+    inside = {**past, "messages": [*MESSAGES, {"role": "assistant", "content": "<think>Let me see, "}]}
+    text = plain.post("/v1/chat/completions", json=inside).json()["choices"][0]["message"]["content"]
+    assert "</think>" not in text
+    assert client.post("/v1/chat/completions", json=inside).json()["choices"][0]["message"] == \
+        {"role": "assistant", "content": None, "reasoning": text}

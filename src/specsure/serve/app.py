@@ -172,7 +172,9 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
                                          req.delivery.truncate_prompt_tokens)
         params, thinking = req.params, None
         if reasoning_parser is not None:
-            tail = engine.tokenizer.decode(prompt[-TAIL_TOKENS:], skip_special_tokens=False)
+            # A prefilled reply may have closed its thinking anywhere in it: read all of it then.
+            seen = prompt if req.continue_final_message else prompt[-TAIL_TOKENS:]
+            tail = engine.tokenizer.decode(seen, skip_special_tokens=False)
             thinking = Thinking(thinks(reasoning_parser, tail, req.template_kwargs), req.include_reasoning,
                                 calls_end=reasoning_parser == "qwen3")
             if thinking.starts_inside and params.structured_outputs is not None:

@@ -9,9 +9,11 @@ a model that does not think) is all reasoning and has no content, as in vLLM.
 
 With the ``qwen3`` parser, a ``<tool_call>`` followed by ``<function=`` (a tagged call, which
 Qwen3.5 may write without closing its thinking) ends the thinking as well, as in vLLM, and the
-call is the content's. No reasoning is looked for when the prompt already closed it (Qwen3's template with
-``enable_thinking: false`` ends the prompt with ``<think>\\n\\n</think>\\n\\n``), nor, with the
-``qwen3`` parser, when the request sends ``chat_template_kwargs.enable_thinking: false``.
+call is the content's. No reasoning is looked for when the prompt already closed it: its last
+thinking tag, among its last tokens (or anywhere in a prefilled reply), is ``</think>``, as
+Qwen3's template with ``enable_thinking: false`` ends the prompt with
+``<think>\\n\\n</think>\\n\\n``; nor, with the ``qwen3`` parser, when the request sends
+``chat_template_kwargs.enable_thinking: false``.
 """
 
 from __future__ import annotations
@@ -54,15 +56,16 @@ def thinks(parser: str | None, prompt_tail: str, template_kwargs: dict[str, Any]
 
     Args:
         parser: the server's reasoning parser; None: no answer is split.
-        prompt_tail: the prompt's last tokens, decoded with special tokens kept.
+        prompt_tail: the prompt's last tokens (all of a prefilled reply), decoded with special tokens kept.
         template_kwargs: the request's ``chat_template_kwargs``.
     """
     if parser is None:
         return False
     if parser == "qwen3" and (template_kwargs or {}).get("enable_thinking", True) is False:
         return False
-    tail = prompt_tail.rstrip()
-    return not (tail.endswith(END) and tail.rfind(END) > tail.rfind(START))
+    # The last tag decides: a prompt that closed its thinking (Qwen3's enable_thinking false, or a
+    # prefilled reply past its thinking) is answered with content, as vLLM reads the prompt.
+    return prompt_tail.rfind(END) <= prompt_tail.rfind(START)
 
 
 @dataclass(frozen=True)
