@@ -218,3 +218,35 @@ def test_draft_model_drafts_every_sequence_in_one_draft_forward(folders: dict[st
         batched = engine.generate(prompts, params)
     assert max(widths) == 3  # the three sequences' draft steps ran as one draft forward
     assert [c.token_ids for c in batched] == [engine.generate(p, params)[0].token_ids for p in prompts]
+
+
+def test_undrafted_steps_teach_the_lookup_methods_what_drafting_steps_do(folders: dict[str, Path]) -> None:
+    # suffix: a request that never drafted still leaves its whole output to later requests.
+    params = [SamplingParams(max_tokens=10, ignore_eos=True), SamplingParams(max_tokens=30, ignore_eos=True)]
+    prompts = [[5, 6, 7, 8, 9] * 3, [10, 11, 12, 13] * 3]
+    for limit in (None, 2):
+        spec = {"method": "suffix", "num_speculative_tokens": 6, **({"disable_by_batch_size": limit} if limit else {})}
+        engine = make_engine(str(folders["target"]), spec, dtype="float32", max_num_seqs=4)
+        requests = [engine.request(p, sp) for p, sp in zip(prompts, params)]
+        for request in requests:
+            engine.scheduler.add(request)
+        while not engine.scheduler.idle:
+            engine.scheduler.step()
+        proposer = engine.scheduler._slots[0].proposer
+        kept = sorted(proposer.global_tree.sequence(i) for i in proposer.cached_requests)
+        # Each output, but perhaps its last token, which no forward fed (as without the key).
+        for sequence, request in zip(kept, sorted(requests, key=lambda r: r.completion.token_ids)):
+            out = request.completion.token_ids
+            assert len(sequence) >= len(out) - 1 and out[:len(sequence)] == sequence, limit
+    # ngram: the draft length follows what the drafts earned, not the tokens undrafted steps added.
+    engine = _engine("ngram", folders, max_num_seqs=1)
+    proposer = engine.scheduler._slots[0].proposer
+    context = _prompts(1, seed=4)[0]
+    draft = proposer.propose(context, 4, SamplingParams(), None).token_ids
+    assert draft
+    proposer.observe([context[-1]], len(context) - 1, None)  # the draft's step: nothing accepted
+    more = [7, 8, 9, 10]
+    for i, token in enumerate(more):  # undrafted steps commit one token each
+        proposer.observe([token], len(context) + i, None)
+    proposer.propose([*context, *more, 11], 4, SamplingParams(), None)
+    assert proposer._length == 3  # shrank by one, as after any rejected draft (not grown, as if all were taken)

@@ -17,6 +17,7 @@ from specsure.models.token_tree import depth
 from specsure.proposers.base import Draft, Proposer
 
 if TYPE_CHECKING:
+    from specsure.models.causal_lm import ForwardOutput
     from specsure.sampling import SamplingParams
 
 
@@ -51,6 +52,7 @@ class NgramProposer(Proposer):
         self._length: int | None = None  # the draft length now allowed (None: k), see `propose`
         # The last draft: context length, depth, and for a tree its first branch (None for a chain).
         self._last: tuple[int, int, list[int] | None] | None = None
+        self._taken: list[int] | None = None  # the last draft's accepted tokens, as the engine committed them
         self._backoff = 0  # chains to draft after the next fruitless tree (doubles, up to MAX_TREE_BACKOFF)
         self._wait = 0  # chains still to draft before the next tree
 
@@ -86,20 +88,29 @@ class NgramProposer(Proposer):
         self._last = (len(context), depth([-1, *parents]), tokens[:chain])
         return Draft(tokens, parents=parents)
 
+    def observe(self, token_ids: Sequence[int], start: int, out: "ForwardOutput | None") -> None:
+        """The verify step after a draft commits the pending token and the accepted draft tokens."""
+        if self._last is not None and self._taken is None:
+            self._taken = [int(t) for t in token_ids[1:]]
+
     def _learn(self, context: Sequence[int], k: int) -> None:
-        """What the last draft earned: the context grew by the accepted tokens plus one new pending token."""
+        """What the last draft earned: the tokens its verify step committed, as observed (steps that
+        drafted nothing since, under disable_by_batch_size, grew the context too); without an
+        observation, the context's growth: the accepted tokens plus one new pending token."""
         if self._last is None:
             return
         length, drafted, first = self._last
-        self._last = None
-        accepted = len(context) - length - 1
-        if accepted < 0:
-            return
+        taken, self._last, self._taken = self._taken, None, None
+        if taken is None:
+            accepted = len(context) - length - 1
+            if accepted < 0:
+                return
+            taken = _as_tokens(context)[length:length + accepted].tolist()
+        accepted = len(taken)
         allowed = self._length or k
         self._length = max(1, min(k, allowed + 2 if accepted >= drafted else allowed - 1))
         if first is None:
             return
-        taken = _as_tokens(context)[length:length + accepted].tolist()
         if accepted > 0 and taken != first[:accepted]:  # the target followed another branch
             self._backoff = 0
         else:

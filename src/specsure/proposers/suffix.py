@@ -64,7 +64,8 @@ class _Request:
     committed: list[int] = field(default_factory=list)
     """The tokens observe() reported as committed by the target."""
     prompt_len: int | None = None
-    """Set at the first propose(): its context is the prompt plus the first output token."""
+    """Set by the prompt's observe() (or, without one, at the first propose(): its context is the
+    prompt plus the first output token)."""
     version: int = 0
     """The global tree's version that ``cursor`` was found in."""
 
@@ -149,6 +150,8 @@ class SuffixProposer(Proposer):
         self._request = self._fresh()
 
     def observe(self, token_ids: Sequence[int], start: int, out: "ForwardOutput | None") -> None:
+        if start == 0:  # the prompt's forward: known here even if the request never drafts (disable_by_batch_size)
+            self._request.prompt_len = len(token_ids)
         committed = self._request.committed
         del committed[start:]
         committed.extend(int(t) for t in token_ids)
