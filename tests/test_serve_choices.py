@@ -81,6 +81,7 @@ def test_n_choices_share_a_request(sdk: openai.OpenAI) -> None:
     assert streamed == texts
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes == ["length"] * 4 and chunks[-1].usage.completion_tokens == 48
+    assert chunks[-1].usage == sampled.usage  # the chat prompt counts once, streamed or not
 
 
 def test_logprobs_of_tokens_inside_a_character_keep_their_bytes() -> None:

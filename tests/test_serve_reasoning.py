@@ -4,6 +4,7 @@ the thinking; a prompt that closed the thinking, or ``enable_thinking: false``, 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import openai
@@ -66,7 +67,10 @@ def test_the_thinking_is_reasoning_and_the_constraint_applies_after_it(engine: E
             reasoning = getattr(message, "reasoning", None)
             assert reasoning is None or set(reasoning) <= set("yesab")
             thought.append(reasoning)
-            assert joined(client.chat.completions.create(**ask, stream=True)) == (reasoning, "yes", "stop")
+            # One token per letter (the allowed ids are single letters), then </think>.
+            assert reply.usage.completion_tokens_details.reasoning_tokens == len(reasoning or "") + 1
+            # A client joining the deltas of an empty thinking has nothing; the whole message says "".
+            assert joined(client.chat.completions.create(**ask, stream=True)) == (reasoning or None, "yes", "stop")
         assert any(thought), "some seed should think before it answers"
 
 
@@ -76,9 +80,13 @@ def test_an_answer_that_never_closes_its_thinking_is_all_reasoning(engine: Engin
     body = {"messages": MESSAGES, "max_tokens": 12}
     text = plain.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
     assert "</think>" not in text
-    reply = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    whole = client.post("/v1/chat/completions", json=body).json()
+    reply = whole["choices"][0]
     assert reply["message"] == {"role": "assistant", "content": None, "reasoning": text}
     assert reply["finish_reason"] == "length"
+    assert whole["usage"]["completion_tokens_details"] == {"reasoning_tokens": 12}  # every token thought
+    logged = client.post("/v1/chat/completions", json={**body, "include_reasoning": False, "logprobs": True}).json()
+    assert logged["choices"][0]["logprobs"] is None  # the thinking's tokens would show what was hidden
     hidden = client.post("/v1/chat/completions", json={**body, "include_reasoning": False}).json()
     assert hidden["choices"][0]["message"] == {"role": "assistant", "content": None, "reasoning": None}
     # A named call waits for the answer: none here, as the answer never came.
@@ -94,8 +102,9 @@ def test_no_thinking_when_the_prompt_closed_it_or_the_request_turned_it_off(engi
     client = TestClient(create_app(engine, served_model_name="tiny", chat_template=SHOWS, reasoning_parser="qwen3"))
     off = {"messages": MESSAGES, "max_tokens": 12, "chat_template_kwargs": {"enable_thinking": False}}
     text = plain.post("/v1/chat/completions", json=off).json()["choices"][0]["message"]["content"]
-    reply = client.post("/v1/chat/completions", json=off).json()["choices"][0]["message"]
-    assert reply == {"role": "assistant", "content": text, "reasoning": None}
+    whole = client.post("/v1/chat/completions", json=off).json()
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": text, "reasoning": None}
+    assert whole["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
     # deepseek_r1 has no switch, but the prompt the template wrote ends the thinking.
     r1 = TestClient(create_app(engine, served_model_name="tiny", chat_template=SHOWS, reasoning_parser="deepseek_r1"))
     assert r1.post("/v1/chat/completions", json=off).json()["choices"][0]["message"]["content"] == text
@@ -174,3 +183,25 @@ def test_a_prefilled_reply_continues_inside_or_after_its_thinking(engine: Engine
     assert "</think>" not in text
     assert client.post("/v1/chat/completions", json=inside).json()["choices"][0]["message"] == \
         {"role": "assistant", "content": None, "reasoning": text}
+
+
+def test_the_prompts_tags_outrank_the_switch_and_odd_variables_are_the_clients_400(engine: Engine) -> None:
+    # QwQ-style: the template opens the thinking whatever enable_thinking says; the prompt decides.
+    client = TestClient(create_app(engine, served_model_name="tiny", chat_template=OPENS, reasoning_parser="qwen3"))
+    off = {"messages": MESSAGES, "max_tokens": 6, "chat_template_kwargs": {"enable_thinking": False}}
+    message = client.post("/v1/chat/completions", json=off).json()["choices"][0]["message"]
+    assert message["content"] is None and message["reasoning"]
+    arithmetic = TestClient(create_app(engine, served_model_name="tiny", reasoning_parser="qwen3",
+                                       chat_template="{{ messages[0]['content'] }}{{ x + 1 }}<think>\n"))
+    for route in ("/v1/chat/completions", "/tokenize"):
+        reply = arithmetic.post(route, json={"messages": MESSAGES, "chat_template_kwargs": {"x": "a"}})
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "chat_template_kwargs", reply.text
+    # A named call under a prompt that closed the thinking: the empty answer is one empty call, streamed or not.
+    closed = TestClient(create_app(engine, served_model_name="tiny", chat_template=SHOWS, reasoning_parser="qwen3"))
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    named = {**off, "allowed_token_ids": [0], "tools": [tool], "tool_choice": {"type": "function", "function": {"name": "f"}}}
+    whole = closed.post("/v1/chat/completions", json=named).json()["choices"][0]["message"]["tool_calls"]
+    events = closed.post("/v1/chat/completions", json={**named, "stream": True}).text.split("\n\n")
+    streamed = [call for e in events if e.startswith("data: {") for choice in json.loads(e[6:])["choices"]
+                for call in choice["delta"].get("tool_calls", [])]
+    assert [c["function"]["name"] for c in whole] == [c["function"]["name"] for c in streamed] == ["f"]

@@ -39,6 +39,7 @@ HERMES_CASES = [
     (f'{CALL}<tool_call>{{"name": "now"}}</tool_call>', None, [("get_weather", '{"city": "Paris"}'), ("now", "{}")]),
     (f"{CALL}\nDone.", "\nDone.", [("get_weather", '{"city": "Paris"}')]),
     (f"Hello {CALL} after", "Hello after", [("get_weather", '{"city": "Paris"}')]),
+    (f"Hi {CALL} mid {CALL} end", "Hi mid end", [("get_weather", '{"city": "Paris"}')] * 2),
     ("<tool_call>{not json}</tool_call> after", "<tool_call>{not json}</tool_call> after", []),
     ('<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
     (f'{CALL}<tool_call>{{"name": "now", "argu', '<tool_call>{"name": "now", "argu',
@@ -84,6 +85,12 @@ QWEN3_CODER_CASES = [
      [("get_weather", '{"city": " 2 cities ", "extra": "3"}')]),
     ('<tool_call>{"name": "now"}</tool_call>', '<tool_call>{"name": "now"}</tool_call>', []),  # JSON: not this format
     (f"{TAGGED[:40]}", TAGGED[:40], []),  # cut short: as written
+    # Code may hold the tags: only a </parameter> before the next parameter (or the end) closes a value,
+    # and only a </tool_call> after </function> closes the call.
+    ('<tool_call><function=get_weather><parameter=city>\nx("</parameter>", "</tool_call>")\n</parameter>'
+     "</function></tool_call>", None, [("get_weather", '{"city": "x(\\"</parameter>\\", \\"</tool_call>\\")"}')]),
+    ("<tool_call><function={{ name }}></function></tool_call>", "<tool_call><function={{ name }}></function></tool_call>",
+     []),  # a template placeholder is no function's name
 ]
 
 
@@ -157,14 +164,16 @@ def test_tagged_values_take_their_schemas_types() -> None:
     schema = {"type": "object", "properties": {
         "n": {"type": "integer"}, "x": {"type": "number"}, "ok": {"type": "boolean"}, "tags": {"type": "array"},
         "opt": {"anyOf": [{"type": "integer"}, {"type": "null"}]}, "name": {"type": ["string", "null"]},
-        "m": {"type": "object"}, "bad": {"type": "integer"}, "maybe": {"type": "boolean"}}}
+        "m": {"type": "object"}, "bad": {"type": "integer"}, "maybe": {"type": "boolean"},
+        "deep": {"type": "array"}}}
     offered = Tools((Function("f", None, schema),), "auto")
     body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in [
         ("n", "3"), ("x", "2.50"), ("ok", "True"), ("tags", "['a', \"b\"]"), ("opt", "None"), ("name", "null"),
-        ("m", "{1, 2}"), ("bad", "three"), ("maybe", "perhaps")])
+        ("m", "{1, 2}"), ("bad", "three"), ("maybe", "perhaps"), ("deep", "[" * 5000 + "]" * 5000)])
     answer = parse_answer(offered, f"<tool_call>\n<function=f>\n{body}</function>\n</tool_call>", "stop",
                           "qwen3_coder")
     (call,) = answer.tool_calls
     # A set is no JSON value, and neither "three" nor "perhaps" is its type: each stays as written.
     assert json.loads(call.arguments) == {"n": 3, "x": 2.5, "ok": True, "tags": ["a", "b"], "opt": None,
-                                          "name": None, "m": "{1, 2}", "bad": "three", "maybe": "perhaps"}
+                                          "name": None, "m": "{1, 2}", "bad": "three", "maybe": "perhaps",
+                                          "deep": "[" * 5000 + "]" * 5000}  # nested past Python's stack: text

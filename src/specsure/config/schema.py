@@ -162,9 +162,12 @@ def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
 
 def check_batch_size(value: Any) -> None:
     """disable_by_batch_size: null, or an integer >= 2 (vLLM's bound: at 1 no step would ever draft)."""
+    if value == 1 and not isinstance(value, bool):
+        raise ConfigError("disable_by_batch_size = 1 is out of range: it must be >= 2 (vLLM's bound); at 1 no step "
+                          "would draft, which is plain decoding: remove the speculative config instead.")
     if value is not None:
         _check_at_least("disable_by_batch_size", value, 2, "steps whose batch holds at least that many sequences draft "
-                        "nothing; at 1 none would, which is plain decoding: remove the speculative config instead")
+                        "nothing")
 
 
 def _check_at_least(field: str, value: Any, low: int, meaning: str) -> None:

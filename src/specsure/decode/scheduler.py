@@ -51,6 +51,9 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.disable_by_batch_size = disable_by_batch_size
         """A step that batches at least this many sequences drafts nothing (vLLM's key); None: never."""
+        if disable_by_batch_size is not None and disable_by_batch_size > max_num_seqs:
+            logger.warning("disable_by_batch_size = %d is above max_num_seqs = %d: no batch is ever that large, so "
+                           "every step drafts", disable_by_batch_size, max_num_seqs)
         self.undrafted_steps = 0
         """Steps that had sequences to draft for and drafted nothing because of disable_by_batch_size."""
         self._lm, self._hidden, self._aux_layers = lm, hidden, aux_layers

@@ -38,7 +38,7 @@ from specsure.serve.responses import ChunkWriter, Echo, Endpoint, chat_body, com
 from specsure.serve.runner import ClientGone, EngineRunner
 from specsure.serve.tokenizer_routes import add_tokenizer_routes
 from specsure.serve.reasoning import END, TAIL_TOKENS, ReasoningStream, Thinking, check_reasoning_parser, \
-    split_answer, thinks
+    reasoning_tokens, split_answer, thinks
 from specsure.serve.tool_calls import Answer, ToolCallStream, parse_answer
 from specsure.serve.tools import Tools
 
@@ -177,6 +177,9 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
             tail = engine.tokenizer.decode(seen, skip_special_tokens=False)
             thinking = Thinking(thinks(reasoning_parser, tail, req.template_kwargs), req.include_reasoning,
                                 calls_end=reasoning_parser == "qwen3")
+            if not thinking.include and params.logprobs is not None:
+                # Each token's text names it: the thinking's logprobs would show what the request hid (vLLM's rule).
+                params = replace(params, logprobs=None)
             if thinking.starts_inside and params.structured_outputs is not None:
                 # The thinking is free; the constraint (or the tool call it enforces) starts after it.
                 constraint = await run_in_threadpool(replace, params.structured_outputs, after=END)
@@ -196,13 +199,15 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         jobs = runner.submit([(prompt, choice_params(fit_to_context(params, len(prompt), context, delivery, name),
                                                      delivery.n)) for prompt, name in prompts], delivery.stream)
         text = token_text_of(engine.tokenizer, params.skip_special_tokens)
+        counted = None if thinking is None else \
+            (lambda c: reasoning_tokens(engine.tokenizer, c.token_ids, thinking))  # type: ignore[arg-type]
         if delivery.stream:
             deltas = [TextDeltas(engine.tokenizer, params.stop, params.skip_special_tokens)
                       if engine.tokenizer is not None else None
                       for _ in jobs]
             lengths = [len(prompt) for prompt, _ in prompts for _ in range(delivery.n)]  # each choice's prompt
             writer = ChunkWriter(endpoint, name, method, delivery.include_usage, text, len(jobs), delivery.n,
-                                 lengths if delivery.continuous_usage else None)
+                                 lengths if delivery.continuous_usage else None, counted)
             calls = [ToolCallStream(tools, parser) for _ in jobs] if tools is not None else None
             thoughts = [ReasoningStream(thinking.starts_inside, thinking.calls_end) for _ in jobs] \
                 if thinking is not None else None
@@ -234,7 +239,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
             if thinking is not None:
                 thoughts = [reasoning if thinking.include else None for reasoning, _ in parts]
                 return JSONResponse(chat_body(completions, name, method, text, answers,
-                                              [content for _, content in parts], thoughts))
+                                              [content for _, content in parts], thoughts, counted))
             return JSONResponse(chat_body(completions, name, method, text, answers))
         return JSONResponse(completion_body(completions, name, method, text, delivery.n, each))
 

@@ -58,18 +58,27 @@ class ChatTemplate:
                 messages, tools=tools.for_template() if tools is not None else None, chat_template=self._override,
                 add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
                 tokenize=True, return_dict=False, **(variables or {}))
-        except ValueError as exc:
-            if not continue_final_message:
-                raise
-            # transformers cuts the rendered text after the last message's content; a template that
-            # does not write that content verbatim leaves nothing to cut at.
-            raise RequestError(f"continue_final_message: the chat template could not leave the last message open "
-                               f"({exc}); send the message's content as plain text, or use POST /v1/completions "
-                               "with the prompt written out.", "continue_final_message") from None
         except TemplateError as exc:
+            if variables:  # a variable the template could not use is as likely as the messages
+                raise RequestError(f"the chat template rejected these messages or chat_template_kwargs: {exc}. Fix "
+                                   "them, or use POST /v1/completions with a plain prompt.",
+                                   "chat_template_kwargs") from None
             raise RequestError(f"the chat template rejected these messages: {exc}. Fix the messages (for example "
                                "the order of roles), or use POST /v1/completions with a plain prompt.",
                                "messages") from None
+        except (ValueError, TypeError, ArithmeticError) as exc:
+            if continue_final_message and isinstance(exc, ValueError) and "final message" in str(exc):
+                # transformers cuts the rendered text after the last message's content; a template that
+                # does not write that content verbatim leaves nothing to cut at.
+                raise RequestError(f"continue_final_message: the chat template could not leave the last message "
+                                   f"open ({exc}); send the message's content as plain text, or use POST "
+                                   "/v1/completions with the prompt written out.", "continue_final_message") from None
+            if not variables:
+                raise
+            # transformers hands the variables to Jinja as they are: one of the wrong type fails inside it.
+            raise RequestError(f"the chat template could not use chat_template_kwargs ({type(exc).__name__}: {exc}); "
+                               "send the variables with the types the template expects.",
+                               "chat_template_kwargs") from None
         return [int(t) for t in ids]
 
 

@@ -144,7 +144,7 @@ class EventStream(Response):
             reasoning, content = reasoning + more, content + rest
         out: list[dict[str, Any]] = [{"reasoning": reasoning}] if reasoning and self._include_reasoning else []
         # A named call opens with its first text: an answer still thinking (or that never stops) has none.
-        if calls is not None and (content or (final and (calls.named is None or thought is None))):
+        if calls is not None and (content or (final and (calls.named is None or thought is None or not thought.split))):
             out += calls.deltas(content, final=final)
         elif calls is None and content:
             out.append({"content": content})

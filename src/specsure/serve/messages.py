@@ -56,10 +56,12 @@ def _message(message: Any, where: str) -> dict[str, Any]:
                                 else _content(message["content"], where)}
     thought = [message[k] for k in ("reasoning", "reasoning_content") if message.get(k) is not None]
     if thought:
-        if not all(isinstance(t, str) for t in thought) or len(set(thought)) > 1:
+        if not all(isinstance(t, str) for t in thought):
             raise RequestError(f"{where}.reasoning = {shown(thought[0])} must be a string (the turn's thinking, as the "
-                               "server returned it); reasoning_content is its older name: send one of them.",
-                               f"{where}.reasoning")
+                               "server returned it).", f"{where}.reasoning")
+        if len(set(thought)) > 1:
+            raise RequestError(f"{where}.reasoning and {where}.reasoning_content differ; reasoning_content is the "
+                               "older name of reasoning: send one of them.", f"{where}.reasoning")
         # Templates read it as reasoning_content (Qwen3's), vLLM's name since is reasoning: both are set.
         rendered["reasoning"] = rendered["reasoning_content"] = thought[0]
     for key in ("name", "tool_call_id"):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 PARSERS = ("deepseek_r1", "qwen3")
 """The values of ``--reasoning-parser``: both read ``<think>...</think>``; ``qwen3`` also takes the
@@ -61,11 +61,13 @@ def thinks(parser: str | None, prompt_tail: str, template_kwargs: dict[str, Any]
     """
     if parser is None:
         return False
-    if parser == "qwen3" and (template_kwargs or {}).get("enable_thinking", True) is False:
-        return False
     # The last tag decides: a prompt that closed its thinking (Qwen3's enable_thinking false, or a
-    # prefilled reply past its thinking) is answered with content, as vLLM reads the prompt.
-    return prompt_tail.rfind(END) <= prompt_tail.rfind(START)
+    # prefilled reply past its thinking) is answered with content, and one that opened it (QwQ's,
+    # whatever the switch says) with thinking first, as vLLM reads the prompt.
+    opened, closed = prompt_tail.rfind(START), prompt_tail.rfind(END)
+    if opened >= 0 or closed >= 0:
+        return opened > closed
+    return not (parser == "qwen3" and (template_kwargs or {}).get("enable_thinking", True) is False)
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,10 @@ class ReasoningStream:
     """``Thinking.calls_end``: Qwen3.5 may open a tagged call without closing its thinking first."""
     _opening: bool = True
     _held: str = ""
+
+    def __post_init__(self) -> None:
+        self.split = self.thinking
+        """Whether this text is split at all (it started inside the thinking)."""
 
     def push(self, text: str) -> tuple[str, str]:
         """(reasoning, content) released by ``text``; a tag still arriving is held back."""
@@ -124,14 +130,15 @@ class ReasoningStream:
 
 
 def split_answer(thinking: bool, text: str, calls_end: bool = False) -> tuple[str | None, str | None]:
-    """(reasoning, content) of a finished answer, as its streamed deltas join; None for an empty part
-    of a split answer (vLLM's), and the text unchanged as content when it was not split."""
+    """(reasoning, content) of a finished answer, as its streamed deltas join: a split answer's
+    reasoning is text ("" when it thought nothing) and its content None when empty (vLLM's); an
+    answer not split is its text, unchanged, as content."""
     if not thinking:
         return None, text
     stream = ReasoningStream(thinking, calls_end)
     reasoning, content = stream.push(text)
     more, rest = stream.finish()
-    return (reasoning + more) or None, (content + rest) or None
+    return reasoning + more, (content + rest) or None  # vLLM's: "" thinking stays "", no answer is null
 
 
 def _partial_tag(text: str) -> int:
@@ -158,3 +165,23 @@ def _partial_call(text: str) -> int:
     if at >= 0 and FUNCTION.startswith(text[at + len(CALL):].lstrip()):
         return len(text) - at
     return next((n for n in range(min(len(CALL) - 1, len(text)), 0, -1) if CALL.startswith(text[-n:])), 0)
+
+
+def reasoning_tokens(tokenizer: Any, token_ids: Sequence[int], thinking: Thinking) -> int:
+    """The output tokens up to the one that ends the thinking (all of them when it never ends; 0 when
+    the answer was not split): vLLM's ``completion_tokens_details.reasoning_tokens``."""
+    if not thinking.starts_inside:
+        return 0
+
+    def ended(n: int) -> bool:
+        stream = ReasoningStream(True, thinking.calls_end)
+        stream.push(tokenizer.decode(list(token_ids[:n]), skip_special_tokens=False))
+        return not stream.thinking
+
+    low, high = 0, len(token_ids)  # the end, once in a prefix, is in every longer one: search for the first
+    if not ended(high):
+        return high
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if ended(mid) else (mid + 1, high)
+    return low

@@ -16,7 +16,7 @@ import math
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from specsure.decode.completion import Completion, TokenLogprob
 from specsure.decode.metrics import SpecStats
@@ -176,7 +176,8 @@ def completion_body(completions: Sequence[Completion], model_name: str, method: 
 def chat_body(completions: Sequence[Completion], model_name: str, method: str | None,
               text: TokenText, answers: Sequence[Answer] | None = None,
               contents: Sequence[str | None] | None = None,
-              reasoning: Sequence[str | None] | None = None) -> dict[str, Any]:
+              reasoning: Sequence[str | None] | None = None,
+              thinking: ReasoningCount | None = None) -> dict[str, Any]:
     """OpenAI's chat.completion object, plus ``speculative``; ``answers``: each choice's content and
     tool calls when the request offered tools; ``contents`` and ``reasoning``: each choice's answer
     and thinking, under a reasoning parser (the message then carries ``reasoning``, as vLLM's)."""
@@ -192,29 +193,38 @@ def chat_body(completions: Sequence[Completion], model_name: str, method: str | 
         choices.append({"index": i, "message": message,
                         "logprobs": None if c.logprobs is None else chat_logprobs(c.logprobs, text),
                         "finish_reason": finish})
-    return _body("chatcmpl", "chat.completion", choices, completions, model_name, method)
+    # One prompt for every choice: usage counts it once, as the streamed answer does.
+    return _body("chatcmpl", "chat.completion", choices, completions, model_name, method, len(completions), thinking)
 
 
 def _body(prefix: str, kind: str, choices: list[dict[str, Any]], completions: Sequence[Completion],
-          model_name: str, method: str | None, n: int = 1) -> dict[str, Any]:
+          model_name: str, method: str | None, n: int = 1, thinking: ReasoningCount | None = None) -> dict[str, Any]:
     return {
         "id": f"{prefix}-{uuid.uuid4().hex}",
         "object": kind,
         "created": int(time.time()),
         "model": model_name,
         "choices": choices,
-        "usage": usage(completions, n),
+        "usage": usage(completions, n, thinking),
         "speculative": speculative(completions, method),
     }
 
 
-def usage(completions: Sequence[Completion], n: int = 1) -> dict[str, int]:
+ReasoningCount = Callable[[Completion], int]
+"""A choice's output tokens spent thinking, under a reasoning parser."""
+
+
+def usage(completions: Sequence[Completion], n: int = 1, thinking: ReasoningCount | None = None) -> dict[str, Any]:
     """OpenAI's usage object: each prompt once (``n`` choices a prompt, prompt after prompt), every
-    choice's tokens (a final EOS counts, as in vLLM)."""
+    choice's tokens (a final EOS counts, as in vLLM); with ``thinking``, the tokens spent thinking
+    as ``completion_tokens_details.reasoning_tokens``, as vLLM reports them."""
     prompt_tokens = sum(len(c.prompt_token_ids) for c in completions[::n])
     completion_tokens = sum(len(c.token_ids) for c in completions)
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens}
+    if thinking is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": sum(thinking(c) for c in completions)}
+    return out
 
 
 def speculative(completions: Sequence[Completion], method: str | None) -> dict[str, Any]:
@@ -237,12 +247,13 @@ class ChunkWriter:
 
     def __init__(self, endpoint: Endpoint, model_name: str, method: str | None, include_usage: bool,
                  text: TokenText, n: int = 1, per_prompt: int | None = None,
-                 prompt_tokens: list[int] | None = None) -> None:
+                 prompt_tokens: list[int] | None = None, thinking: ReasoningCount | None = None) -> None:
         """``prompt_tokens``: each choice's prompt length, for usage on every chunk (vLLM's
         continuous_usage_stats); None puts usage on the last chunk only."""
         chat = endpoint == "chat"
         self._chat, self._method, self._include_usage, self._text, self._n = chat, method, include_usage, text, n
         self._prompt_tokens = prompt_tokens
+        self._thinking = thinking
         self._generated = [0] * n  # each choice's output tokens in the chunks so far
         self._per_prompt = per_prompt or n  # choices a prompt, for usage
         self._offsets = [0] * n  # each choice's text_offset so far
@@ -261,7 +272,7 @@ class ChunkWriter:
         shown = None if scored is None else echo_logprobs(echo, scored, self._text)
         self._offsets[index] += len(echo.text or "")
         choice = {"index": index, "text": echo.text, "token_ids": [], "logprobs": shown, "finish_reason": None}
-        return event({**self._head, "choices": [choice], **({"usage": None} if self._include_usage else {})})
+        return event({**self._head, "choices": [choice], **self._usage_so_far(index)})
 
     def delta(self, index: int, text: str | None, token_ids: list[int],
               logprobs: list[TokenLogprob] | None = None, pieces: list[dict[str, Any]] | None = None) -> bytes:
@@ -294,7 +305,8 @@ class ChunkWriter:
 
     def end(self, completions: Sequence[Completion]) -> bytes:
         """The usage chunk, if asked, then [DONE]."""
-        last = event({**self._head, "choices": [], "usage": usage(completions, self._per_prompt)}) if self._include_usage else b""
+        last = event({**self._head, "choices": [], "usage": usage(completions, self._per_prompt, self._thinking)}) \
+            if self._include_usage else b""
         return last + DONE
 
     def _chunk(self, index: int, content: dict[str, Any] | str | None, token_ids: list[int] | None = None, *,
@@ -313,10 +325,12 @@ class ChunkWriter:
         else:
             choice = {"index": index, "text": content, "token_ids": token_ids, "logprobs": shown,
                       "finish_reason": finish}
-        chunk = {**self._head, "choices": [choice], **extra}
+        return event({**self._head, "choices": [choice], **extra, **self._usage_so_far(index)})
+
+    def _usage_so_far(self, index: int) -> dict[str, Any]:
+        """A chunk's usage: choice ``index``'s so far with continuous_usage_stats, else OpenAI's null on
+        every chunk but the last (when include_usage), else none."""
         if self._prompt_tokens is not None:
             prompt, out = self._prompt_tokens[index], self._generated[index]
-            chunk["usage"] = {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out}
-        elif self._include_usage:
-            chunk["usage"] = None  # OpenAI's shape: null on every chunk but the last
-        return event(chunk)
+            return {"usage": {"prompt_tokens": prompt, "completion_tokens": out, "total_tokens": prompt + out}}
+        return {"usage": None} if self._include_usage else {}

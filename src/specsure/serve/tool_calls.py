@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specsure.serve.tools import Tools
-from specsure.serve.xml_calls import xml_call
+from specsure.serve.xml_calls import FUNCTION_END, xml_call
 
 PARSERS = ("hermes", "llama3_json", "pythonic", "qwen3_coder")
 """The values of ``--tool-call-parser``."""
@@ -211,6 +211,9 @@ class ToolCallStream:
         while True:
             if self._in_call:
                 end = self._pending.find(HERMES_END)
+                if self._parser == "qwen3_coder":  # a value may hold the tag: only the one after </function> ends
+                    while end >= 0 and not self._pending[:end].rstrip().endswith(FUNCTION_END):
+                        end = self._pending.find(HERMES_END, end + 1)
                 if end < 0:
                     if final:  # an unfinished call stays as written
                         content += HERMES_START + self._pending
@@ -223,8 +226,11 @@ class ToolCallStream:
                     content += HERMES_START + body + HERMES_END
                 else:
                     # A call separates the text around it: whitespace before it goes (the text after
-                    # keeps its own), as a call at the end drops it.
-                    content, self._held = content.rstrip(), ""
+                    # keeps its own), as a call at the end drops it. Whitespace held from an earlier
+                    # push goes too, unless text of this push stands between it and the call.
+                    content = content.rstrip()
+                    if not content:
+                        self._held = ""
                     if self._take(call):
                         calls.append(call)
                 continue

@@ -31,6 +31,7 @@ FUNCTION, FUNCTION_END = "<function=", "</function>"
 PARAMETER, PARAMETER_END = "<parameter=", "</parameter>"
 TEXT_TYPES = ("string", "str", "text", "varchar", "char", "enum")
 INTEGER_PREFIXES = ("int", "uint", "long", "short", "unsigned")
+NOT_IN_NAMES = "{}<>\"'"
 
 
 def xml_call(body: str, schemas: dict[str, Any]) -> tuple[str, str] | None:
@@ -47,8 +48,8 @@ def xml_call(body: str, schemas: dict[str, Any]) -> tuple[str, str] | None:
     if close < 0:
         return None
     name = text[len(FUNCTION):close].strip()
-    if not name:
-        return None
+    if not name or any(c in NOT_IN_NAMES or c.isspace() for c in name):
+        return None  # a template placeholder or prose, not a function's name (vLLM refuses these too)
     rest = text[close + 1:]
     end = rest.rfind(FUNCTION_END)
     rest = rest[:end] if end >= 0 else rest
@@ -68,22 +69,32 @@ def xml_call(body: str, schemas: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def _value(text: str, start: int) -> tuple[str, int]:
-    """A parameter's raw value from ``start``, and where the next parameter opens (-1: none). A
-    missing ``</parameter>`` ends the value at the next parameter, as vLLM reads it."""
+    """A parameter's raw value from ``start``, and where the next parameter opens (-1: none). Only a
+    ``</parameter>`` that the next parameter or the end follows closes the value (code may hold the
+    tag), and a missing one ends it at the next parameter, as vLLM reads them."""
     nxt = text.find(PARAMETER, start)
-    end = text.find(PARAMETER_END, start)
-    if end >= 0 and (nxt < 0 or end < nxt):
+    limit = nxt if nxt >= 0 else len(text)
+    end = text.find(PARAMETER_END, start, limit)
+    while end >= 0 and not _structural(text[end + len(PARAMETER_END):]):
+        end = text.find(PARAMETER_END, end + 1, limit)
+    if end >= 0:
         value, after = text[start:end], end + len(PARAMETER_END)
         nxt = text.find(PARAMETER, after)
         if text[after:nxt if nxt >= 0 else len(text)].strip():
             nxt = -1  # text after the last parameter, before </function>: the value ends here anyway
     else:
-        value = text[start:nxt if nxt >= 0 else len(text)]
+        value = text[start:limit]
     if value.startswith("\n"):
         value = value[1:]
     if value.endswith("\n"):
         value = value[:-1]
     return value, nxt
+
+
+def _structural(after: str) -> bool:
+    """Whether text after a ``</parameter>`` shows it closes the value: another parameter, or nothing."""
+    rest = after.lstrip()
+    return not rest or rest.startswith(PARAMETER)
 
 
 def _properties(schema: Any) -> dict[str, Any]:
@@ -98,7 +109,7 @@ def _typed(value: str, schema: Any) -> Any:
     typed = _parsed(value, schema)
     try:
         json.dumps(typed, allow_nan=False)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return value
     return typed
 
@@ -126,7 +137,7 @@ def _parsed(value: str, schema: Any) -> Any:
         return {"true": True, "false": False}.get(value.strip().lower(), value)
     try:
         return json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):  # a value nested past Python's stack stays text
         pass
     try:
         return ast.literal_eval(value)
