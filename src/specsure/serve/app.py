@@ -209,8 +209,9 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
             writer = ChunkWriter(endpoint, name, method, delivery.include_usage, text, len(jobs), delivery.n,
                                  lengths if delivery.continuous_usage else None, counted)
             calls = [ToolCallStream(tools, parser) for _ in jobs] if tools is not None else None
-            thoughts = [ReasoningStream(thinking.starts_inside, thinking.calls_end) for _ in jobs] \
-                if thinking is not None else None
+            # An answer that does not start inside its thinking is all content: nothing to split.
+            thoughts = [ReasoningStream(True, thinking.calls_end) for _ in jobs] \
+                if thinking is not None and thinking.starts_inside else None
             return EventStream(runner, jobs, writer, deltas, each, prompt_only, calls, thoughts,
                                thinking is None or thinking.include)
         gone = asyncio.ensure_future(disconnected(request.receive))

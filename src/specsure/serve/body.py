@@ -93,3 +93,14 @@ async def read_body(request: Request) -> bytes:
         raise APIError(f"the request body is {size / 2**20:.1f} MiB, more than the {MAX_BODY_BYTES // 2**20} MiB "
                        "this server reads; send a shorter prompt.", 413, code="body_too_large")
     return bytes(body)
+
+
+def flag(body: dict[str, Any], key: str, default: bool, where: str | None = None) -> bool:
+    """The body's boolean ``key``; ``default`` when absent or null. ``where``: the field's name in
+    errors (``stream_options.include_usage``), ``key`` by default."""
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise RequestError(f"{where or key} = {shown(value)} must be true or false.", where or key)
+    return value

@@ -1,13 +1,21 @@
-"""The chat template the server renders messages with: the tokenizer's, or ``--chat-template``'s."""
+"""The chat template the server renders messages with (the tokenizer's, or ``--chat-template``'s),
+and what a request may tell it: ``chat_template_kwargs``, ``add_generation_prompt``, ``continue_final_message``."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from specsure.decode.engine import Engine
-from specsure.serve.errors import RequestError
+from specsure.serve.body import flag
+from specsure.serve.errors import RequestError, shown
 from specsure.serve.tool_calls import check_parser
 from specsure.serve.tools import Tools
+
+
+TEMPLATE_OWN = ("conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+                "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+                "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs")
+"""apply_chat_template's own arguments, which chat_template_kwargs may not set."""
 
 
 class ChatTemplate:
@@ -91,3 +99,31 @@ def _check_syntax(template: str) -> None:
     except TemplateSyntaxError as exc:
         raise ValueError(f"chat_template is not a valid Jinja template: {exc.message} (line {exc.lineno}); fix the "
                          "template given with --chat-template.") from None
+
+
+def template_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+    """(add_generation_prompt, continue_final_message), vLLM's chat fields: at most one of them true."""
+    opens, continues = (flag(body, key, default) for key, default in (("add_generation_prompt", True),
+                                                                       ("continue_final_message", False)))
+    if opens and continues:
+        raise RequestError("continue_final_message continues the last message, and add_generation_prompt opens a new "
+                           'assistant turn after it; send "add_generation_prompt": false with it.',
+                           "continue_final_message")
+    return opens, continues
+
+
+def parse_template_kwargs(value: Any) -> dict[str, Any] | None:
+    """The request's ``chat_template_kwargs``: an object, with none of apply_chat_template's own arguments."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RequestError(f"chat_template_kwargs = {shown(value)} must be an object of variables for the chat "
+                           'template, e.g. {"enable_thinking": false}.', "chat_template_kwargs")
+    for key in value:
+        if key in TEMPLATE_OWN:
+            field = ("messages" if key in ("conversation", "messages") else key if key in (
+                "tools", "add_generation_prompt", "continue_final_message") else None)
+            fix = f"send it as the request's {field}" if field else "remove it"
+            raise RequestError(f"chat_template_kwargs.{key} is set by the server, not by a template variable; {fix}.",
+                               f"chat_template_kwargs.{key}")
+    return value

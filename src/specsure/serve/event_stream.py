@@ -48,7 +48,7 @@ class EventStream(Response):
         self._calls = calls
         """Each chat choice's text split into content and tool calls, when the request offers tools."""
         self._thoughts, self._include_reasoning = thoughts, include_reasoning
-        """Each chat choice's text split into reasoning and content, under a reasoning parser."""
+        """Each chat choice's text split into reasoning and content, when it starts inside the thinking."""
         self._echoes: list[Echo | None] = list(echoes) if echoes is not None else [None] * len(jobs)
         """Each choice's prompt to send before its first output (echo), until it is sent."""
 
@@ -144,7 +144,7 @@ class EventStream(Response):
             reasoning, content = reasoning + more, content + rest
         out: list[dict[str, Any]] = [{"reasoning": reasoning}] if reasoning and self._include_reasoning else []
         # A named call opens with its first text: an answer still thinking (or that never stops) has none.
-        if calls is not None and (content or (final and (calls.named is None or thought is None or not thought.split))):
+        if calls is not None and (content or (final and (calls.named is None or thought is None))):
             out += calls.deltas(content, final=final)
         elif calls is None and content:
             out.append({"content": content})

@@ -16,6 +16,8 @@ from typing import Any
 from specsure.config.errors import json_type
 from specsure.config.schema import suggest
 from specsure.sampling import MAX_LOGPROBS, SamplingError, SamplingParams
+from specsure.serve.body import flag
+from specsure.serve.chat_template import parse_template_kwargs, template_flags
 from specsure.serve.errors import RequestError, shown
 from specsure.serve.messages import parse_messages
 from specsure.serve.response_format import output_constraint
@@ -39,10 +41,6 @@ COMPLETION_FIELDS = ("prompt", "logprobs", "echo", *COMMON_FIELDS)
 CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
                "parallel_tool_calls", "chat_template_kwargs", "include_reasoning", "add_generation_prompt",
                "continue_final_message", *COMMON_FIELDS)
-TEMPLATE_OWN = ("conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-                "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
-                "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs")
-"""apply_chat_template's own arguments, which chat_template_kwargs may not set."""
 MAX_N = 16
 """The most choices one request may ask for: each is a sequence in the running batch."""
 MAX_PROMPTS = 64
@@ -206,41 +204,7 @@ def parse_chat(body: Any, model_name: str, auto_tool_parser: str | None = None,
                        *template_flags(body))
 
 
-def template_flags(body: dict[str, Any]) -> tuple[bool, bool]:
-    """(add_generation_prompt, continue_final_message), vLLM's chat fields: at most one of them true."""
-    opens, continues = (flag(body, key, default) for key, default in (("add_generation_prompt", True),
-                                                                       ("continue_final_message", False)))
-    if opens and continues:
-        raise RequestError("continue_final_message continues the last message, and add_generation_prompt opens a new "
-                           'assistant turn after it; send "add_generation_prompt": false with it.',
-                           "continue_final_message")
-    return opens, continues
 
-
-def flag(body: dict[str, Any], key: str, default: bool) -> bool:
-    """The body's boolean ``key``; ``default`` when absent or null."""
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise RequestError(f"{key} = {shown(value)} must be true or false.", key)
-    return value
-
-
-def parse_template_kwargs(value: Any) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise RequestError(f"chat_template_kwargs = {shown(value)} must be an object of variables for the chat "
-                           'template, e.g. {"enable_thinking": false}.', "chat_template_kwargs")
-    for key in value:
-        if key in TEMPLATE_OWN:
-            field = ("messages" if key in ("conversation", "messages") else key if key in (
-                "tools", "add_generation_prompt", "continue_final_message") else None)
-            fix = f"send it as the request's {field}" if field else "remove it"
-            raise RequestError(f"chat_template_kwargs.{key} is set by the server, not by a template variable; {fix}.",
-                               f"chat_template_kwargs.{key}")
-    return value
 
 
 def _chat_logprobs(body: dict[str, Any]) -> int | None:
@@ -336,16 +300,10 @@ def _delivery(body: dict[str, Any], max_tokens_field: str | None) -> Delivery:
             raise RequestError(f"unknown field {key!r} in stream_options.{suggest(key, STREAM_OPTION_FIELDS)} "
                                f"Fields: {', '.join(STREAM_OPTION_FIELDS)}.", f"stream_options.{key}",
                                "unknown_field")
-    usage, continuous = (_option(options, key) for key in ("include_usage", "continuous_usage_stats"))
+    usage, continuous = (flag(options, key, False, f"stream_options.{key}")
+                         for key in ("include_usage", "continuous_usage_stats"))
     # vLLM's rule: per-chunk usage only together with the usage chunk.
     return Delivery(stream, n, usage, max_tokens_field, usage and continuous, truncate)
-
-
-def _option(options: dict[str, Any], key: str) -> bool:
-    value = options.get(key)
-    if value is not None and not isinstance(value, bool):
-        raise RequestError(f"stream_options.{key} = {shown(value)} must be true or false.", f"stream_options.{key}")
-    return bool(value)
 
 
 def _sampling(body: dict[str, Any], max_field: str, default_max: int, logprobs: int | None) -> SamplingParams:

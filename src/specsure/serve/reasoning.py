@@ -93,10 +93,6 @@ class ReasoningStream:
     _opening: bool = True
     _held: str = ""
 
-    def __post_init__(self) -> None:
-        self.split = self.thinking
-        """Whether this text is split at all (it started inside the thinking)."""
-
     def push(self, text: str) -> tuple[str, str]:
         """(reasoning, content) released by ``text``; a tag still arriving is held back."""
         if not self.thinking:

@@ -15,11 +15,10 @@ from fastapi import FastAPI, Request
 
 from specsure.config.errors import json_type
 from specsure.decode.engine import Engine
-from specsure.serve.body import parse_json, read_body
-from specsure.serve.chat_template import ChatTemplate
+from specsure.serve.body import flag, parse_json, read_body
+from specsure.serve.chat_template import ChatTemplate, parse_template_kwargs, template_flags
 from specsure.serve.errors import RequestError, shown
 from specsure.serve.messages import parse_messages
-from specsure.serve.protocol import flag, parse_template_kwargs, template_flags
 from specsure.serve.tools import parse_tools
 
 TOKENIZE_FIELDS = ("model", "prompt", "messages", "tools", "add_special_tokens", "add_generation_prompt",
