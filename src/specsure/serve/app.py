@@ -13,7 +13,7 @@ import asyncio
 import hmac
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -26,15 +26,20 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from specsure.config.checkpoint import DEFAULT_MODEL_NAME
 from specsure.config.errors import as_json
 from specsure.decode.detokenize import TextDeltas
+from specsure.decode.completion import Completion
 from specsure.decode.engine import Engine, ParamsError, PromptError
 from specsure.sampling import SamplingParams
 from specsure.serve.body import parse_json, read_body
 from specsure.serve.chat_template import ChatTemplate
 from specsure.serve.errors import APIError, RequestError, error_body
 from specsure.serve.metrics import ServeMetrics
-from specsure.serve.protocol import Delivery, fit_to_context, parse_chat, parse_completion
+from specsure.serve.protocol import ChatRequest, Delivery, fit_to_context, parse_chat, parse_completion
+from specsure.serve.response_object import ResponseEvents, ResponseHead, as_messages, finished_status, output_items, \
+    text_logprobs
+from specsure.serve.response_request import ResponseRequest, in_responses_words, parse_response
+from specsure.serve.response_store import ResponseStore
 from specsure.serve.event_stream import EventStream, disconnected, internal_error, without_output
-from specsure.serve.responses import ChunkWriter, Echo, Endpoint, chat_body, completion_body, token_text_of
+from specsure.serve.responses import ChunkWriter, Echo, Endpoint, TokenText, chat_body, completion_body, token_text_of
 from specsure.serve.runner import ClientGone, EngineRunner
 from specsure.serve.tokenizer_routes import add_tokenizer_routes
 from specsure.serve.reasoning import END, TAIL_TOKENS, ReasoningStream, Thinking, check_reasoning_parser, \
@@ -42,8 +47,8 @@ from specsure.serve.reasoning import END, TAIL_TOKENS, ReasoningStream, Thinking
 from specsure.serve.tool_calls import Answer, ToolCallStream, parse_answer
 from specsure.serve.tools import Tools
 
-ROUTES = ("GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /tokenize, POST /detokenize, "
-          "GET /tokenizer_info, GET /health and GET /metrics")
+ROUTES = ("GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET and DELETE "
+          "/v1/responses/{id}, POST /tokenize, POST /detokenize, GET /tokenizer_info, GET /health and GET /metrics")
 
 DEFAULT_MAX_QUEUE = 64
 """Requests that may wait for a place in the running batch before the next is refused with a 503."""
@@ -92,6 +97,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
     metrics = ServeMetrics(engine, name)
     runner = EngineRunner(engine, metrics, max_queue, request_timeout, threads)
     method = engine.speculative_method
+    stored = ResponseStore()
     started = int(time.time())
 
     # No /docs or /openapi.json: the routes parse bodies themselves, so the schema would say nothing.
@@ -164,6 +170,32 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
     async def chat_completions(request: Request) -> Response:
         req = await run_in_threadpool(parse_chat, parse_json(await read_body(request)), name, tool_call_parser,
                                       template.special_tags)
+        prompt, params, thinking = await rendered(req)
+        return await answer(request, "chat", [(prompt, "messages")], params, req.delivery, tools=req.tools,
+                            thinking=thinking)
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request) -> Response:
+        req = await run_in_threadpool(parse_response, parse_json(await read_body(request)), name, stored.conversation,
+                                      tool_call_parser, template.special_tags)
+        try:
+            prompt, params, thinking = await rendered(req.chat)
+        except RequestError as exc:
+            raise in_responses_words(exc) from None
+        return await answer(request, "response", [(prompt, "input")], params, req.chat.delivery, tools=req.chat.tools,
+                            thinking=thinking, response=req)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str) -> dict[str, Any]:
+        return stored.get(response_id).body
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> dict[str, Any]:
+        stored.delete(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    async def rendered(req: ChatRequest) -> tuple[list[int], SamplingParams, Thinking | None]:
+        """A chat request's prompt, and its sampling and thinking as the reasoning parser reads the prompt."""
         template.check(name, req.tools)
         _check_params(engine, req.params)
         rendered = await run_in_threadpool(template.render, req.messages, req.tools, req.add_generation_prompt,
@@ -184,16 +216,16 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
                 # The thinking is free; the constraint (or the tool call it enforces) starts after it.
                 constraint = await run_in_threadpool(replace, params.structured_outputs, after=END)
                 params = replace(params, structured_outputs=constraint)
-        return await answer(request, "chat", [(prompt, "messages")], params, req.delivery, tools=req.tools,
-                            thinking=thinking)
+        return prompt, params, thinking
 
     async def answer(request: Request, endpoint: Endpoint, prompts: list[tuple[list[int], str]],
                      params: SamplingParams, delivery: Delivery, echoes: list[Echo] | None = None,
                      prompt_only: bool = False, tools: Tools | None = None,
-                     thinking: Thinking | None = None) -> Response:
+                     thinking: Thinking | None = None, response: ResponseRequest | None = None) -> Response:
         """Generate ``delivery.n`` choices for each (prompt, its name in the body), side by side; each
         choice after its prompt's echo, if ``echoes``; with ``prompt_only``, the echo alone; a chat
-        answer split into reasoning and content under ``thinking``."""
+        answer split into reasoning and content under ``thinking``; ``response``: the Responses
+        request the one answer is for."""
         each = None if echoes is None else [e for e in echoes for _ in range(delivery.n)]  # one per choice
         context = engine.target.lm.max_context
         jobs = runner.submit([(prompt, choice_params(fit_to_context(params, len(prompt), context, delivery, name),
@@ -206,8 +238,13 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
                       if engine.tokenizer is not None else None
                       for _ in jobs]
             lengths = [len(prompt) for prompt, _ in prompts for _ in range(delivery.n)]  # each choice's prompt
-            writer = ChunkWriter(endpoint, name, method, delivery.include_usage, text, len(jobs), delivery.n,
-                                 lengths if delivery.continuous_usage else None, counted)
+            writer: ChunkWriter | ResponseEvents
+            if response is not None:
+                writer = ResponseEvents(ResponseHead(name, method, response.settings), text, response.logprobs, counted,
+                                        lambda body: keep(response, body))
+            else:
+                writer = ChunkWriter(endpoint, name, method, delivery.include_usage, text, len(jobs), delivery.n,
+                                     lengths if delivery.continuous_usage else None, counted)
             calls = [ToolCallStream(tools, parser) for _ in jobs] if tools is not None else None
             # An answer that does not start inside its thinking is all content: nothing to split.
             thoughts = [ReasoningStream(True, thinking.calls_end) for _ in jobs] \
@@ -229,7 +266,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
                 runner.cancel(job)
         if prompt_only:
             completions = [without_output(c) for c in completions]
-        if endpoint == "chat":
+        if endpoint != "completion":
             parts = [split_answer(thinking.starts_inside, c.text or "", thinking.calls_end) if thinking is not None
                      else (None, c.text)
                      for c in completions]
@@ -237,12 +274,39 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
             answers = None if tools is None else [
                 parse_answer(tools, content, c.finish_reason, parser) if content is not None
                 else Answer(None, [], c.finish_reason) for (_, content), c in zip(parts, completions)]
+            if response is not None:
+                return JSONResponse(response_body(response, completions[0], parts[0], answers, thinking, counted, text))
             if thinking is not None:
                 thoughts = [reasoning if thinking.include else None for reasoning, _ in parts]
                 return JSONResponse(chat_body(completions, name, method, text, answers,
                                               [content for _, content in parts], thoughts, counted))
             return JSONResponse(chat_body(completions, name, method, text, answers))
         return JSONResponse(completion_body(completions, name, method, text, delivery.n, each))
+
+    def response_body(req: ResponseRequest, completion: Completion, part: tuple[str | None, str | None],
+                      answers: list[Answer] | None, thinking: Thinking | None,
+                      counted: Callable[[Completion], int] | None, text: TokenText) -> dict[str, Any]:
+        """A finished response's object (kept when the request stores it)."""
+        reasoning, content = part
+        calls = []
+        if answers is not None:
+            content, calls = answers[0].content, answers[0].tool_calls
+        if thinking is not None and not thinking.include:
+            reasoning = None
+        logprobs = None
+        if req.logprobs and completion.logprobs is not None:
+            # The message's own tokens: those of the thinking (and its closing tag) come first.
+            skipped = counted(completion) if counted is not None else 0
+            logprobs = text_logprobs(completion.logprobs[skipped:], text, completion.token_ids[:skipped])
+        status = finished_status(completion)
+        body = ResponseHead(name, method, req.settings).body(
+            status, output_items(reasoning, content, calls, logprobs, status), completion, counted)
+        keep(req, body)
+        return body
+
+    def keep(req: ResponseRequest, body: dict[str, Any]) -> None:
+        if req.store:
+            stored.put(body, req.conversation + as_messages(body["output"]))
 
     return app
 

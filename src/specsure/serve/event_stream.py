@@ -1,4 +1,4 @@
-"""A streamed chat or completion answer: server-sent events fed by the engine thread as steps are verified."""
+"""A streamed answer (chat, completion or response): server-sent events fed by the engine thread as steps are verified."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from specsure.decode.completion import Completion, TokenLogprob
 from specsure.decode.detokenize import TextDeltas
 from specsure.decode.engine import StepUpdate
 from specsure.serve.errors import APIError, error_body
-from specsure.serve.responses import DONE, ChunkWriter, Echo, event
+from specsure.serve.response_object import ResponseEvents
+from specsure.serve.responses import ChunkWriter, Echo
 from specsure.serve.runner import ClientGone, EngineRunner, Job
 from specsure.serve.reasoning import ReasoningStream
 from specsure.serve.tool_calls import ToolCallStream
@@ -34,7 +35,7 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, runner: EngineRunner, jobs: list[Job], writer: ChunkWriter,
+    def __init__(self, runner: EngineRunner, jobs: list[Job], writer: ChunkWriter | ResponseEvents,
                  texts: list[TextDeltas | None], echoes: list[Echo] | None = None, prompt_only: bool = False,
                  calls: list[ToolCallStream] | None = None, thoughts: list[ReasoningStream] | None = None,
                  include_reasoning: bool = True) -> None:
@@ -89,12 +90,12 @@ class EventStream(Response):
                         waiting[asyncio.ensure_future(self._runner.next_update(self._jobs[i], gone))] = i
                     await self._chunk(events)
         except APIError as exc:
-            return event(exc.to_body()) + DONE
+            return self._writer.failed(exc.to_body())
         except ClientGone:
             raise
         except Exception as exc:
             logger.exception("streamed request failed")
-            return event(internal_error(exc)) + DONE
+            return self._writer.failed(internal_error(exc))
         finally:
             for future in waiting:
                 future.cancel()
@@ -103,7 +104,10 @@ class EventStream(Response):
     def _step(self, i: int, update: StepUpdate) -> bytes:
         """Choice i's events for one update: a delta once text is final, or its finish chunk."""
         echo, self._echoes[i] = self._echoes[i], None
-        head = b"" if echo is None else self._writer.echo(i, echo, update.prompt_logprobs)
+        if echo is None:
+            return self._delta(i, update)
+        assert isinstance(self._writer, ChunkWriter)  # only completions echo
+        head = self._writer.echo(i, echo, update.prompt_logprobs)
         return head + self._delta(i, update)
 
     def _delta(self, i: int, update: StepUpdate) -> bytes:

@@ -23,7 +23,7 @@ from specsure.decode.metrics import SpecStats
 from specsure.models.token_bytes import BYTE_LEVEL
 from specsure.serve.tool_calls import Answer
 
-Endpoint = Literal["chat", "completion"]
+Endpoint = Literal["chat", "completion", "response"]
 DONE = b"data: [DONE]\n\n"
 
 
@@ -308,6 +308,10 @@ class ChunkWriter:
         last = event({**self._head, "choices": [], "usage": usage(completions, self._per_prompt, self._thinking)}) \
             if self._include_usage else b""
         return last + DONE
+
+    def failed(self, body: dict[str, Any]) -> bytes:
+        """An error after the stream began: its error object as an event, then [DONE]."""
+        return event(body) + DONE
 
     def _chunk(self, index: int, content: dict[str, Any] | str | None, token_ids: list[int] | None = None, *,
                logprobs: list[TokenLogprob] | None = None, finish: str | None = None, **extra: Any) -> bytes:

@@ -1,0 +1,417 @@
+"""A POST /v1/responses body (OpenAI's Responses API), read as the chat request it amounts to.
+
+The Responses API says what chat completions say in other words: ``input`` items for messages,
+``instructions`` for a first system message, flat function tools, ``text.format`` for
+``response_format``, ``max_output_tokens`` for ``max_tokens``. The body is checked here in its
+own words, then translated and parsed by the chat parser, so both endpoints take exactly the same
+sampling values, tools and constraints; an error the chat parser raises is reworded to name the
+Responses field. ``previous_response_id`` puts a stored response's conversation (its input and
+output, not its instructions) before ``input``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from specsure.config.errors import json_type
+from specsure.config.schema import suggest
+from specsure.sampling import MAX_LOGPROBS
+from specsure.serve.errors import RequestError, shown
+from specsure.serve.protocol import SAMPLING_FIELDS, ChatRequest, parse_chat
+
+EXTENSIONS = tuple(f for f in SAMPLING_FIELDS if f not in ("max_tokens", "temperature", "top_p"))
+"""vLLM's sampling extensions, taken here as on the chat endpoint."""
+FIELDS = ("model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
+          "parallel_tool_calls", "text", "reasoning", "stream", "stream_options", "store", "previous_response_id",
+          "metadata", "user", "safety_identifier", "prompt_cache_key", "top_logprobs", "include", "truncation",
+          "background", "service_tier", "max_tool_calls", "prompt", "chat_template_kwargs", "include_reasoning",
+          "structured_outputs", *EXTENSIONS)
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "background": (False,), "truncation": ("disabled",), "service_tier": ("auto", "default"),
+    "max_tool_calls": (), "prompt": (),
+}
+"""Fields specsure does not implement, accepted only as null or at a value that changes nothing."""
+LOGPROBS = "message.output_text.logprobs"
+INCLUDABLE = (LOGPROBS,)
+"""What ``include`` may ask for: the tokens' log-probabilities (no file search, no encrypted reasoning)."""
+ROLES = ("user", "system", "developer", "assistant")
+ITEMS = ("message", "function_call", "function_call_output", "reasoning")
+ITEM_FIELDS = {"message": ("type", "role", "content", "id", "status", "phase"),
+               "function_call": ("type", "call_id", "name", "arguments", "id", "status"),
+               "function_call_output": ("type", "call_id", "output", "id", "status"),
+               "reasoning": ("type", "id", "summary", "content", "encrypted_content", "status")}
+TEXT_PARTS = ("input_text", "output_text")
+TOOL_FIELDS = ("type", "name", "description", "parameters", "strict")
+FORMAT_FIELDS = {"text": ("type",), "json_object": ("type",),
+                 "json_schema": ("type", "name", "schema", "strict", "description")}
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+MAX_METADATA = 16
+"""OpenAI's limits on ``metadata``: 16 pairs, keys of at most 64 characters, values of at most 512."""
+
+History = Callable[[str], list[dict[str, Any]]]
+"""A stored response's conversation by its id (chat messages); raises an APIError for an unknown id."""
+
+_CHAT_WORDS = ((r"tools\[(\d+)\]\.function\.", r"tools[\1]."), (r"tool_choice\.function\.", "tool_choice."),
+               (r"response_format\.json_schema\.", "text.format."), (r"response_format", "text.format"),
+               (r"\bmax_tokens\b", "max_output_tokens"), (r"\bmessages\b", "input"))
+"""The chat parser's field names, and what the same field is called in a Responses body."""
+
+
+@dataclass(frozen=True)
+class ResponseRequest:
+    """A validated POST /v1/responses body."""
+
+    chat: ChatRequest
+    """The chat request it amounts to: messages (instructions, history and input), sampling, tools."""
+    conversation: list[dict[str, Any]]
+    """The history and this input as chat messages, without instructions: what a later
+    ``previous_response_id`` continues (with this response's output after it)."""
+    settings: dict[str, Any]
+    """The request's settings as the response object repeats them (OpenAI's fields, defaults filled)."""
+    store: bool = True
+    """Keep the response for GET /v1/responses/{id} and ``previous_response_id`` (OpenAI's default)."""
+    logprobs: bool = False
+    """Each output_text carries its tokens' log-probabilities."""
+
+
+def parse_response(body: Any, model_name: str, history: History, auto_tool_parser: str | None = None,
+                   special_tags: bool = False) -> ResponseRequest:
+    """``history`` looks up ``previous_response_id``; the other arguments are ``parse_chat``'s."""
+    body = _check_fields(body)
+    given_input = body.get("input")
+    if given_input is None:
+        raise RequestError('input is missing; send the text, or a list of items, e.g. "input": "Hello".', "input")
+    new = input_messages(given_input)
+    previous = body.get("previous_response_id")
+    if previous is not None and not isinstance(previous, str):
+        raise RequestError(f"previous_response_id = {shown(previous)} must be the id of a stored response "
+                           '("resp_...").', "previous_response_id")
+    conversation = (history(previous) if previous is not None else []) + new
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise RequestError(f"instructions = {shown(instructions)} must be a string: the system message.",
+                           "instructions")
+    system = [{"role": "system", "content": instructions}] if instructions else []
+    top = body.get("top_logprobs")
+    if top is not None and (type(top) is not int or not 0 <= top <= MAX_LOGPROBS):
+        raise RequestError(f"top_logprobs = {shown(top)} must be an integer from 0 to {MAX_LOGPROBS}: how many most "
+                           "likely alternatives to return with each token.", "top_logprobs")
+    # As in OpenAI's API and vLLM's, include asks for the logprobs and top_logprobs says how many alternatives.
+    logprobs = LOGPROBS in _include(body.get("include"))
+    chat_body: dict[str, Any] = {k: body[k] for k in ("model", "temperature", "top_p", "stream", "user",
+                                                      "parallel_tool_calls", "tool_choice", "include_reasoning",
+                                                      "structured_outputs", *EXTENSIONS)
+                                 if body.get(k) is not None}
+    chat_body["messages"] = system + conversation
+    if body.get("max_output_tokens") is not None:
+        chat_body["max_tokens"] = body["max_output_tokens"]
+    if body.get("tools") is not None:
+        chat_body["tools"] = _tools(body["tools"])
+    if isinstance(body.get("tool_choice"), dict):
+        chat_body["tool_choice"] = _named_choice(body["tool_choice"])
+    fmt = _format(body.get("text"))
+    if fmt is not None:
+        chat_body["response_format"] = fmt
+    variables = _template_variables(body)
+    if variables is not None:
+        chat_body["chat_template_kwargs"] = variables
+    if logprobs:
+        chat_body["logprobs"], chat_body["top_logprobs"] = True, top or 0
+    _check_stream_options(body)
+    try:
+        chat = parse_chat(chat_body, model_name, auto_tool_parser, special_tags)
+    except RequestError as exc:
+        raise in_responses_words(exc) from None
+    chat = replace(chat, delivery=replace(chat.delivery, max_tokens_field="max_output_tokens"
+                                          if body.get("max_output_tokens") is not None else None))
+    store = body.get("store")
+    if store is not None and not isinstance(store, bool):
+        raise RequestError(f"store = {shown(store)} must be true or false: whether to keep the response for "
+                           "GET /v1/responses/{id} and previous_response_id.", "store")
+    return ResponseRequest(chat, conversation, _settings(body, chat), store is not False, logprobs)
+
+
+def input_messages(value: Any) -> list[dict[str, Any]]:
+    """``input`` as chat messages: text is one user message; items become messages in order, an
+    assistant's function calls join its message, and a reasoning item is the next assistant turn's."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise RequestError(f'input = {shown(value)} must be text or a non-empty list of items, e.g. "input": '
+                           '[{"role": "user", "content": "Hello"}].', "input")
+    out: list[dict[str, Any]] = []
+    thought: str | None = None  # a reasoning item's text, waiting for the assistant turn it belongs to
+    for i, item in enumerate(value):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise RequestError(f"{where} = {shown(item)} must be an object: a message such as "
+                               '{"role": "user", "content": "Hello"}, or a function_call, function_call_output '
+                               "or reasoning item.", where)
+        kind = item.get("type", "message")
+        if kind not in ITEMS:
+            raise RequestError(f"{where}.type = {shown(kind)} is not an item this server takes; send one of "
+                               f"{', '.join(ITEMS)} (the model reads text only: no images, files or built-in "
+                               "tools).", f"{where}.type")
+        _known(item, ITEM_FIELDS[kind], where)
+        if kind == "reasoning":
+            thought = (thought or "") + _reasoning_text(item, where)
+            continue
+        assistant = kind == "function_call" or (kind == "message" and item.get("role") == "assistant")
+        if thought is not None and not assistant:  # thinking that led to no answer is still a turn
+            out.append({"role": "assistant", "content": "", "reasoning": thought})
+            thought = None
+        if kind == "message":
+            message = {"role": _role(item.get("role"), where), "content": _text(item.get("content"), where,
+                                                                                  "content")}
+        elif kind == "function_call_output":
+            message = {"role": "tool", "tool_call_id": _string(item, "call_id", where),
+                       "content": _text(item.get("output"), where, "output")}
+        else:
+            call = {"id": _string(item, "call_id", where), "type": "function",
+                    "function": {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)}}
+            last = out[-1] if out else None
+            if thought is None and last is not None and last["role"] == "assistant" and last.get("joinable"):
+                last.setdefault("tool_calls", []).append(call)
+                continue
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        if thought is not None:
+            message["reasoning"], thought = thought, None
+        if message["role"] == "assistant":
+            message["joinable"] = True  # the function calls right after it are the same turn's
+        out.append(message)
+    if thought is not None:
+        out.append({"role": "assistant", "content": "", "reasoning": thought})
+    for message in out:
+        message.pop("joinable", None)
+    return out
+
+
+def _role(role: Any, where: str) -> str:
+    if role not in ROLES:
+        raise RequestError(f"{where}.role = {shown(role)} must be one of {', '.join(ROLES)}.", f"{where}.role")
+    return "system" if role == "developer" else role
+
+
+def _text(value: Any, where: str, field: str) -> str:
+    """A message's content or a call's output: text, or a list of text parts joined."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for j, part in enumerate(value):
+            at = f"{where}.{field}[{j}]"
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "refusal" and isinstance(part.get("refusal"), str):
+                texts.append(part["refusal"])
+                continue
+            if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+                raise RequestError(f"{at} = {shown(part)} must be a text part, "
+                                   '{"type": "input_text", "text": "..."} (or output_text in an assistant message); '
+                                   "the model reads text only.", at)
+            _known(part, ("type", "text", "annotations", "logprobs"), at)
+            texts.append(part["text"])
+        return "".join(texts)
+    raise RequestError(f"{where}.{field} = {shown(value)} must be text or a list of text parts "
+                       '({"type": "input_text", "text": "..."}).', f"{where}.{field}")
+
+
+def _string(item: dict[str, Any], key: str, where: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or (key != "arguments" and not value):
+        raise RequestError(f"{where}.{key} = {shown(value)} must be a non-empty string"
+                           + (" (the arguments' JSON text)." if key == "arguments" else "."), f"{where}.{key}")
+    return value
+
+
+def _reasoning_text(item: dict[str, Any], where: str) -> str:
+    """A reasoning item's thinking: its content's text, else its summary's."""
+    if item.get("encrypted_content") is not None:
+        raise RequestError(f"{where}.encrypted_content: this server never encrypts reasoning, so it cannot read it; "
+                           "send the item's content as the server returned it.", f"{where}.encrypted_content")
+    for field, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(field)
+        if parts is None or parts == []:
+            continue
+        if not isinstance(parts, list) or not all(isinstance(p, dict) and p.get("type") == part_type
+                                                  and isinstance(p.get("text"), str) for p in parts):
+            raise RequestError(f"{where}.{field} = {shown(parts)} must be a list of "
+                               f'{{"type": "{part_type}", "text": "..."}} parts.', f"{where}.{field}")
+        return "".join(p["text"] for p in parts)
+    return ""
+
+
+def _tools(value: Any) -> Any:
+    """Responses' flat function tools as chat's ``{"type": "function", "function": {...}}``."""
+    if not isinstance(value, list):
+        return value  # the chat parser names the shape it wants
+    out = []
+    for i, tool in enumerate(value):
+        where = f"tools[{i}]"
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise RequestError(f"{where} = {shown(tool)} is not a function tool; this server runs only the client's "
+                               'functions, {"type": "function", "name": "...", "parameters": {...}} (no built-in '
+                               "tools such as web_search).", f"{where}.type" if kind is not None else where)
+        _known(tool, TOOL_FIELDS, where)
+        out.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
+    return out
+
+
+def _named_choice(value: dict[str, Any]) -> dict[str, Any]:
+    if value.get("type") != "function" or not isinstance(value.get("name"), str):
+        raise RequestError(f"tool_choice = {shown(value)} must be none, auto, required, or "
+                           '{"type": "function", "name": "..."} naming one of the tools.', "tool_choice")
+    _known(value, ("type", "name"), "tool_choice")
+    return {"type": "function", "function": {"name": value["name"]}}
+
+
+def _format(text: Any) -> dict[str, Any] | None:
+    """``text.format`` as chat's ``response_format``; None for plain text."""
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise RequestError(f'text = {shown(text)} must be an object such as {{"format": {{"type": "json_object"}}}}.',
+                           "text")
+    _known(text, ("format", "verbosity"), "text")
+    verbosity = text.get("verbosity")
+    if verbosity not in (None, "medium"):
+        raise RequestError(f"text.verbosity = {shown(verbosity)} is not supported by specsure (the model's length is "
+                           "not steerable here); leave it out, or send medium.", "text.verbosity",
+                           "unsupported_field")
+    fmt = text.get("format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind not in FORMAT_FIELDS:
+        raise RequestError(f"text.format = {shown(fmt)} must be an object whose type is one of "
+                           f"{', '.join(FORMAT_FIELDS)}, e.g. " + '{"type": "json_object"}.', "text.format")
+    _known(fmt, FORMAT_FIELDS[kind], "text.format")
+    if kind != "json_schema":
+        return {"type": kind}
+    return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
+
+
+def _template_variables(body: dict[str, Any]) -> Any:
+    """``chat_template_kwargs``, with ``reasoning.effort`` as ``reasoning_effort``, and ``enable_thinking``
+    false for the effort ``none`` unless the request set it (as vLLM hands them to the template:
+    templates that do not read them ignore them)."""
+    reasoning, variables = body.get("reasoning"), body.get("chat_template_kwargs")
+    if reasoning is None:
+        return variables
+    if not isinstance(reasoning, dict):
+        raise RequestError(f'reasoning = {shown(reasoning)} must be an object such as {{"effort": "low"}}.',
+                           "reasoning")
+    _known(reasoning, ("effort", "summary", "generate_summary"), "reasoning")
+    effort = reasoning.get("effort")
+    if effort is not None and effort not in EFFORTS:
+        raise RequestError(f"reasoning.effort = {shown(effort)} must be one of {', '.join(EFFORTS)}.",
+                           "reasoning.effort")
+    if effort is None or not (variables is None or isinstance(variables, dict)):
+        return variables
+    if isinstance(variables, dict) and variables.get("reasoning_effort", effort) != effort:
+        raise RequestError(f"reasoning.effort = {shown(effort)} and chat_template_kwargs.reasoning_effort = "
+                           f"{shown(variables['reasoning_effort'])} disagree; send one of them.", "reasoning.effort")
+    return {"enable_thinking": effort != "none", **(variables or {}), "reasoning_effort": effort}
+
+
+def _include(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise RequestError(f'include = {shown(value)} must be a list of strings, e.g. ["{LOGPROBS}"].', "include")
+    for item in value:
+        if item not in INCLUDABLE:
+            raise RequestError(f"include = {shown(value)}: {item!r} is not something this server returns; it can "
+                               f"include {', '.join(INCLUDABLE)}.", "include")
+    return list(value)
+
+
+def _check_stream_options(body: dict[str, Any]) -> None:
+    options = body.get("stream_options")
+    if options is None:
+        return
+    if body.get("stream") is not True:
+        raise RequestError("stream_options is only allowed with stream = true; remove stream_options, or send "
+                           "stream = true.", "stream_options")
+    if not isinstance(options, dict):
+        raise RequestError(f"stream_options = {shown(options)} must be an object.", "stream_options")
+    _known(options, ("include_obfuscation",), "stream_options")
+    if not isinstance(options.get("include_obfuscation", False), bool):
+        raise RequestError(f"stream_options.include_obfuscation = {shown(options['include_obfuscation'])} must be "
+                           "true or false (this server never pads its events, so either reads the same).",
+                           "stream_options.include_obfuscation")
+
+
+def _check_fields(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object with the fields of POST /v1/responses, got "
+                           f"{json_type(body)} {shown(body)}.")
+    for key, value in body.items():
+        if key not in FIELDS:
+            hint = {"messages": " Send the messages as input.", "max_tokens": " Send max_output_tokens.",
+                    "max_completion_tokens": " Send max_output_tokens.",
+                    "response_format": ' Send it as text.format, e.g. "text": {"format": {"type": "json_object"}}.',
+                    "n": " A response has one answer; send several requests."}.get(key) or suggest(key, FIELDS)
+            raise RequestError(f"unknown field {key!r} in the body of POST /v1/responses.{hint} Fields: "
+                               f"{', '.join(FIELDS)}.", key, "unknown_field")
+        if key in NEUTRAL and value is not None and not any(value == n and type(value) is type(n)
+                                                            for n in NEUTRAL[key]):
+            accepted = " or ".join(["null", *(shown(n) for n in NEUTRAL[key])])
+            raise RequestError(f"{key} = {shown(value)} is not supported by specsure; leave the field out (only "
+                               f"{accepted} is accepted).", key, "unsupported_field")
+    metadata = body.get("metadata")
+    if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= MAX_METADATA and all(
+            isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in metadata.items())):
+        raise RequestError(f"metadata = {shown(metadata)} must be an object of at most {MAX_METADATA} string values "
+                           "(keys up to 64 characters, values up to 512).", "metadata")
+    for key in ("safety_identifier", "prompt_cache_key"):
+        if body.get(key) is not None and not isinstance(body[key], str):
+            raise RequestError(f"{key} = {shown(body[key])} must be a string.", key)
+    return body
+
+
+def _known(obj: dict[str, Any], fields: tuple[str, ...], where: str) -> None:
+    for key in obj:
+        if key not in fields:
+            raise RequestError(f"unknown field {key!r} in {where}.{suggest(key, fields)} Fields: {', '.join(fields)}.",
+                               f"{where}.{key}", "unknown_field")
+
+
+def in_responses_words(exc: RequestError) -> RequestError:
+    """The chat parser's error in the Responses body's words."""
+    message, param = str(exc), exc.param
+    for chat, ours in _CHAT_WORDS:
+        message = re.sub(chat, ours, message)
+        param = re.sub(chat, ours, param) if param is not None else None
+    return RequestError(message, param, exc.code)
+
+
+def _settings(body: dict[str, Any], chat: ChatRequest) -> dict[str, Any]:
+    """The request's settings as the response object repeats them, OpenAI's defaults where none was sent."""
+    tools = chat.tools
+    reasoning = body.get("reasoning") or {}
+    return {
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "metadata": body.get("metadata") or {},
+        "parallel_tool_calls": tools.parallel if tools is not None else body.get("parallel_tool_calls") is not False,
+        "previous_response_id": body.get("previous_response_id"),
+        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
+        "store": body.get("store") is not False,
+        "temperature": chat.params.temperature,
+        "text": {"format": body["text"]["format"] if isinstance(body.get("text"), dict)
+                 and body["text"].get("format") is not None else {"type": "text"}},
+        "tool_choice": body.get("tool_choice") or ("auto" if tools is not None else "none"),
+        "tools": body.get("tools") or [],
+        "top_logprobs": body.get("top_logprobs") or 0,
+        "top_p": chat.params.top_p,
+        "truncation": "disabled",
+        "user": body.get("user"),
+        "background": False,
+        "service_tier": body.get("service_tier") or "auto",
+        "max_tool_calls": None,
+        "safety_identifier": body.get("safety_identifier"),
+        "prompt_cache_key": body.get("prompt_cache_key"),
+    }
