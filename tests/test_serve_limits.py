@@ -1,8 +1,9 @@
 """Limits and back-pressure on a real uvicorn server: --max-queue, --request-timeout, the context
-room, and a corpus of bad input for both endpoints. Nothing may hang, reset a connection or 500."""
+room, and a corpus of bad input for every endpoint. Nothing may hang, reset a connection or 500."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Iterator
@@ -112,6 +113,21 @@ def test_request_timeout_ends_a_stream_with_an_error_event(engine: Engine, monke
         assert raw.status_code == 200 and raw.text.endswith("data: [DONE]\n\n") and '"request_timeout"' in raw.text
 
 
+def test_request_timeout_fails_a_streamed_response(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    Trace(engine, monkeypatch, step_s=0.1)
+    with serving(create_app(engine, served_model_name="tiny", request_timeout=0.8)) as url:
+        raw = httpx.post(f"{url}/v1/responses", json={"input": WORDS, "max_output_tokens": 400, "ignore_eos": True,
+                                                      "stream": True}, timeout=30)
+        said = [json.loads(line[len("data: "):]) for line in raw.text.splitlines() if line.startswith("data: ")]
+        assert raw.status_code == 200 and said[0]["type"] == "response.created"
+        assert said[-2]["type"] == "error" and said[-2]["code"] == "request_timeout"
+        failed = said[-1]["response"]
+        assert said[-1]["type"] == "response.failed" and failed["status"] == "failed"
+        assert failed["error"]["code"] == "request_timeout" and "--request-timeout" in failed["error"]["message"]
+        assert failed["output"][0]["content"][0]["text"]  # what it said before it stopped
+        assert httpx.get(f"{url}/v1/responses/{failed['id']}").status_code == 404  # a failed response is not kept
+
+
 def test_request_timeout_in_the_queue_is_a_503(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     trace = Trace(engine, monkeypatch, step_s=2.0)  # one step outlasts both deadlines
     monkeypatch.setattr(engine.scheduler, "max_num_seqs", 1)  # so the second request waits
@@ -192,8 +208,18 @@ ONLY = {
                          (b'{"messages": [{"role": "user", "content": "w1"}], "echo": false}', "echo"),
                          (b'{"messages": [{"role": "user", "content": "w1"}], "best_of": 1}', "best_of")],
 }
+RESPONSES = [(body.replace(b'"max_tokens"', b'"max_output_tokens"'),
+              param.replace("max_tokens", "max_output_tokens") if param else None)
+             for body, param in EITHER if param != "top_logprobs"] + [  # top_logprobs alone is fine there
+    (b"{}", "input"), (b'{"input": {"a": 1}}', "input"), (b'{"input": "\\udc00"}', "input"),
+    (b'{"input": [{"role": "user", "content": {"x": 1}}]}', "input[0].content"),
+    (b'{"input": "' + b"w1 " * 600 + b'"}', "input"), (b'{"input": "w1", "top_logprobs": 3.5}', "top_logprobs"),
+    (b'{"input": [{"role": "user", "content": [{"type": "input_text", "text": "w1", "foo": 1}]}]}',
+     "input[0].content[0].foo"), (b'{"input": "w1", "previous_response_id": 5}', "previous_response_id"),
+    (b'{"input": "w1", "tools": [{"type": "function"}]}', "tools[0].name")]
 CORPUS = [(endpoint, body.replace(b"{base", b"{" + BASES[endpoint].encode()), param)
-          for endpoint in BASES for body, param in [*EITHER, *ONLY[endpoint]]]
+          for endpoint in BASES for body, param in [*EITHER, *ONLY[endpoint]]] + \
+    [("responses", body.replace(b"{base", b'{"input": "w5"'), param) for body, param in RESPONSES]
 
 
 @pytest.mark.parametrize("endpoint, body, param", CORPUS,

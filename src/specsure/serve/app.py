@@ -10,36 +10,32 @@ admitting or refusing the next request.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specsure.config.checkpoint import DEFAULT_MODEL_NAME
 from specsure.config.errors import as_json
 from specsure.decode.detokenize import TextDeltas
-from specsure.decode.completion import Completion
 from specsure.decode.engine import Engine, ParamsError, PromptError
 from specsure.sampling import SamplingParams
+from specsure.serve.api_key import RequireKey
 from specsure.serve.body import parse_json, read_body
 from specsure.serve.chat_template import ChatTemplate
 from specsure.serve.errors import APIError, RequestError, error_body
 from specsure.serve.metrics import ServeMetrics
 from specsure.serve.protocol import ChatRequest, Delivery, fit_to_context, parse_chat, parse_completion
-from specsure.serve.response_object import ResponseEvents, ResponseHead, as_messages, finished_status, output_items, \
-    text_logprobs
+from specsure.serve.response_object import ResponseEvents, ResponseHead, as_messages
 from specsure.serve.response_request import ResponseRequest, in_responses_words, parse_response
 from specsure.serve.response_store import ResponseStore
 from specsure.serve.event_stream import EventStream, disconnected, internal_error, without_output
-from specsure.serve.responses import ChunkWriter, Echo, Endpoint, TokenText, chat_body, completion_body, token_text_of
+from specsure.serve.responses import ChunkWriter, Echo, Endpoint, chat_body, completion_body, token_text_of
 from specsure.serve.runner import ClientGone, EngineRunner
 from specsure.serve.tokenizer_routes import add_tokenizer_routes
 from specsure.serve.reasoning import END, TAIL_TOKENS, ReasoningStream, Thinking, check_reasoning_parser, \
@@ -275,34 +271,20 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
                 parse_answer(tools, content, c.finish_reason, parser) if content is not None
                 else Answer(None, [], c.finish_reason) for (_, content), c in zip(parts, completions)]
             if response is not None:
-                return JSONResponse(response_body(response, completions[0], parts[0], answers, thinking, counted, text))
+                (reasoning, content), calls = parts[0], []
+                if answers is not None:
+                    content, calls = answers[0].content, answers[0].tool_calls
+                body = ResponseHead(name, method, response.settings).finished(
+                    completions[0], reasoning if thinking is None or thinking.include else None, content, calls,
+                    text if response.logprobs else None, counted)
+                keep(response, body)
+                return JSONResponse(body)
             if thinking is not None:
                 thoughts = [reasoning if thinking.include else None for reasoning, _ in parts]
                 return JSONResponse(chat_body(completions, name, method, text, answers,
                                               [content for _, content in parts], thoughts, counted))
             return JSONResponse(chat_body(completions, name, method, text, answers))
         return JSONResponse(completion_body(completions, name, method, text, delivery.n, each))
-
-    def response_body(req: ResponseRequest, completion: Completion, part: tuple[str | None, str | None],
-                      answers: list[Answer] | None, thinking: Thinking | None,
-                      counted: Callable[[Completion], int] | None, text: TokenText) -> dict[str, Any]:
-        """A finished response's object (kept when the request stores it)."""
-        reasoning, content = part
-        calls = []
-        if answers is not None:
-            content, calls = answers[0].content, answers[0].tool_calls
-        if thinking is not None and not thinking.include:
-            reasoning = None
-        logprobs = None
-        if req.logprobs and completion.logprobs is not None:
-            # The message's own tokens: those of the thinking (and its closing tag) come first.
-            skipped = counted(completion) if counted is not None else 0
-            logprobs = text_logprobs(completion.logprobs[skipped:], text, completion.token_ids[:skipped])
-        status = finished_status(completion)
-        body = ResponseHead(name, method, req.settings).body(
-            status, output_items(reasoning, content, calls, logprobs, status), completion, counted)
-        keep(req, body)
-        return body
 
     def keep(req: ResponseRequest, body: dict[str, Any]) -> None:
         if req.store:
@@ -316,31 +298,6 @@ def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
     if params.seed is None or n == 1:
         return [params] * n
     return [replace(params, seed=(params.seed + i) % 2**64) for i in range(n)]
-
-
-GUARDED = ("/v1/", "/tokenize", "/detokenize", "/tokenizer_info")
-"""The paths --api-key guards: all but /health and /metrics."""
-
-
-class RequireKey:
-    """ASGI middleware: every request to a GUARDED path needs ``Authorization: Bearer <api_key>``, else a 401."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app, self.api_key = app, api_key
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(GUARDED) and not self._authorised(scope):
-            reply = JSONResponse(error_body("missing or wrong API key: send the header 'Authorization: Bearer "
-                                            "<key>' with the key the server was started with (--api-key or "
-                                            "SPECSURE_API_KEY).", code="invalid_api_key"),
-                                 status_code=401, headers={"WWW-Authenticate": "Bearer"})
-            await reply(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-    def _authorised(self, scope: Scope) -> bool:
-        scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
 
 
 def _check_params(engine: Engine, params: SamplingParams) -> None:

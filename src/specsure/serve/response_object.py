@@ -108,6 +108,18 @@ class ResponseHead:
                 "speculative": speculative([completion], self._method) if completion is not None else None}
 
 
+    def finished(self, completion: Completion, reasoning: str | None, content: str | None, calls: Sequence[ToolCall],
+                 text: TokenText | None, thinking: ReasoningCount | None) -> dict[str, Any]:
+        """A finished answer's object; ``text``: names its message's tokens in ``logprobs``, when asked for."""
+        logprobs = None
+        if text is not None and completion.logprobs is not None:
+            # The message's own tokens: those of the thinking (and its closing tag) come first.
+            skipped = thinking(completion) if thinking is not None else 0
+            logprobs = text_logprobs(completion.logprobs[skipped:], text, completion.token_ids[:skipped])
+        status = finished_status(completion)
+        return self.body(status, output_items(reasoning, content, calls, logprobs, status), completion, thinking)
+
+
 def finished_status(completion: Completion) -> Status:
     """``incomplete`` when the output was cut at its token limit (OpenAI's ``max_output_tokens`` reason)."""
     return "incomplete" if completion.finish_reason == "length" else "completed"

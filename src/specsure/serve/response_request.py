@@ -290,6 +290,9 @@ def _format(text: Any) -> dict[str, Any] | None:
     _known(fmt, FORMAT_FIELDS[kind], "text.format")
     if kind != "json_schema":
         return {"type": kind}
+    if not isinstance(fmt.get("schema"), dict) or not isinstance(fmt.get("name"), str):
+        raise RequestError('text.format of type json_schema needs a name and a schema, e.g. {"type": "json_schema", '
+                           f'"name": "answer", "schema": {{"type": "object"}}}}; got {shown(fmt)}.', "text.format")
     return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
 
 

@@ -1,0 +1,315 @@
+"""OpenAI's Responses API (POST /v1/responses) as the official client uses it: each request
+answers what the chat request it amounts to answers, streamed or not alike; stored responses
+continue with ``previous_response_id``; function tools, reasoning, structured text and logprobs;
+every bad field is a 400 that names it in the Responses API's words."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+import httpx
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from grammar_model import build_byte_level_model
+from serving import serving
+from specsure import make_engine
+from specsure.decode.engine import Engine
+from specsure.serve import create_app
+from specsure.serve.errors import RequestError
+from specsure.serve.response_request import input_messages
+from specsure.serve.response_store import ResponseStore
+
+TEMPLATE = ("{%- if tools %}<tools>{% for t in tools %}{{ t.function.name }} {% endfor %}</tools>\n{% endif %}"
+            "{% for m in messages %}{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+            "{% if m.role == 'tool' %}<tool_response>{{ m.tool_call_id }}:{{ m.content }}</tool_response>"
+            "{% elif m.tool_calls %}{{ m.content }}{% for c in m.tool_calls %}<tool_call>"
+            "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}</tool_call>{% endfor %}"
+            "{% else %}{{ m.role[0] }}:{{ m.content }}{% endif %}\n{% endfor %}"
+            "{% if reasoning_effort %}effort={{ reasoning_effort }}{% endif %}")
+"""Hermes-style tools and calls, each turn's role and thinking shown, and reasoning_effort: the
+prompt shows everything a request carried over, so equal prompts mean equal translations."""
+THINKS = TEMPLATE + "<think>\n"
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+                          "required": ["city"]}}
+AS_CHAT_TOOL = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+HERMES = ('Sure\\.\\n<tool_call>\\{"name": "get_weather", "arguments": \\{"city": "Paris"\\}\\}</tool_call>')
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    folder = build_byte_level_model(tmp_path_factory.mktemp("bytes-responses"), added=("<think>", "</think>"))
+    return make_engine(str(folder), {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1},
+                       dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def url(engine: Engine) -> Iterator[str]:
+    with serving(create_app(engine, served_model_name="tiny", chat_template=TEMPLATE, tool_call_parser="hermes")) \
+            as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def sdk(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def chat(sdk: openai.OpenAI, messages: list[dict[str, Any]], **fields: Any) -> Any:
+    return sdk.chat.completions.create(model="tiny", messages=messages, **fields)
+
+
+def events(url: str, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(event line, data) of each server-sent event of a streamed response."""
+    raw = httpx.post(f"{url}/v1/responses", json={**body, "stream": True}, timeout=60)
+    assert raw.status_code == 200 and raw.headers["content-type"].startswith("text/event-stream")
+    out = []
+    for block in raw.text.strip().split("\n\n"):
+        head, data = block.split("\n")
+        assert head.startswith("event: ") and data.startswith("data: ")
+        out.append((head[len("event: "):], json.loads(data[len("data: "):])))
+    return out
+
+
+def test_a_response_answers_what_the_chat_request_answers(sdk: openai.OpenAI) -> None:
+    reply = chat(sdk, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
+                 max_tokens=12)
+    response = sdk.responses.create(model="tiny", instructions="Be brief.", input="Hello", max_output_tokens=12)
+    assert response.output_text == reply.choices[0].message.content
+    assert response.id.startswith("resp_") and response.output[0].id.startswith("msg_")
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (reply.usage.prompt_tokens,
+                                                                           reply.usage.completion_tokens)
+    assert response.usage.total_tokens == reply.usage.total_tokens
+    cut = reply.choices[0].finish_reason == "length"
+    assert response.status == ("incomplete" if cut else "completed")
+    assert (response.incomplete_details.reason if cut else response.incomplete_details) == \
+        ("max_output_tokens" if cut else None)
+    assert response.max_output_tokens == 12 and response.instructions == "Be brief."
+    assert response.model_extra["speculative"]["method"] == "ngram"
+
+
+def test_a_streamed_response_tells_the_same_object_event_by_event(sdk: openai.OpenAI, url: str) -> None:
+    body = {"model": "tiny", "input": "Say yes", "max_output_tokens": 8, "structured_outputs": {"regex": "ye+s"}}
+    whole = httpx.post(f"{url}/v1/responses", json=body, timeout=60).json()
+    said = events(url, body)
+    kinds = [kind for kind, _ in said]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    assert all(data["type"] == kind for kind, data in said)
+    assert [data["sequence_number"] for _, data in said] == list(range(len(said)))
+    text = "".join(data["delta"] for kind, data in said if kind == "response.output_text.delta")
+    final = said[-1][1]["response"]
+    assert text == whole["output"][0]["content"][0]["text"] == final["output"][0]["content"][0]["text"]
+    assert final["usage"] == whole["usage"] and final["status"] == whole["status"] == "completed"
+    assert said[0][1]["response"]["id"] == final["id"] != whole["id"]
+    with sdk.responses.stream(model="tiny", input="Say yes", max_output_tokens=8,
+                              extra_body={"structured_outputs": {"regex": "ye+s"}}) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        assert "".join(deltas) == stream.get_final_response().output_text == text
+
+
+def test_previous_response_id_continues_the_stored_conversation(sdk: openai.OpenAI, url: str) -> None:
+    first = sdk.responses.create(model="tiny", instructions="Old rules.", input="Hi", max_output_tokens=6)
+    second = sdk.responses.create(model="tiny", instructions="New rules.", input="More", max_output_tokens=6,
+                                  previous_response_id=first.id)
+    # The first instructions are not carried over (OpenAI's rule); its input and output are.
+    reply = chat(sdk, [{"role": "system", "content": "New rules."}, {"role": "user", "content": "Hi"},
+                       {"role": "assistant", "content": first.output_text}, {"role": "user", "content": "More"}],
+                 max_tokens=6)
+    assert second.output_text == reply.choices[0].message.content
+    assert second.usage.input_tokens == reply.usage.prompt_tokens
+    assert second.previous_response_id == first.id
+    assert sdk.responses.retrieve(first.id).output_text == first.output_text
+    streamed = events(url, {"input": "Again", "max_output_tokens": 4, "previous_response_id": second.id})
+    third = sdk.responses.retrieve(streamed[-1][1]["response"]["id"])  # a streamed response is stored too
+    assert third.output_text == streamed[-1][1]["response"]["output"][0]["content"][0]["text"]
+    unstored = sdk.responses.create(model="tiny", input="Hi", max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError, match="store"):
+        sdk.responses.retrieve(unstored.id)
+    with pytest.raises(openai.NotFoundError) as caught:
+        sdk.responses.create(model="tiny", input="x", previous_response_id=unstored.id)
+    assert caught.value.body["param"] == "previous_response_id"
+    assert httpx.delete(f"{url}/v1/responses/{first.id}").json() == {"id": first.id, "object": "response",
+                                                                      "deleted": True}
+    assert httpx.get(f"{url}/v1/responses/{first.id}").status_code == 404
+
+
+def test_the_store_keeps_the_newest_responses() -> None:
+    store = ResponseStore(2)
+    for i in range(3):
+        store.put({"id": f"resp_{i}"}, [{"role": "user", "content": str(i)}])
+    with pytest.raises(Exception, match="keeps the last 2"):
+        store.get("resp_0")
+    assert store.conversation("resp_2") == [{"role": "user", "content": "2"}]
+    store.delete("resp_1")
+    with pytest.raises(Exception, match="resp_1"):
+        store.conversation("resp_1")
+
+
+def test_function_tools_are_called_as_on_the_chat_endpoint(sdk: openai.OpenAI, url: str) -> None:
+    named = sdk.responses.create(model="tiny", input="Weather?", tools=[WEATHER],
+                                 tool_choice={"type": "function", "name": "get_weather"})
+    reply = chat(sdk, [{"role": "user", "content": "Weather?"}], tools=[AS_CHAT_TOOL],
+                 tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    (call,) = named.output
+    assert call.type == "function_call" and call.id.startswith("fc_") and call.name == "get_weather"
+    assert call.arguments == reply.choices[0].message.tool_calls[0].function.arguments
+    said = events(url, {"input": "Weather?", "tools": [WEATHER], "tool_choice": "required"})
+    kinds = [kind for kind, _ in said]
+    assert "response.content_part.added" not in kinds  # a call has no content parts
+    final = said[-1][1]["response"]
+    arguments = "".join(d["delta"] for k, d in said if k == "response.function_call_arguments.delta")
+    assert final["output"][0]["arguments"] == arguments and json.loads(arguments)["city"]
+    # auto: the Hermes parser finds the call the model writes after its text.
+    auto = sdk.responses.create(model="tiny", input="Weather?", tools=[WEATHER], max_output_tokens=200,
+                                extra_body={"structured_outputs": {"regex": HERMES}})
+    assert [item.type for item in auto.output] == ["message", "function_call"]
+    assert auto.output_text == "Sure." and json.loads(auto.output[1].arguments) == {"city": "Paris"}
+    # The call and its result go back as items; the prompt is the chat request's with the same turns.
+    result = sdk.responses.create(model="tiny", tools=[WEATHER], tool_choice="none", max_output_tokens=5, input=[
+        {"role": "user", "content": "Weather?"}, *[item.model_dump(exclude_none=True) for item in auto.output],
+        {"type": "function_call_output", "call_id": auto.output[1].call_id, "output": "sunny"}])
+    turns = [{"role": "user", "content": "Weather?"},
+             {"role": "assistant", "content": "Sure.", "tool_calls": [{"id": auto.output[1].call_id, "type": "function",
+                                                                       "function": {"name": "get_weather",
+                                                                                    "arguments": auto.output[1].arguments}}]},
+             {"role": "tool", "tool_call_id": auto.output[1].call_id, "content": "sunny"}]
+    reply = chat(sdk, turns, tools=[AS_CHAT_TOOL], tool_choice="none", max_tokens=5)
+    assert result.usage.input_tokens == reply.usage.prompt_tokens
+    assert result.output_text == reply.choices[0].message.content
+
+
+def test_thinking_is_a_reasoning_item(engine: Engine) -> None:
+    end = engine.tokenizer.convert_tokens_to_ids("</think>")
+    letters = [engine.tokenizer.convert_tokens_to_ids(c) for c in "abyes"]
+    with serving(create_app(engine, served_model_name="tiny", chat_template=THINKS,
+                            reasoning_parser="deepseek_r1")) as base:
+        sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+        seen = 0
+        for seed in range(4):
+            body = {"model": "tiny", "input": "Say yes.", "max_output_tokens": 30, "temperature": 1.0, "seed": seed,
+                    "structured_outputs": {"regex": "yes"}, "allowed_token_ids": [end, *letters],
+                    "logit_bias": {str(end): 2}, "reasoning": {"effort": "low"}}
+            whole = httpx.post(f"{base}/v1/responses", json=body, timeout=60).json()
+            thought, message = whole["output"]
+            assert thought["type"] == "reasoning" and thought["id"].startswith("rs_") and thought["summary"] == []
+            assert message["content"][0]["text"] == "yes" and whole["status"] == "completed"
+            reasoning = thought["content"][0]["text"]
+            # reasoning.effort reaches the template as reasoning_effort, as vLLM hands it over.
+            asked = chat(sdk, [{"role": "user", "content": "Say yes."}], max_tokens=1,
+                         extra_body={"chat_template_kwargs": {"reasoning_effort": "low"}})
+            assert whole["usage"]["input_tokens"] == asked.usage.prompt_tokens == len(engine.tokenizer(
+                "u:Say yes.effort=low<think>")["input_ids"])
+            assert whole["usage"]["output_tokens_details"]["reasoning_tokens"] == len(reasoning) + 1
+            said = events(base, body)
+            assert "".join(d["delta"] for k, d in said if k == "response.reasoning_text.delta") == reasoning
+            assert [item["type"] for item in said[-1][1]["response"]["output"]] == (["reasoning", "message"]
+                                                                                   if reasoning else ["message"])
+            seen += bool(reasoning)
+            # The thinking goes back with the next turn, as the assistant's reasoning.
+            later = sdk.responses.create(model="tiny", input="More.", previous_response_id=whole["id"],
+                                         max_output_tokens=1)
+            reply = chat(sdk, [{"role": "user", "content": "Say yes."},
+                               {"role": "assistant", "content": "yes", "reasoning": reasoning},
+                               {"role": "user", "content": "More."}], max_tokens=1)
+            assert later.usage.input_tokens == reply.usage.prompt_tokens
+        assert seen, "some seed should think before it answers"
+
+
+def test_text_format_and_logprobs(sdk: openai.OpenAI, url: str) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    response = sdk.responses.create(model="tiny", input="JSON please", max_output_tokens=40,
+                                    text={"format": {"type": "json_schema", "name": "answer", "schema": schema}})
+    assert isinstance(json.loads(response.output_text)["ok"], bool)
+    assert response.text.format.type == "json_schema"
+    body = {"input": "Hello", "max_output_tokens": 6, "include": ["message.output_text.logprobs"], "top_logprobs": 2,
+            "structured_outputs": {"regex": "[a-z ]+"}}  # one character a token: the tokens' texts join to the text
+    whole = httpx.post(f"{url}/v1/responses", json=body, timeout=60).json()
+    entries = whole["output"][0]["content"][0]["logprobs"]
+    assert len(entries) == whole["usage"]["output_tokens"] and all(len(e["top_logprobs"]) == 2 for e in entries)
+    assert "".join(e["token"] for e in entries) == whole["output"][0]["content"][0]["text"]
+    said = events(url, body)
+    streamed = [e for k, d in said if k == "response.output_text.delta" for e in d["logprobs"]]
+    assert [e["logprob"] for e in streamed] == [e["logprob"] for e in entries]
+    assert said[-1][1]["response"]["output"][0]["content"][0]["logprobs"] == streamed
+    plain = httpx.post(f"{url}/v1/responses", json={**body, "include": []}, timeout=60).json()
+    assert "logprobs" not in plain["output"][0]["content"][0]
+
+
+@pytest.mark.parametrize(("body", "param", "said"), [
+    ({"messages": [{"role": "user", "content": "x"}]}, "messages", "Send the messages as input"),
+    ({"input": "x", "max_tokens": 5}, "max_tokens", "max_output_tokens"),
+    ({"input": "x", "n": 2}, "n", "one answer"),
+    ({}, "input", "input is missing"),
+    ({"input": []}, "input", "non-empty list"),
+    ({"input": [{"type": "input_image", "image_url": "x"}]}, "input[0].type", "text only"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]",
+     "text only"),
+    ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role", "user, system, developer, assistant"),
+    ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id", "non-empty"),
+    ({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "abc"}]}, "input[0].encrypted_content",
+     "never encrypts"),
+    ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type", "no built-in tools"),
+    ({"input": "x", "tools": [{**WEATHER, "name": "bad name"}]}, "tools[0].name", "tools[0].name"),
+    ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name",
+     "not in tools"),
+    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens", "max_output_tokens = 0"),
+    ({"input": "x", "max_output_tokens": 10**6}, "max_output_tokens", "Please reduce the length of the input"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a"}}}, "text.format", "text.format"),
+    ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format", "json_object"),
+    ({"input": "x", "text": {"verbosity": "low"}}, "text.verbosity", "not supported"),
+    ({"input": "x", "background": True}, "background", "not supported"),
+    ({"input": "x", "truncation": "auto"}, "truncation", "not supported"),
+    ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include", "message.output_text.logprobs"),
+    ({"input": "x", "top_logprobs": 99}, "top_logprobs", "from 0 to 20"),
+    ({"input": "x", "reasoning": {"effort": "max"}}, "reasoning.effort", "minimal"),
+    ({"input": "x", "metadata": {"k": 1}}, "metadata", "string values"),
+    ({"input": "x", "store": "yes"}, "store", "true or false"),
+    ({"input": "x", "temperature": -1}, "temperature", "temperature = -1"),
+    ({"input": "x", "stream_options": {"include_obfuscation": False}}, "stream_options", "stream = true"),
+    ({"input": "x", "model": "other"}, "model", "not served here"),
+])
+def test_bad_fields_are_400s_in_the_responses_words(url: str, body: dict[str, Any], param: str, said: str) -> None:
+    r = httpx.post(f"{url}/v1/responses", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and said in error["message"]
+    assert "messages" not in error["message"] or param == "messages"
+
+
+def test_input_items_become_chat_turns() -> None:
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    assert input_messages([
+        {"role": "developer", "content": [{"type": "input_text", "text": "rules"}]},
+        {"role": "user", "content": "go"},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok", "annotations": []}]},
+        call, {**call, "call_id": "c2"},
+        {"type": "function_call_output", "call_id": "c1", "output": "one"},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "later"}]},
+        {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "two"}]},
+    ]) == [
+        {"role": "system", "content": "rules"},
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "ok", "reasoning": "hm", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+            {"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "one"},
+        {"role": "assistant", "content": "", "reasoning": "later"},  # thinking that led to no answer
+        {"role": "tool", "tool_call_id": "c2", "content": "two"},
+    ]
+    with pytest.raises(RequestError, match=r"input\[0\]\.content"):
+        input_messages([{"role": "user", "content": 5}])
+
+
+def test_the_api_key_guards_the_responses_routes(engine: Engine) -> None:
+    client = TestClient(create_app(engine, served_model_name="tiny", chat_template=TEMPLATE, api_key="k"))
+    assert client.post("/v1/responses", json={"input": "x"}).status_code == 401
+    assert client.get("/v1/responses/resp_x").status_code == 401
+    assert client.get("/v1/responses/resp_x", headers={"Authorization": "Bearer k"}).status_code == 404
