@@ -52,12 +52,13 @@ def call_item(call: ToolCall, status: Status, item_id: str | None = None) -> dic
 
 def output_items(reasoning: str | None, content: str | None, calls: Sequence[ToolCall],
                  logprobs: list[dict[str, Any]] | None, status: Status) -> list[dict[str, Any]]:
-    """A finished answer's items: its thinking (when split off), its text (even empty, unless it only
-    calls), its calls."""
-    items = [reasoning_item(reasoning, status)] if reasoning is not None else []
-    if content or not calls:
-        items.append(message_item(content or "", logprobs, status))
-    return items + [call_item(call, status) for call in calls]
+    """A finished answer's items: its thinking (when split off), its text, its calls; an answer that
+    said nothing at all is one empty message (as its stream tells it)."""
+    items = [reasoning_item(reasoning, status)] if reasoning else []  # no thinking, no item (vLLM's)
+    if content:
+        items.append(message_item(content, logprobs, status))
+    items += [call_item(call, status) for call in calls]
+    return items or [message_item("", logprobs, status)]
 
 
 def text_logprobs(entries: Sequence[TokenLogprob], text: TokenText, before: Sequence[int] = ()) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -22,24 +23,28 @@ class Stored:
 
 
 class ResponseStore:
-    """The last ``capacity`` stored responses by id. Used from the event loop only, so unlocked."""
+    """The last ``capacity`` stored responses by id. Requests are parsed on worker threads while
+    answers are kept from the event loop: one lock guards the dict."""
 
     def __init__(self, capacity: int = STORED_RESPONSES) -> None:
         if type(capacity) is not int or capacity < 0:
             raise ValueError(f"capacity = {capacity!r} must be an int >= 0 (0: keep none).")
         self._capacity = capacity
         self._kept: OrderedDict[str, Stored] = OrderedDict()
+        self._lock = threading.Lock()
 
     def put(self, body: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
         if self._capacity == 0:
             return
-        self._kept[body["id"]] = Stored(body, conversation)
-        while len(self._kept) > self._capacity:
-            self._kept.popitem(last=False)
+        with self._lock:
+            self._kept[body["id"]] = Stored(body, conversation)
+            while len(self._kept) > self._capacity:
+                self._kept.popitem(last=False)
 
     def get(self, response_id: str, param: str | None = None) -> Stored:
         """The stored response, or a 404 that says why it may be gone."""
-        stored = self._kept.get(response_id)
+        with self._lock:
+            stored = self._kept.get(response_id)
         if stored is None:
             raise APIError(f"no stored response has the id {response_id!r}: it was never made here, was sent with "
                            f'"store": false, was deleted, or was dropped (this server keeps the last '
@@ -52,5 +57,7 @@ class ResponseStore:
         return [dict(m) for m in self.get(response_id, "previous_response_id").conversation]
 
     def delete(self, response_id: str) -> None:
-        self.get(response_id)
-        del self._kept[response_id]
+        with self._lock:
+            found = self._kept.pop(response_id, None)
+        if found is None:
+            self.get(response_id)  # its 404
