@@ -52,7 +52,8 @@ def test_completion_greedy_equals_engine_generate(client: TestClient, engine: En
         assert choice["token_ids"] == expected.token_ids and choice["text"] == expected.text
         assert choice["finish_reason"] == "length" == expected.finish_reason
         assert body["usage"] == {"prompt_tokens": len(expected.prompt_token_ids), "completion_tokens": 24,
-                                 "total_tokens": len(expected.prompt_token_ids) + 24}
+                                 "total_tokens": len(expected.prompt_token_ids) + 24,
+                                 "prompt_tokens_details": {"cached_tokens": 0}}
         spec = body["speculative"]
         assert spec["method"] == "ngram"
         assert spec["drafts"] == expected.stats.drafts > 0

@@ -34,6 +34,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS, metavar="N",
                         help=f"requests generating at once, batched into every target forward (default "
                              f"{DEFAULT_MAX_NUM_SEQS}, as vLLM names it)")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="a request reuses the start of its prompt that an earlier request left in a sequence "
+                             "slot's KV cache, and computes only the rest: a conversation's next turn prefills its "
+                             "new messages only (default on, as in vLLM; not for eagle, eagle3 and mtp, whose heads "
+                             "need the target's features at every prompt position)")
     parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
                         help=f"requests that may wait for a place in the running batch; one more gets a 503 "
                              f"with Retry-After (default {DEFAULT_MAX_QUEUE})")
@@ -109,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     try:
         engine = make_engine(args.model, speculative, strict=args.strict, dtype=args.dtype,
-                             max_num_seqs=args.max_num_seqs)
+                             max_num_seqs=args.max_num_seqs, enable_prefix_caching=args.enable_prefix_caching)
     except BaseException:
         sock.close()
         raise

@@ -59,6 +59,9 @@ class Completion:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     """One per prompt token when ``SamplingParams.prompt_logprobs`` asked for them, the first None
     (nothing precedes it), as vLLM gives them; else None."""
+    cached_tokens: int = 0
+    """The prompt's first tokens that were not computed again: an earlier request left their KV cache
+    (prefix caching; OpenAI's ``cached_tokens``)."""
 
 
 @dataclass(frozen=True)

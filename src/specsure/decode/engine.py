@@ -35,11 +35,14 @@ logger = logging.getLogger(__name__)
 class Engine:
     """Runs what the Resolution says. Build it with ``make_engine``.
 
-    ``max_num_seqs`` bounds how many sequences its scheduler runs batched at once (vLLM's name).
+    ``max_num_seqs`` bounds how many sequences its scheduler runs batched at once (vLLM's name);
+    ``enable_prefix_caching`` lets a request reuse the start of its prompt that an earlier request
+    left in a sequence slot's KV cache (vLLM's name; `specsure serve` turns it on).
     """
 
     def __init__(self, resolution: Resolution, target: LoadedModel, proposer: Proposer | None,
-                 seed: int | None = None, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> None:
+                 seed: int | None = None, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+                 enable_prefix_caching: bool = False) -> None:
         config = resolution.config
         running = proposer.method if proposer is not None else None
         asked = config.method if config is not None else None
@@ -55,6 +58,7 @@ class Engine:
         self._seeds: torch.Generator | None = None if seed is None else torch.Generator().manual_seed(seed)
         self.stats = SpecStats()
         self.max_num_seqs = max_num_seqs
+        self.enable_prefix_caching = enable_prefix_caching
         self._k = config.num_speculative_tokens if config is not None else 0
         self._running: object | None = None
         self._grammars = Grammars(target.tokenizer, target.lm.vocab_size)
@@ -73,7 +77,8 @@ class Engine:
         config = self.resolution.config
         self.scheduler = Scheduler(self.target.lm, proposer, hidden=hidden, aux_layers=aux_layers,
                                    max_num_seqs=self.max_num_seqs,
-                                   disable_by_batch_size=config.disable_by_batch_size if config is not None else None)
+                                   disable_by_batch_size=config.disable_by_batch_size if config is not None else None,
+                                   prefix_caching=self.enable_prefix_caching)
         """The one scheduler of this engine: ``generate`` runs on it, and so does the server."""
 
     @property
@@ -298,19 +303,23 @@ def _shown_types(values: Sequence[object]) -> str:
 
 
 def make_engine(model: str | None = None, speculative: dict | None = None, *, strict: bool = False,
-                dtype: str = "auto", seed: int | None = None, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> Engine:
+                dtype: str = "auto", seed: int | None = None, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+                enable_prefix_caching: bool = False) -> Engine:
     """Resolve the config, check it can run, load the target, build the named proposer.
 
     ``seed`` seeds the engine as vLLM's ``LLM(seed=...)`` does: each request without a seed of its own
     draws one from the engine's stream, so the same run repeats and its requests sample independently.
     """
     _check_engine_args(strict, dtype, seed, max_num_seqs)  # before the model loads, not after
+    if not isinstance(enable_prefix_caching, bool):
+        raise ValueError(f"enable_prefix_caching = {enable_prefix_caching!r} must be True or False.")
     res = resolve(speculative, model=model, strict=strict)
     res.check_runnable()
     target = load_model(model, dtype=dtype)
     logger.info("dtype %s: %s", str(target.lm.dtype).removeprefix("torch."), target.dtype_reason)
     proposer = build_proposer(res, target, dtype)
-    engine = Engine(res, target, proposer, seed=seed, max_num_seqs=max_num_seqs)
+    engine = Engine(res, target, proposer, seed=seed, max_num_seqs=max_num_seqs,
+                    enable_prefix_caching=enable_prefix_caching)
     logger.info("effective speculative config: %s; running proposer: %s", res.summary(), engine.speculative_method)
     return engine
 

@@ -125,10 +125,14 @@ class Request:
         self._bias: TokenBias | None = None
         self._constraint: Constraint | None = None
         self._prompt_logprobs: list[TokenLogprob | None] | None = None
+        self.cached_tokens = 0
+        """The prompt's first tokens whose KV cache an earlier request left in this slot (prefix caching)."""
 
-    def attach(self, lm: CausalLM, proposer: Proposer | None) -> None:
-        """Take a slot's target view and proposer, emptied for this request."""
-        self.lm, self.proposer = lm, proposer
+    def attach(self, lm: CausalLM, proposer: Proposer | None, cached: int = 0) -> None:
+        """Take a slot's target view and proposer, emptied for this request but for the first ``cached``
+        positions of the view's cache, which hold the prompt's first tokens (prefix caching)."""
+        assert 0 <= cached < len(self.prompt) and list(lm.cached_ids[:cached]) == self.prompt[:cached]
+        self.lm, self.proposer, self.cached_tokens = lm, proposer, cached
         self._penalties = Penalties(self.params, self.prompt, lm.vocab_size) if penalised(self.params) else None
         self._bias = TokenBias(self.params, lm.vocab_size) if biased(self.params) else None
         spec = self.params.structured_outputs
@@ -139,14 +143,18 @@ class Request:
             self._constraint = Constraint(grammars.automaton(spec), self.rules.stop_ids(self.params), grammars.spell,
                                           eos if isinstance(eos, int) else None)
         self.started = time.perf_counter()
-        lm.reset()
+        if cached:
+            lm.crop(cached)
+        else:
+            lm.reset()
         if proposer is not None:
             proposer.reset()
 
     def prefill_call(self) -> Call:
         """The prompt's forward: only its last row's logits are read, unless prompt_logprobs scores every row."""
         assert self.lm is not None
-        return Call(self.lm, self.prompt, last_logits=None if self.params.prompt_logprobs is not None else 1)
+        return Call(self.lm, self.prompt[self.cached_tokens:],
+                    last_logits=None if self.params.prompt_logprobs is not None else 1)
 
     def draft_job(self) -> DraftJob | None:
         """What this step's draft needs (None: no proposer, or no room for a draft token)."""
@@ -189,6 +197,8 @@ class Request:
             assert shared_from.lm is not None and shared_from.prompt == self.prompt
             self.lm.copy_cache(shared_from.lm)
         if self.proposer is not None:
+            # After a cached prefix ``out`` covers the rest of the prompt only; the scheduler reuses a
+            # prefix only for proposers that read token ids, not the target's features.
             self.proposer.observe(self.prompt, 0, out)
         self.output.append(draw(self._target(out.logits[-1:], [[]])[0], self.params, self.generator)[0])
         if self._penalties is not None:
@@ -286,7 +296,7 @@ class Request:
         self.stats.add_time(time.perf_counter() - self.started)  # from its prefill, as at batch size 1
         self.completion = Completion(text=text, token_ids=output, finish_reason=finish, stats=self.stats,
                                      prompt_token_ids=self.prompt, logprobs=logprobs,
-                                     prompt_logprobs=self._prompt_logprobs)
+                                     prompt_logprobs=self._prompt_logprobs, cached_tokens=self.cached_tokens)
         return StepUpdate(output[self._streamed:], finish, self.completion,
                           logprobs=None if logprobs is None else logprobs[self._streamed:], prompt_logprobs=prompt)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +45,8 @@ class Scheduler:
     """
 
     def __init__(self, lm: CausalLM, proposer: Proposer | None, *, hidden: bool, aux_layers: tuple[int, ...],
-                 max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, disable_by_batch_size: int | None = None) -> None:
+                 max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, disable_by_batch_size: int | None = None,
+                 prefix_caching: bool = False) -> None:
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs = {max_num_seqs!r} must be an int >= 1.")
         self.max_num_seqs = max_num_seqs
@@ -56,6 +57,12 @@ class Scheduler:
                            "every step drafts", disable_by_batch_size, max_num_seqs)
         self.undrafted_steps = 0
         """Steps that had sequences to draft for and drafted nothing because of disable_by_batch_size."""
+        # A proposer that reads the target's features needs them for every prompt position, and a
+        # cached prefix has none: its requests prefill whole.
+        self.prefix_caching = prefix_caching and (proposer is None or not (proposer.needs_hidden or
+                                                                           proposer.aux_layers))
+        """A request takes the free slot whose cache holds the longest start of its prompt, and
+        computes only the rest (vLLM's automatic prefix caching, per slot)."""
         self._lm, self._hidden, self._aux_layers = lm, hidden, aux_layers
         self._slots = [_Slot(lm, proposer)]
         self._free = [0]
@@ -89,9 +96,9 @@ class Scheduler:
         joining: list[Request] = []
         while self.waiting and len(self.running) + len(joining) < self.max_num_seqs:
             request = self.waiting.popleft()
-            slot = self._take()
+            slot, cached = self._take(request)
             self._slot_of[id(request)] = slot
-            request.attach(self._slots[slot].lm, self._slots[slot].proposer)
+            request.attach(self._slots[slot].lm, self._slots[slot].proposer, cached)
             joining.append(request)
         if not decoding and not joining:
             return []
@@ -127,12 +134,21 @@ class Scheduler:
                 self._release(request)
         return updates
 
-    def _take(self) -> int:
-        if self._free:
-            return self._free.pop(0)
-        root = self._slots[0]
-        self._slots.append(_Slot(root.lm.fork(), root.proposer.fork() if root.proposer is not None else None))
-        return len(self._slots) - 1
+    def _take(self, request: Request) -> tuple[int, int]:
+        """A free slot for ``request`` (a new one if none is free), and how much of its prompt the slot's
+        cache already holds."""
+        if not self._free:
+            root = self._slots[0]
+            self._slots.append(_Slot(root.lm.fork(), root.proposer.fork() if root.proposer is not None else None))
+            return len(self._slots) - 1, 0
+        best, cached = self._free[0], 0
+        if self.prefix_caching and request.params.prompt_logprobs is None:  # scoring the prompt needs every row
+            for slot in self._free:
+                shared = _shared(self._slots[slot].lm.cached_ids, request.prompt)
+                if shared > cached:
+                    best, cached = slot, shared
+        self._free.remove(best)
+        return best, cached
 
     def _release(self, request: Request) -> None:
         # The caches stay as they are until the slot's next request resets them: the buffers are
@@ -142,6 +158,17 @@ class Scheduler:
             self._slots[slot].proposer.retire()
         self._free.append(slot)
         self._free.sort()  # slot 0 first: a lone request always runs on the engine's own caches
+
+
+def _shared(cached: Sequence[int], prompt: list[int]) -> int:
+    """How many first tokens of ``prompt`` the cache holds, leaving at least its last to compute (its
+    logits choose the first output token)."""
+    n = 0
+    for a, b in zip(cached, prompt[:-1]):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 def _isolated(commit: Callable[..., StepUpdate], *args: Any, **kwargs: Any) -> StepUpdate:

@@ -99,6 +99,7 @@ class CausalLM:
         """Which forward runs the decoder layers, and why: 'native (...)' or 'transformers (...)'."""
         self._cache = RollbackCache()
         self._cache_len = 0
+        self._ids: list[int] = []  # the token at each cached position (a tree's nodes until `keep`)
         check_logits(self)
         if self._native is None:
             check_cache(self)
@@ -107,10 +108,11 @@ class CausalLM:
         """Empty the KV cache (its buffers are kept for the next sequence)."""
         self._cache.clear()
         self._cache_len = 0
+        self._ids = []
 
     def drop_cache(self) -> None:
         """Empty the KV cache and free its buffers, as if nothing had run yet."""
-        self._cache, self._cache_len = RollbackCache(), 0
+        self._cache, self._cache_len, self._ids = RollbackCache(), 0, []
 
     @property
     def row_kernel(self) -> "AnyKernel | None":
@@ -124,6 +126,11 @@ class CausalLM:
     def cache_len(self) -> int:
         """Number of positions held in the KV cache."""
         return self._cache_len
+
+    @property
+    def cached_ids(self) -> Sequence[int]:
+        """The token id at each cached position: what a later prompt may share (prefix caching)."""
+        return self._ids
 
     @torch.inference_mode()
     def forward(
@@ -177,6 +184,7 @@ class CausalLM:
                 states = out.hidden_states
                 aux = torch.cat([states[i][0] for i in aux_layers], dim=-1)  # [n, len * hidden]
         self._cache_len = start + n
+        self._ids[start:] = [int(t) for t in token_ids]
         rows = last if last_logits is None else last[max(0, n - last_logits):]
         return ForwardOutput(logits=self._logits(rows), hidden=last if hidden else None, aux_hidden=aux)
 
@@ -196,7 +204,7 @@ class CausalLM:
         """A view of the same model (weights shared, nothing copied) with an empty cache of its own."""
         view = copy.copy(self)
         view._cache = RollbackCache()
-        view._cache_len = 0
+        view._cache_len, view._ids = 0, []
         return view
 
     @torch.inference_mode()
@@ -208,7 +216,7 @@ class CausalLM:
         for i, layer in enumerate(source._cache.layers):
             if layer.get_seq_length():
                 self._cache.update(layer.keys, layer.values, i)
-        self._cache_len = source._cache_len
+        self._cache_len, self._ids = source._cache_len, list(source._ids)
 
     @torch.inference_mode()
     def forward_batch(self, calls: Sequence[Call], *, hidden: bool = False,
@@ -240,6 +248,7 @@ class CausalLM:
         spans, wanted, end = [], [], 0
         for call in calls:
             n = len(call.token_ids)
+            call.lm._ids[call.lm._cache_len:] = [int(t) for t in call.token_ids]
             call.lm._cache_len += n
             spans.append((end, end + n))
             first = end if call.last_logits is None else max(end, end + n - call.last_logits)
@@ -272,6 +281,7 @@ class CausalLM:
         # positive argument (the old "final length" meaning is gone); RollbackCache follows it.
         self._cache.crop(length - self._cache_len)
         self._cache_len = length
+        del self._ids[length:]
         assert self._cache.get_seq_length() == length, "KV cache length out of sync after crop"
 
     @torch.inference_mode()
@@ -286,6 +296,7 @@ class CausalLM:
             return
         self._cache.compact(start, torch.tensor(list(offsets), dtype=torch.long))
         self._cache_len = start + len(offsets)
+        self._ids[start:] = [self._ids[start + o] for o in offsets]
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """The input embedding of `token_ids` (any shape) -> [..., hidden], model dtype."""

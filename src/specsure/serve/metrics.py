@@ -32,6 +32,7 @@ class ServeMetrics:
     def __init__(self, engine: Engine, model_name: str) -> None:
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name, "engine": "0"}
+        self._caching = engine.scheduler.prefix_caching
 
         def counter(name: str, doc: str, *extra: str) -> Counter:
             return Counter(name, doc, [*LABELS, *extra], registry=self.registry)
@@ -49,6 +50,10 @@ class ServeMetrics:
             self._per_pos(i)  # every position exists from the start, at 0, so rate() works at once
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens processed.").labels(**labels)
         self.generation_tokens = counter("vllm:generation_tokens", "Output tokens generated.").labels(**labels)
+        self.cache_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache "
+                                     "(--enable-prefix-caching).").labels(**labels)
+        self.cache_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache: their KV "
+                                  "cache was reused, not computed.").labels(**labels)
         success = counter("vllm:request_success", "Finished requests, by finish reason.", "finished_reason")
         self._success = lambda reason: success.labels(**labels, finished_reason=reason)
         for reason in FINISH_REASONS:
@@ -84,6 +89,9 @@ class ServeMetrics:
             self._per_pos(i).inc(n)
         self.prompt_tokens.inc(len(completion.prompt_token_ids))
         self.generation_tokens.inc(len(completion.token_ids))
+        if self._caching:
+            self.cache_queries.inc(len(completion.prompt_token_ids))
+            self.cache_hits.inc(completion.cached_tokens)
         self._success(completion.finish_reason).inc()
         self.latency.observe(latency_s)
 

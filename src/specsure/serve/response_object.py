@@ -85,7 +85,7 @@ def response_usage(completion: Completion | None, thinking: ReasoningCount | Non
     if completion is None:
         return None
     prompt, out = len(completion.prompt_token_ids), len(completion.token_ids)
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": out,
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": completion.cached_tokens}, "output_tokens": out,
             "output_tokens_details": {"reasoning_tokens": thinking(completion) if thinking is not None else 0},
             "total_tokens": prompt + out}
 

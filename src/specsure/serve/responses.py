@@ -216,12 +216,15 @@ ReasoningCount = Callable[[Completion], int]
 
 def usage(completions: Sequence[Completion], n: int = 1, thinking: ReasoningCount | None = None) -> dict[str, Any]:
     """OpenAI's usage object: each prompt once (``n`` choices a prompt, prompt after prompt), every
-    choice's tokens (a final EOS counts, as in vLLM); with ``thinking``, the tokens spent thinking
+    choice's tokens (a final EOS counts, as in vLLM), the prompt tokens a slot's cache held
+    (``prompt_tokens_details.cached_tokens``, prefix caching); with ``thinking``, the tokens spent thinking
     as ``completion_tokens_details.reasoning_tokens``, as vLLM reports them."""
     prompt_tokens = sum(len(c.prompt_token_ids) for c in completions[::n])
     completion_tokens = sum(len(c.token_ids) for c in completions)
+    cached = sum(c.cached_tokens for c in completions[::n])
     out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                           "total_tokens": prompt_tokens + completion_tokens}
+                           "total_tokens": prompt_tokens + completion_tokens,
+                           "prompt_tokens_details": {"cached_tokens": cached}}
     if thinking is not None:
         out["completion_tokens_details"] = {"reasoning_tokens": sum(thinking(c) for c in completions)}
     return out

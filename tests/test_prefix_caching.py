@@ -1,0 +1,157 @@
+"""Prefix caching: a request reuses the start of its prompt that an earlier request left in a slot's
+KV cache, computes only the rest, and generates exactly what a fresh engine generates (float32);
+methods whose heads read the target's features never reuse; the server reports the cached tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+from heads import build_mtp_target, write_eagle3_head
+from serving import NGRAM, build_tiny_chat_model, metric, serving
+
+from specsure import SamplingParams, make_engine
+from specsure.decode.engine import Engine
+from specsure.models.causal_lm import Call
+from specsure.models.loading import load_model
+from specsure.models.token_tree import TokenTree
+from specsure.serve import create_app
+from test_batching import METHODS as BATCHED
+from tiny import build_tiny_llama
+
+SHAPE = dict(vocab_size=96, hidden_size=48, num_layers=3)
+METHODS = {name: BATCHED[name] for name in ("plain", "ngram", "ngram-tree", "suffix", "draft_model")}
+"""The methods that reuse a cached prefix: their drafters read token ids, not the target's features."""
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("prefix")
+    target = build_tiny_llama(root / "target", seed=0, **SHAPE)
+    return {"target": target, "draft": build_tiny_llama(root / "draft", seed=3, **SHAPE),
+            "eagle3": write_eagle3_head(root / "eagle3", target, draft_vocab=64),
+            "mtp_target": build_mtp_target(root / "mtp", modules=1, num_layers=3, vocab_size=96, hidden_size=48)}
+
+
+def _engine(folders: dict[str, Path], name: str, caching: bool, max_num_seqs: int = 4) -> Engine:
+    spec = METHODS[name]
+    if spec is not None and "model" in spec:
+        spec = {**spec, "model": str(folders[spec["model"]])}
+    return make_engine(str(folders["target"]), spec, dtype="float32", max_num_seqs=max_num_seqs,
+                       enable_prefix_caching=caching)
+
+
+def _conversation(seed: int) -> list[int]:
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randint(3, 96, (5,), generator=gen).tolist()
+    return base * 3 + torch.randint(3, 96, (4,), generator=gen).tolist()
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_a_next_turn_reuses_the_cache_and_generates_what_a_fresh_engine_does(folders: dict[str, Path],
+                                                                          name: str) -> None:
+    params = SamplingParams(max_tokens=14, ignore_eos=True)
+    cached, fresh = _engine(folders, name, True), _engine(folders, name, False)
+    prompt = _conversation(0)
+    for turn in range(3):
+        got, want = cached.generate(prompt, params)[0], fresh.generate(prompt, params)[0]
+        assert got.token_ids == want.token_ids and want.cached_tokens == 0
+        if turn:
+            # The slot holds the earlier prompt and its output but the last token (not yet fed), or all of it
+            # when the last step's bonus token was cut at max_tokens.
+            assert len(prompt) - len(extra) - 1 <= got.cached_tokens <= len(prompt) - len(extra)
+        extra = [7, 8, 9]
+        prompt = prompt + got.token_ids + extra
+
+
+@pytest.mark.parametrize("name", ["ngram", "ngram-tree", "suffix"])
+def test_batched_requests_with_shared_starts_generate_what_they_generate_alone(folders: dict[str, Path],
+                                                                             name: str) -> None:
+    # Several conversations, admitted as slots free up, each continued after its first answer: a
+    # request may land in a slot another conversation used, and must reuse only what truly matches.
+    params = [SamplingParams(max_tokens=8 + 3 * (i % 3), ignore_eos=True) for i in range(6)]
+    starts = [_conversation(i % 3) + [10 + i] * (i % 2) for i in range(6)]
+    alone = _engine(folders, name, False, max_num_seqs=1)
+    engine = _engine(folders, name, True, max_num_seqs=3)
+    first = engine.generate(starts, params)
+    assert [c.token_ids for c in first] == [alone.generate(p, sp)[0].token_ids for p, sp in zip(starts, params)]
+    later = [p + c.token_ids + [11, 12] for p, c in zip(starts, first)]
+    second = engine.generate(later, params)
+    assert [c.token_ids for c in second] == [alone.generate(p, sp)[0].token_ids for p, sp in zip(later, params)]
+    assert sum(c.cached_tokens for c in second) > 0
+    for completion, prompt in zip(second, later):
+        assert completion.cached_tokens < len(prompt)
+
+
+def test_heads_that_read_the_targets_features_never_reuse(folders: dict[str, Path]) -> None:
+    for target, spec in ((folders["target"], {"method": "eagle3", "model": str(folders["eagle3"]),
+                                              "num_speculative_tokens": 2}),
+                         (folders["mtp_target"], {"method": "mtp", "num_speculative_tokens": 1})):
+        engine = make_engine(str(target), spec, dtype="float32", enable_prefix_caching=True)
+        assert not engine.scheduler.prefix_caching
+        prompt = _conversation(1)
+        done = engine.generate(prompt, SamplingParams(max_tokens=6, ignore_eos=True))[0]
+        again = engine.generate(prompt + done.token_ids, SamplingParams(max_tokens=6, ignore_eos=True))[0]
+        assert again.cached_tokens == 0
+
+
+def test_scoring_the_prompt_computes_it_whole(folders: dict[str, Path]) -> None:
+    engine = _engine(folders, "ngram", True)
+    prompt = _conversation(2)
+    engine.generate(prompt, SamplingParams(max_tokens=4))
+    scored = engine.generate(prompt + [5], SamplingParams(max_tokens=4, prompt_logprobs=1))[0]
+    assert scored.cached_tokens == 0 and len(scored.prompt_logprobs) == len(prompt) + 1
+
+
+def test_the_cache_knows_its_tokens_through_crops_trees_and_copies(folders: dict[str, Path]) -> None:
+    lm = load_model(str(folders["target"]), dtype="float32").lm
+    lm.forward([5, 6, 7, 8])
+    assert list(lm.cached_ids) == [5, 6, 7, 8]
+    lm.crop(2)
+    assert list(lm.cached_ids) == [5, 6]
+    lm.forward([9, 10, 11, 12], tree=TokenTree.from_parents([-1, 0, 0, 2]))  # 9 -> (10 | 11 -> 12)
+    lm.keep(2, [0, 2, 3])
+    assert list(lm.cached_ids) == [5, 6, 9, 11, 12]
+    twin = lm.fork()
+    assert list(twin.cached_ids) == []
+    lm.forward_batch([Call(lm, [13]), Call(twin, [20, 21])])
+    assert list(lm.cached_ids) == [5, 6, 9, 11, 12, 13] and list(twin.cached_ids) == [20, 21]
+    twin.copy_cache(lm)
+    assert list(twin.cached_ids) == list(lm.cached_ids)
+    lm.reset()
+    assert list(lm.cached_ids) == [] and len(twin.cached_ids) == 6
+
+
+def test_the_server_reports_cached_tokens(tmp_path_factory: pytest.TempPathFactory) -> None:
+    folder = build_tiny_chat_model(tmp_path_factory.mktemp("prefix-serve"))
+    engine = make_engine(str(folder), NGRAM, dtype="float32", enable_prefix_caching=True)
+    with serving(create_app(engine, served_model_name="tiny")) as url:
+        sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        messages = [{"role": "system", "content": "w1 w2 w3 w4"}, {"role": "user", "content": "w5 w6 w7 w8 w5 w6"}]
+        first = sdk.chat.completions.create(model="tiny", messages=messages, max_tokens=6)
+        assert first.usage.prompt_tokens_details.cached_tokens == 0
+        messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "w9 w10"}]
+        second = sdk.chat.completions.create(model="tiny", messages=messages, max_tokens=6)
+        hits = second.usage.prompt_tokens_details.cached_tokens
+        assert 0 < hits < second.usage.prompt_tokens
+        response = sdk.responses.create(model="tiny", input="w5 w6 w7", max_output_tokens=4)
+        later = sdk.responses.create(model="tiny", input="w8", max_output_tokens=4, previous_response_id=response.id)
+        assert later.usage.input_tokens_details.cached_tokens > 0
+        text = httpx.get(f"{url}/metrics").text
+        assert metric(text, "vllm:prefix_cache_hits_total") == hits + later.usage.input_tokens_details.cached_tokens + \
+            response.usage.input_tokens_details.cached_tokens  # the template's first token, shared with the chat's
+        assert metric(text, "vllm:prefix_cache_queries_total") == (
+            first.usage.prompt_tokens + second.usage.prompt_tokens + response.usage.input_tokens
+            + later.usage.input_tokens)
+
+
+def test_serve_turns_it_on_and_the_flag_turns_it_off() -> None:
+    from specsure.cli.main import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["serve"]).enable_prefix_caching is True
+    assert parser.parse_args(["serve", "--no-enable-prefix-caching"]).enable_prefix_caching is False
