@@ -86,6 +86,26 @@ def test_batched_requests_with_shared_starts_generate_what_they_generate_alone(f
         assert completion.cached_tokens < len(prompt)
 
 
+def test_conversations_taking_turns_each_keep_a_slot(folders: dict[str, Path]) -> None:
+    # One request at a time, and still max_num_seqs conversations stay cached: a prompt that continues
+    # no free slot's cache takes a new slot while there are fewer than max_num_seqs, then the least
+    # recently used, and starts with the longest start of it any slot holds (a shared system prompt).
+    engine = _engine(folders, "ngram", True, max_num_seqs=2)
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    system = [1, 2, 3, 4]
+    talks = {"a": system + _conversation(3), "b": system + _conversation(4), "c": _conversation(5)}
+    common = next(i for i, (x, y) in enumerate(zip(talks["a"], talks["b"])) if x != y)
+    seen = []
+    for name in ("a", "b", "a", "b", "c", "b", "a"):
+        done = engine.generate(talks[name], params)[0]
+        seen.append("turn" if done.cached_tokens >= len(talks[name]) - 8 else done.cached_tokens)
+        talks[name] = talks[name] + done.token_ids + [9]
+    # c takes a's slot (the least recently used), so b keeps its cache; a then starts from the system
+    # prompt, copied from b's slot into the one c used.
+    assert seen == [0, common, "turn", "turn", 0, "turn", common] and common >= len(system)
+    assert len(engine.scheduler._slots) == 2
+
+
 def test_heads_that_read_the_targets_features_never_reuse(folders: dict[str, Path]) -> None:
     for target, spec in ((folders["target"], {"method": "eagle3", "model": str(folders["eagle3"]),
                                               "num_speculative_tokens": 2}),

@@ -128,9 +128,12 @@ class Request:
         self.cached_tokens = 0
         """The prompt's first tokens whose KV cache an earlier request left in this slot (prefix caching)."""
 
-    def attach(self, lm: CausalLM, proposer: Proposer | None, cached: int = 0) -> None:
+    def attach(self, lm: CausalLM, proposer: Proposer | None, cached: int = 0, source: CausalLM | None = None) -> None:
         """Take a slot's target view and proposer, emptied for this request but for the first ``cached``
-        positions of the view's cache, which hold the prompt's first tokens (prefix caching)."""
+        positions of the view's cache (of ``source``'s, copied, when given), which hold the prompt's
+        first tokens (prefix caching)."""
+        if source is not None:
+            lm.copy_cache(source)
         assert 0 <= cached < len(self.prompt) and list(lm.cached_ids[:cached]) == self.prompt[:cached]
         self.lm, self.proposer, self.cached_tokens = lm, proposer, cached
         self._penalties = Penalties(self.params, self.prompt, lm.vocab_size) if penalised(self.params) else None

@@ -36,6 +36,8 @@ DEFAULT_MAX_NUM_SEQS = 8
 class _Slot:
     lm: CausalLM
     proposer: Proposer | None
+    used: int = 0
+    """When a request last took it (the scheduler's count of admissions): prefix caching evicts the oldest."""
 
 
 class Scheduler:
@@ -66,6 +68,7 @@ class Scheduler:
         self._lm, self._hidden, self._aux_layers = lm, hidden, aux_layers
         self._slots = [_Slot(lm, proposer)]
         self._free = [0]
+        self._uses = 0
         self._slot_of: dict[int, int] = {}  # id(request) -> slot index
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -96,9 +99,9 @@ class Scheduler:
         joining: list[Request] = []
         while self.waiting and len(self.running) + len(joining) < self.max_num_seqs:
             request = self.waiting.popleft()
-            slot, cached = self._take(request)
+            slot, cached, source = self._take(request)
             self._slot_of[id(request)] = slot
-            request.attach(self._slots[slot].lm, self._slots[slot].proposer, cached)
+            request.attach(self._slots[slot].lm, self._slots[slot].proposer, cached, source)
             joining.append(request)
         if not decoding and not joining:
             return []
@@ -134,21 +137,44 @@ class Scheduler:
                 self._release(request)
         return updates
 
-    def _take(self, request: Request) -> tuple[int, int]:
-        """A free slot for ``request`` (a new one if none is free), and how much of its prompt the slot's
-        cache already holds."""
-        if not self._free:
-            root = self._slots[0]
-            self._slots.append(_Slot(root.lm.fork(), root.proposer.fork() if root.proposer is not None else None))
-            return len(self._slots) - 1, 0
-        best, cached = self._free[0], 0
-        if self.prefix_caching and request.params.prompt_logprobs is None:  # scoring the prompt needs every row
-            for slot in self._free:
-                shared = _shared(self._slots[slot].lm.cached_ids, request.prompt)
-                if shared > cached:
-                    best, cached = slot, shared
-        self._free.remove(best)
-        return best, cached
+    def _take(self, request: Request) -> tuple[int, int, CausalLM | None]:
+        """A free slot for ``request``, how much of its prompt it starts with, and the view to copy that
+        much from (None: the slot's own cache holds it).
+
+        Without prefix caching: the first free slot, or a new one. With it: a free slot whose whole
+        cache the prompt continues (a conversation's next turn), the longest; else a new slot while
+        there are fewer than max_num_seqs, or the free slot used least recently, which starts with
+        the longest start of the prompt any slot holds, running or free (a system prompt shared
+        by conversations) copied over, so every other slot keeps its conversation.
+        """
+        self._uses += 1
+        if not self.prefix_caching or request.params.prompt_logprobs is not None:  # scoring needs every row
+            slot = self._free.pop(0) if self._free else self._new_slot()
+            return self._used(slot), 0, None
+        shared = {i: _shared(slot.lm.cached_ids, request.prompt) for i, slot in enumerate(self._slots)}
+        # An empty cache counts: taking it loses nothing.
+        continued = [i for i in self._free if shared[i] >= len(self._slots[i].lm.cached_ids) - 1]
+        if continued:
+            slot = max(continued, key=lambda i: shared[i])
+            self._free.remove(slot)
+            return self._used(slot), shared[slot], None
+        if len(self._slots) < self.max_num_seqs or not self._free:
+            slot = self._new_slot()
+        else:
+            slot = min(self._free, key=lambda i: self._slots[i].used)
+            self._free.remove(slot)
+        source = max(shared, key=lambda i: (shared[i], i == slot))
+        copied = self._slots[source].lm if source != slot and shared[source] else None
+        return self._used(slot), shared[source], copied
+
+    def _new_slot(self) -> int:
+        root = self._slots[0]
+        self._slots.append(_Slot(root.lm.fork(), root.proposer.fork() if root.proposer is not None else None))
+        return len(self._slots) - 1
+
+    def _used(self, slot: int) -> int:
+        self._slots[slot].used = self._uses
+        return slot
 
     def _release(self, request: Request) -> None:
         # The caches stay as they are until the slot's next request resets them: the buffers are
