@@ -11,6 +11,9 @@ A slot is a target view (``CausalLM.fork``: the target's weights, a KV cache of 
 proposer (``Proposer.fork``). Slots are made as concurrency first needs them and kept, so their
 cache buffers serve request after request. Slot 0 is the engine's own target and proposer: at
 batch size 1 nothing is forked and decoding runs exactly as it always has.
+
+With prefix caching, a slot's cache outlives its request: the next request whose prompt starts
+with what a slot holds prefills only the rest (``_take`` says which slot, and from where).
 """
 
 from __future__ import annotations
