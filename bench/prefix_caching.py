@@ -2,9 +2,11 @@
 
 Two engines on the default model (one with ``enable_prefix_caching``) hold the same conversation:
 a long system message (the first part of specsure's own docs/configuration.md), then user turns,
-each answer appended before the next turn. Each turn is timed on both engines back to back, the
+each answer appended before the next turn; each repeat is a new conversation about another part of
+the document. Each turn is timed on both engines back to back, the
 order alternating; time to first token (the prompt's forward and its first token) and the whole
-turn are reported as medians over the repeats, and the answers must be equal.
+turn (prompt and cached tokens too) are reported as medians over the repeats, and the answers must
+be equal.
 
     .venv/bin/python bench/prefix_caching.py --method ngram --repeats 3 --out bench/avx2-prefix-caching
 """
@@ -25,9 +27,11 @@ TURNS = ("What does specsure do with a method I set myself?", "And when I set no
          "Summarize our conversation in two sentences.")
 
 
-def _system(chars: int) -> str:
+def _system(chars: int, part: int) -> str:
+    """A system message with a part of the document: each repeat talks about another part, so its
+    first turn shares only the message's first line with the cache."""
     text = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
-    return "You answer questions about this document.\n\n" + text[:chars]
+    return "You answer questions about this document.\n\n" + text[part * chars: (part + 1) * chars]
 
 
 def _turn(engine: Engine, prompt: list[int], params: SamplingParams) -> tuple[float, float, list[int], int]:
@@ -54,7 +58,7 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.max_tokens)
     rows: list[dict] = []
     for repeat in range(args.repeats):
-        messages = [{"role": "system", "content": _system(args.system_chars)}]
+        messages = [{"role": "system", "content": _system(args.system_chars, repeat)}]
         for turn, question in enumerate(TURNS):
             messages.append({"role": "user", "content": question})
             prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
@@ -75,10 +79,11 @@ def main() -> None:
         def median(kind: str, caching: bool) -> float:
             return statistics.median(r[kind][str(caching)] for r in mine)
 
-        line = {"turn": turn, "prompt_tokens": mine[0]["prompt_tokens"], "cached_tokens": mine[0]["cached_tokens"],
+        line = {"turn": turn, "prompt_tokens": statistics.median(r["prompt_tokens"] for r in mine),
+                "cached_tokens": statistics.median(r["cached_tokens"] for r in mine),
                 **{f"{kind}_{'on' if c else 'off'}": median(kind, c) for kind in ("ttft_s", "turn_s") for c in (False, True)}}
         summary.append(line)
-        print(f"{turn:>4} {line['prompt_tokens']:>6} {line['cached_tokens']:>6} {line['ttft_s_off']:>9.3f} "
+        print(f"{turn:>4} {line['prompt_tokens']:>6.0f} {line['cached_tokens']:>6.0f} {line['ttft_s_off']:>9.3f} "
               f"{line['ttft_s_on']:>8.3f} {line['ttft_s_off'] / line['ttft_s_on']:>5.2f}x {line['turn_s_off']:>9.3f} "
               f"{line['turn_s_on']:>8.3f} {line['turn_s_off'] / line['turn_s_on']:>5.2f}x")
     if args.out is not None:
