@@ -106,6 +106,29 @@ def test_conversations_taking_turns_each_keep_a_slot(folders: dict[str, Path]) -
     assert len(engine.scheduler._slots) == 2
 
 
+def test_the_draft_model_keeps_its_own_cache_too(folders: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = _engine(folders, "draft_model", True, max_num_seqs=1)
+    draft = engine.proposer.draft
+    fed: list[int] = []
+    forward_batch = type(draft).forward_batch
+
+    def counting(self, calls, **kwargs):  # noqa: ANN001, ANN202
+        if self.hf is draft.hf:
+            fed.extend(len(c.token_ids) for c in calls)
+        return forward_batch(self, calls, **kwargs)
+
+    monkeypatch.setattr(type(draft), "forward_batch", counting)
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    prompt = _conversation(6)
+    done = engine.generate(prompt, params)[0]
+    assert fed[0] == len(prompt) + 1  # the first proposal feeds the draft model the prompt and the pending token
+    fed.clear()
+    longer = prompt + done.token_ids + [5, 6]
+    again = engine.generate(longer, params)[0]
+    assert again.token_ids == _engine(folders, "draft_model", False).generate(longer, params)[0].token_ids
+    assert fed[0] <= len(longer) + 1 - len(prompt)  # then only what it has not seen
+
+
 def test_heads_that_read_the_targets_features_never_reuse(folders: dict[str, Path]) -> None:
     for target, spec in ((folders["target"], {"method": "eagle3", "model": str(folders["eagle3"]),
                                               "num_speculative_tokens": 2}),

@@ -128,10 +128,11 @@ class Request:
         self.cached_tokens = 0
         """The prompt's first tokens whose KV cache an earlier request left in this slot (prefix caching)."""
 
-    def attach(self, lm: CausalLM, proposer: Proposer | None, cached: int = 0, source: CausalLM | None = None) -> None:
+    def attach(self, lm: CausalLM, proposer: Proposer | None, cached: int = 0, source: CausalLM | None = None,
+               resume: bool = False) -> None:
         """Take a slot's target view and proposer, emptied for this request but for the first ``cached``
         positions of the view's cache (of ``source``'s, copied, when given), which hold the prompt's
-        first tokens (prefix caching)."""
+        first tokens; ``resume``: prefix caching is on, and the proposer may keep what it shares too."""
         if source is not None:
             lm.copy_cache(source)
         assert 0 <= cached < len(self.prompt) and list(lm.cached_ids[:cached]) == self.prompt[:cached]
@@ -151,7 +152,10 @@ class Request:
         else:
             lm.reset()
         if proposer is not None:
-            proposer.reset()
+            if resume:
+                proposer.resume()
+            else:
+                proposer.reset()
 
     def prefill_call(self) -> Call:
         """The prompt's forward: only its last row's logits are read, unless prompt_logprobs scores every row."""

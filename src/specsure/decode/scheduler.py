@@ -104,7 +104,7 @@ class Scheduler:
             request = self.waiting.popleft()
             slot, cached, source = self._take(request)
             self._slot_of[id(request)] = slot
-            request.attach(self._slots[slot].lm, self._slots[slot].proposer, cached, source)
+            request.attach(self._slots[slot].lm, self._slots[slot].proposer, cached, source, self.prefix_caching)
             joining.append(request)
         if not decoding and not joining:
             return []

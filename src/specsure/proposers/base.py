@@ -93,6 +93,11 @@ class Proposer(ABC):
     def reset(self) -> None:
         """Forget the previous sequence; called before each prompt."""
 
+    def resume(self) -> None:
+        """Start a new sequence, under prefix caching: a proposer whose caches hold token ids of their own
+        (draft_model's draft model) keeps what the next context shares with them; the rest reset."""
+        self.reset()
+
     def fork(self) -> "Proposer":
         """A proposer for another sequence decoded alongside this one's.
 
