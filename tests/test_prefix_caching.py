@@ -1,6 +1,6 @@
 """Prefix caching: a request reuses the start of its prompt that an earlier request left in a slot's
-KV cache, computes only the rest, and generates exactly what a fresh engine generates (float32);
-methods whose heads read the target's features never reuse; the server reports the cached tokens."""
+KV cache, computes only the rest, and generates exactly what a fresh engine generates (float32),
+whatever the method (heads reuse only their own slot's); the server reports the cached tokens."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 import torch
-from heads import build_mtp_target, write_eagle3_head
+from heads import build_mtp_target, write_eagle3_head, write_eagle_head
 from serving import NGRAM, build_tiny_chat_model, metric, serving
 
 from specsure import SamplingParams, make_engine
@@ -33,7 +33,9 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     target = build_tiny_llama(root / "target", seed=0, **SHAPE)
     return {"target": target, "draft": build_tiny_llama(root / "draft", seed=3, **SHAPE),
             "eagle3": write_eagle3_head(root / "eagle3", target, draft_vocab=64),
-            "mtp_target": build_mtp_target(root / "mtp", modules=1, num_layers=3, vocab_size=96, hidden_size=48)}
+            "eagle": write_eagle_head(root / "eagle", target),
+            "mtp_target": build_mtp_target(root / "mtp", modules=1, num_layers=3, vocab_size=96, hidden_size=48),
+            "mtp2_target": build_mtp_target(root / "mtp2", modules=2, num_layers=3, vocab_size=96, hidden_size=48)}
 
 
 def _engine(folders: dict[str, Path], name: str, caching: bool, max_num_seqs: int = 4) -> Engine:
@@ -129,16 +131,39 @@ def test_the_draft_model_keeps_its_own_cache_too(folders: dict[str, Path], monke
     assert fed[0] <= len(longer) + 1 - len(prompt)  # then only what it has not seen
 
 
-def test_heads_that_read_the_targets_features_never_reuse(folders: dict[str, Path]) -> None:
-    for target, spec in ((folders["target"], {"method": "eagle3", "model": str(folders["eagle3"]),
-                                              "num_speculative_tokens": 2}),
-                         (folders["mtp_target"], {"method": "mtp", "num_speculative_tokens": 1})):
-        engine = make_engine(str(target), spec, dtype="float32", enable_prefix_caching=True)
-        assert not engine.scheduler.prefix_caching
-        prompt = _conversation(1)
-        done = engine.generate(prompt, SamplingParams(max_tokens=6, ignore_eos=True))[0]
-        again = engine.generate(prompt + done.token_ids, SamplingParams(max_tokens=6, ignore_eos=True))[0]
-        assert again.cached_tokens == 0
+HEADS = {"eagle3": {"method": "eagle3", "model": "eagle3", "num_speculative_tokens": 2},
+         "eagle3-tree": {"method": "eagle3", "model": "eagle3", "speculative_token_tree": "[(0,), (1,), (0, 0)]"},
+         "eagle": {"method": "eagle", "model": "eagle", "num_speculative_tokens": 3},
+         "mtp": {"method": "mtp", "num_speculative_tokens": 2},
+         "mtp-2": {"method": "mtp", "num_speculative_tokens": 2}}
+"""Heads keep the entries the shared tokens still make, in their own slot; MTP with two modules keeps none."""
+
+
+def _head_engine(folders: dict[str, Path], name: str, caching: bool, max_num_seqs: int = 2) -> Engine:
+    spec = dict(HEADS[name])
+    if "model" in spec:
+        spec["model"] = str(folders[spec["model"]])
+    target = folders["mtp_target"] if name == "mtp" else folders["mtp2_target"] if name == "mtp-2" \
+        else folders["target"]
+    return make_engine(str(target), spec, dtype="float32", max_num_seqs=max_num_seqs, enable_prefix_caching=caching)
+
+
+@pytest.mark.parametrize("name", list(HEADS))
+def test_heads_reuse_their_own_slot_and_generate_what_a_fresh_engine_does(folders: dict[str, Path],
+                                                                       name: str) -> None:
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    cached, fresh = _head_engine(folders, name, True), _head_engine(folders, name, False)
+    talks = [_conversation(7), _conversation(8)]
+    for turn in range(3):
+        for i, prompt in enumerate(talks):
+            got, want = cached.generate(prompt, params)[0], fresh.generate(prompt, params)[0]
+            assert got.token_ids == want.token_ids, (turn, i)
+            if name == "mtp-2" or turn == 0:
+                assert got.cached_tokens == 0
+            else:  # all but the last token the head paired with one that changed
+                assert got.cached_tokens >= len(prompt) - 6
+            talks[i] = prompt + got.token_ids + [9, 10]
+    assert cached.stats.drafts > 0
 
 
 def test_scoring_the_prompt_computes_it_whole(folders: dict[str, Path]) -> None:

@@ -37,8 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="a request reuses the start of its prompt that an earlier request left in a sequence "
                              "slot's KV cache, and computes only the rest: a conversation's next turn prefills its "
-                             "new messages only (default on, as in vLLM; not for eagle, eagle3 and mtp, whose heads "
-                             "need the target's features at every prompt position)")
+                             "new messages only (default on, as in vLLM)")
     parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
                         help=f"requests that may wait for a place in the running batch; one more gets a 503 "
                              f"with Retry-After (default {DEFAULT_MAX_QUEUE})")

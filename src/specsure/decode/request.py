@@ -134,7 +134,12 @@ class Request:
         positions of the view's cache (of ``source``'s, copied, when given), which hold the prompt's
         first tokens; ``resume``: prefix caching is on, and the proposer may keep what it shares too."""
         if source is not None:
+            assert proposer is None or not proposer.reads_features, "a head's caches cannot come from another slot"
             lm.copy_cache(source)
+        if proposer is not None and resume:
+            cached = min(cached, proposer.resume(cached))
+        elif proposer is not None:
+            proposer.reset()
         assert 0 <= cached < len(self.prompt) and list(lm.cached_ids[:cached]) == self.prompt[:cached]
         self.lm, self.proposer, self.cached_tokens = lm, proposer, cached
         self._penalties = Penalties(self.params, self.prompt, lm.vocab_size) if penalised(self.params) else None
@@ -151,11 +156,6 @@ class Request:
             lm.crop(cached)
         else:
             lm.reset()
-        if proposer is not None:
-            if resume:
-                proposer.resume()
-            else:
-                proposer.reset()
 
     def prefill_call(self) -> Call:
         """The prompt's forward: only its last row's logits are read, unless prompt_logprobs scores every row."""
@@ -204,9 +204,10 @@ class Request:
             assert shared_from.lm is not None and shared_from.prompt == self.prompt
             self.lm.copy_cache(shared_from.lm)
         if self.proposer is not None:
-            # After a cached prefix ``out`` covers the rest of the prompt only; the scheduler reuses a
-            # prefix only for proposers that read token ids, not the target's features.
-            self.proposer.observe(self.prompt, 0, out)
+            # After a cached prefix ``out`` covers the rest of the prompt only: a head observes that
+            # part (its entries before it were kept), the others read the tokens, all of them.
+            start = self.cached_tokens if self.proposer.reads_features else 0
+            self.proposer.observe(self.prompt[start:], start, out)
         self.output.append(draw(self._target(out.logits[-1:], [[]])[0], self.params, self.generator)[0])
         if self._penalties is not None:
             self._penalties.add(self.output[-1:])

@@ -62,12 +62,11 @@ class Scheduler:
                            "every step drafts", disable_by_batch_size, max_num_seqs)
         self.undrafted_steps = 0
         """Steps that had sequences to draft for and drafted nothing because of disable_by_batch_size."""
-        # A proposer that reads the target's features needs them for every prompt position, and a
-        # cached prefix has none: its requests prefill whole.
-        self.prefix_caching = prefix_caching and (proposer is None or not (proposer.needs_hidden or
-                                                                           proposer.aux_layers))
+        self.prefix_caching = prefix_caching
         """A request takes the free slot whose cache holds the longest start of its prompt, and
         computes only the rest (vLLM's automatic prefix caching, per slot)."""
+        # A head's caches hold what the target's features made: they stay with their slot, never copied.
+        self._copies = proposer is None or not proposer.reads_features
         self._lm, self._hidden, self._aux_layers = lm, hidden, aux_layers
         self._slots = [_Slot(lm, proposer)]
         self._free = [0]
@@ -148,7 +147,9 @@ class Scheduler:
         cache the prompt continues (a conversation's next turn), the longest; else a new slot while
         there are fewer than max_num_seqs, or the free slot used least recently, which starts with
         the longest start of the prompt any slot holds, running or free (a system prompt shared
-        by conversations) copied over, so every other slot keeps its conversation.
+        by conversations) copied over, so every other slot keeps its conversation (not for heads,
+        whose own caches cannot be copied: theirs is the slot's own share). The proposer may keep
+        less than the slot holds (``Request.attach``).
         """
         self._uses += 1
         if not self.prefix_caching or request.params.prompt_logprobs is not None:  # scoring needs every row
@@ -166,9 +167,10 @@ class Scheduler:
         else:
             slot = min(self._free, key=lambda i: self._slots[i].used)
             self._free.remove(slot)
-        source = max(shared, key=lambda i: (shared[i], i == slot))
-        copied = self._slots[source].lm if source != slot and shared[source] else None
-        return self._used(slot), shared[source], copied
+        source = max(shared, key=lambda i: (shared[i], i == slot)) if self._copies else slot
+        cached = shared.get(source, 0)  # a new slot holds nothing
+        copied = self._slots[source].lm if source != slot and cached else None
+        return self._used(slot), cached, copied
 
     def _new_slot(self) -> int:
         root = self._slots[0]

@@ -93,10 +93,18 @@ class Proposer(ABC):
     def reset(self) -> None:
         """Forget the previous sequence; called before each prompt."""
 
-    def resume(self) -> None:
-        """Start a new sequence, under prefix caching: a proposer whose caches hold token ids of their own
-        (draft_model's draft model) keeps what the next context shares with them; the rest reset."""
+    @property
+    def reads_features(self) -> bool:
+        """``observe`` reads the target's features (EAGLE, EAGLE-3, MTP), not only token ids."""
+        return self.needs_hidden or bool(self.aux_layers)
+
+    def resume(self, shared: int) -> int:
+        """Start a new sequence under prefix caching, whose first ``shared`` positions the target's
+        cache holds (the slot's last sequence had them too); return how many of them this proposer
+        keeps, at most ``shared``: the target computes again from there. A proposer that reads only
+        token ids keeps them all (draft_model keeps its own cache's share too); the default resets."""
         self.reset()
+        return shared
 
     def fork(self) -> "Proposer":
         """A proposer for another sequence decoded alongside this one's.

@@ -43,10 +43,11 @@ class DraftModelProposer(Proposer):
         self._fed = []
         self._stable = 0
 
-    def resume(self) -> None:
+    def resume(self, shared: int) -> int:
         """The draft cache stays: the first proposal crops it to what the new context shares with it."""
         self._fed = list(self.draft.cached_ids)
         self._stable = 0
+        return shared
 
     def propose(
         self, context: Sequence[int], k: int, params: "SamplingParams", generator: torch.Generator | None

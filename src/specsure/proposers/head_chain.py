@@ -77,6 +77,18 @@ class HeadChainProposer(Proposer):
         features for module 0, module i-1's committed outputs otherwise."""
         self._observed = 0
 
+    def resume(self, shared: int) -> int:
+        """Keep the committed entries that the shared tokens still make (entry t reads token t+1, so up
+        to shared - 1 of them); the target computes its features again from there. With several
+        modules nothing is kept: a later module's inputs are an earlier one's outputs, not kept."""
+        if len(self.modules) > 1:
+            self.reset()
+            return 0
+        keep = max(0, min(self._done[0], shared - 1))
+        self._caches[0].crop(keep)
+        self._done[0], self._inputs[0], self._observed = keep, None, keep
+        return keep
+
     @torch.inference_mode()
     def observe(self, token_ids: Sequence[int], start: int, out: "ForwardOutput") -> None:
         assert start == self._observed, f"observed up to {self._observed}, but the engine reports {start}"
