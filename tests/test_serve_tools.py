@@ -128,6 +128,27 @@ def test_auto_reads_qwen3_coder_calls(engine: Engine) -> None:
     assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Oslo", "unit": "f"}
 
 
+def test_auto_reads_mistral_calls(tmp_path_factory: pytest.TempPathFactory) -> None:
+    folder = build_byte_level_model(tmp_path_factory.mktemp("mistral-tags"), added=("[TOOL_CALLS]", "[ARGS]"))
+    engine = make_engine(str(folder), None, dtype="float32")
+    client = TestClient(create_app(engine, served_model_name="tiny", chat_template=TEMPLATE, tool_call_parser="mistral"))
+    forced = 'Sure\\.\\[TOOL_CALLS\\]get_weather\\[ARGS\\]\\{"city": "Oslo", "unit": "f"\\}'
+    body = {"messages": MESSAGES, "max_tokens": 200, "tools": TOOLS, "structured_outputs": {"regex": forced}}
+    choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    assert choice["message"]["content"] == "Sure." and choice["finish_reason"] == "tool_calls"
+    call = choice["message"]["tool_calls"][0]
+    assert call["function"]["name"] == "get_weather" and len(call["id"]) == 9
+    assert json.loads(call["function"]["arguments"]) == {"city": "Oslo", "unit": "f"}
+    raw = client.post("/v1/chat/completions", json={**body, "stream": True}).text
+    chunks = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("content") or "" for d in deltas) == "Sure."
+    streamed = [t for d in deltas for t in d.get("tool_calls") or []]
+    assert [t["function"]["arguments"] for t in streamed] == [call["function"]["arguments"]]
+    special = build_byte_level_model(tmp_path_factory.mktemp("mistral-special"), special=("[TOOL_CALLS]", "[ARGS]"))
+    assert check_parser("mistral", make_engine(str(special), None, dtype="float32").tokenizer)
+
+
 def test_a_conversation_with_calls_and_results_renders(engine: Engine) -> None:
     client = TestClient(create_app(engine, served_model_name="tiny", chat_template=TEMPLATE))
     messages = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [
@@ -211,8 +232,8 @@ def test_special_tags_are_decoded_for_answers_that_may_call(tmp_path_factory: py
     folder = build_byte_level_model(tmp_path_factory.mktemp("special-tags"), special=("<tool_call>", "</tool_call>"))
     engine = make_engine(str(folder), None, dtype="float32")
     assert check_parser("hermes", engine.tokenizer) and not check_parser("llama3_json", engine.tokenizer)
-    with pytest.raises(ValueError, match="choose one of hermes, llama3_json"):
-        check_parser("mistral", engine.tokenizer)
+    with pytest.raises(ValueError, match="choose one of hermes, llama3_json, mistral"):
+        check_parser("granite", engine.tokenizer)
     client = TestClient(create_app(engine, served_model_name="tiny", chat_template=TEMPLATE, tool_call_parser="hermes"))
     opening = engine.tokenizer.convert_tokens_to_ids("<tool_call>")
     body = {"messages": MESSAGES, "max_tokens": 3, "tools": TOOLS, "logit_bias": {str(opening): 100}}

@@ -94,9 +94,24 @@ QWEN3_CODER_CASES = [
 ]
 
 
+MISTRAL_CASES = [
+    ("Sunny.", "Sunny.", []),
+    ('Checking.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "now", "arguments": {}}]',
+     "Checking.", [("get_weather", '{"city": "Paris"}'), ("now", "{}")]),
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}[TOOL_CALLS]now[ARGS]{}', None,
+     [("get_weather", '{"city": "Oslo"}'), ("now", "{}")]),  # tokenizer v11's layout
+    ('[TOOL_CALLS] {"name": "now", "arguments": "{}"}', None, [("now", "{}")]),  # one object, arguments as text
+    ("See [TOOL_CALLS] nothing", "See [TOOL_CALLS] nothing", []),  # not calls: as written
+    ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"ci', '[TOOL_CALLS][{"name": "get_weather", "arguments": {"ci',
+     []),  # cut short
+    ("A list: [TOOL_C", "A list: [TOOL_C", []),
+]
+
+
 @pytest.mark.parametrize("parser, text, content, calls", [
     *(("hermes", *case) for case in HERMES_CASES), *(("llama3_json", *case) for case in LLAMA3_CASES),
-    *(("pythonic", *case) for case in PYTHONIC_CASES), *(("qwen3_coder", *case) for case in QWEN3_CODER_CASES)])
+    *(("pythonic", *case) for case in PYTHONIC_CASES), *(("qwen3_coder", *case) for case in QWEN3_CODER_CASES),
+    *(("mistral", *case) for case in MISTRAL_CASES)])
 def test_calls_are_the_same_whole_or_split_anywhere(parser: str, text: str, content: str | None,
                                                     calls: list[tuple[str, str]]) -> None:
     answer = parse_answer(tools(), text, "stop", parser)
@@ -177,3 +192,9 @@ def test_tagged_values_take_their_schemas_types() -> None:
     assert json.loads(call.arguments) == {"n": 3, "x": 2.5, "ok": True, "tags": ["a", "b"], "opt": None,
                                           "name": None, "m": "{1, 2}", "bad": "three", "maybe": "perhaps",
                                           "deep": "[" * 5000 + "]" * 5000}  # nested past Python's stack: text
+
+
+def test_mistral_calls_have_the_ids_its_templates_take() -> None:
+    answer = parse_answer(tools(), '[TOOL_CALLS]now[ARGS]{}[TOOL_CALLS]now[ARGS]{}', "stop", "mistral")
+    ids = [call.id for call in answer.tool_calls]
+    assert len(set(ids)) == 2 and all(len(i) == 9 and i.isalnum() and i.isascii() for i in ids)

@@ -12,6 +12,9 @@ What each ``tool_choice`` generates (``specsure.serve.tools``) is read back here
 - ``auto``, tag format (``--tool-call-parser qwen3_coder``; Qwen3-Coder, Qwen3.5): each call is a
   ``<tool_call>`` block of ``<function=NAME>`` and ``<parameter=KEY>value</parameter>`` tags, the
   values typed by the function's schema (``xml_calls``); otherwise as Hermes.
+- ``auto``, Mistral format (``--tool-call-parser mistral``): ``[TOOL_CALLS]`` and then the calls,
+  a JSON array or ``name[ARGS]{...}`` (``mistral_calls``); the text before it is the content. The
+  calls are released when the answer ends.
 - ``auto``, Python format (``--tool-call-parser pythonic``; Llama 3.2's small models, ToolACE): an
   answer that is a Python list of calls with keyword arguments, ``[get_weather(city="Oslo")]``, is
   calls; the arguments must be literals. Any other answer is text (one that begins with ``[`` is
@@ -32,9 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specsure.serve.tools import Tools
+from specsure.serve.mistral_calls import ARGS, MARKER as MISTRAL, mistral_calls, mistral_id
 from specsure.serve.xml_calls import FUNCTION_END, xml_call
 
-PARSERS = ("hermes", "llama3_json", "pythonic", "qwen3_coder")
+PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder")
 """The values of ``--tool-call-parser``."""
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
@@ -49,7 +53,8 @@ def check_parser(name: str, tokenizer: Any) -> bool:
     if tokenizer is None:
         raise ValueError("tool_call_parser needs the model's tokenizer (its chat template renders the tools), and "
                          "this model has none.")
-    tags = (HERMES_START, HERMES_END) if name in ("hermes", "qwen3_coder") else ()
+    tags = {"hermes": (HERMES_START, HERMES_END), "qwen3_coder": (HERMES_START, HERMES_END),
+            "mistral": (MISTRAL, ARGS)}.get(name, ())
     return any(tokenizer.decode(tokenizer.encode(tag, add_special_tokens=False), skip_special_tokens=True) != tag
                for tag in tags)
 
@@ -146,7 +151,7 @@ class ToolCallStream:
             content, calls = self._required(final)
         else:
             read = {"hermes": self._hermes, "qwen3_coder": self._hermes, "llama3_json": self._llama3,
-                    "pythonic": self._pythonic}[self._parser]
+                    "pythonic": self._pythonic, "mistral": self._mistral}[self._parser]
             content, calls = read(final)
         return self._hold_whitespace(content, final), calls
 
@@ -173,6 +178,25 @@ class ToolCallStream:
         if calls is None:
             return text, []
         return "", [call for call in calls if self._take(call)]
+
+    def _mistral(self, final: bool) -> tuple[str, list[ToolCall]]:
+        """The content up to ``[TOOL_CALLS]``; the calls after it once the answer has ended."""
+        content = ""
+        if not self._in_call:
+            at = self._pending.find(MISTRAL)
+            if at < 0:
+                cut = len(self._pending) - (0 if final else _tag_prefix(self._pending, MISTRAL))
+                content, self._pending = self._pending[:cut], self._pending[cut:]
+                return content, []
+            content, self._pending, self._in_call = self._pending[:at], self._pending[at:], True
+        if not final:
+            return content, []
+        text, self._pending, self._in_call = self._pending, "", False
+        found = mistral_calls(text[len(MISTRAL):])
+        if found is None:  # not calls: the text stays as written
+            return content + text, []
+        calls = [ToolCall(name, arguments, mistral_id()) for name, arguments in found]
+        return content, [call for call in calls if self._take(call)]
 
     def _llama3(self, final: bool) -> tuple[str, list[ToolCall]]:
         if self._calling is None:
