@@ -105,10 +105,11 @@ def test_auto_finds_the_calls_the_model_writes(engine: Engine) -> None:
         assert plain.choices[0].finish_reason == "stop"
 
 
-def test_auto_reads_llama3_json_calls(engine: Engine) -> None:
-    app = create_app(engine, served_model_name="tiny", chat_template=TEMPLATE, tool_call_parser="llama3_json")
-    client = TestClient(app)
-    forced = '\\{"name": "get_weather", "parameters": \\{"city": "Oslo", "unit": "f"\\}\\}'
+@pytest.mark.parametrize(("parser", "forced"), [
+    ("llama3_json", '\\{"name": "get_weather", "parameters": \\{"city": "Oslo", "unit": "f"\\}\\}'),
+    ("granite", '<tool_call>\\[\\{"name": "get_weather", "arguments": \\{"city": "Oslo", "unit": "f"\\}\\}\\]')])
+def test_auto_reads_json_calls(engine: Engine, parser: str, forced: str) -> None:
+    client = TestClient(create_app(engine, served_model_name="tiny", chat_template=TEMPLATE, tool_call_parser=parser))
     body = {"messages": MESSAGES, "max_tokens": 200, "tools": TOOLS, "structured_outputs": {"regex": forced}}
     choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
     assert choice["message"]["content"] is None and choice["finish_reason"] == "tool_calls"
@@ -232,8 +233,8 @@ def test_special_tags_are_decoded_for_answers_that_may_call(tmp_path_factory: py
     folder = build_byte_level_model(tmp_path_factory.mktemp("special-tags"), special=("<tool_call>", "</tool_call>"))
     engine = make_engine(str(folder), None, dtype="float32")
     assert check_parser("hermes", engine.tokenizer) and not check_parser("llama3_json", engine.tokenizer)
-    with pytest.raises(ValueError, match="choose one of hermes, llama3_json, mistral"):
-        check_parser("granite", engine.tokenizer)
+    with pytest.raises(ValueError, match="choose one of granite, hermes, llama3_json, mistral"):
+        check_parser("internlm", engine.tokenizer)
     client = TestClient(create_app(engine, served_model_name="tiny", chat_template=TEMPLATE, tool_call_parser="hermes"))
     opening = engine.tokenizer.convert_tokens_to_ids("<tool_call>")
     body = {"messages": MESSAGES, "max_tokens": 3, "tools": TOOLS, "logit_bias": {str(opening): 100}}

@@ -107,11 +107,23 @@ MISTRAL_CASES = [
     ("A list: [TOOL_C", "A list: [TOOL_C", []),
 ]
 
+GRANITE_CASES = [
+    ("Sunny.", "Sunny.", []),
+    ('<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "now", "arguments": {}}]', None,
+     [("get_weather", '{"city": "Paris"}'), ("now", "{}")]),
+    (' <tool_call> [{"name": "now", "arguments": {}}]', None, [("now", "{}")]),
+    ('[{"name": "now", "arguments": {}}]', None, [("now", "{}")]),
+    ("[1] A footnote.", "[1] A footnote.", []),
+    ('<|tool_call|>[{"name": "now"', '<|tool_call|>[{"name": "now"', []),  # cut short: as written
+    ('Text first <|tool_call|>[{"name": "now", "arguments": {}}]',
+     'Text first <|tool_call|>[{"name": "now", "arguments": {}}]', []),  # calls only open an answer
+]
+
 
 @pytest.mark.parametrize("parser, text, content, calls", [
     *(("hermes", *case) for case in HERMES_CASES), *(("llama3_json", *case) for case in LLAMA3_CASES),
     *(("pythonic", *case) for case in PYTHONIC_CASES), *(("qwen3_coder", *case) for case in QWEN3_CODER_CASES),
-    *(("mistral", *case) for case in MISTRAL_CASES)])
+    *(("mistral", *case) for case in MISTRAL_CASES), *(("granite", *case) for case in GRANITE_CASES)])
 def test_calls_are_the_same_whole_or_split_anywhere(parser: str, text: str, content: str | None,
                                                     calls: list[tuple[str, str]]) -> None:
     answer = parse_answer(tools(), text, "stop", parser)

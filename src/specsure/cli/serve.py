@@ -15,7 +15,7 @@ DEFAULT_MAX_QUEUE = 64  # specsure.serve.app.DEFAULT_MAX_QUEUE; not imported, so
 DEFAULT_MAX_NUM_SEQS = 8  # specsure.decode.scheduler.DEFAULT_MAX_NUM_SEQS; not imported, so --help needs no torch
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder")  # specsure.serve.tool_calls.PARSERS; not imported, so --help needs no fastapi
+TOOL_CALL_PARSERS = ("granite", "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder")  # specsure.serve.tool_calls.PARSERS; not imported, so --help needs no fastapi
 REASONING_PARSERS = ("deepseek_r1", "qwen3")  # specsure.serve.reasoning.PARSERS, likewise
 
 

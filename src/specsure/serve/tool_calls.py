@@ -13,8 +13,11 @@ What each ``tool_choice`` generates (``specsure.serve.tools``) is read back here
   ``<tool_call>`` block of ``<function=NAME>`` and ``<parameter=KEY>value</parameter>`` tags, the
   values typed by the function's schema (``xml_calls``); otherwise as Hermes.
 - ``auto``, Mistral format (``--tool-call-parser mistral``): ``[TOOL_CALLS]`` and then the calls,
-  a JSON array or ``name[ARGS]{...}`` (``mistral_calls``); the text before it is the content. The
+  a JSON array or ``name[ARGS]{...}`` (``call_formats``); the text before it is the content. The
   calls are released when the answer ends.
+- ``auto``, Granite format (``--tool-call-parser granite``; IBM Granite 3.x): an answer that begins
+  with ``<|tool_call|>`` (or ``<tool_call>``) and a JSON array of ``{"name", "arguments"}`` is
+  calls, released when the answer ends; any other answer is text.
 - ``auto``, Python format (``--tool-call-parser pythonic``; Llama 3.2's small models, ToolACE): an
   answer that is a Python list of calls with keyword arguments, ``[get_weather(city="Oslo")]``, is
   calls; the arguments must be literals. Any other answer is text (one that begins with ``[`` is
@@ -35,13 +38,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specsure.serve.tools import Tools
-from specsure.serve.mistral_calls import ARGS, MARKER as MISTRAL, mistral_calls, mistral_id
+from specsure.serve.call_formats import ARGS, MARKER as MISTRAL, hermes_call, json_calls, llama3_call, \
+    mistral_calls, mistral_id, python_calls
 from specsure.serve.xml_calls import FUNCTION_END, xml_call
 
-PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder")
+PARSERS = ("granite", "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder")
 """The values of ``--tool-call-parser``."""
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
+GRANITE = "<|tool_call|>"
+"""What Granite 3.x writes before its calls (vLLM's parser takes ``<tool_call>`` there too)."""
 """What Llama 3 writes before a call; a special token, so decoded text usually leaves it out."""
 
 
@@ -54,7 +60,7 @@ def check_parser(name: str, tokenizer: Any) -> bool:
         raise ValueError("tool_call_parser needs the model's tokenizer (its chat template renders the tools), and "
                          "this model has none.")
     tags = {"hermes": (HERMES_START, HERMES_END), "qwen3_coder": (HERMES_START, HERMES_END),
-            "mistral": (MISTRAL, ARGS)}.get(name, ())
+            "mistral": (MISTRAL, ARGS), "granite": (GRANITE,)}.get(name, ())
     return any(tokenizer.decode(tokenizer.encode(tag, add_special_tokens=False), skip_special_tokens=True) != tag
                for tag in tags)
 
@@ -151,7 +157,7 @@ class ToolCallStream:
             content, calls = self._required(final)
         else:
             read = {"hermes": self._hermes, "qwen3_coder": self._hermes, "llama3_json": self._llama3,
-                    "pythonic": self._pythonic, "mistral": self._mistral}[self._parser]
+                    "pythonic": self._pythonic, "mistral": self._mistral, "granite": self._granite}[self._parser]
             content, calls = read(final)
         return self._hold_whitespace(content, final), calls
 
@@ -174,9 +180,31 @@ class ToolCallStream:
         if not final:
             return "", []  # a list is calls only if the whole of it parses: wait for its end
         text, self._pending = self._pending.strip(), ""
-        calls = _python_calls(text)
-        if calls is None:
+        found = python_calls(text)
+        if found is None:
             return text, []
+        return "", [call for call in (ToolCall(*c) for c in found) if self._take(call)]
+
+    def _granite(self, final: bool) -> tuple[str, list[ToolCall]]:
+        tags = (GRANITE, HERMES_START)
+        if self._calling is None:
+            head = self._pending.lstrip()
+            if not final and (not head or any(tag.startswith(head) for tag in tags)):
+                return "", []  # nothing yet, or a tag still arriving: undecided
+            self._calling = head.startswith((*tags, "["))
+        if not self._calling:
+            content, self._pending = self._pending, ""
+            return content, []
+        if not final:
+            return "", []  # calls only if the whole answer parses: wait for its end
+        text, self._pending = self._pending.strip(), ""
+        body = text
+        for tag in tags:
+            body = body.removeprefix(tag).lstrip()
+        found = json_calls(body) if body.startswith("[") else None
+        if found is None:  # not calls: the text stays as written
+            return text, []
+        calls = [ToolCall(name, arguments) for name, arguments in found]
         return "", [call for call in calls if self._take(call)]
 
     def _mistral(self, final: bool) -> tuple[str, list[ToolCall]]:
@@ -222,7 +250,8 @@ class ToolCallStream:
                     self._calling, content, self._pending = False, self._pending.lstrip(), ""
                     return content, calls
                 return "", calls
-            call = _llama3_call(item)
+            found = llama3_call(item)
+            call = ToolCall(*found) if found is not None else None
             if call is None:
                 self._calling, content, self._pending = False, self._pending.lstrip(), ""
                 return content, calls
@@ -303,54 +332,14 @@ class ToolCallStream:
         return stripped
 
 
-def _hermes_call(body: str) -> ToolCall | None:
-    try:
-        call = json.loads(body)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-        return None
-    arguments = call.get("arguments", {})
-    if not isinstance(arguments, dict):
-        return None
-    return ToolCall(call["name"], json.dumps(arguments, ensure_ascii=False))
-
-
 def _tagged_call(body: str, schemas: dict[str, Any]) -> ToolCall | None:
     found = xml_call(body, schemas)
     return ToolCall(*found) if found is not None else None
 
 
-def _python_calls(text: str) -> list[ToolCall] | None:
-    """``[f(a=1), g(b="x")]`` as calls; None unless the whole text is such a list of literal-argument calls."""
-    import ast  # only here: parsing, never evaluating
-
-    try:
-        tree = ast.parse(text, mode="eval").body
-    except (SyntaxError, ValueError):
-        return None
-    if not isinstance(tree, ast.List) or not tree.elts:
-        return None
-    calls = []
-    for node in tree.elts:
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args
-                and all(k.arg is not None for k in node.keywords)):
-            return None
-        try:
-            arguments = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
-            calls.append(ToolCall(node.func.id, json.dumps(arguments, ensure_ascii=False)))
-        except (ValueError, TypeError, SyntaxError):  # not a literal, or not JSON (a set, bytes)
-            return None
-    return calls
-
-
-def _llama3_call(item: Any) -> ToolCall | None:
-    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-        return None
-    arguments = item.get("parameters", item.get("arguments", {}))
-    if not isinstance(arguments, dict):
-        return None
-    return ToolCall(item["name"], json.dumps(arguments, ensure_ascii=False))
+def _hermes_call(body: str) -> ToolCall | None:
+    found = hermes_call(body)
+    return ToolCall(*found) if found is not None else None
 
 
 def _tag_prefix(text: str, tag: str) -> int:
