@@ -166,12 +166,40 @@ def test_heads_reuse_their_own_slot_and_generate_what_a_fresh_engine_does(folder
     assert cached.stats.drafts > 0
 
 
-def test_scoring_the_prompt_computes_it_whole(folders: dict[str, Path]) -> None:
+def test_scoring_the_prompt_computes_it_whole_and_evicts_no_conversation(folders: dict[str, Path]) -> None:
     engine = _engine(folders, "ngram", True)
     prompt = _conversation(2)
-    engine.generate(prompt, SamplingParams(max_tokens=4))
+    done = engine.generate(prompt, SamplingParams(max_tokens=4))[0]
     scored = engine.generate(prompt + [5], SamplingParams(max_tokens=4, prompt_logprobs=1))[0]
     assert scored.cached_tokens == 0 and len(scored.prompt_logprobs) == len(prompt) + 1
+    # The scored prompt took a slot of its own: the conversation is still cached.
+    assert engine.generate(prompt + done.token_ids + [6], SamplingParams(max_tokens=4))[0].cached_tokens > len(prompt)
+
+
+@pytest.mark.parametrize("name", ["eagle3", "mtp", "ngram"])
+def test_choices_that_share_a_prefill_on_a_later_turn(folders: dict[str, Path], name: str) -> None:
+    # n choices: a sibling that joins with its leader copies the leader's prefill; a head takes it
+    # only from the same cached start, else it prefills itself.
+    make = (lambda c: _head_engine(folders, name, c, max_num_seqs=4)) if name in HEADS else \
+        (lambda c: _engine(folders, name, c, max_num_seqs=4))
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    runs = {}
+    for caching in (False, True):
+        engine = make(caching)
+        prompt = _conversation(9)
+        prompt = prompt + engine.generate(prompt, params)[0].token_ids + [9, 10]
+        leader, sibling = engine.request(prompt, params), engine.request(prompt, params)
+        sibling.prefill_from = leader
+        engine.scheduler.add(leader)
+        engine.scheduler.add(sibling)
+        errors = []
+        while not engine.scheduler.idle:
+            errors += [u.error for _, u in engine.scheduler.step() if u.error is not None]
+        assert not errors
+        runs[caching] = [leader.completion.token_ids, sibling.completion.token_ids]
+        if caching:
+            assert leader.completion.cached_tokens > 0
+    assert runs[True] == runs[False] and runs[True][0] == runs[True][1]
 
 
 def test_the_cache_knows_its_tokens_through_crops_trees_and_copies(folders: dict[str, Path]) -> None:

@@ -203,6 +203,7 @@ class Request:
         if shared_from is not None:
             assert shared_from.lm is not None and shared_from.prompt == self.prompt
             self.lm.copy_cache(shared_from.lm)
+            self.cached_tokens = shared_from.cached_tokens  # ``out`` starts where the leader's prefill did
         if self.proposer is not None:
             # After a cached prefix ``out`` covers the rest of the prompt only: a head observes that
             # part (its entries before it were kept), the others read the tokens, all of them.

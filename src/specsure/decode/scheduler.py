@@ -108,8 +108,10 @@ class Scheduler:
         if not decoding and not joining:
             return []
         # A choice whose sibling prefills in this step copies that prefill instead of repeating it.
+        # A head's state is its own slot's: it takes a copied prefill only from the same cached start.
         copying = {id(r) for r in joining if r.prefill_from is not None and r.prefill_from in joining
-                   and r.prefill_from.prefill_from is None}
+                   and r.prefill_from.prefill_from is None
+                   and (self._copies or r.cached_tokens == r.prefill_from.cached_tokens)}
         prefilling = [r for r in joining if id(r) not in copying]
         # A full batch is compute-bound: verifying drafts there costs more rows than their accepted
         # tokens save, so under disable_by_batch_size every sequence decodes one token this step.
@@ -144,32 +146,41 @@ class Scheduler:
         much from (None: the slot's own cache holds it).
 
         Without prefix caching: the first free slot, or a new one. With it: a free slot whose whole
-        cache the prompt continues (a conversation's next turn), the longest; else a new slot while
-        there are fewer than max_num_seqs, or the free slot used least recently, which starts with
+        cache the prompt continues (a conversation's next turn), the longest; else an empty free slot,
+        a new slot while there are fewer than max_num_seqs, or the free slot used least recently
+        (taken or copied from), which starts with
         the longest start of the prompt any slot holds, running or free (a system prompt shared
         by conversations) copied over, so every other slot keeps its conversation (not for heads,
         whose own caches cannot be copied: theirs is the slot's own share). The proposer may keep
         less than the slot holds (``Request.attach``).
         """
         self._uses += 1
-        if not self.prefix_caching or request.params.prompt_logprobs is not None:  # scoring needs every row
+        if not self.prefix_caching:
             slot = self._free.pop(0) if self._free else self._new_slot()
             return self._used(slot), 0, None
-        shared = {i: _shared(slot.lm.cached_ids, request.prompt) for i, slot in enumerate(self._slots)}
-        # An empty cache counts: taking it loses nothing.
-        continued = [i for i in self._free if shared[i] >= len(self._slots[i].lm.cached_ids) - 1]
+        # A prompt that is scored needs every row: it reuses nothing, and takes a slot as one that shares nothing.
+        scored = request.params.prompt_logprobs is not None
+        shared = {i: 0 if scored else _shared(slot.lm.cached_ids, request.prompt) for i, slot in enumerate(self._slots)}
+        continued = [i for i in self._free if shared[i] and shared[i] >= len(self._slots[i].lm.cached_ids) - 1]
         if continued:
             slot = max(continued, key=lambda i: shared[i])
             self._free.remove(slot)
             return self._used(slot), shared[slot], None
-        if len(self._slots) < self.max_num_seqs or not self._free:
+        empty = [i for i in self._free if not self._slots[i].lm.cached_ids]  # taking it loses nothing
+        if empty:
+            slot = empty[0]
+            self._free.remove(slot)
+        elif len(self._slots) < self.max_num_seqs or not self._free:
             slot = self._new_slot()
         else:
             slot = min(self._free, key=lambda i: self._slots[i].used)
             self._free.remove(slot)
         source = max(shared, key=lambda i: (shared[i], i == slot)) if self._copies else slot
         cached = shared.get(source, 0)  # a new slot holds nothing
-        copied = self._slots[source].lm if source != slot and cached else None
+        copied = None
+        if source != slot and cached:
+            copied = self._slots[source].lm
+            self._used(source)  # a start that others copy (a system prompt) stays longer
         return self._used(slot), cached, copied
 
     def _new_slot(self) -> int:
