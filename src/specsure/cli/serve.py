@@ -124,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
                      tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser)
     print(f"serving {app.state.model_name!r} (speculative: {engine.resolution.summary()}; running "
           f"{engine.speculative_method or 'plain decoding'}); up to {args.max_num_seqs} requests batched, "
+          f"prefix caching {'on' if args.enable_prefix_caching else 'off'}, "
           f"{args.max_queue} more waiting; listening on {_url(args.host, port)}", file=sys.stderr)
     uvicorn.Server(uvicorn.Config(app, host=args.host, port=port, log_level="info")).run(sockets=[sock])
     return EXIT_OK
