@@ -194,7 +194,8 @@ def test_thinking_is_a_reasoning_item(engine: Engine) -> None:
         for seed in range(4):
             body = {"model": "tiny", "input": "Say yes.", "max_output_tokens": 30, "temperature": 1.0, "seed": seed,
                     "structured_outputs": {"regex": "yes"}, "allowed_token_ids": [end, *letters],
-                    "logit_bias": {str(end): 2}, "reasoning": {"effort": "low"}}
+                    "logit_bias": {str(end): 2}, "reasoning": {"effort": "low"},
+                    "include": ["message.output_text.logprobs"]}
             whole = httpx.post(f"{base}/v1/responses", json=body, timeout=60).json()
             *thought, message = whole["output"]  # an empty thinking has no item
             assert message["content"][0]["text"] == "yes" and whole["status"] == "completed"
@@ -209,6 +210,9 @@ def test_thinking_is_a_reasoning_item(engine: Engine) -> None:
             assert whole["usage"]["output_tokens_details"]["reasoning_tokens"] == len(reasoning) + 1
             said = events(base, body)
             assert "".join(d["delta"] for k, d in said if k == "response.reasoning_text.delta") == reasoning
+            # The message's logprobs are its own tokens, streamed or not: not the thinking's, nor its closing tag.
+            assert _items(said[-1][1]["response"]) == _items(whole)
+            assert [e["token"] for e in message["content"][0]["logprobs"]] == ["y", "e", "s", ""]
             assert [item["type"] for item in said[-1][1]["response"]["output"]] == (["reasoning", "message"]
                                                                                    if reasoning else ["message"])
             seen += bool(reasoning)
@@ -267,7 +271,14 @@ def test_text_format_and_logprobs(sdk: openai.OpenAI, url: str) -> None:
     ({"input": "x", "text": {"verbosity": "low"}}, "text.verbosity", "not supported"),
     ({"input": "x", "background": True}, "background", "not supported"),
     ({"input": "x", "truncation": "auto"}, "truncation", "not supported"),
-    ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include", "message.output_text.logprobs"),
+    ({"input": "x", "include": ["file_search_call.results"]}, "include", "message.output_text.logprobs"),
+    ({"input": "x", "text": {"format": {"type": []}}}, "text.format", "json_object"),
+    ({"input": [{"role": "user", "content": "x"}, {"type": "function_call", "call_id": "c", "name": "f",
+                                                 "arguments": "{bad"}], "instructions": "be"},
+     "input[1].arguments", "not JSON"),
+    ({"input": "x", "tools": [WEATHER], "include": ["message.output_text.logprobs"]}, "include", "tools"),
+    ({"input": "x", "reasoning": {"summary": 5}}, "reasoning.summary", "concise"),
+    ({"input": "x", "tool_choice": "sometimes"}, "tool_choice", '{"type": "function", "name": "..."}'),
     ({"input": "x", "top_logprobs": 99}, "top_logprobs", "from 0 to 20"),
     ({"input": "x", "reasoning": {"effort": "max"}}, "reasoning.effort", "minimal"),
     ({"input": "x", "metadata": {"k": 1}}, "metadata", "string values"),
@@ -282,6 +293,48 @@ def test_bad_fields_are_400s_in_the_responses_words(url: str, body: dict[str, An
     error = r.json()["error"]
     assert error["param"] == param and said in error["message"]
     assert "messages" not in error["message"] or param == "messages"
+
+
+def test_the_chat_parsers_words_are_reworded_only_where_they_name_the_field(url: str) -> None:
+    error = httpx.post(f"{url}/v1/responses", json={"input": "x", "temperature": "messages max_tokens"}).json()["error"]
+    assert error["param"] == "temperature" and '"messages max_tokens"' in error["message"]
+
+
+def _items(body: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return [(i["type"], i["status"], i.get("arguments"), [(p["text"], [e["token"] for e in p.get("logprobs") or []])
+                                                        for p in i.get("content") or []]) for i in body["output"]]
+
+
+@pytest.mark.parametrize("body", [
+    # Text, a call, more text, another call: one message (its text joined, as in the whole answer), two calls.
+    {"input": "W?", "tools": [WEATHER], "max_output_tokens": 300, "structured_outputs": {"regex": HERMES + (
+        '\\nAnd\\.\\n<tool_call>\\{"name": "get_weather", "arguments": \\{"city": "Rome"\\}\\}</tool_call>')}},
+    # Cut by max_output_tokens: only the last item is incomplete.
+    {"input": "W?", "tools": [WEATHER], "max_output_tokens": 40, "structured_outputs": {"regex": HERMES}},
+    {"input": "Hello", "max_output_tokens": 6, "include": ["message.output_text.logprobs"], "top_logprobs": 1,
+     "structured_outputs": {"regex": "[a-z ]+"}},
+])
+def test_streamed_and_whole_responses_hold_the_same_items(url: str, body: dict[str, Any]) -> None:
+    whole = httpx.post(f"{url}/v1/responses", json=body, timeout=60).json()
+    said = events(url, body)
+    assert _items(said[-1][1]["response"]) == _items(whole)
+    for kind, data in said:
+        if kind == "response.output_item.added":  # the parts come with their own events, as OpenAI sends them
+            assert data["item"].get("content", []) == [] and data["item"]["status"] == "in_progress"
+    texts = [c for _, _, _, parts in _items(whole) for c, _ in parts]
+    assert len(texts) <= 1  # one message at most
+
+
+def test_the_store_keeps_what_fits_its_bytes() -> None:
+    store = ResponseStore(10, max_bytes=2_000)
+    for i in range(4):
+        store.put({"id": f"resp_{i}", "text": "x" * 600}, [])
+    with pytest.raises(Exception, match="resp_0"):
+        store.get("resp_0")
+    assert store.get("resp_3").body["text"] == "x" * 600
+    store.put({"id": "resp_big", "text": "x" * 3_000}, [])  # larger than the whole store: not kept
+    with pytest.raises(Exception, match="resp_big"):
+        store.get("resp_big")
 
 
 def test_input_items_become_chat_turns() -> None:

@@ -53,12 +53,15 @@ def call_item(call: ToolCall, status: Status, item_id: str | None = None) -> dic
 def output_items(reasoning: str | None, content: str | None, calls: Sequence[ToolCall],
                  logprobs: list[dict[str, Any]] | None, status: Status) -> list[dict[str, Any]]:
     """A finished answer's items: its thinking (when split off), its text, its calls; an answer that
-    said nothing at all is one empty message (as its stream tells it)."""
-    items = [reasoning_item(reasoning, status)] if reasoning else []  # no thinking, no item (vLLM's)
+    said nothing at all is one empty message (as its stream tells it). Only the last item is
+    ``incomplete`` when the output was cut: the ones before it were finished."""
+    items = [reasoning_item(reasoning, "completed")] if reasoning else []  # no thinking, no item (vLLM's)
     if content:
-        items.append(message_item(content, logprobs, status))
-    items += [call_item(call, status) for call in calls]
-    return items or [message_item("", logprobs, status)]
+        items.append(message_item(content, logprobs, "completed"))
+    items += [call_item(call, "completed") for call in calls]
+    items = items or [message_item("", logprobs, "completed")]
+    items[-1]["status"] = status
+    return items
 
 
 def text_logprobs(entries: Sequence[TokenLogprob], text: TokenText, before: Sequence[int] = ()) -> list[dict[str, Any]]:
@@ -73,7 +76,7 @@ def as_messages(items: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if item["type"] == "reasoning":
             message["reasoning"] = "".join(part["text"] for part in item["content"])
         elif item["type"] == "message":
-            message["content"] = "".join(part["text"] for part in item["content"])
+            message["content"] += "".join(part["text"] for part in item["content"])
         else:
             message.setdefault("tool_calls", []).append(
                 {"id": item["call_id"], "type": "function",
@@ -114,7 +117,8 @@ class ResponseHead:
         """A finished answer's object; ``text``: names its message's tokens in ``logprobs``, when asked for."""
         logprobs = None
         if text is not None and completion.logprobs is not None:
-            # The message's own tokens: those of the thinking (and its closing tag) come first.
+            # The message's own tokens: those of the thinking (and its closing tag) come first. (No
+            # call shares them: logprobs with tools are refused.)
             skipped = thinking(completion) if thinking is not None else 0
             logprobs = text_logprobs(completion.logprobs[skipped:], text, completion.token_ids[:skipped])
         status = finished_status(completion)
@@ -130,20 +134,28 @@ class ResponseEvents:
     """The events of one streamed response, fed as ``EventStream`` feeds a ``ChunkWriter``: text, or
     the chat deltas (reasoning, content, tool calls) a parser split it into, step by step.
 
-    ``stored``: called with the final object, to keep it for ``previous_response_id``.
+    The items come in the order the whole object has them: the thinking, then one message that
+    stays open to the end (text after a call joins it, as in the whole answer), then the calls.
+    ``thought``: how many of the output's first tokens are thinking (its closing tag included), for
+    the message's logprobs; ``stored``: called with the final object, to keep it.
     """
 
     def __init__(self, head: ResponseHead, text: TokenText, logprobs: bool, thinking: ReasoningCount | None,
-                 stored: Callable[[dict[str, Any]], None]) -> None:
+                 thought: Callable[[Sequence[int]], int] | None, stored: Callable[[dict[str, Any]], None]) -> None:
         self._head, self._text, self._logprobs, self._thinking, self._stored = head, text, logprobs, thinking, stored
+        self._thought = thought
         self._seq = 0
         self._items: list[dict[str, Any]] = []
-        """The output so far: finished items whole, the open one as it stands."""
-        self._open: str | None = None
-        """The kind of the last item while it is still streaming: reasoning, message or call."""
+        """The output so far: finished items whole, open ones as they stand."""
+        self._open: dict[int, str] = {}
+        """Output index -> kind (reasoning, message, call) of each item still streaming."""
+        self._message: int | None = None
         self._calls: dict[int, int] = {}
         """A chat delta's call index -> its item's output index."""
-        self._before: list[int] = []  # output ids in earlier logprobs: their texts follow them
+        self._ids: list[int] = []  # the output so far, and its logprob entries
+        self._entries: list[TokenLogprob] = []
+        self._shown = 0  # entries already given to the message
+        self._skip: int | None = None  # the thinking's tokens, counted at the message's first text
 
     def start(self) -> bytes:
         snapshot = self._head.body("in_progress", [])
@@ -152,15 +164,15 @@ class ResponseEvents:
 
     def delta(self, index: int, text: str | None, token_ids: list[int],
               logprobs: list[TokenLogprob] | None = None, pieces: list[dict[str, Any]] | None = None) -> bytes:
-        shown = self._shown(logprobs)
+        self._ids += token_ids
+        self._entries += logprobs or []
         pieces = pieces if pieces is not None else ([{"content": text}] if text else [])
         out = b""
         for piece in pieces:
             if piece.get("reasoning"):
                 out += self._reasoning(piece["reasoning"])
             if piece.get("content"):
-                out += self._content(piece["content"], shown)
-                shown = []  # a step's logprobs go with its first text
+                out += self._content(piece["content"])
             for call in piece.get("tool_calls") or []:
                 out += self._call(call)
         return out
@@ -170,8 +182,13 @@ class ResponseEvents:
                finish_reason: str | None = None) -> bytes:
         out = self.delta(index, text, token_ids, logprobs, pieces)
         if not self._items:  # nothing was said: the answer is still an (empty) message, as unstreamed
-            out += self._content("", [])
-        return out + self._close(finished_status(completion))
+            out += self._add(message_item("", [] if self._logprobs else None, "in_progress"), "message")
+            self._message = len(self._items) - 1
+            out += self._part("added", self._message, self._items[-1]["content"][0])
+        status = finished_status(completion)
+        for at in sorted(self._open):  # only the last item was cut
+            out += self._close(at, status if at == len(self._items) - 1 else "completed")
+        return out
 
     def end(self, completions: Sequence[Completion]) -> bytes:
         completion = completions[0]
@@ -185,83 +202,93 @@ class ResponseEvents:
         error = body["error"]
         out = self._event("error", code=error.get("code") or error.get("type"), message=error["message"],
                           param=error.get("param"))
-        failed = self._head.body("failed", self._items, error={"code": error.get("code") or "server_error",
-                                                               "message": error["message"]})
+        failed = self._head.body("failed", self._items, error={"code": "server_error", "message": error["message"]})
         return out + self._event("response.failed", response=failed)
-
-    def _shown(self, logprobs: list[TokenLogprob] | None) -> list[dict[str, Any]]:
-        if not self._logprobs or not logprobs:
-            return []
-        shown = text_logprobs(logprobs, self._text, self._before)
-        self._before += [e.token_id for e in logprobs]
-        return shown
 
     def _reasoning(self, text: str) -> bytes:
         out = b""
-        if self._open != "reasoning":
-            item = reasoning_item("", "in_progress")
-            out += self._add(item, "reasoning") + self._part("added", {"type": "reasoning_text", "text": ""})
-        item = self._items[-1]
-        item["content"][0]["text"] += text
-        return out + self._event("response.reasoning_text.delta", **self._at(), content_index=0, delta=text)
+        at = next((i for i, kind in self._open.items() if kind == "reasoning"), None)
+        if at is None:
+            out += self._add(reasoning_item("", "in_progress"), "reasoning")
+            at = len(self._items) - 1
+            out += self._part("added", at, {"type": "reasoning_text", "text": ""})
+        self._items[at]["content"][0]["text"] += text
+        return out + self._event("response.reasoning_text.delta", **self._at(at), content_index=0, delta=text)
 
-    def _content(self, text: str, logprobs: list[dict[str, Any]]) -> bytes:
-        out = b""
-        if self._open != "message":
+    def _content(self, text: str) -> bytes:
+        out = self._close_reasoning()
+        if self._message is None:
             out += self._add(message_item("", [] if self._logprobs else None, "in_progress"), "message")
-            out += self._part("added", self._items[-1]["content"][0])
-        part = self._items[-1]["content"][0]
+            self._message = len(self._items) - 1
+            out += self._part("added", self._message, self._items[-1]["content"][0])
+        part = self._items[self._message]["content"][0]
         part["text"] += text
+        shown = self._message_logprobs()
         if self._logprobs:
-            part["logprobs"] += logprobs
-        return out + self._event("response.output_text.delta", **self._at(), content_index=0, delta=text,
-                                 logprobs=logprobs)
+            part["logprobs"] += shown
+        return out + self._event("response.output_text.delta", **self._at(self._message), content_index=0,
+                                 delta=text, logprobs=shown)
+
+    def _message_logprobs(self) -> list[dict[str, Any]]:
+        """The entries the message has not shown yet, after the thinking's tokens."""
+        if not self._logprobs or not self._entries:
+            return []
+        if self._skip is None:  # the thinking has ended by the message's first text: its count is final
+            self._skip = self._thought(self._ids[:len(self._entries)]) if self._thought is not None else 0
+        start = max(self._shown, self._skip)
+        if start >= len(self._entries):
+            return []
+        self._shown = len(self._entries)
+        return text_logprobs(self._entries[start:], self._text, self._ids[:start])
 
     def _call(self, delta: dict[str, Any]) -> bytes:
-        function, out = delta.get("function") or {}, b""
+        function, out = delta.get("function") or {}, self._close_reasoning()
         if delta["index"] not in self._calls:
-            call = ToolCall(function["name"], "", delta["id"])
-            out += self._add(call_item(call, "in_progress"), "call")
+            out += self._add(call_item(ToolCall(function["name"], "", delta["id"]), "in_progress"), "call")
             self._calls[delta["index"]] = len(self._items) - 1
-        arguments = function.get("arguments") or ""
+        at, arguments = self._calls[delta["index"]], function.get("arguments") or ""
         if not arguments:
             return out
-        self._items[self._calls[delta["index"]]]["arguments"] += arguments
-        return out + self._event("response.function_call_arguments.delta", **self._at(), delta=arguments)
+        self._items[at]["arguments"] += arguments
+        return out + self._event("response.function_call_arguments.delta", **self._at(at), delta=arguments)
 
     def _add(self, item: dict[str, Any], kind: str) -> bytes:
-        out = self._close("completed")
         self._items.append(item)
-        self._open = kind
-        return out + self._event("response.output_item.added", output_index=len(self._items) - 1, item=item)
+        at = len(self._items) - 1
+        self._open[at] = kind
+        # The parts arrive with their own events: the item is announced without them (OpenAI's order).
+        shown = {**item, "content": []} if "content" in item else item
+        return self._event("response.output_item.added", output_index=at, item=shown)
 
-    def _close(self, status: Status) -> bytes:
-        """The open item's closing events, with ``status``."""
-        kind, self._open = self._open, None
-        if kind is None:
-            return b""
-        item = self._items[-1]
+    def _close_reasoning(self) -> bytes:
+        at = next((i for i, kind in self._open.items() if kind == "reasoning"), None)
+        return b"" if at is None else self._close(at, "completed")
+
+    def _close(self, at: int, status: Status) -> bytes:
+        """Item ``at``'s closing events, with ``status``."""
+        kind = self._open.pop(at)
+        item = self._items[at]
         item["status"] = status
         out = b""
         if kind == "reasoning":
             text = item["content"][0]["text"]
-            out += self._event("response.reasoning_text.done", **self._at(), content_index=0, text=text)
-            out += self._part("done", item["content"][0])
+            out += self._event("response.reasoning_text.done", **self._at(at), content_index=0, text=text)
+            out += self._part("done", at, item["content"][0])
         elif kind == "message":
             part = item["content"][0]
-            out += self._event("response.output_text.done", **self._at(), content_index=0, text=part["text"],
+            out += self._event("response.output_text.done", **self._at(at), content_index=0, text=part["text"],
                                logprobs=part.get("logprobs") or [])
-            out += self._part("done", part)
+            out += self._part("done", at, part)
         else:
-            out += self._event("response.function_call_arguments.done", **self._at(), name=item["name"],
+            out += self._event("response.function_call_arguments.done", **self._at(at), name=item["name"],
                                arguments=item["arguments"])
-        return out + self._event("response.output_item.done", output_index=len(self._items) - 1, item=item)
+        return out + self._event("response.output_item.done", output_index=at, item=item)
 
-    def _part(self, stage: str, part: dict[str, Any]) -> bytes:
-        return self._event(f"response.content_part.{stage}", **self._at(), content_index=0, part=part)
+    def _part(self, stage: str, at: int, part: dict[str, Any]) -> bytes:
+        return self._event(f"response.content_part.{stage}", **self._at(at), content_index=0, part=part)
 
-    def _at(self) -> dict[str, Any]:
-        return {"item_id": self._items[-1]["id"], "output_index": len(self._items) - 1}
+    def _at(self, at: int) -> dict[str, Any]:
+        return {"item_id": self._items[at]["id"], "output_index": at}
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         # Written at once: the items go on changing after their events are sent.

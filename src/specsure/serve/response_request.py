@@ -11,6 +11,7 @@ output, not its instructions) before ``input``.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -34,8 +35,10 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 """Fields specsure does not implement, accepted only as null or at a value that changes nothing."""
 LOGPROBS = "message.output_text.logprobs"
-INCLUDABLE = (LOGPROBS,)
-"""What ``include`` may ask for: the tokens' log-probabilities (no file search, no encrypted reasoning)."""
+ENCRYPTED = "reasoning.encrypted_content"
+INCLUDABLE = (LOGPROBS, ENCRYPTED)
+"""What ``include`` may ask for: the tokens' log-probabilities; encrypted reasoning is accepted (Codex
+asks for it) and changes nothing, as in vLLM: the thinking comes as the reasoning item's text."""
 ROLES = ("user", "system", "developer", "assistant")
 ITEMS = ("message", "function_call", "function_call_output", "reasoning")
 ITEM_FIELDS = {"message": ("type", "role", "content", "id", "status", "phase"),
@@ -47,6 +50,7 @@ TOOL_FIELDS = ("type", "name", "description", "parameters", "strict")
 FORMAT_FIELDS = {"text": ("type",), "json_object": ("type",),
                  "json_schema": ("type", "name", "schema", "strict", "description")}
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+SUMMARIES = (None, "auto", "concise", "detailed")
 MAX_METADATA = 16
 """OpenAI's limits on ``metadata``: 16 pairs, keys of at most 64 characters, values of at most 512."""
 
@@ -57,6 +61,11 @@ _CHAT_WORDS = ((r"tools\[(\d+)\]\.function\.", r"tools[\1]."), (r"tool_choice\.f
                (r"response_format\.json_schema\.", "text.format."), (r"response_format", "text.format"),
                (r"\bmax_tokens\b", "max_output_tokens"), (r"\bmessages\b", "input"))
 """The chat parser's field names, and what the same field is called in a Responses body."""
+_CHAT_SHAPES = (('{"type": "function", "function": {"name": "..."}}', '{"type": "function", "name": "..."}'),
+                ('{"type": "function", "function": {"name": "get_weather", "parameters": {...}}}',
+                 '{"type": "function", "name": "get_weather", "parameters": {...}}'),
+                ('{"type": "function", "function": {...}}', '{"type": "function", "name": "...", "parameters": {...}}'))
+"""Chat's shapes in the chat parser's fixes, and the Responses body's."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,10 @@ def parse_response(body: Any, model_name: str, history: History, auto_tool_parse
     if logprobs:
         chat_body["logprobs"], chat_body["top_logprobs"] = True, top or 0
     _check_stream_options(body)
+    if logprobs and body.get("tools") and body.get("tool_choice", "auto") != "none":
+        raise RequestError(f'include {LOGPROBS!r} with tools: an output_text\'s logprobs would have to be told from '
+                           'its calls\' tokens, which this server does not do; leave one of them out (or send '
+                           '"tool_choice": "none").', "include")
     try:
         chat = parse_chat(chat_body, model_name, auto_tool_parser, special_tags)
     except RequestError as exc:
@@ -170,7 +183,7 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
                        "content": _text(item.get("output"), where, "output")}
         else:
             call = {"id": _string(item, "call_id", where), "type": "function",
-                    "function": {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)}}
+                    "function": {"name": _string(item, "name", where), "arguments": _arguments(item, where)}}
             last = out[-1] if out else None
             if thought is None and last is not None and last["role"] == "assistant" and last.get("joinable"):
                 last.setdefault("tool_calls", []).append(call)
@@ -223,6 +236,20 @@ def _string(item: dict[str, Any], key: str, where: str) -> str:
         raise RequestError(f"{where}.{key} = {shown(value)} must be a non-empty string"
                            + (" (the arguments' JSON text)." if key == "arguments" else "."), f"{where}.{key}")
     return value
+
+
+def _arguments(item: dict[str, Any], where: str) -> str:
+    """A function call's arguments: the JSON text of an object, checked here so the error names the item."""
+    text = _string(item, "arguments", where)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RequestError(f"{where}.arguments is not JSON ({exc.msg} at column {exc.colno}); send the arguments as "
+                           "the call gave them.", f"{where}.arguments") from None
+    if not isinstance(value, dict):
+        raise RequestError(f"{where}.arguments = {shown(text)} must be the JSON text of an object.",
+                           f"{where}.arguments")
+    return text
 
 
 def _reasoning_text(item: dict[str, Any], where: str) -> str:
@@ -284,7 +311,7 @@ def _format(text: Any) -> dict[str, Any] | None:
     if fmt is None:
         return None
     kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind not in FORMAT_FIELDS:
+    if not isinstance(kind, str) or kind not in FORMAT_FIELDS:
         raise RequestError(f"text.format = {shown(fmt)} must be an object whose type is one of "
                            f"{', '.join(FORMAT_FIELDS)}, e.g. " + '{"type": "json_object"}.', "text.format")
     _known(fmt, FORMAT_FIELDS[kind], "text.format")
@@ -307,6 +334,10 @@ def _template_variables(body: dict[str, Any]) -> Any:
         raise RequestError(f'reasoning = {shown(reasoning)} must be an object such as {{"effort": "low"}}.',
                            "reasoning")
     _known(reasoning, ("effort", "summary", "generate_summary"), "reasoning")
+    for key in ("summary", "generate_summary"):
+        if reasoning.get(key) not in SUMMARIES:
+            raise RequestError(f"reasoning.{key} = {shown(reasoning[key])} must be one of {', '.join(map(str, SUMMARIES[1:]))} "
+                               "or null (no summary is written here: the thinking comes whole).", f"reasoning.{key}")
     effort = reasoning.get("effort")
     if effort is not None and effort not in EFFORTS:
         raise RequestError(f"reasoning.effort = {shown(effort)} must be one of {', '.join(EFFORTS)}.",
@@ -383,11 +414,18 @@ def _known(obj: dict[str, Any], fields: tuple[str, ...], where: str) -> None:
 
 
 def in_responses_words(exc: RequestError) -> RequestError:
-    """The chat parser's error in the Responses body's words."""
+    """The chat parser's error in the Responses body's words: its field, where the message names it
+    (never inside what the client sent), and chat's shapes in the fixes as Responses writes them."""
     message, param = str(exc), exc.param
-    for chat, ours in _CHAT_WORDS:
-        message = re.sub(chat, ours, message)
-        param = re.sub(chat, ours, param) if param is not None else None
+    if param is not None and not param.startswith("chat_template_kwargs"):
+        ours = param
+        for chat, word in _CHAT_WORDS:
+            ours = re.sub(chat, word, ours)
+        message = message.replace(f"{param} = ", f"{ours} = ").replace(f"{param}:", f"{ours}:")
+        message = re.sub(rf"(?<![\w.\[\"]){re.escape(param)}(?![\w\]\"])", ours, message)
+        param = ours
+    for chat, word in _CHAT_SHAPES:
+        message = message.replace(chat, word)
     return RequestError(message, param, exc.code)
 
 
