@@ -19,7 +19,7 @@ from specsure import make_engine
 from specsure.decode.engine import Engine
 from specsure.serve import create_app
 from specsure.serve.errors import RequestError
-from specsure.serve.response_request import input_messages
+from specsure.serve.response_input import input_messages
 from specsure.serve.response_store import ResponseStore
 
 TEMPLATE = ("{%- if tools %}<tools>{% for t in tools %}{{ t.function.name }} {% endfor %}</tools>\n{% endif %}"

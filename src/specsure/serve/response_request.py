@@ -11,7 +11,6 @@ output, not its instructions) before ``input``.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -21,6 +20,7 @@ from specsure.config.schema import suggest
 from specsure.sampling import MAX_LOGPROBS
 from specsure.serve.errors import RequestError, shown
 from specsure.serve.protocol import SAMPLING_FIELDS, ChatRequest, parse_chat
+from specsure.serve.response_input import input_messages, known
 
 EXTENSIONS = tuple(f for f in SAMPLING_FIELDS if f not in ("max_tokens", "temperature", "top_p"))
 """vLLM's sampling extensions, taken here as on the chat endpoint."""
@@ -39,13 +39,6 @@ ENCRYPTED = "reasoning.encrypted_content"
 INCLUDABLE = (LOGPROBS, ENCRYPTED)
 """What ``include`` may ask for: the tokens' log-probabilities; encrypted reasoning is accepted (Codex
 asks for it) and changes nothing, as in vLLM: the thinking comes as the reasoning item's text."""
-ROLES = ("user", "system", "developer", "assistant")
-ITEMS = ("message", "function_call", "function_call_output", "reasoning")
-ITEM_FIELDS = {"message": ("type", "role", "content", "id", "status", "phase"),
-               "function_call": ("type", "call_id", "name", "arguments", "id", "status"),
-               "function_call_output": ("type", "call_id", "output", "id", "status"),
-               "reasoning": ("type", "id", "summary", "content", "encrypted_content", "status")}
-TEXT_PARTS = ("input_text", "output_text")
 TOOL_FIELDS = ("type", "name", "description", "parameters", "strict")
 FORMAT_FIELDS = {"text": ("type",), "json_object": ("type",),
                  "json_schema": ("type", "name", "schema", "strict", "description")}
@@ -146,129 +139,6 @@ def parse_response(body: Any, model_name: str, history: History, auto_tool_parse
     return ResponseRequest(chat, conversation, _settings(body, chat), store is not False, logprobs)
 
 
-def input_messages(value: Any) -> list[dict[str, Any]]:
-    """``input`` as chat messages: text is one user message; items become messages in order, an
-    assistant's function calls join its message, and a reasoning item is the next assistant turn's."""
-    if isinstance(value, str):
-        return [{"role": "user", "content": value}]
-    if not isinstance(value, list) or not value:
-        raise RequestError(f'input = {shown(value)} must be text or a non-empty list of items, e.g. "input": '
-                           '[{"role": "user", "content": "Hello"}].', "input")
-    out: list[dict[str, Any]] = []
-    thought: str | None = None  # a reasoning item's text, waiting for the assistant turn it belongs to
-    for i, item in enumerate(value):
-        where = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise RequestError(f"{where} = {shown(item)} must be an object: a message such as "
-                               '{"role": "user", "content": "Hello"}, or a function_call, function_call_output '
-                               "or reasoning item.", where)
-        kind = item.get("type", "message")
-        if kind not in ITEMS:
-            raise RequestError(f"{where}.type = {shown(kind)} is not an item this server takes; send one of "
-                               f"{', '.join(ITEMS)} (the model reads text only: no images, files or built-in "
-                               "tools).", f"{where}.type")
-        _known(item, ITEM_FIELDS[kind], where)
-        if kind == "reasoning":
-            thought = (thought or "") + _reasoning_text(item, where)
-            continue
-        assistant = kind == "function_call" or (kind == "message" and item.get("role") == "assistant")
-        if thought is not None and not assistant:  # thinking that led to no answer is still a turn
-            out.append({"role": "assistant", "content": "", "reasoning": thought})
-            thought = None
-        if kind == "message":
-            message = {"role": _role(item.get("role"), where), "content": _text(item.get("content"), where,
-                                                                                  "content")}
-        elif kind == "function_call_output":
-            message = {"role": "tool", "tool_call_id": _string(item, "call_id", where),
-                       "content": _text(item.get("output"), where, "output")}
-        else:
-            call = {"id": _string(item, "call_id", where), "type": "function",
-                    "function": {"name": _string(item, "name", where), "arguments": _arguments(item, where)}}
-            last = out[-1] if out else None
-            if thought is None and last is not None and last["role"] == "assistant" and last.get("joinable"):
-                last.setdefault("tool_calls", []).append(call)
-                continue
-            message = {"role": "assistant", "content": None, "tool_calls": [call]}
-        if thought is not None:
-            message["reasoning"], thought = thought, None
-        if message["role"] == "assistant":
-            message["joinable"] = True  # the function calls right after it are the same turn's
-        out.append(message)
-    if thought is not None:
-        out.append({"role": "assistant", "content": "", "reasoning": thought})
-    for message in out:
-        message.pop("joinable", None)
-    return out
-
-
-def _role(role: Any, where: str) -> str:
-    if role not in ROLES:
-        raise RequestError(f"{where}.role = {shown(role)} must be one of {', '.join(ROLES)}.", f"{where}.role")
-    return "system" if role == "developer" else role
-
-
-def _text(value: Any, where: str, field: str) -> str:
-    """A message's content or a call's output: text, or a list of text parts joined."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        texts = []
-        for j, part in enumerate(value):
-            at = f"{where}.{field}[{j}]"
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind == "refusal" and isinstance(part.get("refusal"), str):
-                texts.append(part["refusal"])
-                continue
-            if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
-                raise RequestError(f"{at} = {shown(part)} must be a text part, "
-                                   '{"type": "input_text", "text": "..."} (or output_text in an assistant message); '
-                                   "the model reads text only.", at)
-            _known(part, ("type", "text", "annotations", "logprobs"), at)
-            texts.append(part["text"])
-        return "".join(texts)
-    raise RequestError(f"{where}.{field} = {shown(value)} must be text or a list of text parts "
-                       '({"type": "input_text", "text": "..."}).', f"{where}.{field}")
-
-
-def _string(item: dict[str, Any], key: str, where: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str) or (key != "arguments" and not value):
-        raise RequestError(f"{where}.{key} = {shown(value)} must be a non-empty string"
-                           + (" (the arguments' JSON text)." if key == "arguments" else "."), f"{where}.{key}")
-    return value
-
-
-def _arguments(item: dict[str, Any], where: str) -> str:
-    """A function call's arguments: the JSON text of an object, checked here so the error names the item."""
-    text = _string(item, "arguments", where)
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RequestError(f"{where}.arguments is not JSON ({exc.msg} at column {exc.colno}); send the arguments as "
-                           "the call gave them.", f"{where}.arguments") from None
-    if not isinstance(value, dict):
-        raise RequestError(f"{where}.arguments = {shown(text)} must be the JSON text of an object.",
-                           f"{where}.arguments")
-    return text
-
-
-def _reasoning_text(item: dict[str, Any], where: str) -> str:
-    """A reasoning item's thinking: its content's text, else its summary's."""
-    if item.get("encrypted_content") is not None:
-        raise RequestError(f"{where}.encrypted_content: this server never encrypts reasoning, so it cannot read it; "
-                           "send the item's content as the server returned it.", f"{where}.encrypted_content")
-    for field, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
-        parts = item.get(field)
-        if parts is None or parts == []:
-            continue
-        if not isinstance(parts, list) or not all(isinstance(p, dict) and p.get("type") == part_type
-                                                  and isinstance(p.get("text"), str) for p in parts):
-            raise RequestError(f"{where}.{field} = {shown(parts)} must be a list of "
-                               f'{{"type": "{part_type}", "text": "..."}} parts.', f"{where}.{field}")
-        return "".join(p["text"] for p in parts)
-    return ""
-
-
 def _tools(value: Any) -> Any:
     """Responses' flat function tools as chat's ``{"type": "function", "function": {...}}``."""
     if not isinstance(value, list):
@@ -281,7 +151,7 @@ def _tools(value: Any) -> Any:
             raise RequestError(f"{where} = {shown(tool)} is not a function tool; this server runs only the client's "
                                'functions, {"type": "function", "name": "...", "parameters": {...}} (no built-in '
                                "tools such as web_search).", f"{where}.type" if kind is not None else where)
-        _known(tool, TOOL_FIELDS, where)
+        known(tool, TOOL_FIELDS, where)
         out.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
     return out
 
@@ -290,7 +160,7 @@ def _named_choice(value: dict[str, Any]) -> dict[str, Any]:
     if value.get("type") != "function" or not isinstance(value.get("name"), str):
         raise RequestError(f"tool_choice = {shown(value)} must be none, auto, required, or "
                            '{"type": "function", "name": "..."} naming one of the tools.', "tool_choice")
-    _known(value, ("type", "name"), "tool_choice")
+    known(value, ("type", "name"), "tool_choice")
     return {"type": "function", "function": {"name": value["name"]}}
 
 
@@ -301,7 +171,7 @@ def _format(text: Any) -> dict[str, Any] | None:
     if not isinstance(text, dict):
         raise RequestError(f'text = {shown(text)} must be an object such as {{"format": {{"type": "json_object"}}}}.',
                            "text")
-    _known(text, ("format", "verbosity"), "text")
+    known(text, ("format", "verbosity"), "text")
     verbosity = text.get("verbosity")
     if verbosity not in (None, "medium"):
         raise RequestError(f"text.verbosity = {shown(verbosity)} is not supported by specsure (the model's length is "
@@ -314,7 +184,7 @@ def _format(text: Any) -> dict[str, Any] | None:
     if not isinstance(kind, str) or kind not in FORMAT_FIELDS:
         raise RequestError(f"text.format = {shown(fmt)} must be an object whose type is one of "
                            f"{', '.join(FORMAT_FIELDS)}, e.g. " + '{"type": "json_object"}.', "text.format")
-    _known(fmt, FORMAT_FIELDS[kind], "text.format")
+    known(fmt, FORMAT_FIELDS[kind], "text.format")
     if kind != "json_schema":
         return {"type": kind}
     if not isinstance(fmt.get("schema"), dict) or not isinstance(fmt.get("name"), str):
@@ -333,7 +203,7 @@ def _template_variables(body: dict[str, Any]) -> Any:
     if not isinstance(reasoning, dict):
         raise RequestError(f'reasoning = {shown(reasoning)} must be an object such as {{"effort": "low"}}.',
                            "reasoning")
-    _known(reasoning, ("effort", "summary", "generate_summary"), "reasoning")
+    known(reasoning, ("effort", "summary", "generate_summary"), "reasoning")
     for key in ("summary", "generate_summary"):
         if reasoning.get(key) not in SUMMARIES:
             raise RequestError(f"reasoning.{key} = {shown(reasoning[key])} must be one of {', '.join(map(str, SUMMARIES[1:]))} "
@@ -371,7 +241,7 @@ def _check_stream_options(body: dict[str, Any]) -> None:
                            "stream = true.", "stream_options")
     if not isinstance(options, dict):
         raise RequestError(f"stream_options = {shown(options)} must be an object.", "stream_options")
-    _known(options, ("include_obfuscation",), "stream_options")
+    known(options, ("include_obfuscation",), "stream_options")
     if not isinstance(options.get("include_obfuscation", False), bool):
         raise RequestError(f"stream_options.include_obfuscation = {shown(options['include_obfuscation'])} must be "
                            "true or false (this server never pads its events, so either reads the same).",
@@ -404,13 +274,6 @@ def _check_fields(body: Any) -> dict[str, Any]:
         if body.get(key) is not None and not isinstance(body[key], str):
             raise RequestError(f"{key} = {shown(body[key])} must be a string.", key)
     return body
-
-
-def _known(obj: dict[str, Any], fields: tuple[str, ...], where: str) -> None:
-    for key in obj:
-        if key not in fields:
-            raise RequestError(f"unknown field {key!r} in {where}.{suggest(key, fields)} Fields: {', '.join(fields)}.",
-                               f"{where}.{key}", "unknown_field")
 
 
 def in_responses_words(exc: RequestError) -> RequestError:
