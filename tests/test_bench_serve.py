@@ -209,3 +209,27 @@ def test_a_category_no_workload_prompt_has_is_an_error(tmp_path: Path, capsys: p
     code = main(["bench", "serve", "--workload", str(path), "--categories", "chta", "--out", str(tmp_path / "out")])
     assert code == 2 and "--categories chta: no prompt of the --workload files has category 'chta'" in \
         capsys.readouterr().err
+
+
+def test_servers_take_turns_and_rest_between(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each level alternates which server goes first, with a pause before each run, so none always
+    # follows another whose idle threads still spin; the report keeps the servers' order.
+    from specsure.bench import load
+
+    ran: list[str] = []
+    real = load.run_level
+
+    async def spy(server: load.Server, *args: Any, **kwargs: Any) -> load.Level:
+        ran.append(server.label)
+        return await real(server, *args, **kwargs)
+
+    slept: list[float] = []
+    monkeypatch.setattr(load, "run_level", spy)
+    sleep = load.time.sleep  # the module's, shared with the test servers' polling: only the pause is recorded
+    monkeypatch.setattr(load.time, "sleep", lambda s: slept.append(s) if s == 1.5 else sleep(s))
+    with serving(fake_openai("ok", [])) as a, serving(fake_openai("ok", [])) as b:
+        levels = load.run([load.Server("a", a), load.Server("b", b)], "completions", [load.Request(prompt="hi")],
+                          [1, 2, 4], [2, 2, 2], 3, warmup=0, pause=1.5)
+    assert ran == ["a", "b", "b", "a", "a", "b"] and slept == [1.5] * 6
+    assert [(level.label, level.concurrency) for level in levels] == [("a", 1), ("b", 1), ("a", 2), ("b", 2),
+                                                                     ("a", 4), ("b", 4)]

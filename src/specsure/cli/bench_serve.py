@@ -49,6 +49,9 @@ def add_parser(modes: argparse._SubParsersAction) -> None:
                         help="your own prompts instead (bench/README.md schema; rows the endpoint cannot take "
                              "are skipped with a warning); repeatable")
     parser.add_argument("--warmup", type=int, default=1, help="untimed requests per server first (default 1)")
+    parser.add_argument("--pause", type=float, default=2.0, metavar="SECONDS",
+                        help="seconds between two servers' runs of a level, so the one before has gone idle "
+                             "(default 2; with several --url)")
     parser.add_argument("--out", default="bench/serve", help="output folder (default bench/serve)")
     parser.set_defaults(run=run)
 
@@ -145,6 +148,8 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag} must be a positive integer, got {value}.")
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}.")
+    if not args.pause >= 0:
+        raise ValueError(f"--pause must be a number of seconds >= 0, got {args.pause}.")
     endpoint = "chat/completions" if args.endpoint == "chat" else "completions"
     prompts = _prompts(args, endpoint)
     requests = [args.num_prompts or max(8, 2 * c) for c in levels]
@@ -154,9 +159,9 @@ def _run(args: argparse.Namespace) -> int:
           f"{f' ({own} of {len(prompts)} prompts set their own)' if own else ''}, /v1/{endpoint}", flush=True)
     api_key = args.api_key or os.environ.get("SPECSURE_API_KEY") or None  # as specsure serve reads it
     results = run_load(servers, endpoint, prompts, levels, requests, args.max_tokens, api_key, args.warmup,
-                       _progress)
+                       _progress, args.pause)
     settings = {"servers": {s.label: s.url for s in servers}, "endpoint": endpoint, "concurrency": levels,
-                "requests": requests, "max_tokens": args.max_tokens, "warmup": args.warmup,
+                "requests": requests, "max_tokens": args.max_tokens, "warmup": args.warmup, "pause_s": args.pause,
                 "command": shlex.join(["specsure", *sys.argv[1:]]) if sys.argv[1:3] == ["bench", "serve"] else "",
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     _write(out, results, settings)
