@@ -264,7 +264,8 @@ def test_text_format_and_logprobs(sdk: openai.OpenAI, url: str) -> None:
     ({"input": "x", "tools": [{**WEATHER, "name": "bad name"}]}, "tools[0].name", "tools[0].name"),
     ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name",
      "not in tools"),
-    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens", "max_output_tokens = 0"),
+    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens", '= 0 is invalid: it must be an integer >= 1; send '
+     'the number of new tokens to generate, e.g. "max_output_tokens": 16.'),
     ({"input": "x", "max_output_tokens": 10**6}, "max_output_tokens", "Please reduce the length of the input"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a"}}}, "text.format", "text.format"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format", "json_object"),

@@ -285,6 +285,7 @@ def in_responses_words(exc: RequestError) -> RequestError:
         for chat, word in _CHAT_WORDS:
             ours = re.sub(chat, word, ours)
         message = message.replace(f"{param} = ", f"{ours} = ").replace(f"{param}:", f"{ours}:")
+        message = message.replace(f'"{param}": ', f'"{ours}": ')  # the key in an example of the fix
         message = re.sub(rf"(?<![\w.\[\"]){re.escape(param)}(?![\w\]\"])", ours, message)
         param = ours
     for chat, word in _CHAT_SHAPES:
