@@ -239,7 +239,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
                 thought = None if thinking is None else \
                     (lambda ids: reasoning_tokens(engine.tokenizer, ids, thinking))  # type: ignore[arg-type]
                 writer = ResponseEvents(ResponseHead(name, method, response.settings), text,
-                                        response.logprobs and params.logprobs is not None, counted, thought,
+                                        response.logprobs and params.logprobs is not None, thought,
                                         lambda body: keep(response, body))
             else:
                 writer = ChunkWriter(endpoint, name, method, delivery.include_usage, text, len(jobs), delivery.n,

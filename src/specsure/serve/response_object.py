@@ -137,13 +137,12 @@ class ResponseEvents:
     The items come in the order the whole object has them: the thinking, then one message that
     stays open to the end (text after a call joins it, as in the whole answer), then the calls.
     ``thought``: how many of the output's first tokens are thinking (its closing tag included), for
-    the message's logprobs; ``stored``: called with the final object, to keep it.
+    the message's logprobs and the usage; ``stored``: called with the final object, to keep it.
     """
 
-    def __init__(self, head: ResponseHead, text: TokenText, logprobs: bool, thinking: ReasoningCount | None,
+    def __init__(self, head: ResponseHead, text: TokenText, logprobs: bool,
                  thought: Callable[[Sequence[int]], int] | None, stored: Callable[[dict[str, Any]], None]) -> None:
-        self._head, self._text, self._logprobs, self._thinking, self._stored = head, text, logprobs, thinking, stored
-        self._thought = thought
+        self._head, self._text, self._logprobs, self._thought, self._stored = head, text, logprobs, thought, stored
         self._seq = 0
         self._items: list[dict[str, Any]] = []
         """The output so far: finished items whole, open ones as they stand."""
@@ -193,7 +192,9 @@ class ResponseEvents:
     def end(self, completions: Sequence[Completion]) -> bytes:
         completion = completions[0]
         status = finished_status(completion)
-        final = self._head.body(status, self._items, completion, self._thinking)
+        thought = self._thought
+        final = self._head.body(status, self._items, completion,
+                                None if thought is None else lambda c: thought(c.token_ids))
         self._stored(final)
         return self._event(f"response.{status}", response=final)
 
@@ -207,7 +208,7 @@ class ResponseEvents:
 
     def _reasoning(self, text: str) -> bytes:
         out = b""
-        at = next((i for i, kind in self._open.items() if kind == "reasoning"), None)
+        at = self._open_reasoning()
         if at is None:
             out += self._add(reasoning_item("", "in_progress"), "reasoning")
             at = len(self._items) - 1
@@ -260,8 +261,11 @@ class ResponseEvents:
         shown = {**item, "content": []} if "content" in item else item
         return self._event("response.output_item.added", output_index=at, item=shown)
 
+    def _open_reasoning(self) -> int | None:
+        return next((i for i, kind in self._open.items() if kind == "reasoning"), None)
+
     def _close_reasoning(self) -> bytes:
-        at = next((i for i, kind in self._open.items() if kind == "reasoning"), None)
+        at = self._open_reasoning()
         return b"" if at is None else self._close(at, "completed")
 
     def _close(self, at: int, status: Status) -> bytes:
