@@ -37,12 +37,14 @@ def byte_bpe_tokenizer(folder: Path, vocab: int) -> None:
 
 
 def write_llama_gguf(hf: Path, out: Path, *, skip: tuple[str, ...] = (), metadata: Mapping[str, Any] | None = None,
-                     raw: Mapping[str, Any] | None = None, merges: bool = True) -> Path:
+                     raw: Mapping[str, Any] | None = None, merges: bool = True,
+                     quantize: Mapping[str, str] | None = None) -> Path:
     """``hf`` (a llama folder with tokenizer.json) as a GGUF file of F32 tensors.
 
     skip: GGUF tensor names left out; metadata: llama.* values that replace the true ones;
     raw: GGUF tensor names written as raw bytes of another GGML type, ``{name: type_name}``;
-    merges: False leaves the BPE merges out.
+    merges: False leaves the BPE merges out; quantize: GGUF tensor names written quantised by gguf-py,
+    ``{name: type_name}`` (Q4_0, Q4_1, Q8_0, ...).
     """
     import gguf
     from safetensors.numpy import load_file
@@ -86,6 +88,10 @@ def write_llama_gguf(hf: Path, out: Path, *, skip: tuple[str, ...] = (), metadat
             kind = gguf.GGMLQuantizationType[raw[name]]
             block, size = gguf.GGML_QUANT_SIZES[kind]
             data = np.zeros((array.shape[0], array.shape[1] // block * size), dtype=np.uint8)
+            writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
+        elif quantize and name in quantize:
+            kind = gguf.GGMLQuantizationType[quantize[name]]
+            data = gguf.quants.quantize(array, kind)
             writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
         else:
             writer.add_tensor(name, array)

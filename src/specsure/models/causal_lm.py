@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
@@ -15,6 +17,7 @@ from specsure.models.errors import ModelLoadError
 from specsure.models.kv_cache import RollbackCache
 from specsure.models.load_check import check_cache, check_logits
 from specsure.models.forward_output import ForwardOutput
+from specsure.models.gguf_blocks import NAME, BlockMatrix, read_blocks
 from specsure.models.logits import LogitsTransform, logits_transform
 from specsure.models.native import NativeDecoder, Segment
 from specsure.models.products import KERNEL_ROWS, project
@@ -100,9 +103,38 @@ class CausalLM:
         self._cache = RollbackCache()
         self._cache_len = 0
         self._ids: list[int] = []  # the token at each cached position (a tree's nodes until `keep`)
+        self._head_blocks: BlockMatrix | None = None
         check_logits(self)
         if self._native is None:
             check_cache(self)
+
+    def use_gguf_blocks(self, gguf: Path) -> None:
+        """Read the weights that came from ``gguf``'s Q4_0, Q4_1 and Q8_0 tensors as those blocks in the
+        float32 kernel's forwards (gguf_blocks.py): the same bits, a fraction of the bytes a step
+        reads. Only a float32 model on the float32 kernel; `path` then names the blocks read.
+        ``SPECSURE_GGUF_BLOCKS=0`` keeps the float32 weights (for comparing the two)."""
+        native = self._native
+        if native is None or native.float_kernel is None or os.environ.get("SPECSURE_GGUF_BLOCKS") == "0":
+            return
+        text = self.config.get_text_config(decoder=True)
+        if getattr(text, "model_type", None) != "llama":
+            return  # the q/k un-permutation below is Llama's
+        blocks = read_blocks(gguf, self.num_layers, native.heads, native.kv_heads,
+                             bool(getattr(self.config, "tie_word_embeddings", False)))
+        used = native.use_blocks(blocks)
+        head = self._head
+        if (blocks.lm_head is not None and type(head) is torch.nn.Linear and head.bias is None
+                and (blocks.lm_head.rows, blocks.lm_head.cols) == tuple(head.weight.shape)
+                and torch.equal(blocks.lm_head.dequantized(), head.weight)):
+            self._head_blocks = blocks.lm_head
+            name = NAME[blocks.lm_head.format]
+            used[name] = used.get(name, 0) + 1
+        total = 4 * self.num_layers + 1
+        if used:
+            shown = ", ".join(f"{count} {name}" for name, count in sorted(used.items()))
+            self.path += f"; of its {total} weight matrices the kernel reads {shown} as the GGUF's blocks"
+        else:
+            self.path += f"; every weight matrix read as float32 ({gguf.name} has no Q4_0, Q4_1 or Q8_0 matrix that matches)"
 
     def reset(self) -> None:
         """Empty the KV cache (its buffers are kept for the next sequence)."""
@@ -345,7 +377,11 @@ class CausalLM:
         linear = weight is not None or type(head) is torch.nn.Linear
         if weight is None and linear:
             weight, bias = head.weight, head.bias
-        if (native is not None and native.kernel is not None and hidden.dim() == 2 and linear
+        blocks = self._head_blocks
+        if (blocks is not None and weight is head.weight and hidden.dim() == 2 and hidden.dtype == torch.float32
+                and not hidden.requires_grad and hidden.shape[0] <= KERNEL_ROWS):
+            logits = native.float_kernel.linear_blocks(blocks, hidden.contiguous())
+        elif (native is not None and native.kernel is not None and hidden.dim() == 2 and linear
                 and bias is None and weight.is_contiguous() and hidden.dtype == torch.bfloat16
                 and not hidden.requires_grad  # a head in training backpropagates through the LM head
                 and hidden.shape[0] <= KERNEL_ROWS):

@@ -26,8 +26,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* How a weight matrix [n, k] is stored: float32 rows, or GGUF's blocks of 32 weights along k,
+ * repacked with float32 scales (gguf_blocks.py) so a block dequantises with one conversion: */
+enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3 };
+/* Q4_0 {float d; uint8 qs[16]}: w = d (q - 8); Q4_1 {float d, m; uint8 qs[16]}: w = d q + m;
+ * Q8_0 {float d; int8 qs[32]}: w = d q. In Q4 blocks byte i holds weight i in its low nibble and
+ * weight 16 + i in its high one, as in GGUF. d q is exact in float32 (an 11-bit scale times a 4- or
+ * 8-bit integer), so each weight dequantises to the float32 value gguf-py gives for it, and every
+ * product below runs the same FMA chain over the same values as on float32 rows: a model whose
+ * float32 weights were dequantised from these blocks computes the same bits either way. */
+static inline int64_t block_bytes(int64_t format) { return format == Q4_0 ? 20 : format == Q4_1 ? 24 : 36; }
+
 typedef struct {
-    const float *input_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *down;
+    const float *input_norm;
+    const void *qkv;
+    const float *qkv_bias;
+    const void *o;
+    const float *o_bias, *post_norm;
+    const void *gate_up, *down;
+    int64_t qkv_format, o_format, gate_up_format, down_format; /* F32 (0, what ctypes zero-fills) or a block format */
 } Layer;
 
 typedef struct {
@@ -95,6 +112,12 @@ static inline __attribute__((always_inline)) void micro(const float *const *rows
             if (w0 + r < nr) y[(i + a) * n + j0 + w0 + r] = reduce8(acc[a][r]);
 }
 
+/* How many of the `left` rows of x the next pass takes: 3 at a time, a 4- or 5-row pass where 3s
+ * would leave one or two rows. */
+static inline int pass_rows(int64_t left) {
+    return left == 4 || left == 5 ? (int)left : (left == 7 ? 4 : (left < 3 ? (int)left : 3));
+}
+
 /* One block of 4 weight rows over rows i .. i + xr of x: 4 x 3 accumulators for up to 3 rows, two
  * halves of 2 x xr for 4 or 5 (a 4-row pass as 3 + 1 was load-bound on its one-row part). */
 static inline __attribute__((always_inline)) void pass(const float *const *rows, const float *x, float *y, int64_t n,
@@ -134,7 +157,7 @@ static void gemm(const float *w, const float *bias, const float *x, float *y, in
         int64_t i = 0;
         while (i < m) {
             int64_t left = m - i;
-            int xr = left == 4 || left == 5 ? (int)left : (left == 7 ? 4 : (left < 3 ? (int)left : 3));
+            int xr = pass_rows(left);
             pass(rows, x, y, n, k, i, xr, nr, j0, next);
             i += xr;
         }
@@ -142,6 +165,152 @@ static void gemm(const float *w, const float *bias, const float *x, float *y, in
             for (int64_t a = 0; a < m; a++)
                 for (int r = 0; r < nr; r++) y[a * n + j0 + r] += bias[j0 + r];
     }
+}
+
+/* Chunk e (weights 8e .. 8e + 7) of one block, dequantised. */
+static inline __attribute__((always_inline)) __m256 dequant(int format, const uint8_t *block, int e) {
+    __m256 d = _mm256_broadcast_ss((const float *)block);
+    if (format == Q8_0) {
+        __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(block + 4 + 8 * e)));
+        return _mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
+    }
+    const uint8_t *qs = block + (format == Q4_1 ? 8 : 4) + 8 * (e & 1);
+    __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
+    q = e < 2 ? _mm256_and_si256(q, _mm256_set1_epi32(15)) : _mm256_srli_epi32(q, 4);
+    if (format == Q4_0) return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(8))));
+    /* d q is exact, so the fused form rounds once, as gguf-py's (d * q) + m does */
+    return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), _mm256_broadcast_ss((const float *)block + 1));
+}
+
+/* `micro` over block rows: the same chunks of 8 in the same order into the same accumulators. */
+static inline __attribute__((always_inline)) void qmicro(int format, const uint8_t *const *rows, int w0, int wr,
+                                                          const float *x, float *y, int64_t n, int64_t k, int64_t i,
+                                                          int xr, int nr, int64_t j0, const uint8_t *ahead) {
+    int64_t bytes = block_bytes(format), blocks = k / 32;
+    __m256 acc[6][4];
+    for (int a = 0; a < xr; a++)
+        for (int r = 0; r < wr; r++) acc[a][r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++) {
+        if (ahead)
+            for (int64_t p = b * bytes * WROWS; p < (b + 1) * bytes * WROWS; p += 64)
+                _mm_prefetch((const char *)(ahead + p), _MM_HINT_T0);
+        for (int e = 0; e < 4; e++) {
+            __m256 xv[6];
+            for (int a = 0; a < xr; a++) xv[a] = _mm256_loadu_ps(x + (i + a) * k + b * 32 + 8 * e);
+            for (int r = 0; r < wr; r++) {
+                __m256 wv = dequant(format, rows[w0 + r] + b * bytes, e);
+                for (int a = 0; a < xr; a++) acc[a][r] = _mm256_fmadd_ps(wv, xv[a], acc[a][r]);
+            }
+        }
+    }
+    for (int a = 0; a < xr; a++)
+        for (int r = 0; r < wr; r++)
+            if (w0 + r < nr) y[(i + a) * n + j0 + w0 + r] = reduce8(acc[a][r]);
+}
+
+static inline __attribute__((always_inline)) void qpass(int format, const uint8_t *const *rows, const float *x,
+                                                         float *y, int64_t n, int64_t k, int64_t i, int xr, int nr,
+                                                         int64_t j0, const uint8_t *ahead) {
+    switch (xr) {
+    case 1: qmicro(format, rows, 0, 4, x, y, n, k, i, 1, nr, j0, ahead); break;
+    case 2: qmicro(format, rows, 0, 4, x, y, n, k, i, 2, nr, j0, ahead); break;
+    case 3: qmicro(format, rows, 0, 4, x, y, n, k, i, 3, nr, j0, ahead); break;
+    case 4:
+        qmicro(format, rows, 0, 2, x, y, n, k, i, 4, nr, j0, ahead);
+        qmicro(format, rows, 2, 2, x, y, n, k, i, 4, nr, j0, ahead);
+        break;
+    case 5:
+        qmicro(format, rows, 0, 2, x, y, n, k, i, 5, nr, j0, ahead);
+        qmicro(format, rows, 2, 2, x, y, n, k, i, 5, nr, j0, ahead);
+        break;
+    }
+}
+
+#define UNPACK_ROWS 6 /* from this many rows of x a weight block is dequantised once, not once per pass */
+#define UNPACK_MAX_K 16384 /* ... when its 4 rows fit a stack buffer (64 floats x 4 rows x 16384 = 256 KB) */
+
+/* Every pass of x's rows over one block of weight rows; `format` a literal in each caller below, so
+ * each format gets its own inlined loops. With many rows the block is dequantised into float32 rows
+ * once and the float32 passes run over them: the same values in the same order, so the same bits. */
+static inline __attribute__((always_inline)) void qrows(int format, const uint8_t *const *rows, const float *x,
+                                                         float *y, int64_t n, int64_t k, int64_t m, int nr,
+                                                         int64_t j0, const uint8_t *next) {
+    int64_t i = 0;
+    if (m >= UNPACK_ROWS && k <= UNPACK_MAX_K) {
+        float unpacked[WROWS * k];
+        const float *frows[WROWS];
+        int64_t bytes = block_bytes(format);
+        for (int r = 0; r < WROWS; r++) {
+            float *out = unpacked + r * k;
+            for (int64_t b = 0; b < k / 32; b++)
+                for (int e = 0; e < 4; e++) _mm256_storeu_ps(out + b * 32 + 8 * e, dequant(format, rows[r] + b * bytes, e));
+            frows[r] = out;
+        }
+        while (i < m) {
+            int64_t left = m - i;
+            int xr = pass_rows(left);
+            pass(frows, x, y, n, k, i, xr, nr, j0, NULL);
+            i += xr;
+        }
+        return;
+    }
+    while (i < m) {
+        int64_t left = m - i;
+        int xr = pass_rows(left);
+        qpass(format, rows, x, y, n, k, i, xr, nr, j0, next);
+        i += xr;
+    }
+}
+
+static void qrows_q4_0(const uint8_t *const *rows, const float *x, float *y, int64_t n, int64_t k, int64_t m, int nr,
+                       int64_t j0, const uint8_t *next) {
+    qrows(Q4_0, rows, x, y, n, k, m, nr, j0, next);
+}
+static void qrows_q4_1(const uint8_t *const *rows, const float *x, float *y, int64_t n, int64_t k, int64_t m, int nr,
+                       int64_t j0, const uint8_t *next) {
+    qrows(Q4_1, rows, x, y, n, k, m, nr, j0, next);
+}
+static void qrows_q8_0(const uint8_t *const *rows, const float *x, float *y, int64_t n, int64_t k, int64_t m, int nr,
+                       int64_t j0, const uint8_t *next) {
+    qrows(Q8_0, rows, x, y, n, k, m, nr, j0, next);
+}
+
+/* `gemm` over a block matrix (k a multiple of 32), its weight rows split among the threads the same way. */
+static void qgemm(int format, const uint8_t *w, const float *bias, const float *x, float *y, int64_t n, int64_t k,
+                  int64_t m) {
+    int64_t blocks = (n + WROWS - 1) / WROWS, row_bytes = k / 32 * block_bytes(format);
+    int prefetch = m > 1;
+    void (*run)(const uint8_t *const *, const float *, float *, int64_t, int64_t, int64_t, int, int64_t,
+                const uint8_t *) = format == Q4_0 ? qrows_q4_0 : format == Q4_1 ? qrows_q4_1 : qrows_q8_0;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t j0 = b * WROWS;
+        int nr = n - j0 < WROWS ? (int)(n - j0) : WROWS;
+        const uint8_t *rows[WROWS];
+        for (int r = 0; r < WROWS; r++) rows[r] = w + (j0 + (r < nr ? r : 0)) * row_bytes;
+        const uint8_t *next = prefetch && j0 + 2 * WROWS <= n ? w + (j0 + WROWS) * row_bytes : NULL;
+        run(rows, x, y, n, k, m, nr, j0, next);
+        if (bias)
+            for (int64_t a = 0; a < m; a++)
+                for (int r = 0; r < nr; r++) y[a * n + j0 + r] += bias[j0 + r];
+    }
+}
+
+/* y [m, n] = x [m, k] . w^T (+ bias) for w [n, k] in `format`. */
+static void product(const void *w, int64_t format, const float *bias, const float *x, float *y, int64_t n, int64_t k,
+                    int64_t m) {
+    switch (format) {
+    case Q4_0:
+    case Q4_1:
+    case Q8_0: qgemm((int)format, w, bias, x, y, n, k, m); break;
+    default: gemm(w, bias, x, y, n, k, m);
+    }
+}
+
+/* `linear_rows` over a block matrix (the LM head of a GGUF model). */
+void linear_blocks(const void *w, int64_t format, const float *bias, const float *x, float *y, int64_t n, int64_t k,
+                   int64_t m) {
+    product(w, format, bias, x, y, n, k, m);
 }
 
 /* The products for torch code (draft heads, the LM head): y [m, n] = x [m, k] . w [n, k]^T + bias. */
@@ -320,13 +489,13 @@ void decode_rows(const Shape *s, const Layer *layers, int64_t count, const Segme
     for (int64_t l = 0; l < count; l++) {
         const Layer *layer = &layers[l];
         add_norm(x, NULL, layer->input_norm, h, rows, hidden, s->eps);
-        gemm(layer->qkv, layer->qkv_bias, h, qkv, qkv_size, hidden, rows);
+        product(layer->qkv, layer->qkv_format, layer->qkv_bias, h, qkv, qkv_size, hidden, rows);
         attend_all(s, segs + l * nseg, nseg, rows, qkv, cos, sin, att);
-        gemm(layer->o, layer->o_bias, att, delta, hidden, q_size, rows);
+        product(layer->o, layer->o_format, layer->o_bias, att, delta, hidden, q_size, rows);
         add_norm(x, delta, layer->post_norm, h, rows, hidden, s->eps);
-        gemm(layer->gate_up, NULL, h, gate_up, 2 * inter, hidden, rows);
+        product(layer->gate_up, layer->gate_up_format, NULL, h, gate_up, 2 * inter, hidden, rows);
         silu_mul(gate_up, act, rows, inter);
-        gemm(layer->down, NULL, act, delta, hidden, inter, rows);
+        product(layer->down, layer->down_format, NULL, act, delta, hidden, inter, rows);
         add_norm(x, delta, NULL, NULL, rows, hidden, s->eps);
     }
 }

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from specsure.models.gguf_blocks import BlockMatrix
 from specsure.models.kernel import Kernel, RowOps, SegmentStruct, ShapeStruct, open_library
 
 logger = logging.getLogger(__name__)
@@ -24,6 +25,8 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("float_kernel.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 _CPU_FLAGS = ("avx2", "fma")
+MATRICES = ("qkv", "o", "gate_up", "down")
+"""A layer's weight matrices, each float32 rows or GGUF blocks (float_kernel.c's Layer)."""
 MAX_HEAD_DIM = 512
 """float_kernel.c's MAX_DIM: its attention keeps a head's query and output in registers."""
 
@@ -33,8 +36,11 @@ __all__ = ["AnyKernel", "FloatKernel", "FloatLayerStruct", "MAX_HEAD_DIM", "load
 class FloatLayerStruct(ctypes.Structure):
     """float_kernel.c's Layer: one decoder layer's float32 weights (the caches travel in segments)."""
 
-    _fields_ = [(name, ctypes.c_void_p) for name in
-                ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down")]
+    _fields_ = ([(name, ctypes.c_void_p) for name in
+                 ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down")]
+                + [(f"{name}_format", ctypes.c_int64) for name in MATRICES])
+    """A matrix's ``*_format`` is 0 (float32 rows, what ctypes zero-fills) or a `gguf_blocks` format,
+    its pointer then at the repacked blocks."""
 
 
 def _pointer(tensor: torch.Tensor | None) -> int | None:
@@ -56,6 +62,13 @@ class FloatKernel(RowOps):
         out = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
         self.library.linear_rows(weight.data_ptr(), _pointer(bias), x.data_ptr(), out.data_ptr(), weight.shape[0],
                                  weight.shape[1], x.shape[0])
+        return out
+
+    def linear_blocks(self, weight: "BlockMatrix", x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """`linear_rows` over a `BlockMatrix`: the same bits as over the float32 rows it dequantises to."""
+        out = torch.empty(x.shape[0], weight.rows, dtype=torch.float32)
+        self.library.linear_blocks(weight.data.data_ptr(), weight.format, _pointer(bias), x.data_ptr(),
+                                   out.data_ptr(), weight.rows, weight.cols, x.shape[0])
         return out
 
     def decode_rows(self, shape: ShapeStruct, layers: ctypes.Array, first: int, count: int, segments: ctypes.Array,
@@ -83,6 +96,7 @@ def _bind(library: ctypes.CDLL) -> FloatKernel:
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     signatures = {
         "linear_rows": [pointer, pointer, pointer, pointer, size, size, size],
+        "linear_blocks": [pointer, size, pointer, pointer, pointer, size, size, size],
         "decode_rows": [pointer, pointer, size, pointer, size, size, pointer, pointer, pointer, pointer],
         "attend_rows": [pointer, pointer, size, pointer, pointer, pointer, pointer],
         "add_norm": [pointer, pointer, pointer, pointer, size, size, ctypes.c_float],

@@ -28,7 +28,7 @@ from specsure.models.errors import ModelLoadError
 logger = logging.getLogger(__name__)
 
 # Files whose presence marks a finished conversion (written last, inside the temp folder).
-_COMPLETE_MARKER = ".specsure-complete"
+COMPLETE_MARKER = ".specsure-complete"
 # Temp folders older than this are leftovers of a killed conversion, not one in progress.
 _STALE_TEMP_S = 3600.0
 
@@ -76,7 +76,7 @@ def gguf_cache_folder(gguf: Path) -> Path:
 
 def is_converted(folder: Path) -> bool:
     """True when `folder` holds a finished conversion."""
-    return (folder / _COMPLETE_MARKER).is_file()
+    return (folder / COMPLETE_MARKER).is_file()
 
 
 def convert_gguf(gguf: Path, dest: Path) -> Path:
@@ -94,7 +94,7 @@ def convert_gguf(gguf: Path, dest: Path) -> Path:
     logger.info("converting %s to safetensors in %s (once; later loads reuse it)", gguf, dest)
     try:
         _write_conversion(gguf, tmp)
-        (tmp / _COMPLETE_MARKER).write_text(f"{gguf}\n", encoding="utf-8")
+        (tmp / COMPLETE_MARKER).write_text(f"{gguf}\n", encoding="utf-8")
         if dest.exists() and not is_converted(dest):
             # An unmarked dest can only be someone's manual copy; replace it.
             shutil.rmtree(dest)

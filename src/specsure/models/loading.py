@@ -18,6 +18,7 @@ from specsure.models.causal_lm import CausalLM
 from specsure.models.dtypes import resolve_dtype
 from specsure.models.errors import ModelLoadError
 from specsure.models.model_folder import check_model_folder
+from specsure.models.gguf_blocks import source_gguf
 from specsure.models.gguf_cache import convert_gguf, default_model_folder, gguf_cache_folder, packaged_default_gguf
 from specsure.models.quiet import quiet_loading
 
@@ -79,6 +80,9 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
     _check_loading_info(folder, info, config)
     tokenizer = _load_tokenizer(folder)
     lm = CausalLM(hf)
+    gguf = source_gguf(folder)
+    if gguf is not None:
+        lm.use_gguf_blocks(gguf)
     logger.info(
         "loaded %s (%s, %d layers, vocab %d, %s; forward: %s) in %.1f s",
         folder, type(hf).__name__, lm.num_layers, lm.vocab_size, lm.dtype, lm.path, time.perf_counter() - started,

@@ -28,6 +28,7 @@ from torch import nn
 
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
+from specsure.models.gguf_blocks import NAME, BlockMatrix, FileBlocks
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
 from specsure.models.token_tree import TokenTree, attention_mask
@@ -153,6 +154,29 @@ class NativeDecoder:
         """The float32 kernel's view of the weights: pointers into the tensors this decoder keeps alive."""
         self._shape = self._shape_struct(config)
         self._float_structs = self._weight_structs(float_kernels.FloatLayerStruct)
+
+    def use_blocks(self, blocks: FileBlocks) -> dict[str, int]:
+        """Have the float32 kernel read ``blocks``' matrices instead of the float32 weights where they
+        dequantise to exactly those weights (gguf_blocks.py); returns how many matrices of each
+        format it reads. The float32 weights stay for the torch path (long prefills)."""
+        if self.float_kernel is None or len(blocks.layers) != len(self.layers):
+            return {}
+        used: dict[str, int] = {}
+        self._blocks: list[BlockMatrix] = []  # kept alive: the structs hold their addresses
+        for struct, layer, found in zip(self._float_structs, self.layers, blocks.layers):
+            for name, matrix in found.items():
+                weight = getattr(layer, name)
+                setattr(struct, name, weight.data_ptr())  # the float32 rows unless the blocks match
+                setattr(struct, f"{name}_format", 0)
+                if matrix is None or (matrix.rows, matrix.cols) != tuple(weight.shape):
+                    continue
+                if not torch.equal(matrix.dequantized(), weight):
+                    continue
+                setattr(struct, name, matrix.data.data_ptr())
+                setattr(struct, f"{name}_format", matrix.format)
+                self._blocks.append(matrix)
+                used[NAME[matrix.format]] = used.get(NAME[matrix.format], 0) + 1
+        return used
 
     def _shape_struct(self, config: object) -> kernels.ShapeStruct:
         return kernels.ShapeStruct(int(config.hidden_size), self.heads, self.kv_heads, self.head_dim,

@@ -1,0 +1,121 @@
+"""A GGUF target's Q4_0, Q4_1 and Q8_0 weights read as their blocks by the float32 kernel: the same
+values as gguf-py dequantises, the same bits as the float32 weights in every product, forward and
+decoded token, and a matrix that would differ is left on its float32 weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gguf_models import byte_bpe_tokenizer, write_llama_gguf
+from specsure.models import float_kernel as float_kernels
+from specsure.models import gguf_blocks
+from specsure.models.loading import load_model
+from tiny import build_tiny_llama
+
+VOCAB = 300
+TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+MIXED = {  # GGUF name -> type: layer 0 all Q4_1, layer 1 mixed (its q|k|v and down stay float32)
+    **{f"blk.0.{n}.weight": "Q4_1" for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                                             "ffn_down")},
+    "blk.1.attn_q.weight": "Q8_0", "blk.1.attn_k.weight": "Q4_0", "blk.1.attn_v.weight": "Q4_0",
+    "blk.1.attn_output.weight": "Q4_0", "blk.1.ffn_gate.weight": "Q8_0", "blk.1.ffn_up.weight": "Q8_0",
+    "output.weight": "Q8_0",
+}
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("blocks")
+    folder = build_tiny_llama(root / "llama", vocab_size=VOCAB, hidden_size=64, tie=False)
+    byte_bpe_tokenizer(folder, VOCAB)
+    return write_llama_gguf(folder, root / "tiny-mixed.gguf", quantize=MIXED)
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_blocks_dequantise_to_gguf_pys_values(name: str) -> None:
+    import gguf
+
+    rng = np.random.default_rng(0)
+    weights = rng.normal(0, 0.3, (12, 96)).astype(np.float32)
+    weights[3] = 0.0  # a block of zeros (scale 0)
+    weights[5, :32] = 7.5  # a constant block (Q4_1: d 0, all in m)
+    raw = gguf.quants.quantize(weights, gguf.GGMLQuantizationType[name])
+    expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[name])
+    matrix = gguf_blocks.repack(raw, TYPES[name], 96)
+    assert matrix is not None and (matrix.rows, matrix.cols) == (12, 96)
+    assert torch.equal(matrix.dequantized(), torch.from_numpy(expected.astype(np.float32)))
+
+
+def test_a_type_the_kernel_does_not_read_is_not_repacked() -> None:
+    assert gguf_blocks.repack(np.zeros((4, 36), dtype=np.uint8), 6, 64) is None  # Q5_0
+    assert gguf_blocks.repack(np.zeros((4, 34), dtype=np.uint8), 8, 48) is None  # a width not of whole blocks
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_block_products_are_the_float32_products_bits(name: str) -> None:
+    import gguf
+
+    kernel, _ = float_kernels.load()
+    if kernel is None:  # no AVX2 here: nothing reads blocks (the model test below checks its path says so)
+        return
+    torch.manual_seed(0)
+    raw = gguf.quants.quantize(torch.randn(70, 160).numpy(), gguf.GGMLQuantizationType[name])  # 70: a partial block of rows
+    matrix = gguf_blocks.repack(raw, TYPES[name], 160)
+    weight, bias = matrix.dequantized().contiguous(), torch.randn(70)
+    x = torch.randn(64, 160)
+    for rows in (1, 2, 3, 4, 5, 6, 7, 8, 13, 64):  # the direct passes and the unpacked ones (6 rows and more)
+        got = kernel.linear_blocks(matrix, x[:rows].contiguous(), bias)
+        assert torch.equal(got, kernel.linear_rows(weight, x[:rows].contiguous(), bias)), rows
+        assert torch.equal(got[rows - 1], kernel.linear_blocks(matrix, x[rows - 1:rows].contiguous(), bias)[0])
+
+
+def test_a_quantised_gguf_decodes_the_same_bits_from_its_blocks(gguf_file: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks = load_model(str(gguf_file), dtype="float32").lm
+    if float_kernels.load()[0] is None:
+        assert "blocks" not in blocks.path
+        return
+    assert blocks.path.endswith("of its 9 weight matrices the kernel reads 1 Q4_0, 4 Q4_1, 2 Q8_0 as the GGUF's blocks")
+    monkeypatch.setenv("SPECSURE_GGUF_BLOCKS", "0")
+    plain = load_model(str(gguf_file), dtype="float32").lm
+    assert "blocks" not in plain.path
+    prompt = [5, 17, 33, 90, 4, 12, 250, 8]
+    a, b = blocks.forward(prompt, last_logits=1), plain.forward(prompt, last_logits=1)
+    for _ in range(40):
+        assert torch.equal(a.logits, b.logits)
+        token = int(a.logits[-1].argmax())
+        a, b = blocks.forward([token]), plain.forward([token])
+    # A verify forward of several rows (direct, then unpacked) gives each row the one-row step's bits.
+    for rows in (4, 9):
+        start = blocks.cache_len
+        ids = [int(t) for t in torch.randint(3, VOCAB, (rows,))]
+        together = blocks.forward(ids).logits
+        blocks.crop(start)
+        for i, token in enumerate(ids):
+            assert torch.equal(blocks.forward([token]).logits[0], together[i])
+
+
+def test_blocks_that_differ_from_the_loaded_weights_are_not_read(gguf_file: Path) -> None:
+    lm = load_model(str(gguf_file), dtype="float32").lm
+    native = lm._native
+    if native.float_kernel is None:
+        return
+    found = gguf_blocks.read_blocks(gguf_file, 2, 4, 2, tied=False)
+    assert found.layers[1]["qkv"] is None and found.layers[1]["down"] is None  # mixed types, float32
+    tampered = found.layers[0]["gate_up"]
+    data = tampered.data.clone()
+    data[3, 10] ^= 1  # one quant of one weight
+    found.layers[0]["gate_up"] = gguf_blocks.BlockMatrix(data, tampered.format, tampered.rows, tampered.cols)
+    used = native.use_blocks(found)
+    assert used == {"Q4_0": 1, "Q4_1": 3, "Q8_0": 1}
+    assert native._float_structs[0].gate_up_format == 0
+    assert native._float_structs[0].gate_up == native.layers[0].gate_up.data_ptr()
