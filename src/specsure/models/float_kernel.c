@@ -208,21 +208,20 @@ static inline __attribute__((always_inline)) void qmicro(int format, const uint8
             if (w0 + r < nr) y[(i + a) * n + j0 + w0 + r] = reduce8(acc[a][r]);
 }
 
+/* One block of 4 weight rows over rows i .. i + xr of x, as two halves of 2 weight rows: 2 x xr
+ * accumulators leave registers for the dequantising (with 4 x 3 they spilled; the halves made 1, 2
+ * and 3 rows 10%, 45% and 70% faster on the AVX2 EPYC). */
 static inline __attribute__((always_inline)) void qpass(int format, const uint8_t *const *rows, const float *x,
                                                          float *y, int64_t n, int64_t k, int64_t i, int xr, int nr,
                                                          int64_t j0, const uint8_t *ahead) {
-    switch (xr) {
-    case 1: qmicro(format, rows, 0, 4, x, y, n, k, i, 1, nr, j0, ahead); break;
-    case 2: qmicro(format, rows, 0, 4, x, y, n, k, i, 2, nr, j0, ahead); break;
-    case 3: qmicro(format, rows, 0, 4, x, y, n, k, i, 3, nr, j0, ahead); break;
-    case 4:
-        qmicro(format, rows, 0, 2, x, y, n, k, i, 4, nr, j0, ahead);
-        qmicro(format, rows, 2, 2, x, y, n, k, i, 4, nr, j0, ahead);
-        break;
-    case 5:
-        qmicro(format, rows, 0, 2, x, y, n, k, i, 5, nr, j0, ahead);
-        qmicro(format, rows, 2, 2, x, y, n, k, i, 5, nr, j0, ahead);
-        break;
+    for (int w0 = 0; w0 < WROWS; w0 += 2) {
+        switch (xr) {
+        case 1: qmicro(format, rows, w0, 2, x, y, n, k, i, 1, nr, j0, ahead); break;
+        case 2: qmicro(format, rows, w0, 2, x, y, n, k, i, 2, nr, j0, ahead); break;
+        case 3: qmicro(format, rows, w0, 2, x, y, n, k, i, 3, nr, j0, ahead); break;
+        case 4: qmicro(format, rows, w0, 2, x, y, n, k, i, 4, nr, j0, ahead); break;
+        case 5: qmicro(format, rows, w0, 2, x, y, n, k, i, 5, nr, j0, ahead); break;
+        }
     }
 }
 
@@ -279,7 +278,6 @@ static void qrows_q8_0(const uint8_t *const *rows, const float *x, float *y, int
 static void qgemm(int format, const uint8_t *w, const float *bias, const float *x, float *y, int64_t n, int64_t k,
                   int64_t m) {
     int64_t blocks = (n + WROWS - 1) / WROWS, row_bytes = k / 32 * block_bytes(format);
-    int prefetch = m > 1;
     void (*run)(const uint8_t *const *, const float *, float *, int64_t, int64_t, int64_t, int, int64_t,
                 const uint8_t *) = format == Q4_0 ? qrows_q4_0 : format == Q4_1 ? qrows_q4_1 : qrows_q8_0;
 #pragma omp parallel for schedule(static)
@@ -288,7 +286,8 @@ static void qgemm(int format, const uint8_t *w, const float *bias, const float *
         int nr = n - j0 < WROWS ? (int)(n - j0) : WROWS;
         const uint8_t *rows[WROWS];
         for (int r = 0; r < WROWS; r++) rows[r] = w + (j0 + (r < nr ? r : 0)) * row_bytes;
-        const uint8_t *next = prefetch && j0 + 2 * WROWS <= n ? w + (j0 + WROWS) * row_bytes : NULL;
+        /* unlike float32 rows, even one row's pass gains from the prefetch (Q8_0 2x, Q4_1 5%) */
+        const uint8_t *next = j0 + 2 * WROWS <= n ? w + (j0 + WROWS) * row_bytes : NULL;
         run(rows, x, y, n, k, m, nr, j0, next);
         if (bias)
             for (int64_t a = 0; a < m; a++)
