@@ -94,6 +94,10 @@ def test_a_quantised_gguf_decodes_the_same_bits_from_its_blocks(gguf_file: Path,
         assert torch.equal(a.logits, b.logits)
         token = int(a.logits[-1].argmax())
         a, b = blocks.forward([token]), plain.forward([token])
+    # A draft vocabulary's rows of the LM head (an MTP head's logits) read the same rows of the blocks.
+    rows, hidden = torch.tensor([3, 7, 100, 250, 299]), torch.randn(3, 64)
+    assert blocks._head_blocks is not None
+    assert torch.equal(blocks.draft_head(rows)(hidden), plain.draft_head(rows)(hidden))
     # A verify forward of several rows (direct, then unpacked) gives each row the one-row step's bits.
     for rows in (4, 9):
         start = blocks.cache_len

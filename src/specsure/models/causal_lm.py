@@ -362,11 +362,15 @@ class CausalLM:
             return lambda hidden: self._logits(hidden)[..., rows]
         weight = head.weight[rows].contiguous()  # [len(rows), hidden]
         bias = None if head.bias is None else head.bias[rows]
-        return lambda hidden: self._logits(hidden, weight, bias)
+        blocks = self._head_blocks
+        if blocks is not None:  # the same rows of the GGUF's blocks: the same bits, a quarter of the bytes
+            blocks = BlockMatrix(blocks.data[rows].contiguous(), blocks.format, len(rows), blocks.cols)
+        return lambda hidden: self._logits(hidden, weight, bias, blocks)
 
-    def _logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
-        """[..., hidden] post-norm states -> float32 [..., vocab], as `*ForCausalLM.forward` does."""
+    def _logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                blocks: BlockMatrix | None = None) -> torch.Tensor:
+        """[..., hidden] post-norm states -> float32 [..., vocab], as `*ForCausalLM.forward` does: by the
+        LM head, or by ``weight`` and ``bias`` (and ``blocks``, the same weights as GGUF blocks)."""
         transform = self.logits_transform
         if transform.hidden_divisor != 1.0:
             hidden = hidden / transform.hidden_divisor  # model dtype, as the model divides it
@@ -376,9 +380,8 @@ class CausalLM:
         native = self._native
         linear = weight is not None or type(head) is torch.nn.Linear
         if weight is None and linear:
-            weight, bias = head.weight, head.bias
-        blocks = self._head_blocks
-        if (blocks is not None and weight is head.weight and hidden.dim() == 2 and hidden.dtype == torch.float32
+            weight, bias, blocks = head.weight, head.bias, self._head_blocks
+        if (blocks is not None and bias is None and hidden.dim() == 2 and hidden.dtype == torch.float32
                 and not hidden.requires_grad and hidden.shape[0] <= KERNEL_ROWS):
             logits = native.float_kernel.linear_blocks(blocks, hidden.contiguous())
         elif (native is not None and native.kernel is not None and hidden.dim() == 2 and linear
