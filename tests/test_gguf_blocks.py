@@ -4,6 +4,7 @@ decoded token, and a matrix that would differ is left on its float32 weights."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +88,7 @@ def test_a_quantised_gguf_decodes_the_same_bits_from_its_blocks(gguf_file: Path,
     assert blocks.path.endswith("of its 9 weight matrices the kernel reads 1 Q4_0, 4 Q4_1, 2 Q8_0 as the GGUF's blocks")
     monkeypatch.setenv("SPECSURE_GGUF_BLOCKS", "0")
     plain = load_model(str(gguf_file), dtype="float32").lm
-    assert "blocks" not in plain.path
+    assert plain.path.endswith("every weight matrix read as float32 (SPECSURE_GGUF_BLOCKS=0, not tiny-mixed.gguf's blocks)")
     prompt = [5, 17, 33, 90, 4, 12, 250, 8]
     a, b = blocks.forward(prompt, last_logits=1), plain.forward(prompt, last_logits=1)
     for _ in range(40):
@@ -123,3 +124,17 @@ def test_blocks_that_differ_from_the_loaded_weights_are_not_read(gguf_file: Path
     assert used == {"Q4_0": 1, "Q4_1": 3, "Q8_0": 1}
     assert native._float_structs[0].gate_up_format == 0
     assert native._float_structs[0].gate_up == native.layers[0].gate_up.data_ptr()
+
+
+def test_a_conversion_whose_gguf_is_gone_reads_float32_and_says_so(gguf_file: Path, tmp_path: Path) -> None:
+    from specsure.models.gguf_cache import gguf_cache_folder
+
+    copy = tmp_path / "copy.gguf"
+    shutil.copy(gguf_file, copy)
+    folder = gguf_cache_folder(copy)
+    assert "blocks" in load_model(str(copy), dtype="float32").lm.path or float_kernels.load()[0] is None
+    copy.unlink()
+    lm = load_model(str(folder), dtype="float32").lm  # the converted folder, as a user may keep it
+    if float_kernels.load()[0] is None:
+        return
+    assert lm.path.endswith(f"every weight matrix read as float32 ({copy}, which it was converted from, is gone)")

@@ -114,11 +114,15 @@ class CausalLM:
         reads. Only a float32 model on the float32 kernel; `path` then names the blocks read.
         ``SPECSURE_GGUF_BLOCKS=0`` keeps the float32 weights (for comparing the two)."""
         native = self._native
-        if native is None or native.float_kernel is None or os.environ.get("SPECSURE_GGUF_BLOCKS") == "0":
+        if native is None or native.float_kernel is None:
+            return  # `path` already says why nothing runs on the float32 kernel
+        if os.environ.get("SPECSURE_GGUF_BLOCKS") == "0":
+            self.path += f"; every weight matrix read as float32 (SPECSURE_GGUF_BLOCKS=0, not {gguf.name}'s blocks)"
             return
-        text = self.config.get_text_config(decoder=True)
-        if getattr(text, "model_type", None) != "llama":
-            return  # the q/k un-permutation below is Llama's
+        model_type = getattr(self.config.get_text_config(decoder=True), "model_type", None)
+        if model_type != "llama":  # the q/k un-permutation below is Llama's
+            self.path += f"; every weight matrix read as float32 ({gguf.name}'s blocks are read for llama only, not {model_type})"
+            return
         blocks = read_blocks(gguf, self.num_layers, native.heads, native.kv_heads,
                              bool(getattr(self.config, "tie_word_embeddings", False)))
         used = native.use_blocks(blocks)

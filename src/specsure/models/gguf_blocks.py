@@ -148,13 +148,18 @@ def read_blocks(gguf: Path, layers: int, heads: int, kv_heads: int, tied: bool) 
     return FileBlocks(found, head)
 
 
-def source_gguf(folder: Path) -> Path | None:
-    """The GGUF file a converted folder was made from (gguf_cache writes its path in the marker), or None."""
+def source_gguf(folder: Path) -> tuple[Path | None, str]:
+    """(file, why): the GGUF file a converted folder was made from (gguf_cache writes its path in the
+    marker), or None and why not ("" for a folder that is not a conversion)."""
     from specsure.models.gguf_cache import COMPLETE_MARKER
 
     marker = folder / COMPLETE_MARKER
     if not marker.is_file():
-        return None
+        return None, ""
     lines = marker.read_text(encoding="utf-8").splitlines()
     path = Path(lines[0]) if lines else None
-    return path if path is not None and path.suffix.lower() == ".gguf" and path.is_file() else None
+    if path is None or path.suffix.lower() != ".gguf":
+        return None, f"{marker} does not name the GGUF file it was converted from"
+    if not path.is_file():
+        return None, f"{path}, which it was converted from, is gone"
+    return path, ""

@@ -80,9 +80,11 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
     _check_loading_info(folder, info, config)
     tokenizer = _load_tokenizer(folder)
     lm = CausalLM(hf)
-    gguf = source_gguf(folder)
+    gguf, why = source_gguf(folder)
     if gguf is not None:
         lm.use_gguf_blocks(gguf)
+    elif why and lm.row_kernel is not None and lm.dtype == torch.float32:
+        lm.path += f"; every weight matrix read as float32 ({why})"
     logger.info(
         "loaded %s (%s, %d layers, vocab %d, %s; forward: %s) in %.1f s",
         folder, type(hf).__name__, lm.num_layers, lm.vocab_size, lm.dtype, lm.path, time.perf_counter() - started,
