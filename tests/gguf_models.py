@@ -91,7 +91,7 @@ def write_llama_gguf(hf: Path, out: Path, *, skip: tuple[str, ...] = (), metadat
             writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
         elif quantize and name in quantize:
             kind = gguf.GGMLQuantizationType[quantize[name]]
-            data = gguf.quants.quantize(array, kind)
+            data = quantised(quantize[name], array.shape[0], array.shape[1], array=array)
             writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=kind)
         else:
             writer.add_tensor(name, array)
@@ -100,3 +100,29 @@ def write_llama_gguf(hf: Path, out: Path, *, skip: tuple[str, ...] = (), metadat
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+K_SCALES = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+"""Where each super-block of the K-quants (which gguf-py cannot quantise) keeps its float16 scales."""
+
+
+def quantised(name: str, rows: int, cols: int, seed: int = 0, array: np.ndarray | None = None) -> np.ndarray:
+    """[rows, row bytes] of GGUF type ``name``: gguf-py's quantisation of ``array`` (or of random
+    weights with a zero and a constant block); for a K-quant, which gguf-py cannot quantise, random
+    quants and sub-scales under small random float16 scales of either sign."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    kind = gguf.GGMLQuantizationType[name]
+    if name not in K_SCALES:
+        if array is None:
+            array = rng.normal(0, 0.3, (rows, cols)).astype(np.float32)
+            array[3 % rows] = 0.0  # a block of zeros (scale 0)
+            array[5 % rows, :32] = 7.5  # a constant block (Q4_1: d 0, all in m)
+        return gguf.quants.quantize(array.astype(np.float32), kind)
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    for at in K_SCALES[name]:
+        scale = rng.uniform(2e-4, 2e-3, (rows, cols // block)) * rng.choice([-1, 1], (rows, cols // block))
+        raw[..., at:at + 2] = scale.astype(np.float16).view(np.uint8).reshape(rows, cols // block, 2)
+    return raw.reshape(rows, -1)

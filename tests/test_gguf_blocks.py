@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from gguf_models import byte_bpe_tokenizer, write_llama_gguf
+from gguf_models import byte_bpe_tokenizer, quantised, write_llama_gguf
 from specsure.models import float_kernel as float_kernels
 from specsure.models import gguf_blocks
 from specsure.models.loading import load_model
 from tiny import build_tiny_llama
 
 VOCAB = 300
-TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 MIXED = {  # GGUF name -> type: layer 0 all Q4_1, layer 1 mixed (its q|k|v and down stay float32)
     **{f"blk.0.{n}.weight": "Q4_1" for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
                                              "ffn_down")},
@@ -26,14 +26,30 @@ MIXED = {  # GGUF name -> type: layer 0 all Q4_1, layer 1 mixed (its q|k|v and d
     "blk.1.attn_output.weight": "Q4_0", "blk.1.ffn_gate.weight": "Q8_0", "blk.1.ffn_up.weight": "Q8_0",
     "output.weight": "Q8_0",
 }
+def _gguf(factory: pytest.TempPathFactory, name: str, hidden: int, types: dict[str, str]) -> Path:
+    root = factory.mktemp(name)
+    folder = build_tiny_llama(root / "llama", vocab_size=VOCAB, hidden_size=hidden, tie=False)
+    byte_bpe_tokenizer(folder, VOCAB)
+    return write_llama_gguf(folder, root / f"{name}.gguf", quantize=types)
 
 
 @pytest.fixture(scope="module")
 def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("blocks")
-    folder = build_tiny_llama(root / "llama", vocab_size=VOCAB, hidden_size=64, tie=False)
-    byte_bpe_tokenizer(folder, VOCAB)
-    return write_llama_gguf(folder, root / "tiny-mixed.gguf", quantize=MIXED)
+    return _gguf(tmp_path_factory, "tiny-mixed", 64, MIXED)
+
+
+K_MIXED = {  # a Q4_K_M-like mix: q|k Q4_K with v Q6_K (so q|k|v stays float32), Q5_K and Q6_K elsewhere
+    **{f"blk.0.{n}.weight": "Q4_K" for n in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up")},
+    "blk.0.attn_v.weight": "Q6_K", "blk.0.ffn_down.weight": "Q5_K",
+    **{f"blk.1.{n}.weight": "Q6_K" for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                                             "ffn_down")},
+    "output.weight": "Q6_K",
+}
+
+
+@pytest.fixture(scope="module")
+def k_gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _gguf(tmp_path_factory, "tiny-k", 256, K_MIXED)
 
 
 @pytest.fixture(autouse=True)
@@ -45,34 +61,27 @@ def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_blocks_dequantise_to_gguf_pys_values(name: str) -> None:
     import gguf
 
-    rng = np.random.default_rng(0)
-    weights = rng.normal(0, 0.3, (12, 96)).astype(np.float32)
-    weights[3] = 0.0  # a block of zeros (scale 0)
-    weights[5, :32] = 7.5  # a constant block (Q4_1: d 0, all in m)
-    raw = gguf.quants.quantize(weights, gguf.GGMLQuantizationType[name])
+    raw = quantised(name, 12, 512, seed=1)
     expected = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[name])
-    matrix = gguf_blocks.repack(raw, TYPES[name], 96)
-    assert matrix is not None and (matrix.rows, matrix.cols) == (12, 96)
+    matrix = gguf_blocks.repack(raw, TYPES[name], 512)
+    assert matrix is not None and (matrix.rows, matrix.cols, matrix.kind) == (12, 512, name)
     assert torch.equal(matrix.dequantized(), torch.from_numpy(expected.astype(np.float32)))
 
 
 def test_a_type_the_kernel_does_not_read_is_not_repacked() -> None:
-    assert gguf_blocks.repack(np.zeros((4, 36), dtype=np.uint8), 6, 64) is None  # Q5_0
+    assert gguf_blocks.repack(np.zeros((4, 84), dtype=np.uint8), 10, 256) is None  # Q2_K
     assert gguf_blocks.repack(np.zeros((4, 34), dtype=np.uint8), 8, 48) is None  # a width not of whole blocks
 
 
 @pytest.mark.parametrize("name", TYPES)
 def test_block_products_are_the_float32_products_bits(name: str) -> None:
-    import gguf
-
     kernel, _ = float_kernels.load()
     if kernel is None:  # no AVX2 here: nothing reads blocks (the model test below checks its path says so)
         return
     torch.manual_seed(0)
-    raw = gguf.quants.quantize(torch.randn(70, 160).numpy(), gguf.GGMLQuantizationType[name])  # 70: a partial block of rows
-    matrix = gguf_blocks.repack(raw, TYPES[name], 160)
+    matrix = gguf_blocks.repack(quantised(name, 70, 256), TYPES[name], 256)  # 70 rows: a partial block of rows
     weight, bias = matrix.dequantized().contiguous(), torch.randn(70)
-    x = torch.randn(64, 160)
+    x = torch.randn(64, 256)
     for rows in (1, 2, 3, 4, 5, 6, 7, 8, 13, 64):  # the direct passes and the unpacked ones (6 rows and more)
         got = kernel.linear_blocks(matrix, x[:rows].contiguous(), bias)
         assert torch.equal(got, kernel.linear_rows(weight, x[:rows].contiguous(), bias)), rows
@@ -119,7 +128,7 @@ def test_blocks_that_differ_from_the_loaded_weights_are_not_read(gguf_file: Path
     tampered = found.layers[0]["gate_up"]
     data = tampered.data.clone()
     data[3, 10] ^= 1  # one quant of one weight
-    found.layers[0]["gate_up"] = gguf_blocks.BlockMatrix(data, tampered.format, tampered.rows, tampered.cols)
+    found.layers[0]["gate_up"] = gguf_blocks.BlockMatrix(data, tampered.format, tampered.rows, tampered.cols, tampered.kind)
     used = native.use_blocks(found)
     assert used == {"Q4_0": 1, "Q4_1": 3, "Q8_0": 1}
     assert native._float_structs[0].gate_up_format == 0
@@ -138,3 +147,24 @@ def test_a_conversion_whose_gguf_is_gone_reads_float32_and_says_so(gguf_file: Pa
     if float_kernels.load()[0] is None:
         return
     assert lm.path.endswith(f"every weight matrix read as float32 ({copy}, which it was converted from, is gone)")
+
+
+def test_k_quants_decode_the_same_bits_from_their_blocks(k_gguf_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks = load_model(str(k_gguf_file), dtype="float32").lm
+    if float_kernels.load()[0] is None:
+        return
+    assert blocks.path.endswith("of its 9 weight matrices the kernel reads 2 Q4_K, 1 Q5_K, 5 Q6_K as the GGUF's blocks")
+    monkeypatch.setenv("SPECSURE_GGUF_BLOCKS", "0")
+    plain = load_model(str(k_gguf_file), dtype="float32").lm
+    prompt = [5, 17, 33, 90, 4, 12]
+    a, b = blocks.forward(prompt, last_logits=1), plain.forward(prompt, last_logits=1)
+    for _ in range(24):
+        assert torch.equal(a.logits, b.logits)
+        token = int(a.logits[-1].argmax())
+        a, b = blocks.forward([token]), plain.forward([token])
+    start = blocks.cache_len
+    ids = [7, 8, 9, 250, 3, 4, 5]  # a verify of 7 rows (the unpacked path)
+    together = blocks.forward(ids).logits
+    blocks.crop(start)
+    for i, token in enumerate(ids):
+        assert torch.equal(blocks.forward([token]).logits[0], together[i])

@@ -17,7 +17,7 @@ from specsure.models.errors import ModelLoadError
 from specsure.models.kv_cache import RollbackCache
 from specsure.models.load_check import check_cache, check_logits
 from specsure.models.forward_output import ForwardOutput
-from specsure.models.gguf_blocks import NAME, BlockMatrix, read_blocks
+from specsure.models.gguf_blocks import BlockMatrix, read_blocks
 from specsure.models.logits import LogitsTransform, logits_transform
 from specsure.models.native import NativeDecoder, Segment
 from specsure.models.products import KERNEL_ROWS, project
@@ -109,8 +109,8 @@ class CausalLM:
             check_cache(self)
 
     def use_gguf_blocks(self, gguf: Path) -> None:
-        """Read the weights that came from ``gguf``'s Q4_0, Q4_1 and Q8_0 tensors as those blocks in the
-        float32 kernel's forwards (gguf_blocks.py): the same bits, a fraction of the bytes a step
+        """Read the weights that came from ``gguf``'s quantised tensors (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+        Q4_K, Q5_K, Q6_K) as those blocks in the float32 kernel's forwards (gguf_blocks.py): the same bits, a fraction of the bytes a step
         reads. Only a float32 model on the float32 kernel; `path` then names the blocks read.
         ``SPECSURE_GGUF_BLOCKS=0`` keeps the float32 weights (for comparing the two)."""
         native = self._native
@@ -131,14 +131,14 @@ class CausalLM:
                 and (blocks.lm_head.rows, blocks.lm_head.cols) == tuple(head.weight.shape)
                 and torch.equal(blocks.lm_head.dequantized(), head.weight)):
             self._head_blocks = blocks.lm_head
-            name = NAME[blocks.lm_head.format]
+            name = blocks.lm_head.kind
             used[name] = used.get(name, 0) + 1
         total = 4 * self.num_layers + 1
         if used:
             shown = ", ".join(f"{count} {name}" for name, count in sorted(used.items()))
             self.path += f"; of its {total} weight matrices the kernel reads {shown} as the GGUF's blocks"
         else:
-            self.path += f"; every weight matrix read as float32 ({gguf.name} has no Q4_0, Q4_1 or Q8_0 matrix that matches)"
+            self.path += f"; every weight matrix read as float32 ({gguf.name} has no matrix of a type the kernel reads that matches)"
 
     def reset(self) -> None:
         """Empty the KV cache (its buffers are kept for the next sequence)."""
@@ -368,7 +368,7 @@ class CausalLM:
         bias = None if head.bias is None else head.bias[rows]
         blocks = self._head_blocks
         if blocks is not None:  # the same rows of the GGUF's blocks: the same bits, a quarter of the bytes
-            blocks = BlockMatrix(blocks.data[rows].contiguous(), blocks.format, len(rows), blocks.cols)
+            blocks = BlockMatrix(blocks.data[rows].contiguous(), blocks.format, len(rows), blocks.cols, blocks.kind)
         return lambda hidden: self._logits(hidden, weight, bias, blocks)
 
     def _logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,

@@ -8,10 +8,12 @@ gives each weight the very float32 value gguf-py gave it (the scale times a smal
 in float32), and the products run the same FMA chains, so a model computes the same bits from its
 blocks as from its float32 weights: nothing about its outputs changes, only the bytes a step reads.
 
-Here the file's Q4_0, Q4_1 and Q8_0 tensors are repacked with float32 scales, q and k rows
-un-permuted as transformers un-permutes them for Llama, q|k|v and gate|up fused as the native
-decoder fuses them, and each matrix checked equal, weight for weight, to the float32 tensor the
-model loaded; a matrix that differs, or has another type (K-quants, F16), stays float32.
+Here the file's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K tensors are repacked into the
+kernel's five block formats (float32 scales; a K-quant's scale times its 6-bit sub-scale folded into
+one, an exact product), q and k rows un-permuted as transformers un-permutes them for Llama, q|k|v and
+gate|up fused as the native decoder fuses them where their formats agree, and each matrix checked
+equal, weight for weight, to the float32 tensor the model loaded; a matrix that differs, or has
+another type (F16, Q2_K, Q3_K, the IQ types), stays float32.
 """
 
 from __future__ import annotations
@@ -24,63 +26,134 @@ import torch
 
 from specsure.config.gguf_header import read_gguf_tensors
 
-Q4_0, Q4_1, Q8_0 = 1, 2, 3
-"""float_kernel.c's block formats (0 is float32 rows)."""
+Q4_0, Q4_1, Q8_0, Q8_M, Q8_H = 1, 2, 3, 4, 5
+"""float_kernel.c's block formats (0 is float32 rows), each a block of 32 weights: Q4_0 {d; 4-bit q}
+w = d (q - 8); Q4_1 {d, m; 4-bit q} w = d q + m; Q8_0 {d; int8 q} w = d q; Q8_M {d, m; int8 q}
+w = d q + m; Q8_H {d0, d1; int8 q} w = d0 q on the first 16 weights, d1 q on the rest (float32
+scales, Q4 weight i in the low nibble of byte i and weight 16 + i in its high one)."""
 
-_GGML_TYPES = {2: Q4_0, 3: Q4_1, 8: Q8_0}
-"""GGML's type ids (gguf.GGMLQuantizationType) of the formats the kernel reads."""
+_HEADER = {Q4_0: 1, Q4_1: 2, Q8_0: 1, Q8_M: 2, Q8_H: 2}
+"""float32 scales at the start of a block."""
 
-_GGUF_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
-"""Bytes of one block of 32 weights in the file: float16 scale(s), then the quants."""
+GGML_NAMES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+"""The GGML types (gguf.GGMLQuantizationType ids) whose weights the kernel reads, each exactly."""
 
-_SCALES = {Q4_0: 1, Q4_1: 2, Q8_0: 1}
-"""Float16 scales at the start of a file block (Q4_1: d, then the minimum m)."""
-
-NAME = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0"}
+_FILE_BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
+                "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
+"""Weights and bytes of one block of each type in the file."""
 
 
 @dataclass(frozen=True)
 class BlockMatrix:
-    """A weight matrix [rows, cols] as float_kernel.c reads it: for each row, cols / 32 blocks of
-    float32 scale(s) and the file's quants (Q4: weight i in the low nibble of byte i, weight 16 + i
-    in its high one)."""
+    """A weight matrix [rows, cols] as float_kernel.c reads it: for each row, cols / 32 blocks of one
+    format."""
 
     data: torch.Tensor  # uint8 [rows, cols / 32 * block bytes]
     format: int
     rows: int
     cols: int
+    kind: str
+    """The GGUF type(s) it came from, "+"-joined for a fused matrix of several."""
 
     def dequantized(self) -> torch.Tensor:
-        """The float32 weights [rows, cols], computed as gguf-py computes them."""
-        scales = _SCALES[self.format]
+        """The float32 weights [rows, cols], with gguf-py's arithmetic (a product that is exact, then
+        at most one rounding)."""
+        header = _HEADER[self.format]
         blocks = self.data.view(self.rows, self.cols // 32, -1)
         d = blocks[..., :4].contiguous().view(torch.float32)  # [rows, blocks, 1]
-        quants = blocks[..., 4 * scales:]
-        if self.format == Q8_0:
-            weights = quants.contiguous().view(torch.int8).float().mul_(d)
-        else:
+        second = blocks[..., 4:8].contiguous().view(torch.float32) if header == 2 else None
+        quants = blocks[..., 4 * header:]
+        if self.format in (Q4_0, Q4_1):
             weights = torch.empty(self.rows, self.cols // 32, 32)
             torch.bitwise_and(quants, 15, out=weights[..., :16])
             torch.bitwise_right_shift(quants, 4, out=weights[..., 16:])
             if self.format == Q4_0:
-                weights.sub_(8).mul_(d)
-            else:  # (d * q) + m, two roundings as gguf-py's, though the first is exact
-                weights.mul_(d).add_(blocks[..., 4:8].contiguous().view(torch.float32))
+                weights.sub_(8)
+        else:
+            weights = quants.contiguous().view(torch.int8).float()
+        if self.format == Q8_H:
+            weights[..., :16].mul_(d)
+            weights[..., 16:].mul_(second)
+        else:
+            weights.mul_(d)
+        if self.format in (Q4_1, Q8_M):
+            weights.add_(second)
         return weights.view(self.rows, self.cols)
+
+
+def _half(raw: np.ndarray, at: int) -> np.ndarray:
+    """The float16 at byte ``at`` of each block, as float32 [blocks]."""
+    return raw[:, at:at + 2].copy().view(np.float16).astype(np.float32)[:, 0]
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """GGUF's 4-bit quants of 32-weight blocks ([blocks, 16] bytes) -> [blocks, 32]: low nibbles first."""
+    return np.concatenate([qs & 15, qs >> 4], axis=-1)
+
+
+def _fifth_bits(qh: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1's fifth bits ([blocks, 4] bytes, a little-endian uint32) -> [blocks, 32] of 0 or 16."""
+    bits = qh.copy().view(np.uint32) >> np.arange(32, dtype=np.uint32)
+    return ((bits & 1) << 4).astype(np.uint8)
+
+
+def _k_scales(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K: each super-block's 8 sub-block scales d * sc and minimums -(dmin * m), float32 [S, 8]
+    (each an exact product), from the 12 bytes of 6-bit sc and m at byte 4."""
+    scales = raw[:, 4:16].reshape(-1, 3, 4)
+    d, m, high = scales[:, 0], scales[:, 1], scales[:, 2]
+    sc = np.concatenate([d & 63, (high & 15) | ((d >> 2) & 48)], axis=-1).astype(np.float32)
+    mn = np.concatenate([m & 63, (high >> 4) | ((m >> 2) & 48)], axis=-1).astype(np.float32)
+    return _half(raw, 0)[:, None] * sc, -(_half(raw, 2)[:, None] * mn)
+
+
+def _unpack(kind: str, raw: np.ndarray) -> tuple[int, np.ndarray, np.ndarray | None, np.ndarray]:
+    """A tensor's file blocks ([blocks, bytes]) -> (format, d, second scale or None, quants [n, 32]),
+    n = its 32-weight blocks in order, in the terms gguf-py's dequantisation uses."""
+    if kind == "Q4_0":
+        return Q4_0, _half(raw, 0), None, _nibbles(raw[:, 2:18])
+    if kind == "Q4_1":
+        return Q4_1, _half(raw, 0), _half(raw, 2), _nibbles(raw[:, 4:20])
+    if kind == "Q8_0":
+        return Q8_0, _half(raw, 0), None, raw[:, 2:34].view(np.int8)
+    if kind == "Q5_0":
+        return Q8_0, _half(raw, 0), None, (_nibbles(raw[:, 6:22]) | _fifth_bits(raw[:, 2:6])).astype(np.int8) - 16
+    if kind == "Q5_1":
+        return Q8_M, _half(raw, 0), _half(raw, 2), (_nibbles(raw[:, 8:24]) | _fifth_bits(raw[:, 4:8])).astype(np.int8)
+    if kind in ("Q4_K", "Q5_K"):
+        d, m = _k_scales(raw)
+        first = 16 if kind == "Q4_K" else 48  # Q5_K: 32 bytes of fifth bits, then the nibbles
+        q = (raw[:, first:first + 128].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1))
+        q = (q & 15).reshape(-1, 8, 32)
+        if kind == "Q5_K":
+            high = raw[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+            q = q | ((high & 1) << 4)
+            return Q8_M, d.reshape(-1), m.reshape(-1), q.reshape(-1, 32).astype(np.int8)
+        return Q4_1, d.reshape(-1), m.reshape(-1), q.reshape(-1, 32)
+    # Q6_K: 128 bytes of low nibbles, 64 of 2-bit high parts, 16 int8 scales (one per 16 weights), d
+    low = raw[:, :128].reshape(-1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    high = raw[:, 128:192].reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    q = ((low & 15).reshape(-1, 8, 32) | ((high & 3).reshape(-1, 8, 32) << 4)).astype(np.int8) - 32
+    d = _half(raw, 208)[:, None] * raw[:, 192:208].view(np.int8).astype(np.float32)  # [S, 16], exact
+    return Q8_H, d[:, 0::2].reshape(-1), d[:, 1::2].reshape(-1), q.reshape(-1, 32)
 
 
 def repack(raw: np.ndarray, ggml_type: int, cols: int) -> BlockMatrix | None:
     """A GGUF tensor's bytes ([rows, row bytes], as gguf's reader maps them) as a `BlockMatrix`, or
     None when its type is not one the kernel reads."""
-    fmt = _GGML_TYPES.get(ggml_type)
-    if fmt is None or cols % 32:
+    kind = GGML_NAMES.get(ggml_type)
+    if kind is None or cols % _FILE_BLOCKS[kind][0]:
         return None
     rows = raw.shape[0]
-    blocks = np.ascontiguousarray(raw).reshape(rows, cols // 32, _GGUF_BYTES[fmt])
-    scales = _SCALES[fmt]
-    as_float = blocks[..., :2 * scales].copy().view(np.float16).astype(np.float32)  # [rows, blocks, scales]
-    packed = np.concatenate([as_float.view(np.uint8), blocks[..., 2 * scales:]], axis=-1)
-    return BlockMatrix(torch.from_numpy(np.ascontiguousarray(packed).reshape(rows, -1)), fmt, rows, cols)
+    fmt, d, second, q = _unpack(kind, np.ascontiguousarray(raw).reshape(-1, _FILE_BLOCKS[kind][1]))
+    scales = [d] if second is None else [d, second]
+    header = np.stack(scales, axis=-1).astype(np.float32).view(np.uint8)  # [n, 4 or 8]
+    if fmt in (Q4_0, Q4_1):
+        quants = (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
+    else:
+        quants = q.astype(np.int8).view(np.uint8)
+    packed = np.concatenate([header, quants], axis=-1).reshape(rows, -1)
+    return BlockMatrix(torch.from_numpy(np.ascontiguousarray(packed)), fmt, rows, cols, kind)
 
 
 def stack(parts: list[BlockMatrix | None]) -> BlockMatrix | None:
@@ -91,7 +164,8 @@ def stack(parts: list[BlockMatrix | None]) -> BlockMatrix | None:
     if any(p.format != first.format or p.cols != first.cols for p in parts):
         return None
     data = torch.cat([p.data for p in parts]).contiguous()
-    return BlockMatrix(data, first.format, sum(p.rows for p in parts), first.cols)
+    kinds = "+".join(dict.fromkeys(p.kind for p in parts))
+    return BlockMatrix(data, first.format, sum(p.rows for p in parts), first.cols, kinds)
 
 
 def _unpermute(matrix: BlockMatrix, heads: int) -> BlockMatrix:
@@ -99,7 +173,7 @@ def _unpermute(matrix: BlockMatrix, heads: int) -> BlockMatrix:
     head's two RoPE halves, and transformers' loader undoes that (`_reverse_permute_weights`)."""
     half = matrix.rows // heads // 2
     order = torch.arange(matrix.rows).view(heads, half, 2).transpose(1, 2).reshape(-1)
-    return BlockMatrix(matrix.data[order].contiguous(), matrix.format, matrix.rows, matrix.cols)
+    return BlockMatrix(matrix.data[order].contiguous(), matrix.format, matrix.rows, matrix.cols, matrix.kind)
 
 
 @dataclass(frozen=True)
@@ -122,11 +196,11 @@ def read_blocks(gguf: Path, layers: int, heads: int, kv_heads: int, tied: bool) 
 
     def matrix(name: str) -> BlockMatrix | None:
         entry = tensors.get(name)
-        fmt = None if entry is None else _GGML_TYPES.get(entry.kind)
-        if fmt is None or len(entry.shape) != 2:
+        kind = None if entry is None else GGML_NAMES.get(entry.kind)
+        if kind is None or len(entry.shape) != 2 or entry.shape[0] % _FILE_BLOCKS[kind][0]:
             return None
         cols, rows = entry.shape
-        row_bytes = cols // 32 * _GGUF_BYTES[fmt]
+        row_bytes = cols // _FILE_BLOCKS[kind][0] * _FILE_BLOCKS[kind][1]
         raw = data[entry.start:entry.start + rows * row_bytes]
         return repack(raw.reshape(rows, row_bytes), entry.kind, cols) if raw.size == rows * row_bytes else None
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
-from specsure.models.gguf_blocks import NAME, BlockMatrix, FileBlocks
+from specsure.models.gguf_blocks import BlockMatrix, FileBlocks
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
 from specsure.models.token_tree import TokenTree, attention_mask
@@ -175,7 +175,7 @@ class NativeDecoder:
                 setattr(struct, name, matrix.data.data_ptr())
                 setattr(struct, f"{name}_format", matrix.format)
                 self._blocks.append(matrix)
-                used[NAME[matrix.format]] = used.get(NAME[matrix.format], 0) + 1
+                used[matrix.kind] = used.get(matrix.kind, 0) + 1
         return used
 
     def _shape_struct(self, config: object) -> kernels.ShapeStruct:
