@@ -2,7 +2,7 @@
 the same forwards on the float32 weights they dequantise to, interleaved in one process, and
 greedy decoding both ways (the outputs must be equal, token for token).
 
-    .venv/bin/python bench/gguf_blocks.py [--repeats 9] [--tokens 64]
+    .venv/bin/python bench/gguf_blocks.py [--model FILE.gguf] [--repeats 9] [--tokens 64]
 
 Figures are medians over the repeats on 2 threads. Not a test: the measurement behind
 BENCHMARKS.md's "The GGUF's blocks in the float32 kernel".
@@ -54,12 +54,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--model", default=None, help="a GGUF file (default: the packaged default model)")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    loaded = load_model(None, dtype="float32")
+    loaded = load_model(args.model, dtype="float32")
     lm = loaded.lm
     print(lm.path)
-    if lm._head_blocks is None:
+    if not getattr(lm._native, "_blocks", None):
         raise SystemExit("the model's weights are not read as blocks here (see the path above)")
     saved: dict = {}
     lm.forward(list(range(100, 300)), last_logits=1)

@@ -110,6 +110,7 @@ def test_config_names_carry_the_weights() -> None:
     assert config_name("llama.cpp", "bfloat16") == "llama.cpp-bf16"
     assert config_name("llama.cpp-lookup", "float32") == "llama.cpp-f32-lookup"
     assert config_name("llama.cpp-q4_1-lookup", "bfloat16") == "llama.cpp-q4_1-lookup"
+    assert config_name("llama.cpp-gguf", "float32") == "llama.cpp-gguf"  # the file as it is, whatever the dtype
 
 
 # --- the worker's generation loop, on a fake Llama -----------------------------------------

@@ -4,7 +4,8 @@
 for a bfloat16 run, F16 for float16, F32 for float32; see `convert`), so its output is
 comparable token for token. `llama.cpp-q4_1` runs the packaged Q4_1 file as it is, with
 llama.cpp's quantised kernels (4-bit weight blocks times activations quantised to 8 bits):
-not specsure's arithmetic, so its outputs are compared for information only. Each `-lookup` variant adds llama-cpp-python's
+not specsure's arithmetic, so its outputs are compared for information only. `llama.cpp-gguf` runs
+the target's GGUF file as it is, whatever its types (a user's Q4_K_M, say), compared the same way. Each `-lookup` variant adds llama-cpp-python's
 prompt-lookup drafter with k = the bench's -k and is also compared with its own plain.
 """
 
@@ -20,10 +21,13 @@ from specsure.bench.llamacpp.convert import float_gguf, gguf_type_of
 from specsure.bench.llamacpp.runner import N_BATCH, LlamaCppError, LlamaCppRunner, LlamaCppWorker, ModelSpec, not_installed
 from specsure.config.gguf_header import GGUFHeaderError, read_gguf_metadata
 
-LLAMA_CPP_BASELINES: tuple[str, ...] = ("llama.cpp", "llama.cpp-lookup", "llama.cpp-q4_1", "llama.cpp-q4_1-lookup")
+LLAMA_CPP_BASELINES: tuple[str, ...] = ("llama.cpp", "llama.cpp-lookup", "llama.cpp-q4_1", "llama.cpp-q4_1-lookup",
+                                         "llama.cpp-gguf", "llama.cpp-gguf-lookup")
 """llama.cpp configurations (opt-in: not in the default --baselines)."""
 
 _MOSTLY_Q4_1 = 3  # gguf.LlamaFileType.MOSTLY_Q4_1, read from the header without importing gguf
+_AS_IS = ("llama.cpp-q4_1", "llama.cpp-gguf")
+"""The baselines that run the target's file itself, on llama.cpp's own arithmetic."""
 
 
 @dataclass
@@ -43,7 +47,7 @@ class LlamaCppSetup:
 
 def config_name(baseline: str, dtype: str) -> str:
     """The report name: 'llama.cpp-lookup' in a bfloat16 run is 'llama.cpp-bf16-lookup'."""
-    if baseline.startswith("llama.cpp-q4_1"):
+    if baseline.startswith(_AS_IS):
         return baseline
     return baseline.replace("llama.cpp", f"llama.cpp-{gguf_type_of(dtype).lower()}", 1)
 
@@ -95,7 +99,7 @@ def build_llamacpp(
         setup.runners.append(LlamaCppRunner(
             spec.name, worker, eos_ids, speculative=spec.num_pred_tokens > 0,
             plain=spec.name.removesuffix("-lookup") if spec.num_pred_tokens else None,
-            comparable=not spec.name.startswith("llama.cpp-q4_1"),
+            comparable=not spec.name.startswith(_AS_IS),
         ))
     setup.meta = {
         "llama_cpp_python": worker.info.get("llama_cpp_python"),
@@ -120,6 +124,8 @@ def _source_gguf(model: str | None) -> Path:
 
 def _weights(baseline: str, source: Path, dtype: str) -> Path:
     """The GGUF `baseline` runs; a ValueError says why there is none."""
+    if baseline.startswith("llama.cpp-gguf"):
+        return source
     if not baseline.startswith("llama.cpp-q4_1"):
         return float_gguf(source, dtype)
     try:
