@@ -213,6 +213,8 @@ def test_tiny_end_to_end_outputs_agree(tiny_llama: Path, tmp_path: Path, capsys:
     assert [c["name"] for c in res.configs] == configs
     assert res.skipped == [{"name": "eagle", "reason": "no --eagle-head given"}]
     assert res.meta["dtype"] == "float32" and res.meta["repeats"] == 2
+    assert res.meta["forward"].startswith("native (fused q|k|v")  # which forward ran, as the model says
+    assert "- forward: native (fused q|k|v" in (out / "results.md").read_text()
 
     # Every configuration x category has the figures the issue asks for.
     for config in configs:

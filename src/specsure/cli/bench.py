@@ -300,6 +300,7 @@ def _run(args: argparse.Namespace) -> int:
         "model_path": target.path,
         "dtype": settings.dtype,
         "dtype_reason": target.dtype_reason,
+        "forward": target.lm.path,
         "threads": torch.get_num_threads(),
         "cores": os.cpu_count(),
         "cpu": cpu_model(),
