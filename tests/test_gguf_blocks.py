@@ -1,6 +1,8 @@
-"""A GGUF target's Q4_0, Q4_1 and Q8_0 weights read as their blocks by the float32 kernel: the same
-values as gguf-py dequantises, the same bits as the float32 weights in every product, forward and
-decoded token, and a matrix that would differ is left on its float32 weights."""
+"""A GGUF target's quantised weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) read as their
+blocks by the float32 kernel: the same values as gguf-py dequantises, the same bits as the float32
+weights in every product, forward and decoded token; a matrix that would differ, or a file that
+cannot be read, leaves the float32 weights in use and says so. Without AVX2 there is no float32
+kernel, so these tests skip; test_float_kernel.py checks that the model's path then says why."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from specsure.models.loading import load_model
 from tiny import build_tiny_llama
 
 VOCAB = 300
+NO_KERNEL = "no float32 C kernel on this machine (AVX2, FMA and a C compiler), so nothing reads blocks"
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 MIXED = {  # GGUF name -> type: layer 0 all Q4_1, layer 1 mixed (its q|k|v and down stay float32)
     **{f"blk.0.{n}.weight": "Q4_1" for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
@@ -26,9 +29,9 @@ MIXED = {  # GGUF name -> type: layer 0 all Q4_1, layer 1 mixed (its q|k|v and d
     "blk.1.attn_output.weight": "Q4_0", "blk.1.ffn_gate.weight": "Q8_0", "blk.1.ffn_up.weight": "Q8_0",
     "output.weight": "Q8_0",
 }
-def _gguf(factory: pytest.TempPathFactory, name: str, hidden: int, types: dict[str, str]) -> Path:
+def _gguf(factory: pytest.TempPathFactory, name: str, hidden: int, types: dict[str, str], tie: bool = False) -> Path:
     root = factory.mktemp(name)
-    folder = build_tiny_llama(root / "llama", vocab_size=VOCAB, hidden_size=hidden, tie=False)
+    folder = build_tiny_llama(root / "llama", vocab_size=VOCAB, hidden_size=hidden, tie=tie)
     byte_bpe_tokenizer(folder, VOCAB)
     return write_llama_gguf(folder, root / f"{name}.gguf", quantize=types)
 
@@ -76,8 +79,8 @@ def test_a_type_the_kernel_does_not_read_is_not_repacked() -> None:
 @pytest.mark.parametrize("name", TYPES)
 def test_block_products_are_the_float32_products_bits(name: str) -> None:
     kernel, _ = float_kernels.load()
-    if kernel is None:  # no AVX2 here: nothing reads blocks (the model test below checks its path says so)
-        return
+    if kernel is None:
+        pytest.skip(NO_KERNEL)
     torch.manual_seed(0)
     matrix = gguf_blocks.repack(quantised(name, 70, 256), TYPES[name], 256)  # 70 rows: a partial block of rows
     weight, bias = matrix.dequantized().contiguous(), torch.randn(70)
@@ -93,7 +96,7 @@ def test_a_quantised_gguf_decodes_the_same_bits_from_its_blocks(gguf_file: Path,
     blocks = load_model(str(gguf_file), dtype="float32").lm
     if float_kernels.load()[0] is None:
         assert "blocks" not in blocks.path
-        return
+        pytest.skip(NO_KERNEL)
     assert blocks.path.endswith("of its 9 weight matrices the kernel reads 1 Q4_0, 4 Q4_1, 2 Q8_0 as the GGUF's blocks")
     monkeypatch.setenv("SPECSURE_GGUF_BLOCKS", "0")
     plain = load_model(str(gguf_file), dtype="float32").lm
@@ -122,7 +125,7 @@ def test_blocks_that_differ_from_the_loaded_weights_are_not_read(gguf_file: Path
     lm = load_model(str(gguf_file), dtype="float32").lm
     native = lm._native
     if native.float_kernel is None:
-        return
+        pytest.skip(NO_KERNEL)
     found = gguf_blocks.read_blocks(gguf_file, 2, 4, 2, tied=False)
     assert found.layers[1]["qkv"] is None and found.layers[1]["down"] is None  # mixed types, float32
     tampered = found.layers[0]["gate_up"]
@@ -145,14 +148,14 @@ def test_a_conversion_whose_gguf_is_gone_reads_float32_and_says_so(gguf_file: Pa
     copy.unlink()
     lm = load_model(str(folder), dtype="float32").lm  # the converted folder, as a user may keep it
     if float_kernels.load()[0] is None:
-        return
+        pytest.skip(NO_KERNEL)
     assert lm.path.endswith(f"every weight matrix read as float32 ({copy}, which it was converted from, is gone)")
 
 
 def test_k_quants_decode_the_same_bits_from_their_blocks(k_gguf_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocks = load_model(str(k_gguf_file), dtype="float32").lm
     if float_kernels.load()[0] is None:
-        return
+        pytest.skip(NO_KERNEL)
     assert blocks.path.endswith("of its 9 weight matrices the kernel reads 2 Q4_K, 1 Q5_K, 5 Q6_K as the GGUF's blocks")
     monkeypatch.setenv("SPECSURE_GGUF_BLOCKS", "0")
     plain = load_model(str(k_gguf_file), dtype="float32").lm
@@ -168,3 +171,40 @@ def test_k_quants_decode_the_same_bits_from_their_blocks(k_gguf_file: Path, monk
     blocks.crop(start)
     for i, token in enumerate(ids):
         assert torch.equal(blocks.forward([token]).logits[0], together[i])
+
+
+def test_a_tied_q8_0_embedding_is_read_as_the_lm_head(tmp_path_factory: pytest.TempPathFactory) -> None:
+    gguf = _gguf(tmp_path_factory, "tiny-tied", 64, {"token_embd.weight": "Q8_0", "blk.0.ffn_down.weight": "Q4_1"},
+                 tie=True)  # as the default model: its head is its Q8_0 token embedding
+    lm = load_model(str(gguf), dtype="float32").lm
+    if lm.row_kernel is None:
+        pytest.skip(NO_KERNEL)
+    assert lm.path.endswith("the kernel reads 1 Q4_1, 1 Q8_0 as the GGUF's blocks") and lm._head_blocks is not None
+    hidden = torch.randn(2, 64)
+    traced = lm.lm_head_logits(hidden.clone().requires_grad_(True))  # a head in training: torch's products
+    assert traced.grad_fn is not None
+    torch.testing.assert_close(traced.detach(), lm.lm_head_logits(hidden), atol=1e-4, rtol=1e-5)
+
+
+def test_the_blocks_are_found_whichever_folder_the_file_was_first_named_from(
+        gguf_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if float_kernels.load()[0] is None:
+        pytest.skip(NO_KERNEL)
+    monkeypatch.chdir(gguf_file.parent)
+    assert "as the GGUF's blocks" in load_model(gguf_file.name, dtype="float32").lm.path  # relative, converted here
+    monkeypatch.chdir(tmp_path)
+    assert "as the GGUF's blocks" in load_model(str(gguf_file), dtype="float32").lm.path  # the same conversion
+
+
+def test_a_source_replaced_since_its_conversion_still_loads_and_says_why(gguf_file: Path, tmp_path: Path) -> None:
+    from specsure.models.gguf_cache import gguf_cache_folder
+
+    if float_kernels.load()[0] is None:
+        pytest.skip(NO_KERNEL)
+    copy = tmp_path / "copy.gguf"
+    shutil.copy(gguf_file, copy)
+    folder = gguf_cache_folder(copy)
+    load_model(str(copy), dtype="float32")
+    copy.write_bytes(b"not a gguf any more")
+    lm = load_model(str(folder), dtype="float32").lm  # the converted folder, its source now garbage
+    assert f"every weight matrix read as float32 ({copy} cannot be read for its blocks:" in lm.path

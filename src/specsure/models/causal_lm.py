@@ -17,7 +17,7 @@ from specsure.models.errors import ModelLoadError
 from specsure.models.kv_cache import RollbackCache
 from specsure.models.load_check import check_cache, check_logits
 from specsure.models.forward_output import ForwardOutput
-from specsure.models.gguf_blocks import BlockMatrix, read_blocks
+from specsure.models.gguf_blocks import BlockMatrix, matches, read_blocks
 from specsure.models.logits import LogitsTransform, logits_transform
 from specsure.models.native import NativeDecoder, Segment
 from specsure.models.products import KERNEL_ROWS, project
@@ -110,8 +110,9 @@ class CausalLM:
 
     def use_gguf_blocks(self, gguf: Path) -> None:
         """Read the weights that came from ``gguf``'s quantised tensors (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-        Q4_K, Q5_K, Q6_K) as those blocks in the float32 kernel's forwards (gguf_blocks.py): the same bits, a fraction of the bytes a step
-        reads. Only a float32 model on the float32 kernel; `path` then names the blocks read.
+        Q4_K, Q5_K, Q6_K) as those blocks in the float32 kernel's forwards (gguf_blocks.py): the same
+        bits, a fraction of the bytes a step reads. Only a float32 model on the float32 kernel; `path`
+        then names the blocks read, or says why none are.
         ``SPECSURE_GGUF_BLOCKS=0`` keeps the float32 weights (for comparing the two)."""
         native = self._native
         if native is None or native.float_kernel is None:
@@ -123,13 +124,16 @@ class CausalLM:
         if model_type != "llama":  # the q/k un-permutation below is Llama's
             self.path += f"; every weight matrix read as float32 ({gguf.name}'s blocks are read for llama only, not {model_type})"
             return
-        blocks = read_blocks(gguf, self.num_layers, native.heads, native.kv_heads,
-                             bool(getattr(self.config, "tie_word_embeddings", False)))
+        try:
+            blocks = read_blocks(gguf, self.num_layers, native.heads, native.kv_heads,
+                                 bool(getattr(self.config, "tie_word_embeddings", False)))
+        except (OSError, ValueError) as err:  # the file changed since its conversion: the weights still load
+            self.path += f"; every weight matrix read as float32 ({gguf} cannot be read for its blocks: {err})"
+            return
         used = native.use_blocks(blocks)
         head = self._head
         if (blocks.lm_head is not None and type(head) is torch.nn.Linear and head.bias is None
-                and (blocks.lm_head.rows, blocks.lm_head.cols) == tuple(head.weight.shape)
-                and torch.equal(blocks.lm_head.dequantized(), head.weight)):
+                and matches(blocks.lm_head, head.weight, native.float_kernel)):
             self._head_blocks = blocks.lm_head
             name = blocks.lm_head.kind
             used[name] = used.get(name, 0) + 1
@@ -386,7 +390,8 @@ class CausalLM:
         if weight is None and linear:
             weight, bias, blocks = head.weight, head.bias, self._head_blocks
         if (blocks is not None and bias is None and hidden.dim() == 2 and hidden.dtype == torch.float32
-                and not hidden.requires_grad and hidden.shape[0] <= KERNEL_ROWS):
+                and not hidden.requires_grad and not (torch.is_grad_enabled() and weight.requires_grad)
+                and hidden.shape[0] <= KERNEL_ROWS):
             logits = native.float_kernel.linear_blocks(blocks, hidden.contiguous())
         elif (native is not None and native.kernel is not None and hidden.dim() == 2 and linear
                 and bias is None and weight.is_contiguous() and hidden.dtype == torch.bfloat16

@@ -234,17 +234,15 @@ static inline __attribute__((always_inline)) void qpass(int format, const uint8_
 }
 
 #define UNPACK_ROWS 6 /* from this many rows of x a weight block is dequantised once, not once per pass */
-#define UNPACK_MAX_K 16384 /* ... when its 4 rows fit a stack buffer (64 floats x 4 rows x 16384 = 256 KB) */
 
 /* Every pass of x's rows over one block of weight rows; `format` a literal in each caller below, so
  * each format gets its own inlined loops. With many rows the block is dequantised into float32 rows
  * once and the float32 passes run over them: the same values in the same order, so the same bits. */
 static inline __attribute__((always_inline)) void qrows(int format, const uint8_t *const *rows, const float *x,
                                                          float *y, int64_t n, int64_t k, int64_t m, int nr,
-                                                         int64_t j0, const uint8_t *next) {
+                                                         int64_t j0, const uint8_t *next, float *unpacked) {
     int64_t i = 0;
-    if (m >= UNPACK_ROWS && k <= UNPACK_MAX_K) {
-        float unpacked[WROWS * k];
+    if (unpacked) { /* m >= UNPACK_ROWS: room for WROWS x k floats, this thread's own */
         const float *frows[WROWS];
         int64_t bytes = block_bytes(format);
         for (int r = 0; r < WROWS; r++) {
@@ -272,8 +270,8 @@ static inline __attribute__((always_inline)) void qrows(int format, const uint8_
 /* One function per format, each with its own inlined loops. */
 #define QROWS(name, format)                                                                                      \
     static void name(const uint8_t *const *rows, const float *x, float *y, int64_t n, int64_t k, int64_t m, int nr, \
-                     int64_t j0, const uint8_t *next) {                                                          \
-        qrows(format, rows, x, y, n, k, m, nr, j0, next);                                                         \
+                     int64_t j0, const uint8_t *next, float *unpacked) {                                         \
+        qrows(format, rows, x, y, n, k, m, nr, j0, next, unpacked);                                               \
     }
 QROWS(qrows_q4_0, Q4_0)
 QROWS(qrows_q4_1, Q4_1)
@@ -286,20 +284,27 @@ static void qgemm(int format, const uint8_t *w, const float *bias, const float *
                   int64_t m) {
     int64_t blocks = (n + WROWS - 1) / WROWS, row_bytes = k / 32 * block_bytes(format);
     void (*run)(const uint8_t *const *, const float *, float *, int64_t, int64_t, int64_t, int, int64_t,
-                const uint8_t *) = format == Q4_0 ? qrows_q4_0 : format == Q4_1 ? qrows_q4_1
-                                   : format == Q8_0 ? qrows_q8_0 : format == Q8_M ? qrows_q8_m : qrows_q8_h;
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < blocks; b++) {
-        int64_t j0 = b * WROWS;
-        int nr = n - j0 < WROWS ? (int)(n - j0) : WROWS;
-        const uint8_t *rows[WROWS];
-        for (int r = 0; r < WROWS; r++) rows[r] = w + (j0 + (r < nr ? r : 0)) * row_bytes;
-        /* unlike float32 rows, even one row's pass gains from the prefetch (Q8_0 2x, Q4_1 5%) */
-        const uint8_t *next = j0 + 2 * WROWS <= n ? w + (j0 + WROWS) * row_bytes : NULL;
-        run(rows, x, y, n, k, m, nr, j0, next);
-        if (bias)
-            for (int64_t a = 0; a < m; a++)
-                for (int r = 0; r < nr; r++) y[a * n + j0 + r] += bias[j0 + r];
+                const uint8_t *, float *) = format == Q4_0 ? qrows_q4_0 : format == Q4_1 ? qrows_q4_1
+                                           : format == Q8_0 ? qrows_q8_0 : format == Q8_M ? qrows_q8_m : qrows_q8_h;
+#pragma omp parallel
+    {
+        /* each thread's buffer for a dequantised block (on the heap: 4 rows of a wide matrix would
+         * not fit every thread stack) */
+        float *unpacked = m >= UNPACK_ROWS ? malloc((size_t)(WROWS * k) * sizeof(float)) : NULL;
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            int64_t j0 = b * WROWS;
+            int nr = n - j0 < WROWS ? (int)(n - j0) : WROWS;
+            const uint8_t *rows[WROWS];
+            for (int r = 0; r < WROWS; r++) rows[r] = w + (j0 + (r < nr ? r : 0)) * row_bytes;
+            /* unlike float32 rows, even one row's pass gains from the prefetch (Q8_0 2x, Q4_1 5%) */
+            const uint8_t *next = j0 + 2 * WROWS <= n ? w + (j0 + WROWS) * row_bytes : NULL;
+            run(rows, x, y, n, k, m, nr, j0, next, unpacked);
+            if (bias)
+                for (int64_t a = 0; a < m; a++)
+                    for (int r = 0; r < nr; r++) y[a * n + j0 + r] += bias[j0 + r];
+        }
+        free(unpacked);
     }
 }
 

@@ -20,11 +20,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from specsure.config.gguf_header import read_gguf_tensors
+
+if TYPE_CHECKING:
+    from specsure.models.float_kernel import FloatKernel
 
 Q4_0, Q4_1, Q8_0, Q8_M, Q8_H = 1, 2, 3, 4, 5
 """float_kernel.c's block formats (0 is float32 rows), each a block of 32 weights: Q4_0 {d; 4-bit q}
@@ -79,6 +83,24 @@ class BlockMatrix:
         if self.format in (Q4_1, Q8_M):
             weights.add_(second)
         return weights.view(self.rows, self.cols)
+
+
+def matches(matrix: BlockMatrix, weight: torch.Tensor, kernel: "FloatKernel") -> bool:
+    """Whether ``matrix`` holds ``weight`` ([rows, cols] float32) bit for bit, and the kernel's
+    product over it gives the bits of its product over ``weight``: the check before the kernel reads
+    a matrix as blocks. Compared a few thousand rows at a time, so a large LM head needs no second
+    float32 copy at once."""
+    if (matrix.rows, matrix.cols) != tuple(weight.shape) or weight.dtype != torch.float32:
+        return False
+    step = max(1, (1 << 22) // matrix.cols)
+    for start in range(0, matrix.rows, step):
+        part = BlockMatrix(matrix.data[start:start + step], matrix.format, min(step, matrix.rows - start), matrix.cols,
+                           matrix.kind)
+        if not torch.equal(part.dequantized().view(torch.int32), weight[start:start + step].view(torch.int32)):
+            return False  # bit patterns: -0.0 and +0.0, or two NaNs, count as different
+    probe = torch.linspace(-1.0, 1.0, matrix.cols).unsqueeze(0).contiguous()
+    return torch.equal(kernel.linear_blocks(matrix, probe).view(torch.int32),
+                       kernel.linear_rows(weight.contiguous(), probe).view(torch.int32))
 
 
 def _half(raw: np.ndarray, at: int) -> np.ndarray:
@@ -234,6 +256,8 @@ def source_gguf(folder: Path) -> tuple[Path | None, str]:
     path = Path(lines[0]) if lines else None
     if path is None or path.suffix.lower() != ".gguf":
         return None, f"{marker} does not name the GGUF file it was converted from"
+    if not path.is_absolute():  # written before markers held absolute paths: relative to who knows where
+        return None, f"{marker} names {path} relatively; load the .gguf file itself to read its blocks"
     if not path.is_file():
         return None, f"{path}, which it was converted from, is gone"
     return path, ""

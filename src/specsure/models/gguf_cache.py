@@ -94,7 +94,7 @@ def convert_gguf(gguf: Path, dest: Path) -> Path:
     logger.info("converting %s to safetensors in %s (once; later loads reuse it)", gguf, dest)
     try:
         _write_conversion(gguf, tmp)
-        (tmp / COMPLETE_MARKER).write_text(f"{gguf}\n", encoding="utf-8")
+        (tmp / COMPLETE_MARKER).write_text(f"{gguf.resolve()}\n", encoding="utf-8")  # read from any folder
         if dest.exists() and not is_converted(dest):
             # An unmarked dest can only be someone's manual copy; replace it.
             shutil.rmtree(dest)

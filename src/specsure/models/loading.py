@@ -80,7 +80,7 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
     _check_loading_info(folder, info, config)
     tokenizer = _load_tokenizer(folder)
     lm = CausalLM(hf)
-    gguf, why = source_gguf(folder)
+    gguf, why = _given_gguf(path) or source_gguf(folder)
     if gguf is not None:
         lm.use_gguf_blocks(gguf)
     elif why and lm.row_kernel is not None and lm.dtype == torch.float32:
@@ -96,6 +96,15 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
         eos_token_ids=_eos_token_ids(hf, tokenizer),
         dtype_reason=dtype_reason,
     )
+
+
+def _given_gguf(path: str | None) -> tuple[Path, str] | None:
+    """The GGUF file ``load_model`` was given (the packaged one for None), whose blocks the float32
+    kernel may read; None for a folder, which names its source in its conversion marker."""
+    if path is None:
+        return packaged_default_gguf(), ""
+    p = Path(path).expanduser()
+    return (p.resolve(), "") if p.suffix.lower() == ".gguf" and p.is_file() else None
 
 
 def weights_folder(path: str | None) -> Path:

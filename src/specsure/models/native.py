@@ -28,7 +28,7 @@ from torch import nn
 
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
-from specsure.models.gguf_blocks import BlockMatrix, FileBlocks
+from specsure.models.gguf_blocks import BlockMatrix, FileBlocks, matches
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
 from specsure.models.token_tree import TokenTree, attention_mask
@@ -168,9 +168,7 @@ class NativeDecoder:
                 weight = getattr(layer, name)
                 setattr(struct, name, weight.data_ptr())  # the float32 rows unless the blocks match
                 setattr(struct, f"{name}_format", 0)
-                if matrix is None or (matrix.rows, matrix.cols) != tuple(weight.shape):
-                    continue
-                if not torch.equal(matrix.dequantized(), weight):
+                if matrix is None or not matches(matrix, weight, self.float_kernel):
                     continue
                 setattr(struct, name, matrix.data.data_ptr())
                 setattr(struct, f"{name}_format", matrix.format)
