@@ -22,7 +22,7 @@ from tiny import build_tiny_llama
 VOCAB = 300
 NO_KERNEL = "no float32 C kernel on this machine (AVX2, FMA and a C compiler), so nothing reads blocks"
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
-MIXED = {  # GGUF name -> type: layer 0 all Q4_1, layer 1 mixed (its q|k|v and down stay float32)
+MIXED = {  # GGUF name -> type: layer 0 all Q4_1, layer 1 mixed (its q|k|v widened to Q8_X, its down float32)
     **{f"blk.0.{n}.weight": "Q4_1" for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
                                              "ffn_down")},
     "blk.1.attn_q.weight": "Q8_0", "blk.1.attn_k.weight": "Q4_0", "blk.1.attn_v.weight": "Q4_0",
@@ -41,7 +41,7 @@ def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _gguf(tmp_path_factory, "tiny-mixed", 64, MIXED)
 
 
-K_MIXED = {  # a Q4_K_M-like mix: q|k Q4_K with v Q6_K (so q|k|v stays float32), Q5_K and Q6_K elsewhere
+K_MIXED = {  # a Q4_K_M-like mix: q|k Q4_K with v Q6_K (q|k|v widened to Q8_X), Q5_K and Q6_K elsewhere
     **{f"blk.0.{n}.weight": "Q4_K" for n in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up")},
     "blk.0.attn_v.weight": "Q6_K", "blk.0.ffn_down.weight": "Q5_K",
     **{f"blk.1.{n}.weight": "Q6_K" for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
@@ -91,13 +91,32 @@ def test_block_products_are_the_float32_products_bits(name: str) -> None:
         assert torch.equal(got[rows - 1], kernel.linear_blocks(matrix, x[rows - 1:rows].contiguous(), bias)[0])
 
 
+@pytest.mark.parametrize("name", TYPES)
+def test_a_widened_matrix_keeps_every_bit(name: str) -> None:
+    # a fused q|k|v whose parts differ (Q4_K and Q6_K, say) is read in the widest format, Q8_X
+    matrix = gguf_blocks.repack(quantised(name, 12, 256, seed=2), TYPES[name], 256)
+    wide = gguf_blocks.stack([matrix, gguf_blocks.repack(quantised("Q6_K", 4, 256), TYPES["Q6_K"], 256)])
+    if name == "Q6_K":
+        assert wide.format == gguf_blocks.Q8_H  # one format: kept as it is
+        return
+    assert (wide.format, wide.kind, wide.rows) == (gguf_blocks.Q8_X, f"{name}+Q6_K", 16)
+    assert torch.equal(wide.dequantized()[:12].view(torch.int32), matrix.dequantized().view(torch.int32))
+    kernel, _ = float_kernels.load()
+    if kernel is None:
+        pytest.skip(NO_KERNEL)
+    x = torch.randn(7, 256)
+    for rows in (1, 3, 7):
+        assert torch.equal(kernel.linear_blocks(wide, x[:rows].contiguous())[:, :12],
+                           kernel.linear_blocks(matrix, x[:rows].contiguous()))
+
+
 def test_a_quantised_gguf_decodes_the_same_bits_from_its_blocks(gguf_file: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     blocks = load_model(str(gguf_file), dtype="float32").lm
     if float_kernels.load()[0] is None:
         assert "blocks" not in blocks.path
         pytest.skip(NO_KERNEL)
-    assert blocks.path.endswith("of its 9 weight matrices the kernel reads 1 Q4_0, 4 Q4_1, 2 Q8_0 as the GGUF's blocks")
+    assert blocks.path.endswith("of its 9 weight matrices the kernel reads 1 Q4_0, 4 Q4_1, 2 Q8_0, 1 Q8_0+Q4_0 as the GGUF's blocks")
     monkeypatch.setenv("SPECSURE_GGUF_BLOCKS", "0")
     plain = load_model(str(gguf_file), dtype="float32").lm
     assert plain.path.endswith("every weight matrix read as float32 (SPECSURE_GGUF_BLOCKS=0, not tiny-mixed.gguf's blocks)")
@@ -127,13 +146,14 @@ def test_blocks_that_differ_from_the_loaded_weights_are_not_read(gguf_file: Path
     if native.float_kernel is None:
         pytest.skip(NO_KERNEL)
     found = gguf_blocks.read_blocks(gguf_file, 2, 4, 2, tied=False)
-    assert found.layers[1]["qkv"] is None and found.layers[1]["down"] is None  # mixed types, float32
+    assert found.layers[1]["down"] is None  # F32 in the file
+    assert (found.layers[1]["qkv"].format, found.layers[1]["qkv"].kind) == (gguf_blocks.Q8_X, "Q8_0+Q4_0")
     tampered = found.layers[0]["gate_up"]
     data = tampered.data.clone()
     data[3, 10] ^= 1  # one quant of one weight
     found.layers[0]["gate_up"] = gguf_blocks.BlockMatrix(data, tampered.format, tampered.rows, tampered.cols, tampered.kind)
     used = native.use_blocks(found)
-    assert used == {"Q4_0": 1, "Q4_1": 3, "Q8_0": 1}
+    assert used == {"Q4_0": 1, "Q4_1": 3, "Q8_0": 1, "Q8_0+Q4_0": 1}
     assert native._float_structs[0].gate_up_format == 0
     assert native._float_structs[0].gate_up == native.layers[0].gate_up.data_ptr()
 
@@ -156,7 +176,7 @@ def test_k_quants_decode_the_same_bits_from_their_blocks(k_gguf_file: Path, monk
     blocks = load_model(str(k_gguf_file), dtype="float32").lm
     if float_kernels.load()[0] is None:
         pytest.skip(NO_KERNEL)
-    assert blocks.path.endswith("of its 9 weight matrices the kernel reads 2 Q4_K, 1 Q5_K, 5 Q6_K as the GGUF's blocks")
+    assert blocks.path.endswith("of its 9 weight matrices the kernel reads 2 Q4_K, 1 Q4_K+Q6_K, 1 Q5_K, 5 Q6_K as the GGUF's blocks")
     monkeypatch.setenv("SPECSURE_GGUF_BLOCKS", "0")
     plain = load_model(str(k_gguf_file), dtype="float32").lm
     prompt = [5, 17, 33, 90, 4, 12]

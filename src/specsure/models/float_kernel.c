@@ -28,10 +28,12 @@
 
 /* How a weight matrix [n, k] is stored: float32 rows, or GGUF's blocks of 32 weights along k,
  * repacked with float32 scales (gguf_blocks.py) so a block dequantises with one conversion: */
-enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, Q8_M = 4, Q8_H = 5 };
+enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, Q8_M = 4, Q8_H = 5, Q8_X = 6 };
 /* Q4_0 {float d; uint8 qs[16]}: w = d (q - 8); Q4_1 {float d, m; uint8 qs[16]}: w = d q + m;
  * Q8_0 {float d; int8 qs[32]}: w = d q; Q8_M {float d, m; int8 qs[32]}: w = d q + m; Q8_H {float
- * d0, d1; int8 qs[32]}: w = d0 q for the first 16 weights, d1 q for the rest. In Q4 blocks byte i
+ * d0, d1; int8 qs[32]}: w = d0 q for the first 16 weights, d1 q for the rest; Q8_X {float d0, d1,
+ * m; int8 qs[32]}: w = d q + m with d as Q8_H's, any of the others widened (m = -0.0 where they have
+ * none, which leaves d q, zeros' signs included), for a fused matrix whose parts differ. In Q4 blocks byte i
  * holds weight i in its low nibble and weight 16 + i in its high one, as in GGUF. gguf_blocks.py
  * maps GGUF's types onto these (Q5_0 and Q6_K's 6-bit quants onto the int8 ones, K-quants' scales
  * times their 6-bit sub-scales into d), always so that d q is exact in float32 and at most one
@@ -39,7 +41,7 @@ enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, Q8_M = 4, Q8_H = 5 };
  * it, and every product below runs the same FMA chain over the same values as on float32 rows, so a
  * model whose float32 weights were dequantised from these blocks computes the same bits either way. */
 static inline int64_t block_bytes(int64_t format) {
-    return format == Q4_0 ? 20 : format == Q4_1 ? 24 : format == Q8_0 ? 36 : 40;
+    return format == Q4_0 ? 20 : format == Q4_1 ? 24 : format == Q8_0 ? 36 : format == Q8_X ? 44 : 40;
 }
 
 typedef struct {
@@ -175,10 +177,13 @@ static void gemm(const float *w, const float *bias, const float *x, float *y, in
 /* Chunk e (weights 8e .. 8e + 7) of one block, dequantised. */
 static inline __attribute__((always_inline)) __m256 dequant(int format, const uint8_t *block, int e) {
     __m256 d = _mm256_broadcast_ss((const float *)block);
-    if (format == Q8_0 || format == Q8_M || format == Q8_H) {
-        const uint8_t *qs = block + (format == Q8_0 ? 4 : 8) + 8 * e;
+    if (format == Q8_0 || format == Q8_M || format == Q8_H || format == Q8_X) {
+        const uint8_t *qs = block + (format == Q8_0 ? 4 : format == Q8_X ? 12 : 8) + 8 * e;
         __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qs)));
         if (format == Q8_0) return _mm256_mul_ps(d, q);
+        if (format == Q8_X)
+            return _mm256_fmadd_ps(e < 2 ? d : _mm256_broadcast_ss((const float *)block + 1), q,
+                                   _mm256_broadcast_ss((const float *)block + 2));
         if (format == Q8_H) return _mm256_mul_ps(e < 2 ? d : _mm256_broadcast_ss((const float *)block + 1), q);
         return _mm256_fmadd_ps(d, q, _mm256_broadcast_ss((const float *)block + 1));
     }
@@ -278,6 +283,7 @@ QROWS(qrows_q4_1, Q4_1)
 QROWS(qrows_q8_0, Q8_0)
 QROWS(qrows_q8_m, Q8_M)
 QROWS(qrows_q8_h, Q8_H)
+QROWS(qrows_q8_x, Q8_X)
 
 /* `gemm` over a block matrix (k a multiple of 32), its weight rows split among the threads the same way. */
 static void qgemm(int format, const uint8_t *w, const float *bias, const float *x, float *y, int64_t n, int64_t k,
@@ -285,7 +291,8 @@ static void qgemm(int format, const uint8_t *w, const float *bias, const float *
     int64_t blocks = (n + WROWS - 1) / WROWS, row_bytes = k / 32 * block_bytes(format);
     void (*run)(const uint8_t *const *, const float *, float *, int64_t, int64_t, int64_t, int, int64_t,
                 const uint8_t *, float *) = format == Q4_0 ? qrows_q4_0 : format == Q4_1 ? qrows_q4_1
-                                           : format == Q8_0 ? qrows_q8_0 : format == Q8_M ? qrows_q8_m : qrows_q8_h;
+                                           : format == Q8_0 ? qrows_q8_0 : format == Q8_M ? qrows_q8_m
+                                           : format == Q8_H ? qrows_q8_h : qrows_q8_x;
 #pragma omp parallel
     {
         /* each thread's buffer for a dequantised block (on the heap: 4 rows of a wide matrix would
@@ -316,7 +323,8 @@ static void product(const void *w, int64_t format, const float *bias, const floa
     case Q4_1:
     case Q8_0:
     case Q8_M:
-    case Q8_H: qgemm((int)format, w, bias, x, y, n, k, m); break;
+    case Q8_H:
+    case Q8_X: qgemm((int)format, w, bias, x, y, n, k, m); break;
     default: gemm(w, bias, x, y, n, k, m);
     }
 }

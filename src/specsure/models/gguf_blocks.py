@@ -9,9 +9,9 @@ in float32), and the products run the same FMA chains, so a model computes the s
 blocks as from its float32 weights: nothing about its outputs changes, only the bytes a step reads.
 
 Here the file's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K tensors are repacked into the
-kernel's five block formats (float32 scales; a K-quant's scale times its 6-bit sub-scale folded into
+kernel's block formats (float32 scales; a K-quant's scale times its 6-bit sub-scale folded into
 one, an exact product), q and k rows un-permuted as transformers un-permutes them for Llama, q|k|v and
-gate|up fused as the native decoder fuses them where their formats agree, and each matrix checked
+gate|up fused as the native decoder fuses them (parts of different formats widened to Q8_X), and each matrix checked
 equal, weight for weight, to the float32 tensor the model loaded; a matrix that differs, or has
 another type (F16, Q2_K, Q3_K, the IQ types), stays float32.
 """
@@ -30,13 +30,14 @@ from specsure.config.gguf_header import read_gguf_tensors
 if TYPE_CHECKING:
     from specsure.models.float_kernel import FloatKernel
 
-Q4_0, Q4_1, Q8_0, Q8_M, Q8_H = 1, 2, 3, 4, 5
+Q4_0, Q4_1, Q8_0, Q8_M, Q8_H, Q8_X = 1, 2, 3, 4, 5, 6
 """float_kernel.c's block formats (0 is float32 rows), each a block of 32 weights: Q4_0 {d; 4-bit q}
 w = d (q - 8); Q4_1 {d, m; 4-bit q} w = d q + m; Q8_0 {d; int8 q} w = d q; Q8_M {d, m; int8 q}
-w = d q + m; Q8_H {d0, d1; int8 q} w = d0 q on the first 16 weights, d1 q on the rest (float32
-scales, Q4 weight i in the low nibble of byte i and weight 16 + i in its high one)."""
+w = d q + m; Q8_H {d0, d1; int8 q} w = d0 q on the first 16 weights, d1 q on the rest; Q8_X {d0, d1,
+m; int8 q} w = d q + m with d as Q8_H's, any of the others widened for a fused matrix whose parts
+differ (float32 scales, Q4 weight i in the low nibble of byte i and weight 16 + i in its high one)."""
 
-_HEADER = {Q4_0: 1, Q4_1: 2, Q8_0: 1, Q8_M: 2, Q8_H: 2}
+_HEADER = {Q4_0: 1, Q4_1: 2, Q8_0: 1, Q8_M: 2, Q8_H: 2, Q8_X: 3}
 """float32 scales at the start of a block."""
 
 GGML_NAMES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
@@ -65,7 +66,7 @@ class BlockMatrix:
         header = _HEADER[self.format]
         blocks = self.data.view(self.rows, self.cols // 32, -1)
         d = blocks[..., :4].contiguous().view(torch.float32)  # [rows, blocks, 1]
-        second = blocks[..., 4:8].contiguous().view(torch.float32) if header == 2 else None
+        second = blocks[..., 4:8].contiguous().view(torch.float32) if header >= 2 else None
         quants = blocks[..., 4 * header:]
         if self.format in (Q4_0, Q4_1):
             weights = torch.empty(self.rows, self.cols // 32, 32)
@@ -75,13 +76,15 @@ class BlockMatrix:
                 weights.sub_(8)
         else:
             weights = quants.contiguous().view(torch.int8).float()
-        if self.format == Q8_H:
+        if self.format in (Q8_H, Q8_X):
             weights[..., :16].mul_(d)
             weights[..., 16:].mul_(second)
         else:
             weights.mul_(d)
         if self.format in (Q4_1, Q8_M):
             weights.add_(second)
+        elif self.format == Q8_X:
+            weights.add_(blocks[..., 8:12].contiguous().view(torch.float32))
         return weights.view(self.rows, self.cols)
 
 
@@ -178,13 +181,41 @@ def repack(raw: np.ndarray, ggml_type: int, cols: int) -> BlockMatrix | None:
     return BlockMatrix(torch.from_numpy(np.ascontiguousarray(packed)), fmt, rows, cols, kind)
 
 
+def _widened(matrix: BlockMatrix) -> BlockMatrix:
+    """``matrix`` in the Q8_X format: the same weights, each still d q (+ m) with the same exact d q.
+    A part without a minimum gets m = -0.0, which leaves d q as it is, zeros' signs included."""
+    header = _HEADER[matrix.format]
+    blocks = matrix.data.view(-1, block_bytes(matrix.format))
+    scales = blocks[:, :4 * header].contiguous().view(torch.float32)  # [n, header]
+    quants = blocks[:, 4 * header:]
+    if matrix.format in (Q4_0, Q4_1):
+        q = torch.cat([quants & 15, quants >> 4], dim=-1).to(torch.int8)
+        q = q - 8 if matrix.format == Q4_0 else q
+    else:
+        q = quants.contiguous().view(torch.int8)
+    d0 = scales[:, :1]
+    d1 = scales[:, 1:2] if matrix.format == Q8_H else d0
+    m = scales[:, 1:2] if matrix.format in (Q4_1, Q8_M) else torch.full_like(d0, -0.0)
+    packed = torch.cat([torch.cat([d0, d1, m], dim=-1).view(torch.uint8), q.view(torch.uint8)], dim=-1)
+    return BlockMatrix(packed.reshape(matrix.rows, -1).contiguous(), Q8_X, matrix.rows, matrix.cols, matrix.kind)
+
+
+def block_bytes(fmt: int) -> int:
+    """Bytes of one block of 32 weights in a kernel format."""
+    return 4 * _HEADER[fmt] + (16 if fmt in (Q4_0, Q4_1) else 32)
+
+
 def stack(parts: list[BlockMatrix | None]) -> BlockMatrix | None:
-    """Matrices of one format and width, their rows concatenated (a fused q|k|v); None if any is None or they differ."""
+    """Matrices of one width, their rows concatenated (a fused q|k|v), in their common format, or all
+    widened to Q8_X where their formats differ (Q4_K_M's Q4_K q and k with a Q6_K v); None if any is None."""
     if not parts or any(p is None for p in parts):
         return None
     first = parts[0]
-    if any(p.format != first.format or p.cols != first.cols for p in parts):
+    if any(p.cols != first.cols for p in parts):
         return None
+    if any(p.format != first.format for p in parts):
+        parts = [_widened(p) for p in parts]
+        first = parts[0]
     data = torch.cat([p.data for p in parts]).contiguous()
     kinds = "+".join(dict.fromkeys(p.kind for p in parts))
     return BlockMatrix(data, first.format, sum(p.rows for p in parts), first.cols, kinds)
