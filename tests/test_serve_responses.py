@@ -139,6 +139,42 @@ def test_previous_response_id_continues_the_stored_conversation(sdk: openai.Open
     assert httpx.get(f"{url}/v1/responses/{first.id}").status_code == 404
 
 
+def test_input_items_list_the_requests_own_input(sdk: openai.OpenAI, url: str) -> None:
+    given = [{"role": "user", "content": "Say hi"}, {"type": "message", "role": "assistant", "content": "Hello",
+                                                    "id": "msg_mine"},
+             {"role": "user", "content": [{"type": "input_text", "text": "Again"}]},
+             {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+             {"type": "function_call_output", "call_id": "c1", "output": "Sunny"}]
+    first = sdk.responses.create(model="tiny", input=given, max_output_tokens=4)
+    listed = sdk.responses.input_items.list(first.id, order="asc")
+    assert [(i.type, getattr(i, "role", None)) for i in listed.data] == [
+        ("message", "user"), ("message", "assistant"), ("message", "user"), ("function_call", None),
+        ("function_call_output", None)]
+    assert listed.data[0].content[0].type == "input_text" and listed.data[0].content[0].text == "Say hi"
+    assert listed.data[1].id == "msg_mine" and listed.data[1].content[0].type == "output_text"
+    assert listed.data[3].arguments == '{"city": "Oslo"}' and listed.data[4].output == "Sunny"
+    assert all(i.id and i.status == "completed" for i in listed.data)
+    newest = sdk.responses.input_items.list(first.id)  # OpenAI's default order: newest first
+    assert [i.id for i in newest.data] == [i.id for i in reversed(listed.data)]
+    # Pages: limit, then after the last one's id.
+    page = httpx.get(f"{url}/v1/responses/{first.id}/input_items", params={"order": "asc", "limit": 2}).json()
+    assert [i["id"] for i in page["data"]] == [i.id for i in listed.data[:2]] and page["has_more"] is True
+    assert page["first_id"] == listed.data[0].id and page["last_id"] == listed.data[1].id
+    rest = httpx.get(f"{url}/v1/responses/{first.id}/input_items",
+                     params={"order": "asc", "limit": 10, "after": page["last_id"]}).json()
+    assert [i["id"] for i in rest["data"]] == [i.id for i in listed.data[2:]] and rest["has_more"] is False
+    # A continued response lists its own input only; text input is one user message.
+    second = sdk.responses.create(model="tiny", input="More", max_output_tokens=2, previous_response_id=first.id)
+    (only,) = sdk.responses.input_items.list(second.id).data
+    assert (only.role, only.content[0].type, only.content[0].text) == ("user", "input_text", "More")
+    for params, param in (({"order": "sideways"}, "order"), ({"limit": 0}, "limit"), ({"limit": 101}, "limit"),
+                          ({"after": "msg_nobody"}, "after")):
+        bad = httpx.get(f"{url}/v1/responses/{first.id}/input_items", params=params)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param, params
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.input_items.list("resp_nobody")
+
+
 def test_the_store_keeps_the_newest_responses() -> None:
     store = ResponseStore(2)
     for i in range(3):

@@ -31,6 +31,7 @@ from specsure.serve.chat_template import ChatTemplate
 from specsure.serve.errors import APIError, RequestError, error_body
 from specsure.serve.metrics import ServeMetrics
 from specsure.serve.protocol import ChatRequest, Delivery, fit_to_context, parse_chat, parse_completion
+from specsure.serve.response_items import page
 from specsure.serve.response_object import ResponseEvents, ResponseHead, as_messages
 from specsure.serve.response_request import ResponseRequest, in_responses_words, parse_response
 from specsure.serve.response_store import ResponseStore
@@ -44,7 +45,8 @@ from specsure.serve.tool_calls import Answer, ToolCallStream, parse_answer
 from specsure.serve.tools import Tools
 
 ROUTES = ("GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET and DELETE "
-          "/v1/responses/{id}, POST /tokenize, POST /detokenize, GET /tokenizer_info, GET /health and GET /metrics")
+          "/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /tokenize, POST /detokenize, "
+          "GET /tokenizer_info, GET /health and GET /metrics")
 
 DEFAULT_MAX_QUEUE = 64
 """Requests that may wait for a place in the running batch before the next is refused with a 503."""
@@ -185,6 +187,11 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
     async def get_response(response_id: str) -> dict[str, Any]:
         return stored.get(response_id).body
 
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def list_input_items(response_id: str, request: Request) -> dict[str, Any]:
+        query = request.query_params
+        return page(stored.get(response_id).input_items, query.get("after"), query.get("limit"), query.get("order"))
+
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str) -> dict[str, Any]:
         stored.delete(response_id)
@@ -291,7 +298,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
 
     def keep(req: ResponseRequest, body: dict[str, Any]) -> None:
         if req.store:
-            stored.put(body, req.conversation + as_messages(body["output"]))
+            stored.put(body, req.conversation + as_messages(body["output"]), req.input_items)
 
     return app
 

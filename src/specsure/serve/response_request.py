@@ -12,7 +12,7 @@ output, not its instructions) before ``input``.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from specsure.config.errors import json_type
@@ -21,6 +21,7 @@ from specsure.sampling import MAX_LOGPROBS
 from specsure.serve.errors import RequestError, shown
 from specsure.serve.protocol import SAMPLING_FIELDS, ChatRequest, parse_chat
 from specsure.serve.response_input import input_messages, known
+from specsure.serve.response_items import listed_items
 
 EXTENSIONS = tuple(f for f in SAMPLING_FIELDS if f not in ("max_tokens", "temperature", "top_p"))
 """vLLM's sampling extensions, taken here as on the chat endpoint."""
@@ -76,6 +77,8 @@ class ResponseRequest:
     """Keep the response for GET /v1/responses/{id} and ``previous_response_id`` (OpenAI's default)."""
     logprobs: bool = False
     """Each output_text carries its tokens' log-probabilities."""
+    input_items: list[dict[str, Any]] = field(default_factory=list)
+    """The request's ``input`` as GET /v1/responses/{id}/input_items lists it."""
 
 
 def parse_response(body: Any, model_name: str, history: History, auto_tool_parser: str | None = None,
@@ -136,7 +139,8 @@ def parse_response(body: Any, model_name: str, history: History, auto_tool_parse
     if store is not None and not isinstance(store, bool):
         raise RequestError(f"store = {shown(store)} must be true or false: whether to keep the response for "
                            "GET /v1/responses/{id} and previous_response_id.", "store")
-    return ResponseRequest(chat, conversation, _settings(body, chat), store is not False, logprobs)
+    return ResponseRequest(chat, conversation, _settings(body, chat), store is not False, logprobs,
+                           listed_items(given_input))
 
 
 def _tools(value: Any) -> Any:

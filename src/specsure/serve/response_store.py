@@ -1,4 +1,5 @@
-"""The responses the server keeps (``store``), for GET /v1/responses/{id} and ``previous_response_id``."""
+"""The responses the server keeps (``store``), for GET /v1/responses/{id} (and its input items) and
+``previous_response_id``."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ class Stored:
     conversation: list[dict[str, Any]]
     """Its whole conversation as chat messages, its output last, without its instructions (OpenAI's
     rule: a later response's instructions replace them)."""
+    input_items: list[dict[str, Any]]
+    """Its request's ``input`` as the items GET /v1/responses/{id}/input_items lists."""
 
 
 class ResponseStore:
@@ -38,12 +41,14 @@ class ResponseStore:
         self._kept: OrderedDict[str, Stored] = OrderedDict()
         self._lock = threading.Lock()
 
-    def put(self, body: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        size = len(json.dumps(body)) + len(json.dumps(conversation))
+    def put(self, body: dict[str, Any], conversation: list[dict[str, Any]],
+            input_items: list[dict[str, Any]] | None = None) -> None:
+        items = input_items or []
+        size = len(json.dumps(body)) + len(json.dumps(conversation)) + len(json.dumps(items))
         if self._capacity == 0 or size > self._max_bytes:
             return
         with self._lock:
-            self._kept[body["id"]] = Stored(body, size, conversation)
+            self._kept[body["id"]] = Stored(body, size, conversation, items)
             self._bytes += size
             while len(self._kept) > self._capacity or self._bytes > self._max_bytes:
                 self._bytes -= self._kept.popitem(last=False)[1].size
