@@ -175,6 +175,31 @@ def test_input_items_list_the_requests_own_input(sdk: openai.OpenAI, url: str) -
         sdk.responses.input_items.list("resp_nobody")
 
 
+def test_truncation_auto_drops_the_oldest_turns_that_do_not_fit(sdk: openai.OpenAI, engine: Engine) -> None:
+    context = engine.target.lm.max_context
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "words " * 12}
+             for i in range(41)]  # far past the tiny model's context
+    with pytest.raises(openai.BadRequestError):
+        sdk.responses.create(model="tiny", input=turns, instructions="Be brief.", max_output_tokens=8)
+    answer = sdk.responses.create(model="tiny", input=turns, instructions="Be brief.", max_output_tokens=8,
+                                  truncation="auto")
+    assert answer.truncation == "auto" and answer.usage.input_tokens + 8 <= context
+    # The longest run of the newest turns that fits, after the instructions: what chat answers for it.
+    for kept in range(len(turns), 0, -1):
+        try:
+            reply = chat(sdk, [{"role": "system", "content": "Be brief."}, *turns[-kept:]], max_tokens=1)
+        except openai.BadRequestError:  # longer than the context
+            continue
+        if reply.usage.prompt_tokens + 8 <= context:
+            break
+    assert 1 < kept < len(turns)
+    reply = chat(sdk, [{"role": "system", "content": "Be brief."}, *turns[-kept:]], max_tokens=8)
+    assert answer.output_text == reply.choices[0].message.content
+    assert answer.usage.input_tokens == reply.usage.prompt_tokens
+    # The stored conversation keeps every turn: truncation shapes this prompt only.
+    assert len(sdk.responses.input_items.list(answer.id, limit=100).data) == len(turns)
+
+
 def test_the_store_keeps_the_newest_responses() -> None:
     store = ResponseStore(2)
     for i in range(3):
@@ -307,7 +332,7 @@ def test_text_format_and_logprobs(sdk: openai.OpenAI, url: str) -> None:
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format", "json_object"),
     ({"input": "x", "text": {"verbosity": "low"}}, "text.verbosity", "not supported"),
     ({"input": "x", "background": True}, "background", "not supported"),
-    ({"input": "x", "truncation": "auto"}, "truncation", "not supported"),
+    ({"input": "x", "truncation": "sometimes"}, "truncation", "not supported"),
     ({"input": "x", "include": ["file_search_call.results"]}, "include", "message.output_text.logprobs"),
     ({"input": "x", "text": {"format": {"type": []}}}, "text.format", "json_object"),
     ({"input": [{"role": "user", "content": "x"}, {"type": "function_call", "call_id": "c", "name": "f",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -33,7 +33,7 @@ from specsure.serve.metrics import ServeMetrics
 from specsure.serve.protocol import ChatRequest, Delivery, fit_to_context, parse_chat, parse_completion
 from specsure.serve.response_items import page
 from specsure.serve.response_object import ResponseEvents, ResponseHead, as_messages
-from specsure.serve.response_request import ResponseRequest, in_responses_words, parse_response
+from specsure.serve.response_request import ResponseRequest, in_responses_words, parse_response, truncated
 from specsure.serve.response_store import ResponseStore
 from specsure.serve.event_stream import EventStream, disconnected, internal_error, without_output
 from specsure.serve.responses import ChunkWriter, Echo, Endpoint, chat_body, completion_body, token_text_of
@@ -176,8 +176,9 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
     async def create_response(request: Request) -> Response:
         req = await run_in_threadpool(parse_response, parse_json(await read_body(request)), name, stored.conversation,
                                       tool_call_parser, template.special_tags)
+        chat = await run_in_threadpool(truncated, req.chat, fits(req)) if req.truncate else req.chat
         try:
-            prompt, params, thinking = await rendered(req.chat)
+            prompt, params, thinking = await rendered(chat)
         except RequestError as exc:
             raise in_responses_words(exc) from None
         return await answer(request, "response", [(prompt, "input")], params, req.chat.delivery, tools=req.chat.tools,
@@ -295,6 +296,23 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
                                               [content for _, content in parts], thoughts, counted))
             return JSONResponse(chat_body(completions, name, method, text, answers))
         return JSONResponse(completion_body(completions, name, method, text, delivery.n, each))
+
+    def fits(req: ResponseRequest) -> Callable[[list[dict[str, Any]]], bool]:
+        """Whether messages rendered leave the room a response needs in the context: its
+        max_output_tokens if it sent one, else one token."""
+        context, chat = engine.target.lm.max_context, req.chat
+        need = chat.params.max_tokens if chat.delivery.max_tokens_field else 1
+
+        def check(messages: list[dict[str, Any]]) -> bool:
+            if not context:
+                return True
+            text = template.render(messages, chat.tools, chat.add_generation_prompt, chat.template_kwargs,
+                                   chat.continue_final_message)
+            try:
+                return len(engine.encode(text)) + need <= context
+            except PromptError:  # too long for the context: truncate more
+                return False
+        return check
 
     def keep(req: ResponseRequest, body: dict[str, Any]) -> None:
         if req.store:

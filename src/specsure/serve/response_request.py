@@ -31,10 +31,11 @@ FIELDS = ("model", "input", "instructions", "max_output_tokens", "temperature", 
           "background", "service_tier", "max_tool_calls", "prompt", "chat_template_kwargs", "include_reasoning",
           "structured_outputs", *EXTENSIONS)
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "background": (False,), "truncation": ("disabled",), "service_tier": ("auto", "default"),
+    "background": (False,), "truncation": ("disabled", "auto"), "service_tier": ("auto", "default"),
     "max_tool_calls": (), "prompt": (),
 }
-"""Fields specsure does not implement, accepted only as null or at a value that changes nothing."""
+"""Fields accepted only as null or at these values: the first changes nothing; ``truncation`` "auto"
+drops the oldest turns that do not fit the context (`truncated`)."""
 LOGPROBS = "message.output_text.logprobs"
 ENCRYPTED = "reasoning.encrypted_content"
 INCLUDABLE = (LOGPROBS, ENCRYPTED)
@@ -79,6 +80,8 @@ class ResponseRequest:
     """Each output_text carries its tokens' log-probabilities."""
     input_items: list[dict[str, Any]] = field(default_factory=list)
     """The request's ``input`` as GET /v1/responses/{id}/input_items lists it."""
+    truncate: bool = False
+    """``truncation`` "auto": the oldest turns that do not fit the context are left out of the prompt."""
 
 
 def parse_response(body: Any, model_name: str, history: History, auto_tool_parser: str | None = None,
@@ -140,7 +143,20 @@ def parse_response(body: Any, model_name: str, history: History, auto_tool_parse
         raise RequestError(f"store = {shown(store)} must be true or false: whether to keep the response for "
                            "GET /v1/responses/{id} and previous_response_id.", "store")
     return ResponseRequest(chat, conversation, _settings(body, chat), store is not False, logprobs,
-                           listed_items(given_input))
+                           listed_items(given_input), body.get("truncation") == "auto")
+
+
+def truncated(chat: ChatRequest, fits: Callable[[list[dict[str, Any]]], bool]) -> ChatRequest:
+    """``chat`` without its oldest turns, as few as make ``fits`` true (truncation "auto"): the
+    system message stays, a turn goes with the tool results that answer its calls, and the last
+    turn always stays (a prompt still too long then gets the usual 400)."""
+    messages = list(chat.messages)
+    start = 1 if messages and messages[0]["role"] == "system" else 0
+    while not fits(messages) and len(messages) - start > 1:
+        del messages[start]
+        while len(messages) - start > 1 and messages[start]["role"] == "tool":  # results of a dropped call
+            del messages[start]
+    return replace(chat, messages=messages)
 
 
 def _tools(value: Any) -> Any:
@@ -316,7 +332,7 @@ def _settings(body: dict[str, Any], chat: ChatRequest) -> dict[str, Any]:
         "tools": body.get("tools") or [],
         "top_logprobs": body.get("top_logprobs") or 0,
         "top_p": chat.params.top_p,
-        "truncation": "disabled",
+        "truncation": body.get("truncation") or "disabled",
         "user": body.get("user"),
         "background": False,
         "service_tier": body.get("service_tier") or "auto",
