@@ -5,7 +5,10 @@ every bad field is a 400 that names it in the Responses API's words."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 import httpx
@@ -20,7 +23,10 @@ from specsure.decode.engine import Engine
 from specsure.serve import create_app
 from specsure.serve.errors import RequestError
 from specsure.serve.response_input import input_messages
+from specsure.serve.response_background import BackgroundResponses
+from specsure.serve.response_object import ResponseHead
 from specsure.serve.response_store import ResponseStore
+from specsure.serve.runner import ClientGone
 
 TEMPLATE = ("{%- if tools %}<tools>{% for t in tools %}{{ t.function.name }} {% endfor %}</tools>\n{% endif %}"
             "{% for m in messages %}{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
@@ -200,6 +206,61 @@ def test_truncation_auto_drops_the_oldest_turns_that_do_not_fit(sdk: openai.Open
     assert len(sdk.responses.input_items.list(answer.id, limit=100).data) == len(turns)
 
 
+def test_a_background_response_is_queued_then_stored_or_cancelled(sdk: openai.OpenAI, url: str) -> None:
+    started = sdk.responses.create(model="tiny", input="Hi", max_output_tokens=6, background=True)
+    assert started.status in ("queued", "in_progress") and started.background is True and started.output == []
+    done = started
+    for _ in range(500):  # the client's way: poll until it is no longer queued or running
+        done = sdk.responses.retrieve(started.id)
+        if done.status not in ("queued", "in_progress"):
+            break
+        time.sleep(0.01)
+    foreground = sdk.responses.create(model="tiny", input="Hi", max_output_tokens=6)
+    assert done.status == foreground.status and done.output_text == foreground.output_text
+    assert done.usage.output_tokens == foreground.usage.output_tokens and done.id == started.id
+    follow = sdk.responses.create(model="tiny", input="More", max_output_tokens=2, previous_response_id=done.id)
+    assert follow.status in ("completed", "incomplete")
+    with pytest.raises(openai.BadRequestError, match="not running in the background"):
+        sdk.responses.cancel(done.id)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.cancel("resp_nobody")
+
+
+class _StuckRunner:
+    """A runner whose job never steps: it waits for its stop signal, as a long answer would."""
+
+    def __init__(self) -> None:
+        self.cancelled: list[object] = []
+
+    async def next_update(self, job: object, gone: asyncio.Future[None]) -> None:
+        await gone
+        raise ClientGone()
+
+    def cancel(self, job: object) -> None:
+        self.cancelled.append(job)
+
+
+def test_a_running_background_response_is_cancelled_and_its_job_dropped() -> None:
+    async def scenario() -> None:
+        store, runner = ResponseStore(), _StuckRunner()
+        background = BackgroundResponses(runner, store)  # type: ignore[arg-type]
+        head = ResponseHead("tiny", None, {"background": True})
+        request = SimpleNamespace(conversation=[{"role": "user", "content": "Hi"}], input_items=[])
+        assert background.start(head, "job", request, lambda c: {})["status"] == "queued"  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        assert background.running(head.id) and store.get(head.id).body["status"] == "queued"
+        with pytest.raises(RequestError, match="still queued") as caught:
+            store.conversation(head.id)  # previous_response_id waits for the end
+        assert caught.value.param == "previous_response_id"
+        assert (await background.cancel(head.id))["status"] == "cancelled"
+        assert runner.cancelled == ["job"] and not background.running(head.id)
+        assert store.get(head.id).body["status"] == "cancelled"
+        with pytest.raises(RequestError, match="is cancelled, not running"):
+            await background.cancel(head.id)
+
+    asyncio.run(scenario())
+
+
 def test_the_store_keeps_the_newest_responses() -> None:
     store = ResponseStore(2)
     for i in range(3):
@@ -331,7 +392,9 @@ def test_text_format_and_logprobs(sdk: openai.OpenAI, url: str) -> None:
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a"}}}, "text.format", "text.format"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format", "json_object"),
     ({"input": "x", "text": {"verbosity": "low"}}, "text.verbosity", "not supported"),
-    ({"input": "x", "background": True}, "background", "not supported"),
+    ({"input": "x", "background": "yes"}, "background", "not supported"),
+    ({"input": "x", "background": True, "store": False}, "store", 'needs "store": true'),
+    ({"input": "x", "background": True, "stream": True}, "stream", "poll GET"),
     ({"input": "x", "truncation": "sometimes"}, "truncation", "not supported"),
     ({"input": "x", "include": ["file_search_call.results"]}, "include", "message.output_text.logprobs"),
     ({"input": "x", "text": {"format": {"type": []}}}, "text.format", "json_object"),

@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException
 
 from specsure.config.checkpoint import DEFAULT_MODEL_NAME
 from specsure.config.errors import as_json
+from specsure.decode.completion import Completion
 from specsure.decode.detokenize import TextDeltas
 from specsure.decode.engine import Engine, ParamsError, PromptError
 from specsure.sampling import SamplingParams
@@ -31,6 +32,7 @@ from specsure.serve.chat_template import ChatTemplate
 from specsure.serve.errors import APIError, RequestError, error_body
 from specsure.serve.metrics import ServeMetrics
 from specsure.serve.protocol import ChatRequest, Delivery, fit_to_context, parse_chat, parse_completion
+from specsure.serve.response_background import BackgroundResponses
 from specsure.serve.response_items import page
 from specsure.serve.response_object import ResponseEvents, ResponseHead, as_messages
 from specsure.serve.response_request import ResponseRequest, in_responses_words, parse_response, truncated
@@ -41,11 +43,12 @@ from specsure.serve.runner import ClientGone, EngineRunner
 from specsure.serve.tokenizer_routes import add_tokenizer_routes
 from specsure.serve.reasoning import END, TAIL_TOKENS, ReasoningStream, Thinking, check_reasoning_parser, \
     reasoning_tokens, split_answer, thinks
-from specsure.serve.tool_calls import Answer, ToolCallStream, parse_answer
+from specsure.serve.tool_calls import Answer, ToolCall, ToolCallStream, parse_answer
 from specsure.serve.tools import Tools
 
 ROUTES = ("GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET and DELETE "
-          "/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /tokenize, POST /detokenize, "
+          "/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel, POST /tokenize, "
+          "POST /detokenize, "
           "GET /tokenizer_info, GET /health and GET /metrics")
 
 DEFAULT_MAX_QUEUE = 64
@@ -96,6 +99,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
     runner = EngineRunner(engine, metrics, max_queue, request_timeout, threads)
     method = engine.speculative_method
     stored = ResponseStore()
+    background = BackgroundResponses(runner, stored)
     started = int(time.time())
 
     # No /docs or /openapi.json: the routes parse bodies themselves, so the schema would say nothing.
@@ -193,6 +197,10 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         query = request.query_params
         return page(stored.get(response_id).input_items, query.get("after"), query.get("limit"), query.get("order"))
 
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str) -> dict[str, Any]:
+        return await background.cancel(response_id)
+
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str) -> dict[str, Any]:
         stored.delete(response_id)
@@ -237,6 +245,22 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         text = token_text_of(engine.tokenizer, params.skip_special_tokens)
         counted = None if thinking is None else \
             (lambda c: reasoning_tokens(engine.tokenizer, c.token_ids, thinking))  # type: ignore[arg-type]
+
+        def response_body(head: ResponseHead, completion: Completion) -> dict[str, Any]:
+            """The finished response object: the answer split into reasoning, content and calls."""
+            assert response is not None
+            reasoning, content = split_answer(thinking.starts_inside, completion.text or "", thinking.calls_end) \
+                if thinking is not None else (None, completion.text)
+            calls: list[ToolCall] = []
+            if tools is not None and content is not None:
+                found = parse_answer(tools, content, completion.finish_reason, parser)
+                content, calls = found.content, found.tool_calls
+            return head.finished(completion, reasoning if thinking is None or thinking.include else None, content,
+                                 calls, text if response.logprobs else None, counted)
+
+        if response is not None and response.background:
+            head = ResponseHead(name, method, response.settings)
+            return JSONResponse(background.start(head, jobs[0], response, lambda c: response_body(head, c)))
         if delivery.stream:
             deltas = [TextDeltas(engine.tokenizer, params.stop, params.skip_special_tokens)
                       if engine.tokenizer is not None else None
@@ -282,12 +306,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
                 parse_answer(tools, content, c.finish_reason, parser) if content is not None
                 else Answer(None, [], c.finish_reason) for (_, content), c in zip(parts, completions)]
             if response is not None:
-                (reasoning, content), calls = parts[0], []
-                if answers is not None:
-                    content, calls = answers[0].content, answers[0].tool_calls
-                body = ResponseHead(name, method, response.settings).finished(
-                    completions[0], reasoning if thinking is None or thinking.include else None, content, calls,
-                    text if response.logprobs else None, counted)
+                body = response_body(ResponseHead(name, method, response.settings), completions[0])
                 keep(response, body)
                 return JSONResponse(body)
             if thinking is not None:

@@ -22,7 +22,7 @@ from specsure.decode.completion import Completion, TokenLogprob
 from specsure.serve.responses import ReasoningCount, TokenText, chat_logprobs, speculative
 from specsure.serve.tool_calls import ToolCall
 
-Status = Literal["completed", "incomplete", "failed", "in_progress"]
+Status = Literal["completed", "incomplete", "failed", "in_progress", "queued", "cancelled"]
 
 
 def new_id(prefix: str) -> str:

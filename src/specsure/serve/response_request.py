@@ -31,11 +31,12 @@ FIELDS = ("model", "input", "instructions", "max_output_tokens", "temperature", 
           "background", "service_tier", "max_tool_calls", "prompt", "chat_template_kwargs", "include_reasoning",
           "structured_outputs", *EXTENSIONS)
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "background": (False,), "truncation": ("disabled", "auto"), "service_tier": ("auto", "default"),
+    "background": (False, True), "truncation": ("disabled", "auto"), "service_tier": ("auto", "default"),
     "max_tool_calls": (), "prompt": (),
 }
 """Fields accepted only as null or at these values: the first changes nothing; ``truncation`` "auto"
-drops the oldest turns that do not fit the context (`truncated`)."""
+drops the oldest turns that do not fit the context (`truncated`); ``background`` true answers at once
+and generates on (response_background.py)."""
 LOGPROBS = "message.output_text.logprobs"
 ENCRYPTED = "reasoning.encrypted_content"
 INCLUDABLE = (LOGPROBS, ENCRYPTED)
@@ -82,6 +83,8 @@ class ResponseRequest:
     """The request's ``input`` as GET /v1/responses/{id}/input_items lists it."""
     truncate: bool = False
     """``truncation`` "auto": the oldest turns that do not fit the context are left out of the prompt."""
+    background: bool = False
+    """Answer at once, queued, and generate on; the stored response tells how it went."""
 
 
 def parse_response(body: Any, model_name: str, history: History, auto_tool_parser: str | None = None,
@@ -142,8 +145,15 @@ def parse_response(body: Any, model_name: str, history: History, auto_tool_parse
     if store is not None and not isinstance(store, bool):
         raise RequestError(f"store = {shown(store)} must be true or false: whether to keep the response for "
                            "GET /v1/responses/{id} and previous_response_id.", "store")
+    background = body.get("background") is True
+    if background and store is False:
+        raise RequestError('background = true needs "store": true: a background response is read back from the '
+                           "store (GET /v1/responses/{id}).", "store")
+    if background and body.get("stream"):
+        raise RequestError('background = true with "stream": true is not supported by specsure; poll GET '
+                           "/v1/responses/{id} instead, or stream in the foreground.", "stream")
     return ResponseRequest(chat, conversation, _settings(body, chat), store is not False, logprobs,
-                           listed_items(given_input), body.get("truncation") == "auto")
+                           listed_items(given_input), body.get("truncation") == "auto", background)
 
 
 def truncated(chat: ChatRequest, fits: Callable[[list[dict[str, Any]]], bool]) -> ChatRequest:
@@ -334,7 +344,7 @@ def _settings(body: dict[str, Any], chat: ChatRequest) -> dict[str, Any]:
         "top_p": chat.params.top_p,
         "truncation": body.get("truncation") or "disabled",
         "user": body.get("user"),
-        "background": False,
+        "background": body.get("background") is True,
         "service_tier": body.get("service_tier") or "auto",
         "max_tool_calls": None,
         "safety_identifier": body.get("safety_identifier"),

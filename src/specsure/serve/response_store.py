@@ -9,7 +9,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from specsure.serve.errors import APIError
+from specsure.serve.errors import APIError, RequestError
 
 STORED_RESPONSES = 1024
 """How many responses the server keeps, in memory; the oldest goes first. Nothing is written to disk."""
@@ -48,6 +48,8 @@ class ResponseStore:
         if self._capacity == 0 or size > self._max_bytes:
             return
         with self._lock:
+            replaced = self._kept.pop(body["id"], None)  # a background response's later state
+            self._bytes -= replaced.size if replaced is not None else 0
             self._kept[body["id"]] = Stored(body, size, conversation, items)
             self._bytes += size
             while len(self._kept) > self._capacity or self._bytes > self._max_bytes:
@@ -67,7 +69,12 @@ class ResponseStore:
 
     def conversation(self, response_id: str) -> list[dict[str, Any]]:
         """What ``previous_response_id`` continues: the stored response's messages, its output last."""
-        return [dict(m) for m in self.get(response_id, "previous_response_id").conversation]
+        stored = self.get(response_id, "previous_response_id")
+        if stored.body.get("status") in ("queued", "in_progress"):
+            raise RequestError(f"previous_response_id = {response_id!r} is a background response still "
+                               f"{stored.body['status']}; continue it once it has finished (GET /v1/responses/"
+                               f"{response_id} tells).", "previous_response_id")
+        return [dict(m) for m in stored.conversation]
 
     def delete(self, response_id: str) -> None:
         with self._lock:
