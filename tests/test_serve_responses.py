@@ -21,7 +21,7 @@ from serving import serving
 from specsure import make_engine
 from specsure.decode.engine import Engine
 from specsure.serve import create_app
-from specsure.serve.errors import RequestError
+from specsure.serve.errors import APIError, RequestError
 from specsure.serve.response_input import input_messages
 from specsure.serve.response_background import BackgroundResponses
 from specsure.serve.response_object import ResponseHead
@@ -190,8 +190,11 @@ def test_truncation_auto_drops_the_oldest_turns_that_do_not_fit(sdk: openai.Open
     answer = sdk.responses.create(model="tiny", input=turns, instructions="Be brief.", max_output_tokens=8,
                                   truncation="auto")
     assert answer.truncation == "auto" and answer.usage.input_tokens + 8 <= context
-    # The longest run of the newest turns that fits, after the instructions: what chat answers for it.
+    # The longest run of the newest turns that fits, starting at a user turn, after the instructions:
+    # what chat answers for it.
     for kept in range(len(turns), 0, -1):
+        if turns[-kept]["role"] != "user":
+            continue
         try:
             reply = chat(sdk, [{"role": "system", "content": "Be brief."}, *turns[-kept:]], max_tokens=1)
         except openai.BadRequestError:  # longer than the context
@@ -208,31 +211,34 @@ def test_truncation_auto_drops_the_oldest_turns_that_do_not_fit(sdk: openai.Open
 
 def test_a_background_response_is_queued_then_stored_or_cancelled(sdk: openai.OpenAI, url: str) -> None:
     started = sdk.responses.create(model="tiny", input="Hi", max_output_tokens=6, background=True)
-    assert started.status in ("queued", "in_progress") and started.background is True and started.output == []
-    done = started
-    for _ in range(500):  # the client's way: poll until it is no longer queued or running
-        done = sdk.responses.retrieve(started.id)
-        if done.status not in ("queued", "in_progress"):
-            break
+    assert started.status == "queued" and started.background is True and started.output == []
+    done, deadline = started, time.monotonic() + 60
+    while done.status in ("queued", "in_progress") and time.monotonic() < deadline:  # the client's way: poll
         time.sleep(0.01)
+        done = sdk.responses.retrieve(started.id)
     foreground = sdk.responses.create(model="tiny", input="Hi", max_output_tokens=6)
     assert done.status == foreground.status and done.output_text == foreground.output_text
     assert done.usage.output_tokens == foreground.usage.output_tokens and done.id == started.id
     follow = sdk.responses.create(model="tiny", input="More", max_output_tokens=2, previous_response_id=done.id)
     assert follow.status in ("completed", "incomplete")
-    with pytest.raises(openai.BadRequestError, match="not running in the background"):
-        sdk.responses.cancel(done.id)
+    assert sdk.responses.cancel(done.id).status == done.status  # a cancel crossing the finish gets the end
+    with pytest.raises(openai.BadRequestError, match="only a background response can be cancelled"):
+        sdk.responses.cancel(follow.id)
     with pytest.raises(openai.NotFoundError):
         sdk.responses.cancel("resp_nobody")
 
 
 class _StuckRunner:
-    """A runner whose job never steps: it waits for its stop signal, as a long answer would."""
+    """A runner whose job steps once, then waits for its stop signal, as a long answer would."""
 
     def __init__(self) -> None:
         self.cancelled: list[object] = []
+        self.stepped: set[object] = set()
 
-    async def next_update(self, job: object, gone: asyncio.Future[None]) -> None:
+    async def next_update(self, job: object, gone: asyncio.Future[None]) -> SimpleNamespace:
+        if job not in self.stepped:
+            self.stepped.add(job)
+            return SimpleNamespace(completion=None)  # its first step: the response is in progress
         await gone
         raise ClientGone()
 
@@ -248,17 +254,60 @@ def test_a_running_background_response_is_cancelled_and_its_job_dropped() -> Non
         request = SimpleNamespace(conversation=[{"role": "user", "content": "Hi"}], input_items=[])
         assert background.start(head, "job", request, lambda c: {})["status"] == "queued"  # type: ignore[arg-type]
         await asyncio.sleep(0)
-        assert background.running(head.id) and store.get(head.id).body["status"] == "queued"
-        with pytest.raises(RequestError, match="still queued") as caught:
+        assert background.running(head.id) and store.get(head.id).body["status"] == "in_progress"
+        with pytest.raises(RequestError, match="still in_progress") as caught:
             store.conversation(head.id)  # previous_response_id waits for the end
         assert caught.value.param == "previous_response_id"
         assert (await background.cancel(head.id))["status"] == "cancelled"
         assert runner.cancelled == ["job"] and not background.running(head.id)
         assert store.get(head.id).body["status"] == "cancelled"
-        with pytest.raises(RequestError, match="is cancelled, not running"):
-            await background.cancel(head.id)
+        assert (await background.cancel(head.id))["status"] == "cancelled"  # again: as it ended
+        # DELETE stops a running one first, so its later states are not stored after it is gone.
+        other = ResponseHead("tiny", None, {"background": True})
+        background.start(other, "job 2", request, lambda c: {})  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        await background.stop(other.id)
+        store.delete(other.id)
+        assert runner.cancelled == ["job", "job 2"] and not background.running(other.id)
+        with pytest.raises(APIError, match="no stored response"):
+            store.get(other.id)
 
     asyncio.run(scenario())
+
+
+def test_truncation_cuts_only_where_a_user_turn_starts() -> None:
+    from specsure.serve.response_request import truncated
+
+    call = {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u1"},
+                {"role": "assistant", "content": None, "tool_calls": [call, {**call, "id": "b"}]},
+                {"role": "tool", "tool_call_id": "a", "content": "ra"}, {"role": "tool", "tool_call_id": "b",
+                                                                         "content": "rb"},
+                {"role": "assistant", "content": "done"}, {"role": "user", "content": "u2"},
+                {"role": "assistant", "content": "x"}, {"role": "user", "content": "u3"}]
+    renders: list[int] = []
+
+    def fits(limit: int) -> Any:
+        return lambda kept: renders.append(len(kept)) or len(kept) <= limit
+
+    for limit, kept in ((9, messages), (8, [messages[0], *messages[6:]]), (4, [messages[0], *messages[6:]]),
+                        (2, [messages[0], messages[8]]), (1, [messages[0], messages[8]])):
+        got = truncated(messages, fits(limit))
+        assert got == kept, limit  # never a tool result without its call; the system message and newest turn stay
+    many = [messages[0], *[{"role": r, "content": str(i)} for i in range(400) for r in ("user", "assistant")]]
+    renders.clear()
+    assert len(truncated(many, fits(101))) == 101
+    assert len(renders) <= 10  # bisection: a few renders for 400 turns, not one per turn
+
+
+def test_input_item_ids_are_unique_and_limits_are_plain_numbers() -> None:
+    from specsure.serve.response_items import listed_items, page
+
+    items = listed_items([{"role": "user", "content": "a", "id": "m1"}, {"role": "user", "content": "b", "id": "m1"}])
+    assert items[0]["id"] == "m1" and items[1]["id"] not in ("m1", None)  # `after` can page through them
+    assert [i["id"] for i in page(items, "m1", "5", "asc")["data"]] == [items[1]["id"]]
+    with pytest.raises(RequestError, match="limit"):
+        page(items, None, "²", None)  # a digit to str.isdigit, not to int
 
 
 def test_the_store_keeps_the_newest_responses() -> None:

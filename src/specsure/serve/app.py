@@ -180,7 +180,9 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
     async def create_response(request: Request) -> Response:
         req = await run_in_threadpool(parse_response, parse_json(await read_body(request)), name, stored.conversation,
                                       tool_call_parser, template.special_tags)
-        chat = await run_in_threadpool(truncated, req.chat, fits(req)) if req.truncate else req.chat
+        chat = req.chat
+        if req.truncate:
+            chat = replace(chat, messages=await run_in_threadpool(truncated, chat.messages, fits(req)))
         try:
             prompt, params, thinking = await rendered(chat)
         except RequestError as exc:
@@ -203,6 +205,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str) -> dict[str, Any]:
+        await background.stop(response_id)  # a running one first: its job freed, its later states not kept
         stored.delete(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
 
@@ -240,8 +243,10 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         request the one answer is for."""
         each = None if echoes is None else [e for e in echoes for _ in range(delivery.n)]  # one per choice
         context = engine.target.lm.max_context
+        # A background response is fed step by step too, so that it shows in_progress after its first step.
+        stepwise = delivery.stream or (response is not None and response.background)
         jobs = runner.submit([(prompt, choice_params(fit_to_context(params, len(prompt), context, delivery, name),
-                                                     delivery.n)) for prompt, name in prompts], delivery.stream)
+                                                     delivery.n)) for prompt, name in prompts], stepwise)
         text = token_text_of(engine.tokenizer, params.skip_special_tokens)
         counted = None if thinking is None else \
             (lambda c: reasoning_tokens(engine.tokenizer, c.token_ids, thinking))  # type: ignore[arg-type]
@@ -320,7 +325,9 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         """Whether messages rendered leave the room a response needs in the context: its
         max_output_tokens if it sent one, else one token."""
         context, chat = engine.target.lm.max_context, req.chat
-        need = chat.params.max_tokens if chat.delivery.max_tokens_field else 1
+        # Without max_output_tokens, room for an answer of a quarter of the context (or the default, if less).
+        need = chat.params.max_tokens if chat.delivery.max_tokens_field else \
+            max(1, min(chat.params.max_tokens, (context or 0) // 4))
 
         def check(messages: list[dict[str, Any]]) -> bool:
             if not context:

@@ -4,12 +4,14 @@ The first answer is the response ``queued``; ``GET /v1/responses/{id}`` then sho
 once the engine has run its first step, and ``completed`` or ``incomplete`` (with its output),
 ``failed`` (with the error: the request timeout, an engine failure) or ``cancelled`` at the end.
 ``POST /v1/responses/{id}/cancel`` stops one that is still running, as a client that goes away
-stops a request in the foreground.
+stops a request in the foreground, and returns one that has ended as it ended; ``DELETE`` stops it
+before it forgets it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +21,8 @@ from specsure.serve.response_object import ResponseHead, as_messages
 from specsure.serve.response_request import ResponseRequest
 from specsure.serve.response_store import ResponseStore
 from specsure.serve.runner import ClientGone, EngineRunner, Job
+
+logger = logging.getLogger(__name__)
 
 
 class BackgroundResponses:
@@ -51,28 +55,35 @@ class BackgroundResponses:
         except ClientGone:  # the cancel route's stop signal
             self._store.put(head.body("cancelled", []), req.conversation, req.input_items)
         except Exception as exc:  # the request timeout (an APIError) or the engine's own failure
-            code = exc.code if isinstance(exc, APIError) and exc.code else "server_error"
-            message = str(exc) if isinstance(exc, APIError) else f"{type(exc).__name__}: {exc}"
-            error = {"code": code, "message": message}
+            if not isinstance(exc, APIError):
+                logger.error("background response %s failed", head.id, exc_info=exc)
+            message = str(exc) if isinstance(exc, APIError) else "the engine failed; the server's log has the cause"
+            error = {"code": "server_error", "message": message}  # one of the codes the client's types know
             self._store.put(head.body("failed", [], error=error), req.conversation, req.input_items)
         finally:
             self._runner.cancel(job)
             self._running.pop(head.id, None)
 
     async def cancel(self, response_id: str) -> dict[str, Any]:
-        """Stop a running background response and return its stored object, now ``cancelled``; a 404
-        for an unknown id, a 400 for one that is not running."""
+        """Stop a running background response and return its stored object, now ``cancelled``; one
+        that has already ended is returned as it ended (a cancel may cross its finish). A 404 for an
+        unknown id, a 400 for a response not made in the background."""
+        await self.stop(response_id)
+        body = self._store.get(response_id).body
+        if not body.get("background"):
+            raise RequestError(f"response {response_id!r} was not created with \"background\": true; only a "
+                               "background response can be cancelled.", code="response_not_background")
+        return body
+
+    async def stop(self, response_id: str) -> None:
+        """Stop that response if it runs, and wait until its task has stored its last state."""
         running = self._running.get(response_id)
         if running is None:
-            status = self._store.get(response_id).body["status"]
-            raise RequestError(f"response {response_id!r} is {status}, not running in the background: only a "
-                               'response created with "background": true can be cancelled, while it runs.',
-                               code="response_not_running")
+            return
         stop, task = running
         if not stop.done():
             stop.set_result(None)
         await task
-        return self._store.get(response_id).body
 
     def running(self, response_id: str) -> bool:
         """Whether that response still runs (a later ``previous_response_id`` must wait for it)."""

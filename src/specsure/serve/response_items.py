@@ -22,14 +22,20 @@ def listed_items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``input`` (already checked by `input_messages`) as the items the list route returns."""
     if isinstance(value, str):
         value = [{"type": "message", "role": "user", "content": value}]
-    items = []
+    items: list[dict[str, Any]] = []
+    seen: set[str] = set()
     for given in value:
         kind = given.get("type", "message")
-        item = {"id": given.get("id") or new_id(_PREFIX[kind]), "type": kind, **{k: v for k, v in given.items()
-                                                                             if k not in ("id", "type", "status")}}
+        item_id = given.get("id")
+        if not item_id or item_id in seen:  # ids must be unique for `after` to page through them
+            item_id = new_id(_PREFIX[kind])
+        seen.add(item_id)
+        item = {"id": item_id, "type": kind, **{k: v for k, v in given.items() if k not in ("id", "type", "status")}}
         if kind == "message" and isinstance(item.get("content"), str):
-            part = "output_text" if item.get("role") == "assistant" else "input_text"
-            item["content"] = [{"type": part, "text": item["content"]}]
+            if item.get("role") == "assistant":
+                item["content"] = [{"type": "output_text", "text": item["content"], "annotations": []}]
+            else:
+                item["content"] = [{"type": "input_text", "text": item["content"]}]
         item["status"] = given.get("status") or "completed"
         items.append(item)
     return items
@@ -44,7 +50,7 @@ def page(items: list[dict[str, Any]], after: str | None, limit: str | None, orde
         raise RequestError(f"order = {shown(order)} must be asc or desc.", "order")
     count = DEFAULT_LIMIT
     if limit is not None:
-        if not limit.isdigit() or not 1 <= int(limit) <= MAX_LIMIT:
+        if not (limit.isascii() and limit.isdigit()) or not 1 <= int(limit) <= MAX_LIMIT:
             raise RequestError(f"limit = {shown(limit)} must be an integer from 1 to {MAX_LIMIT}.", "limit")
         count = int(limit)
     ordered = items if order == "asc" else items[::-1]

@@ -156,17 +156,26 @@ def parse_response(body: Any, model_name: str, history: History, auto_tool_parse
                            listed_items(given_input), body.get("truncation") == "auto", background)
 
 
-def truncated(chat: ChatRequest, fits: Callable[[list[dict[str, Any]]], bool]) -> ChatRequest:
-    """``chat`` without its oldest turns, as few as make ``fits`` true (truncation "auto"): the
-    system message stays, a turn goes with the tool results that answer its calls, and the last
-    turn always stays (a prompt still too long then gets the usual 400)."""
-    messages = list(chat.messages)
+def truncated(messages: list[dict[str, Any]], fits: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+    """Chat ``messages`` without their oldest turns, as few as make ``fits`` true (truncation "auto").
+
+    The cut falls only where a user message starts a turn, so the system message stays, a call is
+    never parted from its results, and the kept messages start with a user turn as templates that
+    want roles to alternate require; the newest turn always stays (a prompt still too long then
+    gets the usual 400). The cut is found by bisection: a few renders, not one per turn.
+    """
     start = 1 if messages and messages[0]["role"] == "system" else 0
-    while not fits(messages) and len(messages) - start > 1:
-        del messages[start]
-        while len(messages) - start > 1 and messages[start]["role"] == "tool":  # results of a dropped call
-            del messages[start]
-    return replace(chat, messages=messages)
+    cuts = [i for i in range(start, len(messages)) if messages[i]["role"] == "user"]
+    if not cuts or fits(messages):
+        return messages
+    low, high = 0, len(cuts) - 1  # keep from cuts[high] on: the newest turn, the most that may be dropped
+    while low < high:
+        middle = (low + high) // 2
+        if fits(messages[:start] + messages[cuts[middle]:]):
+            high = middle
+        else:
+            low = middle + 1
+    return messages[:start] + messages[cuts[low]:]
 
 
 def _tools(value: Any) -> Any:
