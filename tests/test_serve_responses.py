@@ -499,6 +499,14 @@ def test_streamed_and_whole_responses_hold_the_same_items(url: str, body: dict[s
     assert len(texts) <= 1  # one message at most
 
 
+def test_a_later_state_too_large_to_keep_drops_the_earlier_one() -> None:
+    store = ResponseStore(4, max_bytes=400)
+    store.put({"id": "resp_bg", "status": "in_progress"}, [])
+    store.put({"id": "resp_bg", "status": "completed", "output": "x" * 500}, [])  # over the bytes: not kept
+    with pytest.raises(APIError, match="no stored response"):
+        store.get("resp_bg")  # gone, not stuck in_progress
+
+
 def test_the_store_keeps_what_fits_its_bytes() -> None:
     store = ResponseStore(10, max_bytes=2_000)
     for i in range(4):

@@ -45,11 +45,11 @@ class ResponseStore:
             input_items: list[dict[str, Any]] | None = None) -> None:
         items = input_items or []
         size = len(json.dumps(body)) + len(json.dumps(conversation)) + len(json.dumps(items))
-        if self._capacity == 0 or size > self._max_bytes:
-            return
         with self._lock:
-            replaced = self._kept.pop(body["id"], None)  # a background response's later state
+            replaced = self._kept.pop(body["id"], None)  # a background response's earlier state
             self._bytes -= replaced.size if replaced is not None else 0
+            if self._capacity == 0 or size > self._max_bytes:
+                return  # not kept (nor its earlier state: a stale in_progress would never end)
             self._kept[body["id"]] = Stored(body, size, conversation, items)
             self._bytes += size
             while len(self._kept) > self._capacity or self._bytes > self._max_bytes:
