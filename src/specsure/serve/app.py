@@ -302,6 +302,10 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
                 runner.cancel(job)
         if prompt_only:
             completions = [without_output(c) for c in completions]
+        if response is not None:
+            body = response_body(ResponseHead(name, method, response.settings), completions[0])
+            keep(response, body)
+            return JSONResponse(body)
         if endpoint != "completion":
             parts = [split_answer(thinking.starts_inside, c.text or "", thinking.calls_end) if thinking is not None
                      else (None, c.text)
@@ -310,10 +314,6 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
             answers = None if tools is None else [
                 parse_answer(tools, content, c.finish_reason, parser) if content is not None
                 else Answer(None, [], c.finish_reason) for (_, content), c in zip(parts, completions)]
-            if response is not None:
-                body = response_body(ResponseHead(name, method, response.settings), completions[0])
-                keep(response, body)
-                return JSONResponse(body)
             if thinking is not None:
                 thoughts = [reasoning if thinking.include else None for reasoning, _ in parts]
                 return JSONResponse(chat_body(completions, name, method, text, answers,
