@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
@@ -17,7 +15,7 @@ from specsure.models.errors import ModelLoadError
 from specsure.models.kv_cache import RollbackCache
 from specsure.models.load_check import check_cache, check_logits
 from specsure.models.forward_output import ForwardOutput
-from specsure.models.gguf_blocks import BlockMatrix, matches, read_blocks
+from specsure.models.gguf_blocks import BlockMatrix, FileBlocks, matches
 from specsure.models.logits import LogitsTransform, logits_transform
 from specsure.models.native import NativeDecoder, Segment
 from specsure.models.products import KERNEL_ROWS, project
@@ -108,41 +106,19 @@ class CausalLM:
         if self._native is None:
             check_cache(self)
 
-    def use_gguf_blocks(self, gguf: Path) -> None:
-        """Read the weights that came from ``gguf``'s quantised tensors (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-        Q4_K, Q5_K, Q6_K) as those blocks in the float32 kernel's forwards (gguf_blocks.py): the same
-        bits, a fraction of the bytes a step reads. Only a float32 model on the float32 kernel; `path`
-        then names the blocks read, or says why none are.
-        ``SPECSURE_GGUF_BLOCKS=0`` keeps the float32 weights (for comparing the two)."""
+    def use_blocks(self, blocks: FileBlocks) -> dict[str, int]:
+        """Have the float32 kernel read ``blocks``' matrices (a GGUF file's, gguf_blocks.py) where they
+        hold this model's weights bit for bit, the LM head's too; returns how many of each GGUF type."""
         native = self._native
         if native is None or native.float_kernel is None:
-            return  # `path` already says why nothing runs on the float32 kernel
-        if os.environ.get("SPECSURE_GGUF_BLOCKS") == "0":
-            self.path += f"; every weight matrix read as float32 (SPECSURE_GGUF_BLOCKS=0, not {gguf.name}'s blocks)"
-            return
-        model_type = getattr(self.config.get_text_config(decoder=True), "model_type", None)
-        if model_type != "llama":  # the q/k un-permutation below is Llama's
-            self.path += f"; every weight matrix read as float32 ({gguf.name}'s blocks are read for llama only, not {model_type})"
-            return
-        try:
-            blocks = read_blocks(gguf, self.num_layers, native.heads, native.kv_heads,
-                                 bool(getattr(self.config, "tie_word_embeddings", False)))
-        except (OSError, ValueError) as err:  # the file changed since its conversion: the weights still load
-            self.path += f"; every weight matrix read as float32 ({gguf} cannot be read for its blocks: {err})"
-            return
+            return {}
         used = native.use_blocks(blocks)
         head = self._head
         if (blocks.lm_head is not None and type(head) is torch.nn.Linear and head.bias is None
                 and matches(blocks.lm_head, head.weight, native.float_kernel)):
             self._head_blocks = blocks.lm_head
-            name = blocks.lm_head.kind
-            used[name] = used.get(name, 0) + 1
-        total = 4 * self.num_layers + 1
-        if used:
-            shown = ", ".join(f"{count} {name}" for name, count in sorted(used.items()))
-            self.path += f"; of its {total} weight matrices the kernel reads {shown} as the GGUF's blocks"
-        else:
-            self.path += f"; every weight matrix read as float32 ({gguf.name} has no matrix of a type the kernel reads that matches)"
+            used[blocks.lm_head.kind] = used.get(blocks.lm_head.kind, 0) + 1
+        return used
 
     def reset(self) -> None:
         """Empty the KV cache (its buffers are kept for the next sequence)."""

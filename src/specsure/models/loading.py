@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from specsure.models.causal_lm import CausalLM
 from specsure.models.dtypes import resolve_dtype
 from specsure.models.errors import ModelLoadError
 from specsure.models.model_folder import check_model_folder
-from specsure.models.gguf_blocks import source_gguf
+from specsure.models.gguf_blocks import read_blocks, source_gguf
 from specsure.models.gguf_cache import convert_gguf, default_model_folder, gguf_cache_folder, packaged_default_gguf
 from specsure.models.quiet import quiet_loading
 
@@ -80,11 +81,10 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
     _check_loading_info(folder, info, config)
     tokenizer = _load_tokenizer(folder)
     lm = CausalLM(hf)
-    gguf, why = _given_gguf(path) or source_gguf(folder)
-    if gguf is not None:
-        lm.use_gguf_blocks(gguf)
-    elif why and lm.row_kernel is not None and lm.dtype == torch.float32:
-        lm.path += f"; every weight matrix read as float32 ({why})"
+    if lm.dtype == torch.float32 and lm.row_kernel is not None:  # where the float32 kernel may read blocks
+        gguf, why = _given_gguf(path) or source_gguf(folder)
+        lm.path += _read_blocks(lm, gguf) if gguf is not None else \
+            f"; every weight matrix read as float32 ({why})" if why else ""
     logger.info(
         "loaded %s (%s, %d layers, vocab %d, %s; forward: %s) in %.1f s",
         folder, type(hf).__name__, lm.num_layers, lm.vocab_size, lm.dtype, lm.path, time.perf_counter() - started,
@@ -105,6 +105,30 @@ def _given_gguf(path: str | None) -> tuple[Path, str] | None:
         return packaged_default_gguf(), ""
     p = Path(path).expanduser()
     return (p.resolve(), "") if p.suffix.lower() == ".gguf" and p.is_file() else None
+
+
+def _read_blocks(lm: CausalLM, gguf: Path) -> str:
+    """Have the float32 kernel read the weights that came from ``gguf``'s quantised tensors as those
+    blocks (gguf_blocks.py: the same bits, a fraction of the bytes a step reads); returns what the
+    model's ``path`` adds: which it reads, or why none. ``SPECSURE_GGUF_BLOCKS=0`` keeps the float32
+    weights (for comparing the two)."""
+    if os.environ.get("SPECSURE_GGUF_BLOCKS") == "0":
+        return f"; every weight matrix read as float32 (SPECSURE_GGUF_BLOCKS=0, not {gguf.name}'s blocks)"
+    text = lm.config.get_text_config(decoder=True)
+    model_type = getattr(text, "model_type", None)
+    if model_type != "llama":  # the q/k un-permutation is Llama's
+        return f"; every weight matrix read as float32 ({gguf.name}'s blocks are read for llama only, not {model_type})"
+    heads = int(text.num_attention_heads)
+    try:
+        blocks = read_blocks(gguf, lm.num_layers, heads, int(getattr(text, "num_key_value_heads", None) or heads),
+                             bool(getattr(lm.config, "tie_word_embeddings", False)))
+    except (OSError, ValueError) as err:  # the file changed since its conversion: the weights still load
+        return f"; every weight matrix read as float32 ({gguf} cannot be read for its blocks: {err})"
+    used = lm.use_blocks(blocks)
+    if not used:
+        return f"; every weight matrix read as float32 ({gguf.name} has no matrix of a type the kernel reads that matches)"
+    shown = ", ".join(f"{count} {name}" for name, count in sorted(used.items()))
+    return f"; of its {4 * lm.num_layers + 1} weight matrices the kernel reads {shown} as the GGUF's blocks"
 
 
 def weights_folder(path: str | None) -> Path:
