@@ -102,6 +102,8 @@ class CausalLM:
         self._cache_len = 0
         self._ids: list[int] = []  # the token at each cached position (a tree's nodes until `keep`)
         self._head_blocks: BlockMatrix | None = None
+        self.blocks_used: dict[str, int] = {}
+        """GGUF type -> how many of the weight matrices the float32 kernel reads as blocks (`use_blocks`)."""
         check_logits(self)
         if self._native is None:
             check_cache(self)
@@ -118,6 +120,7 @@ class CausalLM:
                 and matches(blocks.lm_head, head.weight, native.float_kernel)):
             self._head_blocks = blocks.lm_head
             used[blocks.lm_head.kind] = used.get(blocks.lm_head.kind, 0) + 1
+        self.blocks_used = used
         return used
 
     def reset(self) -> None:

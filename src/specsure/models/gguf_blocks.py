@@ -106,6 +106,21 @@ def matches(matrix: BlockMatrix, weight: torch.Tensor, kernel: "FloatKernel") ->
                        kernel.linear_rows(weight.contiguous(), probe).view(torch.int32))
 
 
+def q8_blocks(weight: torch.Tensor) -> BlockMatrix | None:
+    """``weight`` ([rows, cols], cols a multiple of 32) quantised to Q8_0 as llama.cpp's converter
+    does it: per block of 32, d = max |w| / 127 and q = round(w / d). Not the same bits: for a draft
+    head's products, whose numbers decide only which tokens are proposed (the target's verification
+    decides every output token). None when cols is not a multiple of 32."""
+    rows, cols = weight.shape
+    if cols % 32:
+        return None
+    w = weight.detach().float().reshape(rows, cols // 32, 32)
+    d = w.abs().amax(dim=-1, keepdim=True) / 127.0  # [rows, blocks, 1]
+    q = torch.where(d > 0, w / torch.where(d > 0, d, 1.0), 0.0).round().clamp(-127, 127).to(torch.int8)
+    packed = torch.cat([d.contiguous().view(torch.uint8), q.view(torch.uint8)], dim=-1)
+    return BlockMatrix(packed.reshape(rows, -1).contiguous(), Q8_0, rows, cols, "Q8_0")
+
+
 def _half(raw: np.ndarray, at: int) -> np.ndarray:
     """The float16 at byte ``at`` of each block, as float32 [blocks]."""
     return raw[:, at:at + 2].copy().view(np.float16).astype(np.float32)[:, 0]

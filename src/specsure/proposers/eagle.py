@@ -27,6 +27,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from specsure.config.compat import check_head_fits, check_head_tensors
 from specsure.config.errors import ConfigError
+from specsure.proposers.head_blocks import blocks_wanted, use_linear_blocks
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import HeadCache, run_blocks, use_cache_slots, use_row_kernel
 from specsure.proposers.head_loading import (
@@ -108,5 +109,7 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> EagleProposer
     load_weights(module, {c: tensors[n] for c, n in wanted.items()}, path, lm.dtype)
     module.attach(lm, head_config)
     use_row_kernel(module, lm.row_kernel)  # few-row products: project in float32, the C kernel's in bf16
-    logger.info("eagle head %s: %d decoder layer(s), fc bias %s", path, len(layer_ids), "fc.bias" in names)
+    quantised = use_linear_blocks(module) if blocks_wanted(lm) else 0
+    logger.info("eagle head %s: %d decoder layer(s), fc bias %s%s", path, len(layer_ids), "fc.bias" in names,
+                f"; {quantised} head matrices read as Q8_0 blocks, like the GGUF target's" if quantised else "")
     return EagleProposer(module)

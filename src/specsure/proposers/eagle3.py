@@ -27,7 +27,9 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from specsure.config.compat import aux_layer_ids, check_head_fits, check_head_tensors
 from specsure.config.errors import ConfigError
 from specsure.models.float_kernel import AnyKernel
+from specsure.models.gguf_blocks import q8_blocks
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
+from specsure.proposers.head_blocks import blocks_wanted, product, use_linear_blocks
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
     HeadCache, attend, commit_rows, kernel_ready, kernel_segment, use_row_kernel,
@@ -96,8 +98,16 @@ class Eagle3Module(nn.Module):
             self._gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous()
         self._shape = ShapeStruct(self.fc.out_features, heads, kv_heads, dim, mlp.down_proj.in_features,
                                   float(layer.input_layernorm.variance_epsilon))
+        self._qkv_blocks = self._gate_up_blocks = None
         self._kernel = kernel
         return True
+
+    def use_blocks(self) -> int:
+        """Have the kernel read the head's weight matrices as Q8_0 blocks (head_blocks.py); after
+        `use_kernel` returned True. Returns how many of its matrices it reads so."""
+        count = use_linear_blocks(self)  # fc, lm_head, and every projection for the torch path (long catch-ups)
+        self._qkv_blocks, self._gate_up_blocks = q8_blocks(self._qkv), q8_blocks(self._gate_up)  # the kernel's
+        return count
 
     def forward(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,
                 last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,19 +143,20 @@ class Eagle3Module(nn.Module):
         kernel.add_norm(x, None, layer.hidden_norm.weight, g, eps)
         if self.norm_before_residual:
             x = g.clone()
-        qkv = kernel.linear_rows(self._qkv, torch.cat([e, g], dim=-1))
+        qkv = product(kernel, self._qkv, self._qkv_blocks, torch.cat([e, g], dim=-1))
         positions = cache.positions(n)
         cos, sin = self.rotary(x[None], positions)
         att = torch.empty(n, shape.heads * shape.head_dim, dtype=x.dtype)
         kernel.attend_rows(shape, kernel_segment(cache, n), 0, 1, qkv, cos[0].contiguous(), sin[0].contiguous(), att)
         commit_rows(cache, n)
         h = torch.empty_like(x)
-        kernel.add_norm(x, kernel.linear_rows(layer.self_attn.o_proj.weight, att), layer.post_attention_layernorm.weight,
+        o, down = layer.self_attn.o_proj, layer.mlp.down_proj
+        kernel.add_norm(x, product(kernel, o.weight, getattr(o, "blocks", None), att), layer.post_attention_layernorm.weight,
                         h, eps)
         act = torch.empty(n, shape.intermediate, dtype=x.dtype)
-        kernel.silu_mul(kernel.linear_rows(self._gate_up, h), act)
+        kernel.silu_mul(product(kernel, self._gate_up, self._gate_up_blocks, h), act)
         normed = torch.empty_like(x)
-        kernel.add_norm(x, kernel.linear_rows(layer.mlp.down_proj.weight, act), self.norm.weight, normed, eps)
+        kernel.add_norm(x, product(kernel, down.weight, getattr(down, "blocks", None), act), self.norm.weight, normed, eps)
         return x, self._logits(normed[-1:] if last else normed)
 
     def _logits(self, normed: torch.Tensor) -> torch.Tensor:
@@ -203,7 +214,8 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
     load_weights(module, {c: tensors[n] for c, n in wanted.items()}, path, lm.dtype)
     module.attach(lm, head_config, d2t)
     use_row_kernel(module, lm.row_kernel)
-    module.use_kernel(lm.row_kernel)
-    logger.info("eagle3 head %s: hidden %s, draft vocab %d of %d, aux layers %s", path, head_config.hidden_size, draft_vocab,
-                vocab, aux)
+    quantised = module.use_blocks() if module.use_kernel(lm.row_kernel) and blocks_wanted(lm) else 0
+    logger.info("eagle3 head %s: hidden %s, draft vocab %d of %d, aux layers %s%s", path, head_config.hidden_size,
+                draft_vocab, vocab, aux,
+                f"; {quantised} head matrices read as Q8_0 blocks, like the GGUF target's" if quantised else "")
     return Eagle3Proposer(module, aux)

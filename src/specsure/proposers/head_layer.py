@@ -18,6 +18,7 @@ from specsure.models.products import KERNEL_ROWS, project
 
 if TYPE_CHECKING:
     from specsure.models.float_kernel import AnyKernel
+    from specsure.models.gguf_blocks import BlockMatrix
 
 
 class HeadCache:
@@ -169,12 +170,17 @@ class RowLinear(torch.nn.Linear):
     """
 
     kernel: "AnyKernel | None" = None
+    blocks: "BlockMatrix | None" = None
+    """The weight as Q8_0 blocks, read instead on the float32 kernel (head_blocks.py)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
         if torch.is_grad_enabled() or not self.weight.is_contiguous() or rows > KERNEL_ROWS:
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(rows, self.in_features)
+        if self.blocks is not None and x.dtype == torch.float32 and self.kernel is not None:
+            out = self.kernel.linear_blocks(self.blocks, flat.contiguous(), self.bias)  # type: ignore[union-attr]
+            return out.view(*x.shape[:-1], self.out_features)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             return project(flat, self.weight, self.bias).view(*x.shape[:-1], self.out_features)
         kernel = self.kernel

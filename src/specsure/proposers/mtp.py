@@ -32,9 +32,11 @@ from torch import nn
 from specsure.config.compat import check_head_fits, check_mtp_tensors, require_target_mtp
 from specsure.config.detect import SPECSURE_MTP_HEAD, SPECSURE_MTP_MODEL_TYPE, deepseek_mtp_prefix
 from specsure.config.errors import ConfigError
-from specsure.models.float_kernel import AnyKernel
+from specsure.models.float_kernel import MATRICES, AnyKernel
+from specsure.models.gguf_blocks import q8_blocks
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
 from specsure.models.products import project
+from specsure.proposers.head_blocks import blocks_wanted, product, use_linear_blocks
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
     HeadCache, commit_rows, kernel_ready, kernel_segment, use_cache_slots, use_row_kernel,
@@ -131,6 +133,17 @@ class MTPModule(nn.Module):
         self._kernel = kernel
         return True
 
+    def use_blocks(self) -> int:
+        """Have the kernel read the module's weight matrices as Q8_0 blocks (head_blocks.py); after
+        `use_kernel` returned True. Returns how many of its matrices it reads so."""
+        count = use_linear_blocks(self)  # eh_proj, the block's projections for the torch path, an own head
+        self._blocks = {name: q8_blocks(self._weights[name]) for name in MATRICES}  # the kernel's fused ones
+        for name, matrix in self._blocks.items():
+            if matrix is not None:
+                setattr(self._layer[0], name, matrix.data.data_ptr())
+                setattr(self._layer[0], f"{name}_format", matrix.format)
+        return count
+
     def forward(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,
                 last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         n = token_ids.shape[0]
@@ -168,7 +181,7 @@ class MTPModule(nn.Module):
         e, g = (torch.empty(n, hidden, dtype=kernel.dtype) for _ in range(2))
         kernel.add_norm(embed.to(kernel.dtype).contiguous(), None, self.enorm.weight, e, self.enorm.variance_epsilon)
         kernel.add_norm(features.contiguous(), None, self.hnorm.weight, g, self.hnorm.variance_epsilon)
-        x = kernel.linear_rows(self.eh_proj.weight, torch.cat([e, g], dim=-1))  # [n, H]
+        x = product(kernel, self.eh_proj.weight, getattr(self.eh_proj, "blocks", None), torch.cat([e, g], dim=-1))
         cos, sin = self.rotary(x[None], cache.positions(n))
         kernel.decode_rows(shape, self._layer, 0, 1, kernel_segment(cache, n), 1, cos[0].contiguous(),
                            sin[0].contiguous(), x, kernel.rows_scratch(shape, n))
@@ -232,12 +245,15 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> MTPProposer:
         d2t = vocab_map(weights, {n: n for n in ("d2t", "t2d") if n in weights.names}, label, draft_vocab,
                         lm.vocab_size)
         draft_ids = None if d2t is None else torch.arange(d2t.shape[0]) + d2t.long()
+    quantised = 0
     for module in modules_out:
         module.attach(lm, base.rotary_emb, draft_ids)
         use_row_kernel(module, lm.row_kernel)
-        module.use_kernel(lm.row_kernel)
-    logger.info("mtp: %d module(s) from %s (%s), drafting among %s tokens", len(modules_out), label, where,
-                lm.vocab_size if draft_ids is None else int(draft_ids.numel()))
+        if module.use_kernel(lm.row_kernel) and blocks_wanted(lm):
+            quantised += module.use_blocks()
+    logger.info("mtp: %d module(s) from %s (%s), drafting among %s tokens%s", len(modules_out), label, where,
+                lm.vocab_size if draft_ids is None else int(draft_ids.numel()),
+                f"; {quantised} head matrices read as Q8_0 blocks, like the GGUF target's" if quantised else "")
     return MTPProposer(modules_out)
 
 

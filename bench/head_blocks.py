@@ -1,0 +1,86 @@
+"""The shipped heads reading Q8_0 blocks against the same heads in float32 (proposers/head_blocks.py).
+
+Plain decoding and each head both ways, interleaved prompt by prompt on the bench's built-in
+prompts, greedy; each engine's tokens/s is its new tokens over the sum of its per-prompt median
+times (``--repeats`` of each), every output checked against plain decoding. A measurement, not a
+test:
+
+    .venv/bin/python bench/head_blocks.py --k 1 --repeats 3 --out bench/avx2-head-blocks/k1.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from specsure.bench.workload import encode, load_builtin
+from specsure.decode.engine import Engine, make_engine
+from specsure.proposers.head_blocks import ENV
+from specsure.sampling import SamplingParams
+
+
+def engines(k: int | None) -> dict[str, Engine]:
+    runs = {"plain": make_engine(None, None)}
+    for method in ("mtp", "eagle3"):
+        spec = {"method": method} if k is None else {"method": method, "num_speculative_tokens": k}
+        for name, value in ((f"{method} Q8_0", "1"), (f"{method} float32", "0")):
+            os.environ[ENV] = value
+            runs[name] = make_engine(None, spec)
+    os.environ.pop(ENV)
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--k", type=int, default=None, help="num_speculative_tokens (default: the shipped tree)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--heldout", action="store_true")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    runs = engines(args.k)
+    tokenizer = runs["plain"].tokenizer
+    prompts = [list(encode(p, tokenizer)) for p in load_builtin(heldout=args.heldout)]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    for engine in runs.values():  # warm-up: kernels built, buffers sized
+        engine.generate([prompts[0]], SamplingParams(max_tokens=16, temperature=0.0))
+    seconds = {name: [[] for _ in prompts] for name in runs}
+    tokens = {name: 0 for name in runs}
+    accepted = {name: [0, 0] for name in runs}
+    for i, ids in enumerate(prompts):
+        reference = None
+        for repeat in range(args.repeats):
+            for name, engine in runs.items():
+                start = time.perf_counter()
+                out = engine.generate([ids], params)[0]
+                seconds[name][i].append(time.perf_counter() - start)
+                if reference is None:
+                    reference = list(out.token_ids)
+                if list(out.token_ids) != reference:
+                    raise SystemExit(f"{name} differs from plain decoding on prompt {i}")
+                if repeat == 0:
+                    tokens[name] += len(out.token_ids)
+                    accepted[name][0] += out.stats.accepted_tokens
+                    accepted[name][1] += out.stats.drafts
+    rates = {name: tokens[name] / sum(statistics.median(s) for s in seconds[name]) for name in runs}
+    lines = [f"`{' '.join(['bench/head_blocks.py'] + [f'--k {args.k}'] * (args.k is not None) + ['--heldout'] * args.heldout)}"
+             f" --repeats {args.repeats}`: {len(prompts)} prompts, {args.max_tokens} new tokens, greedy, "
+             f"default dtype ({str(runs['plain'].target.lm.dtype).removeprefix('torch.')}), 2 threads; every output "
+             "equals plain decoding's.", "", "| engine | tok/s | vs plain | mean acc. len |", "|---|---|---|---|"]
+    for name in runs:
+        drafted, kept = accepted[name][1], accepted[name][0]
+        length = f"{1 + kept / drafted:.2f}" if drafted else "-"
+        lines.append(f"| {name} | {rates[name]:.1f} | {rates[name] / rates['plain']:.3f}x | {length} |")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Draft heads read Q8_0 blocks where their target reads a GGUF file's blocks.
+
+A GGUF target's decode step streams its 4- to 8-bit blocks (models/gguf_blocks.py), but a draft
+head from safetensors streamed float32 weights: the shipped MTP head's step read 17 MB for its
+block and eh_proj, the EAGLE-3 head's 39 MB, as much as a fifth of the target's whole step, which
+is what kept both heads from paying on AVX2. Quantised to Q8_0 (llama.cpp's 8-bit format, about
+bf16's precision; the shipped heads are stored in bf16) they read a quarter of that.
+
+This changes only which tokens a head proposes, never an output token: the target verifies every
+draft with its own weights, so greedy output still equals plain decoding bit for bit. It applies
+only where the target itself reads blocks; ``SPECSURE_HEAD_BLOCKS=0`` keeps the float32 head (for
+comparing the two).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+
+from specsure.models.gguf_blocks import BlockMatrix, q8_blocks
+from specsure.proposers.head_layer import RowLinear
+
+if TYPE_CHECKING:
+    from specsure.models.causal_lm import CausalLM
+    from specsure.models.float_kernel import AnyKernel
+
+ENV = "SPECSURE_HEAD_BLOCKS"
+
+
+def blocks_wanted(lm: "CausalLM") -> bool:
+    """Whether a head of ``lm`` should read Q8_0 blocks: the target reads a GGUF's blocks on the
+    float32 kernel, and ``SPECSURE_HEAD_BLOCKS`` is not 0."""
+    kernel = lm.row_kernel
+    return (os.environ.get(ENV) != "0" and bool(lm.blocks_used) and lm.dtype == torch.float32
+            and kernel is not None and hasattr(kernel, "linear_blocks"))
+
+
+def use_linear_blocks(module: torch.nn.Module) -> int:
+    """Give every float32 `RowLinear` of ``module`` Q8_0 blocks of its weight; returns how many."""
+    count = 0
+    for sub in module.modules():
+        if isinstance(sub, RowLinear) and sub.weight.dtype == torch.float32:
+            sub.blocks = q8_blocks(sub.weight)
+            count += sub.blocks is not None
+    return count
+
+
+def product(kernel: "AnyKernel", weight: torch.Tensor, blocks: BlockMatrix | None, x: torch.Tensor) -> torch.Tensor:
+    """x [n, k] . weight [m, k]^T on ``kernel``: over ``blocks`` (the same matrix as Q8_0) when given."""
+    if blocks is not None:
+        return kernel.linear_blocks(blocks, x)  # type: ignore[union-attr]
+    return kernel.linear_rows(weight, x)

@@ -1,0 +1,132 @@
+"""Draft heads (EAGLE-1, EAGLE-3, MTP) read Q8_0 blocks where their GGUF target reads blocks (proposers/head_blocks.py): each
+weight rounded to the nearest step of its block, the head's products on those blocks, its drafts
+close to the float32 head's, and the output still plain decoding's bit for bit. Without AVX2 there
+is no float32 kernel and no blocks, so the kernel tests skip."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from gguf_models import byte_bpe_tokenizer, write_llama_gguf
+from heads import write_eagle3_head, write_eagle_head, write_mtp_head
+from specsure.decode.engine import make_engine
+from specsure.models import float_kernel as float_kernels
+from specsure.models import gguf_blocks
+from specsure.proposers.head_blocks import ENV
+from specsure.proposers.head_layer import HeadCache, RowLinear
+from specsure.sampling import SamplingParams
+from tiny import build_tiny_llama
+
+VOCAB = 300
+NO_KERNEL = "no float32 C kernel on this machine (AVX2, FMA and a C compiler), so nothing reads blocks"
+
+
+def test_q8_blocks_round_each_weight_to_the_nearest_step_of_its_block() -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(5, 96) * torch.tensor([1.0, 1e-3, 30.0]).repeat_interleave(32)  # blocks of unlike scales
+    weight[2, 32:64] = 0.0  # an all-zero block: d = 0, every q 0
+    matrix = gguf_blocks.q8_blocks(weight)
+    assert matrix is not None and (matrix.format, matrix.rows, matrix.cols, matrix.kind) == (gguf_blocks.Q8_0, 5, 96, "Q8_0")
+    step = weight.abs().reshape(5, 3, 32).amax(-1, keepdim=True) / 127
+    error = (matrix.dequantized().reshape(5, 3, 32) - weight.reshape(5, 3, 32)).abs()
+    assert bool((error <= step / 2 * (1 + 1e-5)).all())
+    assert torch.equal(matrix.dequantized()[2, 32:64], torch.zeros(32))
+    assert gguf_blocks.q8_blocks(torch.randn(4, 40)) is None  # not whole blocks: the head keeps float32 there
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(GGUF file, the llama folder it was written from): Q8_0 and Q4_1 layers and LM head."""
+    root = tmp_path_factory.mktemp("head-blocks")
+    folder = build_tiny_llama(root / "llama", vocab_size=VOCAB, hidden_size=64)
+    byte_bpe_tokenizer(folder, VOCAB)
+    names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    types = {f"blk.{i}.{n}.weight": ("Q8_0" if i else "Q4_1") for i in (0, 1) for n in names}
+    return write_llama_gguf(folder, root / "tiny.gguf", quantize={**types, "output.weight": "Q8_0"}), folder
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def _head(method: str, folder: Path, out: Path) -> Path:
+    if method == "mtp":
+        return write_mtp_head(out, folder, seed=3)
+    if method == "eagle":
+        return write_eagle_head(out, folder, seed=3, naming="vllm")
+    return write_eagle3_head(out, folder, draft_vocab=200, layer_ids=[0, 1, 1], seed=3)
+
+
+def _module_steps(engine, method: str) -> list[torch.Tensor]:  # noqa: ANN001
+    """The head module's logits for a 6-entry catch-up (torch) and then two one-row steps (the C kernel)."""
+    module = engine.proposer.modules[0]
+    torch.manual_seed(1)
+    hidden = engine.target.lm.hidden_size
+    width = 3 * hidden if method == "eagle3" else hidden
+    features = torch.randn(8, width)
+    ids = torch.randint(3, VOCAB, (8,))
+    cache, out = HeadCache(), []
+    with torch.inference_mode():  # as the engine drafts: outside autograd, where the blocks are read
+        if method == "eagle3":
+            features = module.features(features)
+        for lo, hi in ((0, 6), (6, 7), (7, 8)):
+            out.append(module(features[lo:hi], ids[lo:hi], cache, last=True)[1])
+    return out
+
+
+@pytest.mark.parametrize("method", ["mtp", "eagle3", "eagle"])
+def test_a_head_of_a_gguf_target_reads_q8_blocks_and_the_output_stays_exact(
+        method: str, target: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    gguf, folder = target
+    head = str(_head(method, folder, tmp_path / "head"))
+    spec = {"method": method, "model": head, "num_speculative_tokens": 3}
+    with caplog.at_level(logging.INFO, logger=f"specsure.proposers.{method}"):
+        engine = make_engine(str(gguf), spec, dtype="float32")
+    module = engine.proposer.modules[0]
+    linears = [m for m in module.modules() if isinstance(m, RowLinear)]
+    if float_kernels.load()[0] is None:
+        assert all(m.blocks is None for m in linears)
+        pytest.skip(NO_KERNEL)
+    assert linears and all(m.blocks is not None and m.blocks.format == gguf_blocks.Q8_0 for m in linears)
+    if method == "mtp":  # the block's fused matrices, as the kernel's Layer struct reads them
+        assert [getattr(module._layer[0], f"{n}_format") for n in float_kernels.MATRICES] == [gguf_blocks.Q8_0] * 4
+    if method == "eagle3":  # the fused ones its kernel path multiplies by
+        assert module._qkv_blocks is not None and module._gate_up_blocks is not None
+    assert f"; {len(linears)} head matrices read as Q8_0 blocks, like the GGUF target's" in caplog.text
+
+    # The drafts are those of a float32 head holding the blocks' values (the products differ in their
+    # last bits: torch's over float32 rows, the kernel's over blocks), not the float32 head's own.
+    monkeypatch.setenv(ENV, "0")
+    exact, twin = (make_engine(str(gguf), spec, dtype="float32") for _ in range(2))
+    assert all(m.blocks is None for m in exact.proposer.modules[0].modules() if isinstance(m, RowLinear))
+    twin_module = twin.proposer.modules[0]
+    with torch.no_grad():
+        for quantised, plain_linear in zip(linears, [m for m in twin_module.modules() if isinstance(m, RowLinear)]):
+            plain_linear.weight.copy_(quantised.blocks.dequantized())
+    if hasattr(twin_module, "use_kernel"):
+        assert twin_module.use_kernel(twin.target.lm.row_kernel)  # its fused copies of the new weights
+    for got, want, own in zip(*(_module_steps(e, method) for e in (engine, twin, exact))):
+        finite = torch.isfinite(want)
+        assert torch.equal(finite, torch.isfinite(got))
+        torch.testing.assert_close(got[finite], want[finite], rtol=0.0, atol=1e-4 * float(want[finite].abs().max()))
+        assert not torch.allclose(got[finite], own[finite], rtol=0.0, atol=1e-3)
+    plain = make_engine(str(gguf), None, dtype="float32")
+    prompts = [[5, 17, 33, 90, 4, 12], [250, 8, 8, 9, 100]]
+    params = SamplingParams(max_tokens=30, temperature=0.0)
+    got = engine.generate(prompts, params)
+    assert [c.token_ids for c in got] == [c.token_ids for c in plain.generate(prompts, params)]
+    assert sum(c.stats.draft_tokens for c in got) > 0
+
+
+def test_a_float32_target_from_safetensors_keeps_a_float32_head(tiny_llama: Path, tmp_path: Path) -> None:
+    # blocks only where the target itself reads blocks: a safetensors target reads float32 rows
+    head = str(write_mtp_head(tmp_path / "head", tiny_llama, seed=3))
+    engine = make_engine(str(tiny_llama), {"method": "mtp", "model": head, "num_speculative_tokens": 2}, dtype="float32")
+    module = engine.proposer.modules[0]
+    assert all(m.blocks is None for m in module.modules() if isinstance(m, RowLinear))
