@@ -11,7 +11,8 @@ import pytest
 from specsure import SamplingParams, make_engine
 from specsure.bench.configs import Settings, speculative_config
 from specsure.config import ConfigError, resolve
-from specsure.config.shipped import HEADS_DIR, SHIPPED, SHIPPED_TREE, shipped_head
+from specsure.config import shipped
+from specsure.config.shipped import HEADS_DIR, SHIPPED, shipped_head
 from specsure.config.training_record import trained_depth
 
 HEAD_BYTES_LIMIT = 30 * 1024 * 1024
@@ -43,13 +44,19 @@ def test_make_heads_expects_the_data_the_shipped_heads_record() -> None:
 
 
 @pytest.mark.parametrize("method", sorted(SHIPPED))
-def test_an_unset_model_on_the_default_target_is_the_shipped_head(method: str) -> None:
+@pytest.mark.parametrize("bf16", [("avx512_bf16",), ()])
+def test_an_unset_model_on_the_default_target_is_the_shipped_head(method: str, bf16: tuple[str, ...],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shipped, "cpu_bf16_flags", lambda: bf16)  # the CPU decides the default tree
     res = resolve({"method": method})
     model = res.decisions["model"]
     assert model.value == shipped_head(method) and model.source == "default" and "shipped" in model.reason
     tree, k = res.decisions["speculative_token_tree"], res.decisions["num_speculative_tokens"]
-    assert tree.value == SHIPPED_TREE[method] and tree.source == "default" and "shipped" in tree.reason
-    assert k.value == len(SHIPPED_TREE[method]) and k.source == "derived"
+    want = shipped.TREE_FAST_BF16 if bf16 else shipped.TREE_FLOAT32
+    assert want == (((0,), (1,)) if bf16 else ((0,),))
+    assert tree.value == want and tree.source == "default" and "shipped" in tree.reason
+    assert ("fast bf16 (avx512_bf16)" if bf16 else "reports no fast bf16") in tree.reason
+    assert k.value == len(want) and k.source == "derived"
     assert "shipped" in res.explain() and not res.warnings
     chain = resolve({"method": method, "num_speculative_tokens": 2})  # an explicit k drafts a chain of k
     assert chain.config.num_speculative_tokens == 2 and chain.config.speculative_token_tree is None

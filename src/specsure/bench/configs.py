@@ -11,17 +11,19 @@ import torch
 from specsure.bench.runners import Runner, SpecsureRunner, TransformersRunner
 from specsure.config import ConfigError
 from specsure.config.schema import SUFFIX_FIELDS, parse_user_spec
-from specsure.config.shipped import SHIPPED_TREE
+from specsure.config.shipped import TREE_FAST_BF16
 
 METHODS: tuple[str, ...] = ("plain", "ngram", "ngram-tree", "draft_model", "eagle", "eagle3", "eagle3-tree", "mtp",
                             "mtp-tree", "suffix")
 """specsure configurations, in report order; 'plain' is speculation off. 'ngram-tree' is ngram with
 prompt_lookup_branches > 1; 'eagle3-tree' and 'mtp-tree' draft a speculative_token_tree."""
 DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in METHODS if m not in ("eagle3-tree", "mtp-tree"))
-"""What --methods runs by default: the tree rows repeat the eagle3 and mtp rows, whose shipped heads
-draft a tree by default, unless --token-tree or -k sets something else."""
-DEFAULT_TREES: dict[str, str] = {f"{m}-tree": str(SHIPPED_TREE[m]) for m in ("eagle3", "mtp")}
-"""The trees of 'eagle3-tree' and 'mtp-tree' unless --token-tree is given: the shipped heads' defaults."""
+"""What --methods runs by default: the eagle3 and mtp rows draft what their shipped heads draft by
+default on this CPU (shipped.py), unless --token-tree or -k sets something else; the tree rows are
+asked for by name."""
+DEFAULT_TREES: dict[str, str] = {f"{m}-tree": str(TREE_FAST_BF16) for m in ("eagle3", "mtp")}
+"""The trees of 'eagle3-tree' and 'mtp-tree' unless --token-tree is given: the shipped heads' default
+where bf16 is fast, their first two choices."""
 BASELINES: tuple[str, ...] = ("hf", "hf-prompt-lookup", "hf-assisted")
 """transformers configurations: generate greedy, prompt lookup, assisted generation."""
 

@@ -30,7 +30,7 @@ from specsure.bench.workload import CATEGORIES, WorkloadError, encode, load_buil
 from specsure.cli import bench_serve
 from specsure.cli.common import int_at_least, writable_folder
 from specsure.config import ConfigError
-from specsure.models.dtypes import cpu_model
+from specsure.config.cpu import cpu_model
 
 QUICK = {"per_category": 2, "max_tokens": 96, "repeats": 3}
 """--quick: a few prompts per category, sized to finish in minutes on the default model."""
@@ -88,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-tree", default=None, metavar="TREE",
                         help="eagle3-tree and mtp-tree: the speculative_token_tree, e.g. \"[(0,), (1,), (0, 0)]\" "
                              f"(default {DEFAULT_TREES['eagle3-tree']} for eagle3-tree and "
-                             f"{DEFAULT_TREES['mtp-tree']} for mtp-tree, the shipped heads' own)")
+                             f"{DEFAULT_TREES['mtp-tree']} for mtp-tree, the shipped heads' own where bf16 is fast)")
     parser.add_argument("--suffix-max-tree-depth", type=int, default=None, help="suffix: suffix_decoding_max_tree_depth (vLLM's default 24)")
     parser.add_argument("--suffix-max-cached-requests", type=int, default=None,
                         help="suffix: suffix_decoding_max_cached_requests, earlier outputs kept (vLLM's default 10000; 0: off)")

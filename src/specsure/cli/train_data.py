@@ -236,7 +236,7 @@ def environment(target: LoadedModel) -> dict[str, str]:
     import torch
     import transformers
 
-    from specsure.models.dtypes import cpu_model
+    from specsure.config.cpu import cpu_model
 
     return {"python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "numpy": numpy.__version__, "cpu": cpu_model(),

@@ -25,7 +25,7 @@ from specsure.config.lookup import decide_prompt_lookup, decide_suffix
 from specsure.config.schema import (
     FIELDS, MAX_SPECULATIVE_TOKENS, METHODS, SUFFIX_FIELDS, UNSET, SpeculativeConfig, UserSpec, parse_user_spec,
 )
-from specsure.config.shipped import SHIPPED_TREE, shipped_head
+from specsure.config.shipped import shipped_head, shipped_tree
 from specsure.config.token_tree import TREE_METHODS, DraftTree, is_chain, tree_shape
 from specsure.config.training_record import depth_note
 from specsure.config.vocabulary import other_tokenizer
@@ -200,6 +200,8 @@ class _State:
     """The target is the packaged default model, for which specsure ships heads."""
     shipped_tree: DraftTree | None = None
     """The tree the shipped head drafts by default, once `shipped` chose it."""
+    shipped_tree_why: str = ""
+    """Why that tree, on this CPU (shipped.py)."""
     notices: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
 
@@ -315,7 +317,7 @@ class _State:
             return None
         self.draft = _read_draft(path)
         self.draft_evidence = classify_draft(self.draft)
-        self.shipped_tree = SHIPPED_TREE.get(method)
+        self.shipped_tree, self.shipped_tree_why = shipped_tree(method)
         return Decision("model", path, "default",
                         f"No draft 'model' was given and the target is the packaged default, so the {method} head "
                         "shipped with specsure for it is used (trained by `make heads`, docs/training.md)."
@@ -352,16 +354,17 @@ class _State:
                                   f"head, but the method is {method!r}{other}. Remove {name}.")
             return Decision(name, None, "derived",
                             f"Only a head's drafts form a static tree; the method is {method!r}.")
+        chain = " It is a chain: the same draft as no tree."
         if tree is UNSET and shipped is not None and not k_given:
             return Decision(name, shipped, "default", f"The shipped {method} head drafts this tree unless you set "
-                                                      f"num_speculative_tokens or a tree: the best measured for it on "
-                                                      f"the bench (BENCHMARKS.md); {tree_shape(shipped)}.")
+                                                      f"num_speculative_tokens or a tree: {self.shipped_tree_why} "
+                                                      f"(BENCHMARKS.md); {tree_shape(shipped)}."
+                                                      + chain * is_chain(shipped))
         if tree is UNSET:
             chain = "You set num_speculative_tokens, so" if k_given and shipped is not None else "None:"
             return Decision(name, None, "default", f"{chain} the draft is a chain of num_speculative_tokens tokens, "
                                                    "as vLLM drafts.")
-        kind = " It is a chain: the same draft as no tree." if is_chain(tree) else ""
-        return Decision(name, tree, "user", f"You set the draft tree: {tree_shape(tree)}.{kind}")
+        return Decision(name, tree, "user", f"You set the draft tree: {tree_shape(tree)}.{chain * is_chain(tree)}")
 
     def decide_num_tokens(self, method: str, tree_depth: int | None, token_tree: DraftTree | None) -> Decision:
         user = self.spec.num_speculative_tokens
@@ -374,8 +377,9 @@ class _State:
             if user is not UNSET:
                 return Decision("num_speculative_tokens", user, "user", "You set num_speculative_tokens; it equals "
                                                                         "the node count of your tree.")
+            nodes = f"{len(token_tree)} node{'s' * (len(token_tree) > 1)}"
             return Decision("num_speculative_tokens", len(token_tree), "derived",
-                            f"speculative_token_tree has {len(token_tree)} nodes, and every node is a draft token.")
+                            f"speculative_token_tree has {nodes}, and every node is a draft token.")
         if user is not UNSET:
             if n_predict and n_predict != user:
                 self.conflict("num_speculative_tokens", user, n_predict, self.draft.signal("n_predict"))

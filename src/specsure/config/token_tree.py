@@ -88,5 +88,6 @@ def tree_shape(tree: DraftTree) -> str:
     """A few words on the tree: nodes, depth, widest level."""
     depth = tree.depth
     widths = [sum(len(node) == d for node in tree) for d in range(1, depth + 1)]
-    return (f"{len(tree)} nodes over {depth} level{'s' if depth > 1 else ''} ({', '.join(map(str, widths))} "
+    nodes, levels = f"{len(tree)} node{'s' * (len(tree) > 1)}", f"{depth} level{'s' * (depth > 1)}"
+    return (f"{nodes} over {levels} ({', '.join(map(str, widths))} "
             f"per level); a verify forward feeds {len(tree) + 1} tokens")

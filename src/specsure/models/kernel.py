@@ -26,7 +26,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from specsure.models.dtypes import cpu_flags
+from specsure.config.cpu import cpu_flags
 from specsure.models.gguf_cache import cache_root
 
 logger = logging.getLogger(__name__)

@@ -151,12 +151,13 @@ class Eagle3Module(nn.Module):
         commit_rows(cache, n)
         h = torch.empty_like(x)
         o, down = layer.self_attn.o_proj, layer.mlp.down_proj
-        kernel.add_norm(x, product(kernel, o.weight, getattr(o, "blocks", None), att), layer.post_attention_layernorm.weight,
-                        h, eps)
+        attended = product(kernel, o.weight, getattr(o, "blocks", None), att)
+        kernel.add_norm(x, attended, layer.post_attention_layernorm.weight, h, eps)
         act = torch.empty(n, shape.intermediate, dtype=x.dtype)
         kernel.silu_mul(product(kernel, self._gate_up, self._gate_up_blocks, h), act)
         normed = torch.empty_like(x)
-        kernel.add_norm(x, product(kernel, down.weight, getattr(down, "blocks", None), act), self.norm.weight, normed, eps)
+        mixed = product(kernel, down.weight, getattr(down, "blocks", None), act)
+        kernel.add_norm(x, mixed, self.norm.weight, normed, eps)
         return x, self._logits(normed[-1:] if last else normed)
 
     def _logits(self, normed: torch.Tensor) -> torch.Tensor:
