@@ -24,27 +24,35 @@ from specsure.proposers.head_blocks import ENV
 from specsure.sampling import SamplingParams
 
 
-def engines(k: int | None) -> dict[str, Engine]:
+def engines(k: int | None, tree: str | None) -> dict[str, Engine]:
     runs = {"plain": make_engine(None, None)}
+    before = os.environ.get(ENV)
     for method in ("mtp", "eagle3"):
-        spec = {"method": method} if k is None else {"method": method, "num_speculative_tokens": k}
+        spec: dict[str, object] = {"method": method}
+        if k is not None:
+            spec["num_speculative_tokens"] = k
+        if tree is not None:
+            spec["speculative_token_tree"] = tree
         for name, value in ((f"{method} Q8_0", "1"), (f"{method} float32", "0")):
             os.environ[ENV] = value
             runs[name] = make_engine(None, spec)
     os.environ.pop(ENV)
+    if before is not None:
+        os.environ[ENV] = before
     return runs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--k", type=int, default=None, help="num_speculative_tokens (default: the shipped tree)")
+    parser.add_argument("--k", type=int, default=None, help="num_speculative_tokens (default: the shipped heads' default)")
+    parser.add_argument("--tree", default=None, help='speculative_token_tree, e.g. "[(0,), (1,)]"')
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--heldout", action="store_true")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    runs = engines(args.k)
+    runs = engines(args.k, args.tree)
     tokenizer = runs["plain"].tokenizer
     prompts = [list(encode(p, tokenizer)) for p in load_builtin(heldout=args.heldout)]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
@@ -69,7 +77,8 @@ def main() -> None:
                     accepted[name][0] += out.stats.accepted_tokens
                     accepted[name][1] += out.stats.drafts
     rates = {name: tokens[name] / sum(statistics.median(s) for s in seconds[name]) for name in runs}
-    lines = [f"`{' '.join(['bench/head_blocks.py'] + [f'--k {args.k}'] * (args.k is not None) + ['--heldout'] * args.heldout)}"
+    flags = [f"--k {args.k}"] * (args.k is not None) + [f"--tree '{args.tree}'"] * (args.tree is not None)
+    lines = [f"`{' '.join(['bench/head_blocks.py'] + flags + ['--heldout'] * args.heldout)}"
              f" --repeats {args.repeats}`: {len(prompts)} prompts, {args.max_tokens} new tokens, greedy, "
              f"default dtype ({str(runs['plain'].target.lm.dtype).removeprefix('torch.')}), 2 threads; every output "
              "equals plain decoding's.", "", "| engine | tok/s | vs plain | mean acc. len |", "|---|---|---|---|"]

@@ -1,8 +1,8 @@
 """A draft step of the shipped heads, as a fraction of the target's one-row decode step.
 
-For each head, read as Q8_0 blocks and as float32 (proposers/head_blocks.py), and for a target
-forward of 1 to 4 new rows: the median time over ``--repeats`` at ~200 cached tokens, rolled back
-after each. A head's "k = 1" is one proposal after one new observed position (what a step with
+For each head, read as Q8_0 blocks and as float32 (proposers/head_blocks.py): the median over
+``--repeats`` of the target's one-row forward at ~200 cached tokens and of the head's proposal
+after it. A head's "k = 1" is one proposal after one new observed position (what a step with
 nothing accepted costs it), "k = 3" a chain of three. Not a test: a measurement for BENCHMARKS.md.
 
     .venv/bin/python bench/head_step_times.py --repeats 20

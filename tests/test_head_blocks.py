@@ -1,7 +1,8 @@
-"""Draft heads (EAGLE-1, EAGLE-3, MTP) read Q8_0 blocks where their GGUF target reads blocks (proposers/head_blocks.py): each
-weight rounded to the nearest step of its block, the head's products on those blocks, its drafts
-close to the float32 head's, and the output still plain decoding's bit for bit. Without AVX2 there
-is no float32 kernel and no blocks, so the kernel tests skip."""
+"""Draft heads (EAGLE-1, EAGLE-3, MTP) read Q8_0 blocks where their GGUF target reads blocks
+(proposers/head_blocks.py): each weight rounded to the nearest step of its block, the head's
+products on those blocks (its logits those of a float32 head holding the blocks' values), chains
+and trees, and the output still plain decoding's bit for bit. Without AVX2 there is no float32
+kernel and no blocks, so the kernel tests skip."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from gguf_models import byte_bpe_tokenizer, write_llama_gguf
 from heads import write_eagle3_head, write_eagle_head, write_mtp_head
-from specsure.decode.engine import make_engine
+from specsure.decode.engine import Engine, make_engine
 from specsure.models import float_kernel as float_kernels
 from specsure.models import gguf_blocks
 from specsure.proposers.head_blocks import ENV
@@ -36,6 +37,8 @@ def test_q8_blocks_round_each_weight_to_the_nearest_step_of_its_block() -> None:
     assert bool((error <= step / 2 * (1 + 1e-5)).all())
     assert torch.equal(matrix.dequantized()[2, 32:64], torch.zeros(32))
     assert gguf_blocks.q8_blocks(torch.randn(4, 40)) is None  # not whole blocks: the head keeps float32 there
+    weight[1, 3] = float("nan")
+    assert gguf_blocks.q8_blocks(weight) is None  # no block scale for a NaN: float32 there too
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +60,20 @@ def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def _head(method: str, folder: Path, out: Path) -> Path:
     if method == "mtp":
         return write_mtp_head(out, folder, seed=3)
+    if method == "mtp-own-head":  # its own LM head, drafting among 200 of the 300 tokens
+        gen = torch.Generator().manual_seed(5)
+        kept = torch.randperm(VOCAB, generator=gen)[:200].sort().values
+        t2d = torch.zeros(VOCAB, dtype=torch.bool)
+        t2d[kept] = True
+        own = {"layers.0.shared_head.head.weight": torch.randn(VOCAB, 64, generator=gen) * 0.5,
+               "d2t": kept - torch.arange(200), "t2d": t2d}
+        return write_mtp_head(out, folder, seed=3, tensors=own, draft_vocab_size=200)
     if method == "eagle":
         return write_eagle_head(out, folder, seed=3, naming="vllm")
     return write_eagle3_head(out, folder, draft_vocab=200, layer_ids=[0, 1, 1], seed=3)
 
 
-def _module_steps(engine, method: str) -> list[torch.Tensor]:  # noqa: ANN001
+def _module_steps(engine: Engine, method: str) -> list[torch.Tensor]:
     """The head module's logits for a 6-entry catch-up (torch) and then two one-row steps (the C kernel)."""
     module = engine.proposer.modules[0]
     torch.manual_seed(1)
@@ -79,13 +90,13 @@ def _module_steps(engine, method: str) -> list[torch.Tensor]:  # noqa: ANN001
     return out
 
 
-@pytest.mark.parametrize("method", ["mtp", "eagle3", "eagle"])
+@pytest.mark.parametrize("head", ["mtp", "mtp-own-head", "eagle3", "eagle"])
 def test_a_head_of_a_gguf_target_reads_q8_blocks_and_the_output_stays_exact(
-        method: str, target: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        head: str, target: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     gguf, folder = target
-    head = str(_head(method, folder, tmp_path / "head"))
-    spec = {"method": method, "model": head, "num_speculative_tokens": 3}
+    method = head.split("-")[0]
+    spec = {"method": method, "model": str(_head(head, folder, tmp_path / "head")), "num_speculative_tokens": 3}
     with caplog.at_level(logging.INFO, logger=f"specsure.proposers.{method}"):
         engine = make_engine(str(gguf), spec, dtype="float32")
     module = engine.proposer.modules[0]
@@ -93,12 +104,17 @@ def test_a_head_of_a_gguf_target_reads_q8_blocks_and_the_output_stays_exact(
     if float_kernels.load()[0] is None:
         assert all(m.blocks is None for m in linears)
         pytest.skip(NO_KERNEL)
-    assert linears and all(m.blocks is not None and m.blocks.format == gguf_blocks.Q8_0 for m in linears)
+    # An own LM head with a draft vocabulary drafts from Q8_0 blocks of those rows only.
+    gathered = [module.shared_head.head] if head == "mtp-own-head" else []
+    read = [m for m in linears if not any(m is g for g in gathered)]
+    assert read and all(m.blocks is not None and m.blocks.format == gguf_blocks.Q8_0 for m in read)
+    assert all(m.blocks is None for m in gathered)
     if method == "mtp":  # the block's fused matrices, as the kernel's Layer struct reads them
         assert [getattr(module._layer[0], f"{n}_format") for n in float_kernels.MATRICES] == [gguf_blocks.Q8_0] * 4
     if method == "eagle3":  # the fused ones its kernel path multiplies by
         assert module._qkv_blocks is not None and module._gate_up_blocks is not None
-    assert f"; {len(linears)} head matrices read as Q8_0 blocks, like the GGUF target's" in caplog.text
+    count = len(read) + len(gathered)
+    assert f"; {count} head matrices read as Q8_0 blocks, like the GGUF target's" in caplog.text
 
     # The drafts are those of a float32 head holding the blocks' values (the products differ in their
     # last bits: torch's over float32 rows, the kernel's over blocks), not the float32 head's own.
@@ -108,7 +124,9 @@ def test_a_head_of_a_gguf_target_reads_q8_blocks_and_the_output_stays_exact(
     twin_module = twin.proposer.modules[0]
     with torch.no_grad():
         for quantised, plain_linear in zip(linears, [m for m in twin_module.modules() if isinstance(m, RowLinear)]):
-            plain_linear.weight.copy_(quantised.blocks.dequantized())
+            plain_linear.weight.copy_(q8_values(quantised.weight))
+    if method == "mtp":  # its draft rows are gathered at attach
+        twin_module.attach(twin_module.target, twin_module.rotary, twin_module.draft_ids)
     if hasattr(twin_module, "use_kernel"):
         assert twin_module.use_kernel(twin.target.lm.row_kernel)  # its fused copies of the new weights
     for got, want, own in zip(*(_module_steps(e, method) for e in (engine, twin, exact))):
@@ -119,9 +137,31 @@ def test_a_head_of_a_gguf_target_reads_q8_blocks_and_the_output_stays_exact(
     plain = make_engine(str(gguf), None, dtype="float32")
     prompts = [[5, 17, 33, 90, 4, 12], [250, 8, 8, 9, 100]]
     params = SamplingParams(max_tokens=30, temperature=0.0)
+    want_ids = [c.token_ids for c in plain.generate(prompts, params)]
     got = engine.generate(prompts, params)
-    assert [c.token_ids for c in got] == [c.token_ids for c in plain.generate(prompts, params)]
+    assert [c.token_ids for c in got] == want_ids
     assert sum(c.stats.draft_tokens for c in got) > 0
+    # A tree's levels run on the torch path (HeadCache.lay_out), through the RowLinears' blocks.
+    monkeypatch.delenv(ENV)
+    tree = make_engine(str(gguf), {**spec, "speculative_token_tree": "[(0,), (1,), (0, 0)]"}, dtype="float32")
+    assert tree.proposer.tree is not None  # drafted as a tree, not a chain
+    assert [c.token_ids for c in tree.generate(prompts, params)] == want_ids
+
+
+def q8_values(weight: torch.Tensor) -> torch.Tensor:
+    """The float32 values Q8_0 blocks of ``weight`` hold."""
+    matrix = gguf_blocks.q8_blocks(weight)
+    assert matrix is not None
+    return matrix.dequantized()
+
+
+def test_a_bf16_target_keeps_its_head_as_loaded(target: tuple[Path, Path], tmp_path: Path) -> None:
+    # the kernel reads blocks in float32 only: in bf16 neither the target nor its head reads them
+    gguf, folder = target
+    spec = {"method": "mtp", "model": str(_head("mtp", folder, tmp_path / "head")), "num_speculative_tokens": 2}
+    engine = make_engine(str(gguf), spec, dtype="bfloat16")
+    assert not engine.target.lm.blocks_used
+    assert all(m.blocks is None for m in engine.proposer.modules[0].modules() if isinstance(m, RowLinear))
 
 
 def test_a_float32_target_from_safetensors_keeps_a_float32_head(tiny_llama: Path, tmp_path: Path) -> None:

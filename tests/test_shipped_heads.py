@@ -58,6 +58,16 @@ def test_an_unset_model_on_the_default_target_is_the_shipped_head(method: str, b
     assert ("fast bf16 (avx512_bf16)" if bf16 else "reports no fast bf16") in tree.reason
     assert k.value == len(want) and k.source == "derived"
     assert "shipped" in res.explain() and not res.warnings
+    exported = resolve({"method": method}, dtype=None)  # for another engine: the same on every CPU
+    assert exported.config.speculative_token_tree == shipped.TREE_FAST_BF16
+    assert "another engine" in exported.reason("speculative_token_tree")
+    given = resolve({"method": method}, dtype="float32")  # the dtype that runs decides, not the CPU alone
+    assert given.config.speculative_token_tree == shipped.TREE_FLOAT32
+    assert "dtype 'float32' was given" in given.reason("speculative_token_tree")
+    emulated = resolve({"method": method}, dtype="bfloat16").config.speculative_token_tree
+    assert emulated == (shipped.TREE_FAST_BF16 if bf16 else shipped.TREE_FLOAT32)
+    with pytest.raises(ConfigError, match="dtype = 'fp8' is not one of auto, float32, bfloat16, float16"):
+        resolve({"method": method}, dtype="fp8")
     chain = resolve({"method": method, "num_speculative_tokens": 2})  # an explicit k drafts a chain of k
     assert chain.config.num_speculative_tokens == 2 and chain.config.speculative_token_tree is None
     assert chain.reason("speculative_token_tree").startswith("You set num_speculative_tokens, so the draft is a chain")
@@ -81,8 +91,10 @@ def test_an_explicit_model_or_another_target_never_gets_a_shipped_head(tiny_llam
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(SHIPPED))
-def test_the_shipped_heads_equal_plain_decoding_in_float32(default_model_cache: Path, method: str) -> None:
-    spec = make_engine(None, {"method": method}, dtype="float32")
+@pytest.mark.parametrize("tree", [None, str(shipped.TREE_FAST_BF16)])  # the float32 default, and the bf16 one
+def test_the_shipped_heads_equal_plain_decoding_in_float32(default_model_cache: Path, method: str,
+                                                           tree: str | None) -> None:
+    spec = make_engine(None, {"method": method, **({"speculative_token_tree": tree} if tree else {})}, dtype="float32")
     plain = make_engine(None, None, dtype="float32")
     prompts = [spec.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                                   tokenize=True, return_dict=False)

@@ -80,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-speculative-tokens", "-k", type=int_at_least(1), default=None,
                         help=f"k for every speculative configuration (default {DEFAULT_K} for ngram, ngram-tree, "
                              "suffix, draft_model and the baselines; the head's own default for eagle, eagle3 and "
-                             "mtp, which for the shipped heads is a 2-node token tree; -k N makes them chains of N)")
+                             "mtp, which for the shipped heads is a 2-node token tree in bf16 on a CPU with fast bf16 and their first "
+                             "choice alone otherwise; -k N makes them chains of N)")
     parser.add_argument("--prompt-lookup-min", type=int, default=None, help="ngram: shortest n-gram to match")
     parser.add_argument("--prompt-lookup-max", type=int, default=None, help="ngram: longest n-gram to match")
     parser.add_argument("--prompt-lookup-branches", type=int_at_least(1), default=4,

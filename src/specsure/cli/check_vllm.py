@@ -54,7 +54,7 @@ def _check(args: argparse.Namespace) -> int:
     if speculative is None:
         raise ConfigError("check-vllm needs --speculative-config: with speculation off there is nothing to check.")
     logging.getLogger("specsure.config").setLevel(logging.ERROR)  # shown in the notes instead
-    res = resolve(speculative, model=args.model, strict=args.strict)
+    res = resolve(speculative, model=args.model, strict=args.strict, dtype=None)  # what vLLM runs, elsewhere
     exported = export(res, "vllm", strict=False)
     python = args.vllm_python or default_vllm_python()
     if python is None:

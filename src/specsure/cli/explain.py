@@ -9,6 +9,7 @@ import sys
 
 from specsure.cli.common import EXIT_OK, EXIT_USAGE, add_model_flags, parse_speculative_config
 from specsure.config import ConfigError, resolve
+from specsure.config.cpu import DTYPE_NAMES
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -16,6 +17,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                             description="Resolve the speculative config against the checkpoints' metadata "
                                         "(no weights load) and show each field's value, source and reason.")
     add_model_flags(parser)
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
+                        help="the dtype the run would load in (default auto); a shipped head's default tree depends on it")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(run=run)
 
@@ -24,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
     # The table lists the warnings itself; logging them too would print each twice.
     logging.getLogger("specsure.config").setLevel(logging.ERROR)
     try:
-        res = resolve(parse_speculative_config(args.speculative_config), model=args.model, strict=args.strict)
+        res = resolve(parse_speculative_config(args.speculative_config), model=args.model, strict=args.strict,
+                      dtype=args.dtype)
     except ValueError as exc:
         if args.json:  # a script reading stdout gets the documented shape, not nothing
             print(json.dumps({"fields": None, "warnings": [], "runnable": False, "error": str(exc)}, indent=2))

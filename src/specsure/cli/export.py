@@ -29,7 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     logging.getLogger("specsure.config").setLevel(logging.ERROR)  # the warnings are printed below
     try:
-        res = resolve(parse_speculative_config(args.speculative_config), model=args.model, strict=args.strict)
+        res = resolve(parse_speculative_config(args.speculative_config), model=args.model, strict=args.strict,
+                      dtype=None)  # for another engine: nothing here decides its defaults
         out = export(res, args.to, strict=args.strict)
     except ValueError as exc:
         if args.json:  # a script reading stdout gets JSON either way

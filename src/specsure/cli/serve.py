@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     from specsure.decode.engine import make_engine
 
     speculative = parse_speculative_config(args.speculative_config)
-    resolve(speculative, model=args.model, strict=args.strict).check_runnable()  # config errors first, unbound
+    resolve(speculative, model=args.model, strict=args.strict, dtype=args.dtype).check_runnable()  # errors first
     # Bound before the model loads: a port in use is a clear error at once, not uvicorn's exit after the load.
     sock = _bind(args.host, args.port)
     port = sock.getsockname()[1]  # the one the system picked, for --port 0

@@ -10,6 +10,8 @@ import platform
 from pathlib import Path
 from typing import Final
 
+DTYPE_NAMES: Final[tuple[str, ...]] = ("auto", "float32", "bfloat16", "float16")
+"""The dtypes a run may ask for; 'auto' follows `cpu_bf16_flags`."""
 FAST_BF16_FLAGS: Final[tuple[str, ...]] = ("avx512_bf16", "amx_bf16")
 """CPU flags that make bf16 matmuls fast; without them bf16 is emulated and slower than float32."""
 

@@ -25,8 +25,9 @@ from specsure.config.lookup import decide_prompt_lookup, decide_suffix
 from specsure.config.schema import (
     FIELDS, MAX_SPECULATIVE_TOKENS, METHODS, SUFFIX_FIELDS, UNSET, SpeculativeConfig, UserSpec, parse_user_spec,
 )
+from specsure.config.cpu import DTYPE_NAMES
 from specsure.config.shipped import shipped_head, shipped_tree
-from specsure.config.token_tree import TREE_METHODS, DraftTree, is_chain, tree_shape
+from specsure.config.token_tree import TREE_METHODS, DraftTree, tree_shape
 from specsure.config.training_record import depth_note
 from specsure.config.vocabulary import other_tokenizer
 
@@ -94,14 +95,19 @@ class Resolution:
         check_runnable(self.target, self.config, self.draft, self.draft_evidence, weights=weights)
 
 
-def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, strict: bool = False) -> Resolution:
+def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, strict: bool = False,
+            dtype: str | None = "auto") -> Resolution:
     """Resolve the user's speculative config against the target and draft checkpoints.
 
-    Reads metadata only (no torch, no weights). Raises ConfigError for bad input and, with
-    ``strict=True``, ConfigConflictError when evidence disagrees with an explicit value.
+    Reads metadata only (no torch, no weights). ``dtype`` is the one the run will load in ('auto',
+    'float32', 'bfloat16', 'float16'), or None for a config exported to another engine: a shipped
+    head's default tree depends on it. Raises ConfigError for bad input and, with ``strict=True``,
+    ConfigConflictError when evidence disagrees with an explicit value.
     """
     if model is not None and (not isinstance(model, str) or not model.strip()):
         raise ConfigError(f"model = {model!r} must be a path string (a model folder or .gguf file) or None.")
+    if dtype is not None and dtype not in DTYPE_NAMES:
+        raise ConfigError(f"dtype = {dtype!r} is not one of {', '.join(DTYPE_NAMES)}; 'auto' picks by the CPU.")
     off = speculative is None or (isinstance(speculative, Mapping) and not speculative)
     spec = None if off else parse_user_spec(speculative)  # every value is checked before any checkpoint is read
     target = read_checkpoint(model)
@@ -111,7 +117,8 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, str
         decisions.update({name: Decision(name, None, "default", why) for name in FIELDS})
         return Resolution(config=None, decisions=MappingProxyType(decisions), warnings=(), target=target,
                           target_model=model, strict=strict)
-    state = _State(spec=spec, target=target, target_head=classify_head(target), default_target=model is None)
+    state = _State(spec=spec, target=target, target_head=classify_head(target), default_target=model is None,
+                   dtype=dtype)
     if spec.model is not UNSET and spec.model is not None:
         state.draft = _read_draft(spec.model)
         state.draft_evidence = classify_draft(state.draft)
@@ -201,7 +208,9 @@ class _State:
     shipped_tree: DraftTree | None = None
     """The tree the shipped head drafts by default, once `shipped` chose it."""
     shipped_tree_why: str = ""
-    """Why that tree, on this CPU (shipped.py)."""
+    """Why that tree, for this run (shipped.py)."""
+    dtype: str | None = "auto"
+    """The dtype the run loads in, or None for an export (`resolve`)."""
     notices: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
 
@@ -317,7 +326,7 @@ class _State:
             return None
         self.draft = _read_draft(path)
         self.draft_evidence = classify_draft(self.draft)
-        self.shipped_tree, self.shipped_tree_why = shipped_tree(method)
+        self.shipped_tree, self.shipped_tree_why = shipped_tree(method, self.dtype)
         return Decision("model", path, "default",
                         f"No draft 'model' was given and the target is the packaged default, so the {method} head "
                         "shipped with specsure for it is used (trained by `make heads`, docs/training.md)."
@@ -354,17 +363,15 @@ class _State:
                                   f"head, but the method is {method!r}{other}. Remove {name}.")
             return Decision(name, None, "derived",
                             f"Only a head's drafts form a static tree; the method is {method!r}.")
-        chain = " It is a chain: the same draft as no tree."
         if tree is UNSET and shipped is not None and not k_given:
             return Decision(name, shipped, "default", f"The shipped {method} head drafts this tree unless you set "
                                                       f"num_speculative_tokens or a tree: {self.shipped_tree_why} "
-                                                      f"(BENCHMARKS.md); {tree_shape(shipped)}."
-                                                      + chain * is_chain(shipped))
+                                                      f"(BENCHMARKS.md); {tree_shape(shipped)}.")
         if tree is UNSET:
             chain = "You set num_speculative_tokens, so" if k_given and shipped is not None else "None:"
             return Decision(name, None, "default", f"{chain} the draft is a chain of num_speculative_tokens tokens, "
                                                    "as vLLM drafts.")
-        return Decision(name, tree, "user", f"You set the draft tree: {tree_shape(tree)}.{chain * is_chain(tree)}")
+        return Decision(name, tree, "user", f"You set the draft tree: {tree_shape(tree)}.")
 
     def decide_num_tokens(self, method: str, tree_depth: int | None, token_tree: DraftTree | None) -> Decision:
         user = self.spec.num_speculative_tokens

@@ -21,28 +21,42 @@ SHIPPED: dict[str, str] = {"eagle3": "smollm2-135m-eagle3", "mtp": "smollm2-135m
 """Method -> folder name of the head trained for SmolLM2-135M-Instruct."""
 
 TREE_FAST_BF16 = DraftTree([(0,), (1,)])
-"""The tree the shipped heads draft by default on a CPU with fast bf16 (dtype 'auto' runs bfloat16
-there): their first two choices, one head step. There a verify row costs 6% (AMX) to 10% (Zen 4's
-dot-product tiles) of a decode step, and the two-node tree measured best (BENCHMARKS.md, "Token
-trees" and "Learned heads")."""
+"""The tree the shipped heads draft by default where they run in bfloat16 on a CPU with fast bf16
+(dtype 'auto' chooses bfloat16 there), and in a config exported to another engine: their first two
+choices, one head step. There a verify row costs 6% (AMX) to 10% (Zen 4's dot-product tiles) of a
+decode step, and the two-node tree measured best (BENCHMARKS.md, "Token trees", "Learned heads")."""
 TREE_FLOAT32 = DraftTree([(0,)])
-"""The default elsewhere (dtype 'auto' runs float32, the default model on the float32 kernel over
-its GGUF's blocks): the first choice alone, a chain of one. There a verify row costs about a sixth
-of a decode step, and a chain of one measured 1.02x of plain for both heads against 0.94x to 0.96x
-for the two-node tree (BENCHMARKS.md, "Draft heads on Q8_0 blocks")."""
+"""The default where they run in float32 (dtype 'auto' on a CPU without fast bf16: the default model
+on the float32 kernel over its GGUF's blocks): the first choice alone, a chain of one. There a
+verify row costs about a sixth of a decode step, and a chain of one measured 1.02x of plain for both
+heads against 0.94x to 0.96x for the two-node tree (BENCHMARKS.md, "Draft heads on Q8_0 blocks")."""
+SHIPPED_TREE: dict[str, DraftTree] = {"eagle3": TREE_FAST_BF16, "mtp": TREE_FAST_BF16}
+"""The shipped heads' tree where bf16 is fast (the name older code imports); `shipped_tree` gives the
+one for a run."""
+_FLOAT32_WHY = "where a verify row costs about a sixth of a decode step and the first choice alone measured best"
 
 
-def shipped_tree(method: str) -> tuple[DraftTree | None, str]:
+def shipped_tree(method: str, dtype: str | None = "auto") -> tuple[DraftTree | None, str]:
     """(tree, why): the token tree a shipped ``method`` head drafts when the user sets neither
-    num_speculative_tokens nor a tree, on this CPU (None for a method without a shipped head)."""
+    num_speculative_tokens nor a tree, for a run in ``dtype`` on this CPU ('auto', 'float32',
+    'bfloat16', 'float16'), or for an export to another engine (None). None for a method
+    without a shipped head."""
     if method not in SHIPPED:
         return None, ""
-    flags = cpu_bf16_flags()
+    if dtype is None:
+        return TREE_FAST_BF16, ("the config is for another engine, so it gets the tree measured best where a verify "
+                                "row is nearly free, as on a GPU or a CPU with fast bf16")
+    flags = cpu_bf16_flags() if dtype in ("auto", "bfloat16") else ()
     if flags:
-        return TREE_FAST_BF16, (f"this CPU has fast bf16 ({', '.join(flags)}), where a verify row costs a tenth of a "
-                                "decode step or less and the first two choices measured best")
-    return TREE_FLOAT32, ("this CPU reports no fast bf16, so dtype 'auto' runs float32, where a verify row costs about "
-                          "a sixth of a decode step and the first choice alone measured best")
+        runs = "dtype 'auto' runs bfloat16 there" if dtype == "auto" else "the run is in bfloat16"
+        return TREE_FAST_BF16, (f"this CPU has fast bf16 ({', '.join(flags)}) and {runs}, where a verify row costs a "
+                                "tenth of a decode step or less and the first two choices measured best")
+    if dtype == "auto":
+        return TREE_FLOAT32, f"this CPU reports no fast bf16, so dtype 'auto' runs float32, {_FLOAT32_WHY}"
+    if dtype == "bfloat16":
+        return TREE_FLOAT32, ("dtype 'bfloat16' on a CPU without fast bf16 runs emulated, where a verify row costs at "
+                              "least as much as in float32; in float32 the first choice alone measured best")
+    return TREE_FLOAT32, f"dtype {dtype!r} was given, {_FLOAT32_WHY}"
 
 
 def shipped_head(method: str) -> str | None:

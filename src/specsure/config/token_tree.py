@@ -86,8 +86,8 @@ def is_chain(tree: DraftTree) -> bool:
 
 def tree_shape(tree: DraftTree) -> str:
     """A few words on the tree: nodes, depth, widest level."""
-    depth = tree.depth
+    depth, feeds = tree.depth, f"a verify forward feeds {len(tree) + 1} tokens"
+    if is_chain(tree):
+        return f"a chain of {len(tree)} token{'s' * (len(tree) > 1)}, the same draft as no tree; {feeds}"
     widths = [sum(len(node) == d for node in tree) for d in range(1, depth + 1)]
-    nodes, levels = f"{len(tree)} node{'s' * (len(tree) > 1)}", f"{depth} level{'s' * (depth > 1)}"
-    return (f"{nodes} over {levels} ({', '.join(map(str, widths))} "
-            f"per level); a verify forward feeds {len(tree) + 1} tokens")
+    return f"{len(tree)} nodes over {depth} level{'s' * (depth > 1)} ({', '.join(map(str, widths))} per level); {feeds}"

@@ -313,7 +313,7 @@ def make_engine(model: str | None = None, speculative: dict | None = None, *, st
     _check_engine_args(strict, dtype, seed, max_num_seqs)  # before the model loads, not after
     if not isinstance(enable_prefix_caching, bool):
         raise ValueError(f"enable_prefix_caching = {enable_prefix_caching!r} must be True or False.")
-    res = resolve(speculative, model=model, strict=strict)
+    res = resolve(speculative, model=model, strict=strict, dtype=dtype)
     res.check_runnable()
     target = load_model(model, dtype=dtype)
     logger.info("dtype %s: %s", str(target.lm.dtype).removeprefix("torch."), target.dtype_reason)

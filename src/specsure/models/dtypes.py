@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from specsure.config.cpu import FAST_BF16_FLAGS, cpu_bf16_flags
+from specsure.config.cpu import FAST_BF16_FLAGS, cpu_bf16_flags, cpu_flags, cpu_model  # noqa: F401 (older import path)
 
 logger = logging.getLogger(__name__)
 

@@ -107,12 +107,13 @@ def matches(matrix: BlockMatrix, weight: torch.Tensor, kernel: "FloatKernel") ->
 
 
 def q8_blocks(weight: torch.Tensor) -> BlockMatrix | None:
-    """``weight`` ([rows, cols], cols a multiple of 32) quantised to Q8_0 as llama.cpp's converter
-    does it: per block of 32, d = max |w| / 127 and q = round(w / d). Not the same bits: for a draft
-    head's products, whose numbers decide only which tokens are proposed (the target's verification
-    decides every output token). None when cols is not a multiple of 32."""
+    """``weight`` ([rows, cols], cols a multiple of 32) quantised with Q8_0's scheme: per block of 32,
+    d = max |w| / 127 (kept in float32, as the kernel's blocks keep it) and q = round(w / d). For a
+    draft head's products, whose numbers decide only which tokens are proposed (the target's
+    verification decides every output token). None when cols is not a multiple of 32 or a weight is
+    not finite (the head keeps its float32 rows then)."""
     rows, cols = weight.shape
-    if cols % 32:
+    if cols % 32 or not bool(torch.isfinite(weight).all()):
         return None
     w = weight.detach().float().reshape(rows, cols // 32, 32)
     d = w.abs().amax(dim=-1, keepdim=True) / 127.0  # [rows, blocks, 1]

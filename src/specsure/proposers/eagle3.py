@@ -29,7 +29,7 @@ from specsure.config.errors import ConfigError
 from specsure.models.float_kernel import AnyKernel
 from specsure.models.gguf_blocks import q8_blocks
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
-from specsure.proposers.head_blocks import blocks_wanted, product, use_linear_blocks
+from specsure.proposers.head_blocks import blocks_wanted, clear_linear_blocks, product, use_linear_blocks
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
     HeadCache, attend, commit_rows, kernel_ready, kernel_segment, use_row_kernel,
@@ -83,6 +83,8 @@ class Eagle3Module(nn.Module):
         returns whether it will. The layer's arithmetic is the same as `forward`'s torch ops (in
         bf16 rounded at the same points), in a dozen C calls instead of some eighty small torch
         ops: the ops, not the weight reads, were half of a draft step's time."""
+        clear_linear_blocks(self)  # blocks are a snapshot of the weights `use_blocks` saw
+        self._qkv_blocks = self._gate_up_blocks = None
         layer = self.midlayer
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
@@ -98,14 +100,13 @@ class Eagle3Module(nn.Module):
             self._gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous()
         self._shape = ShapeStruct(self.fc.out_features, heads, kv_heads, dim, mlp.down_proj.in_features,
                                   float(layer.input_layernorm.variance_epsilon))
-        self._qkv_blocks = self._gate_up_blocks = None
         self._kernel = kernel
         return True
 
     def use_blocks(self) -> int:
         """Have the kernel read the head's weight matrices as Q8_0 blocks (head_blocks.py); after
         `use_kernel` returned True. Returns how many of its matrices it reads so."""
-        count = use_linear_blocks(self)  # fc, lm_head, and every projection for the torch path (long catch-ups)
+        count = use_linear_blocks(self)  # fc, lm_head, and the projections for the torch path (a first call, tree levels)
         self._qkv_blocks, self._gate_up_blocks = q8_blocks(self._qkv), q8_blocks(self._gate_up)  # the kernel's
         return count
 

@@ -6,8 +6,10 @@ block and eh_proj, the EAGLE-3 head's 39 MB, as much as a fifth of the target's 
 is what kept both heads from paying on AVX2. Quantised to Q8_0 (llama.cpp's 8-bit format, about
 bf16's precision; the shipped heads are stored in bf16) they read a quarter of that.
 
-This changes only which tokens a head proposes, never an output token: the target verifies every
-draft with its own weights, so greedy output still equals plain decoding bit for bit. It applies
+This changes only which tokens a head proposes: the target verifies every draft with its own
+weights, so greedy output still equals plain decoding bit for bit and sampled output keeps the
+target's distribution (with a fixed seed the sampled text may differ, as other drafts draw other
+random numbers). It applies
 only where the target itself reads blocks; ``SPECSURE_HEAD_BLOCKS=0`` keeps the float32 head (for
 comparing the two).
 """
@@ -37,14 +39,23 @@ def blocks_wanted(lm: "CausalLM") -> bool:
             and kernel is not None and hasattr(kernel, "linear_blocks"))
 
 
-def use_linear_blocks(module: torch.nn.Module) -> int:
-    """Give every float32 `RowLinear` of ``module`` Q8_0 blocks of its weight; returns how many."""
+def use_linear_blocks(module: torch.nn.Module, skip: tuple[torch.nn.Module, ...] = ()) -> int:
+    """Give every float32 `RowLinear` of ``module`` but ``skip`` Q8_0 blocks of its weight (a snapshot:
+    `clear_linear_blocks` before the weights change); returns how many."""
     count = 0
     for sub in module.modules():
-        if isinstance(sub, RowLinear) and sub.weight.dtype == torch.float32:
+        if (isinstance(sub, RowLinear) and sub.weight.dtype == torch.float32 and hasattr(sub.kernel, "linear_blocks")
+                and not any(sub is s for s in skip)):
             sub.blocks = q8_blocks(sub.weight)
             count += sub.blocks is not None
     return count
+
+
+def clear_linear_blocks(module: torch.nn.Module) -> None:
+    """Have every `RowLinear` of ``module`` read its float32 weight again."""
+    for sub in module.modules():
+        if isinstance(sub, RowLinear):
+            sub.blocks = None
 
 
 def product(kernel: "AnyKernel", weight: torch.Tensor, blocks: BlockMatrix | None, x: torch.Tensor) -> torch.Tensor:

@@ -36,7 +36,7 @@ from specsure.models.float_kernel import MATRICES, AnyKernel
 from specsure.models.gguf_blocks import q8_blocks
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
 from specsure.models.products import project
-from specsure.proposers.head_blocks import blocks_wanted, product, use_linear_blocks
+from specsure.proposers.head_blocks import blocks_wanted, clear_linear_blocks, product, use_linear_blocks
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
     HeadCache, commit_rows, kernel_ready, kernel_segment, use_cache_slots, use_row_kernel,
@@ -80,6 +80,7 @@ class MTPModule(nn.Module):
         self.draft_ids: torch.Tensor | None = None
         """[Vd] ascending target ids the engine drafts among (None: the whole vocabulary)."""
         self._draft_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self._float_draft_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def attach(self, target: "CausalLM", rotary: nn.Module, draft_ids: torch.Tensor | None = None) -> None:
         """Wire the target's shared parts; with ``draft_ids`` (ascending target ids) inference drafts
@@ -93,6 +94,7 @@ class MTPModule(nn.Module):
             else:
                 weight = own.weight[draft_ids].contiguous()  # [Vd, H], gathered once
                 self._draft_logits = lambda normed: project(normed, weight).float()
+        self._float_draft_logits = self._draft_logits
         use_cache_slots([self.block])
 
     def use_kernel(self, kernel: AnyKernel | None) -> bool:
@@ -101,6 +103,8 @@ class MTPModule(nn.Module):
         block is a dense layer in the kernel's dtype; returns whether it will. The arithmetic is
         `entries`' (in bf16 rounded at the same points), in a few C calls instead of some sixty small
         torch ops."""
+        clear_linear_blocks(self)  # blocks are a snapshot of the weights `use_blocks` saw
+        self._draft_logits = self._float_draft_logits
         block = self.block
         attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
         dim = getattr(attn, "head_dim", None)
@@ -136,7 +140,15 @@ class MTPModule(nn.Module):
     def use_blocks(self) -> int:
         """Have the kernel read the module's weight matrices as Q8_0 blocks (head_blocks.py); after
         `use_kernel` returned True. Returns how many of its matrices it reads so."""
-        count = use_linear_blocks(self)  # eh_proj, the block's projections for the torch path, an own head
+        own, kernel = getattr(self.shared_head, "head", None), self._kernel
+        gathered = own is not None and self.draft_ids is not None  # drafting reads its draft-vocabulary rows only
+        # eh_proj, an own head, and the block's projections for its torch path (a first call, tree levels)
+        count = use_linear_blocks(self, skip=(own,) if gathered else ())
+        if gathered and kernel is not None:
+            rows = q8_blocks(own.weight[self.draft_ids].contiguous())
+            if rows is not None:
+                self._draft_logits = lambda normed: kernel.linear_blocks(rows, normed.contiguous())  # type: ignore[union-attr]
+                count += 1
         self._blocks = {name: q8_blocks(self._weights[name]) for name in MATRICES}  # the kernel's fused ones
         for name, matrix in self._blocks.items():
             if matrix is not None:

@@ -74,7 +74,7 @@ def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = Tr
     ours = {k: v for k, v in user.items() if k in SPECSURE_KEYS}
     theirs = {k: v for k, v in user.items() if k not in SPECSURE_KEYS}
     try:
-        res = resolve(ours, model=target)
+        res = resolve(ours, model=target, dtype=None)  # vLLM runs it, not this CPU
     except ConfigError as exc:
         return Plan(user=user, guard_only=f"specsure cannot resolve this config ({exc})")
     if res.config is None:
