@@ -2,16 +2,15 @@
 
 A GGUF target's decode step streams its 4- to 8-bit blocks (models/gguf_blocks.py), but a draft
 head from safetensors streamed float32 weights: the shipped MTP head's step read 17 MB for its
-block and eh_proj, the EAGLE-3 head's 39 MB, as much as a fifth of the target's whole step, which
-is what kept both heads from paying on AVX2. Quantised to Q8_0 (llama.cpp's 8-bit format, about
-bf16's precision; the shipped heads are stored in bf16) they read a quarter of that.
+block and eh_proj, the EAGLE-3 head's 39 MB, next to about 80 MB for the whole target, a large part
+of why both heads lost to plain decoding on AVX2. Quantised to Q8_0 (llama.cpp's 8-bit format: an
+int8 per weight and a scale per 32) they read about a quarter of that.
 
 This changes only which tokens a head proposes: the target verifies every draft with its own
 weights, so greedy output still equals plain decoding bit for bit and sampled output keeps the
 target's distribution (with a fixed seed the sampled text may differ, as other drafts draw other
-random numbers). It applies
-only where the target itself reads blocks; ``SPECSURE_HEAD_BLOCKS=0`` keeps the float32 head (for
-comparing the two).
+random numbers). It applies only where the target itself reads blocks; ``SPECSURE_HEAD_BLOCKS=0``
+keeps the float32 head (for comparing the two).
 """
 
 from __future__ import annotations
