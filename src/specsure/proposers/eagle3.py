@@ -27,7 +27,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from specsure.config.compat import aux_layer_ids, check_head_fits, check_head_tensors
 from specsure.config.errors import ConfigError
 from specsure.models.float_kernel import AnyKernel
-from specsure.models.gguf_blocks import q8_blocks
+from specsure.models.gguf_blocks import stack
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
 from specsure.proposers.head_blocks import blocks_wanted, clear_linear_blocks, product, use_linear_blocks
 from specsure.proposers.head_chain import HeadChainProposer
@@ -107,7 +107,9 @@ class Eagle3Module(nn.Module):
         """Have the kernel read the head's weight matrices as Q8_0 blocks (head_blocks.py); after
         `use_kernel` returned True. Returns how many of its matrices it reads so."""
         count = use_linear_blocks(self)  # fc, lm_head, and the projections for the torch path (a first call, tree levels)
-        self._qkv_blocks, self._gate_up_blocks = q8_blocks(self._qkv), q8_blocks(self._gate_up)  # the kernel's
+        attn, mlp = self.midlayer.self_attn, self.midlayer.mlp  # the kernel's fused ones, from the parts' blocks
+        self._qkv_blocks = stack([attn.q_proj.blocks, attn.k_proj.blocks, attn.v_proj.blocks])
+        self._gate_up_blocks = stack([mlp.gate_proj.blocks, mlp.up_proj.blocks])
         return count
 
     def forward(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,

@@ -32,8 +32,8 @@ from torch import nn
 from specsure.config.compat import check_head_fits, check_mtp_tensors, require_target_mtp
 from specsure.config.detect import SPECSURE_MTP_HEAD, SPECSURE_MTP_MODEL_TYPE, deepseek_mtp_prefix
 from specsure.config.errors import ConfigError
-from specsure.models.float_kernel import MATRICES, AnyKernel
-from specsure.models.gguf_blocks import q8_blocks
+from specsure.models.float_kernel import AnyKernel
+from specsure.models.gguf_blocks import q8_blocks, stack
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
 from specsure.models.products import project
 from specsure.proposers.head_blocks import blocks_wanted, clear_linear_blocks, product, use_linear_blocks
@@ -149,7 +149,12 @@ class MTPModule(nn.Module):
             if rows is not None:
                 self._draft_logits = lambda normed: kernel.linear_blocks(rows, normed.contiguous())  # type: ignore[union-attr]
                 count += 1
-        self._blocks = {name: q8_blocks(self._weights[name]) for name in MATRICES}  # the kernel's fused ones
+        attn, mlp = self.block.self_attn, self.block.mlp
+        # The kernel's fused matrices, from the projections' blocks: a block is one row's 32 weights,
+        # so stacking rows gives the blocks of the fused rows without quantising them again.
+        self._blocks = {"qkv": stack([attn.q_proj.blocks, attn.k_proj.blocks, attn.v_proj.blocks]),
+                        "o": attn.o_proj.blocks, "gate_up": stack([mlp.gate_proj.blocks, mlp.up_proj.blocks]),
+                        "down": mlp.down_proj.blocks}
         for name, matrix in self._blocks.items():
             if matrix is not None:
                 setattr(self._layer[0], name, matrix.data.data_ptr())
