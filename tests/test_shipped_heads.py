@@ -48,6 +48,7 @@ def test_make_heads_expects_the_data_the_shipped_heads_record() -> None:
 def test_an_unset_model_on_the_default_target_is_the_shipped_head(method: str, bf16: tuple[str, ...],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shipped, "cpu_bf16_flags", lambda: bf16)  # the CPU decides the default tree
+    monkeypatch.setattr(shipped, "auto_dtype", lambda gguf: ("bfloat16", ""))  # as where the float32 kernel cannot run
     res = resolve({"method": method})
     model = res.decisions["model"]
     assert model.value == shipped_head(method) and model.source == "default" and "shipped" in model.reason

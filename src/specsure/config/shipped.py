@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specsure.config.checkpoint import default_gguf_path
 from specsure.config.cpu import cpu_bf16_flags
+from specsure.config.dtype_choice import auto_dtype
 from specsure.config.token_tree import DraftTree
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"
@@ -22,12 +24,13 @@ SHIPPED: dict[str, str] = {"eagle3": "smollm2-135m-eagle3", "mtp": "smollm2-135m
 
 TREE_FAST_BF16 = DraftTree([(0,), (1,)])
 """The tree the shipped heads draft by default where they run in bfloat16 on a CPU with fast bf16
-(dtype 'auto' chooses bfloat16 there), and in a config exported to another engine: their first two
+(dtype 'bfloat16', or 'auto' there when the float32 kernel cannot run), and in a config exported
+to another engine: their first two
 choices, one head step. There a verify row costs 6% (AMX) to 10% (Zen 4's dot-product tiles) of a
 decode step, and the two-node tree measured best (BENCHMARKS.md, "Token trees", "Learned heads")."""
 TREE_FLOAT32 = DraftTree([(0,)])
-"""The default where they run in float32 (dtype 'auto' on a CPU without fast bf16: the default model
-on the float32 kernel over its GGUF's blocks): the first choice alone, a chain of one. There a
+"""The default where they run in float32 (dtype 'auto' runs the default model so on the float32
+kernel over its GGUF's blocks, wherever that kernel builds): the first choice alone, a chain of one. There a
 verify row costs about a sixth of a decode step, and a chain of one measured 1.02x of plain for both
 heads against 0.94x to 0.96x for the two-node tree (BENCHMARKS.md, "Draft heads on Q8_0 blocks")."""
 SHIPPED_TREE: dict[str, DraftTree] = {"eagle3": TREE_FAST_BF16, "mtp": TREE_FAST_BF16}
@@ -47,6 +50,9 @@ def shipped_tree(method: str, dtype: str | None = "auto") -> tuple[DraftTree | N
         return TREE_FAST_BF16, ("the config is for another engine, so it gets the tree measured best where a verify "
                                 "row is nearly free, as on a GPU or a CPU with fast bf16")
     flags = cpu_bf16_flags() if dtype in ("auto", "bfloat16") else ()
+    if dtype == "auto" and flags and auto_dtype(default_gguf_path())[0] == "float32":
+        return TREE_FLOAT32, ("dtype 'auto' runs the default model in float32 on its GGUF's blocks, faster than "
+                              f"bfloat16 even on this CPU with fast bf16 ({', '.join(flags)}), {_FLOAT32_WHY}")
     if flags:
         runs = "dtype 'auto' runs bfloat16 there" if dtype == "auto" else "the run is in bfloat16"
         return TREE_FAST_BF16, (f"this CPU has fast bf16 ({', '.join(flags)}) and {runs}, where a verify row costs a "

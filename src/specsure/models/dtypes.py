@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from specsure.config.cpu import FAST_BF16_FLAGS, cpu_bf16_flags, cpu_flags, cpu_model  # noqa: F401 (older import path)
+from specsure.config.dtype_choice import auto_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -18,23 +19,18 @@ DTYPES: dict[str, torch.dtype] = {
 }
 """The explicit dtype names `load_model` accepts, besides "auto"."""
 
-def resolve_dtype(dtype: str, *, cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[torch.dtype, str]:
-    """Map a user dtype name to a torch dtype and a one-sentence reason for the choice.
+def resolve_dtype(dtype: str, *, gguf: Path | None = None,
+                  cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[torch.dtype, str]:
+    """Map a user dtype name to a torch dtype and a one-sentence reason for the choice. 'auto'
+    follows the CPU and, for a target read from the GGUF file ``gguf``, its blocks
+    (config/dtype_choice.py).
 
     Raises:
         ValueError: `dtype` is neither "auto" nor one of `DTYPES`.
     """
     if dtype == "auto":
-        flags = cpu_bf16_flags(cpuinfo)
-        if flags:
-            chosen = torch.bfloat16
-            reason = f"dtype='auto' chose bfloat16 because this CPU has fast bf16 ({', '.join(flags)})."
-        else:
-            chosen = torch.float32
-            reason = (
-                "dtype='auto' chose float32 because this CPU reports no fast bf16 "
-                f"({' or '.join(FAST_BF16_FLAGS)} absent from {cpuinfo})."
-            )
+        name, reason = auto_dtype(gguf, cpuinfo)
+        chosen = DTYPES[name]
     elif dtype in DTYPES:
         chosen = DTYPES[dtype]
         reason = f"dtype={dtype!r} was given explicitly."

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from specsure.config.dtype_choice import KERNEL_BLOCK_TYPES
 from specsure.config.gguf_header import read_gguf_tensors
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ differ (float32 scales, Q4 weight i in the low nibble of byte i and weight 16 + 
 _HEADER = {Q4_0: 1, Q4_1: 2, Q8_0: 1, Q8_M: 2, Q8_H: 2, Q8_X: 3}
 """float32 scales at the start of a block."""
 
-GGML_NAMES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+GGML_NAMES = KERNEL_BLOCK_TYPES
 """The GGML types (gguf.GGMLQuantizationType ids) whose weights the kernel reads, each exactly."""
 
 _FILE_BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),

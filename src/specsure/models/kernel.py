@@ -17,7 +17,6 @@ import ctypes
 import hashlib
 import logging
 import os
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Callable, TypeVar
 import torch
 
 from specsure.config.cpu import cpu_flags
+from specsure.config.dtype_choice import c_compiler
 from specsure.models.gguf_cache import cache_root
 
 logger = logging.getLogger(__name__)
@@ -171,7 +171,7 @@ def build_library(cc: str, source_path: Path, flags: tuple[str, ...], stem: str)
 
 def compiler() -> str | None:
     """The C compiler the kernels build with: $CC, else cc or gcc on PATH; None when there is none."""
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    return c_compiler()
 
 
 def _bind(library: ctypes.CDLL) -> Kernel:

@@ -15,6 +15,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedConfig, PreTrainedTokenizerBase
 
 from specsure.config.checkpoint import MTP_LAYER_KEYS, weight_files
+from specsure.config.cpu import cpu_bf16_flags
 from specsure.models.causal_lm import CausalLM
 from specsure.models.dtypes import resolve_dtype
 from specsure.models.errors import ModelLoadError
@@ -53,14 +54,15 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
     Args:
         path: a local HF folder (config.json + *.safetensors, tokenizer optional), a `.gguf`
             file, or None for the packaged default SmolLM2-135M-Instruct.
-        dtype: "auto" (bfloat16 on CPUs with fast bf16, else float32), "float32",
-            "bfloat16" or "float16".
+        dtype: "auto" (float32 for a GGUF of blocks the float32 kernel reads, else bfloat16 on
+            CPUs with fast bf16 and float32 elsewhere), "float32", "bfloat16" or "float16".
 
     Raises:
         ValueError: `dtype` is not a valid name.
         ModelLoadError: the checkpoint is missing, malformed, pickled, or not a causal LM.
     """
-    torch_dtype, dtype_reason = resolve_dtype(dtype)
+    for_blocks = _dtype_gguf(path) if dtype == "auto" else None
+    torch_dtype, dtype_reason = resolve_dtype(dtype, gguf=for_blocks)
     folder = weights_folder(path)
     config = check_model_folder(folder)
     hf_config = _hf_config(folder)
@@ -85,6 +87,9 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
         gguf, why = _given_gguf(path) or source_gguf(folder)
         lm.path += _read_blocks(lm, gguf) if gguf is not None else \
             f"; every weight matrix read as float32 ({why})" if why else ""
+    if dtype == "auto" and lm.dtype == torch.float32 and cpu_bf16_flags() and not lm.blocks_used:
+        logger.warning("dtype='auto' chose float32 for the GGUF's blocks, but the kernel reads none of them (%s); "
+                       "pass dtype='bfloat16', faster on this CPU without the blocks.", lm.path)
     logger.info(
         "loaded %s (%s, %d layers, vocab %d, %s; forward: %s) in %.1f s",
         folder, type(hf).__name__, lm.num_layers, lm.vocab_size, lm.dtype, lm.path, time.perf_counter() - started,
@@ -96,6 +101,16 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
         eos_token_ids=_eos_token_ids(hf, tokenizer),
         dtype_reason=dtype_reason,
     )
+
+
+def _dtype_gguf(path: str | None) -> Path | None:
+    """The GGUF file whose blocks dtype 'auto' weighs (`_given_gguf`'s); None for a folder, or when
+    there is none (loading then says why)."""
+    try:
+        given = _given_gguf(path)
+    except ModelLoadError:  # the default model is not installed: weights_folder says so
+        return None
+    return None if given is None else given[0]
 
 
 def _given_gguf(path: str | None) -> tuple[Path, str] | None:
