@@ -51,7 +51,7 @@ def test_products_are_row_invariant_and_close_to_torch(kernel):
     if kernel is None:
         return
     torch.manual_seed(0)
-    for out_features, in_features in ((13, 37), (64, 64), (200, 96)):  # tails of every width
+    for out_features, in_features in ((13, 37), (7, 45), (64, 64), (200, 96)):  # tails of every width, 8 and 16 lanes
         weight, bias = torch.randn(out_features, in_features), torch.randn(out_features)
         x = torch.randn(11, in_features)
         for rows in range(1, 12):
@@ -177,3 +177,20 @@ def test_draft_heads_run_their_layer_in_c_and_agree_with_their_torch_ops(method,
             assert torch.equal(finite, torch.isfinite(a[1]))
             torch.testing.assert_close(a[1][finite], b[1][finite], atol=1e-4, rtol=1e-4)
     assert fast.length == slow.length == 6 + 1 + 2 + 1 + 2
+
+
+def test_an_avx512_cpu_gets_16_lane_products_unless_told_8(monkeypatch):
+    """The AVX-512 build sums in another order than the AVX2 one (close, not equal); each is row-invariant."""
+    if float_kernels.load()[0] is None or not float_kernels.wide():
+        assert float_kernels.load()[0] is None or "AVX2 products" in float_kernels.load()[1]
+        return
+    assert float_kernels.load()[1].startswith("AVX-512 products, ")
+    monkeypatch.setenv(float_kernels.LANES_ENV, "8")
+    assert not float_kernels.wide()
+    narrow, why = float_kernels._load()
+    assert narrow is not None and why.startswith("AVX2 products, ")
+    torch.manual_seed(0)
+    weight, x = torch.randn(40, 80), torch.randn(3, 80)
+    wide_rows, narrow_rows = float_kernels.load()[0].linear_rows(weight, x), narrow.linear_rows(weight, x)
+    torch.testing.assert_close(wide_rows, narrow_rows, atol=1e-4, rtol=1e-5)
+    assert not torch.equal(wide_rows, narrow_rows)  # really two builds: 240 sums in another order

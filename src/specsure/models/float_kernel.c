@@ -7,8 +7,9 @@
  * on top. Here every weight is streamed once per forward, whatever the row count, and a whole run
  * of layers is one call (`decode_rows`).
  *
- * Products: each output y[i, j] is one 8-lane float32 FMA chain over k in order, then one fixed
- * lane reduction, whatever the number of rows or how they are blocked. A row's bits never depend
+ * Products: each output y[i, j] is one 8-lane float32 FMA chain over k in order (16 lanes in the
+ * AVX-512 build, `vec` below), then one fixed lane reduction, whatever the number of rows or how
+ * they are blocked. A row's bits never depend
  * on how many rows run with it: a verify row equals the decode step at its position, so greedy
  * speculative decoding equals plain decoding bit for bit. Attention walks a row's visible
  * positions in position order for the same reason.
@@ -17,8 +18,8 @@
  * attention, SiLU); results differ from torch's only in summation order and exp (a fixed
  * polynomial, below).
  *
- * Built by specsure.models.float_kernel (its FLAGS: AVX2, FMA, OpenMP), loaded after torch so its
- * OpenMP calls run on torch's libgomp threads.
+ * Built by specsure.models.float_kernel (its FLAGS: AVX2, FMA, OpenMP; with -mavx512f where the CPU
+ * has it), loaded after torch so its OpenMP calls run on torch's libgomp threads.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -83,6 +84,43 @@ static inline float reduce8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* The products' vectors: 16 lanes where the build targets AVX-512 (float_kernel.py builds it on a
+ * CPU with avx512f), 8 otherwise. The product code below is written once over `vec`; each output
+ * is one LANES-lane FMA chain over k in order and one fixed reduction, the same on float32 rows
+ * and on blocks, so within a build every equality above holds. The two builds sum in a different
+ * order, so their bits differ from each other (as any two BLAS libraries'); a process loads one. */
+#ifdef __AVX512F__
+#define LANES 16
+typedef __m512 vec;
+#define vzero() _mm512_setzero_ps()
+#define vload(p) _mm512_loadu_ps(p)
+#define vstore(p, v) _mm512_storeu_ps(p, v)
+#define vfma(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define vmul(a, b) _mm512_mul_ps(a, b)
+#define vbroadcast(p) _mm512_set1_ps(*(p))
+/* The first `left` lanes of p (all 16 when left >= 16), the rest 0. */
+static inline vec vload_first(const float *p, int64_t left) {
+    return _mm512_maskz_loadu_ps(left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1), p);
+}
+/* (0+8, .., 7+15), then reduce8's order. */
+static inline float vreduce(vec v) {
+    __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+    return reduce8(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
+}
+#else
+#define LANES 8
+typedef __m256 vec;
+#define vzero() _mm256_setzero_ps()
+#define vload(p) _mm256_loadu_ps(p)
+#define vstore(p, v) _mm256_storeu_ps(p, v)
+#define vfma(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define vmul(a, b) _mm256_mul_ps(a, b)
+#define vbroadcast(p) _mm256_broadcast_ss(p)
+static inline vec vload_first(const float *p, int64_t left) { return _mm256_maskload_ps(p, tail_mask(left)); }
+static inline float vreduce(vec v) { return reduce8(v); }
+#endif
+#define CHUNKS (32 / LANES) /* vectors per block of 32 weights */
+
 #define WROWS 4 /* weight rows per block: the block stays in L1 while the rows of x pass over it */
 #define XROWS 3 /* rows of x per pass: 4 x 3 accumulators, 3 x values and a weight in 16 registers */
 
@@ -91,32 +129,30 @@ static inline float reduce8(__m256 v) {
 static inline __attribute__((always_inline)) void micro(const float *const *rows, int w0, int wr, const float *x,
                                                          float *y, int64_t n, int64_t k, int64_t i, int xr, int nr,
                                                          int64_t j0, const float *ahead) {
-    __m256 acc[6][4];
+    vec acc[6][4];
     for (int a = 0; a < xr; a++)
-        for (int r = 0; r < wr; r++) acc[a][r] = _mm256_setzero_ps();
-    int64_t full = k - k % 8;
-    for (int64_t c = 0; c < full; c += 8) {
+        for (int r = 0; r < wr; r++) acc[a][r] = vzero();
+    int64_t full = k - k % LANES;
+    for (int64_t c = 0; c < full; c += LANES) {
         if (ahead && (c & 15) == 0)
             for (int64_t p = c * WROWS; p < (c + 16) * WROWS; p += 16)
                 _mm_prefetch((const char *)(ahead + p), _MM_HINT_T0);
-        __m256 xv[6];
-        for (int a = 0; a < xr; a++) xv[a] = _mm256_loadu_ps(x + (i + a) * k + c);
+        vec xv[6];
+        for (int a = 0; a < xr; a++) xv[a] = vload(x + (i + a) * k + c);
         for (int r = 0; r < wr; r++) {
-            __m256 wv = _mm256_loadu_ps(rows[w0 + r] + c);
-            for (int a = 0; a < xr; a++) acc[a][r] = _mm256_fmadd_ps(wv, xv[a], acc[a][r]);
+            vec wv = vload(rows[w0 + r] + c);
+            for (int a = 0; a < xr; a++) acc[a][r] = vfma(wv, xv[a], acc[a][r]);
         }
     }
     if (full < k) {
-        __m256i mask = tail_mask(k - full);
         for (int a = 0; a < xr; a++) {
-            __m256 xv = _mm256_maskload_ps(x + (i + a) * k + full, mask);
-            for (int r = 0; r < wr; r++)
-                acc[a][r] = _mm256_fmadd_ps(_mm256_maskload_ps(rows[w0 + r] + full, mask), xv, acc[a][r]);
+            vec xv = vload_first(x + (i + a) * k + full, k - full);
+            for (int r = 0; r < wr; r++) acc[a][r] = vfma(vload_first(rows[w0 + r] + full, k - full), xv, acc[a][r]);
         }
     }
     for (int a = 0; a < xr; a++)
         for (int r = 0; r < wr; r++)
-            if (w0 + r < nr) y[(i + a) * n + j0 + w0 + r] = reduce8(acc[a][r]);
+            if (w0 + r < nr) y[(i + a) * n + j0 + w0 + r] = vreduce(acc[a][r]);
 }
 
 /* How many of the `left` rows of x the next pass takes: 3 at a time, a 4- or 5-row pass where 3s
@@ -174,8 +210,26 @@ static void gemm(const float *w, const float *bias, const float *x, float *y, in
     }
 }
 
-/* Chunk e (weights 8e .. 8e + 7) of one block, dequantised. */
-static inline __attribute__((always_inline)) __m256 dequant(int format, const uint8_t *block, int e) {
+/* Chunk e (weights LANES e .. LANES e + LANES - 1) of one block, dequantised. */
+#ifdef __AVX512F__
+static inline __attribute__((always_inline)) vec dequant(int format, const uint8_t *block, int e) {
+    vec d = vbroadcast((const float *)block);
+    if (format == Q8_0 || format == Q8_M || format == Q8_H || format == Q8_X) {
+        const uint8_t *qs = block + (format == Q8_0 ? 4 : format == Q8_X ? 12 : 8) + 16 * e;
+        vec q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)qs)));
+        if (format == Q8_0) return vmul(d, q);
+        if (format == Q8_X) return vfma(e == 0 ? d : vbroadcast((const float *)block + 1), q, vbroadcast((const float *)block + 2));
+        if (format == Q8_H) return vmul(e == 0 ? d : vbroadcast((const float *)block + 1), q);
+        return vfma(d, q, vbroadcast((const float *)block + 1));
+    }
+    /* weights 0..15 are the 16 bytes' low nibbles, 16..31 their high ones */
+    __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(block + (format == Q4_1 ? 8 : 4))));
+    q = e == 0 ? _mm512_and_si512(q, _mm512_set1_epi32(15)) : _mm512_srli_epi32(q, 4);
+    if (format == Q4_0) return vmul(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(8))));
+    return vfma(d, _mm512_cvtepi32_ps(q), vbroadcast((const float *)block + 1)); /* see the AVX2 one */
+}
+#else
+static inline __attribute__((always_inline)) vec dequant(int format, const uint8_t *block, int e) {
     __m256 d = _mm256_broadcast_ss((const float *)block);
     if (format == Q8_0 || format == Q8_M || format == Q8_H || format == Q8_X) {
         const uint8_t *qs = block + (format == Q8_0 ? 4 : format == Q8_X ? 12 : 8) + 8 * e;
@@ -194,31 +248,32 @@ static inline __attribute__((always_inline)) __m256 dequant(int format, const ui
     /* d q is exact, so the fused form rounds once, as gguf-py's (d * q) + m does */
     return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), _mm256_broadcast_ss((const float *)block + 1));
 }
+#endif
 
-/* `micro` over block rows: the same chunks of 8 in the same order into the same accumulators. */
+/* `micro` over block rows: the same chunks of LANES in the same order into the same accumulators. */
 static inline __attribute__((always_inline)) void qmicro(int format, const uint8_t *const *rows, int w0, int wr,
                                                           const float *x, float *y, int64_t n, int64_t k, int64_t i,
                                                           int xr, int nr, int64_t j0, const uint8_t *ahead) {
     int64_t bytes = block_bytes(format), blocks = k / 32;
-    __m256 acc[6][4];
+    vec acc[6][4];
     for (int a = 0; a < xr; a++)
-        for (int r = 0; r < wr; r++) acc[a][r] = _mm256_setzero_ps();
+        for (int r = 0; r < wr; r++) acc[a][r] = vzero();
     for (int64_t b = 0; b < blocks; b++) {
         if (ahead)
             for (int64_t p = b * bytes * WROWS; p < (b + 1) * bytes * WROWS; p += 64)
                 _mm_prefetch((const char *)(ahead + p), _MM_HINT_T0);
-        for (int e = 0; e < 4; e++) {
-            __m256 xv[6];
-            for (int a = 0; a < xr; a++) xv[a] = _mm256_loadu_ps(x + (i + a) * k + b * 32 + 8 * e);
+        for (int e = 0; e < CHUNKS; e++) {
+            vec xv[6];
+            for (int a = 0; a < xr; a++) xv[a] = vload(x + (i + a) * k + b * 32 + LANES * e);
             for (int r = 0; r < wr; r++) {
-                __m256 wv = dequant(format, rows[w0 + r] + b * bytes, e);
-                for (int a = 0; a < xr; a++) acc[a][r] = _mm256_fmadd_ps(wv, xv[a], acc[a][r]);
+                vec wv = dequant(format, rows[w0 + r] + b * bytes, e);
+                for (int a = 0; a < xr; a++) acc[a][r] = vfma(wv, xv[a], acc[a][r]);
             }
         }
     }
     for (int a = 0; a < xr; a++)
         for (int r = 0; r < wr; r++)
-            if (w0 + r < nr) y[(i + a) * n + j0 + w0 + r] = reduce8(acc[a][r]);
+            if (w0 + r < nr) y[(i + a) * n + j0 + w0 + r] = vreduce(acc[a][r]);
 }
 
 /* One block of 4 weight rows over rows i .. i + xr of x, as two halves of 2 weight rows: 2 x xr
@@ -253,7 +308,7 @@ static inline __attribute__((always_inline)) void qrows(int format, const uint8_
         for (int r = 0; r < WROWS; r++) {
             float *out = unpacked + r * k;
             for (int64_t b = 0; b < k / 32; b++)
-                for (int e = 0; e < 4; e++) _mm256_storeu_ps(out + b * 32 + 8 * e, dequant(format, rows[r] + b * bytes, e));
+                for (int e = 0; e < CHUNKS; e++) vstore(out + b * 32 + LANES * e, dequant(format, rows[r] + b * bytes, e));
             frows[r] = out;
         }
         while (i < m) {

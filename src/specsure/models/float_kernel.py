@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from specsure.models.gguf_blocks import BlockMatrix
+from specsure.config.cpu import cpu_flags
 from specsure.models.kernel import Kernel, RowOps, SegmentStruct, ShapeStruct, open_library
 
 logger = logging.getLogger(__name__)
@@ -25,6 +27,12 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("float_kernel.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 _CPU_FLAGS = ("avx2", "fma")
+WIDE_FLAGS = ("-mavx512f",)
+"""Added on a CPU with avx512f: the products on 16 lanes. The one-row step is bound by the
+instructions that dequantise and multiply, not by memory, so half as many made it faster
+(BENCHMARKS.md, "AVX-512 products")."""
+LANES_ENV = "SPECSURE_FLOAT_LANES"
+"""Set to 8 to build and load the AVX2 products on an AVX-512 CPU (for comparing the two)."""
 MATRICES = ("qkv", "o", "gate_up", "down")
 """A layer's weight matrices, each float32 rows or GGUF blocks (float_kernel.c's Layer)."""
 MAX_HEAD_DIM = 512
@@ -121,6 +129,12 @@ def load() -> tuple[FloatKernel | None, str]:
     return _loaded
 
 
+def wide() -> bool:
+    """Whether the products run on AVX-512's 16 lanes (a CPU with avx512f, unless `LANES_ENV` is 8)."""
+    return "avx512f" in cpu_flags() and os.environ.get(LANES_ENV, "16") != "8"
+
+
 def _load() -> tuple[FloatKernel | None, str]:
-    kernel, why = open_library(SOURCE, FLAGS, "float", _CPU_FLAGS, _bind)
-    return kernel, why if kernel is None else f"AVX2 products, {why}"
+    flags, name = (FLAGS + WIDE_FLAGS, "AVX-512") if wide() else (FLAGS, "AVX2")
+    kernel, why = open_library(SOURCE, flags, "float", _CPU_FLAGS, _bind)
+    return kernel, why if kernel is None else f"{name} products, {why}"
