@@ -38,15 +38,16 @@ bench: $(STAMP)
 # the committed.
 # The prompts come from numpy's and transformers' files and the answers depend on their code, so the heads are trained
 # in their own venv with the packages pinned (heads-constraints.txt); the first run warns when its data is not the
-# shipped heads' (HEADS_DATA, their data's tokens_sha256), as on another CPU it may not be. Their data was made in
-# bfloat16 (dtype 'auto' on the Zen 4 then; since 2026-12-05 'auto' runs the default model in float32 on its blocks),
-# so the target runs in bfloat16 here (emulated, and slower, on a CPU without fast bf16).
+# shipped heads' (HEADS_DATA, their data's tokens_sha256), as on another CPU it may not be. The target runs in the dtype
+# 'auto' chose when they were made (bfloat16 on a CPU with fast bf16, as the Zen 4 that made them, float32 elsewhere):
+# since 2026-12-05 'auto' runs the default model in float32 on its GGUF's blocks wherever it can.
+HEADS_DTYPE := $(shell grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null && echo bfloat16 || echo float32)
 CORPUS := chat,math,numpy,transformers
 EAGLE3_FIRST := build/heads/smollm2-135m-eagle3-first-step
 HEADS_VENV := .venv-heads
 HEADS_STAMP := $(HEADS_VENV)/.installed
 HEADS_DATA := 93ff3b2874484b335deeb28ef3d542ae6f2d3879875733beeb92d7ffd15e41e8
-TRAIN := $(HEADS_VENV)/bin/specsure train --dtype bfloat16 --corpus $(CORPUS) --corpus-prompts 2000 \
+TRAIN := $(HEADS_VENV)/bin/specsure train --dtype $(HEADS_DTYPE) --corpus $(CORPUS) --corpus-prompts 2000 \
 	--expect-data-sha256 $(HEADS_DATA)
 
 $(HEADS_STAMP): pyproject.toml heads-constraints.txt
