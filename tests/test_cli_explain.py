@@ -18,6 +18,8 @@ import pytest
 from checkpoints import EAGLE_TENSORS, deepseek_v3, eagle_head, llama, write_checkpoint
 from specsure.cli.common import guarded
 from specsure.cli.main import build_parser
+from specsure.config import resolve
+from specsure.config.dtype_choice import run_dtype
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,8 @@ def test_no_model_reads_the_default_gguf_metadata(runs):
     assert fields["target"]["source"] == "default"
     assert fields["target"]["value"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
     assert fields["method"]["value"] == "ngram"
+    dtype = json.loads(run.out)["dtype"]  # what the run would load in, and why, as loading decides
+    assert (dtype["value"], dtype["reason"]) == run_dtype(resolve({"method": "ngram"}).target, "auto")
 
 
 def test_bad_json(runs):

@@ -11,7 +11,8 @@ import torch
 
 from gguf_models import byte_bpe_tokenizer, write_llama_gguf
 from specsure.config import dtype_choice, shipped
-from specsure.config.dtype_choice import auto_dtype
+from specsure.config.checkpoint import CheckpointInfo
+from specsure.config.dtype_choice import auto_dtype, run_dtype
 from specsure.models import float_kernel as float_kernels
 from specsure.models.dtypes import resolve_dtype
 from specsure.models.loading import load_model
@@ -116,3 +117,11 @@ def test_the_shipped_heads_tree_follows_the_dtype_auto_runs(kernel: bool, monkey
     else:
         assert tree == shipped.TREE_FAST_BF16 and "dtype 'auto' runs bfloat16 there" in why
     assert shipped.shipped_tree("mtp", "bfloat16")[0] == shipped.TREE_FAST_BF16  # explicit bf16: the bf16 tree
+
+
+def test_explain_and_loading_weigh_the_same_file(quantised: Path, tmp_path: Path) -> None:
+    """A GGUF target's own file, a folder's none (a converted folder keeps the CPU's choice)."""
+    assert run_dtype(CheckpointInfo(path=str(quantised), kind="gguf"), "auto") == auto_dtype(quantised)
+    assert run_dtype(CheckpointInfo(path=str(tmp_path), kind="hf_dir"), "auto") == auto_dtype(None)
+    assert run_dtype(CheckpointInfo(path=str(quantised), kind="gguf"), "bfloat16") == (
+        "bfloat16", "dtype='bfloat16' was given explicitly.")

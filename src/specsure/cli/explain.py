@@ -10,6 +10,7 @@ import sys
 from specsure.cli.common import EXIT_OK, EXIT_USAGE, add_model_flags, parse_speculative_config
 from specsure.config import ConfigError, resolve
 from specsure.config.cpu import DTYPE_NAMES
+from specsure.config.dtype_choice import run_dtype
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -38,11 +39,13 @@ def run(args: argparse.Namespace) -> int:
         res.check_runnable()
     except ConfigError as exc:
         problem = str(exc)
+    dtype, why = run_dtype(res.target, args.dtype)
     if args.json:
-        print(json.dumps({"fields": res.to_dict(), "warnings": list(res.warnings),
+        print(json.dumps({"fields": res.to_dict(), "warnings": list(res.warnings), "dtype": {"value": dtype, "reason": why},
                           "runnable": problem is None, "error": problem}, indent=2))
     else:
         print(res.explain())
+        print(f"dtype: {dtype} ({why})")
     if problem:
         # Same shape as every other user error: one `error:` paragraph on stderr, exit 2.
         print(f"error: cannot run: {problem}", file=sys.stderr)

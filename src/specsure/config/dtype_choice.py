@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Final
 
+from specsure.config.checkpoint import CheckpointInfo, default_gguf_path
 from specsure.config.cpu import FAST_BF16_FLAGS, cpu_bf16_flags, cpu_flags
 from specsure.config.gguf_header import read_gguf_tensors
 
@@ -77,6 +78,14 @@ def auto_dtype(gguf: Path | None, cpuinfo: Path = Path("/proc/cpuinfo")) -> tupl
                        f"{gguf.name} holds {blocked} of its {total} layer weight matrices as blocks ({shown}), which "
                        "the float32 kernel reads as they are, a fraction of bf16's bytes a step and the file's own "
                        "values; pass dtype='bfloat16' for bf16.")
+
+
+def run_dtype(target: CheckpointInfo, dtype: str) -> tuple[str, str]:
+    """(dtype name, why) a run of ``target`` loads in when asked for ``dtype``, as `load_model` decides."""
+    if dtype != "auto":
+        return dtype, f"dtype={dtype!r} was given explicitly."
+    gguf = default_gguf_path() if target.kind == "default" else Path(target.path) if target.kind == "gguf" else None
+    return auto_dtype(gguf)
 
 
 def _kernel_missing(cpuinfo: Path) -> str:
