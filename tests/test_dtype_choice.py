@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from gguf_models import byte_bpe_tokenizer, write_llama_gguf
-from specsure.config import dtype_choice, shipped
+from specsure.config import dtype_choice, resolve, shipped
 from specsure.config.checkpoint import CheckpointInfo
 from specsure.config.dtype_choice import auto_dtype, run_dtype
 from specsure.models import float_kernel as float_kernels
 from specsure.models.dtypes import resolve_dtype
+from specsure.models import loading
 from specsure.models.loading import load_model
 from tiny import build_tiny_llama
 
@@ -96,15 +97,53 @@ def test_bf16_stays_where_the_kernel_would_not_read_blocks(quantised: Path, most
     assert "no C compiler (cc or gcc) is on PATH" in bf16(quantised)
 
 
-def test_loading_with_auto_makes_the_same_choice_and_reads_the_blocks(quantised: Path, tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_loading_with_auto_on_a_fast_bf16_cpu_reads_the_blocks(quantised: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The new path on any host: the CPU's flags faked as an AMX one's; float32 only if the kernel built."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for module in (dtype_choice, loading):
+        monkeypatch.setattr(module, "cpu_bf16_flags", lambda cpuinfo=None: ("amx_bf16",))
     loaded = load_model(str(quantised), "auto")
-    name, why = auto_dtype(quantised)
-    assert loaded.lm.dtype == getattr(torch, name) and loaded.dtype_reason == why
-    if name == "float32" and float_kernels.load()[0] is not None:
+    kernel, why = float_kernels.load()
+    if kernel is not None:
+        assert loaded.lm.dtype == torch.float32 and "chose float32 although this CPU has fast bf16" in loaded.dtype_reason
         assert loaded.lm.blocks_used == {"Q4_1": 4, "Q8_0": 3}  # the fused q|k|v and gate|up count once
+    else:  # never float32 without the kernel that makes it pay
+        assert loaded.lm.dtype == torch.bfloat16 and why in loaded.dtype_reason
     assert load_model(str(quantised), "bfloat16").lm.dtype == torch.bfloat16  # explicit: never replaced
+
+
+def test_explain_and_loading_name_the_same_file(quantised: Path, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through ~, a relative path and a symlink both sides weigh the resolved file, and say the same."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "link.gguf").symlink_to(quantised)
+    monkeypatch.chdir(tmp_path)
+    for given in ("~/link.gguf", "link.gguf", str(tmp_path / "link.gguf")):
+        assert dtype_choice.target_gguf(given) == quantised.resolve()
+        target = resolve({"method": "ngram"}, model=given).target
+        assert run_dtype(target, "auto") == auto_dtype(quantised.resolve())
+    assert dtype_choice.target_gguf(str(tmp_path)) is None  # a folder: its dtype is the CPU's
+    assert run_dtype(CheckpointInfo(path=str(tmp_path), kind="hf_dir"), "auto") == auto_dtype(None)
+    assert run_dtype(CheckpointInfo(path="x.gguf", kind="gguf"), "bfloat16") == (
+        "bfloat16", "dtype='bfloat16' was given explicitly.")
+    name, why = run_dtype(resolve({"method": "ngram"}, model="~/link.gguf").target, "auto")
+    loaded = load_model("~/link.gguf", "auto")
+    if float_kernels.load()[0] is not None:  # else explain cannot know that the build fails
+        assert (str(loaded.lm.dtype).removeprefix("torch."), loaded.dtype_reason) == (name, why)
+
+
+def test_a_model_too_large_for_float32_beside_its_blocks_stays_bf16(quantised: Path, tmp_path: Path,
+                                                                     cpus: dict[str, Path]) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       1000 kB\nMemAvailable:      100 kB\n")
+    name, why = auto_dtype(quantised, cpus["amx"], meminfo=meminfo)
+    assert name == "bfloat16"
+    assert "its float32 weights (0.0 GiB, kept beside the blocks) would take more than half the memory available" in why
+    assert auto_dtype(quantised, cpus["amx"], meminfo=tmp_path / "none")[0] == "float32"  # unreadable: no limit
+    name, why = auto_dtype(quantised, cpus["amx"], kernel_missing=lambda: "the C kernel did not build or load: boom")
+    assert name == "bfloat16" and why.endswith("as blocks: the C kernel did not build or load: boom.")
 
 
 @pytest.mark.parametrize("kernel", [True, False])
@@ -117,11 +156,3 @@ def test_the_shipped_heads_tree_follows_the_dtype_auto_runs(kernel: bool, monkey
     else:
         assert tree == shipped.TREE_FAST_BF16 and "dtype 'auto' runs bfloat16 there" in why
     assert shipped.shipped_tree("mtp", "bfloat16")[0] == shipped.TREE_FAST_BF16  # explicit bf16: the bf16 tree
-
-
-def test_explain_and_loading_weigh_the_same_file(quantised: Path, tmp_path: Path) -> None:
-    """A GGUF target's own file, a folder's none (a converted folder keeps the CPU's choice)."""
-    assert run_dtype(CheckpointInfo(path=str(quantised), kind="gguf"), "auto") == auto_dtype(quantised)
-    assert run_dtype(CheckpointInfo(path=str(tmp_path), kind="hf_dir"), "auto") == auto_dtype(None)
-    assert run_dtype(CheckpointInfo(path=str(quantised), kind="gguf"), "bfloat16") == (
-        "bfloat16", "dtype='bfloat16' was given explicitly.")

@@ -47,7 +47,19 @@ def _pair(family: str, kernel: float_kernels.FloatKernel | None) -> tuple[Causal
     return models[0], models[1]
 
 
-def test_products_are_row_invariant_and_close_to_torch(kernel):
+@pytest.fixture(scope="module")
+def narrow():
+    """The AVX2 build on a CPU that has AVX-512 (None elsewhere: `kernel` is that build there)."""
+    if float_kernels.load()[0] is None or not float_kernels.wide():
+        return None
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(float_kernels.LANES_ENV, "8")
+        return float_kernels._load()[0]
+
+
+@pytest.mark.parametrize("build", ["loaded", "avx2"])
+def test_products_are_row_invariant_and_close_to_torch(kernel, narrow, build):
+    kernel = narrow if build == "avx2" else kernel
     if kernel is None:
         return
     torch.manual_seed(0)
@@ -194,3 +206,18 @@ def test_an_avx512_cpu_gets_16_lane_products_unless_told_8(monkeypatch):
     wide_rows, narrow_rows = float_kernels.load()[0].linear_rows(weight, x), narrow.linear_rows(weight, x)
     torch.testing.assert_close(wide_rows, narrow_rows, atol=1e-4, rtol=1e-5)
     assert not torch.equal(wide_rows, narrow_rows)  # really two builds: 240 sums in another order
+
+
+def test_the_avx512_products_compile_on_any_machine_with_a_compiler(tmp_path):
+    """The 16-lane code is built only on an AVX-512 CPU; elsewhere at least its syntax and types are checked."""
+    import subprocess
+
+    from specsure.config.dtype_choice import c_compiler
+
+    cc = c_compiler()
+    if cc is None:
+        return
+    flags = [*float_kernels.FLAGS, *float_kernels.WIDE_FLAGS]
+    done = subprocess.run([cc, *flags, "-fsyntax-only", str(float_kernels.SOURCE)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr

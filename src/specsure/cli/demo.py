@@ -52,10 +52,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help=f"tokens to generate (default {DEMO_MAX_TOKENS}, or what the context has room for)")
     parser.add_argument("--repeats", type=int_at_least(1), default=2, help="timed runs of each, interleaved")
     # float32 by default: there the speculative output is bit-identical to plain greedy decoding,
-    # which is what the demo shows. bfloat16 (--dtype auto here) is faster but may flip near-ties.
+    # which is what the demo shows. bfloat16 is faster where the CPU has fast bf16 (for a target of
+    # safetensors) but may flip near-ties.
     parser.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16", "float16"),
-                        help="float32 (default) gives exact equality with plain decoding; auto picks bfloat16 "
-                             "on CPUs with fast bf16, which is faster but may differ at near-ties")
+                        help="float32 (default) gives exact equality with plain decoding; auto picks float32 for a "
+                             "GGUF target of blocks (the default model), else bfloat16 on CPUs with fast bf16, "
+                             "which may differ at near-ties")
     parser.set_defaults(run=run)
 
 

@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
                       dtype=args.dtype)
     except ValueError as exc:
         if args.json:  # a script reading stdout gets the documented shape, not nothing
-            print(json.dumps({"fields": None, "warnings": [], "runnable": False, "error": str(exc)}, indent=2))
+            print(json.dumps({"fields": None, "warnings": [], "dtype": None, "runnable": False, "error": str(exc)},
+                             indent=2))
         raise
     problem = None
     try:
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
                           "runnable": problem is None, "error": problem}, indent=2))
     else:
         print(res.explain())
-        print(f"dtype: {dtype} ({why})")
+        print(f"dtype: {dtype}. {why}")
     if problem:
         # Same shape as every other user error: one `error:` paragraph on stderr, exit 2.
         print(f"error: cannot run: {problem}", file=sys.stderr)

@@ -42,7 +42,7 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
                         help="keep the k most likely tokens; 0 or -1 (vLLM's spelling) = off")
     parser.add_argument("--seed", type=seed_value, default=None, help="seed for sampling")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                        help="auto: bfloat16 where the CPU has fast bf16, else float32")
+                        help="auto: float32 for a GGUF target the float32 kernel reads as blocks (the default model), else bfloat16 where the CPU has fast bf16, else float32")
 
 
 def render_prompt(engine: "Engine", prompt: str, chat: bool,

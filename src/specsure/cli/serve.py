@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
     add_model_flags(parser)
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
-                        help="auto: bfloat16 where the CPU has fast bf16, else float32")
+                        help="auto: float32 for a GGUF target the float32 kernel reads as blocks (the default model), else bfloat16 where the CPU has fast bf16, else float32")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000; 0 picks a free one)")

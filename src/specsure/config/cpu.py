@@ -1,6 +1,7 @@
 """What this CPU reports: its feature flags and model name, read from /proc/cpuinfo.
 
-Torch-free, so configuration can read it before anything loads: dtype 'auto' follows it
+Torch-free, so configuration can read it before anything loads: dtype 'auto' follows it (and the target's
+weights, config/dtype_choice.py)
 (models/dtypes.py), and so does the token tree a shipped head drafts by default (shipped.py).
 """
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Final
 
 DTYPE_NAMES: Final[tuple[str, ...]] = ("auto", "float32", "bfloat16", "float16")
-"""The dtypes a run may ask for; 'auto' follows `cpu_bf16_flags`."""
+"""The dtypes a run may ask for; 'auto' follows `cpu_bf16_flags` and the target (dtype_choice.py)."""
 FAST_BF16_FLAGS: Final[tuple[str, ...]] = ("avx512_bf16", "amx_bf16")
 """CPU flags that make bf16 matmuls fast; without them bf16 is emulated and slower than float32."""
 

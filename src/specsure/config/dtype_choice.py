@@ -12,12 +12,14 @@ weights"). So 'auto' picks float32 for such a target wherever the kernel can run
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Callable, Final
 
 from specsure.config.checkpoint import CheckpointInfo, default_gguf_path
 from specsure.config.cpu import FAST_BF16_FLAGS, cpu_bf16_flags, cpu_flags
@@ -38,54 +40,97 @@ def c_compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def gguf_blocks(gguf: Path | None) -> tuple[Counter[str], int, str]:
-    """(kernel-readable block formats of the layers' weight matrices -> count, all of them, why not
-    or ""): what the float32 kernel could read of ``gguf`` as blocks, from its header alone."""
+@dataclass(frozen=True)
+class GGUFBlocks:
+    """What the float32 kernel could read of a GGUF file as blocks, from its header alone."""
+
+    formats: Counter[str]
+    """Kernel-readable block formats of the layers' weight matrices -> how many."""
+    matrices: int
+    """The layers' weight matrices, in any format."""
+    parameters: int
+    """Every tensor's elements: the float32 weights the model holds beside the blocks."""
+    why_not: str = ""
+    """Why none can be read ("" when the counts above say)."""
+
+
+def gguf_blocks(gguf: Path | None) -> GGUFBlocks:
+    """What of ``gguf`` the float32 kernel could read as blocks."""
     if gguf is None:
-        return Counter(), 0, "the target is not a GGUF file"
+        return GGUFBlocks(Counter(), 0, 0, "the target is not a GGUF file")
     try:
         metadata, tensors = read_gguf_tensors(str(gguf))
     except (OSError, ValueError) as err:
-        return Counter(), 0, f"its header cannot be read ({err})"
+        return GGUFBlocks(Counter(), 0, 0, f"its header cannot be read ({err})")
     architecture = metadata.get("general.architecture")
     if architecture not in _BLOCK_ARCHITECTURES:
-        return Counter(), 0, f"the kernel reads blocks for {', '.join(_BLOCK_ARCHITECTURES)} only, not {architecture}"
+        return GGUFBlocks(Counter(), 0, 0,
+                          f"the kernel reads blocks for {', '.join(_BLOCK_ARCHITECTURES)} only, not {architecture}")
     matrices = [t for t in tensors if _LAYER_MATRIX.match(t.name)]
     formats = Counter(KERNEL_BLOCK_TYPES[t.kind] for t in matrices if t.kind in KERNEL_BLOCK_TYPES)
-    return formats, len(matrices), ""
+    return GGUFBlocks(formats, len(matrices), sum(math.prod(t.shape) for t in tensors))
 
 
-def auto_dtype(gguf: Path | None, cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, str]:
+def target_gguf(path: str | None) -> Path | None:
+    """The GGUF file a target path names (the packaged default's for None), resolved as loading
+    resolves it; None for a folder or anything else."""
+    if path is None:
+        return default_gguf_path()
+    p = Path(path).expanduser()
+    return p.resolve() if p.suffix.lower() == ".gguf" and p.is_file() else None
+
+
+def auto_dtype(gguf: Path | None, cpuinfo: Path = Path("/proc/cpuinfo"), *,
+               kernel_missing: Callable[[], str] | None = None,
+               meminfo: Path = Path("/proc/meminfo")) -> tuple[str, str]:
     """(dtype name, one sentence why) that dtype 'auto' runs a target in, whose GGUF file is ``gguf``
-    (None for a folder of safetensors)."""
+    (None for a folder of safetensors). ``kernel_missing`` says why the float32 kernel cannot run
+    ("" when it can); by default what the config layer can tell without building it."""
     flags = cpu_bf16_flags(cpuinfo)
     if not flags:
         return "float32", ("dtype='auto' chose float32 because this CPU reports no fast bf16 "
                            f"({' or '.join(FAST_BF16_FLAGS)} absent from {cpuinfo}).")
     bf16 = f"dtype='auto' chose bfloat16 because this CPU has fast bf16 ({', '.join(flags)})"
-    formats, total, why_not = gguf_blocks(gguf)
     if gguf is None:
         return "bfloat16", bf16 + "."
-    blocked = sum(formats.values())
-    if not why_not and 2 * blocked < max(total, 1):
-        why_not = f"only {blocked} of its {total} layer weight matrices are in block formats the kernel reads"
+    found = gguf_blocks(gguf)
+    blocked, why_not = sum(found.formats.values()), found.why_not
+    if not why_not and 2 * blocked < max(found.matrices, 1):
+        why_not = f"only {blocked} of its {found.matrices} layer weight matrices are in block formats the kernel reads"
     if not why_not:
-        why_not = _kernel_missing(cpuinfo)
+        why_not = _memory_short(found.parameters, meminfo)
+    if not why_not:
+        why_not = (kernel_missing or (lambda: _kernel_missing(cpuinfo)))()
     if why_not:
         return "bfloat16", f"{bf16}; the float32 kernel would not read {gguf.name} as blocks: {why_not}."
-    shown = ", ".join(f"{count} {name}" for name, count in formats.most_common())
+    shown = ", ".join(f"{count} {name}" for name, count in found.formats.most_common())
     return "float32", (f"dtype='auto' chose float32 although this CPU has fast bf16 ({', '.join(flags)}): "
-                       f"{gguf.name} holds {blocked} of its {total} layer weight matrices as blocks ({shown}), which "
-                       "the float32 kernel reads as they are, a fraction of bf16's bytes a step and the file's own "
-                       "values; pass dtype='bfloat16' for bf16.")
+                       f"{gguf.name} holds {blocked} of its {found.matrices} layer weight matrices as blocks ({shown}), "
+                       "which the float32 kernel reads as they are, a fraction of bf16's bytes a step and the file's "
+                       "own values (its float32 weights, twice bf16's memory, stay for prompts over 64 tokens); "
+                       "pass dtype='bfloat16' for bf16.")
 
 
 def run_dtype(target: CheckpointInfo, dtype: str) -> tuple[str, str]:
-    """(dtype name, why) a run of ``target`` loads in when asked for ``dtype``, as `load_model` decides."""
+    """(dtype name, why) a run of ``target`` loads in when asked for ``dtype``, as `load_model` decides
+    (short of building the kernel)."""
     if dtype != "auto":
         return dtype, f"dtype={dtype!r} was given explicitly."
-    gguf = default_gguf_path() if target.kind == "default" else Path(target.path) if target.kind == "gguf" else None
-    return auto_dtype(gguf)
+    return auto_dtype(target_gguf(None if target.kind == "default" else target.path))
+
+
+def _memory_short(parameters: int, meminfo: Path) -> str:
+    """Why float32 weights of ``parameters`` elements would not fit ("" when they would, or when the
+    available memory cannot be read): they may take at most half of it."""
+    try:
+        lines = meminfo.read_text(encoding="utf-8").splitlines()
+        available = next(int(line.split()[1]) * 1024 for line in lines if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return ""
+    if 4 * parameters <= available // 2:
+        return ""
+    return (f"its float32 weights ({4 * parameters / 2**30:.1f} GiB, kept beside the blocks) would take more than "
+            f"half the memory available ({available / 2**30:.1f} GiB)")
 
 
 def _kernel_missing(cpuinfo: Path) -> str:

@@ -107,7 +107,7 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, str
     if model is not None and (not isinstance(model, str) or not model.strip()):
         raise ConfigError(f"model = {model!r} must be a path string (a model folder or .gguf file) or None.")
     if dtype is not None and dtype not in DTYPE_NAMES:
-        raise ConfigError(f"dtype = {dtype!r} is not one of {', '.join(DTYPE_NAMES)}; 'auto' picks by the CPU.")
+        raise ConfigError(f"dtype = {dtype!r} is not one of {', '.join(DTYPE_NAMES)}; 'auto' picks by the CPU and the target.")
     off = speculative is None or (isinstance(speculative, Mapping) and not speculative)
     spec = None if off else parse_user_spec(speculative)  # every value is checked before any checkpoint is read
     target = read_checkpoint(model)

@@ -29,7 +29,7 @@ def resolve_dtype(dtype: str, *, gguf: Path | None = None,
         ValueError: `dtype` is neither "auto" nor one of `DTYPES`.
     """
     if dtype == "auto":
-        name, reason = auto_dtype(gguf, cpuinfo)
+        name, reason = auto_dtype(gguf, cpuinfo, kernel_missing=_float_kernel_missing)
         chosen = DTYPES[name]
     elif dtype in DTYPES:
         chosen = DTYPES[dtype]
@@ -39,3 +39,12 @@ def resolve_dtype(dtype: str, *, gguf: Path | None = None,
         raise ValueError(f"dtype={dtype!r} is not valid; use one of {valid}.")
     logger.info("model dtype: %s (%s)", chosen, reason)
     return chosen, reason
+
+
+def _float_kernel_missing() -> str:
+    """Why the float32 kernel did not load ("" when it did): built here, so 'auto' never picks float32
+    for a kernel that then fails to build."""
+    from specsure.models import float_kernel  # lazily: only a GGUF of blocks on a fast-bf16 CPU asks
+
+    kernel, why = float_kernel.load()
+    return "" if kernel is not None else why

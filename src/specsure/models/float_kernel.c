@@ -1,5 +1,6 @@
 /* float32 forwards of a Llama-family decoder over a few rows, in C, on AVX2 + FMA: decode and
- * verify steps on CPUs without fast bf16 (where dtype='auto' picks float32).
+ * verify steps in float32 (what dtype='auto' picks on CPUs without fast bf16, and for a GGUF target of
+ * blocks on any CPU).
  *
  * Why: on an AVX2 CPU with 2 cores a 135M model's one-token step reads ~540 MB of float32 weights,
  * about 18 ms at the memory bandwidth, but torch's products over one to eight rows ran at a third

@@ -1,6 +1,7 @@
 """The float32 C kernel (float_kernel.c): AVX2 + FMA forwards and products, built and loaded like kernel.py's.
 
-On a CPU without fast bf16, dtype='auto' runs float32, and torch's products over one to eight rows
+On a CPU without fast bf16, dtype='auto' runs float32 (and for a GGUF target of blocks on any CPU where
+this kernel builds), and torch's products over one to eight rows
 read the weights at a third to a half of the memory bandwidth. This kernel streams each weight
 once per forward whatever the row count, runs a run of decoder layers in one call, and keeps
 every row's bits independent of the rows beside it (a verify row equals the decode step). It
@@ -18,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from specsure.models.gguf_blocks import BlockMatrix
 from specsure.config.cpu import cpu_flags
+from specsure.models.gguf_blocks import BlockMatrix
 from specsure.models.kernel import Kernel, RowOps, SegmentStruct, ShapeStruct, open_library
 
 logger = logging.getLogger(__name__)
@@ -135,6 +136,10 @@ def wide() -> bool:
 
 
 def _load() -> tuple[FloatKernel | None, str]:
-    flags, name = (FLAGS + WIDE_FLAGS, "AVX-512") if wide() else (FLAGS, "AVX2")
-    kernel, why = open_library(SOURCE, flags, "float", _CPU_FLAGS, _bind)
-    return kernel, why if kernel is None else f"{name} products, {why}"
+    if wide():
+        kernel, why = open_library(SOURCE, FLAGS + WIDE_FLAGS, "float", _CPU_FLAGS, _bind)
+        if kernel is not None:
+            return kernel, f"AVX-512 products, {why}"
+        logger.warning("the float32 kernel's AVX-512 build failed (%s); building its AVX2 one", why)
+    kernel, why = open_library(SOURCE, FLAGS, "float", _CPU_FLAGS, _bind)
+    return kernel, why if kernel is None else f"AVX2 products, {why}"

@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from specsure.config.checkpoint import MTP_LAYER_KEYS, weight_files
 from specsure.config.cpu import cpu_bf16_flags
+from specsure.config.dtype_choice import target_gguf
 from specsure.models.causal_lm import CausalLM
 from specsure.models.dtypes import resolve_dtype
 from specsure.models.errors import ModelLoadError
@@ -61,8 +62,7 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
         ValueError: `dtype` is not a valid name.
         ModelLoadError: the checkpoint is missing, malformed, pickled, or not a causal LM.
     """
-    for_blocks = _dtype_gguf(path) if dtype == "auto" else None
-    torch_dtype, dtype_reason = resolve_dtype(dtype, gguf=for_blocks)
+    torch_dtype, dtype_reason = resolve_dtype(dtype, gguf=target_gguf(path) if dtype == "auto" else None)
     folder = weights_folder(path)
     config = check_model_folder(folder)
     hf_config = _hf_config(folder)
@@ -101,16 +101,6 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
         eos_token_ids=_eos_token_ids(hf, tokenizer),
         dtype_reason=dtype_reason,
     )
-
-
-def _dtype_gguf(path: str | None) -> Path | None:
-    """The GGUF file whose blocks dtype 'auto' weighs (`_given_gguf`'s); None for a folder, or when
-    there is none (loading then says why)."""
-    try:
-        given = _given_gguf(path)
-    except ModelLoadError:  # the default model is not installed: weights_folder says so
-        return None
-    return None if given is None else given[0]
 
 
 def _given_gguf(path: str | None) -> tuple[Path, str] | None:
