@@ -50,6 +50,8 @@ def main() -> None:
         reference: dict[str, list[int]] = {}
         for repeat in range(args.repeats):
             for (method, dtype), engine in runs.items():
+                if engine.proposer is not None:  # suffix's tree of earlier outputs: no pass drafts from another
+                    engine.proposer.clear_history()
                 start = time.perf_counter()
                 out = engine.generate([ids], params)[0]
                 seconds[(method, dtype)][i].append(time.perf_counter() - start)

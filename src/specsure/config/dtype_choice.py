@@ -6,7 +6,7 @@ A CPU with fast bf16 (AVX512-BF16, AMX) runs bf16 weights at memory speed, so 'a
 there. But a quantised GGUF target is faster still in float32: the float32 kernel reads its
 matrices as the file's blocks (models/gguf_blocks.py), a fifth of the bytes of bf16 weights a
 step, and computes with the file's own values rather than their bf16 roundings. On an AMX Xeon
-that decoded the default model 1.43x faster than bf16 (BENCHMARKS.md, "Auto dtype follows the
+that decoded the default model 1.42x to 1.48x faster than bf16 (BENCHMARKS.md, "Auto dtype follows the
 weights"). So 'auto' picks float32 for such a target wherever the kernel can run.
 """
 
