@@ -89,6 +89,8 @@ def test_bf16_stays_where_the_kernel_would_not_read_blocks(quantised: Path, most
     assert "the kernel reads blocks for llama only, not qwen2" in bf16(other)
     monkeypatch.setenv("SPECSURE_GGUF_BLOCKS", "0")
     assert "SPECSURE_GGUF_BLOCKS=0 keeps float32 weights" in bf16(quantised)
+    loaded_kernel = auto_dtype(quantised, cpus["amx"], kernel_missing=lambda: "")  # as loading asks: still bf16
+    assert loaded_kernel[0] == "bfloat16" and "SPECSURE_GGUF_BLOCKS=0" in loaded_kernel[1]
     monkeypatch.setenv("SPECSURE_KERNEL", "0")
     assert "SPECSURE_KERNEL=0 turns the C kernel off" in bf16(quantised)
     monkeypatch.delenv("SPECSURE_KERNEL")

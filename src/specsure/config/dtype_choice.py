@@ -84,8 +84,8 @@ def auto_dtype(gguf: Path | None, cpuinfo: Path = Path("/proc/cpuinfo"), *,
                kernel_missing: Callable[[], str] | None = None,
                meminfo: Path = Path("/proc/meminfo")) -> tuple[str, str]:
     """(dtype name, one sentence why) that dtype 'auto' runs a target in, whose GGUF file is ``gguf``
-    (None for a folder of safetensors). ``kernel_missing`` says why the float32 kernel cannot run
-    ("" when it can); by default what the config layer can tell without building it."""
+    (None for a folder of safetensors). Beyond what the config layer can tell without building the
+    float32 kernel, ``kernel_missing`` says why it did not load ("" when it did)."""
     flags = cpu_bf16_flags(cpuinfo)
     if not flags:
         return "float32", ("dtype='auto' chose float32 because this CPU reports no fast bf16 "
@@ -100,7 +100,7 @@ def auto_dtype(gguf: Path | None, cpuinfo: Path = Path("/proc/cpuinfo"), *,
     if not why_not:
         why_not = _memory_short(found.parameters, meminfo)
     if not why_not:
-        why_not = (kernel_missing or (lambda: _kernel_missing(cpuinfo)))()
+        why_not = _kernel_missing(cpuinfo) or (kernel_missing() if kernel_missing is not None else "")
     if why_not:
         return "bfloat16", f"{bf16}; the float32 kernel would not read {gguf.name} as blocks: {why_not}."
     shown = ", ".join(f"{count} {name}" for name, count in found.formats.most_common())
