@@ -90,7 +90,7 @@ def test_block_products_are_the_float32_products_bits(name: str, monkeypatch: py
     weight, bias = matrix.dequantized().contiguous(), torch.randn(70)
     x = torch.randn(64, 256)
     for build in builds:
-        for rows in (1, 2, 3, 4, 5, 6, 7, 8, 13, 64):  # the direct passes and the unpacked ones (6 rows and more)
+        for rows in (1, 2, 3, 4, 5, 6, 7, 8, 13, 16, 64):  # direct passes, and unpacked ones (from 6 rows, 16 on AVX-512)
             got = build.linear_blocks(matrix, x[:rows].contiguous(), bias)
             assert torch.equal(got, build.linear_rows(weight, x[:rows].contiguous(), bias)), rows
             assert torch.equal(got[rows - 1], build.linear_blocks(matrix, x[rows - 1:rows].contiguous(), bias)[0])
@@ -191,7 +191,7 @@ def test_k_quants_decode_the_same_bits_from_their_blocks(k_gguf_file: Path, monk
         token = int(a.logits[-1].argmax())
         a, b = blocks.forward([token]), plain.forward([token])
     start = blocks.cache_len
-    ids = [7, 8, 9, 250, 3, 4, 5]  # a verify of 7 rows (the unpacked path)
+    ids = [7, 8, 9, 250, 3, 4, 5]  # a verify of 7 rows (the unpacked path of the AVX2 build)
     together = blocks.forward(ids).logits
     blocks.crop(start)
     for i, token in enumerate(ids):

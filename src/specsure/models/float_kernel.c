@@ -294,7 +294,16 @@ static inline __attribute__((always_inline)) void qpass(int format, const uint8_
     }
 }
 
-#define UNPACK_ROWS 6 /* from this many rows of x a weight block is dequantised once, not once per pass */
+/* From this many rows of x a weight block is dequantised once into float32 rows, not once per pass
+ * (the same values in the same order either way, so only the speed differs). 6 was measured best
+ * for the AVX2 build on the AVX2 EPYC. With 16 lanes a block's dequantising costs half as much, and
+ * on the AMX Xeon passes straight over the blocks beat the unpacked rows up to 12 rows and tied at
+ * 16 (forwards of 6 rows 21 -> 17 ms, 8 rows 24.6 -> 19.6; BENCHMARKS.md, "AVX-512 products"). */
+#ifdef __AVX512F__
+#define UNPACK_ROWS 16
+#else
+#define UNPACK_ROWS 6
+#endif
 
 /* Every pass of x's rows over one block of weight rows; `format` a literal in each caller below, so
  * each format gets its own inlined loops. With many rows the block is dequantised into float32 rows
