@@ -158,3 +158,19 @@ def test_the_shipped_heads_tree_follows_the_dtype_auto_runs(kernel: bool, monkey
     else:
         assert tree == shipped.TREE_FAST_BF16 and "dtype 'auto' runs bfloat16 there" in why
     assert shipped.shipped_tree("mtp", "bfloat16")[0] == shipped.TREE_FAST_BF16  # explicit bf16: the bf16 tree
+
+
+def test_a_kernel_that_fails_to_build_leaves_bf16_and_the_bf16_tree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The config layer expected the float32 kernel (flags, a compiler); its build failed at load: the
+    engine runs bf16 and resolves the shipped head's tree again for it."""
+    from specsure.decode.engine import make_engine
+    from specsure.models import dtypes
+
+    for module in (dtype_choice, loading, shipped):
+        monkeypatch.setattr(module, "cpu_bf16_flags", lambda cpuinfo=None: ("amx_bf16",))
+    monkeypatch.setattr(dtype_choice, "_kernel_missing", lambda cpuinfo: "")
+    monkeypatch.setattr(dtypes, "_float_kernel_missing", lambda: "the C kernel did not build or load: boom")
+    assert shipped.shipped_tree("mtp", "auto")[0] == shipped.TREE_FLOAT32  # what resolution expects
+    engine = make_engine(None, {"method": "mtp"})
+    assert engine.target.lm.dtype == torch.bfloat16 and "boom" in engine.target.dtype_reason
+    assert engine.resolution.config.speculative_token_tree == shipped.TREE_FAST_BF16

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 import torch
 
 from specsure.config import ConfigError, Resolution, resolve
+from specsure.config.dtype_choice import run_dtype
 from specsure.decode.completion import (
     Completion, ParamsError, Prompt, PromptError, StepUpdate,
 )
@@ -316,7 +317,12 @@ def make_engine(model: str | None = None, speculative: dict | None = None, *, st
     res = resolve(speculative, model=model, strict=strict, dtype=dtype)
     res.check_runnable()
     target = load_model(model, dtype=dtype)
-    logger.info("dtype %s: %s", str(target.lm.dtype).removeprefix("torch."), target.dtype_reason)
+    loaded = str(target.lm.dtype).removeprefix("torch.")
+    logger.info("dtype %s: %s", loaded, target.dtype_reason)
+    if dtype == "auto" and loaded != run_dtype(res.target, "auto")[0]:
+        # The config layer expected the float32 kernel, which then failed to build: the defaults that
+        # follow the dtype (a shipped head's tree) are resolved again for the one that loaded.
+        res = resolve(speculative, model=model, strict=strict, dtype=loaded)
     proposer = build_proposer(res, target, dtype)
     engine = Engine(res, target, proposer, seed=seed, max_num_seqs=max_num_seqs,
                     enable_prefix_caching=enable_prefix_caching)
