@@ -30,6 +30,8 @@ KERNEL_BLOCK_TYPES: Final[dict[int, str]] = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7:
 """GGML type id -> name of the block formats the float32 kernel reads as they are."""
 KERNEL_FLAGS: Final[tuple[str, ...]] = ("avx2", "fma")
 """CPU flags the float32 kernel needs (float_kernel.py)."""
+KERNEL_ENV: Final[str] = "SPECSURE_KERNEL"
+"""0 turns the C kernels off (``dot`` keeps the bf16 one off AMX tiles: kernel.py)."""
 _LAYER_MATRIX = re.compile(r"^blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
 _BLOCK_ARCHITECTURES: Final[tuple[str, ...]] = ("llama",)
 """GGUF architectures whose blocks the loader maps onto the model's weights (Llama's q/k order)."""
@@ -133,15 +135,22 @@ def _memory_short(parameters: int, meminfo: Path) -> str:
             f"half the memory available ({available / 2**30:.1f} GiB)")
 
 
-def _kernel_missing(cpuinfo: Path) -> str:
-    """Why the float32 kernel cannot read blocks here ("" when it can), as far as the config layer knows."""
-    if os.environ.get("SPECSURE_KERNEL", "1") == "0":
-        return "SPECSURE_KERNEL=0 turns the C kernel off"
-    if os.environ.get("SPECSURE_GGUF_BLOCKS") == "0":
-        return "SPECSURE_GGUF_BLOCKS=0 keeps float32 weights"
-    missing = [f for f in KERNEL_FLAGS if f not in cpu_flags(cpuinfo)]
+def build_blocker(cpu_needed: tuple[str, ...], source_name: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """Why a C kernel needing ``cpu_needed`` cannot be built here ("" when nothing stands in the way):
+    turned off, a CPU flag missing, or no compiler. The kernels' loader asks this before it builds."""
+    if os.environ.get(KERNEL_ENV, "1") == "0":
+        return f"{KERNEL_ENV}=0 turns the C kernel off"
+    missing = [f for f in cpu_needed if f not in cpu_flags(cpuinfo)]
     if missing:
         return f"this CPU lacks {', '.join(missing)}"
     if c_compiler() is None:
-        return "no C compiler (cc or gcc) is on PATH to build it"
+        return f"no C compiler (cc or gcc) is on PATH; install gcc for the C kernel {source_name}"
     return ""
+
+
+def _kernel_missing(cpuinfo: Path) -> str:
+    """Why the float32 kernel cannot read blocks here ("" when it can), as far as the config layer knows."""
+    kernel_on = os.environ.get(KERNEL_ENV, "1") != "0"  # the kernel's switch is named first, as before
+    if kernel_on and os.environ.get("SPECSURE_GGUF_BLOCKS") == "0":
+        return "SPECSURE_GGUF_BLOCKS=0 keeps float32 weights"
+    return build_blocker(KERNEL_FLAGS, "float_kernel.c", cpuinfo)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from specsure.config.cpu import cpu_flags
+from specsure.config.dtype_choice import KERNEL_FLAGS
 from specsure.models.gguf_blocks import BlockMatrix
 from specsure.models.kernel import Kernel, RowOps, SegmentStruct, ShapeStruct, open_library
 
@@ -27,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("float_kernel.c")
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
-_CPU_FLAGS = ("avx2", "fma")
+_CPU_FLAGS = KERNEL_FLAGS
 WIDE_FLAGS = ("-mavx512f",)
 """Added on a CPU with avx512f: the products on 16 lanes. The one-row step is bound by the
 instructions that dequantise and multiply, not by memory, so half as many made it faster

@@ -26,7 +26,7 @@ from typing import Callable, TypeVar
 import torch
 
 from specsure.config.cpu import cpu_flags
-from specsure.config.dtype_choice import c_compiler
+from specsure.config.dtype_choice import KERNEL_ENV, build_blocker, c_compiler
 from specsure.models.gguf_cache import cache_root
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ SOURCE = Path(__file__).with_name("decode_kernel.c")
 FLAGS = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mamx-tile", "-mamx-bf16", "-fopenmp",
          "-shared", "-fPIC")
 _CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
-_ENV = "SPECSURE_KERNEL"
+_ENV = KERNEL_ENV
 MAX_HEAD_DIM = 512
 """decode_kernel.c's MAX_DIM: its attention keeps a head's query and output in registers."""
 
@@ -209,15 +209,9 @@ def open_library(source: Path, flags: tuple[str, ...], stem: str, cpu_needed: tu
     """(bound, why): build ``source`` (once per machine) and ``bind`` it, or None and the reason
     (turned off, a CPU flag missing, no compiler, a failed build or load), with the library's
     file name as ``why`` when it loaded."""
-    if os.environ.get(_ENV, "1") == "0":
-        return None, f"{_ENV}=0 turns the C kernel off"
-    have = cpu_flags()
-    missing = [f for f in cpu_needed if f not in have]
-    if missing:
-        return None, f"this CPU lacks {', '.join(missing)}"
-    cc = compiler()
-    if cc is None:
-        return None, f"no C compiler (cc or gcc) is on PATH; install gcc for the C kernel {source.name}"
+    blocker, cc = build_blocker(cpu_needed, source.name), compiler()
+    if blocker or cc is None:
+        return None, blocker or "no C compiler (cc or gcc) is on PATH"
     try:
         path = build_library(cc, source, flags, stem)
         return bind(ctypes.CDLL(str(path))), path.name
