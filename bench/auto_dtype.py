@@ -12,12 +12,11 @@ Not a test: a measurement for BENCHMARKS.md, "Auto dtype follows the weights".
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
+from interleave import time_interleaved
 from specsure.bench.workload import encode, load_builtin, select
 from specsure.config.cpu import cpu_model
 from specsure.decode.engine import make_engine
@@ -42,25 +41,7 @@ def main() -> None:
     tokenizer = runs[(methods[0], "float32")].tokenizer
     prompts = [list(encode(p, tokenizer)) for p in select(load_builtin(heldout=args.heldout), None, args.per_category)]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-    for engine in runs.values():  # warm-up: kernels built, buffers sized
-        engine.generate([prompts[0]], SamplingParams(max_tokens=16, temperature=0.0))
-    seconds = {key: [[] for _ in prompts] for key in runs}
-    tokens = {key: 0 for key in runs}
-    for i, ids in enumerate(prompts):
-        reference: dict[str, list[int]] = {}
-        for repeat in range(args.repeats):
-            for (method, dtype), engine in runs.items():
-                if engine.proposer is not None:  # suffix's tree of earlier outputs: no pass drafts from another
-                    engine.proposer.clear_history()
-                start = time.perf_counter()
-                out = engine.generate([ids], params)[0]
-                seconds[(method, dtype)][i].append(time.perf_counter() - start)
-                expected = reference.setdefault(dtype, list(out.token_ids))
-                if list(out.token_ids) != expected:
-                    raise SystemExit(f"{method} in {dtype} differs from plain decoding on prompt {i}")
-                if repeat == 0:
-                    tokens[(method, dtype)] += len(out.token_ids)
-    rate = {key: tokens[key] / sum(statistics.median(s) for s in seconds[key]) for key in runs}
+    rate = time_interleaved(runs, prompts, params, args.repeats, group=lambda key: key[1]).rate
     plain = rate[(methods[0], "bfloat16")]
     lines = [f"`bench/auto_dtype.py{' --heldout' * args.heldout}"
              f"{f' --per-category {args.per_category}' if args.per_category else ''} --repeats {args.repeats}`: "

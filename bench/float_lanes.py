@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from interleave import time_interleaved
 from specsure.bench.workload import encode, load_builtin, select
 from specsure.config.cpu import cpu_model
 from specsure.decode.engine import Engine, make_engine
@@ -78,28 +79,10 @@ def main() -> None:
     tokenizer = runs[(methods[0], BUILDS[0])].tokenizer
     prompts = [list(encode(p, tokenizer)) for p in select(load_builtin(heldout=args.heldout), None, args.per_category)]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-    for engine in runs.values():
-        engine.generate([prompts[0]], SamplingParams(max_tokens=16, temperature=0.0))
     forwards = forward_times(runs, 15)
-    seconds = {key: [[] for _ in prompts] for key in runs}
-    tokens = {key: 0 for key in runs}
-    same = 0
-    for i, ids in enumerate(prompts):
-        reference: dict[str, list[int]] = {}
-        for repeat in range(args.repeats):
-            for (method, build), engine in runs.items():
-                if engine.proposer is not None:  # suffix's tree of earlier outputs: no pass drafts from another
-                    engine.proposer.clear_history()
-                start = time.perf_counter()
-                out = engine.generate([ids], params)[0]
-                seconds[(method, build)][i].append(time.perf_counter() - start)
-                expected = reference.setdefault(build, list(out.token_ids))
-                if list(out.token_ids) != expected:
-                    raise SystemExit(f"{method} on the {build} build differs from plain decoding on prompt {i}")
-                if repeat == 0:
-                    tokens[(method, build)] += len(out.token_ids)
-        same += reference[BUILDS[0]] == reference[BUILDS[1]]
-    rate = {key: tokens[key] / sum(statistics.median(s) for s in seconds[key]) for key in runs}
+    timed = time_interleaved(runs, prompts, params, args.repeats, group=lambda key: key[1])
+    rate = timed.rate
+    same = sum(outputs[BUILDS[0]] == outputs[BUILDS[1]] for outputs in timed.outputs)
     plain = rate[(methods[0], "AVX2")]
     lines = [f"`bench/float_lanes.py{' --heldout' * args.heldout}"
              f"{f' --per-category {args.per_category}' if args.per_category else ''} --repeats {args.repeats}`: "

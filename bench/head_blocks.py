@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
+from interleave import time_interleaved
 from specsure.bench.workload import encode, load_builtin
 from specsure.decode.engine import Engine, make_engine
 from specsure.proposers.head_blocks import ENV
@@ -56,34 +55,15 @@ def main() -> None:
     tokenizer = runs["plain"].tokenizer
     prompts = [list(encode(p, tokenizer)) for p in load_builtin(heldout=args.heldout)]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-    for engine in runs.values():  # warm-up: kernels built, buffers sized
-        engine.generate([prompts[0]], SamplingParams(max_tokens=16, temperature=0.0))
-    seconds = {name: [[] for _ in prompts] for name in runs}
-    tokens = {name: 0 for name in runs}
-    accepted = {name: [0, 0] for name in runs}
-    for i, ids in enumerate(prompts):
-        reference = None
-        for repeat in range(args.repeats):
-            for name, engine in runs.items():
-                start = time.perf_counter()
-                out = engine.generate([ids], params)[0]
-                seconds[name][i].append(time.perf_counter() - start)
-                if reference is None:
-                    reference = list(out.token_ids)
-                if list(out.token_ids) != reference:
-                    raise SystemExit(f"{name} differs from plain decoding on prompt {i}")
-                if repeat == 0:
-                    tokens[name] += len(out.token_ids)
-                    accepted[name][0] += out.stats.accepted_tokens
-                    accepted[name][1] += out.stats.drafts
-    rates = {name: tokens[name] / sum(statistics.median(s) for s in seconds[name]) for name in runs}
+    timed = time_interleaved(runs, prompts, params, args.repeats, group=lambda key: "plain")
+    rates = timed.rate
     flags = [f"--k {args.k}"] * (args.k is not None) + [f"--tree '{args.tree}'"] * (args.tree is not None)
     lines = [f"`{' '.join(['bench/head_blocks.py'] + flags + ['--heldout'] * args.heldout)}"
              f" --repeats {args.repeats}`: {len(prompts)} prompts, {args.max_tokens} new tokens, greedy, "
              f"default dtype ({str(runs['plain'].target.lm.dtype).removeprefix('torch.')}), 2 threads; every output "
              "equals plain decoding's.", "", "| engine | tok/s | vs plain | mean acc. len |", "|---|---|---|---|"]
     for name in runs:
-        drafted, kept = accepted[name][1], accepted[name][0]
+        drafted, kept = timed.drafts[name], timed.accepted[name]
         length = f"{1 + kept / drafted:.2f}" if drafted else "-"
         lines.append(f"| {name} | {rates[name]:.1f} | {rates[name] / rates['plain']:.3f}x | {length} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
