@@ -1,14 +1,22 @@
-"""Greedy decoding with several engines, interleaved prompt by prompt in one process: what the bench
-scripts here (auto_dtype.py, float_lanes.py, head_blocks.py) time. Not a test."""
+"""Greedy decoding with several engines, interleaved prompt by prompt in one process, and single
+forwards of several builds interleaved: what the bench scripts here (auto_dtype.py, float_lanes.py,
+head_blocks.py, amx_tiles.py) time. Not a test."""
 
 from __future__ import annotations
 
+import argparse
+import os
 import statistics
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
-from specsure.decode.engine import Engine
+import torch
+
+from specsure.bench.workload import encode, load_builtin, select
+from specsure.config.cpu import cpu_model
+from specsure.decode.engine import Engine, make_engine
 from specsure.sampling import SamplingParams
 
 
@@ -53,3 +61,97 @@ def time_interleaved(runs: dict[Hashable, Engine], prompts: Sequence[list[int]],
         timed.outputs.append(reference)
     timed.rate = {key: timed.tokens[key] / sum(statistics.median(s) for s in seconds[key]) for key in runs}
     return timed
+
+
+def forward_times(models: dict[str, Any], rows: Sequence[int], repeats: int) -> dict[int, dict[str, float]]:
+    """Per row count, each model's median time (ms) of one forward of that many new rows at 200
+    cached tokens, models interleaved (``models``: name -> CausalLM)."""
+    context = list(range(100, 300))
+    times: dict[int, dict[str, float]] = {}
+    for count in rows:
+        samples: dict[str, list[float]] = {name: [] for name in models}
+        for _ in range(repeats):
+            for name, lm in models.items():
+                lm.crop(0)
+                lm.forward(context, last_logits=1)
+                started = time.perf_counter()
+                lm.forward(list(range(7, 7 + count)))
+                samples[name].append(time.perf_counter() - started)
+        times[count] = {name: statistics.median(s) * 1e3 for name, s in samples.items()}
+    return times
+
+
+def method_config(method: str) -> dict | None:
+    """``method`` or ``method:tree`` as a speculative config (None for plain decoding)."""
+    if method == "plain":
+        return None
+    name, _, tree = method.partition(":")
+    return {"method": name, "speculative_token_tree": tree} if tree else {"method": name}
+
+
+def engines_per_build(methods: Sequence[str], builds: dict[str, dict[str, str]]) -> dict[tuple[str, str], Engine]:
+    """Each method (`method_config`) on each build of the float32 kernel, in float32: a build is the
+    kernel `float_kernel.load` hands the models after its environment switches (``builds``: name ->
+    variables) are set; the variables are put back afterwards."""
+    from specsure.models import float_kernel as float_kernels
+
+    saved = dict(os.environ)
+    runs = {}
+    try:
+        for build, switches in builds.items():
+            os.environ.update(switches)
+            float_kernels._loaded = float_kernels._load()
+            for method in methods:
+                runs[(method, build)] = make_engine(None, method_config(method), dtype="float32")
+            os.environ.clear()
+            os.environ.update(saved)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return runs
+
+
+def build_arguments(description: str, methods: Sequence[str], separator: str) -> argparse.Namespace:
+    """The arguments the build-against-build scripts share (float_lanes.py, amx_tiles.py)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--methods", default=separator.join(methods), help=f"{separator!r}-separated")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--per-category", type=int, default=None)
+    parser.add_argument("--heldout", action="store_true")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.methods = args.methods.split(separator)
+    return args
+
+
+def compare_builds(script: str, runs: dict[tuple[str, str], Engine], builds: tuple[str, str],
+                   args: argparse.Namespace, rows: Sequence[int]) -> tuple[Timed, list[str]]:
+    """Two builds of a kernel side by side (``runs``: (method, build) -> engine, with a "plain" method):
+    one-forward times over ``rows`` new rows, then greedy decoding of the prompts ``args`` select,
+    every output checked against plain decoding on its own build. Returns the timings and the
+    report's lines up to its table of methods."""
+    torch.set_num_threads(2)
+    tokenizer = runs[(args.methods[0], builds[0])].tokenizer
+    prompts = [list(encode(p, tokenizer)) for p in select(load_builtin(heldout=args.heldout), None, args.per_category)]
+    models = {build: runs[("plain", build)].target.lm for build in builds}
+    first, second = builds
+    table = [f"| new rows | {first} (ms) | {second} (ms) | {second} / {first} |", "|---|---|---|---|"]
+    for count, times in forward_times(models, rows, 15).items():
+        table.append(f"| {count} | {times[first]:.2f} | {times[second]:.2f} | {times[second] / times[first]:.2f}x |")
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    timed = time_interleaved(runs, prompts, params, args.repeats, group=lambda key: key[1])
+    same = sum(outputs[first] == outputs[second] for outputs in timed.outputs)
+    lines = [f"`bench/{script}{' --heldout' * args.heldout}"
+             f"{f' --per-category {args.per_category}' if args.per_category else ''} --repeats {args.repeats}`: "
+             f"{cpu_model()}, 2 threads, float32 on the default model's GGUF blocks.", "",
+             "One forward at 200 cached tokens, median of 15:", "", *table, "",
+             f"Greedy decoding, {len(prompts)} prompts, {args.max_tokens} new tokens; every output equals plain "
+             f"decoding on its own build; the two builds' outputs are equal on {same} of {len(prompts)} prompts.", ""]
+    return timed, lines
+
+
+def write_report(args: argparse.Namespace, lines: list[str]) -> None:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))

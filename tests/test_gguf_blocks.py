@@ -55,6 +55,16 @@ def k_gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _gguf(tmp_path_factory, "tiny-k", 256, K_MIXED)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_amx_tiles():
+    """These tests hold the blocks to the float32 rows' bits, which the AVX-512 products keep and the
+    AMX tiles do not (their sums round in another order); test_amx_tiles.py checks the tiles."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(float_kernels.AMX_ENV, "0")
+        patch.setattr(float_kernels, "_loaded", float_kernels._load())
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

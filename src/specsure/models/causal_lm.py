@@ -104,6 +104,8 @@ class CausalLM:
         self._head_blocks: BlockMatrix | None = None
         self.blocks_used: dict[str, int] = {}
         """GGUF type -> how many of the weight matrices the float32 kernel reads as blocks (`use_blocks`)."""
+        self.tiled_matrices = 0
+        """How many of those run on AMX tiles (float_kernel.c's A4)."""
         check_logits(self)
         if self._native is None:
             check_cache(self)
@@ -121,6 +123,7 @@ class CausalLM:
             self._head_blocks = blocks.lm_head
             used[blocks.lm_head.kind] = used.get(blocks.lm_head.kind, 0) + 1
         self.blocks_used = used
+        self.tiled_matrices = native.tiled_matrices
         return used
 
     def reset(self) -> None:

@@ -27,10 +27,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 /* How a weight matrix [n, k] is stored: float32 rows, or GGUF's blocks of 32 weights along k,
  * repacked with float32 scales (gguf_blocks.py) so a block dequantises with one conversion: */
-enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, Q8_M = 4, Q8_H = 5, Q8_X = 6 };
+enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, Q8_M = 4, Q8_H = 5, Q8_X = 6, A4 = 7 };
 /* Q4_0 {float d; uint8 qs[16]}: w = d (q - 8); Q4_1 {float d, m; uint8 qs[16]}: w = d q + m;
  * Q8_0 {float d; int8 qs[32]}: w = d q; Q8_M {float d, m; int8 qs[32]}: w = d q + m; Q8_H {float
  * d0, d1; int8 qs[32]}: w = d0 q for the first 16 weights, d1 q for the rest; Q8_X {float d0, d1,
@@ -380,6 +382,217 @@ static void qgemm(int format, const uint8_t *w, const float *bias, const float *
     }
 }
 
+/* Q4_0 and Q4_1 matrices on AMX tiles (A4), in the AMX build on a CPU whose Linux grants the tiles.
+ *
+ * Why: on the AMX Xeon a verify row cost about a fifth of a one-row step, the float32 multiply-adds
+ * of one more row beside the dequantising they share, so learned heads barely paid. A tile
+ * multiply costs the same for 1 row of x as for 16.
+ *
+ * How, and why it is still float32: per block of 32 weights, w = d q + m with q in 0..15, so
+ * x . w = d (x . q) + m sum(x). Each float32 x is split into three bf16 parts, hi + mid + lo = x
+ * exactly (each part holds the next 8 significant bits), and q is exact in bf16, so every product
+ * the tile forms is exact and only the tile's float32 sums round. Per block the tile adds x . q
+ * over the hi, then the mid, then the lo parts into one float32 sum s per row; then, in a fixed
+ * order for every row, acc = fma(s, d, acc), acc = fma(m, sum(x), acc) over the blocks in order.
+ * The result differs from the FMA chains above by float32 roundings, like any two float32 BLAS.
+ *
+ * Why a verify row still equals the decode step: a tile's output row depends only on its own rows
+ * of A (this x row's three parts) and on B, and everything after the tile is per row, so a row's
+ * bits do not depend on the rows beside it, how many there are, or the thread that runs it. Every
+ * forward through a matrix packed as A4 runs this path, whatever its row count.
+ *
+ * Layout (amx_pack): for each group of 16 weight rows, for each block of 32 along k, 384 bytes:
+ * 256 of nibbles in the B operand's pair order, then the 16 rows' d, then their m (Q4_0: m = -8 d,
+ * exact). B row p (0..15) holds weights 2p and 2p+1 of each of the 16 rows: value t = 2 row + e is
+ * weight 2p + e of that row. Byte t of 32-byte chunk j holds B row 2j's value t in its low nibble
+ * and B row 2j+1's in its high one, so widening 32 bytes to 16 bits and one lookup gives a B row. */
+#define A4_GROUP 384
+#define A4_ROWS 16 /* rows of x per tile pass: a tile's rows */
+
+static int amx_ready = 0;
+
+/* Ask Linux for the tile registers (once per process; torch's oneDNN may have done so already).
+ * use_amx = 0 keeps A4 off (SPECSURE_AMX=0); returns whether matrices may be packed as A4. */
+int float_amx_init(int use_amx) {
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
+    amx_ready = use_amx && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#else
+    (void)use_amx;
+    amx_ready = 0;
+#endif
+    return amx_ready;
+}
+
+/* Repack a Q4_0 or Q4_1 matrix [n, k] (n % 16 == 0, k % 32 == 0) into A4; out: n / 16 * k / 32 * A4_GROUP bytes. */
+void amx_pack(const uint8_t *w, int64_t format, int64_t n, int64_t k, uint8_t *out) {
+    int64_t blocks = k / 32, bytes = block_bytes(format), quants = format == Q4_1 ? 8 : 4;
+    for (int64_t g = 0; g < n / 16; g++)
+        for (int64_t b = 0; b < blocks; b++) {
+            uint8_t *group = out + (g * blocks + b) * A4_GROUP;
+            float *d = (float *)(group + 256), *m = d + 16;
+            memset(group, 0, 256);
+            for (int r = 0; r < 16; r++) {
+                const uint8_t *block = w + ((g * 16 + r) * blocks + b) * bytes;
+                memcpy(&d[r], block, 4);
+                if (format == Q4_1) memcpy(&m[r], block + 4, 4);
+                else m[r] = -8.0f * d[r];
+                for (int i = 0; i < 32; i++) {
+                    int q = i < 16 ? block[quants + i] & 15 : block[quants + i - 16] >> 4;
+                    int p = i / 2, t = 2 * r + i % 2;
+                    group[32 * (p / 2) + t] |= (uint8_t)(p % 2 ? q << 4 : q);
+                }
+            }
+        }
+}
+
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) TileConfig;
+
+/* The top 16 bits of each float32 lane: bf16 back to float32, exactly. */
+static inline __m512 widen_bf16(__m256bh h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
+}
+
+/* x [m, k] -> parts [3, m, k] bf16 (planes hi, mid, lo) and sums [m, k / 32] (each block's 32
+ * values added in one fixed order). */
+static void split_rows(const float *x, uint16_t *parts, float *sums, int64_t m, int64_t k) {
+    for (int64_t a = 0; a < m; a++) {
+        for (int64_t c = 0; c < k; c += 16) {
+            __m512 v = _mm512_loadu_ps(x + a * k + c);
+            __m256bh hi = _mm512_cvtneps_pbh(v);
+            __m512 rest = _mm512_sub_ps(v, widen_bf16(hi)); /* exact: v and hi agree in their top bits */
+            __m256bh mid = _mm512_cvtneps_pbh(rest);
+            __m256bh lo = _mm512_cvtneps_pbh(_mm512_sub_ps(rest, widen_bf16(mid)));
+            _mm256_storeu_si256((__m256i *)(parts + a * k + c), (__m256i)hi);
+            _mm256_storeu_si256((__m256i *)(parts + (m + a) * k + c), (__m256i)mid);
+            _mm256_storeu_si256((__m256i *)(parts + (2 * m + a) * k + c), (__m256i)lo);
+        }
+        for (int64_t b = 0; b < k / 32; b++)
+            sums[a * (k / 32) + b] = _mm512_reduce_add_ps(
+                _mm512_add_ps(_mm512_loadu_ps(x + a * k + 32 * b), _mm512_loadu_ps(x + a * k + 32 * b + 16)));
+    }
+}
+
+/* Two blocks' tiles, so one block's tile work overlaps the other's: 0 and 4 the sums (rows x 16
+ * float32), 2 and 6 the weights (B: 16 pairs x 16 weight rows), 1, 3, 5 and 7 the x parts (A: rows
+ * x 32 bf16; the lo parts reuse 1 and 5). */
+static void set_tiles(TileConfig *config, int rows) {
+    memset(config, 0, sizeof *config);
+    config->palette = 1;
+    for (int t = 0; t < 8; t++) {
+        config->rows[t] = t == 2 || t == 6 ? 16 : (uint8_t)rows;
+        config->colsb[t] = 64;
+    }
+    _tile_loadconfig(config);
+}
+
+/* One block's 16 weight rows in B's bf16 pair order, from its 256 bytes of nibbles. */
+static inline void unpack_block(const uint8_t *nibbles, uint16_t *out) {
+    /* q -> its bf16 bits (1.0 = 0x3f80, ...), twice: the lookup reads 5 index bits, and the low
+     * nibble's lanes carry the high nibble's lowest bit above it. */
+    const __m512i bf16_of = _mm512_set_epi16(
+        0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40e0, 0x40c0, 0x40a0, 0x4080, 0x4040, 0x4000,
+        0x3f80, 0, 0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40e0, 0x40c0, 0x40a0, 0x4080,
+        0x4040, 0x4000, 0x3f80, 0);
+    for (int j = 0; j < 8; j++) {
+        __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(nibbles + 32 * j)));
+        _mm512_store_si512(out + 2 * j * 32, _mm512_permutexvar_epi16(v, bf16_of));
+        _mm512_store_si512(out + (2 * j + 1) * 32, _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), bf16_of));
+    }
+}
+
+/* acc[a] += the block's sums times its d, plus its m times x's block sum; the same order for every row. */
+static inline void scale_block(const uint8_t *group, const float *tile, const float *sums, int64_t stride, int rows,
+                               __m512 *acc) {
+    const float *scales = (const float *)(group + 256);
+    __m512 d = _mm512_loadu_ps(scales), mins = _mm512_loadu_ps(scales + 16);
+    for (int a = 0; a < rows; a++) {
+        acc[a] = _mm512_fmadd_ps(_mm512_load_ps(tile + 16 * a), d, acc[a]);
+        acc[a] = _mm512_fmadd_ps(mins, _mm512_set1_ps(sums[a * stride]), acc[a]);
+    }
+}
+
+/* y [m, n] = x [m, k] . w^T (+ bias), w packed by amx_pack. Per block the tile sums x . q over the hi,
+ * mid and lo parts in turn (three multiplies into one accumulator). */
+static void a4_gemm(const uint8_t *w, const float *bias, const float *x, float *y, int64_t n, int64_t k, int64_t m) {
+    int64_t blocks = k / 32;
+    uint16_t *parts = malloc((size_t)(3 * m * k) * sizeof(uint16_t));
+    float *sums = malloc((size_t)(m * blocks) * sizeof(float));
+    split_rows(x, parts, sums, m, k);
+    int64_t plane = m * k, stride = k * 2;
+#pragma omp parallel
+    {
+        TileConfig config;
+        int configured = 0;
+        __attribute__((aligned(64))) uint16_t unpacked[2][16 * 32];
+        __attribute__((aligned(64))) float tile_sums[2][16 * 16];
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < n / 16; g++) {
+            for (int64_t a0 = 0; a0 < m; a0 += A4_ROWS) {
+                int rows = m - a0 < A4_ROWS ? (int)(m - a0) : A4_ROWS;
+                if (rows != configured) set_tiles(&config, rows), configured = rows;
+                __m512 acc[A4_ROWS];
+                for (int a = 0; a < rows; a++) acc[a] = _mm512_setzero_ps();
+                for (int64_t b = 0; b < blocks; b += 2) {
+                    const uint8_t *group = w + (g * blocks + b) * A4_GROUP;
+                    const uint16_t *part = parts + a0 * k + 32 * b;
+                    for (int p = 0; p < 2 * A4_GROUP / 64; p++)
+                        _mm_prefetch((const char *)(group + 4 * A4_GROUP + 64 * p), _MM_HINT_T0);
+                    unpack_block(group, unpacked[0]);
+                    _tile_zero(0);
+                    _tile_loadd(2, unpacked[0], 64);
+                    _tile_loadd(1, part, stride);
+                    _tile_loadd(3, part + plane, stride);
+                    if (b + 1 < blocks) {
+                        unpack_block(group + A4_GROUP, unpacked[1]);
+                        _tile_zero(4);
+                        _tile_loadd(6, unpacked[1], 64);
+                        _tile_loadd(5, part + 32, stride);
+                        _tile_loadd(7, part + 32 + plane, stride);
+                        _tile_dpbf16ps(0, 1, 2);
+                        _tile_dpbf16ps(4, 5, 6);
+                        _tile_dpbf16ps(0, 3, 2);
+                        _tile_dpbf16ps(4, 7, 6);
+                        _tile_loadd(1, part + 2 * plane, stride);
+                        _tile_loadd(5, part + 32 + 2 * plane, stride);
+                        _tile_dpbf16ps(0, 1, 2);
+                        _tile_dpbf16ps(4, 5, 6);
+                        _tile_stored(0, tile_sums[0], 64);
+                        _tile_stored(4, tile_sums[1], 64);
+                        scale_block(group, tile_sums[0], sums + a0 * blocks + b, blocks, rows, acc);
+                        scale_block(group + A4_GROUP, tile_sums[1], sums + a0 * blocks + b + 1, blocks, rows, acc);
+                    } else { /* an odd last block: the same three multiplies in the same order */
+                        _tile_dpbf16ps(0, 1, 2);
+                        _tile_dpbf16ps(0, 3, 2);
+                        _tile_loadd(1, part + 2 * plane, stride);
+                        _tile_dpbf16ps(0, 1, 2);
+                        _tile_stored(0, tile_sums[0], 64);
+                        scale_block(group, tile_sums[0], sums + a0 * blocks + b, blocks, rows, acc);
+                    }
+                }
+                for (int a = 0; a < rows; a++) {
+                    if (bias) acc[a] = _mm512_add_ps(acc[a], _mm512_loadu_ps(bias + g * 16));
+                    _mm512_storeu_ps(y + (a0 + a) * n + g * 16, acc[a]);
+                }
+            }
+        }
+        if (configured) _tile_release();
+    }
+    free(parts);
+    free(sums);
+}
+#else
+static void a4_gemm(const uint8_t *w, const float *bias, const float *x, float *y, int64_t n, int64_t k, int64_t m) {
+    /* unreachable: amx_ready is 0 in a build without AMX, so nothing is packed as A4 */
+    (void)w, (void)bias, (void)x, (void)y, (void)n, (void)k, (void)m;
+    abort();
+}
+#endif
+
 /* y [m, n] = x [m, k] . w^T (+ bias) for w [n, k] in `format`. */
 static void product(const void *w, int64_t format, const float *bias, const float *x, float *y, int64_t n, int64_t k,
                     int64_t m) {
@@ -390,6 +603,7 @@ static void product(const void *w, int64_t format, const float *bias, const floa
     case Q8_M:
     case Q8_H:
     case Q8_X: qgemm((int)format, w, bias, x, y, n, k, m); break;
+    case A4: a4_gemm(w, bias, x, y, n, k, m); break;
     default: gemm(w, bias, x, y, n, k, m);
     }
 }
@@ -492,7 +706,7 @@ static void rope_and_store(const Shape *s, const Segment *segs, int64_t nseg, fl
 /* Row r of `seg`, head h: softmax(q . K / sqrt(dim)) V over the positions the row may see, in
  * position order, so a row gives the same bits whichever forward it is part of. */
 static void attend_row(const Shape *s, const Segment *seg, int64_t r, int64_t h, const float *q, float *out) {
-    int64_t dim = s->head_dim, group = s->heads / s->kv_heads, chunks = (dim + 7) / 8;
+    int64_t dim = s->head_dim, group = s->heads / s->kv_heads;
     const float *keys = seg->keys + (h / group) * seg->capacity * dim;
     const float *values = seg->values + (h / group) * seg->capacity * dim;
     int64_t visible = seg->start + seg->length;
@@ -502,36 +716,36 @@ static void attend_row(const Shape *s, const Segment *seg, int64_t r, int64_t h,
     for (int64_t t = 0; t < seg->start; t++) slots[count++] = t;
     for (int64_t j = 0; j < seg->length; j++)
         if (seg->mask ? seg->mask[r * seg->length + j] : j <= r) slots[count++] = seg->start + j;
-    __m256 qv[MAX_DIM / 8], acc[MAX_DIM / 8];
-    __m256i last = tail_mask(dim - (chunks - 1) * 8);
+    /* A head's q and output in `vec`s: 16 lanes in the AVX-512 build (half the multiply-adds of a
+     * verify row's attention), 8 in the AVX2 one. The last chunk is masked where dim is not a
+     * multiple of LANES, its masked lanes 0 either way, so the sums are the same. */
+    vec qv[MAX_DIM / 8], acc[MAX_DIM / 8];
+    int64_t lanes = LANES, chunks = (dim + lanes - 1) / lanes, tail = dim - (chunks - 1) * lanes;
     for (int64_t c = 0; c < chunks; c++) {
-        qv[c] = _mm256_maskload_ps(q + c * 8, c == chunks - 1 ? last : tail_mask(8));
-        acc[c] = _mm256_setzero_ps();
+        qv[c] = vload_first(q + c * lanes, c == chunks - 1 ? tail : lanes);
+        acc[c] = vzero();
     }
     float scale = 1.0f / sqrtf((float)dim), top = -INFINITY;
-    /* Whole chunks by plain loads (a masked load costs more on AMD); the last one masked where dim
-     * is not a multiple of 8, its masked lanes 0 either way, so the sums are the same. */
-    int64_t whole = dim % 8 ? chunks - 1 : chunks;
+    /* Whole chunks by plain loads (a masked load costs more on AMD), the last one masked if partial. */
+    int64_t whole = dim % lanes ? chunks - 1 : chunks;
     /* Four positions at a time: each score is still one FMA chain over the chunks in order, but four
      * chains run side by side instead of one waiting on each FMA's latency. */
     int64_t i = 0;
     for (; i + 4 <= count; i += 4) {
         const float *kt[4] = {keys + slots[i] * dim, keys + slots[i + 1] * dim, keys + slots[i + 2] * dim,
                               keys + slots[i + 3] * dim};
-        __m256 dot[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+        vec dot[4] = {vzero(), vzero(), vzero(), vzero()};
         for (int64_t c = 0; c < whole; c++)
-            for (int p = 0; p < 4; p++) dot[p] = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kt[p] + c * 8), dot[p]);
+            for (int p = 0; p < 4; p++) dot[p] = vfma(qv[c], vload(kt[p] + c * lanes), dot[p]);
         if (whole < chunks)
-            for (int p = 0; p < 4; p++)
-                dot[p] = _mm256_fmadd_ps(qv[whole], _mm256_maskload_ps(kt[p] + whole * 8, last), dot[p]);
-        for (int p = 0; p < 4; p++) scores[i + p] = reduce8(dot[p]) * scale;
+            for (int p = 0; p < 4; p++) dot[p] = vfma(qv[whole], vload_first(kt[p] + whole * lanes, tail), dot[p]);
+        for (int p = 0; p < 4; p++) scores[i + p] = vreduce(dot[p]) * scale;
     }
     for (; i < count; i++) {
         const float *kt = keys + slots[i] * dim;
-        __m256 dot = _mm256_setzero_ps();
-        for (int64_t c = 0; c < chunks; c++)
-            dot = _mm256_fmadd_ps(qv[c], _mm256_maskload_ps(kt + c * 8, c == chunks - 1 ? last : tail_mask(8)), dot);
-        scores[i] = reduce8(dot) * scale;
+        vec dot = vzero();
+        for (int64_t c = 0; c < chunks; c++) dot = vfma(qv[c], vload_first(kt + c * lanes, c == chunks - 1 ? tail : lanes), dot);
+        scores[i] = vreduce(dot) * scale;
     }
     for (i = 0; i < count; i++)
         if (scores[i] > top) top = scores[i];
@@ -543,13 +757,13 @@ static void attend_row(const Shape *s, const Segment *seg, int64_t r, int64_t h,
         float p = scores[i];
         total += p;
         const float *vt = values + slots[i] * dim;
-        __m256 pv = _mm256_set1_ps(p);
-        for (int64_t c = 0; c < whole; c++) acc[c] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vt + c * 8), acc[c]);
-        if (whole < chunks) acc[whole] = _mm256_fmadd_ps(pv, _mm256_maskload_ps(vt + whole * 8, last), acc[whole]);
+        vec pv = vbroadcast(&p);
+        for (int64_t c = 0; c < whole; c++) acc[c] = vfma(pv, vload(vt + c * lanes), acc[c]);
+        if (whole < chunks) acc[whole] = vfma(pv, vload_first(vt + whole * lanes, tail), acc[whole]);
     }
-    float lanes[MAX_DIM];
-    for (int64_t c = 0; c < chunks; c++) _mm256_storeu_ps(lanes + c * 8, acc[c]);
-    for (int64_t i = 0; i < dim; i++) out[i] = lanes[i] / total;
+    float out_lanes[MAX_DIM + 16];
+    for (int64_t c = 0; c < chunks; c++) vstore(out_lanes + c * lanes, acc[c]);
+    for (int64_t i = 0; i < dim; i++) out[i] = out_lanes[i] / total;
     free(scores);
     free(slots);
 }

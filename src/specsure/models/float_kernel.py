@@ -21,7 +21,7 @@ import torch
 
 from specsure.config.cpu import cpu_flags
 from specsure.config.dtype_choice import KERNEL_FLAGS
-from specsure.models.gguf_blocks import BlockMatrix
+from specsure.models.gguf_blocks import A4, Q4_0, Q4_1, BlockMatrix
 from specsure.models.kernel import Kernel, RowOps, SegmentStruct, ShapeStruct, open_library
 
 logger = logging.getLogger(__name__)
@@ -35,6 +35,12 @@ instructions that dequantise and multiply, not by memory, so half as many made i
 (BENCHMARKS.md, "AVX-512 products")."""
 LANES_ENV = "SPECSURE_FLOAT_LANES"
 """Set to 8 to build and load the AVX2 products on an AVX-512 CPU (for comparing the two)."""
+AMX_FLAGS = ("-mavx512bw", "-mavx512bf16", "-mamx-tile", "-mamx-bf16")
+"""Added to the AVX-512 build on a CPU with AMX: Q4_0 and Q4_1 matrices on AMX tiles (float_kernel.c's
+A4), where a product over 2 to 5 rows costs about what one row does."""
+AMX_CPU_FLAGS = frozenset({"avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"})
+AMX_ENV = "SPECSURE_AMX"
+"""Set to 0 to keep every product off the AMX tiles (the AVX-512 build; for comparing the two)."""
 MATRICES = ("qkv", "o", "gate_up", "down")
 """A layer's weight matrices, each float32 rows or GGUF blocks (float_kernel.c's Layer)."""
 MAX_HEAD_DIM = 512
@@ -63,8 +69,22 @@ class FloatKernel(RowOps):
     heads' C paths run on either (the tensors are float32 here)."""
 
     library: ctypes.CDLL
+    amx: bool = False
+    """Whether Q4_0 and Q4_1 matrices may be packed for AMX tiles (`amx_pack`): the AMX build, and
+    Linux granted the tiles."""
     dtype = torch.float32
     layer_struct = FloatLayerStruct
+
+    def amx_pack(self, matrix: BlockMatrix) -> BlockMatrix | None:
+        """``matrix`` packed for the AMX tiles (the same weights, float32-accurate products whose
+        rows do not depend on each other), or None where it cannot be: no AMX, a format other than
+        Q4_0 or Q4_1, or a row count that is not a multiple of 16."""
+        if not self.amx or matrix.format not in (Q4_0, Q4_1) or matrix.rows % 16 or matrix.cols % 32:
+            return None
+        # the same bytes as the Q4_1 blocks: 16 rows' 32 weights in 256 bytes of nibbles, 16 d, 16 m
+        data = torch.empty(matrix.rows, matrix.cols // 32 * 24, dtype=torch.uint8)
+        self.library.amx_pack(matrix.data.data_ptr(), matrix.format, matrix.rows, matrix.cols, data.data_ptr())
+        return BlockMatrix(data, A4, matrix.rows, matrix.cols, matrix.kind)
 
     def linear_rows(self, weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight.T + bias`` for float32 rows ``x`` ([m, in], row-major) -> [m, out]; each row's
@@ -111,11 +131,22 @@ def _bind(library: ctypes.CDLL) -> FloatKernel:
         "attend_rows": [pointer, pointer, size, pointer, pointer, pointer, pointer],
         "add_norm": [pointer, pointer, pointer, pointer, size, size, ctypes.c_float],
         "silu_mul": [pointer, pointer, size, size],
+        "amx_pack": [pointer, size, size, size, pointer],
     }
     for name, arguments in signatures.items():
         function = getattr(library, name)
         function.argtypes, function.restype = arguments, None
+    library.float_amx_init.argtypes, library.float_amx_init.restype = [ctypes.c_int], ctypes.c_int
     return FloatKernel(library)
+
+
+def amx_wanted() -> bool:
+    """Whether to build the AMX products: the AVX-512 build on a CPU with AMX, unless `AMX_ENV` is 0."""
+    return wide() and AMX_CPU_FLAGS <= cpu_flags() and os.environ.get(AMX_ENV, "1") != "0"
+
+
+def _with_amx(kernel: FloatKernel) -> FloatKernel:
+    return FloatKernel(kernel.library, bool(kernel.library.float_amx_init(1)))
 
 
 _loaded: tuple[FloatKernel | None, str] | None = None
@@ -137,6 +168,13 @@ def wide() -> bool:
 
 
 def _load() -> tuple[FloatKernel | None, str]:
+    if amx_wanted():
+        kernel, why = open_library(SOURCE, FLAGS + WIDE_FLAGS + AMX_FLAGS, "float", _CPU_FLAGS, _bind)
+        if kernel is not None:
+            kernel = _with_amx(kernel)
+            tiles = "Q4 blocks on AMX tiles" if kernel.amx else "AMX refused by Linux"
+            return kernel, f"AVX-512 products ({tiles}), {why}"
+        logger.warning("the float32 kernel's AMX build failed (%s); building its AVX-512 one", why)
     if wide():
         kernel, why = open_library(SOURCE, FLAGS + WIDE_FLAGS, "float", _CPU_FLAGS, _bind)
         if kernel is not None:

@@ -37,6 +37,9 @@ w = d (q - 8); Q4_1 {d, m; 4-bit q} w = d q + m; Q8_0 {d; int8 q} w = d q; Q8_M 
 w = d q + m; Q8_H {d0, d1; int8 q} w = d0 q on the first 16 weights, d1 q on the rest; Q8_X {d0, d1,
 m; int8 q} w = d q + m with d as Q8_H's, any of the others widened for a fused matrix whose parts
 differ (float32 scales, Q4 weight i in the low nibble of byte i and weight 16 + i in its high one)."""
+A4 = 7
+"""float_kernel.c's A4: a Q4_0 or Q4_1 matrix packed for AMX tiles (`FloatKernel.amx_pack`), 16 rows'
+blocks together; made after `matches` has checked the blocks it packs, and never dequantised."""
 
 _HEADER = {Q4_0: 1, Q4_1: 2, Q8_0: 1, Q8_M: 2, Q8_H: 2, Q8_X: 3}
 """float32 scales at the start of a block."""

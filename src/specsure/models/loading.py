@@ -133,7 +133,9 @@ def _read_blocks(lm: CausalLM, gguf: Path) -> str:
     if not used:
         return f"; every weight matrix read as float32 ({gguf.name} has no matrix of a type the kernel reads that matches)"
     shown = ", ".join(f"{count} {name}" for name, count in sorted(used.items()))
-    return f"; of its {4 * lm.num_layers + 1} weight matrices the kernel reads {shown} as the GGUF's blocks"
+    tiled = lm.tiled_matrices
+    tiles = f" ({tiled} of them on AMX tiles)" if tiled else ""
+    return f"; of its {4 * lm.num_layers + 1} weight matrices the kernel reads {shown} as the GGUF's blocks{tiles}"
 
 
 def weights_folder(path: str | None) -> Path:

@@ -133,6 +133,7 @@ class NativeDecoder:
         if self.kernel is not None:
             self._bind_kernel(config)
         self.float_kernel: float_kernels.FloatKernel | None = None
+        self.tiled_matrices = 0
         """The C kernel that runs float32 forwards of up to KERNEL_ROWS rows, or None (`kernel_why`)."""
         if self.embed.weight.dtype == torch.float32:
             self.float_kernel, self.kernel_why = float_kernels.load()
@@ -162,6 +163,7 @@ class NativeDecoder:
         if self.float_kernel is None or len(blocks.layers) != len(self.layers):
             return {}
         used: dict[str, int] = {}
+        self.tiled_matrices = 0  # how many of them run on AMX tiles (`FloatKernel.amx_pack`)
         self._blocks: list[BlockMatrix] = []  # kept alive: the structs hold their addresses
         for struct, layer, found in zip(self._float_structs, self.layers, blocks.layers):
             for name, matrix in found.items():
@@ -170,6 +172,10 @@ class NativeDecoder:
                 setattr(struct, f"{name}_format", 0)
                 if matrix is None or not matches(matrix, weight, self.float_kernel):
                     continue
+                tiled = self.float_kernel.amx_pack(matrix)
+                if tiled is not None:
+                    matrix = tiled
+                    self.tiled_matrices += 1
                 setattr(struct, name, matrix.data.data_ptr())
                 setattr(struct, f"{name}_format", matrix.format)
                 self._blocks.append(matrix)
