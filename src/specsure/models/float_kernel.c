@@ -391,9 +391,10 @@ static void qgemm(int format, const uint8_t *w, const float *bias, const float *
  * How, and why it is still float32: per block of 32 weights, w = d q + m with q in 0..15, so
  * x . w = d (x . q) + m sum(x). Each float32 x is split into three bf16 parts, hi + mid + lo = x
  * exactly (each part holds the next 8 significant bits), and q is exact in bf16, so every product
- * the tile forms is exact and only the tile's float32 sums round. Per block the tile adds x . q
- * over the hi, then the mid, then the lo parts into one float32 sum s per row; then, in a fixed
- * order for every row, acc = fma(s, d, acc), acc = fma(m, sum(x), acc) over the blocks in order.
+ * the tile forms is exact and only the tile's float32 sums round. Per block the tile sums x . q
+ * for each part of each row on its own (the parts are rows of the A operand); then, in a fixed
+ * order for every row, s = (hi + mid) + lo, acc = fma(s, d, acc), acc = fma(m, sum(x), acc) over
+ * the blocks in order.
  * The result differs from the FMA chains above by float32 roundings, like any two float32 BLAS.
  *
  * Why a verify row still equals the decode step: a tile's output row depends only on its own rows
@@ -407,7 +408,7 @@ static void qgemm(int format, const uint8_t *w, const float *bias, const float *
  * weight 2p + e of that row. Byte t of 32-byte chunk j holds B row 2j's value t in its low nibble
  * and B row 2j+1's in its high one, so widening 32 bytes to 16 bits and one lookup gives a B row. */
 #define A4_GROUP 384
-#define A4_ROWS 16 /* rows of x per tile pass: a tile's rows */
+#define A4_FEW 5 /* up to this many rows of x, their 3 parts share one tile (15 of its 16 rows) */
 
 static int amx_ready = 0;
 
@@ -457,8 +458,8 @@ static inline __m512 widen_bf16(__m256bh h) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
 }
 
-/* x [m, k] -> parts [3, m, k] bf16 (planes hi, mid, lo) and sums [m, k / 32] (each block's 32
- * values added in one fixed order). */
+/* x [m, k] -> parts [3 m, k] bf16 (row 3 a + 0, 1, 2: the hi, mid and lo parts of x row a) and
+ * sums [m, k / 32] (each block's 32 values added in one fixed order). */
 static void split_rows(const float *x, uint16_t *parts, float *sums, int64_t m, int64_t k) {
     for (int64_t a = 0; a < m; a++) {
         for (int64_t c = 0; c < k; c += 16) {
@@ -467,9 +468,9 @@ static void split_rows(const float *x, uint16_t *parts, float *sums, int64_t m, 
             __m512 rest = _mm512_sub_ps(v, widen_bf16(hi)); /* exact: v and hi agree in their top bits */
             __m256bh mid = _mm512_cvtneps_pbh(rest);
             __m256bh lo = _mm512_cvtneps_pbh(_mm512_sub_ps(rest, widen_bf16(mid)));
-            _mm256_storeu_si256((__m256i *)(parts + a * k + c), (__m256i)hi);
-            _mm256_storeu_si256((__m256i *)(parts + (m + a) * k + c), (__m256i)mid);
-            _mm256_storeu_si256((__m256i *)(parts + (2 * m + a) * k + c), (__m256i)lo);
+            _mm256_storeu_si256((__m256i *)(parts + (3 * a) * k + c), (__m256i)hi);
+            _mm256_storeu_si256((__m256i *)(parts + (3 * a + 1) * k + c), (__m256i)mid);
+            _mm256_storeu_si256((__m256i *)(parts + (3 * a + 2) * k + c), (__m256i)lo);
         }
         for (int64_t b = 0; b < k / 32; b++)
             sums[a * (k / 32) + b] = _mm512_reduce_add_ps(
@@ -477,14 +478,12 @@ static void split_rows(const float *x, uint16_t *parts, float *sums, int64_t m, 
     }
 }
 
-/* Two blocks' tiles, so one block's tile work overlaps the other's: 0 and 4 the sums (rows x 16
- * float32), 2 and 6 the weights (B: 16 pairs x 16 weight rows), 1, 3, 5 and 7 the x parts (A: rows
- * x 32 bf16; the lo parts reuse 1 and 5). */
-static void set_tiles(TileConfig *config, int rows) {
+/* Tiles with `rows` rows of x (the A operand and the sums) and 16 of B. */
+static void set_tiles(TileConfig *config, const int *rows_of, int count) {
     memset(config, 0, sizeof *config);
     config->palette = 1;
-    for (int t = 0; t < 8; t++) {
-        config->rows[t] = t == 2 || t == 6 ? 16 : (uint8_t)rows;
+    for (int t = 0; t < count; t++) {
+        config->rows[t] = (uint8_t)rows_of[t];
         config->colsb[t] = 64;
     }
     _tile_loadconfig(config);
@@ -505,75 +504,111 @@ static inline void unpack_block(const uint8_t *nibbles, uint16_t *out) {
     }
 }
 
-/* acc[a] += the block's sums times its d, plus its m times x's block sum; the same order for every row. */
-static inline void scale_block(const uint8_t *group, const float *tile, const float *sums, int64_t stride, int rows,
-                               __m512 *acc) {
+/* acc[a] += s d + m sum(x) for one block, s = (hi + mid) + lo from the tile's sums of row a's three
+ * parts (at tile + part_step * part + row_step * a): the same order in both passes below. */
+static inline void scale_block(const uint8_t *group, const float *tile, int64_t part_step, int64_t row_step,
+                               const float *sums, int64_t stride, int rows, __m512 *acc) {
     const float *scales = (const float *)(group + 256);
     __m512 d = _mm512_loadu_ps(scales), mins = _mm512_loadu_ps(scales + 16);
     for (int a = 0; a < rows; a++) {
-        acc[a] = _mm512_fmadd_ps(_mm512_load_ps(tile + 16 * a), d, acc[a]);
+        const float *t = tile + row_step * a;
+        __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(t), _mm512_load_ps(t + part_step)),
+                                 _mm512_load_ps(t + 2 * part_step));
+        acc[a] = _mm512_fmadd_ps(s, d, acc[a]);
         acc[a] = _mm512_fmadd_ps(mins, _mm512_set1_ps(sums[a * stride]), acc[a]);
     }
 }
 
-/* y [m, n] = x [m, k] . w^T (+ bias), w packed by amx_pack. Per block the tile sums x . q over the hi,
- * mid and lo parts in turn (three multiplies into one accumulator). */
+/* Up to 5 rows of x (a decode step, a short verify), one group of 16 weight rows: one tile multiply
+ * per block, its A the rows' 3 m parts, two blocks at a time (tiles 0-2 and 3-5: sums, A, B). The next
+ * pair is unpacked while the tiles multiply this one. */
+static inline void few_rows(const uint8_t *w, const uint16_t *parts, const float *sums, int64_t k, int rows,
+                            uint16_t (*unpacked)[2][16 * 32], float (*tile_sums)[16 * 16], __m512 *acc) {
+    int64_t blocks = k / 32, stride = k * 2;
+    unpack_block(w, unpacked[0][0]);
+    if (blocks > 1) unpack_block(w + A4_GROUP, unpacked[0][1]);
+    for (int64_t b = 0; b < blocks; b += 2) {
+        const uint8_t *group = w + b * A4_GROUP;
+        uint16_t(*now)[16 * 32] = unpacked[(b / 2) & 1], (*next)[16 * 32] = unpacked[(b / 2 + 1) & 1];
+        for (int p = 0; p < 2 * A4_GROUP / 64; p++) _mm_prefetch((const char *)(group + 6 * A4_GROUP + 64 * p), _MM_HINT_T0);
+        int pair = b + 1 < blocks;
+        _tile_zero(0);
+        _tile_loadd(1, parts + 32 * b, stride);
+        _tile_loadd(2, now[0], 64);
+        _tile_dpbf16ps(0, 1, 2);
+        if (pair) {
+            _tile_zero(3);
+            _tile_loadd(4, parts + 32 * b + 32, stride);
+            _tile_loadd(5, now[1], 64);
+            _tile_dpbf16ps(3, 4, 5);
+        }
+        if (b + 2 < blocks) unpack_block(group + 2 * A4_GROUP, next[0]);
+        if (b + 3 < blocks) unpack_block(group + 3 * A4_GROUP, next[1]);
+        _tile_stored(0, tile_sums[0], 64);
+        scale_block(group, tile_sums[0], 16, 48, sums + b, blocks, rows, acc);
+        if (pair) {
+            _tile_stored(3, tile_sums[1], 64);
+            scale_block(group + A4_GROUP, tile_sums[1], 16, 48, sums + b + 1, blocks, rows, acc);
+        }
+    }
+}
+
+/* 6 to 16 rows of x, one group: per block three multiplies, one per part, each into its own sums
+ * (tiles 0-2: hi, mid, lo sums; 3-5: their A; 6: B). A sum row depends only on its A row and B, so
+ * it is the same number as `few_rows`' row for that part, and scale_block adds them alike. */
+static inline void many_rows(const uint8_t *w, const uint16_t *parts, const float *sums, int64_t k, int rows,
+                             uint16_t (*unpacked)[16 * 32], float (*tile_sums)[16 * 16], __m512 *acc) {
+    int64_t blocks = k / 32, stride = 3 * k * 2;
+    unpack_block(w, unpacked[0]);
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *group = w + b * A4_GROUP;
+        for (int p = 0; p < A4_GROUP / 64; p++) _mm_prefetch((const char *)(group + 4 * A4_GROUP + 64 * p), _MM_HINT_T0);
+        _tile_loadd(6, unpacked[b & 1], 64);
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_loadd(3, parts + 32 * b, stride);
+        _tile_loadd(4, parts + k + 32 * b, stride);
+        _tile_loadd(5, parts + 2 * k + 32 * b, stride);
+        _tile_dpbf16ps(0, 3, 6);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_dpbf16ps(2, 5, 6);
+        if (b + 1 < blocks) unpack_block(group + A4_GROUP, unpacked[(b + 1) & 1]); /* while the tiles multiply */
+        _tile_stored(0, tile_sums[0], 64);
+        _tile_stored(1, tile_sums[1], 64);
+        _tile_stored(2, tile_sums[2], 64);
+        scale_block(group, tile_sums[0], 16 * 16, 16, sums + b, blocks, rows, acc);
+    }
+}
+
+/* y [m, n] = x [m, k] . w^T (+ bias), w packed by amx_pack. */
 static void a4_gemm(const uint8_t *w, const float *bias, const float *x, float *y, int64_t n, int64_t k, int64_t m) {
     int64_t blocks = k / 32;
     uint16_t *parts = malloc((size_t)(3 * m * k) * sizeof(uint16_t));
     float *sums = malloc((size_t)(m * blocks) * sizeof(float));
     split_rows(x, parts, sums, m, k);
-    int64_t plane = m * k, stride = k * 2;
 #pragma omp parallel
     {
         TileConfig config;
-        int configured = 0;
-        __attribute__((aligned(64))) uint16_t unpacked[2][16 * 32];
-        __attribute__((aligned(64))) float tile_sums[2][16 * 16];
+        int configured = 0; /* the row count the tiles are set for */
+        __attribute__((aligned(64))) uint16_t unpacked[2][2][16 * 32];
+        __attribute__((aligned(64))) float tile_sums[3][16 * 16];
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < n / 16; g++) {
-            for (int64_t a0 = 0; a0 < m; a0 += A4_ROWS) {
-                int rows = m - a0 < A4_ROWS ? (int)(m - a0) : A4_ROWS;
-                if (rows != configured) set_tiles(&config, rows), configured = rows;
-                __m512 acc[A4_ROWS];
-                for (int a = 0; a < rows; a++) acc[a] = _mm512_setzero_ps();
-                for (int64_t b = 0; b < blocks; b += 2) {
-                    const uint8_t *group = w + (g * blocks + b) * A4_GROUP;
-                    const uint16_t *part = parts + a0 * k + 32 * b;
-                    for (int p = 0; p < 2 * A4_GROUP / 64; p++)
-                        _mm_prefetch((const char *)(group + 4 * A4_GROUP + 64 * p), _MM_HINT_T0);
-                    unpack_block(group, unpacked[0]);
-                    _tile_zero(0);
-                    _tile_loadd(2, unpacked[0], 64);
-                    _tile_loadd(1, part, stride);
-                    _tile_loadd(3, part + plane, stride);
-                    if (b + 1 < blocks) {
-                        unpack_block(group + A4_GROUP, unpacked[1]);
-                        _tile_zero(4);
-                        _tile_loadd(6, unpacked[1], 64);
-                        _tile_loadd(5, part + 32, stride);
-                        _tile_loadd(7, part + 32 + plane, stride);
-                        _tile_dpbf16ps(0, 1, 2);
-                        _tile_dpbf16ps(4, 5, 6);
-                        _tile_dpbf16ps(0, 3, 2);
-                        _tile_dpbf16ps(4, 7, 6);
-                        _tile_loadd(1, part + 2 * plane, stride);
-                        _tile_loadd(5, part + 32 + 2 * plane, stride);
-                        _tile_dpbf16ps(0, 1, 2);
-                        _tile_dpbf16ps(4, 5, 6);
-                        _tile_stored(0, tile_sums[0], 64);
-                        _tile_stored(4, tile_sums[1], 64);
-                        scale_block(group, tile_sums[0], sums + a0 * blocks + b, blocks, rows, acc);
-                        scale_block(group + A4_GROUP, tile_sums[1], sums + a0 * blocks + b + 1, blocks, rows, acc);
-                    } else { /* an odd last block: the same three multiplies in the same order */
-                        _tile_dpbf16ps(0, 1, 2);
-                        _tile_dpbf16ps(0, 3, 2);
-                        _tile_loadd(1, part + 2 * plane, stride);
-                        _tile_dpbf16ps(0, 1, 2);
-                        _tile_stored(0, tile_sums[0], 64);
-                        scale_block(group, tile_sums[0], sums + a0 * blocks + b, blocks, rows, acc);
-                    }
+            const uint8_t *group = w + g * blocks * A4_GROUP;
+            for (int64_t a0 = 0; a0 < m; a0 += m <= A4_FEW ? A4_FEW : 16) {
+                int rows = m <= A4_FEW ? (int)m : (m - a0 < 16 ? (int)(m - a0) : 16);
+                if (rows != configured) {
+                    int few[6] = {3 * rows, 3 * rows, 16, 3 * rows, 3 * rows, 16};
+                    int many[7] = {rows, rows, rows, rows, rows, rows, 16};
+                    if (m <= A4_FEW) set_tiles(&config, few, 6);
+                    else set_tiles(&config, many, 7);
+                    configured = rows;
                 }
+                __m512 acc[16];
+                for (int a = 0; a < rows; a++) acc[a] = _mm512_setzero_ps();
+                if (m <= A4_FEW) few_rows(group, parts, sums, k, rows, unpacked, tile_sums, acc);
+                else many_rows(group, parts + 3 * a0 * k, sums + a0 * blocks, k, rows, unpacked[0], tile_sums, acc);
                 for (int a = 0; a < rows; a++) {
                     if (bias) acc[a] = _mm512_add_ps(acc[a], _mm512_loadu_ps(bias + g * 16));
                     _mm512_storeu_ps(y + (a0 + a) * n + g * 16, acc[a]);
