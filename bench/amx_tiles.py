@@ -21,8 +21,9 @@ BUILDS = ("AMX", "AVX-512")
 
 def engines(methods: list[str]) -> dict[tuple[str, str], Engine]:
     """Each method on each build."""
-    if not float_kernels.amx_wanted() or not float_kernels.load()[0].amx:
-        raise SystemExit(f"no AMX products here ({float_kernels.load()[1]}): nothing to compare")
+    kernel, why = float_kernels.load()
+    if not float_kernels.amx_wanted() or kernel is None or not kernel.amx:
+        raise SystemExit(f"no AMX products here ({why}): nothing to compare")
     runs = engines_per_build(methods, {"AMX": {}, "AVX-512": {float_kernels.AMX_ENV: "0"}})
     for build in BUILDS:
         assert (runs[("plain", build)].target.lm.tiled_matrices > 0) == (build == "AMX")

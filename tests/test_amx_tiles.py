@@ -63,6 +63,32 @@ def test_tile_products_are_float32_accurate_and_row_invariant(name: str, cols: i
         assert torch.equal(alone[0], together[rows - 1]), rows
 
 
+def test_tile_products_are_the_same_on_two_threads() -> None:
+    # conftest runs tests on one thread; each thread's tiles and buffers are its own, so two threads
+    # splitting the weight rows must give the one-thread bits
+    kernel = _tiled_kernel()
+    tiled = kernel.amx_pack(gguf_blocks.repack(quantised("Q4_1", 1024, 2048, seed=4), TYPES["Q4_1"], 2048))
+    torch.manual_seed(2)
+    x = torch.randn(20, 2048)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append([kernel.linear_blocks(tiled, x[:rows].contiguous()) for rows in (1, 3, 5, 8, 20)])
+    finally:
+        torch.set_num_threads(before)
+    for one, two in zip(*results):
+        assert torch.equal(one, two)
+
+
+def test_an_a4_matrix_is_not_dequantised() -> None:
+    kernel = _tiled_kernel()
+    tiled = kernel.amx_pack(gguf_blocks.repack(quantised("Q4_0", 16, 64), TYPES["Q4_0"], 64))
+    with pytest.raises(ValueError, match="AMX tiles"):
+        tiled.dequantized()
+
+
 def test_only_q4_matrices_of_whole_tiles_are_packed() -> None:
     kernel = _tiled_kernel()
     assert kernel.amx_pack(gguf_blocks.repack(quantised("Q8_0", 32, 64), 8, 64)) is None

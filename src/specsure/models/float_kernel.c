@@ -43,7 +43,8 @@ enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, Q8_M = 4, Q8_H = 5, Q8_X = 6, A4 =
  * times their 6-bit sub-scales into d), always so that d q is exact in float32 and at most one
  * rounding follows, as in gguf-py: each weight dequantises to the float32 value gguf-py gives for
  * it, and every product below runs the same FMA chain over the same values as on float32 rows, so a
- * model whose float32 weights were dequantised from these blocks computes the same bits either way. */
+ * model whose float32 weights were dequantised from these blocks computes the same bits either way
+ * (except where Q4 matrices run on AMX tiles, A4 below: float32 sums in another order). */
 static inline int64_t block_bytes(int64_t format) {
     return format == Q4_0 ? 20 : format == Q4_1 ? 24 : format == Q8_0 ? 36 : format == Q8_X ? 44 : 40;
 }
@@ -390,8 +391,10 @@ static void qgemm(int format, const uint8_t *w, const float *bias, const float *
  *
  * How, and why it is still float32: per block of 32 weights, w = d q + m with q in 0..15, so
  * x . w = d (x . q) + m sum(x). Each float32 x is split into three bf16 parts, hi + mid + lo = x
- * exactly (each part holds the next 8 significant bits), and q is exact in bf16, so every product
- * the tile forms is exact and only the tile's float32 sums round. Per block the tile sums x . q
+ * exactly (each part holds the next 8 significant bits; the bf16 conversions flush denormals, so
+ * below about 1e-33 a part is lost, an error far under float32's at any sum this size), and q is
+ * exact in bf16, so every product the tile forms is exact and only the tile's float32 sums round.
+ * An input of inf, or beyond bf16's largest (about 3.39e38), makes its row NaN. Per block the tile sums x . q
  * for each part of each row on its own (the parts are rows of the A operand); then, in a fixed
  * order for every row, s = (hi + mid) + lo, acc = fma(s, d, acc), acc = fma(m, sum(x), acc) over
  * the blocks in order.
@@ -400,7 +403,8 @@ static void qgemm(int format, const uint8_t *w, const float *bias, const float *
  * Why a verify row still equals the decode step: a tile's output row depends only on its own rows
  * of A (this x row's three parts) and on B, and everything after the tile is per row, so a row's
  * bits do not depend on the rows beside it, how many there are, or the thread that runs it. Every
- * forward through a matrix packed as A4 runs this path, whatever its row count.
+ * forward through the kernel (up to 64 rows; longer prefills run on torch, for every method alike)
+ * runs this path for a matrix packed as A4, whatever its row count.
  *
  * Layout (amx_pack): for each group of 16 weight rows, for each block of 32 along k, 384 bytes:
  * 256 of nibbles in the B operand's pair order, then the 16 rows' d, then their m (Q4_0: m = -8 d,
@@ -461,6 +465,7 @@ static inline __m512 widen_bf16(__m256bh h) {
 /* x [m, k] -> parts [3 m, k] bf16 (row 3 a + 0, 1, 2: the hi, mid and lo parts of x row a) and
  * sums [m, k / 32] (each block's 32 values added in one fixed order). */
 static void split_rows(const float *x, uint16_t *parts, float *sums, int64_t m, int64_t k) {
+    /* (parts and sums are read by tile loads in the parallel region that follows the call) */
     for (int64_t a = 0; a < m; a++) {
         for (int64_t c = 0; c < k; c += 16) {
             __m512 v = _mm512_loadu_ps(x + a * k + c);
@@ -486,6 +491,7 @@ static void set_tiles(TileConfig *config, const int *rows_of, int count) {
         config->rows[t] = (uint8_t)rows_of[t];
         config->colsb[t] = 64;
     }
+    __asm__ volatile("" ::: "memory"); /* all 64 bytes written before ldtilecfg reads them */
     _tile_loadconfig(config);
 }
 
@@ -502,6 +508,9 @@ static inline void unpack_block(const uint8_t *nibbles, uint16_t *out) {
         _mm512_store_si512(out + 2 * j * 32, _mm512_permutexvar_epi16(v, bf16_of));
         _mm512_store_si512(out + (2 * j + 1) * 32, _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), bf16_of));
     }
+    /* The tile loads read these stores, but gcc 12's _tile_loadd does not say it reads memory: keep
+     * the stores before them. */
+    __asm__ volatile("" ::: "memory");
 }
 
 /* acc[a] += s d + m sum(x) for one block, s = (hi + mid) + lo from the tile's sums of row a's three

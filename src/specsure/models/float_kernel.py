@@ -174,7 +174,7 @@ def _load() -> tuple[FloatKernel | None, str]:
             kernel = _with_amx(kernel)
             tiles = "Q4 blocks on AMX tiles" if kernel.amx else "AMX refused by Linux"
             return kernel, f"AVX-512 products ({tiles}), {why}"
-        logger.warning("the float32 kernel's AMX build failed (%s); building its AVX-512 one", why)
+        logger.warning("the float32 kernel's AMX build did not load (%s); trying its AVX-512 one", why)
     if wide():
         kernel, why = open_library(SOURCE, FLAGS + WIDE_FLAGS, "float", _CPU_FLAGS, _bind)
         if kernel is not None:

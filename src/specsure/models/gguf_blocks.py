@@ -7,6 +7,8 @@ instead and dequantise each 8 weights in registers (float_kernel.c, `dequant`). 
 gives each weight the very float32 value gguf-py gave it (the scale times a small integer is exact
 in float32), and the products run the same FMA chains, so a model computes the same bits from its
 blocks as from its float32 weights: nothing about its outputs changes, only the bytes a step reads.
+(On a CPU with AMX the Q4 matrices then run on tiles, `FloatKernel.amx_pack`: float32 sums in
+another order, so close to those bits, not equal; `SPECSURE_AMX=0` keeps them.)
 
 Here the file's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K tensors are repacked into the
 kernel's block formats (float32 scales; a K-quant's scale times its 6-bit sub-scale folded into
@@ -67,6 +69,8 @@ class BlockMatrix:
     def dequantized(self) -> torch.Tensor:
         """The float32 weights [rows, cols], with gguf-py's arithmetic (a product that is exact, then
         at most one rounding)."""
+        if self.format == A4:
+            raise ValueError("a matrix packed for AMX tiles (A4) is not dequantised; dequantise the blocks it was packed from")
         header = _HEADER[self.format]
         blocks = self.data.view(self.rows, self.cols // 32, -1)
         d = blocks[..., :4].contiguous().view(torch.float32)  # [rows, blocks, 1]

@@ -114,7 +114,8 @@ def _given_gguf(path: str | None) -> tuple[Path, str] | None:
 
 def _read_blocks(lm: CausalLM, gguf: Path) -> str:
     """Have the float32 kernel read the weights that came from ``gguf``'s quantised tensors as those
-    blocks (gguf_blocks.py: the same bits, a fraction of the bytes a step reads); returns what the
+    blocks (gguf_blocks.py: the same bits, or on AMX tiles float32 sums in another order, from a
+    fraction of the bytes a step reads); returns what the
     model's ``path`` adds: which it reads, or why none. ``SPECSURE_GGUF_BLOCKS=0`` keeps the float32
     weights (for comparing the two)."""
     if os.environ.get("SPECSURE_GGUF_BLOCKS") == "0":

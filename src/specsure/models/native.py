@@ -133,8 +133,9 @@ class NativeDecoder:
         if self.kernel is not None:
             self._bind_kernel(config)
         self.float_kernel: float_kernels.FloatKernel | None = None
-        self.tiled_matrices = 0
         """The C kernel that runs float32 forwards of up to KERNEL_ROWS rows, or None (`kernel_why`)."""
+        self.tiled_matrices = 0
+        """How many weight matrices `use_blocks` packed for AMX tiles (`FloatKernel.amx_pack`)."""
         if self.embed.weight.dtype == torch.float32:
             self.float_kernel, self.kernel_why = float_kernels.load()
         if self.float_kernel is not None and self.head_dim > float_kernels.MAX_HEAD_DIM:
@@ -163,7 +164,7 @@ class NativeDecoder:
         if self.float_kernel is None or len(blocks.layers) != len(self.layers):
             return {}
         used: dict[str, int] = {}
-        self.tiled_matrices = 0  # how many of them run on AMX tiles (`FloatKernel.amx_pack`)
+        self.tiled_matrices = 0
         self._blocks: list[BlockMatrix] = []  # kept alive: the structs hold their addresses
         for struct, layer, found in zip(self._float_structs, self.layers, blocks.layers):
             for name, matrix in found.items():
