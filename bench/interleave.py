@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Hashable, Sequence
+from unittest import mock
 
 import torch
 
@@ -95,22 +96,15 @@ def engines_per_build(methods: Sequence[str], builds: dict[str, dict[str, str]])
     variables) are set; the variables are put back afterwards."""
     from specsure.models import float_kernel as float_kernels
 
-    saved = dict(os.environ)
     runs = {}
-    try:
-        for build, switches in builds.items():
-            os.environ.update(switches)
+    for build, switches in builds.items():
+        with mock.patch.dict(os.environ, switches):
             float_kernels._loaded = float_kernels._load()
             for method in methods:
                 runs[(method, build)] = make_engine(None, method_config(method), dtype="float32")
-            os.environ.clear()
-            os.environ.update(saved)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-        # products outside the models' forwards (`products.project`) go to the process's kernel:
-        # the default build again, for every engine alike
-        float_kernels._loaded = float_kernels._load()
+    # products outside the models' forwards (`products.project`) go to the process's kernel: the
+    # default build again, for every engine alike
+    float_kernels._loaded = float_kernels._load()
     return runs
 
 

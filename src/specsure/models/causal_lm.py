@@ -104,8 +104,6 @@ class CausalLM:
         self._head_blocks: BlockMatrix | None = None
         self.blocks_used: dict[str, int] = {}
         """GGUF type -> how many of the weight matrices the float32 kernel reads as blocks (`use_blocks`)."""
-        self.tiled_matrices = 0
-        """How many of those run on AMX tiles (float_kernel.c's A4)."""
         check_logits(self)
         if self._native is None:
             check_cache(self)
@@ -123,8 +121,12 @@ class CausalLM:
             self._head_blocks = blocks.lm_head
             used[blocks.lm_head.kind] = used.get(blocks.lm_head.kind, 0) + 1
         self.blocks_used = used
-        self.tiled_matrices = native.tiled_matrices
         return used
+
+    @property
+    def tiled_matrices(self) -> int:
+        """How many of the weight matrices `use_blocks` gave the kernel run on AMX tiles (float_kernel.c's A4)."""
+        return 0 if self._native is None else self._native.tiled_matrices
 
     def reset(self) -> None:
         """Empty the KV cache (its buffers are kept for the next sequence)."""

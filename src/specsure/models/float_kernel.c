@@ -414,18 +414,15 @@ static void qgemm(int format, const uint8_t *w, const float *bias, const float *
 #define A4_GROUP 384
 #define A4_FEW 5 /* up to this many rows of x, their 3 parts share one tile (15 of its 16 rows) */
 
-static int amx_ready = 0;
-
 /* Ask Linux for the tile registers (once per process; torch's oneDNN may have done so already).
  * use_amx = 0 keeps A4 off (SPECSURE_AMX=0); returns whether matrices may be packed as A4. */
 int float_amx_init(int use_amx) {
 #if defined(__AMX_BF16__) && defined(__AVX512BF16__)
-    amx_ready = use_amx && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+    return use_amx && syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
 #else
     (void)use_amx;
-    amx_ready = 0;
+    return 0;
 #endif
-    return amx_ready;
 }
 
 /* Repack a Q4_0 or Q4_1 matrix [n, k] (n % 16 == 0, k % 32 == 0) into A4; out: n / 16 * k / 32 * A4_GROUP bytes. */
@@ -465,7 +462,6 @@ static inline __m512 widen_bf16(__m256bh h) {
 /* x [m, k] -> parts [3 m, k] bf16 (row 3 a + 0, 1, 2: the hi, mid and lo parts of x row a) and
  * sums [m, k / 32] (each block's 32 values added in one fixed order). */
 static void split_rows(const float *x, uint16_t *parts, float *sums, int64_t m, int64_t k) {
-    /* (parts and sums are read by tile loads in the parallel region that follows the call) */
     for (int64_t a = 0; a < m; a++) {
         for (int64_t c = 0; c < k; c += 16) {
             __m512 v = _mm512_loadu_ps(x + a * k + c);
@@ -596,6 +592,7 @@ static void a4_gemm(const uint8_t *w, const float *bias, const float *x, float *
     uint16_t *parts = malloc((size_t)(3 * m * k) * sizeof(uint16_t));
     float *sums = malloc((size_t)(m * blocks) * sizeof(float));
     split_rows(x, parts, sums, m, k);
+    int few_pass = m <= A4_FEW;
 #pragma omp parallel
     {
         TileConfig config;
@@ -605,18 +602,18 @@ static void a4_gemm(const uint8_t *w, const float *bias, const float *x, float *
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < n / 16; g++) {
             const uint8_t *group = w + g * blocks * A4_GROUP;
-            for (int64_t a0 = 0; a0 < m; a0 += m <= A4_FEW ? A4_FEW : 16) {
-                int rows = m <= A4_FEW ? (int)m : (m - a0 < 16 ? (int)(m - a0) : 16);
+            for (int64_t a0 = 0; a0 < m; a0 += 16) { /* one pass for up to A4_FEW rows, else 16 at a time */
+                int rows = m - a0 < 16 ? (int)(m - a0) : 16;
                 if (rows != configured) {
                     int few[6] = {3 * rows, 3 * rows, 16, 3 * rows, 3 * rows, 16};
                     int many[7] = {rows, rows, rows, rows, rows, rows, 16};
-                    if (m <= A4_FEW) set_tiles(&config, few, 6);
+                    if (few_pass) set_tiles(&config, few, 6);
                     else set_tiles(&config, many, 7);
                     configured = rows;
                 }
                 __m512 acc[16];
                 for (int a = 0; a < rows; a++) acc[a] = _mm512_setzero_ps();
-                if (m <= A4_FEW) few_rows(group, parts, sums, k, rows, unpacked, tile_sums, acc);
+                if (few_pass) few_rows(group, parts, sums, k, rows, unpacked, tile_sums, acc);
                 else many_rows(group, parts + 3 * a0 * k, sums + a0 * blocks, k, rows, unpacked[0], tile_sums, acc);
                 for (int a = 0; a < rows; a++) {
                     if (bias) acc[a] = _mm512_add_ps(acc[a], _mm512_loadu_ps(bias + g * 16));
@@ -631,7 +628,7 @@ static void a4_gemm(const uint8_t *w, const float *bias, const float *x, float *
 }
 #else
 static void a4_gemm(const uint8_t *w, const float *bias, const float *x, float *y, int64_t n, int64_t k, int64_t m) {
-    /* unreachable: amx_ready is 0 in a build without AMX, so nothing is packed as A4 */
+    /* unreachable: float_amx_init returns 0 in a build without AMX, so nothing is packed as A4 */
     (void)w, (void)bias, (void)x, (void)y, (void)n, (void)k, (void)m;
     abort();
 }

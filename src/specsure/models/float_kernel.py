@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from specsure.config.cpu import cpu_flags
-from specsure.config.dtype_choice import KERNEL_FLAGS
+from specsure.config.dtype_choice import KERNEL_FLAGS, build_blocker
 from specsure.models.gguf_blocks import A4, Q4_0, Q4_1, BlockMatrix
 from specsure.models.kernel import Kernel, RowOps, SegmentStruct, ShapeStruct, open_library
 
@@ -79,7 +79,7 @@ class FloatKernel(RowOps):
         """``matrix`` packed for the AMX tiles (the same weights, float32-accurate products whose
         rows do not depend on each other), or None where it cannot be: no AMX, a format other than
         Q4_0 or Q4_1, or a row count that is not a multiple of 16."""
-        if not self.amx or matrix.format not in (Q4_0, Q4_1) or matrix.rows % 16 or matrix.cols % 32:
+        if not self.amx or matrix.format not in (Q4_0, Q4_1) or matrix.rows % 16:
             return None
         # the same bytes as the Q4_1 blocks: 16 rows' 32 weights in 256 bytes of nibbles, 16 d, 16 m
         data = torch.empty(matrix.rows, matrix.cols // 32 * 24, dtype=torch.uint8)
@@ -145,10 +145,6 @@ def amx_wanted() -> bool:
     return wide() and AMX_CPU_FLAGS <= cpu_flags() and os.environ.get(AMX_ENV, "1") != "0"
 
 
-def _with_amx(kernel: FloatKernel) -> FloatKernel:
-    return FloatKernel(kernel.library, bool(kernel.library.float_amx_init(1)))
-
-
 _loaded: tuple[FloatKernel | None, str] | None = None
 
 
@@ -168,17 +164,22 @@ def wide() -> bool:
 
 
 def _load() -> tuple[FloatKernel | None, str]:
-    if amx_wanted():
-        kernel, why = open_library(SOURCE, FLAGS + WIDE_FLAGS + AMX_FLAGS, "float", _CPU_FLAGS, _bind)
-        if kernel is not None:
-            kernel = _with_amx(kernel)
-            tiles = "Q4 blocks on AMX tiles" if kernel.amx else "AMX refused by Linux"
-            return kernel, f"AVX-512 products ({tiles}), {why}"
-        logger.warning("the float32 kernel's AMX build did not load (%s); trying its AVX-512 one", why)
-    if wide():
-        kernel, why = open_library(SOURCE, FLAGS + WIDE_FLAGS, "float", _CPU_FLAGS, _bind)
-        if kernel is not None:
-            return kernel, f"AVX-512 products, {why}"
-        logger.warning("the float32 kernel's AVX-512 build failed (%s); building its AVX2 one", why)
-    kernel, why = open_library(SOURCE, FLAGS, "float", _CPU_FLAGS, _bind)
-    return kernel, why if kernel is None else f"AVX2 products, {why}"
+    blocker = build_blocker(_CPU_FLAGS, SOURCE.name)
+    if blocker:  # turned off, a CPU flag missing, no compiler: no build would load
+        return None, blocker
+    # the widest build this CPU and environment allow first; each that fails falls back to the next
+    builds = [("AMX", FLAGS + WIDE_FLAGS + AMX_FLAGS)] if amx_wanted() else []
+    builds += [("AVX-512", FLAGS + WIDE_FLAGS)] if wide() else []
+    builds += [("AVX2", FLAGS)]
+    for (name, flags), fallback in zip(builds, [*builds[1:], None]):
+        kernel, why = open_library(SOURCE, flags, "float", _CPU_FLAGS, _bind)
+        if kernel is None and fallback is not None:
+            logger.warning("the float32 kernel's %s build did not load (%s); trying its %s one", name, why, fallback[0])
+            continue
+        if kernel is None:
+            return None, why
+        if name != "AMX":
+            return kernel, f"{name} products, {why}"
+        kernel = FloatKernel(kernel.library, bool(kernel.library.float_amx_init(1)))
+        return kernel, f"AVX-512 products ({'Q4 blocks on AMX tiles' if kernel.amx else 'AMX refused by Linux'}), {why}"
+    raise AssertionError("unreachable: the AVX2 build is always tried last")

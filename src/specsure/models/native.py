@@ -28,7 +28,7 @@ from torch import nn
 
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
-from specsure.models.gguf_blocks import BlockMatrix, FileBlocks, matches
+from specsure.models.gguf_blocks import A4, BlockMatrix, FileBlocks, matches
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
 from specsure.models.token_tree import TokenTree, attention_mask
@@ -134,8 +134,7 @@ class NativeDecoder:
             self._bind_kernel(config)
         self.float_kernel: float_kernels.FloatKernel | None = None
         """The C kernel that runs float32 forwards of up to KERNEL_ROWS rows, or None (`kernel_why`)."""
-        self.tiled_matrices = 0
-        """How many weight matrices `use_blocks` packed for AMX tiles (`FloatKernel.amx_pack`)."""
+        self._blocks: list[BlockMatrix] = []  # the matrices `use_blocks` gave the kernel, kept alive
         if self.embed.weight.dtype == torch.float32:
             self.float_kernel, self.kernel_why = float_kernels.load()
         if self.float_kernel is not None and self.head_dim > float_kernels.MAX_HEAD_DIM:
@@ -164,8 +163,7 @@ class NativeDecoder:
         if self.float_kernel is None or len(blocks.layers) != len(self.layers):
             return {}
         used: dict[str, int] = {}
-        self.tiled_matrices = 0
-        self._blocks: list[BlockMatrix] = []  # kept alive: the structs hold their addresses
+        self._blocks = []  # kept alive: the structs hold their addresses
         for struct, layer, found in zip(self._float_structs, self.layers, blocks.layers):
             for name, matrix in found.items():
                 weight = getattr(layer, name)
@@ -173,15 +171,17 @@ class NativeDecoder:
                 setattr(struct, f"{name}_format", 0)
                 if matrix is None or not matches(matrix, weight, self.float_kernel):
                     continue
-                tiled = self.float_kernel.amx_pack(matrix)
-                if tiled is not None:
-                    matrix = tiled
-                    self.tiled_matrices += 1
+                matrix = self.float_kernel.amx_pack(matrix) or matrix
                 setattr(struct, name, matrix.data.data_ptr())
                 setattr(struct, f"{name}_format", matrix.format)
                 self._blocks.append(matrix)
                 used[matrix.kind] = used.get(matrix.kind, 0) + 1
         return used
+
+    @property
+    def tiled_matrices(self) -> int:
+        """How many weight matrices `use_blocks` packed for AMX tiles (`FloatKernel.amx_pack`)."""
+        return sum(matrix.format == A4 for matrix in self._blocks)
 
     def _shape_struct(self, config: object) -> kernels.ShapeStruct:
         return kernels.ShapeStruct(int(config.hidden_size), self.heads, self.kv_heads, self.head_dim,
