@@ -20,6 +20,11 @@ FAMILIES = {
     "llama-biased": (LlamaForCausalLM, LlamaConfig(**SHAPE, attention_bias=True)),
     "qwen2": (Qwen2ForCausalLM, Qwen2Config(**SHAPE, tie_word_embeddings=True)),
     "odd-head-dim": (LlamaForCausalLM, LlamaConfig(**{**SHAPE, "hidden_size": 60, "num_attention_heads": 6})),
+    # attention's code for the usual head sizes is its own (accumulators in registers): 64 and 128
+    "head-dim-64": (LlamaForCausalLM, LlamaConfig(**{**SHAPE, "hidden_size": 128, "num_attention_heads": 2,
+                                                     "num_key_value_heads": 1})),
+    "head-dim-128": (LlamaForCausalLM, LlamaConfig(**{**SHAPE, "hidden_size": 256, "num_attention_heads": 2,
+                                                      "num_key_value_heads": 1})),
 }
 PROMPT = [5, 17, 3, 88, 42, 9, 61, 2, 30, 7]
 
@@ -120,14 +125,16 @@ def test_kernel_steps_and_verify_rows_match_the_torch_ops(family, kernel):
     torch.testing.assert_close(fast.forward(long).logits, ref.forward(long).logits, **close)
 
 
-@pytest.mark.parametrize("family", ["llama", "llama-biased", "odd-head-dim"])
+@pytest.mark.parametrize("family", ["llama", "llama-biased", "odd-head-dim", "head-dim-64", "head-dim-128"])
 def test_verify_rows_equal_decode_steps_bit_for_bit(family, kernel):
     verify, decode = _pair(family, kernel)
     if kernel is None:
         return
     decode._native.float_kernel = kernel
     for lm in (verify, decode):
-        lm.forward(PROMPT)
+        # 41 cached positions: the rows see whole groups of 16 and 32 positions in the cache's own
+        # order, groups that end among the draft's tokens, and a few positions past the last group
+        lm.forward(PROMPT * 4)
         lm.forward([1])  # the kernel runs once a sequence's cache exists
     draft = [4, 8, 15, 16, 23, 42, 50, 51, 52]
     rows = verify.forward(draft).logits

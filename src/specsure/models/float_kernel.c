@@ -23,6 +23,7 @@
  * has it), loaded after torch so its OpenMP calls run on torch's libgomp threads.
  */
 #include <immintrin.h>
+#include <omp.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -101,6 +102,7 @@ typedef __m512 vec;
 #define vstore(p, v) _mm512_storeu_ps(p, v)
 #define vfma(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define vmul(a, b) _mm512_mul_ps(a, b)
+#define vadd(a, b) _mm512_add_ps(a, b)
 #define vbroadcast(p) _mm512_set1_ps(*(p))
 /* The first `left` lanes of p (all 16 when left >= 16), the rest 0. */
 static inline vec vload_first(const float *p, int64_t left) {
@@ -119,6 +121,7 @@ typedef __m256 vec;
 #define vstore(p, v) _mm256_storeu_ps(p, v)
 #define vfma(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define vmul(a, b) _mm256_mul_ps(a, b)
+#define vadd(a, b) _mm256_add_ps(a, b)
 #define vbroadcast(p) _mm256_broadcast_ss(p)
 static inline vec vload_first(const float *p, int64_t left) { return _mm256_maskload_ps(p, tail_mask(left)); }
 static inline float vreduce(vec v) { return reduce8(v); }
@@ -746,84 +749,230 @@ static void rope_and_store(const Shape *s, const Segment *segs, int64_t nseg, fl
 
 /* Row r of `seg`, head h: softmax(q . K / sqrt(dim)) V over the positions the row may see, in
  * position order, so a row gives the same bits whichever forward it is part of. */
-static void attend_row(const Shape *s, const Segment *seg, int64_t r, int64_t h, const float *q, float *out) {
-    int64_t dim = s->head_dim, group = s->heads / s->kv_heads;
-    const float *keys = seg->keys + (h / group) * seg->capacity * dim;
-    const float *values = seg->values + (h / group) * seg->capacity * dim;
-    int64_t visible = seg->start + seg->length;
-    float *scores = malloc((size_t)(visible + 8) * sizeof(float));
-    int64_t *slots = malloc((size_t)visible * sizeof(int64_t));
-    int64_t count = 0;
-    for (int64_t t = 0; t < seg->start; t++) slots[count++] = t;
-    for (int64_t j = 0; j < seg->length; j++)
-        if (seg->mask ? seg->mask[r * seg->length + j] : j <= r) slots[count++] = seg->start + j;
-    /* A head's q and output in `vec`s: 16 lanes in the AVX-512 build (half the multiply-adds of a
-     * verify row's attention), 8 in the AVX2 one. The last chunk is masked where dim is not a
-     * multiple of LANES, its masked lanes 0 either way, so the sums are the same. */
-    vec qv[MAX_DIM / 8], acc[MAX_DIM / 8];
-    int64_t lanes = LANES, chunks = (dim + lanes - 1) / lanes, tail = dim - (chunks - 1) * lanes;
-    for (int64_t c = 0; c < chunks; c++) {
-        qv[c] = vload_first(q + c * lanes, c == chunks - 1 ? tail : lanes);
-        acc[c] = vzero();
+/* LANES dot products' lanes summed at once: lane p of the result is the sum of d[p]'s lanes. Pairs
+ * of vectors are interleaved and added, then pairs of pairs, then the 128-bit quarters: a fixed
+ * order, and about three instructions a score where a reduction of its own costs eight. */
+static inline vec transpose_sum(vec *d) {
+#ifdef __AVX512F__
+    __m512 a[8], b[4], c[2];
+    for (int i = 0; i < 8; i++) a[i] = _mm512_add_ps(_mm512_unpacklo_ps(d[2 * i], d[2 * i + 1]),
+                                                     _mm512_unpackhi_ps(d[2 * i], d[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        __m512d lo = _mm512_castps_pd(a[2 * i]), hi = _mm512_castps_pd(a[2 * i + 1]);
+        b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(lo, hi)), _mm512_castpd_ps(_mm512_unpackhi_pd(lo, hi)));
     }
-    float scale = 1.0f / sqrtf((float)dim), top = -INFINITY;
-    /* Whole chunks by plain loads (a masked load costs more on AMD), the last one masked if partial. */
-    int64_t whole = dim % lanes ? chunks - 1 : chunks;
-    /* Four positions at a time: each score is still one FMA chain over the chunks in order, but four
-     * chains run side by side instead of one waiting on each FMA's latency. */
-    int64_t i = 0;
-    for (; i + 4 <= count; i += 4) {
-        const float *kt[4] = {keys + slots[i] * dim, keys + slots[i + 1] * dim, keys + slots[i + 2] * dim,
-                              keys + slots[i + 3] * dim};
-        vec dot[4] = {vzero(), vzero(), vzero(), vzero()};
-        for (int64_t c = 0; c < whole; c++)
-            for (int p = 0; p < 4; p++) dot[p] = vfma(qv[c], vload(kt[p] + c * lanes), dot[p]);
-        if (whole < chunks)
-            for (int p = 0; p < 4; p++) dot[p] = vfma(qv[whole], vload_first(kt[p] + whole * lanes, tail), dot[p]);
-        for (int p = 0; p < 4; p++) scores[i + p] = vreduce(dot[p]) * scale;
+    for (int i = 0; i < 2; i++) c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                                     _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+#else
+    __m256 a[4], b[2];
+    for (int i = 0; i < 4; i++) a[i] = _mm256_add_ps(_mm256_unpacklo_ps(d[2 * i], d[2 * i + 1]),
+                                                     _mm256_unpackhi_ps(d[2 * i], d[2 * i + 1]));
+    for (int i = 0; i < 2; i++) {
+        __m256d lo = _mm256_castps_pd(a[2 * i]), hi = _mm256_castps_pd(a[2 * i + 1]);
+        b[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(lo, hi)), _mm256_castpd_ps(_mm256_unpackhi_pd(lo, hi)));
     }
-    for (; i < count; i++) {
-        const float *kt = keys + slots[i] * dim;
-        vec dot = vzero();
-        for (int64_t c = 0; c < chunks; c++) dot = vfma(qv[c], vload_first(kt + c * lanes, c == chunks - 1 ? tail : lanes), dot);
-        scores[i] = vreduce(dot) * scale;
-    }
-    for (i = 0; i < count; i++)
-        if (scores[i] > top) top = scores[i];
-    for (int64_t i = count; i < count + 8; i++) scores[i] = top; /* padding for the last vector below */
-    for (int64_t i = 0; i < count; i += 8)
-        _mm256_storeu_ps(scores + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + i), _mm256_set1_ps(top))));
-    float total = 0.0f;
-    for (int64_t i = 0; i < count; i++) {
-        float p = scores[i];
-        total += p;
-        const float *vt = values + slots[i] * dim;
-        vec pv = vbroadcast(&p);
-        for (int64_t c = 0; c < whole; c++) acc[c] = vfma(pv, vload(vt + c * lanes), acc[c]);
-        if (whole < chunks) acc[whole] = vfma(pv, vload_first(vt + whole * lanes, tail), acc[whole]);
-    }
-    float out_lanes[MAX_DIM + 16];
-    for (int64_t c = 0; c < chunks; c++) vstore(out_lanes + c * lanes, acc[c]);
-    for (int64_t i = 0; i < dim; i++) out[i] = out_lanes[i] / total;
-    free(scores);
-    free(slots);
+    return _mm256_add_ps(_mm256_permute2f128_ps(b[0], b[1], 0x20), _mm256_permute2f128_ps(b[0], b[1], 0x31));
+#endif
 }
 
-/* RoPE, the cache writes and attention for every row and head: out [rows, heads * head_dim]. */
+/* One query of a kv head: its row's q for one head, where its output goes, how many positions it
+ * sees and which: 0 .. start-1 of the cache, then its row's `extra` new tokens (a chain's own and
+ * earlier rows, or a tree's ancestors). */
+typedef struct {
+    const float *q;
+    float *out;
+    const int64_t *extra;
+    int64_t count;
+} Query;
+
+static inline int64_t slot_at(int64_t start, const int64_t *extra, int64_t i) {
+    return i < start ? i : extra[i - start];
+}
+
+#define TILE 32 /* positions whose values (8 KB at head_dim 64) stay in L1 while a kv head's queries pass */
+
+/* Attention for `n` queries that share one kv head's keys and values (a row's heads of that group,
+ * and the group's heads of every other row). Each tile of positions is read from memory once and
+ * then by every query from L1; before, each query streamed all its keys and values alone, which
+ * made a verify row's attention as dear as the first row's.
+ *
+ * A query's arithmetic does not depend on the others, or on how many there are: its scores are
+ * LANES positions at a time, LANES FMA chains side by side summed by transpose_sum (the last
+ * count % LANES positions each one chain and vreduce); softmax by 8 lanes; the values in two FMA
+ * chains, even and odd positions, in order. So a verify row's output has the bits the same
+ * token's decode step would. Inlined with constant chunks for the usual head sizes, so the
+ * compiler keeps every accumulator in a register (with a runtime count they lived on the stack:
+ * a store and a load on every multiply-add's chain). */
+static inline __attribute__((always_inline)) void attend_queries(const float *keys, const float *values,
+                                                                int64_t start, const Query *qs, int64_t n,
+                                                                const int64_t dim, const int64_t chunks,
+                                                                const int64_t whole, float *scores,
+                                                                int64_t score_stride, vec *state) {
+    int64_t lanes = LANES, tail = dim - (chunks - 1) * lanes, most = 0;
+    float scale = 1.0f / sqrtf((float)dim), totals[n];
+    for (int64_t a = 0; a < n; a++) most = qs[a].count > most ? qs[a].count : most;
+    for (int64_t i0 = 0; i0 + LANES <= most; i0 += LANES)
+        for (int64_t a = 0; a < n; a++) {
+            if (i0 + LANES > qs[a].count) continue;
+            const float *kt[LANES];
+#pragma GCC unroll 16
+            for (int p = 0; p < LANES; p++)  /* the cache's own order before `start`: no lookups */
+                kt[p] = keys + (i0 + LANES <= start ? i0 + p : slot_at(start, qs[a].extra, i0 + p)) * dim;
+            vec dot[LANES];
+#pragma GCC unroll 16
+            for (int p = 0; p < LANES; p++) dot[p] = vzero();
+#pragma GCC unroll 16
+            for (int64_t c = 0; c < chunks; c++) {
+                vec qc = c < whole ? vload(qs[a].q + c * lanes) : vload_first(qs[a].q + c * lanes, tail);
+#pragma GCC unroll 16
+                for (int p = 0; p < LANES; p++)
+                    dot[p] = vfma(qc, c < whole ? vload(kt[p] + c * lanes) : vload_first(kt[p] + c * lanes, tail), dot[p]);
+            }
+            vstore(scores + a * score_stride + i0, vmul(transpose_sum(dot), vbroadcast(&scale)));
+        }
+    for (int64_t a = 0; a < n; a++) {
+        const float *q = qs[a].q;
+        float *sc = scores + a * score_stride;
+        int64_t count = qs[a].count, i = count - count % LANES;
+        for (; i < count; i++) {
+            const float *kt = keys + slot_at(start, qs[a].extra, i) * dim;
+            vec dot = vzero();
+#pragma GCC unroll 16
+            for (int64_t c = 0; c < chunks; c++)
+                dot = vfma(c < whole ? vload(q + c * lanes) : vload_first(q + c * lanes, tail),
+                           c < whole ? vload(kt + c * lanes) : vload_first(kt + c * lanes, tail), dot);
+            sc[i] = vreduce(dot) * scale;
+        }
+        /* The maximum by 8 lanes (exact in any order), then the exponentials and their sum by 8
+         * lanes, the lanes past `count` left out of the sum. */
+        __m256 top8 = _mm256_set1_ps(-INFINITY);
+        for (i = 0; i + 8 <= count; i += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(sc + i));
+        float top = -INFINITY, lanes8[8];
+        _mm256_storeu_ps(lanes8, top8);
+        for (int l = 0; l < 8; l++)
+            if (lanes8[l] > top) top = lanes8[l];
+        for (; i < count; i++)
+            if (sc[i] > top) top = sc[i];
+        for (i = count; i < count + 8; i++) sc[i] = top; /* padding for the last vector below */
+        __m256 sum8 = _mm256_setzero_ps();
+        for (i = 0; i < count; i += 8) {
+            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + i), _mm256_set1_ps(top)));
+            _mm256_storeu_ps(sc + i, e);
+            sum8 = _mm256_add_ps(sum8, _mm256_and_ps(e, _mm256_castsi256_ps(tail_mask(count - i))));
+        }
+        totals[a] = reduce8(sum8);
+        for (int64_t c = 0; c < 2 * chunks; c++) state[a * 2 * chunks + c] = vzero();
+    }
+    /* The values by tiles of TILE (even) positions; each query's accumulators wait in `state`
+     * between tiles: its even positions' chain, then its odd positions'. */
+    for (int64_t i0 = 0; i0 < most; i0 += TILE)
+        for (int64_t a = 0; a < n; a++) {
+            int64_t end = qs[a].count < i0 + TILE ? qs[a].count : i0 + TILE, i = i0;
+            if (i0 >= end) continue;
+            const float *sc = scores + a * score_stride;
+            vec acc[chunks], odd[chunks];
+#pragma GCC unroll 16
+            for (int64_t c = 0; c < chunks; c++) {
+                acc[c] = state[a * 2 * chunks + c];
+                odd[c] = state[a * 2 * chunks + chunks + c];
+            }
+            for (; i + 2 <= end; i += 2) {
+                const float *v0 = values + (end <= start ? i : slot_at(start, qs[a].extra, i)) * dim;
+                const float *v1 = values + (end <= start ? i + 1 : slot_at(start, qs[a].extra, i + 1)) * dim;
+                vec p0 = vbroadcast(sc + i), p1 = vbroadcast(sc + i + 1);
+#pragma GCC unroll 16
+                for (int64_t c = 0; c < chunks; c++) {
+                    acc[c] = vfma(p0, c < whole ? vload(v0 + c * lanes) : vload_first(v0 + c * lanes, tail), acc[c]);
+                    odd[c] = vfma(p1, c < whole ? vload(v1 + c * lanes) : vload_first(v1 + c * lanes, tail), odd[c]);
+                }
+            }
+            if (i < end) { /* the last position of an odd count */
+                const float *vt = values + slot_at(start, qs[a].extra, i) * dim;
+                vec pv = vbroadcast(sc + i);
+#pragma GCC unroll 16
+                for (int64_t c = 0; c < chunks; c++)
+                    acc[c] = vfma(pv, c < whole ? vload(vt + c * lanes) : vload_first(vt + c * lanes, tail), acc[c]);
+            }
+#pragma GCC unroll 16
+            for (int64_t c = 0; c < chunks; c++) {
+                state[a * 2 * chunks + c] = acc[c];
+                state[a * 2 * chunks + chunks + c] = odd[c];
+            }
+        }
+    for (int64_t a = 0; a < n; a++) {
+        float out_lanes[MAX_DIM + 16];
+        for (int64_t c = 0; c < chunks; c++)
+            vstore(out_lanes + c * lanes, vadd(state[a * 2 * chunks + c], state[a * 2 * chunks + chunks + c]));
+        for (int64_t d = 0; d < dim; d++) qs[a].out[d] = out_lanes[d] / totals[a];
+    }
+}
+
+/* The queries qs[0 .. n) of kv head `kv` in one segment, with room for their scores and state. */
+static void attend_group(const Shape *s, const Segment *seg, int64_t kv, const Query *qs, int64_t n) {
+    int64_t dim = s->head_dim, chunks = (dim + LANES - 1) / LANES, whole = dim % LANES ? chunks - 1 : chunks;
+    const float *keys = seg->keys + kv * seg->capacity * dim, *values = seg->values + kv * seg->capacity * dim;
+    int64_t stride = seg->start + seg->length + LANES + 8;
+    float *scores = malloc((size_t)(n * stride) * sizeof(float));
+    vec *state = aligned_alloc(64, (size_t)(((n * 2 * chunks * (int64_t)sizeof(vec)) + 63) / 64 * 64));
+    if (dim == 64)
+        attend_queries(keys, values, seg->start, qs, n, 64, 64 / LANES, 64 / LANES, scores, stride, state);
+    else if (dim == 128)
+        attend_queries(keys, values, seg->start, qs, n, 128, 128 / LANES, 128 / LANES, scores, stride, state);
+    else
+        attend_queries(keys, values, seg->start, qs, n, dim, chunks, whole, scores, stride, state);
+    free(scores);
+    free(state);
+}
+
+/* RoPE, the cache writes and attention for every row and head: out [rows, heads * head_dim].
+ * The queries are ordered by segment, kv head, row and head, and each thread takes an equal run
+ * of them, so the queries that share a kv head's cache are mostly on one thread, together. */
 static void attend_all(const Shape *s, const Segment *segs, int64_t nseg, int64_t rows, float *qkv,
                        const float *cos, const float *sin, float *out) {
     rope_and_store(s, segs, nseg, qkv, cos, sin);
-    int64_t dim = s->head_dim, stride = (s->heads + 2 * s->kv_heads) * dim;
-    int64_t seg_of[rows], first[nseg];
+    int64_t dim = s->head_dim, heads = s->heads, group = heads / s->kv_heads;
+    int64_t stride = (heads + 2 * s->kv_heads) * dim, most = 0;
+    for (int64_t g = 0; g < nseg; g++) most = segs[g].length > most ? segs[g].length : most;
+    /* each row's new tokens that it sees, as cache slots */
+    int64_t *extra = malloc((size_t)(rows * (most + 1)) * sizeof(int64_t)), counts[rows];
+    Query *all = malloc((size_t)(rows * heads) * sizeof(Query));
+    int64_t firsts[nseg + 1];
     for (int64_t g = 0, row = 0; g < nseg; g++) {
-        first[g] = row;
-        for (int64_t r = 0; r < segs[g].length; r++) seg_of[row++] = g;
+        const Segment *seg = &segs[g];
+        firsts[g] = row * heads;
+        for (int64_t r = 0; r < seg->length; r++, row++) {
+            int64_t n = 0;
+            for (int64_t j = 0; j < seg->length; j++)
+                if (seg->mask ? seg->mask[r * seg->length + j] : j <= r) extra[row * (most + 1) + n++] = seg->start + j;
+            counts[row] = seg->start + n;
+        }
+        for (int64_t kv = 0, i = firsts[g]; kv < s->kv_heads; kv++)
+            for (int64_t r = 0; r < seg->length; r++)
+                for (int64_t k = 0; k < group; k++, i++) {
+                    int64_t row = firsts[g] / heads + r, h = kv * group + k;
+                    all[i] = (Query){qkv + row * stride + h * dim, out + row * heads * dim + h * dim,
+                                     extra + row * (most + 1), counts[row]};
+                }
     }
-#pragma omp parallel for schedule(static)
-    for (int64_t job = 0; job < rows * s->heads; job++) {
-        int64_t row = job / s->heads, h = job % s->heads, g = seg_of[row];
-        attend_row(s, &segs[g], row - first[g], h, qkv + row * stride + h * dim, out + row * s->heads * dim + h * dim);
+    firsts[nseg] = rows * heads;
+#pragma omp parallel
+    {
+        int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+        int64_t lo = rows * heads * t / threads, hi = rows * heads * (t + 1) / threads;
+        for (int64_t g = 0; g < nseg; g++) {
+            int64_t per_kv = segs[g].length * group;
+            for (int64_t kv = 0; kv < s->kv_heads; kv++) {
+                int64_t a = firsts[g] + kv * per_kv, b = a + per_kv;
+                a = a > lo ? a : lo;
+                b = b < hi ? b : hi;
+                if (a < b) attend_group(s, &segs[g], kv, all + a, b - a);
+            }
+        }
     }
+    free(extra);
+    free(all);
 }
 
 /* The rows path of a draft head's layer, between its products: RoPE, the cache writes and
