@@ -18,7 +18,7 @@ from specsure.decode.engine import Engine, make_engine
 from specsure.models import float_kernel as float_kernels
 from specsure.models import gguf_blocks
 from specsure.proposers.head_blocks import ENV
-from specsure.proposers.head_layer import HeadCache, RowLinear
+from specsure.proposers.head_layer import HeadCache, RowLinear, last_row, widened
 from specsure.sampling import SamplingParams
 from tiny import build_tiny_llama
 
@@ -86,7 +86,7 @@ def _module_steps(engine: Engine, method: str) -> list[torch.Tensor]:
         if method == "eagle3":
             features = module.features(features)
         for lo, hi in ((0, 6), (6, 7), (7, 8)):
-            out.append(module(features[lo:hi], ids[lo:hi], cache, last=True)[1])
+            out.append(widened(last_row(module(features[lo:hi], ids[lo:hi], cache, last=True)[1])))
     return out
 
 

@@ -16,6 +16,7 @@ from specsure import ConfigError, SamplingParams, make_engine, resolve
 from specsure.bench.configs import Settings, speculative_config
 from specsure.config.export import export
 from specsure.config.token_tree import parse_token_tree
+from specsure.proposers.head_layer import last_row, widened
 from specsure.vllm_check import compare
 from tiny import build_tiny_llama
 
@@ -153,8 +154,8 @@ def test_each_node_is_what_a_chain_through_it_drafts(target, heads, method, text
             if depth:
                 ids = torch.tensor(tokens[-1:], dtype=torch.long)
                 hidden, rows = chain.modules[0](hidden[-1:], ids, chain._caches[0], last=True)
-                logits = rows[-1]
-            tokens.append(int(logits.topk(rank + 1).indices[rank]))
+                logits = last_row(rows)
+            tokens.append(int(widened(logits).topk(rank + 1).indices[rank]))
         assert draft.token_ids[node_of[node] - 1] == tokens[-1], node
 
 

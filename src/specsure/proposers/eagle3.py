@@ -32,7 +32,7 @@ from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
 from specsure.proposers.head_blocks import blocks_wanted, clear_linear_blocks, product, use_linear_blocks
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
-    HeadCache, attend, commit_rows, kernel_ready, kernel_segment, use_row_kernel,
+    DraftRow, HeadCache, Logits, attend, commit_rows, kernel_ready, kernel_segment, use_row_kernel,
 )
 from specsure.proposers.head_loading import (
     TensorFile, int_field, llama_config, load_weights, mismatch, read_head_config, vocab_map,
@@ -113,7 +113,7 @@ class Eagle3Module(nn.Module):
         return count
 
     def forward(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,
-                last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                last: bool = False) -> tuple[torch.Tensor, Logits]:
         if self._kernel_can_run(features, cache):
             return self._kernel_forward(features, token_ids, cache, last)
         x = features[None]  # [1, n, H]
@@ -127,14 +127,14 @@ class Eagle3Module(nn.Module):
             residual, g = x, layer.hidden_norm(x)
         h = residual + attend(layer.self_attn, torch.cat([e, g], dim=-1), cache, self.rotary, x)
         out = h + layer.mlp(layer.post_attention_layernorm(h))  # [1, n, H], fed back before the norm
-        return out[0], self._logits(self.norm(out[:, -1:] if last else out)[0])
+        return out[0], self._logits(self.norm(out[:, -1:] if last else out)[0], last)
 
     def _kernel_can_run(self, features: torch.Tensor, cache: HeadCache) -> bool:
         return (self._kernel is not None and features.dtype == self._kernel.dtype
                 and kernel_ready(cache, features.shape[0]))
 
     def _kernel_forward(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,
-                        last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                        last: bool) -> tuple[torch.Tensor, Logits]:
         """`forward` on the C kernel: the same steps (in bf16 each rounded where torch rounds it)."""
         kernel, layer, shape = self._kernel, self.midlayer, self._shape
         assert kernel is not None
@@ -161,15 +161,18 @@ class Eagle3Module(nn.Module):
         normed = torch.empty_like(x)
         mixed = product(kernel, down.weight, getattr(down, "blocks", None), act)
         kernel.add_norm(x, mixed, self.norm.weight, normed, eps)
-        return x, self._logits(normed[-1:] if last else normed)
+        return x, self._logits(normed[-1:] if last else normed, last)
 
-    def _logits(self, normed: torch.Tensor) -> torch.Tensor:
-        """Target-vocabulary logits [n, V]; tokens outside the draft vocabulary get -inf."""
+    def _logits(self, normed: torch.Tensor, last: bool = False) -> Logits:
+        """Target-vocabulary logits [n, V]; tokens outside the draft vocabulary get -inf (for the
+        last row alone, ``last``, a `DraftRow`)."""
         if not hasattr(self, "lm_head"):
             return self.target.lm_head_logits(normed)
         draft = self.lm_head(normed).float()  # [n, Vd]
         if self.draft_to_target is None:
             return draft
+        if last:
+            return DraftRow(draft[-1], self.draft_to_target, self.vocab_size)
         full = draft.new_full((draft.shape[0], self.vocab_size), float("-inf"))
         full[:, self.draft_to_target] = draft
         return full

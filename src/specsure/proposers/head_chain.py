@@ -29,7 +29,7 @@ from specsure.config.compat import check_tree_modules
 from specsure.config.token_tree import DraftTree, is_chain
 from specsure.sampling import draw
 from specsure.proposers.base import Draft, Proposer
-from specsure.proposers.head_layer import HeadCache, HeadModule
+from specsure.proposers.head_layer import DraftRow, HeadCache, HeadModule, Logits, last_row, widened
 from specsure.proposers.head_tree import draft_tree
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ class HeadChainProposer(Proposer):
         tokens = list(context)
         if self.tree is not None:  # the first k nodes, breadth-first: a tree again
             hidden, logits, _ = self._depth_step(0, tokens, None)
-            return draft_tree(self.modules[0], self._caches[0], hidden[-1:], logits, self.tree[:k])
+            return draft_tree(self.modules[0], self._caches[0], hidden[-1:], widened(logits), self.tree[:k])
         draft: list[int] = []
         rows: list[torch.Tensor] = []
         spec: torch.Tensor | None = None  # the previous module's speculative outputs, positions done[i-1]..
@@ -118,11 +118,11 @@ class HeadChainProposer(Proposer):
             module, cache = self.modules[s % len(self.modules)], self._caches[s % len(self.modules)]
             ids = torch.tensor(tokens[-1:], dtype=torch.long)
             hidden, logits = module(hidden[-1:], ids, cache, last=True)  # [1, H], [1, V]
-            self._pick(logits[-1], params, generator, tokens, draft, rows)
+            self._pick(last_row(logits), params, generator, tokens, draft, rows)
         return Draft(draft, torch.stack(rows) if rows else None)
 
     def _depth_step(self, i: int, tokens: list[int],
-                    spec: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    spec: torch.Tensor | None) -> tuple[torch.Tensor, Logits, torch.Tensor]:
         """Run module i over positions done[i] .. L-1; commit what is committed; return its last row."""
         n_obs, lo, cache = self._observed, self._done[i], self._caches[i]
         cache.crop(lo)
@@ -136,13 +136,17 @@ class HeadChainProposer(Proposer):
         self._inputs[i] = x[done - lo: committed]  # committed inputs whose entries wait for a token
         if i + 1 < len(self.modules):
             self._inputs[i + 1] = _cat(self._inputs[i + 1], hidden[: done - lo])
-        return hidden, logits[-1], hidden[done - lo:]
+        return hidden, last_row(logits), hidden[done - lo:]
 
     @staticmethod
-    def _pick(logits: torch.Tensor, params: "SamplingParams", generator: torch.Generator | None,
+    def _pick(logits: Logits, params: "SamplingParams", generator: torch.Generator | None,
               tokens: list[int], draft: list[int], rows: list[torch.Tensor]) -> None:
-        """Draw one draft token from a [V] row of target-vocabulary logits: argmax, or a sample from q."""
-        token, q = draw(logits, params, generator)
+        """Draw one draft token from a [V] row of target-vocabulary logits (or a `DraftRow`): argmax,
+        or a sample from q."""
+        if params.greedy and isinstance(logits, DraftRow):
+            token, q = logits.argmax(), None
+        else:
+            token, q = draw(widened(logits), params, generator)
         if q is not None:
             rows.append(q)
         draft.append(token)

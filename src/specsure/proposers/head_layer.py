@@ -7,7 +7,8 @@ to a prefix is therefore a crop; nothing else carries state between entries.
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Callable, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Protocol, Union
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 from specsure.models.kernel import SegmentStruct
 from specsure.models.kv_cache import RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
+from specsure.sampling import argmax_ids
 
 if TYPE_CHECKING:
     from specsure.models.float_kernel import AnyKernel
@@ -88,17 +90,59 @@ class HeadCache:
 Rotary = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
+@dataclass(frozen=True)
+class DraftRow:
+    """The last entry's logits over a head's draft vocabulary, with the target id of each.
+
+    A greedy chain reads only its argmax, so the target-vocabulary row (-inf outside the draft
+    vocabulary) is made only when asked: on the default model that row is 49,152 floats, and
+    making it cost about a tenth of an MTP draft step.
+    """
+
+    logits: torch.Tensor
+    """[Vd] float32."""
+    ids: torch.Tensor
+    """[Vd] ascending target ids."""
+    vocab_size: int
+
+    def widened(self) -> torch.Tensor:
+        """The target-vocabulary row [V]: -inf outside the draft vocabulary."""
+        full = self.logits.new_full((self.vocab_size,), float("-inf"))
+        full[self.ids] = self.logits
+        return full
+
+    def argmax(self) -> int:
+        """The widened row's argmax (the first maximum, as `argmax_ids`: the ids ascend)."""
+        return int(self.ids[argmax_ids(self.logits)[0]])
+
+
+Logits = Union[torch.Tensor, DraftRow]
+"""What a module gives for its entries: [n, V] target-vocabulary logits, or a `DraftRow` for the
+last entry alone."""
+
+
+def widened(row: Logits) -> torch.Tensor:
+    """A [V] target-vocabulary row, from a `DraftRow` or a [V] row."""
+    return row.widened() if isinstance(row, DraftRow) else row
+
+
+def last_row(logits: Logits) -> Logits:
+    """The last entry's row of a module's logits."""
+    return logits if isinstance(logits, DraftRow) else logits[-1]
+
+
 class HeadModule(Protocol):
     """One draft module: entries (feature, token) in, (output hidden, target-vocab logits) out."""
 
     def __call__(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,
-                 last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 last: bool = False) -> tuple[torch.Tensor, Logits]:
         """features [n, H] and token_ids [n] for the next n entries -> hidden [n, H], logits [n, V].
 
         Appends the n entries to ``cache``. ``hidden`` is what a later draft step feeds back as
         its feature; ``logits`` are float32 over the target's vocabulary, for the last entry only
         ([1, V]) with ``last``: drafting reads no other row, and the LM head over a prompt's every
-        row would cost more than the draft step itself.
+        row would cost more than the draft step itself. With ``last``, a head with a draft
+        vocabulary gives a `DraftRow` instead.
         """
         ...
 

@@ -39,7 +39,7 @@ from specsure.models.products import project
 from specsure.proposers.head_blocks import blocks_wanted, clear_linear_blocks, product, use_linear_blocks
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
-    HeadCache, commit_rows, kernel_ready, kernel_segment, use_cache_slots, use_row_kernel,
+    DraftRow, HeadCache, Logits, commit_rows, kernel_ready, kernel_segment, use_cache_slots, use_row_kernel,
 )
 from specsure.proposers.head_loading import (
     TensorFile, int_field, load_weights, read_head_config, vocab_map,
@@ -162,7 +162,7 @@ class MTPModule(nn.Module):
         return count
 
     def forward(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,
-                last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                last: bool = False) -> tuple[torch.Tensor, Logits]:
         n = token_ids.shape[0]
         if self._kernel is not None and features.dtype == self._kernel.dtype and kernel_ready(cache, n):
             return self._kernel_forward(features, token_ids, cache, last)
@@ -174,22 +174,23 @@ class MTPModule(nn.Module):
     def entries(self, features: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor,
                 mask: torch.Tensor | None, kv: Any, last: bool = False,
                 first_row: int = 0, draft: bool = False,
-                head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, Logits]:
         """`forward` with explicit positions [1, n], additive mask [1, 1, n, past + n] and transformers cache:
         what training uses to lay out unrolled draft steps as the engine runs them. Logits only for
         rows from ``first_row`` on (training scores no earlier row); over the whole vocabulary unless
         ``draft`` (inference) and the head has a draft vocabulary. ``head`` replaces the LM head
-        (post-norm rows -> logits): a trainer's differentiable draft-vocabulary head."""
+        (post-norm rows -> logits): a trainer's differentiable draft-vocabulary head. With ``last`` and
+        ``draft`` and a draft vocabulary, a `DraftRow`."""
         h = features[None].to(self.eh_proj.weight.dtype)  # [1, n, H]
         embed = self.embed_tokens(token_ids) if hasattr(self, "embed_tokens") else self.target.embed(token_ids)
         x = self.eh_proj(torch.cat([self.enorm(embed[None].to(h.dtype)), self.hnorm(h)], dim=-1))
         x = self.block(x, attention_mask=mask, position_ids=positions, cache=kv, use_cache=True,
                        position_embeddings=self.rotary(x, positions))  # [1, n, H], fed back before the norm
         normed = self.shared_head.norm(x[:, -1:] if last else x[:, first_row:])[0]
-        return x[0], head(normed) if head is not None else self._logits(normed, draft)
+        return x[0], head(normed) if head is not None else self._logits(normed, draft, last)
 
     def _kernel_forward(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,
-                        last: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                        last: bool) -> tuple[torch.Tensor, Logits]:
         """`forward` on the C kernel: the block through `decode_rows` on the head's own cache."""
         kernel, shape = self._kernel, self._shape
         assert kernel is not None
@@ -206,12 +207,16 @@ class MTPModule(nn.Module):
         rows = x[-1:] if last else x
         normed = torch.empty_like(rows)
         kernel.add_norm(rows, None, self.shared_head.norm.weight, normed, self.shared_head.norm.variance_epsilon)
-        return x, self._logits(normed, draft=True)
+        return x, self._logits(normed, draft=True, last=last)
 
-    def _logits(self, normed: torch.Tensor, draft: bool) -> torch.Tensor:
-        """Target-vocabulary logits [n, V]; with ``draft`` and a draft vocabulary, -inf outside it."""
+    def _logits(self, normed: torch.Tensor, draft: bool, last: bool = False) -> Logits:
+        """Target-vocabulary logits [n, V]; with ``draft`` and a draft vocabulary, -inf outside it,
+        or for the last row alone (``last``) a `DraftRow`."""
         if draft and self._draft_logits is not None:
             logits = self._draft_logits(normed)  # [n, Vd]
+            if last:
+                assert self.draft_ids is not None
+                return DraftRow(logits[-1], self.draft_ids, self.target.vocab_size)
             full = logits.new_full((logits.shape[0], self.target.vocab_size), float("-inf"))
             full[:, self.draft_ids] = logits
             return full
