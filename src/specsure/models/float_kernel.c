@@ -686,7 +686,9 @@ static inline __m256 exp8(__m256 x) {
 }
 
 /* x += delta (skipped when delta is NULL), then out = RMSNorm(x) * weight (skipped when weight is
- * NULL), for each row; LlamaRMSNorm's order: x * rsqrt(mean(x^2) + eps), then times the weight. */
+ * NULL), for each row; LlamaRMSNorm's order: x * rsqrt(mean(x^2) + eps), then times the weight.
+ * The sum of squares is 8 lanes of FMA chains and reduce8 (one scalar chain waited on each add's
+ * latency: a few microseconds a norm, three norms a layer, on one thread while the other waits). */
 void add_norm(float *x, const float *delta, const float *weight, float *out, int64_t rows, int64_t hidden,
               float eps) {
     for (int64_t r = 0; r < rows; r++) {
@@ -694,8 +696,14 @@ void add_norm(float *x, const float *delta, const float *weight, float *out, int
         if (delta)
             for (int64_t i = 0; i < hidden; i++) xr[i] += delta[r * hidden + i];
         if (!weight) continue;
-        float sum = 0.0f;
-        for (int64_t i = 0; i < hidden; i++) sum += xr[i] * xr[i];
+        __m256 squares = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 8 <= hidden; i += 8) {
+            __m256 v = _mm256_loadu_ps(xr + i);
+            squares = _mm256_fmadd_ps(v, v, squares);
+        }
+        float sum = reduce8(squares);
+        for (; i < hidden; i++) sum += xr[i] * xr[i];
         float scale = 1.0f / sqrtf(sum / (float)hidden + eps);
         for (int64_t i = 0; i < hidden; i++) out[r * hidden + i] = weight[i] * (xr[i] * scale);
     }
@@ -747,8 +755,6 @@ static void rope_and_store(const Shape *s, const Segment *segs, int64_t nseg, fl
 
 #define MAX_DIM 512 /* head_dim limit of the vector accumulators below (kernel.py checks it) */
 
-/* Row r of `seg`, head h: softmax(q . K / sqrt(dim)) V over the positions the row may see, in
- * position order, so a row gives the same bits whichever forward it is part of. */
 /* LANES dot products' lanes summed at once: lane p of the result is the sum of d[p]'s lanes. Pairs
  * of vectors are interleaved and added, then pairs of pairs, then the 128-bit quarters: a fixed
  * order, and about three instructions a score where a reduction of its own costs eight. */
