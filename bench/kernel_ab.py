@@ -41,7 +41,12 @@ def main() -> None:
     cc = kernels.compiler()
     if cc is None:
         raise SystemExit("no C compiler on PATH")
-    builds = {name: module._bind(ctypes.CDLL(str(kernels.build_library(cc, source, module.FLAGS, f"ab-{name}"))))
+    if args.float:  # both as the build this CPU loads (AMX tiles, AVX-512 lanes), whose layout the model packed
+        build, flags = float_kernels.builds()[0]
+        open_build = lambda library: float_kernels.started(build, float_kernels._bind(library))  # noqa: E731
+    else:
+        flags, open_build = kernels.FLAGS, kernels._bind
+    builds = {name: open_build(ctypes.CDLL(str(kernels.build_library(cc, source, flags, f"ab-{name}"))))
               for name, source in (("A", args.source), ("B", module.SOURCE))}
     lm = load_model(None, dtype="float32" if args.float else "auto").lm
     native = lm._native

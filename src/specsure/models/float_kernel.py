@@ -163,15 +163,25 @@ def wide() -> bool:
     return "avx512f" in cpu_flags() and os.environ.get(LANES_ENV, "16") != "8"
 
 
+def builds() -> list[tuple[str, tuple[str, ...]]]:
+    """The builds this CPU and environment allow, the widest first: (name, compiler flags)."""
+    wanted = [("AMX", FLAGS + WIDE_FLAGS + AMX_FLAGS)] if amx_wanted() else []
+    wanted += [("AVX-512", FLAGS + WIDE_FLAGS)] if wide() else []
+    return [*wanted, ("AVX2", FLAGS)]
+
+
+def started(name: str, kernel: FloatKernel) -> FloatKernel:
+    """``kernel`` of build ``name`` ready to run: the AMX build asks Linux for the tiles."""
+    return FloatKernel(kernel.library, bool(kernel.library.float_amx_init(1))) if name == "AMX" else kernel
+
+
 def _load() -> tuple[FloatKernel | None, str]:
     blocker = build_blocker(_CPU_FLAGS, SOURCE.name)
     if blocker:  # turned off, a CPU flag missing, no compiler: no build would load
         return None, blocker
-    # the widest build this CPU and environment allow first; each that fails falls back to the next
-    builds = [("AMX", FLAGS + WIDE_FLAGS + AMX_FLAGS)] if amx_wanted() else []
-    builds += [("AVX-512", FLAGS + WIDE_FLAGS)] if wide() else []
-    builds += [("AVX2", FLAGS)]
-    for (name, flags), fallback in zip(builds, [*builds[1:], None]):
+    # the widest build first; each that fails falls back to the next
+    wanted = builds()
+    for (name, flags), fallback in zip(wanted, [*wanted[1:], None]):
         kernel, why = open_library(SOURCE, flags, "float", _CPU_FLAGS, _bind)
         if kernel is None and fallback is not None:
             logger.warning("the float32 kernel's %s build did not load (%s); trying its %s one", name, why, fallback[0])
@@ -180,6 +190,6 @@ def _load() -> tuple[FloatKernel | None, str]:
             return None, why
         if name != "AMX":
             return kernel, f"{name} products, {why}"
-        kernel = FloatKernel(kernel.library, bool(kernel.library.float_amx_init(1)))
+        kernel = started(name, kernel)
         return kernel, f"AVX-512 products ({'Q4 blocks on AMX tiles' if kernel.amx else 'AMX refused by Linux'}), {why}"
     raise AssertionError("unreachable: the AVX2 build is always tried last")
