@@ -6,8 +6,10 @@
 
 A is the given source, B the checked-out one. For each cached length the default model's cache
 is filled with that many tokens, then each forward runs on A and on B in turn (rolled back
-after each), repeats times; the figures are medians in ms, bf16 on 2 threads. Not a test: a
-measurement for BENCHMARKS.md, for a kernel change meant to keep every bit.
+after each), repeats times; the figures are medians in ms, bf16 (float32 with --float) on 2
+threads. Not a test: a measurement for BENCHMARKS.md. A change that sums in another order (the
+float32 attention of 2026-12-06) reads NO under "logits equal"; one meant to keep every bit must
+read yes.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def main() -> None:
     cc = kernels.compiler()
     if cc is None:
         raise SystemExit("no C compiler on PATH")
-    if args.float:  # both as the build this CPU loads (AMX tiles, AVX-512 lanes), whose layout the model packed
+    if args.float:  # both as the widest build this CPU allows (AMX tiles, AVX-512 lanes), the one the model packed for
         build, flags = float_kernels.builds()[0]
         open_build = lambda library: float_kernels.started(build, float_kernels._bind(library))  # noqa: E731
     else:

@@ -12,6 +12,8 @@ from safetensors.torch import load_file, save_file
 from specsure import SamplingParams, make_engine
 from specsure.config import ConfigError
 from specsure.models.loading import load_model
+from specsure.proposers.head_layer import DraftRow
+from specsure.sampling import argmax_ids
 from specsure.train import MTPTrainSettings, save_mtp_head, self_distill, train_mtp
 from specsure.train.data import Sample, select_layers
 from tiny import build_tiny_llama
@@ -111,6 +113,21 @@ def test_a_draft_vocabulary_that_does_not_fit_the_target_is_refused(heads, tmp_p
     save_file(tensors, str(broken / "model.safetensors"))
     with pytest.raises(ConfigError, match="d2t maps draft ids outside"):
         _engine(target_dir, broken)
+
+
+@pytest.mark.parametrize("ascending", [True, False])
+def test_a_draft_row_picks_the_token_its_widened_row_would(ascending: bool) -> None:
+    # A greedy chain reads the draft-vocabulary row alone: the same token as the widened row's
+    # argmax, ties to the lowest target id and a NaN first, whatever order the head's ids come in.
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randperm(50, generator=generator)[:12]
+    ids = ids.sort().values if ascending else ids
+    for case in range(40):
+        logits = torch.randint(0, 3, (12,), generator=generator).float()  # many ties
+        if case % 5 == 0:
+            logits[torch.randint(0, 12, (2,), generator=generator)] = float("nan")
+        row = DraftRow(logits, ids, vocab_size=50)
+        assert row.argmax() == argmax_ids(row.widened())[0], (case, logits, ids)
 
 
 def test_select_layers_picks_the_wanted_layers_in_order() -> None:

@@ -12,8 +12,8 @@
  * AVX-512 build, `vec` below), then one fixed lane reduction, whatever the number of rows or how
  * they are blocked. A row's bits never depend
  * on how many rows run with it: a verify row equals the decode step at its position, so greedy
- * speculative decoding equals plain decoding bit for bit. Attention walks a row's visible
- * positions in position order for the same reason.
+ * speculative decoding equals plain decoding bit for bit. Attention sums a row's scores and values
+ * in an order fixed by the positions it sees (attend_queries), for the same reason.
  *
  * Numerics follow the transformers float32 forward step by step (RMSNorm, RoPE, softmax
  * attention, SiLU); results differ from torch's only in summation order and exp (a fixed
@@ -753,7 +753,8 @@ static void rope_and_store(const Shape *s, const Segment *segs, int64_t nseg, fl
     }
 }
 
-#define MAX_DIM 512 /* head_dim limit of the vector accumulators below (kernel.py checks it) */
+#define MAX_DIM 512 /* head_dim limit: attention's output lanes below (float_kernel.py checks it) */
+#define QUERIES 16 /* queries per attend_group call: their scores (16 x the context) bound its scratch */
 
 /* LANES dot products' lanes summed at once: lane p of the result is the sum of d[p]'s lanes. Pairs
  * of vectors are interleaved and added, then pairs of pairs, then the 128-bit quarters: a fixed
@@ -973,7 +974,7 @@ static void attend_all(const Shape *s, const Segment *segs, int64_t nseg, int64_
                 int64_t a = firsts[g] + kv * per_kv, b = a + per_kv;
                 a = a > lo ? a : lo;
                 b = b < hi ? b : hi;
-                if (a < b) attend_group(s, &segs[g], kv, all + a, b - a);
+                for (; a < b; a += QUERIES) attend_group(s, &segs[g], kv, all + a, b - a < QUERIES ? b - a : QUERIES);
             }
         }
     }

@@ -44,7 +44,7 @@ AMX_ENV = "SPECSURE_AMX"
 MATRICES = ("qkv", "o", "gate_up", "down")
 """A layer's weight matrices, each float32 rows or GGUF blocks (float_kernel.c's Layer)."""
 MAX_HEAD_DIM = 512
-"""float_kernel.c's MAX_DIM: its attention keeps a head's query and output in registers."""
+"""float_kernel.c's MAX_DIM: the head size its attention's output buffer holds."""
 
 __all__ = ["AnyKernel", "FloatKernel", "FloatLayerStruct", "MAX_HEAD_DIM", "load"]
 

@@ -117,7 +117,7 @@ class HeadChainProposer(Proposer):
         for s in range(len(self.modules), k):
             module, cache = self.modules[s % len(self.modules)], self._caches[s % len(self.modules)]
             ids = torch.tensor(tokens[-1:], dtype=torch.long)
-            hidden, logits = module(hidden[-1:], ids, cache, last=True)  # [1, H], [1, V]
+            hidden, logits = module(hidden[-1:], ids, cache, last=True)  # [1, H], [1, V] or a DraftRow
             self._pick(last_row(logits), params, generator, tokens, draft, rows)
         return Draft(draft, torch.stack(rows) if rows else None)
 
@@ -130,7 +130,7 @@ class HeadChainProposer(Proposer):
         x = _cat(self._inputs[i], spec)  # [L - lo, H]: committed inputs, then this round's speculative ones
         assert x is not None and x.shape[0] == n_obs - lo, "head inputs out of step with the observed positions"
         ids = torch.tensor(tokens[lo + i + 1: n_obs + i + 1], dtype=torch.long)  # token_{t+i+1}
-        hidden, logits = self.modules[i](x, ids, cache, last=True)  # [L - lo, H], [1, V]
+        hidden, logits = self.modules[i](x, ids, cache, last=True)  # [L - lo, H], [1, V] or a DraftRow
         done = max(n_obs - i, 0)
         self._done[i] = done
         self._inputs[i] = x[done - lo: committed]  # committed inputs whose entries wait for a token

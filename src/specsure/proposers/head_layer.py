@@ -10,6 +10,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol, Union
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -102,7 +103,7 @@ class DraftRow:
     logits: torch.Tensor
     """[Vd] float32."""
     ids: torch.Tensor
-    """[Vd] ascending target ids."""
+    """[Vd] target ids (distinct; the shipped heads' ascend, but a head's d2t need not)."""
     vocab_size: int
 
     def widened(self) -> torch.Tensor:
@@ -112,8 +113,13 @@ class DraftRow:
         return full
 
     def argmax(self) -> int:
-        """The widened row's argmax (the first maximum, as `argmax_ids`: the ids ascend)."""
-        return int(self.ids[argmax_ids(self.logits)[0]])
+        """The widened row's argmax as `argmax_ids` takes it: the maximum with the lowest target id,
+        a NaN counting as the maximum. (A row all -inf gives the draft vocabulary's lowest id; the
+        widened row's argmax would be id 0, a token outside it.)"""
+        row = self.logits.detach().numpy()
+        best = row[argmax_ids(self.logits)[0]]
+        tied = np.isnan(row) if np.isnan(best) else row == best
+        return int(self.ids.numpy()[tied].min())
 
 
 Logits = Union[torch.Tensor, DraftRow]
