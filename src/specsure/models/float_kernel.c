@@ -945,12 +945,12 @@ static void attend_all(const Shape *s, const Segment *segs, int64_t nseg, int64_
     /* each row's new tokens that it sees, as cache slots */
     int64_t *extra = malloc((size_t)(rows * (most + 1)) * sizeof(int64_t)), counts[rows];
     Query *all = malloc((size_t)(rows * heads) * sizeof(Query));
-    int64_t firsts[nseg + 1];
-    for (int64_t g = 0, row = 0; g < nseg; g++) {
+    int64_t firsts[nseg]; /* each segment's first query */
+    for (int64_t g = 0, first_row = 0; g < nseg; first_row += segs[g++].length) {
         const Segment *seg = &segs[g];
-        firsts[g] = row * heads;
-        for (int64_t r = 0; r < seg->length; r++, row++) {
-            int64_t n = 0;
+        firsts[g] = first_row * heads;
+        for (int64_t r = 0; r < seg->length; r++) {
+            int64_t row = first_row + r, n = 0;
             for (int64_t j = 0; j < seg->length; j++)
                 if (seg->mask ? seg->mask[r * seg->length + j] : j <= r) extra[row * (most + 1) + n++] = seg->start + j;
             counts[row] = seg->start + n;
@@ -958,12 +958,11 @@ static void attend_all(const Shape *s, const Segment *segs, int64_t nseg, int64_
         for (int64_t kv = 0, i = firsts[g]; kv < s->kv_heads; kv++)
             for (int64_t r = 0; r < seg->length; r++)
                 for (int64_t k = 0; k < group; k++, i++) {
-                    int64_t row = firsts[g] / heads + r, h = kv * group + k;
+                    int64_t row = first_row + r, h = kv * group + k;
                     all[i] = (Query){qkv + row * stride + h * dim, out + row * heads * dim + h * dim,
                                      extra + row * (most + 1), counts[row]};
                 }
     }
-    firsts[nseg] = rows * heads;
 #pragma omp parallel
     {
         int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();

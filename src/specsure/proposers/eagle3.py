@@ -32,7 +32,7 @@ from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
 from specsure.proposers.head_blocks import blocks_wanted, clear_linear_blocks, product, use_linear_blocks
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
-    DraftRow, HeadCache, Logits, attend, commit_rows, kernel_ready, kernel_segment, use_row_kernel,
+    DraftRow, HeadCache, Logits, attend, commit_rows, kernel_ready, kernel_segment, use_row_kernel, widen,
 )
 from specsure.proposers.head_loading import (
     TensorFile, int_field, llama_config, load_weights, mismatch, read_head_config, vocab_map,
@@ -173,9 +173,7 @@ class Eagle3Module(nn.Module):
             return draft
         if last:
             return DraftRow(draft[-1], self.draft_to_target, self.vocab_size)
-        full = draft.new_full((draft.shape[0], self.vocab_size), float("-inf"))
-        full[:, self.draft_to_target] = draft
-        return full
+        return widen(draft, self.draft_to_target, self.vocab_size)
 
 
 class Eagle3Proposer(HeadChainProposer):

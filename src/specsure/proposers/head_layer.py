@@ -108,9 +108,7 @@ class DraftRow:
 
     def widened(self) -> torch.Tensor:
         """The target-vocabulary row [V]: -inf outside the draft vocabulary."""
-        full = self.logits.new_full((self.vocab_size,), float("-inf"))
-        full[self.ids] = self.logits
-        return full
+        return widen(self.logits[None], self.ids, self.vocab_size)[0]
 
     def argmax(self) -> int:
         """The widened row's argmax as `argmax_ids` takes it: the maximum with the lowest target id,
@@ -120,6 +118,13 @@ class DraftRow:
         best = row[argmax_ids(self.logits)[0]]
         tied = np.isnan(row) if np.isnan(best) else row == best
         return int(self.ids.numpy()[tied].min())
+
+
+def widen(logits: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Draft-vocabulary logits [n, Vd] as target-vocabulary ones [n, V]: -inf at every other id."""
+    full = logits.new_full((logits.shape[0], vocab_size), float("-inf"))
+    full[:, ids] = logits
+    return full
 
 
 Logits = Union[torch.Tensor, DraftRow]

@@ -39,7 +39,7 @@ from specsure.models.products import project
 from specsure.proposers.head_blocks import blocks_wanted, clear_linear_blocks, product, use_linear_blocks
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
-    DraftRow, HeadCache, Logits, commit_rows, kernel_ready, kernel_segment, use_cache_slots, use_row_kernel,
+    DraftRow, HeadCache, Logits, commit_rows, kernel_ready, kernel_segment, use_cache_slots, use_row_kernel, widen,
 )
 from specsure.proposers.head_loading import (
     TensorFile, int_field, load_weights, read_head_config, vocab_map,
@@ -217,9 +217,7 @@ class MTPModule(nn.Module):
             if last:
                 assert self.draft_ids is not None
                 return DraftRow(logits[-1], self.draft_ids, self.target.vocab_size)
-            full = logits.new_full((logits.shape[0], self.target.vocab_size), float("-inf"))
-            full[:, self.draft_ids] = logits
-            return full
+            return widen(logits, self.draft_ids, self.target.vocab_size)
         if hasattr(self.shared_head, "head"):
             return self.shared_head.head(normed).float()
         return self.target.lm_head_logits(normed)
