@@ -130,6 +130,28 @@ def test_a_draft_row_picks_the_token_its_widened_row_would(ascending: bool) -> N
         assert row.argmax() == argmax_ids(row.widened())[0], (case, logits, ids)
 
 
+@pytest.mark.parametrize("ascending", [True, False])
+def test_a_draft_rows_ranked_ids_are_its_widened_rows_top_k(ascending: bool) -> None:
+    # A token tree ranks a node's children from the draft-vocabulary row: the widened row's top k,
+    # equal logits by ascending target id, and past the draft vocabulary the ids outside it.
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randperm(50, generator=generator)[:12]
+    ids = ids.sort().values if ascending else ids
+    for case in range(40):
+        distinct = case % 2 == 0
+        logits = torch.randn(12, generator=generator) if distinct else torch.randint(0, 3, (12,), generator=generator).float()
+        row = DraftRow(logits, ids, vocab_size=50)
+        for k in (1, 2, 5, 12):
+            ranked = row.top(k)
+            widened = row.widened()
+            assert widened[ranked].tolist() == widened.topk(k).values.tolist(), (case, k)  # the k best values
+            assert ranked == sorted(ranked, key=lambda i: (-widened[i].item(), i)), (case, k)  # ties by id
+            if distinct:
+                assert ranked == widened.topk(k).indices.tolist(), (case, k)
+    outside = [i for i in range(50) if i not in set(ids.tolist())]
+    assert DraftRow(torch.randn(12, generator=generator), ids, vocab_size=50).top(15)[12:] == outside[:3]
+
+
 def test_select_layers_picks_the_wanted_layers_in_order() -> None:
     n, hidden = 5, 4
     aux = torch.arange(n * 3 * hidden, dtype=torch.float32).view(n, 3 * hidden)  # layers 2, 7, 9 side by side

@@ -367,7 +367,7 @@ class NativeDecoder:
         """The kernels' Segment structs, one per layer and segment (layer 0's first); room is made in
         each cache for its new rows. The tree masks live in ``self._masks`` until the next call."""
         count = len(segments)
-        self._masks = [None if s.tree is None else s.tree.ancestors.to(torch.uint8).contiguous() for s in segments]
+        self._masks = [None if s.tree is None else s.tree.mask_bytes for s in segments]
         table = (kernels.SegmentStruct * (len(self.layers) * count))()
         for i in range(len(self.layers)):
             for j, (segment, mask) in enumerate(zip(segments, self._masks)):

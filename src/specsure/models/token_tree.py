@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -19,19 +20,29 @@ class TokenTree:
     """[n] each node's depth (its position offset from the first fed token)."""
     ancestors: torch.Tensor = torch.empty(0, 0, dtype=torch.bool)
     """[n, n] True where node j is node i or one of its ancestors."""
+    mask_bytes: torch.Tensor = torch.empty(0, 0, dtype=torch.uint8)
+    """``ancestors`` as contiguous uint8, the C kernels' tree mask."""
 
     @classmethod
     def from_parents(cls, parents: tuple[int, ...] | list[int]) -> "TokenTree":
-        n = len(parents)
-        if n == 0 or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
-            raise ValueError(f"parents {list(parents)} is not a tree in order: node 0 must be the root (-1) "
-                             "and every other node's parent must come before it.")
-        depths = [0] * n
-        ancestors = torch.eye(n, dtype=torch.bool)
-        for i in range(1, n):
-            depths[i] = depths[parents[i]] + 1
-            ancestors[i] |= ancestors[parents[i]]
-        return cls(tuple(parents), torch.tensor(depths, dtype=torch.long), ancestors)
+        """The tree of ``parents``. A verify step feeds the same few shapes again and again, so trees
+        are shared: the result is read-only, its tensors included."""
+        return _tree(tuple(parents))
+
+
+@lru_cache(maxsize=256)
+def _tree(parents: tuple[int, ...]) -> TokenTree:
+    """`TokenTree.from_parents`, made once per shape (about a tenth of a millisecond each time otherwise)."""
+    n = len(parents)
+    if n == 0 or parents[0] != -1 or any(not 0 <= p < i for i, p in enumerate(parents) if i):
+        raise ValueError(f"parents {list(parents)} is not a tree in order: node 0 must be the root (-1) "
+                         "and every other node's parent must come before it.")
+    depths = [0] * n
+    ancestors = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):
+        depths[i] = depths[parents[i]] + 1
+        ancestors[i] |= ancestors[parents[i]]
+    return TokenTree(parents, torch.tensor(depths, dtype=torch.long), ancestors, ancestors.to(torch.uint8).contiguous())
 
 
 def node_depths(parents: Sequence[int]) -> list[int]:

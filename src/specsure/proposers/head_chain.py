@@ -106,7 +106,7 @@ class HeadChainProposer(Proposer):
         tokens = list(context)
         if self.tree is not None:  # the first k nodes, breadth-first: a tree again
             hidden, logits, _ = self._depth_step(0, tokens, None)
-            return draft_tree(self.modules[0], self._caches[0], hidden[-1:], widened(logits), self.tree[:k])
+            return draft_tree(self.modules[0], self._caches[0], hidden[-1:], logits, self.tree[:k])
         draft: list[int] = []
         rows: list[torch.Tensor] = []
         spec: torch.Tensor | None = None  # the previous module's speculative outputs, positions done[i-1]..

@@ -119,6 +119,19 @@ class DraftRow:
         tied = np.isnan(row) if np.isnan(best) else row == best
         return int(self.ids.numpy()[tied].min())
 
+    def top(self, k: int) -> list[int]:
+        """The target ids of the k highest logits, best first, equal logits in ascending id order; a
+        tree's ranked children, without the widened row (its top-k over 49,152 floats cost about a
+        fifth of an MTP draft step). Past the draft vocabulary's size, the ids outside it follow."""
+        width = min(k, self.logits.shape[0])
+        values, index = self.logits.topk(width)
+        ranked = sorted(zip((-values).tolist(), self.ids[index].tolist()))
+        out = [int(i) for _, i in ranked]
+        if k > width:  # the widened row's -inf entries: ids outside the draft vocabulary, lowest first
+            inside = set(self.ids.tolist())
+            out += [i for i in range(self.vocab_size) if i not in inside][: k - width]
+        return out
+
 
 def widen(logits: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Draft-vocabulary logits [n, Vd] as target-vocabulary ones [n, V]: -inf at every other id."""
@@ -135,6 +148,11 @@ last entry alone."""
 def widened(row: Logits) -> torch.Tensor:
     """A [V] target-vocabulary row, from a `DraftRow` or a [V] row."""
     return row.widened() if isinstance(row, DraftRow) else row
+
+
+def top_ids(row: Logits, k: int) -> list[int]:
+    """The target ids of a [V] row's (or a `DraftRow`'s) k highest logits, best first."""
+    return row.top(k) if isinstance(row, DraftRow) else row.topk(k).indices.tolist()
 
 
 def last_row(logits: Logits) -> Logits:

@@ -18,16 +18,16 @@ import torch
 from typing import Sequence
 
 from specsure.proposers.base import Draft
-from specsure.proposers.head_layer import HeadCache, HeadModule
+from specsure.proposers.head_layer import HeadCache, HeadModule, Logits, top_ids
 
 Node = tuple[int, ...]
 
 
-def draft_tree(module: HeadModule, cache: HeadCache, root_hidden: torch.Tensor, root_logits: torch.Tensor,
+def draft_tree(module: HeadModule, cache: HeadCache, root_hidden: torch.Tensor, root_logits: Logits,
                tree: Sequence[Node]) -> Draft:
     """The draft for ``tree`` (breadth-first; any prefix of it is a tree).
 
-    ``root_hidden`` ([1, H]) and ``root_logits`` ([V]) are the head's output for the pending
+    ``root_hidden`` ([1, H]) and ``root_logits`` ([V] or a `DraftRow`) are the head's output for the pending
     token's entry, the last one in ``cache``.
     """
     visible = cache.length  # committed entries and the pending token's: every node sees them
@@ -35,7 +35,7 @@ def draft_tree(module: HeadModule, cache: HeadCache, root_hidden: torch.Tensor, 
     for node in tree:
         widths[node[:-1]] = max(widths.get(node[:-1], 0), node[-1] + 1)
     hidden: dict[Node, torch.Tensor] = {(): root_hidden}
-    logits: dict[Node, torch.Tensor] = {(): root_logits}
+    logits: dict[Node, Logits] = {(): root_logits}
     ranked: dict[Node, list[int]] = {}
     index: dict[Node, int] = {(): 0}  # among [pending] + draft tokens
     entry: dict[Node, int] = {}  # the cache index of a node's own entry
@@ -47,7 +47,7 @@ def draft_tree(module: HeadModule, cache: HeadCache, root_hidden: torch.Tensor, 
         for node in nodes:
             parent = node[:-1]
             if parent not in ranked:
-                ranked[parent] = logits[parent].topk(widths[parent]).indices.tolist()
+                ranked[parent] = top_ids(logits[parent], widths[parent])
             tokens.append(ranked[parent][node[-1]])
             parents.append(index[parent])
             index[node] = len(tokens)
