@@ -102,6 +102,8 @@ class CausalLM:
         self._cache_len = 0
         self._ids: list[int] = []  # the token at each cached position (a tree's nodes until `keep`)
         self._head_blocks: BlockMatrix | None = None
+        self._head_tiles: BlockMatrix | None = None
+        """``_head_blocks`` packed for AMX tiles (A8), where the CPU has them: what the kernel reads then."""
         self.blocks_used: dict[str, int] = {}
         """GGUF type -> how many of the weight matrices the float32 kernel reads as blocks (`use_blocks`)."""
         check_logits(self)
@@ -119,14 +121,16 @@ class CausalLM:
         if (blocks.lm_head is not None and type(head) is torch.nn.Linear and head.bias is None
                 and matches(blocks.lm_head, head.weight, native.float_kernel)):
             self._head_blocks = blocks.lm_head
+            self._head_tiles = native.float_kernel.amx_pack(blocks.lm_head)
             used[blocks.lm_head.kind] = used.get(blocks.lm_head.kind, 0) + 1
         self.blocks_used = used
         return used
 
     @property
     def tiled_matrices(self) -> int:
-        """How many of the weight matrices `use_blocks` gave the kernel run on AMX tiles (float_kernel.c's A4)."""
-        return 0 if self._native is None else self._native.tiled_matrices
+        """How many of the weight matrices `use_blocks` gave the kernel run on AMX tiles (float_kernel.c's A4
+        and A8), the LM head included."""
+        return (0 if self._native is None else self._native.tiled_matrices) + (self._head_tiles is not None)
 
     def reset(self) -> None:
         """Empty the KV cache (its buffers are kept for the next sequence)."""
@@ -372,7 +376,7 @@ class CausalLM:
         native = self._native
         linear = weight is not None or type(head) is torch.nn.Linear
         if weight is None and linear:
-            weight, bias, blocks = head.weight, head.bias, self._head_blocks
+            weight, bias, blocks = head.weight, head.bias, self._head_tiles or self._head_blocks
         if (blocks is not None and bias is None and hidden.dim() == 2 and hidden.dtype == torch.float32
                 and not hidden.requires_grad and not (torch.is_grad_enabled() and weight.requires_grad)
                 and hidden.shape[0] <= KERNEL_ROWS):

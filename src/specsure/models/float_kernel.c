@@ -33,7 +33,7 @@
 
 /* How a weight matrix [n, k] is stored: float32 rows, or GGUF's blocks of 32 weights along k,
  * repacked with float32 scales (gguf_blocks.py) so a block dequantises with one conversion: */
-enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, Q8_M = 4, Q8_H = 5, Q8_X = 6, A4 = 7 };
+enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, Q8_M = 4, Q8_H = 5, Q8_X = 6, A4 = 7, A8 = 8 };
 /* Q4_0 {float d; uint8 qs[16]}: w = d (q - 8); Q4_1 {float d, m; uint8 qs[16]}: w = d q + m;
  * Q8_0 {float d; int8 qs[32]}: w = d q; Q8_M {float d, m; int8 qs[32]}: w = d q + m; Q8_H {float
  * d0, d1; int8 qs[32]}: w = d0 q for the first 16 weights, d1 q for the rest; Q8_X {float d0, d1,
@@ -45,7 +45,7 @@ enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, Q8_M = 4, Q8_H = 5, Q8_X = 6, A4 =
  * rounding follows, as in gguf-py: each weight dequantises to the float32 value gguf-py gives for
  * it, and every product below runs the same FMA chain over the same values as on float32 rows, so a
  * model whose float32 weights were dequantised from these blocks computes the same bits either way
- * (except where Q4 matrices run on AMX tiles, A4 below: float32 sums in another order). */
+ * (except where Q4 and Q8_0 matrices run on AMX tiles, A4 and A8 below: float32 sums in another order). */
 static inline int64_t block_bytes(int64_t format) {
     return format == Q4_0 ? 20 : format == Q4_1 ? 24 : format == Q8_0 ? 36 : format == Q8_X ? 44 : 40;
 }
@@ -413,8 +413,15 @@ static void qgemm(int format, const uint8_t *w, const float *bias, const float *
  * 256 of nibbles in the B operand's pair order, then the 16 rows' d, then their m (Q4_0: m = -8 d,
  * exact). B row p (0..15) holds weights 2p and 2p+1 of each of the 16 rows: value t = 2 row + e is
  * weight 2p + e of that row. Byte t of 32-byte chunk j holds B row 2j's value t in its low nibble
- * and B row 2j+1's in its high one, so widening 32 bytes to 16 bits and one lookup gives a B row. */
+ * and B row 2j+1's in its high one, so widening 32 bytes to 16 bits and one lookup gives a B row.
+ *
+ * Q8_0 matrices (A8; on the default model its LM head, a sixth of a decode step, where each verify
+ * row cost another fifth of it in multiply-adds): w = d q with q in -128..127, also exact in bf16,
+ * so the same tiles and the same order of sums serve, with m = 0 left out. Per group of 16 rows and
+ * block of 32, 576 bytes: B row p's 32 values as int8 (value t = 2 row + e is weight 2p + e of that
+ * row), then the 16 rows' d. Widening a B row to bf16 goes through float32 (exact for integers). */
 #define A4_GROUP 384
+#define A8_GROUP 576
 #define A4_FEW 5 /* up to this many rows of x, their 3 parts share one tile (15 of its 16 rows) */
 
 /* Ask Linux for the tile registers (once per process; torch's oneDNN may have done so already).
@@ -428,9 +435,22 @@ int float_amx_init(int use_amx) {
 #endif
 }
 
-/* Repack a Q4_0 or Q4_1 matrix [n, k] (n % 16 == 0, k % 32 == 0) into A4; out: n / 16 * k / 32 * A4_GROUP bytes. */
+/* Repack a Q4_0 or Q4_1 matrix [n, k] (n % 16 == 0, k % 32 == 0) into A4, a Q8_0 one into A8; out:
+ * n / 16 * k / 32 * A4_GROUP (A8_GROUP) bytes. */
 void amx_pack(const uint8_t *w, int64_t format, int64_t n, int64_t k, uint8_t *out) {
     int64_t blocks = k / 32, bytes = block_bytes(format), quants = format == Q4_1 ? 8 : 4;
+    if (format == Q8_0) {
+        for (int64_t g = 0; g < n / 16; g++)
+            for (int64_t b = 0; b < blocks; b++) {
+                uint8_t *group = out + (g * blocks + b) * A8_GROUP;
+                for (int r = 0; r < 16; r++) {
+                    const uint8_t *block = w + ((g * 16 + r) * blocks + b) * bytes;
+                    memcpy(group + 512 + 4 * r, block, 4);
+                    for (int i = 0; i < 32; i++) group[32 * (i / 2) + 2 * r + i % 2] = block[4 + i];
+                }
+            }
+        return;
+    }
     for (int64_t g = 0; g < n / 16; g++)
         for (int64_t b = 0; b < blocks; b++) {
             uint8_t *group = out + (g * blocks + b) * A4_GROUP;
@@ -512,33 +532,57 @@ static inline void unpack_block(const uint8_t *nibbles, uint16_t *out) {
     __asm__ volatile("" ::: "memory");
 }
 
+/* One A8 block's 16 weight rows in B's bf16 pair order, from its 512 bytes of int8 (already in that
+ * order): q -> float32 -> its top 16 bits, exact for these integers. */
+static inline void unpack_block8(const uint8_t *q, uint16_t *out) {
+    for (int p = 0; p < 16; p++) {
+        __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 32 * p))));
+        __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 32 * p + 16))));
+        _mm512_store_si512(out + 32 * p, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+    __asm__ volatile("" ::: "memory"); /* as in unpack_block */
+}
+
+/* A block of either packing into B's bf16 pair order. */
+static inline __attribute__((always_inline)) void unpack_any(const uint8_t *group, int eight, uint16_t *out) {
+    if (eight) unpack_block8(group, out);
+    else unpack_block(group, out);
+}
+
 /* acc[a] += s d + m sum(x) for one block, s = (hi + mid) + lo from the tile's sums of row a's three
- * parts (at tile + part_step * part + row_step * a): the same order in both passes below. */
-static inline void scale_block(const uint8_t *group, const float *tile, int64_t part_step, int64_t row_step,
-                               const float *sums, int64_t stride, int rows, __m512 *acc) {
-    const float *scales = (const float *)(group + 256);
-    __m512 d = _mm512_loadu_ps(scales), mins = _mm512_loadu_ps(scales + 16);
+ * parts (at tile + part_step * part + row_step * a): the same order in both passes below. A8 has
+ * no m (nor sums). */
+static inline __attribute__((always_inline)) void scale_block(const uint8_t *group, int eight, const float *tile,
+                                                              int64_t part_step, int64_t row_step, const float *sums,
+                                                              int64_t stride, int rows, __m512 *acc) {
+    const float *scales = (const float *)(group + (eight ? 512 : 256));
+    __m512 d = _mm512_loadu_ps(scales), mins = eight ? d : _mm512_loadu_ps(scales + 16);
     for (int a = 0; a < rows; a++) {
         const float *t = tile + row_step * a;
         __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(t), _mm512_load_ps(t + part_step)),
                                  _mm512_load_ps(t + 2 * part_step));
         acc[a] = _mm512_fmadd_ps(s, d, acc[a]);
-        acc[a] = _mm512_fmadd_ps(mins, _mm512_set1_ps(sums[a * stride]), acc[a]);
+        if (!eight) acc[a] = _mm512_fmadd_ps(mins, _mm512_set1_ps(sums[a * stride]), acc[a]);
     }
 }
 
 /* Up to 5 rows of x (a decode step, a short verify), one group of 16 weight rows: one tile multiply
  * per block, its A the rows' 3 m parts, two blocks at a time (tiles 0-2 and 3-5: sums, A, B). The next
  * pair is unpacked while the tiles multiply this one. */
-static inline void few_rows(const uint8_t *w, const uint16_t *parts, const float *sums, int64_t k, int rows,
-                            uint16_t (*unpacked)[2][16 * 32], float (*tile_sums)[16 * 16], __m512 *acc) {
-    int64_t blocks = k / 32, stride = k * 2;
-    unpack_block(w, unpacked[0][0]);
-    if (blocks > 1) unpack_block(w + A4_GROUP, unpacked[0][1]);
+static inline __attribute__((always_inline)) void few_rows(const uint8_t *w, int eight, const uint16_t *parts,
+                                                           const float *sums, int64_t k, int rows,
+                                                           uint16_t (*unpacked)[2][16 * 32],
+                                                           float (*tile_sums)[16 * 16], __m512 *acc) {
+    int64_t blocks = k / 32, stride = k * 2, size = eight ? A8_GROUP : A4_GROUP;
+    unpack_any(w, eight, unpacked[0][0]);
+    if (blocks > 1) unpack_any(w + size, eight, unpacked[0][1]);
     for (int64_t b = 0; b < blocks; b += 2) {
-        const uint8_t *group = w + b * A4_GROUP;
+        const uint8_t *group = w + b * size;
         uint16_t(*now)[16 * 32] = unpacked[(b / 2) & 1], (*next)[16 * 32] = unpacked[(b / 2 + 1) & 1];
-        for (int p = 0; p < 2 * A4_GROUP / 64; p++) _mm_prefetch((const char *)(group + 6 * A4_GROUP + 64 * p), _MM_HINT_T0);
+        /* A8's one-row pass keeps up with the FMA products only when fetched further ahead: on the AMX
+         * Xeon its LM head 1.07-1.15 ms at 10 or 12 groups, 1.19 at 8, 1.22 at A4's 6, 1.47 without */
+        for (int p = 0; p < 2 * size / 64; p++)
+            _mm_prefetch((const char *)(group + (eight ? 10 : 6) * size + 64 * p), _MM_HINT_T0);
         int pair = b + 1 < blocks;
         _tile_zero(0);
         _tile_loadd(1, parts + 32 * b, stride);
@@ -550,13 +594,13 @@ static inline void few_rows(const uint8_t *w, const uint16_t *parts, const float
             _tile_loadd(5, now[1], 64);
             _tile_dpbf16ps(3, 4, 5);
         }
-        if (b + 2 < blocks) unpack_block(group + 2 * A4_GROUP, next[0]);
-        if (b + 3 < blocks) unpack_block(group + 3 * A4_GROUP, next[1]);
+        if (b + 2 < blocks) unpack_any(group + 2 * size, eight, next[0]);
+        if (b + 3 < blocks) unpack_any(group + 3 * size, eight, next[1]);
         _tile_stored(0, tile_sums[0], 64);
-        scale_block(group, tile_sums[0], 16, 48, sums + b, blocks, rows, acc);
+        scale_block(group, eight, tile_sums[0], 16, 48, sums + b, blocks, rows, acc);
         if (pair) {
             _tile_stored(3, tile_sums[1], 64);
-            scale_block(group + A4_GROUP, tile_sums[1], 16, 48, sums + b + 1, blocks, rows, acc);
+            scale_block(group + size, eight, tile_sums[1], 16, 48, sums + b + 1, blocks, rows, acc);
         }
     }
 }
@@ -564,13 +608,15 @@ static inline void few_rows(const uint8_t *w, const uint16_t *parts, const float
 /* 6 to 16 rows of x, one group: per block three multiplies, one per part, each into its own sums
  * (tiles 0-2: hi, mid, lo sums; 3-5: their A; 6: B). A sum row depends only on its A row and B, so
  * it is the same number as `few_rows`' row for that part, and scale_block adds them alike. */
-static inline void many_rows(const uint8_t *w, const uint16_t *parts, const float *sums, int64_t k, int rows,
-                             uint16_t (*unpacked)[16 * 32], float (*tile_sums)[16 * 16], __m512 *acc) {
-    int64_t blocks = k / 32, stride = 3 * k * 2;
-    unpack_block(w, unpacked[0]);
+static inline __attribute__((always_inline)) void many_rows(const uint8_t *w, int eight, const uint16_t *parts,
+                                                            const float *sums, int64_t k, int rows,
+                                                            uint16_t (*unpacked)[16 * 32], float (*tile_sums)[16 * 16],
+                                                            __m512 *acc) {
+    int64_t blocks = k / 32, stride = 3 * k * 2, size = eight ? A8_GROUP : A4_GROUP;
+    unpack_any(w, eight, unpacked[0]);
     for (int64_t b = 0; b < blocks; b++) {
-        const uint8_t *group = w + b * A4_GROUP;
-        for (int p = 0; p < A4_GROUP / 64; p++) _mm_prefetch((const char *)(group + 4 * A4_GROUP + 64 * p), _MM_HINT_T0);
+        const uint8_t *group = w + b * size;
+        for (int p = 0; p < size / 64; p++) _mm_prefetch((const char *)(group + 4 * size + 64 * p), _MM_HINT_T0);
         _tile_loadd(6, unpacked[b & 1], 64);
         _tile_zero(0);
         _tile_zero(1);
@@ -581,17 +627,29 @@ static inline void many_rows(const uint8_t *w, const uint16_t *parts, const floa
         _tile_dpbf16ps(0, 3, 6);
         _tile_dpbf16ps(1, 4, 6);
         _tile_dpbf16ps(2, 5, 6);
-        if (b + 1 < blocks) unpack_block(group + A4_GROUP, unpacked[(b + 1) & 1]); /* while the tiles multiply */
+        if (b + 1 < blocks) unpack_any(group + size, eight, unpacked[(b + 1) & 1]); /* while the tiles multiply */
         _tile_stored(0, tile_sums[0], 64);
         _tile_stored(1, tile_sums[1], 64);
         _tile_stored(2, tile_sums[2], 64);
-        scale_block(group, tile_sums[0], 16 * 16, 16, sums + b, blocks, rows, acc);
+        scale_block(group, eight, tile_sums[0], 16 * 16, 16, sums + b, blocks, rows, acc);
     }
 }
 
-/* y [m, n] = x [m, k] . w^T (+ bias), w packed by amx_pack. */
-static void a4_gemm(const uint8_t *w, const float *bias, const float *x, float *y, int64_t n, int64_t k, int64_t m) {
+/* One group of 16 weight rows against up to 16 rows of x, for either packing: the format is a
+ * constant in each call, so each gets its own inlined loops. */
+static inline __attribute__((always_inline)) void amx_group(const uint8_t *group, int eight, int few_pass,
+                                                            const uint16_t *parts, const float *sums, int64_t k,
+                                                            int64_t a0, int rows, uint16_t (*unpacked)[2][16 * 32],
+                                                            float (*tile_sums)[16 * 16], __m512 *acc) {
     int64_t blocks = k / 32;
+    if (few_pass) few_rows(group, eight, parts, sums, k, rows, unpacked, tile_sums, acc);
+    else many_rows(group, eight, parts + 3 * a0 * k, sums + a0 * blocks, k, rows, unpacked[0], tile_sums, acc);
+}
+
+/* y [m, n] = x [m, k] . w^T (+ bias), w packed by amx_pack (A4 or A8: `format`). */
+static void amx_gemm(const uint8_t *w, int64_t format, const float *bias, const float *x, float *y, int64_t n,
+                     int64_t k, int64_t m) {
+    int64_t blocks = k / 32, size = format == A8 ? A8_GROUP : A4_GROUP;
     uint16_t *parts = malloc((size_t)(3 * m * k) * sizeof(uint16_t));
     float *sums = malloc((size_t)(m * blocks) * sizeof(float));
     split_rows(x, parts, sums, m, k);
@@ -604,7 +662,7 @@ static void a4_gemm(const uint8_t *w, const float *bias, const float *x, float *
         __attribute__((aligned(64))) float tile_sums[3][16 * 16];
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < n / 16; g++) {
-            const uint8_t *group = w + g * blocks * A4_GROUP;
+            const uint8_t *group = w + g * blocks * size;
             for (int64_t a0 = 0; a0 < m; a0 += 16) { /* one pass for up to A4_FEW rows, else 16 at a time */
                 int rows = m - a0 < 16 ? (int)(m - a0) : 16;
                 if (rows != configured) {
@@ -616,8 +674,8 @@ static void a4_gemm(const uint8_t *w, const float *bias, const float *x, float *
                 }
                 __m512 acc[16];
                 for (int a = 0; a < rows; a++) acc[a] = _mm512_setzero_ps();
-                if (few_pass) few_rows(group, parts, sums, k, rows, unpacked, tile_sums, acc);
-                else many_rows(group, parts + 3 * a0 * k, sums + a0 * blocks, k, rows, unpacked[0], tile_sums, acc);
+                if (format == A8) amx_group(group, 1, few_pass, parts, sums, k, a0, rows, unpacked, tile_sums, acc);
+                else amx_group(group, 0, few_pass, parts, sums, k, a0, rows, unpacked, tile_sums, acc);
                 for (int a = 0; a < rows; a++) {
                     if (bias) acc[a] = _mm512_add_ps(acc[a], _mm512_loadu_ps(bias + g * 16));
                     _mm512_storeu_ps(y + (a0 + a) * n + g * 16, acc[a]);
@@ -630,9 +688,10 @@ static void a4_gemm(const uint8_t *w, const float *bias, const float *x, float *
     free(sums);
 }
 #else
-static void a4_gemm(const uint8_t *w, const float *bias, const float *x, float *y, int64_t n, int64_t k, int64_t m) {
-    /* unreachable: float_amx_init returns 0 in a build without AMX, so nothing is packed as A4 */
-    (void)w, (void)bias, (void)x, (void)y, (void)n, (void)k, (void)m;
+static void amx_gemm(const uint8_t *w, int64_t format, const float *bias, const float *x, float *y, int64_t n,
+                     int64_t k, int64_t m) {
+    /* unreachable: float_amx_init returns 0 in a build without AMX, so nothing is packed as A4 or A8 */
+    (void)w, (void)format, (void)bias, (void)x, (void)y, (void)n, (void)k, (void)m;
     abort();
 }
 #endif
@@ -647,7 +706,8 @@ static void product(const void *w, int64_t format, const float *bias, const floa
     case Q8_M:
     case Q8_H:
     case Q8_X: qgemm((int)format, w, bias, x, y, n, k, m); break;
-    case A4: a4_gemm(w, bias, x, y, n, k, m); break;
+    case A4:
+    case A8: amx_gemm(w, format, bias, x, y, n, k, m); break;
     default: gemm(w, bias, x, y, n, k, m);
     }
 }

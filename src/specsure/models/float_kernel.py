@@ -21,7 +21,7 @@ import torch
 
 from specsure.config.cpu import cpu_flags
 from specsure.config.dtype_choice import KERNEL_FLAGS, build_blocker
-from specsure.models.gguf_blocks import A4, Q4_0, Q4_1, BlockMatrix
+from specsure.models.gguf_blocks import A4, A8, Q4_0, Q4_1, Q8_0, BlockMatrix
 from specsure.models.kernel import Kernel, RowOps, SegmentStruct, ShapeStruct, open_library
 
 logger = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class FloatKernel(RowOps):
 
     library: ctypes.CDLL
     amx: bool = False
-    """Whether Q4_0 and Q4_1 matrices may be packed for AMX tiles (`amx_pack`): the AMX build, and
+    """Whether Q4_0, Q4_1 and Q8_0 matrices may be packed for AMX tiles (`amx_pack`): the AMX build, and
     Linux granted the tiles."""
     dtype = torch.float32
     layer_struct = FloatLayerStruct
@@ -78,13 +78,15 @@ class FloatKernel(RowOps):
     def amx_pack(self, matrix: BlockMatrix) -> BlockMatrix | None:
         """``matrix`` packed for the AMX tiles (the same weights, float32-accurate products whose
         rows do not depend on each other), or None where it cannot be: no AMX, a format other than
-        Q4_0 or Q4_1, or a row count that is not a multiple of 16."""
-        if not self.amx or matrix.format not in (Q4_0, Q4_1) or matrix.rows % 16:
+        Q4_0, Q4_1 or Q8_0, or a row count that is not a multiple of 16."""
+        if not self.amx or matrix.format not in (Q4_0, Q4_1, Q8_0) or matrix.rows % 16:
             return None
-        # the same bytes as the Q4_1 blocks: 16 rows' 32 weights in 256 bytes of nibbles, 16 d, 16 m
-        data = torch.empty(matrix.rows, matrix.cols // 32 * 24, dtype=torch.uint8)
+        # A4, the bytes of Q4_1 blocks: 16 rows' 32 weights in 256 bytes of nibbles, 16 d, 16 m; A8, those
+        # of Q8_0 blocks: 512 bytes of int8 and 16 d
+        eight = matrix.format == Q8_0
+        data = torch.empty(matrix.rows, matrix.cols // 32 * (36 if eight else 24), dtype=torch.uint8)
         self.library.amx_pack(matrix.data.data_ptr(), matrix.format, matrix.rows, matrix.cols, data.data_ptr())
-        return BlockMatrix(data, A4, matrix.rows, matrix.cols, matrix.kind)
+        return BlockMatrix(data, A8 if eight else A4, matrix.rows, matrix.cols, matrix.kind)
 
     def linear_rows(self, weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight.T + bias`` for float32 rows ``x`` ([m, in], row-major) -> [m, out]; each row's

@@ -39,9 +39,10 @@ w = d (q - 8); Q4_1 {d, m; 4-bit q} w = d q + m; Q8_0 {d; int8 q} w = d q; Q8_M 
 w = d q + m; Q8_H {d0, d1; int8 q} w = d0 q on the first 16 weights, d1 q on the rest; Q8_X {d0, d1,
 m; int8 q} w = d q + m with d as Q8_H's, any of the others widened for a fused matrix whose parts
 differ (float32 scales, Q4 weight i in the low nibble of byte i and weight 16 + i in its high one)."""
-A4 = 7
-"""float_kernel.c's A4: a Q4_0 or Q4_1 matrix packed for AMX tiles (`FloatKernel.amx_pack`), 16 rows'
-blocks together; made after `matches` has checked the blocks it packs, and never dequantised."""
+A4, A8 = 7, 8
+"""float_kernel.c's A4 and A8: a Q4_0 or Q4_1 matrix (A4) or a Q8_0 one (A8) packed for AMX tiles
+(`FloatKernel.amx_pack`), 16 rows' blocks together; made after `matches` has checked the blocks it
+packs, and never dequantised."""
 
 _HEADER = {Q4_0: 1, Q4_1: 2, Q8_0: 1, Q8_M: 2, Q8_H: 2, Q8_X: 3}
 """float32 scales at the start of a block."""
@@ -69,8 +70,9 @@ class BlockMatrix:
     def dequantized(self) -> torch.Tensor:
         """The float32 weights [rows, cols], with gguf-py's arithmetic (a product that is exact, then
         at most one rounding)."""
-        if self.format == A4:
-            raise ValueError("a matrix packed for AMX tiles (A4) is not dequantised; dequantise the blocks it was packed from")
+        if self.format in (A4, A8):
+            raise ValueError("a matrix packed for AMX tiles (A4, A8) is not dequantised; dequantise the blocks it was "
+                             "packed from")
         header = _HEADER[self.format]
         blocks = self.data.view(self.rows, self.cols // 32, -1)
         d = blocks[..., :4].contiguous().view(torch.float32)  # [rows, blocks, 1]

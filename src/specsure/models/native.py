@@ -28,7 +28,7 @@ from torch import nn
 
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
-from specsure.models.gguf_blocks import A4, BlockMatrix, FileBlocks, matches
+from specsure.models.gguf_blocks import A4, A8, BlockMatrix, FileBlocks, matches
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
 from specsure.models.token_tree import TokenTree, attention_mask
@@ -181,7 +181,7 @@ class NativeDecoder:
     @property
     def tiled_matrices(self) -> int:
         """How many weight matrices `use_blocks` packed for AMX tiles (`FloatKernel.amx_pack`)."""
-        return sum(matrix.format == A4 for matrix in self._blocks)
+        return sum(matrix.format in (A4, A8) for matrix in self._blocks)
 
     def _shape_struct(self, config: object) -> kernels.ShapeStruct:
         return kernels.ShapeStruct(int(config.hidden_size), self.heads, self.kv_heads, self.head_dim,
