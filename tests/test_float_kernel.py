@@ -203,7 +203,8 @@ def test_an_avx512_cpu_gets_16_lane_products_unless_told_8(monkeypatch):
     if float_kernels.load()[0] is None or not float_kernels.wide():
         assert float_kernels.load()[0] is None or "AVX2 products" in float_kernels.load()[1]
         return
-    assert float_kernels.load()[1].startswith(("AVX-512 products, ", "AVX-512 products (Q4 blocks on AMX tiles), ",
+    assert float_kernels.load()[1].startswith(("AVX-512 products, ",
+                                               "AVX-512 products (Q4 and Q8_0 blocks on AMX tiles), ",
                                                "AVX-512 products (AMX refused by Linux), "))
     monkeypatch.setenv(float_kernels.LANES_ENV, "8")
     assert not float_kernels.wide()

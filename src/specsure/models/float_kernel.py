@@ -36,8 +36,8 @@ instructions that dequantise and multiply, not by memory, so half as many made i
 LANES_ENV = "SPECSURE_FLOAT_LANES"
 """Set to 8 to build and load the AVX2 products on an AVX-512 CPU (for comparing the two)."""
 AMX_FLAGS = ("-mavx512bw", "-mavx512bf16", "-mamx-tile", "-mamx-bf16")
-"""Added to the AVX-512 build on a CPU with AMX: Q4_0 and Q4_1 matrices on AMX tiles (float_kernel.c's
-A4), where a product over 2 to 5 rows costs about what one row does."""
+"""Added to the AVX-512 build on a CPU with AMX: Q4_0, Q4_1 and Q8_0 matrices on AMX tiles (float_kernel.c's
+A4 and A8), where a product over 2 to 5 rows costs little more than one row does."""
 AMX_CPU_FLAGS = frozenset({"avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"})
 AMX_ENV = "SPECSURE_AMX"
 """Set to 0 to keep every product off the AMX tiles (the AVX-512 build; for comparing the two)."""
@@ -193,5 +193,5 @@ def _load() -> tuple[FloatKernel | None, str]:
         if name != "AMX":
             return kernel, f"{name} products, {why}"
         kernel = started(name, kernel)
-        return kernel, f"AVX-512 products ({'Q4 blocks on AMX tiles' if kernel.amx else 'AMX refused by Linux'}), {why}"
+        return kernel, f"AVX-512 products ({'Q4 and Q8_0 blocks on AMX tiles' if kernel.amx else 'AMX refused by Linux'}), {why}"
     raise AssertionError("unreachable: the AVX2 build is always tried last")
