@@ -635,15 +635,40 @@ static inline __attribute__((always_inline)) void many_rows(const uint8_t *w, in
     }
 }
 
-/* One group of 16 weight rows against up to 16 rows of x, for either packing: the format is a
- * constant in each call, so each gets its own inlined loops. */
+/* One group of 16 weight rows against `rows` rows of x from row a0, for either packing, into y
+ * (plus bias). Inlined with `eight`, `few_pass` and (for the few-row pass) `rows` as constants:
+ * with a runtime row count the accumulators lived on the stack, a store and a load on every
+ * block's multiply-add chain (about a third of a verify row's cost in these passes). */
 static inline __attribute__((always_inline)) void amx_group(const uint8_t *group, int eight, int few_pass,
                                                             const uint16_t *parts, const float *sums, int64_t k,
                                                             int64_t a0, int rows, uint16_t (*unpacked)[2][16 * 32],
-                                                            float (*tile_sums)[16 * 16], __m512 *acc) {
+                                                            float (*tile_sums)[16 * 16], const float *bias, float *y,
+                                                            int64_t n) {
     int64_t blocks = k / 32;
+    __m512 acc[16];
+    for (int a = 0; a < rows; a++) acc[a] = _mm512_setzero_ps();
     if (few_pass) few_rows(group, eight, parts, sums, k, rows, unpacked, tile_sums, acc);
     else many_rows(group, eight, parts + 3 * a0 * k, sums + a0 * blocks, k, rows, unpacked[0], tile_sums, acc);
+    for (int a = 0; a < rows; a++) {
+        if (bias) acc[a] = _mm512_add_ps(acc[a], _mm512_loadu_ps(bias));
+        _mm512_storeu_ps(y + (a0 + a) * n, acc[a]);
+    }
+}
+
+/* `amx_group` for one packing, its row count made a constant where the pass is the few-row one. */
+static inline __attribute__((always_inline)) void amx_rows(const uint8_t *group, int eight, int few_pass,
+                                                           const uint16_t *parts, const float *sums, int64_t k,
+                                                           int64_t a0, int rows, uint16_t (*unpacked)[2][16 * 32],
+                                                           float (*tile_sums)[16 * 16], const float *bias, float *y,
+                                                           int64_t n) {
+#define AMX_ROWS(r) amx_group(group, eight, 1, parts, sums, k, a0, r, unpacked, tile_sums, bias, y, n)
+    if (!few_pass) amx_group(group, eight, 0, parts, sums, k, a0, rows, unpacked, tile_sums, bias, y, n);
+    else if (rows == 1) AMX_ROWS(1);
+    else if (rows == 2) AMX_ROWS(2);
+    else if (rows == 3) AMX_ROWS(3);
+    else if (rows == 4) AMX_ROWS(4);
+    else AMX_ROWS(5);
+#undef AMX_ROWS
 }
 
 /* y [m, n] = x [m, k] . w^T (+ bias), w packed by amx_pack (A4 or A8: `format`). */
@@ -672,14 +697,12 @@ static void amx_gemm(const uint8_t *w, int64_t format, const float *bias, const 
                     else set_tiles(&config, many, 7);
                     configured = rows;
                 }
-                __m512 acc[16];
-                for (int a = 0; a < rows; a++) acc[a] = _mm512_setzero_ps();
-                if (format == A8) amx_group(group, 1, few_pass, parts, sums, k, a0, rows, unpacked, tile_sums, acc);
-                else amx_group(group, 0, few_pass, parts, sums, k, a0, rows, unpacked, tile_sums, acc);
-                for (int a = 0; a < rows; a++) {
-                    if (bias) acc[a] = _mm512_add_ps(acc[a], _mm512_loadu_ps(bias + g * 16));
-                    _mm512_storeu_ps(y + (a0 + a) * n + g * 16, acc[a]);
-                }
+                const float *b16 = bias ? bias + g * 16 : NULL;
+                float *out = y + g * 16;
+                if (format == A8)
+                    amx_rows(group, 1, few_pass, parts, sums, k, a0, rows, unpacked, tile_sums, b16, out, n);
+                else
+                    amx_rows(group, 0, few_pass, parts, sums, k, a0, rows, unpacked, tile_sums, b16, out, n);
             }
         }
         if (configured) _tile_release();
