@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from specsure import SamplingParams, make_engine
 from specsure.config import ConfigError
 from specsure.models.loading import load_model
-from specsure.proposers.head_layer import DraftRow
+from specsure.proposers.head_layer import DraftRow, ascends
 from specsure.sampling import argmax_ids
 from specsure.train import MTPTrainSettings, save_mtp_head, self_distill, train_mtp
 from specsure.train.data import Sample, select_layers
@@ -126,7 +126,8 @@ def test_a_draft_row_picks_the_token_its_widened_row_would(ascending: bool) -> N
         logits = torch.randint(0, 3, (12,), generator=generator).float()  # many ties
         if case % 5 == 0:
             logits[torch.randint(0, 12, (2,), generator=generator)] = float("nan")
-        row = DraftRow(logits, ids, vocab_size=50)
+        row = DraftRow(logits, ids, vocab_size=50, ascending=ascends(ids))
+        assert row.ascending == ascending
         assert row.argmax() == argmax_ids(row.widened())[0], (case, logits, ids)
 
 

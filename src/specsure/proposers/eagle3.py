@@ -32,7 +32,7 @@ from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
 from specsure.proposers.head_blocks import blocks_wanted, clear_linear_blocks, product, use_linear_blocks
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
-    DraftRow, HeadCache, Logits, attend, commit_rows, kernel_ready, kernel_segment, use_row_kernel, widen,
+    DraftRow, HeadCache, Logits, ascends, attend, commit_rows, kernel_ready, kernel_segment, use_row_kernel, widen,
 )
 from specsure.proposers.head_loading import (
     TensorFile, int_field, llama_config, load_weights, mismatch, read_head_config, vocab_map,
@@ -72,6 +72,7 @@ class Eagle3Module(nn.Module):
         self.target = target
         self.vocab_size = target.vocab_size
         self.draft_to_target = None if d2t is None else torch.arange(d2t.shape[0]) + d2t.long()  # [Vd]
+        self._ascending = ascends(self.draft_to_target)
 
     def features(self, aux_hidden: torch.Tensor) -> torch.Tensor:
         """g = fc(concat of the aux layers) [n, H]: applied to target features only."""
@@ -172,7 +173,7 @@ class Eagle3Module(nn.Module):
         if self.draft_to_target is None:
             return draft
         if last:
-            return DraftRow(draft[-1], self.draft_to_target, self.vocab_size)
+            return DraftRow(draft[-1], self.draft_to_target, self.vocab_size, self._ascending)
         return widen(draft, self.draft_to_target, self.vocab_size)
 
 

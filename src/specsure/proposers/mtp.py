@@ -39,7 +39,8 @@ from specsure.models.products import project
 from specsure.proposers.head_blocks import blocks_wanted, clear_linear_blocks, product, use_linear_blocks
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
-    DraftRow, HeadCache, Logits, commit_rows, kernel_ready, kernel_segment, use_cache_slots, use_row_kernel, widen,
+    DraftRow, HeadCache, Logits, ascends, commit_rows, kernel_ready, kernel_segment, use_cache_slots, use_row_kernel,
+    widen,
 )
 from specsure.proposers.head_loading import (
     TensorFile, int_field, load_weights, read_head_config, vocab_map,
@@ -87,6 +88,7 @@ class MTPModule(nn.Module):
         among those tokens only."""
         self.target, self.rotary = target, rotary
         self.draft_ids, self._draft_logits = draft_ids, None
+        self._ascending = ascends(draft_ids)
         if draft_ids is not None:
             own = getattr(self.shared_head, "head", None)
             if own is None:
@@ -216,7 +218,7 @@ class MTPModule(nn.Module):
             logits = self._draft_logits(normed)  # [n, Vd]
             if last:
                 assert self.draft_ids is not None
-                return DraftRow(logits[-1], self.draft_ids, self.target.vocab_size)
+                return DraftRow(logits[-1], self.draft_ids, self.target.vocab_size, self._ascending)
             return widen(logits, self.draft_ids, self.target.vocab_size)
         if hasattr(self.shared_head, "head"):
             return self.shared_head.head(normed).float()
