@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -133,22 +134,27 @@ def test_a_draft_row_picks_the_token_its_widened_row_would(ascending: bool) -> N
 
 @pytest.mark.parametrize("ascending", [True, False])
 def test_a_draft_rows_ranked_ids_are_its_widened_rows_top_k(ascending: bool) -> None:
-    # A token tree ranks a node's children from the draft-vocabulary row: the widened row's top k,
-    # equal logits by ascending target id, and past the draft vocabulary the ids outside it.
+    # A token tree ranks a node's children from the draft-vocabulary row: the widened row's top k as
+    # argmax ranks it (NaNs first, equal logits by ascending target id, also where the cut splits
+    # them), and past the draft vocabulary the ids outside it.
     generator = torch.Generator().manual_seed(1)
     ids = torch.randperm(50, generator=generator)[:12]
     ids = ids.sort().values if ascending else ids
-    for case in range(40):
-        distinct = case % 2 == 0
-        logits = torch.randn(12, generator=generator) if distinct else torch.randint(0, 3, (12,), generator=generator).float()
-        row = DraftRow(logits, ids, vocab_size=50)
+    for case in range(60):
+        distinct = case % 3 == 0
+        logits = (torch.randn(12, generator=generator) if distinct
+                  else torch.randint(0, 3, (12,), generator=generator).float())  # many ties
+        if case % 3 == 2:
+            logits[torch.randint(0, 12, (3,), generator=generator)] = float("nan")
+        row = DraftRow(logits, ids, vocab_size=50, ascending=ascends(ids))
+        widened = row.widened()
+        ranking = sorted(ids.tolist(), key=lambda i: (not math.isnan(widened[i]), -widened[i].nan_to_num(0.0).item(),
+                                                      i))
         for k in (1, 2, 5, 12):
-            ranked = row.top(k)
-            widened = row.widened()
-            assert widened[ranked].tolist() == widened.topk(k).values.tolist(), (case, k)  # the k best values
-            assert ranked == sorted(ranked, key=lambda i: (-widened[i].item(), i)), (case, k)  # ties by id
-            if distinct:
-                assert ranked == widened.topk(k).indices.tolist(), (case, k)
+            assert row.top(k) == ranking[:k], (case, k, logits, ids)
+        assert row.top(1) == [row.argmax()] == [argmax_ids(widened)[0]]
+        if distinct:
+            assert row.top(5) == widened.topk(5).indices.tolist()
     outside = [i for i in range(50) if i not in set(ids.tolist())]
     assert DraftRow(torch.randn(12, generator=generator), ids, vocab_size=50).top(15)[12:] == outside[:3]
 

@@ -359,7 +359,9 @@ class CausalLM:
         weight = head.weight[rows].contiguous()  # [len(rows), hidden]
         bias = None if head.bias is None else head.bias[rows]
         blocks = self._head_blocks
-        if blocks is not None:  # the same rows of the GGUF's blocks: the same bits, a quarter of the bytes
+        # The same rows of the GGUF's blocks: a quarter of the bytes, and the bits of the float32 rows
+        # (not of the whole head's logits where that runs on AMX tiles: a draft's numbers decide drafts only).
+        if blocks is not None:
             blocks = BlockMatrix(blocks.data[rows].contiguous(), blocks.format, len(rows), blocks.cols, blocks.kind)
         return lambda hidden: self._logits(hidden, weight, bias, blocks)
 

@@ -21,7 +21,11 @@ class TokenTree:
     ancestors: torch.Tensor = torch.empty(0, 0, dtype=torch.bool)
     """[n, n] True where node j is node i or one of its ancestors."""
     mask_bytes: torch.Tensor = torch.empty(0, 0, dtype=torch.uint8)
-    """``ancestors`` as contiguous uint8, the C kernels' tree mask."""
+    """``ancestors`` as contiguous uint8, the C kernels' tree mask (made from ``ancestors`` if not given)."""
+
+    def __post_init__(self) -> None:
+        if self.mask_bytes.shape != self.ancestors.shape:  # the kernels read n x n bytes from it
+            object.__setattr__(self, "mask_bytes", self.ancestors.to(torch.uint8).contiguous())
 
     @classmethod
     def from_parents(cls, parents: tuple[int, ...] | list[int]) -> "TokenTree":
@@ -42,7 +46,7 @@ def _tree(parents: tuple[int, ...]) -> TokenTree:
     for i in range(1, n):
         depths[i] = depths[parents[i]] + 1
         ancestors[i] |= ancestors[parents[i]]
-    return TokenTree(parents, torch.tensor(depths, dtype=torch.long), ancestors, ancestors.to(torch.uint8).contiguous())
+    return TokenTree(parents, torch.tensor(depths, dtype=torch.long), ancestors)
 
 
 def node_depths(parents: Sequence[int]) -> list[int]:

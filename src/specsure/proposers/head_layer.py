@@ -7,6 +7,7 @@ to a prefix is therefore a crop; nothing else carries state between entries.
 from __future__ import annotations
 
 import ctypes
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol, Union
 
@@ -126,13 +127,23 @@ class DraftRow:
         return int(self.ids.numpy()[tied].min())
 
     def top(self, k: int) -> list[int]:
-        """The target ids of the k highest logits, best first, equal logits in ascending id order; a
-        tree's ranked children, without the widened row (its top-k over 49,152 floats cost about a
-        fifth of an MTP draft step). Past the draft vocabulary's size, the ids outside it follow."""
-        width = min(k, self.logits.shape[0])
-        values, index = self.logits.topk(width)
-        ranked = sorted(zip((-values).tolist(), self.ids[index].tolist()))
-        out = [int(i) for _, i in ranked]
+        """The target ids of the k highest logits, best first, as `argmax` ranks them: NaNs first,
+        equal logits by ascending target id (so ``top(1)`` is ``[argmax()]``). A tree's ranked
+        children, without the widened row (its top-k over 49,152 floats cost about a fifth of an MTP
+        draft step). Past the draft vocabulary's size, the ids outside it follow, lowest first."""
+        logits = self.logits
+        width = min(k, logits.shape[0])
+        cut = logits.topk(width).values[-1]  # torch ranks a NaN highest too
+        nan = torch.isnan(logits)
+        if torch.isnan(cut):  # only NaNs are chosen: the lowest ids among them
+            chosen = nan.nonzero().flatten()
+        else:  # everything above the cut, then the lowest ids among the logits equal to it
+            above = ((logits > cut) | nan).nonzero().flatten()
+            tied = (logits == cut).nonzero().flatten()
+            chosen = torch.cat([above, tied[self.ids[tied].argsort()][: width - above.numel()]])
+        ranked = sorted((not math.isnan(v), -v if v == v else 0.0, int(i))
+                        for v, i in zip(logits[chosen].tolist(), self.ids[chosen].tolist()))
+        out = [i for _, _, i in ranked][:width]
         if k > width:  # the widened row's -inf entries: ids outside the draft vocabulary, lowest first
             inside = set(self.ids.tolist())
             out += [i for i in range(self.vocab_size) if i not in inside][: k - width]
