@@ -36,7 +36,8 @@ calls: collections.Counter[str] = collections.Counter()
 
 
 def timed(owner: Any, name: str, label: Callable[..., str]) -> None:
-    """Replace ``owner.name`` (a class's method or a module's function) by a wrapper that adds its wall time to ``spent[label(*args)]``."""
+    """Replace ``owner.name`` (a class's method or a module's function) by a wrapper that adds its
+    wall time to ``spent[label(*args)]``."""
     inner = getattr(owner, name)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -78,7 +79,8 @@ def main() -> None:
         print(f"\n{method}: {made / elapsed:.1f} tok/s, {steps} steps, {made / max(steps, 1):.2f} tokens a step")
         print("| part | calls | ms a call | ms a step |\n|---|---|---|---|")
         for key in sorted(spent, key=lambda k: (not k.startswith("target"), k)):
-            print(f"| {key} | {calls[key]} | {spent[key] / calls[key] * 1e3:.3f} | {spent[key] / max(steps, 1) * 1e3:.3f} |")
+            per_call, per_step = spent[key] / calls[key] * 1e3, spent[key] / max(steps, 1) * 1e3
+            print(f"| {key} | {calls[key]} | {per_call:.3f} | {per_step:.3f} |")
 
 
 if __name__ == "__main__":

@@ -193,5 +193,6 @@ def _load() -> tuple[FloatKernel | None, str]:
         if name != "AMX":
             return kernel, f"{name} products, {why}"
         kernel = started(name, kernel)
-        return kernel, f"AVX-512 products ({'Q4 and Q8_0 blocks on AMX tiles' if kernel.amx else 'AMX refused by Linux'}), {why}"
+        tiles = "Q4 and Q8_0 blocks on AMX tiles" if kernel.amx else "AMX refused by Linux"
+        return kernel, f"AVX-512 products ({tiles}), {why}"
     raise AssertionError("unreachable: the AVX2 build is always tried last")
