@@ -23,13 +23,13 @@ from typing import Any
 import torch
 
 import specsure
-from specsure.bench.workload import encode, load_builtin, select
+from interleave import NAMED, quick_prompts
 from specsure.decode.engine import make_engine
 from specsure.sampling import SamplingParams
 
-SPECS: dict[str, dict[str, Any] | None] = {
-    "plain": None, "chain": {"method": "mtp"}, "tree": {"method": "mtp", "speculative_token_tree": "[(0,), (1,)]"},
-    "suffix": {"method": "suffix"}, "eagle3": {"method": "eagle3"}}
+SPECS: dict[str, dict[str, Any] | None] = {**NAMED, "suffix": {"method": "suffix"}}
+"""`interleave.NAMED`, but suffix keeps its cache of earlier requests, as when the figures in
+BENCHMARKS.md were measured."""
 
 
 def main() -> None:
@@ -41,7 +41,7 @@ def main() -> None:
     cells = []
     for method in args.methods.split(","):
         engine = make_engine(None, SPECS[method])
-        prompts = [list(encode(p, engine.tokenizer)) for p in select(load_builtin(), None, 2)]
+        prompts = quick_prompts(engine.tokenizer)
         engine.generate([prompts[0]], params)
         started = time.perf_counter()
         outputs = [engine.generate([p], params)[0].token_ids for p in prompts]

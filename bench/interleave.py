@@ -1,6 +1,7 @@
 """Greedy decoding with several engines, interleaved prompt by prompt in one process, and single
 forwards of several builds interleaved: what the bench scripts here (auto_dtype.py, float_lanes.py,
-head_blocks.py, amx_tiles.py) time. Not a test."""
+head_blocks.py, amx_tiles.py) time; and the named configurations and prompts of the step-level ones
+(code_ab.py, lm_head_tiles.py, step_budget.py). Not a test."""
 
 from __future__ import annotations
 
@@ -80,6 +81,18 @@ def forward_times(models: dict[str, Any], rows: Sequence[int], repeats: int) -> 
                 samples[name].append(time.perf_counter() - started)
         times[count] = {name: statistics.median(s) * 1e3 for name, s in samples.items()}
     return times
+
+
+NAMED: dict[str, dict[str, Any] | None] = {
+    "plain": None, "chain": {"method": "mtp"}, "tree": {"method": "mtp", "speculative_token_tree": "[(0,), (1,)]"},
+    "suffix": {"method": "suffix", "suffix_decoding_max_cached_requests": 0}, "eagle3": {"method": "eagle3"}}
+"""chain: the shipped MTP head's chain of one; tree: its first two choices; suffix: suffix decoding
+without its cache of earlier requests (which would see a prompt again after a warm-up or a pass)."""
+
+
+def quick_prompts(tokenizer: Any) -> list[list[int]]:
+    """Two prompts of each category of the main split, as token ids: 14 prompts."""
+    return [list(encode(p, tokenizer)) for p in select(load_builtin(), None, 2)]
 
 
 def method_config(method: str) -> dict | None:

@@ -18,13 +18,9 @@ import time
 
 import torch
 
-from specsure.bench.workload import encode, load_builtin, select
+from interleave import NAMED, quick_prompts
 from specsure.decode.engine import make_engine
 from specsure.sampling import SamplingParams
-
-SPECS = {"plain": None, "chain": {"method": "mtp"},
-         "tree": {"method": "mtp", "speculative_token_tree": "[(0,), (1,)]"},
-         "suffix": {"method": "suffix", "suffix_decoding_max_cached_requests": 0}}
 
 
 def products(repeats: int) -> None:
@@ -51,10 +47,10 @@ def products(repeats: int) -> None:
 def decoding(methods: list[str], rounds: int) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)
     for method in methods:
-        engine = make_engine(None, SPECS[method])
+        engine = make_engine(None, NAMED[method])
         lm = engine.target.lm
         tiles = lm._head_tiles
-        prompts = [list(encode(p, engine.tokenizer)) for p in select(load_builtin(), None, 2)]
+        prompts = quick_prompts(engine.tokenizer)
         engine.generate([prompts[0]], params)
         spent = {"products": 0.0, "tiles": 0.0}
         outputs: dict[str, list[list[int]]] = {"products": [], "tiles": []}

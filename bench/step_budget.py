@@ -19,17 +19,13 @@ from typing import Any, Callable
 
 import torch
 
-from specsure.bench.workload import encode, load_builtin, select
+from interleave import NAMED, quick_prompts
 from specsure.decode import request, scheduler
 from specsure.decode.engine import make_engine
 from specsure.models import causal_lm
 from specsure.models.products import KERNEL_ROWS
 from specsure.proposers import head_chain
 from specsure.sampling import SamplingParams
-
-SPECS: dict[str, dict[str, Any] | None] = {
-    "plain": None, "chain": {"method": "mtp"}, "tree": {"method": "mtp", "speculative_token_tree": "[(0,), (1,)]"},
-    "suffix": {"method": "suffix", "suffix_decoding_max_cached_requests": 0}, "eagle3": {"method": "eagle3"}}
 
 spent: collections.Counter[str] = collections.Counter()
 calls: collections.Counter[str] = collections.Counter()
@@ -67,8 +63,8 @@ def main() -> None:
     timed(head_chain.HeadChainProposer, "_depth_step", lambda *_: "  of which the head module's call")
     params = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)
     for method in args.methods.split(","):
-        engine = make_engine(None, SPECS[method])
-        prompts = [list(encode(p, engine.tokenizer)) for p in select(load_builtin(), None, 2)]
+        engine = make_engine(None, NAMED[method])
+        prompts = quick_prompts(engine.tokenizer)
         engine.generate([prompts[0]], params)
         spent.clear()
         calls.clear()

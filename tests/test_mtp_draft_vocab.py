@@ -116,13 +116,18 @@ def test_a_draft_vocabulary_that_does_not_fit_the_target_is_refused(heads, tmp_p
         _engine(target_dir, broken)
 
 
+def _draft_ids(seed: int, ascending: bool) -> tuple[torch.Generator, torch.Tensor]:
+    """A seeded generator and 12 distinct target ids of a 50-token vocabulary, ascending or shuffled."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randperm(50, generator=generator)[:12]
+    return generator, ids.sort().values if ascending else ids
+
+
 @pytest.mark.parametrize("ascending", [True, False])
 def test_a_draft_row_picks_the_token_its_widened_row_would(ascending: bool) -> None:
     # A greedy chain reads the draft-vocabulary row alone: the same token as the widened row's
     # argmax, ties to the lowest target id and a NaN first, whatever order the head's ids come in.
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randperm(50, generator=generator)[:12]
-    ids = ids.sort().values if ascending else ids
+    generator, ids = _draft_ids(0, ascending)
     for case in range(40):
         logits = torch.randint(0, 3, (12,), generator=generator).float()  # many ties
         if case % 5 == 0:
@@ -137,9 +142,7 @@ def test_a_draft_rows_ranked_ids_are_its_widened_rows_top_k(ascending: bool) -> 
     # A token tree ranks a node's children from the draft-vocabulary row: the widened row's top k as
     # argmax ranks it (NaNs first, equal logits by ascending target id, also where the cut splits
     # them), and past the draft vocabulary the ids outside it.
-    generator = torch.Generator().manual_seed(1)
-    ids = torch.randperm(50, generator=generator)[:12]
-    ids = ids.sort().values if ascending else ids
+    generator, ids = _draft_ids(1, ascending)
     for case in range(60):
         distinct = case % 3 == 0
         logits = (torch.randn(12, generator=generator) if distinct
