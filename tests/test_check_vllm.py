@@ -66,6 +66,15 @@ def test_mtp_target_path_substring(tmp_path):
     assert "target path" in m.cause and "--model" in m.fix
 
 
+def test_path_substring_over_an_mtp_model_type_offers_no_symlink(tmp_path, target):
+    draft = write(tmp_path / "beagle-dsv3", architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
+                  num_nextn_predict_layers=1)
+    res = resolve({"method": "draft_model", "model": draft}, model=target)
+    (m,) = compare(res, vllm_result(method="eagle", model=draft), exported={}).mismatches
+    assert "folder-name substring" in m.cause
+    assert "ln -s" not in m.fix and "not enough" in m.fix and "'mtp'" in m.fix
+
+
 def test_model_type_rewrite_is_named(tmp_path, target):
     draft = write(tmp_path / "dsv3", architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
                   num_nextn_predict_layers=1)

@@ -214,6 +214,16 @@ def test_mtp_model_type_draft_as_draft_model_warns(ckpts):
     assert override.workaround is None
 
 
+def test_path_trap_with_an_mtp_model_type_behind_it_offers_no_symlink(ckpts):
+    # vLLM's substring test hides its model_type rule: a neutral symlink would trade 'eagle' for 'mtp'.
+    res = resolve({"method": "draft_model", "model": ckpts["beagle_dsv3"]}, model=ckpts["target"])
+    (override,) = predict_vllm_overrides(res)
+    assert override.vllm == "eagle" and override.workaround is None
+    assert "not enough" in override.fix and "'mtp'" in override.fix and "deepseek_mtp" in override.fix
+    out = export(res, "vllm")
+    assert out.workarounds == () and any("not enough" in w for w in out.warnings)
+
+
 def test_draft_already_of_an_mtp_model_type_reads_cleanly(tmp_path, ckpts):
     draft = write(tmp_path / "mtp-typed", model_type="deepseek_mtp", num_hidden_layers=2)
     res = resolve({"method": "draft_model", "model": draft}, model=ckpts["target"], strict=False)

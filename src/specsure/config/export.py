@@ -168,24 +168,45 @@ def predict_vllm_overrides(res: "Resolution") -> tuple[Override, ...]:
     if config is None or where is None or config.method in VLLM_DETECTION_SKIPPED:
         return ()
     path, role = where
-    if hit := vllm_path_trap(path):
-        trap = PathTrap(path=path, role=role, substring=hit[0], method=hit[1])
+    hit = vllm_path_trap(path)
+    if hit is None:
+        behind = model_type_override(res, path, role)
+        return () if behind is None else (behind,)
+    trap = PathTrap(path=path, role=role, substring=hit[0], method=hit[1])
+    fix, command = trap_fix(res, trap)
+    return (Override(
+        "method", config.method, trap.method,
+        cause=(f"the {role} path {path!r} contains {trap.substring!r}; vLLM's method detection (skipped only "
+               f"for methods {', '.join(sorted(VLLM_DETECTION_SKIPPED))}) tests for that substring and switches "
+               f"{config.method!r} to {trap.method!r} without a log line"),
+        fix=fix, workaround=command),)
+
+
+def trap_fix(res: "Resolution", trap: PathTrap) -> tuple[str, str | None]:
+    """(the fix, its shell command) for a path trap: a neutral symlink, unless vLLM would then switch
+    the method from the checkpoint's model_type. Its substring test comes first and hides that rule,
+    so a symlink would only trade one switch for the other; it is not offered then."""
+    behind = model_type_override(res, trap.path, trap.role)
+    if behind is None:
         command, link = trap.symlink_fix()
-        return (Override(
-            "method", config.method, trap.method,
-            cause=(f"the {role} path {path!r} contains {trap.substring!r}; vLLM's method detection (skipped "
-                   f"only for methods {', '.join(sorted(VLLM_DETECTION_SKIPPED))}) tests for that substring "
-                   f"and switches {config.method!r} to {trap.method!r} without a log line"),
-            fix=trap.fix_text(command, link), workaround=command),)
+        return trap.fix_text(command, link), command
+    return (f"a neutral symlink is not enough: behind it vLLM would still switch to {behind.vllm!r}, because "
+            f"{behind.cause}; {behind.fix}"), None
+
+
+def model_type_override(res: "Resolution", path: str, role: str) -> Override | None:
+    """The switch vLLM 0.33.0 makes from the draft's model_type or architecture, its path aside."""
+    config = res.config
+    assert config is not None
     draft = res.draft if config.model is not None else res.target
     model_type = draft.model_type if draft is not None else None
     first = draft.architectures[0] if draft is not None and draft.architectures else None
     if model_type in VLLM_MODEL_TYPE_METHODS and config.method != model_type:
-        return (Override(
+        return Override(
             "method", config.method, model_type,
             cause=(f"the {role} checkpoint {path!r} has model_type {model_type!r}; vLLM's method detection "
                    f"switches {config.method!r} to {model_type!r} for that model_type without a log line"),
-            fix=f"give a draft made for {config.method!r}; specsure does not run {model_type!r} either"),)
+            fix=f"give a draft made for {config.method!r}; specsure does not run {model_type!r} either")
     if config.method != "mtp" and first in VLLM_MTP_ARCHITECTURE_REWRITES:
         rewritten = VLLM_MTP_ARCHITECTURE_REWRITES[first]
         how = f"rewrites its model_type to {rewritten!r} for architecture {first!r}, then "
@@ -194,13 +215,13 @@ def predict_vllm_overrides(res: "Resolution") -> tuple[Override, ...]:
         rewritten = VLLM_MTP_REWRITES.get(model_type, model_type)
         how = f"rewrites model_type {model_type!r} to {rewritten!r}, then " if rewritten != model_type else ""
     else:
-        return ()
-    return (Override(
+        return None
+    return Override(
         "method", config.method, "mtp",
         cause=(f"the {role} checkpoint {path!r} has model_type {model_type!r}; vLLM {how}detects "
                "'mtp' from the MTP model_type and replaces the method without a log line"),
         fix=("no speculative-config key prevents this in vLLM 0.33.0; run this draft with specsure, or "
-             "choose method 'mtp' if the MTP layers are what you want")),)
+             "choose method 'mtp' if the MTP layers are what you want"))
 
 
 @dataclass(frozen=True)

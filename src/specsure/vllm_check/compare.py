@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Mapping
 
 from specsure.config.export import (
-    VLLM_DETECTION_SKIPPED, VLLM_MTP_MODEL_TYPES, PathTrap, vllm_draft_path, vllm_path_trap,
+    VLLM_DETECTION_SKIPPED, VLLM_MTP_MODEL_TYPES, PathTrap, trap_fix, vllm_draft_path, vllm_path_trap,
 )
 from specsure.config.schema import FIELDS, SPECSURE_ONLY_FIELDS, SUFFIX_FIELDS
 
@@ -172,12 +172,11 @@ def _diagnose(res: "Resolution", name: str, ours: Any, theirs: Any, vllm: Mappin
     trap = vllm_path_trap(str(path))
     if trap is not None and trap[1] == theirs and ours not in VLLM_DETECTION_SKIPPED:
         fix_trap = PathTrap(path=str(path), role=role, substring=trap[0], method=trap[1])
-        command, link = fix_trap.symlink_fix()
         return Mismatch(name, ours, theirs,
                         cause=(f"folder-name substring: the {role} path {path!r} contains {trap[0]!r}, and vLLM "
                                f"tests the path for it unless the method is one of "
                                f"{', '.join(sorted(VLLM_DETECTION_SKIPPED))}; so your {ours!r} became {theirs!r}"),
-                        fix=fix_trap.fix_text(command, link))
+                        fix=trap_fix(res, fix_trap)[0])
     draft_type = vllm.get("draft_model_type")
     if theirs == "mtp" and draft_type in VLLM_MTP_MODEL_TYPES:
         holder = res.draft if res.draft is not None else res.target
