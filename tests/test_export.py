@@ -272,6 +272,23 @@ def test_unrunnable_config_warns_and_strict_refuses(ckpts):
         export(res, "vllm", strict=True)
 
 
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_pickle_only_weights_are_refused_on_export_too(tmp_path, ckpts, role):
+    folder = write(tmp_path / f"pickled-{role}", weights=False, num_hidden_layers=2)
+    (Path(folder) / "pytorch_model.bin").write_bytes(b"not loaded")
+    spec, target = ({"model": folder}, ckpts["target"]) if role == "draft" else ({"method": "ngram"}, folder)
+    res = resolve(spec, model=target)
+    out = export(res, "vllm")
+    assert any("would refuse" in w and "only pickle weights" in w for w in out.warnings)
+    with pytest.raises(ConfigError, match="only pickle weights"):
+        export(res, "vllm", strict=True)
+
+
+def test_config_only_folders_export_without_a_warning(tmp_path, ckpts):
+    draft = write(tmp_path / "config-only", weights=False, num_hidden_layers=2)
+    assert export(resolve({"model": draft}, model=ckpts["target"]), "vllm").warnings == ()
+
+
 def test_symlink_fix_never_names_a_path_that_exists(tmp_path):
     draft = write(tmp_path / "eagle-exp" / "llama-1b", num_hidden_layers=2)
     other = write(tmp_path / "llama-1b", num_hidden_layers=3)  # another model where the link would go

@@ -25,9 +25,11 @@ from specsure.config.vocabulary import SharedTokenizer, compare_folders
 from specsure.config.token_tree import DraftTree, is_chain
 
 
-def check_weights(info: CheckpointInfo, role: str) -> None:
-    """Weights load from safetensors or GGUF only; a pickle-only folder is refused."""
-    if info.kind == "hf_dir":
+def check_weights(info: CheckpointInfo, role: str, *, config_only: bool = False) -> None:
+    """Weights load from safetensors or GGUF only; a pickle-only folder is refused. ``config_only``
+    accepts a folder with no weight files at all (export reads only config.json), but not one whose
+    only weights are pickle files: the engine handed the config would load them."""
+    if info.kind == "hf_dir" and not (config_only and not info.pickle_files):
         check_weight_files(info.path, info.weight_files, info.pickle_files, role)
 
 
@@ -35,13 +37,12 @@ def check_runnable(target: CheckpointInfo, config: SpeculativeConfig | None, dra
                    draft_evidence: Evidence | None, *, weights: bool = True) -> None:
     """Raise ConfigError when the target or draft cannot run ``config.method``.
 
-    ``weights=False`` checks only the method against the checkpoints' metadata, for callers
-    (export) that never load weights here and accept config.json-only folders.
+    ``weights=False`` checks the method against the checkpoints' metadata, for callers (export)
+    that never load weights here and accept config.json-only folders; pickle-only ones are refused still.
     """
     if weights and target.note:
         raise ConfigError(f"target: {target.note}. Install it with: {DEFAULT_INSTALL_HINT}, or pass --model.")
-    if weights:
-        check_weights(target, "target")
+    check_weights(target, "target", config_only=not weights)
     if (head := classify_head(target)) is not None:
         asked = f"method {config.method!r} was asked, but " if config is not None else ""
         raise ConfigError(
@@ -65,8 +66,7 @@ def check_runnable(target: CheckpointInfo, config: SpeculativeConfig | None, dra
                           f"{FOREIGN_FIX}")
     if method == "mtp" and draft.mtp_layers is not None:
         check_tree_modules(method, config.speculative_token_tree, draft.mtp_layers[1])
-    if weights:
-        check_weights(draft, "draft")
+    check_weights(draft, "draft", config_only=not weights)
     if draft_evidence is not None and draft_evidence.value != method and not _whole_lm_as_draft(method, draft):
         raise ConfigError(
             f"method {method!r} was asked, which needs {WHAT_IS[method]}, but the draft checkpoint "
