@@ -122,12 +122,15 @@ def test_a_tokenizer_asking_for_its_own_code_is_refused_without_running_it(hf: P
 
 
 def test_a_draft_of_the_targets_size_with_another_tokenizer_is_a_warning(hf: Path, tmp_path: Path) -> None:
+    from specsure.config.errors import ConfigConflictError
     from specsure.config.resolution import resolve
 
     draft = _folder_with(hf, tmp_path)
     write_word_tokenizer(draft, VOCAB)
     res = resolve({"method": "draft_model", "model": str(draft)}, str(hf))
     assert any("has the target's vocab_size, but their tokenizer.json files differ" in w for w in res.warnings)
+    with pytest.raises(ConfigConflictError, match="tokenizer.json files differ"):
+        resolve({"method": "draft_model", "model": str(draft)}, str(hf), strict=True)
     assert not resolve({"method": "draft_model", "model": str(hf)}, str(hf)).warnings
 
 

@@ -136,7 +136,7 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, str
     fields["disable_by_batch_size"] = _decide_batch_limit(spec.disable_by_batch_size)
     decisions.update((name, fields[name]) for name in FIELDS)
     if method.value == "draft_model" and (note := other_tokenizer(target, state.draft)):
-        state.notices.append(note)
+        state.conflicts.append(note)  # evidence against the draft given: --strict refuses it
     if strict and state.conflicts:
         raise ConfigConflictError(" ".join(state.conflicts) + " (strict mode: disagreement is an error.)")
     warnings = tuple(state.notices + state.conflicts)
