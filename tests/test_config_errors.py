@@ -72,7 +72,6 @@ def test_method_of_wrong_type(target):
     (100.0, "100.0", None),  # writing 100 would only meet the range error next
     ("0", '"0"', None),
     (True, "true", None),
-    (None, "null", None),
     ([4], "[4]", None),
 ])
 def test_num_speculative_tokens_wrong_type(target, value, shown, hint):
@@ -324,3 +323,28 @@ def test_runnable_mtp_target_passes(tmp_path):
 def test_values_are_checked_before_the_target_is_read(tmp_path):
     msg = error_of({"method": "ngram", "num_speculative_tokens": 0}, str(tmp_path / "no-such-target"))
     assert msg.startswith("num_speculative_tokens = 0 is out of range")
+
+
+@pytest.mark.parametrize("key", ["method", "num_speculative_tokens", "speculative_token_tree", "prompt_lookup_min",
+                                 "prompt_lookup_max", "prompt_lookup_branches"])
+def test_null_is_unset_where_vllm_writes_it_for_unset(target, key):
+    def outcome(spec):
+        try:
+            res = resolve(spec, model=target)
+        except ConfigError as exc:
+            return str(exc)
+        return res.config, {name: d.source for name, d in res.decisions.items()}
+
+    base = {"num_speculative_tokens": 3} if key == "method" else {"method": "ngram"}  # {} turns speculation off
+    assert outcome({**base, key: None}) == outcome(base)
+
+
+@pytest.mark.parametrize(("spec", "wanted", "unwanted"), [
+    ({"method": "suffix", "suffix_decoding_max_cached_requests": -1.0}, "must be an integer >= 0", "Write"),
+    ({"method": "suffix", "suffix_decoding_max_cached_requests": 5.0}, "Write 5 without quotes", None),
+    ({"method": "ngram", "disable_by_batch_size": 1.0}, "disable_by_batch_size = 1.0 must be an integer >= 2", "Write"),
+    ({"method": "ngram", "disable_by_batch_size": 1}, "disable_by_batch_size = 1 is out of range", None),
+])
+def test_an_integer_error_hints_only_at_a_valid_value(target, spec, wanted, unwanted):
+    msg = error_of(spec, target)
+    assert wanted in msg and (unwanted is None or unwanted not in msg), msg

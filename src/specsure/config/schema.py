@@ -74,6 +74,12 @@ class _Unset:
 
 UNSET: Final = _Unset()
 
+NULL_IS_UNSET: Final[frozenset[str]] = frozenset({
+    "method", "num_speculative_tokens", "speculative_token_tree", "prompt_lookup_min", "prompt_lookup_max",
+    "prompt_lookup_branches"})
+"""Keys whose null means unset, as in a config vLLM wrote out (None is its default for them). For
+``model`` and ``disable_by_batch_size`` null is a value: no separate draft; drafting at every batch size."""
+
 
 def suggest(word: str, choices: tuple[str, ...] | list[str]) -> str:
     """A ' Did you mean ...?' suffix, or '' when nothing is close."""
@@ -132,6 +138,9 @@ def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
                 "names for the same field (the draft checkpoint). Give only one of them."
             )
         values[canonical] = value
+    for key in NULL_IS_UNSET:
+        if key in values and values[key] is None:
+            del values[key]
     alias = None
     if "method" in values:
         values["method"], alias = _check_method(values["method"])
@@ -162,7 +171,7 @@ def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
 
 def check_batch_size(value: Any) -> None:
     """disable_by_batch_size: null, or an integer >= 2 (vLLM's bound: at 1 no step would ever draft)."""
-    if value == 1 and not isinstance(value, bool):
+    if type(value) is int and value == 1:  # 1.0 gets the integer error first
         raise ConfigError("disable_by_batch_size = 1 is out of range: it must be >= 2 (vLLM's bound); at 1 no step "
                           "would draft, which is plain decoding: remove the speculative config instead.")
     if value is not None:
@@ -173,7 +182,9 @@ def check_batch_size(value: Any) -> None:
 def _check_at_least(field: str, value: Any, low: int, meaning: str) -> None:
     """An integer >= ``low``; ``meaning`` says what the value does, in both errors."""
     if isinstance(value, bool) or not isinstance(value, int):
-        hint = f" Write {int(float(value))} without quotes or decimals." if _is_whole(value) else ""
+        # The hint only where following it gives a valid value, as in _check_int.
+        hint = (f" Write {int(float(value))} without quotes or decimals."
+                if _is_whole(value) and float(value) >= low else "")
         raise ConfigError(f"{field} = {as_json(value)} must be an integer >= {low} ({meaning}).{hint}")
     if value < low:
         raise ConfigError(f"{field} = {value} is out of range: it must be >= {low} ({meaning}).")
