@@ -104,3 +104,4 @@ def test_demo_runs_and_reports_speedup_and_equality(default_model_cache: Path, c
     assert rc == 0
     assert f"effective config (running: {method})" in out and "mean acceptance length" in out
     assert "speedup" in out and f"{method} output is identical to plain greedy decoding" in out
+    assert f'specsure demo passes {{"method": "{method}"' in out

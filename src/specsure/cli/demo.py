@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 
 from specsure.cli.common import EXIT_OK, int_at_least
@@ -95,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
     print("\n--- prompt ---\n" + DEMO_PROMPT)
     print(f"--- completion ({args.method}) ---\n" + (fast.text or ""))
     print()
+    # The demo writes the config a user would, so its fields carry source 'user'; say whose they are.
+    print(f"specsure demo passes {json.dumps(demo_config(args.method))} as the speculative config "
+          "(the fields marked [user] below are the demo's)")
     print_effective(spec)
     print_stats(fast)
     p, s = statistics.median(plain_speeds), statistics.median(spec_speeds)
