@@ -284,3 +284,23 @@ def test_a_target_declaring_modules_its_weights_lack_is_not_detected_as_mtp(tmp_
     assert res.config.method == "ngram" and not res.warnings
     with pytest.raises(ConfigError, match="saved without its MTP weights"):  # asked for: the precise refusal
         resolve({"method": "mtp"}, model=str(target)).check_runnable()
+
+
+QWEN3_NEXT_MTP = ["model.embed_tokens.weight", "lm_head.weight", "mtp.fc.weight", "mtp.layers.0.mlp.gate.weight",
+                  "mtp.pre_fc_norm_embedding.weight"]
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["qwen3-next", "qwen3.5-text-config"])
+def test_mtp_layers_in_another_layout_are_named_not_called_missing(tmp_path: Path, nested: bool) -> None:
+    count = {"mtp_num_hidden_layers": 1}
+    config = ({"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+               "text_config": {**llama(), **count}} if nested else {**llama(), **count})
+    target = write_checkpoint(tmp_path / "target", config, QWEN3_NEXT_MTP)
+    key = "text_config.mtp_num_hidden_layers" if nested else "mtp_num_hidden_layers"
+    with pytest.raises(ConfigError) as err:
+        resolve({"method": "mtp"}, model=str(target)).check_runnable()
+    msg = str(err.value)
+    assert f"{key}=1 declares" in msg and "another layout" in msg and "'mtp.fc.weight'" in msg, msg
+    assert "saved without" not in msg and "declares none" not in msg
+    with pytest.raises(ConfigError, match="another layout"):  # detection says why it found no MTP layers
+        resolve({"num_speculative_tokens": 2}, model=str(target))

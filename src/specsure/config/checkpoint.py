@@ -96,17 +96,23 @@ class CheckpointInfo:
 
     @property
     def mtp_layers(self) -> tuple[str, int] | None:
-        """(config key, count) when the config declares MTP modules, else None."""
+        """(config key, count) when the config declares MTP modules, else None. The key is dotted
+        (``text_config.mtp_num_hidden_layers``) where a multimodal config nests it (Qwen3.5)."""
         for key in MTP_LAYER_KEYS:
-            count = self.int_field(key)
-            if count:
+            if count := self.int_field(key):
                 return key, count
+        for key in MTP_LAYER_KEYS:
+            if (count := self.text_int_field(key)) and self.int_field(key) is None:
+                return f"text_config.{key}", count
         return None
 
     def signal(self, key: str) -> str:
-        """How to cite a config key in a message: file and key."""
+        """How to cite a config key (dotted for a nested one) in a message: file and key."""
         where = self.config_file or self.path
-        return f"{where} {key}={json.dumps(self.config.get(key))}"
+        value: Any = self.config
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        return f"{where} {key}={json.dumps(value)}"
 
 
 def read_checkpoint(path: str | None) -> CheckpointInfo:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Collection, Mapping
 from specsure.config.checkpoint import DEFAULT_INSTALL_HINT, CheckpointInfo, check_weight_files
 from specsure.config.detect import (
     MTP_HEAD_ARCHITECTURES, MTP_MODEL_TYPES, WHAT_IS, Evidence, classify_head, deepseek_mtp_prefix, eagle3_tensor,
-    foreign_head,
+    foreign_head, other_mtp_layout,
 )
 from specsure.config.errors import ConfigError
 from specsure.config.schema import SpeculativeConfig
@@ -250,6 +250,10 @@ def check_mtp_tensors(names: Collection[str], num_hidden_layers: int, count: int
     # The first gap is found within len(names) + 1 steps, however large the declared count.
     missing = next((i for i in range(count)
                     if deepseek_mtp_prefix(num_hidden_layers, i) + "eh_proj.weight" not in names), None)
+    if missing is not None and (layout := other_mtp_layout(names)):
+        raise ConfigError(f"method 'mtp' runs the MTP modules that {declared} declares, but in {holder} {layout}. "
+                          "Give 'model': a standalone MTP head (specsure train can make one), or choose another "
+                          "method such as 'ngram' or 'suffix'.")
     if missing is not None:
         tensor = deepseek_mtp_prefix(num_hidden_layers, missing) + "eh_proj.weight"
         raise ConfigError(

@@ -64,6 +64,18 @@ def deepseek_mtp_prefix(num_hidden_layers: int, module: int) -> str:
     return f"model.layers.{num_hidden_layers + module}."
 
 
+def other_mtp_layout(names: Collection[str]) -> str:
+    """A description of MTP layers stored in a layout other than DeepSeek-V3's (Qwen3-Next and
+    Qwen3.5 keep theirs under ``mtp.``: ``mtp.fc``, ``mtp.layers.N``), or '' when none is seen."""
+    found = sorted(n for n in names if n.startswith("mtp.") or ".mtp." in n)
+    if not found:
+        return ""
+    return (f"its MTP layers are stored in another layout ({len(found)} tensors under 'mtp.', such as "
+            f"{found[0]!r}, as Qwen3-Next and Qwen3.5 store them), and specsure runs MTP modules only in "
+            "DeepSeek-V3's layout (model.layers.{num_hidden_layers + i}.eh_proj, enorm, hnorm, shared_head) or as a "
+            "standalone head")
+
+
 @dataclass(frozen=True)
 class Evidence:
     """One signal about a field's value."""

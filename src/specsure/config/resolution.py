@@ -17,7 +17,8 @@ from specsure.config.checkpoint import CheckpointInfo, read_checkpoint
 from specsure.config.compat import FOREIGN_FIX, check_runnable
 from specsure.config.decision import Decision, Source
 from specsure.config.detect import (
-    WHAT_IS, Evidence, classify_draft, classify_head, foreign_head, path_hint, target_as_draft, target_mtp,
+    WHAT_IS, Evidence, classify_draft, classify_head, foreign_head, other_mtp_layout, path_hint, target_as_draft,
+    target_mtp,
 )
 from specsure.config.errors import ConfigConflictError, ConfigError
 from specsure.config.explain import format_table
@@ -311,7 +312,8 @@ class _State:
             return shipped
         if method == "mtp":
             found = (f"the target declares them ({target_layers.signal})" if target_layers
-                     else "but the target declares none, so the engine cannot start without a head")
+                     else f"but the target holds none{_unstored_mtp(self.target)}, so the engine cannot start without "
+                          "a head")
             return Decision("model", None, "derived", f"mtp without 'model' uses the MTP layers inside the target; {found}.")
         need = {"draft_model": "a smaller causal LM with the target's vocabulary",
                 "eagle": "an EAGLE-1 head", "eagle3": "an EAGLE-3 head"}[method]
@@ -339,7 +341,8 @@ class _State:
                               "\"/path/to/checkpoint\", or choose method 'ngram'.")
         why = "You set model to null (no separate draft)"
         if method == "mtp":
-            where = f"the target declares them ({target_layers.signal})" if target_layers else "the target declares none"
+            where = (f"the target declares them ({target_layers.signal})" if target_layers
+                     else f"the target holds none{_unstored_mtp(self.target)}")
             return Decision("model", None, "user", f"{why}; mtp then uses the MTP layers inside the target, and {where}.")
         if method == "suffix":
             return Decision("model", None, "user", f"{why}; suffix drafts from suffix trees and needs none.")
@@ -413,4 +416,6 @@ def _unstored_mtp(target: CheckpointInfo) -> str:
     """Why a target whose config declares MTP modules does not count as holding them, or ''."""
     if target.mtp_layers is None:
         return ""
+    if layout := other_mtp_layout(target.tensor_names):
+        return f": {target.signal(target.mtp_layers[0])} declares some, but {layout}"
     return f": {target.signal(target.mtp_layers[0])} declares some, but its weights store none"
