@@ -108,6 +108,31 @@ def test_logprobs_of_tokens_inside_a_character_keep_their_bytes() -> None:
     assert all(bytes(e["top_logprobs"][0]["bytes"]) == bytes(e["bytes"]) for e in content)
 
 
+def test_an_output_cut_inside_a_character_ends_before_it() -> None:
+    """The bytes of a character that has not fully arrived are left out of the final text, as vLLM
+    leaves them, so the text still equals the logprobs' tokens joined (those tokens add "")."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from specsure.decode.completion import TokenLogprob
+    from specsure.decode.request import Rules
+    from specsure.sampling import SamplingParams
+    from specsure.serve.responses import completion_logprobs, token_text_of
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(["plain words and more plain words"] * 20, vocab_size=300, show_progress=False)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer)
+    ids = tokenizer("Emoji: 😀")["input_ids"]
+    cut = ids[:-1]  # the emoji's last byte never arrives
+    assert tokenizer.decode(cut).endswith("\ufffd")
+    rules = Rules([], tokenizer, 1000)
+    text, tokens, finish = rules.detokenize(cut, SamplingParams(max_tokens=len(cut)), "length")
+    assert text == "Emoji: " and tokens == cut and finish == "length"
+    names = token_text_of(tokenizer)
+    assert "".join(completion_logprobs([TokenLogprob(i, -0.5, ((i, -0.5),)) for i in cut], names)["tokens"]) == text
+    assert rules.detokenize(ids, SamplingParams(max_tokens=len(ids)), "length")[0] == "Emoji: 😀"
+
+
 def test_models_retrieve_and_top_k_minus_one(sdk: openai.OpenAI) -> None:
     assert sdk.models.retrieve("tiny").id == "tiny"
     with pytest.raises(openai.NotFoundError, match="is not served here"):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from specsure.decode.completion import Completion, FinishReason, StepUpdate, TokenLogprob
+from specsure.decode.detokenize import REPLACEMENT
 from specsure.decode.metrics import SpecStats
 from specsure.decode.penalties import Penalties, penalised
 from specsure.decode.rejection import verify_greedy, verify_sampled
@@ -94,7 +95,11 @@ class Rules:
         shown = output
         if finish == "stop" and output and output[-1] in self.stop_ids(params) and not params.include_stop_str_in_output:
             shown = output[:-1]  # the token that ended the output; EOS too, which special tokens' text would show
-        return self.tokenizer.decode(shown, skip_special_tokens=params.skip_special_tokens), output, finish
+        # A character whose bytes were still arriving when the output ended decodes to U+FFFD,
+        # which the model never wrote: vLLM's detokenizer never releases it, nor do the logprobs'
+        # token texts (the tokens before a character's last part add "").
+        text = self.tokenizer.decode(shown, skip_special_tokens=params.skip_special_tokens)
+        return text.rstrip(REPLACEMENT), output, finish
 
 
 class Request:
