@@ -372,6 +372,31 @@ def test_serve_config_error_exits_2_before_binding(capsys: pytest.CaptureFixture
     assert "Did you mean 'method'?" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("flag", "env", "wanted"), [
+    ("", None, "--api-key is empty"), ("  ", "k", "--api-key is empty"), (" k", None, "starts or ends with whitespace"),
+    (None, "", "SPECSURE_API_KEY is empty"), (None, "k\n", "starts or ends with whitespace")])
+def test_an_empty_or_padded_api_key_exits_2_before_loading(flag: str | None, env: str | None, wanted: str,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    if env is None:
+        monkeypatch.delenv("SPECSURE_API_KEY", raising=False)
+    else:
+        monkeypatch.setenv("SPECSURE_API_KEY", env)
+    args = ["serve", "--model", "/no/such/model", "--port", "0", *(["--api-key", flag] if flag is not None else [])]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert wanted in err and "Traceback" not in err, err
+
+
+def test_the_api_key_flag_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from specsure.cli.common import api_key_from
+
+    monkeypatch.setenv("SPECSURE_API_KEY", "from-env")
+    assert api_key_from("given") == "given" and api_key_from(None) == "from-env"
+    monkeypatch.delenv("SPECSURE_API_KEY")
+    assert api_key_from(None) is None
+
+
 @pytest.mark.parametrize("port", ["-1", "65536"])
 def test_serve_port_out_of_range_exits_2_before_loading(port: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--model", "/no/such/model", "--port", port]) == 2

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specsure.bench.workload import CATEGORIES, Prompt, WorkloadError, load_builtin, load_workload, select
-from specsure.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, writable_folder
+from specsure.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, api_key_from, writable_folder
 
 if TYPE_CHECKING:
     from specsure.bench.load import Level, Request
@@ -157,7 +156,7 @@ def _run(args: argparse.Namespace) -> int:
     own = sum(p.max_tokens is not None for p in prompts)
     print(f"{len(servers)} server(s) x concurrency {levels}, {args.max_tokens} tokens per request"
           f"{f' ({own} of {len(prompts)} prompts set their own)' if own else ''}, /v1/{endpoint}", flush=True)
-    api_key = args.api_key or os.environ.get("SPECSURE_API_KEY") or None  # as specsure serve reads it
+    api_key = api_key_from(args.api_key)  # as specsure serve reads it
     results = run_load(servers, endpoint, prompts, levels, requests, args.max_tokens, api_key, args.warmup,
                        _progress, args.pause)
     settings = {"servers": {s.label: s.url for s in servers}, "endpoint": endpoint, "concurrency": levels,

@@ -126,6 +126,21 @@ def seed_value(text: str) -> int:
     return value
 
 
+def api_key_from(flag: str | None) -> str | None:
+    """The server's API key: ``--api-key``, else $SPECSURE_API_KEY, else None (no key). An empty or
+    padded key is an error, not a server without a key or with one no client can send: an unset
+    shell variable gives ``--api-key ""``, and HTTP drops the spaces around a header's value."""
+    source, key = ("--api-key", flag) if flag is not None else ("SPECSURE_API_KEY", os.environ.get("SPECSURE_API_KEY"))
+    if key is None:
+        return None
+    if not key.strip():
+        raise ValueError(f"{source} is empty ({key!r}): give a key, or leave {source} out to serve without one.")
+    if key != key.strip():
+        raise ValueError(f"{source} = {key!r} starts or ends with whitespace, which clients cannot send in the "
+                         "Authorization header; give the key without it.")
+    return key
+
+
 def add_model_flags(parser: Any, *, speculative: bool = True) -> None:
     """The vLLM-shaped flags every command shares."""
     parser.add_argument("--model", default=None,

@@ -9,7 +9,9 @@ import os
 import socket
 import sys
 
-from specsure.cli.common import EXIT_OK, EXIT_USAGE, add_model_flags, int_at_least, parse_speculative_config
+from specsure.cli.common import (
+    EXIT_OK, EXIT_USAGE, add_model_flags, api_key_from, int_at_least, parse_speculative_config,
+)
 
 DEFAULT_MAX_QUEUE = 64  # specsure.serve.app.DEFAULT_MAX_QUEUE; not imported, so --help needs no fastapi
 DEFAULT_MAX_NUM_SEQS = 8  # specsure.decode.scheduler.DEFAULT_MAX_NUM_SEQS; not imported, so --help needs no torch
@@ -28,7 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000; 0 picks a free one)")
     parser.add_argument("--api-key", default=None, metavar="KEY",
-                        help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECSURE_API_KEY, else none)")
+                        help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECSURE_API_KEY, else none; "
+                             "an empty key is an error)")
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the model name clients send (default: the --model string, or SmolLM2-135M-Instruct)")
     parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS, metavar="N",
@@ -96,11 +99,11 @@ def run(args: argparse.Namespace) -> int:
     from specsure.decode.engine import make_engine
 
     speculative = parse_speculative_config(args.speculative_config)
+    api_key = api_key_from(args.api_key)
     resolve(speculative, model=args.model, strict=args.strict, dtype=args.dtype).check_runnable()  # errors first
     # Bound before the model loads: a port in use is a clear error at once, not uvicorn's exit after the load.
     sock = _bind(args.host, args.port)
     port = sock.getsockname()[1]  # the one the system picked, for --port 0
-    api_key = args.api_key or os.environ.get("SPECSURE_API_KEY") or None
     if args.host not in LOOPBACK and not api_key:
         logging.getLogger("specsure.serve").warning(
             "binding %s without an API key: anyone who can reach port %d can use the model; "
