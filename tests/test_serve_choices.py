@@ -208,6 +208,8 @@ def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(sdk: openai.OpenAI
     assert alone.choices[0].text == WORDS and alone.choices[0].logprobs.token_logprobs == lp.token_logprobs[:-1]
     assert alone.choices[0].model_extra["token_ids"] == [] and alone.choices[0].finish_reason == "length"
     assert (alone.usage.prompt_tokens, alone.usage.completion_tokens) == (len(ids), 0)
+    figures = alone.model_extra["speculative"]
+    assert (figures["generated_tokens"], figures["tokens_per_s"]) == (0, 0.0)  # the token made with it is not counted
     chunks = list(sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=0, logprobs=1, echo=True, stream=True,
                                          stream_options={"include_usage": True}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == WORDS

@@ -14,6 +14,7 @@ from starlette.types import Receive, Scope, Send
 from specsure.decode.completion import Completion, TokenLogprob
 from specsure.decode.detokenize import TextDeltas
 from specsure.decode.engine import StepUpdate
+from specsure.decode.metrics import SpecStats
 from specsure.serve.errors import APIError, error_body
 from specsure.serve.response_object import ResponseEvents
 from specsure.serve.responses import ChunkWriter, Echo
@@ -172,6 +173,8 @@ async def disconnected(receive: Receive) -> None:
 
 
 def without_output(completion: Completion) -> Completion:
-    """A choice of an echo with max_tokens 0: its prompt alone, the token generated with it left out."""
+    """A choice of an echo with max_tokens 0: its prompt alone, the token generated with it left out
+    (of its figures too: nothing was generated for the client, and no step drafted)."""
     return replace(completion, text="" if completion.text is not None else None, token_ids=[], finish_reason="length",
-                   logprobs=[] if completion.logprobs is not None else None)
+                   logprobs=[] if completion.logprobs is not None else None,
+                   stats=SpecStats(elapsed_s=completion.stats.elapsed_s))
