@@ -97,6 +97,10 @@ def test_chat_renders_the_template(client: TestClient, engine: Engine) -> None:
     parts[0]["role"] = "developer"  # what OpenAI's newer clients send for system instructions
     developer = client.post("/v1/chat/completions", json={"messages": parts, "max_tokens": 10}).json()
     assert developer["choices"][0]["message"]["content"] == expected.text
+    # OpenAI's defaults for fields specsure does not implement change nothing
+    defaults = {"store": False, "service_tier": "auto", "modalities": ["text"], "audio": None, "reasoning_effort": None}
+    same = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 10, **defaults})
+    assert same.status_code == 200 and same.json()["choices"][0]["message"]["content"] == expected.text
 
 
 def test_models_shows_effective_config_with_sources(client: TestClient) -> None:
@@ -204,7 +208,9 @@ BAD_COMPLETIONS = [
     ({"prompt": PROMPT_IDS, "stream": "yes"}, "stream", "must be true or false"),
     ({"prompt": PROMPT_IDS, "presence_penalty": 2.5}, "presence_penalty", "must be a number in [-2, 2]; send 0"),
     ({"prompt": PROMPT_IDS, "logit_bias": {"5": 1e3}}, "logit_bias", "must be a number in [-100, 100]"),
-    ({"prompt": PROMPT_IDS, "best_of": True}, "best_of", "not supported"),
+    ({"prompt": PROMPT_IDS, "best_of": True}, "best_of", "does not implement"),
+    ({"prompt": PROMPT_IDS, "store": True}, "store", "only null or false is accepted"),
+    ({"prompt": PROMPT_IDS, "reasoning_effort": "high"}, "reasoning_effort", "OpenAI field that specsure does not"),
     ({"max_tokens": 4}, "prompt", "prompt is missing"),
     ({"prompt": ""}, "prompt", "empty string"),
     ({"prompt": []}, "prompt", "empty list"),

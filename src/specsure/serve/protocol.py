@@ -53,6 +53,16 @@ STREAM_OPTION_FIELDS = ("include_usage", "continuous_usage_stats")
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "best_of": (1,),
     "suffix": (),
+    "store": (False,),
+    "service_tier": ("auto", "default"),
+    "modalities": (["text"],),
+    "audio": (),
+    "prediction": (),
+    "web_search_options": (),
+    "functions": (),
+    "function_call": (),
+    "reasoning_effort": (),
+    "verbosity": (),
 }
 
 
@@ -253,8 +263,8 @@ def _check_fields(body: Any, allowed: tuple[str, ...], endpoint: str) -> dict[st
             if value is None or any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutral):
                 continue
             accepted = " or ".join(["null", *(shown(n) for n in neutral)])
-            raise RequestError(f"{key} = {shown(value)} is not supported by specsure; remove the field "
-                               f"(only {accepted} is accepted).", key, "unsupported_field")
+            raise RequestError(f"{key} = {shown(value)} is an OpenAI field that specsure does not implement; remove "
+                               f"the field (only {accepted} is accepted).", key, "unsupported_field")
         elsewhere = ENDPOINT_OF["prompt"] if key in COMPLETION_ONLY else ENDPOINT_OF.get(key, endpoint)
         hint = f" {key!r} belongs to {elsewhere}." if elsewhere != endpoint else suggest(key, allowed)
         raise RequestError(f"unknown field {key!r} in the body of {endpoint}.{hint} Fields: {', '.join(allowed)}.",
