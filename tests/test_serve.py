@@ -187,6 +187,7 @@ def test_api_key(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     assert client.post("/v1/completions", json=body, headers=ok).status_code == 200
     assert client.get("/v1/models", headers=ok).status_code == 200
     assert client.get("/health").status_code == 200 and client.get("/metrics").status_code == 200
+    assert client.head("/health").status_code == 200
 
 
 BAD_COMPLETIONS = [

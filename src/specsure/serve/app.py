@@ -49,7 +49,7 @@ from specsure.serve.tools import Tools
 ROUTES = ("GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET and DELETE "
           "/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel, POST /tokenize, "
           "POST /detokenize, "
-          "GET /tokenizer_info, GET /health and GET /metrics")
+          "GET /tokenizer_info, GET or HEAD /health and GET /metrics")
 
 DEFAULT_MAX_QUEUE = 64
 """Requests that may wait for a place in the running batch before the next is refused with a 503."""
@@ -128,7 +128,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
 
     add_tokenizer_routes(app, engine, name, template)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # uptime checkers and load balancers probe with HEAD too
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
