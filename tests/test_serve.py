@@ -369,6 +369,8 @@ def test_serve_flags_default_to_loopback(monkeypatch: pytest.MonkeyPatch) -> Non
     args = build_parser().parse_args(["serve"])
     assert (args.host, args.port, args.api_key, args.served_model_name) == ("127.0.0.1", 8000, None, None)
     assert args.model is None and args.speculative_config is None and not args.strict and args.dtype == "auto"
+    from specsure.decode.scheduler import DEFAULT_MAX_NUM_BATCHED_TOKENS
+    assert args.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS  # the CLI's copy of the default agrees
     args = build_parser().parse_args(["serve", "--speculative-config", '{"method": "ngram"}', "--port", "0",
                                       "--api-key", "k", "--served-model-name", "m", "--strict"])
     assert (args.port, args.api_key, args.served_model_name, args.strict) == (0, "k", "m", True)
@@ -402,6 +404,11 @@ def test_the_api_key_flag_wins_over_the_environment(monkeypatch: pytest.MonkeyPa
     assert api_key_from("given") == "given" and api_key_from(None) == "from-env"
     monkeypatch.delenv("SPECSURE_API_KEY")
     assert api_key_from(None) is None
+
+
+def test_a_negative_max_num_batched_tokens_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--model", "/no/such/model", "--port", "0", "--max-num-batched-tokens", "-1"]) == 2
+    assert "--max-num-batched-tokens -1 must be >= 0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("port", ["-1", "65536"])

@@ -15,6 +15,7 @@ from specsure.cli.common import (
 
 DEFAULT_MAX_QUEUE = 64  # specsure.serve.app.DEFAULT_MAX_QUEUE; not imported, so --help needs no fastapi
 DEFAULT_MAX_NUM_SEQS = 8  # specsure.decode.scheduler.DEFAULT_MAX_NUM_SEQS; not imported, so --help needs no torch
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 256  # specsure.decode.scheduler's, not imported for the same reason
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 TOOL_CALL_PARSERS = ("granite", "hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder")  # specsure.serve.tool_calls.PARSERS; not imported, so --help needs no fastapi
@@ -41,6 +42,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="a request reuses the start of its prompt that an earlier request left in a sequence "
                              "slot's KV cache, and computes only the rest: a conversation's next turn prefills its "
                              "new messages only (default on, as in vLLM)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS, metavar="N",
+                        help=f"the most prompt tokens one step prefills: a longer prompt is prefilled in parts over "
+                             f"several steps while the running requests go on decoding (chunked prefill; default "
+                             f"{DEFAULT_MAX_NUM_BATCHED_TOKENS}; 0: every prompt at once)")
     parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
                         help=f"requests that may wait for a place in the running batch; one more gets a 503 "
                              f"with Retry-After (default {DEFAULT_MAX_QUEUE})")
@@ -78,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
                          "batch full gets a 503 at once).")
     if args.max_num_seqs < 1:
         raise ValueError(f"--max-num-seqs {args.max_num_seqs} must be >= 1 (1: one request generates at a time).")
+    if args.max_num_batched_tokens < 0:
+        raise ValueError(f"--max-num-batched-tokens {args.max_num_batched_tokens} must be >= 0 (0: every prompt "
+                         "prefilled in one step).")
     if args.request_timeout is not None and not 0 < args.request_timeout < float("inf"):
         raise ValueError(f"--request-timeout {args.request_timeout:g} must be a number of seconds > 0; omit it "
                          "for no limit.")
@@ -116,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     try:
         engine = make_engine(args.model, speculative, strict=args.strict, dtype=args.dtype,
-                             max_num_seqs=args.max_num_seqs, enable_prefix_caching=args.enable_prefix_caching)
+                             max_num_seqs=args.max_num_seqs, enable_prefix_caching=args.enable_prefix_caching,
+                             max_num_batched_tokens=args.max_num_batched_tokens or None)
     except BaseException:
         sock.close()
         raise
@@ -125,9 +134,11 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(engine, served_model_name=args.served_model_name, api_key=api_key, max_queue=args.max_queue,
                      request_timeout=args.request_timeout, threads=threads, chat_template=chat_template,
                      tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser)
+    chunked = f"{args.max_num_batched_tokens} tokens a step" if args.max_num_batched_tokens else "at once"
     print(f"serving {app.state.model_name!r} (speculative: {engine.resolution.summary()}; running "
           f"{engine.speculative_method or 'plain decoding'}); up to {args.max_num_seqs} requests batched, "
           f"prefix caching {'on' if args.enable_prefix_caching else 'off'}, "
+          f"prompts prefilled {chunked}, "
           f"{args.max_queue} more waiting; listening on {_url(args.host, port)}", file=sys.stderr)
     uvicorn.Server(uvicorn.Config(app, host=args.host, port=port, log_level="info")).run(sockets=[sock])
     return EXIT_OK

@@ -19,7 +19,7 @@ from specsure.decode.completion import (
 )
 from specsure.decode.metrics import SpecStats
 from specsure.decode.request import Request, Rules
-from specsure.decode.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler
+from specsure.decode.scheduler import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, Scheduler
 from specsure.decode.structured import Grammars
 from specsure.sampling import SEED_LIMIT, SamplingParams
 from specsure.models.loading import LoadedModel, load_model
@@ -38,12 +38,15 @@ class Engine:
 
     ``max_num_seqs`` bounds how many sequences its scheduler runs batched at once (vLLM's name);
     ``enable_prefix_caching`` lets a request reuse the start of its prompt that an earlier request
-    left in a sequence slot's KV cache (vLLM's name; `specsure serve` turns it on).
+    left in a sequence slot's KV cache (vLLM's name; `specsure serve` turns it on);
+    ``max_num_batched_tokens`` is the most prompt tokens a step prefills (chunked prefill; None: a
+    prompt at once).
     """
 
     def __init__(self, resolution: Resolution, target: LoadedModel, proposer: Proposer | None,
                  seed: int | None = None, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
-                 enable_prefix_caching: bool = False) -> None:
+                 enable_prefix_caching: bool = False,
+                 max_num_batched_tokens: int | None = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> None:
         config = resolution.config
         running = proposer.method if proposer is not None else None
         asked = config.method if config is not None else None
@@ -60,6 +63,7 @@ class Engine:
         self.stats = SpecStats()
         self.max_num_seqs = max_num_seqs
         self.enable_prefix_caching = enable_prefix_caching
+        self.max_num_batched_tokens = max_num_batched_tokens
         self._k = config.num_speculative_tokens if config is not None else 0
         self._running: object | None = None
         self._grammars = Grammars(target.tokenizer, target.lm.vocab_size)
@@ -79,7 +83,8 @@ class Engine:
         self.scheduler = Scheduler(self.target.lm, proposer, hidden=hidden, aux_layers=aux_layers,
                                    max_num_seqs=self.max_num_seqs,
                                    disable_by_batch_size=config.disable_by_batch_size if config is not None else None,
-                                   prefix_caching=self.enable_prefix_caching)
+                                   prefix_caching=self.enable_prefix_caching,
+                                   max_num_batched_tokens=self.max_num_batched_tokens)
         """The one scheduler of this engine: ``generate`` runs on it, and so does the server."""
 
     @property
@@ -241,7 +246,8 @@ class Engine:
         """
         run = self._running = object()  # the caches are this run's until another one starts
         scheduler = self.scheduler
-        for stale in [*scheduler.waiting, *scheduler.running]:  # an earlier stream's, which now fails at its next step
+        # an earlier stream's requests, which now fail at their next step
+        for stale in [*scheduler.waiting, *scheduler.prefilling, *scheduler.running]:
             scheduler.abort(stale)
         for request in requests:
             scheduler.add(request)
@@ -305,7 +311,8 @@ def _shown_types(values: Sequence[object]) -> str:
 
 def make_engine(model: str | None = None, speculative: dict | None = None, *, strict: bool = False,
                 dtype: str = "auto", seed: int | None = None, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
-                enable_prefix_caching: bool = False) -> Engine:
+                enable_prefix_caching: bool = False,
+                max_num_batched_tokens: int | None = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> Engine:
     """Resolve the config, check it can run, load the target, build the named proposer.
 
     ``seed`` seeds the engine as vLLM's ``LLM(seed=...)`` does: each request without a seed of its own
@@ -314,6 +321,11 @@ def make_engine(model: str | None = None, speculative: dict | None = None, *, st
     _check_engine_args(strict, dtype, seed, max_num_seqs)  # before the model loads, not after
     if not isinstance(enable_prefix_caching, bool):
         raise ValueError(f"enable_prefix_caching = {enable_prefix_caching!r} must be True or False.")
+    if max_num_batched_tokens is not None and (isinstance(max_num_batched_tokens, bool)
+                                               or not isinstance(max_num_batched_tokens, int)
+                                               or max_num_batched_tokens < 1):
+        raise ValueError(f"max_num_batched_tokens = {max_num_batched_tokens!r} must be an int >= 1, or None (every "
+                         "prompt prefilled in one step).")
     res = resolve(speculative, model=model, strict=strict, dtype=dtype)
     res.check_runnable()
     target = load_model(model, dtype=dtype)
@@ -325,7 +337,7 @@ def make_engine(model: str | None = None, speculative: dict | None = None, *, st
         res = resolve(speculative, model=model, strict=strict, dtype=loaded)
     proposer = build_proposer(res, target, dtype)
     engine = Engine(res, target, proposer, seed=seed, max_num_seqs=max_num_seqs,
-                    enable_prefix_caching=enable_prefix_caching)
+                    enable_prefix_caching=enable_prefix_caching, max_num_batched_tokens=max_num_batched_tokens)
     logger.info("effective speculative config: %s; running proposer: %s", res.summary(), engine.speculative_method)
     return engine
 

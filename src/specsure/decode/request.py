@@ -132,6 +132,8 @@ class Request:
         self._prompt_logprobs: list[TokenLogprob | None] | None = None
         self.cached_tokens = 0
         """The prompt's first tokens whose KV cache an earlier request left in this slot (prefix caching)."""
+        self.prefilled = 0
+        """The prompt's first tokens in the slot's cache: cached, then prefilled chunk by chunk."""
 
     def attach(self, lm: CausalLM, proposer: Proposer | None, cached: int = 0, source: CausalLM | None = None,
                resume: bool = False) -> None:
@@ -146,7 +148,8 @@ class Request:
         elif proposer is not None:
             proposer.reset()
         assert 0 <= cached < len(self.prompt) and list(lm.cached_ids[:cached]) == self.prompt[:cached]
-        self.lm, self.proposer, self.cached_tokens = lm, proposer, cached
+        self.lm, self.proposer, self.cached_tokens, self.prefilled = lm, proposer, cached, cached
+        self._prompt_logprobs = [None] if self.params.prompt_logprobs is not None else None
         self._penalties = Penalties(self.params, self.prompt, lm.vocab_size) if penalised(self.params) else None
         self._bias = TokenBias(self.params, lm.vocab_size) if biased(self.params) else None
         spec = self.params.structured_outputs
@@ -162,11 +165,31 @@ class Request:
         else:
             lm.reset()
 
-    def prefill_call(self) -> Call:
-        """The prompt's forward: only its last row's logits are read, unless prompt_logprobs scores every row."""
+    def prefill_end(self, chunk: int | None) -> int:
+        """Where this step's part of the prompt ends: the prompt's end, or with ``chunk`` the next
+        multiple of it. The boundaries are the prompt's own, whatever else runs, so a prompt's
+        prefill is the same forwards under any load."""
+        whole = len(self.prompt)
+        return whole if chunk is None else min(whole, (self.prefilled // chunk + 1) * chunk)
+
+    def prefill_call(self, end: int | None = None) -> Call:
+        """The forward of the prompt's next part, up to ``end`` (default its end): only its last
+        row's logits are read, unless prompt_logprobs scores every row."""
         assert self.lm is not None
-        return Call(self.lm, self.prompt[self.cached_tokens:],
+        return Call(self.lm, self.prompt[self.prefilled:end],
                     last_logits=None if self.params.prompt_logprobs is not None else 1)
+
+    def commit_chunk(self, out: ForwardOutput, end: int) -> None:
+        """A part of the prompt before its last came back: a head observes its features, and
+        prompt_logprobs scores its rows (each predicts the prompt's next token)."""
+        start = self.prefilled
+        assert start < end < len(self.prompt)
+        if self.proposer is not None and self.proposer.reads_features:
+            self.proposer.observe(self.prompt[start:end], start, out)
+        if self._prompt_logprobs is not None:
+            top = self.params.prompt_logprobs or 0
+            self._prompt_logprobs += _scored(out.logits, self.prompt[start + 1:end + 1], top)
+        self.prefilled = end
 
     def draft_job(self) -> DraftJob | None:
         """What this step's draft needs (None: no proposer, or no room for a draft token)."""
@@ -208,20 +231,23 @@ class Request:
         if shared_from is not None:
             assert shared_from.lm is not None and shared_from.prompt == self.prompt
             self.lm.copy_cache(shared_from.lm)
-            self.cached_tokens = shared_from.cached_tokens  # ``out`` starts where the leader's prefill did
+            # ``out`` starts where the leader's prefill did, which was one part, after its cached start
+            self.cached_tokens = self.prefilled = shared_from.cached_tokens
+        first = self.prefilled  # ``out``'s first row: after the cached start and any earlier parts
         if self.proposer is not None:
-            # After a cached prefix ``out`` covers the rest of the prompt only: a head observes that
-            # part (its entries before it were kept), the others read the tokens, all of them.
-            start = self.cached_tokens if self.proposer.reads_features else 0
+            # ``out`` covers the prompt's last part only: a head observes that part (its entries
+            # before it were kept or observed), the others read the tokens, all of them.
+            start = first if self.proposer.reads_features else 0
             self.proposer.observe(self.prompt[start:], start, out)
+        self.prefilled = len(self.prompt)
         self.output.append(draw(self._target(out.logits[-1:], [[]])[0], self.params, self.generator)[0])
         if self._penalties is not None:
             self._penalties.add(self.output[-1:])
         if self._constraint is not None:
             self._constraint.advance(self.output[-1:])
         self._record(out.logits[-1:], self.output)
-        if self.params.prompt_logprobs is not None:
-            self._prompt_logprobs = [None, *_scored(out.logits[:-1], self.prompt[1:], self.params.prompt_logprobs)]
+        if self._prompt_logprobs is not None:
+            self._prompt_logprobs += _scored(out.logits[:-1], self.prompt[first + 1:], self.params.prompt_logprobs or 0)
         return self._after(0)
 
     def commit(self, out: ForwardOutput) -> StepUpdate:

@@ -14,6 +14,11 @@ batch size 1 nothing is forked and decoding runs exactly as it always has.
 
 With prefix caching, a slot's cache outlives its request: the next request whose prompt starts
 with what a slot holds prefills only the rest (``_take`` says which slot, and from where).
+
+Chunked prefill (``max_num_batched_tokens``): a prompt is prefilled in parts that end at multiples
+of that many tokens, at most that many prompt tokens a step, so the running requests go on
+decoding between the parts of a long prompt instead of waiting for all of it. A request between
+its parts is ``prefilling``: it holds its slot and has no update until its last part.
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_NUM_SEQS = 8
 """vLLM's name; 8 concurrent sequences is where a verify forward here still costs about 3x a single one."""
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 256
+"""The most prompt tokens one step prefills. On 2 cores the default model prefills about 300 tokens a
+second, so a running request waits under a second a step for a long prompt (9 s for 3,000 tokens
+unchunked); parts of 256 rows cost about what one pass over the whole prompt does."""
 
 
 @dataclass
@@ -51,10 +60,17 @@ class Scheduler:
 
     def __init__(self, lm: CausalLM, proposer: Proposer | None, *, hidden: bool, aux_layers: tuple[int, ...],
                  max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, disable_by_batch_size: int | None = None,
-                 prefix_caching: bool = False) -> None:
+                 prefix_caching: bool = False,
+                 max_num_batched_tokens: int | None = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> None:
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs = {max_num_seqs!r} must be an int >= 1.")
+        if max_num_batched_tokens is not None and (isinstance(max_num_batched_tokens, bool) or not isinstance(
+                max_num_batched_tokens, int) or max_num_batched_tokens < 1):
+            raise ValueError(f"max_num_batched_tokens = {max_num_batched_tokens!r} must be an int >= 1, or None "
+                             "(every prompt prefilled in one step).")
         self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        """The most prompt tokens a step prefills (chunked prefill); None: every prompt at once."""
         self.disable_by_batch_size = disable_by_batch_size
         """A step that batches at least this many sequences drafts nothing (vLLM's key); None: never."""
         if disable_by_batch_size is not None and disable_by_batch_size > max_num_seqs:
@@ -73,11 +89,18 @@ class Scheduler:
         self._uses = 0
         self._slot_of: dict[int, int] = {}  # id(request) -> slot index
         self.waiting: deque[Request] = deque()
+        self.prefilling: list[Request] = []
+        """Requests with a slot whose prompt's last part is still to come, first come first."""
         self.running: list[Request] = []
 
     @property
     def idle(self) -> bool:
-        return not self.waiting and not self.running
+        return not self.waiting and not self.prefilling and not self.running
+
+    @property
+    def active(self) -> int:
+        """Requests holding a slot: running, or between the parts of their prompt."""
+        return len(self.running) + len(self.prefilling)
 
     def add(self, request: Request) -> None:
         """Queue ``request``; it is prefilled at the first step with a free slot."""
@@ -87,8 +110,8 @@ class Scheduler:
         """Drop ``request`` now, wherever it is; its slot (and KV cache) serves the next one."""
         if request in self.waiting:
             self.waiting.remove(request)
-        elif request in self.running:
-            self.running.remove(request)
+        elif request in self.running or request in self.prefilling:
+            (self.running if request in self.running else self.prefilling).remove(request)
             self._release(request)
 
     def step(self) -> list[tuple[Request, StepUpdate]]:
@@ -99,47 +122,79 @@ class Scheduler:
         """
         decoding = list(self.running)
         joining: list[Request] = []
-        while self.waiting and len(self.running) + len(joining) < self.max_num_seqs:
+        while self.waiting and self.active + len(joining) < self.max_num_seqs:
             request = self.waiting.popleft()
             slot, cached, source = self._take(request)
             self._slot_of[id(request)] = slot
             request.attach(self._slots[slot].lm, self._slots[slot].proposer, cached, source, self.prefix_caching)
             joining.append(request)
-        if not decoding and not joining:
+        if not decoding and not joining and not self.prefilling:
             return []
-        # A choice whose sibling prefills in this step copies that prefill instead of repeating it.
-        # A head's state is its own slot's: it takes a copied prefill only from the same cached start.
-        copying = {id(r) for r in joining if r.prefill_from is not None and r.prefill_from in joining
-                   and r.prefill_from.prefill_from is None
-                   and (self._copies or r.cached_tokens == r.prefill_from.cached_tokens)}
-        prefilling = [r for r in joining if id(r) not in copying]
+        chunk = self.max_num_batched_tokens
+        # A choice whose sibling prefills the rest of its prompt in this step copies that prefill instead
+        # of repeating it. A head's state is its own slot's: it copies only from the same cached start.
+        siblings = [r for r in joining if r.prefill_from is not None and r.prefill_from in joining
+                    and r.prefill_from.prefill_from is None
+                    and (self._copies or r.cached_tokens == r.prefill_from.cached_tokens)]
+        self.prefilling.extend(r for r in joining if r not in siblings)
+        parts = self._parts(chunk)  # (request, end) of this step's prompt parts
+        last = {id(r) for r, end in parts if end == len(r.prompt)}
+        copying = {id(r) for r in siblings if id(r.prefill_from) in last}
+        self.prefilling.extend(r for r in siblings if id(r) not in copying)  # each prefills its own, later
         # A full batch is compute-bound: verifying drafts there costs more rows than their accepted
         # tokens save, so under disable_by_batch_size every sequence decodes one token this step.
         limit = self.disable_by_batch_size
-        speculate = limit is None or len(decoding) + len(joining) < limit
+        speculate = limit is None or len(decoding) + len(parts) + len(copying) < limit
         if not speculate and decoding and self._slots[0].proposer is not None:
             self.undrafted_steps += 1
         drafts = propose_all([r.draft_job() for r in decoding]) if speculate else [NO_DRAFT] * len(decoding)
         # A request whose drafter failed leaves the step with that error; the others verify as usual.
         drafted = [(r, d) for r, d in zip(decoding, drafts) if not isinstance(d, Exception)]
-        calls = [r.draft_call(d, steer=speculate) for r, d in drafted] + [r.prefill_call() for r in prefilling]
+        calls = [r.draft_call(d, steer=speculate) for r, d in drafted] + [r.prefill_call(end) for r, end in parts]
         outs = self._lm.forward_batch(calls, hidden=self._hidden, aux_layers=self._aux_layers) if calls else []
         committed = {id(r): _isolated(r.commit, out) for (r, _), out in zip(drafted, outs)}
         updates = [(r, StepUpdate([], error=d) if isinstance(d, Exception) else committed[id(r)])
                    for r, d in zip(decoding, drafts)]
-        prefills = dict(zip(map(id, prefilling), outs[len(drafted):]))
+        prefills: dict[int, Any] = {}
+        for (request, end), out in zip(parts, outs[len(drafted):]):
+            if end < len(request.prompt):
+                try:
+                    request.commit_chunk(out, end)
+                except Exception as exc:  # a bug; it fails this request alone, as _isolated does
+                    logger.exception("a request failed while a part of its prompt was committed")
+                    self.prefilling.remove(request)
+                    updates.append((request, StepUpdate([], error=exc)))
+                continue
+            prefills[id(request)] = out
+            self.prefilling.remove(request)
+            updates.append((request, _isolated(request.commit_prefill, out)))
+            self.running.append(request)
         for request in joining:
             if id(request) in copying:
                 leader = request.prefill_from
                 updates.append((request, _isolated(request.commit_prefill, prefills[id(leader)], shared_from=leader)))
-            else:
-                updates.append((request, _isolated(request.commit_prefill, prefills[id(request)])))
-        self.running.extend(joining)
+                self.running.append(request)
         for request, update in updates:
             if update.completion is not None or update.error is not None:
-                self.running.remove(request)
+                if request in self.running:
+                    self.running.remove(request)
                 self._release(request)
         return updates
+
+    def _parts(self, chunk: int | None) -> list[tuple[Request, int]]:
+        """This step's prompt parts, (request, where its part ends): first come first, while their
+        tokens fit ``chunk`` (the first always goes, so every prompt moves on)."""
+        parts: list[tuple[Request, int]] = []
+        budget = chunk
+        for request in self.prefilling:
+            end = request.prefill_end(chunk)
+            size = end - request.prefilled
+            if budget is not None and parts and size > budget:
+                break
+            parts.append((request, end))
+            if budget is not None:
+                budget -= size
+        return parts
 
     def _take(self, request: Request) -> tuple[int, int, CausalLM | None]:
         """A free slot for ``request``, how much of its prompt it starts with, and the view to copy that

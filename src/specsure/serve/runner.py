@@ -229,7 +229,7 @@ class EngineRunner:
 
     def _gauges(self, scheduler: Scheduler) -> None:
         with self._lock:
-            self._running = len(scheduler.running)
+            self._running = scheduler.active
             self._publish()
 
     def _publish(self) -> None:

@@ -1,0 +1,124 @@
+"""Chunked prefill: a prompt prefilled in parts gives every method the output of one pass (float32),
+and the running requests decode between the parts of a long prompt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from heads import build_mtp_target, write_eagle3_head, write_eagle_head
+from test_batching import METHODS, SHAPE
+
+from specsure import SamplingParams, make_engine
+from tiny import build_tiny_llama
+
+CHUNK = 7  # odd, so the parts end anywhere in the prompts' repeats
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("chunked")
+    target = build_tiny_llama(root / "target", seed=0, **SHAPE)
+    return {
+        "target": target,
+        "draft": build_tiny_llama(root / "draft", seed=3, **SHAPE),
+        "eagle": write_eagle_head(root / "eagle", target),
+        "eagle3": write_eagle3_head(root / "eagle3", target, draft_vocab=64),
+        "mtp_target": build_mtp_target(root / "mtp", modules=2, num_layers=3, vocab_size=96, hidden_size=48),
+    }
+
+
+def _engine(name: str, folders: dict[str, Path], chunk: int | None, max_num_seqs: int = 3):
+    spec = METHODS[name]
+    if spec is not None and "model" in spec:
+        spec = {**spec, "model": str(folders[spec["model"]])}
+    target = folders["mtp_target"] if name == "mtp" else folders["target"]
+    return make_engine(str(target), spec, dtype="float32", max_num_seqs=max_num_seqs, max_num_batched_tokens=chunk)
+
+
+def _long_prompts(count: int, seed: int = 1) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(count):
+        base = torch.randint(3, 96, (5 + i,), generator=gen).tolist()
+        out.append(base * (4 + i % 3) + torch.randint(3, 96, (3,), generator=gen).tolist() + base[:3])
+    return out
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_a_prompt_in_parts_gives_the_output_of_one_pass(name: str, folders: dict[str, Path]) -> None:
+    prompts = _long_prompts(4)
+    assert all(len(p) > 3 * CHUNK for p in prompts)
+    params = [SamplingParams(max_tokens=10 + 3 * i, ignore_eos=True) for i in range(len(prompts))]
+    one_pass = _engine("mtp" if name == "mtp" else "plain", folders, None)  # mtp runs on a target of its own
+    want = [c.token_ids for c in one_pass.generate(prompts, params)]
+    got = _engine(name, folders, CHUNK).generate(prompts, params)
+    assert [c.token_ids for c in got] == want
+
+
+def test_running_requests_decode_between_the_parts_of_a_long_prompt(folders: dict[str, Path]) -> None:
+    engine = _engine("ngram", folders, CHUNK)
+    short, long = _long_prompts(2)[0][:6], _long_prompts(2)[1]
+    scheduler = engine.scheduler
+    first = engine.request(short, SamplingParams(max_tokens=40, ignore_eos=True))
+    scheduler.add(first)
+    scheduler.step()
+    second = engine.request(long, SamplingParams(max_tokens=4, ignore_eos=True))
+    scheduler.add(second)
+    parts = -(-len(long) // CHUNK)
+    for step in range(parts):
+        updated = [r for r, _ in scheduler.step()]
+        assert first in updated  # it decodes at every step
+        assert (second in updated) == (step == parts - 1)  # its first token comes with its last part
+        assert scheduler.active == 2
+    alone = _engine("ngram", folders, None).generate([short, long], [SamplingParams(max_tokens=40, ignore_eos=True),
+                                                                     SamplingParams(max_tokens=4, ignore_eos=True)])
+    while not scheduler.idle:
+        scheduler.step()
+    assert [first.completion.token_ids, second.completion.token_ids] == [c.token_ids for c in alone]
+
+
+def test_prompt_logprobs_score_every_part(folders: dict[str, Path]) -> None:
+    prompt = _long_prompts(1)[0]
+    params = SamplingParams(max_tokens=2, prompt_logprobs=2)
+    one = _engine("plain", folders, None).generate(prompt, params)[0].prompt_logprobs
+    parts = _engine("plain", folders, CHUNK).generate(prompt, params)[0].prompt_logprobs
+    assert len(parts) == len(one) == len(prompt) and one[0] is None and parts[0] is None
+    for a, b in zip(one[1:], parts[1:]):
+        assert a.token_id == b.token_id and a.logprob == pytest.approx(b.logprob, abs=1e-5)
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+
+
+def test_a_request_aborted_between_its_parts_frees_its_slot(folders: dict[str, Path]) -> None:
+    engine = _engine("eagle", folders, CHUNK, max_num_seqs=1)
+    scheduler = engine.scheduler
+    prompt = _long_prompts(1)[0]
+    dropped = engine.request(prompt, SamplingParams(max_tokens=5, ignore_eos=True))
+    scheduler.add(dropped)
+    assert scheduler.step() == [] and scheduler.prefilling == [dropped]
+    scheduler.abort(dropped)
+    assert scheduler.idle
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    want = _engine("eagle", folders, None).generate(prompt, params)[0].token_ids
+    assert engine.generate(prompt, params)[0].token_ids == want
+
+
+def test_choices_of_a_long_prompt_prefill_on_their_own(folders: dict[str, Path]) -> None:
+    engine = _engine("suffix", folders, CHUNK)
+    prompt = _long_prompts(1)[0]
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    leader, follower = engine.request(prompt, params), engine.request(prompt, params)
+    follower.prefill_from = leader
+    for request in (leader, follower):
+        engine.scheduler.add(request)
+    while not engine.scheduler.idle:
+        engine.scheduler.step()
+    want = _engine("suffix", folders, None).generate(prompt, params)[0].token_ids
+    assert leader.completion.token_ids == follower.completion.token_ids == want
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, True])
+def test_max_num_batched_tokens_is_checked_before_loading(value: object) -> None:
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        make_engine("/no/such/model", None, max_num_batched_tokens=value)  # type: ignore[arg-type]
