@@ -94,7 +94,8 @@ def test_bad_values_are_named(field: str, value: object, message: str) -> None:
 def test_ids_outside_the_models_vocabulary_are_refused_at_the_call(engines: list[Engine]) -> None:
     vocab = engines[0].target.lm.vocab_size
     for params, field in ((SamplingParams(logit_bias={vocab: 1.0}), "logit_bias"),
-                          (SamplingParams(allowed_token_ids=[3, vocab + 5]), "allowed_token_ids")):
+                          (SamplingParams(allowed_token_ids=[3, vocab + 5]), "allowed_token_ids"),
+                          (SamplingParams(stop_token_ids=[vocab + 1]), "stop_token_ids")):
         with pytest.raises(ParamsError, match=f"{field} = .* outside the model's vocabulary \\[0, {vocab}\\)") as err:
             engines[0].generate(PROMPT, params)
         assert err.value.field == field
@@ -119,6 +120,7 @@ def test_the_server_takes_openais_string_keys(engines: list[Engine]) -> None:
     for bad, field, words in (({"logit_bias": {"x": 1}}, "logit_bias", "is not a token id"),
                               ({"logit_bias": {"5": 500}}, "logit_bias", "[-100, 100]"),
                               ({"logit_bias": {"999999": 1}}, "logit_bias", "outside the model's vocabulary"),
+                              ({"stop_token_ids": [99999999]}, "stop_token_ids", "outside the model's vocabulary"),
                               ({"allowed_token_ids": []}, "allowed_token_ids", "non-empty list")):
         r = client.post("/v1/completions", json={"prompt": PROMPT[0], "max_tokens": 4, **bad})
         assert r.status_code == 400, r.text

@@ -247,6 +247,12 @@ BAD_CHATS = [
     ({"messages": CHAT, "max_completion_tokens": -1}, "max_completion_tokens", "max_completion_tokens = -1"),
     ({"messages": CHAT, "prompt": "hi"}, "prompt", "belongs to POST /v1/completions"),
     ({"messages": [{"role": "user", "content": "w1 " * 600}]}, "messages", "context is 512 tokens"),
+    ({"messages": [*CHAT, {"role": "tool", "content": "18", "tool_call_id": "c1"}]}, "messages[2].tool_call_id",
+     "no earlier assistant message has tool_calls"),
+    ({"messages": [*CHAT, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "content": "18", "tool_call_id": "c2"}]}, "messages[3].tool_call_id",
+     'answers no call of an earlier assistant message (their ids: c1)'),
 ]
 
 

@@ -145,6 +145,20 @@ def test_previous_response_id_continues_the_stored_conversation(sdk: openai.Open
     assert httpx.get(f"{url}/v1/responses/{first.id}").status_code == 404
 
 
+def test_a_function_call_output_must_answer_an_earlier_call(sdk: openai.OpenAI) -> None:
+    call = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    for given, index in (([{"role": "user", "content": "Hi"}, {"type": "function_call_output", "call_id": "c1",
+                                                                "output": "Sunny"}], 1),
+                         ([call, {"type": "function_call_output", "call_id": "c9", "output": "Sunny"}], 1)):
+        with pytest.raises(openai.BadRequestError, match="answers no earlier function_call") as caught:
+            sdk.responses.create(model="tiny", input=given, max_output_tokens=4)
+        assert caught.value.body["param"] == f"input[{index}].call_id"
+    first = sdk.responses.create(model="tiny", input=[{"role": "user", "content": "Hi"}, call], max_output_tokens=2)
+    answered = sdk.responses.create(model="tiny", previous_response_id=first.id, max_output_tokens=2,
+                                    input=[{"type": "function_call_output", "call_id": "c1", "output": "Sunny"}])
+    assert answered.status in ("completed", "incomplete")  # accepted: the call came in the previous turns
+
+
 def test_input_items_list_the_requests_own_input(sdk: openai.OpenAI, url: str) -> None:
     given = [{"role": "user", "content": "Say hi"}, {"type": "message", "role": "assistant", "content": "Hello",
                                                     "id": "msg_mine"},

@@ -146,7 +146,7 @@ class Engine:
 
     def check_params(self, params: SamplingParams) -> None:
         """Raise ParamsError for valid params that this model cannot honour (stop strings need a tokenizer;
-        logit_bias and allowed_token_ids need ids in its vocabulary)."""
+        logit_bias, allowed_token_ids and stop_token_ids need ids in its vocabulary)."""
         vocab = self.target.lm.vocab_size
         allowed = params.allowed_token_ids
         if allowed and params.min_tokens and set(allowed) <= set(self._rules().stop_ids(params)):
@@ -155,7 +155,8 @@ class Engine:
                                                                  "could be generated; allow other tokens or set "
                                                                  "min_tokens 0.")
         for field, ids in (("logit_bias", [t for t, _ in params.logit_bias or ()]),
-                           ("allowed_token_ids", params.allowed_token_ids or ())):
+                           ("allowed_token_ids", params.allowed_token_ids or ()),
+                           ("stop_token_ids", params.stop_token_ids or ())):  # one outside would never stop it
             outside = sorted({t for t in ids if t >= vocab})
             if outside:
                 value = dict(params.logit_bias or ()) if field == "logit_bias" else list(ids)

@@ -30,7 +30,29 @@ def parse_messages(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         said = "messages is missing" if value is None else f"messages = {shown(value)} is not a non-empty list"
         raise RequestError(f'{said}; send e.g. "messages": [{{"role": "user", "content": "Hello"}}].', "messages")
-    return [_message(message, f"messages[{i}]") for i, message in enumerate(value)]
+    messages = [_message(message, f"messages[{i}]") for i, message in enumerate(value)]
+    _check_results(messages)
+    return messages
+
+
+def _check_results(messages: list[dict[str, Any]]) -> None:
+    """Every tool result answers a call an earlier assistant message made, as OpenAI requires: a
+    result with a mistyped id would otherwise reach the model as an answer to nothing."""
+    calls: set[str] = set()  # the ids of the calls so far
+    called = False
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant" and message.get("tool_calls"):
+            called = True
+            calls.update(c["id"] for c in message["tool_calls"] if "id" in c)
+        elif message["role"] == "tool":
+            where = f"messages[{i}].tool_call_id"
+            if not called:
+                raise RequestError(f"messages[{i}] is a tool result, but no earlier assistant message has tool_calls; "
+                                   "send the assistant's turn with the call before the result it answers.", where)
+            if calls and message["tool_call_id"] not in calls:
+                raise RequestError(f"{where} = {shown(message['tool_call_id'])} answers no call of an earlier "
+                                   f"assistant message (their ids: {', '.join(sorted(calls))}); send the id of the "
+                                   "call it answers.", where)
 
 
 def _message(message: Any, where: str) -> dict[str, Any]:

@@ -99,7 +99,9 @@ def parse_response(body: Any, model_name: str, history: History, auto_tool_parse
     if previous is not None and not isinstance(previous, str):
         raise RequestError(f"previous_response_id = {shown(previous)} must be the id of a stored response "
                            '("resp_...").', "previous_response_id")
-    conversation = (history(previous) if previous is not None else []) + new
+    earlier = history(previous) if previous is not None else []
+    _check_outputs(given_input, earlier)
+    conversation = earlier + new
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise RequestError(f"instructions = {shown(instructions)} must be a string: the system message.",
@@ -154,6 +156,23 @@ def parse_response(body: Any, model_name: str, history: History, auto_tool_parse
                            "/v1/responses/{id} instead, or stream in the foreground.", "stream")
     return ResponseRequest(chat, conversation, _settings(body, chat), store is not False, logprobs,
                            listed_items(given_input), body.get("truncation") == "auto", background)
+
+
+def _check_outputs(items: Any, earlier: list[dict[str, Any]]) -> None:
+    """Every function_call_output answers a call made before it (in the previous response's turns or
+    in the input), as OpenAI requires: a mistyped call_id would reach the model as an answer to nothing."""
+    if not isinstance(items, list):
+        return
+    calls = {c["id"] for m in earlier for c in m.get("tool_calls") or () if "id" in c}
+    for i, item in enumerate(items):
+        kind = item.get("type", "message")
+        if kind == "function_call":
+            calls.add(item["call_id"])
+        elif kind == "function_call_output" and item["call_id"] not in calls:
+            made = f"the calls made so far: {', '.join(sorted(calls))}" if calls else "no call was made before it"
+            raise RequestError(f"input[{i}].call_id = {shown(item['call_id'])} answers no earlier function_call "
+                               f"({made}); send the call_id of the call it answers, with previous_response_id or "
+                               "the function_call item before it.", f"input[{i}].call_id")
 
 
 def truncated(messages: list[dict[str, Any]], fits: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
