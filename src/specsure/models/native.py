@@ -31,6 +31,7 @@ from specsure.models import kernel as kernels
 from specsure.models.gguf_blocks import A4, A8, BlockMatrix, FileBlocks, matches
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
+from specsure.models.rotary_table import RotaryTable
 from specsure.models.token_tree import TokenTree, attention_mask
 
 FAMILIES = ("llama", "mistral", "qwen2")
@@ -110,7 +111,7 @@ class NativeDecoder:
         self.intermediate: int = int(config.intermediate_size)
         self.eps: float = float(config.rms_norm_eps)
         self.embed = base.embed_tokens
-        self.rotary = base.rotary_emb
+        self.rotary = RotaryTable(base.rotary_emb)
         self.norm = base.norm.weight
         self.layers: list[_Layer] = []
         for layer in base.layers:

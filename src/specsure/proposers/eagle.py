@@ -27,6 +27,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from specsure.config.compat import check_head_fits, check_head_tensors
 from specsure.config.errors import ConfigError
+from specsure.models.rotary_table import RotaryTable
 from specsure.proposers.head_blocks import blocks_wanted, use_linear_blocks
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import HeadCache, run_blocks, use_cache_slots, use_row_kernel
@@ -59,7 +60,7 @@ class EagleModule(nn.Module):
             self.hidden_states_layernorm = LlamaRMSNorm(hidden, eps=config.rms_norm_eps)
 
     def attach(self, target: "CausalLM", config: Any) -> None:
-        self.rotary = LlamaRotaryEmbedding(config)
+        self.rotary = RotaryTable(LlamaRotaryEmbedding(config))  # a draft step looks its cos and sin up
         self.target = target
         use_cache_slots(list(self.layers))
 

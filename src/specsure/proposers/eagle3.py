@@ -29,6 +29,7 @@ from specsure.config.errors import ConfigError
 from specsure.models.float_kernel import AnyKernel
 from specsure.models.gguf_blocks import stack
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
+from specsure.models.rotary_table import RotaryTable
 from specsure.proposers.head_blocks import blocks_wanted, clear_linear_blocks, product, use_linear_blocks
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
@@ -68,7 +69,7 @@ class Eagle3Module(nn.Module):
 
     def attach(self, target: "CausalLM", config: Any, d2t: torch.Tensor | None) -> None:
         """Wire the parts that are not weights: rotary embedding, shared target parts, vocab map."""
-        self.rotary = LlamaRotaryEmbedding(config)
+        self.rotary = RotaryTable(LlamaRotaryEmbedding(config))  # a draft step looks its cos and sin up
         self.target = target
         self.vocab_size = target.vocab_size
         self.draft_to_target = None if d2t is None else torch.arange(d2t.shape[0]) + d2t.long()  # [Vd]

@@ -36,11 +36,12 @@ from specsure.models.float_kernel import AnyKernel
 from specsure.models.gguf_blocks import q8_blocks, stack
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
 from specsure.models.products import project
+from specsure.models.rotary_table import RotaryTable
 from specsure.proposers.head_blocks import blocks_wanted, clear_linear_blocks, product, use_linear_blocks
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
-    DraftRow, HeadCache, Logits, ascends, commit_rows, kernel_ready, kernel_segment, use_cache_slots, use_row_kernel,
-    widen,
+    DraftRow, HeadCache, Logits, Rotary, ascends, commit_rows, kernel_ready, kernel_segment, use_cache_slots,
+    use_row_kernel, widen,
 )
 from specsure.proposers.head_loading import (
     TensorFile, int_field, load_weights, read_head_config, vocab_map,
@@ -83,7 +84,7 @@ class MTPModule(nn.Module):
         self._draft_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
         self._float_draft_logits: Callable[[torch.Tensor], torch.Tensor] | None = None
 
-    def attach(self, target: "CausalLM", rotary: nn.Module, draft_ids: torch.Tensor | None = None) -> None:
+    def attach(self, target: "CausalLM", rotary: Rotary, draft_ids: torch.Tensor | None = None) -> None:
         """Wire the target's shared parts; with ``draft_ids`` (ascending target ids) inference drafts
         among those tokens only."""
         self.target, self.rotary = target, rotary
@@ -268,8 +269,9 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> MTPProposer:
                         lm.vocab_size)
         draft_ids = None if d2t is None else torch.arange(d2t.shape[0]) + d2t.long()
     quantised = 0
+    rotary = RotaryTable(base.rotary_emb)  # the modules' positions share the target's cos and sin
     for module in modules_out:
-        module.attach(lm, base.rotary_emb, draft_ids)
+        module.attach(lm, rotary, draft_ids)
         use_row_kernel(module, lm.row_kernel)
         if module.use_kernel(lm.row_kernel) and blocks_wanted(lm):
             quantised += module.use_blocks()
