@@ -210,8 +210,7 @@ BAD_COMPLETIONS = [
     ({"prompt": PROMPT_IDS, "presence_penalty": 2.5}, "presence_penalty", "must be a number in [-2, 2]; send 0"),
     ({"prompt": PROMPT_IDS, "logit_bias": {"5": 1e3}}, "logit_bias", "must be a number in [-100, 100]"),
     ({"prompt": PROMPT_IDS, "best_of": True}, "best_of", "does not implement"),
-    ({"prompt": PROMPT_IDS, "store": True}, "store", "only null or false is accepted"),
-    ({"prompt": PROMPT_IDS, "reasoning_effort": "high"}, "reasoning_effort", "OpenAI field that specsure does not"),
+    ({"prompt": PROMPT_IDS, "store": False}, "store", "'store' belongs to POST /v1/chat/completions"),
     ({"max_tokens": 4}, "prompt", "prompt is missing"),
     ({"prompt": ""}, "prompt", "empty string"),
     ({"prompt": []}, "prompt", "empty list"),
@@ -247,6 +246,8 @@ BAD_CHATS = [
     ({"messages": CHAT, "max_completion_tokens": -1}, "max_completion_tokens", "max_completion_tokens = -1"),
     ({"messages": CHAT, "prompt": "hi"}, "prompt", "belongs to POST /v1/completions"),
     ({"messages": [{"role": "user", "content": "w1 " * 600}]}, "messages", "context is 512 tokens"),
+    ({"messages": CHAT, "store": True}, "store", "only null or false is accepted"),
+    ({"messages": CHAT, "reasoning_effort": "high"}, "reasoning_effort", "OpenAI field that specsure does not"),
     ({"messages": [*CHAT, {"role": "tool", "content": "18", "tool_call_id": "c1"}]}, "messages[2].tool_call_id",
      "no earlier assistant message has tool_calls"),
     ({"messages": [*CHAT, {"role": "assistant", "tool_calls": [

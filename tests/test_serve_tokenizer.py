@@ -30,6 +30,8 @@ def test_tokenize_detokenize_and_tokenizer_info(engine: Engine) -> None:
     assert chat == engine.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True,
                                                         return_dict=False)
     assert client.post("/detokenize", json={"tokens": r["tokens"]}).json()["prompt"] == engine.tokenizer.decode(r["tokens"])
+    partial = [*CHAT, {"role": "tool", "content": "18", "tool_call_id": "c1"}]  # a result without its call
+    assert client.post("/tokenize", json={"messages": partial}).status_code == 200  # any part of a chat, as vLLM's
     for route, body, param, words in (
             ("/tokenize", {"prompt": 5}, "prompt", "send a string"),
             ("/tokenize", {}, "prompt", 'send either "prompt"'),

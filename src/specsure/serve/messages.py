@@ -25,13 +25,16 @@ CALL_FIELDS = ("id", "type", "function")
 FUNCTION_FIELDS = ("name", "arguments")
 
 
-def parse_messages(value: Any) -> list[dict[str, Any]]:
-    """The body's messages as chat templates take them: role, content (text), and the tool fields."""
+def parse_messages(value: Any, answered: bool = True) -> list[dict[str, Any]]:
+    """The body's messages as chat templates take them: role, content (text), and the tool fields.
+    ``answered``: every tool result must answer an earlier call (a chat to generate from; /tokenize
+    takes any part of a conversation, as vLLM's does)."""
     if not isinstance(value, list) or not value:
         said = "messages is missing" if value is None else f"messages = {shown(value)} is not a non-empty list"
         raise RequestError(f'{said}; send e.g. "messages": [{{"role": "user", "content": "Hello"}}].', "messages")
     messages = [_message(message, f"messages[{i}]") for i, message in enumerate(value)]
-    _check_results(messages)
+    if answered:
+        _check_results(messages)
     return messages
 
 

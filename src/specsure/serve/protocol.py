@@ -68,6 +68,9 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 
 COMPLETION_ONLY = frozenset({"echo", "best_of", "suffix"})
 """OpenAI fields of the legacy completions endpoint; the chat endpoint has none of them."""
+CHAT_ONLY = frozenset({"store", "service_tier", "modalities", "audio", "prediction", "web_search_options", "functions",
+                       "function_call", "reasoning_effort", "verbosity"})
+"""OpenAI fields of the chat endpoint (in NEUTRAL); the completions endpoint has none of them."""
 
 _JSON_WORDS = ((r"\bNone\b", "null"), (r"\ba bool\b", "true or false"), (r"\ban int\b", "an integer"),
                (r"\bint\b", "integer"), (r"\bints\b", "integers"), (r"\ba dict\b", "an object"), (r"\ba str\b", "a string"), (r"\bstr\b", "string"), (r"2\*\*64", "2^64"))
@@ -257,7 +260,8 @@ def _check_fields(body: Any, allowed: tuple[str, ...], endpoint: str) -> dict[st
     for key, value in body.items():
         if key in allowed:
             continue
-        if key in NEUTRAL and not (key in COMPLETION_ONLY and endpoint == ENDPOINT_OF["messages"]):
+        if key in NEUTRAL and not (key in COMPLETION_ONLY and endpoint == ENDPOINT_OF["messages"]) and not (
+                key in CHAT_ONLY and endpoint == ENDPOINT_OF["prompt"]):
             neutral = NEUTRAL[key]
             # bool is an int in Python, but true is not a best_of of 1.
             if value is None or any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutral):
@@ -265,7 +269,8 @@ def _check_fields(body: Any, allowed: tuple[str, ...], endpoint: str) -> dict[st
             accepted = " or ".join(["null", *(shown(n) for n in neutral)])
             raise RequestError(f"{key} = {shown(value)} is an OpenAI field that specsure does not implement; remove "
                                f"the field (only {accepted} is accepted).", key, "unsupported_field")
-        elsewhere = ENDPOINT_OF["prompt"] if key in COMPLETION_ONLY else ENDPOINT_OF.get(key, endpoint)
+        elsewhere = (ENDPOINT_OF["prompt"] if key in COMPLETION_ONLY else ENDPOINT_OF["messages"] if key in CHAT_ONLY
+                     else ENDPOINT_OF.get(key, endpoint))
         hint = f" {key!r} belongs to {elsewhere}." if elsewhere != endpoint else suggest(key, allowed)
         raise RequestError(f"unknown field {key!r} in the body of {endpoint}.{hint} Fields: {', '.join(allowed)}.",
                            key, "unknown_field")

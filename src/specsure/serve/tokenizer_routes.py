@@ -43,7 +43,7 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, template
             raise RequestError('send either "prompt" (a string) or "messages" (a chat), e.g. {"prompt": "Hello"}.',
                                "prompt")
         if body.get("messages") is not None:
-            messages = parse_messages(body["messages"])  # as the chat endpoint reads them
+            messages = parse_messages(body["messages"], answered=False)  # as the chat endpoint reads them
             if not template.text:
                 raise RequestError(f"model {model_name!r} has no chat template; send a prompt instead.", "messages")
             tools = parse_tools({"tools": body.get("tools"), "tool_choice": "none"}, None)  # rendered, not called
