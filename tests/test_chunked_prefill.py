@@ -104,18 +104,73 @@ def test_a_request_aborted_between_its_parts_frees_its_slot(folders: dict[str, P
     assert engine.generate(prompt, params)[0].token_ids == want
 
 
-def test_choices_of_a_long_prompt_prefill_on_their_own(folders: dict[str, Path]) -> None:
-    engine = _engine("suffix", folders, CHUNK)
-    prompt = _long_prompts(1)[0]
+def _choices(engine, prompt: list[int], params: SamplingParams, n: int) -> list:
+    """n choices of one request, as the server makes them: the later ones copy the first's prefill."""
+    requests = [engine.request(prompt, params) for _ in range(n)]
+    for request in requests[1:]:
+        request.prefill_from = requests[0]
+    return requests
+
+
+def _prompt_rows(engine) -> list[int]:
+    """Wrap the engine's target so each forward's prompt rows (calls of more than one token) are counted."""
+    fed: list[int] = []
+    inner = engine.scheduler._lm.forward_batch
+
+    def counting(calls, **kwargs):
+        fed.append(sum(len(c.token_ids) for c in calls if c.last_logits is not None))  # a prompt part reads its last row
+        return inner(calls, **kwargs)
+
+    engine.scheduler._lm.forward_batch = counting
+    return fed
+
+
+@pytest.mark.parametrize("name", ["plain", "suffix", "eagle"])
+def test_choices_of_a_long_prompt_share_one_prefill(name: str, folders: dict[str, Path]) -> None:
+    engine = _engine(name, folders, CHUNK, max_num_seqs=4)
+    fed = _prompt_rows(engine)
+    short, prompt = _long_prompts(2)[0][:5], _long_prompts(2)[1]
     params = SamplingParams(max_tokens=6, ignore_eos=True)
-    leader, follower = engine.request(prompt, params), engine.request(prompt, params)
-    follower.prefill_from = leader
-    for request in (leader, follower):
+    first = engine.request(short, params)  # takes the first step's budget, so the leader starts a step later
+    choices = _choices(engine, prompt, params, 3)
+    for request in (first, *choices):
         engine.scheduler.add(request)
     while not engine.scheduler.idle:
         engine.scheduler.step()
-    want = _engine("suffix", folders, None).generate(prompt, params)[0].token_ids
-    assert leader.completion.token_ids == follower.completion.token_ids == want
+    want = _engine(name, folders, None).generate(prompt, params)[0].token_ids
+    assert all(c.completion.token_ids == want for c in choices)
+    heads = name == "eagle"  # a head observes every part's features: each choice prefills its own
+    assert sum(fed) == len(short) + len(prompt) * (3 if heads else 1)
+
+
+def test_choices_waiting_on_an_aborted_leader_prefill_their_own(folders: dict[str, Path]) -> None:
+    engine = _engine("ngram", folders, CHUNK, max_num_seqs=3)
+    prompt = _long_prompts(1)[0]
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    leader, follower = _choices(engine, prompt, params, 2)
+    engine.scheduler.add(leader)
+    engine.scheduler.add(follower)
+    engine.scheduler.step()
+    assert engine.scheduler.sharing == [follower]
+    engine.scheduler.abort(leader)
+    while not engine.scheduler.idle:
+        engine.scheduler.step()
+    assert follower.completion.token_ids == _engine("ngram", folders, None).generate(prompt, params)[0].token_ids
+
+
+def test_scored_choices_prefill_their_own_and_score_every_row(folders: dict[str, Path]) -> None:
+    engine = _engine("plain", folders, CHUNK, max_num_seqs=2)
+    prompt = _long_prompts(1)[0]
+    params = SamplingParams(max_tokens=2, prompt_logprobs=1)
+    choices = _choices(engine, prompt, params, 2)
+    for request in choices:
+        engine.scheduler.add(request)
+    while not engine.scheduler.idle:
+        engine.scheduler.step()
+    want = _engine("plain", folders, None).generate(prompt, params)[0].prompt_logprobs
+    for request in choices:
+        got = request.completion.prompt_logprobs
+        assert len(got) == len(want) and [e and e.token_id for e in got] == [e and e.token_id for e in want]
 
 
 @pytest.mark.parametrize("value", [0, -1, 2.5, True])

@@ -284,6 +284,15 @@ def test_pickle_only_weights_are_refused_on_export_too(tmp_path, ckpts, role):
         export(res, "vllm", strict=True)
 
 
+def test_a_pickled_heads_kind_is_named_before_its_pickle(tmp_path, ckpts):
+    # vLLM loads pickle: the mismatch it would run into first is the warning worth giving.
+    head = write(tmp_path / "head", weights=False, architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1,
+                 draft_vocab_size=500)
+    (Path(head) / "pytorch_model.bin").write_bytes(b"not loaded")
+    out = export(resolve({"method": "eagle", "model": head}, model=ckpts["target"]), "vllm")
+    assert any("would refuse" in w and "EAGLE-3" in w for w in out.warnings), out.warnings
+
+
 def test_config_only_folders_export_without_a_warning(tmp_path, ckpts):
     draft = write(tmp_path / "config-only", weights=False, num_hidden_layers=2)
     assert export(resolve({"model": draft}, model=ckpts["target"]), "vllm").warnings == ()

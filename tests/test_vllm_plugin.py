@@ -105,6 +105,13 @@ def test_a_model_type_rewrite_is_refused_naming_both_sides_and_the_fix(models):
     assert "deepseek_v3" in text and "Fix:" in text and "SPECSURE_VLLM_PLUGIN=warn" in text
 
 
+def test_a_model_type_rewrite_behind_a_path_trap_is_foretold_then_refused(models, caplog):
+    with caplog.at_level(logging.WARNING, logger="vllm.specsure"), pytest.raises(PluginRefusal) as err:
+        vllm(models["target"], speculative_config={"method": "draft_model", "model": models["beagle-dsv3"]})
+    assert "would run 'mtp'" in str(err.value)  # the neutral link fixed the path; the model_type rewrite stays
+    assert any("will switch method 'draft_model' to 'mtp' whatever it is handed" in r.message for r in caplog.records)
+
+
 def test_neutral_configs_pass_through_unchanged(models):
     spec = vllm(models["target"], speculative_config={"model": models["small-draft"], "num_speculative_tokens": 3})
     assert (spec.method, spec.model, spec.num_speculative_tokens) == ("draft_model", models["small-draft"], 3)

@@ -37,12 +37,26 @@ def check_runnable(target: CheckpointInfo, config: SpeculativeConfig | None, dra
                    draft_evidence: Evidence | None, *, weights: bool = True) -> None:
     """Raise ConfigError when the target or draft cannot run ``config.method``.
 
-    ``weights=False`` checks the method against the checkpoints' metadata, for callers (export)
-    that never load weights here and accept config.json-only folders; pickle-only ones are refused still.
+    ``weights=False`` checks the method against the checkpoints' metadata, for callers (export, the
+    vLLM plugin) that never load weights here and accept config.json-only folders; pickle-only ones
+    are refused still, after the method's checks: the engine handed the config (vLLM loads pickle)
+    would run into those first, so they are the more useful error.
     """
-    if weights and target.note:
-        raise ConfigError(f"target: {target.note}. Install it with: {DEFAULT_INSTALL_HINT}, or pass --model.")
-    check_weights(target, "target", config_only=not weights)
+    if weights:
+        if target.note:
+            raise ConfigError(f"target: {target.note}. Install it with: {DEFAULT_INSTALL_HINT}, or pass --model.")
+        check_weights(target, "target")
+    _check_method(target, config, draft, draft_evidence, weights)
+    if not weights:
+        check_weights(target, "target", config_only=True)
+        if draft is not None:
+            check_weights(draft, "draft", config_only=True)
+
+
+def _check_method(target: CheckpointInfo, config: SpeculativeConfig | None, draft: CheckpointInfo | None,
+                  draft_evidence: Evidence | None, weights: bool) -> None:
+    """`check_runnable`'s checks of the method against the checkpoints (with ``weights``, the draft's
+    weight files among them, in the order that has always named the first problem)."""
     if (head := classify_head(target)) is not None:
         asked = f"method {config.method!r} was asked, but " if config is not None else ""
         raise ConfigError(
@@ -66,7 +80,8 @@ def check_runnable(target: CheckpointInfo, config: SpeculativeConfig | None, dra
                           f"{FOREIGN_FIX}")
     if method == "mtp" and draft.mtp_layers is not None:
         check_tree_modules(method, config.speculative_token_tree, draft.mtp_layers[1])
-    check_weights(draft, "draft", config_only=not weights)
+    if weights:
+        check_weights(draft, "draft")
     if draft_evidence is not None and draft_evidence.value != method and not _whole_lm_as_draft(method, draft):
         raise ConfigError(
             f"method {method!r} was asked, which needs {WHAT_IS[method]}, but the draft checkpoint "

@@ -19,7 +19,7 @@ from specsure.decode.completion import (
 )
 from specsure.decode.metrics import SpecStats
 from specsure.decode.request import Request, Rules
-from specsure.decode.scheduler import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, Scheduler
+from specsure.decode.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler
 from specsure.decode.structured import Grammars
 from specsure.sampling import SEED_LIMIT, SamplingParams
 from specsure.models.loading import LoadedModel, load_model
@@ -39,14 +39,14 @@ class Engine:
     ``max_num_seqs`` bounds how many sequences its scheduler runs batched at once (vLLM's name);
     ``enable_prefix_caching`` lets a request reuse the start of its prompt that an earlier request
     left in a sequence slot's KV cache (vLLM's name; `specsure serve` turns it on);
-    ``max_num_batched_tokens`` is the most prompt tokens a step prefills (chunked prefill; None: a
-    prompt at once).
+    ``max_num_batched_tokens`` is the most prompt tokens a step prefills (chunked prefill; None, the
+    default: a prompt at once; `specsure serve` prefills 256 a step).
     """
 
     def __init__(self, resolution: Resolution, target: LoadedModel, proposer: Proposer | None,
                  seed: int | None = None, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
                  enable_prefix_caching: bool = False,
-                 max_num_batched_tokens: int | None = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> None:
+                 max_num_batched_tokens: int | None = None) -> None:
         config = resolution.config
         running = proposer.method if proposer is not None else None
         asked = config.method if config is not None else None
@@ -248,7 +248,7 @@ class Engine:
         run = self._running = object()  # the caches are this run's until another one starts
         scheduler = self.scheduler
         # an earlier stream's requests, which now fail at their next step
-        for stale in [*scheduler.waiting, *scheduler.prefilling, *scheduler.running]:
+        for stale in [*scheduler.waiting, *scheduler.prefilling, *scheduler.sharing, *scheduler.running]:
             scheduler.abort(stale)
         for request in requests:
             scheduler.add(request)
@@ -313,7 +313,7 @@ def _shown_types(values: Sequence[object]) -> str:
 def make_engine(model: str | None = None, speculative: dict | None = None, *, strict: bool = False,
                 dtype: str = "auto", seed: int | None = None, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
                 enable_prefix_caching: bool = False,
-                max_num_batched_tokens: int | None = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> Engine:
+                max_num_batched_tokens: int | None = None) -> Engine:
     """Resolve the config, check it can run, load the target, build the named proposer.
 
     ``seed`` seeds the engine as vLLM's ``LLM(seed=...)`` does: each request without a seed of its own

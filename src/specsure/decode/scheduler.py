@@ -15,10 +15,14 @@ batch size 1 nothing is forked and decoding runs exactly as it always has.
 With prefix caching, a slot's cache outlives its request: the next request whose prompt starts
 with what a slot holds prefills only the rest (``_take`` says which slot, and from where).
 
-Chunked prefill (``max_num_batched_tokens``): a prompt is prefilled in parts that end at multiples
-of that many tokens, at most that many prompt tokens a step, so the running requests go on
-decoding between the parts of a long prompt instead of waiting for all of it. A request between
-its parts is ``prefilling``: it holds its slot and has no update until its last part.
+Chunked prefill (``max_num_batched_tokens``; `specsure serve` turns it on): a prompt is prefilled
+in parts that end at multiples of that many tokens, at most that many prompt tokens a step, so the
+running requests go on decoding between the parts of a long prompt instead of waiting for all of
+it. A request between its parts is ``prefilling``: it holds its slot and has no update until its
+last part. Another choice of the same request (``Request.prefill_from``) copies its leader's
+prefill: in the step they join, if the leader's prompt fits one part; else it waits, ``sharing``,
+for the leader's last part (not for heads, which observe every part's features themselves, nor
+for scored prompts, whose every row is scored).
 """
 
 from __future__ import annotations
@@ -39,9 +43,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_NUM_SEQS = 8
 """vLLM's name; 8 concurrent sequences is where a verify forward here still costs about 3x a single one."""
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 256
-"""The most prompt tokens one step prefills. On 2 cores the default model prefills about 300 tokens a
-second, so a running request waits under a second a step for a long prompt (9 s for 3,000 tokens
-unchunked); parts of 256 rows cost about what one pass over the whole prompt does."""
+"""`specsure serve`'s chunk: the most prompt tokens one step prefills. On 2 cores the default model
+prefills about 700 tokens a second, so a running request waits well under a second a step for a
+long prompt (6 s for 3,000 tokens at once); parts of 256 rows cost no more than one pass over the
+whole prompt. The engine's own default is None, a prompt at once, as before chunking existed."""
 
 
 @dataclass
@@ -61,7 +66,7 @@ class Scheduler:
     def __init__(self, lm: CausalLM, proposer: Proposer | None, *, hidden: bool, aux_layers: tuple[int, ...],
                  max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, disable_by_batch_size: int | None = None,
                  prefix_caching: bool = False,
-                 max_num_batched_tokens: int | None = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> None:
+                 max_num_batched_tokens: int | None = None) -> None:
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs = {max_num_seqs!r} must be an int >= 1.")
         if max_num_batched_tokens is not None and (isinstance(max_num_batched_tokens, bool) or not isinstance(
@@ -91,16 +96,18 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
         """Requests with a slot whose prompt's last part is still to come, first come first."""
+        self.sharing: list[Request] = []
+        """Choices with a slot that wait for their leader's last part, whose prefill they copy."""
         self.running: list[Request] = []
 
     @property
     def idle(self) -> bool:
-        return not self.waiting and not self.prefilling and not self.running
+        return not self.waiting and not self.prefilling and not self.sharing and not self.running
 
     @property
     def active(self) -> int:
-        """Requests holding a slot: running, or between the parts of their prompt."""
-        return len(self.running) + len(self.prefilling)
+        """Requests holding a slot: running, between the parts of their prompt, or sharing one."""
+        return len(self.running) + len(self.prefilling) + len(self.sharing)
 
     def add(self, request: Request) -> None:
         """Queue ``request``; it is prefilled at the first step with a free slot."""
@@ -110,9 +117,19 @@ class Scheduler:
         """Drop ``request`` now, wherever it is; its slot (and KV cache) serves the next one."""
         if request in self.waiting:
             self.waiting.remove(request)
-        elif request in self.running or request in self.prefilling:
-            (self.running if request in self.running else self.prefilling).remove(request)
-            self._release(request)
+            return
+        for group in (self.running, self.prefilling, self.sharing):
+            if request in group:
+                group.remove(request)
+                self._release(request)
+                break
+        self._orphan(request)
+
+    def _orphan(self, leader: Request) -> None:
+        """The choices waiting on ``leader``'s prefill, which will not come, prefill their own."""
+        for request in [r for r in self.sharing if r.prefill_from is leader]:
+            self.sharing.remove(request)
+            self.prefilling.append(request)
 
     def step(self) -> list[tuple[Request, StepUpdate]]:
         """One batched target forward: every running request verifies a draft, new ones prefill.
@@ -131,20 +148,25 @@ class Scheduler:
         if not decoding and not joining and not self.prefilling:
             return []
         chunk = self.max_num_batched_tokens
-        # A choice whose sibling prefills the rest of its prompt in this step copies that prefill instead
-        # of repeating it. A head's state is its own slot's: it copies only from the same cached start.
+        # A choice whose leader prefills the same prompt copies that prefill instead of repeating it. A
+        # head's state is its own slot's: it copies only from the same cached start.
         siblings = [r for r in joining if r.prefill_from is not None and r.prefill_from in joining
                     and r.prefill_from.prefill_from is None
                     and (self._copies or r.cached_tokens == r.prefill_from.cached_tokens)]
         self.prefilling.extend(r for r in joining if r not in siblings)
         parts = self._parts(chunk)  # (request, end) of this step's prompt parts
         last = {id(r) for r, end in parts if end == len(r.prompt)}
-        copying = {id(r) for r in siblings if id(r.prefill_from) in last}
-        self.prefilling.extend(r for r in siblings if id(r) not in copying)  # each prefills its own, later
+        for request in siblings:  # a leader that joined this step and ends its prefill in it did it in one part
+            if id(request.prefill_from) not in last:
+                # Heads observe every part's features, and a scored prompt scores every row: both prefill their own.
+                wait = self._copies and request.params.prompt_logprobs is None
+                (self.sharing if wait else self.prefilling).append(request)
+        copying = [r for r in siblings + self.sharing if id(r.prefill_from) in last]
         # A full batch is compute-bound: verifying drafts there costs more rows than their accepted
-        # tokens save, so under disable_by_batch_size every sequence decodes one token this step.
+        # tokens save, so under disable_by_batch_size every sequence decodes one token this step. The
+        # batch counts the sequences that get a token in it, as before prompts came in parts.
         limit = self.disable_by_batch_size
-        speculate = limit is None or len(decoding) + len(parts) + len(copying) < limit
+        speculate = limit is None or len(decoding) + len(last) + len(copying) < limit
         if not speculate and decoding and self._slots[0].proposer is not None:
             self.undrafted_steps += 1
         drafts = propose_all([r.draft_job() for r in decoding]) if speculate else [NO_DRAFT] * len(decoding)
@@ -157,23 +179,25 @@ class Scheduler:
                    for r, d in zip(decoding, drafts)]
         prefills: dict[int, Any] = {}
         for (request, end), out in zip(parts, outs[len(drafted):]):
-            if end < len(request.prompt):
+            if end < len(request.prompt):  # its next part comes in a later step; it keeps its place
                 try:
                     request.commit_chunk(out, end)
                 except Exception as exc:  # a bug; it fails this request alone, as _isolated does
                     logger.exception("a request failed while a part of its prompt was committed")
                     self.prefilling.remove(request)
                     updates.append((request, StepUpdate([], error=exc)))
+                    self._orphan(request)
                 continue
-            prefills[id(request)] = out
             self.prefilling.remove(request)
+            prefills[id(request)] = out
             updates.append((request, _isolated(request.commit_prefill, out)))
             self.running.append(request)
-        for request in joining:
-            if id(request) in copying:
-                leader = request.prefill_from
-                updates.append((request, _isolated(request.commit_prefill, prefills[id(leader)], shared_from=leader)))
-                self.running.append(request)
+        for request in copying:
+            if request in self.sharing:
+                self.sharing.remove(request)
+            leader = request.prefill_from
+            updates.append((request, _isolated(request.commit_prefill, prefills[id(leader)], shared_from=leader)))
+            self.running.append(request)
         for request, update in updates:
             if update.completion is not None or update.error is not None:
                 if request in self.running:

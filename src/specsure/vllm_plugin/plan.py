@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from specsure.config.errors import ConfigError
-from specsure.config.export import VLLM_DETECTION_SKIPPED, vllm_draft_path, vllm_path_trap
+from specsure.config.export import VLLM_DETECTION_SKIPPED, model_type_override, vllm_draft_path, vllm_path_trap
 from specsure.config.resolution import Resolution, resolve
 from specsure.config.schema import FIELDS, KEY_ALIASES, SPECSURE_ONLY_FIELDS
 from specsure.vllm_plugin.links import neutral_link
@@ -97,6 +97,11 @@ def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = Tr
         link = neutral_link(where[0])
         handed["model"] = link  # for mtp without a draft this names the target's own folder explicitly
         links.append((where[0], link))
+    if where is not None and res.config.method not in VLLM_DETECTION_SKIPPED and (
+            behind := model_type_override(res, where[0], where[1])) is not None:
+        # No key stops this one; the guard sees it once vLLM has resolved, and refuses or warns.
+        warnings.append(f"vLLM will switch method {res.config.method!r} to {behind.vllm!r} whatever it is handed: "
+                        f"{behind.cause}; {behind.fix}.")
     return Plan(user=user, resolution=res, handed=handed, links=tuple(links), warnings=tuple(warnings))
 
 
