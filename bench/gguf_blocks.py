@@ -34,8 +34,8 @@ def switch(lm, blocks: bool, saved: dict) -> None:
             setattr(struct, name, pointer)
             setattr(struct, f"{name}_format", fmt)
     if "head" not in saved:
-        saved["head"] = (lm._head_blocks, lm._head_tiles)  # on an AMX CPU the kernel reads the tiles (A8)
-    lm._head_blocks, lm._head_tiles = saved["head"] if blocks else (None, None)
+        saved["head"] = (lm.head.blocks, lm.head.tiles)  # on an AMX CPU the kernel reads the tiles (A8)
+    lm.head.blocks, lm.head.tiles = saved["head"] if blocks else (None, None)
 
 
 def greedy(lm, ids: list[int], tokens: int) -> tuple[list[int], float]:

@@ -25,7 +25,7 @@ from specsure.sampling import SamplingParams
 
 def products(repeats: int) -> None:
     lm = make_engine(None).target.lm
-    tiles, blocks, kernel = lm._head_tiles, lm._head_blocks, lm._native.float_kernel
+    tiles, blocks, kernel = lm.head.tiles, lm.head.blocks, lm._native.float_kernel
     if tiles is None:
         raise SystemExit("the LM head is not on AMX tiles here (no AMX build, or Linux refused the tiles)")
     other = torch.zeros(1 << 18)
@@ -49,7 +49,7 @@ def decoding(methods: list[str], rounds: int) -> None:
     for method in methods:
         engine = make_engine(None, NAMED[method])
         lm = engine.target.lm
-        tiles = lm._head_tiles
+        tiles = lm.head.tiles
         prompts = quick_prompts(engine.tokenizer)
         engine.generate([prompts[0]], params)
         spent = {"products": 0.0, "tiles": 0.0}
@@ -57,11 +57,11 @@ def decoding(methods: list[str], rounds: int) -> None:
         for round_ in range(rounds):
             for prompt in prompts:
                 for name in (("products", "tiles") if round_ % 2 == 0 else ("tiles", "products")):
-                    lm._head_tiles = tiles if name == "tiles" else None
+                    lm.head.tiles = tiles if name == "tiles" else None
                     started = time.perf_counter()
                     outputs[name].append(engine.generate([prompt], params)[0].token_ids)
                     spent[name] += time.perf_counter() - started
-        lm._head_tiles = tiles
+        lm.head.tiles = tiles
         print(f"{method}: tiles {spent['products'] / spent['tiles']:.3f}x the products' speed "
               f"({spent['products']:.2f} s against {spent['tiles']:.2f} s); "
               f"outputs {'equal' if outputs['products'] == outputs['tiles'] else 'DIFFERENT'}")

@@ -143,7 +143,7 @@ def test_a_quantised_gguf_decodes_the_same_bits_from_its_blocks(gguf_file: Path,
         a, b = blocks.forward([token]), plain.forward([token])
     # A draft vocabulary's rows of the LM head (an MTP head's logits) read the same rows of the blocks.
     rows, hidden = torch.tensor([3, 7, 100, 250, 299]), torch.randn(3, 64)
-    assert blocks._head_blocks is not None
+    assert blocks.head.blocks is not None
     assert torch.equal(blocks.draft_head(rows)(hidden), plain.draft_head(rows)(hidden))
     # A verify forward of several rows (direct, then unpacked) gives each row the one-row step's bits.
     for rows in (4, 9):
@@ -214,7 +214,7 @@ def test_a_tied_q8_0_embedding_is_read_as_the_lm_head(tmp_path_factory: pytest.T
     lm = load_model(str(gguf), dtype="float32").lm
     if lm.row_kernel is None:
         pytest.skip(NO_KERNEL)
-    assert lm.path.endswith("the kernel reads 1 Q4_1, 1 Q8_0 as the GGUF's blocks") and lm._head_blocks is not None
+    assert lm.path.endswith("the kernel reads 1 Q4_1, 1 Q8_0 as the GGUF's blocks") and lm.head.blocks is not None
     hidden = torch.randn(2, 64)
     traced = lm.lm_head_logits(hidden.clone().requires_grad_(True))  # a head in training: torch's products
     assert traced.grad_fn is not None

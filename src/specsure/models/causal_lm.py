@@ -15,10 +15,10 @@ from specsure.models.errors import ModelLoadError
 from specsure.models.kv_cache import RollbackCache
 from specsure.models.load_check import check_cache, check_logits
 from specsure.models.forward_output import ForwardOutput
-from specsure.models.gguf_blocks import BlockMatrix, FileBlocks, matches
+from specsure.models.gguf_blocks import FileBlocks
 from specsure.models.logits import LogitsTransform, logits_transform
 from specsure.models.native import NativeDecoder, Segment
-from specsure.models.products import KERNEL_ROWS, project
+from specsure.models.output_head import OutputHead
 from specsure.models.token_tree import TokenTree, layer_masks
 
 logger = logging.getLogger(__name__)
@@ -90,20 +90,17 @@ class CausalLM:
         if head is None:
             raise ModelLoadError(f"{type(hf).__name__} (model_type {hf.config.model_type!r}) has no output embeddings "
                                  "(LM head); this architecture is not supported yet.")
-        self._head: torch.nn.Module = head
         self._embed: torch.nn.Module = hf.get_input_embeddings()
-        self.logits_transform: LogitsTransform = logits_transform(text_config)
         if self.dtype == torch.float32:
             _align(hf)
         self._native, why = NativeDecoder.build(hf) if native else (None, "native=False was asked")
+        self.head = OutputHead(head, logits_transform(text_config), self._native)
+        """The LM head and the scalar steps after it."""
         self.path: str = f"{'native' if self._native else 'transformers'} ({why})"
         """Which forward runs the decoder layers, and why: 'native (...)' or 'transformers (...)'."""
         self._cache = RollbackCache()
         self._cache_len = 0
         self._ids: list[int] = []  # the token at each cached position (a tree's nodes until `keep`)
-        self._head_blocks: BlockMatrix | None = None
-        self._head_tiles: BlockMatrix | None = None
-        """``_head_blocks`` packed for AMX tiles (A8), where the CPU has them: what the kernel reads then."""
         self.blocks_used: dict[str, int] = {}
         """GGUF type -> how many of the weight matrices the float32 kernel reads as blocks (`use_blocks`)."""
         check_logits(self)
@@ -117,11 +114,7 @@ class CausalLM:
         if native is None or native.float_kernel is None:
             return {}
         used = native.use_blocks(blocks)
-        head = self._head
-        if (blocks.lm_head is not None and type(head) is torch.nn.Linear and head.bias is None
-                and matches(blocks.lm_head, head.weight, native.float_kernel)):
-            self._head_blocks = blocks.lm_head
-            self._head_tiles = native.float_kernel.amx_pack(blocks.lm_head)
+        if blocks.lm_head is not None and self.head.use_blocks(blocks.lm_head, native.float_kernel):
             used[blocks.lm_head.kind] = used.get(blocks.lm_head.kind, 0) + 1
         self.blocks_used = used
         return used
@@ -130,7 +123,12 @@ class CausalLM:
     def tiled_matrices(self) -> int:
         """How many of the weight matrices `use_blocks` gave the kernel run on AMX tiles (float_kernel.c's A4
         and A8), the LM head included."""
-        return (0 if self._native is None else self._native.tiled_matrices) + (self._head_tiles is not None)
+        return (0 if self._native is None else self._native.tiled_matrices) + (self.head.tiles is not None)
+
+    @property
+    def logits_transform(self) -> LogitsTransform:
+        """The model's scalar steps after the LM head (`models/logits.py`)."""
+        return self.head.transform
 
     def reset(self) -> None:
         """Empty the KV cache (its buffers are kept for the next sequence)."""
@@ -214,7 +212,7 @@ class CausalLM:
         self._cache_len = start + n
         self._ids[start:] = [int(t) for t in token_ids]
         rows = last if last_logits is None else last[max(0, n - last_logits):]
-        return ForwardOutput(logits=self._logits(rows), hidden=last if hidden else None, aux_hidden=aux)
+        return ForwardOutput(logits=self.head.logits(rows), hidden=last if hidden else None, aux_hidden=aux)
 
     def _check_call(self, n: int, aux_layers: tuple[int, ...]) -> None:
         if n == 0:
@@ -284,7 +282,7 @@ class CausalLM:
             end += n
         # The LM head reads the biggest matrix of a small model: one product for every row read.
         rows = torch.cat([last[a:b] for a, b in wanted])
-        logits = self._logits(rows)  # [sum of rows read, vocab]
+        logits = self.head.logits(rows)  # [sum of rows read, vocab]
         outputs, at = [], 0
         for (a, b), (first, stop) in zip(spans, wanted):
             outputs.append(ForwardOutput(logits=logits[at: at + stop - first], hidden=last[a:b] if hidden else None,
@@ -336,73 +334,9 @@ class CausalLM:
         With ``rows`` (vocabulary ids), only those logits [..., len(rows)]: a trainer's labels over
         a draft vocabulary cost a sixth of the head then.
         """
-        if rows is None:
-            return self._logits(hidden)
-        head = self._head
-        if type(head) is not torch.nn.Linear:
-            return self._logits(hidden)[..., rows]
-        if self.logits_transform.hidden_divisor != 1.0:
-            hidden = hidden / self.logits_transform.hidden_divisor
-        bias = None if head.bias is None else head.bias[rows]
-        return self._transformed(torch.nn.functional.linear(hidden, head.weight[rows], bias).float())
+        return self.head.logits(hidden) if rows is None else self.head.row_logits(hidden, rows)
 
     def draft_head(self, rows: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        """Logits over the vocabulary ids ``rows`` only: post-norm states [n, hidden] -> float32 [n, len(rows)].
-
-        For a drafter that predicts among a draft vocabulary. The LM head's rows are gathered once
-        here, so each call reads len(rows) / vocab of the head: on a small model the full head is
-        most of an MTP draft step's weight reads, and a draft step is bound by them.
-        """
-        head = self._head
-        if type(head) is not torch.nn.Linear:
-            return lambda hidden: self._logits(hidden)[..., rows]
-        weight = head.weight[rows].contiguous()  # [len(rows), hidden]
-        bias = None if head.bias is None else head.bias[rows]
-        blocks = self._head_blocks
-        # The same rows of the GGUF's blocks: a quarter of the bytes, and the bits of the float32 rows
-        # (not of the whole head's logits where that runs on AMX tiles: a draft's numbers decide drafts only).
-        if blocks is not None:
-            blocks = BlockMatrix(blocks.data[rows].contiguous(), blocks.format, len(rows), blocks.cols, blocks.kind)
-        return lambda hidden: self._logits(hidden, weight, bias, blocks)
-
-    def _logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                blocks: BlockMatrix | None = None) -> torch.Tensor:
-        """[..., hidden] post-norm states -> float32 [..., vocab], as `*ForCausalLM.forward` does: by the
-        LM head, or by ``weight`` and ``bias`` (and ``blocks``, the same weights as GGUF blocks)."""
-        transform = self.logits_transform
-        if transform.hidden_divisor != 1.0:
-            hidden = hidden / transform.hidden_divisor  # model dtype, as the model divides it
-        # The scalar steps run in float32: at most a rounding step away from the model's own
-        # half-precision arithmetic, and the verifier works in float32 anyway.
-        head = self._head
-        native = self._native
-        linear = weight is not None or type(head) is torch.nn.Linear
-        if weight is None and linear:
-            weight, bias, blocks = head.weight, head.bias, self._head_tiles or self._head_blocks
-        if (blocks is not None and bias is None and hidden.dim() == 2 and hidden.dtype == torch.float32
-                and not hidden.requires_grad and not (torch.is_grad_enabled() and weight.requires_grad)
-                and hidden.shape[0] <= KERNEL_ROWS):
-            logits = native.float_kernel.linear_blocks(blocks, hidden.contiguous())
-        elif (native is not None and native.kernel is not None and hidden.dim() == 2 and linear
-                and bias is None and weight.is_contiguous() and hidden.dtype == torch.bfloat16
-                and not hidden.requires_grad  # a head in training backpropagates through the LM head
-                and hidden.shape[0] <= KERNEL_ROWS):
-            logits = native.kernel.linear_rows(weight, hidden.contiguous()).float()
-        elif hidden.dim() == 2 and linear:
-            logits = project(hidden, weight, bias).float()  # few rows: the faster products
-        elif linear:
-            logits = torch.nn.functional.linear(hidden, weight, bias).float()
-        else:
-            logits = head(hidden).float()
-        return self._transformed(logits)
-
-    def _transformed(self, logits: torch.Tensor) -> torch.Tensor:
-        """The model's scalar steps after the head (float32 logits in, float32 out)."""
-        transform = self.logits_transform
-        if transform.multiplier != 1.0:
-            logits = logits * transform.multiplier
-        if transform.divisor != 1.0:
-            logits = logits / transform.divisor
-        if transform.softcap is not None:
-            logits = torch.tanh(logits / transform.softcap) * transform.softcap
-        return logits
+        """Logits over the vocabulary ids ``rows`` only (`OutputHead.draft`), for a drafter that
+        predicts among a draft vocabulary."""
+        return self.head.draft(rows)

@@ -1,0 +1,115 @@
+"""The LM head: post-norm hidden states to float32 logits, as the model's own forward computes them.
+
+The head's weights run on whichever path is fastest for the rows at hand (a GGUF's blocks in the
+float32 kernel, on AMX tiles where the CPU has them; the bf16 kernel; few-row products; torch), and
+the model's scalar steps after the head (`LogitsTransform`: a hidden divisor, multipliers,
+softcapping) follow, so `CausalLM.forward`'s logits are the ones `*ForCausalLM.forward` gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from specsure.models.gguf_blocks import BlockMatrix, matches
+from specsure.models.logits import LogitsTransform
+from specsure.models.products import KERNEL_ROWS, project
+
+if TYPE_CHECKING:
+    from specsure.models.float_kernel import FloatKernel
+    from specsure.models.native import NativeDecoder
+
+
+class OutputHead:
+    """A model's output embeddings and the scalar steps after them."""
+
+    def __init__(self, module: torch.nn.Module, transform: LogitsTransform, native: "NativeDecoder | None") -> None:
+        self.module = module
+        self.transform = transform
+        self._native = native
+        self.blocks: BlockMatrix | None = None
+        """The head's weights as a GGUF's blocks, which the float32 kernel reads (`use_blocks`)."""
+        self.tiles: BlockMatrix | None = None
+        """``blocks`` packed for AMX tiles (A8), where the CPU has them: what the kernel reads then."""
+
+    def use_blocks(self, blocks: BlockMatrix, kernel: "FloatKernel") -> bool:
+        """Read the head as ``blocks`` where they hold its weights bit for bit; whether it does."""
+        head = self.module
+        if type(head) is not torch.nn.Linear or head.bias is not None or not matches(blocks, head.weight, kernel):
+            return False
+        self.blocks, self.tiles = blocks, kernel.amx_pack(blocks)
+        return True
+
+    def logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               blocks: BlockMatrix | None = None) -> torch.Tensor:
+        """[..., hidden] post-norm states -> float32 [..., vocab], as `*ForCausalLM.forward` does: by the
+        LM head, or by ``weight`` and ``bias`` (and ``blocks``, the same weights as GGUF blocks)."""
+        transform = self.transform
+        if transform.hidden_divisor != 1.0:
+            hidden = hidden / transform.hidden_divisor  # model dtype, as the model divides it
+        # The scalar steps run in float32: at most a rounding step away from the model's own
+        # half-precision arithmetic, and the verifier works in float32 anyway.
+        head = self.module
+        native = self._native
+        linear = weight is not None or type(head) is torch.nn.Linear
+        if weight is None and linear:
+            weight, bias, blocks = head.weight, head.bias, self.tiles or self.blocks
+        if (blocks is not None and bias is None and hidden.dim() == 2 and hidden.dtype == torch.float32
+                and not hidden.requires_grad and not (torch.is_grad_enabled() and weight.requires_grad)
+                and hidden.shape[0] <= KERNEL_ROWS):
+            logits = native.float_kernel.linear_blocks(blocks, hidden.contiguous())
+        elif (native is not None and native.kernel is not None and hidden.dim() == 2 and linear
+                and bias is None and weight.is_contiguous() and hidden.dtype == torch.bfloat16
+                and not hidden.requires_grad  # a head in training backpropagates through the LM head
+                and hidden.shape[0] <= KERNEL_ROWS):
+            logits = native.kernel.linear_rows(weight, hidden.contiguous()).float()
+        elif hidden.dim() == 2 and linear:
+            logits = project(hidden, weight, bias).float()  # few rows: the faster products
+        elif linear:
+            logits = torch.nn.functional.linear(hidden, weight, bias).float()
+        else:
+            logits = head(hidden).float()
+        return self.transformed(logits)
+
+    def row_logits(self, hidden: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Only the logits of the vocabulary ids ``rows`` [..., len(rows)]: a trainer's labels over a
+        draft vocabulary cost a sixth of the head then."""
+        head = self.module
+        if type(head) is not torch.nn.Linear:
+            return self.logits(hidden)[..., rows]
+        if self.transform.hidden_divisor != 1.0:
+            hidden = hidden / self.transform.hidden_divisor
+        bias = None if head.bias is None else head.bias[rows]
+        return self.transformed(torch.nn.functional.linear(hidden, head.weight[rows], bias).float())
+
+    def draft(self, rows: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Logits over the vocabulary ids ``rows`` only: post-norm states [n, hidden] -> float32 [n, len(rows)].
+
+        For a drafter that predicts among a draft vocabulary. The head's rows are gathered once
+        here, so each call reads len(rows) / vocab of the head: on a small model the full head is
+        most of an MTP draft step's weight reads, and a draft step is bound by them.
+        """
+        head = self.module
+        if type(head) is not torch.nn.Linear:
+            return lambda hidden: self.logits(hidden)[..., rows]
+        weight = head.weight[rows].contiguous()  # [len(rows), hidden]
+        bias = None if head.bias is None else head.bias[rows]
+        blocks = self.blocks
+        # The same rows of the GGUF's blocks: a quarter of the bytes, and the bits of the float32 rows
+        # (not of the whole head's logits where that runs on AMX tiles: a draft's numbers decide drafts only).
+        if blocks is not None:
+            blocks = BlockMatrix(blocks.data[rows].contiguous(), blocks.format, len(rows), blocks.cols, blocks.kind)
+        return lambda hidden: self.logits(hidden, weight, bias, blocks)
+
+    def transformed(self, logits: torch.Tensor) -> torch.Tensor:
+        """The model's scalar steps after the head (float32 logits in, float32 out)."""
+        transform = self.transform
+        if transform.multiplier != 1.0:
+            logits = logits * transform.multiplier
+        if transform.divisor != 1.0:
+            logits = logits / transform.divisor
+        if transform.softcap is not None:
+            logits = torch.tanh(logits / transform.softcap) * transform.softcap
+        return logits
