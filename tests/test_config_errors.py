@@ -348,3 +348,15 @@ def test_null_is_unset_where_vllm_writes_it_for_unset(target, key):
 def test_an_integer_error_hints_only_at_a_valid_value(target, spec, wanted, unwanted):
     msg = error_of(spec, target)
     assert wanted in msg and (unwanted is None or unwanted not in msg), msg
+
+
+def test_a_path_object_is_a_target_path(target):
+    from pathlib import Path
+
+    assert resolve({"method": "ngram"}, model=Path(target)).target_model == target
+
+
+@pytest.mark.parametrize("strict", ["yes", 1, None])
+def test_strict_must_be_a_bool(target, strict):
+    with pytest.raises(ConfigError, match="strict = .* must be True or False"):
+        resolve({"method": "ngram"}, model=target, strict=strict)

@@ -9,6 +9,7 @@ turns it into ConfigConflictError.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -87,7 +88,7 @@ class Resolution:
         check_runnable(self.target, self.config, self.draft, self.draft_evidence, weights=weights)
 
 
-def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, strict: bool = False,
+def resolve(speculative: Mapping[str, Any] | None, model: str | os.PathLike[str] | None = None, strict: bool = False,
             dtype: str | None = "auto") -> Resolution:
     """Resolve the user's speculative config against the target and draft checkpoints.
 
@@ -96,8 +97,12 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | None = None, str
     head's default tree depends on it. Raises ConfigError for bad input and, with ``strict=True``,
     ConfigConflictError when evidence disagrees with an explicit value.
     """
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
     if model is not None and (not isinstance(model, str) or not model.strip()):
-        raise ConfigError(f"model = {model!r} must be a path string (a model folder or .gguf file) or None.")
+        raise ConfigError(f"model = {model!r} must be a path (a model folder or .gguf file) or None.")
+    if not isinstance(strict, bool):
+        raise ConfigError(f"strict = {strict!r} must be True or False.")
     if dtype is not None and dtype not in DTYPE_NAMES:
         raise ConfigError(f"dtype = {dtype!r} is not one of {', '.join(DTYPE_NAMES)}; 'auto' picks by the CPU and the target.")
     off = speculative is None or (isinstance(speculative, Mapping) and not speculative)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import numbers
+import os
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
@@ -310,7 +311,7 @@ def _shown_types(values: Sequence[object]) -> str:
     return ", ".join(sorted({type(v).__name__ for v in values}))
 
 
-def make_engine(model: str | None = None, speculative: dict | None = None, *, strict: bool = False,
+def make_engine(model: str | os.PathLike[str] | None = None, speculative: dict | None = None, *, strict: bool = False,
                 dtype: str = "auto", seed: int | None = None, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
                 enable_prefix_caching: bool = False,
                 max_num_batched_tokens: int | None = None) -> Engine:
@@ -320,6 +321,8 @@ def make_engine(model: str | None = None, speculative: dict | None = None, *, st
     draws one from the engine's stream, so the same run repeats and its requests sample independently.
     """
     _check_engine_args(strict, dtype, seed, max_num_seqs)  # before the model loads, not after
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
     if not isinstance(enable_prefix_caching, bool):
         raise ValueError(f"enable_prefix_caching = {enable_prefix_caching!r} must be True or False.")
     if max_num_batched_tokens is not None and (isinstance(max_num_batched_tokens, bool)
