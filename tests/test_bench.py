@@ -364,6 +364,7 @@ def test_results_name_the_commit_and_say_when_the_package_differs_from_it(tmp_pa
     (["-k", "100", "--methods", "ngram"], "--num-speculative-tokens: num_speculative_tokens = 100 is out of range"),
     (["--suffix-max-spec-factor", "nan", "--methods", "suffix"], "--suffix-max-spec-factor:"),
     (["--token-tree", "[(0,", "--methods", "mtp-tree"], "--token-tree:"),
+    (["--token-tree", "[(0,", "--methods", "ngram"], "--token-tree:"),  # malformed, though no row selected reads it
     (["--threads", "0"], "argument --threads: 0 must be at least 1"),
     (["--batched", "-1"], "argument --batched: -1 must be at least 0"),
     (["--out", "GOOD"], "cannot write results there"),

@@ -124,10 +124,18 @@ def test_bench_serve_errors_name_the_flag(url: str, tmp_path: Path, capsys: pyte
                           (["--concurrency", "1,x"], "--concurrency"),
                           (["--url", "a=http://127.0.0.1:9", "--url", "a=http://127.0.0.1:8"], "labels"),
                           (["--url", "http://127.0.0.1:9"], "cannot reach"),
+                          (["--url", "http://127.0.0.1:99999"], "Port out of range"),
+                          (["--url", "http://"], "names no host and port"),
+                          (["--url", "=http://127.0.0.1:9"], "the label before '=' is empty"),
+                          (["--url", "a=http://127.0.0.1:9", "--url", "b=http://127.0.0.1:8", "--pause", "inf"],
+                           "--pause must be a finite number"),
                           (["--url", url], "wrong --api-key")):
         assert main(["bench", "serve", *flags, "--out", str(tmp_path)]) == 2
         err = capsys.readouterr().err
         assert needle in err and "Traceback" not in err, err
+    assert main(["bench", "--methods", "ngram", "--repeats", "2", "serve", "--url", url]) == 2  # bench's, not serve's
+    err = capsys.readouterr().err
+    assert "--methods, --repeats: options of `specsure bench`, given before `serve`" in err, err
     (tmp_path / "a-file").write_text("mine")
     for flags, needle in ((["--url", url, "--api-key", "x", "--out", str(tmp_path / "a-file")], "cannot write results"),):
         assert main(["bench", "serve", *flags]) == 2

@@ -230,10 +230,14 @@ def _run(args: argparse.Namespace) -> int:
     baselines = _names(args.baselines, BASELINES + LLAMA_CPP_BASELINES, "--baselines")
     per_category, max_tokens, repeats = _resolve_options(args)
     prompts = _load_prompts(args, per_category)
-    check_flag_values(methods, _settings(args, "auto"))  # before any model loads: a bad value is no skipped row
+    # Before any model loads: a bad value is no skipped row, and a malformed one an error even where
+    # no selected row reads it (every row's config is checked).
+    check_flag_values(METHODS, _settings(args, "auto"))
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     out_dir = writable_folder("--out", args.out)
+    if (out_dir / "results.json").exists():
+        print(f"note: {out_dir} holds an earlier run's results; this run's replace them when it ends", flush=True)
 
     print(f"loading target {args.model or '(packaged default)'} ...", flush=True)
     target = load_model(args.model, args.dtype)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import shlex
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +57,20 @@ def add_parser(modes: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+def _no_bench_flags(words: list[str]) -> None:
+    """`specsure bench`'s own options given before `serve` would be dropped without a word: refuse them."""
+    if "bench" not in words:
+        return
+    start = words.index("bench")
+    if "serve" not in words[start:]:
+        return
+    flags = [w for w in words[start + 1:words.index("serve", start)] if w.startswith("-")]
+    if flags:
+        raise ValueError(f"{', '.join(flags)}: options of `specsure bench`, given before `serve`, which `specsure "
+                         "bench serve` does not read; give its own options after `serve` (specsure bench serve "
+                         "--help), or drop these.")
+
+
 def _servers(urls: list[str] | None):
     from specsure.bench.load import Server
 
@@ -66,6 +82,15 @@ def _servers(urls: list[str] | None):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"--url {text!r}: the URL must start with http:// or https:// (for example "
                              f"{DEFAULT_URL}), optionally after a label and '='.")
+        if sep and not label.strip():
+            raise ValueError(f"--url {text!r}: the label before '=' is empty; give LABEL=URL, or the URL alone.")
+        try:
+            parts = urllib.parse.urlsplit(url)
+            port = parts.port  # raises for a port outside 0..65535
+        except ValueError as err:
+            raise ValueError(f"--url {text!r}: {err}; give a URL such as {DEFAULT_URL}.") from None
+        if not parts.hostname or port == 0:
+            raise ValueError(f"--url {text!r} names no host and port to reach; give a URL such as {DEFAULT_URL}.")
         servers.append(Server(label.strip(), url.rstrip("/").removesuffix("/v1")))
     labels = [s.label for s in servers]
     if len(set(labels)) != len(labels):
@@ -140,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from specsure.bench.load import run as run_load
 
+    _no_bench_flags(getattr(args, "argv", []))
     servers = _servers(args.url)
     levels = _levels(args.concurrency)
     for flag, value in (("--num-prompts", args.num_prompts), ("--max-tokens", args.max_tokens)):
@@ -147,12 +173,14 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag} must be a positive integer, got {value}.")
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}.")
-    if not args.pause >= 0:
-        raise ValueError(f"--pause must be a number of seconds >= 0, got {args.pause}.")
+    if not 0 <= args.pause < math.inf:
+        raise ValueError(f"--pause must be a finite number of seconds >= 0, got {args.pause}.")
     endpoint = "chat/completions" if args.endpoint == "chat" else "completions"
     prompts = _prompts(args, endpoint)
     requests = [args.num_prompts or max(8, 2 * c) for c in levels]
     out = writable_folder("--out", args.out)
+    if (out / "serve.json").exists():
+        print(f"note: {out} holds an earlier run's results; this run's replace them when it ends", flush=True)
     own = sum(p.max_tokens is not None for p in prompts)
     print(f"{len(servers)} server(s) x concurrency {levels}, {args.max_tokens} tokens per request"
           f"{f' ({own} of {len(prompts)} prompts set their own)' if own else ''}, /v1/{endpoint}", flush=True)

@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     from specsure.decode.engine import Engine, make_engine
     from specsure.sampling import SamplingParams
 
-    print("loading the model (the first run converts the packaged GGUF to safetensors once)...", flush=True)
+    print("loading the model (the first run converts the packaged GGUF to safetensors once)..." if args.model is None
+          else f"loading {args.model} ...", flush=True)
     try:
         spec = make_engine(args.model, demo_config(args.method), dtype=args.dtype)
     except ValueError as err:

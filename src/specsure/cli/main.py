@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the words as given: which flags came where
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
