@@ -4,6 +4,7 @@ fix, never converted with random or missing weights; the tokenizer is always the
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -151,3 +152,12 @@ def test_text_the_tokenizer_maps_past_the_models_vocabulary_is_named(hf: Path, t
     with pytest.raises(PromptError, match=r"is text whose token '<\|endoftext\|>' has id 300, which the tokenizer "
                                           r"holds but the model's vocabulary \[0, 300\) does not"):
         engine.generate("hello <|endoftext|>")
+
+
+def test_an_eos_id_outside_the_vocabulary_is_ignored_with_a_warning(hf: Path, tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    folder = _folder_with(hf, tmp_path, eos_token_id=[10**6, 3])
+    with caplog.at_level(logging.WARNING, logger="specsure.models.loading"):
+        model = load_model(str(folder), dtype="float32")
+    assert 10**6 not in model.eos_token_ids and 3 in model.eos_token_ids
+    assert any("ignoring eos_token_id 1000000" in r.message and f"[0, {VOCAB})" in r.message for r in caplog.records)

@@ -298,8 +298,14 @@ def _eos_token_ids(hf: Any, tokenizer: PreTrainedTokenizerBase | None) -> tuple[
     ]
     if tokenizer is not None:
         sources.append(tokenizer.eos_token_id)
+    vocab = int(hf.config.get_text_config(decoder=True).vocab_size)
     for value in sources:
         for token in value if isinstance(value, (list, tuple)) else [value]:
-            if isinstance(token, int) and token not in found:
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab:
+                if token is not None:  # an id no output can hold, or not an id: generation would not stop at it
+                    logger.warning("ignoring eos_token_id %r of the model's config files: not a token id in the "
+                                   "vocabulary [0, %d); output ends at max_tokens or the other EOS ids", token, vocab)
+                continue
+            if token not in found:
                 found.append(token)
     return tuple(found)
