@@ -365,6 +365,8 @@ def test_results_name_the_commit_and_say_when_the_package_differs_from_it(tmp_pa
     (["--suffix-max-spec-factor", "nan", "--methods", "suffix"], "--suffix-max-spec-factor:"),
     (["--token-tree", "[(0,", "--methods", "mtp-tree"], "--token-tree:"),
     (["--token-tree", "[(0,", "--methods", "ngram"], "--token-tree:"),  # malformed, though no row selected reads it
+    (["--methods", "mtp", "--mtp-head", "/no/such/head"], "--mtp-head '/no/such/head' (the mtp row): model (the draft"),
+    (["--methods", "draft_model", "--draft-model", "/no/such/draft"], "--draft-model '/no/such/draft' (the draft_model"),
     (["--threads", "0"], "argument --threads: 0 must be at least 1"),
     (["--batched", "-1"], "argument --batched: -1 must be at least 0"),
     (["--out", "GOOD"], "cannot write results there"),

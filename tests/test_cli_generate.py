@@ -49,7 +49,10 @@ def test_generate_takes_threads_and_vllms_top_k_off_and_names_an_empty_prompt(tm
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
-    capsys.readouterr()
+    assert "warning" not in capsys.readouterr().err  # top-k -1 is off: nothing ignored
+    assert main(["generate", "--model", str(model), "--dtype", "float32", "--top-p", "0.5", "--seed", "3",
+                 "--max-tokens", "3", "hello"]) == 0
+    assert "warning: --top-p, --seed shape sampling only, and --temperature 0" in capsys.readouterr().err
     assert main(["generate", "--model", str(model), ""]) == 2
     err = capsys.readouterr().err
     assert "PROMPT is empty" in err and "prompt 0" not in err and "token ids" not in err

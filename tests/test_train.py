@@ -219,7 +219,12 @@ def test_the_cli_says_when_its_data_phase_went_on_from_an_interrupted_run(tmp_pa
         raise KeyboardInterrupt  # Ctrl-C after generation, while the features are recorded
 
     monkeypatch.setattr(data, "build_sequences", stopped)
-    assert main(args) == 130 and "interrupted: run the same command again" in capsys.readouterr().err
+    assert main(args) == 130
+    said = capsys.readouterr().err
+    assert "interrupted: run the same command again" in said and "generation from its last finished chunk" in said
+    assert "resume point" not in said  # training had not begun: no resume point to go on from
+    assert main([*args, "--no-cache"]) == 130
+    assert capsys.readouterr().err.strip().endswith("interrupted")  # nothing kept, nothing promised
     assert len(list(_sample_cache.glob("*.part-*.json"))) == 1
     monkeypatch.setattr(data, "build_sequences", features)
     assert main(args) == 0

@@ -324,6 +324,10 @@ def test_a_run_can_continue_a_head_it_keeps_the_heads_vocabulary_and_layers(targ
             "--draft-vocab-size 48: the head --init-from gives drafts among 40 tokens")
     refused(["--init-from", str(first)], "not an MTP head that specsure train wrote", [*common[:2], "mtp", *common[3:]])
     refused(["--init-from", "shipped"], "--init-from shipped names the head shipped for the default model")
+    before = (first / "model.safetensors").read_bytes()
+    assert main([*common, "--out", str(first), "--steps", "1", "--init-from", str(first)]) == 2
+    assert "is the --init-from head: the run would replace the head it starts from" in capsys.readouterr().err
+    assert (first / "model.safetensors").read_bytes() == before
     mtp_head = tmp_path / "mtp-head"
     assert main(["train", "--method", "mtp", "--model", str(folder), "--dtype", "float32", "--prompts", str(prompts),
                  "--max-new-tokens", "16", "--steps", "1", "--no-progress", "--checkpoint-every", "0",

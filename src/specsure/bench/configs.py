@@ -132,6 +132,23 @@ def check_flag_values(methods: Sequence[str], s: Settings) -> None:
             raise ConfigError(f"{flag + ': ' if flag else ''}{err} (method {method!r})") from None
 
 
+def check_checkpoint_flags(methods: Sequence[str], s: Settings) -> None:
+    """A checkpoint flag the user gave (--draft-model, --eagle-head, --eagle3-head, --mtp-head) must name a
+    checkpoint its selected rows can run, read from metadata before anything loads: a typo in a path is
+    the user's mistake, never a skipped row in a run that exits 0 (only a flag not given skips its rows)."""
+    from specsure.config import resolve
+
+    for method in methods:
+        flag = _HEAD_FLAG.get(method.removesuffix("-tree"))
+        path = getattr(s, flag) if flag is not None else None
+        if path is None:
+            continue
+        try:
+            resolve(speculative_config(method, s), model=s.model, dtype=s.dtype).check_runnable()
+        except ConfigError as err:
+            raise ConfigError(f"--{flag.replace('_', '-')} {path!r} (the {method} row): {err}") from None
+
+
 def build_specsure(methods: Sequence[str], s: Settings, eos_ids: frozenset[int]) -> tuple[list[Runner], list[tuple[str, str]]]:
     """One engine per method (built once, reused for every prompt), and the skipped ones.
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from specsure.bench.configs import (
     BASELINES, DEFAULT_K, DEFAULT_METHODS, DEFAULT_TREES, METHODS, Settings, build_specsure, build_transformers,
-    check_flag_values, dtype_name,
+    check_checkpoint_flags, check_flag_values, dtype_name,
 )
 from specsure.bench.harness import Item, run_batched, run_interleaved, warm_up
 from specsure.bench.llamacpp.baselines import LLAMA_CPP_BASELINES, build_llamacpp
@@ -233,6 +233,7 @@ def _run(args: argparse.Namespace) -> int:
     # Before any model loads: a bad value is no skipped row, and a malformed one an error even where
     # no selected row reads it (every row's config is checked).
     check_flag_values(METHODS, _settings(args, "auto"))
+    check_checkpoint_flags(methods, _settings(args, "auto"))
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     out_dir = writable_folder("--out", args.out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -137,6 +138,11 @@ def run(args: argparse.Namespace) -> int:
         flag = "--temperature" if "temperature" in str(err) else "--top-p"
         raise ValueError(f"{flag}: {str(err).split(' = ', 1)[1]}") from None
     structured = parse_structured_outputs(args.structured_outputs)
+    unused = [flag for flag, given in (("--top-p", args.top_p != 1.0), ("--top-k", args.top_k not in (0, -1)),
+                                       ("--seed", args.seed is not None)) if given]
+    if args.temperature == 0 and unused:  # greedy decoding reads none of them: say so rather than drop them
+        print(f"warning: {', '.join(unused)} shape sampling only, and --temperature 0 (the default) decodes greedily; "
+              "give --temperature above 0 to sample.", file=sys.stderr)
     if not args.prompt:
         raise ValueError("PROMPT is empty; give some text to continue, for example specsure generate \"Hello\".")
     if args.threads is not None:

@@ -182,6 +182,11 @@ def run(args: argparse.Namespace) -> int:
         field, _, rest = str(err).partition(" = ")
         raise ValueError(f"--{field.replace('_', '-')} {rest}" if rest and field.isidentifier() else str(err)) from None
     out = check_out_dir(args.out)
+    if args.init_from not in (None, "shipped") and Path(args.init_from).expanduser().resolve() == out.resolve():
+        raise ValueError(f"--out {args.out!r} is the --init-from head: the run would replace the head it starts from, "
+                         "and a worse one would leave nothing to go back to; give another --out.")
+    if out.is_dir() and any(out.iterdir()):  # check_out_dir let only an earlier head of specsure's through
+        print(f"note: {out} holds an earlier head; this run's head replaces it when training ends", flush=True)
     with hold(out):
         return _train(args, out, settings)
 
@@ -232,7 +237,9 @@ def _train(args: argparse.Namespace, out: Path, settings: "MTPTrainSettings | Ea
             wanted = start.aux_layers
         _other_target(start.training, target.path, folder)
     aux = recorded_layers(target.lm.num_layers, wanted)
+    args.phase = "data"
     samples, key, data = training_samples(args, target, prompts, aux, started)
+    args.phase = "training"
     given = str(Path(args.model).expanduser().resolve()) if args.model else "default (SmolLM2-135M-Instruct)"
     common = {"method": args.method, "target": given,
               "target_folder": target.path, "dtype": str(target.lm.dtype).removeprefix("torch.")}
@@ -257,8 +264,14 @@ def run_guarded(args: argparse.Namespace) -> int:
     try:
         return run(args)
     except KeyboardInterrupt:
-        kept = ([] if args.no_cache or args.data == "text" else ["generation from its last finished chunk"]) \
-            + (["training from its last resume point"] if args.checkpoint_every else [])
+        # What the run had reached, not what its flags allow: before its data phase nothing is kept,
+        # and before training no resume point exists.
+        phase = getattr(args, "phase", None)
+        cached = not args.no_cache and args.data != "text"
+        kept = ([] if phase is None or not cached else
+                ["generation from its last finished chunk"] if phase == "data" else ["its data from the cache"]) \
+            + (["training from its last resume point, if it reached one"]
+               if phase == "training" and args.checkpoint_every else [])
         print("interrupted" + (f": run the same command again to go on where it stopped ({', '.join(kept)})"
                                if kept else ""), file=sys.stderr)
         return 130
