@@ -109,7 +109,7 @@ def train_mtp_head(args: argparse.Namespace, target: LoadedModel, samples: Seque
     # Over a draft vocabulary the target's probabilities are not renormalised, so the sum is the training
     # loss, KL's terms over the draft rows only, and can fall below 0.
     kl_name = "KL" if not settings.draft_vocab_size else "KL over the draft vocabulary's rows (the loss)"
-    print(f"{where} top-1 agreement: {after.agreement:.1%} (warm start {before.agreement:.1%}), "
+    print(f"{where} top-1 agreement: {after.agreement:.1%} (before training {before.agreement:.1%}), "
           f"{kl_name} {before.kl:.3f} -> {after.kl:.3f} nats over {after.entries} continuation tokens")
     if len(after.per_module) > 1:
         per = " ".join(f"{a:.0%}" for a in after.per_module)
@@ -166,5 +166,5 @@ def train_eagle3_head(args: argparse.Namespace, target: LoadedModel, samples: Se
     print(f"wrote {out}")
     print(_run_hint(args, out, settings.unroll))
     steps = " ".join(f"{a:.0%}" for a in after.agreement)
-    print(f"{where} greedy acceptance length at k={settings.unroll}: {after.acceptance_length:.2f} (warm start "
+    print(f"{where} greedy acceptance length at k={settings.unroll}: {after.acceptance_length:.2f} (before training "
           f"{before.acceptance_length:.2f}); agreement per draft step: {steps}; over {after.anchors} anchors")

@@ -101,7 +101,7 @@ def run_steps(module: torch.nn.Module, params: list[torch.nn.Parameter], optimis
             said = f"the training loss became {value} at step {step + 1}"
             raise FloatingPointError(_diverged(said, resume if first else None, first, loaded))
         losses.append(update(loss, params, optimiser, schedule))
-        bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+        bar.set_postfix(loss_last_20=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")  # one step's loss is noisy
         if eval_every and (step + 1) % eval_every == 0 and step + 1 < steps:
             module.eval()
             curve.append((step + 1, *measure()))
