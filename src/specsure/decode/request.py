@@ -231,7 +231,8 @@ class Request:
         if shared_from is not None:
             assert shared_from.lm is not None and shared_from.prompt == self.prompt
             self.lm.copy_cache(shared_from.lm)
-            # ``out`` starts where the leader's prefill did, which was one part, after its cached start
+            # ``out`` is the leader's last part. Where it starts matters only to a head and to prompt
+            # logprobs, and those copy a leader's prefill only when it was one part, from its cached start.
             self.cached_tokens = self.prefilled = shared_from.cached_tokens
         first = self.prefilled  # ``out``'s first row: after the cached start and any earlier parts
         if self.proposer is not None:
