@@ -12,7 +12,8 @@ import vllm_standin
 from checkpoints import eagle3_head, llama, write_checkpoint
 from specsure.config.detect import path_hint
 from specsure.config.errors import ConfigError
-from specsure.config.export import export, predict_vllm_overrides
+from specsure.config.export import export
+from specsure.config.vllm_overrides import predict_vllm_overrides
 from specsure.config.resolution import resolve
 from specsure.vllm_plugin.patch import install
 

@@ -11,7 +11,8 @@ import pytest
 
 from specsure.cli.main import main
 from specsure.config import ConfigError, resolve
-from specsure.config.export import export, neutral_name, predict_vllm_overrides, vllm_path_trap
+from specsure.config.export import export
+from specsure.config.vllm_overrides import neutral_name, predict_vllm_overrides, vllm_path_trap
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1000, "hidden_size": 64,
          "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -12,8 +12,9 @@ from specsure.cli.common import (
     EXIT_FAIL, EXIT_OK, add_model_flags, missing_modules, parse_speculative_config,
 )
 from specsure.config import ConfigError, resolve
-from specsure.config.export import VLLM_TESTED_VERSIONS, export, target_path
+from specsure.config.export import VLLM_TESTED_VERSIONS, export
 from specsure.config.schema import KEY_ALIASES
+from specsure.config.vllm_overrides import target_path
 from specsure.vllm_check import ProbeError, compare, default_vllm_python, run_probe
 
 

@@ -11,10 +11,10 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Mapping
 
-from specsure.config.export import (
+from specsure.config.schema import FIELDS, SPECSURE_ONLY_FIELDS, SUFFIX_FIELDS
+from specsure.config.vllm_overrides import (
     VLLM_DETECTION_SKIPPED, VLLM_MTP_MODEL_TYPES, PathTrap, trap_fix, vllm_draft_path, vllm_path_trap,
 )
-from specsure.config.schema import FIELDS, SPECSURE_ONLY_FIELDS, SUFFIX_FIELDS
 
 if TYPE_CHECKING:
     from specsure.config.resolution import Resolution

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from specsure.config.errors import ConfigError
-from specsure.config.export import neutral_name, vllm_path_trap
+from specsure.config.vllm_overrides import neutral_name, vllm_path_trap
 
 
 def link_cache() -> Path:

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from specsure.config.errors import ConfigError
-from specsure.config.export import VLLM_DETECTION_SKIPPED, model_type_override, vllm_draft_path, vllm_path_trap
 from specsure.config.resolution import Resolution, resolve
 from specsure.config.schema import FIELDS, KEY_ALIASES, SPECSURE_ONLY_FIELDS
+from specsure.config.vllm_overrides import (
+    VLLM_DETECTION_SKIPPED, model_type_override, vllm_draft_path, vllm_path_trap,
+)
 from specsure.vllm_plugin.links import neutral_link
 
 SPEC_FLAGS: tuple[tuple[str, str, str], ...] = (
