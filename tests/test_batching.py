@@ -53,12 +53,12 @@ METHODS = {
 }
 
 
-def _engine(name: str, folders: dict[str, Path], max_num_seqs: int):
+def _engine(name: str, folders: dict[str, Path], max_num_seqs: int, **engine_args: object):
     spec = METHODS[name]
     if spec is not None and "model" in spec:
         spec = {**spec, "model": str(folders[spec["model"]])}
     target = folders["mtp_target"] if name == "mtp" else folders["target"]
-    return make_engine(str(target), spec, dtype="float32", max_num_seqs=max_num_seqs)
+    return make_engine(str(target), spec, dtype="float32", max_num_seqs=max_num_seqs, **engine_args)
 
 
 @pytest.mark.parametrize("name", list(METHODS))

@@ -7,34 +7,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from heads import build_mtp_target, write_eagle3_head, write_eagle_head
-from test_batching import METHODS, SHAPE
+from test_batching import METHODS, folders  # noqa: F401 (the fixture, shared)
+from test_batching import _engine as batching_engine
 
 from specsure import SamplingParams, make_engine
-from tiny import build_tiny_llama
 
 CHUNK = 7  # odd, so the parts end anywhere in the prompts' repeats
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("chunked")
-    target = build_tiny_llama(root / "target", seed=0, **SHAPE)
-    return {
-        "target": target,
-        "draft": build_tiny_llama(root / "draft", seed=3, **SHAPE),
-        "eagle": write_eagle_head(root / "eagle", target),
-        "eagle3": write_eagle3_head(root / "eagle3", target, draft_vocab=64),
-        "mtp_target": build_mtp_target(root / "mtp", modules=2, num_layers=3, vocab_size=96, hidden_size=48),
-    }
-
-
 def _engine(name: str, folders: dict[str, Path], chunk: int | None, max_num_seqs: int = 3):
-    spec = METHODS[name]
-    if spec is not None and "model" in spec:
-        spec = {**spec, "model": str(folders[spec["model"]])}
-    target = folders["mtp_target"] if name == "mtp" else folders["target"]
-    return make_engine(str(target), spec, dtype="float32", max_num_seqs=max_num_seqs, max_num_batched_tokens=chunk)
+    return batching_engine(name, folders, max_num_seqs, max_num_batched_tokens=chunk)
 
 
 def _long_prompts(count: int, seed: int = 1) -> list[list[int]]:
