@@ -20,7 +20,7 @@ from specsure.decode.completion import (
 )
 from specsure.decode.metrics import SpecStats
 from specsure.decode.request import Request, Rules
-from specsure.decode.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler
+from specsure.decode.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, check_batched_tokens
 from specsure.decode.structured import Grammars
 from specsure.sampling import SEED_LIMIT, SamplingParams
 from specsure.models.loading import LoadedModel, load_model
@@ -325,11 +325,7 @@ def make_engine(model: str | os.PathLike[str] | None = None, speculative: dict |
         model = os.fspath(model)
     if not isinstance(enable_prefix_caching, bool):
         raise ValueError(f"enable_prefix_caching = {enable_prefix_caching!r} must be True or False.")
-    if max_num_batched_tokens is not None and (isinstance(max_num_batched_tokens, bool)
-                                               or not isinstance(max_num_batched_tokens, int)
-                                               or max_num_batched_tokens < 1):
-        raise ValueError(f"max_num_batched_tokens = {max_num_batched_tokens!r} must be an int >= 1, or None (every "
-                         "prompt prefilled in one step).")
+    check_batched_tokens(max_num_batched_tokens)  # before the model loads too
     res = resolve(speculative, model=model, strict=strict, dtype=dtype)
     res.check_runnable()
     target = load_model(model, dtype=dtype)

@@ -49,6 +49,13 @@ long prompt (6 s for 3,000 tokens at once); parts of 256 rows cost no more than 
 whole prompt. The engine's own default is None, a prompt at once, as before chunking existed."""
 
 
+def check_batched_tokens(value: object) -> None:
+    """max_num_batched_tokens: an int >= 1, or None (every prompt prefilled in one step)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"max_num_batched_tokens = {value!r} must be an int >= 1, or None (every prompt prefilled "
+                         "in one step).")
+
+
 @dataclass
 class _Slot:
     lm: CausalLM
@@ -69,10 +76,7 @@ class Scheduler:
                  max_num_batched_tokens: int | None = None) -> None:
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs = {max_num_seqs!r} must be an int >= 1.")
-        if max_num_batched_tokens is not None and (isinstance(max_num_batched_tokens, bool) or not isinstance(
-                max_num_batched_tokens, int) or max_num_batched_tokens < 1):
-            raise ValueError(f"max_num_batched_tokens = {max_num_batched_tokens!r} must be an int >= 1, or None "
-                             "(every prompt prefilled in one step).")
+        check_batched_tokens(max_num_batched_tokens)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         """The most prompt tokens a step prefills (chunked prefill); None: every prompt at once."""

@@ -19,6 +19,7 @@ from specsure.models.gguf_blocks import FileBlocks
 from specsure.models.logits import LogitsTransform, logits_transform
 from specsure.models.native import NativeDecoder, Segment
 from specsure.models.output_head import OutputHead
+from specsure.models.rotary_table import RotaryTable
 from specsure.models.token_tree import TokenTree, layer_masks
 
 logger = logging.getLogger(__name__)
@@ -124,6 +125,11 @@ class CausalLM:
         """How many of the weight matrices `use_blocks` gave the kernel run on AMX tiles (float_kernel.c's A4
         and A8), the LM head included."""
         return (0 if self._native is None else self._native.tiled_matrices) + (self.head.tiles is not None)
+
+    @property
+    def rotary_table(self) -> RotaryTable | None:
+        """The native decoder's rotary cos and sin (None on transformers' path), which heads share."""
+        return self._native.rotary if self._native is not None else None
 
     @property
     def logits_transform(self) -> LogitsTransform:

@@ -269,7 +269,7 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> MTPProposer:
                         lm.vocab_size)
         draft_ids = None if d2t is None else torch.arange(d2t.shape[0]) + d2t.long()
     quantised = 0
-    rotary = RotaryTable(base.rotary_emb)  # the modules' positions share the target's cos and sin
+    rotary = lm.rotary_table or RotaryTable(base.rotary_emb)  # the target's cos and sin, shared
     for module in modules_out:
         module.attach(lm, rotary, draft_ids)
         use_row_kernel(module, lm.row_kernel)
