@@ -98,7 +98,8 @@ def test_chat_renders_the_template(client: TestClient, engine: Engine) -> None:
     developer = client.post("/v1/chat/completions", json={"messages": parts, "max_tokens": 10}).json()
     assert developer["choices"][0]["message"]["content"] == expected.text
     # OpenAI's defaults for fields specsure does not implement change nothing
-    defaults = {"store": False, "service_tier": "auto", "modalities": ["text"], "audio": None, "reasoning_effort": None}
+    defaults = {"store": False, "service_tier": "auto", "modalities": ["text"], "audio": None, "reasoning_effort": None,
+                "metadata": {"app": "notes"}, "safety_identifier": "u-1", "prompt_cache_key": "notes-v1"}
     same = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 10, **defaults})
     assert same.status_code == 200 and same.json()["choices"][0]["message"]["content"] == expected.text
 
@@ -248,6 +249,8 @@ BAD_CHATS = [
     ({"messages": [{"role": "user", "content": "w1 " * 600}]}, "messages", "context is 512 tokens"),
     ({"messages": CHAT, "store": True}, "store", "only null or false is accepted"),
     ({"messages": CHAT, "reasoning_effort": "high"}, "reasoning_effort", "OpenAI field that specsure does not"),
+    ({"messages": CHAT, "metadata": {"app": 1}}, "metadata", "at most 16 string values"),
+    ({"messages": CHAT, "prompt_cache_key": 7}, "prompt_cache_key", "must be a string"),
     ({"messages": [*CHAT, {"role": "tool", "content": "18", "tool_call_id": "c1"}]}, "messages[2].tool_call_id",
      "no earlier assistant message has tool_calls"),
     ({"messages": [*CHAT, {"role": "assistant", "tool_calls": [

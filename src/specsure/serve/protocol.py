@@ -40,7 +40,12 @@ COMMON_FIELDS = ("model", *SAMPLING_FIELDS, "n", "stream", "stream_options", "us
 COMPLETION_FIELDS = ("prompt", "logprobs", "echo", *COMMON_FIELDS)
 CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
                "parallel_tool_calls", "chat_template_kwargs", "include_reasoning", "add_generation_prompt",
-               "continue_final_message", *COMMON_FIELDS)
+               "continue_final_message", "metadata", "safety_identifier", "prompt_cache_key", *COMMON_FIELDS)
+"""``metadata``, ``safety_identifier`` and ``prompt_cache_key`` label a request for OpenAI's own
+records and routing; they are checked as OpenAI checks them and change nothing here (prefix caching
+finds a shared prefix without a key)."""
+MAX_METADATA = 16
+"""OpenAI's limits on ``metadata``: 16 pairs, keys of at most 64 characters, values of at most 512."""
 MAX_N = 16
 """The most choices one request may ask for: each is a sequence in the running batch."""
 MAX_PROMPTS = 64
@@ -187,6 +192,7 @@ def parse_chat(body: Any, model_name: str, auto_tool_parser: str | None = None,
     special tokens shown (as vLLM's parsers ask), unless the request says otherwise."""
     body = _check_fields(body, CHAT_FIELDS, "POST /v1/chat/completions")
     _check_common(body, model_name)
+    check_labels(body)
     messages = parse_messages(body.get("messages"))
     tools = parse_tools(body, auto_tool_parser)
     new, old = body.get("max_completion_tokens"), body.get("max_tokens")
@@ -275,6 +281,18 @@ def _check_fields(body: Any, allowed: tuple[str, ...], endpoint: str) -> dict[st
         raise RequestError(f"unknown field {key!r} in the body of {endpoint}.{hint} Fields: {', '.join(allowed)}.",
                            key, "unknown_field")
     return body
+
+
+def check_labels(body: dict[str, Any]) -> None:
+    """``metadata``, ``safety_identifier`` and ``prompt_cache_key`` in the shapes OpenAI takes."""
+    metadata = body.get("metadata")
+    if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= MAX_METADATA and all(
+            isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in metadata.items())):
+        raise RequestError(f"metadata = {shown(metadata)} must be an object of at most {MAX_METADATA} string values "
+                           "(keys up to 64 characters, values up to 512).", "metadata")
+    for key in ("safety_identifier", "prompt_cache_key"):
+        if body.get(key) is not None and not isinstance(body[key], str):
+            raise RequestError(f"{key} = {shown(body[key])} must be a string.", key)
 
 
 def _check_common(body: dict[str, Any], model_name: str) -> None:

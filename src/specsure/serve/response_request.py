@@ -19,7 +19,7 @@ from specsure.config.errors import json_type
 from specsure.config.schema import suggest
 from specsure.sampling import MAX_LOGPROBS
 from specsure.serve.errors import RequestError, shown
-from specsure.serve.protocol import SAMPLING_FIELDS, ChatRequest, parse_chat
+from specsure.serve.protocol import SAMPLING_FIELDS, ChatRequest, check_labels, parse_chat
 from specsure.serve.response_input import input_messages, known
 from specsure.serve.response_items import listed_items
 
@@ -47,8 +47,6 @@ FORMAT_FIELDS = {"text": ("type",), "json_object": ("type",),
                  "json_schema": ("type", "name", "schema", "strict", "description")}
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 SUMMARIES = (None, "auto", "concise", "detailed")
-MAX_METADATA = 16
-"""OpenAI's limits on ``metadata``: 16 pairs, keys of at most 64 characters, values of at most 512."""
 
 History = Callable[[str], list[dict[str, Any]]]
 """A stored response's conversation by its id (chat messages); raises an APIError for an unknown id."""
@@ -323,14 +321,7 @@ def _check_fields(body: Any) -> dict[str, Any]:
             accepted = " or ".join(["null", *(shown(n) for n in NEUTRAL[key])])
             raise RequestError(f"{key} = {shown(value)} is not supported by specsure; leave the field out (only "
                                f"{accepted} is accepted).", key, "unsupported_field")
-    metadata = body.get("metadata")
-    if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= MAX_METADATA and all(
-            isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in metadata.items())):
-        raise RequestError(f"metadata = {shown(metadata)} must be an object of at most {MAX_METADATA} string values "
-                           "(keys up to 64 characters, values up to 512).", "metadata")
-    for key in ("safety_identifier", "prompt_cache_key"):
-        if body.get(key) is not None and not isinstance(body[key], str):
-            raise RequestError(f"{key} = {shown(body[key])} must be a string.", key)
+    check_labels(body)
     return body
 
 
