@@ -144,6 +144,12 @@ def test_request_timeout_in_the_queue_is_a_503(engine: Engine, monkeypatch: pyte
         assert queued.json()["error"]["code"] == "request_timeout"
         trace.wait_for("closed", 400)
         assert httpx.get(f"{url}/health").status_code == 200
+        # Both count as aborts, as in vLLM; what the running one prefilled and generated counts too.
+        text = httpx.get(f"{url}/metrics").text
+        assert metric(text, "vllm:request_success_total", finished_reason="abort") == 2
+        prompt = httpx.post(f"{url}/tokenize", json={"prompt": WORDS}).json()["count"]
+        assert metric(text, "vllm:prompt_tokens_total") == prompt
+        assert metric(text, "vllm:generation_tokens_total") >= 1
     assert [e for e in trace.events if e[0] == "start"] == [("start", 400, 0)]  # the queued one never ran
 
 

@@ -124,7 +124,9 @@ def test_a_dropped_stream_stops_its_generation_and_frees_the_engine(url: str, en
     with httpx.stream("POST", f"{url}/v1/completions", json={**LONG, "stream": True}) as r:
         assert r.status_code == 200
         lines = r.iter_lines()
-        assert next(lines).startswith("data: ")
+        first = next(lines)
+        assert first.startswith("data: ")
+    received = len(json.loads(first[len("data: "):])["choices"][0]["token_ids"])
     dropped = time.monotonic()
     short = httpx.post(f"{url}/v1/completions", json=SHORT, timeout=30)
     took = time.monotonic() - dropped
@@ -135,9 +137,13 @@ def test_a_dropped_stream_stops_its_generation_and_frees_the_engine(url: str, en
     assert order.index(("closed", 400)) < order.index(("start", 3))
     assert took < 3.0  # generous: the short request needs ~0.2 s; the long one would need seconds more
     after = httpx.get(f"{url}/metrics").text
-    aborted = metric(after, "vllm:request_success_total", finished_reason="abort") - metric(
-        before, "vllm:request_success_total", finished_reason="abort")
-    assert aborted == 1
+    def delta(name: str, **labels: str) -> float:
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    assert delta("vllm:request_success_total", finished_reason="abort") == 1
+    # The dropped stream's tokens count, as vLLM counts every step's: its prompt and what it generated.
+    assert delta("vllm:prompt_tokens_total") == 2 * short.json()["usage"]["prompt_tokens"]
+    assert 3 + received <= delta("vllm:generation_tokens_total") < 3 + 400
 
 
 def test_a_dropped_plain_request_stops_too(url: str, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:

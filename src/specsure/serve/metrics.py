@@ -12,6 +12,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from specsure.decode.engine import Completion, Engine
+from specsure.decode.metrics import SpecStats
+from specsure.decode.request import Request
 
 # vLLM 0.33's buckets (vllm/v1/metrics/buckets.py) for each latency histogram.
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
@@ -22,7 +24,7 @@ INTER_TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.
                                10.0, 20.0, 40.0, 80.0)
 FINISH_REASONS = ("stop", "length", "abort")
 """vLLM's finish reasons that this server produces; 'abort' is a generation stopped because its
-client disconnected or its --request-timeout passed."""
+client disconnected or its --request-timeout passed, running or still waiting, as vLLM counts it."""
 LABELS = ("model_name", "engine")
 
 
@@ -81,23 +83,30 @@ class ServeMetrics:
 
     def observe(self, completion: Completion, latency_s: float) -> None:
         """Count one finished request."""
-        stats = completion.stats
+        self._count(completion.stats, len(completion.prompt_token_ids), len(completion.token_ids),
+                    completion.cached_tokens)
+        self._success(completion.finish_reason).inc()
+        self.latency.observe(latency_s)
+
+    def aborted(self, request: Request) -> None:
+        """Count one generation stopped before its end (client gone, or timeout), waiting or running.
+        vLLM counts tokens as its steps make them, so what an aborted request had prefilled, drafted and
+        generated counts too; one that never got a slot counts only as an abort."""
+        if request.lm is not None:
+            self._count(request.stats, request.prefilled, len(request.output), request.cached_tokens)
+        self._success("abort").inc()
+
+    def _count(self, stats: SpecStats, prompt_tokens: int, generated: int, cached: int) -> None:
         self.drafts.inc(stats.drafts)
         self.draft_tokens.inc(stats.draft_tokens)
         self.accepted_tokens.inc(stats.accepted_tokens)
         for i, n in enumerate(stats.accepted_per_position):
             self._per_pos(i).inc(n)
-        self.prompt_tokens.inc(len(completion.prompt_token_ids))
-        self.generation_tokens.inc(len(completion.token_ids))
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(generated)
         if self._caching:
-            self.cache_queries.inc(len(completion.prompt_token_ids))
-            self.cache_hits.inc(completion.cached_tokens)
-        self._success(completion.finish_reason).inc()
-        self.latency.observe(latency_s)
-
-    def aborted(self) -> None:
-        """Count one generation stopped before its end (client gone, or timeout)."""
-        self._success("abort").inc()
+            self.cache_queries.inc(prompt_tokens)
+            self.cache_hits.inc(cached)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this app's registry."""

@@ -184,7 +184,8 @@ class EngineRunner:
             for key, (job, request) in list(jobs.items()):
                 if job.cancelled.is_set():
                     scheduler.abort(request)
-                    self._done(jobs.pop(key)[0], aborted=job.started)
+                    self.metrics.aborted(request)
+                    self._done(jobs.pop(key)[0])
             self._gauges(scheduler)
             if not jobs:
                 continue
@@ -193,7 +194,7 @@ class EngineRunner:
             except Exception as exc:  # a bug (prompts are checked before queueing): every request answers a 500
                 for job, request in jobs.values():
                     scheduler.abort(request)
-                    self._done(job, aborted=False)
+                    self._done(job)
                     job.send(exc)
                 jobs.clear()
                 self._gauges(scheduler)
@@ -203,7 +204,7 @@ class EngineRunner:
             for request, update in updates:
                 job = jobs[id(request)][0]
                 if update.error is not None:  # this request alone failed (a bug): it answers a 500
-                    self._done(jobs.pop(id(request))[0], aborted=False)
+                    self._done(jobs.pop(id(request))[0])
                     answers.append((job, update.error))
                     continue
                 first = job.last == job.arrived
@@ -212,7 +213,7 @@ class EngineRunner:
                 if update.completion is not None:
                     self.engine.finished(request)
                     self.metrics.observe(update.completion, now - job.arrived)
-                    self._done(jobs.pop(id(request))[0], aborted=False)
+                    self._done(jobs.pop(id(request))[0])
                     answers.append((job, update))
                 elif job.stream and not job.cancelled.is_set():
                     job.send(update)
@@ -220,9 +221,7 @@ class EngineRunner:
             for job, update in answers:
                 job.send(update)
 
-    def _done(self, job: Job, aborted: bool) -> None:
-        if aborted:
-            self.metrics.aborted()
+    def _done(self, job: Job) -> None:
         with self._lock:
             job.done = True
             self._admitted -= 1  # the engine thread publishes the gauges (its callers' next step)
