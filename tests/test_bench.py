@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -368,6 +370,8 @@ def test_results_name_the_commit_and_say_when_the_package_differs_from_it(tmp_pa
     (["--methods", "mtp", "--mtp-head", "/no/such/head"], "--mtp-head '/no/such/head' (the mtp row): model (the draft"),
     (["--methods", "draft_model", "--draft-model", "/no/such/draft"], "--draft-model '/no/such/draft' (the draft_model"),
     (["--threads", "0"], "argument --threads: 0 must be at least 1"),
+    (["--methods", ""], "--methods '' names nothing"),  # not a quiet run of plain decoding alone
+    (["--baselines", " , "], "or 'none' for no baseline"),
     (["--batched", "-1"], "argument --batched: -1 must be at least 0"),
     (["--out", "GOOD"], "cannot write results there"),
     (["--heldout"], "--heldout chooses the built-in held-out split"),
@@ -395,6 +399,23 @@ def test_bad_bench_input_is_one_error_before_any_timing(tiny_llama: Path, tmp_pa
         code = int(stop.code or 0)
     err = capsys.readouterr().err
     assert code == 2 and words in err and "Traceback" not in err, err
+
+
+def test_a_reader_that_leaves_early_loses_no_results(tiny_llama: Path, tmp_path: Path) -> None:
+    """`specsure bench ... | head -1`: the run goes on quietly and writes its files, exit 0."""
+    workload = _write(tmp_path, {"id": "a", "category": "code", "prompt_ids": [5, 6, 7, 5, 6]})
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "specsure", "bench", "--model", str(tiny_llama), "--workload",
+                             str(workload), "--dtype", "float32", "--methods", "ngram", "--baselines", "none",
+                             "--repeats", "1", "--warmup", "0", "--max-tokens", "4", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline()  # what head -1 reads before it leaves
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert json.loads((out / "results.json").read_text())["meta"]["prompts"] == 1
 
 
 def test_an_assisted_draft_of_another_vocabulary_is_skipped_with_why(tiny_llama: Path, tmp_path: Path,

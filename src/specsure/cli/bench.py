@@ -28,7 +28,7 @@ from specsure.bench.report import render_markdown
 from specsure.bench.results import ALL, BenchResults, prompt_result, summarize
 from specsure.bench.workload import CATEGORIES, WorkloadError, encode, load_builtin, load_workload, select
 from specsure.cli import bench_serve
-from specsure.cli.common import int_at_least, writable_folder
+from specsure.cli.common import int_at_least, output_outlives_reader, writable_folder
 from specsure.config import ConfigError
 from specsure.config.cpu import cpu_model
 
@@ -38,8 +38,14 @@ REFERENCE = "plain"
 HF_BASELINE = "hf"
 
 
-def _names(text: str, valid: tuple[str, ...], flag: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip() and n.strip() != "none"]
+def _names(text: str, valid: tuple[str, ...], flag: str, nothing: str) -> list[str]:
+    """The comma list of ``flag``; "none" alone means an empty list (``nothing`` says what that runs),
+    and a list that names nothing at all is an error rather than a quiet default."""
+    given = [n.strip() for n in text.split(",") if n.strip()]
+    if not given:
+        raise argparse.ArgumentTypeError(f"{flag} {text!r} names nothing; send a comma list of {', '.join(valid)}, "
+                                         f"or 'none' for {nothing}.")
+    names = [n for n in given if n != "none"]
     bad = [n for n in names if n not in valid]
     if bad:
         raise argparse.ArgumentTypeError(f"{flag}: unknown {bad}; valid: {', '.join(valid)}")
@@ -210,7 +216,8 @@ def _load_prompts(args: argparse.Namespace, per_category: int | None):
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; returns the process exit code."""
     try:
-        return _run(args)
+        with output_outlives_reader():
+            return _run(args)
     except (ConfigError, ValueError, argparse.ArgumentTypeError, LlamaCppError) as err:
         print(f"specsure bench: error: {err}", file=sys.stderr)
         return 2
@@ -223,11 +230,11 @@ def _run(args: argparse.Namespace) -> int:
     from specsure.models import load_model
 
     started = time.perf_counter()
-    methods = _names(args.methods, METHODS, "--methods")
+    methods = _names(args.methods, METHODS, "--methods", f"'{REFERENCE}' alone")
     if REFERENCE not in methods:
         print(f"note: adding '{REFERENCE}' to --methods: it is the reference for speedups and output equality")
         methods.insert(0, REFERENCE)
-    baselines = _names(args.baselines, BASELINES + LLAMA_CPP_BASELINES, "--baselines")
+    baselines = _names(args.baselines, BASELINES + LLAMA_CPP_BASELINES, "--baselines", "no baseline")
     per_category, max_tokens, repeats = _resolve_options(args)
     prompts = _load_prompts(args, per_category)
     # Before any model loads: a bad value is no skipped row, and a malformed one an error even where

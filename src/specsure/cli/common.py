@@ -11,7 +11,8 @@ import os
 import stat
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, TextIO
 
 from specsure.config.errors import ConfigError, json_type
 
@@ -178,6 +179,52 @@ def guarded(run: Callable[[], int]) -> int:
               file=sys.stderr)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAIL
+
+
+class _Unread:
+    """Standard output that turns into /dev/null when its reader goes away, instead of failing."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._leave()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._leave()
+
+    def _leave(self) -> None:
+        self.gone = True
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())  # its buffered rest flushes into nothing
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def output_outlives_reader() -> Iterator[None]:
+    """For a long command whose files are its result (`specsure bench | head`): when stdout's reader
+    leaves, the command goes on quietly and still writes its files, where it would otherwise stop
+    at its next progress line with nothing saved."""
+    if not _stdout_is_pipe():
+        yield
+        return
+    stream = sys.stdout
+    sys.stdout = _Unread(stream)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stdout = stream
 
 
 def _stdout_is_pipe() -> bool:
