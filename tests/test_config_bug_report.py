@@ -132,6 +132,18 @@ def test_eagle_folder_with_silent_metadata_uses_path_hint(tmp_path, llama_target
     assert "path token 'eagle'" in res.reason("method")
 
 
+def test_a_path_hints_alike_however_it_is_spelled(tmp_path, llama_target, monkeypatch):
+    """'.', '../x', '~' and 'x/y/..' name the same folder as its full path, so they hint alike."""
+    head = write_checkpoint(tmp_path / "my-eagle-head", silent())
+    (head / "sub").mkdir()
+    monkeypatch.setenv("HOME", str(head))
+    monkeypatch.chdir(head)
+    for spelled in (".", "./", "../my-eagle-head", "~", "sub/..", str(head)):
+        res = resolve({"model": spelled}, model=llama_target)
+        assert (res.config.method, res.source("method")) == ("eagle", "path"), spelled
+        assert "path token 'eagle'" in res.reason("method"), spelled
+
+
 # 5. A user-given draft model is kept when detection points elsewhere.
 def test_user_model_kept_when_target_has_mtp_layers(tmp_path, caplog):
     target = write_checkpoint(tmp_path / "dsv3", deepseek_v3(mtp_layers=1))

@@ -6,6 +6,7 @@ uses evidence only to fill unset fields, and to warn when it disagrees with the 
 
 from __future__ import annotations
 
+import os
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -210,10 +211,27 @@ def _compound(part: str, token: str) -> bool:
 
 
 def path_hint(path: str) -> Evidence | None:
-    """A method named by a whole token of the path; 'beagle', 'eagles', 'eagle-eye' name nothing."""
-    parts = PurePath(path.rstrip("/\\")).parts[-PATH_COMPONENTS:]
+    """A method named by a whole token of the path; 'beagle', 'eagles', 'eagle-eye' name nothing.
+
+    The path is read as its folder is named (`named_path`), so '~', '.' and '../x' hint as the
+    spelled-out path to the same folder does."""
+    named = named_path(path)
+    parts = PurePath(named.rstrip("/\\")).parts[-PATH_COMPONENTS:]
+    where = repr(path) if named == path else f"{path!r} ({named!r})"
     for token, method in PATH_HINTS:
-        for part, tokens in zip(parts, path_tokens(path)):
+        for part, tokens in zip(parts, path_tokens(named)):
             if token in tokens and not _compound(part, token):
-                return Evidence(method, "path", f"path token {token!r} in {path!r}")
+                return Evidence(method, "path", f"path token {token!r} in {where}")
     return None
+
+
+def named_path(path: str) -> str:
+    """``path`` with '~' expanded and '.' and '..' folded away; where only dots are left ('.', '..'),
+    the absolute path, whose last component is the folder's name. Symbolic links stay as given: the
+    name a user gave a link is theirs."""
+    if not path:
+        return path
+    folded = os.path.normpath(os.path.expanduser(path))
+    if os.path.basename(folded) in (".", ".."):
+        return os.path.abspath(folded)
+    return path if folded == os.path.normpath(path) and "/." not in path else folded
