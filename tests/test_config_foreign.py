@@ -32,9 +32,8 @@ def test_a_medusa_or_mlp_speculator_draft_is_named_not_run_as_a_draft_model(tmp_
     res = resolve({"method": "draft_model", "model": draft}, target)
     with pytest.raises(ConfigError, match=rf"method 'draft_model' was asked, but the draft checkpoint .* is {what}"):
         res.check_runnable()
-    # vLLM's detection turns these model_types into their own methods even after an explicit draft_model.
-    (override,) = predict_vllm_overrides(res)
-    assert (override.asked, override.vllm) == ("draft_model", config["model_type"])
+    # vLLM 0.33.0 has neither method: it keeps draft_model for them (and then fails to load the head).
+    assert predict_vllm_overrides(res) == ()
     assert any("specsure would refuse to run this config" in w for w in export(res, "vllm").warnings)
 
 

@@ -322,6 +322,36 @@ def test_a_draft_vllm_rewrites_by_architecture_warns(ckpts, tmp_path, architectu
         export(res, "vllm", strict=True)
 
 
+@pytest.mark.parametrize(("architecture", "model_type", "extra", "rewritten"), [
+    ("Qwen3_5ForConditionalGeneration", "qwen3_5", {}, "qwen3_5_mtp"),  # a small Qwen3.5 drafting for a large one
+    ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", {}, "qwen3_5_mtp"),
+    ("Step3p5ForCausalLM", "step3p5", {}, "step3p5_mtp"),
+    ("GlmOcrForConditionalGeneration", "glm_ocr", {}, "glm_ocr_mtp"),
+    ("NemotronHForCausalLM", "nemotron_h", {"num_nextn_predict_layers": 1}, "nemotron_h_mtp"),
+    ("NemotronHForCausalLM", "nemotron_h", {"num_nextn_predict_layers": 0}, None),
+    ("Exaone4_5ForConditionalGeneration", "exaone4_5_text", {}, "exaone4_5_mtp"),  # vLLM tests a substring
+    ("Gemma4AssistantForCausalLM", "gemma4_assistant", {}, "gemma4_mtp"),
+    ("LlamaForCausalLM", "llama", {}, None),
+])
+def test_vllm_0_33s_mtp_rewrites_are_foreseen(ckpts, tmp_path, architecture, model_type, extra, rewritten):
+    """The rules of the 0.33.0 wheel's SpeculativeConfig.hf_config_override, by model_type or architecture."""
+    draft = write(tmp_path / "draft", architectures=[architecture], model_type=model_type, num_hidden_layers=2, **extra)
+    res = resolve({"method": "draft_model", "model": draft}, model=ckpts["target"], strict=False)
+    overrides = predict_vllm_overrides(res)
+    if rewritten is None:
+        assert overrides == ()
+        return
+    (override,) = overrides
+    assert (override.asked, override.vllm) == ("draft_model", "mtp") and repr(rewritten) in override.cause
+
+
+def test_a_draft_architecture_of_a_foreign_method_switches_it_in_vllm(ckpts, tmp_path):
+    draft = write(tmp_path / "draft", architectures=["Qwen3DSparkModel"], model_type="qwen3", num_hidden_layers=2)
+    res = resolve({"method": "draft_model", "model": draft}, model=ckpts["target"], strict=False)
+    (override,) = predict_vllm_overrides(res)
+    assert override.vllm == "dspark" and "Qwen3DSparkModel" in override.cause
+
+
 def test_an_mtp_k_that_vllm_refuses_is_named(tmp_path):
     target = write(tmp_path / "dsv3", architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
                    num_nextn_predict_layers=2)

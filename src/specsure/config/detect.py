@@ -48,8 +48,8 @@ WHAT_IS: Final[dict[str, str]] = {
 
 
 FOREIGN_HEADS: Final[dict[str, str]] = {"medusa": "a Medusa head", "mlp_speculator": "an MLP speculator"}
-"""Draft model_types that name a vLLM method specsure does not run (vLLM detects these two by
-model_type, whatever the method says), with what the checkpoint is, in a message's words."""
+"""Draft model_types made for a method of earlier vLLM releases that specsure does not run (vLLM
+0.33.0 has neither method any more), with what the checkpoint is, in a message's words."""
 
 
 def foreign_head(info: CheckpointInfo) -> str | None:
@@ -57,7 +57,7 @@ def foreign_head(info: CheckpointInfo) -> str | None:
     if info.model_type not in FOREIGN_HEADS:
         return None
     return (f"{FOREIGN_HEADS[info.model_type]} ({info.signal('model_type')}), made for vLLM's method "
-            f"{info.model_type!r}, which specsure does not run")
+            f"{info.model_type!r} (earlier vLLM releases), which specsure does not run")
 
 
 def deepseek_mtp_prefix(num_hidden_layers: int, module: int) -> str:

@@ -10,21 +10,19 @@ from typing import Any, Final, Literal, Mapping
 
 from specsure.config.errors import ConfigError, as_json
 from specsure.config.token_tree import TREE_METHODS, DraftTree, parse_token_tree
+from specsure.config.vllm_rules import MTP_MODEL_TYPES
 
 Method = Literal["ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix"]
 METHODS: Final[tuple[str, ...]] = ("ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix")
 NO_DRAFT_METHODS: Final[frozenset[str]] = frozenset({"ngram", "suffix"})
 """Methods that draft from token history alone and never take a draft checkpoint."""
 
-# vLLM's old per-model MTP method names; they all mean "mtp" (vLLM warns the same way).
-MTP_METHOD_ALIASES: Final[frozenset[str]] = frozenset({
-    "deepseek_mtp", "qwen3_next_mtp", "mimo_mtp", "mimo_v2_mtp", "glm4_moe_mtp", "glm4_moe_lite_mtp",
-    "ernie_mtp", "longcat_flash_mtp", "pangu_ultra_moe_mtp", "exaone_moe_mtp", "qwen3_5_mtp", "step3p5_mtp",
-    "hy_v3_mtp",
-})
+# vLLM's per-model MTP method names; they all mean "mtp" (vLLM 0.33.0 warns the same way).
+MTP_METHOD_ALIASES: Final[frozenset[str]] = MTP_MODEL_TYPES - {"mtp"}
 
 # vLLM methods specsure does not run; named so the error can say so instead of "unknown".
-FOREIGN_METHODS: Final[frozenset[str]] = frozenset({"medusa", "mlp_speculator", "dflash", "dspark"})
+FOREIGN_METHODS: Final[frozenset[str]] = frozenset({"medusa", "mlp_speculator", "dflash", "dspark", "ngram_gpu",
+                                                   "extract_hidden_states", "custom_class"})
 
 SUFFIX_FIELDS: Final[tuple[str, ...]] = (
     "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",

@@ -15,36 +15,13 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
-from specsure.config.schema import MTP_METHOD_ALIASES, NO_DRAFT_METHODS
+from specsure.config.schema import NO_DRAFT_METHODS
+from specsure.config.vllm_rules import DETECTION_SKIPPED, PATH_TRAPS, foreign_method, vllm_mtp_type
 
 if TYPE_CHECKING:
     from specsure.config.resolution import Resolution
-
-# vLLM 0.33.0, vllm/config/speculative.py SpeculativeConfig.__post_init__: unless the method
-# is one of these, it searches the lower-cased draft path for substrings (in this order) and
-# replaces the method without a log line.
-VLLM_DETECTION_SKIPPED: Final[frozenset[str]] = frozenset({"eagle", "eagle3", "dflash", "dspark"})
-VLLM_PATH_TRAPS: Final[tuple[tuple[str, str], ...]] = (
-    ("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash"), ("dspark", "dspark"))
-# Draft model_types vLLM's hf_config_override rewrites to an MTP type before detection; a
-# draft of such a type then runs as 'mtp' whatever the method says.
-VLLM_MTP_REWRITES: Final[Mapping[str, str]] = {
-    "deepseek_v3": "deepseek_mtp", "deepseek_v32": "deepseek_mtp", "glm_moe_dsa": "deepseek_mtp",
-    "qwen3_next": "qwen3_next_mtp", "ernie4_5_moe": "ernie_mtp", "longcat_flash": "longcat_flash_mtp",
-    "pangu_ultra_moe": "pangu_ultra_moe_mtp", "exaone_moe": "exaone_moe_mtp", "hy_v3": "hy_v3_mtp",
-}
-# The same function rewrites these by the draft's first architecture, whatever its model_type.
-VLLM_MTP_ARCHITECTURE_REWRITES: Final[Mapping[str, str]] = {
-    "MiMoForCausalLM": "mimo_mtp", "MiMoV2FlashForCausalLM": "mimo_v2_mtp",
-    "Glm4MoeForCausalLM": "glm4_moe_mtp", "Glm4MoeLiteForCausalLM": "glm4_moe_lite_mtp",
-}
-# Draft model_types that vLLM's detection turns into their own method, after the path test, before MTP.
-VLLM_MODEL_TYPE_METHODS: Final[frozenset[str]] = frozenset({"medusa", "mlp_speculator"})
-# vLLM's MTPModelTypes: the model_types that make it run 'mtp', and the method names it takes as 'mtp'.
-VLLM_MTP_MODEL_TYPES: Final[frozenset[str]] = MTP_METHOD_ALIASES | {"mtp"}
-
 
 @dataclass(frozen=True)
 class PathTrap:
@@ -96,7 +73,7 @@ def _links_to(link: Path, real: Path) -> bool:
 def vllm_path_trap(path: str) -> tuple[str, str] | None:
     """(substring, method) when vLLM's detection catches ``path``; None for a neutral path."""
     lowered = path.lower()
-    for substring, method in VLLM_PATH_TRAPS:
+    for substring, method in PATH_TRAPS:
         if substring in lowered:
             return substring, method
     return None
@@ -149,7 +126,7 @@ def predict_vllm_overrides(res: "Resolution") -> tuple[Override, ...]:
     """The silent rewrites vLLM 0.33.0 would apply to the exported config, from its known rules."""
     config = res.config
     where = vllm_draft_path(res)
-    if config is None or where is None or config.method in VLLM_DETECTION_SKIPPED:
+    if config is None or where is None or config.method in DETECTION_SKIPPED:
         return ()
     path, role = where
     hit = vllm_path_trap(path)
@@ -161,7 +138,7 @@ def predict_vllm_overrides(res: "Resolution") -> tuple[Override, ...]:
     return (Override(
         "method", config.method, trap.method,
         cause=(f"the {role} path {path!r} contains {trap.substring!r}; vLLM's method detection (skipped only "
-               f"for methods {', '.join(sorted(VLLM_DETECTION_SKIPPED))}) tests for that substring and switches "
+               f"for methods {', '.join(sorted(DETECTION_SKIPPED))}) tests for that substring and switches "
                f"{config.method!r} to {trap.method!r} without a log line"),
         fix=fix, workaround=command),)
 
@@ -179,27 +156,30 @@ def trap_fix(res: "Resolution", trap: PathTrap) -> tuple[str, str | None]:
 
 
 def model_type_override(res: "Resolution", path: str, role: str) -> Override | None:
-    """The switch vLLM 0.33.0 makes from the draft's model_type or architecture, its path aside."""
+    """The switch vLLM 0.33.0 makes from the draft's architecture or model_type, its path aside."""
     config = res.config
     assert config is not None
     draft = res.draft if config.model is not None else res.target
-    model_type = draft.model_type if draft is not None else None
-    first = draft.architectures[0] if draft is not None and draft.architectures else None
-    if model_type in VLLM_MODEL_TYPE_METHODS and config.method != model_type:
-        return Override(
-            "method", config.method, model_type,
-            cause=(f"the {role} checkpoint {path!r} has model_type {model_type!r}; vLLM's method detection "
-                   f"switches {config.method!r} to {model_type!r} for that model_type without a log line"),
-            fix=f"give a draft made for {config.method!r}; specsure does not run {model_type!r} either")
-    if config.method != "mtp" and first in VLLM_MTP_ARCHITECTURE_REWRITES:
-        rewritten = VLLM_MTP_ARCHITECTURE_REWRITES[first]
-        how = f"rewrites its model_type to {rewritten!r} for architecture {first!r}, then "
-    elif config.method != "mtp" and model_type is not None and (
-            model_type in VLLM_MTP_REWRITES or model_type in VLLM_MTP_MODEL_TYPES):
-        rewritten = VLLM_MTP_REWRITES.get(model_type, model_type)
-        how = f"rewrites model_type {model_type!r} to {rewritten!r}, then " if rewritten != model_type else ""
-    else:
+    if draft is None:
         return None
+    model_type = draft.model_type
+    foreign = foreign_method(draft.architectures, model_type)
+    if foreign is not None and config.method != foreign:
+        return Override(
+            "method", config.method, foreign,
+            cause=(f"the {role} checkpoint {path!r} has architectures {list(draft.architectures)}; vLLM's method "
+                   f"detection switches {config.method!r} to {foreign!r} for them without a log line"),
+            fix=f"give a draft made for {config.method!r}; specsure does not run {foreign!r} either")
+    mtp = vllm_mtp_type(model_type, draft.architectures, draft.config)
+    if config.method == "mtp" or mtp is None:
+        return None
+    rewritten, by_architecture = mtp
+    if by_architecture is not None:
+        how = f"rewrites its model_type to {rewritten!r} for architecture {by_architecture!r}, then "
+    elif rewritten != model_type:
+        how = f"rewrites model_type {model_type!r} to {rewritten!r}, then "
+    else:
+        how = ""
     return Override(
         "method", config.method, "mtp",
         cause=(f"the {role} checkpoint {path!r} has model_type {model_type!r}; vLLM {how}detects "

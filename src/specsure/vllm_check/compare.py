@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Mapping
 
 from specsure.config.schema import FIELDS, SPECSURE_ONLY_FIELDS, SUFFIX_FIELDS
-from specsure.config.vllm_overrides import (
-    VLLM_DETECTION_SKIPPED, VLLM_MTP_MODEL_TYPES, PathTrap, trap_fix, vllm_draft_path, vllm_path_trap,
-)
+from specsure.config.vllm_overrides import PathTrap, trap_fix, vllm_draft_path, vllm_path_trap
+from specsure.config.vllm_rules import DETECTION_SKIPPED, MTP_MODEL_TYPES
 
 if TYPE_CHECKING:
     from specsure.config.resolution import Resolution
@@ -170,15 +169,15 @@ def _diagnose(res: "Resolution", name: str, ours: Any, theirs: Any, vllm: Mappin
     path = vllm.get("model") or (where[0] if where else "")
     role = where[1] if where else "draft"
     trap = vllm_path_trap(str(path))
-    if trap is not None and trap[1] == theirs and ours not in VLLM_DETECTION_SKIPPED:
+    if trap is not None and trap[1] == theirs and ours not in DETECTION_SKIPPED:
         fix_trap = PathTrap(path=str(path), role=role, substring=trap[0], method=trap[1])
         return Mismatch(name, ours, theirs,
                         cause=(f"folder-name substring: the {role} path {path!r} contains {trap[0]!r}, and vLLM "
                                f"tests the path for it unless the method is one of "
-                               f"{', '.join(sorted(VLLM_DETECTION_SKIPPED))}; so your {ours!r} became {theirs!r}"),
+                               f"{', '.join(sorted(DETECTION_SKIPPED))}; so your {ours!r} became {theirs!r}"),
                         fix=trap_fix(res, fix_trap)[0])
     draft_type = vllm.get("draft_model_type")
-    if theirs == "mtp" and draft_type in VLLM_MTP_MODEL_TYPES:
+    if theirs == "mtp" and draft_type in MTP_MODEL_TYPES:
         holder = res.draft if res.draft is not None else res.target
         original = holder.model_type if holder is not None else None
         rewrite = (f"vLLM rewrites the checkpoint's model_type {original!r} to {draft_type!r}"

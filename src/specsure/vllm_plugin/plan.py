@@ -14,9 +14,8 @@ from typing import Any, Mapping
 from specsure.config.errors import ConfigError
 from specsure.config.resolution import Resolution, resolve
 from specsure.config.schema import FIELDS, KEY_ALIASES, SPECSURE_ONLY_FIELDS
-from specsure.config.vllm_overrides import (
-    VLLM_DETECTION_SKIPPED, model_type_override, vllm_draft_path, vllm_path_trap,
-)
+from specsure.config.vllm_overrides import model_type_override, vllm_draft_path, vllm_path_trap
+from specsure.config.vllm_rules import DETECTION_SKIPPED
 from specsure.vllm_plugin.links import neutral_link
 
 SPEC_FLAGS: tuple[tuple[str, str, str], ...] = (
@@ -95,11 +94,11 @@ def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = Tr
                         f"it drafts a chain of num_speculative_tokens = {res.config.num_speculative_tokens} tokens.")
     links: list[tuple[str, str]] = []
     where = vllm_draft_path(res)
-    if where is not None and res.config.method not in VLLM_DETECTION_SKIPPED and vllm_path_trap(where[0]):
+    if where is not None and res.config.method not in DETECTION_SKIPPED and vllm_path_trap(where[0]):
         link = neutral_link(where[0])
         handed["model"] = link  # for mtp without a draft this names the target's own folder explicitly
         links.append((where[0], link))
-    if where is not None and res.config.method not in VLLM_DETECTION_SKIPPED and (
+    if where is not None and res.config.method not in DETECTION_SKIPPED and (
             behind := model_type_override(res, where[0], where[1])) is not None:
         # No key stops this one; the guard sees it once vLLM has resolved, and refuses or warns.
         warnings.append(f"vLLM will switch method {res.config.method!r} to {behind.vllm!r} whatever it is handed: "
