@@ -266,3 +266,23 @@ def test_gguf_target_without_the_engine_is_a_clear_error(tmp_path, capsys, monke
     rc = main(["check-vllm", "--speculative-config", '{"method": "ngram"}', "--vllm-python", python])
     err = capsys.readouterr().err
     assert rc == 2 and "is a GGUF file" in err and "pip install 'specsure[engine]'" in err and "Traceback" not in err
+
+
+def test_a_speculators_target_that_vllm_replaces_is_a_mismatch(tmp_path, target):
+    from test_export import _speculators_target
+
+    spec = _speculators_target(tmp_path / "spec-head", "meta-llama/Llama-3.1-8B-Instruct")
+    draft = write(tmp_path / "small", num_hidden_layers=2)
+    res = resolve({"method": "draft_model", "model": draft}, model=spec, strict=False)
+    replaced = vllm_result(method="eagle3", model=spec, target="meta-llama/Llama-3.1-8B-Instruct",
+                           replaced_by_speculators=True)
+    check = compare(res, replaced, exported={"method": "draft_model"}, vllm_version="0.33.0")
+    assert not check.ok
+    by_field = {m.field: m for m in check.mismatches}
+    assert {"method", "model"} <= set(by_field) and "speculators-format" in by_field["method"].cause
+    assert "--model meta-llama/Llama-3.1-8B-Instruct" in by_field["method"].fix
+    # The same method and draft as vLLM's still serve another target: that is a mismatch too.
+    same = resolve({"method": "eagle3", "model": spec, "num_speculative_tokens": 4}, model=spec, strict=False)
+    check = compare(same, {**replaced, "num_speculative_tokens": 4}, exported={}, vllm_version="0.33.0")
+    (mismatch,) = check.mismatches
+    assert (mismatch.field, mismatch.vllm) == ("target", "meta-llama/Llama-3.1-8B-Instruct")

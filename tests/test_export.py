@@ -352,6 +352,33 @@ def test_a_draft_architecture_of_a_foreign_method_switches_it_in_vllm(ckpts, tmp
     assert override.vllm == "dspark" and "Qwen3DSparkModel" in override.cause
 
 
+def _speculators_target(folder, verifier):  # noqa: ANN001, ANN202
+    return write(folder, architectures=["Eagle3Speculator"], model_type="llama", num_hidden_layers=1,
+                 speculators_model_type="eagle3", transformer_layer_config={"hidden_size": 64},
+                 speculators_config={"proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                                     "verifier": {"name_or_path": verifier}})
+
+
+def test_a_speculators_target_replaces_the_whole_config_in_vllm(ckpts, tmp_path):
+    """vLLM's create_engine_config serves the verifier and runs the checkpoint's own method and draft."""
+    target = _speculators_target(tmp_path / "spec-head", "meta-llama/Llama-3.1-8B-Instruct")
+    res = resolve({"method": "draft_model", "model": ckpts["draft"]}, model=target, strict=False)
+    (override,) = predict_vllm_overrides(res)
+    assert (override.field, override.asked, override.vllm) == ("method", "draft_model", "eagle3")
+    assert "meta-llama/Llama-3.1-8B-Instruct" in override.cause and "--model meta-llama/" in override.fix
+    with pytest.raises(ConfigError, match="would run method 'eagle3'"):
+        export(res, "vllm", strict=True)
+
+
+def test_a_speculators_target_with_a_local_verifier_is_refused_by_vllm(ckpts, tmp_path):
+    target = _speculators_target(tmp_path / "spec-head", str(ckpts["target"]))
+    res = resolve({"method": "draft_model", "model": ckpts["draft"]}, model=target, strict=False)
+    assert predict_vllm_overrides(res) == ()
+    assert any("is not a remote repository" in w for w in export(res, "vllm", strict=False).warnings)
+    with pytest.raises(ConfigError, match="strict mode: an export vLLM refuses"):
+        export(res, "vllm", strict=True)
+
+
 def test_an_mtp_k_that_vllm_refuses_is_named(tmp_path):
     target = write(tmp_path / "dsv3", architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
                    num_nextn_predict_layers=2)
@@ -361,6 +388,8 @@ def test_an_mtp_k_that_vllm_refuses_is_named(tmp_path):
     for k in (1, 2, 4):
         out = export(resolve({"method": "mtp", "num_speculative_tokens": k}, model=target), "vllm")
         assert not any("MTP modules" in w for w in out.warnings)
+    with pytest.raises(ConfigError, match="refuses num_speculative_tokens = 3 .*strict mode"):
+        export(resolve({"method": "mtp", "num_speculative_tokens": 3}, model=target), "vllm", strict=True)
 
 
 def test_disable_by_batch_size_goes_to_vllm_and_is_named_for_sglang(ckpts):

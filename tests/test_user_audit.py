@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -166,6 +167,19 @@ def test_export_expands_a_home_path(tmp_path: Path, monkeypatch: pytest.MonkeyPa
                    '{"method": "draft_model", "model": "~/draft"}'])
         out = capsys.readouterr().out
         assert rc == 0 and "~" not in out and str(tmp_path / "draft") in out and str(tmp_path / "target") in out
+
+
+def test_export_keeps_a_path_that_starts_with_a_dash_a_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`--model -tgt` would be an option to vLLM's and SGLang's parsers, not a path."""
+    monkeypatch.chdir(tmp_path)
+    write_checkpoint(tmp_path / "-tgt", llama(layers=4))
+    write_checkpoint(tmp_path / "-draft", llama(layers=2))
+    for engine, flag in (("vllm", "--model"), ("sglang", "--speculative-draft-model-path")):
+        rc = main(["export", "--to", engine, "--model=-tgt", "--speculative-config", '{"model": "-draft"}'])
+        words = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
+        assert rc == 0 and not any(w.startswith("-") and w.strip("-") in ("tgt", "draft") for w in words), words
+        assert words[words.index(flag) + 1].startswith("./-")
 
 
 @pytest.mark.slow

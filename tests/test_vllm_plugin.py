@@ -232,6 +232,16 @@ def test_the_link_cache_refuses_a_trapped_path_and_non_links(models, tmp_path, m
         neutral_link(models["beagle-7b"])
 
 
+def test_a_link_cache_that_cannot_be_made_names_the_folder_and_the_fix(models, tmp_path, monkeypatch):
+    """A cache path through a file (as a read-only home fails): one clear error, not vLLM's raw OSError."""
+    (tmp_path / "a-file").write_text("")
+    for where in (tmp_path / "a-file" / "links", tmp_path / "a-file"):
+        monkeypatch.setenv("SPECSURE_VLLM_LINKS", str(where))
+        with pytest.raises(ValueError, match=r"link cache .*Set SPECSURE_VLLM_LINKS to a writable folder|"
+                                             r"is not a plain folder"):
+            neutral_link(models["beagle-7b"])
+
+
 # --- the plan on its own -------------------------------------------------------------------------
 
 def test_user_config_merges_the_flags_as_vllm_does():

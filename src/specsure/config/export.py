@@ -18,15 +18,14 @@ from specsure.config.compat import LAYER_IDS_KEY, declared_aux_layers
 from specsure.config.detect import MTP_HEAD_ARCHITECTURES
 from specsure.config.errors import ConfigError
 from specsure.config.token_tree import is_chain
-from specsure.config.vllm_overrides import local_path, predict_vllm_overrides, target_path
+from specsure.config.vllm_overrides import local_path, predict_vllm_overrides, speculators_refusal, target_path
+from specsure.config.vllm_rules import VLLM_TESTED_VERSIONS
 
 if TYPE_CHECKING:
     from specsure.config.resolution import Resolution
 
 Engine = Literal["vllm", "sglang"]
 ENGINES: Final[tuple[str, ...]] = ("vllm", "sglang")
-VLLM_TESTED_VERSIONS: Final[tuple[str, ...]] = ("0.33.0",)
-
 # Draft architectures that only specsure loads; no other engine has a model class for them.
 SPECSURE_ONLY_ARCHITECTURES: Final[frozenset[str]] = MTP_HEAD_ARCHITECTURES
 
@@ -63,7 +62,8 @@ def export(res: "Resolution", engine: str, *, strict: bool | None = None) -> Exp
     """Render ``res`` for ``engine`` ('vllm' or 'sglang').
 
     ConfigError when the engine cannot express the resolved method or checkpoint. With
-    ``strict`` (default: the Resolution's own), a predicted silent override is an error too.
+    ``strict`` (default: the Resolution's own), a predicted silent override, or a config vLLM is
+    known to refuse, is an error too.
     """
     if engine not in ENGINES:
         raise ConfigError(f"unknown export target {engine!r}; choose one of: {', '.join(ENGINES)}.")
@@ -84,6 +84,8 @@ def export(res: "Resolution", engine: str, *, strict: bool | None = None) -> Exp
         if strict:
             raise ConfigError(f"specsure would refuse to run this config: {exc} (strict mode)") from None
         out = replace(out, warnings=(f"specsure would refuse to run this config: {exc}", *out.warnings))
+    if strict and engine == "vllm" and (refusals := vllm_refusals(res)):
+        raise ConfigError(" ".join(refusals) + " (strict mode: an export vLLM refuses is an error)")
     if strict and engine == "vllm" and (overrides := predict_vllm_overrides(res)):
         raise ConfigError(" ".join(f"vLLM would run {o.field} {o.vllm!r} instead of {o.asked!r}: {o.cause}. "
                                    f"Fix: {o.fix}." for o in overrides) + " (strict mode)")
@@ -143,14 +145,7 @@ def _vllm(res: "Resolution") -> Export:
                         f"{', '.join(VLLM_TESTED_VERSIONS)} (earlier vLLM releases had it), so it is left out: vLLM "
                         f"drafts a chain of num_speculative_tokens = {config.num_speculative_tokens} tokens. Its output "
                         "is the same; a different number of tokens is accepted per step.")
-    if config.method == "mtp" and (modules := _mtp_modules(res)) is not None:
-        k = config.num_speculative_tokens
-        if k > modules and k % modules:
-            # vllm/config/speculative.py __post_init__: above n_predict, k must reuse the modules whole rounds.
-            warnings.append(f"vLLM {', '.join(VLLM_TESTED_VERSIONS)} refuses num_speculative_tokens = {k} with "
-                            f"{modules} MTP modules (n_predict): above {modules} it must be a multiple of "
-                            f"{modules}. specsure runs it, reusing the modules in turn; for vLLM set "
-                            f"num_speculative_tokens to {k - k % modules} or {k - k % modules + modules}.")
+    warnings += vllm_refusals(res)
     if config.method == "suffix":
         # vllm/config/speculative.py _validate_suffix_decoding raises ImportError without it.
         warnings.append("vLLM runs suffix decoding through the arctic-inference package and refuses the config "
@@ -162,6 +157,24 @@ def _vllm(res: "Resolution") -> Export:
         if o.workaround:
             workarounds.append(o.workaround)
     return Export("vllm", args, spec, tuple(warnings), tuple(workarounds))
+
+
+def vllm_refusals(res: "Resolution") -> list[str]:
+    """What vLLM 0.33.0 would refuse to start with, loudly, in the exported config."""
+    config = res.config
+    assert config is not None
+    refusals = []
+    if config.method == "mtp" and (modules := _mtp_modules(res)) is not None:
+        k = config.num_speculative_tokens
+        if k > modules and k % modules:
+            # vllm/config/speculative.py __post_init__: above n_predict, k must reuse the modules whole rounds.
+            refusals.append(f"vLLM {', '.join(VLLM_TESTED_VERSIONS)} refuses num_speculative_tokens = {k} with "
+                            f"{modules} MTP modules (n_predict): above {modules} it must be a multiple of "
+                            f"{modules}. specsure runs it, reusing the modules in turn; for vLLM set "
+                            f"num_speculative_tokens to {k - k % modules} or {k - k % modules + modules}.")
+    if (refused := speculators_refusal(res)) is not None:
+        refusals.append(refused + ".")
+    return refusals
 
 
 def _mtp_modules(res: "Resolution") -> int | None:

@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from specsure.config.schema import NO_DRAFT_METHODS
-from specsure.config.vllm_rules import DETECTION_SKIPPED, PATH_TRAPS, foreign_method, vllm_mtp_type
+from specsure.config.vllm_rules import (
+    DETECTION_SKIPPED, PATH_TRAPS, VLLM_TESTED_VERSIONS, foreign_method, remote_verifier, speculators_target,
+    vllm_mtp_type,
+)
 
 if TYPE_CHECKING:
     from specsure.config.resolution import Resolution
@@ -103,10 +106,13 @@ def target_path(res: "Resolution") -> str:
 
 
 def local_path(path: str) -> str:
-    """``path`` as the other engine must get it: a leading ``~`` expanded as specsure expanded it.
-    Quoted in the exported command, ``~/model`` would reach vLLM or SGLang literally, and they would
-    look it up as a Hugging Face repository id."""
-    return os.path.expanduser(path) if path.startswith("~") else path
+    """``path`` as the other engine must get it: a leading ``~`` expanded as specsure expanded it, and
+    ``./`` before a leading ``-``. Quoted in the exported command, ``~/model`` would reach vLLM or
+    SGLang literally, and they would look it up as a Hugging Face repository id; ``--model -tgt``
+    would be an option to their argument parsers, not a path."""
+    if path.startswith("~"):
+        return os.path.expanduser(path)
+    return f"./{path}" if path.startswith("-") else path
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,8 @@ class Override:
 
 def predict_vllm_overrides(res: "Resolution") -> tuple[Override, ...]:
     """The silent rewrites vLLM 0.33.0 would apply to the exported config, from its known rules."""
+    if (replaced := speculators_override(res)) is not None:
+        return (replaced,)
     config = res.config
     where = vllm_draft_path(res)
     if config is None or where is None or config.method in DETECTION_SKIPPED:
@@ -141,6 +149,38 @@ def predict_vllm_overrides(res: "Resolution") -> tuple[Override, ...]:
                f"for methods {', '.join(sorted(DETECTION_SKIPPED))}) tests for that substring and switches "
                f"{config.method!r} to {trap.method!r} without a log line"),
         fix=fix, workaround=command),)
+
+
+def speculators_override(res: "Resolution") -> Override | None:
+    """A speculators-format target: vLLM serves its verifier and replaces the method and the draft
+    with the checkpoint's own, whatever the config says (when it names a remote verifier)."""
+    config, found = res.config, speculators_target(res.target.config)
+    if config is None or found is None or not remote_verifier(found[1]):
+        return None
+    method, verifier = found
+    target = target_path(res)
+    field, asked, theirs = (("method", config.method, method) if method != config.method else
+                            ("model", config.model, target))
+    return Override(
+        field, asked, theirs,
+        cause=(f"the target {target!r} is a speculators-format checkpoint (config.json speculators_config), so "
+               f"vLLM's create_engine_config serves its verifier {verifier!r} (from the Hugging Face Hub) as --model "
+               f"and replaces the method with {method!r} and the draft with {target!r}, keeping your other keys, "
+               "without a log line"),
+        fix=(f"pass the verifier as --model and this folder as the draft: --model {verifier} --speculative-config "
+             f"'{{\"method\": \"{method}\", \"model\": \"{target}\"}}', or a target that is not a speculators "
+             "checkpoint"))
+
+
+def speculators_refusal(res: "Resolution") -> str | None:
+    """vLLM 0.33.0 refuses a speculators-format target whose verifier is not a remote repository."""
+    found = speculators_target(res.target.config) if res.config is not None else None
+    if found is None or remote_verifier(found[1]):
+        return None
+    return (f"vLLM {', '.join(VLLM_TESTED_VERSIONS)} refuses the target {target_path(res)!r}: it is a speculators-format "
+            f"checkpoint (config.json speculators_config) whose verifier {found[1]!r} is not a remote repository "
+            "(vLLM: \"Select local verifiers explicitly\"); pass the verifier as --model and this folder as the "
+            "draft's \"model\"")
 
 
 def trap_fix(res: "Resolution", trap: PathTrap) -> tuple[str, str | None]:

@@ -10,7 +10,12 @@ specsure does not run.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any, Final, Mapping
+
+VLLM_TESTED_VERSIONS: Final[tuple[str, ...]] = ("0.33.0",)
+"""The vLLM releases these rules were read from (and check-vllm was run against)."""
 
 # SpeculativeConfig.__post_init__: unless the method is one of these, it searches the lower-cased
 # draft path for substrings, in this order, and replaces the method.
@@ -109,3 +114,33 @@ def foreign_method(architectures: tuple[str, ...], model_type: str | None) -> st
 
 def _get(section: Any, key: str) -> Any:
     return section.get(key) if isinstance(section, Mapping) else None
+
+
+# transformers_utils/configs/speculators/base.py: speculators_model_type names that vLLM runs as another method.
+SPECULATORS_METHODS: Final[Mapping[str, str]] = {"peagle": "eagle3", "dflash2": "dflash"}
+_REPO_ID = re.compile(r"^(?:[\w\-.]+/)?[\w\-.]+$")
+
+
+def speculators_target(config: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """(the method, the verifier as written) when a target's config.json is in the speculators format.
+
+    vLLM 0.33.0's EngineArgs.create_engine_config then replaces the method and the draft with the
+    checkpoint's own (the target folder as the draft) and ``--model`` with the verifier, keeping the
+    user's other keys (transformers_utils/config.py maybe_override_with_speculators)."""
+    block = config.get("speculators_config")
+    if not isinstance(block, Mapping):
+        return None
+    kind = config.get("speculators_model_type")
+    method = SPECULATORS_METHODS.get(kind, kind) if isinstance(kind, str) else str(kind)
+    return method, _get(block.get("verifier"), "name_or_path")
+
+
+def remote_verifier(verifier: Any) -> bool:
+    """Whether vLLM 0.33.0 takes ``verifier`` as the model to serve: a Hugging Face repository id that
+    names no local path (huggingface_hub's validate_repo_id); anything else it refuses, loudly."""
+    if not isinstance(verifier, str) or len(verifier) > 96 or not _REPO_ID.match(verifier):
+        return False
+    if "--" in verifier or ".." in verifier or verifier[0] in "-." or verifier[-1] in "-.":
+        return False
+    path = Path(verifier)
+    return not (path.exists() or path.is_symlink())

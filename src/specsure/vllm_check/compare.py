@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Mapping
 
 from specsure.config.schema import FIELDS, SPECSURE_ONLY_FIELDS, SUFFIX_FIELDS
-from specsure.config.vllm_overrides import PathTrap, trap_fix, vllm_draft_path, vllm_path_trap
+from specsure.config.vllm_overrides import (
+    PathTrap, speculators_override, target_path, trap_fix, vllm_draft_path, vllm_path_trap,
+)
 from specsure.config.vllm_rules import DETECTION_SKIPPED, MTP_MODEL_TYPES
 
 if TYPE_CHECKING:
@@ -131,6 +133,8 @@ def compare(res: "Resolution", vllm: Mapping[str, Any], *, exported: Mapping[str
                         theirs[name], alt, agree))
         if not agree:
             mismatches.append(_diagnose(res, name, ours[name], theirs[name], vllm))
+    if vllm.get("replaced_by_speculators") and not mismatches:  # the same method and draft, another target
+        mismatches.append(_speculators_mismatch(res, "target", target_path(res), vllm.get("target"), vllm))
     notes = []
     if as_written and "error" in as_written:
         notes.append(f"vLLM rejects your config as written: {' '.join(as_written['error'].split())[:300]}")
@@ -154,6 +158,16 @@ def _normalise(result: Mapping[str, Any]) -> dict[str, Any]:
             "disable_by_batch_size": result.get("disable_by_batch_size")}
 
 
+def _speculators_mismatch(res: "Resolution", name: str, ours: Any, theirs: Any, vllm: Mapping[str, Any]) -> Mismatch:
+    predicted = speculators_override(res)
+    if predicted is not None:
+        return Mismatch(name, ours, theirs, cause=predicted.cause, fix=predicted.fix)
+    return Mismatch(name, ours, theirs,
+                    cause=(f"the target is a speculators-format checkpoint: vLLM serves {vllm.get('target')!r} as "
+                           "--model and replaces the method and the draft with the checkpoint's own"),
+                    fix="pass the verifier as --model and this folder as the draft's model")
+
+
 def _same(name: str, ours: Any, theirs: Any) -> bool:
     if name == "model" and ours is not None and theirs is not None:
         return ours == theirs or os.path.realpath(ours) == os.path.realpath(theirs)
@@ -161,6 +175,8 @@ def _same(name: str, ours: Any, theirs: Any) -> bool:
 
 
 def _diagnose(res: "Resolution", name: str, ours: Any, theirs: Any, vllm: Mapping[str, Any]) -> Mismatch:
+    if vllm.get("replaced_by_speculators"):
+        return _speculators_mismatch(res, name, ours, theirs, vllm)
     if name != "method":
         return Mismatch(name, ours, theirs,
                         cause=f"vLLM resolved {name} to {theirs!r} although the exported config sets it explicitly",

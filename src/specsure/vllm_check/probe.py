@@ -25,6 +25,9 @@ def _probe(case):
 
     engine_args = EngineArgs(model=case["model"], speculative_config=dict(case["speculative_config"]),
                              skip_tokenizer_init=True)
+    replaced = _speculators(engine_args)
+    if replaced is not None:
+        return replaced
     model_config = engine_args.create_model_config()
     parallel_config = engine_args.create_parallel_config() if hasattr(engine_args, "create_parallel_config") \
         else _parallel_config()
@@ -47,6 +50,28 @@ def _probe(case):
         "draft_architectures": list(getattr(hf, "architectures", None) or []),
         "target_model_type": getattr(model_config.hf_config, "model_type", None),
     }
+
+
+def _speculators(engine_args):
+    """create_engine_config's first step: a speculators-format target replaces --model with its
+    verifier and the method and draft with its own. Their answer, when it did (the verifier is a
+    Hub repository, which this probe does not download), else None."""
+    from vllm.engine import arg_utils
+
+    override = getattr(arg_utils, "maybe_override_with_speculators", None)
+    if override is None:
+        return None
+    asked = engine_args.model
+    extra = {"hf_token": engine_args.hf_token} if hasattr(engine_args, "hf_token") else {}
+    model, tokenizer, spec = override(model=asked, tokenizer=engine_args.tokenizer, revision=engine_args.revision,
+                                      trust_remote_code=engine_args.trust_remote_code,
+                                      vllm_speculative_config=engine_args.speculative_config, **extra)
+    if model == asked:
+        return None
+    spec = dict(spec or {})
+    return {"method": spec.get("method"), "model": spec.get("model"), "draft_path": spec.get("model"),
+            "num_speculative_tokens": spec.get("num_speculative_tokens"), "target": model,
+            "replaced_by_speculators": True}
 
 
 def _plugin_installed():

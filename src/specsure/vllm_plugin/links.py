@@ -49,7 +49,11 @@ def neutral_link(path: str) -> str:
     if (hit := vllm_path_trap(str(cache))) is not None:
         raise ConfigError(f"the link cache {str(cache)!r} contains {hit[0]!r}, which vLLM's method detection "
                           "catches too; set SPECSURE_VLLM_LINKS to a folder whose path does not.")
-    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a read-only home in a container, a cache path through a file, ...
+        raise ConfigError(f"cannot create the link cache {str(cache)!r} for the neutral link to {path!r}: "
+                          f"{exc.strerror or exc}. Set SPECSURE_VLLM_LINKS to a writable folder.") from None
     if cache.is_symlink() or not cache.is_dir():
         raise ConfigError(f"the link cache {str(cache)!r} is not a plain folder; remove it or set "
                           "SPECSURE_VLLM_LINKS.")
@@ -61,8 +65,12 @@ def neutral_link(path: str) -> str:
     # Written beside the final name and renamed over it, so another process sees either no link
     # or a complete one, and a stale entry (a link elsewhere, a file) is replaced, never followed.
     temp = cache / f".{link.name}.{os.getpid()}.tmp"
-    if os.path.lexists(temp):
-        os.unlink(temp)
-    os.symlink(real, temp, target_is_directory=True)
-    os.replace(temp, link)
+    try:
+        if os.path.lexists(temp):
+            os.unlink(temp)
+        os.symlink(real, temp, target_is_directory=True)
+        os.replace(temp, link)
+    except OSError as exc:
+        raise ConfigError(f"cannot write the neutral link to {path!r} in the link cache {str(cache)!r}: "
+                          f"{exc.strerror or exc}. Set SPECSURE_VLLM_LINKS to a writable folder.") from None
     return str(link)
