@@ -135,6 +135,23 @@ def test_a_draft_of_the_targets_size_with_another_tokenizer_is_a_warning(hf: Pat
     assert not resolve({"method": "draft_model", "model": str(hf)}, str(hf)).warnings
 
 
+def test_a_gguf_draft_of_the_targets_size_with_another_tokenizer_is_a_warning(hf: Path, tmp_path: Path) -> None:
+    """GGUF files carry their token lists: two of one size that spell tokens differently are compared too."""
+    from specsure.config.errors import ConfigConflictError
+    from specsure.config.resolution import resolve
+
+    target = write_llama_gguf(hf, tmp_path / "target.gguf")
+    other = _folder_with(hf, tmp_path)
+    write_word_tokenizer(other, VOCAB)
+    draft = write_llama_gguf(other, tmp_path / "draft.gguf", merges=False)
+    res = resolve({"method": "draft_model", "model": str(draft)}, str(target))
+    assert any("has the target's vocab_size, but their GGUF token lists differ (token" in w for w in res.warnings)
+    with pytest.raises(ConfigConflictError, match="GGUF token lists differ"):
+        resolve({"method": "draft_model", "model": str(draft)}, str(target), strict=True)
+    same = write_llama_gguf(hf, tmp_path / "same.gguf")
+    assert not resolve({"method": "draft_model", "model": str(same)}, str(target)).warnings
+
+
 def test_a_per_layer_intermediate_size_is_a_size_not_an_error(hf: Path, tmp_path: Path) -> None:
     from specsure.models.model_folder import check_model_folder
 

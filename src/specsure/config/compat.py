@@ -21,7 +21,7 @@ from specsure.config.detect import (
 )
 from specsure.config.errors import ConfigError
 from specsure.config.schema import SpeculativeConfig
-from specsure.config.vocabulary import SharedTokenizer, compare_folders
+from specsure.config.vocabulary import SharedTokenizer, compare_checkpoints
 from specsure.config.token_tree import DraftTree, is_chain
 
 
@@ -89,11 +89,9 @@ def _check_method(target: CheckpointInfo, config: SpeculativeConfig | None, draf
             f"switch methods: set method {draft_evidence.value!r} to run this checkpoint, or give {WHAT_IS[method]}.")
     check_head(method, draft, target)
     if method == "draft_model":
-        folders = target.kind == "hf_dir" and draft.kind == "hf_dir"
         check_same_vocab(target.vocab_size, draft.vocab_size, target=target.path, draft=draft.path,
                          draft_where=f" ({draft.config_file})" if draft.config_file else "",
-                         tokenizers=lambda: compare_folders(target.path, draft.path) if folders else SharedTokenizer(
-                             None, "only tokenizer.json files are compared, not a GGUF file's tokenizer"))
+                         tokenizers=lambda: compare_checkpoints(target, draft))
 
 
 FOREIGN_FIX = ("Give a draft made for one of specsure's methods (a causal LM with the target's vocabulary for "

@@ -21,6 +21,7 @@ _STRING, _ARRAY = 8, 9
 _MAX_KEYS: Final[int] = 1 << 20
 _MAX_ARRAY_DEPTH: Final[int] = 8
 _MAX_DIMS: Final[int] = 8
+TOKENS_KEY: Final[str] = "tokenizer.ggml.tokens"
 
 
 class GGUFHeaderError(ValueError):
@@ -46,6 +47,13 @@ def read_gguf_metadata(path: str) -> dict[str, Any]:
         return _metadata(fh)[0]
 
 
+def read_gguf_tokens(path: str) -> list[str] | None:
+    """The vocabulary, ``tokenizer.ggml.tokens`` (token i at index i), or None when the file has none."""
+    with open(path, "rb") as fh:
+        tokens = _metadata(fh, keep=TOKENS_KEY)[0].get(TOKENS_KEY)
+    return tokens if isinstance(tokens, list) else None
+
+
 def read_gguf_tensors(path: str) -> tuple[dict[str, Any], list[TensorEntry]]:
     """The metadata (as `read_gguf_metadata`) and the tensor table, whose data offsets are made
     absolute (the data section starts at the next ``general.alignment`` boundary, default 32)."""
@@ -66,8 +74,9 @@ def read_gguf_tensors(path: str) -> tuple[dict[str, Any], list[TensorEntry]]:
     return metadata, [TensorEntry(name, shape, kind, data + offset) for name, shape, kind, offset in rows]
 
 
-def _metadata(fh: BinaryIO) -> tuple[dict[str, Any], int]:
-    """(key/value metadata, tensor count), leaving ``fh`` at the tensor table."""
+def _metadata(fh: BinaryIO, keep: str | None = None) -> tuple[dict[str, Any], int]:
+    """(key/value metadata, tensor count), leaving ``fh`` at the tensor table; the string array under
+    the key ``keep`` is read whole, every other array only counted."""
     if fh.read(4) != b"GGUF":
         raise GGUFHeaderError("missing the GGUF magic bytes")
     (version,) = _unpack(fh, "<I")
@@ -81,8 +90,18 @@ def _metadata(fh: BinaryIO) -> tuple[dict[str, Any], int]:
     for _ in range(count):
         key = _string(fh)
         (kind,) = _unpack(fh, "<I")
-        out[key] = _value(fh, kind)
+        out[key] = _strings(fh) if key == keep and kind == _ARRAY else _value(fh, kind)
     return out, tensors
+
+
+def _strings(fh: BinaryIO) -> list[str] | int:
+    """A string array whole; any other array is skipped and counted, as `_value` does."""
+    (item_kind,) = _unpack(fh, "<I")
+    if item_kind != _STRING:
+        fh.seek(-4, 1)
+        return _value(fh, _ARRAY)
+    (length,) = _unpack(fh, "<Q")
+    return [_string(fh) for _ in range(length)]
 
 
 def _unpack(fh: BinaryIO, fmt: str) -> tuple[Any, ...]:

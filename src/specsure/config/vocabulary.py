@@ -14,10 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from specsure.config.gguf_header import GGUFHeaderError, read_gguf_tokens
+
 if TYPE_CHECKING:
     from specsure.config.checkpoint import CheckpointInfo
 
 TOKENIZER_FILE = "tokenizer.json"
+GGUF_KINDS = ("gguf", "default")
+"""CheckpointInfo kinds that are a GGUF file (the packaged default model is one)."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,31 @@ class SharedTokenizer:
     """How it was decided, for a message: what matched, or what differed or was missing."""
     differs: bool = False
     """True when both were read and map some token to other ids (not merely unknown)."""
+
+
+def compare_checkpoints(target: "CheckpointInfo", draft: "CheckpointInfo") -> SharedTokenizer:
+    """Compare two checkpoints' tokenizers where they are of one kind: two folders' tokenizer.json,
+    or two GGUF files' token lists (a GGUF file's tokens are spelled as llama.cpp stores them, so a
+    GGUF file and a folder are not compared)."""
+    if target.kind == "hf_dir" and draft.kind == "hf_dir":
+        return compare_folders(target.path, draft.path)
+    if target.kind in GGUF_KINDS and draft.kind in GGUF_KINDS:
+        return compare_gguf_files(target.path, draft.path)
+    return SharedTokenizer(None, "a GGUF file's tokenizer is compared only with another GGUF file's")
+
+
+def compare_gguf_files(target: str, draft: str) -> SharedTokenizer:
+    """Compare the token lists (``tokenizer.ggml.tokens``) of two GGUF files."""
+    found = []
+    for role, path in (("target", target), ("draft", draft)):
+        try:
+            tokens = read_gguf_tokens(str(Path(path).expanduser()))
+        except (OSError, GGUFHeaderError):
+            tokens = None
+        if tokens is None:
+            return SharedTokenizer(None, f"the {role}'s GGUF file lists no tokens to compare")
+        found.append({token: i for i, token in reversed(list(enumerate(tokens)))})  # a repeated token: its first id
+    return compare_vocabs(found[0], found[1], "their GGUF token lists")
 
 
 def compare_folders(target: str, draft: str) -> SharedTokenizer:
@@ -83,9 +112,9 @@ def _read_vocab(path: Path) -> dict[str, int] | None:
 def other_tokenizer(target: "CheckpointInfo", draft: "CheckpointInfo | None") -> str:
     """A warning for a draft whose tokenizer.json maps tokens to other ids than the target's though the
     vocabulary sizes agree: it runs (the output is the target's), but its drafts mean other tokens."""
-    if draft is None or target.kind != "hf_dir" or draft.kind != "hf_dir" or target.vocab_size != draft.vocab_size:
+    if draft is None or target.vocab_size != draft.vocab_size:
         return ""  # other sizes are check_runnable's, with the same comparison
-    found = compare_folders(target.path, draft.path)
+    found = compare_checkpoints(target, draft)
     if not found.differs:
         return ""
     return (f"the draft {draft.path!r} has the target's vocab_size, but {found.why}: it drafts token ids that mean "
