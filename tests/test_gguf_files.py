@@ -65,6 +65,24 @@ def test_a_broken_gguf_is_refused_naming_what_is_wrong(hf: Path, tmp_path: Path,
     assert not list((tmp_path / "cache" / "specsure").glob("broken-*/model.safetensors"))  # nothing cached
 
 
+def test_a_gguf_whose_block_scale_is_nan_is_refused_naming_the_tensor(hf: Path, tmp_path: Path,
+                                                                    recwarn: pytest.WarningsRecorder) -> None:
+    """A damaged file de-quantises to NaN weights: refused at conversion, nothing cached, no raw numpy warning."""
+    from specsure.config.gguf_header import read_gguf_tensors
+    from specsure.models.gguf_cache import cache_root
+
+    path = write_llama_gguf(hf, tmp_path / "damaged.gguf", quantize={"blk.0.attn_v.weight": "Q8_0"})
+    entry = next(t for t in read_gguf_tensors(str(path))[1] if t.name == "blk.0.attn_v.weight")
+    with open(path, "r+b") as fh:
+        fh.seek(entry.start)
+        fh.write(bytes([0x00, 0x7E]))  # the first block's float16 scale: NaN
+    with pytest.raises(ModelLoadError, match=r"tensor model\.layers\.0\.self_attn\.v_proj\.weight .* de-quantises "
+                                             r"to \d+ NaN or infinite value.*Download or convert the model again"):
+        load_model(str(path), dtype="float32")
+    assert not any(issubclass(w.category, RuntimeWarning) for w in recwarn.list)
+    assert not list(cache_root().glob("damaged*"))
+
+
 def test_a_truncated_gguf_names_the_tensor_past_its_end(hf: Path, tmp_path: Path) -> None:
     whole = write_llama_gguf(hf, tmp_path / "whole.gguf")
     cut = tmp_path / "cut.gguf"

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+import numpy
 import torch
 
 from specsure.config.checkpoint import (
@@ -126,7 +127,8 @@ def _write_conversion(gguf: Path, out: Path) -> None:
     os.symlink(gguf.resolve(), alone)
     kwargs = {"gguf_file": gguf.name, "local_files_only": True, "trust_remote_code": False}
     try:
-        with quiet_loading(), no_dequantizing_bar():
+        # numpy's warnings about NaN block scales would come out raw; _check_finite names the tensor instead.
+        with quiet_loading(), no_dequantizing_bar(), numpy.errstate(invalid="ignore", over="ignore"):
             tokenizer = AutoTokenizer.from_pretrained(out, **kwargs)
             # Mismatched sizes are reported below, naming the tensors, rather than raised as transformers'
             # "see the report above", which quiet loading hides.
@@ -144,6 +146,7 @@ def _write_conversion(gguf: Path, out: Path) -> None:
     finally:
         alone.unlink()
     _check_conversion(gguf, info)
+    _check_finite(gguf, model)
     # The weights are already dequantised in memory; save_pretrained refuses to serialise a
     # model that still carries the GGUF quantizer, so drop every trace of it.
     model.hf_quantizer = None
@@ -174,6 +177,17 @@ def _check_conversion(gguf: Path, info: dict) -> None:
         raise ModelLoadError(f"{gguf} lacks {len(missing)} tensor(s) its architecture needs ({shown}, in "
                              "transformers' names), or holds them under names transformers does not map; "
                              "re-convert the model.")
+
+
+def _check_finite(gguf: Path, model: torch.nn.Module) -> None:
+    """A block whose float16 scale is NaN or infinite (a file damaged in transit, or written wrong)
+    de-quantises to NaN weights; such a model would only ever produce NaN logits."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ModelLoadError(f"{gguf}: tensor {name} (transformers' name) de-quantises to {bad} NaN or infinite "
+                                 f"value(s) of {tensor.numel()}: the file is damaged or was written wrong (its block "
+                                 "scales are not finite numbers). Download or convert the model again.")
 
 
 @contextmanager
