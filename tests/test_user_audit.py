@@ -318,3 +318,18 @@ def test_mtp_layers_in_another_layout_are_named_not_called_missing(tmp_path: Pat
     assert "saved without" not in msg and "declares none" not in msg
     with pytest.raises(ConfigError, match="another layout"):  # detection says why it found no MTP layers
         resolve({"num_speculative_tokens": 2}, model=str(target))
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["generate", "-n", "8", "hi"], "-n is llama.cpp's flag, not one of `specsure generate`'s; use --max-tokens N"),
+    (["generate", "--ctx-size=256", "hi"], "--ctx-size is llama.cpp's flag"),
+    (["generate", "-md", "d.gguf", "hi"], "use --speculative-config '{\"model\": \"DRAFT\"}'"),
+    (["serve", "--trust-remote-code"], "specsure never runs a checkpoint's own code"),
+    (["serve", "--max-model-len", "4096"], "the context is the model's own"),
+])
+def test_another_engines_flag_says_what_specsure_takes(argv: list[str], words: str,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """llama.cpp's and vLLM's habits get the specsure spelling, not 'unrecognized arguments: hi'."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and "unrecognized" not in err, err

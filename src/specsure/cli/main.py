@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from specsure.cli.common import EXIT_USAGE, guarded, missing_extra_message, missing_modules, setup_logging
+from specsure.cli.foreign_flags import foreign_flag_hint
 
 # One module per command, each with add_parser(subparsers) setting `run`.
 COMMANDS = ("explain", "generate", "demo", "bench", "export", "check_vllm", "serve", "train")
@@ -56,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {why}", file=sys.stderr)
         return EXIT_USAGE
     parser = build_parser(argv)
+    _, unknown = parser.parse_known_args(argv)
+    if chosen is not None and (hint := foreign_flag_hint(unknown, chosen.replace("_", "-"))) is not None:
+        print(f"specsure {chosen.replace('_', '-')}: error: {hint}", file=sys.stderr)
+        return EXIT_USAGE
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the words as given: which flags came where
     if not getattr(args, "run", None):
