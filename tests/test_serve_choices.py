@@ -137,6 +137,10 @@ def test_models_retrieve_and_top_k_minus_one(sdk: openai.OpenAI) -> None:
     assert sdk.models.retrieve("tiny").id == "tiny"
     with pytest.raises(openai.NotFoundError, match="is not served here"):
         sdk.models.retrieve("other")
+    for call in (lambda: sdk.completions.create(model="other", prompt=WORDS, max_tokens=2),
+                 lambda: sdk.chat.completions.create(model="other", messages=[{"role": "user", "content": "hi"}])):
+        with pytest.raises(openai.NotFoundError, match="is not served here"):  # 404, as OpenAI and vLLM answer
+            call()
     args = dict(model="tiny", prompt=WORDS, max_tokens=4, temperature=1.0, seed=7)
     off = sdk.completions.create(**args, extra_body={"ignore_eos": True, "top_k": -1}).choices[0].text
     assert off == sdk.completions.create(**args, extra_body={"ignore_eos": True}).choices[0].text  # -1: off, as 0

@@ -25,10 +25,11 @@ class APIError(Exception):
 
 
 class RequestError(APIError, ValueError):
-    """A client mistake, answered with one 400 in OpenAI's error shape."""
+    """A client mistake, answered in OpenAI's error shape: a 400, or a 404 for a model not served
+    (as OpenAI and vLLM answer ``model_not_found``)."""
 
     def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message, 400, param=param, code=code)
+        super().__init__(message, 404 if code == "model_not_found" else 400, param=param, code=code)
 
 
 def error_body(message: str, param: str | None = None, code: str | None = None,
