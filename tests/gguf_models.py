@@ -38,13 +38,15 @@ def byte_bpe_tokenizer(folder: Path, vocab: int) -> None:
 
 def write_llama_gguf(hf: Path, out: Path, *, skip: tuple[str, ...] = (), metadata: Mapping[str, Any] | None = None,
                      raw: Mapping[str, Any] | None = None, merges: bool = True,
-                     quantize: Mapping[str, str] | None = None) -> Path:
+                     quantize: Mapping[str, str] | None = None, keys: Mapping[str, Any] | None = None,
+                     tensors: Mapping[str, np.ndarray] | None = None) -> Path:
     """``hf`` (a llama folder with tokenizer.json) as a GGUF file of F32 tensors.
 
     skip: GGUF tensor names left out; metadata: llama.* values that replace the true ones;
     raw: GGUF tensor names written as raw bytes of another GGML type, ``{name: type_name}``;
     merges: False leaves the BPE merges out; quantize: GGUF tensor names written quantised by gguf-py,
-    ``{name: type_name}`` (Q4_0, Q4_1, Q8_0, ...).
+    ``{name: type_name}`` (Q4_0, Q4_1, Q8_0, ...); keys: more metadata (an int as uint32, a float as
+    float32, a str as string); tensors: more float32 tensors (``rope_freqs.weight``).
     """
     import gguf
     from safetensors.numpy import load_file
@@ -73,6 +75,10 @@ def write_llama_gguf(hf: Path, out: Path, *, skip: tuple[str, ...] = (), metadat
         writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
+    for key, value in (keys or {}).items():
+        {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string}[type(value)](key, value)
+    for name, array in (tensors or {}).items():
+        writer.add_tensor(name, np.asarray(array, dtype=np.float32))
     names = dict(HF_TO_GGUF)
     for i in range(config["num_hidden_layers"]):
         names.update({f"model.layers.{i}.{k}": f"blk.{i}.{v}" for k, v in LAYER.items()})

@@ -8,6 +8,7 @@ import logging
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -81,6 +82,61 @@ def test_a_gguf_whose_block_scale_is_nan_is_refused_naming_the_tensor(hf: Path, 
         load_model(str(path), dtype="float32")
     assert not any(issubclass(w.category, RuntimeWarning) for w in recwarn.list)
     assert not list(cache_root().glob("damaged*"))
+
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _llama3_gguf(tmp_path: Path, **kwargs: object) -> tuple[Path, Path]:
+    """A Llama 3.1-style model (llama3 rope scaling) and its GGUF file as llama.cpp writes it: the
+    scaling as rope_freqs.weight, each frequency's divisor (from transformers' own two tables here)."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf = build_tiny_llama(tmp_path / "llama3", vocab_size=VOCAB, hidden_size=64, tie=False,
+                          extra_config={"max_position_embeddings": 16384, "rope_parameters": LLAMA3_ROPE})
+    byte_bpe_tokenizer(hf, VOCAB)
+    head_dim = 64 // 4
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](AutoConfig.from_pretrained(hf), "cpu")
+    plain = 1.0 / (LLAMA3_ROPE["rope_theta"] ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    freqs = (plain / scaled.double()).numpy()
+    assert abs(freqs.max() - 8) < 1e-6 and abs(freqs.min() - 1) < 1e-6 and ((freqs > 1.01) & (freqs < 7.99)).any()
+    return hf, write_llama_gguf(hf, tmp_path / "llama3.gguf", tensors={"rope_freqs.weight": freqs}, **kwargs)
+
+
+def test_a_llama3_rope_scaled_gguf_rotates_as_its_source(tmp_path: Path) -> None:
+    """transformers' GGUF reader drops rope_freqs.weight; the conversion puts the scaling back."""
+    hf, gguf = _llama3_gguf(tmp_path, keys={"tokenizer.ggml.eot_token_id": 5})
+    ids = torch.tensor([[(7 * i) % (VOCAB - 3) + 3 for i in range(400)]])
+    want = load_model(str(hf), dtype="float32").lm.hf(ids).logits
+    converted = load_model(str(gguf), dtype="float32")
+    assert converted.lm.hf.config.rope_parameters == {**LLAMA3_ROPE, "rope_theta": LLAMA3_ROPE["rope_theta"]}
+    assert torch.allclose(converted.lm.hf(ids).logits, want, atol=1e-4)
+    unscaled = load_model(str(write_llama_gguf(hf, tmp_path / "unscaled.gguf")), dtype="float32")
+    assert not torch.allclose(unscaled.lm.hf(ids).logits, want, atol=1e-4)  # what was loaded before: another model
+    assert set(converted.eos_token_ids) >= {2, 5}  # llama.cpp stops at the end-of-turn token too
+    from specsure import SamplingParams, make_engine
+
+    prompt, params = ids[0, :300].tolist(), SamplingParams(max_tokens=12, ignore_eos=True)
+    outputs = [make_engine(str(m), dtype="float32").generate([prompt], params)[0].token_ids for m in (hf, gguf)]
+    assert outputs[0] == outputs[1]  # the engine's own decoder (rotary tables, kernels) rotates the same
+
+
+def test_rope_factors_that_match_no_llama3_scaling_are_refused(tmp_path: Path) -> None:
+    hf = build_tiny_llama(tmp_path / "odd", vocab_size=VOCAB, hidden_size=64, tie=False)
+    byte_bpe_tokenizer(hf, VOCAB)
+    gguf = write_llama_gguf(hf, tmp_path / "odd.gguf", tensors={"rope_freqs.weight": np.linspace(1, 3, 8)})
+    with pytest.raises(ModelLoadError, match=r"rope_freqs\.weight scales the rotary frequencies in a way that "
+                                             r"matches no Llama 3 scaling.*Hugging Face folder"):
+        load_model(str(gguf), dtype="float32")
+    linear = write_llama_gguf(hf, tmp_path / "linear.gguf", keys={"llama.rope.scaling.type": "linear",
+                                                                  "llama.rope.scaling.factor": 4.0})
+    assert load_model(str(linear), dtype="float32").lm.hf.config.rope_parameters["factor"] == 4.0
+    yarn = write_llama_gguf(hf, tmp_path / "yarn.gguf", keys={"llama.rope.scaling.type": "yarn",
+                                                              "llama.rope.scaling.factor": 4.0})
+    with pytest.raises(ModelLoadError, match=r"rope\.scaling\.type = 'yarn'.*cannot read from a GGUF file yet"):
+        load_model(str(yarn), dtype="float32")
 
 
 def test_a_truncated_gguf_names_the_tensor_past_its_end(hf: Path, tmp_path: Path) -> None:

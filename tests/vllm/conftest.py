@@ -25,6 +25,17 @@ DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepse
                "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8, "max_position_embeddings": 512,
                "num_nextn_predict_layers": 1}
 
+QWEN35 = {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "vocab_size": 1000, "hidden_size": 64,
+          "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 16, "max_position_embeddings": 512, "mtp_num_hidden_layers": 1,
+          "layer_types": ["linear_attention", "full_attention"]}
+SPECULATORS_EAGLE3 = {**EAGLE3, "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+                      "transformer_layer_config": {**LLAMA, "num_hidden_layers": 1},
+                      "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                                             "verifier": {"name_or_path": "meta-llama/Llama-3.1-8B-Instruct",
+                                                          "architectures": ["LlamaForCausalLM"]}}}
+
 # name -> config.json; folder names are the point of these tests.
 CHECKPOINTS = {
     "target": {**LLAMA, "num_hidden_layers": 4},
@@ -35,6 +46,8 @@ CHECKPOINTS = {
     "beagle-dsv3": DEEPSEEK_V3,
     "EAGLE3-LLaMA-head": EAGLE3,
     "head-three": EAGLE3,
+    "qwen35-small": QWEN35,
+    "spec-head": SPECULATORS_EAGLE3,
 }
 
 

@@ -28,6 +28,8 @@ CASES = [
      "eagle3", "folder-name substring"),
     ("draft_model with a DeepSeek-V3 draft", "target", {"method": "draft_model", "model": "dsv3"},
      "mtp", "model_type rewrite"),
+    ("draft_model with a small Qwen3.5 draft", "target", {"method": "draft_model", "model": "qwen35-small"},
+     "mtp", "model_type rewrite"),
     ("draft_model, neutral folder", "target", {"method": "draft_model", "model": "small-draft"}, "draft_model", None),
     ("draft_model, detected", "target", {"model": "small-draft", "num_speculative_tokens": 3}, "draft_model", None),
     ("mtp on DeepSeek-V3, neutral folder", "dsv3", {"method": "mtp"}, "mtp", None),
@@ -166,3 +168,17 @@ def test_a_token_tree_exports_as_a_chain_that_vllm_accepts(vllm_python, ckpt):
     assert "error" not in exported and exported["num_speculative_tokens"] == 3
     assert compare(res, exported, exported=out.speculative_config).ok
     assert "speculative_token_tree" in as_written["error"]  # why the export leaves it out
+
+
+def test_a_speculators_target_is_replaced_as_predicted(vllm_python, ckpt):
+    """vLLM serves the verifier and runs the checkpoint's method and draft: check-vllm and export both say so."""
+    res = resolve({"method": "draft_model", "model": ckpt["small-draft"], "num_speculative_tokens": 2},
+                  model=ckpt["spec-head"], strict=False)
+    out = export(res, "vllm")
+    (result,) = run_probe(vllm_python, [{"model": out.args[1], "speculative_config": dict(out.speculative_config)}])[
+        "results"]
+    assert result["replaced_by_speculators"] and result["method"] == "eagle3", result
+    assert result["target"] == "meta-llama/Llama-3.1-8B-Instruct" and result["num_speculative_tokens"] == 2
+    check = compare(res, result, exported=out.speculative_config, vllm_version="0.33.0")
+    assert not check.ok and all("speculators-format" in m.cause for m in check.mismatches), check.table()
+    assert any("would run method 'eagle3'" in w and "speculators-format" in w for w in out.warnings), out.warnings

@@ -16,7 +16,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy
 import torch
@@ -24,7 +24,9 @@ import torch
 from specsure.config.checkpoint import (
     DEFAULT_DISTRIBUTION, DEFAULT_GGUF_FILE, DEFAULT_INSTALL_HINT, DEFAULT_MODEL_NAME, default_gguf_path,
 )
+from specsure.config.gguf_header import read_gguf_metadata
 from specsure.models.errors import ModelLoadError
+from specsure.models.gguf_rope import gguf_rope_parameters
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +65,11 @@ def default_model_folder() -> Path:
     return convert_gguf(gguf, cache_root() / f"{stem}-{DEFAULT_DISTRIBUTION}-{version}")
 
 
+CONVERSION = 2
+"""The conversion's own version, in the cache key: 2 adds rope scaling and end-of-turn tokens, so a
+file converted before is converted again."""
+
+
 def gguf_cache_folder(gguf: Path) -> Path:
     """The cache folder for an arbitrary GGUF file.
 
@@ -70,7 +77,7 @@ def gguf_cache_folder(gguf: Path) -> Path:
     converted again instead of silently reusing stale weights.
     """
     stat = gguf.stat()
-    key = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    key = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{CONVERSION}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return cache_root() / f"{gguf.stem}-{digest}"
 
@@ -147,6 +154,7 @@ def _write_conversion(gguf: Path, out: Path) -> None:
         alone.unlink()
     _check_conversion(gguf, info)
     _check_finite(gguf, model)
+    _add_what_transformers_leaves_out(gguf, model)
     # The weights are already dequantised in memory; save_pretrained refuses to serialise a
     # model that still carries the GGUF quantizer, so drop every trace of it.
     model.hf_quantizer = None
@@ -177,6 +185,24 @@ def _check_conversion(gguf: Path, info: dict) -> None:
         raise ModelLoadError(f"{gguf} lacks {len(missing)} tensor(s) its architecture needs ({shown}, in "
                              "transformers' names), or holds them under names transformers does not map; "
                              "re-convert the model.")
+
+
+def _add_what_transformers_leaves_out(gguf: Path, model: Any) -> None:
+    """transformers' GGUF reader drops a Llama-family file's rope scaling and its end-of-turn
+    tokens, both of which llama.cpp reads: without them the model rotates as an unscaled one, and
+    generation runs on past the end of a turn it should stop at."""
+    config = model.config
+    rope = getattr(config, "rope_parameters", None)
+    if isinstance(rope, dict):
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        if (scaled := gguf_rope_parameters(gguf, rope, head_dim)) is not None:
+            config.rope_parameters = scaled
+    metadata = read_gguf_metadata(str(gguf))
+    ends = [metadata.get(f"tokenizer.ggml.{kind}_token_id") for kind in ("eos", "eot", "eom")]
+    ids = list(dict.fromkeys(i for i in ends if isinstance(i, int) and not isinstance(i, bool)
+                             and 0 <= i < config.vocab_size))
+    if len(ids) > 1:  # llama.cpp ends generation at any of them
+        model.generation_config.eos_token_id = ids
 
 
 def _check_finite(gguf: Path, model: torch.nn.Module) -> None:
