@@ -58,6 +58,20 @@ def test_generate_takes_threads_and_vllms_top_k_off_and_names_an_empty_prompt(tm
     assert "PROMPT is empty" in err and "prompt 0" not in err and "token ids" not in err
 
 
+@pytest.mark.parametrize("template", ["{{ raise_exception('only system turns here') }}", "{% if %}",
+                                      "{{ messages[0].content + 1 }}"])
+def test_a_chat_template_that_fails_is_one_error_line(tmp_path: Path, capsys, template: str) -> None:
+    """A GGUF's or folder's broken template: exit 2 naming it, not jinja's traceback."""
+    model = build_tiny_chat_model(tmp_path / "chat")
+    for leftover in model.glob("chat_template.*"):
+        leftover.unlink()
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    rc = main(["generate", "--model", str(model), "--dtype", "float32", "--chat", "--max-tokens", "2", "hello"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "the model's chat template" in err and "Drop --chat" in err and "Traceback" not in err, err
+
+
 def test_generate_max_tokens_beyond_the_context_is_an_error_naming_the_room(tmp_path: Path, capsys) -> None:
     model = build_tiny_chat_model(tmp_path / "chat")
     context = json.loads((model / "config.json").read_text())["max_position_embeddings"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import json
 import shutil
 from pathlib import Path
@@ -338,6 +340,14 @@ def test_gguf_cache_folder_changes_with_file(tmp_path: Path) -> None:
     first = gguf_cache.gguf_cache_folder(gguf)
     gguf.write_bytes(b"bb")
     assert gguf_cache.gguf_cache_folder(gguf) != first and first.name.startswith("m-")
+    # Another file of the same size and mtime put in its place (`cp -p`, `rsync -a`): converted again.
+    stat = gguf.stat()
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"cc")
+    os.utime(other, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    before = gguf_cache.gguf_cache_folder(gguf)
+    os.replace(other, gguf)
+    assert gguf.stat().st_mtime_ns == stat.st_mtime_ns and gguf_cache.gguf_cache_folder(gguf) != before
 
 
 # ---- the real default model -----------------------------------------------------------------

@@ -60,8 +60,15 @@ def render_prompt(engine: "Engine", prompt: str, chat: bool,
     tok = engine.tokenizer
     if tok is None or not getattr(tok, "chat_template", None):
         raise ValueError(why)
-    return list(tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                        tokenize=True, return_dict=False))
+    from jinja2 import TemplateError  # transformers renders chat templates with jinja2
+
+    try:
+        return list(tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False))
+    except (TemplateError, TypeError, ArithmeticError) as exc:  # the template's own failure, not the prompt's
+        raise ValueError(f"the model's chat template (at {engine.target.path}) failed on a one-message chat: "
+                         f"{type(exc).__name__}: {exc}. Drop --chat and write the prompt in the model's format "
+                         "yourself, or fix the template.") from None
 
 
 def parse_structured_outputs(text: str | None) -> "StructuredOutputs | None":

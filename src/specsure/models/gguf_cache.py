@@ -73,11 +73,12 @@ file converted before is converted again."""
 def gguf_cache_folder(gguf: Path) -> Path:
     """The cache folder for an arbitrary GGUF file.
 
-    The name carries a hash of the resolved path, size and mtime, so a replaced file is
+    The name carries a hash of the resolved path, size, mtime and inode, so a replaced file is
     converted again instead of silently reusing stale weights.
     """
-    stat = gguf.stat()
-    key = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{CONVERSION}"
+    stat = gguf.resolve().stat()
+    # The inode too: `cp -p` or `rsync -a` puts another file of the same size and mtime in its place.
+    key = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}|{CONVERSION}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return cache_root() / f"{gguf.stem}-{digest}"
 
