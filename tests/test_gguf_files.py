@@ -139,6 +139,14 @@ def test_rope_factors_that_match_no_llama3_scaling_are_refused(tmp_path: Path) -
         load_model(str(yarn), dtype="float32")
 
 
+def test_a_special_token_id_past_the_vocabulary_is_named(hf: Path, tmp_path: Path) -> None:
+    """transformers would fail reading the tokenizer with a bare IndexError."""
+    path = write_llama_gguf(hf, tmp_path / "pad.gguf", keys={"tokenizer.ggml.padding_token_id": 5000})
+    with pytest.raises(ModelLoadError, match=r"tokenizer\.ggml\.padding_token_id = 5000 is not a token of its "
+                                             r"vocabulary of 300 tokens.*gguf_set_metadata"):
+        load_model(str(path), dtype="float32")
+
+
 def test_a_truncated_gguf_names_the_tensor_past_its_end(hf: Path, tmp_path: Path) -> None:
     whole = write_llama_gguf(hf, tmp_path / "whole.gguf")
     cut = tmp_path / "cut.gguf"

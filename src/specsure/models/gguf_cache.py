@@ -147,9 +147,12 @@ def _write_conversion(gguf: Path, out: Path) -> None:
             f"loading {gguf} needs the `gguf` and `accelerate` packages ({err}); "
             "run `pip install gguf accelerate`."
         ) from err
-    except (OSError, ValueError, KeyError, NotImplementedError) as err:
-        # A KeyError is a metadata key transformers looks up ('scores': tokenizer.ggml.scores).
-        detail = f"its metadata lacks the key {err} that transformers reads" if isinstance(err, KeyError) else str(err)
+    except (OSError, ValueError, KeyError, NotImplementedError, AssertionError, TypeError) as err:
+        # A KeyError is a metadata key transformers looks up ('scores': tokenizer.ggml.scores); an
+        # AssertionError or TypeError, a metadata value the model's modules cannot be built with (a
+        # padding token id past the vocabulary, for one).
+        detail = (f"its metadata lacks the key {err} that transformers reads" if isinstance(err, KeyError) else
+                  f"{type(err).__name__}: {err}" if isinstance(err, (AssertionError, TypeError)) else str(err))
         raise ModelLoadError(f"transformers could not read the GGUF file {gguf}: {detail}") from err
     finally:
         alone.unlink()

@@ -52,6 +52,16 @@ def _check_tokenizer(path: Path, metadata: dict[str, object]) -> None:
         raise ModelLoadError(f"{path}: its tokenizer is byte-level BPE (tokenizer.ggml.model = 'gpt2') but the "
                              "metadata has no tokenizer.ggml.merges, so text cannot be tokenized; re-convert the "
                              "model with its merges (llama.cpp's convert_hf_to_gguf.py writes them).")
+    # read_gguf_tensors gives an array's length: a special token id past it makes transformers fail
+    # with a bare IndexError while it reads the tokenizer.
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    for key, value in metadata.items():
+        if (isinstance(tokens, int) and key.startswith("tokenizer.ggml.") and key.endswith("_token_id")
+                and isinstance(value, int) and not 0 <= value < tokens):
+            raise ModelLoadError(f"{path}: {key} = {value} is not a token of its vocabulary of {tokens} tokens "
+                                 "(tokenizer.ggml.tokens). llama.cpp ignores such an id with a warning, but "
+                                 "transformers, which converts the file here, cannot read the tokenizer with it. Fix "
+                                 "the key with gguf-py's gguf_set_metadata.py, or re-convert the model.")
 
 
 def dequantisable() -> frozenset[int]:
