@@ -147,6 +147,17 @@ def test_a_special_token_id_past_the_vocabulary_is_named(hf: Path, tmp_path: Pat
         load_model(str(path), dtype="float32")
 
 
+def test_a_split_ggufs_part_or_a_folder_holding_a_gguf_names_what_to_do(hf: Path, tmp_path: Path) -> None:
+    from specsure.config import resolve
+    from specsure.config.errors import ConfigError
+
+    part = write_llama_gguf(hf, tmp_path / "m-00001-of-00002.gguf", keys={"split.count": 2})
+    with pytest.raises(ModelLoadError, match=r"part 1 of a GGUF split into 2 files.*llama-gguf-split --merge"):
+        load_model(str(part), dtype="float32")
+    with pytest.raises(ConfigError, match=r"no config\.json.*To load a GGUF file, pass its path: .*m-00001-of"):
+        resolve({"method": "ngram"}, model=str(tmp_path))
+
+
 def test_a_truncated_gguf_names_the_tensor_past_its_end(hf: Path, tmp_path: Path) -> None:
     whole = write_llama_gguf(hf, tmp_path / "whole.gguf")
     cut = tmp_path / "cut.gguf"

@@ -146,8 +146,10 @@ def _read_hf_dir(folder: Path, shown: str) -> CheckpointInfo:
     except OSError as exc:
         raise ConfigError(f"cannot list checkpoint folder {shown!r}: {exc}. Check its permissions.") from None
     if not config_path.is_file():
+        ggufs = sorted(p.name for p in folder.glob("*.gguf"))
+        hint = f" To load a GGUF file, pass its path: {str(folder / ggufs[0])!r}." if ggufs else ""
         raise ConfigError(f"checkpoint folder {shown!r} has no config.json. A Hugging Face checkpoint "
-                          "folder needs config.json next to its *.safetensors files.")
+                          f"folder needs config.json next to its *.safetensors files.{hint}")
     config = load_config_json(config_path)
     names: set[str] = set()
     for weight in weights:

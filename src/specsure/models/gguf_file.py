@@ -27,6 +27,11 @@ def check_gguf(path: Path) -> None:
         metadata, tensors = read_gguf_tensors(str(path))
     except (OSError, GGUFHeaderError) as exc:
         raise ModelLoadError(f"{path} is not a readable GGUF file ({exc}); re-download or re-convert it.") from None
+    parts = metadata.get("split.count")
+    if isinstance(parts, int) and parts > 1:
+        raise ModelLoadError(f"{path} is part {metadata.get('split.no', 0) + 1} of a GGUF split into {parts} files "
+                             "(split.count); merge them first: llama-gguf-split --merge FIRST-PART MERGED.gguf, and "
+                             "load the merged file.")
     readable = dequantisable()
     size = path.stat().st_size
     for entry in tensors:
