@@ -166,6 +166,20 @@ def test_heads_reuse_their_own_slot_and_generate_what_a_fresh_engine_does(folder
     assert cached.stats.drafts > 0
 
 
+@pytest.mark.parametrize("name", ["eagle3", "mtp"])
+def test_heads_reuse_a_retried_or_edited_turn(folders: dict[str, Path], name: str) -> None:
+    """The same prompt again, or its last turn edited: the slot that holds it is reused, not a new one."""
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    cached, fresh = _head_engine(folders, name, True, max_num_seqs=4), _head_engine(folders, name, False)
+    prompt = _conversation(11)
+    first = cached.generate(prompt, params)[0]
+    for again in (prompt, prompt[:-2] + [7, 8, 9]):
+        got = cached.generate(again, params)[0]
+        assert got.token_ids == fresh.generate(again, params)[0].token_ids
+        assert got.cached_tokens >= len(prompt) - 6 > 0, (got.cached_tokens, len(prompt))
+    assert first.cached_tokens == 0 and len(cached.scheduler._slots) == 1
+
+
 def test_scoring_the_prompt_computes_it_whole_and_evicts_no_conversation(folders: dict[str, Path]) -> None:
     engine = _engine(folders, "ngram", True)
     prompt = _conversation(2)

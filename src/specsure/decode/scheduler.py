@@ -234,8 +234,9 @@ class Scheduler:
         (taken or copied from), which starts with
         the longest start of the prompt any slot holds, running or free (a system prompt shared
         by conversations) copied over, so every other slot keeps its conversation (not for heads,
-        whose own caches cannot be copied: theirs is the slot's own share). The proposer may keep
-        less than the slot holds (``Request.attach``).
+        whose own caches cannot be copied: theirs is the slot's own share, so a free slot that
+        holds half the prompt or more is taken first). The proposer may keep less than the slot
+        holds (``Request.attach``).
         """
         self._uses += 1
         if not self.prefix_caching:
@@ -249,6 +250,15 @@ class Scheduler:
             slot = max(continued, key=lambda i: shared[i])
             self._free.remove(slot)
             return self._used(slot), shared[slot], None
+        if not self._copies:
+            # A head's caches cannot come from another slot, so a prompt's start is reused only where it
+            # lies: a free slot holding at least half the prompt is taken (a retried or edited last turn),
+            # though what it holds past the shared start is lost.
+            mostly = [i for i in self._free if shared[i] and 2 * shared[i] >= len(request.prompt)]
+            if mostly:
+                slot = max(mostly, key=lambda i: shared[i])
+                self._free.remove(slot)
+                return self._used(slot), shared[slot], None
         empty = [i for i in self._free if not self._slots[i].lm.cached_ids]  # taking it loses nothing
         if empty:
             slot = empty[0]
