@@ -468,3 +468,27 @@ def test_a_port_in_use_is_an_error_before_the_model_loads(capsys: pytest.Capture
         assert main(["serve", "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert f"--host 127.0.0.1 --port {port}: the address is in use" in err and "Traceback" not in err
+
+
+def test_cors_is_off_unless_origins_are_allowed(engine: Engine) -> None:
+    """vLLM allows any origin; specsure none by default, so a web page cannot use a local model."""
+    preflight = {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization,content-type"}
+    closed = TestClient(create_app(engine, served_model_name="tiny"))
+    assert "access-control-allow-origin" not in closed.options("/v1/completions", headers=preflight).headers
+    opened = TestClient(create_app(engine, served_model_name="tiny", api_key="k",
+                                   allowed_origins=["http://localhost:3000"]))
+    answer = opened.options("/v1/completions", headers=preflight)  # a preflight carries no key
+    assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == "http://localhost:3000"
+    call = opened.post("/v1/completions", json={"prompt": PROMPT_IDS, "max_tokens": 2},
+                       headers={"Origin": "http://localhost:3000", "Authorization": "Bearer k"})
+    assert call.status_code == 200 and call.headers["access-control-allow-origin"] == "http://localhost:3000"
+    other = opened.options("/v1/completions", headers={**preflight, "Origin": "https://evil.example"})
+    assert "access-control-allow-origin" not in other.headers
+    assert opened.post("/v1/completions", json={"prompt": PROMPT_IDS, "max_tokens": 2}).status_code == 401
+
+
+def test_allowed_origins_must_be_a_json_list(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["serve", "--allowed-origins", "*"])
+    assert stop.value.code == 2 and "is not a JSON list of origins" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import logging
 import os
 import socket
@@ -71,7 +72,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="how a reasoning model's thinking is told from its answer (deepseek_r1, qwen3: "
                              "<think>...</think>): chat answers then carry it as 'reasoning', and structured "
                              "outputs and tool calls are enforced after it")
+    parser.add_argument("--allowed-origins", type=_origins, default=[], metavar="JSON",
+                        help='web origins whose pages may call the server from a browser (CORS), a JSON list as '
+                             'vLLM takes it, e.g. \'["http://localhost:3000"]\' or \'["*"]\'; default none '
+                             "(vLLM allows any): a page on any site could otherwise use the model")
     parser.set_defaults(run=run)
+
+
+def _origins(text: str) -> list[str]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not (isinstance(value, list) and all(isinstance(o, str) and o for o in value)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON list of origins; send e.g. "
+                                         '\'["http://localhost:3000"]\', or \'["*"]\' for any origin.')
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,6 +128,10 @@ def run(args: argparse.Namespace) -> int:
     # Bound before the model loads: a port in use is a clear error at once, not uvicorn's exit after the load.
     sock = _bind(args.host, args.port)
     port = sock.getsockname()[1]  # the one the system picked, for --port 0
+    if "*" in args.allowed_origins and not api_key:
+        logging.getLogger("specsure.serve").warning(
+            "--allowed-origins '[\"*\"]' without an API key: a web page on any site, open in a browser that "
+            "reaches this server, can use the model; pass --api-key or list the origins")
     if args.host not in LOOPBACK and not api_key:
         logging.getLogger("specsure.serve").warning(
             "binding %s without an API key: anyone who can reach port %d can use the model; "
@@ -133,10 +153,12 @@ def run(args: argparse.Namespace) -> int:
     prometheus_client.disable_created_metrics()
     app = create_app(engine, served_model_name=args.served_model_name, api_key=api_key, max_queue=args.max_queue,
                      request_timeout=args.request_timeout, threads=threads, chat_template=chat_template,
-                     tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser)
+                     tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
+                     allowed_origins=args.allowed_origins)
     chunked = f"{args.max_num_batched_tokens} tokens a step" if args.max_num_batched_tokens else "at once"
     print(f"serving {app.state.model_name!r} (speculative: {engine.resolution.summary()}; running "
-          f"{engine.speculative_method or 'plain decoding'}); up to {args.max_num_seqs} requests batched, "
+          f"{engine.speculative_method or 'plain decoding'}); up to {args.max_num_seqs} "
+          f"request{'s' * (args.max_num_seqs != 1)} batched, "
           f"prefix caching {'on' if args.enable_prefix_caching else 'off'}, "
           f"prompts prefilled {chunked}, "
           f"{args.max_queue} more waiting; listening on {_url(args.host, port)}", file=sys.stderr)

@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
@@ -63,7 +64,8 @@ def default_model_name(engine: Engine) -> str:
 def create_app(engine: Engine, *, served_model_name: str | None = None, api_key: str | None = None,
                max_queue: int = DEFAULT_MAX_QUEUE, request_timeout: float | None = None,
                threads: int | None = None, chat_template: str | None = None,
-               tool_call_parser: str | None = None, reasoning_parser: str | None = None) -> FastAPI:
+               tool_call_parser: str | None = None, reasoning_parser: str | None = None,
+               allowed_origins: Sequence[str] = ()) -> FastAPI:
     """An OpenAI-compatible app serving ``engine``.
 
     Args:
@@ -83,6 +85,9 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
             ``tool_choice: auto`` (vLLM's --enable-auto-tool-choice --tool-call-parser).
         reasoning_parser: how the model's thinking is told from its answer (``deepseek_r1``,
             ``qwen3``); set, chat answers carry ``reasoning``, and constraints apply after it.
+        allowed_origins: the web origins whose pages may call the server from a browser (CORS,
+            vLLM's --allowed-origins; ``"*"`` for any); none by default, unlike vLLM, since a page
+            on any site could otherwise use a local model.
     """
     if type(max_queue) is not int or max_queue < 0:
         raise ValueError(f"max_queue = {max_queue!r} must be an int >= 0 (0: no request waits).")
@@ -107,6 +112,9 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
     app.state.engine, app.state.metrics, app.state.model_name, app.state.runner = engine, metrics, name, runner
     if api_key:
         app.add_middleware(RequireKey, api_key=api_key)
+    if allowed_origins:  # added last, so it runs first: a browser's preflight carries no key
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"])
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
