@@ -139,6 +139,19 @@ def test_metrics_count_what_the_responses_report(client: TestClient) -> None:
     assert delta("vllm:generation_tokens_total") == 27
     assert delta("vllm:request_success_total", finished_reason="length") == 2
     assert delta("vllm:e2e_request_latency_seconds_count") == 2
+    # The per-request series vLLM's dashboards chart: phases that add up to the latency, and sizes.
+    for phase in ("queue", "prefill", "decode", "inference"):
+        assert delta(f"vllm:request_{phase}_time_seconds_count") == 2
+    assert delta("vllm:request_inference_time_seconds_sum") == pytest.approx(
+        delta("vllm:request_prefill_time_seconds_sum") + delta("vllm:request_decode_time_seconds_sum"), abs=1e-6)
+    assert delta("vllm:request_queue_time_seconds_sum") + delta("vllm:request_inference_time_seconds_sum") \
+        <= delta("vllm:e2e_request_latency_seconds_sum") + 1e-6
+    assert delta("vllm:request_prompt_tokens_sum") == sum(b["usage"]["prompt_tokens"] for b in bodies)
+    assert delta("vllm:request_generation_tokens_sum") == 27 and delta("vllm:request_generation_tokens_count") == 2
+    assert metric(after, "vllm:request_generation_tokens_bucket", **labels, le="10.0") - metric(
+        before, "vllm:request_generation_tokens_bucket", **labels, le="10.0") == 1  # the 7-token one
+    assert "vllm:num_preemptions_total" in after and metric(after, "vllm:num_preemptions_total", **labels) == 0
+    assert metric(after, "vllm:kv_cache_usage_perc", **labels) == 0  # idle: no request holds a slot
     info = metric(after, "specsure_speculative_config_info", method="ngram", method_source="user",
                   num_speculative_tokens="4", num_speculative_tokens_source="user", running_method="ngram")
     assert info == 1.0

@@ -78,6 +78,7 @@ def test_beyond_max_queue_requests_get_a_clean_503(engine: Engine, monkeypatch: 
         labels = {"model_name": "tiny", "engine": "0"}
         assert metric(busy, "vllm:num_requests_running", **labels) == 1
         assert metric(busy, "vllm:num_requests_waiting", **labels) == 2
+        assert 0 < metric(busy, "vllm:kv_cache_usage_perc", **labels) <= 1  # the holder's prompt and tokens
         after = httpx.get(f"{url}/metrics").text
         assert metric(after, "vllm:admission_rejections_total", reason="max_num_queued_reqs") == 5
         assert metric(after, "vllm:num_requests_waiting", **labels) == 0

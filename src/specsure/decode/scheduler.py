@@ -113,6 +113,17 @@ class Scheduler:
         """Requests holding a slot: running, between the parts of their prompt, or sharing one."""
         return len(self.running) + len(self.prefilling) + len(self.sharing)
 
+    @property
+    def kv_cache_usage(self) -> float:
+        """The share of the KV cache the requests holding a slot fill: their cached tokens over
+        max_num_seqs full contexts (vLLM's kv_cache_usage_perc counts blocks the same way); 0 when
+        the model states no context length."""
+        context = self._slots[0].lm.max_context
+        if not context:
+            return 0.0
+        held = sum(r.lm.cache_len for r in (*self.running, *self.prefilling, *self.sharing) if r.lm is not None)
+        return min(1.0, held / (self.max_num_seqs * context))
+
     def add(self, request: Request) -> None:
         """Queue ``request``; it is prefilled at the first step with a free slot."""
         self.waiting.append(request)

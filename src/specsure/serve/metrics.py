@@ -9,6 +9,8 @@ two servers in one process) never share counts.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from specsure.decode.engine import Completion, Engine
@@ -26,6 +28,27 @@ FINISH_REASONS = ("stop", "length", "abort")
 """vLLM's finish reasons that this server produces; 'abort' is a generation stopped because its
 client disconnected or its --request-timeout passed, running or still waiting, as vLLM counts it."""
 LABELS = ("model_name", "engine")
+
+
+@dataclass(frozen=True)
+class Phases:
+    """When a request arrived, got its place in the batch, had its first token and its last (perf_counter)."""
+
+    arrived: float
+    scheduled: float
+    first_token: float
+    finished: float
+
+
+def token_buckets(context: int) -> tuple[float, ...]:
+    """vLLM's 1-2-5 buckets for token counts, up to the context (build_1_2_5_buckets)."""
+    top, out, scale = context or 1_000_000, [], 1
+    while True:
+        for step in (1, 2, 5):
+            if step * scale > top:
+                return tuple(float(b) for b in out)
+            out.append(step * scale)
+        scale *= 10
 
 
 class ServeMetrics:
@@ -66,6 +89,20 @@ class ServeMetrics:
 
         self.latency = histogram("vllm:e2e_request_latency_seconds", "Request latency from arrival (after "
                                  "validation) to the last token, queueing included.", LATENCY_BUCKETS)
+        self.queue_time = histogram("vllm:request_queue_time_seconds", "Time a request waited for a place in the "
+                                    "running batch.", LATENCY_BUCKETS)
+        self.prefill_time = histogram("vllm:request_prefill_time_seconds", "Time from a request's place in the "
+                                      "batch to its first token.", LATENCY_BUCKETS)
+        self.decode_time = histogram("vllm:request_decode_time_seconds", "Time from a request's first token to its "
+                                     "last.", LATENCY_BUCKETS)
+        self.inference_time = histogram("vllm:request_inference_time_seconds", "Time from a request's place in the "
+                                        "batch to its last token.", LATENCY_BUCKETS)
+        sizes = token_buckets(engine.target.lm.max_context)
+        self.prompt_sizes = histogram("vllm:request_prompt_tokens", "Prompt tokens of each finished request.", sizes)
+        self.output_sizes = histogram("vllm:request_generation_tokens", "Generated tokens of each finished request.",
+                                      sizes)
+        counter("vllm:num_preemptions", "Requests preempted to free KV cache. specsure never preempts (a request "
+                "keeps its slot to its end), so this stays 0; it is here for vLLM's dashboards.").labels(**labels)
         self.first_token = histogram("vllm:time_to_first_token_seconds", "Time from arrival (after validation) "
                                      "to the first output token, queueing included.", TIME_TO_FIRST_TOKEN_BUCKETS)
         self.inter_token = histogram("vllm:inter_token_latency_seconds", "Time between two engine steps' "
@@ -77,16 +114,25 @@ class ServeMetrics:
                              LABELS, registry=self.registry).labels(**labels)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests admitted and waiting for a place in the running batch.",
                              LABELS, registry=self.registry).labels(**labels)
+        self.kv_cache = Gauge("vllm:kv_cache_usage_perc", "The share of the KV cache in use (1 = full): the cached "
+                              "tokens of the requests in the batch over --max-num-seqs full contexts.", LABELS,
+                              registry=self.registry).labels(**labels)
         Info("specsure_speculative_config", "The effective speculative config, with each field's source "
              "(user, checkpoint, path, default, derived), and the method actually running.",
              registry=self.registry).info(config_labels(engine, model_name))
 
-    def observe(self, completion: Completion, latency_s: float) -> None:
+    def observe(self, completion: Completion, times: Phases) -> None:
         """Count one finished request."""
         self._count(completion.stats, len(completion.prompt_token_ids), len(completion.token_ids),
                     completion.cached_tokens)
         self._success(completion.finish_reason).inc()
-        self.latency.observe(latency_s)
+        self.latency.observe(times.finished - times.arrived)
+        self.queue_time.observe(times.scheduled - times.arrived)
+        self.prefill_time.observe(times.first_token - times.scheduled)
+        self.decode_time.observe(times.finished - times.first_token)
+        self.inference_time.observe(times.finished - times.scheduled)
+        self.prompt_sizes.observe(len(completion.prompt_token_ids))
+        self.output_sizes.observe(len(completion.token_ids))
 
     def aborted(self, request: Request) -> None:
         """Count one generation stopped before its end (client gone, or timeout), waiting or running.

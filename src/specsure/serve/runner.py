@@ -28,7 +28,7 @@ from specsure.decode.engine import Engine, StepUpdate
 from specsure.decode.request import Request
 from specsure.decode.scheduler import Scheduler
 from specsure.sampling import SamplingParams
-from specsure.serve.metrics import ServeMetrics
+from specsure.serve.metrics import Phases, ServeMetrics
 from specsure.serve.errors import APIError, RequestError
 
 RETRY_AFTER_S = 1
@@ -47,6 +47,7 @@ class Job:
     def __init__(self, prompt: list[int], params: SamplingParams, stream: bool, timeout_s: float | None) -> None:
         self.prompt, self.params, self.stream = prompt, params, stream
         self.arrived = self.last = time.perf_counter()
+        self.first_token: float | None = None
         self.deadline = self.arrived + timeout_s if timeout_s is not None else None
         self.request: Request | None = None  # set by the engine thread when it takes the job in
         self.leader: Job | None = None  # the first choice of the same HTTP request, when it has n > 1
@@ -82,6 +83,7 @@ class EngineRunner:
         self._lock = threading.Lock()  # guards the count and the thread
         self._admitted = 0  # waiting + running
         self._running = 0  # the scheduler's running batch at the engine thread's last look
+        self._kv_cache = 0.0  # and the share of the KV cache it fills
         self._thread: threading.Thread | None = None
 
     @property
@@ -207,12 +209,15 @@ class EngineRunner:
                     self._done(jobs.pop(id(request))[0])
                     answers.append((job, update.error))
                     continue
-                first = job.last == job.arrived
+                first = job.first_token is None
                 (self.metrics.first_token if first else self.metrics.inter_token).observe(now - job.last)
                 job.last = now
+                if first:
+                    job.first_token = now
                 if update.completion is not None:
                     self.engine.finished(request)
-                    self.metrics.observe(update.completion, now - job.arrived)
+                    self.metrics.observe(update.completion, Phases(job.arrived, request.started,
+                                                                   job.first_token or now, now))
                     self._done(jobs.pop(id(request))[0])
                     answers.append((job, update))
                 elif job.stream and not job.cancelled.is_set():
@@ -229,6 +234,7 @@ class EngineRunner:
     def _gauges(self, scheduler: Scheduler) -> None:
         with self._lock:
             self._running = scheduler.active
+            self._kv_cache = scheduler.kv_cache_usage
             self._publish()
 
     def _publish(self) -> None:
@@ -236,3 +242,4 @@ class EngineRunner:
         done is running or waiting, in the inbox or the scheduler's queue."""
         self.metrics.running.set(self._running)
         self.metrics.waiting.set(self._admitted - self._running)
+        self.metrics.kv_cache.set(self._kv_cache)
