@@ -133,6 +133,14 @@ def test_rope_factors_that_match_no_llama3_scaling_are_refused(tmp_path: Path) -
     linear = write_llama_gguf(hf, tmp_path / "linear.gguf", keys={"llama.rope.scaling.type": "linear",
                                                                   "llama.rope.scaling.factor": 4.0})
     assert load_model(str(linear), dtype="float32").lm.hf.config.rope_parameters["factor"] == 4.0
+    from specsure.models.gguf_rope import gguf_rope_parameters
+
+    per_type = {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                "full_attention": {"rope_type": "default", "rope_theta": 1e6}}  # Gemma 3's, in transformers 5
+    assert gguf_rope_parameters(linear, per_type, 16) == {  # llama.cpp scales the global layers only
+        **per_type, "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 4.0}}
+    read = {"rope_type": "yarn", "rope_theta": 1.5e5, "factor": 32.0}  # what transformers reads for gpt-oss
+    assert gguf_rope_parameters(linear, read, 16) is None
     yarn = write_llama_gguf(hf, tmp_path / "yarn.gguf", keys={"llama.rope.scaling.type": "yarn",
                                                               "llama.rope.scaling.factor": 4.0})
     with pytest.raises(ModelLoadError, match=r"rope\.scaling\.type = 'yarn'.*cannot read from a GGUF file yet"):
@@ -145,13 +153,15 @@ def test_a_special_token_id_past_the_vocabulary_is_named(hf: Path, tmp_path: Pat
     with pytest.raises(ModelLoadError, match=r"tokenizer\.ggml\.padding_token_id = 5000 is not a token of its "
                                              r"vocabulary of 300 tokens.*gguf_set_metadata"):
         load_model(str(path), dtype="float32")
+    ignored = write_llama_gguf(hf, tmp_path / "eot.gguf", keys={"tokenizer.ggml.eot_token_id": 5000})
+    assert 5000 not in load_model(str(ignored), dtype="float32").eos_token_ids  # transformers never reads it
 
 
 def test_a_split_ggufs_part_or_a_folder_holding_a_gguf_names_what_to_do(hf: Path, tmp_path: Path) -> None:
     from specsure.config import resolve
     from specsure.config.errors import ConfigError
 
-    part = write_llama_gguf(hf, tmp_path / "m-00001-of-00002.gguf", keys={"split.count": 2})
+    part = write_llama_gguf(hf, tmp_path / "m-00001-of-00002.gguf", keys={"split.count": 2, "split.no": 0})
     with pytest.raises(ModelLoadError, match=r"part 1 of a GGUF split into 2 files.*llama-gguf-split --merge"):
         load_model(str(part), dtype="float32")
     with pytest.raises(ConfigError, match=r"no config\.json.*To load a GGUF file, pass its path: .*m-00001-of"):

@@ -167,17 +167,31 @@ def test_heads_reuse_their_own_slot_and_generate_what_a_fresh_engine_does(folder
 
 
 @pytest.mark.parametrize("name", ["eagle3", "mtp"])
-def test_heads_reuse_a_retried_or_edited_turn(folders: dict[str, Path], name: str) -> None:
-    """The same prompt again, or its last turn edited: the slot that holds it is reused, not a new one."""
+def test_heads_reuse_a_regenerated_or_resent_prompt(folders: dict[str, Path], name: str) -> None:
+    """The same prompt again, or resent with more: the slot that holds it is reused, not a new one."""
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     cached, fresh = _head_engine(folders, name, True, max_num_seqs=4), _head_engine(folders, name, False)
     prompt = _conversation(11)
     first = cached.generate(prompt, params)[0]
-    for again in (prompt, prompt[:-2] + [7, 8, 9]):
+    for again in (prompt, prompt + [7, 8, 9]):
         got = cached.generate(again, params)[0]
         assert got.token_ids == fresh.generate(again, params)[0].token_ids
         assert got.cached_tokens >= len(prompt) - 6 > 0, (got.cached_tokens, len(prompt))
     assert first.cached_tokens == 0 and len(cached.scheduler._slots) == 1
+
+
+def test_heads_keep_each_conversations_slot_when_they_share_a_system_prompt(folders: dict[str, Path]) -> None:
+    """Taking a slot whose cache is mostly another conversation would make both recompute their turns."""
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    engine = _head_engine(folders, "eagle3", True, max_num_seqs=4)
+    system = torch.randint(3, 96, (24,), generator=torch.Generator().manual_seed(5)).tolist()
+    talks = {"a": system + [10, 11, 12, 13], "b": system + [20, 21, 22, 23]}
+    for turn in range(3):
+        for name in "ab":
+            done = engine.generate(talks[name], params)[0]
+            if turn:  # its own slot: all but the head's last pair
+                assert done.cached_tokens >= len(talks[name]) - 6, (turn, name, done.cached_tokens)
+            talks[name] = talks[name] + done.token_ids + [40 + turn, 41, 42, 43]
 
 
 def test_scoring_the_prompt_computes_it_whole_and_evicts_no_conversation(folders: dict[str, Path]) -> None:

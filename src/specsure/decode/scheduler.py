@@ -62,6 +62,8 @@ class _Slot:
     proposer: Proposer | None
     used: int = 0
     """When a request last took it (the scheduler's count of admissions): prefix caching evicts the oldest."""
+    prompt_len: int = 0
+    """The prompt length of the request that last took it: a prompt that repeats all of it is a retry."""
 
 
 class Scheduler:
@@ -158,6 +160,7 @@ class Scheduler:
             request = self.waiting.popleft()
             slot, cached, source = self._take(request)
             self._slot_of[id(request)] = slot
+            self._slots[slot].prompt_len = len(request.prompt)
             request.attach(self._slots[slot].lm, self._slots[slot].proposer, cached, source, self.prefix_caching)
             joining.append(request)
         if not decoding and not joining and not self.prefilling:
@@ -245,8 +248,8 @@ class Scheduler:
         (taken or copied from), which starts with
         the longest start of the prompt any slot holds, running or free (a system prompt shared
         by conversations) copied over, so every other slot keeps its conversation (not for heads,
-        whose own caches cannot be copied: theirs is the slot's own share, so a free slot that
-        holds half the prompt or more is taken first). The proposer may keep less than the slot
+        whose own caches cannot be copied: theirs is the slot's own share, so a free slot whose
+        last prompt this one repeats is taken first). The proposer may keep less than the slot
         holds (``Request.attach``).
         """
         self._uses += 1
@@ -263,11 +266,12 @@ class Scheduler:
             return self._used(slot), shared[slot], None
         if not self._copies:
             # A head's caches cannot come from another slot, so a prompt's start is reused only where it
-            # lies: a free slot holding at least half the prompt is taken (a retried or edited last turn),
-            # though what it holds past the shared start is lost.
-            mostly = [i for i in self._free if shared[i] and 2 * shared[i] >= len(request.prompt)]
-            if mostly:
-                slot = max(mostly, key=lambda i: shared[i])
+            # lies. A prompt that repeats the whole prompt a free slot last served (a regenerated answer,
+            # or that prompt resent with more) takes that slot; one that shares less, say a system
+            # prompt, may be another conversation's, whose slot it leaves alone.
+            again = [i for i in self._free if shared[i] and shared[i] >= self._slots[i].prompt_len - 1]
+            if again:
+                slot = max(again, key=lambda i: shared[i])
                 self._free.remove(slot)
                 return self._used(slot), shared[slot], None
         empty = [i for i in self._free if not self._slots[i].lm.cached_ids]  # taking it loses nothing

@@ -27,9 +27,10 @@ def check_gguf(path: Path) -> None:
         metadata, tensors = read_gguf_tensors(str(path))
     except (OSError, GGUFHeaderError) as exc:
         raise ModelLoadError(f"{path} is not a readable GGUF file ({exc}); re-download or re-convert it.") from None
-    parts = metadata.get("split.count")
+    parts, part = metadata.get("split.count"), metadata.get("split.no")
     if isinstance(parts, int) and parts > 1:
-        raise ModelLoadError(f"{path} is part {metadata.get('split.no', 0) + 1} of a GGUF split into {parts} files "
+        which = f"part {part + 1}" if isinstance(part, int) else "a part"
+        raise ModelLoadError(f"{path} is {which} of a GGUF split into {parts} files "
                              "(split.count); merge them first: llama-gguf-split --merge FIRST-PART MERGED.gguf, and "
                              "load the merged file.")
     readable = dequantisable()
@@ -50,6 +51,10 @@ def check_gguf(path: Path) -> None:
     _check_tokenizer(path, metadata)
 
 
+READ_SPECIAL_IDS = tuple(f"tokenizer.ggml.{name}_token_id" for name in ("bos", "eos", "unknown", "padding"))
+"""The special token ids transformers' GGUF reader maps (integrations/ggml.py)."""
+
+
 def _check_tokenizer(path: Path, metadata: dict[str, object]) -> None:
     """A byte-level BPE ('gpt2') vocabulary is unusable without its merges; transformers then looks
     for SentencePiece scores instead and fails with a bare KeyError('scores')."""
@@ -57,12 +62,12 @@ def _check_tokenizer(path: Path, metadata: dict[str, object]) -> None:
         raise ModelLoadError(f"{path}: its tokenizer is byte-level BPE (tokenizer.ggml.model = 'gpt2') but the "
                              "metadata has no tokenizer.ggml.merges, so text cannot be tokenized; re-convert the "
                              "model with its merges (llama.cpp's convert_hf_to_gguf.py writes them).")
-    # read_gguf_tensors gives an array's length: a special token id past it makes transformers fail
-    # with a bare IndexError while it reads the tokenizer.
+    # read_gguf_tensors gives an array's length: one of the special token ids transformers reads
+    # (the others it ignores) past it makes transformers fail with a bare IndexError.
     tokens = metadata.get("tokenizer.ggml.tokens")
-    for key, value in metadata.items():
-        if (isinstance(tokens, int) and key.startswith("tokenizer.ggml.") and key.endswith("_token_id")
-                and isinstance(value, int) and not 0 <= value < tokens):
+    for key in READ_SPECIAL_IDS:
+        value = metadata.get(key)
+        if isinstance(tokens, int) and isinstance(value, int) and not 0 <= value < tokens:
             raise ModelLoadError(f"{path}: {key} = {value} is not a token of its vocabulary of {tokens} tokens "
                                  "(tokenizer.ggml.tokens). llama.cpp ignores such an id with a warning, but "
                                  "transformers, which converts the file here, cannot read the tokenizer with it. Fix "

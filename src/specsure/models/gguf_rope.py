@@ -5,8 +5,9 @@ converted Llama 3.1+ model would rotate as an unscaled one and its output would 
 first token on. llama.cpp keeps Llama 3's scaling as a tensor, ``rope_freqs.weight``: one factor per
 frequency, each frequency divided by it. Those factors follow from four numbers (factor, low and
 high frequency factors, the original context), which are recovered here by matching the tensor
-exactly; linear scaling comes from ``{arch}.rope.scaling.*``. Anything else is refused: never a
-silently different model.
+exactly; linear scaling comes from ``{arch}.rope.scaling.*`` (for Gemma 3's per-layer-type
+parameters, on its global layers only, as llama.cpp applies it). Scaling transformers reads itself
+(gpt-oss) is kept. Anything else is refused: never a silently different model.
 """
 
 from __future__ import annotations
@@ -29,21 +30,31 @@ _LLAMA3_SHAPES = ((1.0, 4.0, 8192),)
 def gguf_rope_parameters(gguf: Path, base: Mapping[str, Any], head_dim: int) -> dict[str, Any] | None:
     """``base`` (the config's rope_parameters, rope_theta in it) with the file's scaling, or None
     when the file declares none. ModelLoadError for scaling specsure cannot express exactly."""
+    if base.get("rope_type", "default") != "default":
+        return None  # transformers read this architecture's scaling itself (gpt-oss's yarn)
     metadata, tensors = read_gguf_tensors(str(gguf))
     arch = metadata.get("general.architecture")
     kind = metadata.get(f"{arch}.rope.scaling.type")
     factor = metadata.get(f"{arch}.rope.scaling.factor")
     freqs = next((t for t in tensors if t.name == FREQS_TENSOR), None)
-    if freqs is not None:
+    # transformers keeps per-layer-type parameters (Gemma 3: sliding and full attention) nested.
+    nested = any(isinstance(value, Mapping) for value in base.values())
+    if freqs is not None and not nested:
         return {**base, **_llama3(gguf, freqs, float(base.get("rope_theta", 10000.0)), head_dim, metadata, arch)}
-    if kind in (None, "none") or (kind == "linear" and factor in (None, 1, 1.0)):
+    if freqs is None and (kind in (None, "none") or (kind == "linear" and factor in (None, 1, 1.0))):
         return None
-    if kind == "linear" and isinstance(factor, (int, float)) and factor > 0:
+    linear = freqs is None and kind == "linear" and isinstance(factor, (int, float)) and factor > 0
+    if linear and not nested:
         return {**base, "rope_type": "linear", "factor": float(factor)}
-    raise ModelLoadError(f"{gguf}: its rotary embedding is scaled ({arch}.rope.scaling.type = {kind!r}, factor "
-                         f"{factor!r}), which specsure cannot read from a GGUF file yet; loading it unscaled would "
-                         "give other output. Load the model's Hugging Face folder, whose config.json states its "
-                         "rope scaling.")
+    full = base.get("full_attention")
+    if linear and isinstance(full, Mapping):
+        # llama.cpp scales only the global layers; its sliding-window layers keep a scale of 1.
+        return {**base, "full_attention": {**full, "rope_type": "linear", "factor": float(factor)}}
+    what = (f"{FREQS_TENSOR}, on a model with per-layer-type rotary parameters" if freqs is not None else
+            f"{arch}.rope.scaling.type = {kind!r}, factor {factor!r}")
+    raise ModelLoadError(f"{gguf}: its rotary embedding is scaled ({what}), which specsure cannot read from a GGUF "
+                         "file yet; loading it unscaled would give other output. Load the model's Hugging Face "
+                         "folder, whose config.json states its rope scaling.")
 
 
 def _llama3(gguf: Path, entry: Any, theta: float, head_dim: int, metadata: Mapping[str, Any],
