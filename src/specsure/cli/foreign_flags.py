@@ -1,56 +1,95 @@
 """llama.cpp's and vLLM's flags that specsure spells otherwise or does not have, with what to use.
 
 A user coming from llama.cpp types ``-n 64`` or ``-md draft.gguf`` out of habit; argparse alone
-would report the prompt as an unrecognised argument. Each flag here maps to a sentence saying
-what specsure takes instead (or why there is nothing to set).
+would report the prompt as an unrecognised argument, or a positional's invalid choice. None of
+these words is a specsure option, so the command line is read for them before argparse runs, and
+each gets a sentence saying what the command at hand takes instead (or why there is nothing to set).
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Final, Sequence
 
-_MAX = "use --max-tokens N"
-_DRAFT = "use --speculative-config '{\"model\": \"DRAFT\"}' (method draft_model)"
-_K = "use --speculative-config '{\"num_speculative_tokens\": K, ...}'"
-_CONTEXT = ("there is no flag for it: the context is the model's own (config.json max_position_embeddings, or the GGUF's "
-            "context_length), and a request's max tokens are lowered to the room it leaves")
-_CPU = "there is no flag for it: specsure runs on the CPU"
-_ONE_MACHINE = ("there is no flag for it: specsure runs on one machine; `specsure export --to vllm` writes the same config for vLLM "
-                "to scale out")
 
-FOREIGN_FLAGS: Final[dict[str, tuple[str, str]]] = {
+@dataclass(frozen=True)
+class Foreign:
+    """Another engine's flag: whose it is, and the specsure flag (or request field) that does its job."""
+
+    engine: str
+    flag: str | None = None
+    """The specsure flag that does the same, where a command has it (``--max-tokens``)."""
+    usage: str = ""
+    """How to write that flag (``--max-tokens N``)."""
+    field: str | None = None
+    """The request field that does the same on the server (``max_tokens``)."""
+    otherwise: str = ""
+    """Why there is nothing to set, for a flag with no specsure counterpart."""
+
+
+_CONTEXT = ("the context is the model's own (config.json max_position_embeddings, or the GGUF's context_length), "
+            "and a request's max tokens are lowered to the room it leaves")
+_CPU = "specsure runs on the CPU"
+_ONE_MACHINE = ("specsure runs on one machine; `specsure export --to vllm` writes the same config for vLLM to "
+                "scale out")
+_K = "num_speculative_tokens goes in --speculative-config '{\"num_speculative_tokens\": K, ...}'"
+_DRAFT = "the draft goes in --speculative-config '{\"model\": \"DRAFT\"}' (method draft_model)"
+
+_MAX = Foreign("llama.cpp", "--max-tokens", "--max-tokens N", "max_tokens")
+_THREADS = Foreign("llama.cpp", "--threads", "--threads N")
+_CHAT = Foreign("llama.cpp", "--chat", "--chat", otherwise="chat requests go to /v1/chat/completions")
+_BATCH = Foreign("llama.cpp", "--max-num-batched-tokens", "--max-num-batched-tokens N")
+_SEQS = Foreign("llama.cpp", "--max-num-seqs", "--max-num-seqs N")
+FOREIGN_FLAGS: Final[dict[str, Foreign]] = {
     # llama.cpp (llama-cli, llama-server, llama-speculative)
-    "-n": ("llama.cpp", _MAX), "--n-predict": ("llama.cpp", _MAX), "--predict": ("llama.cpp", _MAX),
-    "-m": ("llama.cpp", "use --model PATH"), "-p": ("llama.cpp", "give the prompt as the last argument (PROMPT)"),
-    "-c": ("llama.cpp", _CONTEXT), "--ctx-size": ("llama.cpp", _CONTEXT),
-    "-md": ("llama.cpp", _DRAFT), "--model-draft": ("llama.cpp", _DRAFT),
-    "--draft-max": ("llama.cpp", _K), "--draft": ("llama.cpp", _K), "--draft-n": ("llama.cpp", _K),
-    "--draft-min": ("llama.cpp", "there is no flag for it: specsure drafts up to num_speculative_tokens each step"),
-    "-t": ("llama.cpp", "use --threads N"), "-s": ("llama.cpp", "use --seed N"),
-    "-ngl": ("llama.cpp", _CPU), "--n-gpu-layers": ("llama.cpp", _CPU), "--gpu-layers": ("llama.cpp", _CPU),
-    "-ngld": ("llama.cpp", _CPU), "--n-gpu-layers-draft": ("llama.cpp", _CPU),
-    "-cnv": ("llama.cpp", "use --chat"), "--conversation": ("llama.cpp", "use --chat"),
-    "--repeat-penalty": ("llama.cpp", "use the server's repetition_penalty field, or SamplingParams(repetition_penalty=...)"),
-    "--min-p": ("llama.cpp", "use the server's min_p field, or SamplingParams(min_p=...)"),
-    "-b": ("llama.cpp", "use --max-num-batched-tokens N (specsure serve)"),
-    "--batch-size": ("llama.cpp", "use --max-num-batched-tokens N (specsure serve)"),
-    "-np": ("llama.cpp", "use --max-num-seqs N (specsure serve)"), "--parallel": ("llama.cpp", "use --max-num-seqs N (specsure serve)"),
+    "-n": _MAX, "--n-predict": _MAX, "--predict": _MAX,
+    "-m": Foreign("llama.cpp", "--model", "--model PATH"),
+    "-p": Foreign("llama.cpp", otherwise="the prompt is the last argument (PROMPT) of `specsure generate`, and a "
+                                         "request's own field on the server"),
+    "-c": Foreign("llama.cpp", otherwise=_CONTEXT), "--ctx-size": Foreign("llama.cpp", otherwise=_CONTEXT),
+    "-md": Foreign("llama.cpp", otherwise=_DRAFT), "--model-draft": Foreign("llama.cpp", otherwise=_DRAFT),
+    "--draft-max": Foreign("llama.cpp", otherwise=_K), "--draft-n": Foreign("llama.cpp", otherwise=_K),
+    "--draft-min": Foreign("llama.cpp", otherwise="specsure drafts up to num_speculative_tokens each step"),
+    "-t": _THREADS, "-s": Foreign("llama.cpp", "--seed", "--seed N", "seed"),
+    "-ngl": Foreign("llama.cpp", otherwise=_CPU), "--n-gpu-layers": Foreign("llama.cpp", otherwise=_CPU),
+    "--gpu-layers": Foreign("llama.cpp", otherwise=_CPU), "-ngld": Foreign("llama.cpp", otherwise=_CPU),
+    "--n-gpu-layers-draft": Foreign("llama.cpp", otherwise=_CPU),
+    "-cnv": _CHAT, "--conversation": _CHAT,
+    "--repeat-penalty": Foreign("llama.cpp", field="repetition_penalty"),
+    "--min-p": Foreign("llama.cpp", field="min_p"),
+    "-b": _BATCH, "--batch-size": _BATCH, "-np": _SEQS, "--parallel": _SEQS,
     # vLLM (vllm serve)
-    "--max-model-len": ("vLLM", _CONTEXT), "--trust-remote-code": ("vLLM", "there is no flag for it: specsure never runs a "
-                                                                           "checkpoint's own code"),
-    "--tensor-parallel-size": ("vLLM", _ONE_MACHINE), "-tp": ("vLLM", _ONE_MACHINE),
-    "--pipeline-parallel-size": ("vLLM", _ONE_MACHINE), "-pp": ("vLLM", _ONE_MACHINE),
-    "--gpu-memory-utilization": ("vLLM", _CPU),
-    "--num-speculative-tokens": ("vLLM", _K),
+    "--max-model-len": Foreign("vLLM", otherwise=_CONTEXT),
+    "--trust-remote-code": Foreign("vLLM", otherwise="specsure never runs a checkpoint's own code"),
+    "--tensor-parallel-size": Foreign("vLLM", otherwise=_ONE_MACHINE), "-tp": Foreign("vLLM", otherwise=_ONE_MACHINE),
+    "--pipeline-parallel-size": Foreign("vLLM", otherwise=_ONE_MACHINE),
+    "-pp": Foreign("vLLM", otherwise=_ONE_MACHINE), "--gpu-memory-utilization": Foreign("vLLM", otherwise=_CPU),
+    "--num-speculative-tokens": Foreign("vLLM", otherwise=_K),
 }
 
 
-def foreign_flag_hint(unknown: Sequence[str], command: str) -> str | None:
-    """The sentence for the first of ``unknown`` (words argparse did not take) that is another
-    engine's flag, or None."""
-    for word in unknown:
+def foreign_flag_hint(argv: Sequence[str], command: str, command_help: str) -> str | None:
+    """The sentence for the first word of ``argv`` (before a ``--``) that is another engine's flag, or
+    None. ``command_help``: the command's own --help text, which says which flags it has."""
+    for word in argv:
+        if word == "--":
+            return None
         flag = word.split("=", 1)[0]
-        if flag in FOREIGN_FLAGS:
-            engine, instead = FOREIGN_FLAGS[flag]
-            return f"{flag} is {engine}'s flag, not one of `specsure {command}`'s; {instead}."
+        if flag not in FOREIGN_FLAGS:
+            continue
+        foreign = FOREIGN_FLAGS[flag]
+        has = foreign.flag is not None and re.search(rf"(?<![\w-]){re.escape(foreign.flag)}(?![\w-])", command_help)
+        if has:
+            instead = f"use {foreign.usage}"
+        elif foreign.field is not None and command.startswith("serve"):
+            instead = f"send {foreign.field} in each request"
+        elif foreign.field is not None:
+            instead = f"`specsure {command}` has no such flag: set {foreign.field} in a request to `specsure serve`, " \
+                      f"or SamplingParams({foreign.field}=...) in Python"
+        elif foreign.otherwise:
+            instead = f"there is no flag for it: {foreign.otherwise}"
+        else:
+            instead = f"`specsure {command}` has no such flag"
+        return f"{flag} is {foreign.engine}'s flag, not one of `specsure {command}`'s; {instead}."
     return None

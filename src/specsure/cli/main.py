@@ -33,6 +33,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         else:
             # Listed all the same, so --help shows every command and what to install for it.
             sub.add_parser(name.replace("_", "-"), help=f"(needs pip install 'specsure[{EXTRA_OF[name]}]')")
+    parser.set_defaults(command_parsers=sub.choices)  # each command's parser, by name, for its --help text
     return parser
 
 
@@ -57,10 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {why}", file=sys.stderr)
         return EXIT_USAGE
     parser = build_parser(argv)
-    _, unknown = parser.parse_known_args(argv)
-    if chosen is not None and (hint := foreign_flag_hint(unknown, chosen.replace("_", "-"))) is not None:
-        print(f"specsure {chosen.replace('_', '-')}: error: {hint}", file=sys.stderr)
-        return EXIT_USAGE
+    if chosen is not None:  # before argparse, which would name the flag's value as the error
+        words = list(sys.argv[1:] if argv is None else argv)
+        name = chosen.replace("_", "-")
+        label = f"{name} serve" if name == "bench" and "serve" in words else name
+        command_help = parser.get_default("command_parsers")[name].format_help()
+        if (hint := foreign_flag_hint(words, label, command_help)) is not None:
+            print(f"specsure {label}: error: {hint}", file=sys.stderr)
+            return EXIT_USAGE
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the words as given: which flags came where
     if not getattr(args, "run", None):
