@@ -142,6 +142,13 @@ def test_a_path_hints_alike_however_it_is_spelled(tmp_path, llama_target, monkey
         res = resolve({"model": spelled}, model=llama_target)
         assert (res.config.method, res.source("method")) == ("eagle", "path"), spelled
         assert "path token 'eagle'" in res.reason("method"), spelled
+    # '.' in a linked folder reads the link's name, as the shell shows it ($PWD), not the real folder's.
+    real = write_checkpoint(tmp_path / "x123", silent())
+    link = tmp_path / "eagle-link"
+    link.symlink_to(real)
+    monkeypatch.chdir(link)
+    monkeypatch.setenv("PWD", str(link))
+    assert resolve({"model": "."}, model=llama_target).config.method == "eagle"
 
 
 # 5. A user-given draft model is kept when detection points elsewhere.

@@ -505,3 +505,6 @@ def test_allowed_origins_must_be_a_json_list(capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit) as stop:
         main(["serve", "--allowed-origins", "*"])
     assert stop.value.code == 2 and "is not a JSON list of origins" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["serve", "--allowed-origins", '["localhost:3000"]'])
+    assert stop.value.code == 2 and "is not an origin a browser sends" in capsys.readouterr().err

@@ -82,6 +82,10 @@ def test_beyond_max_queue_requests_get_a_clean_503(engine: Engine, monkeypatch: 
         after = httpx.get(f"{url}/metrics").text
         assert metric(after, "vllm:admission_rejections_total", reason="max_num_queued_reqs") == 5
         assert metric(after, "vllm:num_requests_waiting", **labels) == 0
+        # The two that waited behind the holder spent at least one of its 0.05-s steps in the queue each;
+        # their prefill and decode did not count that wait.
+        assert metric(after, "vllm:request_queue_time_seconds_sum", **labels) >= 2 * 0.05
+        assert metric(after, "vllm:request_queue_time_seconds_count", **labels) == 2
         assert httpx.get(f"{url}/health").json() == {"status": "ok"}
         assert httpx.post(f"{url}/v1/completions", json=SHORT).status_code == 200
     assert [e[1] for e in trace.events if e[0] == "start"] == [400, 3, 3, 3]

@@ -205,7 +205,9 @@ class _Unread:
 
     def _leave(self) -> None:
         self.gone = True
-        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())  # its buffered rest flushes into nothing
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, self._stream.fileno())  # its buffered rest flushes into nothing
+        os.close(null)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

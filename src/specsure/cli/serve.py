@@ -7,6 +7,7 @@ import errno
 import json
 import logging
 import os
+import re
 import socket
 import sys
 
@@ -87,6 +88,12 @@ def _origins(text: str) -> list[str]:
     if not (isinstance(value, list) and all(isinstance(o, str) and o for o in value)):
         raise argparse.ArgumentTypeError(f"{text!r} is not a JSON list of origins; send e.g. "
                                          '\'["http://localhost:3000"]\', or \'["*"]\' for any origin.')
+    # A browser sends its origin as scheme://host[:port], never with a path or a trailing slash.
+    odd = [o for o in value if o != "*" and not re.fullmatch(r"[a-z][a-z0-9+.-]*://[^/\s]+", o)]
+    if odd:
+        raise argparse.ArgumentTypeError(f"{odd[0]!r} is not an origin a browser sends, which is scheme://host[:port] "
+                                         "with no path or trailing slash (e.g. http://localhost:3000); no request "
+                                         "would ever match it.")
     return value
 
 

@@ -225,6 +225,18 @@ def path_hint(path: str) -> Evidence | None:
     return None
 
 
+def _working_folder() -> str:
+    """The working folder as the shell names it ($PWD, links kept, as `pwd` prints it) where that is
+    the same folder as the process's own (getcwd, links resolved)."""
+    shell = os.environ.get("PWD")
+    try:
+        if shell and os.path.isabs(shell) and os.path.samefile(shell, os.getcwd()):
+            return shell
+    except OSError:
+        pass
+    return os.getcwd()
+
+
 def named_path(path: str) -> str:
     """``path`` with '~' expanded and '.' and '..' folded away; where only dots are left ('.', '..'),
     the absolute path, whose last component is the folder's name. Symbolic links stay as given: the
@@ -233,5 +245,5 @@ def named_path(path: str) -> str:
         return path
     folded = os.path.normpath(os.path.expanduser(path))
     if os.path.basename(folded) in (".", ".."):
-        return os.path.abspath(folded)
+        return os.path.normpath(os.path.join(_working_folder(), folded))
     return path if folded == os.path.normpath(path) and "/." not in path else folded

@@ -203,7 +203,7 @@ def model_type_override(res: "Resolution", path: str, role: str) -> Override | N
     if draft is None:
         return None
     model_type = draft.model_type
-    foreign = foreign_method(draft.architectures, model_type)
+    foreign = foreign_method(draft.architectures, model_type, draft.config)
     if foreign is not None and config.method != foreign:
         return Override(
             "method", config.method, foreign,

@@ -54,7 +54,7 @@ ARCHITECTURE_REWRITES: Final[Mapping[str, str]] = {
     "Glm4MoeLiteForCausalLM": "glm4_moe_lite_mtp", "GlmOcrForConditionalGeneration": "glm_ocr_mtp",
     "BailingMoeV3ForCausalLM": "bailing_hybrid_v3_mtp", "BailingMoeV3VLForConditionalGeneration": "bailing_hybrid_v3_mtp",
     "Step3p5ForCausalLM": "step3p5_mtp", "Step3p7ForConditionalGeneration": "step3p5_mtp",
-    "MiniMaxM3SparseForConditionalGeneration": "minimax_m3_mtp", "MiniMaxM3MTP": "minimax_m3_mtp",
+    "MiniMaxM3SparseForConditionalGeneration": "minimax_m3_mtp",
 }
 # hf_config_override, by any of the draft's architectures.
 ANY_ARCHITECTURE_REWRITES: Final[Mapping[str, str]] = {
@@ -102,8 +102,12 @@ def vllm_mtp_type(model_type: str | None, architectures: tuple[str, ...],
     return (model_type, None) if model_type in MTP_MODEL_TYPES else None
 
 
-def foreign_method(architectures: tuple[str, ...], model_type: str | None) -> str | None:
-    """The method specsure does not run (dflash, dspark) that vLLM 0.33.0 detects from these architectures."""
+def foreign_method(architectures: tuple[str, ...], model_type: str | None, config: Mapping[str, Any]) -> str | None:
+    """The method specsure does not run (dflash, dspark) that vLLM 0.33.0 detects from these architectures.
+    A draft whose model_type it rewrites to an MTP type has its architectures replaced first."""
+    mtp = vllm_mtp_type(model_type, architectures, config)
+    if mtp is not None and (mtp[1] is not None or mtp[0] != model_type):
+        return None
     for arch in architectures:
         if arch in FOREIGN_ARCHITECTURES:
             return FOREIGN_ARCHITECTURES[arch]
@@ -118,7 +122,8 @@ def _get(section: Any, key: str) -> Any:
 
 # transformers_utils/configs/speculators/base.py: speculators_model_type names that vLLM runs as another method.
 SPECULATORS_METHODS: Final[Mapping[str, str]] = {"peagle": "eagle3", "dflash2": "dflash"}
-_REPO_ID = re.compile(r"^(?:[\w\-.]+/)?[\w\-.]+$")
+_REPO_ID = re.compile(r"^(\b[\w\-.]{1,96}\b/)?\b[\w\-.]{1,96}\b$")
+"""huggingface_hub's REPO_ID_REGEX, which validate_repo_id applies."""
 
 
 def speculators_target(config: Mapping[str, Any]) -> tuple[str, Any] | None:
@@ -128,19 +133,22 @@ def speculators_target(config: Mapping[str, Any]) -> tuple[str, Any] | None:
     checkpoint's own (the target folder as the draft) and ``--model`` with the verifier, keeping the
     user's other keys (transformers_utils/config.py maybe_override_with_speculators)."""
     block = config.get("speculators_config")
-    if not isinstance(block, Mapping):
-        return None
     kind = config.get("speculators_model_type")
-    method = SPECULATORS_METHODS.get(kind, kind) if isinstance(kind, str) else str(kind)
-    return method, _get(block.get("verifier"), "name_or_path")
+    methods = block.get("proposal_methods") if isinstance(block, Mapping) else None
+    first = methods[0] if isinstance(methods, list) and methods else None
+    # What validate_speculators_config requires; without it vLLM refuses the target, loudly.
+    if not (isinstance(block, Mapping) and isinstance(kind, str) and _get(first, "speculative_tokens") is not None
+            and isinstance(config.get("transformer_layer_config"), Mapping)):
+        return None
+    return SPECULATORS_METHODS.get(kind, kind), _get(block.get("verifier"), "name_or_path")
 
 
 def remote_verifier(verifier: Any) -> bool:
     """Whether vLLM 0.33.0 takes ``verifier`` as the model to serve: a Hugging Face repository id that
     names no local path (huggingface_hub's validate_repo_id); anything else it refuses, loudly."""
-    if not isinstance(verifier, str) or len(verifier) > 96 or not _REPO_ID.match(verifier):
+    if not isinstance(verifier, str) or not _REPO_ID.match(verifier):
         return False
-    if "--" in verifier or ".." in verifier or verifier[0] in "-." or verifier[-1] in "-.":
+    if "--" in verifier or ".." in verifier or verifier.endswith(".git"):
         return False
     path = Path(verifier)
     return not (path.exists() or path.is_symlink())

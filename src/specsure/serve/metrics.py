@@ -136,10 +136,12 @@ class ServeMetrics:
 
     def aborted(self, request: Request) -> None:
         """Count one generation stopped before its end (client gone, or timeout), waiting or running.
-        vLLM counts tokens as its steps make them, so what an aborted request had prefilled, drafted and
-        generated counts too; one that never got a slot counts only as an abort."""
+        vLLM counts tokens as its steps make them, so an aborted request's drafted and generated tokens
+        count too, and its prompt once its prefill has ended (vLLM counts a prompt when its prefill
+        completes); one that never got a slot counts only as an abort."""
         if request.lm is not None:
-            self._count(request.stats, request.prefilled, len(request.output), request.cached_tokens)
+            prefilled = len(request.prompt) if request.prefilled >= len(request.prompt) else 0
+            self._count(request.stats, prefilled, len(request.output), request.cached_tokens if prefilled else 0)
         self._success("abort").inc()
 
     def _count(self, stats: SpecStats, prompt_tokens: int, generated: int, cached: int) -> None:
