@@ -402,3 +402,25 @@ def test_disable_by_batch_size_goes_to_vllm_and_is_named_for_sglang(ckpts):
     unset = resolve({"method": "ngram"}, model=ckpts["target"])
     assert unset.decisions["disable_by_batch_size"].source == "default"
     assert "disable_by_batch_size" not in vllm_json(export(unset, "vllm"))
+
+
+@pytest.mark.parametrize(("verifier", "remote"), [
+    ("meta-llama/Llama-3.1-8B-Instruct", True), ("gpt2", True), ("a" * 50 + "/" + "b" * 50, True),
+    ("x.git", False), ("org-/repo", False), ("org/-repo", False), ("org./repo", False), ("a/b/c", False),
+    ("/abs/path", False), ("org/re--po", False), (7, False),
+])
+def test_the_verifier_vllm_fetches_is_a_hub_repository_id(verifier, remote):
+    """huggingface_hub's validate_repo_id, which vLLM applies to a speculators verifier."""
+    from specsure.config.vllm_rules import remote_verifier
+
+    assert remote_verifier(verifier) is remote
+
+
+def test_rule_details_of_vllm_0_33():
+    from specsure.config.vllm_rules import foreign_method, vllm_mtp_type
+
+    # 0.33.0 normalises a MiniMaxM3MTP draft's architectures but leaves its model_type: no switch to mtp.
+    assert vllm_mtp_type("minimax_m3", ("MiniMaxM3MTP",), {}) is None
+    # A rewritten draft's architectures are replaced before the DFlash/DSpark test reads them.
+    assert foreign_method(("Qwen3DSparkModel",), "qwen3_5_text", {}) is None
+    assert foreign_method(("Qwen3DSparkModel",), "qwen3", {}) == "dspark"
