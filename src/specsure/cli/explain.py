@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
                           "runnable": problem is None, "error": problem}, indent=2))
     else:
         print(res.explain())
-        print(f"dtype: {dtype}. {why}")
+        if problem is None:  # the dtype a run would load in; this config starts no run
+            print(f"dtype: {dtype}. {why}")
     if problem:
         # Same shape as every other user error: one `error:` paragraph on stderr, exit 2.
         print(f"error: cannot run: {problem}", file=sys.stderr)
