@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import logging
 import warnings
 from dataclasses import replace
@@ -156,6 +157,13 @@ def test_cli_trains_and_replaces_an_earlier_head(tmp_path: Path, capsys, _sample
     assert main([*args, "--expect-data-sha256", other]) == 0  # a warning, and the head is still written
     err = capsys.readouterr().err
     assert f"tokens_sha256 {generated['tokens_sha256']}, not the {other}" in err and torch.__version__ in err
+    # A learning rate far too high leaves the head worse than it began: written, as asked, with a warning.
+    assert main([*args, "--lr", "3"]) == 0
+    captured = capsys.readouterr()
+    before, after = (float(x) / 100 for x in re.search(r"top-1 agreement: ([\d.]+)% \(before training ([\d.]+)%",
+                                                       captured.out).group(2, 1))
+    assert (after < before) == ("the trained head is worse than before training" in captured.err), captured
+    assert after < before
 
 
 def test_an_interrupted_data_phase_goes_on_from_the_last_finished_chunk(tmp_path: Path,
@@ -262,6 +270,7 @@ def _tokens_line(printed: str) -> str:
     ("--max-new-tokens", "-1", "--max-new-tokens -1"),
     ("--prompts", "TEXT", "no tokenizer"),
     ("--corpus", "no-such-package-xyz", "'no-such-package-xyz' is not installed"),
+    ("--corpus", "chta", "no corpus 'chta': did you mean 'chat'?"),  # never "pip install chta"
     ("--corpus", "chat:0,tqdm", "the weight in 'chat:0' must be a positive integer"),
     ("--data", "text", "--data text teacher-forces the corpus's own text"),
     ("--batch-windows", "0", "--batch-windows 0: must be a positive integer"),

@@ -111,6 +111,8 @@ def train_mtp_head(args: argparse.Namespace, target: LoadedModel, samples: Seque
     kl_name = "KL" if not settings.draft_vocab_size else "KL over the draft vocabulary's rows (the loss)"
     print(f"{where} top-1 agreement: {after.agreement:.1%} (before training {before.agreement:.1%}), "
           f"{kl_name} {before.kl:.3f} -> {after.kl:.3f} nats over {after.entries} continuation tokens")
+    _warn_if_worse(where, f"top-1 agreement {after.agreement:.1%}", f"{before.agreement:.1%}",
+                   after.agreement < before.agreement)
     if len(after.per_module) > 1:
         per = " ".join(f"{a:.0%}" for a in after.per_module)
         print(f"per draft step: {per}; greedy acceptance length at k={len(after.per_module)}: "
@@ -168,3 +170,13 @@ def train_eagle3_head(args: argparse.Namespace, target: LoadedModel, samples: Se
     steps = " ".join(f"{a:.0%}" for a in after.agreement)
     print(f"{where} greedy acceptance length at k={settings.unroll}: {after.acceptance_length:.2f} (before training "
           f"{before.acceptance_length:.2f}); agreement per draft step: {steps}; over {after.anchors} anchors")
+    _warn_if_worse(where, f"greedy acceptance length {after.acceptance_length:.2f}", f"{before.acceptance_length:.2f}",
+                   after.acceptance_length < before.acceptance_length)
+
+
+def _warn_if_worse(where: str, after: str, before: str, worse: bool) -> None:
+    """A run that leaves the head worse than it began (a learning rate too high, too little data) still
+    writes it, as asked; it must not pass for a good one."""
+    if worse:
+        print(f"warning: the trained head is worse than before training ({where} {after}, was {before}): lower "
+              "--lr, train on more data (--corpus-prompts), or keep the head you started from.", file=sys.stderr)

@@ -13,6 +13,7 @@ that package's licence as its distribution metadata states it.
 from __future__ import annotations
 
 import ast
+import difflib
 import importlib.metadata
 import itertools
 import random
@@ -67,6 +68,10 @@ def licence_of(package: str) -> str:
     try:
         meta = importlib.metadata.metadata(package)
     except importlib.metadata.PackageNotFoundError:
+        near = difflib.get_close_matches(package, [*_SOURCE_NAMES, "numpy", "transformers"], n=1, cutoff=0.6)
+        if near:  # a typo of a name it knows: never advise installing whatever was typed
+            raise CorpusError(f"no corpus {package!r}: did you mean {near[0]!r}? --corpus takes specsure's own "
+                              "prompt sets (chat, math, self) and names of installed packages.") from None
         raise CorpusError(f"corpus package {package!r} is not installed; install it (pip install {package}) or "
                           "leave it out of --corpus.") from None
     stated = meta.get("License-Expression") or ""
