@@ -134,6 +134,17 @@ def test_summary_uses_medians_ratios_and_vllm_acceptance() -> None:
     assert BenchResults.from_dict(json.loads(json.dumps(res.to_dict()))) == res
 
 
+
+def test_a_row_that_drafted_nothing_shows_no_acceptance_length() -> None:
+    """1.00 would read as 'drafted, none accepted'; nothing was drafted (ngram found no match)."""
+    runs = [Generation((1, 2, 3), 1.0, drafts=0, draft_tokens=0, accepted_tokens=0, accepted_per_position=(0, 0))]
+    prompts = [prompt_result("plain", "p", "qa", 5, [Generation((1, 2, 3), 1.0)], None),
+               prompt_result("ngram", "p", "qa", 5, runs, (1, 2, 3))]
+    res = summarize({}, [("plain", "specsure", False), ("ngram", "specsure", True)], [], prompts, "plain")
+    assert res.row("ngram", ALL).mean_acceptance_length is None
+    assert "| ngram |" in render_markdown(res)
+
+
 def test_repeats_that_differ_are_reported() -> None:
     runs = [Generation((1, 2, 3), 1.0), Generation((1, 2, 4), 1.0)]
     prompts = [prompt_result("plain", "p", "qa", 5, [Generation((1, 2, 3), 1.0)] * 2, None),

@@ -76,7 +76,8 @@ class SummaryRow:
     speedup_vs_hf: float | None
     """Against transformers `generate` greedy; None when that baseline was not run."""
     mean_acceptance_length: float | None
-    """None for configurations without acceptance counters (plain, transformers)."""
+    """None for configurations without acceptance counters (plain, transformers) and for rows that
+    drafted nothing."""
     per_position_acceptance: list[float] | None
     exact_match_rate: float | None
     """Share of prompts whose output equals the reference's; None for the reference."""
@@ -203,7 +204,8 @@ def _row(config: str, kind: str, category: str, prompts: Sequence[PromptResult],
         tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
         speedup_vs_plain=None,
         speedup_vs_hf=None,
-        mean_acceptance_length=stats.mean_acceptance_length if speculative else None,
+        # A row that drafted nothing has no acceptance to show; 1.00 would read as "drafted, none accepted".
+        mean_acceptance_length=stats.mean_acceptance_length if speculative and stats.drafts else None,
         per_position_acceptance=stats.per_position_acceptance_rate if speculative else None,
         exact_match_rate=sum(bool(p.matches_reference) for p in compared) / len(compared) if compared else None,
         outputs_equal=all(p.matches_reference for p in compared) if compared else None,
