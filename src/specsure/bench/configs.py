@@ -146,7 +146,15 @@ def check_checkpoint_flags(methods: Sequence[str], s: Settings) -> None:
         try:
             resolve(speculative_config(method, s), model=s.model, dtype=s.dtype).check_runnable()
         except ConfigError as err:
-            raise ConfigError(f"--{flag.replace('_', '-')} {path!r} (the {method} row): {err}") from None
+            raise ConfigError(f"--{flag.replace('_', '-')} {path!r} (the {method} row): {err} In specsure bench each "
+                              "head kind has its own flag: --eagle-head, --eagle3-head, --mtp-head.") from None
+    # --draft-model also feeds the hf-assisted baseline; a head flag feeds its rows alone.
+    selected = {m.removesuffix("-tree") for m in methods}
+    for method, flag in _HEAD_FLAG.items():
+        if method != "draft_model" and getattr(s, flag) is not None and method not in selected:
+            tree = f" (or {method}-tree)" if f"{method}-tree" in METHODS else ""
+            raise ConfigError(f"--{flag.replace('_', '-')} is given, but no selected row uses it: add {method}{tree} "
+                              f"to --methods ({', '.join(methods)}), or leave the flag out.")
 
 
 def build_specsure(methods: Sequence[str], s: Settings, eos_ids: frozenset[int]) -> tuple[list[Runner], list[tuple[str, str]]]:
