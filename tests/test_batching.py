@@ -232,7 +232,7 @@ def test_undrafted_steps_teach_the_lookup_methods_what_drafting_steps_do(folders
             engine.scheduler.add(request)
         while not engine.scheduler.idle:
             engine.scheduler.step()
-        proposer = engine.scheduler._slots[0].proposer
+        proposer = engine.scheduler.slots.proposer(0)
         kept = sorted(proposer.global_tree.sequence(i) for i in proposer.cached_requests)
         # Each output, but perhaps its last token, which no forward fed (as without the key).
         for sequence, request in zip(kept, sorted(requests, key=lambda r: r.completion.token_ids)):
@@ -240,7 +240,7 @@ def test_undrafted_steps_teach_the_lookup_methods_what_drafting_steps_do(folders
             assert len(sequence) >= len(out) - 1 and out[:len(sequence)] == sequence, limit
     # ngram: the draft length follows what the drafts earned, not the tokens undrafted steps added.
     engine = _engine("ngram", folders, max_num_seqs=1)
-    proposer = engine.scheduler._slots[0].proposer
+    proposer = engine.scheduler.slots.proposer(0)
     context = _prompts(1, seed=4)[0]
     draft = proposer.propose(context, 4, SamplingParams(), None).token_ids
     assert draft

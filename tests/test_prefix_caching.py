@@ -105,7 +105,7 @@ def test_conversations_taking_turns_each_keep_a_slot(folders: dict[str, Path]) -
     # c takes a's slot (the least recently used), so b keeps its cache; a then starts from the system
     # prompt, copied from b's slot into the one c used.
     assert seen == [0, common, "turn", "turn", 0, "turn", common] and common >= len(system)
-    assert len(engine.scheduler._slots) == 2
+    assert engine.scheduler.slots.count == 2
 
 
 def test_the_draft_model_keeps_its_own_cache_too(folders: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -177,7 +177,7 @@ def test_heads_reuse_a_regenerated_or_resent_prompt(folders: dict[str, Path], na
         got = cached.generate(again, params)[0]
         assert got.token_ids == fresh.generate(again, params)[0].token_ids
         assert got.cached_tokens >= len(prompt) - 6 > 0, (got.cached_tokens, len(prompt))
-    assert first.cached_tokens == 0 and len(cached.scheduler._slots) == 1
+    assert first.cached_tokens == 0 and cached.scheduler.slots.count == 1
 
 
 def test_heads_keep_each_conversations_slot_when_they_share_a_system_prompt(folders: dict[str, Path]) -> None:

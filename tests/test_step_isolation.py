@@ -55,7 +55,7 @@ def test_a_drafter_that_fails_for_one_request_fails_that_request_alone(tmp_path:
                                  **({"model": model} if method == "draft_model" else {})}, dtype="float32")
     good, bad = SamplingParams(max_tokens=12, ignore_eos=True), SamplingParams(max_tokens=12, ignore_eos=True, seed=7)
     expected = engine.generate([[5, 6, 7, 5, 6]], good)[0].token_ids
-    kind = type(engine.scheduler._slots[0].proposer)
+    kind = type(engine.scheduler.slots.proposer(0))
     if method == "ngram":  # drafts one sequence at a time: only the failing one's request fails
         propose = kind.propose
 

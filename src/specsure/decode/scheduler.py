@@ -7,13 +7,8 @@ no sequence drafts that step). Then each request verifies on its own and rolls i
 back to what it accepted. A request that ends leaves at once, and the next waiting one takes its
 slot at the next step.
 
-A slot is a target view (``CausalLM.fork``: the target's weights, a KV cache of its own) and a
-proposer (``Proposer.fork``). Slots are made as concurrency first needs them and kept, so their
-cache buffers serve request after request. Slot 0 is the engine's own target and proposer: at
-batch size 1 nothing is forked and decoding runs exactly as it always has.
-
-With prefix caching, a slot's cache outlives its request: the next request whose prompt starts
-with what a slot holds prefills only the rest (``_take`` says which slot, and from where).
+Each admitted request holds a slot (``specsure.decode.slots``: a target view with its own KV cache,
+and a proposer) until it ends; with prefix caching the slot's cache outlives it.
 
 Chunked prefill (``max_num_batched_tokens``; `specsure serve` turns it on): a prompt is prefilled
 in parts that end at multiples of that many tokens, at most that many prompt tokens a step, so the
@@ -29,12 +24,12 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from specsure.decode.completion import StepUpdate
 from specsure.decode.request import NO_DRAFT, Request
+from specsure.decode.slots import Slots
 from specsure.models.causal_lm import CausalLM
 from specsure.proposers.base import Proposer, propose_all
 
@@ -54,16 +49,6 @@ def check_batched_tokens(value: object) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ValueError(f"max_num_batched_tokens = {value!r} must be an int >= 1, or None (every prompt prefilled "
                          "in one step).")
-
-
-@dataclass
-class _Slot:
-    lm: CausalLM
-    proposer: Proposer | None
-    used: int = 0
-    """When a request last took it (the scheduler's count of admissions): prefix caching evicts the oldest."""
-    prompt_len: int = 0
-    """The prompt length of the request that last took it: a prompt that repeats all of it is a retry."""
 
 
 class Scheduler:
@@ -92,13 +77,8 @@ class Scheduler:
         self.prefix_caching = prefix_caching
         """A request takes the free slot whose cache holds the longest start of its prompt, and
         computes only the rest (vLLM's automatic prefix caching, per slot)."""
-        # A head's caches hold what the target's features made: they stay with their slot, never copied.
-        self._copies = proposer is None or not proposer.reads_features
         self._lm, self._hidden, self._aux_layers = lm, hidden, aux_layers
-        self._slots = [_Slot(lm, proposer)]
-        self._free = [0]
-        self._uses = 0
-        self._slot_of: dict[int, int] = {}  # id(request) -> slot index
+        self.slots = Slots(lm, proposer, max_num_seqs, prefix_caching)
         self.waiting: deque[Request] = deque()
         self.prefilling: list[Request] = []
         """Requests with a slot whose prompt's last part is still to come, first come first."""
@@ -120,7 +100,7 @@ class Scheduler:
         """The share of the KV cache the requests holding a slot fill: their cached tokens over
         max_num_seqs full contexts (vLLM's kv_cache_usage_perc counts blocks the same way); 0 when
         the model states no context length."""
-        context = self._slots[0].lm.max_context
+        context = self._lm.max_context
         if not context:
             return 0.0
         held = sum(r.lm.cache_len for r in (*self.running, *self.prefilling, *self.sharing) if r.lm is not None)
@@ -138,7 +118,7 @@ class Scheduler:
         for group in (self.running, self.prefilling, self.sharing):
             if request in group:
                 group.remove(request)
-                self._release(request)
+                self.slots.release(request)
                 break
         self._orphan(request)
 
@@ -158,10 +138,8 @@ class Scheduler:
         joining: list[Request] = []
         while self.waiting and self.active + len(joining) < self.max_num_seqs:
             request = self.waiting.popleft()
-            slot, cached, source = self._take(request)
-            self._slot_of[id(request)] = slot
-            self._slots[slot].prompt_len = len(request.prompt)
-            request.attach(self._slots[slot].lm, self._slots[slot].proposer, cached, source, self.prefix_caching)
+            taken = self.slots.take(request)
+            request.attach(taken.lm, taken.proposer, taken.cached, taken.source, self.prefix_caching)
             joining.append(request)
         if not decoding and not joining and not self.prefilling:
             return []
@@ -170,14 +148,14 @@ class Scheduler:
         # head's state is its own slot's: it copies only from the same cached start.
         siblings = [r for r in joining if r.prefill_from is not None and r.prefill_from in joining
                     and r.prefill_from.prefill_from is None
-                    and (self._copies or r.cached_tokens == r.prefill_from.cached_tokens)]
+                    and (self.slots.copies or r.cached_tokens == r.prefill_from.cached_tokens)]
         self.prefilling.extend(r for r in joining if r not in siblings)
         parts = self._parts(chunk)  # (request, end) of this step's prompt parts
         last = {id(r) for r, end in parts if end == len(r.prompt)}
         for request in siblings:  # a leader that joined this step and ends its prefill in it did it in one part
             if id(request.prefill_from) not in last:
                 # Heads observe every part's features, and a scored prompt scores every row: both prefill their own.
-                wait = self._copies and request.params.prompt_logprobs is None
+                wait = self.slots.copies and request.params.prompt_logprobs is None
                 (self.sharing if wait else self.prefilling).append(request)
         copying = [r for r in siblings + self.sharing if id(r.prefill_from) in last]
         # A full batch is compute-bound: verifying drafts there costs more rows than their accepted
@@ -185,7 +163,7 @@ class Scheduler:
         # batch counts the sequences that get a token in it, as before prompts came in parts.
         limit = self.disable_by_batch_size
         speculate = limit is None or len(decoding) + len(last) + len(copying) < limit
-        if not speculate and decoding and self._slots[0].proposer is not None:
+        if not speculate and decoding and self.slots.proposer(0) is not None:
             self.undrafted_steps += 1
         drafts = propose_all([r.draft_job() for r in decoding]) if speculate else [NO_DRAFT] * len(decoding)
         # A request whose drafter failed leaves the step with that error; the others verify as usual.
@@ -220,7 +198,7 @@ class Scheduler:
             if update.completion is not None or update.error is not None:
                 if request in self.running:
                     self.running.remove(request)
-                self._release(request)
+                self.slots.release(request)
         return updates
 
     def _parts(self, chunk: int | None) -> list[tuple[Request, int]]:
@@ -237,88 +215,6 @@ class Scheduler:
             if budget is not None:
                 budget -= size
         return parts
-
-    def _take(self, request: Request) -> tuple[int, int, CausalLM | None]:
-        """A free slot for ``request``, how much of its prompt it starts with, and the view to copy that
-        much from (None: the slot's own cache holds it).
-
-        Without prefix caching: the first free slot, or a new one. With it: a free slot whose whole
-        cache the prompt continues (a conversation's next turn), the longest; else an empty free slot,
-        a new slot while there are fewer than max_num_seqs, or the free slot used least recently
-        (taken or copied from), which starts with
-        the longest start of the prompt any slot holds, running or free (a system prompt shared
-        by conversations) copied over, so every other slot keeps its conversation (not for heads,
-        whose own caches cannot be copied: theirs is the slot's own share, so a free slot whose
-        last prompt this one repeats is taken first). The proposer may keep less than the slot
-        holds (``Request.attach``).
-        """
-        self._uses += 1
-        if not self.prefix_caching:
-            slot = self._free.pop(0) if self._free else self._new_slot()
-            return self._used(slot), 0, None
-        # A prompt that is scored needs every row: it reuses nothing, and takes a slot as one that shares nothing.
-        scored = request.params.prompt_logprobs is not None
-        shared = {i: 0 if scored else _shared(slot.lm.cached_ids, request.prompt) for i, slot in enumerate(self._slots)}
-        continued = [i for i in self._free if shared[i] and shared[i] >= len(self._slots[i].lm.cached_ids) - 1]
-        if continued:
-            slot = max(continued, key=lambda i: shared[i])
-            self._free.remove(slot)
-            return self._used(slot), shared[slot], None
-        if not self._copies:
-            # A head's caches cannot come from another slot, so a prompt's start is reused only where it
-            # lies. A prompt that repeats the whole prompt a free slot last served (a regenerated answer,
-            # or that prompt resent with more) takes that slot; one that shares less, say a system
-            # prompt, may be another conversation's, whose slot it leaves alone.
-            again = [i for i in self._free if shared[i] and shared[i] >= self._slots[i].prompt_len - 1]
-            if again:
-                slot = max(again, key=lambda i: shared[i])
-                self._free.remove(slot)
-                return self._used(slot), shared[slot], None
-        empty = [i for i in self._free if not self._slots[i].lm.cached_ids]  # taking it loses nothing
-        if empty:
-            slot = empty[0]
-            self._free.remove(slot)
-        elif len(self._slots) < self.max_num_seqs or not self._free:
-            slot = self._new_slot()
-        else:
-            slot = min(self._free, key=lambda i: self._slots[i].used)
-            self._free.remove(slot)
-        source = max(shared, key=lambda i: (shared[i], i == slot)) if self._copies else slot
-        cached = shared.get(source, 0)  # a new slot holds nothing
-        copied = None
-        if source != slot and cached:
-            copied = self._slots[source].lm
-            self._used(source)  # a start that others copy (a system prompt) stays longer
-        return self._used(slot), cached, copied
-
-    def _new_slot(self) -> int:
-        root = self._slots[0]
-        self._slots.append(_Slot(root.lm.fork(), root.proposer.fork() if root.proposer is not None else None))
-        return len(self._slots) - 1
-
-    def _used(self, slot: int) -> int:
-        self._slots[slot].used = self._uses
-        return slot
-
-    def _release(self, request: Request) -> None:
-        # The caches stay as they are until the slot's next request resets them: the buffers are
-        # reused, never freed, and nothing is copied on the way out.
-        slot = self._slot_of.pop(id(request))
-        if self._slots[slot].proposer is not None:
-            self._slots[slot].proposer.retire()
-        self._free.append(slot)
-        self._free.sort()  # slot 0 first: a lone request always runs on the engine's own caches
-
-
-def _shared(cached: Sequence[int], prompt: list[int]) -> int:
-    """How many first tokens of ``prompt`` the cache holds, leaving at least its last to compute (its
-    logits choose the first output token)."""
-    n = 0
-    for a, b in zip(cached, prompt[:-1]):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 def _isolated(commit: Callable[..., StepUpdate], *args: Any, **kwargs: Any) -> StepUpdate:
