@@ -78,6 +78,9 @@ def test_workload_rejects_bad_json_duplicates_and_empty_files(tmp_path: Path) ->
         load_workload(_write(tmp_path, ""))
     with pytest.raises(WorkloadError, match="cannot read"):
         load_workload(tmp_path / "missing.jsonl")
+    bom = tmp_path / "bom.jsonl"  # as Windows editors save UTF-8
+    bom.write_bytes(b"\xef\xbb\xbf" + json.dumps({"category": "qa", "prompt": "x"}).encode() + b"\n")
+    assert [p.prompt for p in load_workload(bom)] == ["x"]
 
 
 def test_builtin_workloads_cover_every_category_with_a_heldout_split() -> None:

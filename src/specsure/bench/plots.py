@@ -78,6 +78,7 @@ def plot_acceptance(results: BenchResults, path: Path) -> dict[str, Any]:
     else:
         ax.text(0.5, 0.5, "no speculative method ran", ha="center", va="center", transform=ax.transAxes)
     ax.set_ylim(0, 1.05)
+    ax.xaxis.get_major_locator().set_params(integer=True)  # positions are whole numbers
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance rate (per draft)")
     ax.set_title("per-position acceptance, all prompts")

@@ -130,7 +130,7 @@ def load_workload(path: str | Path) -> list[Prompt]:
     """
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()  # a leading BOM (Windows editors) is no text
     except OSError as exc:
         raise WorkloadError(f"{path}: cannot read workload file ({exc.strerror or exc})") from exc
     except UnicodeDecodeError as exc:
