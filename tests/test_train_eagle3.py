@@ -333,7 +333,7 @@ def test_a_run_can_continue_a_head_it_keeps_the_heads_vocabulary_and_layers(targ
                  "--max-new-tokens", "16", "--steps", "1", "--no-progress", "--checkpoint-every", "0",
                  "--out", str(mtp_head)]) == 0
     capsys.readouterr()
-    refused(["--init-from", str(mtp_head)], "not an EAGLE-3 head (no midlayer.hidden_norm.weight)")
+    refused(["--init-from", str(mtp_head)], "is an MTP head (architectures ['SpecsureMTPHead']); continue it with --method mtp")
     (first / "training.json").write_text("{not json")
     refused(["--init-from", str(first)], f"--init-from {str(first)!r}: its training.json cannot be read")
 

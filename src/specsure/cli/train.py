@@ -214,9 +214,6 @@ def _train(args: argparse.Namespace, out: Path, settings: "MTPTrainSettings | Ea
         raise ValueError(f"--draft-vocab-size {args.draft_vocab_size} is larger than the target's vocabulary "
                          f"({target.lm.vocab_size} tokens); give at most {target.lm.vocab_size}.")
     wanted = _aux_layers(args.aux_layers, target.lm.num_layers) if args.method == "eagle3" else ()
-    if args.method == "eagle3" and len(wanted) != 3:
-        print(f"warning: the head fuses {len(wanted)} target layer(s) {list(wanted)}; specsure runs it, but vLLM's and "
-              "SGLang's EAGLE-3 models fuse exactly 3, so they cannot load it.", file=sys.stderr)
     start = None
     if args.init_from is not None:
         from dataclasses import replace
@@ -237,6 +234,9 @@ def _train(args: argparse.Namespace, out: Path, settings: "MTPTrainSettings | Ea
                                        args.draft_vocab_size, args.intermediate_size)
             wanted = start.aux_layers
         _other_target(start.training, target.path, folder)
+    if args.method == "eagle3" and len(wanted) != 3:  # the layers the head will have: a continued one keeps its own
+        print(f"warning: the head fuses {len(wanted)} target layer(s) {list(wanted)}; specsure runs it, but vLLM's and "
+              "SGLang's EAGLE-3 models fuse exactly 3, so they cannot load it.", file=sys.stderr)
     aux = recorded_layers(target.lm.num_layers, wanted)
     args.phase = "data"
     samples, key, data = training_samples(args, target, prompts, aux, started)

@@ -49,6 +49,9 @@ def read_starting_head(lm: CausalLM, folder: str, aux_layers: tuple[int, ...] | 
     shapes are checked when the weights are loaded.
     """
     config = _config(folder, "eagle3")
+    if SPECSURE_MTP_HEAD in (config.get("architectures") or []) or config.get("model_type") == SPECSURE_MTP_MODEL_TYPE:
+        raise ConfigError(f"--init-from {folder!r} is an MTP head (architectures {config.get('architectures')}); "
+                          "continue it with --method mtp, or give an EAGLE-3 head.")
     weights = TensorFile(folder)
     names = {canonical(n): n for n in weights.names}
     if "midlayer.hidden_norm.weight" not in names:
