@@ -424,3 +424,12 @@ def test_rule_details_of_vllm_0_33():
     # A rewritten draft's architectures are replaced before the DFlash/DSpark test reads them.
     assert foreign_method(("Qwen3DSparkModel",), "qwen3_5_text", {}) is None
     assert foreign_method(("Qwen3DSparkModel",), "qwen3", {}) == "dspark"
+
+
+def test_a_speculators_format_head_is_named_not_blamed_on_its_target(ckpts, tmp_path):
+    """Its sizes sit under transformer_layer_config; specsure names the layout instead of a size mismatch."""
+    head = _speculators_target(tmp_path / "spec-head", "meta-llama/Llama-3.1-8B-Instruct")
+    res = resolve({"method": "eagle3", "model": head}, model=ckpts["target"], strict=False)
+    with pytest.raises(ConfigError, match=r"is a speculators-format head .* specsure does not yet\. Give the head in "
+                                          r"the EAGLE-3 layout"):
+        res.check_runnable()

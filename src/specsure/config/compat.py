@@ -107,6 +107,14 @@ def check_head(method: str, draft: CheckpointInfo, target: CheckpointInfo) -> No
     Read from metadata: the safetensors headers' tensor names and config.json. A folder without
     readable weights (an export of a config-only folder, a GGUF) is checked when the proposer loads it.
     """
+    if method in ("eagle", "eagle3", "mtp") and isinstance(draft.config.get("speculators_config"), Mapping):
+        # Its sizes sit under transformer_layer_config, which specsure does not read: the head's widths
+        # would be checked against defaults and the error would blame the head's target.
+        raise ConfigError(f"the draft {draft.path!r} is a speculators-format head (config.json speculators_config, "
+                          f"speculators_model_type {draft.config.get('speculators_model_type')!r}), a layout vLLM reads "
+                          "and specsure does not yet. Give the head in the EAGLE-3 layout that vLLM and SGLang also "
+                          "load (LlamaForCausalLMEagle3: fc, midlayer.*, norm, lm_head, d2t, t2d), such as one "
+                          "`specsure train --method eagle3` writes.")
     if method in ("eagle", "eagle3", "mtp") and draft.tensor_names:
         check_head_tensors(method, draft.path, draft.tensor_names, draft.config)
     if method in ("eagle", "eagle3", "mtp"):  # an MTP module reads the target's hidden states, whoever holds it
