@@ -20,6 +20,7 @@ from specsure.serve.body import flag
 from specsure.serve.chat_template import parse_template_kwargs, template_flags
 from specsure.serve.errors import RequestError, shown
 from specsure.serve.messages import parse_messages
+from specsure.serve.openai_fields import CHAT_ONLY, COMPLETION_ONLY, NEUTRAL, check_labels
 from specsure.serve.response_format import output_constraint
 from specsure.serve.tools import Tools, parse_tools
 
@@ -44,38 +45,12 @@ CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", 
 """``metadata``, ``safety_identifier`` and ``prompt_cache_key`` label a request for OpenAI's own
 records and routing; they are checked as OpenAI checks them and change nothing here (prefix caching
 finds a shared prefix without a key)."""
-MAX_METADATA = 16
-"""OpenAI's limits on ``metadata``: 16 pairs, keys of at most 64 characters, values of at most 512."""
 MAX_N = 16
 """The most choices one request may ask for: each is a sequence in the running batch."""
 MAX_PROMPTS = 64
 """The most prompts one completions request may hold."""
 ENDPOINT_OF = {"prompt": "POST /v1/completions", "messages": "POST /v1/chat/completions"}
 STREAM_OPTION_FIELDS = ("include_usage", "continuous_usage_stats")
-
-# OpenAI fields specsure does not implement. Each is accepted only as null or at the value that
-# changes nothing, so clients that send defaults keep working and no setting is silently dropped.
-NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "best_of": (1,),
-    "suffix": (),
-    "store": (False,),
-    "service_tier": ("auto", "default"),
-    "modalities": (["text"],),
-    "audio": (),
-    "prediction": (),
-    "web_search_options": (),
-    "functions": (),
-    "function_call": (),
-    "reasoning_effort": (),
-    "verbosity": (),
-}
-
-
-COMPLETION_ONLY = frozenset({"echo", "best_of", "suffix"})
-"""OpenAI fields of the legacy completions endpoint; the chat endpoint has none of them."""
-CHAT_ONLY = frozenset({"store", "service_tier", "modalities", "audio", "prediction", "web_search_options", "functions",
-                       "function_call", "reasoning_effort", "verbosity"})
-"""OpenAI fields of the chat endpoint (in NEUTRAL); the completions endpoint has none of them."""
 
 _JSON_WORDS = ((r"\bNone\b", "null"), (r"\ba bool\b", "true or false"), (r"\ban int\b", "an integer"),
                (r"\bint\b", "integer"), (r"\bints\b", "integers"), (r"\ba dict\b", "an object"), (r"\ba str\b", "a string"), (r"\bstr\b", "string"), (r"2\*\*64", "2^64"))
@@ -281,18 +256,6 @@ def _check_fields(body: Any, allowed: tuple[str, ...], endpoint: str) -> dict[st
         raise RequestError(f"unknown field {key!r} in the body of {endpoint}.{hint} Fields: {', '.join(allowed)}.",
                            key, "unknown_field")
     return body
-
-
-def check_labels(body: dict[str, Any]) -> None:
-    """``metadata``, ``safety_identifier`` and ``prompt_cache_key`` in the shapes OpenAI takes."""
-    metadata = body.get("metadata")
-    if metadata is not None and not (isinstance(metadata, dict) and len(metadata) <= MAX_METADATA and all(
-            isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in metadata.items())):
-        raise RequestError(f"metadata = {shown(metadata)} must be an object of at most {MAX_METADATA} string values "
-                           "(keys up to 64 characters, values up to 512).", "metadata")
-    for key in ("safety_identifier", "prompt_cache_key"):
-        if body.get(key) is not None and not isinstance(body[key], str):
-            raise RequestError(f"{key} = {shown(body[key])} must be a string.", key)
 
 
 def _check_common(body: dict[str, Any], model_name: str) -> None:

@@ -19,7 +19,8 @@ from specsure.config.errors import json_type
 from specsure.config.schema import suggest
 from specsure.sampling import MAX_LOGPROBS
 from specsure.serve.errors import RequestError, shown
-from specsure.serve.protocol import SAMPLING_FIELDS, ChatRequest, check_labels, parse_chat
+from specsure.serve.openai_fields import check_labels
+from specsure.serve.protocol import SAMPLING_FIELDS, ChatRequest, parse_chat
 from specsure.serve.response_input import input_messages, known
 from specsure.serve.response_items import listed_items
 
