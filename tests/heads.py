@@ -270,3 +270,37 @@ def assert_first_draft_is_pending_token(engine: Any, vocab: int = 128) -> None:
         assert proposer.propose([*prompt, pending], 2, SamplingParams(), None).token_ids == [pending, pending]
         discriminating += int(out.logits[-2].argmax()) != pending
     assert discriminating >= 5
+
+
+SPECULATORS_TOP = ("draft_vocab_size", "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output",
+                   "target_hidden_size", "eagle_aux_hidden_state_layer_ids")
+
+
+def speculators_copy(head: Path, folder: Path, *, verifier: str = "meta-llama/Llama-3.1-8B-Instruct",
+                     speculative_tokens: int = 3, drop: tuple[str, ...] = (), **top: Any) -> Path:
+    """``head`` (an EAGLE-3 head in the EAGLE layout) rewritten as the speculators library saves it:
+    ``layers.0.`` for ``midlayer.``, the layer's config under transformer_layer_config, the algorithm's
+    fields at the top, and speculators_config naming the proposal method and the verifier. ``top``
+    adds or overrides top-level keys; ``drop`` removes them (to test vLLM's defaults)."""
+    config = json.loads((Path(head) / "config.json").read_text())
+    tensors = load_file(str(Path(head) / "model.safetensors"))
+    layer = {k: v for k, v in config.items() if k not in (*SPECULATORS_TOP, "architectures", "eagle_config")}
+    out: dict[str, Any] = {
+        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": "0.3.0",
+        "norm_before_residual": bool(config.get("norm_before_residual", False)),
+        **{k: config[k] for k in SPECULATORS_TOP if k in config},
+        "transformer_layer_config": layer,
+        "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                               "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens,
+                                                     "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+                               "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]}},
+        **top,
+    }
+    ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if ids is not None:
+        out["eagle_aux_hidden_state_layer_ids"] = ids
+    for key in drop:
+        out.pop(key, None)
+    renamed = {("layers.0." + k.removeprefix("midlayer.")) if k.startswith("midlayer.") else k: v
+               for k, v in tensors.items()}
+    return _write(folder, out, renamed)

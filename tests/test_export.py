@@ -366,7 +366,9 @@ def test_a_speculators_target_replaces_the_whole_config_in_vllm(ckpts, tmp_path)
     (override,) = predict_vllm_overrides(res)
     assert (override.field, override.asked, override.vllm) == ("method", "draft_model", "eagle3")
     assert "meta-llama/Llama-3.1-8B-Instruct" in override.cause and "--model meta-llama/" in override.fix
-    with pytest.raises(ConfigError, match="would run method 'eagle3'"):
+    assert any("would run method 'eagle3'" in w for w in export(res, "vllm", strict=False).warnings)
+    # specsure itself refuses first: the target is an EAGLE-3 head, named by its speculators_model_type.
+    with pytest.raises(ConfigError, match=r"is itself an EAGLE-3 head \(.*speculators_model_type=\"eagle3\"\)"):
         export(res, "vllm", strict=True)
 
 
@@ -375,7 +377,7 @@ def test_a_speculators_target_with_a_local_verifier_is_refused_by_vllm(ckpts, tm
     res = resolve({"method": "draft_model", "model": ckpts["draft"]}, model=target, strict=False)
     assert predict_vllm_overrides(res) == ()
     assert any("is not a remote repository" in w for w in export(res, "vllm", strict=False).warnings)
-    with pytest.raises(ConfigError, match="strict mode: an export vLLM refuses"):
+    with pytest.raises(ConfigError, match="is itself an EAGLE-3 head"):  # specsure refuses it first
         export(res, "vllm", strict=True)
 
 
@@ -427,9 +429,11 @@ def test_rule_details_of_vllm_0_33():
 
 
 def test_a_speculators_format_head_is_named_not_blamed_on_its_target(ckpts, tmp_path):
-    """Its sizes sit under transformer_layer_config; specsure names the layout instead of a size mismatch."""
+    """Its sizes sit under transformer_layer_config; a mismatch cites that key, not a top-level one."""
     head = _speculators_target(tmp_path / "spec-head", "meta-llama/Llama-3.1-8B-Instruct")
+    config = json.loads((Path(head) / "config.json").read_text())
+    config["transformer_layer_config"]["vocab_size"] = 77
+    (Path(head) / "config.json").write_text(json.dumps(config))
     res = resolve({"method": "eagle3", "model": head}, model=ckpts["target"], strict=False)
-    with pytest.raises(ConfigError, match=r"is a speculators-format head .* specsure does not yet\. Give the head in "
-                                          r"the EAGLE-3 layout"):
+    with pytest.raises(ConfigError, match=r"transformer_layer_config\.vocab_size = 77, but the target .* needs"):
         res.check_runnable()

@@ -29,7 +29,9 @@ QWEN35 = {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text",
           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
           "head_dim": 16, "max_position_embeddings": 512, "mtp_num_hidden_layers": 1,
           "layer_types": ["linear_attention", "full_attention"]}
-SPECULATORS_EAGLE3 = {**EAGLE3, "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+# As the speculators library saves it: no top-level model_type (vLLM then reads it as "speculators").
+SPECULATORS_EAGLE3 = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+                      "speculators_version": "0.3.0", "draft_vocab_size": 500, "norm_before_residual": True,
                       "transformer_layer_config": {**LLAMA, "num_hidden_layers": 1},
                       "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
                                              "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],

@@ -35,6 +35,7 @@ CASES = [
     ("mtp on DeepSeek-V3, neutral folder", "dsv3", {"method": "mtp"}, "mtp", None),
     ("eagle3 head, detected, neutral folder", "target", {"model": "head-three"}, "eagle3", None),
     ("eagle3 in an eagle3 folder", "target", {"method": "eagle3", "model": "EAGLE3-LLaMA-head"}, "eagle3", None),
+    ("speculators-format eagle3 head, detected", "target", {"model": "spec-head"}, "eagle3", None),
     ("ngram, defaults", "target", {"method": "ngram"}, "ngram", None),
     ("ngram, k and bounds", "target", {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4},
      "ngram", None),

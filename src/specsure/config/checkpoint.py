@@ -16,6 +16,7 @@ from typing import Any, Final, Literal, Mapping, Sequence
 
 from specsure.config.errors import ConfigError
 from specsure.config.gguf_header import GGUFHeaderError, read_gguf_metadata
+from specsure.config.speculators import flatten
 
 # The packaged default model: the one place its package, version and file are named.
 DEFAULT_MODEL_NAME: Final[str] = "SmolLM2-135M-Instruct"
@@ -52,10 +53,14 @@ class CheckpointInfo:
     pickle_files: tuple[str, ...] = ()
     note: str = ""
     """Why metadata is missing, when it is (for example: the default model is not installed)."""
+    origins: Mapping[str, str] = field(default_factory=dict)
+    """Where a key of ``config`` sits in the file, when not at its top level (a speculators-format
+    head's ``transformer_layer_config.hidden_size``): messages cite the file's own key."""
 
     def __post_init__(self) -> None:
         # Frozen all the way down at the top level: a Resolution holds this, and nobody may edit it.
         object.__setattr__(self, "config", MappingProxyType(dict(self.config)))
+        object.__setattr__(self, "origins", MappingProxyType(dict(self.origins)))
 
     @property
     def architectures(self) -> tuple[str, ...]:
@@ -107,12 +112,16 @@ class CheckpointInfo:
         return None
 
     def signal(self, key: str) -> str:
-        """How to cite a config key (dotted for a nested one) in a message: file and key."""
+        """How to cite a config key (dotted for a nested one, a list index as a number) in a message:
+        file and key, the key as the file spells it."""
         where = self.config_file or self.path
         value: Any = self.config
         for part in key.split("."):
-            value = value.get(part) if isinstance(value, Mapping) else None
-        return f"{where} {key}={json.dumps(value)}"
+            if isinstance(value, list) and part.isdigit():
+                value = value[int(part)] if int(part) < len(value) else None
+            else:
+                value = value.get(part) if isinstance(value, Mapping) else None
+        return f"{where} {self.origins.get(key, key)}={json.dumps(value)}"
 
 
 def read_checkpoint(path: str | None) -> CheckpointInfo:
@@ -150,12 +159,24 @@ def _read_hf_dir(folder: Path, shown: str) -> CheckpointInfo:
         hint = f" To load a GGUF file, pass its path: {str(folder / ggufs[0])!r}." if ggufs else ""
         raise ConfigError(f"checkpoint folder {shown!r} has no config.json. A Hugging Face checkpoint "
                           f"folder needs config.json next to its *.safetensors files.{hint}")
-    config = load_config_json(config_path)
+    config, origins = read_config(config_path)
     names: set[str] = set()
     for weight in weights:
         names.update(read_safetensors_names(folder / weight))
     return CheckpointInfo(path=shown, kind="hf_dir", config=config, config_file=str(config_path),
-                          tensor_names=frozenset(names), weight_files=weights, pickle_files=pickles)
+                          tensor_names=frozenset(names), weight_files=weights, pickle_files=pickles,
+                          origins=origins)
+
+
+def read_config(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """config.json as every check reads it, and where its keys sit in the file: a speculators-format
+    head is flattened as vLLM flattens it (speculators.py), anything else is the file as parsed."""
+    config = load_config_json(path)
+    flat = flatten(config, str(path))
+    if flat is None:
+        return config, {}
+    _check_fields(flat.config, path, flat.origins)
+    return flat.config, flat.origins
 
 
 def check_weight_files(path: str, weight_files: Sequence[str], pickle_files: Sequence[str], role: str) -> None:
@@ -198,6 +219,12 @@ def load_config_json(path: Path) -> dict[str, Any]:
         if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise ConfigError(f"{path}: {key} = {json.dumps(value)} must be a list of strings, "
                               'for example ["LlamaForCausalLM"].')
+    _check_fields(config, path, {})
+    return config
+
+
+def _check_fields(config: Mapping[str, Any], path: Path, origins: Mapping[str, str]) -> None:
+    """The size fields every check reads are non-negative integers; ``origins`` names nested keys."""
     text = config.get("text_config")
     if text is not None and not isinstance(text, dict):
         raise ConfigError(f"{path}: text_config = {json.dumps(text)} must be a JSON object.")
@@ -207,12 +234,11 @@ def load_config_json(path: Path) -> dict[str, Any]:
         for key in keys:
             value = where.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                name = key if where is config else f"text_config.{key}"
+                name = origins.get(key, key) if where is config else f"text_config.{key}"
                 raise ConfigError(f"{path}: {name} = {json.dumps(value)} must be a non-negative integer.")
     eagle = config.get("eagle_config")
     if eagle is not None and not isinstance(eagle, dict):
         raise ConfigError(f"{path}: eagle_config = {json.dumps(eagle)} must be a JSON object.")
-    return config
 
 
 def read_safetensors_names(path: Path) -> set[str]:

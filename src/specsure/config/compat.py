@@ -21,6 +21,7 @@ from specsure.config.detect import (
 )
 from specsure.config.errors import ConfigError
 from specsure.config.schema import SpeculativeConfig
+from specsure.config.speculators import file_key, is_speculators, unsupported
 from specsure.config.vocabulary import SharedTokenizer, compare_checkpoints
 from specsure.config.token_tree import DraftTree, is_chain
 
@@ -107,14 +108,11 @@ def check_head(method: str, draft: CheckpointInfo, target: CheckpointInfo) -> No
     Read from metadata: the safetensors headers' tensor names and config.json. A folder without
     readable weights (an export of a config-only folder, a GGUF) is checked when the proposer loads it.
     """
-    if method in ("eagle", "eagle3", "mtp") and isinstance(draft.config.get("speculators_config"), Mapping):
-        # Its sizes sit under transformer_layer_config, which specsure does not read: the head's widths
-        # would be checked against defaults and the error would blame the head's target.
-        raise ConfigError(f"the draft {draft.path!r} is a speculators-format head (config.json speculators_config, "
-                          f"speculators_model_type {draft.config.get('speculators_model_type')!r}), a layout vLLM reads "
-                          "and specsure does not yet. Give the head in the EAGLE-3 layout that vLLM and SGLang also "
-                          "load (LlamaForCausalLMEagle3: fc, midlayer.*, norm, lm_head, d2t, t2d), such as one "
-                          "`specsure train --method eagle3` writes.")
+    if method in ("eagle", "eagle3", "mtp") and is_speculators(draft.config) and (why := unsupported(draft.config)):
+        raise ConfigError(f"the draft {draft.path!r} is a speculators-format head that specsure cannot run: {why}. "
+                          "Give an EAGLE-3 head of one Llama decoder layer, in the speculators format or the "
+                          "EAGLE-3 layout (LlamaForCausalLMEagle3: fc, midlayer.*, norm, lm_head, d2t, t2d), "
+                          "such as one `specsure train --method eagle3` writes.")
     if method in ("eagle", "eagle3", "mtp") and draft.tensor_names:
         check_head_tensors(method, draft.path, draft.tensor_names, draft.config)
     if method in ("eagle", "eagle3", "mtp"):  # an MTP module reads the target's hidden states, whoever holds it
@@ -137,7 +135,7 @@ def check_head_fits(method: str, path: str, config: Mapping[str, Any], names: Co
 
     def equal(field: str, found: int | None, expected: int | None, why: str) -> None:
         if found is not None and expected is not None and found != expected:
-            raise mismatch(path, field, found, expected, why, method)
+            raise mismatch(path, file_key(config, field), found, expected, why, method)
 
     if method == "eagle":
         where = f"the target {target!r}, whose embedding and LM head EAGLE-1 shares,"

@@ -19,6 +19,7 @@ from specsure.config.detect import (
 from specsure.config.errors import ConfigError
 from specsure.config.schema import MAX_SPECULATIVE_TOKENS, METHODS, SUFFIX_FIELDS, UNSET, UserSpec
 from specsure.config.shipped import shipped_head, shipped_tree
+from specsure.config.speculators import declared_k
 from specsure.config.token_tree import TREE_METHODS, DraftTree, tree_shape
 
 DEFAULT_NUM_SPECULATIVE_TOKENS: Final[Mapping[str, int]] = MappingProxyType(
@@ -221,9 +222,18 @@ class Decider:
                                                    "as vLLM drafts.")
         return Decision(name, tree, "user", f"You set the draft tree: {tree_shape(tree)}.")
 
+    def _declared_k(self) -> tuple[str, int] | None:
+        """(key, value) of the draft length the draft declares: an MLP speculator's n_predict, or the
+        speculative_tokens a speculators-format head was trained for."""
+        if self.draft is None:
+            return None
+        if n_predict := self.draft.int_field("n_predict"):
+            return "n_predict", n_predict
+        return declared_k(self.draft.config)
+
     def decide_num_tokens(self, method: str, tree_depth: int | None, token_tree: DraftTree | None) -> Decision:
         user = self.spec.num_speculative_tokens
-        n_predict = self.draft.int_field("n_predict") if self.draft is not None else None
+        declared = self._declared_k()
         if token_tree is not None:  # both explicit: they must agree, and neither replaces the other
             if user is not UNSET and user != len(token_tree):
                 raise ConfigError(f"num_speculative_tokens = {user} but speculative_token_tree has {len(token_tree)} "
@@ -236,12 +246,12 @@ class Decider:
             return Decision("num_speculative_tokens", len(token_tree), "derived",
                             f"speculative_token_tree has {nodes}, and every node is a draft token.")
         if user is not UNSET:
-            if n_predict and n_predict != user:
-                self.conflict("num_speculative_tokens", user, n_predict, self.draft.signal("n_predict"))
+            if declared and declared[1] != user:
+                self.conflict("num_speculative_tokens", user, declared[1], self.draft.signal(declared[0]))
             return Decision("num_speculative_tokens", user, "user", "You set num_speculative_tokens.")
-        if n_predict:
-            return _checkpoint_k(n_predict, f"The draft declares how many tokens it predicts "
-                                            f"({self.draft.signal('n_predict')}).")
+        if declared:
+            return _checkpoint_k(declared[1], f"The draft declares how many tokens it predicts "
+                                              f"({self.draft.signal(declared[0])}).")
         if method == "mtp":
             holder = self.draft if self.draft is not None else self.target
             if (layers := holder.mtp_layers) is not None:

@@ -15,6 +15,7 @@ from typing import Collection, Final, Literal
 
 from specsure.config.checkpoint import CheckpointInfo
 from specsure.config.schema import MTP_METHOD_ALIASES
+from specsure.config.speculators import KIND_KEY, KINDS, is_speculators
 
 EvidenceSource = Literal["checkpoint", "path"]
 
@@ -54,6 +55,10 @@ FOREIGN_HEADS: Final[dict[str, str]] = {"medusa": "a Medusa head", "mlp_speculat
 
 def foreign_head(info: CheckpointInfo) -> str | None:
     """A sentence naming the vLLM-only head kind ``info`` is, with its signal; None for anything else."""
+    if is_speculators(info.config) and info.config.get(KIND_KEY) != "eagle3":
+        kind = info.config.get(KIND_KEY)
+        what = KINDS.get(str(kind), "a speculators-format head of a kind vLLM 0.33.0 does not register")
+        return f"{what} ({info.signal(KIND_KEY)}), which specsure does not run"
     if info.model_type not in FOREIGN_HEADS:
         return None
     return (f"{FOREIGN_HEADS[info.model_type]} ({info.signal('model_type')}), made for vLLM's method "
@@ -120,6 +125,9 @@ def classify_head(info: CheckpointInfo) -> Evidence | None:
     archs = set(info.architectures)
     names = info.tensor_names
     where = info.config_file or info.path
+    if is_speculators(info.config):  # its kind is the signal; the architectures are what vLLM derives from it
+        kind = info.config.get(KIND_KEY)
+        return Evidence("eagle3", "checkpoint", info.signal(KIND_KEY)) if kind == "eagle3" else None
     if hit := archs & EAGLE3_ARCHITECTURES:
         return Evidence("eagle3", "checkpoint", f"{where} architectures={sorted(hit)}")
     if hit := archs & EAGLE_ARCHITECTURES:

@@ -11,8 +11,11 @@ repository and vLLM use it; ``layers.0.`` is accepted for ``midlayer.``, as vLLM
 - ``d2t`` [draft_vocab_size]: target id = draft id + d2t[draft id]; ``t2d`` [vocab] a bool mask.
   Both are absent when the draft vocabulary is the target's.
 - ``embed_tokens.weight``: optional; the target's embedding is used when absent.
+- ``input_norm.weight`` [3 * target_hidden] (``norm_before_fc``) and ``fc_norm.{i}.weight``
+  (``fc_norm``, one per aux layer): optional RMSNorms before ``fc``, in vLLM's order.
 
-Later draft steps feed back the layer's output before ``norm``.
+Later draft steps feed back the layer's output before ``norm`` (after it with ``norm_output``).
+A speculators-format head is read through the config vLLM flattens it to (config/speculators.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from specsure.config.compat import aux_layer_ids, check_head_fits, check_head_tensors
 from specsure.config.errors import ConfigError
+from specsure.config.speculators import is_speculators, unsupported
 from specsure.models.float_kernel import AnyKernel
 from specsure.models.gguf_blocks import stack
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
@@ -65,6 +69,13 @@ class Eagle3Module(nn.Module):
         if own_embed:
             self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
         self.norm_before_residual = bool(getattr(config, "norm_before_residual", False))
+        self.norm_output = bool(getattr(config, "norm_output", False))
+        eagle = getattr(config, "eagle_config", None) or {}
+        if bool(eagle.get("norm_before_fc", getattr(config, "norm_before_fc", False))):
+            self.input_norm = LlamaRMSNorm(fused_width, eps=eps)
+        if bool(getattr(config, "fc_norm", False)):
+            part = int(getattr(config, "target_hidden_size", None) or hidden)
+            self.fc_norm = nn.ModuleList(LlamaRMSNorm(part, eps=eps) for _ in range(fused_width // part))
         self._kernel: AnyKernel | None = None
 
     def attach(self, target: "CausalLM", config: Any, d2t: torch.Tensor | None) -> None:
@@ -76,8 +87,15 @@ class Eagle3Module(nn.Module):
         self._ascending = ascends(self.draft_to_target)
 
     def features(self, aux_hidden: torch.Tensor) -> torch.Tensor:
-        """g = fc(concat of the aux layers) [n, H]: applied to target features only."""
-        return self.fc(aux_hidden.to(self.fc.weight.dtype))
+        """g = fc(concat of the aux layers) [n, H]: applied to target features only; the optional
+        norms first, as vLLM's combine_hidden_states applies them (the whole, then each part)."""
+        x = aux_hidden.to(self.fc.weight.dtype)
+        if hasattr(self, "input_norm"):
+            x = self.input_norm(x)
+        if hasattr(self, "fc_norm"):
+            parts = x.chunk(len(self.fc_norm), dim=-1)
+            x = torch.cat([norm(part) for norm, part in zip(self.fc_norm, parts)], dim=-1)
+        return self.fc(x)
 
     def use_kernel(self, kernel: AnyKernel | None) -> bool:
         """Run inference steps of the midlayer on ``kernel`` (the target's: the bf16 one or the float32
@@ -129,6 +147,9 @@ class Eagle3Module(nn.Module):
             residual, g = x, layer.hidden_norm(x)
         h = residual + attend(layer.self_attn, torch.cat([e, g], dim=-1), cache, self.rotary, x)
         out = h + layer.mlp(layer.post_attention_layernorm(h))  # [1, n, H], fed back before the norm
+        if self.norm_output:  # fed back after it
+            normed = self.norm(out)
+            return normed[0], self._logits(normed[0, -1:] if last else normed[0], last)
         return out[0], self._logits(self.norm(out[:, -1:] if last else out)[0], last)
 
     def _kernel_can_run(self, features: torch.Tensor, cache: HeadCache) -> bool:
@@ -163,7 +184,7 @@ class Eagle3Module(nn.Module):
         normed = torch.empty_like(x)
         mixed = product(kernel, down.weight, getattr(down, "blocks", None), act)
         kernel.add_norm(x, mixed, self.norm.weight, normed, eps)
-        return x, self._logits(normed[-1:] if last else normed, last)
+        return normed if self.norm_output else x, self._logits(normed[-1:] if last else normed, last)
 
     def _logits(self, normed: torch.Tensor, last: bool = False) -> Logits:
         """Target-vocabulary logits [n, V]; tokens outside the draft vocabulary get -inf (for the
@@ -187,6 +208,9 @@ class Eagle3Proposer(HeadChainProposer):
         self.module = module
 
 
+VERIFIER_PARTS = ("verifier_norm.", "verifier_lm_head.")
+
+
 def canonical(name: str) -> str:
     """Checkpoint tensor name -> this module's name (EAGLE repo, SpecForge and vLLM spellings)."""
     return "midlayer." + name.removeprefix("layers.0.") if name.startswith("layers.0.") else name
@@ -196,8 +220,12 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
     assert res.config is not None and res.config.model is not None
     path = res.config.model
     config = read_head_config(path)
+    if is_speculators(config) and (why := unsupported(config)):
+        raise ConfigError(f"eagle3 draft head {path!r} is a speculators-format head that specsure cannot run: {why}.")
     weights = TensorFile(path)
-    names = {canonical(n): n for n in weights.names}
+    # The speculators library's trainer holds the verifier's norm and LM head; a head saved with them
+    # still drafts with its own, so they are left unread.
+    names = {canonical(n): n for n in weights.names if not n.startswith(VERIFIER_PARTS)}
     lm = target.lm
     check_head_tensors("eagle3", path, names, config)
     check_head_fits("eagle3", path, config, names, hidden_size=lm.hidden_size, vocab_size=lm.vocab_size,

@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 from transformers import LlamaConfig
 
-from specsure.config.checkpoint import load_config_json
+from specsure.config.checkpoint import read_config
 from specsure.config.compat import mismatch
 from specsure.config.errors import ConfigError
 
@@ -52,11 +52,12 @@ class TensorFile:
 
 
 def read_head_config(folder: str) -> dict[str, Any]:
-    """config.json of a head folder (ConfigError naming the file on any problem)."""
+    """config.json of a head folder as the checks read it, a speculators-format one flattened as vLLM
+    flattens it (ConfigError naming the file on any problem)."""
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise ConfigError(f"draft head {folder!r} has no config.json.")
-    return load_config_json(path)
+    return read_config(path)[0]
 
 
 def int_field(config: Mapping[str, Any], key: str, default: int | None = None) -> int | None:

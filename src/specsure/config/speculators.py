@@ -1,0 +1,134 @@
+"""The speculators format (vllm-project/speculators): a head's config.json that nests its layer.
+
+Such a config keeps the decoder layer's sizes under ``transformer_layer_config`` and the
+algorithm's under ``speculators_config``; the weights are the EAGLE-3 layout with ``layers.0.``
+for ``midlayer.``. vLLM 0.33.0 reads it by flattening (SpeculatorsConfig.
+extract_transformers_pre_trained_config): the layer config, then the algorithm's fields on top.
+specsure flattens the same way when it reads the metadata, so every check and the proposer see
+one config, and keeps where each flattened key came from, so messages cite the file's own key.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Final, Mapping
+
+from specsure.config.errors import ConfigError
+
+LAYER_KEY: Final[str] = "transformer_layer_config"
+BLOCK_KEY: Final[str] = "speculators_config"
+KIND_KEY: Final[str] = "speculators_model_type"
+
+# vLLM's update_eagle3: these top-level keys are copied over the layer config, with its defaults.
+# norm_before_residual defaults to True in vLLM, though the speculators library writes False when
+# a head leaves it unset; vLLM is what serves these heads, so its reading is the one kept.
+EAGLE3_FIELDS: Final[dict[str, Any]] = {
+    "draft_vocab_size": None, "norm_before_residual": True, "norm_before_fc": False, "fc_norm": False,
+    "norm_output": False,
+}
+EAGLE3_OPTIONAL: Final[tuple[str, ...]] = ("target_hidden_size", "eagle_aux_hidden_state_layer_ids")
+EAGLE3_ARCHITECTURES: Final[dict[str, str]] = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}
+
+KINDS: Final[dict[str, str]] = {
+    "eagle3": "an EAGLE-3 head",
+    "peagle": "a parallel-drafting EAGLE-3 head (PEagle), which vLLM runs as 'eagle3' with parallel_drafting",
+    "dflash": "a DFlash drafter, made for vLLM's method 'dflash'",
+    "dflash2": "a DFlash2 drafter, made for vLLM's method 'dflash'",
+    "dspark": "a DSpark drafter, made for vLLM's method 'dspark'",
+}
+"""speculators_model_type values vLLM 0.33.0 registers, in a message's words; specsure runs 'eagle3'."""
+
+
+@dataclass(frozen=True)
+class Flattened:
+    """A speculators config as vLLM reads it, and where each of its keys sits in the file."""
+
+    config: dict[str, Any]
+    origins: dict[str, str]
+    """flattened key -> the dotted key in the file (``transformer_layer_config.hidden_size``)."""
+
+
+def is_speculators(config: Mapping[str, Any]) -> bool:
+    """Whether a config.json is in the speculators format (it has a speculators_config object)."""
+    return isinstance(config.get(BLOCK_KEY), Mapping)
+
+
+def flatten(config: Mapping[str, Any], where: str) -> Flattened | None:
+    """The config vLLM builds from a speculators-format ``config`` (None for any other format).
+
+    Only 'eagle3' is flattened, the one kind specsure runs; other kinds keep their file's keys and
+    are refused by name where a head is checked. The speculators keys themselves are kept, so a
+    target in this format is still recognised as one.
+    """
+    if not is_speculators(config) or config.get(KIND_KEY) != "eagle3":
+        return None
+    layer = config.get(LAYER_KEY)
+    if not isinstance(layer, Mapping):
+        raise ConfigError(f"{where}: {LAYER_KEY} = {_shown(layer)} must be a JSON object holding the head's "
+                          "decoder-layer config (hidden_size, num_attention_heads, ...), as the speculators "
+                          "library writes it. Re-export the head, or fix the file.")
+    flat: dict[str, Any] = {k: v for k, v in layer.items() if k != "architectures"}
+    origins = {key: f"{LAYER_KEY}.{key}" for key in flat}
+    for key, default in EAGLE3_FIELDS.items():
+        flat[key] = config.get(key, default)
+        origins[key] = key if key in config else f"{key} (absent; vLLM's default)"
+    for key in EAGLE3_OPTIONAL:
+        if config.get(key) is not None:
+            flat[key], origins[key] = config[key], key
+    layer_type = str(layer.get("model_type", "llama"))
+    if layer_type in EAGLE3_ARCHITECTURES:
+        flat["architectures"] = [EAGLE3_ARCHITECTURES[layer_type]]
+        origins["architectures"] = f"{LAYER_KEY}.model_type"
+    for key in (LAYER_KEY, BLOCK_KEY, KIND_KEY, "speculators_version"):
+        if key in config:
+            flat[key], origins[key] = config[key], key
+    return Flattened(flat, origins)
+
+
+def declared_k(config: Mapping[str, Any]) -> tuple[str, int] | None:
+    """(dotted key, value) of the draft length a speculators head was trained for: the first proposal
+    method's speculative_tokens, which vLLM takes as num_speculative_tokens for such a target."""
+    block = config.get(BLOCK_KEY)
+    methods = block.get("proposal_methods") if isinstance(block, Mapping) else None
+    first = methods[0] if isinstance(methods, list) and methods and isinstance(methods[0], Mapping) else None
+    value = first.get("speculative_tokens") if first is not None else None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return f"{BLOCK_KEY}.proposal_methods.0.speculative_tokens", value
+    return None
+
+
+def unsupported(config: Mapping[str, Any]) -> str | None:
+    """Why specsure cannot run this speculators-format head, in a sentence; None when it can."""
+    kind = config.get(KIND_KEY)
+    if kind != "eagle3":
+        what = KINDS.get(str(kind), f"a speculators head of an unknown kind {kind!r}")
+        return (f"it is {what} ({KIND_KEY} = {_shown(kind)}), and specsure runs speculators-format "
+                "heads of kind 'eagle3' only")
+    layer = config.get(LAYER_KEY) if isinstance(config.get(LAYER_KEY), Mapping) else config
+    layer_type = str(layer.get("model_type", "llama"))
+    if layer_type != "llama":
+        return (f"its decoder layer is a {layer_type!r} layer ({LAYER_KEY}.model_type = {_shown(layer_type)}), and "
+                "specsure runs EAGLE-3 heads with a Llama decoder layer only")
+    layers = layer.get("num_hidden_layers", 1)
+    if layers != 1:
+        return (f"it has {_shown(layers)} decoder layers ({LAYER_KEY}.num_hidden_layers), and specsure runs "
+                "EAGLE-3 heads of one decoder layer only")
+    return None
+
+
+def file_key(config: Mapping[str, Any], key: str) -> str:
+    """How the file spells a key of a flattened config: nested under transformer_layer_config when the
+    layer config gave it, else as is."""
+    layer = config.get(LAYER_KEY)
+    if is_speculators(config) and key not in config.get(BLOCK_KEY, {}) and key not in EAGLE3_FIELDS \
+            and key not in EAGLE3_OPTIONAL and isinstance(layer, Mapping) and key in layer:
+        return f"{LAYER_KEY}.{key}"
+    return key
+
+
+def _shown(value: Any) -> str:
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
