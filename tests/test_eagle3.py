@@ -52,6 +52,27 @@ def test_aux_layers_default_to_2_n_half_n_minus_3(target, tmp_path):
     assert ids == (0, 1, 3)
 
 
+def test_declared_aux_layers_fuse_in_vllms_ascending_order_and_may_name_the_last_output(target, tmp_path, caplog):
+    """vLLM 0.33.0 collects id j entering layer j and id N after the last layer, in layer order: a head
+    listing [4, 0, 2] reads the same features as one listing [0, 2, 4], and stays exact."""
+    plain = make_engine(str(target), None, dtype="float32")
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    listed = write_eagle3_head(tmp_path / "unsorted", target, draft_vocab=64, layer_ids=[4, 0, 2])
+    ordered = write_eagle3_head(tmp_path / "sorted", target, draft_vocab=64, layer_ids=[0, 2, 4])
+    runs = []
+    for head in (listed, ordered):
+        with caplog.at_level(logging.WARNING, logger="specsure"):
+            spec = engine(target, head)
+        assert spec.proposer.aux_layers == (0, 2, 4)
+        runs.append((spec.generate(PROMPT, params)[0].token_ids, spec.stats.accepted_tokens, spec.stats.draft_tokens))
+    assert runs[0] == runs[1] and runs[0][0] == plain.generate(PROMPT, params)[0].token_ids
+    (warned,) = [r.getMessage() for r in caplog.records if "ascending" in r.getMessage()]  # the unsorted head only
+    assert "unsorted" in warned and "[4, 0, 2]" in warned and "[0, 2, 4]" in warned
+    twice = write_eagle3_head(tmp_path / "twice", target, layer_ids=[1, 1, 3])
+    with pytest.raises(ConfigError, match=r"twice.*eagle_aux_hidden_state_layer_ids = \[1, 1, 3\] names a layer twice"):
+        engine(target, twice)
+
+
 def test_q_rows_live_on_the_target_vocab_and_vanish_outside_the_draft_vocab(target, tmp_path):
     head = write_eagle3_head(tmp_path / "head", target, draft_vocab=40)
     spec = engine(target, head, k=4)
@@ -125,7 +146,7 @@ def test_sampled_output_is_distributed_as_the_target(tmp_path):
 
 def test_validation_names_checkpoint_field_found_and_expected(target, tmp_path):
     bad_ids = write_eagle3_head(tmp_path / "ids", target, layer_ids=[0, 1, 7])
-    with pytest.raises(ConfigError, match=r"ids.*eagle_aux_hidden_state_layer_ids = \[0, 1, 7\].*\[0, 4\)"):
+    with pytest.raises(ConfigError, match=r"ids.*eagle_aux_hidden_state_layer_ids = \[0, 1, 7\].*\[0, 4\]"):
         engine(target, bad_ids)
     other = build_tiny_llama(tmp_path / "wide", hidden_size=48, num_layers=4)
     wide = write_eagle3_head(tmp_path / "wide_head", other)

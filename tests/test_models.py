@@ -124,6 +124,23 @@ def test_hidden_and_aux_match_hf_hidden_states(tmp_path: Path) -> None:
     torch.testing.assert_close(lm.embed(torch.tensor(PROMPT)), states[0], atol=0, rtol=0)
 
 
+def test_aux_id_n_is_the_last_layers_output_before_the_final_norm(tmp_path: Path) -> None:
+    """vLLM's aux id N (EAGLE-3 heads such as nvidia's gpt-oss ones list it): the stream the final norm
+    reads, so the norm applied to it gives the last hidden state; on the kernel rows and in Python."""
+    lm = fresh(build_tiny_llama(tmp_path, num_layers=4))
+    _, states = hf_reference(lm, PROMPT)
+    norm = lm.hf.base_model.norm
+    for split in (3, len(PROMPT) - 1):  # a few rows, then one
+        lm.reset()
+        lm.forward(PROMPT[:split])
+        out = lm.forward(PROMPT[split:], hidden=True, aux_layers=(1, 4))
+        first, last = out.aux_hidden.split(lm.hidden_size, dim=-1)
+        torch.testing.assert_close(first, states[1][split:], atol=ATOL, rtol=0)
+        with torch.inference_mode():
+            torch.testing.assert_close(norm(last), out.hidden, atol=ATOL, rtol=0)
+        assert not torch.allclose(last, out.hidden, atol=1e-3)  # the stream itself, not the normed state
+
+
 def test_hidden_not_computed_unless_asked(tiny_llama: Path) -> None:
     out = fresh(tiny_llama).forward(PROMPT)
     assert out.hidden is None and out.aux_hidden is None
@@ -133,8 +150,8 @@ def test_forward_rejects_bad_input(tiny_llama: Path) -> None:
     lm = fresh(tiny_llama)
     with pytest.raises(ValueError, match="at least one"):
         lm.forward([])
-    with pytest.raises(ValueError, match="aux layer 2 is out of range"):
-        lm.forward([1], aux_layers=(2,))
+    with pytest.raises(ValueError, match=r"aux layer 3 is out of range \[0, 2\]"):
+        lm.forward([1], aux_layers=(3,))
     assert lm.cache_len == 0  # a refused call leaves the cache untouched
     lm.forward([1] * (lm.max_context - 1))
     with pytest.raises(ValueError, match="max_position_embeddings"):

@@ -112,3 +112,21 @@ def test_a_heads_tree_decodes_as_plain_on_a_sliding_window_target(tmp_path: Path
     for prompt in _prompts()[:2]:
         assert tree.generate(prompt, params)[0].token_ids == plain.generate(prompt, params)[0].token_ids
     assert tree.stats.draft_tokens > tree.stats.drafts > 0
+
+
+def test_aux_id_n_on_transformers_modules_is_the_stream_before_the_final_norm(tmp_path):
+    """transformers' hidden_states[N] is already normed; EAGLE-3's id N (vLLM's) is the stream the norm reads."""
+    from specsure.models import load_model
+
+    config, model, extra = MODELS["mistral, every layer slides"]
+    lm = load_model(str(_write(tmp_path / "m", config, model, extra)), "float32").lm
+    assert lm._native is None  # transformers' own modules run it
+    ids = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38]
+    with torch.inference_mode():
+        states = lm.hf(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+        lm.forward(ids[:6])
+        out = lm.forward(ids[6:], hidden=True, aux_layers=(1, 2))
+        first, last = out.aux_hidden.split(lm.hidden_size, dim=-1)
+        torch.testing.assert_close(first, states[1][0, 6:], atol=1e-5, rtol=0)
+        torch.testing.assert_close(lm.hf.base_model.norm(last), out.hidden, atol=1e-5, rtol=0)
+        assert not torch.allclose(last, out.hidden, atol=1e-3)

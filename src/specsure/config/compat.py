@@ -187,16 +187,27 @@ def check_head_tensors(method: str, path: str, names: Collection[str], config: M
 
 def aux_layer_ids(config: Mapping[str, Any], checkpoint: str, num_layers: int) -> tuple[int, ...]:
     """An EAGLE-3 head's eagle_config.eagle_aux_hidden_state_layer_ids (or the top-level key), else
-    (2, N//2, N-3), each a layer of the target's ``num_layers``."""
-    field, ids = declared_aux_layers(config) or ("default aux layers (2, N//2, N-3)",
-                                                 [2, num_layers // 2, num_layers - 3])
+    (2, N//2, N-3), in ascending order.
+
+    Id j is the residual stream entering layer j, and id N the last layer's output before the final
+    norm, as vLLM 0.33.0 collects them (``_maybe_add_hidden_state`` after each layer); vLLM fuses
+    them in ascending layer order whatever order the config lists, so the head's fc reads them so.
+    """
+    declared = declared_aux_layers(config)
+    field, ids = declared or ("default aux layers (2, N//2, N-3)", [2, num_layers // 2, num_layers - 3])
     if not (isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
         raise ConfigError(f"eagle3 draft head {checkpoint!r}: {field} = {ids!r} must be a list of layer indices.")
-    bad = [i for i in ids if not 0 <= i < num_layers]
+    bad = [i for i in ids if not 0 <= i <= (num_layers if declared else num_layers - 1)]
     if bad:
-        raise mismatch(checkpoint, field, ids, f"indices in [0, {num_layers})",
-                       f"the target with num_hidden_layers={num_layers}", "eagle3")
-    return tuple(ids)
+        raise mismatch(checkpoint, field, ids, f"indices in [0, {num_layers}]" if declared else
+                       f"indices in [0, {num_layers})", f"the target with num_hidden_layers={num_layers}", "eagle3")
+    if declared is None:  # the formula repeats layers below 7 (toy targets); specsure fuses them as listed
+        return tuple(ids)
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"eagle3 draft head {checkpoint!r}: {field} = {ids!r} names a layer twice; vLLM collects "
+                          "each layer once, so its fc would read fewer features than the head was made for. Fix "
+                          "the list in the head's config.json.")
+    return tuple(sorted(ids))
 
 
 def declared_aux_layers(config: Mapping[str, Any]) -> tuple[str, Any] | None:

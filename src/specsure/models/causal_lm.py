@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,26 @@ def _align(hf: torch.nn.Module) -> None:
     for param in hf.parameters():
         if param.data_ptr() % 64:
             param.data = param.data.clone()
+
+
+@contextlib.contextmanager
+def final_stream(base: torch.nn.Module, wanted: bool) -> Iterator[dict[int, torch.Tensor]]:
+    """While a transformers forward runs, the residual stream entering ``base``'s final norm (aux id
+    N, the last layer's output), captured by a pre-hook on the norm; an empty dict when not wanted."""
+    found: dict[int, torch.Tensor] = {}
+    norm = getattr(base, "norm", None)
+    if not wanted:
+        yield found
+        return
+    if not isinstance(norm, torch.nn.Module):
+        raise ValueError(f"aux layer {base.config.num_hidden_layers} (the last layer's output) needs the model's final "
+                         f"norm, and {type(base).__name__} has no `norm` module; use ids below num_hidden_layers.")
+    handle = norm.register_forward_pre_hook(lambda _module, args: found.__setitem__(base.config.num_hidden_layers,
+                                                                                   args[0]))
+    try:
+        yield found
+    finally:
+        handle.remove()
 
 
 @dataclass(frozen=True)
@@ -179,7 +200,8 @@ class CausalLM:
         Args:
             token_ids: the new tokens, at least one.
             hidden: also return the post-norm last hidden state.
-            aux_layers: layer indices in [0, num_layers) whose residual-stream inputs to return.
+            aux_layers: layer indices in [0, num_layers] whose residual-stream inputs to return
+                (num_layers: the last layer's output, before the final norm).
             last_logits: compute logits for only the last this many positions (None: all). A
                 prefill reads one row; the full-vocabulary head over every prompt row would
                 cost more than a decode step.
@@ -208,12 +230,14 @@ class CausalLM:
             # then applies no sliding window of its own: a tree's mask carries the window itself.
             mask = None if tree is None else layer_masks(self.config, self.dtype, start, n, tree)
             # Asking only for the selected layers keeps the hooks from holding every layer's state.
-            want = list(aux_layers) if aux_layers else False
-            out = self._base(input_ids=ids.unsqueeze(0), position_ids=positions, attention_mask=mask,
-                             cache=self._cache, use_cache=True, output_hidden_states=want)
+            want = [i for i in aux_layers if i < self.num_layers] or False
+            with final_stream(self._base, self.num_layers in aux_layers) as stream:
+                out = self._base(input_ids=ids.unsqueeze(0), position_ids=positions, attention_mask=mask,
+                                 cache=self._cache, use_cache=True, output_hidden_states=want)
             last = out.last_hidden_state[0]  # [n, hidden]
             if aux_layers:
-                states = out.hidden_states
+                # transformers' hidden_states[N] is the normed output; id N is the stream before the norm.
+                states = {**{i: out.hidden_states[i] for i in aux_layers if i < self.num_layers}, **stream}
                 aux = torch.cat([states[i][0] for i in aux_layers], dim=-1)  # [n, len * hidden]
         self._cache_len = start + n
         self._ids[start:] = [int(t) for t in token_ids]
@@ -229,8 +253,8 @@ class CausalLM:
                 f"({self.max_context}); shorten the prompt or lower max_tokens."
             )
         for layer in aux_layers:
-            if not 0 <= layer < self.num_layers:
-                raise ValueError(f"aux layer {layer} is out of range [0, {self.num_layers}).")
+            if not 0 <= layer <= self.num_layers:
+                raise ValueError(f"aux layer {layer} is out of range [0, {self.num_layers}].")
 
     def fork(self) -> "CausalLM":
         """A view of the same model (weights shared, nothing copied) with an empty cache of its own."""

@@ -296,6 +296,7 @@ class NativeDecoder:
             h = self._rms(x, layer.post_norm)
             gate, up = project(h, layer.gate_up).split([self.intermediate, self.intermediate], dim=-1)
             x = x + project(F.silu(gate) * up, layer.down)
+        entering[len(self.layers)] = x  # id N: the last layer's output, before the final norm
         return self._rms(x, self.norm), [entering[i] for i in aux_layers]
 
     def _kernel_step(self, ids: torch.Tensor, segment: "Segment", aux_layers: tuple[int, ...]
@@ -317,6 +318,7 @@ class NativeDecoder:
             self.kernel.decode_layers(self._shape, self._structs, first, stop - first, pos, cos, sin, x, self._scratch)
         for layer in layers:
             layer.set_length(pos + 1)
+        entering[len(self.layers)] = x.unsqueeze(0)  # id N: the last layer's output, before the final norm
         return self._kernel_norm(x.unsqueeze(0), self.kernel), [entering[i] for i in aux_layers]
 
     def _runs(self, aux_layers: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -349,6 +351,7 @@ class NativeDecoder:
         for segment in segments:
             for layer in segment.cache.layers:
                 layer.set_length(segment.start + segment.length)
+        entering[len(self.layers)] = x  # id N: the last layer's output, before the final norm
         return self._kernel_norm(x, kernel), [entering[i] for i in aux_layers]
 
     def _allocate(self, cache: RollbackCache, dtype: torch.dtype) -> None:

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from specsure.config.compat import aux_layer_ids, check_head_fits, check_head_tensors
+from specsure.config.compat import aux_layer_ids, check_head_fits, check_head_tensors, declared_aux_layers
 from specsure.config.errors import ConfigError
 from specsure.config.speculators import is_speculators, unsupported
 from specsure.models.float_kernel import AnyKernel
@@ -237,6 +237,9 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
     if draft_vocab > vocab:
         raise mismatch(path, "draft_vocab_size", draft_vocab, f"at most {vocab}", "the target's vocabulary")
     aux = aux_layer_ids(config, path, lm.num_layers)
+    if (declared := declared_aux_layers(config)) and list(declared[1]) != list(aux):
+        logger.warning("eagle3 draft head %s lists %s = %s; vLLM fuses the aux layers in ascending layer order, %s, "
+                       "and so does specsure, so both run the head alike", path, declared[0], declared[1], list(aux))
     own_head = "lm_head.weight" in names
     if not own_head and draft_vocab != vocab:
         raise ConfigError(f"draft head {path!r}: draft_vocab_size = {draft_vocab} but there is no lm_head.weight.")
