@@ -37,7 +37,10 @@ def test_strict_raises_with_the_warning_text(tmp_path, case):
     assert warning.startswith(f"{field}: you set ")
     with pytest.raises(ConfigConflictError) as info:
         resolve(spec, model=target, strict=True)
-    assert warning in str(info.value)
+    said, kept = warning.split(" Keeping your value ")
+    assert said in str(info.value)  # the same disagreement, with its signal
+    # ... but an error keeps nothing: it says how to agree instead
+    assert "Keeping your value" not in str(info.value) and "leave strict off" in str(info.value)
     assert isinstance(info.value, ConfigError) and isinstance(info.value, ValueError)
 
 

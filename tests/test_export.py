@@ -432,7 +432,7 @@ def test_a_speculators_format_head_is_named_not_blamed_on_its_target(ckpts, tmp_
     """Its sizes sit under transformer_layer_config; a mismatch cites that key, not a top-level one."""
     head = _speculators_target(tmp_path / "spec-head", "meta-llama/Llama-3.1-8B-Instruct")
     config = json.loads((Path(head) / "config.json").read_text())
-    config["transformer_layer_config"]["vocab_size"] = 77
+    config["transformer_layer_config"].update(num_attention_heads=4, intermediate_size=128, vocab_size=77)
     (Path(head) / "config.json").write_text(json.dumps(config))
     res = resolve({"method": "eagle3", "model": head}, model=ckpts["target"], strict=False)
     with pytest.raises(ConfigError, match=r"transformer_layer_config\.vocab_size = 77, but the target .* needs"):

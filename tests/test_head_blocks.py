@@ -70,7 +70,7 @@ def _head(method: str, folder: Path, out: Path) -> Path:
         return write_mtp_head(out, folder, seed=3, tensors=own, draft_vocab_size=200)
     if method == "eagle":
         return write_eagle_head(out, folder, seed=3, naming="vllm")
-    return write_eagle3_head(out, folder, draft_vocab=200, layer_ids=[0, 1, 1], seed=3)
+    return write_eagle3_head(out, folder, draft_vocab=200, layer_ids=[0, 1, 2], seed=3)  # 2: the last output
 
 
 def _module_steps(engine: Engine, method: str) -> list[torch.Tensor]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -186,17 +187,91 @@ def test_norm_output_feeds_back_the_normed_state(target, plain, tmp_path):
                                                      r"non-negative integer"),
 ])
 def test_what_it_cannot_run_is_refused_by_name(target, tmp_path, change, match):
-    head = speculators_copy(write_eagle3_head(tmp_path / "e3", target, draft_vocab=64), tmp_path / "spec")
+    head = _edited(write_eagle3_head(tmp_path / "e3", target, draft_vocab=64), tmp_path / "spec", change)
+    with pytest.raises(ConfigError, match=match):
+        make_engine(str(target), {"method": "eagle3", "model": str(head)}, dtype="float32")
+
+
+DROP = object()
+
+
+def _edited(original: Path, folder: Path, change: dict) -> Path:
+    """A speculators copy of ``original`` with dotted keys (list indices as numbers) set, or dropped."""
+    head = speculators_copy(original, folder)
     config = json.loads((head / "config.json").read_text())
     for key, value in change.items():
         where = config
         *path, last = key.split(".")
         for part in path:
-            where = where[part]
-        where[last] = value
+            where = where[int(part)] if isinstance(where, list) else where[part]
+        if value is DROP:
+            del where[last]
+        else:
+            where[last] = value
     (head / "config.json").write_text(json.dumps(config))
+    return head
+
+
+K = "speculators_config.proposal_methods.0.speculative_tokens"
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    *[({K: bad}, rf"{K} = {re.escape(json.dumps(bad))} must be a positive integer") for bad in (0, -2, "4", True, 2.5)],
+    *[({"speculators_config.proposal_methods": bad}, r"speculators_config\.proposal_methods = .* must be a list of "
+                                                     r"objects") for bad in ({}, ["greedy"], "greedy")],
+    *[({"speculators_config": bad}, rf"speculators_config = {re.escape(json.dumps(bad))} must be a JSON object")
+      for bad in ([1], "x", None)],
+    ({"speculators_model_type": DROP}, r"speculators_model_type = null must name the head's kind, such as \"eagle3\""),
+    ({"speculators_model_type": "EAGLE3"}, r"does not register .*\"speculators_model_type\": \"eagle3\""),
+    ({"transformer_layer_config": {}}, r"transformer_layer_config has no hidden_size, num_attention_heads, "
+                                       r"intermediate_size"),
+    ({"transformer_layer_config.num_attention_heads": "4"}, r"transformer_layer_config\.num_attention_heads = \"4\" "
+                                                            r"must be a positive integer"),
+    ({"norm_before_residual": "false"}, r"norm_before_residual = \"false\" must be true or false"),
+    ({"draft_vocab_size": DROP}, r"gives no draft_vocab_size, but its d2t maps 64 draft ids; set "
+                                 r"\"draft_vocab_size\": 64"),
+])
+def test_malformed_fields_are_named_with_their_value_and_nothing_falls_back(target, tmp_path, change, match):
+    """Never the default k for a k the file gets wrong, never LlamaConfig's defaults blamed, never a traceback."""
+    head = _edited(write_eagle3_head(tmp_path / "e3", target, draft_vocab=64), tmp_path / "spec", change)
     with pytest.raises(ConfigError, match=match):
-        make_engine(str(target), {"method": "eagle3", "model": str(head)}, dtype="float32")
+        make_engine(str(target), {"model": str(head)}, dtype="float32")
+
+
+@pytest.mark.parametrize("change", [{"speculators_config.proposal_methods": DROP},
+                                    {"speculators_config.proposal_methods": []}, {K: DROP}])
+def test_a_head_that_declares_no_k_gets_the_default_and_says_so(target, tmp_path, change):
+    head = _edited(write_eagle3_head(tmp_path / "e3", target, draft_vocab=64), tmp_path / "spec", change)
+    res = resolve({"model": str(head)}, model=str(target))
+    assert res.source("num_speculative_tokens") == "default" and "default k for eagle3" in res.reason(
+        "num_speculative_tokens")
+
+
+def test_an_empty_aux_id_list_is_vllms_default(target, plain, tmp_path):
+    """vLLM copies eagle_aux_hidden_state_layer_ids only when the list is non-empty."""
+    head = _edited(write_eagle3_head(tmp_path / "e3", target, draft_vocab=64), tmp_path / "spec",
+                   {"eagle_aux_hidden_state_layer_ids": []})
+    engine, got = run(target, head)
+    assert engine.proposer.aux_layers == (2, 2, 1) and got == plain
+
+
+def test_strict_names_the_disagreement_and_keeps_nothing(target, tmp_path):
+    head = speculators_copy(write_eagle3_head(tmp_path / "e3", target, draft_vocab=64), tmp_path / "spec",
+                            speculative_tokens=4)
+    with pytest.raises(ConfigError) as err:
+        resolve({"model": str(head), "num_speculative_tokens": 2}, model=str(target), strict=True)
+    text = str(err.value)
+    assert "Keeping your value" not in text and "set num_speculative_tokens to 4" in text
+
+
+def test_the_sglang_export_says_sglang_may_not_read_the_format(target, tmp_path):
+    from specsure.config.export import export
+
+    head = speculators_copy(write_eagle3_head(tmp_path / "e3", target, draft_vocab=64), tmp_path / "spec")
+    out = export(resolve({"model": str(head)}, model=str(target)), "sglang")
+    assert any("speculators-format head" in w and "EAGLE-3 layout" in w for w in out.warnings)
+    vllm = export(resolve({"model": str(head)}, model=str(target)), "vllm")
+    assert not any("speculators-format head" in w for w in vllm.warnings)
 
 
 def test_a_size_mismatch_cites_the_nested_key(target, tmp_path):

@@ -21,7 +21,7 @@ from specsure.config.detect import (
 )
 from specsure.config.errors import ConfigError
 from specsure.config.schema import SpeculativeConfig
-from specsure.config.speculators import file_key, is_speculators, unsupported
+from specsure.config.speculators import check_head_config, file_key, is_speculators, unsupported
 from specsure.config.vocabulary import SharedTokenizer, compare_checkpoints
 from specsure.config.token_tree import DraftTree, is_chain
 
@@ -113,6 +113,8 @@ def check_head(method: str, draft: CheckpointInfo, target: CheckpointInfo) -> No
                           "Give an EAGLE-3 head of one Llama decoder layer, in the speculators format or the "
                           "EAGLE-3 layout (LlamaForCausalLMEagle3: fc, midlayer.*, norm, lm_head, d2t, t2d), "
                           "such as one `specsure train --method eagle3` writes.")
+    if method == "eagle3":
+        check_head_config(draft.config, draft.config_file or draft.path)
     if method in ("eagle", "eagle3", "mtp") and draft.tensor_names:
         check_head_tensors(method, draft.path, draft.tensor_names, draft.config)
     if method in ("eagle", "eagle3", "mtp"):  # an MTP module reads the target's hidden states, whoever holds it
@@ -213,10 +215,10 @@ def aux_layer_ids(config: Mapping[str, Any], checkpoint: str, num_layers: int) -
 def declared_aux_layers(config: Mapping[str, Any]) -> tuple[str, Any] | None:
     """(where, value) of the aux layer ids an EAGLE-3 config.json gives: under eagle_config first (EAGLE's
     and SpecForge's place), then at the top level (vLLM's); None when it gives none."""
-    eagle = config.get("eagle_config")
-    if isinstance(eagle, Mapping) and LAYER_IDS_KEY in eagle:
+    eagle = config.get("eagle_config")  # vLLM reads an empty list (or null) as no list: the default ids
+    if isinstance(eagle, Mapping) and eagle.get(LAYER_IDS_KEY) not in (None, []):
         return f"eagle_config.{LAYER_IDS_KEY}", eagle[LAYER_IDS_KEY]
-    if LAYER_IDS_KEY in config:
+    if config.get(LAYER_IDS_KEY) not in (None, []):
         return LAYER_IDS_KEY, config[LAYER_IDS_KEY]
     return None
 

@@ -60,11 +60,17 @@ class Decider:
     """The dtype the run loads in, or None for an export (`resolve`)."""
     notices: list[str] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)
+    """The same disagreements as strict mode words them: no value is kept, and each says how to agree."""
 
     def conflict(self, name: str, user: Any, detected: Any, signal: str) -> None:
         self.conflicts.append(
             f"{name}: you set {user!r}, but the evidence suggests {detected!r} (signal: {signal}). "
             f"Keeping your value {user!r}.")
+        self.refusals.append(
+            f"{name}: you set {user!r}, but the evidence suggests {detected!r} (signal: {signal}). Make them agree "
+            f"(set {name} to {detected!r}, or give a checkpoint that says {user!r}), or leave strict off to keep "
+            f"{user!r} with a warning.")
 
     def method_evidence(self) -> Evidence | None:
         """Evidence from the draft: its metadata, else a path hint (target MTP layers: decide_method).
@@ -143,10 +149,11 @@ class Decider:
                                   "the context and of earlier outputs). Remove 'model', or choose method "
                                   "'draft_model'.")
             if method == "mtp" and target_layers is not None:
-                self.conflicts.append(
-                    f"model: you set {user!r}, but the target declares its own MTP layers "
-                    f"(signal: {target_layers.signal}), which mtp uses when no model is given. "
-                    f"Keeping your value {user!r}.")
+                said = (f"model: you set {user!r}, but the target declares its own MTP layers "
+                        f"(signal: {target_layers.signal}), which mtp uses when no model is given.")
+                self.conflicts.append(f"{said} Keeping your value {user!r}.")
+                self.refusals.append(f"{said} Leave 'model' out to draft with the target's MTP layers, or leave "
+                                     f"strict off to keep {user!r} with a warning.")
             return Decision("model", user, "user", "You set the draft checkpoint; detection never replaces it."
                             + self.draft_description())
         if method == "ngram":

@@ -57,8 +57,11 @@ def foreign_head(info: CheckpointInfo) -> str | None:
     """A sentence naming the vLLM-only head kind ``info`` is, with its signal; None for anything else."""
     if is_speculators(info.config) and info.config.get(KIND_KEY) != "eagle3":
         kind = info.config.get(KIND_KEY)
-        what = KINDS.get(str(kind), "a speculators-format head of a kind vLLM 0.33.0 does not register")
-        return f"{what} ({info.signal(KIND_KEY)}), which specsure does not run"
+        if kind in KINDS:
+            return f"{KINDS[kind]} ({info.signal(KIND_KEY)}), which specsure does not run"
+        return (f"a speculators-format head of a kind vLLM 0.33.0 does not register ({info.signal(KIND_KEY)}; it "
+                f"registers {', '.join(KINDS)}), which specsure does not run; if it is an EAGLE-3 head, its "
+                f"config.json should say \"{KIND_KEY}\": \"eagle3\"")
     if info.model_type not in FOREIGN_HEADS:
         return None
     return (f"{FOREIGN_HEADS[info.model_type]} ({info.signal('model_type')}), made for vLLM's method "

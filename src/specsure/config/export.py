@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Mapping
 from specsure.config.compat import LAYER_IDS_KEY, declared_aux_layers
 from specsure.config.detect import MTP_HEAD_ARCHITECTURES
 from specsure.config.errors import ConfigError
+from specsure.config.speculators import is_speculators
 from specsure.config.token_tree import is_chain
 from specsure.config.vllm_overrides import local_path, predict_vllm_overrides, speculators_refusal, target_path
 from specsure.config.vllm_rules import VLLM_TESTED_VERSIONS
@@ -224,6 +225,12 @@ def _sglang(res: "Resolution") -> Export:
         if config.method == "mtp":
             warnings.append("SGLang renames NEXTN to EAGLE internally; with a target that has MTP (NextN) layers "
                             "it still runs those layers, which is mtp.")
+        if res.draft is not None and is_speculators(res.draft.config):
+            warnings.append(f"the draft {config.model!r} is a speculators-format head (config.json "
+                            "speculators_config, its sizes under transformer_layer_config). vLLM reads that format; "
+                            "specsure has not verified that SGLang's EAGLE-3 loader does, which reads the sizes at "
+                            "config.json's top level. If SGLang fails to load it, give SGLang the head in the EAGLE-3 "
+                            "layout (LlamaForCausalLMEagle3: the layer's keys at the top level, midlayer.* tensors).")
     if config.disable_by_batch_size is not None:
         warnings.append(f"disable_by_batch_size = {config.disable_by_batch_size} has no SGLang flag, so it is left "
                         "out: SGLang drafts at every batch size. The output is the same; full batches verify drafts "

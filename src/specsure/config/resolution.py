@@ -134,8 +134,9 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | os.PathLike[str]
     decisions.update((name, fields[name]) for name in FIELDS)
     if method.value == "draft_model" and (note := other_tokenizer(target, state.draft)):
         state.conflicts.append(note)  # evidence against the draft given: --strict refuses it
-    if strict and state.conflicts:
-        raise ConfigConflictError(" ".join(state.conflicts) + " (strict mode: disagreement is an error.)")
+        state.refusals.append(note)
+    if strict and state.refusals:
+        raise ConfigConflictError(" ".join(state.refusals) + " (strict mode: disagreement is an error.)")
     warnings = tuple(state.notices + state.conflicts)
     for text in warnings:
         logger.warning(text)

@@ -28,6 +28,9 @@ EAGLE3_FIELDS: Final[dict[str, Any]] = {
     "norm_output": False,
 }
 EAGLE3_OPTIONAL: Final[tuple[str, ...]] = ("target_hidden_size", "eagle_aux_hidden_state_layer_ids")
+EAGLE3_FLAGS: Final[tuple[str, ...]] = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+LAYER_REQUIRED: Final[tuple[str, ...]] = ("hidden_size", "num_attention_heads", "intermediate_size")
+LAYER_INTEGERS: Final[tuple[str, ...]] = (*LAYER_REQUIRED, "num_key_value_heads", "head_dim", "num_hidden_layers")
 EAGLE3_ARCHITECTURES: Final[dict[str, str]] = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}
 
 KINDS: Final[dict[str, str]] = {
@@ -54,6 +57,34 @@ def is_speculators(config: Mapping[str, Any]) -> bool:
     return isinstance(config.get(BLOCK_KEY), Mapping)
 
 
+def check_block(config: Mapping[str, Any], where: str) -> None:
+    """A config that names a speculators kind or block has a well-formed block: the keys specsure reads
+    from it are what the format says, or a ConfigError names the key, the value and the fix."""
+    if KIND_KEY not in config and BLOCK_KEY not in config:
+        return
+    block = config.get(BLOCK_KEY)
+    fix = "Fix the head's config.json, or re-save the head with the speculators library."
+    if not isinstance(block, Mapping):
+        raise ConfigError(f"{where}: {BLOCK_KEY} = {_shown(block)} must be a JSON object (with proposal_methods "
+                          f"and verifier), as the speculators format has it; {KIND_KEY} = "
+                          f"{_shown(config.get(KIND_KEY))} marks this file as that format. {fix}")
+    kind = config.get(KIND_KEY)
+    if not isinstance(kind, str):
+        raise ConfigError(f"{where}: {KIND_KEY} = {_shown(kind)} must name the head's kind, such as \"eagle3\" for "
+                          f"an EAGLE-3 head (the kinds vLLM 0.33.0 registers: {', '.join(KINDS)}). {fix}")
+    methods = block.get("proposal_methods")
+    if methods is None or methods == []:
+        return  # declares no draft length: num_speculative_tokens keeps its own default
+    key = f"{BLOCK_KEY}.proposal_methods"
+    if not isinstance(methods, list) or not isinstance(methods[0], Mapping):
+        raise ConfigError(f"{where}: {key} = {_shown(methods)} must be a list of objects such as "
+                          '{"proposal_type": "greedy", "speculative_tokens": 3}. ' + fix)
+    tokens = methods[0].get("speculative_tokens")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+        raise ConfigError(f"{where}: {key}.0.speculative_tokens = {_shown(tokens)} must be a positive integer, the "
+                          f"draft length the head was trained for. {fix}")
+
+
 def flatten(config: Mapping[str, Any], where: str) -> Flattened | None:
     """The config vLLM builds from a speculators-format ``config`` (None for any other format).
 
@@ -61,6 +92,7 @@ def flatten(config: Mapping[str, Any], where: str) -> Flattened | None:
     are refused by name where a head is checked. The speculators keys themselves are kept, so a
     target in this format is still recognised as one.
     """
+    check_block(config, where)
     if not is_speculators(config) or config.get(KIND_KEY) != "eagle3":
         return None
     layer = config.get(LAYER_KEY)
@@ -74,7 +106,7 @@ def flatten(config: Mapping[str, Any], where: str) -> Flattened | None:
         flat[key] = config.get(key, default)
         origins[key] = key if key in config else f"{key} (absent; vLLM's default)"
     for key in EAGLE3_OPTIONAL:
-        if config.get(key) is not None:
+        if config.get(key) is not None and config.get(key) != []:  # vLLM copies an empty id list as absent
             flat[key], origins[key] = config[key], key
     layer_type = str(layer.get("model_type", "llama"))
     if layer_type in EAGLE3_ARCHITECTURES:
@@ -84,6 +116,30 @@ def flatten(config: Mapping[str, Any], where: str) -> Flattened | None:
         if key in config:
             flat[key], origins[key] = config[key], key
     return Flattened(flat, origins)
+
+
+def check_head_config(config: Mapping[str, Any], where: str) -> None:
+    """An EAGLE-3 head's config as a draft reads it: its flags are JSON booleans (the string "false"
+    would read as true), and a flattened speculators head declares its decoder layer's sizes, which
+    LlamaConfig would otherwise fill with its 8B defaults. Only a draft needs this: a target in the
+    speculators format is served by its verifier."""
+    for key in EAGLE3_FLAGS:
+        value = config.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise ConfigError(f"{where}: {key} = {_shown(value)} must be true or false (a JSON boolean). Fix the "
+                              "head's config.json.")
+    layer = config.get(LAYER_KEY)
+    if not is_speculators(config) or not isinstance(layer, Mapping):
+        return
+    missing = [key for key in LAYER_REQUIRED if key not in layer]
+    if missing:  # the error would otherwise blame LlamaConfig's defaults
+        raise ConfigError(f"{where}: {LAYER_KEY} has no {', '.join(missing)}; the head's decoder layer needs "
+                          f"{', '.join(LAYER_REQUIRED)} there. Fix the head's config.json.")
+    for key in LAYER_INTEGERS:
+        value = layer.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{where}: {LAYER_KEY}.{key} = {_shown(value)} must be a positive integer. Fix the "
+                              "head's config.json.")
 
 
 def declared_k(config: Mapping[str, Any]) -> tuple[str, int] | None:

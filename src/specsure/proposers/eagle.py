@@ -102,7 +102,7 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> EagleProposer
                           "layers.0.* (and layers 1.. numbered without gaps).")
     check_equal(path, "num_hidden_layers", int_field(config, "num_hidden_layers"), len(layer_ids),
                 "the layers.* tensors it stores")
-    head_config = llama_config(config, num_hidden_layers=len(layer_ids))
+    head_config = llama_config(config, f"{path}/config.json", num_hidden_layers=len(layer_ids))
     with torch.device("meta"):
         module = EagleModule(head_config, len(layer_ids), "fc.bias" in names, "embedding_layernorm.weight" in names)
     wanted = {c: n for c, n in names.items() if c not in IGNORED}

@@ -29,7 +29,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from specsure.config.compat import aux_layer_ids, check_head_fits, check_head_tensors, declared_aux_layers
 from specsure.config.errors import ConfigError
-from specsure.config.speculators import is_speculators, unsupported
+from specsure.config.speculators import check_head_config, is_speculators, unsupported
 from specsure.models.float_kernel import AnyKernel
 from specsure.models.gguf_blocks import stack
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
@@ -222,6 +222,7 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
     config = read_head_config(path)
     if is_speculators(config) and (why := unsupported(config)):
         raise ConfigError(f"eagle3 draft head {path!r} is a speculators-format head that specsure cannot run: {why}.")
+    check_head_config(config, f"{path}/config.json")
     weights = TensorFile(path)
     # The speculators library's trainer holds the verifier's norm and LM head; a head saved with them
     # still drafts with its own, so they are left unread.
@@ -243,8 +244,12 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
     own_head = "lm_head.weight" in names
     if not own_head and draft_vocab != vocab:
         raise ConfigError(f"draft head {path!r}: draft_vocab_size = {draft_vocab} but there is no lm_head.weight.")
+    if "d2t" in names and config.get("draft_vocab_size") is None:
+        size = weights.read([names["d2t"]])[names["d2t"]].shape[0]
+        raise ConfigError(f"eagle3 draft head {path!r}: its config.json gives no draft_vocab_size, but its d2t maps "
+                          f"{size} draft ids; set \"draft_vocab_size\": {size} in the config.json.")
     d2t = vocab_map(weights, names, path, draft_vocab, vocab)
-    head_config = llama_config(config, num_hidden_layers=1, vocab_size=vocab)
+    head_config = llama_config(config, f"{path}/config.json", num_hidden_layers=1, vocab_size=vocab)
     with torch.device("meta"):
         module = Eagle3Module(head_config, len(aux) * lm.hidden_size, draft_vocab, own_embed, own_head)
     wanted = {c: n for c, n in names.items() if c not in ("d2t", "t2d")}
