@@ -68,11 +68,13 @@ def _write(folder: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor
 
 def write_eagle3_head(folder: Path, target: Path, *, draft_vocab: int | None = None, layer_ids: list[int] | None = None,
                       seed: int = 0, naming: str = "midlayer", arch: str = "LlamaForCausalLMEagle3",
-                      own_embed: bool = False, **extra: Any) -> Path:
+                      own_embed: bool = False, layers: int = 1, **extra: Any) -> Path:
     """An EAGLE-3 head: fc 3H->H, midlayer with 2H-wide q/k/v, norm, lm_head over draft_vocab, d2t/t2d.
 
     naming: "midlayer" (EAGLE / SpecForge) or "layers.0" (the spelling vLLM also accepts).
     draft_vocab None: the same vocabulary as the target, no d2t/t2d.
+    layers > 1: plain decoder layers ``layers.{i}.*`` (H-wide q/k/v) after the first, as vLLM's and
+    speculators' deeper heads store them.
     """
     t, gen = target_config(target), _gen(seed)
     hidden, vocab = t["hidden_size"], t["vocab_size"]
@@ -80,7 +82,9 @@ def write_eagle3_head(folder: Path, target: Path, *, draft_vocab: int | None = N
     tensors = {"fc.weight": _rand(gen, hidden, 3 * hidden), "norm.weight": 1 + _rand(gen, hidden, std=0.1),
                layer + "hidden_norm.weight": 1 + _rand(gen, hidden, std=0.1),
                **block_tensors(layer, hidden, gen, qkv_in=2 * hidden)}
-    config = _head_config(target, arch, **extra)
+    for i in range(1, layers):
+        tensors.update(block_tensors(f"layers.{i}.", hidden, gen))
+    config = _head_config(target, arch, **{"num_hidden_layers": layers, **extra})
     dv = draft_vocab or vocab
     tensors["lm_head.weight"] = _rand(gen, dv, hidden, std=0.5)
     if draft_vocab is not None:

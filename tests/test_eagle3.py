@@ -182,3 +182,71 @@ def test_explain_says_where_the_head_is_and_why(target, tmp_path, caplog):
     assert res.config.method == "eagle3" and res.source("method") == "checkpoint"
     assert "LlamaForCausalLMEagle3" in res.reason("method")
     assert str(head) in res.explain()
+
+
+# --- heads of more than one decoder layer (vLLM's and speculators' layers.1.* ...) ------------------
+
+def _steps(module, rows=(6, 2), seed=5):  # noqa: ANN001, ANN202
+    """A head's (state, logits) over random features, in calls of ``rows`` entries each, on its torch ops."""
+    from specsure.proposers.head_layer import HeadCache
+
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(rows)
+    features = module.features(torch.randn(total, module.fc.in_features, generator=gen))
+    ids = torch.randint(0, 128, (total,), generator=gen)
+    saved, module._kernel, cache, out, at = module._kernel, None, HeadCache(), [], 0
+    with torch.inference_mode():
+        for n in rows:
+            out.append(module(features[at:at + n], ids[at:at + n], cache))
+            at += n
+    module._kernel = saved
+    return out
+
+
+def test_a_deeper_heads_extra_layer_that_adds_nothing_drafts_as_the_one_layer_head(target, tmp_path):
+    """Layer 1 with zero o_proj and down_proj adds exactly nothing to the stream, so the 2-layer head's
+    states and logits are the 1-layer head's: the extra layer sits on the stream, after the first."""
+    from safetensors.torch import load_file, save_file
+
+    one = write_eagle3_head(tmp_path / "one", target, draft_vocab=64)
+    two = write_eagle3_head(tmp_path / "two", target, draft_vocab=64, layers=2)
+    tensors = load_file(str(one / "model.safetensors"))
+    extra = {k: v for k, v in load_file(str(two / "model.safetensors")).items() if k.startswith("layers.1.")}
+    extra["layers.1.self_attn.o_proj.weight"].zero_()
+    extra["layers.1.mlp.down_proj.weight"].zero_()
+    save_file({**tensors, **extra}, str(two / "model.safetensors"), metadata={"format": "pt"})
+    deep, shallow = engine(target, two).proposer.module, engine(target, one).proposer.module
+    assert len(deep.more) == 1 and not hasattr(shallow, "more")
+    for (state, logits), (want_state, want_logits) in zip(_steps(deep), _steps(shallow)):
+        torch.testing.assert_close(state, want_state, rtol=0, atol=0)
+        torch.testing.assert_close(logits, want_logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("naming", ["midlayer", "layers.0"])
+def test_a_deeper_head_is_exact_and_its_cache_extends_as_one_call(target, tmp_path, naming):
+    head = write_eagle3_head(tmp_path / "deep", target, draft_vocab=64, layers=3, naming=naming)
+    spec = engine(target, head)
+    module = spec.proposer.module
+    assert len(module.more) == 2 and module._kernel is None  # the C kernel runs one-layer heads only
+    (_, _), (state, logits) = _steps(module, rows=(6, 2))
+    ((whole_state, whole_logits),) = _steps(module, rows=(8,))
+    torch.testing.assert_close(state, whole_state[6:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits, whole_logits[6:], rtol=1e-5, atol=1e-5)
+    plain = make_engine(str(target), None, dtype="float32")
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    for prompt in (PROMPT, [9, 9, 9, 9, 9, 9, 9, 9]):
+        assert spec.generate(prompt, params)[0].token_ids == plain.generate(prompt, params)[0].token_ids
+    check_rollback(spec, PROMPT, k=3)
+
+
+def test_a_layer_count_that_its_tensors_contradict_is_named(target, tmp_path):
+    head = write_eagle3_head(tmp_path / "deep", target, draft_vocab=64, layers=2, num_hidden_layers=3)
+    with pytest.raises(ConfigError, match=r"deep.*num_hidden_layers = 3, but the 2 decoder layer\(s\) its tensors"):
+        engine(target, head)
+    gap = write_eagle3_head(tmp_path / "gap", target, draft_vocab=64, layers=3)
+    from safetensors.torch import load_file, save_file
+
+    tensors = {k: v for k, v in load_file(str(gap / "model.safetensors")).items() if not k.startswith("layers.1.")}
+    save_file(tensors, str(gap / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match=r"gap.*decoder layers \[0, 2\] found.*without gaps"):
+        engine(target, gap)

@@ -45,6 +45,7 @@ LAYOUTS = {
     "reduced vocab with d2t/t2d": {"draft_vocab": 64},
     "target vocab, aux layer ids": {"layer_ids": [0, 1, 3]},
     "own embed_tokens, norm_before_residual": {"draft_vocab": 100, "own_embed": True, "norm_before_residual": True},
+    "two decoder layers": {"draft_vocab": 64, "layers": 2},
 }
 
 
@@ -180,8 +181,8 @@ def test_norm_output_feeds_back_the_normed_state(target, plain, tmp_path):
     ({"speculators_model_type": "dflash"}, r"DFlash drafter.*speculators_model_type=\"dflash\".* does not run"),
     ({"speculators_model_type": "peagle"}, r"PEagle.*speculators_model_type=\"peagle\".* does not run"),
     ({"transformer_layer_config.model_type": "qwen3"}, r"transformer_layer_config\.model_type = \"qwen3\".*Llama"),
-    ({"transformer_layer_config.num_hidden_layers": 2}, r"2 decoder layers .*transformer_layer_config\."
-                                                        r"num_hidden_layers.*one decoder layer"),
+    ({"transformer_layer_config.num_hidden_layers": 2}, r"transformer_layer_config\.num_hidden_layers = 2, but "
+                                                        r"the 1 decoder layer\(s\) its tensors hold needs 1"),
     ({"transformer_layer_config": [1]}, r"transformer_layer_config = \[1\] must be a JSON object"),
     ({"transformer_layer_config.hidden_size": "32"}, r"transformer_layer_config\.hidden_size = \"32\" must be a "
                                                      r"non-negative integer"),

@@ -123,16 +123,17 @@ def target(tmp_path_factory):
 def heads(target, tmp_path_factory):
     folder = tmp_path_factory.mktemp("heads")
     return {"eagle3": write_eagle3_head(folder / "eagle3", target, draft_vocab=64),
+            "eagle3, two layers": write_eagle3_head(folder / "eagle3-deep", target, draft_vocab=64, layers=2),
             "eagle": write_eagle_head(folder / "eagle", target),
             "mtp": write_mtp_head(folder / "mtp", target)}
 
 
 def tree_engine(target, method, head, tree=WIDE):  # noqa: ANN001
-    return make_engine(str(target), {"method": method, "model": str(head), "speculative_token_tree": tree},
-                       dtype="float32")
+    return make_engine(str(target), {"method": method.split(",")[0], "model": str(head),
+                                     "speculative_token_tree": tree}, dtype="float32")
 
 
-@pytest.mark.parametrize("method", ["eagle3", "eagle", "mtp"])
+@pytest.mark.parametrize("method", ["eagle3", "eagle3, two layers", "eagle", "mtp"])
 @pytest.mark.parametrize("text", [WIDE, "[(0,), (1,), (0, 0), (0, 0, 0)]"])  # the second grows one node a level
 def test_each_node_is_what_a_chain_through_it_drafts(target, heads, method, text):
     engine = tree_engine(target, method, heads[method], tree=text)
@@ -159,7 +160,7 @@ def test_each_node_is_what_a_chain_through_it_drafts(target, heads, method, text
         assert draft.token_ids[node_of[node] - 1] == tokens[-1], node
 
 
-@pytest.mark.parametrize("method", ["eagle3", "eagle", "mtp"])
+@pytest.mark.parametrize("method", ["eagle3", "eagle3, two layers", "eagle", "mtp"])
 def test_greedy_output_with_a_tree_equals_plain_decoding(target, heads, method):
     spec, plain = tree_engine(target, method, heads[method]), make_engine(str(target), None, dtype="float32")
     params = SamplingParams(max_tokens=40, ignore_eos=True)

@@ -110,7 +110,7 @@ def check_head(method: str, draft: CheckpointInfo, target: CheckpointInfo) -> No
     """
     if method in ("eagle", "eagle3", "mtp") and is_speculators(draft.config) and (why := unsupported(draft.config)):
         raise ConfigError(f"the draft {draft.path!r} is a speculators-format head that specsure cannot run: {why}. "
-                          "Give an EAGLE-3 head of one Llama decoder layer, in the speculators format or the "
+                          "Give an EAGLE-3 head with Llama decoder layers, in the speculators format or the "
                           "EAGLE-3 layout (LlamaForCausalLMEagle3: fc, midlayer.*, norm, lm_head, d2t, t2d), "
                           "such as one `specsure train --method eagle3` writes.")
     if method == "eagle3":

@@ -166,10 +166,6 @@ def unsupported(config: Mapping[str, Any]) -> str | None:
     if layer_type != "llama":
         return (f"its decoder layer is a {layer_type!r} layer ({LAYER_KEY}.model_type = {_shown(layer_type)}), and "
                 "specsure runs EAGLE-3 heads with a Llama decoder layer only")
-    layers = layer.get("num_hidden_layers", 1)
-    if layers != 1:
-        return (f"it has {_shown(layers)} decoder layers ({LAYER_KEY}.num_hidden_layers), and specsure runs "
-                "EAGLE-3 heads of one decoder layer only")
     return None
 
 

@@ -21,7 +21,8 @@ A speculators-format head is read through the config vLLM flattens it to (config
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+import re
+from typing import TYPE_CHECKING, Any, Collection, Mapping
 
 import torch
 from torch import nn
@@ -29,7 +30,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from specsure.config.compat import aux_layer_ids, check_head_fits, check_head_tensors, declared_aux_layers
 from specsure.config.errors import ConfigError
-from specsure.config.speculators import check_head_config, is_speculators, unsupported
+from specsure.config.speculators import check_head_config, file_key, is_speculators, unsupported
 from specsure.models.float_kernel import AnyKernel
 from specsure.models.gguf_blocks import stack
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
@@ -53,11 +54,14 @@ logger = logging.getLogger(__name__)
 class Eagle3Module(nn.Module):
     """fc over the fused target layers, the 2H-wide midlayer, and the draft-vocabulary head."""
 
-    def __init__(self, config: Any, fused_width: int, draft_vocab: int, own_embed: bool, own_head: bool) -> None:
+    def __init__(self, config: Any, fused_width: int, draft_vocab: int, own_embed: bool, own_head: bool,
+                 layers: int = 1) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.fc = nn.Linear(fused_width, hidden, bias=False)
         self.midlayer = LlamaDecoderLayer(config, layer_idx=0)
+        if layers > 1:  # vLLM's and speculators' deeper heads: plain decoder layers on the stream after the first
+            self.more = nn.ModuleList(LlamaDecoderLayer(config, layer_idx=i) for i in range(1, layers))
         attn, bias = self.midlayer.self_attn, config.attention_bias
         for name in ("q_proj", "k_proj", "v_proj"):
             old = getattr(attn, name)
@@ -109,7 +113,7 @@ class Eagle3Module(nn.Module):
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         dim = getattr(attn, "head_dim", None)
-        if (kernel is None or any(p.bias is not None for p in linears)
+        if (kernel is None or hasattr(self, "more") or any(p.bias is not None for p in linears)
                 or self.fc.weight.dtype != kernel.dtype or not isinstance(dim, int) or dim > MAX_HEAD_DIM):
             self._kernel = None
             return False
@@ -145,8 +149,20 @@ class Eagle3Module(nn.Module):
             residual = g
         else:
             residual, g = x, layer.hidden_norm(x)
-        h = residual + attend(layer.self_attn, torch.cat([e, g], dim=-1), cache, self.rotary, x)
-        out = h + layer.mlp(layer.post_attention_layernorm(h))  # [1, n, H], fed back before the norm
+        if not hasattr(self, "more"):
+            h = residual + attend(layer.self_attn, torch.cat([e, g], dim=-1), cache, self.rotary, x)
+            out = h + layer.mlp(layer.post_attention_layernorm(h))  # [1, n, H], fed back before the norm
+        else:  # every layer writes its entries at the same positions; the cache advances once
+            positions, mask = cache.positions(x.shape[1]), cache.mask(x.shape[1], x.dtype)
+            rotary = self.rotary(x, positions)
+            attended, _ = layer.self_attn(hidden_states=torch.cat([e, g], dim=-1), position_embeddings=rotary,
+                                          attention_mask=mask, cache=cache.kv, position_ids=positions)
+            h = residual + attended
+            out = h + layer.mlp(layer.post_attention_layernorm(h))
+            for block in self.more:
+                out = block(out, attention_mask=mask, position_ids=positions, cache=cache.kv, use_cache=True,
+                            position_embeddings=rotary)
+            cache.advance(x.shape[1])
         if self.norm_output:  # fed back after it
             normed = self.norm(out)
             return normed[0], self._logits(normed[0, -1:] if last else normed[0], last)
@@ -212,8 +228,28 @@ VERIFIER_PARTS = ("verifier_norm.", "verifier_lm_head.")
 
 
 def canonical(name: str) -> str:
-    """Checkpoint tensor name -> this module's name (EAGLE repo, SpecForge and vLLM spellings)."""
-    return "midlayer." + name.removeprefix("layers.0.") if name.startswith("layers.0.") else name
+    """Checkpoint tensor name -> this module's name (EAGLE repo, SpecForge and vLLM spellings): layer 0
+    is the midlayer, layers 1.. of a deeper head (vLLM's and speculators' ``layers.{i}.``) are ``more``."""
+    if name.startswith("layers.0."):
+        return "midlayer." + name.removeprefix("layers.0.")
+    if (found := re.match(r"layers\.(\d+)\.(.*)", name)) and int(found.group(1)) > 0:
+        return f"more.{int(found.group(1)) - 1}.{found.group(2)}"
+    return name
+
+
+def head_layers(path: str, config: Mapping[str, Any], names: Collection[str]) -> int:
+    """How many decoder layers a head holds: its tensors' ``layers.{i}.`` (or midlayer alone), which
+    must be numbered without gaps and agree with config.json's num_hidden_layers when it gives one."""
+    found = sorted({int(m.group(1)) for n in names if (m := re.match(r"more\.(\d+)\.", n))})
+    count = 1 + len(found)
+    if found != list(range(len(found))):
+        raise ConfigError(f"eagle3 draft head {path!r}: decoder layers {[0, *(i + 1 for i in found)]} found; a head "
+                          "needs layers 0.. numbered without gaps (midlayer.* or layers.0.*, then layers.1.* ...).")
+    declared = config.get("num_hidden_layers")
+    if isinstance(declared, int) and not isinstance(declared, bool) and declared != count:
+        raise mismatch(path, file_key(config, "num_hidden_layers"), declared, count,
+                       f"the {count} decoder layer(s) its tensors hold", "eagle3")
+    return count
 
 
 def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Proposer:
@@ -249,16 +285,17 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
         raise ConfigError(f"eagle3 draft head {path!r}: its config.json gives no draft_vocab_size, but its d2t maps "
                           f"{size} draft ids; set \"draft_vocab_size\": {size} in the config.json.")
     d2t = vocab_map(weights, names, path, draft_vocab, vocab)
-    head_config = llama_config(config, f"{path}/config.json", num_hidden_layers=1, vocab_size=vocab)
+    layers = head_layers(path, config, names)
+    head_config = llama_config(config, f"{path}/config.json", num_hidden_layers=layers, vocab_size=vocab)
     with torch.device("meta"):
-        module = Eagle3Module(head_config, len(aux) * lm.hidden_size, draft_vocab, own_embed, own_head)
+        module = Eagle3Module(head_config, len(aux) * lm.hidden_size, draft_vocab, own_embed, own_head, layers)
     wanted = {c: n for c, n in names.items() if c not in ("d2t", "t2d")}
     tensors = weights.read(wanted.values())
     load_weights(module, {c: tensors[n] for c, n in wanted.items()}, path, lm.dtype)
     module.attach(lm, head_config, d2t)
     use_row_kernel(module, lm.row_kernel)
     quantised = module.use_blocks() if module.use_kernel(lm.row_kernel) and blocks_wanted(lm) else 0
-    logger.info("eagle3 head %s: hidden %s, draft vocab %d of %d, aux layers %s%s", path, head_config.hidden_size,
-                draft_vocab, vocab, aux,
+    logger.info("eagle3 head %s: hidden %s, %d decoder layer(s), draft vocab %d of %d, aux layers %s%s", path,
+                head_config.hidden_size, layers, draft_vocab, vocab, aux,
                 f"; {quantised} head matrices read as Q8_0 blocks, like the GGUF target's" if quantised else "")
     return Eagle3Proposer(module, aux)
