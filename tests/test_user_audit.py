@@ -190,10 +190,11 @@ def test_the_packaged_gguf_by_its_path_reuses_the_default_conversion(default_mod
     assert weights_folder(str(packaged_default_gguf())) == weights_folder(None)
 
 
-@pytest.mark.parametrize(("ids", "message"), [
-    ([3, 1, 0], "out of ascending order"), ([1], "fuses 1 target layer(s)"), ([2, 15, 27], None),
+@pytest.mark.parametrize(("ids", "engine", "message"), [
+    ([1], "vllm", "fuses 1 target layer(s)"), ([1], "sglang", "fuses 1 target layer(s)"),
+    ([3, 1, 0], "vllm", None), ([2, 15, 27], "vllm", None),  # vLLM and specsure fuse them alike, in ascending order
+    ([2, 15, 27], "sglang", "reads listed ids as layer outputs"), ([3, 1, 0], "sglang", "reads listed ids"),
 ])
-@pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_export_warns_of_aux_layers_the_engines_read_otherwise(tmp_path: Path, target: str, ids: list[int],
                                                                message: str | None, engine: str) -> None:
     from specsure.config.export import export

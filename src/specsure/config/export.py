@@ -94,21 +94,28 @@ def export(res: "Resolution", engine: str, *, strict: bool | None = None) -> Exp
 
 
 def _aux_layers_note(res: "Resolution", engine: str) -> str | None:
-    """vLLM's and SGLang's EAGLE-3 models fuse exactly three target layers, collected in ascending
-    order as the target runs; specsure fuses the listed layers in the listed order."""
+    """Where the engine reads a head's declared target layers otherwise than specsure: a count other
+    than 3 (their EAGLE-3 models fuse 3 unless eagle_config says otherwise), and SGLang's reading of
+    the ids as layer outputs. specsure, like vLLM, takes id j as the stream entering layer j and
+    fuses the ids in ascending order."""
     draft = res.draft
     if res.config is None or res.config.method != "eagle3" or draft is None:
         return None
     ids = (declared_aux_layers(draft.config) or ("", None))[1]
-    if not isinstance(ids, list) or (len(ids) == 3 and ids == sorted(set(ids))):
+    if not isinstance(ids, list):
         return None
     name = "vLLM" if engine == "vllm" else "SGLang"
     if len(ids) != 3:
         return (f"the head {draft.path!r} fuses {len(ids)} target layer(s) ({LAYER_IDS_KEY} = {ids}); {name}'s "
-                "EAGLE-3 model fuses exactly 3 and will refuse its fc weight. specsure runs it as it is.")
-    return (f"the head {draft.path!r} lists its target layers out of ascending order ({LAYER_IDS_KEY} = {ids}); "
-            f"{name} collects them in ascending order, so the head would read its inputs permuted there and accept "
-            "few drafts (the output stays the same). specsure fuses them in the listed order.")
+                "EAGLE-3 model fuses 3 unless the head's eagle_config lists its ids, and would then refuse its fc "
+                "weight. specsure runs it as it is.")
+    if engine == "sglang":
+        return (f"the head {draft.path!r} lists its target layers ({LAYER_IDS_KEY} = {ids}); specsure and vLLM "
+                "fuse the residual stream entering each listed layer, while SGLang reads listed ids as layer "
+                "outputs in some releases (it then captures the stream entering each id + 1; recent ones do so only "
+                "when the first id is 1). The same head may draft from other features there: the output is the same, "
+                "the acceptance may differ.")
+    return None
 
 
 def _check_loadable(res: "Resolution", engine: str) -> None:

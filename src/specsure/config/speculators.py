@@ -173,8 +173,8 @@ def file_key(config: Mapping[str, Any], key: str) -> str:
     """How the file spells a key of a flattened config: nested under transformer_layer_config when the
     layer config gave it, else as is."""
     layer = config.get(LAYER_KEY)
-    if is_speculators(config) and key not in config.get(BLOCK_KEY, {}) and key not in EAGLE3_FIELDS \
-            and key not in EAGLE3_OPTIONAL and isinstance(layer, Mapping) and key in layer:
+    if is_speculators(config) and key not in (*EAGLE3_FIELDS, *EAGLE3_OPTIONAL) and isinstance(layer, Mapping) \
+            and key in layer:
         return f"{LAYER_KEY}.{key}"
     return key
 

@@ -41,19 +41,18 @@ def _align(hf: torch.nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def final_stream(base: torch.nn.Module, wanted: bool) -> Iterator[dict[int, torch.Tensor]]:
+def final_stream(base: torch.nn.Module, layers: int, wanted: bool) -> Iterator[dict[int, torch.Tensor]]:
     """While a transformers forward runs, the residual stream entering ``base``'s final norm (aux id
-    N, the last layer's output), captured by a pre-hook on the norm; an empty dict when not wanted."""
+    ``layers``, the last layer's output), captured by a pre-hook on the norm; {} when not wanted."""
     found: dict[int, torch.Tensor] = {}
     norm = getattr(base, "norm", None)
     if not wanted:
         yield found
         return
     if not isinstance(norm, torch.nn.Module):
-        raise ValueError(f"aux layer {base.config.num_hidden_layers} (the last layer's output) needs the model's final "
-                         f"norm, and {type(base).__name__} has no `norm` module; use ids below num_hidden_layers.")
-    handle = norm.register_forward_pre_hook(lambda _module, args: found.__setitem__(base.config.num_hidden_layers,
-                                                                                   args[0]))
+        raise ValueError(f"aux layer {layers} (the last layer's output) needs the model's final norm, and "
+                         f"{type(base).__name__} has no `norm` module; use ids below {layers}.")
+    handle = norm.register_forward_pre_hook(lambda _module, args: found.__setitem__(layers, args[0]))
     try:
         yield found
     finally:
@@ -231,7 +230,7 @@ class CausalLM:
             mask = None if tree is None else layer_masks(self.config, self.dtype, start, n, tree)
             # Asking only for the selected layers keeps the hooks from holding every layer's state.
             want = [i for i in aux_layers if i < self.num_layers] or False
-            with final_stream(self._base, self.num_layers in aux_layers) as stream:
+            with final_stream(self._base, self.num_layers, self.num_layers in aux_layers) as stream:
                 out = self._base(input_ids=ids.unsqueeze(0), position_ids=positions, attention_mask=mask,
                                  cache=self._cache, use_cache=True, output_hidden_states=want)
             last = out.last_hidden_state[0]  # [n, hidden]
