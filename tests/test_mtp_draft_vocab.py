@@ -185,12 +185,12 @@ def test_train_flags_that_cannot_apply_are_refused(flags: list[str], says: str, 
     assert not (tmp_path / "head").exists()
 
 
-@pytest.mark.parametrize("layers", ["0,2", "1,1", "a,b"])
+@pytest.mark.parametrize("layers", ["0,3", "1,1", "a,b"])
 def test_aux_layers_outside_the_target_are_refused(layers: str, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     from specsure.cli.main import main
 
-    target = build_tiny_llama(tmp_path / "target")  # 2 layers: indices 0 and 1
+    target = build_tiny_llama(tmp_path / "target")  # 2 layers: indices 0, 1 and 2 (the last output)
     args = ["train", "--method", "eagle3", "--model", str(target), "--dtype", "float32", "--aux-layers", layers,
             "--out", str(tmp_path / "head")]
     assert main(args) == 2

@@ -296,16 +296,17 @@ def test_a_run_can_continue_a_head_it_keeps_the_heads_vocabulary_and_layers(targ
     common = ["train", "--method", "eagle3", "--model", str(folder), "--dtype", "float32", "--prompts", str(prompts),
               "--max-new-tokens", "16", "--unroll", "2", "--no-progress", "--checkpoint-every", "0"]
     first, second = tmp_path / "first", tmp_path / "second"
-    assert main([*common, "--out", str(first), "--steps", "6", "--draft-vocab-size", "40", "--aux-layers", "1,3,4"]) == 0
+    # 6 = N: the last layer's output, which vLLM collects and the trainer extracts like any other
+    assert main([*common, "--out", str(first), "--steps", "6", "--draft-vocab-size", "40", "--aux-layers", "1,3,6"]) == 0
     assert main([*common, "--out", str(second), "--steps", "4", "--init-from", str(first)]) == 0
     capsys.readouterr()
     one, two = (json.loads((f / "training.json").read_text()) for f in (first, second))
     assert two["heldout"]["acceptance_length_before"] == pytest.approx(one["heldout"]["acceptance_length_after"])
     assert two["heldout"]["loss_before"] == pytest.approx(one["heldout"]["loss_after"], rel=1e-5)
-    assert two["settings"]["init_from"] == str(first) and two["settings"]["aux_layers"] == [1, 3, 4]
+    assert two["settings"]["init_from"] == str(first) and two["settings"]["aux_layers"] == [1, 3, 6]
     assert two["continued_from"] == one  # the first run's record travels with the head it became
     config = json.loads((second / "config.json").read_text())
-    assert config["draft_vocab_size"] == 40 and config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    assert config["draft_vocab_size"] == 40 and config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 6]
     d2t = {f: load_file(str(f / "model.safetensors"))["d2t"] for f in (first, second)}
     assert torch.equal(d2t[first], d2t[second])
     plain = make_engine(str(folder), None, dtype="float32")
@@ -319,7 +320,7 @@ def test_a_run_can_continue_a_head_it_keeps_the_heads_vocabulary_and_layers(targ
         assert message in capsys.readouterr().err
 
     refused(["--init-from", str(first), "--aux-layers", "1,2,3"],
-            "--aux-layers 1,2,3: the head --init-from gives was trained on layers [1, 3, 4]")
+            "--aux-layers 1,2,3: the head --init-from gives was trained on layers [1, 3, 6]")
     refused(["--init-from", str(first), "--draft-vocab-size", "48"],
             "--draft-vocab-size 48: the head --init-from gives drafts among 40 tokens")
     refused(["--init-from", str(first)], "not an MTP head that specsure train wrote", [*common[:2], "mtp", *common[3:]])
@@ -334,6 +335,11 @@ def test_a_run_can_continue_a_head_it_keeps_the_heads_vocabulary_and_layers(targ
                  "--out", str(mtp_head)]) == 0
     capsys.readouterr()
     refused(["--init-from", str(mtp_head)], "is an MTP head (architectures ['SpecsureMTPHead']); continue it with --method mtp")
+    from heads import write_eagle3_head
+
+    deep = write_eagle3_head(tmp_path / "deep", folder, draft_vocab=40, layers=2, layer_ids=[1, 3, 6])
+    refused(["--init-from", str(deep)], "the head has 2 decoder layers (layers.1.* ...), and this trainer trains "
+                                        "EAGLE-3 heads of one")
     (first / "training.json").write_text("{not json")
     refused(["--init-from", str(first)], f"--init-from {str(first)!r}: its training.json cannot be read")
 

@@ -79,7 +79,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "cyclically, default --modules)")
     parser.add_argument("--aux-layers", default=None, metavar="I,J,K",
                         help="eagle3: the target layers whose residual-stream inputs the head fuses, ascending "
-                             "comma-separated indices in [0, num_hidden_layers) (default 2,N/2,N-3, EAGLE-3's); "
+                             "comma-separated indices in [0, N] for a target of N layers, N meaning the last "
+                             "layer's output before the final norm (default 2,N/2,N-3, EAGLE-3's); "
                              "written to the head's eagle_aux_hidden_state_layer_ids, which vLLM and SGLang read "
                              "(they fuse exactly three)")
     parser.add_argument("--draft-vocab-size", type=int, default=None, metavar="N",
@@ -320,8 +321,8 @@ def _aux_layers(text: str | None, num_layers: int) -> tuple[int, ...]:
     layers = tuple(int(t) for t in items)
     # vLLM and SGLang collect the aux layers as the target runs, so in ascending order: a head trained
     # on another order would read its inputs permuted there.
-    if list(layers) != sorted(set(layers)) or any(i >= num_layers for i in layers):
+    if list(layers) != sorted(set(layers)) or any(i > num_layers for i in layers):
         raise ValueError(f"--aux-layers {text!r}: give each index once, in ascending order (the order in which vLLM "
-                         f"and SGLang fuse them), in [0, {num_layers}), the target's num_hidden_layers; for example "
-                         f"{example}.")
+                         f"and SGLang fuse them), in [0, {num_layers}] ({num_layers}, the target's num_hidden_layers, "
+                         f"is its last layer's output); for example {example}.")
     return layers

@@ -57,6 +57,10 @@ def read_starting_head(lm: CausalLM, folder: str, aux_layers: tuple[int, ...] | 
     if "midlayer.hidden_norm.weight" not in names:
         raise ConfigError(f"--init-from {folder!r}: not an EAGLE-3 head (no midlayer.hidden_norm.weight); give a "
                           "folder that `specsure train --method eagle3` wrote, or the shipped head.")
+    if deeper := sorted(n for n in names if n.startswith("more.")):
+        layers = 1 + len({n.split(".")[1] for n in deeper})
+        raise ConfigError(f"--init-from {folder!r}: the head has {layers} decoder layers (layers.1.* ...), and this "
+                          "trainer trains EAGLE-3 heads of one; train a new head instead (leave out --init-from).")
     if "embed_tokens.weight" in names:
         raise ConfigError(f"--init-from {folder!r}: the head has its own embed_tokens.weight, but this trainer's "
                           "heads share the target's embedding; train a new head instead (leave out --init-from).")
