@@ -68,13 +68,15 @@ def _write(folder: Path, config: dict[str, Any], tensors: dict[str, torch.Tensor
 
 def write_eagle3_head(folder: Path, target: Path, *, draft_vocab: int | None = None, layer_ids: list[int] | None = None,
                       seed: int = 0, naming: str = "midlayer", arch: str = "LlamaForCausalLMEagle3",
-                      own_embed: bool = False, layers: int = 1, **extra: Any) -> Path:
+                      own_embed: bool = False, layers: int = 1, qwen3: bool = False, **extra: Any) -> Path:
     """An EAGLE-3 head: fc 3H->H, midlayer with 2H-wide q/k/v, norm, lm_head over draft_vocab, d2t/t2d.
 
     naming: "midlayer" (EAGLE / SpecForge) or "layers.0" (the spelling vLLM also accepts).
     draft_vocab None: the same vocabulary as the target, no d2t/t2d.
     layers > 1: plain decoder layers ``layers.{i}.*`` (H-wide q/k/v) after the first, as vLLM's and
     speculators' deeper heads store them.
+    qwen3: Qwen3 decoder layers (``self_attn.q_norm`` and ``k_norm`` per head), as vLLM's
+    Eagle3Qwen3ForCausalLM loads them.
     """
     t, gen = target_config(target), _gen(seed)
     hidden, vocab = t["hidden_size"], t["vocab_size"]
@@ -84,6 +86,12 @@ def write_eagle3_head(folder: Path, target: Path, *, draft_vocab: int | None = N
                **block_tensors(layer, hidden, gen, qkv_in=2 * hidden)}
     for i in range(1, layers):
         tensors.update(block_tensors(f"layers.{i}.", hidden, gen))
+    if qwen3:
+        for prefix in [layer, *(f"layers.{i}." for i in range(1, layers))]:
+            for norm in ("q_norm", "k_norm"):
+                tensors[f"{prefix}self_attn.{norm}.weight"] = 1 + _rand(gen, hidden // HEADS, std=0.3)
+        arch = "Eagle3Qwen3ForCausalLM" if arch == "LlamaForCausalLMEagle3" else arch
+        extra = {"model_type": "qwen3", "head_dim": hidden // HEADS, **extra}
     config = _head_config(target, arch, **{"num_hidden_layers": layers, **extra})
     dv = draft_vocab or vocab
     tensors["lm_head.weight"] = _rand(gen, dv, hidden, std=0.5)

@@ -250,3 +250,37 @@ def test_a_layer_count_that_its_tensors_contradict_is_named(target, tmp_path):
     save_file(tensors, str(gap / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ConfigError, match=r"gap.*decoder layers \[0, 2\] found.*without gaps"):
         engine(target, gap)
+
+
+# --- heads of Qwen3 decoder layers (vLLM's Eagle3Qwen3ForCausalLM) -----------------------------------
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_a_qwen3_layer_head_is_exact_and_its_q_and_k_norms_count(target, tmp_path, layers):
+    """Its layers normalise each head's queries and keys: scaling q_norm changes the drafts' logits, so the
+    norms are read and applied, not dropped; the output still equals plain decoding."""
+    from safetensors.torch import load_file, save_file
+
+    head = write_eagle3_head(tmp_path / "qwen3", target, draft_vocab=64, qwen3=True, layers=layers)
+    spec = engine(target, head)
+    module = spec.proposer.module
+    assert type(module.midlayer).__name__ == "Qwen3DecoderLayer" and module._kernel is None
+    plain = make_engine(str(target), None, dtype="float32")
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    for prompt in (PROMPT, [9, 9, 9, 9, 9, 9, 9, 9]):
+        assert spec.generate(prompt, params)[0].token_ids == plain.generate(prompt, params)[0].token_ids
+    check_rollback(spec, PROMPT, k=3)
+    (_, _), (state, logits) = _steps(module, rows=(6, 2))
+    ((whole_state, _),) = _steps(module, rows=(8,))
+    torch.testing.assert_close(state, whole_state[6:], rtol=1e-5, atol=1e-5)
+    tensors = load_file(str(head / "model.safetensors"))
+    tensors["midlayer.self_attn.q_norm.weight"] = tensors["midlayer.self_attn.q_norm.weight"] * 3
+    save_file(tensors, str(head / "model.safetensors"), metadata={"format": "pt"})
+    (_, _), (_, scaled) = _steps(engine(target, head).proposer.module, rows=(6, 2))
+    assert not torch.allclose(scaled, logits, atol=1e-3)
+
+
+def test_a_qwen3_layer_head_with_a_sliding_window_is_refused(target, tmp_path):
+    head = write_eagle3_head(tmp_path / "slides", target, draft_vocab=64, qwen3=True, use_sliding_window=True,
+                             sliding_window=4, max_window_layers=0)
+    with pytest.raises(ConfigError, match=r"slides.*layer\(s\) \[0\] attend over a sliding window"):
+        engine(target, head)

@@ -46,6 +46,7 @@ LAYOUTS = {
     "target vocab, aux layer ids": {"layer_ids": [0, 1, 3]},
     "own embed_tokens, norm_before_residual": {"draft_vocab": 100, "own_embed": True, "norm_before_residual": True},
     "two decoder layers": {"draft_vocab": 64, "layers": 2},
+    "Qwen3 decoder layers": {"draft_vocab": 64, "qwen3": True, "layers": 2},
 }
 
 
@@ -180,7 +181,8 @@ def test_norm_output_feeds_back_the_normed_state(target, plain, tmp_path):
 @pytest.mark.parametrize(("change", "match"), [
     ({"speculators_model_type": "dflash"}, r"DFlash drafter.*speculators_model_type=\"dflash\".* does not run"),
     ({"speculators_model_type": "peagle"}, r"PEagle.*speculators_model_type=\"peagle\".* does not run"),
-    ({"transformer_layer_config.model_type": "qwen3"}, r"transformer_layer_config\.model_type = \"qwen3\".*Llama"),
+    ({"transformer_layer_config.model_type": "mistral"}, r"transformer_layer_config\.model_type = \"mistral\".*"
+                                                         r"'llama' or 'qwen3' decoder layers"),
     ({"transformer_layer_config.num_hidden_layers": 2}, r"transformer_layer_config\.num_hidden_layers = 2, but "
                                                         r"the 1 decoder layer\(s\) its tensors hold needs 1"),
     ({"transformer_layer_config": [1]}, r"transformer_layer_config = \[1\] must be a JSON object"),

@@ -163,9 +163,10 @@ def unsupported(config: Mapping[str, Any]) -> str | None:
                 "heads of kind 'eagle3' only")
     layer = config.get(LAYER_KEY) if isinstance(config.get(LAYER_KEY), Mapping) else config
     layer_type = str(layer.get("model_type", "llama"))
-    if layer_type != "llama":
+    if layer_type not in EAGLE3_ARCHITECTURES:  # vLLM's update_eagle3 refuses it too
         return (f"its decoder layer is a {layer_type!r} layer ({LAYER_KEY}.model_type = {_shown(layer_type)}), and "
-                "specsure runs EAGLE-3 heads with a Llama decoder layer only")
+                f"EAGLE-3 heads have {' or '.join(map(repr, EAGLE3_ARCHITECTURES))} decoder layers (vLLM 0.33.0 "
+                "refuses others as well)")
     return None
 
 

@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any, Collection, Mapping
 
 import torch
 from torch import nn
+from transformers import LlamaConfig, Qwen3Config
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
 
 from specsure.config.compat import aux_layer_ids, check_head_fits, check_head_tensors, declared_aux_layers
 from specsure.config.errors import ConfigError
@@ -55,13 +57,15 @@ class Eagle3Module(nn.Module):
     """fc over the fused target layers, the 2H-wide midlayer, and the draft-vocabulary head."""
 
     def __init__(self, config: Any, fused_width: int, draft_vocab: int, own_embed: bool, own_head: bool,
-                 layers: int = 1) -> None:
+                 layers: int = 1, qwen3: bool = False) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.fc = nn.Linear(fused_width, hidden, bias=False)
-        self.midlayer = LlamaDecoderLayer(config, layer_idx=0)
+        # vLLM's Eagle3Qwen3ForCausalLM: the same head with Qwen3's layers (q_norm and k_norm per head)
+        block = Qwen3DecoderLayer if qwen3 else LlamaDecoderLayer
+        self.midlayer = block(config, layer_idx=0)
         if layers > 1:  # vLLM's and speculators' deeper heads: plain decoder layers on the stream after the first
-            self.more = nn.ModuleList(LlamaDecoderLayer(config, layer_idx=i) for i in range(1, layers))
+            self.more = nn.ModuleList(block(config, layer_idx=i) for i in range(1, layers))
         attn, bias = self.midlayer.self_attn, config.attention_bias
         for name in ("q_proj", "k_proj", "v_proj"):
             old = getattr(attn, name)
@@ -113,7 +117,7 @@ class Eagle3Module(nn.Module):
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         dim = getattr(attn, "head_dim", None)
-        if (kernel is None or hasattr(self, "more") or any(p.bias is not None for p in linears)
+        if (kernel is None or hasattr(self, "more") or hasattr(attn, "q_norm") or any(p.bias is not None for p in linears)
                 or self.fc.weight.dtype != kernel.dtype or not isinstance(dim, int) or dim > MAX_HEAD_DIM):
             self._kernel = None
             return False
@@ -225,6 +229,8 @@ class Eagle3Proposer(HeadChainProposer):
 
 
 VERIFIER_PARTS = ("verifier_norm.", "verifier_lm_head.")
+QWEN3_ARCHITECTURE = "Eagle3Qwen3ForCausalLM"
+"""vLLM builds a head that names it with Qwen3's decoder layers, whatever its model_type says."""
 
 
 def canonical(name: str) -> str:
@@ -286,9 +292,15 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
                           f"{size} draft ids; set \"draft_vocab_size\": {size} in the config.json.")
     d2t = vocab_map(weights, names, path, draft_vocab, vocab)
     layers = head_layers(path, config, names)
-    head_config = llama_config(config, f"{path}/config.json", num_hidden_layers=layers, vocab_size=vocab)
+    qwen3 = QWEN3_ARCHITECTURE in (config.get("architectures") or [])
+    head_config = llama_config(config, f"{path}/config.json", Qwen3Config if qwen3 else LlamaConfig,
+                               num_hidden_layers=layers, vocab_size=vocab)
+    if qwen3 and (sliding := [i for i, kind in enumerate(head_config.layer_types[:layers]) if kind != "full_attention"]):
+        raise ConfigError(f"eagle3 draft head {path!r}: its Qwen3 layer(s) {sliding} attend over a sliding window "
+                          f"(layer_types, use_sliding_window), which specsure's head cache does not apply; give a head "
+                          "whose layers attend fully.")
     with torch.device("meta"):
-        module = Eagle3Module(head_config, len(aux) * lm.hidden_size, draft_vocab, own_embed, own_head, layers)
+        module = Eagle3Module(head_config, len(aux) * lm.hidden_size, draft_vocab, own_embed, own_head, layers, qwen3)
     wanted = {c: n for c, n in names.items() if c not in ("d2t", "t2d")}
     tensors = weights.read(wanted.values())
     load_weights(module, {c: tensors[n] for c, n in wanted.items()}, path, lm.dtype)

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from huggingface_hub.errors import StrictDataclassError
 from safetensors import safe_open
-from transformers import LlamaConfig
+from transformers import LlamaConfig, PreTrainedConfig
 
 from specsure.config.checkpoint import read_config
 from specsure.config.compat import mismatch
@@ -71,13 +71,14 @@ def check_equal(checkpoint: str, field: str, found: Any, expected: Any, why: str
         raise mismatch(checkpoint, field, found, expected, why)
 
 
-def llama_config(config: Mapping[str, Any], where: str = "the head's config.json", **overrides: Any) -> LlamaConfig:
-    """A LlamaConfig for a head's decoder layer, from its config.json (extra keys are kept); a value
-    transformers refuses is a ConfigError naming ``where`` and transformers' own words."""
+def llama_config(config: Mapping[str, Any], where: str = "the head's config.json", kind: type[PreTrainedConfig] = LlamaConfig,
+                 **overrides: Any) -> PreTrainedConfig:
+    """A LlamaConfig (or ``kind``) for a head's decoder layer, from its config.json (extra keys are kept);
+    a value transformers refuses is a ConfigError naming ``where`` and transformers' own words."""
     fields = {k: v for k, v in config.items() if k not in ("architectures", "auto_map")}
     fields.update(overrides)
     try:
-        built = LlamaConfig.from_dict(fields)
+        built = kind.from_dict(fields)
     except (TypeError, ValueError, StrictDataclassError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"{where}: transformers cannot build the head's Llama decoder layer from it ({first}). Fix "
