@@ -241,7 +241,8 @@ def test_a_deeper_head_is_exact_and_its_cache_extends_as_one_call(target, tmp_pa
 
 def test_a_layer_count_that_its_tensors_contradict_is_named(target, tmp_path):
     head = write_eagle3_head(tmp_path / "deep", target, draft_vocab=64, layers=2, num_hidden_layers=3)
-    with pytest.raises(ConfigError, match=r"deep.*num_hidden_layers = 3, but the 2 decoder layer\(s\) its tensors"):
+    with pytest.raises(ConfigError, match=r"deep.*num_hidden_layers = 3, but its tensors hold 2 decoder layer\(s\); "
+                                          r"re-save the head with all of its layers"):
         engine(target, head)
     gap = write_eagle3_head(tmp_path / "gap", target, draft_vocab=64, layers=3)
     from safetensors.torch import load_file, save_file
@@ -283,4 +284,53 @@ def test_a_qwen3_layer_head_with_a_sliding_window_is_refused(target, tmp_path):
     head = write_eagle3_head(tmp_path / "slides", target, draft_vocab=64, qwen3=True, use_sliding_window=True,
                              sliding_window=4, max_window_layers=0)
     with pytest.raises(ConfigError, match=r"slides.*layer\(s\) \[0\] attend over a sliding window"):
+        engine(target, head)
+
+
+def test_tensor_errors_of_a_deeper_head_name_the_files_tensors_and_the_right_fix(target, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    head = write_eagle3_head(tmp_path / "deep", target, draft_vocab=64, layers=2, naming="layers.0")
+    tensors = load_file(str(head / "model.safetensors"))
+    del tensors["layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(head / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ConfigError) as err:
+        engine(target, head)
+    assert "missing tensors ['layers.1.mlp.up_proj.weight']" in str(err.value) and "more." not in str(err.value)
+    assert "do not match its config.json" in str(err.value) and "method matches" not in str(err.value)
+
+
+def test_aux_ids_that_the_fc_width_contradicts_are_named(target, tmp_path):
+    head = write_eagle3_head(tmp_path / "four", target, draft_vocab=64, layer_ids=[0, 1, 2, 3])
+    with pytest.raises(ConfigError, match=r"four.*fc reads 3 target layers .* but eagle_config\."
+                                          r"eagle_aux_hidden_state_layer_ids gives 4: \[0, 1, 2, 3\]"):
+        engine(target, head)
+
+
+def test_top_level_aux_ids_win_over_eagle_config_as_in_vllm_with_a_warning(target, tmp_path, caplog):
+    import json
+
+    head = write_eagle3_head(tmp_path / "both", target, draft_vocab=64, layer_ids=[0, 1, 3])
+    config = json.loads((head / "config.json").read_text())
+    config["eagle_aux_hidden_state_layer_ids"] = [1, 2, 4]
+    (head / "config.json").write_text(json.dumps(config))
+    with caplog.at_level(logging.WARNING, logger="specsure"):
+        spec = engine(target, head)
+    assert spec.proposer.aux_layers == (1, 2, 4)
+    assert any("[1, 2, 4]" in r.getMessage() and "[0, 1, 3]" in r.getMessage() and "top-level" in r.getMessage()
+               for r in caplog.records)
+
+
+@pytest.mark.parametrize(("eagle", "match"), [
+    ({"norm_before_fc": "false"}, r"eagle_config\.norm_before_fc = \"false\" must be true or false"),
+    ({"use_aux_hidden_state": False}, r"eagle_config\.use_aux_hidden_state = false: .* does not run"),
+])
+def test_eagle_config_flags_are_checked_like_top_level_ones(target, tmp_path, eagle, match):
+    import json
+
+    head = write_eagle3_head(tmp_path / "flags", target, draft_vocab=64, layer_ids=[0, 1, 3])
+    config = json.loads((head / "config.json").read_text())
+    config["eagle_config"].update(eagle)
+    (head / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=match):
         engine(target, head)

@@ -183,8 +183,8 @@ def test_norm_output_feeds_back_the_normed_state(target, plain, tmp_path):
     ({"speculators_model_type": "peagle"}, r"PEagle.*speculators_model_type=\"peagle\".* does not run"),
     ({"transformer_layer_config.model_type": "mistral"}, r"transformer_layer_config\.model_type = \"mistral\".*"
                                                          r"'llama' or 'qwen3' decoder layers"),
-    ({"transformer_layer_config.num_hidden_layers": 2}, r"transformer_layer_config\.num_hidden_layers = 2, but "
-                                                        r"the 1 decoder layer\(s\) its tensors hold needs 1"),
+    ({"transformer_layer_config.num_hidden_layers": 2}, r"transformer_layer_config\.num_hidden_layers = 2, but its "
+                                                        r"tensors hold 1 decoder layer\(s\)"),
     ({"transformer_layer_config": [1]}, r"transformer_layer_config = \[1\] must be a JSON object"),
     ({"transformer_layer_config.hidden_size": "32"}, r"transformer_layer_config\.hidden_size = \"32\" must be a "
                                                      r"non-negative integer"),
@@ -219,7 +219,9 @@ K = "speculators_config.proposal_methods.0.speculative_tokens"
 
 
 @pytest.mark.parametrize(("change", "match"), [
-    *[({K: bad}, rf"{K} = {re.escape(json.dumps(bad))} must be a positive integer") for bad in (0, -2, "4", True, 2.5)],
+    *[({K: bad}, rf"{K} = {re.escape(json.dumps(bad))} must be a positive integer")
+      for bad in (0, -2, "4", True, 2.5, None)],
+    ({K: DROP}, rf"{K} = null must be a positive integer"),  # vLLM: "Missing 'speculative_tokens'"
     *[({"speculators_config.proposal_methods": bad}, r"speculators_config\.proposal_methods = .* must be a list of "
                                                      r"objects") for bad in ({}, ["greedy"], "greedy")],
     *[({"speculators_config": bad}, rf"speculators_config = {re.escape(json.dumps(bad))} must be a JSON object")
@@ -242,7 +244,7 @@ def test_malformed_fields_are_named_with_their_value_and_nothing_falls_back(targ
 
 
 @pytest.mark.parametrize("change", [{"speculators_config.proposal_methods": DROP},
-                                    {"speculators_config.proposal_methods": []}, {K: DROP}])
+                                    {"speculators_config.proposal_methods": []}])
 def test_a_head_that_declares_no_k_gets_the_default_and_says_so(target, tmp_path, change):
     head = _edited(write_eagle3_head(tmp_path / "e3", target, draft_vocab=64), tmp_path / "spec", change)
     res = resolve({"model": str(head)}, model=str(target))

@@ -340,6 +340,15 @@ def test_a_run_can_continue_a_head_it_keeps_the_heads_vocabulary_and_layers(targ
     deep = write_eagle3_head(tmp_path / "deep", folder, draft_vocab=40, layers=2, layer_ids=[1, 3, 6])
     refused(["--init-from", str(deep)], "the head has 2 decoder layers (layers.1.* ...), and this trainer trains "
                                         "EAGLE-3 heads of one")
+    # flags the trainer's layer does not have: a continued head would silently compute another function
+    from heads import speculators_copy
+
+    residual = write_eagle3_head(tmp_path / "nbr", folder, draft_vocab=40, layer_ids=[1, 3, 6], norm_before_residual=True)
+    refused(["--init-from", str(residual)], "the head sets norm_before_residual = true, a variant of the EAGLE-3 layer")
+    unset = speculators_copy(first, tmp_path / "spec", drop=("norm_before_residual",))  # vLLM reads absent as true
+    refused(["--init-from", str(unset)], "the head sets norm_before_residual = true")
+    qwen3 = write_eagle3_head(tmp_path / "qwen3", folder, draft_vocab=40, layer_ids=[1, 3, 6], qwen3=True)
+    refused(["--init-from", str(qwen3)], "the head has Qwen3 decoder layers")
     (first / "training.json").write_text("{not json")
     refused(["--init-from", str(first)], f"--init-from {str(first)!r}: its training.json cannot be read")
 

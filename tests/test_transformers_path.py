@@ -130,3 +130,27 @@ def test_aux_id_n_on_transformers_modules_is_the_stream_before_the_final_norm(tm
         torch.testing.assert_close(first, states[1][0, 6:], atol=1e-5, rtol=0)
         torch.testing.assert_close(lm.hf.base_model.norm(last), out.hidden, atol=1e-5, rtol=0)
         assert not torch.allclose(last, out.hidden, atol=1e-3)
+
+
+@pytest.mark.parametrize(("config", "model", "extra", "norm"), [
+    ("GPT2Config", "GPT2LMHeadModel", dict(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=512), "ln_f"),
+    ("OPTConfig", "OPTForCausalLM", dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         ffn_dim=128, max_position_embeddings=512, word_embed_proj_dim=64),
+     "decoder.final_layer_norm"),
+])
+def test_aux_id_n_finds_a_final_norm_of_another_name(tmp_path, config, model, extra, norm):
+    """GPT-2 calls its final norm ln_f, OPT decoder.final_layer_norm: id N is the stream entering it there too."""
+    from specsure.models import load_model
+
+    cfg = getattr(transformers, config)(**extra)
+    cfg.architectures = [model]
+    torch.manual_seed(0)
+    getattr(transformers, model)(cfg).save_pretrained(tmp_path / "m")
+    lm = load_model(str(tmp_path / "m"), "float32").lm
+    assert lm._native is None and lm.reads_last_output
+    final = lm.hf.base_model
+    for part in norm.split("."):
+        final = getattr(final, part)
+    with torch.inference_mode():
+        out = lm.forward([3, 14, 15, 92, 65], hidden=True, aux_layers=(0, 2))
+        torch.testing.assert_close(final(out.aux_hidden[:, 64:]), out.hidden, atol=1e-5, rtol=0)

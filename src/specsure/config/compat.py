@@ -198,7 +198,8 @@ def aux_layer_ids(config: Mapping[str, Any], checkpoint: str, num_layers: int) -
     declared = declared_aux_layers(config)
     field, ids = declared or ("default aux layers (2, N//2, N-3)", [2, num_layers // 2, num_layers - 3])
     if not (isinstance(ids, list) and ids and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
-        raise ConfigError(f"eagle3 draft head {checkpoint!r}: {field} = {ids!r} must be a list of layer indices.")
+        raise ConfigError(f"eagle3 draft head {checkpoint!r}: {field} = {ids!r} must be a list of layer indices, "
+                          "such as [2, 15, 27]; fix it in the head's config.json.")
     bad = [i for i in ids if not 0 <= i <= (num_layers if declared else num_layers - 1)]
     if bad:
         raise mismatch(checkpoint, field, ids, f"indices in [0, {num_layers}]" if declared else
@@ -213,14 +214,28 @@ def aux_layer_ids(config: Mapping[str, Any], checkpoint: str, num_layers: int) -
 
 
 def declared_aux_layers(config: Mapping[str, Any]) -> tuple[str, Any] | None:
-    """(where, value) of the aux layer ids an EAGLE-3 config.json gives: under eagle_config first (EAGLE's
-    and SpecForge's place), then at the top level (vLLM's); None when it gives none."""
-    eagle = config.get("eagle_config")  # vLLM reads an empty list (or null) as no list: the default ids
-    if isinstance(eagle, Mapping) and eagle.get(LAYER_IDS_KEY) not in (None, []):
-        return f"eagle_config.{LAYER_IDS_KEY}", eagle[LAYER_IDS_KEY]
+    """(where, value) of the aux layer ids an EAGLE-3 config.json gives, in vLLM 0.33.0's order
+    (gpu_model_runner's _get_eagle3_aux_layers_from_config): the top level first, then eagle_config
+    (EAGLE's and SpecForge's place); None when it gives none. Like vLLM, an empty list (or null) is
+    no list."""
     if config.get(LAYER_IDS_KEY) not in (None, []):
         return LAYER_IDS_KEY, config[LAYER_IDS_KEY]
+    eagle = config.get("eagle_config")
+    if isinstance(eagle, Mapping) and eagle.get(LAYER_IDS_KEY) not in (None, []):
+        return f"eagle_config.{LAYER_IDS_KEY}", eagle[LAYER_IDS_KEY]
     return None
+
+
+def shadowed_aux_layers(config: Mapping[str, Any]) -> str | None:
+    """A warning when config.json lists aux ids in both places and they differ: vLLM reads the top-level
+    list and ignores eagle_config's, and so does specsure."""
+    eagle = config.get("eagle_config")
+    inner = eagle.get(LAYER_IDS_KEY) if isinstance(eagle, Mapping) else None
+    outer = config.get(LAYER_IDS_KEY)
+    if inner in (None, []) or outer in (None, []) or inner == outer:
+        return None
+    return (f"{LAYER_IDS_KEY} = {json.dumps(outer)} and eagle_config.{LAYER_IDS_KEY} = {json.dumps(inner)} differ; "
+            "vLLM 0.33.0 reads the top-level list, and so does specsure. Remove the one the head was not trained on.")
 
 
 def mismatch(checkpoint: str, field: str, found: Any, expected: Any, why: str, method: str | None = None) -> ConfigError:

@@ -79,8 +79,8 @@ def check_block(config: Mapping[str, Any], where: str) -> None:
     if not isinstance(methods, list) or not isinstance(methods[0], Mapping):
         raise ConfigError(f"{where}: {key} = {_shown(methods)} must be a list of objects such as "
                           '{"proposal_type": "greedy", "speculative_tokens": 3}. ' + fix)
-    tokens = methods[0].get("speculative_tokens")
-    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+    tokens = methods[0].get("speculative_tokens")  # vLLM refuses an entry without it ("Missing 'speculative_tokens'")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise ConfigError(f"{where}: {key}.0.speculative_tokens = {_shown(tokens)} must be a positive integer, the "
                           f"draft length the head was trained for. {fix}")
 
@@ -123,11 +123,16 @@ def check_head_config(config: Mapping[str, Any], where: str) -> None:
     would read as true), and a flattened speculators head declares its decoder layer's sizes, which
     LlamaConfig would otherwise fill with its 8B defaults. Only a draft needs this: a target in the
     speculators format is served by its verifier."""
-    for key in EAGLE3_FLAGS:
-        value = config.get(key)
+    eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), Mapping) else {}
+    for key, value in [*((k, config.get(k)) for k in EAGLE3_FLAGS),
+                       *((f"eagle_config.{k}", eagle.get(k)) for k in ("norm_before_fc", "use_aux_hidden_state"))]:
         if value is not None and not isinstance(value, bool):
             raise ConfigError(f"{where}: {key} = {_shown(value)} must be true or false (a JSON boolean). Fix the "
                               "head's config.json.")
+    if eagle.get("use_aux_hidden_state") is False:  # vLLM then drafts from the last hidden state, without fc
+        raise ConfigError(f"{where}: eagle_config.use_aux_hidden_state = false: such a head drafts from the target's "
+                          "last hidden state without fc, which specsure does not run; give a head that fuses the "
+                          "aux layers (the EAGLE-3 default).")
     layer = config.get(LAYER_KEY)
     if not is_speculators(config) or not isinstance(layer, Mapping):
         return

@@ -40,18 +40,31 @@ def _align(hf: torch.nn.Module) -> None:
             param.data = param.data.clone()
 
 
+FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")
+"""What transformers' base models call their final norm (Llama's family, GPT-2, OPT, Phi, Mamba's)."""
+
+
+def final_norm(base: torch.nn.Module) -> torch.nn.Module | None:
+    """``base``'s final norm, on itself or on its decoder (OPT keeps it there); None if it has none so named."""
+    for holder in (base, getattr(base, "decoder", None)):
+        for name in FINAL_NORMS:
+            if isinstance(found := getattr(holder, name, None), torch.nn.Module):
+                return found
+    return None
+
+
 @contextlib.contextmanager
 def final_stream(base: torch.nn.Module, layers: int, wanted: bool) -> Iterator[dict[int, torch.Tensor]]:
     """While a transformers forward runs, the residual stream entering ``base``'s final norm (aux id
     ``layers``, the last layer's output), captured by a pre-hook on the norm; {} when not wanted."""
     found: dict[int, torch.Tensor] = {}
-    norm = getattr(base, "norm", None)
+    norm = final_norm(base)
     if not wanted:
         yield found
         return
-    if not isinstance(norm, torch.nn.Module):
+    if norm is None:  # `reads_last_output` said so when the head was built
         raise ValueError(f"aux layer {layers} (the last layer's output) needs the model's final norm, and "
-                         f"{type(base).__name__} has no `norm` module; use ids below {layers}.")
+                         f"{type(base).__name__} has none that specsure knows; use ids below {layers}.")
     handle = norm.register_forward_pre_hook(lambda _module, args: found.__setitem__(layers, args[0]))
     try:
         yield found
@@ -242,6 +255,12 @@ class CausalLM:
         self._ids[start:] = [int(t) for t in token_ids]
         rows = last if last_logits is None else last[max(0, n - last_logits):]
         return ForwardOutput(logits=self.head.logits(rows), hidden=last if hidden else None, aux_hidden=aux)
+
+    @property
+    def reads_last_output(self) -> bool:
+        """Whether aux id N (the last layer's output before the final norm) can be read: always on the
+        native path, on transformers' modules where the final norm is one `final_norm` finds."""
+        return self._native is not None or final_norm(self._base) is not None
 
     def _check_call(self, n: int, aux_layers: tuple[int, ...]) -> None:
         if n == 0:

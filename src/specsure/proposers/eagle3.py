@@ -30,9 +30,12 @@ from transformers import LlamaConfig, Qwen3Config
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
 
-from specsure.config.compat import aux_layer_ids, check_head_fits, check_head_tensors, declared_aux_layers
+from specsure.config.compat import (
+    aux_layer_ids, check_head_fits, check_head_tensors, declared_aux_layers, shadowed_aux_layers,
+)
 from specsure.config.errors import ConfigError
 from specsure.config.speculators import check_head_config, file_key, is_speculators, unsupported
+from specsure.models.causal_lm import FINAL_NORMS
 from specsure.models.float_kernel import AnyKernel
 from specsure.models.gguf_blocks import stack
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
@@ -253,8 +256,9 @@ def head_layers(path: str, config: Mapping[str, Any], names: Collection[str]) ->
                           "needs layers 0.. numbered without gaps (midlayer.* or layers.0.*, then layers.1.* ...).")
     declared = config.get("num_hidden_layers")
     if isinstance(declared, int) and not isinstance(declared, bool) and declared != count:
-        raise mismatch(path, file_key(config, "num_hidden_layers"), declared, count,
-                       f"the {count} decoder layer(s) its tensors hold", "eagle3")
+        raise ConfigError(f"eagle3 draft head {path!r}: {file_key(config, 'num_hidden_layers')} = {declared}, but its "
+                          f"tensors hold {count} decoder layer(s); re-save the head with all of its layers, or fix "
+                          "num_hidden_layers in its config.json.")
     return count
 
 
@@ -280,6 +284,14 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
     if draft_vocab > vocab:
         raise mismatch(path, "draft_vocab_size", draft_vocab, f"at most {vocab}", "the target's vocabulary")
     aux = aux_layer_ids(config, path, lm.num_layers)
+    if lm.num_layers in aux and not lm.reads_last_output:
+        field = (declared_aux_layers(config) or ("aux layers", None))[0]
+        raise ConfigError(f"eagle3 draft head {path!r}: {field} = {list(aux)} includes {lm.num_layers}, the target's "
+                          f"last layer output before its final norm, and specsure cannot find that norm in "
+                          f"{type(lm.hf.base_model).__name__} ({', '.join(FINAL_NORMS)}); this head cannot run on this "
+                          "target here.")
+    if shadowed := shadowed_aux_layers(config):
+        logger.warning("eagle3 draft head %s: %s", path, shadowed)
     if (declared := declared_aux_layers(config)) and list(declared[1]) != list(aux):
         logger.warning("eagle3 draft head %s lists %s = %s; vLLM fuses the aux layers in ascending layer order, %s, "
                        "and so does specsure, so both run the head alike", path, declared[0], declared[1], list(aux))
@@ -291,6 +303,12 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
         raise ConfigError(f"eagle3 draft head {path!r}: its config.json gives no draft_vocab_size, but its d2t maps "
                           f"{size} draft ids; set \"draft_vocab_size\": {size} in the config.json.")
     d2t = vocab_map(weights, names, path, draft_vocab, vocab)
+    fc_in = weights.read([names["fc.weight"]])[names["fc.weight"]].shape[-1] if "fc.weight" in names else None
+    if fc_in is not None and fc_in != len(aux) * lm.hidden_size and fc_in % lm.hidden_size == 0:
+        field = (declared_aux_layers(config) or ("the default aux layers (2, N//2, N-3)", None))[0]
+        raise ConfigError(f"eagle3 draft head {path!r}: its fc reads {fc_in // lm.hidden_size} target layers "
+                          f"(fc.weight is [.., {fc_in}]), but {field} gives {len(aux)}: {list(aux)}; list the "
+                          "layers the head was trained on in its config.json.")
     layers = head_layers(path, config, names)
     qwen3 = QWEN3_ARCHITECTURE in (config.get("architectures") or [])
     head_config = llama_config(config, f"{path}/config.json", Qwen3Config if qwen3 else LlamaConfig,
@@ -303,7 +321,18 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
         module = Eagle3Module(head_config, len(aux) * lm.hidden_size, draft_vocab, own_embed, own_head, layers, qwen3)
     wanted = {c: n for c, n in names.items() if c not in ("d2t", "t2d")}
     tensors = weights.read(wanted.values())
-    load_weights(module, {c: tensors[n] for c, n in wanted.items()}, path, lm.dtype)
+    layer0 = "layers.0." if any(n.startswith("layers.0.") for n in names.values()) else "midlayer."
+
+    def spell(name: str) -> str:  # as the file names it, or would
+        if name in names:
+            return names[name]
+        if found := re.match(r"more\.(\d+)\.(.*)", name):
+            return f"layers.{int(found.group(1)) + 1}.{found.group(2)}"
+        return layer0 + name.removeprefix("midlayer.") if name.startswith("midlayer.") else name
+
+    load_weights(module, {c: tensors[n] for c, n in wanted.items()}, path, lm.dtype, spell,
+                 "Its tensors do not match its config.json (num_hidden_layers, norm_before_fc, fc_norm, "
+                 "architectures, the aux layer count); re-save the head, or fix the config.")
     module.attach(lm, head_config, d2t)
     use_row_kernel(module, lm.row_kernel)
     quantised = module.use_blocks() if module.use_kernel(lm.row_kernel) and blocks_wanted(lm) else 0

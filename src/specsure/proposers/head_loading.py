@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
@@ -88,27 +88,28 @@ def llama_config(config: Mapping[str, Any], where: str = "the head's config.json
 
 
 def load_weights(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor], checkpoint: str,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, spell: Callable[[str], str] = str,
+                 fix: str = "Check that the method matches the checkpoint's format.") -> None:
     """Assign ``tensors`` (module-relative names) to a module built on the meta device.
 
     Raises ConfigError naming the missing or unexpected tensors, or a tensor whose shape differs
-    from what the head's config (and the target) imply.
+    from what the head's config (and the target) imply; ``spell`` gives a module name as the file
+    spells it, and ``fix`` what to do, where the method is known to be right.
     """
     expected = module.state_dict()
-    missing = sorted(set(expected) - set(tensors))
-    extra = sorted(set(tensors) - set(expected))
+    missing = sorted(spell(n) for n in set(expected) - set(tensors))
+    extra = sorted(spell(n) for n in set(tensors) - set(expected))
     if missing or extra:
         parts = []
         if missing:
             parts.append(f"missing tensors {missing[:6]}{' ...' if len(missing) > 6 else ''}")
         if extra:
             parts.append(f"unexpected tensors {extra[:6]}{' ...' if len(extra) > 6 else ''}")
-        raise ConfigError(f"draft head {checkpoint!r}: {' and '.join(parts)} for this head layout. "
-                          "Check that the method matches the checkpoint's format.")
+        raise ConfigError(f"draft head {checkpoint!r}: {' and '.join(parts)} for this head layout. {fix}")
     for name, want in expected.items():
         got = tensors[name]
         if tuple(got.shape) != tuple(want.shape):
-            raise mismatch(checkpoint, f"tensor {name!r} shape", list(got.shape), list(want.shape),
+            raise mismatch(checkpoint, f"tensor {spell(name)!r} shape", list(got.shape), list(want.shape),
                            "the head's config.json with the target's sizes")
     module.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()},
                            strict=True, assign=True)

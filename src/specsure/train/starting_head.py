@@ -61,6 +61,16 @@ def read_starting_head(lm: CausalLM, folder: str, aux_layers: tuple[int, ...] | 
         layers = 1 + len({n.split(".")[1] for n in deeper})
         raise ConfigError(f"--init-from {folder!r}: the head has {layers} decoder layers (layers.1.* ...), and this "
                           "trainer trains EAGLE-3 heads of one; train a new head instead (leave out --init-from).")
+    eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
+    kept = {"norm_before_residual": config.get("norm_before_residual"), "norm_before_fc": config.get("norm_before_fc",
+            eagle.get("norm_before_fc")), "fc_norm": config.get("fc_norm"), "norm_output": config.get("norm_output")}
+    if variants := [f"{key} = true" for key, value in kept.items() if value is True]:
+        # the trainer's head has none of these, so a continued head would compute another function
+        raise ConfigError(f"--init-from {folder!r}: the head sets {', '.join(variants)}, a variant of the EAGLE-3 "
+                          "layer this trainer does not train; train a new head instead (leave out --init-from).")
+    if "Eagle3Qwen3ForCausalLM" in (config.get("architectures") or []):
+        raise ConfigError(f"--init-from {folder!r}: the head has Qwen3 decoder layers (Eagle3Qwen3ForCausalLM), and "
+                          "this trainer trains Llama ones; train a new head instead (leave out --init-from).")
     if "embed_tokens.weight" in names:
         raise ConfigError(f"--init-from {folder!r}: the head has its own embed_tokens.weight, but this trainer's "
                           "heads share the target's embedding; train a new head instead (leave out --init-from).")
