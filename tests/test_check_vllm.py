@@ -286,3 +286,13 @@ def test_a_speculators_target_that_vllm_replaces_is_a_mismatch(tmp_path, target)
     check = compare(same, {**replaced, "num_speculative_tokens": 4}, exported={}, vllm_version="0.33.0")
     (mismatch,) = check.mismatches
     assert (mismatch.field, mismatch.vllm) == ("target", "meta-llama/Llama-3.1-8B-Instruct")
+
+
+def test_a_config_specsure_refuses_is_never_ok_though_vllm_agrees(tmp_path, target, capsys):
+    """vLLM runs method 'eagle' with this draft as asked; specsure refuses it (the draft is an EAGLE-3 head):
+    the table still shows vLLM's answer, but no "OK", and the exit is 2."""
+    head = write(tmp_path / "head", architectures=["LlamaForCausalLMEagle3"], num_hidden_layers=1, draft_vocab_size=64)
+    agree = vllm_result(method="eagle", model=head)
+    assert run_cli(target, {"method": "eagle", "model": head}, fake_python(tmp_path, answer(agree, agree))) == 2
+    out = capsys.readouterr().out
+    assert "OK:" not in out and "NOT RUNNABLE: specsure would refuse this config" in out and "EAGLE-3 head" in out

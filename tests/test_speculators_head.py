@@ -290,3 +290,12 @@ def test_explain_shows_the_flattened_head_and_its_keys(target, tmp_path):
     head = speculators_copy(write_eagle3_head(tmp_path / "e3", target, draft_vocab=64), tmp_path / "spec")
     text = resolve({"model": str(head)}, model=str(target)).explain()
     assert "speculators_model_type" in text and "speculative_tokens=3" in text
+
+
+def test_a_qwen3_speculators_head_without_head_dim_reads_hidden_over_heads_as_vllm(target, plain, tmp_path):
+    """vLLM's flattened config is no Qwen3Config, so an absent head_dim is hidden_size / num_attention_heads
+    there (not Qwen3Config's 128); specsure reads it the same and runs the head."""
+    head = _edited(write_eagle3_head(tmp_path / "e3", target, draft_vocab=64, qwen3=True), tmp_path / "spec",
+                   {"transformer_layer_config.head_dim": DROP})
+    engine, got = run(target, head)
+    assert engine.proposer.module.midlayer.self_attn.head_dim == 8 and got == plain  # 32 / 4 heads

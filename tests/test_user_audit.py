@@ -190,16 +190,26 @@ def test_the_packaged_gguf_by_its_path_reuses_the_default_conversion(default_mod
     assert weights_folder(str(packaged_default_gguf())) == weights_folder(None)
 
 
-@pytest.mark.parametrize(("ids", "engine", "message"), [
-    ([1], "vllm", "fuses 1 target layer(s)"), ([1], "sglang", "fuses 1 target layer(s)"),
-    ([3, 1, 0], "vllm", None), ([2, 15, 27], "vllm", None),  # vLLM and specsure fuse them alike, in ascending order
-    ([2, 15, 27], "sglang", "reads listed ids as layer outputs"), ([3, 1, 0], "sglang", "reads listed ids"),
+@pytest.mark.parametrize(("where", "ids", "engine", "message"), [
+    # vLLM 0.33.0's default runner (V2) reads only a top-level list: one under eagle_config is not read
+    ("eagle_config", [1], "vllm", "default model runner (V2) would fuse target layers [2, 15, 27], not [1]"),
+    ("eagle_config", [3, 1, 0], "vllm", "not [0, 1, 3] as specsure does"),
+    ("eagle_config", [3, 1, 0], "vllm", "VLLM_USE_V2_MODEL_RUNNER=0"),
+    ("eagle_config", [2, 15, 27], "vllm", None),  # the default layers: the same either way
+    ("top", [3, 1, 0], "vllm", None),  # read, and fused ascending, as specsure does
+    ("top", [1, 3, 5, 7], "vllm", "vLLM builds the head's fc for 3 target layers"),  # a Llama head sizes fc by eagle_config
+    ("eagle_config", [1, 3, 5, 7], "vllm", "default model runner (V2)"),
+    ("eagle_config", [1], "sglang", "fuses 1 target layer(s)"),
+    ("eagle_config", [2, 15, 27], "sglang", "reads listed ids as layer outputs"),
+    ("eagle_config", [3, 1, 0], "sglang", "reads listed ids"),
 ])
-def test_export_warns_of_aux_layers_the_engines_read_otherwise(tmp_path: Path, target: str, ids: list[int],
-                                                               message: str | None, engine: str) -> None:
+def test_export_warns_of_aux_layers_the_engines_read_otherwise(tmp_path: Path, target: str, where: str, ids: list[int],
+                                                               engine: str, message: str | None) -> None:
     from specsure.config.export import export
 
-    head = write_checkpoint(tmp_path / "e3", eagle3_head(eagle_config={"eagle_aux_hidden_state_layer_ids": ids}))
+    placed = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}} if where == "eagle_config" else {
+        "eagle_aux_hidden_state_layer_ids": ids}
+    head = write_checkpoint(tmp_path / "e3", eagle3_head(**placed))
     warnings = " ".join(export(resolve({"model": str(head)}, model=target), engine).warnings)
     assert (message in warnings) if message else "eagle_aux_hidden_state_layer_ids" not in warnings
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 import logging
 import math
 import sys
 
 from specsure.cli.common import (
-    EXIT_FAIL, EXIT_OK, add_model_flags, missing_modules, parse_speculative_config,
+    EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_model_flags, missing_modules, parse_speculative_config,
 )
 from specsure.config import ConfigError, resolve
 from specsure.config.export import VLLM_TESTED_VERSIONS, export
@@ -26,7 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "config code (EngineArgs.create_speculative_config, in a subprocess run with vLLM's "
                     "Python; specsure never imports vLLM) what it would run. Prints one row per field. "
                     "Exit 0: same method and draft. Exit 1: vLLM would run something else (the cause and "
-                    "fix are named). Exit 2: bad config, or vLLM missing or failing. "
+                    "fix are named). Exit 2: bad config, one specsure itself refuses to run (vLLM's answer is "
+                    "still shown), or vLLM missing or failing. "
                     f"Tested with vLLM {tested}; other versions may differ in their detection rules.",
         epilog=f"Tested with vLLM {tested} on CPU, with config.json-only checkpoints.")
     add_model_flags(parser)
@@ -56,6 +58,11 @@ def _check(args: argparse.Namespace) -> int:
         raise ConfigError("check-vllm needs --speculative-config: with speculation off there is nothing to check.")
     logging.getLogger("specsure.config").setLevel(logging.ERROR)  # shown in the notes instead
     res = resolve(speculative, model=args.model, strict=args.strict, dtype=None)  # what vLLM runs, elsewhere
+    try:  # vLLM is still asked (what it would run with this config is the point), but nothing is "OK";
+        res.check_runnable(weights=False)  # metadata only: config-only folders are this check's usual input
+        refused = ""
+    except ConfigError as exc:
+        refused = str(exc)
     exported = export(res, "vllm", strict=False)
     python = args.vllm_python or default_vllm_python()
     if python is None:
@@ -90,7 +97,8 @@ def _check(args: argparse.Namespace) -> int:
     if "error" in result:
         raise ValueError(f"vLLM {version}'s config code failed on the exported config "
                          f"{json.dumps(dict(exported.speculative_config))}: {result['error']}")
-    check = compare(res, result, exported=exported.speculative_config, as_written=written, vllm_version=version)
+    check = replace(compare(res, result, exported=exported.speculative_config, as_written=written,
+                            vllm_version=version), refused=refused)
     if version not in VLLM_TESTED_VERSIONS:
         notes.append(f"vLLM {version} is not a tested version ({', '.join(VLLM_TESTED_VERSIONS)}).")
     if answer.get("specsure_plugin") and not check.ok:
@@ -105,4 +113,4 @@ def _check(args: argparse.Namespace) -> int:
         print(check.table())
         for text in notes:
             print(f"warning: {text}", file=sys.stderr)
-    return EXIT_OK if check.ok else EXIT_FAIL
+    return EXIT_USAGE if refused else EXIT_OK if check.ok else EXIT_FAIL

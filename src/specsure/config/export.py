@@ -20,7 +20,7 @@ from specsure.config.errors import ConfigError
 from specsure.config.speculators import is_speculators
 from specsure.config.token_tree import is_chain
 from specsure.config.vllm_overrides import local_path, predict_vllm_overrides, speculators_refusal, target_path
-from specsure.config.vllm_rules import VLLM_TESTED_VERSIONS
+from specsure.config.vllm_rules import VLLM_TESTED_VERSIONS, vllm_aux_layers, vllm_fc_layers
 
 if TYPE_CHECKING:
     from specsure.config.resolution import Resolution
@@ -94,28 +94,45 @@ def export(res: "Resolution", engine: str, *, strict: bool | None = None) -> Exp
 
 
 def _aux_layers_note(res: "Resolution", engine: str) -> str | None:
-    """Where the engine reads a head's declared target layers otherwise than specsure: a count other
-    than 3 (their EAGLE-3 models fuse 3 unless eagle_config says otherwise), and SGLang's reading of
-    the ids as layer outputs. specsure, like vLLM, takes id j as the stream entering layer j and
-    fuses the ids in ascending order."""
+    """Where the engine reads a head's target layers otherwise than specsure, which takes id j as the
+    stream entering layer j, the top-level list before eagle_config's, and fuses them ascending."""
     draft = res.draft
     if res.config is None or res.config.method != "eagle3" or draft is None:
         return None
-    ids = (declared_aux_layers(draft.config) or ("", None))[1]
+    declared = declared_aux_layers(draft.config)
+    layers = res.target.num_hidden_layers
+    if engine == "vllm":
+        return _vllm_aux_note(draft.path, draft.config, declared, layers) if layers is not None else None
+    ids = declared[1] if declared else None
     if not isinstance(ids, list):
         return None
-    name = "vLLM" if engine == "vllm" else "SGLang"
     if len(ids) != 3:
-        return (f"the head {draft.path!r} fuses {len(ids)} target layer(s) ({LAYER_IDS_KEY} = {ids}); {name}'s "
-                "EAGLE-3 model fuses 3 unless the head's eagle_config lists its ids, and would then refuse its fc "
-                "weight. specsure runs it as it is.")
-    if engine == "sglang":
-        return (f"the head {draft.path!r} lists its target layers ({LAYER_IDS_KEY} = {ids}); specsure and vLLM "
-                "fuse the residual stream entering each listed layer, while SGLang reads listed ids as layer "
-                "outputs in some releases (it then captures the stream entering each id + 1; recent ones do so only "
-                "when the first id is 1). The same head may draft from other features there: the output is the same, "
-                "the acceptance may differ.")
-    return None
+        return (f"the head {draft.path!r} fuses {len(ids)} target layer(s) ({LAYER_IDS_KEY} = {ids}); SGLang's "
+                "EAGLE-3 model may build its fc for 3 and refuse the head's. specsure runs it as it is.")
+    return (f"the head {draft.path!r} lists its target layers ({LAYER_IDS_KEY} = {ids}); specsure and vLLM "
+            "fuse the residual stream entering each listed layer, while SGLang reads listed ids as layer "
+            "outputs in some releases (it then captures the stream entering each id + 1; recent ones do so only "
+            "when the first id is 1). The same head may draft from other features there: the output is the same, "
+            "the acceptance may differ.")
+
+
+def _vllm_aux_note(path: str, config: Mapping[str, Any], declared: tuple[str, Any] | None, layers: int) -> str | None:
+    """vLLM 0.33.0's reading of the head's target layers (vllm_rules.py), where it differs from specsure's."""
+    ours = tuple(sorted(set(declared[1]))) if declared and isinstance(declared[1], list) else \
+        tuple(sorted({2, layers // 2, layers - 3}))
+    v2, v1, fc = vllm_aux_layers(config, layers, "v2"), vllm_aux_layers(config, layers, "v1"), vllm_fc_layers(config)
+    notes = []
+    if v2 != ours:
+        fix = ("run vLLM with VLLM_USE_V2_MODEL_RUNNER=0 (its V1 runner reads them), or " if v1 == ours else "")
+        notes.append(f"vLLM {VLLM_TESTED_VERSIONS[-1]}'s default model runner (V2) would fuse target layers "
+                     f"{list(v2)}, not {list(ours)} as specsure does: it reads only a top-level {LAYER_IDS_KEY} "
+                     f"(or eagle_config.layer_ids). The output stays the same and fewer drafts are accepted; {fix}"
+                     f"copy the list to the top level of {path}/config.json")
+    if fc != len(ours):
+        notes.append(f"vLLM builds the head's fc for {fc} target layers (from num_aux_hidden_states, or the id list "
+                     f"its EAGLE-3 model class reads, else 3), but the head fuses {len(ours)}: vLLM refuses its fc "
+                     "weight. specsure runs it as it is")
+    return "; ".join(notes) + "." if notes else None
 
 
 def _check_loadable(res: "Resolution", engine: str) -> None:

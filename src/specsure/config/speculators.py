@@ -112,6 +112,11 @@ def flatten(config: Mapping[str, Any], where: str) -> Flattened | None:
     if layer_type in EAGLE3_ARCHITECTURES:
         flat["architectures"] = [EAGLE3_ARCHITECTURES[layer_type]]
         origins["architectures"] = f"{LAYER_KEY}.model_type"
+    hidden, heads = layer.get("hidden_size"), layer.get("num_attention_heads")
+    if "head_dim" not in layer and isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        # vLLM's flattened config is no Qwen3Config (whose head_dim defaults to 128): its layers read
+        # hidden_size / num_attention_heads
+        flat["head_dim"], origins["head_dim"] = hidden // heads, "head_dim (absent; hidden_size / num_attention_heads)"
     for key in (LAYER_KEY, BLOCK_KEY, KIND_KEY, "speculators_version"):
         if key in config:
             flat[key], origins[key] = config[key], key

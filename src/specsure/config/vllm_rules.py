@@ -152,3 +152,37 @@ def remote_verifier(verifier: Any) -> bool:
         return False
     path = Path(verifier)
     return not (path.exists() or path.is_symlink())
+
+
+# Which target layers an EAGLE-3 head fuses in vLLM 0.33.0, and how wide it builds the head's fc.
+AUX_KEY: Final[str] = "eagle_aux_hidden_state_layer_ids"
+
+
+def vllm_aux_layers(config: Mapping[str, Any], num_layers: int, runner: str = "v2") -> tuple[int, ...]:
+    """The layers vLLM collects for an EAGLE-3 draft's ``config``, as its target runs (so ascending,
+    each once: _set_aux_hidden_state_layers). Model Runner V2, the default on a GPU
+    (v1/worker/gpu/spec_decode/eagle/eagle3_utils.py), reads the top-level list, else
+    eagle_config's ``layer_ids``; the V1 runner (VLLM_USE_V2_MODEL_RUNNER=0, gpu_model_runner.py) the
+    top-level list, else eagle_config's ``eagle_aux_hidden_state_layer_ids``; both else (2, N//2, N-3)."""
+    eagle = _get_mapping(config, "eagle_config")
+    ids = config.get(AUX_KEY) or eagle.get("layer_ids" if runner == "v2" else AUX_KEY)
+    if not (isinstance(ids, (list, tuple)) and ids):
+        ids = [2, num_layers // 2, num_layers - 3]
+    return tuple(sorted({int(i) for i in ids if isinstance(i, int)}))
+
+
+def vllm_fc_layers(config: Mapping[str, Any]) -> int:
+    """How many target layers vLLM 0.33.0 sizes an EAGLE-3 draft's fc for: num_aux_hidden_states, else the
+    length of the id list its model class reads (llama_eagle3.py: eagle_config's only; qwen3_eagle3.py:
+    the top-level list, else eagle_config's), else 3."""
+    if isinstance(count := config.get("num_aux_hidden_states"), int) and not isinstance(count, bool):
+        return count
+    eagle = _get_mapping(config, "eagle_config")
+    qwen3 = "Eagle3Qwen3ForCausalLM" in (config.get("architectures") or [])
+    ids = (config.get(AUX_KEY) or eagle.get(AUX_KEY)) if qwen3 else eagle.get(AUX_KEY)
+    return len(ids) if isinstance(ids, (list, tuple)) and ids else 3
+
+
+def _get_mapping(config: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = config.get(key)
+    return value if isinstance(value, Mapping) else {}

@@ -61,10 +61,12 @@ class Check:
     exported: Mapping[str, Any]
     """The --speculative-config that was handed to vLLM."""
     notes: tuple[str, ...] = ()
+    refused: str = ""
+    """Why specsure itself would not run the config ('' when it would): then nothing is OK."""
 
     @property
     def ok(self) -> bool:
-        return not self.mismatches
+        return not self.mismatches and not self.refused
 
     def to_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "vllm_version": self.vllm_version, "exported": dict(self.exported),
@@ -73,7 +75,7 @@ class Check:
                            for r in self.rows],
                 "mismatches": [{"field": m.field, "specsure": m.specsure, "vllm": m.vllm, "cause": m.cause,
                                 "fix": m.fix} for m in self.mismatches],
-                "notes": list(self.notes)}
+                "notes": list(self.notes), "specsure_refuses": self.refused or None}
 
     def table(self) -> str:
         """The side-by-side table, then each mismatch with its cause and fix."""
@@ -90,7 +92,10 @@ class Check:
         lines.append(f"exported --speculative-config: {json.dumps(dict(self.exported))}")
         for note in self.notes:
             lines.append(f"note: {note}")
-        if self.ok:
+        if self.refused:
+            lines.append(f"NOT RUNNABLE: specsure would refuse this config, so vLLM's answer above has nothing to "
+                         f"agree with: {self.refused}")
+        elif self.ok:
             lines.append(f"OK: vLLM {self.vllm_version} would run the same method and draft as specsure.")
         for m in self.mismatches:
             lines.append(f"MISMATCH {m.field}: specsure runs {_show(m.specsure)}, vLLM would run {_show(m.vllm)}.")
