@@ -299,3 +299,19 @@ def test_a_qwen3_speculators_head_without_head_dim_reads_hidden_over_heads_as_vl
                    {"transformer_layer_config.head_dim": DROP})
     engine, got = run(target, head)
     assert engine.proposer.module.midlayer.self_attn.head_dim == 8 and got == plain  # 32 / 4 heads
+
+
+def test_a_malformed_k_in_the_file_is_not_read_when_you_set_k(target, plain, tmp_path):
+    """As a draft, vLLM never reads speculative_tokens: with num_speculative_tokens given, the file's
+    broken value does not stop the head (without it, the value would fill k, and is refused above)."""
+    head = _edited(write_eagle3_head(tmp_path / "e3", target, draft_vocab=64), tmp_path / "spec", {K: "four"})
+    res = resolve({"model": str(head), "num_speculative_tokens": 2}, model=str(target))
+    assert (res.config.num_speculative_tokens, res.source("num_speculative_tokens")) == (2, "user")
+    assert res.warnings == ()
+    assert run(target, head, k=2)[1] == plain
+
+
+def test_a_null_speculators_config_is_no_speculators_config(tmp_path):
+    """vLLM reads "speculators_config": null as absent: such a target is an ordinary model."""
+    target = build_tiny_llama(tmp_path / "target", num_layers=4, extra_config={"speculators_config": None})
+    assert resolve({"method": "ngram"}, model=str(target)).config.method == "ngram"

@@ -215,6 +215,10 @@ def _train(args: argparse.Namespace, out: Path, settings: "MTPTrainSettings | Ea
         raise ValueError(f"--draft-vocab-size {args.draft_vocab_size} is larger than the target's vocabulary "
                          f"({target.lm.vocab_size} tokens); give at most {target.lm.vocab_size}.")
     wanted = _aux_layers(args.aux_layers, target.lm.num_layers) if args.method == "eagle3" else ()
+    if target.lm.num_layers in wanted and not target.lm.reads_last_output:
+        raise ValueError(f"--aux-layers {args.aux_layers}: {target.lm.num_layers}, the last layer's output, needs the "
+                         "target's final norm, which specsure cannot find in it; give ids below "
+                         f"{target.lm.num_layers}.")
     start = None
     if args.init_from is not None:
         from dataclasses import replace

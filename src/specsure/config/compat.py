@@ -232,10 +232,14 @@ def shadowed_aux_layers(config: Mapping[str, Any]) -> str | None:
     eagle = config.get("eagle_config")
     inner = eagle.get(LAYER_IDS_KEY) if isinstance(eagle, Mapping) else None
     outer = config.get(LAYER_IDS_KEY)
-    if inner in (None, []) or outer in (None, []) or inner == outer:
-        return None
+    if inner in (None, []) or outer in (None, []) or _as_set(inner) == _as_set(outer):
+        return None  # fused ascending, so lists of one set run alike
     return (f"{LAYER_IDS_KEY} = {json.dumps(outer)} and eagle_config.{LAYER_IDS_KEY} = {json.dumps(inner)} differ; "
             "vLLM 0.33.0 reads the top-level list, and so does specsure. Remove the one the head was not trained on.")
+
+
+def _as_set(ids: Any) -> Any:
+    return frozenset(ids) if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else ids
 
 
 def mismatch(checkpoint: str, field: str, found: Any, expected: Any, why: str, method: str | None = None) -> ConfigError:

@@ -229,18 +229,18 @@ class Decider:
                                                    "as vLLM drafts.")
         return Decision(name, tree, "user", f"You set the draft tree: {tree_shape(tree)}.")
 
-    def _declared_k(self) -> tuple[str, int] | None:
+    def _declared_k(self, needed: bool) -> tuple[str, int] | None:
         """(key, value) of the draft length the draft declares: an MLP speculator's n_predict, or the
         speculative_tokens a speculators-format head was trained for."""
         if self.draft is None:
             return None
         if n_predict := self.draft.int_field("n_predict"):
             return "n_predict", n_predict
-        return declared_k(self.draft.config)
+        return declared_k(self.draft.config, self.draft.config_file or self.draft.path, needed)
 
     def decide_num_tokens(self, method: str, tree_depth: int | None, token_tree: DraftTree | None) -> Decision:
         user = self.spec.num_speculative_tokens
-        declared = self._declared_k()
+        declared = self._declared_k(needed=user is UNSET and token_tree is None)  # it would fill k
         if token_tree is not None:  # both explicit: they must agree, and neither replaces the other
             if user is not UNSET and user != len(token_tree):
                 raise ConfigError(f"num_speculative_tokens = {user} but speculative_token_tree has {len(token_tree)} "

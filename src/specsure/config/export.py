@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, Literal, Mapping
 
-from specsure.config.compat import LAYER_IDS_KEY, declared_aux_layers
+from specsure.config.compat import LAYER_IDS_KEY, aux_layer_ids, declared_aux_layers
 from specsure.config.detect import MTP_HEAD_ARCHITECTURES
 from specsure.config.errors import ConfigError
 from specsure.config.speculators import is_speculators
@@ -118,17 +118,23 @@ def _aux_layers_note(res: "Resolution", engine: str) -> str | None:
 
 def _vllm_aux_note(path: str, config: Mapping[str, Any], declared: tuple[str, Any] | None, layers: int) -> str | None:
     """vLLM 0.33.0's reading of the head's target layers (vllm_rules.py), where it differs from specsure's."""
-    ours = tuple(sorted(set(declared[1]))) if declared and isinstance(declared[1], list) else \
-        tuple(sorted({2, layers // 2, layers - 3}))
+    try:
+        ours = aux_layer_ids(config, path, layers)  # what specsure fuses, the default's repeats included
+    except ConfigError:
+        return None  # refused, and said so, by check_runnable
     v2, v1, fc = vllm_aux_layers(config, layers, "v2"), vllm_aux_layers(config, layers, "v1"), vllm_fc_layers(config)
     notes = []
-    if v2 != ours:
+    if v2 != tuple(sorted(set(ours))):
         fix = ("run vLLM with VLLM_USE_V2_MODEL_RUNNER=0 (its V1 runner reads them), or " if v1 == ours else "")
         notes.append(f"vLLM {VLLM_TESTED_VERSIONS[-1]}'s default model runner (V2) would fuse target layers "
                      f"{list(v2)}, not {list(ours)} as specsure does: it reads only a top-level {LAYER_IDS_KEY} "
                      f"(or eagle_config.layer_ids). The output stays the same and fewer drafts are accepted; {fix}"
                      f"copy the list to the top level of {path}/config.json")
-    if fc != len(ours):
+    if len(set(ours)) != len(ours):
+        notes.append(f"vLLM collects each target layer once, so the head's {len(ours)} fused layers {list(ours)} "
+                     f"(the default on a target of {layers} layers repeats some) reach its fc as {len(set(ours))}: "
+                     "vLLM fails at the first forward. specsure runs it as it is")
+    elif fc != len(ours):
         notes.append(f"vLLM builds the head's fc for {fc} target layers (from num_aux_hidden_states, or the id list "
                      f"its EAGLE-3 model class reads, else 3), but the head fuses {len(ours)}: vLLM refuses its fc "
                      "weight. specsure runs it as it is")

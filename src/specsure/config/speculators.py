@@ -60,8 +60,8 @@ def is_speculators(config: Mapping[str, Any]) -> bool:
 def check_block(config: Mapping[str, Any], where: str) -> None:
     """A config that names a speculators kind or block has a well-formed block: the keys specsure reads
     from it are what the format says, or a ConfigError names the key, the value and the fix."""
-    if KIND_KEY not in config and BLOCK_KEY not in config:
-        return
+    if config.get(KIND_KEY) is None and config.get(BLOCK_KEY) is None:
+        return  # vLLM reads a null speculators_config as none
     block = config.get(BLOCK_KEY)
     fix = "Fix the head's config.json, or re-save the head with the speculators library."
     if not isinstance(block, Mapping):
@@ -72,17 +72,6 @@ def check_block(config: Mapping[str, Any], where: str) -> None:
     if not isinstance(kind, str):
         raise ConfigError(f"{where}: {KIND_KEY} = {_shown(kind)} must name the head's kind, such as \"eagle3\" for "
                           f"an EAGLE-3 head (the kinds vLLM 0.33.0 registers: {', '.join(KINDS)}). {fix}")
-    methods = block.get("proposal_methods")
-    if methods is None or methods == []:
-        return  # declares no draft length: num_speculative_tokens keeps its own default
-    key = f"{BLOCK_KEY}.proposal_methods"
-    if not isinstance(methods, list) or not isinstance(methods[0], Mapping):
-        raise ConfigError(f"{where}: {key} = {_shown(methods)} must be a list of objects such as "
-                          '{"proposal_type": "greedy", "speculative_tokens": 3}. ' + fix)
-    tokens = methods[0].get("speculative_tokens")  # vLLM refuses an entry without it ("Missing 'speculative_tokens'")
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-        raise ConfigError(f"{where}: {key}.0.speculative_tokens = {_shown(tokens)} must be a positive integer, the "
-                          f"draft length the head was trained for. {fix}")
 
 
 def flatten(config: Mapping[str, Any], where: str) -> Flattened | None:
@@ -152,15 +141,30 @@ def check_head_config(config: Mapping[str, Any], where: str) -> None:
                               "head's config.json.")
 
 
-def declared_k(config: Mapping[str, Any]) -> tuple[str, int] | None:
-    """(dotted key, value) of the draft length a speculators head was trained for: the first proposal
-    method's speculative_tokens, which vLLM takes as num_speculative_tokens for such a target."""
+def declared_k(config: Mapping[str, Any], where: str, needed: bool) -> tuple[str, int] | None:
+    """(dotted key, value) of the draft length a speculators head was trained for: its first proposal
+    method's speculative_tokens. vLLM takes it as k only for such a checkpoint given as the target; as
+    a draft it never reads it, so specsure does only to fill an unset k (``needed``): then a malformed
+    value is a ConfigError naming it (never the method's default in its place), else it is ignored.
+    A head whose proposal_methods is absent or empty declares none."""
     block = config.get(BLOCK_KEY)
     methods = block.get("proposal_methods") if isinstance(block, Mapping) else None
-    first = methods[0] if isinstance(methods, list) and methods and isinstance(methods[0], Mapping) else None
-    value = first.get("speculative_tokens") if first is not None else None
+    if methods is None or methods == []:
+        return None
+    key = f"{BLOCK_KEY}.proposal_methods"
+    fix = ("Fix the head's config.json, or set num_speculative_tokens yourself (then the file's value is not "
+           "read).")
+    if not isinstance(methods, list) or not isinstance(methods[0], Mapping):
+        if needed:
+            raise ConfigError(f"{where}: {key} = {_shown(methods)} must be a list of objects such as "
+                              '{"proposal_type": "greedy", "speculative_tokens": 3}. ' + fix)
+        return None
+    value = methods[0].get("speculative_tokens")
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return f"{BLOCK_KEY}.proposal_methods.0.speculative_tokens", value
+        return f"{key}.0.speculative_tokens", value
+    if needed:
+        raise ConfigError(f"{where}: {key}.0.speculative_tokens = {_shown(value)} must be a positive integer, the "
+                          f"draft length the head was trained for. {fix}")
     return None
 
 

@@ -160,7 +160,7 @@ AUX_KEY: Final[str] = "eagle_aux_hidden_state_layer_ids"
 
 def vllm_aux_layers(config: Mapping[str, Any], num_layers: int, runner: str = "v2") -> tuple[int, ...]:
     """The layers vLLM collects for an EAGLE-3 draft's ``config``, as its target runs (so ascending,
-    each once: _set_aux_hidden_state_layers). Model Runner V2, the default on a GPU
+    each once: _set_aux_hidden_state_layers), for EAGLE-3's keys only. Model Runner V2, the default on a GPU
     (v1/worker/gpu/spec_decode/eagle/eagle3_utils.py), reads the top-level list, else
     eagle_config's ``layer_ids``; the V1 runner (VLLM_USE_V2_MODEL_RUNNER=0, gpu_model_runner.py) the
     top-level list, else eagle_config's ``eagle_aux_hidden_state_layer_ids``; both else (2, N//2, N-3)."""
@@ -172,13 +172,15 @@ def vllm_aux_layers(config: Mapping[str, Any], num_layers: int, runner: str = "v
 
 
 def vllm_fc_layers(config: Mapping[str, Any]) -> int:
-    """How many target layers vLLM 0.33.0 sizes an EAGLE-3 draft's fc for: num_aux_hidden_states, else the
+    """How many target layers vLLM 0.33.0 sizes an EAGLE-3 draft's fc for: (Qwen3: num_aux_layers, then)
+    num_aux_hidden_states, else the
     length of the id list its model class reads (llama_eagle3.py: eagle_config's only; qwen3_eagle3.py:
     the top-level list, else eagle_config's), else 3."""
-    if isinstance(count := config.get("num_aux_hidden_states"), int) and not isinstance(count, bool):
-        return count
-    eagle = _get_mapping(config, "eagle_config")
     qwen3 = "Eagle3Qwen3ForCausalLM" in (config.get("architectures") or [])
+    for key in ("num_aux_layers", "num_aux_hidden_states") if qwen3 else ("num_aux_hidden_states",):
+        if isinstance(count := config.get(key), int) and not isinstance(count, bool):
+            return count
+    eagle = _get_mapping(config, "eagle_config")
     ids = (config.get(AUX_KEY) or eagle.get(AUX_KEY)) if qwen3 else eagle.get(AUX_KEY)
     return len(ids) if isinstance(ids, (list, tuple)) and ids else 3
 

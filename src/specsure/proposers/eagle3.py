@@ -311,9 +311,12 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
                           "layers the head was trained on in its config.json.")
     layers = head_layers(path, config, names)
     qwen3 = QWEN3_ARCHITECTURE in (config.get("architectures") or [])
-    head_config = llama_config(config, f"{path}/config.json", Qwen3Config if qwen3 else LlamaConfig,
+    # vLLM builds the config from model_type (AutoConfig), whatever class the architectures name
+    kind = Qwen3Config if config.get("model_type") == "qwen3" else LlamaConfig
+    head_config = llama_config(config, f"{path}/config.json", kind,
                                num_hidden_layers=layers, vocab_size=vocab)
-    if qwen3 and (sliding := [i for i, kind in enumerate(head_config.layer_types[:layers]) if kind != "full_attention"]):
+    types = getattr(head_config, "layer_types", None) or []
+    if qwen3 and (sliding := [i for i, name in enumerate(types[:layers]) if name != "full_attention"]):
         raise ConfigError(f"eagle3 draft head {path!r}: its Qwen3 layer(s) {sliding} attend over a sliding window "
                           f"(layer_types, use_sliding_window), which specsure's head cache does not apply; give a head "
                           "whose layers attend fully.")

@@ -81,7 +81,7 @@ def llama_config(config: Mapping[str, Any], where: str = "the head's config.json
         built = kind.from_dict(fields)
     except (TypeError, ValueError, StrictDataclassError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"{where}: transformers cannot build the head's Llama decoder layer from it ({first}). Fix "
+        raise ConfigError(f"{where}: transformers cannot build the head's decoder layer from it ({first}). Fix "
                           "the field it names.") from None
     built._attn_implementation = "sdpa"
     return built

@@ -19,7 +19,7 @@ from specsure.config.detect import SPECSURE_MTP_HEAD, SPECSURE_MTP_MODEL_TYPE
 from specsure.config.errors import ConfigError
 from specsure.config.training_record import RECORD_FILE
 from specsure.models.causal_lm import CausalLM
-from specsure.proposers.eagle3 import canonical
+from specsure.proposers.eagle3 import VERIFIER_PARTS, canonical
 from specsure.proposers.mtp import BLOCK_OVERRIDES, module_names
 from specsure.proposers.head_loading import TensorFile, check_equal, int_field, read_head_config, vocab_map
 
@@ -53,7 +53,7 @@ def read_starting_head(lm: CausalLM, folder: str, aux_layers: tuple[int, ...] | 
         raise ConfigError(f"--init-from {folder!r} is an MTP head (architectures {config.get('architectures')}); "
                           "continue it with --method mtp, or give an EAGLE-3 head.")
     weights = TensorFile(folder)
-    names = {canonical(n): n for n in weights.names}
+    names = {canonical(n): n for n in weights.names if not n.startswith(VERIFIER_PARTS)}
     if "midlayer.hidden_norm.weight" not in names:
         raise ConfigError(f"--init-from {folder!r}: not an EAGLE-3 head (no midlayer.hidden_norm.weight); give a "
                           "folder that `specsure train --method eagle3` wrote, or the shipped head.")
@@ -62,8 +62,8 @@ def read_starting_head(lm: CausalLM, folder: str, aux_layers: tuple[int, ...] | 
         raise ConfigError(f"--init-from {folder!r}: the head has {layers} decoder layers (layers.1.* ...), and this "
                           "trainer trains EAGLE-3 heads of one; train a new head instead (leave out --init-from).")
     eagle = config.get("eagle_config") if isinstance(config.get("eagle_config"), dict) else {}
-    kept = {"norm_before_residual": config.get("norm_before_residual"), "norm_before_fc": config.get("norm_before_fc",
-            eagle.get("norm_before_fc")), "fc_norm": config.get("fc_norm"), "norm_output": config.get("norm_output")}
+    kept = {"norm_before_residual": config.get("norm_before_residual"), "norm_before_fc": eagle.get("norm_before_fc",
+            config.get("norm_before_fc")), "fc_norm": config.get("fc_norm"), "norm_output": config.get("norm_output")}
     if variants := [f"{key} = true" for key, value in kept.items() if value is True]:
         # the trainer's head has none of these, so a continued head would compute another function
         raise ConfigError(f"--init-from {folder!r}: the head sets {', '.join(variants)}, a variant of the EAGLE-3 "
