@@ -334,3 +334,67 @@ def test_eagle_config_flags_are_checked_like_top_level_ones(target, tmp_path, ea
     (head / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match=match):
         engine(target, head)
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _reference(tensors: dict, features: torch.Tensor, embed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               layers: int, qwen3: bool, heads: int = 4, kv_heads: int = 2) -> torch.Tensor:
+    """vLLM's EAGLE-3 forward over one fresh sequence, in plain torch from the file's tensors: the first
+    layer over concat(input_layernorm(embed), hidden_norm(g)) with g as its residual, then plain
+    pre-norm layers on the stream; returns the draft-vocabulary logits [n, Vd]."""
+    def rotate(x: torch.Tensor) -> torch.Tensor:  # [heads, n, d]
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+    def attention(prefix: str, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = (x @ tensors[f"{prefix}self_attn.{p}_proj.weight"].T for p in "qkv")
+        q, k, v = (t.view(n, -1, q.shape[-1] // heads).transpose(0, 1) for t in (q, k, v))
+        if qwen3:
+            q = _rms(q, tensors[f"{prefix}self_attn.q_norm.weight"])
+            k = _rms(k, tensors[f"{prefix}self_attn.k_norm.weight"])
+        q, k = rotate(q), rotate(k)
+        k, v = (t.repeat_interleave(heads // kv_heads, dim=0) for t in (k, v))
+        scores = q @ k.transpose(1, 2) / q.shape[-1] ** 0.5
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        return (scores.softmax(-1) @ v).transpose(0, 1).reshape(n, -1) @ tensors[f"{prefix}self_attn.o_proj.weight"].T
+
+    def mlp(prefix: str, x: torch.Tensor) -> torch.Tensor:
+        h = _rms(x, tensors[f"{prefix}post_attention_layernorm.weight"])
+        gate, up = (h @ tensors[f"{prefix}mlp.{p}_proj.weight"].T for p in ("gate", "up"))
+        return (torch.nn.functional.silu(gate) * up) @ tensors[f"{prefix}mlp.down_proj.weight"].T
+
+    g = features @ tensors["fc.weight"].T
+    e = _rms(embed, tensors["layers.0.input_layernorm.weight"])
+    h = g + attention("layers.0.", torch.cat([e, _rms(g, tensors["layers.0.hidden_norm.weight"])], dim=-1))
+    out = h + mlp("layers.0.", h)
+    for i in range(1, layers):
+        h = out + attention(f"layers.{i}.", _rms(out, tensors[f"layers.{i}.input_layernorm.weight"]))
+        out = h + mlp(f"layers.{i}.", h)
+    return _rms(out, tensors["norm.weight"]) @ tensors["lm_head.weight"].T
+
+
+@pytest.mark.parametrize(("layers", "qwen3"), [(1, False), (2, False), (3, False), (1, True), (2, True)])
+def test_a_heads_first_call_equals_a_plain_torch_reference_of_vllms_forward(target, tmp_path, layers, qwen3):
+    """An independent check of the layers' wiring (the tests above check exactness, which any head passes)."""
+    from safetensors.torch import load_file
+
+    from specsure.proposers.head_layer import HeadCache
+
+    head = write_eagle3_head(tmp_path / "h", target, draft_vocab=64, layers=layers, qwen3=qwen3, naming="layers.0")
+    module = engine(target, head).proposer.module
+    tensors = load_file(str(head / "model.safetensors"))
+    gen = torch.Generator().manual_seed(9)
+    aux = torch.randn(7, module.fc.in_features, generator=gen)
+    ids = torch.randint(0, 128, (7,), generator=gen)
+    with torch.inference_mode():
+        cos, sin = module.rotary(aux[None, :, :32], torch.arange(7)[None])
+        want = _reference(tensors, aux, module.target.embed(ids).float(), cos[0], sin[0], layers, qwen3)
+        saved, module._kernel = module._kernel, None
+        _, logits = module(module.features(aux), ids, HeadCache())
+        module._kernel = saved
+    draft = module.draft_to_target
+    torch.testing.assert_close(logits[:, draft], want, rtol=1e-4, atol=1e-4)
