@@ -120,7 +120,8 @@ class Eagle3Module(nn.Module):
         attn, mlp = layer.self_attn, layer.mlp
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         dim = getattr(attn, "head_dim", None)
-        if (kernel is None or hasattr(self, "more") or hasattr(attn, "q_norm") or any(p.bias is not None for p in linears)
+        if (kernel is None or hasattr(self, "more") or hasattr(attn, "q_norm")  # one Llama layer only
+                or any(p.bias is not None for p in linears)
                 or self.fc.weight.dtype != kernel.dtype or not isinstance(dim, int) or dim > MAX_HEAD_DIM):
             self._kernel = None
             return False

@@ -71,8 +71,8 @@ def check_equal(checkpoint: str, field: str, found: Any, expected: Any, why: str
         raise mismatch(checkpoint, field, found, expected, why)
 
 
-def llama_config(config: Mapping[str, Any], where: str = "the head's config.json", kind: type[PreTrainedConfig] = LlamaConfig,
-                 **overrides: Any) -> PreTrainedConfig:
+def llama_config(config: Mapping[str, Any], where: str = "the head's config.json",
+                 kind: type[PreTrainedConfig] = LlamaConfig, **overrides: Any) -> PreTrainedConfig:
     """A LlamaConfig (or ``kind``) for a head's decoder layer, from its config.json (extra keys are kept);
     a value transformers refuses is a ConfigError naming ``where`` and transformers' own words."""
     fields = {k: v for k, v in config.items() if k not in ("architectures", "auto_map")}
