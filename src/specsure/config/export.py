@@ -102,7 +102,7 @@ def _aux_layers_note(res: "Resolution", engine: str) -> str | None:
     declared = declared_aux_layers(draft.config)
     layers = res.target.num_hidden_layers
     if engine == "vllm":
-        return _vllm_aux_note(draft.path, draft.config, declared, layers) if layers is not None else None
+        return _vllm_aux_note(draft.path, draft.config, layers) if layers is not None else None
     ids = declared[1] if declared else None
     if not isinstance(ids, list):
         return None
@@ -116,7 +116,7 @@ def _aux_layers_note(res: "Resolution", engine: str) -> str | None:
             "the acceptance may differ.")
 
 
-def _vllm_aux_note(path: str, config: Mapping[str, Any], declared: tuple[str, Any] | None, layers: int) -> str | None:
+def _vllm_aux_note(path: str, config: Mapping[str, Any], layers: int) -> str | None:
     """vLLM 0.33.0's reading of the head's target layers (vllm_rules.py), where it differs from specsure's."""
     try:
         ours = aux_layer_ids(config, path, layers)  # what specsure fuses, the default's repeats included
@@ -125,7 +125,8 @@ def _vllm_aux_note(path: str, config: Mapping[str, Any], declared: tuple[str, An
     v2, v1, fc = vllm_aux_layers(config, layers, "v2"), vllm_aux_layers(config, layers, "v1"), vllm_fc_layers(config)
     notes = []
     if v2 != tuple(sorted(set(ours))):
-        fix = ("run vLLM with VLLM_USE_V2_MODEL_RUNNER=0 (its V1 runner reads them), or " if v1 == ours else "")
+        fix = ("run vLLM with VLLM_USE_V2_MODEL_RUNNER=0 (its V1 runner reads them), or "
+               if v1 == tuple(sorted(set(ours))) else "")
         notes.append(f"vLLM {VLLM_TESTED_VERSIONS[-1]}'s default model runner (V2) would fuse target layers "
                      f"{list(v2)}, not {list(ours)} as specsure does: it reads only a top-level {LAYER_IDS_KEY} "
                      f"(or eagle_config.layer_ids). The output stays the same and fewer drafts are accepted; {fix}"
