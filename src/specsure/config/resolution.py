@@ -135,8 +135,9 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | os.PathLike[str]
     if method.value == "draft_model" and (note := other_tokenizer(target, state.draft)):
         state.conflicts.append(note)  # evidence against the draft given: --strict refuses it
         state.refusals.append(note)
-    if strict and state.refusals:
-        raise ConfigConflictError(" ".join(state.refusals) + " (strict mode: disagreement is an error.)")
+    if strict and state.conflicts:  # every conflict is refused; its strict wording, where it has one
+        said = state.refusals if len(state.refusals) == len(state.conflicts) else state.conflicts
+        raise ConfigConflictError(" ".join(said) + " (strict mode: disagreement is an error.)")
     warnings = tuple(state.notices + state.conflicts)
     for text in warnings:
         logger.warning(text)
