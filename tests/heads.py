@@ -49,6 +49,11 @@ def block_tensors(prefix: str, hidden: int, gen: torch.Generator, *, qkv_in: int
     return {prefix + k: v for k, v in out.items()}
 
 
+def rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm as Llama's and vLLM's layers compute it, for plain-torch references in tests."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
 def _head_config(target: Path, arch: str, **extra: Any) -> dict[str, Any]:
     t = target_config(target)
     return {"architectures": [arch], "model_type": "llama", "num_hidden_layers": 1,

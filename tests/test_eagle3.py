@@ -6,7 +6,7 @@ import logging
 
 import pytest
 import torch
-from heads import check_rollback, write_eagle3_head, write_eagle_head
+from heads import check_rollback, rms, write_eagle3_head, write_eagle_head
 from stats import chi2, chi2_critical, tv
 
 from specsure import ConfigError, SamplingParams, make_engine, resolve
@@ -336,10 +336,6 @@ def test_eagle_config_flags_are_checked_like_top_level_ones(target, tmp_path, ea
         engine(target, head)
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-
 def _reference(tensors: dict, features: torch.Tensor, embed: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                layers: int, qwen3: bool, heads: int = 4, kv_heads: int = 2) -> torch.Tensor:
     """vLLM's EAGLE-3 forward over one fresh sequence, in plain torch from the file's tensors: the first
@@ -354,8 +350,8 @@ def _reference(tensors: dict, features: torch.Tensor, embed: torch.Tensor, cos: 
         q, k, v = (x @ tensors[f"{prefix}self_attn.{p}_proj.weight"].T for p in "qkv")
         q, k, v = (t.view(n, -1, q.shape[-1] // heads).transpose(0, 1) for t in (q, k, v))
         if qwen3:
-            q = _rms(q, tensors[f"{prefix}self_attn.q_norm.weight"])
-            k = _rms(k, tensors[f"{prefix}self_attn.k_norm.weight"])
+            q = rms(q, tensors[f"{prefix}self_attn.q_norm.weight"])
+            k = rms(k, tensors[f"{prefix}self_attn.k_norm.weight"])
         q, k = rotate(q), rotate(k)
         k, v = (t.repeat_interleave(heads // kv_heads, dim=0) for t in (k, v))
         scores = q @ k.transpose(1, 2) / q.shape[-1] ** 0.5
@@ -363,18 +359,18 @@ def _reference(tensors: dict, features: torch.Tensor, embed: torch.Tensor, cos: 
         return (scores.softmax(-1) @ v).transpose(0, 1).reshape(n, -1) @ tensors[f"{prefix}self_attn.o_proj.weight"].T
 
     def mlp(prefix: str, x: torch.Tensor) -> torch.Tensor:
-        h = _rms(x, tensors[f"{prefix}post_attention_layernorm.weight"])
+        h = rms(x, tensors[f"{prefix}post_attention_layernorm.weight"])
         gate, up = (h @ tensors[f"{prefix}mlp.{p}_proj.weight"].T for p in ("gate", "up"))
         return (torch.nn.functional.silu(gate) * up) @ tensors[f"{prefix}mlp.down_proj.weight"].T
 
     g = features @ tensors["fc.weight"].T
-    e = _rms(embed, tensors["layers.0.input_layernorm.weight"])
-    h = g + attention("layers.0.", torch.cat([e, _rms(g, tensors["layers.0.hidden_norm.weight"])], dim=-1))
+    e = rms(embed, tensors["layers.0.input_layernorm.weight"])
+    h = g + attention("layers.0.", torch.cat([e, rms(g, tensors["layers.0.hidden_norm.weight"])], dim=-1))
     out = h + mlp("layers.0.", h)
     for i in range(1, layers):
-        h = out + attention(f"layers.{i}.", _rms(out, tensors[f"layers.{i}.input_layernorm.weight"]))
+        h = out + attention(f"layers.{i}.", rms(out, tensors[f"layers.{i}.input_layernorm.weight"]))
         out = h + mlp(f"layers.{i}.", h)
-    return _rms(out, tensors["norm.weight"]) @ tensors["lm_head.weight"].T
+    return rms(out, tensors["norm.weight"]) @ tensors["lm_head.weight"].T
 
 
 @pytest.mark.parametrize(("layers", "qwen3"), [(1, False), (2, False), (3, False), (1, True), (2, True)])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from heads import speculators_copy, write_eagle3_head
+from heads import rms, speculators_copy, write_eagle3_head
 from safetensors.torch import load_file, save_file
 
 from specsure import ConfigError, SamplingParams, make_engine, resolve
@@ -126,10 +126,6 @@ def _with_optional_norms(head: Path, hidden: int, *, norm_output: bool) -> Path:
     return head
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-
 def test_the_optional_norms_before_fc_are_applied_in_vllms_order(target, plain, tmp_path):
     """norm_before_fc normalises the fused features as a whole, then fc_norm each layer's part (vLLM's
     combine_hidden_states); the engine stays exact."""
@@ -140,8 +136,8 @@ def test_the_optional_norms_before_fc_are_applied_in_vllms_order(target, plain, 
     assert got == plain
     module, tensors = engine.proposer.module, load_file(str(head / "model.safetensors"))
     aux = torch.randn(5, 3 * hidden, generator=torch.Generator().manual_seed(1))
-    whole = _rms(aux, tensors["input_norm.weight"])
-    parts = [_rms(p, tensors[f"fc_norm.{i}.weight"]) for i, p in enumerate(whole.chunk(3, dim=-1))]
+    whole = rms(aux, tensors["input_norm.weight"])
+    parts = [rms(p, tensors[f"fc_norm.{i}.weight"]) for i, p in enumerate(whole.chunk(3, dim=-1))]
     want = torch.cat(parts, dim=-1) @ tensors["fc.weight"].T
     torch.testing.assert_close(module.features(aux), want, rtol=1e-5, atol=1e-5)
 

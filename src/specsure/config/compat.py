@@ -24,6 +24,7 @@ from specsure.config.schema import SpeculativeConfig
 from specsure.config.speculators import check_head_config, file_key, is_speculators, unsupported
 from specsure.config.vocabulary import SharedTokenizer, compare_checkpoints
 from specsure.config.token_tree import DraftTree, is_chain
+from specsure.config.vllm_rules import AUX_KEY
 
 
 def check_weights(info: CheckpointInfo, role: str, *, config_only: bool = False) -> None:
@@ -99,7 +100,7 @@ FOREIGN_FIX = ("Give a draft made for one of specsure's methods (a causal LM wit
                "'draft_model'; an EAGLE, EAGLE-3 or MTP head), or use method 'ngram' or 'suffix', which need none.")
 
 
-LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+LAYER_IDS_KEY = AUX_KEY
 
 
 def check_head(method: str, draft: CheckpointInfo, target: CheckpointInfo) -> None:

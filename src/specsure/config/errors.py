@@ -16,7 +16,7 @@ class ConfigError(ValueError):
 class ConfigConflictError(ConfigError):
     """Evidence disagreed with an explicit value while ``strict=True``.
 
-    The message is the same text the non-strict warning would have logged.
+    The message names the same disagreement and signal as the non-strict warning, and how to agree.
     """
 
 

@@ -10,11 +10,11 @@ one config, and keeps where each flattened key came from, so messages cite the f
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Final, Mapping
 
-from specsure.config.errors import ConfigError
+from specsure.config.errors import ConfigError, as_json
+from specsure.config.vllm_rules import AUX_KEY
 
 LAYER_KEY: Final[str] = "transformer_layer_config"
 BLOCK_KEY: Final[str] = "speculators_config"
@@ -27,7 +27,7 @@ EAGLE3_FIELDS: Final[dict[str, Any]] = {
     "draft_vocab_size": None, "norm_before_residual": True, "norm_before_fc": False, "fc_norm": False,
     "norm_output": False,
 }
-EAGLE3_OPTIONAL: Final[tuple[str, ...]] = ("target_hidden_size", "eagle_aux_hidden_state_layer_ids")
+EAGLE3_OPTIONAL: Final[tuple[str, ...]] = ("target_hidden_size", AUX_KEY)
 EAGLE3_FLAGS: Final[tuple[str, ...]] = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 LAYER_REQUIRED: Final[tuple[str, ...]] = ("hidden_size", "num_attention_heads", "intermediate_size")
 LAYER_INTEGERS: Final[tuple[str, ...]] = (*LAYER_REQUIRED, "num_key_value_heads", "head_dim", "num_hidden_layers")
@@ -65,12 +65,12 @@ def check_block(config: Mapping[str, Any], where: str) -> None:
     block = config.get(BLOCK_KEY)
     fix = "Fix the head's config.json, or re-save the head with the speculators library."
     if not isinstance(block, Mapping):
-        raise ConfigError(f"{where}: {BLOCK_KEY} = {_shown(block)} must be a JSON object (with proposal_methods "
+        raise ConfigError(f"{where}: {BLOCK_KEY} = {as_json(block)} must be a JSON object (with proposal_methods "
                           f"and verifier), as the speculators format has it; {KIND_KEY} = "
-                          f"{_shown(config.get(KIND_KEY))} marks this file as that format. {fix}")
+                          f"{as_json(config.get(KIND_KEY))} marks this file as that format. {fix}")
     kind = config.get(KIND_KEY)
     if not isinstance(kind, str):
-        raise ConfigError(f"{where}: {KIND_KEY} = {_shown(kind)} must name the head's kind, such as \"eagle3\" for "
+        raise ConfigError(f"{where}: {KIND_KEY} = {as_json(kind)} must name the head's kind, such as \"eagle3\" for "
                           f"an EAGLE-3 head (the kinds vLLM 0.33.0 registers: {', '.join(KINDS)}). {fix}")
 
 
@@ -86,7 +86,7 @@ def flatten(config: Mapping[str, Any], where: str) -> Flattened | None:
         return None
     layer = config.get(LAYER_KEY)
     if not isinstance(layer, Mapping):
-        raise ConfigError(f"{where}: {LAYER_KEY} = {_shown(layer)} must be a JSON object holding the head's "
+        raise ConfigError(f"{where}: {LAYER_KEY} = {as_json(layer)} must be a JSON object holding the head's "
                           "decoder-layer config (hidden_size, num_attention_heads, ...), as the speculators "
                           "library writes it. Re-export the head, or fix the file.")
     flat: dict[str, Any] = {k: v for k, v in layer.items() if k != "architectures"}
@@ -121,7 +121,7 @@ def check_head_config(config: Mapping[str, Any], where: str) -> None:
     for key, value in [*((k, config.get(k)) for k in EAGLE3_FLAGS),
                        *((f"eagle_config.{k}", eagle.get(k)) for k in ("norm_before_fc", "use_aux_hidden_state"))]:
         if value is not None and not isinstance(value, bool):
-            raise ConfigError(f"{where}: {key} = {_shown(value)} must be true or false (a JSON boolean). Fix the "
+            raise ConfigError(f"{where}: {key} = {as_json(value)} must be true or false (a JSON boolean). Fix the "
                               "head's config.json.")
     if eagle.get("use_aux_hidden_state") is False:  # vLLM then drafts from the last hidden state, without fc
         raise ConfigError(f"{where}: eagle_config.use_aux_hidden_state = false: such a head drafts from the target's "
@@ -137,7 +137,7 @@ def check_head_config(config: Mapping[str, Any], where: str) -> None:
     for key in LAYER_INTEGERS:
         value = layer.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ConfigError(f"{where}: {LAYER_KEY}.{key} = {_shown(value)} must be a positive integer. Fix the "
+            raise ConfigError(f"{where}: {LAYER_KEY}.{key} = {as_json(value)} must be a positive integer. Fix the "
                               "head's config.json.")
 
 
@@ -156,14 +156,14 @@ def declared_k(config: Mapping[str, Any], where: str, needed: bool) -> tuple[str
            "read).")
     if not isinstance(methods, list) or not isinstance(methods[0], Mapping):
         if needed:
-            raise ConfigError(f"{where}: {key} = {_shown(methods)} must be a list of objects such as "
+            raise ConfigError(f"{where}: {key} = {as_json(methods)} must be a list of objects such as "
                               '{"proposal_type": "greedy", "speculative_tokens": 3}. ' + fix)
         return None
     value = methods[0].get("speculative_tokens")
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return f"{key}.0.speculative_tokens", value
     if needed:
-        raise ConfigError(f"{where}: {key}.0.speculative_tokens = {_shown(value)} must be a positive integer, the "
+        raise ConfigError(f"{where}: {key}.0.speculative_tokens = {as_json(value)} must be a positive integer, the "
                           f"draft length the head was trained for. {fix}")
     return None
 
@@ -173,12 +173,12 @@ def unsupported(config: Mapping[str, Any]) -> str | None:
     kind = config.get(KIND_KEY)
     if kind != "eagle3":
         what = KINDS.get(str(kind), f"a speculators head of an unknown kind {kind!r}")
-        return (f"it is {what} ({KIND_KEY} = {_shown(kind)}), and specsure runs speculators-format "
+        return (f"it is {what} ({KIND_KEY} = {as_json(kind)}), and specsure runs speculators-format "
                 "heads of kind 'eagle3' only")
     layer = config.get(LAYER_KEY) if isinstance(config.get(LAYER_KEY), Mapping) else config
     layer_type = str(layer.get("model_type", "llama"))
     if layer_type not in EAGLE3_ARCHITECTURES:  # vLLM's update_eagle3 refuses it too
-        return (f"its decoder layer is a {layer_type!r} layer ({LAYER_KEY}.model_type = {_shown(layer_type)}), and "
+        return (f"its decoder layer is a {layer_type!r} layer ({LAYER_KEY}.model_type = {as_json(layer_type)}), and "
                 f"EAGLE-3 heads have {' or '.join(map(repr, EAGLE3_ARCHITECTURES))} decoder layers (vLLM 0.33.0 "
                 "refuses others as well)")
     return None
@@ -192,10 +192,3 @@ def file_key(config: Mapping[str, Any], key: str) -> str:
             and key in layer:
         return f"{LAYER_KEY}.{key}"
     return key
-
-
-def _shown(value: Any) -> str:
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError):
-        return repr(value)

@@ -58,10 +58,10 @@ def final_stream(base: torch.nn.Module, layers: int, wanted: bool) -> Iterator[d
     """While a transformers forward runs, the residual stream entering ``base``'s final norm (aux id
     ``layers``, the last layer's output), captured by a pre-hook on the norm; {} when not wanted."""
     found: dict[int, torch.Tensor] = {}
-    norm = final_norm(base)
-    if not wanted:
+    if not wanted:  # every transformers forward comes here: look nothing up
         yield found
         return
+    norm = final_norm(base)
     if norm is None:  # `reads_last_output` said so when the head was built
         raise ValueError(f"aux layer {layers} (the last layer's output) needs the model's final norm, and "
                          f"{type(base).__name__} has none that specsure knows; use ids below {layers}.")

@@ -285,15 +285,16 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
     if draft_vocab > vocab:
         raise mismatch(path, "draft_vocab_size", draft_vocab, f"at most {vocab}", "the target's vocabulary")
     aux = aux_layer_ids(config, path, lm.num_layers)
+    declared = declared_aux_layers(config)
     if lm.num_layers in aux and not lm.reads_last_output:
-        field = (declared_aux_layers(config) or ("aux layers", None))[0]
+        field = (declared or ("aux layers", None))[0]
         raise ConfigError(f"eagle3 draft head {path!r}: {field} = {list(aux)} includes {lm.num_layers}, the target's "
                           f"last layer output before its final norm, and specsure cannot find that norm in "
                           f"{type(lm.hf.base_model).__name__} ({', '.join(FINAL_NORMS)}); this head cannot run on this "
                           "target here.")
     if shadowed := shadowed_aux_layers(config):
         logger.warning("eagle3 draft head %s: %s", path, shadowed)
-    if (declared := declared_aux_layers(config)) and list(declared[1]) != list(aux):
+    if declared and list(declared[1]) != list(aux):
         logger.warning("eagle3 draft head %s lists %s = %s; vLLM fuses the aux layers in ascending layer order, %s, "
                        "and so does specsure, so both run the head alike", path, declared[0], declared[1], list(aux))
     own_head = "lm_head.weight" in names
@@ -304,9 +305,11 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
         raise ConfigError(f"eagle3 draft head {path!r}: its config.json gives no draft_vocab_size, but its d2t maps "
                           f"{size} draft ids; set \"draft_vocab_size\": {size} in the config.json.")
     d2t = vocab_map(weights, names, path, draft_vocab, vocab)
-    fc_in = weights.read([names["fc.weight"]])[names["fc.weight"]].shape[-1] if "fc.weight" in names else None
+    wanted = {c: n for c, n in names.items() if c not in ("d2t", "t2d")}
+    tensors = weights.read(wanted.values())
+    fc_in = tensors[names["fc.weight"]].shape[-1] if "fc.weight" in names else None
     if fc_in is not None and fc_in != len(aux) * lm.hidden_size and fc_in % lm.hidden_size == 0:
-        field = (declared_aux_layers(config) or ("the default aux layers (2, N//2, N-3)", None))[0]
+        field = (declared or ("the default aux layers (2, N//2, N-3)", None))[0]
         raise ConfigError(f"eagle3 draft head {path!r}: its fc reads {fc_in // lm.hidden_size} target layers "
                           f"(fc.weight is [.., {fc_in}]), but {field} gives {len(aux)}: {list(aux)}; list the "
                           "layers the head was trained on in its config.json.")
@@ -323,8 +326,6 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
                           "whose layers attend fully.")
     with torch.device("meta"):
         module = Eagle3Module(head_config, len(aux) * lm.hidden_size, draft_vocab, own_embed, own_head, layers, qwen3)
-    wanted = {c: n for c, n in names.items() if c not in ("d2t", "t2d")}
-    tensors = weights.read(wanted.values())
     layer0 = "layers.0." if any(n.startswith("layers.0.") for n in names.values()) else "midlayer."
 
     def spell(name: str) -> str:  # as the file names it, or would
