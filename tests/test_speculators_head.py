@@ -46,7 +46,8 @@ LAYOUTS = {
     "target vocab, aux layer ids": {"layer_ids": [0, 1, 3]},
     "own embed_tokens, norm_before_residual": {"draft_vocab": 100, "own_embed": True, "norm_before_residual": True},
     "two decoder layers": {"draft_vocab": 64, "layers": 2},
-    "Qwen3 decoder layers": {"draft_vocab": 64, "qwen3": True, "layers": 2},
+    # rope_theta given: vLLM fills an absent one differently in the two layouts (a test below)
+    "Qwen3 decoder layers": {"draft_vocab": 64, "qwen3": True, "layers": 2, "rope_theta": 1e6},
 }
 
 
@@ -295,6 +296,19 @@ def test_a_qwen3_speculators_head_without_head_dim_reads_hidden_over_heads_as_vl
                    {"transformer_layer_config.head_dim": DROP})
     engine, got = run(target, head)
     assert engine.proposer.module.midlayer.self_attn.head_dim == 8 and got == plain  # 32 / 4 heads
+
+
+@pytest.mark.parametrize("change", [{}, {"transformer_layer_config.rope_parameters": {"rope_type": "default"}}])
+def test_a_qwen3_speculators_head_without_rope_theta_rotates_by_vllms_qwen3_default(target, plain, tmp_path, change):
+    """vLLM's Qwen3 layers fill an absent rope_theta with 1e6 (set_default_rope_theta), not Qwen3Config's 1e4:
+    the head drafts as the same weights in the EAGLE-3 layout with rope_theta 1e6 say, step by step."""
+    kept = write_eagle3_head(tmp_path / "kept", target, draft_vocab=64, qwen3=True, rope_theta=1e6)
+    head = _edited(write_eagle3_head(tmp_path / "e3", target, draft_vocab=64, qwen3=True), tmp_path / "spec", change)
+    engine, got = run(target, head)
+    want_engine, want = run(target, kept)
+    inv_freq = engine.proposer.module.rotary.module.inv_freq  # head_dim 8: base ** (-i / 4)
+    assert inv_freq[1].item() == pytest.approx(1e6 ** -0.25)
+    assert got == want == plain and stats(engine) == stats(want_engine)
 
 
 def test_a_malformed_k_in_the_file_is_not_read_when_you_set_k(target, plain, tmp_path):

@@ -29,6 +29,8 @@ EAGLE3_FIELDS: Final[dict[str, Any]] = {
 }
 EAGLE3_OPTIONAL: Final[tuple[str, ...]] = ("target_hidden_size", AUX_KEY)
 EAGLE3_FLAGS: Final[tuple[str, ...]] = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+# what vLLM's Qwen3 layers (set_default_rope_theta) give a config that names no rope_theta
+QWEN3_ROPE_THETA: Final[float] = 1_000_000.0
 LAYER_REQUIRED: Final[tuple[str, ...]] = ("hidden_size", "num_attention_heads", "intermediate_size")
 LAYER_INTEGERS: Final[tuple[str, ...]] = (*LAYER_REQUIRED, "num_key_value_heads", "head_dim", "num_hidden_layers")
 EAGLE3_ARCHITECTURES: Final[dict[str, str]] = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}
@@ -106,6 +108,10 @@ def flatten(config: Mapping[str, Any], where: str) -> Flattened | None:
         # vLLM's flattened config is no Qwen3Config (whose head_dim defaults to 128): its layers read
         # hidden_size / num_attention_heads
         flat["head_dim"], origins["head_dim"] = hidden // heads, "head_dim (absent; hidden_size / num_attention_heads)"
+    rope = layer.get("rope_parameters")
+    if layer_type == "qwen3" and "rope_theta" not in layer and not (isinstance(rope, Mapping) and "rope_theta" in rope):
+        # nor is its rope_theta Qwen3Config's 1e4: vLLM's Qwen3 layer fills an absent one with 1e6
+        flat["rope_theta"], origins["rope_theta"] = QWEN3_ROPE_THETA, "rope_theta (absent; vLLM's Qwen3 layer default)"
     for key in (LAYER_KEY, BLOCK_KEY, KIND_KEY, "speculators_version"):
         if key in config:
             flat[key], origins[key] = config[key], key
