@@ -214,6 +214,23 @@ def test_export_warns_of_aux_layers_the_engines_read_otherwise(tmp_path: Path, t
     assert (message in warnings) if message else "eagle_aux_hidden_state_layer_ids" not in warnings
 
 
+@pytest.mark.parametrize(("ids", "refused"), [([1, 3, 5, 7], True), ([3, 1, 0], False)])
+def test_strict_export_refuses_an_fc_vllm_refuses_and_keeps_what_it_runs(tmp_path: Path, target: str, ids: list[int],
+                                                                         refused: bool) -> None:
+    """A head vLLM builds a narrower fc for fails to load there: strict makes that export an error, while a
+    list vLLM reads as specsure does exports as before."""
+    from specsure.config.export import export
+
+    head = write_checkpoint(tmp_path / "e3", eagle3_head(eagle_aux_hidden_state_layer_ids=ids))
+    res = resolve({"model": str(head)}, model=target)
+    if refused:
+        with pytest.raises(ConfigError, match=r"vLLM builds the head's fc for 3 target layers.*strict mode"):
+            export(res, "vllm", strict=True)
+    else:
+        assert export(res, "vllm", strict=True).warnings == export(res, "vllm").warnings
+    assert export(res, "sglang", strict=True).engine == "sglang"
+
+
 @pytest.mark.parametrize(("prompt", "words"), [
     ([1, "a"], "mixes token ids with other values"), ([True, 2], "mixes token ids"), (b"hello", "is bytes"),
     ([[1.0, 2.0]], r"holds 1.0 \(float\), which is not a token id"),

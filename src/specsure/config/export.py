@@ -102,7 +102,8 @@ def _aux_layers_note(res: "Resolution", engine: str) -> str | None:
     declared = declared_aux_layers(draft.config)
     layers = res.target.num_hidden_layers
     if engine == "vllm":
-        return _vllm_aux_note(draft.path, draft.config, layers) if layers is not None else None
+        notes = _vllm_aux_notes(draft.path, draft.config, layers) if layers is not None else ([], [])
+        return "; ".join([*notes[0], *notes[1]]) + "." if notes[0] or notes[1] else None
     ids = declared[1] if declared else None
     if not isinstance(ids, list):
         return None
@@ -116,14 +117,16 @@ def _aux_layers_note(res: "Resolution", engine: str) -> str | None:
             "the acceptance may differ.")
 
 
-def _vllm_aux_note(path: str, config: Mapping[str, Any], layers: int) -> str | None:
-    """vLLM 0.33.0's reading of the head's target layers (vllm_rules.py), where it differs from specsure's."""
+def _vllm_aux_notes(path: str, config: Mapping[str, Any], layers: int) -> tuple[list[str], list[str]]:
+    """vLLM 0.33.0's reading of the head's target layers (vllm_rules.py), where it differs from specsure's:
+    (differences vLLM runs with, failures it stops at)."""
     try:
         ours = aux_layer_ids(config, path, layers)  # what specsure fuses, the default's repeats included
     except ConfigError:
-        return None  # refused, and said so, by check_runnable
+        return [], []  # refused, and said so, by check_runnable
     v2, v1, fc = vllm_aux_layers(config, layers, "v2"), vllm_aux_layers(config, layers, "v1"), vllm_fc_layers(config)
-    notes = []
+    notes: list[str] = []
+    failures: list[str] = []
     if v2 != tuple(sorted(set(ours))):
         fix = ("run vLLM with VLLM_USE_V2_MODEL_RUNNER=0 (its V1 runner reads them), or "
                if v1 == tuple(sorted(set(ours))) else "")
@@ -132,14 +135,14 @@ def _vllm_aux_note(path: str, config: Mapping[str, Any], layers: int) -> str | N
                      f"(or eagle_config.layer_ids). The output stays the same and fewer drafts are accepted; {fix}"
                      f"copy the list to the top level of {path}/config.json")
     if len(set(ours)) != len(ours):
-        notes.append(f"vLLM collects each target layer once, so the head's {len(ours)} fused layers {list(ours)} "
+        failures.append(f"vLLM collects each target layer once, so the head's {len(ours)} fused layers {list(ours)} "
                      f"(the default on a target of {layers} layers repeats some) reach its fc as {len(set(ours))}: "
                      "vLLM fails at the first forward. specsure runs it as it is")
     elif fc != len(ours):
-        notes.append(f"vLLM builds the head's fc for {fc} target layers (from num_aux_hidden_states, or the id list "
+        failures.append(f"vLLM builds the head's fc for {fc} target layers (from num_aux_hidden_states, or the id list "
                      f"its EAGLE-3 model class reads, else 3), but the head fuses {len(ours)}: vLLM refuses its fc "
                      "weight. specsure runs it as it is")
-    return "; ".join(notes) + "." if notes else None
+    return notes, failures
 
 
 def _check_loadable(res: "Resolution", engine: str) -> None:
@@ -206,6 +209,9 @@ def vllm_refusals(res: "Resolution") -> list[str]:
                             f"num_speculative_tokens to {k - k % modules} or {k - k % modules + modules}.")
     if (refused := speculators_refusal(res)) is not None:
         refusals.append(refused + ".")
+    draft, layers = res.draft, res.target.num_hidden_layers
+    if config.method == "eagle3" and draft is not None and layers is not None:
+        refusals += [failure + "." for failure in _vllm_aux_notes(draft.path, draft.config, layers)[1]]
     return refusals
 
 
