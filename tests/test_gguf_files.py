@@ -40,11 +40,35 @@ def test_a_sound_gguf_loads_as_its_source_with_its_own_tokenizer(hf: Path, tmp_p
     gguf = write_llama_gguf(hf, folder / "tiny.gguf")
     write_word_tokenizer(folder, 50)
     loaded, source = load_model(str(gguf), dtype="float32"), load_model(str(hf), dtype="float32")
-    own = loaded.tokenizer.get_vocab()
-    # transformers' GGUF reader adds <|endoftext|> past the vocabulary to a gpt2-style tokenizer.
-    assert {t: i for t, i in own.items() if i < VOCAB} == source.tokenizer.get_vocab()
+    # transformers' GGUF reader adds <|endoftext|> past the vocabulary to a gpt2-style tokenizer; the
+    # conversion leaves it out, so the vocabulary is the file's, exactly.
+    assert loaded.tokenizer.get_vocab() == source.tokenizer.get_vocab()
     ids = torch.tensor([[5, 17, 33, 2]])
     torch.testing.assert_close(loaded.lm.hf(ids).logits, source.lm.hf(ids).logits)
+
+
+def test_text_of_a_token_transformers_invents_is_text_as_llama_cpp_reads_it(hf: Path, tmp_path: Path) -> None:
+    """The file has no <|endoftext|>: as llama.cpp, which reads only the file's tokens, the prompt's
+    "<|endoftext|>" is ordinary text (it was refused as a token past the model's vocabulary)."""
+    from specsure import SamplingParams, make_engine
+
+    engine = make_engine(str(write_llama_gguf(hf, tmp_path / "tiny.gguf")), dtype="float32")
+    text = "hi <|endoftext|> there"
+    ids = engine.tokenizer.encode(text, add_special_tokens=False)
+    assert len(engine.tokenizer) == VOCAB and max(ids) < VOCAB and engine.tokenizer.decode(ids) == text
+    assert engine.generate(text, SamplingParams(max_tokens=2, ignore_eos=True))[0].prompt_token_ids[-len(ids):] == ids
+
+
+def test_a_new_conversion_of_a_file_removes_its_older_ones(hf: Path, tmp_path: Path) -> None:
+    """An earlier conversion of the same file (its older contents, or an older conversion version) is
+    float32 weights no load reaches again; another file's conversion stays."""
+    from specsure.models import gguf_cache
+
+    gguf, other = write_llama_gguf(hf, tmp_path / "a.gguf"), write_llama_gguf(hf, tmp_path / "b.gguf")
+    old, kept = Path(load_model(str(gguf), dtype="float32").path), Path(load_model(str(other), dtype="float32").path)
+    gguf.write_bytes(gguf.read_bytes())  # rewritten in place: a new conversion
+    new = Path(load_model(str(gguf), dtype="float32").path)
+    assert new != old and gguf_cache.is_converted(new) and not old.exists() and gguf_cache.is_converted(kept)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -268,10 +292,15 @@ def test_text_the_tokenizer_maps_past_the_models_vocabulary_is_named(hf: Path, t
     from specsure import make_engine
     from specsure.decode.completion import PromptError
 
-    engine = make_engine(str(write_llama_gguf(hf, tmp_path / "tiny.gguf")), None, dtype="float32")
-    with pytest.raises(PromptError, match=r"is text whose token '<\|endoftext\|>' has id 300, which the tokenizer "
+    folder = Path(shutil.copytree(hf, tmp_path / "extra"))  # a tokenizer one added token past the model's rows
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    tokenizer["added_tokens"].append({"id": VOCAB, "content": "<|extra|>", "single_word": False, "lstrip": False,
+                                      "rstrip": False, "normalized": False, "special": True})
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    engine = make_engine(str(folder), None, dtype="float32")
+    with pytest.raises(PromptError, match=r"is text whose token '<\|extra\|>' has id 300, which the tokenizer "
                                           r"holds but the model's vocabulary \[0, 300\) does not"):
-        engine.generate("hello <|endoftext|>")
+        engine.generate("hello <|extra|>")
 
 
 def test_an_eos_id_outside_the_vocabulary_is_ignored_with_a_warning(hf: Path, tmp_path: Path,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+import json
 import logging
 import os
 import shutil
@@ -24,7 +25,7 @@ import torch
 from specsure.config.checkpoint import (
     DEFAULT_DISTRIBUTION, DEFAULT_GGUF_FILE, DEFAULT_INSTALL_HINT, DEFAULT_MODEL_NAME, default_gguf_path,
 )
-from specsure.config.gguf_header import read_gguf_metadata
+from specsure.config.gguf_header import TOKENS_KEY, read_gguf_metadata
 from specsure.models.errors import ModelLoadError
 from specsure.models.gguf_rope import gguf_rope_parameters
 
@@ -65,9 +66,10 @@ def default_model_folder() -> Path:
     return convert_gguf(gguf, cache_root() / f"{stem}-{DEFAULT_DISTRIBUTION}-{version}")
 
 
-CONVERSION = 2
-"""The conversion's own version, in the cache key: 2 adds rope scaling and end-of-turn tokens, so a
-file converted before is converted again."""
+CONVERSION = 3
+"""The conversion's own version, in the cache key: 2 adds rope scaling and end-of-turn tokens, 3 drops
+the tokens transformers invents past the file's vocabulary, so a file converted before is converted
+again (and its older conversions removed)."""
 
 
 def gguf_cache_folder(gguf: Path) -> Path:
@@ -117,7 +119,25 @@ def convert_gguf(gguf: Path, dest: Path) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     logger.info("converted %s in %.1f s", gguf.name, time.perf_counter() - started)
+    _remove_older_conversions(gguf, dest)
     return dest
+
+
+def _remove_older_conversions(gguf: Path, dest: Path) -> None:
+    """Other finished conversions of the same file (by its resolved path, as each marker records it) are
+    of its earlier contents or of an earlier CONVERSION: no load reaches them again, and each holds the
+    model's float32 weights (540 MB for the default model)."""
+    source = str(gguf.resolve())
+    for folder in dest.parent.iterdir():
+        if folder == dest or not folder.is_dir():
+            continue
+        try:
+            marked = (folder / COMPLETE_MARKER).read_text(encoding="utf-8").strip()
+        except OSError:
+            continue
+        if marked == source:
+            logger.info("removing %s, an older conversion of %s", folder, gguf.name)
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _write_conversion(gguf: Path, out: Path) -> None:
@@ -168,6 +188,37 @@ def _write_conversion(gguf: Path, out: Path) -> None:
     with quiet_loading():  # save_pretrained draws a "Writing model shards" bar
         model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    _drop_invented_tokens(gguf, out)
+
+
+def _drop_invented_tokens(gguf: Path, folder: Path) -> None:
+    """transformers' GGUF tokenizer adds GPT-2's ``<|endoftext|>`` to a byte-level BPE vocabulary that
+    lacks it, past the file's last token (and makes it bos or eos where the file names none). No
+    embedding row is that id's, and llama.cpp, reading the file's tokens only, takes such text as
+    text; so the tokenizer saved here holds the file's tokens and no role names another."""
+    count = read_gguf_metadata(str(gguf)).get(TOKENS_KEY)
+    path = folder / "tokenizer.json"
+    if not isinstance(count, int) or not path.is_file():
+        return
+    data = json.loads(path.read_text(encoding="utf-8"))
+    added = data.get("added_tokens") or []
+    invented = {t.get("content") for t in added if isinstance(t.get("id"), int) and t["id"] >= count}
+    if not invented:
+        return
+    data["added_tokens"] = [t for t in added if t.get("content") not in invented]
+    path.write_text(json.dumps(data, ensure_ascii=False, indent=2), encoding="utf-8")
+    config_path = folder / "tokenizer_config.json"
+    if config_path.is_file():
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        for key, value in list(config.items()):
+            if key.endswith("_token") and (value.get("content") if isinstance(value, dict) else value) in invented:
+                config[key] = None
+        if isinstance(decoder := config.get("added_tokens_decoder"), dict):
+            config["added_tokens_decoder"] = {i: t for i, t in decoder.items()
+                                              if not (isinstance(t, dict) and t.get("content") in invented)}
+        config_path.write_text(json.dumps(config, ensure_ascii=False, indent=2), encoding="utf-8")
+    logger.info("%s: left out token(s) %s that transformers adds past the file's %d tokens", gguf.name,
+                sorted(invented), count)
 
 
 def _check_conversion(gguf: Path, info: dict) -> None:
