@@ -15,7 +15,7 @@ from specsure.cli.main import main
 from specsure.bench.report import render_markdown
 from specsure.bench.results import ALL, BenchResults, first_divergence, prompt_result, summarize
 from specsure.bench.runners import Generation
-from specsure.bench.workload import CATEGORIES, WorkloadError, load_builtin, load_workload, select
+from specsure.bench.workload import CATEGORIES, WorkloadError, load_builtin, load_workload, load_workloads, select
 
 # --- workload files ------------------------------------------------------------------------
 
@@ -81,6 +81,19 @@ def test_workload_rejects_bad_json_duplicates_and_empty_files(tmp_path: Path) ->
     bom = tmp_path / "bom.jsonl"  # as Windows editors save UTF-8
     bom.write_bytes(b"\xef\xbb\xbf" + json.dumps({"category": "qa", "prompt": "x"}).encode() + b"\n")
     assert [p.prompt for p in load_workload(bom)] == ["x"]
+
+
+def test_workload_files_of_one_name_keep_their_default_ids_apart(tmp_path: Path) -> None:
+    """Two chat.jsonl files (say, two teams' prompts): ids from their folders, not a clash on chat-1."""
+    first, second = tmp_path / "team-a" / "chat.jsonl", tmp_path / "team-b" / "chat.jsonl"
+    for path in (first, second):
+        path.parent.mkdir()
+        path.write_text(json.dumps({"category": "chat", "prompt": path.parent.name}) + "\n")
+    assert [(p.id, p.prompt) for p in load_workloads([first, second])] == [("team-a/chat-1", "team-a"),
+                                                                          ("team-b/chat-1", "team-b")]
+    assert [p.id for p in load_workloads([first])] == ["chat-1"]  # one file: ids as before
+    with pytest.raises(WorkloadError, match=r"'team-a/chat-1' is already used at .*unique across the files"):
+        load_workloads([first, first])
 
 
 def test_builtin_workloads_cover_every_category_with_a_heldout_split() -> None:
@@ -390,7 +403,7 @@ def test_results_name_the_commit_and_say_when_the_package_differs_from_it(tmp_pa
     (["--batched", "-1"], "argument --batched: -1 must be at least 0"),
     (["--out", "GOOD"], "cannot write results there"),
     (["--heldout"], "--heldout chooses the built-in held-out split"),
-    (["--workload", "GOOD"], "is also in"),
+    (["--workload", "GOOD"], "is already used at"),
     (["--workload", "ALL"], "has category 'all'"),
     (["--workload", "OOV"], "holds token id 999, outside the target's vocabulary [0, 128)"),
     (["--max-tokens", "600"], "exceed the model's context of 512 tokens"),

@@ -121,14 +121,28 @@ def _parse_messages(value: object, where: str) -> tuple[tuple[str, str], ...]:
     return tuple(turns)
 
 
-def load_workload(path: str | Path) -> list[Prompt]:
-    """Read one JSONL workload file.
+def load_workloads(paths: Sequence[str | Path]) -> list[Prompt]:
+    """Read several workload files, in order. Files that share a name (``a/chat.jsonl``,
+    ``b/chat.jsonl``) get default ids with their folder's name (``a/chat-3``), so their rows stay
+    apart; an id that is still used twice is a WorkloadError naming both places."""
+    stems = [Path(p).stem for p in paths]
+    prompts = [prompt for path, stem in zip(paths, stems)
+               for prompt in load_workload(path, f"{Path(path).resolve().parent.name}/{stem}"
+                                           if stems.count(stem) > 1 else None)]
+    _check_unique_ids(prompts, "give each prompt an \"id\" unique across the files, or pass a file once")
+    return prompts
+
+
+def load_workload(path: str | Path, id_stem: str | None = None) -> list[Prompt]:
+    """Read one JSONL workload file; a row without an id gets ``<id_stem>-<line>`` (by default the
+    file's stem).
 
     Raises:
         WorkloadError: the file is missing, empty, not JSONL, or breaks the schema; the
             message names the file, the line and the field.
     """
     path = Path(path)
+    id_stem = id_stem or path.stem
     try:
         lines = path.read_text(encoding="utf-8-sig").splitlines()  # a leading BOM (Windows editors) is no text
     except OSError as exc:
@@ -146,7 +160,7 @@ def load_workload(path: str | Path) -> list[Prompt]:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise _fail(where, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from exc
-        prompts.append(_parse_row(row, where, f"{path.stem}-{number}"))
+        prompts.append(_parse_row(row, where, f"{id_stem}-{number}"))
     if not prompts:
         raise WorkloadError(f"{path}: the workload file has no prompts")
     _check_unique_ids(prompts)
@@ -182,11 +196,11 @@ def select(prompts: Iterable[Prompt], categories: Sequence[str] | None, per_cate
     return kept
 
 
-def _check_unique_ids(prompts: Sequence[Prompt]) -> None:
+def _check_unique_ids(prompts: Sequence[Prompt], fix: str = "give the row its own \"id\"") -> None:
     seen: dict[str, str] = {}
     for p in prompts:
-        if p.id in seen:
-            raise _fail(p.source, "id", f"{p.id!r} is already used at {seen[p.id]}")
+        if p.id in seen:  # results are keyed by id: two prompts would share one row
+            raise _fail(p.source, "id", f"{p.id!r} is already used at {seen[p.id]}; {fix}")
         seen[p.id] = p.source
 
 

@@ -26,7 +26,7 @@ from specsure.bench.llamacpp.runner import DEFAULT_LLAMA_CPP_PYTHON, LlamaCppErr
 from specsure.bench.plots import plot_acceptance, plot_speedup
 from specsure.bench.report import render_markdown
 from specsure.bench.results import ALL, BenchResults, prompt_result, summarize
-from specsure.bench.workload import CATEGORIES, WorkloadError, encode, load_builtin, load_workload, select
+from specsure.bench.workload import CATEGORIES, WorkloadError, encode, load_builtin, load_workloads, select
 from specsure.cli import bench_serve
 from specsure.cli.common import int_at_least, output_outlives_reader, writable_folder
 from specsure.config import ConfigError
@@ -191,17 +191,11 @@ def _load_prompts(args: argparse.Namespace, per_category: int | None):
         raise ValueError("--heldout chooses the built-in held-out split, and --workload your own prompts instead; "
                          "give one of them.")
     if args.workload:
-        prompts, source = [], {}
-        for path in args.workload:
-            for prompt in load_workload(path):
-                if prompt.id in source:  # results are keyed by id: two prompts would share one row
-                    raise WorkloadError(f"{path}: prompt id {prompt.id!r} is also in {source[prompt.id]}; give each "
-                                        "prompt an \"id\" unique across the --workload files (or pass a file once).")
-                if prompt.category == ALL:
-                    raise WorkloadError(f"{path}: prompt {prompt.id!r} has category {ALL!r}, the name of the report's "
-                                        "row over every category; choose another name.")
-                source[prompt.id] = path
-                prompts.append(prompt)
+        prompts = load_workloads(args.workload)
+        for prompt in prompts:
+            if prompt.category == ALL:
+                raise WorkloadError(f"{prompt.source}: prompt {prompt.id!r} has category {ALL!r}, the name of the "
+                                    "report's row over every category; choose another name.")
         if categories and (unknown := sorted(set(categories) - {p.category for p in prompts})):
             raise WorkloadError(f"--categories {args.categories}: no prompt of the --workload files has category "
                                 f"{', '.join(map(repr, unknown))}; they have {sorted({p.category for p in prompts})}.")

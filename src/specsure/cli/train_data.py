@@ -40,13 +40,13 @@ class TrainingPrompts:
 
 def training_prompts(args: argparse.Namespace) -> TrainingPrompts:
     """The rows of --prompts and --corpus (or the built-in bench workloads), cut to --max-prompts."""
-    from specsure.bench.workload import Prompt, load_builtin, load_workload
+    from specsure.bench.workload import Prompt, load_builtin, load_workloads
     from specsure.train.corpus import corpus_prompts, short_sources, sources_of
 
     if args.data == "text" and (args.prompts or not args.corpus):
         raise ValueError("--data text teacher-forces the corpus's own text: give --corpus with package names, and "
                          "no --prompts (a prompt file has no answers to teacher-force).")
-    rows = [p for path in args.prompts for p in load_workload(path)] if args.prompts else []
+    rows = load_workloads(args.prompts) if args.prompts else []
     sources: list[dict[str, object]] = [{"source": str(path), "licence": "given by the user (--prompts)"}
                                         for path in args.prompts or []]
     chat_rows: list[int] = []
