@@ -141,6 +141,35 @@ def test_ngram_with_a_model(target, draft):
     assert "Remove 'model', or choose method 'draft_model'" in msg
 
 
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+def test_a_method_without_a_draft_given_a_head_names_the_heads_method(target, tmp_path, method):
+    """The fix follows the checkpoint: an EAGLE-3 head cannot run as draft_model, so that is not offered."""
+    head = str(write_checkpoint(tmp_path / "head", eagle3_head()))
+    msg = error_of({"method": method, "model": head}, target)
+    assert "Remove 'model', or choose method 'eagle3'" in msg and "LlamaForCausalLMEagle3" in msg
+    assert "'draft_model'" not in msg
+
+
+def test_model_and_draft_model_spelling_one_folder_agree(target, draft, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    res = resolve({"method": "draft_model", "model": "./draft", "draft_model": draft}, model=target)
+    assert res.config.model == draft
+
+
+def test_a_method_a_path_hint_chose_that_cannot_run_says_it_came_from_the_path(target, tmp_path):
+    """A whole model in an "mtp_logs" folder: the path hint fills method, the model cannot run it, and the
+    error says the method was never set and how to set it, instead of answering a choice nobody made."""
+    draft = str(write_checkpoint(tmp_path / "mtp_logs", llama(layers=1)))
+    res = resolve({"model": draft}, model=target)
+    assert (res.config.method, res.source("method")) == ("mtp", "path")
+    with pytest.raises(ConfigError, match=r"needs an MTP head.*You did not set the method: .*path token 'mtp'.*"
+                                          r"Set \"method\" yourself: \"draft_model\""):
+        res.check_runnable()
+    with pytest.raises(ConfigError) as explicit:  # asked for by name: no such note
+        resolve({"method": "mtp", "model": draft}, model=target).check_runnable()
+    assert "You did not set the method" not in str(explicit.value)
+
+
 @pytest.mark.parametrize("value", ["", "   ", 7])
 def test_model_of_wrong_type_or_empty(target, value):
     msg = error_of({"method": "draft_model", "model": value}, target)
@@ -227,6 +256,7 @@ def test_config_json_that_is_not_an_object(tmp_path, target):
     ("n_predict", -3, "n_predict = -3 must be a non-negative integer"),
     ("architectures", "LlamaForCausalLM", 'architectures = "LlamaForCausalLM" must be a list of strings'),
     ("eagle_config", [2], "eagle_config = [2] must be a JSON object"),
+    ("model_type", ["deepseek_mtp"], 'model_type = ["deepseek_mtp"] must be a string'),  # was read as no type
 ])
 def test_config_json_with_wrong_field_types(tmp_path, target, key, value, expected):
     folder = write_checkpoint(tmp_path / "typed", {**llama(layers=2), key: value})
@@ -360,3 +390,12 @@ def test_a_path_object_is_a_target_path(target):
 def test_strict_must_be_a_bool(target, strict):
     with pytest.raises(ConfigError, match="strict = .* must be True or False"):
         resolve({"method": "ngram"}, model=target, strict=strict)
+
+
+def test_an_n_predict_of_zero_never_fills_k(tmp_path, target):
+    """vLLM would take n_predict 0 as k and draft nothing; specsure used its default k without a word."""
+    folder = str(write_checkpoint(tmp_path / "zero", {**llama(layers=2), "n_predict": 0}))
+    msg = error_of({"method": "draft_model", "model": folder}, target)
+    assert "declares no draft tokens" in msg and "n_predict=0" in msg and "Set num_speculative_tokens" in msg
+    res = resolve({"method": "draft_model", "model": folder, "num_speculative_tokens": 2}, model=target)
+    assert (res.config.num_speculative_tokens, res.warnings) == (2, ())

@@ -219,6 +219,9 @@ def load_config_json(path: Path) -> dict[str, Any]:
         if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise ConfigError(f"{path}: {key} = {json.dumps(value)} must be a list of strings, "
                               'for example ["LlamaForCausalLM"].')
+    if (kind := config.get("model_type")) is not None and not isinstance(kind, str):
+        raise ConfigError(f"{path}: model_type = {json.dumps(kind)} must be a string, for example \"llama\" "
+                          "(transformers picks the model's config class by it).")
     _check_fields(config, path, {})
     return config
 

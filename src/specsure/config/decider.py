@@ -26,6 +26,18 @@ DEFAULT_NUM_SPECULATIVE_TOKENS: Final[Mapping[str, int]] = MappingProxyType(
     {"ngram": 5, "draft_model": 4, "eagle": 5, "eagle3": 5, "mtp": 1})
 
 
+def _method_for(path: str) -> str:
+    """The fix for a method that takes no draft: the method the checkpoint's metadata names, if any."""
+    try:
+        evidence = classify_draft(read_draft(path))
+    except ConfigError:
+        evidence = None
+    if evidence is None or evidence.value == "draft_model":
+        return "choose method 'draft_model' to draft with it"
+    return (f"choose method {evidence.value!r} to draft with it (its metadata marks it as {WHAT_IS[evidence.value]}: "
+            f"{evidence.signal})")
+
+
 def read_draft(path: str) -> CheckpointInfo:
     try:
         return read_checkpoint(path)
@@ -143,11 +155,10 @@ class Decider:
         if user is not UNSET:
             if method == "ngram":
                 raise ConfigError(f"model = {user!r} is not used by method 'ngram' (it drafts from the context). "
-                                  "Remove 'model', or choose method 'draft_model'.")
+                                  f"Remove 'model', or {_method_for(user)}.")
             if method == "suffix":
                 raise ConfigError(f"model = {user!r} is not used by method 'suffix' (it drafts from suffix trees of "
-                                  "the context and of earlier outputs). Remove 'model', or choose method "
-                                  "'draft_model'.")
+                                  f"the context and of earlier outputs). Remove 'model', or {_method_for(user)}.")
             if method == "mtp" and target_layers is not None:
                 said = (f"model: you set {user!r}, but the target declares its own MTP layers "
                         f"(signal: {target_layers.signal}), which mtp uses when no model is given.")
@@ -236,6 +247,10 @@ class Decider:
             return None
         if n_predict := self.draft.int_field("n_predict"):
             return "n_predict", n_predict
+        if n_predict == 0 and needed:  # vLLM would take it as k and draft nothing
+            raise ConfigError(f"num_speculative_tokens is not set, and the draft declares no draft tokens "
+                              f"({self.draft.signal('n_predict')}). Set num_speculative_tokens, or fix n_predict in "
+                              "the draft's config.json.")
         return declared_k(self.draft.config, self.draft.config_file or self.draft.path, needed)
 
     def decide_num_tokens(self, method: str, tree_depth: int | None, token_tree: DraftTree | None) -> Decision:

@@ -85,7 +85,15 @@ class Resolution:
 
         ``weights=False`` skips the weight-file checks (for exports of config-only folders).
         """
-        check_runnable(self.target, self.config, self.draft, self.draft_evidence, weights=weights)
+        try:
+            check_runnable(self.target, self.config, self.draft, self.draft_evidence, weights=weights)
+        except ConfigError as exc:
+            if self.config is None or self.source("method") != "path":
+                raise
+            # The message answers a method the user never set: say where it came from, and the way out.
+            raise type(exc)(f"{exc} You did not set the method: {self.reason('method')} Set \"method\" yourself: "
+                            "\"draft_model\" for a whole model that drafts, or the method the checkpoint was "
+                            "trained for.") from None
 
 
 def resolve(speculative: Mapping[str, Any] | None, model: str | os.PathLike[str] | None = None, strict: bool = False,

@@ -129,7 +129,7 @@ def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
                 f"unknown speculative config key {key!r}.{suggest(key, known)} "
                 f"Valid keys: {', '.join(FIELDS)} (and 'draft_model' as an alias of 'model')."
             )
-        if canonical in values and values[canonical] != value:
+        if canonical in values and values[canonical] != value and not _same_file(values[canonical], value):
             first = "draft_model" if key == "model" else "model"  # the name the earlier value came under
             raise ConfigError(
                 f"{first!r} = {values[canonical]!r} and {key!r} = {value!r} disagree; they are two "
@@ -206,6 +206,16 @@ def _check_method(value: Any) -> tuple[str, str | None]:
     raise ConfigError(
         f"unknown method {as_json(value)}.{suggest(name, METHODS)} Valid methods: {', '.join(METHODS)}."
     )
+
+
+def _same_file(first: Any, second: Any) -> bool:
+    """Two spellings of one existing path (``./draft`` and ``draft``, a link and its target)."""
+    if not (isinstance(first, (str, os.PathLike)) and isinstance(second, (str, os.PathLike))):
+        return False
+    try:
+        return os.path.samefile(os.path.expanduser(first), os.path.expanduser(second))
+    except (OSError, ValueError):
+        return False
 
 
 def _check_model(value: Any) -> str | None:
