@@ -152,6 +152,37 @@ def test_metrics_count_what_the_responses_report(client: TestClient) -> None:
         before, "vllm:request_generation_tokens_bucket", **labels, le="10.0") == 1  # the 7-token one
     assert "vllm:num_preemptions_total" in after and metric(after, "vllm:num_preemptions_total", **labels) == 0
     assert metric(after, "vllm:kv_cache_usage_perc", **labels) == 0  # idle: no request holds a slot
+    # vLLM's request-parameter series: max_tokens as asked, n and the longest choice once per request
+    assert (delta("vllm:request_params_max_tokens_sum"), delta("vllm:request_params_max_tokens_count")) == (27, 2)
+    assert (delta("vllm:request_params_n_sum"), delta("vllm:request_params_n_count")) == (2, 2)
+    assert delta("vllm:request_max_num_generation_tokens_sum") == 27
+    assert delta("vllm:request_prefill_kv_computed_tokens_sum") == sum(b["usage"]["prompt_tokens"] for b in bodies)
+    assert delta("vllm:prompt_tokens_by_source_total", source="local_compute") == delta("vllm:prompt_tokens_total")
+    assert delta("vllm:prompt_tokens_by_source_total", source="local_cache_hit") == 0  # no prefix caching here
+    assert delta("vllm:prompt_tokens_cached_total") == 0
+    assert delta("vllm:request_num_preemptions_count") == 2 and delta("vllm:request_num_preemptions_sum") == 0
+    # each request's decode time over its tokens after the first (19 and 6 of them)
+    decode = delta("vllm:request_decode_time_seconds_sum")
+    per_token = delta("vllm:request_time_per_output_token_seconds_sum")
+    assert decode / 19 - 1e-9 <= per_token <= decode / 6 + 1e-9 and per_token > 0
+    assert delta("vllm:request_time_per_output_token_seconds_count") == 2
+
+
+def test_metrics_count_a_request_of_n_choices_once_for_its_n(client: TestClient) -> None:
+    before = client.get("/metrics").text
+    body = client.post("/v1/completions", json={"prompt": WORDS, "max_tokens": 6, "n": 3, "temperature": 1.0,
+                                                "stop": ["w3"], "seed": 4}).json()
+    after = client.get("/metrics").text
+    labels = {"model_name": "tiny", "engine": "0"}
+
+    def delta(name: str) -> float:
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    assert (delta("vllm:request_params_n_sum"), delta("vllm:request_params_n_count")) == (3, 1)
+    assert delta("vllm:request_max_num_generation_tokens_count") == 1
+    assert delta("vllm:request_max_num_generation_tokens_sum") == max(
+        len(c["token_ids"]) for c in body["choices"])
+    assert (delta("vllm:request_params_max_tokens_sum"), delta("vllm:request_params_max_tokens_count")) == (18, 3)
     info = metric(after, "specsure_speculative_config_info", method="ngram", method_source="user",
                   num_speculative_tokens="4", num_speculative_tokens_source="user", running_method="ngram")
     assert info == 1.0

@@ -24,6 +24,10 @@ TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 
                                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 INTER_TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                                10.0, 20.0, 40.0, 80.0)
+REQUEST_PARAMS_N_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0)
+PREEMPTION_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+"""vLLM's sources of a prompt's tokens (PromptTokenStats); specsure has no KV transfer, so the last stays 0."""
 FINISH_REASONS = ("stop", "length", "abort")
 """vLLM's finish reasons that this server produces; 'abort' is a generation stopped because its
 client disconnected or its --request-timeout passed, running or still waiting, as vLLM counts it."""
@@ -79,6 +83,11 @@ class ServeMetrics:
                                      "(--enable-prefix-caching).").labels(**labels)
         self.cache_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache: their KV "
                                   "cache was reused, not computed.").labels(**labels)
+        self.cached_tokens = counter("vllm:prompt_tokens_cached", "Prompt tokens whose KV cache was reused from "
+                                     "the prefix cache (local; there is no external one).").labels(**labels)
+        by_source = counter("vllm:prompt_tokens_by_source", "Prompt tokens by source: computed, or found in the "
+                            "prefix cache.", "source")
+        self._by_source = {source: by_source.labels(**labels, source=source) for source in PROMPT_SOURCES}
         success = counter("vllm:request_success", "Finished requests, by finish reason.", "finished_reason")
         self._success = lambda reason: success.labels(**labels, finished_reason=reason)
         for reason in FINISH_REASONS:
@@ -101,6 +110,20 @@ class ServeMetrics:
         self.prompt_sizes = histogram("vllm:request_prompt_tokens", "Prompt tokens of each finished request.", sizes)
         self.output_sizes = histogram("vllm:request_generation_tokens", "Generated tokens of each finished request.",
                                       sizes)
+        self.computed_sizes = histogram("vllm:request_prefill_kv_computed_tokens", "Prompt tokens of each finished "
+                                        "request whose KV was computed (the prefix cache's excluded).", sizes)
+        self.max_tokens = histogram("vllm:request_params_max_tokens", "The max_tokens of each finished request "
+                                    "(its sampling parameter, the server's default where the client gave none).",
+                                    sizes)
+        self.n_params = histogram("vllm:request_params_n", "The n of each finished request (counted once for its "
+                                  "choices).", REQUEST_PARAMS_N_BUCKETS)
+        self.max_generated = histogram("vllm:request_max_num_generation_tokens", "The most tokens any choice of a "
+                                       "finished request generated (counted once for its choices).", sizes)
+        self.per_output_token = histogram("vllm:request_time_per_output_token_seconds", "A finished request's decode "
+                                          "time over its output tokens after the first (0 for one token).",
+                                          INTER_TOKEN_LATENCY_BUCKETS)
+        self.preemptions = histogram("vllm:request_num_preemptions", "Preemptions of each finished request: always "
+                                     "0 (specsure never preempts); here for vLLM's dashboards.", PREEMPTION_BUCKETS)
         counter("vllm:num_preemptions", "Requests preempted to free KV cache. specsure never preempts (a request "
                 "keeps its slot to its end), so this stays 0; it is here for vLLM's dashboards.").labels(**labels)
         self.first_token = histogram("vllm:time_to_first_token_seconds", "Time from arrival (after validation) "
@@ -121,8 +144,8 @@ class ServeMetrics:
              "(user, checkpoint, path, default, derived), and the method actually running.",
              registry=self.registry).info(config_labels(engine, model_name))
 
-    def observe(self, completion: Completion, times: Phases) -> None:
-        """Count one finished request."""
+    def observe(self, completion: Completion, times: Phases, max_tokens: int | None = None) -> None:
+        """Count one finished request (one choice), whose sampling parameters asked for ``max_tokens``."""
         self._count(completion.stats, len(completion.prompt_token_ids), len(completion.token_ids),
                     completion.cached_tokens)
         self._success(completion.finish_reason).inc()
@@ -133,6 +156,18 @@ class ServeMetrics:
         self.inference_time.observe(times.finished - times.scheduled)
         self.prompt_sizes.observe(len(completion.prompt_token_ids))
         self.output_sizes.observe(len(completion.token_ids))
+        self.computed_sizes.observe(len(completion.prompt_token_ids) - completion.cached_tokens)
+        if max_tokens is not None:
+            self.max_tokens.observe(max_tokens)
+        outputs = len(completion.token_ids) - 1  # the first came with the prefill, as vLLM counts
+        self.per_output_token.observe((times.finished - times.first_token) / outputs if outputs > 0 else 0.0)
+        self.preemptions.observe(0)
+
+    def group_finished(self, n: int, most_generated: int) -> None:
+        """Count one request with ``n`` choices once its last choice has ended (finished or aborted), as
+        vLLM counts a parent request: its n, and the most tokens any of its choices generated."""
+        self.n_params.observe(n)
+        self.max_generated.observe(most_generated)
 
     def aborted(self, request: Request) -> None:
         """Count one generation stopped before its end (client gone, or timeout), waiting or running.
@@ -152,6 +187,9 @@ class ServeMetrics:
             self._per_pos(i).inc(n)
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(generated)
+        self.cached_tokens.inc(cached)
+        self._by_source["local_compute"].inc(prompt_tokens - cached)
+        self._by_source["local_cache_hit"].inc(cached)
         if self._caching:
             self.cache_queries.inc(prompt_tokens)
             self.cache_hits.inc(cached)

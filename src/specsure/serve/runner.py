@@ -51,6 +51,8 @@ class Job:
         self.deadline = self.arrived + timeout_s if timeout_s is not None else None
         self.request: Request | None = None  # set by the engine thread when it takes the job in
         self.leader: Job | None = None  # the first choice of the same HTTP request, when it has n > 1
+        self.choices = 1  # on a leader: its request's n; the engine thread counts them as they end
+        self.ended = self.most_generated = 0
         self.done = False
         self.cancelled = threading.Event()
         self.updates: asyncio.Queue[StepUpdate | Exception] = asyncio.Queue()
@@ -106,6 +108,7 @@ class EngineRunner:
         jobs = []
         for prompt, choices in prompts:
             group = [Job(prompt, params, stream, self.timeout_s) for params in choices]
+            group[0].choices = len(group)
             for job in group[1:]:
                 job.leader = group[0]
             jobs += group
@@ -187,7 +190,7 @@ class EngineRunner:
                 if job.cancelled.is_set():
                     scheduler.abort(request)
                     self.metrics.aborted(request)
-                    self._done(jobs.pop(key)[0])
+                    self._done(jobs.pop(key)[0], len(request.output))
             self._gauges(scheduler)
             if not jobs:
                 continue
@@ -196,7 +199,7 @@ class EngineRunner:
             except Exception as exc:  # a bug (prompts are checked before queueing): every request answers a 500
                 for job, request in jobs.values():
                     scheduler.abort(request)
-                    self._done(job)
+                    self._done(job, len(request.output))
                     job.send(exc)
                 jobs.clear()
                 self._gauges(scheduler)
@@ -206,7 +209,7 @@ class EngineRunner:
             for request, update in updates:
                 job = jobs[id(request)][0]
                 if update.error is not None:  # this request alone failed (a bug): it answers a 500
-                    self._done(jobs.pop(id(request))[0])
+                    self._done(jobs.pop(id(request))[0], len(request.output))
                     answers.append((job, update.error))
                     continue
                 first = job.first_token is None
@@ -217,8 +220,8 @@ class EngineRunner:
                 if update.completion is not None:
                     self.engine.finished(request)
                     self.metrics.observe(update.completion, Phases(job.arrived, request.started,
-                                                                   job.first_token or now, now))
-                    self._done(jobs.pop(id(request))[0])
+                                                                   job.first_token or now, now), job.params.max_tokens)
+                    self._done(jobs.pop(id(request))[0], len(update.completion.token_ids))
                     answers.append((job, update))
                 elif job.stream and not job.cancelled.is_set():
                     job.send(update)
@@ -226,7 +229,13 @@ class EngineRunner:
             for job, update in answers:
                 job.send(update)
 
-    def _done(self, job: Job) -> None:
+    def _done(self, job: Job, generated: int) -> None:
+        """``job`` has left the engine, having generated ``generated`` tokens (the engine thread only)."""
+        leader = job.leader or job
+        leader.ended += 1
+        leader.most_generated = max(leader.most_generated, generated)
+        if leader.ended == leader.choices:
+            self.metrics.group_finished(leader.choices, leader.most_generated)
         with self._lock:
             job.done = True
             self._admitted -= 1  # the engine thread publishes the gauges (its callers' next step)
