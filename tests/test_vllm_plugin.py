@@ -38,7 +38,8 @@ def models(tmp_path: Path) -> dict[str, str]:
     return {name: str(write_checkpoint(root / name, config)) for name, config in made.items()}
 
 
-def vllm(model: str, version: str = TESTED, speculators: dict | None = None, **engine_kwargs):
+def vllm(model: str, version: str = TESTED, speculators: dict | None = None, quantization: str | None = None,
+         **engine_kwargs):
     """Build the speculative config the way vLLM would, with the plugin installed (or not: version=None)."""
     module = vllm_standin.arg_utils(speculators)
     if version is not None:
@@ -46,7 +47,7 @@ def vllm(model: str, version: str = TESTED, speculators: dict | None = None, **e
     args = module.EngineArgs(model, **engine_kwargs)
     if isinstance(args.speculative_config, dict):
         module.maybe_override_with_speculators(model, None, False, vllm_speculative_config=args.speculative_config)
-    return args.create_speculative_config(vllm_standin.ModelConfig(model), None)
+    return args.create_speculative_config(vllm_standin.ModelConfig(model, quantization=quantization), None)
 
 
 def same_folder(a: str, b: str) -> bool:
@@ -73,6 +74,16 @@ def test_the_seed_case_runs_mtp_on_the_target_itself(models, caplog):
     assert "eagle-" not in spec.model.lower()
     line = next(r.message for r in caplog.records if "effective speculative config" in r.message)
     assert "method='mtp' (user)" in line and "num_speculative_tokens=1 (user)" in line and "neutral link" in line
+
+
+@pytest.mark.parametrize(("folder", "asked", "runs"), [("beagle-dsv3", None, "fp8"), ("dsv3", None, "fp8"),
+                                                      ("beagle-dsv3", "fp8", "fp8")])
+def test_mtp_on_the_target_itself_keeps_the_targets_quantization(models, folder, asked, runs):
+    """vLLM gives an MTP draft it fills from the target the target's --quantization; the link the plugin
+    names for a trap-named target must not lose it (the MTP layers would load unquantised)."""
+    spec = vllm(models[folder], quantization="fp8", speculative_config={
+        "method": "mtp", "num_speculative_tokens": 1, **({"quantization": asked} if asked else {})})
+    assert (spec.method, spec.quantization) == ("mtp", runs) and same_folder(spec.model, models[folder])
 
 
 @pytest.mark.parametrize("name", ["my-eagle-draft", "beagle-7b", "MY-EAGLE-DRAFT", "eagle-experiments/draft",

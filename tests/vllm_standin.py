@@ -22,6 +22,7 @@ MTP_REWRITES = {"deepseek_v3": "deepseek_mtp", "qwen3_next": "qwen3_next_mtp"}
 class ModelConfig:
     model: str
     model_weights: str = ""
+    quantization: str | None = None
 
     @property
     def hf_config(self) -> types.SimpleNamespace:
@@ -34,6 +35,7 @@ class SpeculativeConfig:
     method: str | None = None
     model: str | None = None
     num_speculative_tokens: int | None = None
+    quantization: str | None = None
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
     suffix_decoding_max_tree_depth: int = 24
@@ -53,6 +55,8 @@ class SpeculativeConfig:
         if self.model is None and self.num_speculative_tokens is not None:
             if self.method == "mtp":
                 self.model = self.target_model_config.model_weights or self.target_model_config.model
+                if not self.quantization:  # aligned with the target's only here
+                    self.quantization = self.target_model_config.quantization
             elif self.method in ("ngram", "suffix"):
                 self.model = self.method
         if self.method == "ngram":
@@ -103,7 +107,7 @@ class EngineArgs:
             self.speculative_config[key] = value
         if self.speculative_config is None:
             return None
-        known = {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
+        known = {"method", "model", "num_speculative_tokens", "quantization", "prompt_lookup_min", "prompt_lookup_max",
                  "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
                  "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob"}
         spec = {k.replace("-", "_"): v for k, v in self.speculative_config.items()}

@@ -21,10 +21,11 @@ from vllm.logger import configure_logging_if_needed
 out = []
 for case in json.load(sys.stdin):
     try:
-        args = EngineArgs(model=case["model"], speculative_config=case["speculative_config"], skip_tokenizer_init=True)
+        args = EngineArgs(model=case["model"], speculative_config=case["speculative_config"], skip_tokenizer_init=True,
+                          quantization=case.get("quantization"))
         configure_logging_if_needed(args.create_logging_config())  # as create_engine_config does first
         spec = args.create_speculative_config(args.create_model_config(), ParallelConfig())
-        out.append({"method": spec.method, "model": spec.model})
+        out.append({"method": spec.method, "model": spec.model, "quantization": spec.quantization})
     except Exception as exc:
         out.append({"error": f"{type(exc).__name__}: {exc}"})
 print("RESULT " + json.dumps(out))
@@ -43,6 +44,8 @@ CASES = [
      ("draft_model", "eagle-experiments/draft")),
     ("the seed case: mtp on beagle-dsv3", "beagle-dsv3", {"method": "mtp", "num_speculative_tokens": 1},
      ("mtp", "beagle-dsv3")),
+    ("the seed case with --quantization fp8", "beagle-dsv3", {"method": "mtp", "num_speculative_tokens": 1},
+     ("mtp", "beagle-dsv3")),
     ("explicit mtp with a beagle draft", "target", {"method": "mtp", "model": "beagle-dsv3",
                                                     "num_speculative_tokens": 1}, ("mtp", "beagle-dsv3")),
     ("draft_model with an EAGLE-3 checkpoint", "target", {"method": "draft_model", "model": "EAGLE3-LLaMA-head"},
@@ -58,6 +61,8 @@ CASES = [
     ("neutral: ngram", "target", {"method": "ngram", "num_speculative_tokens": 3}, ("ngram", None)),
 ]
 EXTRA = {"MY-EAGLE-DRAFT": "small-draft", "eagle-experiments/draft": "small-draft"}
+QUANTIZED = {"the seed case with --quantization fp8": "fp8"}
+"""The target's --quantization, which vLLM gives an MTP draft it fills from the target itself."""
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +79,9 @@ def paths(ckpt, tmp_path_factory):
 
 def _run(vllm_python, paths, mode, tmp_path):
     cases = [{"model": paths[target], "speculative_config": {k: (paths[v] if k == "model" else v)
-                                                             for k, v in spec.items()}}
-             for _, target, spec, _ in CASES]
+                                                             for k, v in spec.items()},
+              "quantization": QUANTIZED.get(case)}
+             for case, target, spec, _ in CASES]
     env = {**os.environ, "SPECSURE_VLLM_PLUGIN": mode, "SPECSURE_VLLM_LINKS": str(tmp_path / "links")}
     done = subprocess.run([vllm_python, "-c", SCRIPT], input=json.dumps(cases), capture_output=True, text=True,
                           timeout=900, env=env)
@@ -105,7 +111,7 @@ def test_enforce_runs_the_users_method_and_draft_or_refuses(enforced, paths, ind
         return
     method, folder = expected
     assert "error" not in got, got
-    assert got["method"] == method
+    assert got["method"] == method and got["quantization"] == QUANTIZED.get(CASES[index][0])
     if folder is not None:
         assert os.path.realpath(got["model"]) == os.path.realpath(paths[folder])
 

@@ -83,7 +83,8 @@ def _wrap_create(original: Callable[..., Any], version: str, *, rewrite: bool) -
         flags = {attribute: getattr(self, attribute, None) for _, attribute, _ in SPEC_FLAGS}
         user = user_config(self.speculative_config, flags)
         target = str(getattr(target_model_config, "model", None) or self.model)
-        plan = make_plan(user, target, rewrite=rewrite)
+        plan = make_plan(user, target, rewrite=rewrite,
+                         target_quantization=getattr(target_model_config, "quantization", None))
         for warning in plan.warnings:
             logger.warning("specsure: %s", warning)
         if plan.handed is not None:

@@ -62,10 +62,13 @@ class Plan:
     with an explicit value) are logged by specsure.config as resolve() runs."""
 
 
-def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = True) -> Plan:
+def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = True,
+              target_quantization: str | None = None) -> Plan:
     """Resolve the user's keys against ``target`` and build the explicit config for vLLM.
 
     ``rewrite=False`` (an untested vLLM version) resolves only, for the guard's comparison.
+    ``target_quantization``: the target's quantization in vLLM (``--quantization``), which vLLM gives
+    an MTP draft it fills from the target itself, and the plan gives it where it names that draft.
     A config specsure cannot resolve (a method it does not model, a target that is not a local
     folder, a value outside specsure's own bounds) is handed over unchanged, and the guard still
     compares vLLM's method and draft with the user's explicit ones.
@@ -98,6 +101,9 @@ def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = Tr
         link = neutral_link(where[0])
         handed["model"] = link  # for mtp without a draft this names the target's own folder explicitly
         links.append((where[0], link))
+        if res.config.model is None and target_quantization and not handed.get("quantization"):
+            # vLLM aligns the draft's quantization with the target's only when it fills model itself
+            handed["quantization"] = target_quantization
     if where is not None and res.config.method not in DETECTION_SKIPPED and (
             behind := model_type_override(res, where[0], where[1])) is not None:
         # No key stops this one; the guard sees it once vLLM has resolved, and refuses or warns.
