@@ -135,13 +135,13 @@ def _vllm_aux_notes(path: str, config: Mapping[str, Any], layers: int) -> tuple[
                      f"(or eagle_config.layer_ids). The output stays the same and fewer drafts are accepted; {fix}"
                      f"copy the list to the top level of {path}/config.json")
     if len(set(ours)) != len(ours):
-        failures.append(f"vLLM collects each target layer once, so the head's {len(ours)} fused layers {list(ours)} "
-                     f"(the default on a target of {layers} layers repeats some) reach its fc as {len(set(ours))}: "
-                     "vLLM fails at the first forward. specsure runs it as it is")
+        failures.append(f"vLLM collects each target layer once, so the head's {len(ours)} fused layers "
+                        f"{list(ours)} (the default on a target of {layers} layers repeats some) reach its fc as "
+                        f"{len(set(ours))}: vLLM fails at the first forward. specsure runs it as it is")
     elif fc != len(ours):
-        failures.append(f"vLLM builds the head's fc for {fc} target layers (from num_aux_hidden_states, or the id list "
-                     f"its EAGLE-3 model class reads, else 3), but the head fuses {len(ours)}: vLLM refuses its fc "
-                     "weight. specsure runs it as it is")
+        failures.append(f"vLLM builds the head's fc for {fc} target layers (from num_aux_hidden_states, or the id "
+                        f"list its EAGLE-3 model class reads, else 3), but the head fuses {len(ours)}: vLLM refuses "
+                        "its fc weight. specsure runs it as it is")
     return notes, failures
 
 
