@@ -263,7 +263,7 @@ BAD_COMPLETIONS = [
     ({"prompt": 7}, "prompt", "number"),
     ({"prompt": [1, "w2"]}, "prompt", "\"w2\""),
     ({"prompt": [PROMPT_IDS] * 65}, "prompt", "holds 65 prompts; one request takes at most 64"),
-    ({"prompt": [PROMPT_IDS, ""]}, "prompt", "prompt[1] is an empty string"),
+    ({"prompt": [WORDS, ""]}, "prompt", "prompt[1] is an empty string"),
     ({"prompt": [PROMPT_IDS, [3, "x"]]}, "prompt", "prompt[1] holds \"x\""),
     ({"prompt": [1, 5000]}, "prompt", "5000"),
     ({"prompt": [5] * 600}, "prompt", "600 tokens"),

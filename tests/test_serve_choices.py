@@ -182,6 +182,10 @@ def test_several_prompts_in_one_completions_request(sdk: openai.OpenAI) -> None:
         usage = chunk.usage or usage
     assert texts == {0: alone[0].choices[0].text, 1: alone[1].choices[0].text}
     assert usage.prompt_tokens == alone[0].usage.prompt_tokens + alone[1].usage.prompt_tokens
+    # vLLM's schema has no list that mixes both kinds: a 400 naming prompt, not two answers
+    with pytest.raises(openai.BadRequestError, match=r"prompt mixes strings and token-id lists \(prompt\[0\] is a "
+                                                     r"JSON string, prompt\[1\] a JSON array\)"):
+        sdk.completions.create(prompt=[WORDS, [5, 6]], **args)
 
 
 def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(sdk: openai.OpenAI, engine: Engine) -> None:

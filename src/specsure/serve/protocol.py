@@ -346,6 +346,11 @@ def _parse_prompts(value: Any) -> list[str | list[int]]:
         if len(value) > MAX_PROMPTS:
             raise RequestError(f"prompt holds {len(value)} prompts; one request takes at most {MAX_PROMPTS}: split "
                                "them over several requests (they run batched).", "prompt")
+        if len({type(p) for p in value}) > 1:  # OpenAI's and vLLM's schemas have no mixed list
+            first = next(i for i, p in enumerate(value) if type(p) is not type(value[0]))
+            raise RequestError(f"prompt mixes strings and token-id lists (prompt[0] is a JSON "
+                               f"{json_type(value[0])}, prompt[{first}] a JSON {json_type(value[first])}); send a "
+                               "list of strings or a list of token-id lists, or one request for each kind.", "prompt")
         return [_parse_prompt(p, f"prompt[{i}]") for i, p in enumerate(value)]
     return [_parse_prompt(value, "prompt")]
 
