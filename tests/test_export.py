@@ -394,10 +394,15 @@ def test_an_mtp_k_that_vllm_refuses_is_named(tmp_path):
         export(resolve({"method": "mtp", "num_speculative_tokens": 3}, model=target), "vllm", strict=True)
 
 
-def test_disable_by_batch_size_goes_to_vllm_and_is_named_for_sglang(ckpts):
+def test_disable_by_batch_size_is_left_out_and_named_for_both_engines(ckpts):
+    """vLLM 0.33.0's SpeculativeConfig refuses the key ("Unexpected keyword argument"): the export leaves it
+    out and says what vLLM does instead, as SGLang's does."""
     res = resolve({"method": "ngram", "disable_by_batch_size": 8}, model=ckpts["target"])
     assert res.decisions["disable_by_batch_size"].source == "user"
-    assert vllm_json(export(res, "vllm"))["disable_by_batch_size"] == 8
+    out = export(res, "vllm")
+    assert "disable_by_batch_size" not in vllm_json(out)
+    assert any("disable_by_batch_size = 8 is not a key of vLLM 0.33.0" in w and "drafts at every batch size" in w
+               for w in out.warnings)
     sglang = export(res, "sglang")
     assert not any("batch" in flag for flag in flags(sglang))
     assert any("disable_by_batch_size = 8 has no SGLang flag" in w for w in sglang.warnings)

@@ -108,6 +108,14 @@ def test_a_token_tree_is_handed_to_vllm_as_a_chain_and_the_plugin_says_so(models
     assert any("speculative_token_tree is a specsure key that vLLM does not have" in r.message for r in caplog.records)
 
 
+def test_disable_by_batch_size_is_not_handed_to_vllm_and_the_plugin_says_so(models, caplog):
+    with caplog.at_level(logging.WARNING, logger="vllm.specsure"):
+        spec = vllm(models["target"], speculative_config={"method": "ngram", "disable_by_batch_size": 4})
+    assert spec.method == "ngram" and "disable_by_batch_size" not in spec.extra  # vLLM 0.33.0 would refuse it
+    assert any("disable_by_batch_size is a specsure key" in r.message and "at every batch size" in r.message
+               for r in caplog.records)
+
+
 def test_a_model_type_rewrite_is_refused_naming_both_sides_and_the_fix(models):
     with pytest.raises(PluginRefusal) as err:
         vllm(models["target"], speculative_config={"method": "draft_model", "model": models["dsv3"]})

@@ -59,6 +59,8 @@ CASES = [
     ("neutral: eagle3 in an eagle3 folder", "target", {"method": "eagle3", "model": "EAGLE3-LLaMA-head"},
      ("eagle3", "EAGLE3-LLaMA-head")),
     ("neutral: ngram", "target", {"method": "ngram", "num_speculative_tokens": 3}, ("ngram", None)),
+    ("ngram with disable_by_batch_size (no vLLM 0.33.0 key)", "target",
+     {"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 4}, ("ngram", None)),
 ]
 EXTRA = {"MY-EAGLE-DRAFT": "small-draft", "eagle-experiments/draft": "small-draft"}
 QUANTIZED = {"the seed case with --quantization fp8": "fp8"}

@@ -180,6 +180,12 @@ def _vllm(res: "Resolution") -> Export:
                         f"{', '.join(VLLM_TESTED_VERSIONS)} (earlier vLLM releases had it), so it is left out: vLLM "
                         f"drafts a chain of num_speculative_tokens = {config.num_speculative_tokens} tokens. Its output "
                         "is the same; a different number of tokens is accepted per step.")
+    if config.disable_by_batch_size is not None:
+        # Its V0 engine had the key; 0.33.0's SpeculativeConfig refuses it as an unexpected argument.
+        warnings.append(f"disable_by_batch_size = {config.disable_by_batch_size} is not a key of vLLM "
+                        f"{', '.join(VLLM_TESTED_VERSIONS)} (its V0 engine had it), so it is left out: vLLM drafts "
+                        "at every batch size. Its output is the same; under a full batch it verifies drafts that "
+                        "specsure would skip.")
     warnings += vllm_refusals(res)
     if config.method == "suffix":
         # vllm/config/speculative.py _validate_suffix_decoding raises ImportError without it.

@@ -34,9 +34,10 @@ FIELDS: Final[tuple[str, ...]] = (
     "prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_branches",
     *SUFFIX_FIELDS, "disable_by_batch_size",
 )
-SPECSURE_ONLY_FIELDS: Final[frozenset[str]] = frozenset({"prompt_lookup_branches", "speculative_token_tree"})
+SPECSURE_ONLY_FIELDS: Final[frozenset[str]] = frozenset({"prompt_lookup_branches", "speculative_token_tree",
+                                                         "disable_by_batch_size"})
 """Keys vLLM 0.33.0 does not have: exports leave them out (and say what vLLM does instead).
-speculative_token_tree is the key of earlier vLLM releases, which 0.33.0 refuses."""
+speculative_token_tree and disable_by_batch_size are keys of earlier vLLM releases, which 0.33.0 refuses."""
 KEY_ALIASES: Final[Mapping[str, str]] = {"draft_model": "model"}
 VLLM_ONLY_KEYS: Final[frozenset[str]] = frozenset({
     "draft_tensor_parallel_size", "quantization", "max_model_len", "revision", "code_revision",
@@ -374,6 +375,4 @@ class SpeculativeConfig:
             out["prompt_lookup_max"] = self.prompt_lookup_max
         if self.method == "suffix":
             out.update({key: getattr(self, key) for key in SUFFIX_FIELDS})
-        if self.disable_by_batch_size is not None:
-            out["disable_by_batch_size"] = self.disable_by_batch_size
-        return out
+        return out  # disable_by_batch_size: vLLM 0.33.0 refuses the key (SPECSURE_ONLY_FIELDS)

@@ -117,8 +117,7 @@ def compare(res: "Resolution", vllm: Mapping[str, Any], *, exported: Mapping[str
     ours = {"method": config.method, "model": where[0] if where else None,
             "num_speculative_tokens": config.num_speculative_tokens,
             "prompt_lookup_min": config.prompt_lookup_min, "prompt_lookup_max": config.prompt_lookup_max,
-            **{key: getattr(config, key) for key in SUFFIX_FIELDS},
-            "disable_by_batch_size": config.disable_by_batch_size}
+            **{key: getattr(config, key) for key in SUFFIX_FIELDS}}
     theirs = _normalise(vllm)
     written = _normalise(as_written) if as_written and "error" not in as_written else None
     rows, mismatches = [], []
@@ -159,8 +158,7 @@ def _normalise(result: Mapping[str, Any]) -> dict[str, Any]:
             "prompt_lookup_min": result.get("prompt_lookup_min") if is_ngram else None,
             "prompt_lookup_max": result.get("prompt_lookup_max") if is_ngram else None,
             # vLLM keeps its suffix defaults for every method; only suffix reads them.
-            **{key: result.get(key) if method == "suffix" else None for key in SUFFIX_FIELDS},
-            "disable_by_batch_size": result.get("disable_by_batch_size")}
+            **{key: result.get(key) if method == "suffix" else None for key in SUFFIX_FIELDS}}
 
 
 def _speculators_mismatch(res: "Resolution", name: str, ours: Any, theirs: Any, vllm: Mapping[str, Any]) -> Mismatch:

@@ -45,7 +45,6 @@ def _probe(case):
         "prompt_lookup_min": spec.prompt_lookup_min,
         "prompt_lookup_max": spec.prompt_lookup_max,
         **{key: getattr(spec, key, None) for key in SUFFIX_KEYS},
-        "disable_by_batch_size": getattr(spec, "disable_by_batch_size", None),
         "draft_model_type": getattr(inner, "model_type", None) or getattr(hf, "model_type", None),
         "draft_architectures": list(getattr(hf, "architectures", None) or []),
         "target_model_type": getattr(model_config.hf_config, "model_type", None),

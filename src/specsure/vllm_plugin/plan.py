@@ -92,9 +92,11 @@ def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = Tr
         # vLLM runs an explicit method whatever the checkpoint is; the plugin keeps the method and says so.
         warnings.append(f"specsure's engine would refuse this config: {exc}")
     handed = {**theirs, **res.config.to_vllm()}
-    for key in sorted(SPECSURE_ONLY_FIELDS & set(ours)):
+    for key in sorted(k for k in SPECSURE_ONLY_FIELDS & set(ours) if ours[k] is not None):
+        instead = ("at every batch size" if key == "disable_by_batch_size" else
+                   f"a chain of num_speculative_tokens = {res.config.num_speculative_tokens} tokens")
         warnings.append(f"{key} is a specsure key that vLLM does not have, so vLLM is handed the config without it: "
-                        f"it drafts a chain of num_speculative_tokens = {res.config.num_speculative_tokens} tokens.")
+                        f"it drafts {instead}.")
     links: list[tuple[str, str]] = []
     where = vllm_draft_path(res)
     if where is not None and res.config.method not in DETECTION_SKIPPED and vllm_path_trap(where[0]):
