@@ -201,6 +201,29 @@ def test_a_bad_mode_stops_vllm_with_the_choices(models, monkeypatch):
         vllm(models["target"], speculative_config={"method": "ngram"})
 
 
+def test_a_bad_mode_at_start_up_still_guards_a_retry_in_the_same_process(models, monkeypatch):
+    """vLLM marks its plugins loaded before calling them, so a register() that raised before wrapping left
+    a retry (a notebook, a service) to run vLLM's own override silently."""
+    import sys
+    import types
+
+    from specsure.vllm_plugin import register
+
+    module = vllm_standin.arg_utils()
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__=TESTED))
+    monkeypatch.setitem(sys.modules, "vllm.engine", types.SimpleNamespace(arg_utils=module))
+    monkeypatch.setenv("SPECSURE_VLLM_PLUGIN", "bogus")
+    with pytest.raises(ValueError, match="not a mode"):
+        register()
+    spec = {"method": "mtp", "num_speculative_tokens": 1}
+    retry = module.EngineArgs(models["beagle-dsv3"], speculative_config=dict(spec))
+    with pytest.raises(ValueError, match="not a mode"):  # not eagle, silently
+        retry.create_speculative_config(vllm_standin.ModelConfig(models["beagle-dsv3"]), None)
+    monkeypatch.setenv("SPECSURE_VLLM_PLUGIN", "enforce")
+    fixed = module.EngineArgs(models["beagle-dsv3"], speculative_config=dict(spec))
+    assert fixed.create_speculative_config(vllm_standin.ModelConfig(models["beagle-dsv3"]), None).method == "mtp"
+
+
 def test_an_untested_version_only_guards(models, caplog):
     with caplog.at_level(logging.WARNING, logger="vllm.specsure"):
         module = vllm_standin.arg_utils()

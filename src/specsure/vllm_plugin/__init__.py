@@ -17,9 +17,18 @@ __all__ = ["PluginRefusal", "register"]
 
 def register() -> None:
     """vLLM's entry point: wrap its speculative-config code once per process (idempotent)."""
-    if mode() == "off":
+    try:
+        chosen = mode()
+    except ValueError:
+        # vLLM marks its plugins loaded before it calls them, so raising here first would leave a
+        # process that retries (a notebook, a service) unguarded: wrap, then raise; every config the
+        # wrappers see raises the same error until the variable names a mode.
+        chosen = None
+    if chosen == "off":
         return
     import vllm
     from vllm.engine import arg_utils
 
     install(arg_utils.EngineArgs, arg_utils, str(getattr(vllm, "__version__", "unknown")))
+    if chosen is None:
+        mode()
