@@ -224,6 +224,46 @@ def test_a_bad_mode_at_start_up_still_guards_a_retry_in_the_same_process(models,
     assert fixed.create_speculative_config(vllm_standin.ModelConfig(models["beagle-dsv3"]), None).method == "mtp"
 
 
+def test_a_config_specsure_cannot_resolve_is_refused_saying_why_it_went_unchanged(models):
+    """vLLM coerces "2"; specsure does not, so the config goes to vLLM unchanged (no neutral link) and the
+    refusal says so, with the path vLLM's test caught."""
+    with pytest.raises(PluginRefusal, match=r"handed your config to vLLM unchanged: specsure cannot resolve this "
+                                            r"config \(.*num_speculative_tokens.*contains 'eagle-'"):
+        vllm(models["target"], speculative_config={"method": "draft_model", "model": models["beagle-7b"],
+                                                   "num_speculative_tokens": "2"})
+
+
+@pytest.mark.parametrize("legacy", [{"model": "ngram"}, {"model": "[ngram]"}, {"method": "[ngram]"},
+                                    {"method": "ngram", "model": "ngram"}])
+def test_vllms_older_ngram_spellings_resolve_as_ngram(models, caplog, legacy):
+    with caplog.at_level(logging.INFO, logger="vllm.specsure"):
+        spec = vllm(models["target"], speculative_config={**legacy, "num_speculative_tokens": 3})
+    assert (spec.method, spec.prompt_lookup_min, spec.prompt_lookup_max) == ("ngram", 2, 5)  # specsure's, explicit
+    assert any("effective speculative config: method='ngram'" in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize(("parallel", "links_set", "warned"), [
+    ({"nnodes": 2}, False, True), ({"distributed_executor_backend": "ray"}, False, True),
+    ({"nnodes": 2}, True, False), ({}, False, False)])
+def test_a_neutral_link_on_a_vllm_that_may_span_nodes_is_a_warning(models, caplog, monkeypatch, parallel, links_set,
+                                                                   warned):
+    """The link exists on the host that resolved the config; workers on other nodes read the same path."""
+    import types
+
+    if not links_set:
+        monkeypatch.delenv("SPECSURE_VLLM_LINKS")
+        monkeypatch.setenv("XDG_CACHE_HOME", str(Path(models["target"]).parent.parent / "cache"))
+    module = vllm_standin.arg_utils()
+    install(module.EngineArgs, module, TESTED)
+    args = module.EngineArgs(models["beagle-dsv3"], speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+    with caplog.at_level(logging.WARNING, logger="vllm.specsure"):
+        spec = args.create_speculative_config(vllm_standin.ModelConfig(models["beagle-dsv3"]),
+                                              types.SimpleNamespace(**parallel))
+    assert spec.method == "mtp"
+    assert any("exists on this host only" in r.message and "SPECSURE_VLLM_LINKS" in r.message
+               for r in caplog.records) == warned
+
+
 def test_an_untested_version_only_guards(models, caplog):
     with caplog.at_level(logging.WARNING, logger="vllm.specsure"):
         module = vllm_standin.arg_utils()

@@ -74,11 +74,13 @@ class Resolution:
                 for name, d in self.decisions.items()}
 
     def summary(self) -> str:
-        """One line: each field with its source, for the engine's start-up log."""
+        """One line: each field with its source, for the engine's start-up log. A field left empty by
+        specsure (one the method does not read, or an unset option) is left out; an empty one you set
+        (``"model": null``) is shown."""
         if self.config is None:
             return "speculative decoding off"
-        return ", ".join(f"{n}={self.decisions[n].value!r} ({self.decisions[n].source})"
-                         for n in self.decisions if n != "target")
+        return ", ".join(f"{n}={d.value!r} ({d.source})" for n, d in self.decisions.items()
+                         if n != "target" and (d.value is not None or d.source == "user"))
 
     def check_runnable(self, *, weights: bool = True) -> None:
         """Raise ConfigError when the checkpoints cannot run the method (impossibility is an error).

@@ -12,6 +12,7 @@ import os
 from typing import Any, Mapping
 
 from specsure.config.schema import MTP_METHOD_ALIASES, SUFFIX_FIELDS
+from specsure.config.vllm_overrides import vllm_path_trap
 from specsure.vllm_check.compare import NO_DRAFT, compare
 from specsure.vllm_plugin.plan import Plan
 
@@ -54,14 +55,16 @@ def _explicit_mismatches(user: Mapping[str, Any], vllm: Mapping[str, Any], versi
     """Guard mode without a resolution: the user's explicit method and draft must survive."""
     out = []
     method = user.get("method")
+    model = user.get("model", user.get("draft_model"))
     if isinstance(method, str):
         asked = "mtp" if method in MTP_METHOD_ALIASES else method
         if vllm.get("method") != asked:
-            out.append(_sentence("method", method, "user", vllm.get("method"),
-                                 "vLLM's own detection replaced an explicit method",
+            trap = vllm_path_trap(model) if isinstance(model, str) else None
+            cause = "vLLM's own detection replaced an explicit method" + (
+                f" (the draft path {model!r} contains {trap[0]!r}, which vLLM's path test matches)" if trap else "")
+            out.append(_sentence("method", method, "user", vllm.get("method"), cause,
                                  "check the checkpoint's folder name and model_type against what the method "
                                  "needs (specsure check-vllm shows the cause)", version))
-    model = user.get("model", user.get("draft_model"))
     theirs = vllm.get("model")
     if isinstance(model, str) and theirs not in NO_DRAFT and not _same_path(model, theirs):
         out.append(_sentence("model", model, "user", theirs, "vLLM replaced an explicit draft",

@@ -17,9 +17,12 @@ from specsure.config.errors import ConfigError
 from specsure.config.vllm_overrides import neutral_name, vllm_path_trap
 
 
+LINKS_ENV: str = "SPECSURE_VLLM_LINKS"
+
+
 def link_cache() -> Path:
     """``$SPECSURE_VLLM_LINKS``, else ``$XDG_CACHE_HOME/specsure/vllm-links`` (``~/.cache`` by default)."""
-    chosen = os.environ.get("SPECSURE_VLLM_LINKS")
+    chosen = os.environ.get(LINKS_ENV)
     if chosen:
         return Path(chosen).expanduser().absolute()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")

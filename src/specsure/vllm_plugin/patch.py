@@ -18,6 +18,7 @@ from typing import Any, Callable, Final, Literal
 from specsure.config.export import VLLM_TESTED_VERSIONS
 from specsure.config.schema import MTP_METHOD_ALIASES
 from specsure.vllm_plugin.guard import mismatches, resolved
+from specsure.vllm_plugin.links import LINKS_ENV
 from specsure.vllm_plugin.plan import SPEC_FLAGS, make_plan, provenance, user_config, vllm_summary
 
 Mode = Literal["enforce", "warn", "off"]
@@ -87,6 +88,12 @@ def _wrap_create(original: Callable[..., Any], version: str, *, rewrite: bool) -
                          target_quantization=getattr(target_model_config, "quantization", None))
         for warning in plan.warnings:
             logger.warning("specsure: %s", warning)
+        if plan.links and _may_span_nodes(target_parallel_config) and not os.environ.get(LINKS_ENV):
+            logger.warning("specsure: the neutral link%s %s exist%s on this host only, and this vLLM may run "
+                           "workers on other nodes (nnodes > 1, or the Ray backend), which would look for the draft "
+                           "there; set %s to a folder on storage every node shares, at the same path.",
+                           "s" * (len(plan.links) > 1), ", ".join(link for _, link in plan.links),
+                           "" if len(plan.links) > 1 else "s", LINKS_ENV)
         if plan.handed is not None:
             self.speculative_config = dict(plan.handed)
             for _, attribute, _ in SPEC_FLAGS:  # merged into the dict already; vLLM must not merge them again
@@ -101,12 +108,19 @@ def _wrap_create(original: Callable[..., Any], version: str, *, rewrite: bool) -
         theirs = resolved(spec, target_type)
         if plan.handed is None:  # vLLM filled the unset fields: say with what
             logger.info("specsure: vLLM %s resolved the speculative config as: %s", version, vllm_summary(theirs))
+        unchanged = f" (specsure handed your config to vLLM unchanged: {plan.guard_only})" if plan.guard_only else ""
         _refuse_or_warn(mismatches(plan, theirs, version),
-                        "vLLM resolved another speculative config than the one asked for")
+                        f"vLLM resolved another speculative config than the one asked for{unchanged}")
         return spec
 
     setattr(create_speculative_config, _MARK, True)
     return create_speculative_config
+
+
+def _may_span_nodes(parallel: Any) -> bool:
+    """Whether vLLM's workers may run on other hosts: several nodes, or Ray (whose cluster may hold several)."""
+    nodes = getattr(parallel, "nnodes", 1)
+    return (isinstance(nodes, int) and nodes > 1) or getattr(parallel, "distributed_executor_backend", None) == "ray"
 
 
 def _wrap_speculators(original: Callable[..., Any], version: str) -> Callable[..., Any]:
