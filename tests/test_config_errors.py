@@ -399,3 +399,11 @@ def test_an_n_predict_of_zero_never_fills_k(tmp_path, target):
     assert "declares no draft tokens" in msg and "n_predict=0" in msg and "Set num_speculative_tokens" in msg
     res = resolve({"method": "draft_model", "model": folder, "num_speculative_tokens": 2}, model=target)
     assert (res.config.num_speculative_tokens, res.warnings) == (2, ())
+
+
+def test_a_config_json_that_is_a_folder_is_named_as_such(tmp_path, target):
+    folder = write_checkpoint(tmp_path / "odd", llama(layers=2))
+    (folder / "config.json").unlink()
+    (folder / "config.json").mkdir()
+    msg = error_of({"method": "draft_model", "model": str(folder)}, target)
+    assert "its config.json is not a file" in msg and "has no config.json" not in msg

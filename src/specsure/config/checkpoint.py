@@ -154,6 +154,9 @@ def _read_hf_dir(folder: Path, shown: str) -> CheckpointInfo:
         weights, pickles = weight_files(folder)
     except OSError as exc:
         raise ConfigError(f"cannot list checkpoint folder {shown!r}: {exc}. Check its permissions.") from None
+    if config_path.exists() and not config_path.is_file():
+        raise ConfigError(f"checkpoint folder {shown!r}: its config.json is not a file (a folder, or a device); "
+                          "it must be the checkpoint's JSON config. Replace it with the model's config.json.")
     if not config_path.is_file():
         ggufs = sorted(p.name for p in folder.glob("*.gguf"))
         hint = f" To load a GGUF file, pass its path: {str(folder / ggufs[0])!r}." if ggufs else ""
