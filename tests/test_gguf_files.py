@@ -75,6 +75,10 @@ def test_a_new_conversion_of_a_file_removes_its_older_ones(hf: Path, tmp_path: P
     ({"skip": ("blk.1.ffn_up.weight",)}, r"lacks 1 tensor\(s\) its architecture needs \(model\.layers\.1\.mlp\.up_proj"),
     ({"metadata": {"block_count": 3}}, r"lacks 9 tensor\(s\) .*model\.layers\.2\."),
     ({"metadata": {"block_count": 1}}, r"llama\.block_count = 1, but the file also holds block 1"),
+    ({"metadata": {"attention.head_count": 3}}, r"llama\.attention\.head_count = 3 does not divide "
+                                                 r"llama\.embedding_length = 32"),
+    ({"metadata": {"attention.head_count_kv": 3}}, r"llama\.attention\.head_count_kv = 3 does not divide "
+                                                    r"llama\.attention\.head_count = 4"),
     ({"metadata": {"feed_forward_length": 48}},
      r"the tensors do not fit the model transformers builds from the file's metadata \(model\.layers\.0\.mlp\.down_proj\.weight is \[32, 64\] in the file "
      r"but \[32, 48\]"),

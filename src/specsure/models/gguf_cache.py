@@ -142,6 +142,7 @@ def _remove_older_conversions(gguf: Path, dest: Path) -> None:
 
 def _write_conversion(gguf: Path, out: Path) -> None:
     # Imported here: most loads hit the cache and never need the GGUF machinery.
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from specsure.models.gguf_file import check_gguf
@@ -167,12 +168,14 @@ def _write_conversion(gguf: Path, out: Path) -> None:
             f"loading {gguf} needs the `gguf` and `accelerate` packages ({err}); "
             "run `pip install gguf accelerate`."
         ) from err
-    except (OSError, ValueError, KeyError, NotImplementedError, AssertionError, TypeError) as err:
+    except (OSError, ValueError, KeyError, NotImplementedError, AssertionError, TypeError,
+            StrictDataclassError) as err:  # the last: a config value transformers' validators refuse
         # A KeyError is a metadata key transformers looks up ('scores': tokenizer.ggml.scores); an
         # AssertionError or TypeError, a metadata value the model's modules cannot be built with (a
         # padding token id past the vocabulary, for one).
         detail = (f"its metadata lacks the key {err} that transformers reads" if isinstance(err, KeyError) else
-                  f"{type(err).__name__}: {err}" if isinstance(err, (AssertionError, TypeError)) else str(err))
+                  f"{type(err).__name__}: {err}" if isinstance(err, (AssertionError, TypeError)) else
+                  str(err).strip().splitlines()[-1].strip() if isinstance(err, StrictDataclassError) else str(err))
         raise ModelLoadError(f"transformers could not read the GGUF file {gguf}: {detail}") from err
     finally:
         alone.unlink()

@@ -48,6 +48,7 @@ def check_gguf(path: Path) -> None:
             raise ModelLoadError(f"{path} is truncated: tensor {entry.name!r} ({kind}, shape {list(entry.shape)}) "
                                  f"ends at byte {end}, but the file has {size} bytes; re-download it.")
     _check_blocks(path, metadata, tensors)
+    _check_heads(path, metadata)
     _check_tokenizer(path, metadata)
 
 
@@ -99,6 +100,25 @@ def _check_blocks(path: Path, metadata: dict[str, object], tensors: list[TensorE
         raise ModelLoadError(f"{path}: {arch}.block_count = {count}, but the file also holds block {held} "
                              "(blk.N tensors), which the model would run without; the file's metadata and "
                              "tensors do not match, so re-convert it.")
+
+
+def _check_heads(path: Path, metadata: dict[str, object]) -> None:
+    """Attention head counts the model can be built with: transformers raises its dataclass validator's
+    error for heads that do not divide the width (through no except clause of ours), and numpy's
+    reshape error for kv heads that do not divide the heads."""
+    arch = metadata.get("general.architecture")
+    width, heads, kv = (metadata.get(f"{arch}.{key}") for key in
+                        ("embedding_length", "attention.head_count", "attention.head_count_kv"))
+    if not (isinstance(width, int) and isinstance(heads, int)):
+        return  # per-layer counts (arrays) and other layouts: transformers checks them itself
+    fix = "the file's metadata does not fit its tensors; re-convert the model."
+    if heads <= 0 or (f"{arch}.attention.key_length" not in metadata and width % heads):
+        raise ModelLoadError(f"{path}: {arch}.attention.head_count = {heads} does not divide "
+                             f"{arch}.embedding_length = {width} into whole attention heads; {fix}")
+    if isinstance(kv, int) and (kv <= 0 or heads % kv):
+        raise ModelLoadError(f"{path}: {arch}.attention.head_count_kv = {kv} does not divide "
+                             f"{arch}.attention.head_count = {heads} (each kv head serves a whole group of query "
+                             f"heads); {fix}")
 
 
 def _type_name(kind: int) -> str:
