@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import json
 import shutil
@@ -365,6 +366,16 @@ def test_gguf_cache_folder_changes_with_file(tmp_path: Path) -> None:
     before = gguf_cache.gguf_cache_folder(gguf)
     os.replace(other, gguf)
     assert gguf.stat().st_mtime_ns == stat.st_mtime_ns and gguf_cache.gguf_cache_folder(gguf) != before
+    # `cp -p` onto it: rewritten in place, the same inode, size and mtime; only the change time moves.
+    before, inode = gguf_cache.gguf_cache_folder(gguf), gguf.stat().st_ino
+    time.sleep(0.01)
+    gguf.write_bytes(b"dd")
+    os.utime(gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert gguf.stat().st_ino == inode and gguf_cache.gguf_cache_folder(gguf) != before
+    # a link to the file names the same conversion as the file
+    link = tmp_path / "link.gguf"
+    link.symlink_to(gguf)
+    assert gguf_cache.gguf_cache_folder(link) == gguf_cache.gguf_cache_folder(gguf)
 
 
 # ---- the real default model -----------------------------------------------------------------

@@ -190,6 +190,18 @@ def test_the_packaged_gguf_by_its_path_reuses_the_default_conversion(default_mod
     assert weights_folder(str(packaged_default_gguf())) == weights_folder(None)
 
 
+@pytest.mark.parametrize("method", ["mtp", "eagle3"])
+def test_the_packaged_gguf_by_its_path_gets_the_shipped_heads(method: str) -> None:
+    """The default model named by its file is the default model: the head shipped for it applies."""
+    from specsure.config.checkpoint import default_gguf_path
+
+    path = default_gguf_path()
+    assert path is not None
+    by_path, default = resolve({"method": method}, model=str(path)), resolve({"method": method})
+    assert (by_path.config.model, by_path.source("model")) == (default.config.model, "default")
+    assert by_path.config.speculative_token_tree == default.config.speculative_token_tree
+
+
 @pytest.mark.parametrize(("where", "ids", "engine", "message"), [
     # vLLM 0.33.0's default runner (V2) reads only a top-level list: one under eagle_config is not read
     ("eagle_config", [1], "vllm", "default model runner (V2) would fuse target layers [2, 15, 27], not [1]"),

@@ -278,6 +278,15 @@ def default_gguf_path() -> Path | None:
     return path if path.is_file() else None
 
 
+def is_default_gguf(path: str) -> bool:
+    """Whether ``path`` names the packaged default model's GGUF file (by its resolved path)."""
+    default = default_gguf_path()
+    try:
+        return default is not None and Path(path).expanduser().resolve() == default.resolve()
+    except (OSError, RuntimeError):  # an unresolvable path (a symlink loop) is not the default's
+        return False
+
+
 def _read_default() -> CheckpointInfo:
     path = default_gguf_path()
     if path is None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from specsure.config.checkpoint import CheckpointInfo, read_checkpoint
+from specsure.config.checkpoint import CheckpointInfo, is_default_gguf, read_checkpoint
 from specsure.config.compat import check_runnable
 from specsure.config.cpu import DTYPE_NAMES
 from specsure.config.decider import Decider, read_draft
@@ -124,8 +124,9 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | os.PathLike[str]
         decisions.update({name: Decision(name, None, "default", why) for name in FIELDS})
         return Resolution(config=None, decisions=MappingProxyType(decisions), warnings=(), target=target,
                           target_model=model, strict=strict)
-    state = Decider(spec=spec, target=target, target_head=classify_head(target), default_target=model is None,
-                   dtype=dtype)
+    # The packaged file by its path is the default model too: its shipped heads apply.
+    state = Decider(spec=spec, target=target, target_head=classify_head(target),
+                    default_target=model is None or is_default_gguf(model), dtype=dtype)
     if spec.model is not UNSET and spec.model is not None:
         state.draft = read_draft(spec.model)
         state.draft_evidence = classify_draft(state.draft)

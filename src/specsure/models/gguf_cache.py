@@ -78,11 +78,15 @@ def gguf_cache_folder(gguf: Path) -> Path:
     The name carries a hash of the resolved path, size, mtime and inode, so a replaced file is
     converted again instead of silently reusing stale weights.
     """
-    stat = gguf.resolve().stat()
-    # The inode too: `cp -p` or `rsync -a` puts another file of the same size and mtime in its place.
-    key = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}|{CONVERSION}"
+    real = gguf.resolve()
+    stat = real.stat()
+    # The inode and the change time too: `rsync -a` puts another file of the same size and mtime in its
+    # place (a new inode), and `cp -p` onto the file rewrites it in place (the same inode), which no
+    # one can do without moving its ctime.
+    key = f"{real}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}|{stat.st_ctime_ns}|{CONVERSION}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    return cache_root() / f"{gguf.stem}-{digest}"
+    # Named after the file, not a link to it: two names of one file share one conversion.
+    return cache_root() / f"{real.stem}-{digest}"
 
 
 def is_converted(folder: Path) -> bool:
