@@ -102,15 +102,22 @@ def _check_blocks(path: Path, metadata: dict[str, object], tensors: list[TensorE
                              "tensors do not match, so re-convert it.")
 
 
+SCALAR_HEAD_ARCHITECTURES: frozenset[str] = frozenset({
+    "llama", "mistral", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "stablelm", "starcoder2"})
+"""GGUF architectures whose head counts are one number for every layer (llama.cpp's converters)."""
+
+
 def _check_heads(path: Path, metadata: dict[str, object]) -> None:
     """Attention head counts the model can be built with: transformers raises its dataclass validator's
     error for heads that do not divide the width (through no except clause of ours), and numpy's
     reshape error for kv heads that do not divide the heads."""
     arch = metadata.get("general.architecture")
+    if arch not in SCALAR_HEAD_ARCHITECTURES:
+        return  # the header reader gives an array's length, and some layouts count heads per layer
     width, heads, kv = (metadata.get(f"{arch}.{key}") for key in
                         ("embedding_length", "attention.head_count", "attention.head_count_kv"))
     if not (isinstance(width, int) and isinstance(heads, int)):
-        return  # per-layer counts (arrays) and other layouts: transformers checks them itself
+        return
     fix = "the file's metadata does not fit its tensors; re-convert the model."
     if heads <= 0 or (f"{arch}.attention.key_length" not in metadata and width % heads):
         raise ModelLoadError(f"{path}: {arch}.attention.head_count = {heads} does not divide "
