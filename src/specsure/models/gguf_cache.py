@@ -133,7 +133,7 @@ def _remove_older_conversions(gguf: Path, dest: Path) -> None:
     model's float32 weights (540 MB for the default model)."""
     source = str(gguf.resolve())
     for folder in dest.parent.iterdir():
-        if folder == dest or not folder.is_dir():
+        if folder == dest or not folder.is_dir() or ".tmp-" in folder.name:  # another process's conversion under way
             continue
         try:
             marked = (folder / COMPLETE_MARKER).read_text(encoding="utf-8").strip()
