@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import time
-
 import json
+import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -337,6 +336,48 @@ def test_conversion_is_atomic_and_done_once(monkeypatch: pytest.MonkeyPatch, tmp
     assert len(calls) == 1 and (dest / "config.json").is_file() and gguf_cache.is_converted(dest)
 
 
+def test_a_file_rewritten_in_place_is_converted_again(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """`cp -p` onto a GGUF keeps its inode, size and mtime, so the folder name stays; the marker's
+    fingerprint of the contents tells the new file from the converted one."""
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"a" * 64)
+    prints = iter(["first", "first", "second", "second", "second"])
+    monkeypatch.setattr(gguf_cache, "fingerprint", lambda _path: next(prints))
+    calls: list[Path] = []
+
+    def works(_gguf: Path, out: Path) -> None:
+        calls.append(out)
+        (out / "config.json").write_text(str(len(calls)))
+
+    monkeypatch.setattr(gguf_cache, "_write_conversion", works)
+    dest = gguf_cache.gguf_cache_folder(gguf)
+    assert gguf_cache.convert_gguf(gguf, dest) == dest and len(calls) == 1  # marks "first"
+    assert gguf_cache.convert_gguf(gguf, dest) == dest and len(calls) == 1  # the same contents: reused
+    with caplog.at_level(logging.WARNING, logger="specsure.models.gguf_cache"):
+        assert gguf_cache.convert_gguf(gguf, dest) == dest  # now "second": converted again, in place
+    assert len(calls) == 2 and (dest / "config.json").read_text() == "2" and "rewritten in place" in caplog.text
+    assert gguf_cache.convert_gguf(gguf, dest) == dest and len(calls) == 2
+
+
+def test_older_conversions_are_removed_only_when_they_are_this_files(tmp_path: Path) -> None:
+    """Finished conversions of the same file go; another process's temp folder, another file's
+    conversion and a folder not named as this file's stay."""
+    gguf = tmp_path / "m.Q4.gguf"
+    gguf.write_bytes(b"x")
+    root = tmp_path / "cache"
+    made = {}
+    for name in ("m.Q4-old", "m-Q4-pkg-1", "m.Q4-new.tmp-abc", "other-1", "mine-by-hand"):
+        (root / name).mkdir(parents=True)
+        (root / name / gguf_cache.COMPLETE_MARKER).write_text(f"{gguf.resolve()}\nfp\n")
+        made[name] = root / name
+    (made["other-1"] / gguf_cache.COMPLETE_MARKER).write_text(f"{tmp_path / 'other.gguf'}\nfp\n")
+    dest = root / "m.Q4-new"
+    dest.mkdir()
+    gguf_cache._remove_older_conversions(gguf, dest)
+    assert sorted(p.name for p in root.iterdir()) == ["m.Q4-new", "m.Q4-new.tmp-abc", "mine-by-hand", "other-1"]
+
+
 def test_dequantizing_bar_hidden(capfd: pytest.CaptureFixture[str]) -> None:
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
@@ -366,12 +407,6 @@ def test_gguf_cache_folder_changes_with_file(tmp_path: Path) -> None:
     before = gguf_cache.gguf_cache_folder(gguf)
     os.replace(other, gguf)
     assert gguf.stat().st_mtime_ns == stat.st_mtime_ns and gguf_cache.gguf_cache_folder(gguf) != before
-    # `cp -p` onto it: rewritten in place, the same inode, size and mtime; only the change time moves.
-    before, inode = gguf_cache.gguf_cache_folder(gguf), gguf.stat().st_ino
-    time.sleep(0.01)
-    gguf.write_bytes(b"dd")
-    os.utime(gguf, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert gguf.stat().st_ino == inode and gguf_cache.gguf_cache_folder(gguf) != before
     # a link to the file names the same conversion as the file
     link = tmp_path / "link.gguf"
     link.symlink_to(gguf)

@@ -69,21 +69,23 @@ def default_model_folder() -> Path:
 CONVERSION = 3
 """The conversion's own version, in the cache key: 2 adds rope scaling and end-of-turn tokens, 3 drops
 the tokens transformers invents past the file's vocabulary, so a file converted before is converted
-again (and its older conversions removed)."""
+again (and its older conversions removed). The default model's folder is named by its package's
+version instead, so it is not."""
+FINGERPRINT_TAIL = 1 << 20
+"""Bytes read past the header, and at the end of the file, for a conversion's fingerprint of its source."""
 
 
 def gguf_cache_folder(gguf: Path) -> Path:
     """The cache folder for an arbitrary GGUF file.
 
     The name carries a hash of the resolved path, size, mtime and inode, so a replaced file is
-    converted again instead of silently reusing stale weights.
+    converted again instead of silently reusing stale weights (a file rewritten in place with its old
+    size and mtime, as `cp -p` onto it does, is caught by the marker's fingerprint instead).
     """
     real = gguf.resolve()
     stat = real.stat()
-    # The inode and the change time too: `rsync -a` puts another file of the same size and mtime in its
-    # place (a new inode), and `cp -p` onto the file rewrites it in place (the same inode), which no
-    # one can do without moving its ctime.
-    key = f"{real}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}|{stat.st_ctime_ns}|{CONVERSION}"
+    # The inode too: `rsync -a` puts another file of the same size and mtime in its place.
+    key = f"{real}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ino}|{CONVERSION}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     # Named after the file, not a link to it: two names of one file share one conversion.
     return cache_root() / f"{real.stem}-{digest}"
@@ -94,14 +96,62 @@ def is_converted(folder: Path) -> bool:
     return (folder / COMPLETE_MARKER).is_file()
 
 
+def fingerprint(gguf: Path) -> str:
+    """A digest of the file's header and tensor table, the first MiB of data after them and its last
+    MiB: what tells a file rewritten in place (same size, mtime and inode) from the one converted."""
+    real = gguf.resolve()
+    stat = real.stat()
+    # about 50 ms for the default model; every load asks, so each state of a file is read once (a
+    # rewrite moves the change time)
+    return _fingerprint(str(real), stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_ctime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _fingerprint(path: str, *state: int) -> str:
+    from specsure.config.gguf_header import read_gguf_tensors
+
+    gguf = Path(path)
+    _, tensors = read_gguf_tensors(path)
+    start = min((t.start for t in tensors), default=0)
+    digest = hashlib.sha256()
+    with gguf.open("rb") as fh:
+        digest.update(fh.read(start + FINGERPRINT_TAIL))
+        end = fh.seek(0, os.SEEK_END)
+        fh.seek(max(end - FINGERPRINT_TAIL, 0))
+        digest.update(fh.read())
+    return digest.hexdigest()[:16]
+
+
+def _fingerprint_or_none(gguf: Path) -> str | None:
+    """None for a file that cannot be read as GGUF any more: converting it again names what is wrong."""
+    try:
+        return fingerprint(gguf)
+    except (OSError, ValueError):
+        return None
+
+
+def _marker_lines(folder: Path) -> list[str]:
+    """A conversion's marker: its source's resolved path, then (since CONVERSION 3) its fingerprint."""
+    try:
+        return (folder / COMPLETE_MARKER).read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError):
+        return []
+
+
 def convert_gguf(gguf: Path, dest: Path) -> Path:
     """Dequantise `gguf` to float32 safetensors + tokenizer files in `dest`, once.
 
     The conversion is written to a temp folder next to `dest` and renamed into place, so a
     killed conversion never leaves a half-written `dest`.
     """
+    stale = False
     if is_converted(dest):
-        return dest
+        marked = _marker_lines(dest)
+        if len(marked) < 2 or marked[1] == _fingerprint_or_none(gguf):  # an older marker has none: trusted
+            return dest
+        logger.warning("%s was rewritten in place since its conversion in %s (the same size, mtime and inode, "
+                       "other contents); converting it again", gguf, dest)
+        stale = True
     dest.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(dest)
     tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp-", dir=dest.parent))
@@ -109,9 +159,11 @@ def convert_gguf(gguf: Path, dest: Path) -> Path:
     logger.info("converting %s to safetensors in %s (once; later loads reuse it)", gguf, dest)
     try:
         _write_conversion(gguf, tmp)
-        (tmp / COMPLETE_MARKER).write_text(f"{gguf.resolve()}\n", encoding="utf-8")  # read from any folder
-        if dest.exists() and not is_converted(dest):
-            # An unmarked dest can only be someone's manual copy; replace it.
+        # The resolved path, read from any folder, and what the file held when converted.
+        seal = _fingerprint_or_none(gguf)
+        (tmp / COMPLETE_MARKER).write_text(f"{gguf.resolve()}\n" + (f"{seal}\n" if seal else ""), encoding="utf-8")
+        if dest.exists() and (stale or not is_converted(dest)):
+            # An unmarked dest can only be someone's manual copy, a stale one the file's old contents.
             shutil.rmtree(dest)
         try:
             os.rename(tmp, dest)
@@ -131,15 +183,17 @@ def _remove_older_conversions(gguf: Path, dest: Path) -> None:
     """Other finished conversions of the same file (by its resolved path, as each marker records it) are
     of its earlier contents or of an earlier CONVERSION: no load reaches them again, and each holds the
     model's float32 weights (540 MB for the default model)."""
-    source = str(gguf.resolve())
-    for folder in dest.parent.iterdir():
-        if folder == dest or not folder.is_dir() or ".tmp-" in folder.name:  # another process's conversion under way
-            continue
-        try:
-            marked = (folder / COMPLETE_MARKER).read_text(encoding="utf-8").strip()
-        except OSError:
-            continue
-        if marked == source:
+    real = gguf.resolve()
+    # Only folders named as this file's conversions are (the default model's dashes its dots).
+    names = (f"{real.stem}-", f"{real.stem.replace('.', '-')}-")
+    try:
+        folders = [f for f in dest.parent.iterdir() if f != dest and f.name.startswith(names)
+                   and ".tmp-" not in f.name and f.is_dir()]  # a temp folder: another process's conversion
+    except OSError as exc:  # the conversion stands; the sweep is housekeeping
+        logger.info("could not look for older conversions of %s: %s", gguf.name, exc)
+        return
+    for folder in folders:
+        if _marker_lines(folder)[:1] == [str(real)]:
             logger.info("removing %s, an older conversion of %s", folder, gguf.name)
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -179,7 +233,8 @@ def _write_conversion(gguf: Path, out: Path) -> None:
         # padding token id past the vocabulary, for one).
         detail = (f"its metadata lacks the key {err} that transformers reads" if isinstance(err, KeyError) else
                   f"{type(err).__name__}: {err}" if isinstance(err, (AssertionError, TypeError)) else
-                  str(err).strip().splitlines()[-1].strip() if isinstance(err, StrictDataclassError) else str(err))
+                  (str(err).strip().splitlines() or [type(err).__name__])[-1].strip()
+                  if isinstance(err, StrictDataclassError) else str(err))
         raise ModelLoadError(f"transformers could not read the GGUF file {gguf}: {detail}") from err
     finally:
         alone.unlink()
