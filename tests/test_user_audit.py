@@ -238,6 +238,7 @@ def test_strict_export_refuses_an_fc_vllm_refuses_and_keeps_what_it_runs(tmp_pat
     if refused:
         with pytest.raises(ConfigError, match=r"vLLM builds the head's fc for 3 target layers.*strict mode"):
             export(res, "vllm", strict=True)
+        assert " ".join(export(res, "vllm").warnings).count("vLLM builds the head's fc") == 1  # said once
     else:
         assert export(res, "vllm", strict=True).warnings == export(res, "vllm").warnings
     assert export(res, "sglang", strict=True).engine == "sglang"

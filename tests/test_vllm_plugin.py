@@ -234,7 +234,7 @@ def test_a_config_specsure_cannot_resolve_is_refused_saying_why_it_went_unchange
 
 
 @pytest.mark.parametrize("legacy", [{"model": "ngram"}, {"model": "[ngram]"}, {"method": "[ngram]"},
-                                    {"method": "ngram", "model": "ngram"}])
+                                    {"method": "ngram", "model": "ngram"}, {"method": None, "model": "ngram"}])
 def test_vllms_older_ngram_spellings_resolve_as_ngram(models, caplog, legacy):
     with caplog.at_level(logging.INFO, logger="vllm.specsure"):
         spec = vllm(models["target"], speculative_config={**legacy, "num_speculative_tokens": 3})
@@ -262,6 +262,14 @@ def test_a_neutral_link_on_a_vllm_that_may_span_nodes_is_a_warning(models, caplo
     assert spec.method == "mtp"
     assert any("exists on this host only" in r.message and "SPECSURE_VLLM_LINKS" in r.message
                for r in caplog.records) == warned
+
+
+@pytest.mark.parametrize("legacy", [{"method": "[ngram]"}, {"model": "[ngram]"}])
+def test_an_older_ngram_spelling_on_a_target_specsure_cannot_read_is_ngram_to_the_guard(legacy):
+    """A Hugging Face id as the target: the config goes to vLLM unchanged, and the guard must not take
+    '[ngram]' against vLLM's 'ngram' for an override."""
+    spec = vllm("Qwen/Qwen3-8B", speculative_config={**legacy, "num_speculative_tokens": 3})
+    assert spec.method == "ngram"
 
 
 def test_an_untested_version_only_guards(models, caplog):

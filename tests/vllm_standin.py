@@ -26,7 +26,8 @@ class ModelConfig:
 
     @property
     def hf_config(self) -> types.SimpleNamespace:
-        config = json.loads((Path(self.model) / "config.json").read_text())
+        path = Path(self.model) / "config.json"
+        config = json.loads(path.read_text()) if path.is_file() else {}  # a hub id: nothing local
         return types.SimpleNamespace(model_type=config.get("model_type"), architectures=config.get("architectures"))
 
 
@@ -50,6 +51,8 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         if self.method is None:
             self.method = "ngram" if self.model in ("ngram", "[ngram]") else "draft_model"
+        if self.method == "[ngram]":
+            self.method = "ngram"
         if self.method in MTP_ALIASES:
             self.method = "mtp"
         if self.model is None and self.num_speculative_tokens is not None:

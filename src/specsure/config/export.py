@@ -101,9 +101,9 @@ def _aux_layers_note(res: "Resolution", engine: str) -> str | None:
         return None
     declared = declared_aux_layers(draft.config)
     layers = res.target.num_hidden_layers
-    if engine == "vllm":
-        notes = _vllm_aux_notes(draft.path, draft.config, layers) if layers is not None else ([], [])
-        return "; ".join([*notes[0], *notes[1]]) + "." if notes[0] or notes[1] else None
+    if engine == "vllm":  # what vLLM fails at is in vllm_refusals, which the export's warnings hold too
+        notes = _vllm_aux_notes(draft.path, draft.config, layers)[0] if layers is not None else []
+        return "; ".join(notes) + "." if notes else None
     ids = declared[1] if declared else None
     if not isinstance(ids, list):
         return None

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from specsure.config.schema import MTP_METHOD_ALIASES, SUFFIX_FIELDS
 from specsure.config.vllm_overrides import vllm_path_trap
 from specsure.vllm_check.compare import NO_DRAFT, compare
-from specsure.vllm_plugin.plan import Plan
+from specsure.vllm_plugin.plan import Plan, legacy_ngram
 
 
 def resolved(spec: Any, target_model_type: str | None = None) -> dict[str, Any]:
@@ -53,6 +53,7 @@ def mismatches(plan: Plan, vllm: Mapping[str, Any], version: str) -> list[str]:
 
 def _explicit_mismatches(user: Mapping[str, Any], vllm: Mapping[str, Any], version: str) -> list[str]:
     """Guard mode without a resolution: the user's explicit method and draft must survive."""
+    user = legacy_ngram(user)  # vLLM's older ngram spellings: ngram on both sides
     out = []
     method = user.get("method")
     model = user.get("model", user.get("draft_model"))

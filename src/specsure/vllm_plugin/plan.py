@@ -122,7 +122,7 @@ def legacy_ngram(ours: Mapping[str, Any]) -> dict[str, Any]:
     if out.get("method") == "[ngram]":
         out["method"] = "ngram"
     model = out.get("model", out.get("draft_model"))
-    if model in ("ngram", "[ngram]") and out.get("method", "ngram") == "ngram":
+    if model in ("ngram", "[ngram]") and out.get("method") in (None, "ngram"):
         out.pop("model", None)
         out.pop("draft_model", None)
         out["method"] = "ngram"
