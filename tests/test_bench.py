@@ -92,8 +92,16 @@ def test_workload_files_of_one_name_keep_their_default_ids_apart(tmp_path: Path)
     assert [(p.id, p.prompt) for p in load_workloads([first, second])] == [("team-a/chat-1", "team-a"),
                                                                           ("team-b/chat-1", "team-b")]
     assert [p.id for p in load_workloads([first])] == ["chat-1"]  # one file: ids as before
-    with pytest.raises(WorkloadError, match=r"'team-a/chat-1' is already used at .*unique across the files"):
+    with pytest.raises(WorkloadError, match=r"'chat-1' is already used at .*unique across the files"):
         load_workloads([first, first])
+    assert len(load_workloads([first, first], unique=False)) == 2  # training: a file twice weighs it twice
+    # folders of one name under two parents, and two files that differ only in their suffix
+    deeper, suffixed = tmp_path / "x" / "team-a" / "chat.jsonl", tmp_path / "team-b" / "chat.json"
+    deeper.parent.mkdir(parents=True)
+    for path in (deeper, suffixed):
+        path.write_text(json.dumps({"category": "chat", "prompt": "p"}) + "\n")
+    assert [p.id for p in load_workloads([first, deeper, second, suffixed])] == [
+        f"{tmp_path.name}/team-a/chat-1", "x/team-a/chat-1", "team-b/chat.jsonl-1", "team-b/chat.json-1"]
 
 
 def test_builtin_workloads_cover_every_category_with_a_heldout_split() -> None:

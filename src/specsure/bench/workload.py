@@ -121,16 +121,35 @@ def _parse_messages(value: object, where: str) -> tuple[tuple[str, str], ...]:
     return tuple(turns)
 
 
-def load_workloads(paths: Sequence[str | Path]) -> list[Prompt]:
-    """Read several workload files, in order. Files that share a name (``a/chat.jsonl``,
-    ``b/chat.jsonl``) get default ids with their folder's name (``a/chat-3``), so their rows stay
-    apart; an id that is still used twice is a WorkloadError naming both places."""
-    stems = [Path(p).stem for p in paths]
-    prompts = [prompt for path, stem in zip(paths, stems)
-               for prompt in load_workload(path, f"{Path(path).resolve().parent.name}/{stem}"
-                                           if stems.count(stem) > 1 else None)]
-    _check_unique_ids(prompts, "give each prompt an \"id\" unique across the files, or pass a file once")
+def load_workloads(paths: Sequence[str | Path], *, unique: bool = True) -> list[Prompt]:
+    """Read several workload files, in order. Files that share a stem (``a/chat.jsonl``,
+    ``b/chat.jsonl``) get default ids with as much of their path as tells them apart (``a/chat-3``),
+    so their rows stay apart. With ``unique`` (results keyed by id, as the bench's), an id still used
+    twice is a WorkloadError naming both places; training reads rows, not ids, and passes False."""
+    stems = [_id_stem(Path(p), [Path(q) for q in paths]) for p in paths]
+    prompts = [prompt for path, stem in zip(paths, stems) for prompt in load_workload(path, stem)]
+    if unique:
+        _check_unique_ids(prompts, "give each prompt an \"id\" unique across the files, or pass a file once")
     return prompts
+
+
+def _id_stem(path: Path, paths: Sequence[Path]) -> str | None:
+    """None (the file's stem) unless another of ``paths`` has the same stem; then the shortest tail of
+    the path (its suffix dropped, or kept where only the suffix differs) that no other file shares."""
+    others = [q.resolve() for q in paths if q.stem == path.stem and q.resolve() != path.resolve()]
+    if not others:
+        return None
+    real = path.resolve()
+
+    def tail(file: Path, depth: int, keep_suffix: bool) -> str:  # `depth` folders, then the name
+        return "/".join([*file.parts[-depth - 1:-1], file.name if keep_suffix else file.stem])
+
+    for keep_suffix in (False, True):
+        for depth in range(1, len(real.parts)):
+            mine = tail(real, depth, keep_suffix)
+            if all(tail(q, depth, keep_suffix) != mine for q in others):
+                return mine
+    return str(real)
 
 
 def load_workload(path: str | Path, id_stem: str | None = None) -> list[Prompt]:

@@ -46,7 +46,7 @@ def training_prompts(args: argparse.Namespace) -> TrainingPrompts:
     if args.data == "text" and (args.prompts or not args.corpus):
         raise ValueError("--data text teacher-forces the corpus's own text: give --corpus with package names, and "
                          "no --prompts (a prompt file has no answers to teacher-force).")
-    rows = load_workloads(args.prompts) if args.prompts else []
+    rows = load_workloads(args.prompts, unique=False) if args.prompts else []  # a file twice weighs it twice
     sources: list[dict[str, object]] = [{"source": str(path), "licence": "given by the user (--prompts)"}
                                         for path in args.prompts or []]
     chat_rows: list[int] = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -278,7 +279,7 @@ def default_gguf_path() -> Path | None:
     return path if path.is_file() else None
 
 
-def is_default_gguf(path: str) -> bool:
+def is_default_gguf(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` names the packaged default model's GGUF file (by its resolved path)."""
     default = default_gguf_path()
     try:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedConfig, PreTrainedTokenizerBase
 
-from specsure.config.checkpoint import MTP_LAYER_KEYS, weight_files
+from specsure.config.checkpoint import MTP_LAYER_KEYS, is_default_gguf, weight_files
 from specsure.config.cpu import cpu_bf16_flags
 from specsure.config.dtype_choice import target_gguf
 from specsure.models.causal_lm import CausalLM
@@ -156,7 +156,7 @@ def weights_folder(path: str | None) -> Path:
     if p.is_dir():
         return p
     if p.suffix.lower() == ".gguf":
-        if _is_packaged_default(p):  # the packaged file by its path: the default's conversion, not a second one
+        if is_default_gguf(p):  # the packaged file by its path: the default's conversion, not a second one
             return default_model_folder()
         return convert_gguf(p, gguf_cache_folder(p))
     raise ModelLoadError(
@@ -165,11 +165,6 @@ def weights_folder(path: str | None) -> Path:
     )
 
 
-def _is_packaged_default(gguf: Path) -> bool:
-    try:
-        return gguf.resolve() == packaged_default_gguf().resolve()
-    except ModelLoadError:  # the default model is not installed, so this is another file
-        return False
 
 
 def _hf_config(folder: Path) -> PreTrainedConfig:

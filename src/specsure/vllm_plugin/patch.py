@@ -118,9 +118,11 @@ def _wrap_create(original: Callable[..., Any], version: str, *, rewrite: bool) -
 
 
 def _may_span_nodes(parallel: Any) -> bool:
-    """Whether vLLM's workers may run on other hosts: several nodes, or Ray (whose cluster may hold several)."""
+    """Whether vLLM's workers may run on other hosts: several nodes, or Ray or torchrun (external_launcher),
+    whose processes may span hosts while nnodes stays 1."""
     nodes = getattr(parallel, "nnodes", 1)
-    return (isinstance(nodes, int) and nodes > 1) or getattr(parallel, "distributed_executor_backend", None) == "ray"
+    backend = getattr(parallel, "distributed_executor_backend", None)
+    return (isinstance(nodes, int) and nodes > 1) or backend in ("ray", "external_launcher")
 
 
 def _wrap_speculators(original: Callable[..., Any], version: str) -> Callable[..., Any]:
