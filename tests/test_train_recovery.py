@@ -249,11 +249,13 @@ def test_a_resumed_run_says_so_and_counts_every_runs_seconds(tmp_path: Path, mon
     assert main(args) == 130
     monkeypatch.setattr(loop, "update", steps)
     capsys.readouterr()
-    assert main(args) == 0
+    args[args.index("--steps") + 1] = "7"  # it goes on for longer, at another rate: the record keeps both runs
+    assert main([*args, "--lr", "1e-3"]) == 0
     out = capsys.readouterr().out
-    assert "training: 6 steps in" in out and "2 of them in this run, which went on from the resume point of step 4" in out
+    assert "training: 7 steps in" in out and "3 of them in this run, which went on from the resume point of step 4" in out
     record = json.loads((tmp_path / "head" / "training.json").read_text())
-    assert record["resumed_from_step"] == 4 and len(record["losses"]) == 6
+    assert record["resumed_from_step"] == 4 and len(record["losses"]) == 7
+    assert record["runs"] == [{"from_step": 0, "lr": 2e-3, "steps": 6}, {"from_step": 4, "lr": 1e-3, "steps": 7}]
 
 
 def test_small_train_mistakes_name_their_flag_or_file(tmp_path: Path, capsys) -> None:  # noqa: ANN001
@@ -267,6 +269,13 @@ def test_small_train_mistakes_name_their_flag_or_file(tmp_path: Path, capsys) ->
     bad.write_text(json.dumps({"category": "t", "prompt_ids": [5, 999]}) + "\n")
     assert main([*args, "--prompts", str(bad)]) == 2  # --prompts adds to the file _train_args gives
     assert f"{bad}:1: prompt_ids holds token id 999" in capsys.readouterr().err
+    # a dangling link as --out: refused before any work (it failed at the rename, after training)
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    assert main([*args, "--out", str(tmp_path / "dangling")]) == 2
+    assert "which does not exist; remove the link" in capsys.readouterr().err
+    for typo in ("0,,1", "0,1,"):  # an empty item is a typo, not a layer left out
+        assert main([*_train_args(tmp_path, "eagle3"), f"--aux-layers={typo}"]) == 2
+        assert "no empty item" in capsys.readouterr().err
 
 
 def test_a_nan_weight_after_the_first_is_caught() -> None:

@@ -319,9 +319,10 @@ def _aux_layers(text: str | None, num_layers: int) -> tuple[int, ...]:
     if text is None:
         return default
     example = ",".join(map(str, default))
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items or not all(t.isdigit() for t in items):
-        raise ValueError(f"--aux-layers {text!r}: give comma-separated layer indices, for example {example}.")
+    items = [t.strip() for t in text.split(",")]  # an empty item is a typo, not a layer left out
+    if not all(t.isdigit() for t in items):
+        raise ValueError(f"--aux-layers {text!r}: give comma-separated layer indices (0 or more, no empty item), "
+                         f"for example {example}.")
     layers = tuple(int(t) for t in items)
     # vLLM and SGLang collect the aux layers as the target runs, so in ascending order: a head trained
     # on another order would read its inputs permuted there.

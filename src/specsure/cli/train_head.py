@@ -97,7 +97,7 @@ def train_mtp_head(args: argparse.Namespace, target: LoadedModel, samples: Seque
         "curve": [{"step": s, "heldout_top1": a, "heldout_acceptance_length": v} for s, a, v in result.curve],
         "losses": [round(v, 4) for v in result.losses],
         "train_seconds": round(result.train_s, 1),
-        **({"resumed_from_step": result.resumed_from} if result.resumed_from else {}),
+        **({"resumed_from_step": result.resumed_from, "runs": result.runs} if result.resumed_from else {}),
         **({"continued_from": start.training} if start is not None and start.training is not None else {}),
     }
     save_mtp_head(result.modules or result.module, target.lm, out, training, result.draft_ids)
@@ -157,7 +157,7 @@ def train_eagle3_head(args: argparse.Namespace, target: LoadedModel, samples: Se
         "curve": [{"step": s, "heldout_acceptance_length": v} for s, v in result.curve],
         "losses": [round(v, 4) for v in result.losses],
         "train_seconds": round(result.train_s, 1),
-        **({"resumed_from_step": result.resumed_from} if result.resumed_from else {}),
+        **({"resumed_from_step": result.resumed_from, "runs": result.runs} if result.resumed_from else {}),
         **({"continued_from": start.training} if start is not None and start.training is not None else {}),
     }
     save_head(out, eagle3_config(target.lm, aux, draft_vocab, dtype, mlp_width(result.module)),

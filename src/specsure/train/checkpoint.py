@@ -55,6 +55,9 @@ def check_out_dir(out: str | Path) -> Path:
                          "first or choose another path.")
     _check_writable(out.parent, given)  # found now, not after hours of training
     _sweep(out)
+    if out.is_symlink() and not out.exists():  # the head is renamed into place, which a dangling link blocks
+        raise ValueError(f"--out {str(out)!r} is a link to {os.readlink(out)!r}, which does not exist; remove the "
+                         "link, or give the folder it should name.")
     if not out.exists():
         return out
     if not out.is_dir():

@@ -26,7 +26,7 @@ import copy
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -123,6 +123,8 @@ class Eagle3TrainResult:
     """Seconds in the optimisation loop, an interrupted earlier run's up to its resume point too."""
     resumed_from: int = 0
     """The step of the resume point training went on from (0: none)."""
+    runs: list[dict[str, float]] = field(default_factory=list)
+    """Each run's from_step, lr and steps (`loop.Trained.runs`)."""
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
@@ -368,4 +370,4 @@ def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle
     after = evaluate(module, lm, measure_set, settings.unroll, draft_ids)
     curve.append((settings.steps, after.acceptance_length))
     return Eagle3TrainResult(module, aux_layers, draft_ids, trained.losses, before, after, curve, len(train),
-                             len(heldout), trained.seconds, trained.resumed_from)
+                             len(heldout), trained.seconds, trained.resumed_from, trained.runs)

@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,9 @@ class Trained:
     """The step of the resume point this run went on from (0: it started at step 0)."""
     seconds: float
     """Seconds in the loop, the earlier runs' up to their resume point too."""
+    runs: list[dict[str, float]] = field(default_factory=list)
+    """Each run's ``from_step``, ``lr`` and ``steps``, the earlier (resumed) ones first: a run may go on
+    with another rate or length, and the record says so."""
 
 
 WEIGHT_LIMIT = 1e4
@@ -80,7 +83,7 @@ def run_steps(module: torch.nn.Module, params: list[torch.nn.Parameter], optimis
     started = time.perf_counter()
     initial = _largest(params)
     limit = max(WEIGHT_LIMIT, 100 * initial)
-    first, losses, earlier = 0, [], 0.0
+    first, losses, earlier, runs = 0, [], 0.0, []
     point = load_point(resume, resume_key, module, optimiser, schedule, gen, lr) if resume else None
     if point is not None:
         first, record = point
@@ -90,7 +93,12 @@ def run_steps(module: torch.nn.Module, params: list[torch.nn.Parameter], optimis
         losses = list(record["losses"])
         curve[:] = [tuple(c) for c in record["curve"]]
         earlier = float(record.get("seconds", 0.0))
+        runs = list(record.get("runs", []))
         logger.info("resuming from step %d of %d, where an earlier run stopped (%s)", first, steps, resume)
+        if runs and (runs[-1]["lr"], runs[-1]["steps"]) != (lr, steps):
+            logger.info("that run trained at --lr %g for --steps %d; this one goes on at --lr %g for --steps %d "
+                        "(training.json records both)", runs[-1]["lr"], runs[-1]["steps"], lr, steps)
+    runs.append({"from_step": first, "lr": lr, "steps": steps})
     loaded = first if point is not None else None
     module.train()
     bar = tqdm(range(first, steps), desc="training", unit="step", disable=not progress, initial=first, total=steps)
@@ -116,10 +124,10 @@ def run_steps(module: torch.nn.Module, params: list[torch.nn.Parameter], optimis
         if checkpoint:
             seconds = earlier + time.perf_counter() - started
             save_point(resume, resume_key, step + 1, module, optimiser, schedule, gen,
-                       {"losses": losses, "curve": curve, "seconds": round(seconds, 3)})
+                       {"losses": losses, "curve": curve, "seconds": round(seconds, 3), "runs": runs})
             first = step + 1
     module.eval()
-    return Trained(losses, loaded or 0, earlier + time.perf_counter() - started)
+    return Trained(losses, loaded or 0, earlier + time.perf_counter() - started, runs)
 
 
 def _largest(params: list[torch.nn.Parameter]) -> float:

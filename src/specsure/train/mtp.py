@@ -157,6 +157,8 @@ class MTPTrainResult:
     """[draft_vocab_size] ascending target ids the head drafts among; None for the whole vocabulary."""
     resumed_from: int = 0
     """The step of the resume point training went on from (0: none)."""
+    runs: list[dict[str, float]] = field(default_factory=list)
+    """Each run's from_step, lr and steps (`loop.Trained.runs`)."""
 
 
 def initial_modules(lm: CausalLM, init: str = "random", seed: int = 0, count: int = 1) -> list[MTPModule]:
@@ -381,4 +383,4 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
     after = evaluate(modules, lm, measure_set, settings.unroll, vocab)
     curve.append((settings.steps, after.agreement, after.acceptance_length))
     return MTPTrainResult(modules[0], trained.losses, before, after, len(train), len(heldout), trained.seconds,
-                          modules, curve, draft_ids, trained.resumed_from)
+                          modules, curve, draft_ids, trained.resumed_from, trained.runs)
