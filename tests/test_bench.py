@@ -413,6 +413,7 @@ def test_results_name_the_commit_and_say_when_the_package_differs_from_it(tmp_pa
     (["--heldout"], "--heldout chooses the built-in held-out split"),
     (["--workload", "GOOD"], "is already used at"),
     (["--workload", "ALL"], "has category 'all'"),
+    (["--methods", "eagle3"], "every method --methods asked for besides plain would be skipped (eagle3: no "),
     (["--workload", "OOV"], "holds token id 999, outside the target's vocabulary [0, 128)"),
     (["--max-tokens", "600"], "exceed the model's context of 512 tokens"),
 ])

@@ -259,6 +259,11 @@ def _run(args: argparse.Namespace) -> int:
 
     print(f"building engines: {', '.join(methods)} ...", flush=True)
     runners, skipped = build_specsure(methods, settings, eos_ids)
+    asked = [m for m in methods if m != REFERENCE]
+    if asked and {m for m, _ in skipped} >= set(asked):  # plain alone against nothing: a run that compares nothing
+        raise ValueError("every method --methods asked for besides plain would be skipped ("
+                         + "; ".join(f"{m}: {why}" for m, why in skipped) + "); give what they need, or ask for "
+                         "--methods plain alone.")
     hf_runners, hf_skipped = build_transformers(
         [b for b in baselines if b in BASELINES], settings, target.lm.hf, eos_ids,
         lambda path: load_model(path, settings.dtype).lm.hf,
