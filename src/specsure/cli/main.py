@@ -66,7 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         if (hint := foreign_flag_hint(words, label, command_help)) is not None:
             print(f"specsure {label}: error: {hint}", file=sys.stderr)
             return EXIT_USAGE
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the command's own usage names them, not the top-level one
+        command = (args.command_parsers or {}).get(getattr(args, "command", None) or "")
+        (command or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the words as given: which flags came where
     if not getattr(args, "run", None):
         parser.print_help()
