@@ -83,6 +83,22 @@ def test_workload_rejects_bad_json_duplicates_and_empty_files(tmp_path: Path) ->
     assert [p.prompt for p in load_workload(bom)] == ["x"]
 
 
+def test_messages_without_a_chat_template_are_refused_not_flattened(tmp_path: Path) -> None:
+    from specsure.bench.workload import encode
+
+    class Plain:  # a tokenizer without a chat template
+        chat_template = None
+
+        def encode(self, text: str) -> list[int]:
+            return [len(text)]
+
+    chat, = load_workload(_write(tmp_path, {"category": "c", "messages": [{"role": "user", "content": "hi"}]}))
+    with pytest.raises(WorkloadError, match=r"gives 'messages', but the model's tokenizer has no chat template"):
+        encode(chat, Plain())
+    text, = load_workload(_write(tmp_path, {"category": "c", "prompt": "hi"}))
+    assert encode(text, Plain()) == (2,)  # a prompt is encoded as-is, as documented
+
+
 def test_workload_files_of_one_name_keep_their_default_ids_apart(tmp_path: Path) -> None:
     """Two chat.jsonl files (say, two teams' prompts): ids from their folders, not a clash on chat-1."""
     first, second = tmp_path / "team-a" / "chat.jsonl", tmp_path / "team-b" / "chat.jsonl"

@@ -54,7 +54,8 @@ def test_vllms_spelling_of_no_top_k_is_no_top_k():
 
 
 @pytest.mark.parametrize(("name", "fragment"), [
-    ("n", "pass the prompt n times"), ("best_of", "vLLM has it"),
+    ("n", "pass the prompt n times"), ("best_of", "vLLM has it"), ("guided_decoding", "give structured_outputs"),
+    ("use_beam_search", "vLLM has it"),
     ("temprature", "Did you mean 'temperature'?"),
 ])
 def test_a_field_specsure_lacks_is_named_with_what_to_do(name: str, fragment: str):

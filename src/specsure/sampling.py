@@ -43,6 +43,8 @@ def _fail(field: str, value: object, allowed: str, fix: str) -> SamplingError:
 VLLM_ONLY_FIELDS: dict[str, str] = {
     "n": "pass the prompt n times in one generate() call, each copy with its own seed (the server takes n)",
     "best_of": "pass the prompt several times and keep the best completion yourself",
+    "use_beam_search": "beam search is not speculative decoding's to speed up; generate greedily (temperature 0)",
+    "guided_decoding": "give structured_outputs, vLLM's newer name for it (json, regex, choice or grammar)",
 }
 """vLLM SamplingParams fields specsure does not implement, and what to do instead."""
 

@@ -240,6 +240,10 @@ def encode(prompt: Prompt, tokenizer: object | None) -> tuple[int, ...]:
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": role, "content": content} for role, content in turns]
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    elif prompt.messages is not None:  # roles would be dropped without a word: the run would not be the chat asked
+        raise WorkloadError(f"{prompt.source}: prompt {prompt.id!r} gives 'messages', but the model's tokenizer has no "
+                            "chat template to render them with; give the turns as one 'prompt' text, or use a model "
+                            "whose tokenizer has a chat template.")
     else:
-        ids = tokenizer.encode("\n\n".join(content for _, content in turns))
+        ids = tokenizer.encode(prompt.prompt or "")
     return tuple(int(t) for t in ids)
