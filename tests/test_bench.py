@@ -452,6 +452,7 @@ def test_bad_bench_input_is_one_error_before_any_timing(tiny_llama: Path, tmp_pa
         code = int(stop.code or 0)
     err = capsys.readouterr().err
     assert code == 2 and words in err and "Traceback" not in err, err
+    assert "--out" in flags or not (tmp_path / "out").exists()  # no empty results folder left behind
 
 
 def test_a_reader_that_leaves_early_loses_no_results(tiny_llama: Path, tmp_path: Path) -> None:

@@ -209,12 +209,17 @@ def _load_prompts(args: argparse.Namespace, per_category: int | None):
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; returns the process exit code."""
+    out = Path(args.out).expanduser()
+    made = not out.exists()
     try:
         with output_outlives_reader():
             return _run(args)
     except (ConfigError, ValueError, argparse.ArgumentTypeError, LlamaCppError) as err:
         print(f"specsure bench: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        if made and out.is_dir() and not any(out.iterdir()):  # stopped before any result: no empty folder left
+            out.rmdir()
 
 
 def _run(args: argparse.Namespace) -> int:
