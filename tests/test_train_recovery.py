@@ -285,3 +285,12 @@ def test_a_nan_weight_after_the_first_is_caught() -> None:
 
     params = [torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.tensor([1.0, float("nan")]))]
     assert math.isnan(_largest(params))
+
+
+def test_continuations_cut_at_the_context_are_said(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """--max-new-tokens past what the context leaves: generation stops there, and the run says so."""
+    args = _train_args(tmp_path)
+    args[args.index("--max-new-tokens") + 1] = "600"  # the tiny target's context is 512
+    assert main([*args, "--max-prompts", "1", "--steps", "1", "--no-cache"]) == 0
+    assert "note: --max-new-tokens 600: 1 prompt(s) leave less room than that in the target's context of 512" in \
+        capsys.readouterr().out

@@ -164,6 +164,12 @@ def training_samples(args: argparse.Namespace, target: LoadedModel, prompts: Tra
         if bad is not None:  # named by its file and line, before any generation
             raise ValueError(f"{row.source or row.id}: prompt_ids holds token id {bad}, outside the target's "
                              f"vocabulary [0, {vocab}); give ids the target's tokenizer makes.")
+    context = target.lm.max_context
+    cut = [ids for ids in token_prompts if context and len(ids) + args.max_new_tokens > context]
+    if cut and not prompts.pieces:  # generation stops at the context, as the engine does: say so, once
+        print(f"note: --max-new-tokens {args.max_new_tokens}: {len(cut)} prompt(s) leave less room than that in the "
+              f"target's context of {context} tokens (the longest, {max(map(len, cut))} tokens, leaves "
+              f"{max(context - max(map(len, cut)), 0)}); their continuations stop at the context.", flush=True)
     dtype = str(target.lm.dtype).removeprefix("torch.")
     follow_up = _derived(rows, prompts.chat_rows, target.tokenizer, args.seed) \
         if prompts.chat_rows and target.tokenizer else None
