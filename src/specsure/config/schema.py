@@ -38,6 +38,11 @@ SPECSURE_ONLY_FIELDS: Final[frozenset[str]] = frozenset({"prompt_lookup_branches
                                                          "disable_by_batch_size"})
 """Keys vLLM 0.33.0 does not have: exports leave them out (and say what vLLM does instead).
 speculative_token_tree and disable_by_batch_size are keys of earlier vLLM releases, which 0.33.0 refuses."""
+VLLM_INSTEAD: Final[Mapping[str, str]] = {
+    "prompt_lookup_branches": "a chain of num_speculative_tokens = {k} tokens",
+    "speculative_token_tree": "a chain of num_speculative_tokens = {k} tokens",
+    "disable_by_batch_size": "at every batch size"}
+"""What vLLM 0.33.0 drafts without each of SPECSURE_ONLY_FIELDS ({k}: the resolved k)."""
 KEY_ALIASES: Final[Mapping[str, str]] = {"draft_model": "model"}
 VLLM_ONLY_KEYS: Final[frozenset[str]] = frozenset({
     "draft_tensor_parallel_size", "quantization", "max_model_len", "revision", "code_revision",

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from specsure.config.errors import ConfigError
 from specsure.config.resolution import Resolution, resolve
-from specsure.config.schema import FIELDS, KEY_ALIASES, SPECSURE_ONLY_FIELDS
+from specsure.config.schema import FIELDS, KEY_ALIASES, SPECSURE_ONLY_FIELDS, VLLM_INSTEAD
 from specsure.config.vllm_overrides import model_type_override, vllm_draft_path, vllm_path_trap
 from specsure.config.vllm_rules import DETECTION_SKIPPED
 from specsure.vllm_plugin.links import neutral_link
@@ -93,8 +93,7 @@ def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = Tr
         warnings.append(f"specsure's engine would refuse this config: {exc}")
     handed = {**theirs, **res.config.to_vllm()}
     for key in sorted(k for k in SPECSURE_ONLY_FIELDS & set(ours) if ours[k] is not None):
-        instead = ("at every batch size" if key == "disable_by_batch_size" else
-                   f"a chain of num_speculative_tokens = {res.config.num_speculative_tokens} tokens")
+        instead = VLLM_INSTEAD[key].format(k=res.config.num_speculative_tokens)
         warnings.append(f"{key} is a specsure key that vLLM does not have, so vLLM is handed the config without it: "
                         f"it drafts {instead}.")
     links: list[tuple[str, str]] = []
