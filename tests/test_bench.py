@@ -503,3 +503,38 @@ def test_a_category_no_workload_prompt_has_is_an_error(tiny_llama: Path, tmp_pat
                  "--categories", "code,cdoe", "--out", str(tmp_path / "out")])
     assert code == 2 and "--categories code,cdoe: no prompt of the --workload files has category 'cdoe'" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stop_at", [1, 4])
+def test_ctrl_c_keeps_the_prompts_every_configuration_finished(tiny_llama: Path, tmp_path: Path, capsys,
+                                                               monkeypatch: pytest.MonkeyPatch, stop_at: int) -> None:
+    """Ctrl-C in a long run writes what it measured, marked partial, and exits 130; before any prompt, nothing."""
+    from specsure.bench import runners
+
+    workload = _write(tmp_path, *({"id": f"p{i}", "category": "code", "prompt_ids": [5, 6, 7, 5, 6]} for i in range(3)))
+    calls = []
+    real = runners.SpecsureRunner.generate
+
+    def generate(self, prompt_ids, max_tokens):  # type: ignore[no-untyped-def]
+        calls.append(self.name)
+        if len(calls) == stop_at:
+            raise KeyboardInterrupt
+        return real(self, prompt_ids, max_tokens)
+
+    monkeypatch.setattr(runners.SpecsureRunner, "generate", generate)
+    out = tmp_path / "out"
+    code = main(["bench", "--model", str(tiny_llama), "--workload", str(workload), "--dtype", "float32",
+                 "--methods", "plain,ngram", "--baselines", "none", "--repeats", "2", "--warmup", "0",
+                 "--max-tokens", "4", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err, err
+    if stop_at == 1:  # nothing finished: nothing written, and no empty folder
+        assert not out.exists()
+        return
+    results = json.loads((out / "results.json").read_text())
+    assert "2 of 3 prompts" not in results["meta"]["interrupted"]
+    assert "the 1 of 3 prompts" in results["meta"]["interrupted"] and "after 3 of 12 runs" in results["meta"]["interrupted"]
+    assert {p["prompt_id"] for p in results["prompts"]} == {"p0"}
+    assert all(len(p["seconds"]) == 1 for p in results["prompts"])  # one repeat each, cut evenly
+    assert "Partial results" in (out / "results.md").read_text()
+    assert "interrupted:" in err

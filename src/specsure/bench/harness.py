@@ -61,15 +61,51 @@ def run_interleaved(runners: Sequence[Runner], items: Sequence[Item], repeats: i
     runs: dict[tuple[str, str], list[Generation]] = {(r.name, it.prompt.id): [] for r in runners for it in items}
     total = repeats * len(items) * len(runners)
     with tqdm(total=total, desc="bench", unit="run") as bar:
-        for repeat in range(repeats):
-            start_pass(runners)
-            for index, item in enumerate(items):
-                shift = (index + repeat) % len(runners)
-                for runner in [*runners[shift:], *runners[:shift]]:
-                    bar.set_postfix_str(f"{item.prompt.id} {runner.name}")
-                    runs[(runner.name, item.prompt.id)].append(runner.generate(item.prompt_ids, item.max_tokens))
-                    bar.update()
+        try:
+            for repeat in range(repeats):
+                start_pass(runners)
+                for index, item in enumerate(items):
+                    shift = (index + repeat) % len(runners)
+                    for runner in [*runners[shift:], *runners[:shift]]:
+                        bar.set_postfix_str(f"{item.prompt.id} {runner.name}")
+                        runs[(runner.name, item.prompt.id)].append(runner.generate(item.prompt_ids, item.max_tokens))
+                        bar.update()
+        except KeyboardInterrupt:
+            raise Interrupted(completed(runners, items, runs), bar.n, total) from None
     return runs
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during the timed runs, carrying the prompts that every configuration finished.
+
+    A KeyboardInterrupt still, so a caller that does not keep partial results stops as before.
+    """
+
+    def __init__(self, runs: dict[tuple[str, str], list[Generation]], done: int, total: int) -> None:
+        super().__init__()
+        self.runs = runs
+        self.done = done
+        self.total = total
+
+    def prompt_ids(self) -> set[str]:
+        return {prompt_id for _, prompt_id in self.runs}
+
+
+def completed(runners: Sequence[Runner], items: Sequence[Item],
+              runs: dict[tuple[str, str], list[Generation]]) -> dict[tuple[str, str], list[Generation]]:
+    """The prompts every configuration ran at least once, each cut to the repeats all of them ran.
+
+    Cutting keeps the comparison fair: a prompt that plain decoding ran twice and a method once
+    would otherwise weigh a different median for each.
+    """
+    kept: dict[tuple[str, str], list[Generation]] = {}
+    for item in items:
+        counts = [len(runs[(r.name, item.prompt.id)]) for r in runners]
+        if min(counts) == 0:
+            continue
+        for runner in runners:
+            kept[(runner.name, item.prompt.id)] = runs[(runner.name, item.prompt.id)][:min(counts)]
+    return kept
 
 
 def run_batched(max_num_seqs: int, runners: Sequence[Runner], items: Sequence[Item],

@@ -44,6 +44,8 @@ def render_markdown(results: BenchResults) -> str:
     """The full report: settings, the all-prompts table, the per-category table, warnings."""
     meta = results.meta
     out = ["# specsure bench results", ""]
+    if meta.get("interrupted"):
+        out += [f"**Partial results:** {meta['interrupted']}.", ""]
     for key in ("command", "specsure_commit", "model", "dtype", "forward", "threads", "cores", "cpu", "torch", "transformers", "llama_cpp_python", "max_tokens", "repeats", "num_speculative_tokens", "prompts"):
         if key in meta:
             value = f"`{meta[key]}`" if key == "command" else meta[key]

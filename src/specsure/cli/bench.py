@@ -20,7 +20,7 @@ from specsure.bench.configs import (
     BASELINES, DEFAULT_K, DEFAULT_METHODS, DEFAULT_TREES, METHODS, Settings, build_specsure, build_transformers,
     check_checkpoint_flags, check_flag_values, dtype_name,
 )
-from specsure.bench.harness import Item, run_batched, run_interleaved, warm_up
+from specsure.bench.harness import Interrupted, Item, run_batched, run_interleaved, warm_up
 from specsure.bench.llamacpp.baselines import LLAMA_CPP_BASELINES, build_llamacpp
 from specsure.bench.llamacpp.runner import DEFAULT_LLAMA_CPP_PYTHON, LlamaCppError
 from specsure.bench.plots import plot_acceptance, plot_speedup
@@ -291,12 +291,19 @@ def _run(args: argparse.Namespace) -> int:
         print(f"skip {name}: {reason}")
 
     print(f"{len(items)} prompts x {len(runners)} configurations x {repeats} repeats, {settings.dtype}, {torch.get_num_threads()} threads")
+    interrupted: Interrupted | None = None
     try:
         warm_up(runners, items[0], args.warmup)
         runs = run_interleaved(runners, items, repeats)
+    except Interrupted as stop:
+        # Ctrl-C: what every configuration finished is kept and written, marked as partial.
+        if not stop.runs:
+            raise
+        interrupted, runs = stop, stop.runs
+        items = [it for it in items if it.prompt.id in stop.prompt_ids()]
     finally:
         llama.close()
-    batched = run_batched(args.batched, runners, items, runs) if args.batched else None
+    batched = run_batched(args.batched, runners, items, runs) if args.batched and interrupted is None else None
 
     ran = {r.name for r in runners}
     own_plain = {r.name: r.plain for r in runners if r.plain in ran}
@@ -338,8 +345,15 @@ def _run(args: argparse.Namespace) -> int:
     if batched is not None:
         results.meta["batched"] = batched
     results.meta["wall_s"] = round(time.perf_counter() - started, 1)
+    if interrupted is not None:
+        results.meta["interrupted"] = (f"stopped by Ctrl-C after {interrupted.done} of {interrupted.total} runs; "
+                                       f"these results hold the {len(items)} of {len(prompts)} prompts that every "
+                                       "configuration finished" + (", without the batched pass" if args.batched else ""))
     write_outputs(results, out_dir)
     _print_summary(results, out_dir)
+    if interrupted is not None:
+        print(f"interrupted: {results.meta['interrupted']}.", file=sys.stderr)
+        return 130
     return 0
 
 
