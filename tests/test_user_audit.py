@@ -379,8 +379,10 @@ def test_another_engines_flag_says_what_specsure_takes(argv: list[str], words: s
     assert words in err and "unrecognized" not in err, err
 
 
-def test_an_unknown_flag_after_a_command_shows_that_commands_usage(capsys) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(("argv", "usage"), [(["explain", "--bogus", "w5"], "usage: specsure explain "),
+                                             (["bench", "serve", "--bogus"], "usage: specsure bench serve ")])
+def test_an_unknown_flag_after_a_command_shows_that_commands_usage(capsys, argv: list[str], usage: str) -> None:  # noqa: ANN001
     with pytest.raises(SystemExit) as stop:
-        main(["explain", "--bogus", "w5"])
+        main(argv)
     err = capsys.readouterr().err
-    assert stop.value.code == 2 and err.startswith("usage: specsure explain") and "unrecognized arguments: --bogus" in err
+    assert stop.value.code == 2 and err.startswith(usage) and "unrecognized arguments: --bogus" in err

@@ -52,6 +52,13 @@ def _command_in(argv: list[str] | None) -> str | None:
     return name if name in COMMANDS else None
 
 
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser | None:
+    for action in parser._actions:  # argparse keeps a parser's subparsers only here
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            return action.choices[name]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     chosen = _command_in(argv)
     if chosen is not None and (why := unavailable(chosen)) is not None:
@@ -69,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # the command's own usage names them, not the top-level one
         command = (args.command_parsers or {}).get(getattr(args, "command", None) or "")
+        if command is not None and (mode := getattr(args, "bench_mode", None)):  # `bench serve` has its own usage
+            command = _subcommand(command, mode) or command
         (command or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the words as given: which flags came where
     if not getattr(args, "run", None):
