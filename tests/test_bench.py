@@ -526,8 +526,10 @@ def test_ctrl_c_keeps_the_prompts_every_configuration_finished(tiny_llama: Path,
     code = main(["bench", "--model", str(tiny_llama), "--workload", str(workload), "--dtype", "float32",
                  "--methods", "plain,ngram", "--baselines", "none", "--repeats", "2", "--warmup", "0",
                  "--max-tokens", "4", "--out", str(out)])
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
     assert code == 130 and "Traceback" not in err, err
+    assert "note: --warmup 0: each configuration's first timed run" in captured.out  # 2 repeats: said
     if stop_at == 1:  # nothing finished: nothing written, and no empty folder
         assert not out.exists()
         return

@@ -291,6 +291,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"skip {name}: {reason}")
 
     print(f"{len(items)} prompts x {len(runners)} configurations x {repeats} repeats, {settings.dtype}, {torch.get_num_threads()} threads")
+    if args.warmup == 0 and repeats < 3:  # a median of 3 or more leaves one slow first run out
+        print("note: --warmup 0: each configuration's first timed run also pays its first-call costs (memory first "
+              "touched, caches built), which weighs on its first prompt's figure; --warmup 1 or --repeats 3 keeps "
+              "them out")
     interrupted: Interrupted | None = None
     try:
         warm_up(runners, items[0], args.warmup)
