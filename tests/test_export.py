@@ -442,3 +442,19 @@ def test_a_speculators_format_head_is_named_not_blamed_on_its_target(ckpts, tmp_
     res = resolve({"method": "eagle3", "model": head}, model=ckpts["target"], strict=False)
     with pytest.raises(ConfigError, match=r"transformer_layer_config\.vocab_size = 77, but the target .* needs"):
         res.check_runnable()
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_relative_path_is_exported_as_typed_with_what_it_needs(ckpts: dict[str, str], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
+    """Started elsewhere, vLLM and SGLang read a path that is no folder there as a hub repository id."""
+    monkeypatch.chdir(tmp_path)
+    res = resolve({"method": "draft_model", "model": "small-draft", "num_speculative_tokens": 2}, model="target")
+    out = export(res, engine)
+    assert "target" in out.args and ("small-draft" in out.args or '"small-draft"' in out.command())  # as typed
+    relative = [w for w in out.warnings if "is relative" in w]
+    assert len(relative) == 2, out.warnings
+    assert f"absolute path {str(tmp_path / 'target')!r}" in relative[0]
+    assert f"absolute path {str(tmp_path / 'small-draft')!r}" in relative[1] and "repository id" in relative[1]
+    absolute = export(resolve({"method": "draft_model", "model": ckpts["draft"], "num_speculative_tokens": 2},
+                              model=ckpts["target"]), engine)
+    assert not [w for w in absolute.warnings if "is relative" in w]

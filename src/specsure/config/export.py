@@ -10,6 +10,7 @@ draft ``model_type`` it rewrites to an MTP type), the export warns and proposes 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, Literal, Mapping
@@ -155,6 +156,23 @@ def _check_loadable(res: "Resolution", engine: str) -> None:
 
 
 def _target_warnings(res: "Resolution", engine: str) -> list[str]:
+    return _relative_paths(res, engine) + _gguf_warnings(res, engine)
+
+
+def _relative_paths(res: "Resolution", engine: str) -> list[str]:
+    """A relative path is exported as typed (the user's value), with what it needs to mean the same there."""
+    config = res.config
+    paths = [("target", target_path(res))]
+    if config is not None and config.model is not None:
+        paths.append(("draft", local_path(config.model)))
+    here = os.getcwd()
+    return [f"the {what} path {path!r} is relative: {engine} finds it only when started in {here}; started "
+            f"elsewhere, a name that is no folder there is read as a Hugging Face repository id, and another model "
+            f"may be downloaded. Give the absolute path {os.path.abspath(path)!r}, or start {engine} in {here}."
+            for what, path in paths if not os.path.isabs(path)]
+
+
+def _gguf_warnings(res: "Resolution", engine: str) -> list[str]:
     if res.target.kind in ("gguf", "default"):
         return [f"the target {target_path(res)!r} is a GGUF file; {engine} loads GGUF experimentally and needs "
                 "--tokenizer pointing at the original Hugging Face tokenizer (for the packaged default: "
