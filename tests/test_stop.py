@@ -25,6 +25,9 @@ CASES = {
     "a trailing space is completed by the next token": ("w124 ", [77, 124, 25], "w77 "),
     "the first of repeated matches": ("w25", [77, 124, 25], "w77 w124 "),
     "the earliest of several stops, whatever their order": (["w57", "w124"], [77, 124], "w77 "),
+    # A step that overshoots also completes "w124 w25 w25 w107", which starts before "w25" but ends
+    # after it: plain decoding never saw it, so the text is cut at "w25".
+    "the first to end, not the first to start": (["w124 w25 w25 w107", "w25"], [77, 124, 25], "w77 w124 "),
 }
 ENGINES = {
     "plain": None,
@@ -62,6 +65,12 @@ def test_stop_string_keeps_the_completing_token_and_cuts_the_text(engine, case: 
     assert out.token_ids == token_ids
     assert out.text == text
     assert out.finish_reason == "stop"
+
+
+def test_the_stop_string_is_kept_in_the_text_only_up_to_the_kept_tokens(engine) -> None:  # noqa: ANN001
+    params = SamplingParams(max_tokens=16, stop=["w124 w25 w25 w107", "w25"], include_stop_str_in_output=True)
+    out = engine.generate(PROMPT, params)[0]
+    assert out.token_ids == [77, 124, 25] and out.text == "w77 w124 w25"
 
 
 def test_a_stop_string_that_never_appears_changes_nothing(engine) -> None:  # noqa: ANN001

@@ -85,13 +85,15 @@ class Rules:
         stays in the tokens; its text leaves the text unless include_stop_str_in_output."""
         if self.tokenizer is None:
             return None, output, finish
-        if params.stop:
+        if params.stop and self.stop_at(output, params) is not None:
+            while len(output) > 1 and self.stop_at(output[:-1], params) is not None:
+                output = output[:-1]
+            # The stop string is looked for in the tokens kept, as plain decoding saw them: in a step's
+            # tokens past the stop, another stop string may start earlier and end later.
             found = self.stop_at(output, params)
-            if found is not None:
-                text = self.tokenizer.decode(output, skip_special_tokens=params.skip_special_tokens)
-                while len(output) > 1 and self.stop_at(output[:-1], params) is not None:
-                    output = output[:-1]
-                return text[:found[1] if params.include_stop_str_in_output else found[0]], output, "stop"
+            assert found is not None
+            text = self.tokenizer.decode(output, skip_special_tokens=params.skip_special_tokens)
+            return text[:found[1] if params.include_stop_str_in_output else found[0]], output, "stop"
         shown = output
         if finish == "stop" and output and output[-1] in self.stop_ids(params) and not params.include_stop_str_in_output:
             shown = output[:-1]  # the token that ended the output; EOS too, which special tokens' text would show
