@@ -52,6 +52,22 @@ def test_missing_method_whole_lm_in_eagle_folder_is_draft_model(tmp_path, llama_
     res.check_runnable()
 
 
+@pytest.mark.parametrize(("config", "signal"), [
+    ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 12}, "n_layer=12"),
+    ({"architectures": ["MPTForCausalLM"], "model_type": "mpt", "n_layers": 8}, "n_layers=8"),
+    ({"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+      "text_config": {"num_hidden_layers": 6, "vocab_size": 49152}}, "text_config.num_hidden_layers=6"),
+])
+def test_a_whole_model_under_another_layer_count_name_is_no_eagle_head(tmp_path, llama_target, config, signal):
+    """GPT-2 says n_layer and a multimodal model nests its count: still metadata, so the folder name is not asked."""
+    draft = write_checkpoint(tmp_path / "my-eagle-draft", {"vocab_size": 49152, "hidden_size": 64, **config})
+    res = resolve({"model": str(draft)}, model=llama_target)
+    assert (res.config.method, res.source("method")) == ("draft_model", "checkpoint")
+    assert signal in res.reason("method") and "path" not in res.reason("method")
+    explicit = resolve({"method": "draft_model", "model": str(draft)}, model=llama_target, strict=True)
+    assert explicit.warnings == ()
+
+
 def test_explicit_draft_model_in_eagle_folder_gives_no_warning(tmp_path, llama_target):
     """The upstream hijack: '/home/user/my-eagle-draft' turned an explicit draft_model into eagle."""
     draft = write_checkpoint(tmp_path / "home" / "user" / "my-eagle-draft", llama(layers=2))

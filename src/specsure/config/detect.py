@@ -35,6 +35,9 @@ SPECSURE_MTP_MODEL_TYPE: Final[str] = "specsure_mtp"
 MTP_HEAD_ARCHITECTURES: Final[frozenset[str]] = frozenset({SPECSURE_MTP_HEAD})
 MTP_MODEL_TYPES: Final[frozenset[str]] = MTP_METHOD_ALIASES | {SPECSURE_MTP_MODEL_TYPE}
 """vLLM's MTP model types (the same names as its MTP method aliases), and specsure's own head's."""
+WHOLE_MODEL_SUFFIXES: Final[tuple[str, ...]] = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+"""How transformers names a whole model's class (Llama, GPT-2, a multimodal Gemma 3); the head
+architectures above end in ForCausalLM too, and are classified before this is consulted."""
 # Path tokens that hint at a method, longest first so "eagle3" wins over "eagle".
 PATH_HINTS: Final[tuple[tuple[str, str], ...]] = (("eagle3", "eagle3"), ("eagle", "eagle"), ("mtp", "mtp"))
 PATH_COMPONENTS: Final[int] = 2
@@ -103,10 +106,10 @@ def classify_draft(info: CheckpointInfo) -> Evidence | None:
     archs = set(info.architectures)
     if (mtp := info.mtp_layers) and _stores_mtp(info):
         return Evidence("mtp", "checkpoint", info.signal(mtp[0]))
-    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs) and (info.num_hidden_layers or 0) >= 2:
+    if any(a.endswith(WHOLE_MODEL_SUFFIXES) for a in archs) and (info.num_hidden_layers or 0) >= 2:
         return Evidence("draft_model", "checkpoint",
                         f"{info.config_file or info.path} architectures={sorted(archs)}, "
-                        f"num_hidden_layers={info.num_hidden_layers}")
+                        f"{info.layer_count_key}={info.num_hidden_layers}")
     return None
 
 
