@@ -148,8 +148,9 @@ def add_model_flags(parser: Any, *, speculative: bool = True) -> None:
                         help="target model: a Hugging Face folder (config.json + safetensors) or a .gguf file; "
                              "default: the packaged SmolLM2-135M-Instruct")
     if speculative:
-        parser.add_argument("--speculative-config", default=None, metavar="JSON",
-                            help="speculative config as JSON (vLLM's keys) or @file.json")
+        parser.add_argument("--speculative-config", "-sc", default=None, metavar="JSON",
+                            help="speculative config as JSON (vLLM's keys) or @file.json; as in vLLM, keys may "
+                                 "also come one by one: --speculative-config.method ngram")
         parser.add_argument("--strict", action="store_true",
                             help="make any disagreement between evidence and an explicit value an error")
 

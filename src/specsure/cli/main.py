@@ -8,6 +8,7 @@ import sys
 
 from specsure.cli.common import EXIT_USAGE, guarded, missing_extra_message, missing_modules, setup_logging
 from specsure.cli.foreign_flags import foreign_flag_hint
+from specsure.cli.vllm_argv import normalise, repeated_flag
 
 # One module per command, each with add_parser(subparsers) setting `run`.
 COMMANDS = ("explain", "generate", "demo", "bench", "export", "check_vllm", "serve", "train")
@@ -59,27 +60,44 @@ def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.Argument
     return None
 
 
+def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """A prefix of a flag is no flag: `--spec` must not silently mean --speculative-config (vLLM's
+    parser does not take prefixes either), nor a mistyped flag bind to another."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _no_abbreviations(child)
+
+
 def main(argv: list[str] | None = None) -> int:
-    chosen = _command_in(argv)
+    try:  # vLLM's spellings: --speculative_config, --speculative-config.method ngram
+        words = normalise(sys.argv[1:] if argv is None else argv)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    chosen = _command_in(words)
     if chosen is not None and (why := unavailable(chosen)) is not None:
         print(f"error: {why}", file=sys.stderr)
         return EXIT_USAGE
-    parser = build_parser(argv)
+    parser = build_parser(words)
+    _no_abbreviations(parser)
     if chosen is not None:  # before argparse, which would name the flag's value as the error
-        words = list(sys.argv[1:] if argv is None else argv)
         name = chosen.replace("_", "-")
         label = f"{name} serve" if name == "bench" and "serve" in words else name
         command_help = parser.get_default("command_parsers")[name].format_help()
         if (hint := foreign_flag_hint(words, label, command_help)) is not None:
             print(f"specsure {label}: error: {hint}", file=sys.stderr)
             return EXIT_USAGE
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(words)
+    command = (args.command_parsers or {}).get(getattr(args, "command", None) or "")
+    if command is not None and (mode := getattr(args, "bench_mode", None)):  # `bench serve` has its own usage
+        command = _subcommand(command, mode) or command
     if extra:  # the command's own usage names them, not the top-level one
-        command = (args.command_parsers or {}).get(getattr(args, "command", None) or "")
-        if command is not None and (mode := getattr(args, "bench_mode", None)):  # `bench serve` has its own usage
-            command = _subcommand(command, mode) or command
         (command or parser).error(f"unrecognized arguments: {' '.join(extra)}")
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # the words as given: which flags came where
+    if command is not None and (twice := repeated_flag(command, words)) is not None:
+        command.error(twice)
+    args.argv = words  # the words as given (vLLM's spellings read as specsure's): which flags came where
     if not getattr(args, "run", None):
         parser.print_help()
         return 2

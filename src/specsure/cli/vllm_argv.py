@@ -1,0 +1,127 @@
+"""The command line as vLLM's parser reads it: underscores in flags, and a config's keys one by one.
+
+vLLM's FlexibleArgumentParser (vllm/utils/argparse_utils.py) takes ``--speculative_config`` for
+``--speculative-config`` and merges ``--speculative-config.method ngram
+--speculative-config.num_speculative_tokens 3`` into one JSON object, and users who move between
+the two engines type both. specsure reads them the same way, with one difference: where vLLM
+keeps the last of two values and logs a line, a key or a flag given twice is an error naming both
+values, since the first would be an explicit value dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Sequence
+
+from specsure.cli.common import parse_speculative_config
+from specsure.config.errors import ConfigError
+
+SPEC_FLAGS = ("--speculative-config", "-sc")
+"""vLLM's long and short spellings of the flag."""
+
+
+def normalise(argv: Sequence[str]) -> list[str]:
+    """``argv`` with vLLM's spellings turned into specsure's: flags' underscores as dashes, and every
+    ``--speculative-config.KEY VALUE`` merged into the one ``--speculative-config`` JSON object.
+
+    Words after a bare ``--`` are left as they are. Raises ConfigError (a ValueError) for a key
+    given twice, or given both one by one and in the JSON.
+    """
+    words: list[str] = []
+    keys: dict[str, Any] = {}
+    tail: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            tail = list(argv[i:])
+            break
+        if word.startswith("--"):
+            name, eq, value = word.partition("=")
+            flag, dot, path = name.partition(".")
+            word = flag.replace("_", "-") + dot + path + eq + value
+        name, eq, value = word.partition("=")
+        flag, dot, path = name.partition(".")
+        if not (dot and flag in SPEC_FLAGS):
+            words.append(word)
+            i += 1
+            continue
+        if not eq:
+            if i + 1 >= len(argv):
+                raise ConfigError(f"{name} needs a value ({name} VALUE, or {name}=VALUE).")
+            value = argv[i + 1]
+            i += 1
+        i += 1
+        if not path or "" in path.split("."):
+            raise ConfigError(f"{name}: name a key after the dot, as in --speculative-config.method ngram.")
+        _put(keys, path, _value(path, value), name)
+    if keys:
+        words = _merged(words, keys)
+    return words + tail
+
+
+def repeated_flag(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
+    """The error for the first single-value option of ``parser`` given twice in ``argv``, or None.
+
+    argparse keeps the last value silently; flags that may repeat (``--workload``) append instead
+    and are not counted.
+    """
+    seen: dict[str, tuple[str, str]] = {}
+    for index, word in enumerate(argv):
+        if word == "--":
+            return None
+        name, eq, value = word.partition("=")
+        action = parser._option_string_actions.get(name)
+        if not isinstance(action, argparse._StoreAction):
+            continue
+        if not eq:
+            value = argv[index + 1] if index + 1 < len(argv) else ""
+        if action.dest in seen:
+            first, before = seen[action.dest]
+            return (f"{name} is given twice ({first} {before!r}, then {name} {value!r}); specsure keeps neither "
+                    "over the other. Give it once.")
+        seen[action.dest] = (name, value)
+    return None
+
+
+def _value(path: str, text: str) -> Any:
+    """A dotted key's value as vLLM reads it: JSON where it parses, else the text; ``KEY+`` a list."""
+    if path.endswith("+"):
+        return text.split(",")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _put(keys: dict[str, Any], path: str, value: Any, name: str) -> None:
+    *parents, last = path.rstrip("+").split(".")
+    node = keys
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{name}: {part!r} is given a value of its own as well as keys under it; give one.")
+    if last in node:
+        raise ConfigError(f"{name} is given twice ({json.dumps(node[last])} and {json.dumps(value)}); keep the one "
+                          "you mean.")
+    node[last] = value
+
+
+def _merged(words: list[str], keys: dict[str, Any]) -> list[str]:
+    """``words`` with one ``--speculative-config`` holding the JSON given whole (if any) and ``keys``."""
+    at = [i for i, w in enumerate(words) if w.partition("=")[0] in SPEC_FLAGS]
+    if not at:
+        return [*words, SPEC_FLAGS[0], json.dumps(keys)]
+    index = at[0]
+    flag, eq, text = words[index].partition("=")
+    end = index + 1
+    if not eq:
+        text = words[index + 1] if index + 1 < len(words) else ""
+        end = index + 2
+    whole = parse_speculative_config(text, flag) or {}
+    if both := sorted(set(whole) & set(keys)):
+        key = both[0]
+        raise ConfigError(f"{key!r} is given both in {flag} ({json.dumps(whole[key])}) and as {flag}.{key} "
+                          f"({json.dumps(keys[key])}); keep the one you mean.")
+    return [*words[:index], flag, json.dumps({**whole, **keys}), *words[end:]]

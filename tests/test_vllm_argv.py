@@ -1,0 +1,71 @@
+"""vLLM's spellings of the command line: underscores, -sc, keys one by one; and no flag given twice."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from specsure.cli.main import main
+from specsure.cli.vllm_argv import normalise
+from specsure.config.errors import ConfigError
+
+
+def test_underscores_become_dashes_before_any_dot_or_equals_sign() -> None:
+    assert normalise(["explain", "--speculative_config", "{}", "--max_tokens=a_b"]) == \
+        ["explain", "--speculative-config", "{}", "--max-tokens=a_b"]
+    assert normalise(["generate", "--", "--not_a_flag"]) == ["generate", "--", "--not_a_flag"]
+
+
+def test_keys_one_by_one_merge_into_one_json_object_as_vllm_reads_them() -> None:
+    words = normalise(["explain", "--speculative-config.method", "ngram", "--speculative_config.num_speculative_tokens=3",
+                       "-sc.prompt_lookup_max", "4", "--speculative-config.tree+", "a,b"])
+    assert words[:2] == ["explain", "--speculative-config"]
+    assert json.loads(words[2]) == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4,
+                                    "tree": ["a", "b"]}
+    merged = normalise(["explain", "--speculative-config", '{"method": "mtp"}', "--speculative-config.num_speculative_tokens",
+                        "2", "--", "x"])
+    assert merged[:2] == ["explain", "--speculative-config"] and merged[-2:] == ["--", "x"]
+    assert json.loads(merged[2]) == {"method": "mtp", "num_speculative_tokens": 2}
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--speculative-config.method", "ngram", "--speculative-config.method", "suffix"],
+     '--speculative-config.method is given twice ("ngram" and "suffix")'),
+    (["--speculative-config", '{"method": "ngram"}', "--speculative-config.method", "suffix"],
+     "'method' is given both in --speculative-config (\"ngram\") and as --speculative-config.method (\"suffix\")"),
+    (["--speculative-config.method"], "needs a value"),
+    (["--speculative-config.", "x"], "name a key after the dot"),
+    (["--speculative-config.a", "1", "--speculative-config.a.b", "2"], "a value of its own as well as keys"),
+])
+def test_a_key_given_twice_is_an_error_naming_both_values(argv: list[str], words: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        normalise(["explain", *argv])
+    assert words in str(err.value)
+
+
+def test_the_cli_reads_vllms_spellings_and_refuses_repeats_and_prefixes(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                    "vocab_size": 100, "hidden_size": 64}))
+    header = b'{"__metadata__": {}}'
+    (target / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    for spelling in (["--speculative_config", '{"method": "ngram"}'], ["-sc", '{"method": "ngram"}'],
+                     ["--speculative-config.method", "ngram", "--speculative-config.num_speculative_tokens", "3"]):
+        assert main(["explain", "--model", str(target), "--json", *spelling]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        assert shown["fields"]["method"]["value"] == "ngram" and shown["fields"]["method"]["source"] == "user"
+    with pytest.raises(SystemExit) as stop:
+        main(["explain", "--model", str(target), "--speculative-config", '{"method": "ngram"}',
+              "--speculative-config", '{"method": "suffix"}'])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "--speculative-config is given twice" in err and '"suffix"' in err
+    with pytest.raises(SystemExit) as stop:
+        main(["explain", "--model", str(target), "--speculative-conf", '{"method": "ngram"}'])
+    assert stop.value.code == 2 and "unrecognized arguments: --speculative-conf" in capsys.readouterr().err
+    assert main(["explain", "--model", str(target), "--speculative-config.method", "ngram",
+                 "--speculative-config.method", "suffix"]) == 2
+    assert "is given twice" in capsys.readouterr().err
