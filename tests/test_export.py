@@ -394,6 +394,23 @@ def test_an_mtp_k_that_vllm_refuses_is_named(tmp_path):
         export(resolve({"method": "mtp", "num_speculative_tokens": 3}, model=target), "vllm", strict=True)
 
 
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "EagleLlamaForCausalLM"])
+def test_a_draft_n_predict_that_vllm_checks_k_against_is_named(tmp_path, ckpts, arch):
+    """vLLM checks any draft's config.json n_predict against k, not only an MTP module count."""
+    method = "eagle" if arch.startswith("Eagle") else "draft_model"
+    draft = write(tmp_path / "np3", architectures=[arch], num_hidden_layers=1 if method == "eagle" else 2, n_predict=3)
+    zero = write(tmp_path / "np0", num_hidden_layers=2, n_predict=0)
+
+    def warnings(model: str, k: int, method: str = method) -> list[str]:
+        config = {"method": method, "model": model, "num_speculative_tokens": k}
+        return [w for w in export(resolve(config, model=ckpts["target"]), "vllm").warnings if "n_predict" in w]
+
+    assert any("refuses num_speculative_tokens = 5" in w and "n_predict = 3" in w and "to 3 or 6" in w
+               for w in warnings(draft, 5))
+    assert not [w for w in warnings(draft, 6) if "refuses" in w] and not [w for w in warnings(draft, 2) if "refuses" in w]
+    assert any("ZeroDivisionError" in w for w in warnings(zero, 2, "draft_model"))
+
+
 def test_disable_by_batch_size_is_left_out_and_named_for_both_engines(ckpts):
     """vLLM 0.33.0's SpeculativeConfig refuses the key ("Unexpected keyword argument"): the export leaves it
     out and says what vLLM does instead, as SGLang's does."""

@@ -42,6 +42,7 @@ SPECULATORS_EAGLE3 = {"architectures": ["Eagle3Speculator"], "speculators_model_
 CHECKPOINTS = {
     "target": {**LLAMA, "num_hidden_layers": 4},
     "small-draft": LLAMA,
+    "draft-n-predict-3": {**LLAMA, "n_predict": 3},
     "my-eagle-draft": LLAMA,
     "beagle-7b": LLAMA,
     "dsv3": DEEPSEEK_V3,

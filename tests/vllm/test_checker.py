@@ -183,3 +183,18 @@ def test_a_speculators_target_is_replaced_as_predicted(vllm_python, ckpt):
     check = compare(res, result, exported=out.speculative_config, vllm_version="0.33.0")
     assert not check.ok and all("speculators-format" in m.cause for m in check.mismatches), check.table()
     assert any("would run method 'eagle3'" in w and "speculators-format" in w for w in out.warnings), out.warnings
+
+
+def test_a_draft_n_predict_refusal_is_vllms_own(vllm_python, ckpt):
+    """The export names the refusal for k = 4 against a draft's n_predict = 3, and vLLM makes it; k = 6 it accepts."""
+    answers = []
+    for k in (4, 6):
+        res = resolve({"method": "draft_model", "model": ckpt["draft-n-predict-3"], "num_speculative_tokens": k},
+                      model=ckpt["target"])
+        out = export(res, "vllm")
+        assert any("refuses" in w and "n_predict = 3" in w for w in out.warnings) == (k == 4), out.warnings
+        answers.append(out)
+    refused, accepted = run_probe(vllm_python, [{"model": ckpt["target"], "speculative_config": dict(o.speculative_config)}
+                                                for o in answers])["results"]
+    assert "divisible by n_predict=3" in refused["error"], refused
+    assert "error" not in accepted and accepted["num_speculative_tokens"] == 6, accepted

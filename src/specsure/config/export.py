@@ -231,12 +231,34 @@ def vllm_refusals(res: "Resolution") -> list[str]:
                             f"{modules} MTP modules (n_predict): above {modules} it must be a multiple of "
                             f"{modules}. specsure runs it, reusing the modules in turn; for vLLM set "
                             f"num_speculative_tokens to {k - k % modules} or {k - k % modules + modules}.")
+    elif config.method != "mtp" and config.model is not None and res.draft is not None:
+        refusals += _n_predict_refusal(res.draft.config.get("n_predict"), config.num_speculative_tokens,
+                                       config.model)
     if (refused := speculators_refusal(res)) is not None:
         refusals.append(refused + ".")
     draft, layers = res.draft, res.target.num_hidden_layers
     if config.method == "eagle3" and draft is not None and layers is not None:
         refusals += [failure + "." for failure in _vllm_aux_notes(draft.path, draft.config, layers)[1]]
     return refusals
+
+
+def _n_predict_refusal(n_predict: Any, k: int, draft: str) -> list[str]:
+    """vLLM checks a draft's config.json n_predict against k whatever the method: above n_predict, k must
+    be a multiple of it (vllm/config/speculative.py, "must be divisible by n_predict"), and 0 divides by zero."""
+    if not isinstance(n_predict, int) or isinstance(n_predict, bool) or n_predict < 0 or k <= n_predict:
+        return []
+    versions = ", ".join(VLLM_TESTED_VERSIONS)
+    if n_predict == 0:
+        return [f"vLLM {versions} fails on the draft {draft!r}: its config.json says n_predict = 0, by which vLLM "
+                "divides num_speculative_tokens (ZeroDivisionError). specsure does not read n_predict for this "
+                "method; for vLLM remove the key from the draft's config.json, or set it to 1."]
+    if k % n_predict == 0:
+        return []
+    lower, upper = k - k % n_predict, k - k % n_predict + n_predict
+    return [f"vLLM {versions} refuses num_speculative_tokens = {k} with the draft {draft!r}, whose config.json says "
+            f"n_predict = {n_predict}: above n_predict it must be a multiple of it (vLLM applies the rule of MTP "
+            f"modules to every draft with the key). specsure runs it; for vLLM set num_speculative_tokens to "
+            f"{lower} or {upper}."]
 
 
 def _mtp_modules(res: "Resolution") -> int | None:
