@@ -190,6 +190,26 @@ def test_deprecated_mtp_alias_becomes_mtp_with_a_warning(tmp_path, alias, caplog
     assert [r.getMessage() for r in caplog.records] == [text]
 
 
+@pytest.mark.parametrize(("spec", "written"), [
+    ({"model": "[ngram]", "num_speculative_tokens": 3}, '"model": "[ngram]"'),
+    ({"draft_model": "ngram"}, '"model": "ngram"'),
+    ({"method": "[ngram]"}, '"method": "[ngram]"'),
+    ({"method": "ngram", "model": "[ngram]"}, '"model": "[ngram]"'),
+])
+def test_vllms_older_ngram_spellings_run_ngram_with_a_warning(tmp_path, monkeypatch, target, spec, written):
+    """vLLM still reads them as ngram (the plugin hands them on so); a path that does not exist is no answer."""
+    monkeypatch.chdir(tmp_path)
+    res = resolve(spec, model=target)
+    assert (res.config.method, res.source("method"), res.config.model) == ("ngram", "user", None)
+    assert written in res.reason("method")
+    [text] = res.warnings
+    assert text.startswith(f"{written} is vLLM's older spelling of method 'ngram'")
+    (tmp_path / "ngram").mkdir()  # now a folder by that name exists: which is meant is not guessed
+    if spec.get("draft_model") == "ngram":
+        with pytest.raises(ConfigError, match="both vLLM's older spelling of method 'ngram' and a path here"):
+            resolve(spec, model=target)
+
+
 def test_deprecated_alias_is_matched_case_insensitively(tmp_path):
     target = str(write_checkpoint(tmp_path / "dsv3", deepseek_v3()))
     res = resolve({"method": "DeepSeek_MTP"}, model=target)

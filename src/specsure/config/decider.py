@@ -102,6 +102,8 @@ class Decider:
             if evidence is not None and evidence.value != user:
                 self.conflict("method", user, evidence.value, evidence.signal)
             how = f" (written as the alias {self.spec.method_alias!r})" if self.spec.method_alias else ""
+            if self.spec.ngram_spelling:
+                how = f" (written as vLLM's older {self.spec.ngram_spelling})"
             return Decision("method", user, "user", f"You set method {user!r}{how}; it is never replaced.")
         if evidence is not None:
             if evidence.source == "checkpoint":

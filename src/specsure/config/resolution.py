@@ -130,6 +130,10 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | os.PathLike[str]
     if spec.model is not UNSET and spec.model is not None:
         state.draft = read_draft(spec.model)
         state.draft_evidence = classify_draft(state.draft)
+    if spec.ngram_spelling:
+        state.notices.append(f"{spec.ngram_spelling} is vLLM's older spelling of method 'ngram' (prompt lookup, no "
+                             "draft checkpoint); it runs as 'ngram'. Write \"method\": \"ngram\" without a model to "
+                             "silence this warning.")
     if spec.method_alias:
         state.notices.append(f"method {spec.method_alias!r} is a deprecated alias of 'mtp'; it runs as 'mtp'. "
                              "Write \"method\": \"mtp\" to silence this warning.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -109,6 +110,8 @@ class UserSpec:
     disable_by_batch_size: Any = UNSET
     method_alias: str | None = None
     """The deprecated MTP alias the user wrote, when the method came from one."""
+    ngram_spelling: str | None = None
+    """vLLM's older spelling of method ngram the user wrote (``"model": "[ngram]"``), when the method came from one."""
 
 
 def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
@@ -145,6 +148,7 @@ def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
     for key in NULL_IS_UNSET:
         if key in values and values[key] is None:
             del values[key]
+    spelling = _legacy_ngram(values)
     alias = None
     if "method" in values:
         values["method"], alias = _check_method(values["method"])
@@ -170,7 +174,29 @@ def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
             check_suffix_value(key, values[key])
     if "disable_by_batch_size" in values:
         check_batch_size(values["disable_by_batch_size"])
-    return UserSpec(**values, method_alias=alias)
+    return UserSpec(**values, method_alias=alias, ngram_spelling=spelling)
+
+
+LEGACY_NGRAM_MODELS: Final[tuple[str, ...]] = ("ngram", "[ngram]")
+"""Draft "paths" that vLLM still reads as method ngram (vllm/config/speculative.py), as it did before the method key."""
+
+
+def _legacy_ngram(values: dict[str, Any]) -> str | None:
+    """Turn vLLM's older spellings of ngram in ``values`` into method ngram without a draft; returns what was
+    written, for the warning. specsure would otherwise read "[ngram]" as a folder that does not exist."""
+    if values.get("method") == "[ngram]":
+        values["method"] = "ngram"
+        written = '"method": "[ngram]"'
+    else:
+        written = None
+    if values.get("model") in LEGACY_NGRAM_MODELS and values.get("method", "ngram") == "ngram":
+        if os.path.exists(model := values["model"]):
+            raise ConfigError(f"model = {model!r} is both vLLM's older spelling of method 'ngram' and a path here; "
+                              f"write {{\"method\": \"ngram\"}} for prompt lookup, or \"./{model}\" for the draft "
+                              "checkpoint.")
+        written = f'"model": {json.dumps(values.pop("model"))}'
+        values["method"] = "ngram"
+    return written
 
 
 def check_batch_size(value: Any) -> None:
