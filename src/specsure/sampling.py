@@ -85,8 +85,9 @@ class SamplingParams:
     seed: int | None = None
     """Seed for this request's torch.Generator, for reproducible sampling; None = unseeded. The draft
     decides how much of the random stream a step uses, so with suffix decoding, whose drafts also
-    come from earlier requests' outputs, a seed repeats its output only on a fresh engine (the
-    output's distribution is the target's either way)."""
+    come from earlier requests' outputs, a seed repeats its output only on a fresh engine, and with
+    ``disable_by_batch_size``, which drafts or not by how full the batch is, only at the same load
+    (the output's distribution is the target's either way; greedy output does not change)."""
     stop: tuple[str, ...] | None = None
     """Strings that end generation when they appear in the output text. A single str or a list
     is accepted and stored as a tuple; an empty collection is stored as None."""
