@@ -215,7 +215,7 @@ def test_draft_path_that_does_not_exist(tmp_path, target):
 
 def test_target_path_that_does_not_exist(tmp_path):
     msg = error_of({"method": "ngram"}, str(tmp_path / "nope"))
-    assert "does not exist" in msg and "nope" in msg
+    assert msg.startswith("target (the model):") and "does not exist" in msg and "nope" in msg
 
 
 @pytest.mark.parametrize("path", ["~no-such-user-xyz/draft", "d" * 300, "a\x00b"])

@@ -117,7 +117,10 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | os.PathLike[str]
         raise ConfigError(f"dtype = {dtype!r} is not one of {', '.join(DTYPE_NAMES)}; 'auto' picks by the CPU and the target.")
     off = speculative is None or (isinstance(speculative, Mapping) and not speculative)
     spec = None if off else parse_user_spec(speculative)  # every value is checked before any checkpoint is read
-    target = read_checkpoint(model)
+    try:
+        target = read_checkpoint(model)
+    except ConfigError as exc:  # named as the draft's errors are: the two may share a folder name
+        raise ConfigError(f"target (the model): {exc}") from None
     decisions: dict[str, Decision] = {"target": _target_decision(model, target)}
     if spec is None:
         why = "No speculative config was given, so speculative decoding is off and plain decoding runs."
