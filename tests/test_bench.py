@@ -442,10 +442,9 @@ def test_bad_bench_input_is_one_error_before_any_timing(tiny_llama: Path, tmp_pa
                       ("OOV", {"id": "c", "category": "x", "prompt_ids": [5, 999]})):
         (tmp_path / name).mkdir()
         files[name] = str(_write(tmp_path / name, row))
-    argv = ["bench", "--model", str(tiny_llama), "--dtype", "float32", "--repeats", "1",
-            "--warmup", "0", "--workload", files["GOOD"], *[files.get(f, f) for f in flags]]
-    for flag, value in (("--baselines", "none"), ("--out", str(tmp_path / "out"))):
-        argv += [] if flag in flags else [flag, value]  # a flag given twice is an error of its own
+    argv = ["bench", "--model", str(tiny_llama), "--dtype", "float32", "--baselines", "none", "--repeats", "1",
+            "--warmup", "0", "--out", str(tmp_path / "out"), "--workload", files["GOOD"],
+            *[files.get(f, f) for f in flags]]
     argv += [] if "--max-tokens" in flags else ["--max-tokens", "4"]
     try:
         code = main(argv)

@@ -69,3 +69,8 @@ def test_the_cli_reads_vllms_spellings_and_refuses_repeats_and_prefixes(tmp_path
     assert main(["explain", "--model", str(target), "--speculative-config.method", "ngram",
                  "--speculative-config.method", "suffix"]) == 2
     assert "is given twice" in capsys.readouterr().err
+    # Another flag keeps its last value, as in argparse and vLLM, and says so.
+    assert main(["explain", "--model", str(target), "--dtype", "bfloat16", "--dtype", "float32", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["dtype"]["value"] == "float32"
+    assert "note: --dtype is given twice; the last, 'float32', is used." in captured.err

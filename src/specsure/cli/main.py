@@ -8,7 +8,7 @@ import sys
 
 from specsure.cli.common import EXIT_USAGE, guarded, missing_extra_message, missing_modules, setup_logging
 from specsure.cli.foreign_flags import foreign_flag_hint
-from specsure.cli.vllm_argv import normalise, repeated_flag
+from specsure.cli.vllm_argv import normalise, repeated_flags
 
 # One module per command, each with add_parser(subparsers) setting `run`.
 COMMANDS = ("explain", "generate", "demo", "bench", "export", "check_vllm", "serve", "train")
@@ -95,8 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         command = _subcommand(command, mode) or command
     if extra:  # the command's own usage names them, not the top-level one
         (command or parser).error(f"unrecognized arguments: {' '.join(extra)}")
-    if command is not None and (twice := repeated_flag(command, words)) is not None:
-        command.error(twice)
+    if command is not None:
+        twice, notes = repeated_flags(command, words)
+        if twice is not None:
+            command.error(twice)
+        for note in notes:
+            print(note, file=sys.stderr)
     args.argv = words  # the words as given (vLLM's spellings read as specsure's): which flags came where
     if not getattr(args, "run", None):
         parser.print_help()

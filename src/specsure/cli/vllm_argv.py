@@ -4,8 +4,8 @@ vLLM's FlexibleArgumentParser (vllm/utils/argparse_utils.py) takes ``--speculati
 ``--speculative-config`` and merges ``--speculative-config.method ngram
 --speculative-config.num_speculative_tokens 3`` into one JSON object, and users who move between
 the two engines type both. specsure reads them the same way, with one difference: where vLLM
-keeps the last of two values and logs a line, a key or a flag given twice is an error naming both
-values, since the first would be an explicit value dropped.
+keeps the last of two values and logs a line, a config key given twice, or the config or the model
+flag given twice, is an error naming both values, since the first would be an explicit value dropped.
 """
 
 from __future__ import annotations
@@ -61,16 +61,19 @@ def normalise(argv: Sequence[str]) -> list[str]:
     return words + tail
 
 
-def repeated_flag(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
-    """The error for the first single-value option of ``parser`` given twice in ``argv``, or None.
+def repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """(the error for a configuring flag given twice, or None; a note for each other flag given twice).
 
-    argparse keeps the last value silently; flags that may repeat (``--workload``) append instead
-    and are not counted.
+    argparse keeps the last value. For ``--speculative-config`` and ``--model`` that would drop an
+    explicit config, so it is an error; any other flag keeps its last value, as in argparse and vLLM
+    (a wrapper script may set a default that the user overrides), with a note. Flags that may repeat
+    (``--workload``) append instead and are not counted.
     """
     seen: dict[str, tuple[str, str]] = {}
+    notes: list[str] = []
     for index, word in enumerate(argv):
         if word == "--":
-            return None
+            break
         name, eq, value = word.partition("=")
         action = parser._option_string_actions.get(name)
         if not isinstance(action, argparse._StoreAction):
@@ -79,10 +82,16 @@ def repeated_flag(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str |
             value = argv[index + 1] if index + 1 < len(argv) else ""
         if action.dest in seen:
             first, before = seen[action.dest]
-            return (f"{name} is given twice ({first} {before!r}, then {name} {value!r}); specsure keeps neither "
-                    "over the other. Give it once.")
+            if action.dest in CONFIGURING:
+                return (f"{name} is given twice ({first} {before!r}, then {name} {value!r}); the first would be "
+                        "dropped without a word. Give it once.", notes)
+            notes.append(f"note: {name} is given twice; the last, {value!r}, is used.")
         seen[action.dest] = (name, value)
-    return None
+    return None, notes
+
+
+CONFIGURING = frozenset({"speculative_config", "model"})
+"""The destinations whose second value would silently replace an explicit configuration."""
 
 
 def _value(path: str, text: str) -> Any:
