@@ -229,3 +229,35 @@ def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(sdk: openai.OpenAI
         sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2, extra_body={"echo": True})
     with pytest.raises(openai.BadRequestError, match='echo = "yes" must be true or false'):
         sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=2, extra_body={"echo": "yes"})
+
+
+def test_prompt_logprobs_on_both_endpoints_as_vllm_returns_them(sdk: openai.OpenAI) -> None:
+    """vLLM's prompt_logprobs: null first, then {token id: {logprob, rank, decoded_token}}, the prompt's token first."""
+    out = sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=2, logprobs=1, echo=True,
+                                 extra_body={"prompt_logprobs": 3})
+    choice = out.choices[0]
+    scored = choice.model_extra["prompt_logprobs"]
+    assert scored[0] is None and len(scored) == out.usage.prompt_tokens
+    echoed = choice.logprobs.token_logprobs[:out.usage.prompt_tokens]  # the same prompt, scored for echo
+    for entry, value, top in zip(scored[1:], echoed[1:], choice.logprobs.top_logprobs[1:out.usage.prompt_tokens]):
+        first, *alternatives = entry.items()
+        assert first[1]["logprob"] == value and first[1]["rank"] >= 1
+        assert 3 <= len(entry) <= 4 and len(top) <= 2  # echo shows logprobs = 1 alternative, plus its own token
+        ranked = [v for _, v in alternatives]
+        assert all(a["logprob"] >= b["logprob"] for a, b in zip(ranked, ranked[1:]))
+        assert (first[1]["rank"] == 1) == (first[1]["logprob"] >= ranked[0]["logprob"])
+        assert all(isinstance(v["decoded_token"], str) for v in entry.values())
+    chat = sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2, extra_body={"prompt_logprobs": 0})
+    listed = chat.model_extra["prompt_logprobs"]
+    assert listed[0] is None and len(listed) == chat.usage.prompt_tokens and all(len(e) == 1 for e in listed[1:])
+    assert "prompt_logprobs" not in sdk.chat.completions.create(model="tiny", messages=CHAT, max_tokens=2).model_extra
+
+
+@pytest.mark.parametrize(("extra", "words"), [({"prompt_logprobs": 2, "stream": True}, "not available when stream"),
+                                              ({"prompt_logprobs": -1}, "is not served here"),
+                                              ({"prompt_logprobs": 21}, "from 0 to 20")])
+def test_prompt_logprobs_refusals_name_the_field(sdk: openai.OpenAI, extra: dict, words: str) -> None:
+    stream = extra.pop("stream", False)
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.completions.create(model="tiny", prompt=WORDS, max_tokens=2, stream=stream, extra_body=extra)
+    assert words in str(err.value) and err.value.body["param"] == "prompt_logprobs"

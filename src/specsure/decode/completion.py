@@ -40,6 +40,8 @@ class TokenLogprob:
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
     """(token id, log-probability) of the ``SamplingParams.logprobs`` most likely tokens, best first."""
+    rank: int | None = None
+    """1 + how many tokens are more likely than this one there (vLLM's rank); None where not measured."""
 
 
 @dataclass(frozen=True)

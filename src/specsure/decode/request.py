@@ -351,10 +351,12 @@ def _scored(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[Token
     for start in range(0, len(tokens), SCORED_ROWS):  # a long prompt's float32 copy, a slice at a time
         part = list(tokens[start:start + SCORED_ROWS])
         logp = torch.log_softmax(logits[start:start + SCORED_ROWS].float(), dim=-1)  # [rows, vocab]
-        chosen = logp.gather(-1, torch.tensor(part, dtype=torch.long).unsqueeze(-1))[:, 0].tolist()
+        picked = logp.gather(-1, torch.tensor(part, dtype=torch.long).unsqueeze(-1))  # [rows, 1]
+        ranks = ((logp > picked).sum(dim=-1) + 1).tolist()
         values, index = logp.topk(top, dim=-1) if top else (logp[:, :0], logp[:, :0].long())
-        out += [TokenLogprob(int(token), float(value), tuple(zip(top_index, top_values)))
-                for token, value, top_values, top_index in zip(part, chosen, values.tolist(), index.tolist())]
+        out += [TokenLogprob(int(token), float(value), tuple(zip(top_index, top_values)), rank)
+                for token, value, top_values, top_index, rank
+                in zip(part, picked[:, 0].tolist(), values.tolist(), index.tolist(), ranks)]
     return out
 
 

@@ -171,7 +171,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         prompts = [await run_in_threadpool(_encode, engine, p, f"the {name}" if len(names) == 1 else name, "prompt",
                                            cut) for p, name in zip(req.prompts, names)]
         # A truncated prompt is echoed as what the model saw: its kept tokens, decoded.
-        echoes = [Echo(_prompt_text(engine, given if cut is None else ids, ids), ids)
+        echoes = [Echo(_prompt_text(engine, given if cut is None else ids, ids), ids, req.params.logprobs)
                   for given, ids in zip(req.prompts, prompts)] if req.echo else None
         return await answer(request, "completion", list(zip(prompts, names)), req.params, req.delivery, echoes,
                             req.prompt_only)
@@ -325,9 +325,12 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
             if thinking is not None:
                 thoughts = [reasoning if thinking.include else None for reasoning, _ in parts]
                 return JSONResponse(chat_body(completions, name, method, text, answers,
-                                              [content for _, content in parts], thoughts, counted))
-            return JSONResponse(chat_body(completions, name, method, text, answers))
-        return JSONResponse(completion_body(completions, name, method, text, delivery.n, each))
+                                              [content for _, content in parts], thoughts, counted,
+                                              prompt_top=delivery.prompt_logprobs))
+            return JSONResponse(chat_body(completions, name, method, text, answers,
+                                          prompt_top=delivery.prompt_logprobs))
+        return JSONResponse(completion_body(completions, name, method, text, delivery.n, each,
+                                            prompt_top=delivery.prompt_logprobs))
 
     def fits(req: ResponseRequest) -> Callable[[list[dict[str, Any]]], bool]:
         """Whether messages rendered leave the room a response needs in the context: its

@@ -38,8 +38,8 @@ SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop"
 """OpenAI's sampling fields and vLLM's extensions that specsure implements."""
 COMMON_FIELDS = ("model", *SAMPLING_FIELDS, "n", "stream", "stream_options", "user", "response_format",
                  "structured_outputs", "truncate_prompt_tokens")
-COMPLETION_FIELDS = ("prompt", "logprobs", "echo", *COMMON_FIELDS)
-CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+COMPLETION_FIELDS = ("prompt", "logprobs", "echo", "prompt_logprobs", *COMMON_FIELDS)
+CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", "prompt_logprobs", "tools", "tool_choice",
                "parallel_tool_calls", "chat_template_kwargs", "include_reasoning", "add_generation_prompt",
                "continue_final_message", "metadata", "safety_identifier", "prompt_cache_key", *COMMON_FIELDS)
 """``metadata``, ``safety_identifier`` and ``prompt_cache_key`` label a request for OpenAI's own
@@ -96,6 +96,9 @@ class Delivery:
     truncate_prompt_tokens: int | None = None
     """vLLM's ``truncate_prompt_tokens``: keep only the prompt's last this many tokens (-1: as many
     as leave room in the context to generate); None keeps it whole."""
+    prompt_logprobs: int | None = None
+    """vLLM's ``prompt_logprobs``: the response carries each prompt token's log-probability, rank and
+    this many most likely alternatives (``prompt_logprobs`` beside the choices); None: not asked."""
 
 
 @dataclass(frozen=True)
@@ -155,9 +158,12 @@ def parse_completion(body: Any, model_name: str) -> CompletionRequest:
     prompt_only = zero and echo is True
     params = _sampling({**body, "max_tokens": 1} if prompt_only else body, "max_tokens", COMPLETION_MAX_TOKENS,
                        logprobs)
-    if echo and logprobs is not None:  # the prompt's tokens get their log-probabilities too, as in vLLM
-        params = replace(params, prompt_logprobs=logprobs)
-    return CompletionRequest(prompts, params, _delivery(body, given), bool(echo), prompt_only)
+    delivery = _delivery(body, given)
+    echoed = logprobs if echo else None  # the prompt's tokens get their log-probabilities too, as in vLLM
+    scored = [n for n in (echoed, delivery.prompt_logprobs) if n is not None]
+    if scored:
+        params = replace(params, prompt_logprobs=max(scored))
+    return CompletionRequest(prompts, params, delivery, bool(echo), prompt_only)
 
 
 def parse_chat(body: Any, model_name: str, auto_tool_parser: str | None = None,
@@ -193,7 +199,10 @@ def parse_chat(body: Any, model_name: str, auto_tool_parser: str | None = None,
     if include is not None and not isinstance(include, bool):
         raise RequestError(f"include_reasoning = {shown(include)} must be true or false: whether the answer carries "
                            "the model's thinking (with a reasoning parser).", "include_reasoning")
-    return ChatRequest(messages, params, _delivery(body, field if body.get(field) is not None else None), tools,
+    delivery = _delivery(body, field if body.get(field) is not None else None)
+    if delivery.prompt_logprobs is not None:
+        params = replace(params, prompt_logprobs=delivery.prompt_logprobs)
+    return ChatRequest(messages, params, delivery, tools,
                        parse_template_kwargs(body.get("chat_template_kwargs")), include is not False,
                        *template_flags(body))
 
@@ -278,13 +287,14 @@ def _check_common(body: dict[str, Any], model_name: str) -> None:
 def _delivery(body: dict[str, Any], max_tokens_field: str | None) -> Delivery:
     stream, options = body.get("stream") is True, body.get("stream_options")
     n = body.get("n") or 1
+    scored = _prompt_logprobs(body.get("prompt_logprobs"), stream)
     truncate = body.get("truncate_prompt_tokens")
     if truncate is not None and (type(truncate) is not int or truncate == 0 or truncate < -1):
         raise RequestError(f"truncate_prompt_tokens = {shown(truncate)} must be an integer >= 1 (keep the prompt's last "
                            "that many tokens) or -1 (as many as leave room to generate); leave it out to keep the whole "
                            "prompt.", "truncate_prompt_tokens")
     if options is None:
-        return Delivery(stream, n, False, max_tokens_field, truncate_prompt_tokens=truncate)
+        return Delivery(stream, n, False, max_tokens_field, truncate_prompt_tokens=truncate, prompt_logprobs=scored)
     if not stream:
         raise RequestError("stream_options is only allowed with stream = true; remove stream_options, or send "
                            "stream = true.", "stream_options")
@@ -299,7 +309,23 @@ def _delivery(body: dict[str, Any], max_tokens_field: str | None) -> Delivery:
     usage, continuous = (flag(options, key, False, f"stream_options.{key}")
                          for key in ("include_usage", "continuous_usage_stats"))
     # vLLM's rule: per-chunk usage only together with the usage chunk.
-    return Delivery(stream, n, usage, max_tokens_field, usage and continuous, truncate)
+    return Delivery(stream, n, usage, max_tokens_field, usage and continuous, truncate, scored)
+
+
+def _prompt_logprobs(value: Any, stream: bool) -> int | None:
+    """vLLM's ``prompt_logprobs``: alternatives per prompt token, 0 to MAX_LOGPROBS; not with stream (vLLM's rule)."""
+    if value is None:
+        return None
+    if type(value) is not int or not (0 <= value <= MAX_LOGPROBS or value == -1):
+        raise RequestError(f"prompt_logprobs = {shown(value)} must be an integer from 0 to {MAX_LOGPROBS}: how many "
+                           "most likely alternatives to return with each prompt token.", "prompt_logprobs")
+    if value == -1:
+        raise RequestError(f"prompt_logprobs = -1 (the whole vocabulary at every prompt token) is not served here; "
+                           f"send at most {MAX_LOGPROBS}.", "prompt_logprobs")
+    if stream:  # vLLM accepts 0 there and returns nothing: refused, not dropped
+        raise RequestError("prompt_logprobs are not available when stream = true (as in vLLM); send stream = false, "
+                           "or leave prompt_logprobs out.", "prompt_logprobs")
+    return value
 
 
 def _sampling(body: dict[str, Any], max_field: str, default_max: int, logprobs: int | None) -> SamplingParams:

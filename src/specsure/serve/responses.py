@@ -15,7 +15,7 @@ import json
 import math
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, Sequence
 
 from specsure.decode.completion import Completion, TokenLogprob
@@ -123,12 +123,16 @@ class Echo:
     text: str | None
     """The prompt as the request gave it (token ids decoded); None without a tokenizer."""
     prompt: list[int]
+    top: int | None = None
+    """The alternatives the echoed logprobs show (the request's ``logprobs``); its prompt may be scored
+    with more, for ``prompt_logprobs``."""
 
 
 def echo_logprobs(echo: Echo, scored: Sequence[TokenLogprob | None], text: TokenText) -> dict[str, Any]:
     """The logprobs object of an echoed prompt: its first token's log-probability and alternatives
     are null (nothing precedes it), as OpenAI and vLLM give them."""
-    entries = [e if e is not None else TokenLogprob(t, math.nan) for t, e in zip(echo.prompt, scored)]
+    entries = [TokenLogprob(t, math.nan) if e is None else e if echo.top is None else replace(e, top=e.top[:echo.top])
+               for t, e in zip(echo.prompt, scored)]
     block = completion_logprobs(entries, text)
     for i, entry in enumerate(scored):
         if entry is None:
@@ -149,6 +153,27 @@ def _echoed(echo: Echo | None, completion: Completion, text: TokenText) -> tuple
     return joined, logprobs
 
 
+def prompt_logprobs(completion: Completion, text: TokenText, top: int) -> list[dict[str, Any] | None] | None:
+    """vLLM's ``prompt_logprobs``: null for the first prompt token (nothing precedes it), then for each
+    token {token id: {logprob, rank, decoded_token}}, the prompt's own token first, then its ``top``
+    most likely alternatives. A -inf log-probability is -9999.0, as vLLM clamps it (JSON has no -inf)."""
+    scored = completion.prompt_logprobs
+    if scored is None:
+        return None
+    entries = [e for e in scored[1:] if e is not None]
+    out: list[dict[str, Any] | None] = [None]
+    for entry, (shown, alternatives) in zip(entries, text(completion.prompt_token_ids[:1], entries)):
+        tokens = {str(entry.token_id): _ranked(entry.logprob, entry.rank, shown)}
+        for rank, ((token, value), name) in enumerate(zip(entry.top[:top], alternatives), start=1):
+            tokens.setdefault(str(token), _ranked(value, rank, name))
+        out.append(tokens)
+    return out
+
+
+def _ranked(logprob: float, rank: int | None, shown: str) -> dict[str, Any]:
+    return {"logprob": max(logprob, -9999.0), "rank": rank, "decoded_token": shown}
+
+
 def chat_logprobs(entries: Sequence[TokenLogprob], text: TokenText, before: Sequence[int] = ()) -> dict[str, Any]:
     """The chat endpoint's logprobs object: one entry per token, its alternatives best first."""
     def one(shown: str, token_id: int, value: float) -> dict[str, Any]:
@@ -161,15 +186,20 @@ def chat_logprobs(entries: Sequence[TokenLogprob], text: TokenText, before: Sequ
 
 
 def completion_body(completions: Sequence[Completion], model_name: str, method: str | None,
-                    text: TokenText, n: int = 1, echoes: Sequence[Echo | None] | None = None) -> dict[str, Any]:
+                    text: TokenText, n: int = 1, echoes: Sequence[Echo | None] | None = None,
+                    prompt_top: int | None = None) -> dict[str, Any]:
     """OpenAI's text_completion object, plus ``token_ids`` (the output's) per choice and ``speculative``;
     ``n`` choices a prompt, prompt after prompt (choice j of prompt i has index i * n + j, as in
-    vLLM), each after its prompt where ``echoes`` gives one."""
+    vLLM), each after its prompt where ``echoes`` gives one; each with its prompt's ``prompt_logprobs``
+    (``prompt_top`` alternatives) where the request asked for them, as vLLM's choices carry them."""
     choices = []
     for i, c in enumerate(completions):
         shown, logprobs = _echoed(echoes[i] if echoes else None, c, text)
-        choices.append({"index": i, "text": shown, "token_ids": c.token_ids, "logprobs": logprobs,
-                        "finish_reason": c.finish_reason})
+        choice = {"index": i, "text": shown, "token_ids": c.token_ids, "logprobs": logprobs,
+                  "finish_reason": c.finish_reason}
+        if prompt_top is not None:
+            choice["prompt_logprobs"] = prompt_logprobs(c, text, prompt_top)
+        choices.append(choice)
     return _body("cmpl", "text_completion", choices, completions, model_name, method, n)
 
 
@@ -177,7 +207,7 @@ def chat_body(completions: Sequence[Completion], model_name: str, method: str | 
               text: TokenText, answers: Sequence[Answer] | None = None,
               contents: Sequence[str | None] | None = None,
               reasoning: Sequence[str | None] | None = None,
-              thinking: ReasoningCount | None = None) -> dict[str, Any]:
+              thinking: ReasoningCount | None = None, prompt_top: int | None = None) -> dict[str, Any]:
     """OpenAI's chat.completion object, plus ``speculative``; ``answers``: each choice's content and
     tool calls when the request offered tools; ``contents`` and ``reasoning``: each choice's answer
     and thinking, under a reasoning parser (the message then carries ``reasoning``, as vLLM's)."""
@@ -194,7 +224,10 @@ def chat_body(completions: Sequence[Completion], model_name: str, method: str | 
                         "logprobs": None if c.logprobs is None else chat_logprobs(c.logprobs, text),
                         "finish_reason": finish})
     # One prompt for every choice: usage counts it once, as the streamed answer does.
-    return _body("chatcmpl", "chat.completion", choices, completions, model_name, method, len(completions), thinking)
+    body = _body("chatcmpl", "chat.completion", choices, completions, model_name, method, len(completions), thinking)
+    if prompt_top is not None:  # beside the choices, as vLLM's: the choices share their prompt
+        body["prompt_logprobs"] = prompt_logprobs(completions[0], text, prompt_top)
+    return body
 
 
 def _body(prefix: str, kind: str, choices: list[dict[str, Any]], completions: Sequence[Completion],
