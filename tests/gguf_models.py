@@ -132,3 +132,54 @@ def quantised(name: str, rows: int, cols: int, seed: int = 0, array: np.ndarray 
         scale = rng.uniform(2e-4, 2e-3, (rows, cols // block)) * rng.choice([-1, 1], (rows, cols // block))
         raw[..., at:at + 2] = scale.astype(np.float16).view(np.uint8).reshape(rows, cols // block, 2)
     return raw.reshape(rows, -1)
+
+
+def write_gemma2(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]:
+    """A tiny random Gemma 2 (head_dim 16, so its attention scale is not transformers' default of 256)
+    with a byte-level BPE tokenizer, and the same weights as a GGUF file in llama.cpp's layout (its
+    norm weights stored with the 1 that Gemma's norm adds, as convert_hf_to_gguf writes them)."""
+    import gguf
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+                          sliding_window=4, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    model = Gemma2ForCausalLM(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0.0, 0.2)
+    model.save_pretrained(folder)
+    byte_bpe_tokenizer(folder, vocab)
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    writer = gguf.GGUFWriter(str(out), "gemma2")
+    for key, value in (("context_length", 256), ("embedding_length", 64), ("feed_forward_length", 128),
+                       ("block_count", 2), ("attention.head_count", 4), ("attention.head_count_kv", 2),
+                       ("attention.key_length", 16), ("attention.value_length", 16), ("attention.sliding_window", 4)):
+        writer.add_uint32(f"gemma2.{key}", value)
+    writer.add_float32("gemma2.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
+    writer.add_float32("gemma2.attn_logit_softcapping", config.attn_logit_softcapping)
+    writer.add_float32("gemma2.final_logit_softcapping", config.final_logit_softcapping)
+    vocab_ids = {**tokenizer["model"]["vocab"], **{a["content"]: a["id"] for a in tokenizer["added_tokens"]}}
+    tokens = sorted(vocab_ids, key=vocab_ids.get)
+    special = {a["content"] for a in tokenizer["added_tokens"]}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA2, 2)
+    for name, array in load_file(str(folder / "model.safetensors")).items():
+        array = array.astype(np.float32)
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)), array + 1 if name.endswith("norm.weight")
+                          else array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return folder, out

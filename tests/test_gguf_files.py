@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from gguf_models import byte_bpe_tokenizer, write_llama_gguf
+from gguf_models import byte_bpe_tokenizer, write_gemma2, write_llama_gguf
 from specsure.models.errors import ModelLoadError
 from specsure.models.loading import load_model
 from tiny import build_tiny_llama
@@ -314,3 +314,20 @@ def test_an_eos_id_outside_the_vocabulary_is_ignored_with_a_warning(hf: Path, tm
         model = load_model(str(folder), dtype="float32")
     assert 10**6 not in model.eos_token_ids and 3 in model.eos_token_ids
     assert any("ignoring eos_token_id 1000000" in r.message and f"[0, {VOCAB})" in r.message for r in caplog.records)
+
+
+def test_a_gemma2_gguf_scales_attention_as_llama_cpp_does(tmp_path: Path) -> None:
+    """The file has no key for query_pre_attn_scalar: llama.cpp takes head_dim (16 here), where transformers'
+    reader leaves its default, 256, and decoded other tokens than llama.cpp without a word."""
+    from transformers import AutoModelForCausalLM
+
+    folder, gguf = write_gemma2(tmp_path / "gemma2", tmp_path / "gemma2.gguf")
+    loaded = load_model(str(gguf), "float32")
+    assert loaded.lm.hf.config.query_pre_attn_scalar == 16
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)  # scalar 16, as llama.cpp
+    prompt = [5, 70, 71, 72, 80, 81, 90, 91, 92, 100, 5, 70]  # token ids: the file's tokenizer is not the point
+    expected = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt):].tolist()
+    from specsure import SamplingParams, make_engine
+
+    got = make_engine(str(gguf), None, dtype="float32").generate(prompt, SamplingParams(max_tokens=8, ignore_eos=True))
+    assert got[0].token_ids == expected

@@ -17,7 +17,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Final, Iterator
 
 import numpy
 import torch
@@ -66,11 +66,13 @@ def default_model_folder() -> Path:
     return convert_gguf(gguf, cache_root() / f"{stem}-{DEFAULT_DISTRIBUTION}-{version}")
 
 
-CONVERSION = 3
+CONVERSION = 4
 """The conversion's own version, in the cache key: 2 adds rope scaling and end-of-turn tokens, 3 drops
-the tokens transformers invents past the file's vocabulary, so a file converted before is converted
-again (and its older conversions removed). The default model's folder is named by its package's
+the tokens transformers invents past the file's vocabulary, 4 sets Gemma 2 and 3's query_pre_attn_scalar
+as llama.cpp computes it, so a file converted before is converted again (and its older conversions removed). The default model's folder is named by its package's
 version instead, so it is not."""
+GEMMA_27B_LAYERS: Final[dict[str, int]] = {"gemma2": 46, "gemma3_text": 62, "gemma3": 62}
+"""The layer count by which llama.cpp tells a 27B Gemma, whose attention scale it takes from hidden / heads."""
 FINGERPRINT_TAIL = 1 << 20
 """Bytes read past the header, and at the end of the file, for a conversion's fingerprint of its source."""
 
@@ -314,6 +316,12 @@ def _add_what_transformers_leaves_out(gguf: Path, model: Any) -> None:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         if (scaled := gguf_rope_parameters(gguf, rope, head_dim)) is not None:
             config.rope_parameters = scaled
+    if (layers_27b := GEMMA_27B_LAYERS.get(config.model_type)) is not None:
+        # The file has no key for it: llama.cpp takes 1/sqrt(head_dim), or, at the 27B's layer count,
+        # 1/sqrt(hidden / heads); transformers' default (256) is right only where head_dim is 256.
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads \
+            if config.num_hidden_layers == layers_27b else head_dim
     metadata = read_gguf_metadata(str(gguf))
     ends = [metadata.get(f"tokenizer.ggml.{kind}_token_id") for kind in ("eos", "eot", "eom")]
     ids = list(dict.fromkeys(i for i in ends if isinstance(i, int) and not isinstance(i, bool)
