@@ -139,20 +139,15 @@ def write_gemma2(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]
     with a byte-level BPE tokenizer, and the same weights as a GGUF file in llama.cpp's layout (its
     norm weights stored with the 1 that Gemma's norm adds, as convert_hf_to_gguf writes them)."""
     import gguf
-    import torch
     from safetensors.numpy import load_file
     from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from tiny import random_model
 
     config = Gemma2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
                           sliding_window=4, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    torch.manual_seed(0)
-    model = Gemma2ForCausalLM(config)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                parameter.normal_(0.0, 0.2)
-    model.save_pretrained(folder)
+    random_model(Gemma2ForCausalLM, config).save_pretrained(folder)
     byte_bpe_tokenizer(folder, vocab)
     tokenizer = json.loads((folder / "tokenizer.json").read_text())
     writer = gguf.GGUFWriter(str(out), "gemma2")

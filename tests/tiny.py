@@ -49,15 +49,19 @@ def build_tiny_llama(
     fields.update(extra_config or {})
     config = LlamaConfig(**fields)
     config.architectures = ["LlamaForCausalLM"]
+    random_model(LlamaForCausalLM, config, seed).save_pretrained(folder)
+    return folder
+
+
+def random_model(model_class: Any, config: Any, seed: int = 0) -> Any:
+    """``model_class(config)`` with seeded weights of std 0.2: the default init (std 0.02) gives
+    near-uniform logits, where argmax ties make greedy-equality tests meaningless."""
     # Fork the RNG so building a fixture never disturbs a test's own seeded randomness.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-        # The default init (std 0.02) gives near-uniform logits, where argmax ties make
-        # greedy-equality tests meaningless; a larger scale gives peaked, distinct logits.
+        model = model_class(config)
         with torch.no_grad():
             for param in model.parameters():
                 if param.dim() > 1:
                     param.normal_(0.0, 0.2)
-    model.save_pretrained(folder)
-    return folder
+    return model
