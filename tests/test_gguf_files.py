@@ -331,3 +331,12 @@ def test_a_gemma2_gguf_scales_attention_as_llama_cpp_does(tmp_path: Path) -> Non
 
     got = make_engine(str(gguf), None, dtype="float32").generate(prompt, SamplingParams(max_tokens=8, ignore_eos=True))
     assert got[0].token_ids == expected
+
+
+def test_a_cache_that_cannot_be_written_is_named_with_the_fix(hf: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    gguf = write_llama_gguf(hf, tmp_path / "tiny.gguf")
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))
+    with pytest.raises(ModelLoadError, match=r"cannot be written \(Not a directory.*set XDG_CACHE_HOME to a folder"):
+        load_model(str(gguf), "float32")

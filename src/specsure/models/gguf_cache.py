@@ -154,9 +154,14 @@ def convert_gguf(gguf: Path, dest: Path) -> Path:
         logger.warning("%s was rewritten in place since its conversion in %s (the same size, mtime and inode, "
                        "other contents); converting it again", gguf, dest)
         stale = True
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(dest)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp-", dir=dest.parent))
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temps(dest)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{dest.name}.tmp-", dir=dest.parent))
+    except OSError as exc:
+        raise ModelLoadError(f"{gguf} is converted once into the cache, and {dest.parent} cannot be written "
+                             f"({exc.strerror}: {exc.filename or dest.parent}); set XDG_CACHE_HOME to a folder "
+                             "you can write (the conversion goes into its specsure/ folder).") from None
     started = time.perf_counter()
     logger.info("converting %s to safetensors in %s (once; later loads reuse it)", gguf, dest)
     try:
