@@ -97,3 +97,22 @@ def test_fusion_matches_transformers_layout_and_refuses_gaps():
     del parts["block.mlp.experts.1.up_proj.weight"]
     with pytest.raises(ConfigError, match="experts under 'block.mlp.experts' are incomplete"):
         fuse_experts(parts, expected, "ckpt")
+
+
+def test_a_config_transformers_cannot_run_over_a_cache_is_refused_at_load(tmp_path: Path) -> None:
+    """Fewer kv heads than heads: transformers' DeepSeek-V3 attention decodes one token over its cache,
+    but fails on two (a verify step, a prompt in parts), so the load check feeds two."""
+    from specsure.models import ModelLoadError, load_model
+    from tiny import random_model
+
+    # v_head_dim = qk_nope + qk_rope: one forward without a cache runs; over a cache two rows fail.
+    sizes = {"num_key_value_heads": 2, "v_head_dim": 16, "num_nextn_predict_layers": 0}
+    folder = tmp_path / "dsv3-kv2"
+    random_model(DeepseekV3ForCausalLM, DeepseekV3Config(**{**CONFIG, **sizes})).save_pretrained(folder)
+    with pytest.raises(ModelLoadError, match="a decode or verify step with specsure's KV cache fails") as err:
+        load_model(str(folder), "float32")
+    assert "RuntimeError" in str(err.value)
+    broken = tmp_path / "dsv3-kv2-v8"  # v_head_dim 8: not even one forward without a cache runs
+    random_model(DeepseekV3ForCausalLM, DeepseekV3Config(**{**CONFIG, "num_key_value_heads": 2})).save_pretrained(broken)
+    with pytest.raises(ModelLoadError, match="its own forward fails on 4 tokens"):
+        load_model(str(broken), "float32")

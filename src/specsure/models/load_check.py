@@ -28,21 +28,24 @@ def check_cache(lm: CausalLM) -> None:
     convolutional or linear-attention layers: Mamba, RWKV, hybrids). Its steps after the first would
     fail, or run without that state and decode from the wrong distribution without a word.
 
-    The last of a few tokens, fed one step after the others, must give the logits it gets when all
-    of them run together.
+    A few tokens fed in steps over the cache (one, then two rows at once, as a verify step or a
+    prompt prefilled in parts feeds them, then one) must give the logits they get when all of them
+    run together.
     """
     ids = (torch.arange(1, _CHECK_TOKENS + 1) * (lm.vocab_size - 1) // (_CHECK_TOKENS + 1)).tolist()
     name = f"{type(lm.hf).__name__} (model_type {lm.config.model_type!r})"
     try:
-        whole = lm.forward(ids).logits[-1]
+        whole = lm.forward(ids).logits[1:]
         lm.reset()
-        lm.forward(ids[:-1], last_logits=1)
-        stepped = lm.forward(ids[-1:]).logits[-1]
+        lm.forward(ids[:1], last_logits=1)
+        stepped = torch.cat([lm.forward(ids[1:3]).logits, lm.forward(ids[3:]).logits])
     except Exception as exc:  # whatever the architecture's own code raises: the reason goes in the message
         raise ModelLoadError(
-            f"{name}: a decode step with specsure's KV cache fails ({type(exc).__name__}: {exc}). specsure runs "
-            "models whose layers are all attention layers with a key/value cache; recurrent, convolutional "
-            "or linear-attention layers (Mamba, RWKV, hybrids) keep a state it cannot roll back."
+            f"{name}: a decode or verify step with specsure's KV cache fails ({type(exc).__name__}: {exc}). "
+            "specsure runs models whose layers are all attention layers with a key/value cache, fed one or "
+            "several new tokens at a time; recurrent, convolutional or linear-attention layers (Mamba, RWKV, "
+            "hybrids) keep a state it cannot roll back, and a configuration the architecture's own code cannot "
+            "run over a cache (a DeepSeek-V3 with fewer kv heads than heads) fails there too."
         ) from None
     finally:  # a new cache: the check leaves no layer buffers behind, as if it never ran
         lm.drop_cache()
@@ -72,6 +75,12 @@ def check_logits(lm: CausalLM) -> None:
     hook = lm.hf.base_model.register_forward_hook(lambda _module, _args, out: base_outputs.append(out))
     try:
         expected = lm.hf(input_ids=ids, use_cache=False).logits[0].float()  # [n, vocab']
+    except Exception as exc:  # the architecture's own code on its own config: the reason goes in the message
+        raise ModelLoadError(
+            f"{type(lm.hf).__name__} (model_type {lm.config.model_type!r}): its own forward fails on "
+            f"{_CHECK_TOKENS} tokens ({type(exc).__name__}: {exc}), so transformers cannot run this configuration "
+            "either; check config.json's sizes (head counts, head dimensions) against the weights."
+        ) from None
     finally:
         hook.remove()
     base_out = base_outputs[0] if base_outputs else lm.hf.base_model(input_ids=ids, use_cache=False)
