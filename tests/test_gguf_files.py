@@ -253,34 +253,55 @@ def test_a_tokenizer_asking_for_its_own_code_is_refused_without_running_it(hf: P
     assert not marker.exists()
 
 
-def test_a_draft_of_the_targets_size_with_another_tokenizer_is_a_warning(hf: Path, tmp_path: Path) -> None:
-    from specsure.config.errors import ConfigConflictError
+def test_a_draft_of_the_targets_size_with_another_tokenizer_is_an_error(hf: Path, tmp_path: Path) -> None:
+    """One size, other ordinary tokens: every draft would mean other text. Named with both paths, before any
+    weight loads, and again on the loaded tokenizers."""
+    from specsure import make_engine
+    from specsure.config.errors import ConfigError
     from specsure.config.resolution import resolve
 
     draft = _folder_with(hf, tmp_path)
     write_word_tokenizer(draft, VOCAB)
     res = resolve({"method": "draft_model", "model": str(draft)}, str(hf))
-    assert any("has the target's vocab_size, but their tokenizer.json files differ" in w for w in res.warnings)
+    with pytest.raises(ConfigError, match="tokenizer.json files differ") as err:
+        res.check_runnable()
+    assert repr(str(draft)) in str(err.value) and repr(str(hf)) in str(err.value) and "'ngram'" in str(err.value)
+    with pytest.raises(ConfigError, match="its drafts would be token ids that mean other text"):
+        make_engine(str(hf), {"method": "draft_model", "model": str(draft)}, dtype="float32")
+    same = resolve({"method": "draft_model", "model": str(hf)}, str(hf))
+    assert not same.warnings
+    same.check_runnable()
+
+
+def test_a_draft_whose_special_tokens_alone_differ_is_a_warning(hf: Path, tmp_path: Path) -> None:
+    """Models of one family name their reserved special tokens differently: a warning, and strict refuses it."""
+    from specsure.config.errors import ConfigConflictError
+    from specsure.config.resolution import resolve
+
+    draft = Path(shutil.copytree(hf, tmp_path / "renamed-special"))
+    tokenizer = json.loads((draft / "tokenizer.json").read_text())
+    tokenizer["added_tokens"][0]["content"] = "<|reserved_0|>"
+    (draft / "tokenizer.json").write_text(json.dumps(tokenizer))
+    res = resolve({"method": "draft_model", "model": str(draft)}, str(hf))
+    res.check_runnable()
+    assert any("vocab_size and ordinary tokens, but their tokenizer.json files differ" in w for w in res.warnings)
     with pytest.raises(ConfigConflictError, match="tokenizer.json files differ"):
         resolve({"method": "draft_model", "model": str(draft)}, str(hf), strict=True)
-    assert not resolve({"method": "draft_model", "model": str(hf)}, str(hf)).warnings
 
 
-def test_a_gguf_draft_of_the_targets_size_with_another_tokenizer_is_a_warning(hf: Path, tmp_path: Path) -> None:
+def test_a_gguf_draft_of_the_targets_size_with_another_tokenizer_is_an_error(hf: Path, tmp_path: Path) -> None:
     """GGUF files carry their token lists: two of one size that spell tokens differently are compared too."""
-    from specsure.config.errors import ConfigConflictError
+    from specsure.config.errors import ConfigError
     from specsure.config.resolution import resolve
 
     target = write_llama_gguf(hf, tmp_path / "target.gguf")
     other = _folder_with(hf, tmp_path)
     write_word_tokenizer(other, VOCAB)
     draft = write_llama_gguf(other, tmp_path / "draft.gguf", merges=False)
-    res = resolve({"method": "draft_model", "model": str(draft)}, str(target))
-    assert any("has the target's vocab_size, but their GGUF token lists differ (token" in w for w in res.warnings)
-    with pytest.raises(ConfigConflictError, match="GGUF token lists differ"):
-        resolve({"method": "draft_model", "model": str(draft)}, str(target), strict=True)
+    with pytest.raises(ConfigError, match="GGUF token lists differ"):
+        resolve({"method": "draft_model", "model": str(draft)}, str(target)).check_runnable()
     same = write_llama_gguf(hf, tmp_path / "same.gguf")
-    assert not resolve({"method": "draft_model", "model": str(same)}, str(target)).warnings
+    resolve({"method": "draft_model", "model": str(same)}, str(target)).check_runnable()
 
 
 def test_a_per_layer_intermediate_size_is_a_size_not_an_error(hf: Path, tmp_path: Path) -> None:

@@ -266,7 +266,16 @@ def check_same_vocab(target_vocab: int | None, draft_vocab: int | None, *, targe
     resolve time and again on the loaded models, whose vocabulary and tokenizers are known even
     when config.json nests them or the draft is a GGUF file.
     """
-    if target_vocab is None or draft_vocab is None or target_vocab == draft_vocab:
+    if target_vocab is None or draft_vocab is None:
+        return
+    if target_vocab == draft_vocab:
+        shared = tokenizers() if tokenizers is not None else SharedTokenizer(None, "")
+        if shared.differs and shared.ordinary:  # one size, other tokens: every draft would mean other text
+            raise ConfigError(
+                f"draft_model needs the target's vocabulary, and the draft {draft!r} has the target's ({target!r}) "
+                f"vocab_size={target_vocab}{draft_where}, but {shared.why}: its drafts would be token ids that mean "
+                "other text, so none would be accepted. Use a draft made with the target's tokenizer, or method "
+                "'ngram' or 'suffix'.")
         return
     shared = tokenizers() if tokenizers is not None else SharedTokenizer(None, "there is no tokenizer to compare")
     if shared.size is not None and shared.size <= min(target_vocab, draft_vocab):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Collection, Mapping
 
 from specsure.config.gguf_header import GGUFHeaderError, read_gguf_tokens
 
@@ -34,6 +34,9 @@ class SharedTokenizer:
     """How it was decided, for a message: what matched, or what differed or was missing."""
     differs: bool = False
     """True when both were read and map some token to other ids (not merely unknown)."""
+    ordinary: bool = True
+    """With ``differs``: whether an ordinary token differs, not only tokens added to the vocabulary
+    (special and chat tokens, which models of one family name differently in their reserved slots)."""
 
 
 def compare_checkpoints(target: "CheckpointInfo", draft: "CheckpointInfo") -> SharedTokenizer:
@@ -63,34 +66,37 @@ def compare_gguf_files(target: str, draft: str) -> SharedTokenizer:
 
 def compare_folders(target: str, draft: str) -> SharedTokenizer:
     """Compare the tokenizer.json files in two checkpoint folders (a GGUF file has none here)."""
-    found = []
+    found, added = [], set()
     for role, folder in (("target", target), ("draft", draft)):
         path = Path(folder).expanduser() / TOKENIZER_FILE
         if not path.is_file():
             return SharedTokenizer(None, f"the {role} has no {TOKENIZER_FILE} to compare")
-        vocab = _read_vocab(path)
-        if vocab is None:
+        read = _read_vocab(path)
+        if read is None:
             return SharedTokenizer(None, f"the {role}'s {path} is not a tokenizer.json that lists its vocabulary")
-        found.append(vocab)
-    return compare_vocabs(found[0], found[1], f"their {TOKENIZER_FILE} files")
+        found.append(read[0])
+        added |= read[1]
+    return compare_vocabs(found[0], found[1], f"their {TOKENIZER_FILE} files", added)
 
 
-def compare_vocabs(target: Mapping[str, int], draft: Mapping[str, int], what: str) -> SharedTokenizer:
-    """Compare two token -> id maps (the loaded tokenizers' ``get_vocab()``, or tokenizer.json's)."""
+def compare_vocabs(target: Mapping[str, int], draft: Mapping[str, int], what: str,
+                   added: Collection[str] = ()) -> SharedTokenizer:
+    """Compare two token -> id maps (the loaded tokenizers' ``get_vocab()``, or tokenizer.json's);
+    ``added``: the tokens either adds to its model's vocabulary, whose differences are not ordinary."""
     if target != draft:
-        token = next((t for t in target if draft.get(t) != target[t]), None)
-        if token is None:
-            token = next(t for t in draft if t not in target)
+        differing = [t for t in target if draft.get(t) != target[t]] + [t for t in draft if t not in target]
+        ordinary = [t for t in differing if t not in added]
+        token = (ordinary or differing)[0]
         ids = [f"id {m[token]}" if token in m else "absent" for m in (target, draft)]
         return SharedTokenizer(None, f"{what} differ (token {token!r}: {ids[0]} in the target's, {ids[1]} in "
-                                     "the draft's)", differs=True)
+                                     "the draft's)", differs=True, ordinary=bool(ordinary))
     size = max(target.values(), default=-1) + 1
     return SharedTokenizer(size, f"{what} are the same ({len(target)} tokens, ids below {size})")
 
 
-def _read_vocab(path: Path) -> dict[str, int] | None:
-    """token -> id: the model's vocabulary (a map for BPE and WordPiece, a list of (piece, score) for
-    Unigram) and the added tokens; None for a file that does not hold one."""
+def _read_vocab(path: Path) -> tuple[dict[str, int], set[str]] | None:
+    """(token -> id: the model's vocabulary (a map for BPE and WordPiece, a list of (piece, score) for
+    Unigram) and the added tokens; the added tokens' texts), or None for a file that does not hold one."""
     try:
         data: Any = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
@@ -103,20 +109,23 @@ def _read_vocab(path: Path) -> dict[str, int] | None:
         out = {str(item[0]): i for i, item in enumerate(vocab) if isinstance(item, list) and item}
     else:
         return None
+    added_texts = set()
     for added in data.get("added_tokens") or ():
         if isinstance(added, dict) and isinstance(added.get("id"), int) and isinstance(added.get("content"), str):
             out[added["content"]] = added["id"]
-    return out
+            added_texts.add(added["content"])
+    return out, added_texts
 
 
 def other_tokenizer(target: "CheckpointInfo", draft: "CheckpointInfo | None") -> str:
-    """A warning for a draft whose tokenizer.json maps tokens to other ids than the target's though the
-    vocabulary sizes agree: it runs (the output is the target's), but its drafts mean other tokens."""
+    """A warning for a draft whose tokenizer.json gives some of its added (special) tokens other ids
+    than the target's though the vocabulary sizes agree: it runs (the output is the target's), and drafts
+    of those tokens are not accepted. Ordinary tokens that differ are check_runnable's error."""
     if draft is None or target.vocab_size != draft.vocab_size:
         return ""  # other sizes are check_runnable's, with the same comparison
     found = compare_checkpoints(target, draft)
-    if not found.differs:
+    if not found.differs or found.ordinary:
         return ""
-    return (f"the draft {draft.path!r} has the target's vocab_size, but {found.why}: it drafts token ids that mean "
-            "other text, so few drafts will be accepted (the output stays the target's). Use a draft made with the "
-            "target's tokenizer.")
+    return (f"the draft {draft.path!r} has the target's ({target.path!r}) vocab_size and ordinary tokens, but "
+            f"{found.why}: drafts of such special tokens mean other ones, and are not accepted (the output stays "
+            "the target's).")
