@@ -497,6 +497,9 @@ def _items(body: dict[str, Any]) -> list[tuple[Any, ...]]:
     # Text, a call, more text, another call: one message (its text joined, as in the whole answer), two calls.
     {"input": "W?", "tools": [WEATHER], "max_output_tokens": 300, "structured_outputs": {"regex": HERMES + (
         '\\nAnd\\.\\n<tool_call>\\{"name": "get_weather", "arguments": \\{"city": "Rome"\\}\\}</tool_call>')}},
+    # A call, then text: the message comes first all the same, as in the whole answer.
+    {"input": "W?", "tools": [WEATHER], "max_output_tokens": 300, "structured_outputs": {"regex": HERMES.removeprefix(
+        "Sure\\.\\n") + "\\nDone\\."}},
     # Cut by max_output_tokens: only the last item is incomplete.
     {"input": "W?", "tools": [WEATHER], "max_output_tokens": 40, "structured_outputs": {"regex": HERMES}},
     {"input": "Hello", "max_output_tokens": 6, "include": ["message.output_text.logprobs"], "top_logprobs": 1,
@@ -506,9 +509,17 @@ def test_streamed_and_whole_responses_hold_the_same_items(url: str, body: dict[s
     whole = httpx.post(f"{url}/v1/responses", json=body, timeout=60).json()
     said = events(url, body)
     assert _items(said[-1][1]["response"]) == _items(whole)
+    open_item = None
     for kind, data in said:
         if kind == "response.output_item.added":  # the parts come with their own events, as OpenAI sends them
             assert data["item"].get("content", []) == [] and data["item"]["status"] == "in_progress"
+            assert open_item is None, "one item open at a time: each closes before the next is added"
+            open_item = data["output_index"]
+        elif kind == "response.output_item.done":
+            assert data["output_index"] == open_item
+            open_item = None
+        elif "output_index" in data:
+            assert data["output_index"] == open_item, kind
     texts = [c for _, _, _, parts in _items(whole) for c, _ in parts]
     assert len(texts) <= 1  # one message at most
 

@@ -134,8 +134,10 @@ class ResponseEvents:
     """The events of one streamed response, fed as ``EventStream`` feeds a ``ChunkWriter``: text, or
     the chat deltas (reasoning, content, tool calls) a parser split it into, step by step.
 
-    The items come in the order the whole object has them: the thinking, then one message that
-    stays open to the end (text after a call joins it, as in the whole answer), then the calls.
+    The items come in the order the whole object has them, one open at a time (OpenAI's contract):
+    the thinking, then one message that stays open to the end (text after a call joins it, as in the
+    whole answer), then the calls, each whole once the message has closed: a call parsed while the
+    message may still grow is held until then.
     ``thought``: how many of the output's first tokens are thinking (its closing tag included), for
     the message's logprobs and the usage; ``stored``: called with the final object, to keep it.
     """
@@ -149,8 +151,8 @@ class ResponseEvents:
         self._open: dict[int, str] = {}
         """Output index -> kind (reasoning, message, call) of each item still streaming."""
         self._message: int | None = None
-        self._calls: dict[int, int] = {}
-        """A chat delta's call index -> its item's output index."""
+        self._calls: dict[int, dict[str, Any]] = {}
+        """A chat delta's call index -> its item, held until the message has closed."""
         self._ids: list[int] = []  # the output so far, and its logprob entries
         self._entries: list[TokenLogprob] = []
         self._shown = 0  # entries already given to the message
@@ -180,13 +182,27 @@ class ResponseEvents:
                logprobs: list[TokenLogprob] | None = None, pieces: list[dict[str, Any]] | None = None,
                finish_reason: str | None = None) -> bytes:
         out = self.delta(index, text, token_ids, logprobs, pieces)
-        if not self._items:  # nothing was said: the answer is still an (empty) message, as unstreamed
+        if self._message is not None and (shown := self._message_logprobs()):
+            # Tokens whose text is empty (the end-of-sequence token) carry logprobs all the same, as unstreamed.
+            self._items[self._message]["content"][0]["logprobs"] += shown
+            out += self._event("response.output_text.delta", **self._at(self._message), content_index=0, delta="",
+                               logprobs=shown)
+        if not self._items and not self._calls:  # nothing was said: still an (empty) message, as unstreamed
             out += self._add(message_item("", [] if self._logprobs else None, "in_progress"), "message")
             self._message = len(self._items) - 1
             out += self._part("added", self._message, self._items[-1]["content"][0])
         status = finished_status(completion)
+        calls = [self._calls[i] for i in sorted(self._calls)]
         for at in sorted(self._open):  # only the last item was cut
-            out += self._close(at, status if at == len(self._items) - 1 else "completed")
+            out += self._close(at, status if at == len(self._items) - 1 and not calls else "completed")
+        for number, call in enumerate(calls, start=1):
+            arguments, call["arguments"] = call["arguments"], ""
+            out += self._add(call, "call")
+            at = len(self._items) - 1
+            if arguments:
+                call["arguments"] = arguments
+                out += self._event("response.function_call_arguments.delta", **self._at(at), delta=arguments)
+            out += self._close(at, status if number == len(calls) else "completed")
         return out
 
     def end(self, completions: Sequence[Completion]) -> bytes:
@@ -203,7 +219,9 @@ class ResponseEvents:
         error = body["error"]
         out = self._event("error", code=error.get("code") or error.get("type"), message=error["message"],
                           param=error.get("param"))
-        failed = self._head.body("failed", self._items, error={"code": "server_error", "message": error["message"]})
+        held = [{**call, "status": "incomplete"} for _, call in sorted(self._calls.items())]
+        failed = self._head.body("failed", self._items + held, error={"code": "server_error",
+                                                                       "message": error["message"]})
         return out + self._event("response.failed", response=failed)
 
     def _reasoning(self, text: str) -> bytes:
@@ -243,15 +261,11 @@ class ResponseEvents:
         return text_logprobs(self._entries[start:], self._text, self._ids[:start])
 
     def _call(self, delta: dict[str, Any]) -> bytes:
-        function, out = delta.get("function") or {}, self._close_reasoning()
+        function = delta.get("function") or {}
         if delta["index"] not in self._calls:
-            out += self._add(call_item(ToolCall(function["name"], "", delta["id"]), "in_progress"), "call")
-            self._calls[delta["index"]] = len(self._items) - 1
-        at, arguments = self._calls[delta["index"]], function.get("arguments") or ""
-        if not arguments:
-            return out
-        self._items[at]["arguments"] += arguments
-        return out + self._event("response.function_call_arguments.delta", **self._at(at), delta=arguments)
+            self._calls[delta["index"]] = call_item(ToolCall(function["name"], "", delta["id"]), "in_progress")
+        self._calls[delta["index"]]["arguments"] += function.get("arguments") or ""
+        return self._close_reasoning()
 
     def _add(self, item: dict[str, Any], kind: str) -> bytes:
         self._items.append(item)
