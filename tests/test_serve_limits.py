@@ -98,10 +98,21 @@ def test_request_timeout_stops_a_long_generation_with_a_504(engine: Engine, monk
         assert r.status_code == 504 and r.headers["x-should-retry"] == "false"
         error = r.json()["error"]
         assert error["code"] == "request_timeout" and "--request-timeout of 1.5 s" in error["message"]
+        assert "its generation was stopped; ask for fewer tokens (max_tokens)" in error["message"]
         assert trace.wait_for("closed", 400)[2] < 25  # 400 tokens need 80 steps or more
         assert httpx.post(f"{url}/v1/completions", json=SHORT, timeout=30).status_code == 200
         text = httpx.get(f"{url}/metrics").text
         assert metric(text, "vllm:request_success_total", finished_reason="abort") == 1
+
+
+def test_a_timeout_while_the_prompt_is_read_says_so(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No token was generated: fewer max_tokens would not help, a shorter prompt would."""
+    Trace(engine, monkeypatch, step_s=0.1)
+    monkeypatch.setattr(engine.scheduler, "max_num_batched_tokens", 1)  # the prompt read a token a step, 0.1 s each
+    fresh = {"prompt": list(range(20, 32)), "max_tokens": 3, "ignore_eos": True}  # no slot has it cached
+    with serving(create_app(engine, served_model_name="tiny", request_timeout=0.3)) as url:  # 12 tokens: 1.2 s
+        error = httpx.post(f"{url}/v1/completions", json=fresh, timeout=30).json()["error"]
+    assert "before its first token, while its prompt of" in error["message"] and "send a shorter prompt" in error["message"]
 
 
 def test_request_timeout_ends_a_stream_with_an_error_event(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -157,17 +157,20 @@ class EngineRunner:
             await asyncio.sleep(0.002)
 
     def _timed_out(self, job: Job) -> APIError:
-        waited = not job.started
+        waited, prefilling = not job.started, job.first_token is None
         self.cancel(job)
         if waited:
             return APIError(f"the request waited {self.timeout_s:g} s in the queue without starting, the server's "
                             "--request-timeout; the server is busy, retry later.", 503, code="request_timeout",
                             kind="server_error", headers={"Retry-After": str(RETRY_AFTER_S)})
         # Retrying would run the same long generation into the same limit, so clients are told not to.
+        where, fix = (("before its first token, while its prompt of {} tokens was read".format(len(job.prompt)),
+                       "send a shorter prompt") if prefilling else
+                      ("and its generation was stopped", "ask for fewer tokens (max_tokens)"))
         return APIError(f"the request ran past the server's --request-timeout of {self.timeout_s:g} s (counted from "
-                        "arrival, queueing included) and its generation was stopped; ask for fewer tokens "
-                        "(max_tokens), or start the server with a longer --request-timeout.", 504,
-                        code="request_timeout", kind="server_error", headers={"x-should-retry": "false"})
+                        f"arrival, queueing included) {where}; {fix}, or start the server with a longer "
+                        "--request-timeout.", 504, code="request_timeout", kind="server_error",
+                        headers={"x-should-retry": "false"})
 
     def _work(self) -> None:
         """The engine thread (a daemon, started by the first request): admit, drop the cancelled, step."""
