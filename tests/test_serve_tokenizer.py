@@ -24,7 +24,10 @@ def test_tokenize_detokenize_and_tokenizer_info(engine: Engine) -> None:
     # lm-evaluation-harness's probe and its encode: no special tokens
     r = client.post("/tokenize", json={"prompt": WORDS, "add_special_tokens": False}).json()
     assert r["tokens"] == engine.tokenizer(WORDS, add_special_tokens=False)["input_ids"] and r["count"] == len(r["tokens"])
-    assert r["max_model_len"] == engine.target.lm.max_context
+    assert r["max_model_len"] == engine.target.lm.max_context and r["token_strs"] is None
+    spelled = client.post("/tokenize", json={"prompt": WORDS, "return_token_strs": True}).json()
+    assert spelled["token_strs"] == engine.tokenizer.convert_ids_to_tokens(spelled["tokens"])
+    assert len(spelled["token_strs"]) == spelled["count"] and all(isinstance(t, str) for t in spelled["token_strs"])
     assert client.post("/tokenize", json={"prompt": WORDS}).json()["tokens"] == engine.encode(WORDS)
     chat = client.post("/tokenize", json={"model": "tiny", "messages": CHAT}).json()["tokens"]
     assert chat == engine.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True,
@@ -36,6 +39,7 @@ def test_tokenize_detokenize_and_tokenizer_info(engine: Engine) -> None:
             ("/tokenize", {"prompt": 5}, "prompt", "send a string"),
             ("/tokenize", {}, "prompt", 'send either "prompt"'),
             ("/tokenize", {"prompt": "a", "add_special_tokens": "no"}, "add_special_tokens", "true or false"),
+            ("/tokenize", {"prompt": "a", "return_token_strs": 1}, "return_token_strs", "true or false"),
             ("/tokenize", {"prompt": "a", "model": "gpt-4"}, "model", "is not served here"),
             ("/tokenize", {"text": "a"}, "text", "unknown field 'text'"),
             ("/detokenize", {"tokens": [1, "x"]}, "tokens", "list of token ids"),

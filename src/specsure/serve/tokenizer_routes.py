@@ -22,7 +22,7 @@ from specsure.serve.messages import parse_messages
 from specsure.serve.tools import parse_tools
 
 TOKENIZE_FIELDS = ("model", "prompt", "messages", "tools", "add_special_tokens", "add_generation_prompt",
-                   "continue_final_message", "chat_template_kwargs")
+                   "continue_final_message", "chat_template_kwargs", "return_token_strs")
 DETOKENIZE_FIELDS = ("model", "tokens")
 
 
@@ -56,8 +56,10 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, template
                 raise RequestError(f"prompt = {shown(prompt)} is a JSON {json_type(prompt)}; send a string.", "prompt")
             ids = tokenizer(prompt, add_special_tokens=special)["input_ids"]
         tokens = [int(t) for t in ids]
+        # vLLM's: each token as the tokenizer spells it (byte-level BPE's "Ġ" for a space), on request.
+        strs = tokenizer.convert_ids_to_tokens(tokens) if flag(body, "return_token_strs", False) else None
         return {"count": len(tokens), "max_model_len": engine.target.lm.max_context, "tokens": tokens,
-                "token_strs": None}
+                "token_strs": strs}
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
