@@ -223,3 +223,14 @@ def test_speculative_config_file_that_is_not_utf8(tmp_path, explain):
     spec_file.write_bytes(b"\xff\xfe{}")
     run = explain("--speculative-config", f"@{spec_file}")
     assert_one_paragraph_error(run, str(spec_file), "is not UTF-8 text")
+
+
+def test_control_characters_in_a_path_are_escaped_in_the_table() -> None:
+    """A folder named with a terminal's escape sequence or a newline must not recolour it or break the rows."""
+    from types import SimpleNamespace
+
+    from specsure.config.explain import format_table
+
+    row = SimpleNamespace(value="h/esc\x1b[31mRED\nx", source="user", reason="You set it: h/esc\x1b[31mRED\nx.")
+    table = format_table({"model": row}, ["about h/\x1b[0m"])
+    assert "\x1b" not in table and "h/esc\\x1b[31mRED\\nx" in table and len(table.splitlines()) == 6

@@ -25,12 +25,20 @@ def _show(value: Any) -> str:
     return "-" if value is None else (value if isinstance(value, str) else json.dumps(value))
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\x1b``, ``\\n``): a folder name holding a terminal's
+    escape sequence or a newline must not recolour the terminal or break the table's rows."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def format_table(decisions: Mapping[str, Row], warnings: Sequence[str], *, speculative: bool = True) -> str:
     """The explain table: one row per field, then the warnings. Long reasons wrap under their own column.
 
     ``speculative=False`` adds the line that says plain decoding runs.
     """
-    rows = [(name, _show(d.value), d.source, d.reason) for name, d in decisions.items()]
+    rows = [(name, printable(_show(d.value)), d.source, printable(d.reason)) for name, d in decisions.items()]
     w_name = max(len("field"), *(len(r[0]) for r in rows))
     w_value = min(48, max(len("value"), *(len(r[1]) for r in rows)))
     w_source = max(len("source"), *(len(r[2]) for r in rows))
@@ -52,7 +60,7 @@ def format_table(decisions: Mapping[str, Row], warnings: Sequence[str], *, specu
     if warnings:
         lines.append(f"warnings ({len(warnings)}):")
         # Paths must survive copy and paste, so never break inside one (at a hyphen or mid-word).
-        lines.extend(textwrap.fill(w, 100, initial_indent="  - ", subsequent_indent="    ",
+        lines.extend(textwrap.fill(printable(w), 100, initial_indent="  - ", subsequent_indent="    ",
                                    break_on_hyphens=False, break_long_words=False) for w in warnings)
     else:
         lines.append("warnings: none")
