@@ -234,3 +234,26 @@ def test_control_characters_in_a_path_are_escaped_in_the_table() -> None:
     row = SimpleNamespace(value="h/esc\x1b[31mRED\nx", source="user", reason="You set it: h/esc\x1b[31mRED\nx.")
     table = format_table({"model": row}, ["about h/\x1b[0m"])
     assert "\x1b" not in table and "h/esc\\x1b[31mRED\\nx" in table and len(table.splitlines()) == 6
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["explain", "--json", "--dtype", "foo"], "argument --dtype: invalid choice: 'foo'"),
+    (["explain", "--json", "--bogus"], "unrecognized arguments: --bogus"),
+    (["explain", "--json", "-n", "5"], "-n is llama.cpp's flag"),
+    (["explain", "--json", "--speculative-config.method", "a", "--speculative-config.method", "b"], "given twice"),
+    (["export", "--json", "--to", "x"], "argument --to: invalid choice: 'x'"),
+    (["check-vllm", "--json", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_a_command_line_that_does_not_parse_still_answers_json(capsys, argv: list[str], words: str) -> None:  # noqa: ANN001
+    """The docs promise a script reading --json's stdout always gets JSON: usage errors too."""
+    from specsure.cli.main import main
+
+    try:
+        code = main(argv)
+    except SystemExit as stop:
+        code = int(stop.code or 0)
+    captured = capsys.readouterr()
+    answer = json.loads(captured.out)
+    assert code == 2 and words in answer["error"] and words in captured.err
+    if argv[0] == "explain":
+        assert answer["fields"] is None and answer["runnable"] is False

@@ -8,6 +8,7 @@ from dataclasses import replace
 import logging
 import math
 import sys
+from typing import Any
 
 from specsure.cli.common import (
     EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_model_flags, missing_modules, parse_speculative_config,
@@ -41,12 +42,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+def json_error(message: str) -> dict[str, Any]:
+    """--json's object on an error: a config error, or a command line that does not parse."""
+    return {"error": message}
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         return _check(args)
     except ValueError as exc:
         if args.json:  # a script reading stdout gets JSON either way; stderr has the same error line
-            print(json.dumps({"error": str(exc)}, indent=2))
+            print(json.dumps(json_error(str(exc)), indent=2))
         raise
 
 

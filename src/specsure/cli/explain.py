@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+from typing import Any
 
 from specsure.cli.common import EXIT_OK, EXIT_USAGE, add_model_flags, parse_speculative_config
 from specsure.config import ConfigError, resolve
@@ -24,6 +25,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+def json_error(message: str) -> dict[str, Any]:
+    """--json's object when nothing resolved: a config error, or a command line that does not parse."""
+    return {"fields": None, "warnings": [], "dtype": None, "runnable": False, "error": message}
+
+
 def run(args: argparse.Namespace) -> int:
     # The table lists the warnings itself; logging them too would print each twice.
     logging.getLogger("specsure.config").setLevel(logging.ERROR)
@@ -32,8 +38,7 @@ def run(args: argparse.Namespace) -> int:
                       dtype=args.dtype)
     except ValueError as exc:
         if args.json:  # a script reading stdout gets the documented shape, not nothing
-            print(json.dumps({"fields": None, "warnings": [], "dtype": None, "runnable": False, "error": str(exc)},
-                             indent=2))
+            print(json.dumps(json_error(str(exc)), indent=2))
         raise
     problem = None
     try:

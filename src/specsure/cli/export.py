@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+from typing import Any
 
 from specsure.cli.common import EXIT_OK, add_model_flags, parse_speculative_config
 from specsure.config import resolve
@@ -26,6 +27,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+def json_error(message: str) -> dict[str, Any]:
+    """--json's object on an error: a config error, or a command line that does not parse."""
+    return {"error": message}
+
+
 def run(args: argparse.Namespace) -> int:
     logging.getLogger("specsure.config").setLevel(logging.ERROR)  # the warnings are printed below
     try:
@@ -34,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         out = export(res, args.to, strict=args.strict)
     except ValueError as exc:
         if args.json:  # a script reading stdout gets JSON either way
-            print(json.dumps({"error": str(exc)}, indent=2))
+            print(json.dumps(json_error(str(exc)), indent=2))
         raise
     if args.json:
         data = out.to_dict()

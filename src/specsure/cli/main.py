@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
+from typing import Any, Callable
 
 from specsure.cli.common import EXIT_USAGE, guarded, missing_extra_message, missing_modules, setup_logging
 from specsure.cli.foreign_flags import foreign_flag_hint
@@ -60,6 +62,23 @@ def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.Argument
     return None
 
 
+def _json_asked(words: list[str]) -> bool:
+    return "--json" in (words[:words.index("--")] if "--" in words else words)
+
+
+def _usage_error(words: list[str], prefix: str, message: str,
+                 shape: Callable[[str], dict[str, Any]] | None = None) -> int:
+    """Exit code 2 for a command line that does not parse: the message on stderr and, where the command
+    was asked for --json, its documented JSON on stdout, so a script reading it always gets JSON."""
+    if shape is None and _json_asked(words) and (chosen := _command_in(words)) is not None \
+            and unavailable(chosen) is None:
+        shape = getattr(importlib.import_module(f"specsure.cli.{chosen}"), "json_error", None)
+    if shape is not None:
+        print(json.dumps(shape(message), indent=2))
+    print(f"{prefix}: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
 def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
     """A prefix of a flag is no flag: `--spec` must not silently mean --speculative-config (vLLM's
     parser does not take prefixes either), nor a mistyped flag bind to another."""
@@ -71,24 +90,26 @@ def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    given = list(sys.argv[1:] if argv is None else argv)
     try:  # vLLM's spellings: --speculative_config, --speculative-config.method ngram
-        words = normalise(sys.argv[1:] if argv is None else argv)
+        words = normalise(given)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _usage_error(given, "error", str(exc))
     chosen = _command_in(words)
     if chosen is not None and (why := unavailable(chosen)) is not None:
-        print(f"error: {why}", file=sys.stderr)
-        return EXIT_USAGE
+        return _usage_error(words, "error", why)
     parser = build_parser(words)
     _no_abbreviations(parser)
     if chosen is not None:  # before argparse, which would name the flag's value as the error
         name = chosen.replace("_", "-")
         label = f"{name} serve" if name == "bench" and "serve" in words else name
-        command_help = parser.get_default("command_parsers")[name].format_help()
-        if (hint := foreign_flag_hint(words, label, command_help)) is not None:
-            print(f"specsure {label}: error: {hint}", file=sys.stderr)
-            return EXIT_USAGE
+        command_parser = parser.get_default("command_parsers")[name]
+        if _json_asked(words) and (shape := getattr(importlib.import_module(f"specsure.cli.{chosen}"),
+                                                     "json_error", None)) is not None:
+            command_parser.error = lambda message: sys.exit(_usage_error(words, f"{command_parser.prog}: error",
+                                                                         message, shape))
+        if (hint := foreign_flag_hint(words, label, command_parser.format_help())) is not None:
+            return _usage_error(words, f"specsure {label}: error", hint)
     args, extra = parser.parse_known_args(words)
     command = (args.command_parsers or {}).get(getattr(args, "command", None) or "")
     if command is not None and (mode := getattr(args, "bench_mode", None)):  # `bench serve` has its own usage
