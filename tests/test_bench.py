@@ -185,6 +185,15 @@ def test_a_row_that_drafted_nothing_shows_no_acceptance_length() -> None:
     assert "| ngram |" in render_markdown(res)
 
 
+def test_a_category_holding_a_pipe_keeps_its_table_cell() -> None:
+    prompts = [prompt_result("plain", "p", "c|d", 5, [Generation((1, 2, 3), 1.0)], None)]
+    report = render_markdown(summarize({}, [("plain", "specsure", False)], [], prompts, "plain"))
+    lines = report.splitlines()
+    row = next(line for line in lines if line.startswith("| c\\|d | plain |"))
+    header = lines[lines.index(row) - 2]
+    assert header.startswith("| category |") and row.replace("\\|", "").count("|") == header.count("|")
+
+
 def test_repeats_that_differ_are_reported() -> None:
     runs = [Generation((1, 2, 3), 1.0), Generation((1, 2, 4), 1.0)]
     prompts = [prompt_result("plain", "p", "qa", 5, [Generation((1, 2, 3), 1.0)] * 2, None),
@@ -536,7 +545,28 @@ def test_ctrl_c_keeps_the_prompts_every_configuration_finished(tiny_llama: Path,
     results = json.loads((out / "results.json").read_text())
     assert "2 of 3 prompts" not in results["meta"]["interrupted"]
     assert "the 1 of 3 prompts" in results["meta"]["interrupted"] and "after 3 of 12 runs" in results["meta"]["interrupted"]
+    assert "finished, 1 of the 2 repeats each" in results["meta"]["interrupted"]
     assert {p["prompt_id"] for p in results["prompts"]} == {"p0"}
     assert all(len(p["seconds"]) == 1 for p in results["prompts"])  # one repeat each, cut evenly
     assert "Partial results" in (out / "results.md").read_text()
     assert "interrupted:" in err
+
+
+
+def test_ctrl_c_in_the_batched_pass_keeps_the_whole_batch_1_results(tiny_llama: Path, tmp_path: Path, capsys,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from specsure.cli import bench
+
+    def stop(*_args, **_kwargs):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "run_batched", stop)
+    workload = _write(tmp_path, *({"id": f"p{i}", "category": "code", "prompt_ids": [5, 6, 7, 5, 6]} for i in range(2)))
+    out = tmp_path / "out"
+    code = main(["bench", "--model", str(tiny_llama), "--workload", str(workload), "--dtype", "float32",
+                 "--methods", "plain,ngram", "--baselines", "none", "--repeats", "1", "--warmup", "0",
+                 "--max-tokens", "4", "--batched", "2", "--out", str(out)])
+    assert code == 130, capsys.readouterr().err
+    results = json.loads((out / "results.json").read_text())
+    assert "in the batched pass; the batch-1 results are whole" in results["meta"]["interrupted"]
+    assert "batched" not in results["meta"] and len(results["prompts"]) == 4

@@ -36,7 +36,8 @@ def _cells(row: SummaryRow) -> list[str]:
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    # A workload's category or id may hold "|", which would end its cell early.
+    lines += ["| " + " | ".join(str(cell).replace("|", "\\|") for cell in r) + " |" for r in rows]
     return lines
 
 

@@ -295,7 +295,7 @@ def _run(args: argparse.Namespace) -> int:
         print("note: --warmup 0: each configuration's first timed run also pays its first-call costs (memory first "
               "touched, caches built), which weighs on its first prompt's figure; --warmup 1 or --repeats 3 keeps "
               "them out")
-    interrupted: Interrupted | None = None
+    stopped: str | None = None  # what a Ctrl-C left out, for the results' header
     try:
         warm_up(runners, items[0], args.warmup)
         runs = run_interleaved(runners, items, repeats)
@@ -303,11 +303,21 @@ def _run(args: argparse.Namespace) -> int:
         # Ctrl-C: what every configuration finished is kept and written, marked as partial.
         if not stop.runs:
             raise
-        interrupted, runs = stop, stop.runs
+        runs = stop.runs
+        kept = sorted({len(gens) for gens in runs.values()})
+        span = str(kept[0]) if kept[0] == kept[-1] else f"{kept[0]} to {kept[-1]}"
         items = [it for it in items if it.prompt.id in stop.prompt_ids()]
+        stopped = (f"stopped by Ctrl-C after {stop.done} of {stop.total} runs; these results hold the {len(items)} "
+                   f"of {len(prompts)} prompts that every configuration finished, {span} of the {repeats} repeats "
+                   "each" + (", without the batched pass" if args.batched else ""))
     finally:
         llama.close()
-    batched = run_batched(args.batched, runners, items, runs) if args.batched and interrupted is None else None
+    batched = None
+    if args.batched and stopped is None:
+        try:
+            batched = run_batched(args.batched, runners, items, runs)
+        except KeyboardInterrupt:  # the batch-1 runs are whole: they are kept, the batched pass is not
+            stopped = "stopped by Ctrl-C in the batched pass; the batch-1 results are whole, without the batched pass"
 
     ran = {r.name for r in runners}
     own_plain = {r.name: r.plain for r in runners if r.plain in ran}
@@ -349,14 +359,12 @@ def _run(args: argparse.Namespace) -> int:
     if batched is not None:
         results.meta["batched"] = batched
     results.meta["wall_s"] = round(time.perf_counter() - started, 1)
-    if interrupted is not None:
-        results.meta["interrupted"] = (f"stopped by Ctrl-C after {interrupted.done} of {interrupted.total} runs; "
-                                       f"these results hold the {len(items)} of {len(prompts)} prompts that every "
-                                       "configuration finished" + (", without the batched pass" if args.batched else ""))
+    if stopped is not None:
+        results.meta["interrupted"] = stopped
     write_outputs(results, out_dir)
     _print_summary(results, out_dir)
-    if interrupted is not None:
-        print(f"interrupted: {results.meta['interrupted']}.", file=sys.stderr)
+    if stopped is not None:
+        print(f"interrupted: {stopped}.", file=sys.stderr)
         return 130
     return 0
 
