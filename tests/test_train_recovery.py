@@ -294,3 +294,18 @@ def test_continuations_cut_at_the_context_are_said(tmp_path: Path, capsys) -> No
     assert main([*args, "--max-prompts", "1", "--steps", "1", "--no-cache"]) == 0
     assert "note: --max-new-tokens 600: 1 prompt(s) leave less room than that in the target's context of 512" in \
         capsys.readouterr().out
+
+
+def test_an_out_link_is_followed_and_a_leaked_link_swept(tmp_path: Path) -> None:
+    """--out a link to a folder: the head goes into that folder (renaming the link aside left the folder
+    stale, and the link behind as .NAME.old-* for good), and the lock is that folder's."""
+    from specsure.train.checkpoint import check_out_dir
+    from specsure.train.leftovers import _host
+
+    (tmp_path / "heads").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "heads")
+    assert check_out_dir(tmp_path / "link") == (tmp_path / "heads").resolve()
+    leaked = tmp_path / f".heads.old-{_host()}-999999999-x"  # from a run killed before links were followed
+    leaked.symlink_to(tmp_path / "heads")
+    check_out_dir(tmp_path / "heads")
+    assert not leaked.is_symlink() and (tmp_path / "heads").is_dir()

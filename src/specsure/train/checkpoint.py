@@ -50,14 +50,18 @@ def check_out_dir(out: str | Path) -> Path:
     if not given.strip() or out.name in ("", ".", ".."):  # the head is renamed into place, which a cwd cannot be
         raise ValueError(f"--out {given!r}: give the path of a folder for the head, such as ./my-head (not the "
                          "current or a parent folder itself).")
+    if out.is_symlink() and not out.exists():  # the head is renamed into place, which a dangling link blocks
+        raise ValueError(f"--out {str(out)!r} is a link to {os.readlink(out)!r}, which does not exist; remove the "
+                         "link, or give the folder it should name.")
+    if out.is_symlink():
+        # The head goes where the link points, renamed into place and locked there: renaming the link itself
+        # would leave the folder it names stale, and a run given the folder's own path would not share the lock.
+        out = Path(os.path.realpath(out))
     if not out.parent.is_dir():
         raise ValueError(f"--out {str(out)!r}: its parent folder {str(out.parent)!r} does not exist; create it "
                          "first or choose another path.")
     _check_writable(out.parent, given)  # found now, not after hours of training
     _sweep(out)
-    if out.is_symlink() and not out.exists():  # the head is renamed into place, which a dangling link blocks
-        raise ValueError(f"--out {str(out)!r} is a link to {os.readlink(out)!r}, which does not exist; remove the "
-                         "link, or give the folder it should name.")
     if not out.exists():
         return out
     if not out.is_dir():
@@ -89,15 +93,24 @@ def _sweep(out: Path) -> None:
     goes back (the new one may be half-written)."""
     for path in sorted(out.parent.glob(f".{glob.escape(out.name)}.*")):
         if stale(path, f".{out.name}.tmp-"):
-            shutil.rmtree(path, ignore_errors=True)
+            _remove(path)
             logger.info("removed %s, a head that a killed run was writing", path)
         elif stale(path, f".{out.name}.old-"):
             if out.exists():
-                shutil.rmtree(path, ignore_errors=True)
+                _remove(path)
             else:
                 path.rename(out)
                 logger.warning("put back the head at %s, which a run killed while replacing it had moved to %s",
                                out, path.name)
+
+
+def _remove(path: Path) -> None:
+    """A folder, or a link (a link to an --out folder, moved aside before --out links were followed):
+    rmtree refuses a link, which ignore_errors then left in place for good."""
+    if path.is_symlink():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 HEAD_FILES = frozenset({"config.json", "model.safetensors", RECORD_FILE})
