@@ -129,7 +129,8 @@ def test_bench_serve_errors_name_the_flag(url: str, tmp_path: Path, capsys: pyte
                           (["--url", "=http://127.0.0.1:9"], "the label before '=' is empty"),
                           (["--url", "a=http://127.0.0.1:9", "--url", "b=http://127.0.0.1:8", "--pause", "inf"],
                            "--pause must be a finite number"),
-                          (["--url", url], "wrong --api-key")):
+                          (["--url", url], "wrong or missing --api-key"),
+                          (["--url", f"{url}/nope", "--api-key", "k"], "without /v1 or another path")):
         assert main(["bench", "serve", *flags, "--out", str(tmp_path)]) == 2
         err = capsys.readouterr().err
         assert needle in err and "Traceback" not in err, err
@@ -241,3 +242,17 @@ def test_servers_take_turns_and_rest_between(monkeypatch: pytest.MonkeyPatch) ->
     assert ran == ["a", "b", "b", "a", "a", "b"] and slept == [1.5] * 6
     assert [(level.label, level.concurrency) for level in levels] == [("a", 1), ("b", 1), ("a", 2), ("b", 2),
                                                                      ("a", 4), ("b", 4)]
+
+
+def test_thinking_and_tool_call_deltas_count_as_output() -> None:
+    """A reasoning model's first tokens come as reasoning_content: the time to the first token is theirs."""
+    from specsure.bench.load import _read_chunk
+
+    def chunk(**delta: Any) -> str:
+        return json.dumps({"choices": [{"index": 0, "delta": delta}]})
+
+    assert _read_chunk(chunk(reasoning_content="Let me"))[2] == "Let me"
+    assert _read_chunk(chunk(reasoning="so"))[2] == "so"
+    assert _read_chunk(chunk(tool_calls=[{"index": 0, "id": "c", "function": {"name": "f"}}]))[2]
+    assert _read_chunk(chunk(role="assistant"))[2] == "" and _read_chunk(chunk(content=""))[2] == ""
+    assert _read_chunk(json.dumps({"choices": [{"index": 0, "text": "hi"}]}))[2] == "hi"

@@ -185,14 +185,23 @@ def _read_chunk(data: str) -> tuple[str | None, int | None, str]:
 
 
 def _text(choice: dict[str, Any]) -> str:
-    """A choice's streamed text (a completion's text, or a chat delta's content); BadChunk if mistyped."""
+    """What a choice's chunk generated: a completion's text, or a chat delta's content, thinking
+    (``reasoning_content``, vLLM's ``reasoning``) and tool calls, each of them output the time to the
+    first token and the gaps between tokens count (as vLLM's bench counts them); BadChunk if mistyped."""
     delta = choice.get("delta")
     if delta is not None and not isinstance(delta, dict):
         raise BadChunk(f"a stream chunk's choice has a delta that is not an object: {delta!r:.100}")
-    text = choice.get("text") or (delta or {}).get("content") or ""
-    if not isinstance(text, str):
-        raise BadChunk(f"a stream chunk's choice has text that is not a string: {text!r:.100}")
-    return text
+    delta = delta or {}
+    parts = [choice.get("text"), delta.get("content"), delta.get("reasoning_content"), delta.get("reasoning")]
+    for part in parts:
+        if part is not None and not isinstance(part, str):
+            raise BadChunk(f"a stream chunk's choice has text that is not a string: {part!r:.100}")
+    calls = delta.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        raise BadChunk(f"a stream chunk's tool_calls is not a list: {calls!r:.100}")
+    # A call's first delta may carry its name alone: output all the same.
+    called = "".join(json.dumps(call, sort_keys=True) for call in calls or ())
+    return "".join(part for part in parts if part) + called
 
 
 def request_body(endpoint: str, model: str, request: Request, max_tokens: int) -> dict[str, Any]:
@@ -239,7 +248,10 @@ def served_model(server: Server, api_key: str | None = None) -> str:
         raise LoadError(f"cannot reach {where}: {exc}. Start it first, for example: "
                         "specsure serve --port 8000") from None
     if r.status_code != 200:
-        raise LoadError(f"{where} answered /v1/models with HTTP {r.status_code}: {r.text[:200]} (wrong --api-key?)")
+        hint = {401: "wrong or missing --api-key?", 403: "wrong --api-key?",
+                404: "give the server's base URL, without /v1 or another path"}.get(r.status_code)
+        raise LoadError(f"{where} answered /v1/models with HTTP {r.status_code}: {_error_text(r)}"
+                        + (f" ({hint})" if hint else ""))
     try:
         data = r.json().get("data")
     except (ValueError, AttributeError):  # not JSON, or JSON that is not an object
