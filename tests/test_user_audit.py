@@ -386,3 +386,17 @@ def test_an_unknown_flag_after_a_command_shows_that_commands_usage(capsys, argv:
         main(argv)
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.startswith(usage) and "unrecognized arguments: --bogus" in err
+
+
+@pytest.mark.parametrize(("tensors", "family"), [
+    (["model.mtp_layers.0.input_proj.weight", "model.mtp_layers.0.final_layernorm.weight"], "MiMo"),
+    (["model.mtp_block.0.self_attn.q_proj.weight", "model.mtp_emb_norm.0.weight"], "ERNIE 4.5"),
+])
+def test_mimo_and_ernie_mtp_layers_are_named_not_called_missing(tmp_path: Path, tensors: list[str],
+                                                                family: str) -> None:
+    target = write_checkpoint(tmp_path / "target", {**llama(), "num_nextn_predict_layers": 1},
+                              ["model.embed_tokens.weight", "lm_head.weight", *tensors])
+    with pytest.raises(ConfigError) as err:
+        resolve({"num_speculative_tokens": 1}, model=str(target))
+    msg = str(err.value)
+    assert "another layout (2 tensors under" in msg and f"as {family} stores them" in msg and "store none" not in msg

@@ -76,16 +76,24 @@ def deepseek_mtp_prefix(num_hidden_layers: int, module: int) -> str:
     return f"model.layers.{num_hidden_layers + module}."
 
 
+OTHER_MTP_LAYOUTS: Final[tuple[tuple[str, str], ...]] = (
+    ("mtp.", "Qwen3-Next and Qwen3.5"), ("mtp_layers.", "MiMo"), ("mtp_", "ERNIE 4.5"),  # mtp_block., mtp_emb_norm.
+)
+"""Where other families keep their MTP layers (a tensor-name part, at the start or after a dot), and who."""
+
+
 def other_mtp_layout(names: Collection[str]) -> str:
     """A description of MTP layers stored in a layout other than DeepSeek-V3's (Qwen3-Next and
-    Qwen3.5 keep theirs under ``mtp.``: ``mtp.fc``, ``mtp.layers.N``), or '' when none is seen."""
-    found = sorted(n for n in names if n.startswith("mtp.") or ".mtp." in n)
-    if not found:
-        return ""
-    return (f"its MTP layers are stored in another layout ({len(found)} tensors under 'mtp.', such as "
-            f"{found[0]!r}, as Qwen3-Next and Qwen3.5 store them), and specsure runs MTP modules only in "
-            "DeepSeek-V3's layout (model.layers.{num_hidden_layers + i}.eh_proj, enorm, hnorm, shared_head) or as a "
-            "standalone head")
+    Qwen3.5 keep theirs under ``mtp.``, MiMo under ``model.mtp_layers.N``, ERNIE 4.5 under
+    ``mtp_block.N`` with ``mtp_emb_norm`` and others), or '' when none is seen."""
+    for part, family in OTHER_MTP_LAYOUTS:
+        found = sorted(n for n in names if n.startswith(part) or f".{part}" in n)
+        if found:
+            return (f"its MTP layers are stored in another layout ({len(found)} tensor{'s' * (len(found) > 1)} under {part!r}, such as "
+                    f"{found[0]!r}, as {family} store{'s' if ' and ' not in family else ''} them), and specsure runs "
+                    "MTP modules only in DeepSeek-V3's layout (model.layers.{num_hidden_layers + i}.eh_proj, enorm, "
+                    "hnorm, shared_head) or as a standalone head")
+    return ""
 
 
 @dataclass(frozen=True)
