@@ -30,6 +30,7 @@ def test_a_medusa_or_mlp_speculator_draft_is_named_not_run_as_a_draft_model(tmp_
                                           rf"\"{config['model_type']}\"\), made for vLLM's method"):
         resolve({"model": draft}, target)
     res = resolve({"method": "draft_model", "model": draft}, target)
+    assert f"Its metadata marks it as {what}" in res.reason("model")  # the table says what the error says
     with pytest.raises(ConfigError, match=rf"method 'draft_model' was asked, but the draft checkpoint .* is {what}"):
         res.check_runnable()
     # vLLM 0.33.0 has neither method: it keeps draft_model for them (and then fails to load the head).

@@ -217,6 +217,8 @@ class Decider:
     def draft_description(self) -> str:
         """What the draft's metadata says it is, for the model row of explain."""
         evidence = self.draft_evidence
+        if evidence is None and self.draft is not None and (foreign := foreign_head(self.draft)):
+            return f" Its metadata marks it as {foreign}."
         if evidence is None:
             return " Its metadata does not say what kind of draft it is."
         return f" Its metadata marks it as {WHAT_IS[evidence.value]} ({evidence.signal})."
