@@ -309,3 +309,26 @@ def test_an_out_link_is_followed_and_a_leaked_link_swept(tmp_path: Path) -> None
     leaked.symlink_to(tmp_path / "heads")
     check_out_dir(tmp_path / "heads")
     assert not leaked.is_symlink() and (tmp_path / "heads").is_dir()
+
+
+@pytest.mark.parametrize("damage", ["token", "nan", "rows"])
+def test_a_cache_file_that_reads_but_holds_damage_is_built_again(tmp_path: Path, damage: str,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A file that parses as safetensors but holds an id past the vocabulary, a NaN feature, or features
+    of another length trained into a raw error far from the cause (or a NaN blamed on --lr)."""
+    import torch
+
+    from specsure.train.cache import cached_samples
+    from specsure.train.data import Sample
+
+    good = [Sample(torch.tensor([1, 2, 3]), torch.ones(3, 4), 1, torch.ones(3, 8))]
+    assert cached_samples(tmp_path, "k", lambda: good, vocab_size=10)[1] is False
+    broken = {"token": Sample(torch.tensor([1, 2, 99]), torch.ones(3, 4), 1),
+              "nan": Sample(torch.tensor([1, 2, 3]), torch.ones(3, 4), 1, torch.full((3, 8), float("nan"))),
+              "rows": Sample(torch.tensor([1, 2, 3]), torch.ones(2, 4), 1)}[damage]
+    (tmp_path / "k.safetensors").unlink()
+    cached_samples(tmp_path, "k", lambda: [broken], vocab_size=10)  # stored as it came
+    with caplog.at_level(logging.WARNING, logger="specsure.train.cache"):
+        samples, hit = cached_samples(tmp_path, "k", lambda: good, vocab_size=10)
+    assert not hit and samples is good and "are damaged" in caplog.text and "building them again" in caplog.text
+    assert cached_samples(tmp_path, "k", lambda: [], vocab_size=10)[1]  # the rebuilt file reads back

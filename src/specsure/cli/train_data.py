@@ -194,7 +194,7 @@ def training_samples(args: argparse.Namespace, target: LoadedModel, prompts: Tra
         def build() -> list[Sample]:
             return self_distill(target, token_prompts, args.max_new_tokens, aux_layers=aux,
                                 progress=not args.no_progress, follow_up=follow_up, store=store)
-    samples, hit = cached_samples(folder, key, build)
+    samples, hit = cached_samples(folder, key, build, target.lm.vocab_size)
     if store is not None and not hit:
         store.clear()  # the samples file holds them all now
     sources = list(prompts.sources)

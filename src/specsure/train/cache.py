@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from specsure.train.data import Sample
 from specsure.train.leftovers import save_tensors
+
+logger = logging.getLogger(__name__)
 
 FORMAT = "specsure-train-samples-1"
 
@@ -54,15 +58,23 @@ def target_files(target_path: str) -> list[list[object]]:
     return [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
 
 
-def cached_samples(folder: Path | None, key: str, build: Callable[[], list[Sample]]) -> tuple[list[Sample], bool]:
-    """(samples, whether they came from the cache); ``build`` runs on a miss and its result is stored."""
+def cached_samples(folder: Path | None, key: str, build: Callable[[], list[Sample]],
+                   vocab_size: int | None = None) -> tuple[list[Sample], bool]:
+    """(samples, whether they came from the cache); ``build`` runs on a miss and its result is stored.
+
+    A file that does not read back as sound samples (token ids in [0, ``vocab_size``), features of
+    one row per token and finite) is built again, with a warning: its key says what it should hold,
+    so anything else is damage, and training on it would fail far from the cause.
+    """
     if folder is None:
         return build(), False
     path = folder / f"{key}.safetensors"
     if path.is_file():
         loaded = _load(path)
-        if loaded is not None:
-            return loaded, True
+        why = "it does not read as a samples file" if loaded is None else _unsound(loaded, vocab_size)
+        if why is None:
+            return loaded, True  # type: ignore[return-value]
+        logger.warning("the cached samples %s are damaged (%s); building them again", path, why)
     samples = build()
     _store(folder, path, samples)
     return samples, False
@@ -83,6 +95,24 @@ def _load(path: Path) -> list[Sample] | None:
             return None
         out.append(Sample(tensors[f"tokens.{i}"], tensors[f"hidden.{i}"], int(prompt_len), tensors.get(f"aux.{i}")))
     return out
+
+
+def _unsound(samples: list[Sample], vocab_size: int | None) -> str | None:
+    """What is wrong with samples read back from a cache file, or None."""
+    for i, sample in enumerate(samples):
+        tokens, n = sample.token_ids, sample.token_ids.shape[0]
+        if tokens.dim() != 1 or tokens.is_floating_point() or not 0 <= sample.prompt_len <= n:
+            return f"sample {i}'s tokens are not a list of ids with its prompt in it"
+        if n and (int(tokens.min()) < 0 or (vocab_size is not None and int(tokens.max()) >= vocab_size)):
+            return f"sample {i} holds a token id outside the target's vocabulary [0, {vocab_size})"
+        for name, features in (("hidden", sample.hidden), ("aux", sample.aux)):
+            if features is None:
+                continue
+            if features.dim() != 2 or features.shape[0] != n:
+                return f"sample {i}'s {name} features are not one row per token"
+            if not bool(torch.isfinite(features).all()):
+                return f"sample {i}'s {name} features hold values that are not finite"
+    return None
 
 
 def _store(folder: Path, path: Path, samples: list[Sample]) -> None:

@@ -106,6 +106,11 @@ def run_steps(module: torch.nn.Module, params: list[torch.nn.Parameter], optimis
         loss = step_loss()
         value = float(loss.detach())
         if not math.isfinite(value):
+            if step == 0:  # no update has run: the learning rate cannot be the cause
+                raise FloatingPointError(
+                    f"the training loss was {value} at the first step, before any update, so training stopped and "
+                    "no head was written: the target's features or labels are not finite (a float16 target can "
+                    "overflow: train with --dtype bfloat16 or float32), or the starting head is (--init-from).")
             said = f"the training loss became {value} at step {step + 1}"
             raise FloatingPointError(_diverged(said, resume if first else None, first, loaded))
         losses.append(update(loss, params, optimiser, schedule))
