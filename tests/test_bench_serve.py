@@ -256,3 +256,36 @@ def test_thinking_and_tool_call_deltas_count_as_output() -> None:
     assert _read_chunk(chunk(tool_calls=[{"index": 0, "id": "c", "function": {"name": "f"}}]))[2]
     assert _read_chunk(chunk(role="assistant"))[2] == "" and _read_chunk(chunk(content=""))[2] == ""
     assert _read_chunk(json.dumps({"choices": [{"index": 0, "text": "hi"}]}))[2] == "hi"
+
+
+def test_the_api_key_and_url_passwords_stay_out_of_the_saved_command() -> None:
+    """serve.json sits in the repository by default, and gets committed."""
+    from specsure.cli.bench_serve import _shown_command
+
+    shown = _shown_command(["bench", "serve", "--url", "a=http://me:pw@host:1/x?q=1", "--api-key", "sekrit",
+                            "--api-key=other", "--url", "http://host:2"])
+    assert "sekrit" not in shown and "other" not in shown and ":pw@" not in shown
+    assert "a=http://me:***@host:1/x?q=1" in shown and "--api-key '***'" in shown and "http://host:2" in shown
+
+
+def test_ctrl_c_keeps_the_levels_every_server_finished(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from specsure.bench import load
+
+    real, calls = load.run_level, []
+
+    async def run_level(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(args[4])  # its concurrency; the warm-up's is 1 too
+        if len(calls) == 3:  # the warm-up, level 1, then Ctrl-C at level 2
+            raise KeyboardInterrupt
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(load, "run_level", run_level)
+    out = tmp_path / "out"
+    code = main(["bench", "serve", "--url", url, "--api-key", "k", "--concurrency", "1,2,4", "--num-prompts", "2",
+                 "--max-tokens", "3", "--out", str(out)])
+    assert code == 130
+    results = json.loads((out / "serve.json").read_text())
+    assert [v["concurrency"] for v in results["levels"]] == [1]
+    assert "after 1 of 3 concurrency levels" in results["settings"]["interrupted"]
+    assert "interrupted:" in capsys.readouterr().err

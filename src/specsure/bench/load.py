@@ -280,20 +280,32 @@ def run(servers: Sequence[Server], endpoint: str, prompts: Sequence[Request], co
     for server in servers:
         if warmup:
             asyncio.run(run_level(server, models[server.label], endpoint, prompts, 1, warmup, max_tokens, api_key))
-    levels = []
-    for n, (concurrency, requests) in enumerate(zip(concurrencies, requests_at)):
-        ran = []
-        for server in (servers if n % 2 == 0 else list(reversed(servers))):
-            if pause and len(servers) > 1:
-                time.sleep(pause)
-            level = asyncio.run(run_level(server, models[server.label], endpoint, prompts, concurrency, requests,
-                                          max_tokens, api_key))
-            ran.append(level)
-            if progress is not None:
-                progress(level)
-        order = [s.label for s in servers]
-        levels += sorted(ran, key=lambda level: order.index(level.label))  # reported in the servers' order
+    levels: list[Level] = []
+    try:
+        for n, (concurrency, requests) in enumerate(zip(concurrencies, requests_at)):
+            ran = []
+            for server in (servers if n % 2 == 0 else list(reversed(servers))):
+                if pause and len(servers) > 1:
+                    time.sleep(pause)
+                level = asyncio.run(run_level(server, models[server.label], endpoint, prompts, concurrency,
+                                              requests, max_tokens, api_key))
+                ran.append(level)
+                if progress is not None:
+                    progress(level)
+            order = [s.label for s in servers]
+            levels += sorted(ran, key=lambda level: order.index(level.label))  # reported in the servers' order
+    except KeyboardInterrupt:
+        # The concurrencies every server finished are kept; one that only some finished compares nothing.
+        raise LoadInterrupted(levels, len(levels) // len(servers), len(concurrencies)) from None
     return levels
+
+
+class LoadInterrupted(KeyboardInterrupt):
+    """Ctrl-C during the levels, carrying the concurrencies that every server finished."""
+
+    def __init__(self, levels: list[Level], done: int, total: int) -> None:
+        super().__init__()
+        self.levels, self.done, self.total = levels, done, total
 
 
 def to_json(levels: Sequence[Level], settings: dict[str, Any]) -> dict[str, Any]:

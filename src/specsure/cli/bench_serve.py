@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specsure.bench.workload import CATEGORIES, Prompt, WorkloadError, load_builtin, load_workloads, select
-from specsure.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, api_key_from, writable_folder
+from specsure.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, api_key_from, output_outlives_reader, writable_folder
 
 if TYPE_CHECKING:
     from specsure.bench.load import Level, Request
@@ -155,15 +155,21 @@ def _skip_reason(endpoint: str, skipped: list[Prompt]) -> str:
 def run(args: argparse.Namespace) -> int:
     from specsure.bench.load import LoadError
 
+    out = Path(args.out).expanduser()
+    made = not out.exists()
     try:
-        return _run(args)
+        with output_outlives_reader():  # `| head`: the run goes on and writes its files, as bench's does
+            return _run(args)
     except (LoadError, ValueError) as err:
         print(f"specsure bench serve: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        if made and out.is_dir() and not any(out.iterdir()):  # stopped before any result: no empty folder left
+            out.rmdir()
 
 
 def _run(args: argparse.Namespace) -> int:
-    from specsure.bench.load import run as run_load
+    from specsure.bench.load import LoadInterrupted, run as run_load
 
     _no_bench_flags(getattr(args, "argv", []))
     servers = _servers(args.url)
@@ -185,19 +191,64 @@ def _run(args: argparse.Namespace) -> int:
     print(f"{len(servers)} server(s) x concurrency {levels}, {args.max_tokens} tokens per request"
           f"{f' ({own} of {len(prompts)} prompts set their own)' if own else ''}, /v1/{endpoint}", flush=True)
     api_key = api_key_from(args.api_key)  # as specsure serve reads it
-    results = run_load(servers, endpoint, prompts, levels, requests, args.max_tokens, api_key, args.warmup,
-                       _progress, args.pause)
-    settings = {"servers": {s.label: s.url for s in servers}, "endpoint": endpoint, "concurrency": levels,
-                "requests": requests, "max_tokens": args.max_tokens, "warmup": args.warmup, "pause_s": args.pause,
-                "command": shlex.join(["specsure", *sys.argv[1:]]) if sys.argv[1:3] == ["bench", "serve"] else "",
+    stopped = None
+    try:
+        results = run_load(servers, endpoint, prompts, levels, requests, args.max_tokens, api_key, args.warmup,
+                           _progress, args.pause)
+    except LoadInterrupted as stop:
+        if not stop.levels:
+            raise
+        results = stop.levels
+        stopped = (f"stopped by Ctrl-C after {stop.done} of {stop.total} concurrency levels; these results hold "
+                   "the levels every server finished")
+    settings = {"servers": {s.label: _shown_url(s.url) for s in servers}, "endpoint": endpoint,
+                "concurrency": levels, "requests": requests, "max_tokens": args.max_tokens, "warmup": args.warmup,
+                "pause_s": args.pause, "command": _shown_command(sys.argv[1:]),
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if stopped is not None:
+        settings["interrupted"] = stopped
     _write(out, results, settings)
+    if stopped is not None:
+        print(f"interrupted: {stopped}.", file=sys.stderr)
+        return 130
     failed = sum(level.failed for level in results)
     if failed:
         print(f"specsure bench serve: {failed} of {sum(level.requests for level in results)} requests failed (the "
               f"figures count only the others); their errors are listed above and in {out}/serve.md",
               file=sys.stderr)
     return EXIT_FAIL if failed else EXIT_OK
+
+
+def _shown_command(argv: list[str]) -> str:
+    """The command line for serve.json, its API key and any URL password left out: the results
+    folder sits in a repository by default, and gets committed and shared."""
+    if argv[:2] != ["bench", "serve"]:
+        return ""
+    words, hide = [], False
+    for word in argv:
+        if hide:
+            words.append("***")
+            hide = False
+        elif word == "--api-key":
+            words.append(word)
+            hide = True
+        elif word.startswith("--api-key="):
+            words.append("--api-key=***")
+        else:
+            words.append(_shown_url(word))
+    return shlex.join(["specsure", *words])
+
+
+def _shown_url(text: str) -> str:
+    """``text`` with the password of a URL in it (``http://user:secret@host``) replaced by ***."""
+    label, sep, url = text.partition("=")  # LABEL=URL, as --url takes it
+    if not sep or "://" in label or "://" not in url:
+        label, sep, url = "", "", text
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return text
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return label + sep + urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def _write(out: Path, results: list[Level], settings: dict[str, Any]) -> None:
@@ -208,6 +259,8 @@ def _write(out: Path, results: list[Level], settings: dict[str, Any]) -> None:
     (out / "serve.json").write_text(json.dumps(to_json(results, settings), indent=2, allow_nan=False) + "\n",
                                     encoding="utf-8")
     table = render_markdown(results)
+    if settings.get("interrupted"):
+        table = f"**Partial results:** {settings['interrupted']}.\n\n" + table
     (out / "serve.md").write_text(table, encoding="utf-8")
     plot_load(results, out / "serve.png")
     print("\n" + table + f"\nwrote {out}/serve.json, serve.md, serve.png")
