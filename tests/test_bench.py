@@ -570,3 +570,9 @@ def test_ctrl_c_in_the_batched_pass_keeps_the_whole_batch_1_results(tiny_llama: 
     results = json.loads((out / "results.json").read_text())
     assert "in the batched pass; the batch-1 results are whole" in results["meta"]["interrupted"]
     assert "batched" not in results["meta"] and len(results["prompts"]) == 4
+
+
+def test_a_share_never_rounds_to_whole_unless_it_is() -> None:
+    from specsure.bench.report import share
+
+    assert [share(r) for r in (1.0, 0.995, 0.9999, 0.5, 0.004, 0.0)] == ["100%", "99.5%", ">99.9%", "50%", "0.4%", "0%"]

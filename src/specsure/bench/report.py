@@ -17,10 +17,10 @@ def _cells(row: SummaryRow) -> list[str]:
     if row.exact_match_rate is None:
         match = "reference"
     elif not row.comparable:
-        match = f"{row.exact_match_rate:.0%} (information only)"
+        match = f"{share(row.exact_match_rate)} (information only)"
     else:
-        match = f"{row.exact_match_rate:.0%}" + ("" if row.outputs_equal else " **MISMATCH**")
-    own = "-" if row.own_plain is None else f"{row.own_plain_exact_match_rate:.0%} vs {row.own_plain}"
+        match = share(row.exact_match_rate) + ("" if row.outputs_equal else " **MISMATCH**")
+    own = "-" if row.own_plain is None else f"{share(row.own_plain_exact_match_rate)} vs {row.own_plain}"
     return [
         row.config,
         row.kind,
@@ -32,6 +32,17 @@ def _cells(row: SummaryRow) -> list[str]:
         match,
         own,
     ]
+
+
+def share(rate: float) -> str:
+    """A rate as a whole percentage that never rounds to 100% or 0% unless it is exactly that: 199 of
+    200 equal outputs read as "100% MISMATCH" when rounded."""
+    shown = f"{rate:.0%}"
+    if shown == "100%" and rate < 1:
+        return f"{rate:.1%}" if f"{rate:.1%}" != "100.0%" else ">99.9%"
+    if shown == "0%" and rate > 0:
+        return f"{rate:.1%}" if f"{rate:.1%}" != "0.0%" else "<0.1%"
+    return shown
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -80,7 +91,7 @@ def render_markdown(results: BenchResults) -> str:
                 "Continuous batching over the same prompts; tokens/s is all new tokens over the run's wall time, "
                 "against the sum of the batch-1 median times; exact match compares each prompt's output with the "
                 "same configuration at batch 1.", ""]
-        rows = [[name, f"{b['tokens_per_s']:.2f}", f"{b['speedup_vs_batch1']:.2f}x", f"{b['exact_match_rate']:.0%}",
+        rows = [[name, f"{b['tokens_per_s']:.2f}", f"{b['speedup_vs_batch1']:.2f}x", share(b['exact_match_rate']),
                  ", ".join(f"{m['prompt_id']}@{m['first_divergence']}" for m in b["mismatches"]) or "-"]
                 for name, b in meta["batched"].items()]
         out += _table(["config", "tok/s", "vs batch 1", "exact match", "first divergences"], rows)

@@ -24,7 +24,7 @@ from specsure.bench.harness import Interrupted, Item, run_batched, run_interleav
 from specsure.bench.llamacpp.baselines import LLAMA_CPP_BASELINES, build_llamacpp
 from specsure.bench.llamacpp.runner import DEFAULT_LLAMA_CPP_PYTHON, LlamaCppError
 from specsure.bench.plots import plot_acceptance, plot_speedup
-from specsure.bench.report import render_markdown
+from specsure.bench.report import render_markdown, share
 from specsure.bench.results import ALL, BenchResults, prompt_result, summarize
 from specsure.bench.workload import CATEGORIES, WorkloadError, encode, load_builtin, load_workloads, select
 from specsure.cli import bench_serve
@@ -386,8 +386,8 @@ def _print_summary(results: BenchResults, out_dir: Path) -> None:
         vs_plain = "-" if r.speedup_vs_plain is None else f"{r.speedup_vs_plain:.2f}x"
         vs_hf = "-" if r.speedup_vs_hf is None else f"{r.speedup_vs_hf:.2f}x"
         acc = "-" if r.mean_acceptance_length is None else f"{r.mean_acceptance_length:.2f}"
-        match = "ref" if r.exact_match_rate is None else f"{r.exact_match_rate:.0%}"
-        own = "" if r.own_plain is None else f"  {r.own_plain_exact_match_rate:.0%} vs {r.own_plain}"
+        match = "ref" if r.exact_match_rate is None else share(r.exact_match_rate)
+        own = "" if r.own_plain is None else f"  {share(r.own_plain_exact_match_rate)} vs {r.own_plain}"
         print(f"{r.config:<24}{r.tokens_per_s:>8.2f}{vs_plain:>10}{vs_hf:>8}{acc:>9}{match:>8}{own}")
     if results.mismatched:
         bar = "!" * 72
@@ -401,5 +401,5 @@ def _print_summary(results: BenchResults, out_dir: Path) -> None:
             print(f"note: {p.config} on {p.prompt_id}: its greedy repeats differ (the first repeat is counted)")
     for name, b in results.meta.get("batched", {}).items():
         print(f"batched {name}: {b['tokens_per_s']:.1f} tok/s, {b['speedup_vs_batch1']:.2f}x its batch-1 run, "
-              f"{b['exact_match_rate']:.0%} equal to batch 1")
+              f"{share(b['exact_match_rate'])} equal to batch 1")
     print(f"\nwrote {out_dir}/results.json, results.md, speedup.png, acceptance.png")
