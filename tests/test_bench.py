@@ -432,6 +432,7 @@ def test_results_name_the_commit_and_say_when_the_package_differs_from_it(tmp_pa
     (["--threads", "0"], "argument --threads: 0 must be at least 1"),
     (["--methods", "ngram", "--mtp-head", "/no/such/head"], "--mtp-head is given, but no selected row uses it"),
     (["--methods", ""], "--methods '' names nothing"),  # not a quiet run of plain decoding alone
+    (["--methods", "plain,,ngram"], "--methods 'plain,,ngram' has an empty item"),
     (["--baselines", " , "], "or 'none' for no baseline"),
     (["--batched", "-1"], "argument --batched: -1 must be at least 0"),
     (["--out", "GOOD"], "cannot write results there"),

@@ -122,6 +122,7 @@ def test_bench_serve_errors_name_the_flag(url: str, tmp_path: Path, capsys: pyte
     monkeypatch.delenv("SPECSURE_API_KEY", raising=False)
     for flags, needle in ((["--url", "localhost:1"], "must start with http://"),
                           (["--concurrency", "1,x"], "--concurrency"),
+                          (["--concurrency", "2,1,1"], "gives 1 twice"),
                           (["--url", "a=http://127.0.0.1:9", "--url", "a=http://127.0.0.1:8"], "labels"),
                           (["--url", "http://127.0.0.1:9"], "cannot reach"),
                           (["--url", "http://127.0.0.1:99999"], "Port out of range"),

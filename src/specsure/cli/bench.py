@@ -41,10 +41,13 @@ HF_BASELINE = "hf"
 def _names(text: str, valid: tuple[str, ...], flag: str, nothing: str) -> list[str]:
     """The comma list of ``flag``; "none" alone means an empty list (``nothing`` says what that runs),
     and a list that names nothing at all is an error rather than a quiet default."""
-    given = [n.strip() for n in text.split(",") if n.strip()]
-    if not given:
+    given = [n.strip() for n in text.split(",")]
+    if not any(given):
         raise argparse.ArgumentTypeError(f"{flag} {text!r} names nothing; send a comma list of {', '.join(valid)}, "
                                          f"or 'none' for {nothing}.")
+    if "" in given:  # plain,,ngram: a name was probably meant there
+        raise argparse.ArgumentTypeError(f"{flag} {text!r} has an empty item; send a comma list of names without "
+                                         "empty ones.")
     names = [n for n in given if n != "none"]
     bad = [n for n in names if n not in valid]
     if bad:

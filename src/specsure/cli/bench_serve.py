@@ -105,6 +105,10 @@ def _levels(text: str) -> list[int]:
         levels = []
     if not levels or any(c < 1 for c in levels):
         raise ValueError(f"--concurrency {text!r} must be a comma list of integers >= 1, such as {DEFAULT_CONCURRENCY}.")
+    if len(set(levels)) < len(levels):  # a level twice would be two rows of one name, each compared with the other
+        twice = sorted({c for c in levels if levels.count(c) > 1})
+        raise ValueError(f"--concurrency {text!r} gives {', '.join(map(str, twice))} twice; give each level once "
+                         "(--num-prompts sets how many requests each runs).")
     return levels
 
 
