@@ -241,7 +241,7 @@ def _run(args: argparse.Namespace) -> int:
     prompts = _load_prompts(args, per_category)
     # Before any model loads: a bad value is no skipped row, and a malformed one an error even where
     # no selected row reads it (every row's config is checked).
-    check_flag_values(METHODS, _settings(args, "auto"))
+    check_flag_values([*methods, *(m for m in METHODS if m not in methods)], _settings(args, "auto"))  # asked first
     check_checkpoint_flags(methods, _settings(args, "auto"))
     if args.threads is not None:
         torch.set_num_threads(args.threads)
