@@ -426,7 +426,7 @@ def test_results_name_the_commit_and_say_when_the_package_differs_from_it(tmp_pa
     (["-k", "100", "--methods", "ngram"], "--num-speculative-tokens: num_speculative_tokens = 100 is out of range"),
     (["--suffix-max-spec-factor", "nan", "--methods", "suffix"], "--suffix-max-spec-factor:"),
     (["--token-tree", "[(0,", "--methods", "mtp-tree"], "--token-tree:"),
-    (["--token-tree", "[(0,", "--methods", "eagle3-tree"], "(method 'eagle3-tree')"),  # the row asked, named
+    (["--token-tree", "[(0,", "--methods", "eagle3-tree", "--eagle3-head", "/a/head"], "(method 'eagle3-tree')"),
     (["--token-tree", "[(0,", "--methods", "ngram"], "--token-tree:"),  # malformed, though no row selected reads it
     (["--methods", "mtp", "--mtp-head", "/no/such/head"], "--mtp-head '/no/such/head' (the mtp row): model (the draft"),
     (["--methods", "draft_model", "--draft-model", "/no/such/draft"], "--draft-model '/no/such/draft' (the draft_model"),
