@@ -578,3 +578,15 @@ def test_a_share_never_rounds_to_whole_unless_it_is() -> None:
     from specsure.bench.report import share
 
     assert [share(r) for r in (1.0, 0.995, 0.9999, 0.5, 0.004, 0.0)] == ["100%", "99.5%", ">99.9%", "50%", "0.4%", "0%"]
+
+
+def test_a_busy_machine_is_said_before_the_timings(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from specsure.cli.bench import _other_load
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.7, 2.0, 1.0))
+    assert "load average is 2.7 on 2 cores" in (_other_load(2) or "")
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+    assert _other_load(2) is None

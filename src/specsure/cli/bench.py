@@ -294,6 +294,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"skip {name}: {reason}")
 
     print(f"{len(items)} prompts x {len(runners)} configurations x {repeats} repeats, {settings.dtype}, {torch.get_num_threads()} threads")
+    if (busy := _other_load(torch.get_num_threads())) is not None:
+        print(busy)
     if args.warmup == 0 and repeats < 3:  # a median of 3 or more leaves one slow first run out
         print("note: --warmup 0: each configuration's first timed run also pays its first-call costs (memory first "
               "touched, caches built), which weighs on its first prompt's figure; --warmup 1 or --repeats 3 keeps "
@@ -370,6 +372,21 @@ def _run(args: argparse.Namespace) -> int:
         print(f"interrupted: {stopped}.", file=sys.stderr)
         return 130
     return 0
+
+
+def _other_load(threads: int) -> str | None:
+    """A note when other processes keep the cores busy: a thread pool as wide as the cores then waits on
+    them at every step, and slows by far more than a library that uses fewer threads."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not on this platform
+        return None
+    cores = os.cpu_count() or 1
+    if load < 0.75 * cores:
+        return None
+    return (f"note: the load average is {load:.1f} on {cores} cores before this run: other processes share them, "
+            f"and with {threads} threads a step waits for whichever is descheduled, so timings are noisy and can "
+            "favour a configuration that uses fewer threads; run on an idle machine, or with fewer --threads")
 
 
 def write_outputs(results: BenchResults, out_dir: Path) -> None:
