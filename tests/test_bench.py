@@ -46,6 +46,8 @@ def test_workload_reads_all_three_prompt_forms(tmp_path: Path) -> None:
     [
         ({"category": "qa", "promt": "x"}, "promt", "did you mean 'prompt'"),
         ({"prompt": "x"}, "category", "non-empty string"),
+        ({"category": " qa ", "prompt": "x"}, "category", "has spaces around it; write 'qa'"),
+        ({"category": "qa", "prompt": "x", "id": " "}, "id", "without spaces around it"),
         ({"category": "qa", "prompt": "x", "messages": [{"role": "user", "content": "y"}]}, None, "exactly one of"),
         ({"category": "qa"}, None, "exactly one of"),
         ({"category": "qa", "prompt": "  "}, "prompt", "non-empty"),
@@ -434,6 +436,7 @@ def test_results_name_the_commit_and_say_when_the_package_differs_from_it(tmp_pa
     (["--methods", "ngram", "--mtp-head", "/no/such/head"], "--mtp-head is given, but no selected row uses it"),
     (["--methods", ""], "--methods '' names nothing"),  # not a quiet run of plain decoding alone
     (["--methods", "plain,,ngram"], "--methods 'plain,,ngram' has an empty item"),
+    (["--categories", ""], "--categories '' names nothing"),  # not every category
     (["--baselines", " , "], "or 'none' for no baseline"),
     (["--batched", "-1"], "argument --batched: -1 must be at least 0"),
     (["--out", "GOOD"], "cannot write results there"),

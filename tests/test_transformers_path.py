@@ -67,7 +67,7 @@ def test_an_ngram_tree_decodes_as_plain_on_sliding_and_eager_models(tmp_path: Pa
 
 
 @pytest.mark.parametrize(("config", "model", "extra", "says"), [
-    ("MambaConfig", "MambaForCausalLM", {"state_size": 8}, "a decode step with specsure's KV cache fails"),
+    ("MambaConfig", "MambaForCausalLM", {"state_size": 8}, "a decode or verify step with specsure's KV cache fails"),
     ("RwkvConfig", "RwkvForCausalLM", {"context_length": 512, "attention_hidden_size": 64},
      "gets other logits than with them in one forward"),
 ])

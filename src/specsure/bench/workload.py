@@ -78,6 +78,8 @@ def _parse_row(row: object, where: str, default_id: str) -> Prompt:
     category = row.get("category")
     if not isinstance(category, str) or not category.strip():
         raise _fail(where, "category", f"must be a non-empty string, got {category!r}")
+    if category != category.strip():  # " code" would be a category of its own beside "code"
+        raise _fail(where, "category", f"{category!r} has spaces around it; write {category.strip()!r}")
     given = [k for k in _INPUT_KEYS if k in row]
     if len(given) != 1:
         raise _fail(where, None, f"give exactly one of 'prompt', 'messages', 'prompt_ids'; got {given or 'none'}")
@@ -97,8 +99,8 @@ def _parse_row(row: object, where: str, default_id: str) -> Prompt:
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0):
         raise _fail(where, "max_tokens", f"must be a positive integer, got {max_tokens!r}")
     prompt_id = row.get("id", default_id)
-    if not isinstance(prompt_id, str) or not prompt_id:
-        raise _fail(where, "id", f"must be a non-empty string, got {prompt_id!r}")
+    if not isinstance(prompt_id, str) or not prompt_id.strip() or prompt_id != prompt_id.strip():
+        raise _fail(where, "id", f"must be a non-empty string without spaces around it, got {prompt_id!r}")
     return Prompt(prompt_id, category, prompt, messages, prompt_ids, max_tokens, where)
 
 
@@ -247,3 +249,16 @@ def encode(prompt: Prompt, tokenizer: object | None) -> tuple[int, ...]:
     else:
         ids = tokenizer.encode(prompt.prompt or "")
     return tuple(int(t) for t in ids)
+
+
+def category_list(text: str | None) -> list[str] | None:
+    """``--categories``: None when not given; a comma list of names otherwise, never empty (an empty
+    one would quietly mean every category)."""
+    if text is None:
+        return None
+    names = [name.strip() for name in text.split(",")]
+    if not any(names) or "" in names:
+        raise WorkloadError(f"--categories {text!r} {'names nothing' if not any(names) else 'has an empty item'}; "
+                            f"give a comma list of categories, such as {','.join(CATEGORIES[:2])}, or leave the flag "
+                            "out for all of them.")
+    return names

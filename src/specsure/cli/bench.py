@@ -26,7 +26,8 @@ from specsure.bench.llamacpp.runner import DEFAULT_LLAMA_CPP_PYTHON, LlamaCppErr
 from specsure.bench.plots import plot_acceptance, plot_speedup
 from specsure.bench.report import render_markdown, share
 from specsure.bench.results import ALL, BenchResults, prompt_result, summarize
-from specsure.bench.workload import CATEGORIES, WorkloadError, encode, load_builtin, load_workloads, select
+from specsure.bench.workload import (CATEGORIES, WorkloadError, category_list, encode, load_builtin, load_workloads,
+                                      select)
 from specsure.cli import bench_serve
 from specsure.cli.common import int_at_least, output_outlives_reader, writable_folder
 from specsure.config import ConfigError
@@ -189,7 +190,7 @@ def _resolve_options(args: argparse.Namespace) -> tuple[int | None, int, int]:
 
 
 def _load_prompts(args: argparse.Namespace, per_category: int | None):
-    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    categories = category_list(args.categories)
     if args.workload and args.heldout:
         raise ValueError("--heldout chooses the built-in held-out split, and --workload your own prompts instead; "
                          "give one of them.")

@@ -12,7 +12,7 @@ import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specsure.bench.workload import CATEGORIES, Prompt, WorkloadError, load_builtin, load_workloads, select
+from specsure.bench.workload import CATEGORIES, Prompt, WorkloadError, category_list, load_builtin, load_workloads, select
 from specsure.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, api_key_from, output_outlives_reader, writable_folder
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ def _levels(text: str) -> list[int]:
 
 
 def _prompts(args: argparse.Namespace, endpoint: str) -> list[Request]:
-    categories = [c.strip() for c in args.categories.split(",") if c.strip()] if args.categories else None
+    categories = category_list(args.categories)
     rows = load_workloads(args.workload) if args.workload else load_builtin(
         categories or CATEGORIES)
     if args.workload and categories and (unknown := sorted(set(categories) - {r.category for r in rows})):
