@@ -332,3 +332,39 @@ def test_a_cache_file_that_reads_but_holds_damage_is_built_again(tmp_path: Path,
         samples, hit = cached_samples(tmp_path, "k", lambda: good, vocab_size=10)
     assert not hit and samples is good and "are damaged" in caplog.text and "building them again" in caplog.text
     assert cached_samples(tmp_path, "k", lambda: [], vocab_size=10)[1]  # the rebuilt file reads back
+
+
+def test_a_prompt_past_the_context_is_named_by_its_line(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    args = _train_args(tmp_path)
+    long = tmp_path / "long.jsonl"
+    long.write_text(json.dumps({"category": "t", "prompt_ids": [5] * 600}) + "\n")
+    assert main([*args, "--prompts", str(long)]) == 2
+    err = capsys.readouterr().err
+    assert f"{long}:1: the prompt has 600 tokens, but the target's context is 512" in err and "note:" not in err
+
+
+def test_chat_prompts_for_a_target_without_a_template_leave_out_the_conversations(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """The derived tasks are conversations: without a chat template they failed after the first round of
+    generation, naming a prompt the user never wrote; now they are left out, and a note says so."""
+    from words import write_word_tokenizer
+
+    target = write_word_tokenizer(build_tiny_llama(tmp_path / "words", vocab_size=128, num_layers=2), 128)
+    code = main(["train", "--model", str(target), "--dtype", "float32", "--out", str(tmp_path / "head"),
+                 "--corpus", "chat", "--corpus-prompts", "3", "--max-new-tokens", "24", "--steps", "2",
+                 "--no-progress", "--no-cache"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "has no chat template, so its chat prompts go to it as plain text" in err
+    record = json.loads((tmp_path / "head" / "training.json").read_text())
+    assert record["data"]["prompts"] == 3  # no derived task was added
+
+
+def test_a_head_file_cut_short_is_named_not_a_traceback(tmp_path: Path) -> None:
+    from specsure.config.errors import ConfigError
+    from specsure.config.shipped import shipped_head
+    from specsure.proposers.head_loading import TensorFile
+
+    whole = Path(str(shipped_head("mtp"))) / "model.safetensors"
+    (tmp_path / "model.safetensors").write_bytes(whole.read_bytes()[:5000])
+    with pytest.raises(ConfigError, match="model.safetensors cannot be read as safetensors .*damaged or cut short"):
+        TensorFile(tmp_path)

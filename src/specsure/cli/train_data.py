@@ -165,14 +165,23 @@ def training_samples(args: argparse.Namespace, target: LoadedModel, prompts: Tra
             raise ValueError(f"{row.source or row.id}: prompt_ids holds token id {bad}, outside the target's "
                              f"vocabulary [0, {vocab}); give ids the target's tokenizer makes.")
     context = target.lm.max_context
+    for row, ids in zip(rows, token_prompts):
+        if context and len(ids) >= context:  # no room for one token: named by its file and line, before any work
+            raise ValueError(f"{row.source or row.id}: the prompt has {len(ids)} tokens, but the target's context is "
+                             f"{context} tokens, which leaves no room to continue it; shorten it or leave it out.")
     cut = [ids for ids in token_prompts if context and len(ids) + args.max_new_tokens > context]
     if cut and not prompts.pieces:  # generation stops at the context, as the engine does: say so, once
         print(f"note: --max-new-tokens {args.max_new_tokens}: {len(cut)} prompt(s) leave less room than that in the "
               f"target's context of {context} tokens (the longest, {max(map(len, cut))} tokens, leaves "
               f"{max(context - max(map(len, cut)), 0)}); their continuations stop at the context.", flush=True)
     dtype = str(target.lm.dtype).removeprefix("torch.")
+    templated = target.tokenizer is not None and bool(getattr(target.tokenizer, "chat_template", None))
+    if prompts.chat_rows and not templated:
+        print(f"note: --corpus chat: the target at {target.path} has no chat template, so its chat prompts go to it "
+              "as plain text, and the tasks built on their answers (second turns, summaries, translations, passage "
+              "questions: conversations) are left out.", file=sys.stderr)
     follow_up = _derived(rows, prompts.chat_rows, target.tokenizer, args.seed) \
-        if prompts.chat_rows and target.tokenizer else None
+        if prompts.chat_rows and templated else None
     # The batch is part of the key: batching may change a near-tied greedy token, so samples
     # generated 8 at a time are not the ones 32 at a time would give.
     derived = f"derived-{DERIVED_VERSION}-seed{args.seed}-" if follow_up else ""

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 from huggingface_hub.errors import StrictDataclassError
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from transformers import LlamaConfig, PreTrainedConfig
 
 from specsure.config.checkpoint import read_config
@@ -29,9 +29,13 @@ class TensorFile:
         self.folder = Path(folder)
         self._where: dict[str, Path] = {}
         for shard in sorted(self.folder.glob("*.safetensors")):
-            with safe_open(str(shard), framework="pt") as fh:
-                for name in fh.keys():
-                    self._where[name] = shard
+            try:
+                with safe_open(str(shard), framework="pt") as fh:
+                    for name in fh.keys():
+                        self._where[name] = shard
+            except (SafetensorError, OSError) as exc:  # truncated, garbage, unreadable
+                raise ConfigError(f"draft head {str(folder)!r}: {shard.name} cannot be read as safetensors ({exc}); "
+                                  "the file is damaged or cut short: download or write it again.") from None
         if not self._where:
             raise ConfigError(f"draft head {str(folder)!r} has no *.safetensors weights in {self.folder}.")
 
@@ -46,9 +50,13 @@ class TensorFile:
             by_shard.setdefault(self._where[name], []).append(name)
         out: dict[str, torch.Tensor] = {}
         for shard, group in by_shard.items():
-            with safe_open(str(shard), framework="pt") as fh:
-                for name in group:
-                    out[name] = fh.get_tensor(name)
+            try:
+                with safe_open(str(shard), framework="pt") as fh:
+                    for name in group:
+                        out[name] = fh.get_tensor(name)
+            except (SafetensorError, OSError) as exc:  # a header that reads over data cut short
+                raise ConfigError(f"draft head {str(self.folder)!r}: {shard.name} cannot be read as safetensors "
+                                  f"({exc}); the file is damaged or cut short: download or write it again.") from None
         return out
 
 
