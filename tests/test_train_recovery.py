@@ -357,6 +357,9 @@ def test_chat_prompts_for_a_target_without_a_template_leave_out_the_conversation
     assert "has no chat template, so its chat prompts go to it as plain text" in err
     record = json.loads((tmp_path / "head" / "training.json").read_text())
     assert record["data"]["prompts"] == 3  # no derived task was added
+    held = record["data"]["heldout_sequences"]
+    assert record["heldout"]["measured_on"] == ("heldout" if held else
+                                                "training sequences (too few prompts to hold any out)")
 
 
 def test_a_head_file_cut_short_is_named_not_a_traceback(tmp_path: Path) -> None:

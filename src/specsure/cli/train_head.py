@@ -91,7 +91,8 @@ def train_mtp_head(args: argparse.Namespace, target: LoadedModel, samples: Seque
                      "threads": torch.get_num_threads(),
                      **({"init_from": init} if init else {})},
         "data": {**data, "train_sequences": result.train_sequences, "heldout_sequences": result.heldout_sequences},
-        "heldout": {"kl_before": before.kl, "kl_after": after.kl, "top1_before": before.agreement,
+        "heldout": {"measured_on": _measured_on(result.heldout_sequences),
+                    "kl_before": before.kl, "kl_after": after.kl, "top1_before": before.agreement,
                     "top1_after": after.agreement, "entries": after.entries,
                     "top1_per_module": list(after.per_module), "acceptance_length": after.acceptance_length},
         "curve": [{"step": s, "heldout_top1": a, "heldout_acceptance_length": v} for s, a, v in result.curve],
@@ -150,7 +151,8 @@ def train_eagle3_head(args: argparse.Namespace, target: LoadedModel, samples: Se
                      "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(),
                      "intermediate_size": mlp_width(result.module), **({"init_from": init} if init else {})},
         "data": {**data, "train_sequences": result.train_sequences, "heldout_sequences": result.heldout_sequences},
-        "heldout": {"acceptance_length_before": before.acceptance_length,
+        "heldout": {"measured_on": _measured_on(result.heldout_sequences),
+                    "acceptance_length_before": before.acceptance_length,
                     "acceptance_length_after": after.acceptance_length, "agreement_per_step": after.agreement,
                     "loss_before": before.loss, "loss_after": after.loss, "anchors": after.anchors,
                     "k": settings.unroll},
@@ -180,3 +182,9 @@ def _warn_if_worse(where: str, after: str, before: str, worse: bool) -> None:
     if worse:
         print(f"warning: the trained head is worse than before training ({where} {after}, was {before}): lower "
               "--lr, train on more data (--corpus-prompts), or keep the head you started from.", file=sys.stderr)
+
+
+def _measured_on(heldout_sequences: int) -> str:
+    """What training.json's "heldout" figures were measured on: with too few prompts none is held out, and
+    the figures are the training sequences' (in-sample), which a reader comparing heads must know."""
+    return "heldout" if heldout_sequences else "training sequences (too few prompts to hold any out)"
