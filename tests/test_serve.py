@@ -427,7 +427,7 @@ def test_serve_flags_default_to_loopback(monkeypatch: pytest.MonkeyPatch) -> Non
     assert args.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS  # the CLI's copy of the default agrees
     args = build_parser().parse_args(["serve", "--speculative-config", '{"method": "ngram"}', "--port", "0",
                                       "--api-key", "k", "--served-model-name", "m", "--strict"])
-    assert (args.port, args.api_key, args.served_model_name, args.strict) == (0, "k", "m", True)
+    assert (args.port, args.api_key, args.served_model_name, args.strict) == (0, "k", ["m"], True)
 
 
 def test_serve_config_error_exits_2_before_binding(capsys: pytest.CaptureFixture[str]) -> None:
@@ -539,3 +539,22 @@ def test_allowed_origins_must_be_a_json_list(capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit) as stop:
         main(["serve", "--allowed-origins", '["localhost:3000"]'])
     assert stop.value.code == 2 and "is not an origin a browser sends" in capsys.readouterr().err
+
+
+def test_several_served_names_are_each_accepted_and_answers_carry_the_first(engine: Engine) -> None:
+    """vLLM's --served-model-name takes a list: a client may send any of them."""
+    client = TestClient(create_app(engine, served_model_name=["tiny", "tiny-alias"]))
+    assert [card["id"] for card in client.get("/v1/models").json()["data"]] == ["tiny", "tiny-alias"]
+    assert client.get("/v1/models/tiny-alias").json()["id"] == "tiny-alias"
+    body = {"model": "tiny-alias", "prompt": WORDS, "max_tokens": 2}
+    answer = client.post("/v1/completions", json=body)
+    assert answer.status_code == 200 and answer.json()["model"] == "tiny"
+    chat = client.post("/v1/chat/completions", json={"model": "tiny-alias", "messages": CHAT, "max_tokens": 2})
+    assert chat.status_code == 200 and chat.json()["model"] == "tiny"
+    assert client.post("/tokenize", json={"model": "tiny-alias", "prompt": WORDS}).status_code == 200
+    missing = client.post("/v1/completions", json={**body, "model": "other"})
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+    with pytest.raises(ValueError, match="a list of distinct names"):
+        create_app(engine, served_model_name=["a", "a"])
+    args = build_parser(["serve"]).parse_args(["serve", "--served-model-name", "a", "b"])
+    assert args.served_model_name == ["a", "b"]

@@ -35,8 +35,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--api-key", default=None, metavar="KEY",
                         help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECSURE_API_KEY, else none; "
                              "an empty key is an error)")
-    parser.add_argument("--served-model-name", default=None, metavar="NAME",
-                        help="the model name clients send (default: the --model string, or SmolLM2-135M-Instruct)")
+    parser.add_argument("--served-model-name", default=None, nargs="+", metavar="NAME",
+                        help="the model name clients send, or several (any of them is accepted; answers carry the "
+                             "first), as vLLM takes them (default: the --model string, or SmolLM2-135M-Instruct)")
     parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS, metavar="N",
                         help=f"requests generating at once, batched into every target forward (default "
                              f"{DEFAULT_MAX_NUM_SEQS}, as vLLM names it)")

@@ -61,7 +61,7 @@ def default_model_name(engine: Engine) -> str:
     return engine.resolution.target_model or DEFAULT_MODEL_NAME
 
 
-def create_app(engine: Engine, *, served_model_name: str | None = None, api_key: str | None = None,
+def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None = None, api_key: str | None = None,
                max_queue: int = DEFAULT_MAX_QUEUE, request_timeout: float | None = None,
                threads: int | None = None, chat_template: str | None = None,
                tool_call_parser: str | None = None, reasoning_parser: str | None = None,
@@ -70,7 +70,9 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
 
     Args:
         engine: built by ``make_engine``; the app reads its resolution and never re-resolves.
-        served_model_name: the name clients send as ``model``; default: ``default_model_name``.
+        served_model_name: the name clients send as ``model``, or several (vLLM's --served-model-name
+            takes a list): clients may send any of them, and answers, /v1/models' first card and the
+            metrics carry the first; default: ``default_model_name``.
         api_key: when set, every /v1/* and tokenizer request needs ``Authorization: Bearer <api_key>``;
             /health and /metrics stay open.
         max_queue: requests that may wait for a place in the running batch (``engine.max_num_seqs``);
@@ -95,7 +97,17 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         raise ValueError(f"request_timeout = {request_timeout!r} must be a number of seconds > 0, or None.")
     if threads is not None and (type(threads) is not int or threads < 1):
         raise ValueError(f"threads = {threads!r} must be an int >= 1, or None.")
-    name = served_model_name or default_model_name(engine)
+    names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or ())
+    if not all(isinstance(n, str) and n for n in names) or len(set(names)) < len(names):
+        raise ValueError(f"served_model_name = {served_model_name!r} must be a name, or a list of distinct names.")
+    names = names or [default_model_name(engine)]
+    name = names[0]
+
+    def as_served(body: Any) -> Any:
+        """The body with another of the served names read as the first, which every answer carries."""
+        if isinstance(body, dict) and body.get("model") in names[1:]:
+            return {**body, "model": name}
+        return body
     template = ChatTemplate(engine, chat_template, tool_call_parser)
     if reasoning_parser is not None:
         check_reasoning_parser(reasoning_parser, engine.tokenizer, template.text)
@@ -134,7 +146,7 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
         # (uvicorn) logs it with its traceback; logging here too printed every traceback twice.
         return JSONResponse(internal_error(exc), status_code=500)
 
-    add_tokenizer_routes(app, engine, name, template)
+    add_tokenizer_routes(app, engine, name, template, as_served)
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # uptime checkers and load balancers probe with HEAD too
     async def health() -> dict[str, str]:
@@ -144,27 +156,28 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    def card() -> dict[str, Any]:
+    def card(shown: str = name) -> dict[str, Any]:
         res = engine.resolution
-        return {"id": name, "object": "model", "created": started, "owned_by": "specsure",
+        return {"id": shown, "object": "model", "created": started, "owned_by": "specsure",
                 "root": str(res.decisions["target"].value), "max_model_len": engine.target.lm.max_context or None,
                 "speculative": {"method": method, "fields": res.to_dict(), "warnings": list(res.warnings)}}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [card()]}
+        return {"object": "list", "data": [card(shown) for shown in names]}  # as vLLM lists its names
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:  # the client's models.retrieve
-        if model_id != name:
-            raise APIError(f"model {model_id!r} is not served here; this server serves {name!r} (GET /v1/models).",
+        if model_id not in names:
+            served = " or ".join(map(repr, names))
+            raise APIError(f"model {model_id!r} is not served here; this server serves {served} (GET /v1/models).",
                            404, param="model", code="model_not_found")
-        return card()
+        return card(model_id)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         # A structured output's schema compiles while parsing (up to about a second): off the event loop.
-        req = await run_in_threadpool(parse_completion, parse_json(await read_body(request)), name)
+        req = await run_in_threadpool(parse_completion, as_served(parse_json(await read_body(request))), name)
         _check_params(engine, req.params)
         names = ["prompt"] if len(req.prompts) == 1 else [f"prompt[{i}]" for i in range(len(req.prompts))]
         cut = req.delivery.truncate_prompt_tokens
@@ -178,7 +191,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req = await run_in_threadpool(parse_chat, parse_json(await read_body(request)), name, tool_call_parser,
+        req = await run_in_threadpool(parse_chat, as_served(parse_json(await read_body(request))), name,
+                                      tool_call_parser,
                                       template.special_tags)
         prompt, params, thinking = await rendered(req)
         return await answer(request, "chat", [(prompt, "messages")], params, req.delivery, tools=req.tools,
@@ -186,7 +200,8 @@ def create_app(engine: Engine, *, served_model_name: str | None = None, api_key:
 
     @app.post("/v1/responses")
     async def create_response(request: Request) -> Response:
-        req = await run_in_threadpool(parse_response, parse_json(await read_body(request)), name, stored.conversation,
+        req = await run_in_threadpool(parse_response, as_served(parse_json(await read_body(request))), name,
+                                      stored.conversation,
                                       tool_call_parser, template.special_tags)
         chat = req.chat
         if req.truncate:

@@ -9,7 +9,7 @@ one by. The bodies are vLLM's: /tokenize takes a ``prompt`` (or chat ``messages`
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 
@@ -26,13 +26,15 @@ TOKENIZE_FIELDS = ("model", "prompt", "messages", "tools", "add_special_tokens",
 DETOKENIZE_FIELDS = ("model", "tokens")
 
 
-def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, template: ChatTemplate) -> None:
+def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, template: ChatTemplate,
+                         as_served: Callable[[Any], Any] = lambda body: body) -> None:
     """Register the three routes on ``app`` for ``engine``'s tokenizer; messages render with ``template``,
-    as the chat endpoint renders them."""
+    as the chat endpoint renders them; ``as_served`` reads another served name as ``model_name``."""
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
-        body = _fields(parse_json(await read_body(request)), TOKENIZE_FIELDS, "POST /tokenize", model_name)
+        body = _fields(as_served(parse_json(await read_body(request))), TOKENIZE_FIELDS, "POST /tokenize",
+                       model_name)
         tokenizer = _tokenizer(engine, model_name)
         special = flag(body, "add_special_tokens", True)
         for key in ("tools", "chat_template_kwargs"):
@@ -63,7 +65,8 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, template
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
-        body = _fields(parse_json(await read_body(request)), DETOKENIZE_FIELDS, "POST /detokenize", model_name)
+        body = _fields(as_served(parse_json(await read_body(request))), DETOKENIZE_FIELDS, "POST /detokenize",
+                       model_name)
         tokenizer = _tokenizer(engine, model_name)
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
