@@ -95,6 +95,8 @@ def test_a_level_with_no_success_has_null_percentiles_in_json() -> None:
     row = json.loads(json.dumps(to_json([level], {}), allow_nan=False))["levels"][0]
     assert (row["ttft_p50_s"], row["itl_p99_s"], row["tpot_p50_s"]) == (None, None, None)
     assert row["errors"] == {"HTTP 400: too long": 1}
+    from specsure.bench.load import render_markdown
+    assert "over the same server's concurrency 1" not in render_markdown([level])  # no heading over nothing
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])

@@ -333,12 +333,14 @@ def render_markdown(levels: Sequence[Level]) -> str:
         lines.append(f"| {v.label} | {v.concurrency} | {v.requests} ({v.failed}) | {v.tokens_per_s:.1f} | "
                      f"{v.requests_per_s:.2f} | {ms(v.ttft_p50_s)} / {ms(v.ttft_p99_s)} | "
                      f"{ms(v.itl_p50_s)} / {ms(v.itl_p99_s)} | {ms(v.tpot_p50_s, 1)} |")
-    lines += ["", "Aggregate throughput over the same server's concurrency 1:", ""]
+    scaled = []
     for label in dict.fromkeys(v.label for v in levels):
         mine = [v for v in levels if v.label == label]
         base = next((v.tokens_per_s for v in mine if v.concurrency == 1), None)
         if base:
-            lines.append(f"- {label}: " + ", ".join(f"c={v.concurrency} {v.tokens_per_s / base:.2f}x" for v in mine))
+            scaled.append(f"- {label}: " + ", ".join(f"c={v.concurrency} {v.tokens_per_s / base:.2f}x" for v in mine))
+    if scaled:  # no heading over nothing: a server without a measured concurrency 1 has no line
+        lines += ["", "Aggregate throughput over the same server's concurrency 1:", "", *scaled]
     labels = list(dict.fromkeys(v.label for v in levels))
     if len(labels) > 1:
         lines += ["", f"Throughput over {labels[0]!r} at the same concurrency:", ""]

@@ -215,11 +215,11 @@ def _run(args: argparse.Namespace) -> int:
     if stopped is not None:
         print(f"interrupted: {stopped}.", file=sys.stderr)
         return 130
-    failed = sum(level.failed for level in results)
+    failed, sent = sum(level.failed for level in results), sum(level.requests for level in results)
     if failed:
-        print(f"specsure bench serve: {failed} of {sum(level.requests for level in results)} requests failed (the "
-              f"figures count only the others); their errors are listed above and in {out}/serve.md",
-              file=sys.stderr)
+        others = "no request succeeded, so there are no figures" if failed == sent else "the figures count only the others"
+        print(f"specsure bench serve: {failed} of {sent} requests failed ({others}); their errors are listed above and "
+              f"in {out}/serve.md", file=sys.stderr)
     return EXIT_FAIL if failed else EXIT_OK
 
 
