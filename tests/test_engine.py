@@ -226,3 +226,36 @@ def test_draft_with_a_shorter_context_stops_drafting_instead_of_failing(tmp_path
     assert out.token_ids == plain.token_ids and out.finish_reason == plain.finish_reason == "length"
     assert len(PROMPTS[0]) + len(out.token_ids) == 64  # ran to the target's context, past the draft's
     assert out.stats.drafts > 0
+
+
+def test_one_engine_from_two_threads_gives_each_its_own_output(models: dict[str, str]) -> None:
+    """Threads take turns on the engine: stepping its one scheduler at once mixed their requests, and a
+    thread could be handed the other's completion."""
+    import threading
+
+    engine = make_engine(models["target"], {"method": "ngram", "num_speculative_tokens": 3}, dtype="float32")
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    prompts = [[5, 6, 7, 5, 6], [9, 8, 7, 9, 8]]
+    expected = {tuple(p): engine.generate(p, params)[0].token_ids for p in prompts}
+    assert len({tuple(v) for v in expected.values()}) == 2
+    wrong: list[object] = []
+
+    def loop(prompt: list[int]) -> None:
+        try:
+            for i in range(6):
+                if i % 2:  # a stream holds the engine until it ends, as a call does
+                    *_, last = engine.generate_stream(prompt, params)
+                    got = last.completion.token_ids
+                else:
+                    got = engine.generate(prompt, params)[0].token_ids
+                if got != expected[tuple(prompt)]:
+                    wrong.append((prompt, got))
+        except Exception as exc:  # noqa: BLE001 - any failure in a thread is the finding
+            wrong.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(p,)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not wrong, wrong

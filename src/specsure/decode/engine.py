@@ -6,9 +6,11 @@ proposer is whatever the Resolution names (no per-method branches here).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import numbers
 import os
+import threading
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
@@ -67,6 +69,9 @@ class Engine:
         self.max_num_batched_tokens = max_num_batched_tokens
         self._k = config.num_speculative_tokens if config is not None else 0
         self._running: object | None = None
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        """The thread that holds ``_lock``: one generation at a time, across threads."""
         self._grammars = Grammars(target.tokenizer, target.lm.vocab_size)
         self.proposer = proposer
 
@@ -113,9 +118,10 @@ class Engine:
             each = [self._checked(p) for p in params]
         else:
             each = [self._checked(params)] * len(batch)
-        requests = [self.request(self._encode(p, i), q) for i, (p, q) in enumerate(zip(batch, each))]
-        for _ in self._run(requests):
-            pass
+        with self._exclusive():
+            requests = [self.request(self._encode(p, i), q) for i, (p, q) in enumerate(zip(batch, each))]
+            for _ in self._run(requests):
+                pass
         completions = [r.completion for r in requests]
         assert all(c is not None for c in completions), "the scheduler went idle with a request unfinished"
         return completions  # type: ignore[return-value]
@@ -273,10 +279,28 @@ class Engine:
 
     def _steps(self, prompt: list[int], params: SamplingParams) -> Iterator[StepUpdate]:
         """One prompt's updates, step by step; ``generate_stream`` hands them out."""
-        request = self.request(prompt, params)
-        for updates in self._run([request]):
-            for _, update in updates:
-                yield update
+        with self._exclusive():  # from the first step until the stream ends or is closed
+            request = self.request(prompt, params)
+            for updates in self._run([request]):
+                for _, update in updates:
+                    yield update
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """The engine for this thread alone: a generation another thread runs (or a stream it holds open)
+        is waited for. The scheduler, its caches and the seed stream are one per engine; two threads
+        stepping them at once mixed their requests' outputs. Within one thread, a second generation
+        while a stream is open stops that stream instead (``_run`` says so), as before."""
+        me = threading.get_ident()
+        if self._owner == me:
+            yield
+            return
+        with self._lock:
+            self._owner = me
+            try:
+                yield
+            finally:
+                self._owner = None
 
 
 def _token_id(tok: object, index: int) -> int:
