@@ -308,3 +308,11 @@ def test_more_choices_than_the_server_ever_holds_is_a_400(engine: Engine, monkey
         r = httpx.post(f"{url}/v1/completions", json={**SHORT, "prompt": [SHORT["prompt"]] * 2, "n": 2}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
         assert "2 prompts with n = 2 (4 sequences)" in r.json()["error"]["message"]
+
+
+def test_a_stop_list_past_its_bounds_is_a_400(url: str) -> None:
+    """Each step searches the output for every stop string: a million of them stalled every request."""
+    for stop, words in ((["w1"] * 65, "at most 64 stop strings"), (["w" * 1025], "at most 1024 characters")):
+        reply = httpx.post(f"{url}/v1/completions", json={**SHORT, "stop": stop}, timeout=30)
+        error = reply.json()["error"]
+        assert reply.status_code == 400 and error["param"] == "stop" and words in error["message"], error

@@ -19,6 +19,8 @@ import torch
 from specsure.grammar import GrammarError, StructuredOutputs
 
 SEED_LIMIT = 2**64  # torch.Generator.manual_seed rejects seeds at or above this
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
 MAX_LOGPROBS = 20
 """The most alternatives ``logprobs`` may ask for per position (OpenAI's and vLLM's limit)."""
 MIN_TEMPERATURE = 1e-5
@@ -239,6 +241,14 @@ class SamplingParams:
             if not isinstance(s, str) or not s:
                 raise _fail("stop", stop, "is invalid: every stop string must be a non-empty str",
                             "remove empty or non-string entries")
+        # Every step searches the output for each stop string: a million of them stalled every request
+        # of a server for minutes. The bounds are far above any real use (OpenAI's own limit is 4).
+        if len(strings) > MAX_STOP_STRINGS:
+            raise _fail("stop", f"<{len(strings)} strings>", f"is invalid: at most {MAX_STOP_STRINGS} stop strings "
+                        "are taken", f"pass {MAX_STOP_STRINGS} or fewer")
+        if longest := max((s for s in strings if len(s) > MAX_STOP_CHARS), key=len, default=None):  # type: ignore[arg-type]
+            raise _fail("stop", f"<a string of {len(longest)} characters>", f"is invalid: a stop string may hold at "
+                        f"most {MAX_STOP_CHARS} characters", "pass a shorter one")
         return tuple(strings) or None  # type: ignore[arg-type]
 
     @property
