@@ -371,3 +371,21 @@ def test_a_head_file_cut_short_is_named_not_a_traceback(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").write_bytes(whole.read_bytes()[:5000])
     with pytest.raises(ConfigError, match="model.safetensors cannot be read as safetensors .*damaged or cut short"):
         TensorFile(tmp_path)
+
+
+def test_a_lock_file_planted_as_a_link_is_not_written_through(tmp_path: Path) -> None:
+    """In a folder others can write, .NAME.lock linked to a user's file had the run truncate and overwrite it."""
+    from specsure.train.out_lock import hold
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("IMPORTANT")
+    (tmp_path / ".head.lock").symlink_to(victim)
+    with pytest.raises(ValueError, match=r"is a link .* which this run will not write through"):
+        with hold(tmp_path / "head"):
+            pass
+    assert victim.read_text() == "IMPORTANT"
+    from specsure.cli.train_head import _point_folder
+
+    (tmp_path / ".other.resume").symlink_to(tmp_path)
+    with pytest.raises(ValueError, match=r"resume folder .* is a link"):
+        _point_folder(tmp_path / "other")

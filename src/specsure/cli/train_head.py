@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -25,7 +26,11 @@ def _resume_folder(args: argparse.Namespace, out: Path) -> Path | None:
 
 
 def _point_folder(out: Path) -> Path:
-    return out.parent / f".{out.name}.resume"
+    folder = out.parent / f".{out.name}.resume"
+    if folder.is_symlink():  # in a folder others can write, a planted link would have this run read and write there
+        raise ValueError(f"--out {str(out)!r}: its resume folder {str(folder)!r} is a link (to "
+                         f"{os.readlink(folder)!r}), which this run will not read or write through; delete the link.")
+    return folder
 
 
 def ignored_point(args: argparse.Namespace, out: Path) -> None:

@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import os
 import socket
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,10 +41,20 @@ def hold(out: Path) -> Iterator[None]:
 def _acquire(path: Path, out: Path) -> int:
     for _ in range(100):  # only another run's unlink between our open and our lock makes us go round
         try:
-            handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            # Never through a link: in a folder others can write, a planted .NAME.lock link would have this run
+            # truncate and overwrite whatever file it names.
+            handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except PermissionError:  # another user's run left it (SIGKILL): say whose file blocks this --out
             raise ValueError(f"--out {str(out)!r}: the lock file {str(path)!r} belongs to another user and cannot be "
                              "taken; if no run of theirs is writing this head, delete that file.") from None
+        except OSError as exc:
+            if not path.is_symlink():
+                raise
+            raise ValueError(f"--out {str(out)!r}: the lock file {str(path)!r} is a link (to {os.readlink(path)!r}), "
+                             "which this run will not write through; delete the link.") from None
+        if not stat.S_ISREG(os.fstat(handle).st_mode):  # a fifo or a device planted in its place
+            os.close(handle)
+            raise ValueError(f"--out {str(out)!r}: the lock file {str(path)!r} is not a regular file; delete it.")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
