@@ -177,7 +177,8 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         # A structured output's schema compiles while parsing (up to about a second): off the event loop.
-        req = await run_in_threadpool(parse_completion, as_served(parse_json(await read_body(request))), name)
+        raw = await read_body(request)  # parsed in the thread pool: a large body would hold the event loop
+        req = await run_in_threadpool(lambda: parse_completion(as_served(parse_json(raw)), name))
         _check_params(engine, req.params)
         names = ["prompt"] if len(req.prompts) == 1 else [f"prompt[{i}]" for i in range(len(req.prompts))]
         cut = req.delivery.truncate_prompt_tokens
@@ -191,18 +192,18 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req = await run_in_threadpool(parse_chat, as_served(parse_json(await read_body(request))), name,
-                                      tool_call_parser,
-                                      template.special_tags)
+        raw = await read_body(request)
+        req = await run_in_threadpool(lambda: parse_chat(as_served(parse_json(raw)), name, tool_call_parser,
+                                                         template.special_tags))
         prompt, params, thinking = await rendered(req)
         return await answer(request, "chat", [(prompt, "messages")], params, req.delivery, tools=req.tools,
                             thinking=thinking)
 
     @app.post("/v1/responses")
     async def create_response(request: Request) -> Response:
-        req = await run_in_threadpool(parse_response, as_served(parse_json(await read_body(request))), name,
-                                      stored.conversation,
-                                      tool_call_parser, template.special_tags)
+        raw = await read_body(request)
+        req = await run_in_threadpool(lambda: parse_response(as_served(parse_json(raw)), name, stored.conversation,
+                                                             tool_call_parser, template.special_tags))
         chat = req.chat
         if req.truncate:
             chat = replace(chat, messages=await run_in_threadpool(truncated, chat.messages, fits(req)))

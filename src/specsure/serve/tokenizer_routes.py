@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
+from starlette.concurrency import run_in_threadpool
 
 from specsure.config.errors import json_type
 from specsure.decode.engine import Engine
@@ -31,10 +32,15 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, template
     """Register the three routes on ``app`` for ``engine``'s tokenizer; messages render with ``template``,
     as the chat endpoint renders them; ``as_served`` reads another served name as ``model_name``."""
 
+    # The work runs in the thread pool, as the generation routes' parsing does: on the event loop, a
+    # 15 MiB prompt held every route, /health included, for seconds.
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
-        body = _fields(as_served(parse_json(await read_body(request))), TOKENIZE_FIELDS, "POST /tokenize",
-                       model_name)
+        raw = await read_body(request)
+        return await run_in_threadpool(tokenized, raw)
+
+    def tokenized(raw: bytes) -> dict[str, Any]:
+        body = _fields(as_served(parse_json(raw)), TOKENIZE_FIELDS, "POST /tokenize", model_name)
         tokenizer = _tokenizer(engine, model_name)
         special = flag(body, "add_special_tokens", True)
         for key in ("tools", "chat_template_kwargs"):
@@ -65,8 +71,11 @@ def add_tokenizer_routes(app: FastAPI, engine: Engine, model_name: str, template
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
-        body = _fields(as_served(parse_json(await read_body(request))), DETOKENIZE_FIELDS, "POST /detokenize",
-                       model_name)
+        raw = await read_body(request)
+        return await run_in_threadpool(detokenized, raw)
+
+    def detokenized(raw: bytes) -> dict[str, Any]:
+        body = _fields(as_served(parse_json(raw)), DETOKENIZE_FIELDS, "POST /detokenize", model_name)
         tokenizer = _tokenizer(engine, model_name)
         tokens = body.get("tokens")
         if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
