@@ -3,6 +3,8 @@ kernel's) is explained."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -320,3 +322,32 @@ def test_mtp_block_on_the_kernel_matches_its_torch_ops(tmp_path, products):
     plain = make_engine(target, None, dtype="bfloat16")
     prompt = [5, 6, 7, 8, 9, 10, 5, 6, 7]
     assert engine.generate([prompt], greedy)[0].token_ids == plain.generate([prompt], greedy)[0].token_ids
+
+
+def test_a_kernel_library_others_could_write_is_never_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """Native code runs in the process: a cached library in a folder others can write is rebuilt privately."""
+    import logging
+    import os
+
+    from specsure.models import kernel
+
+    cc = kernel.compiler()
+    assert cc is not None, "the kernels' tests need the C compiler the install needs"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    source = tmp_path / "k.c"
+    source.write_text("int answer(void) { return 42; }\n")
+    folder = tmp_path / "specsure" / "kernels"
+    folder.mkdir(parents=True)
+    os.chmod(folder, 0o777)
+    with caplog.at_level(logging.WARNING, logger="specsure.models.kernel"):
+        built = kernel.build_library(cc, source, ("-shared", "-fPIC", "-O1"), "probe")
+    assert built.parent != folder and "can be written by other users" in caplog.text
+    os.chmod(folder, 0o700)
+    private = kernel.build_library(cc, source, ("-shared", "-fPIC", "-O1"), "probe")
+    assert private.parent == folder and kernel.build_library(cc, source, ("-shared", "-fPIC", "-O1"), "probe") == private
+    os.chmod(private, 0o666)  # the library itself made writable by others: built again, private
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="specsure.models.kernel"):
+        again = kernel.build_library(cc, source, ("-shared", "-fPIC", "-O1"), "probe")
+    assert again == private and "building it again" in caplog.text and not os.stat(private).st_mode & 0o022

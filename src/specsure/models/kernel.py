@@ -17,6 +17,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import stat
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -150,9 +151,17 @@ def build_library(cc: str, source_path: Path, flags: tuple[str, ...], stem: str)
     source = source_path.read_bytes()
     key = hashlib.sha256(source + " ".join(flags).encode() + _compiler_version(cc).encode()).hexdigest()[:16]
     target = cache_root() / "kernels" / f"{stem}-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if (unsafe := _not_private(target.parent)) is not None:
+        # Native code runs in this process: a library another user could have placed or replaced is
+        # never loaded. This one is built in a private folder instead, each time.
+        logger.warning("%s %s, so its compiled kernels are not trusted; building into a private temporary folder "
+                       "instead (set XDG_CACHE_HOME to a folder only you can write to keep them)", target.parent, unsafe)
+        target = Path(tempfile.mkdtemp(prefix="specsure-kernels-")) / target.name
+    elif target.exists():
+        if (unsafe := _not_private(target)) is None:
+            return target
+        logger.warning("%s %s; building it again", target, unsafe)
     # Written beside the target and renamed: a concurrent process never loads half a file.
     fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
     os.close(fd)
@@ -167,6 +176,19 @@ def build_library(cc: str, source_path: Path, flags: tuple[str, ...], stem: str)
         if os.path.exists(partial):
             os.remove(partial)
     return target
+
+
+def _not_private(path: Path) -> str | None:
+    """Why ``path`` (the kernels folder, or a library in it) could hold another user's code, or None:
+    owned by someone else, or writable by the group or others. Symbolic links are not followed."""
+    info = path.lstat()
+    if info.st_uid != os.geteuid():
+        return "belongs to another user"
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "can be written by other users"
+    return None
 
 
 def compiler() -> str | None:
