@@ -294,7 +294,12 @@ def test_an_automaton_that_blows_up_fails_its_request_and_the_next_starts_afresh
     from specsure.decode.structured import Grammars
     from specsure.grammar.pattern import PatternError
 
+    import collections
+
+    import specsure.grammar.spec as spec_module
+
     monkeypatch.setattr(automaton_module, "MAX_DFA_STATES", 40)
+    monkeypatch.setattr(spec_module, "_FAILED", collections.OrderedDict())  # what this test refuses stays here
     grammars = Grammars(None, len(VOCAB))
     grammars._table = TokenTable([None, b"a", b"b", b"ab"])  # the vocabulary without a tokenizer to read
     spec = StructuredOutputs(regex="[ab]*a[ab]{8}")  # 2^9 states: the last nine letters matter
@@ -305,3 +310,30 @@ def test_an_automaton_that_blows_up_fails_its_request_and_the_next_starts_afresh
             first.allowed(state)
             state = first.advance(state, 1 + bin(i * 2654435761).count("1") % 2)  # a and b mixed, no short period
     assert first.dfa.full and grammars.automaton(spec) is not first
+    # A new request naming it is refused when parsed: each repeat would spend the server's seconds again.
+    with pytest.raises(GrammarError, match="grew past its bounds while an earlier request ran"):
+        StructuredOutputs(regex="[ab]*a[ab]{8}")
+
+
+def test_states_of_overlapping_alternatives_are_bounded_by_their_members() -> None:
+    """Few states, each a huge set: seconds a token and a gigabyte before the state count was reached."""
+    from specsure.grammar.automaton import ByteDFA
+    from specsure.grammar.pattern import PatternError
+    from specsure.grammar.spec import compiled
+
+    dfa = ByteDFA(compiled(StructuredOutputs(regex="([a-z]|[a-y][a-z]|[a-x][a-z][a-z]){0,1000}")))
+    state = dfa.start
+    with pytest.raises(PatternError, match="grew too large"):
+        for i in range(5000):
+            dfa.build(state)
+            state = int(dfa.table[state, ord("a") + i % 23])
+    assert dfa.full
+
+
+@pytest.mark.parametrize(("fields", "field"), [({"regex": "a" * 65_537}, "regex"),
+                                               ({"choice": ["x" * 1000] * 66}, "choice"),
+                                               ({"grammar": 'root ::= "' + "a" * 65_537 + '"'}, "grammar")])
+def test_a_constraint_past_its_text_bound_is_refused_before_compiling(fields: dict, field: str) -> None:
+    with pytest.raises(GrammarError, match="characters long; at most 65,536 are compiled") as err:
+        StructuredOutputs(**fields)
+    assert err.value.field == field

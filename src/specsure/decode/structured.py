@@ -26,7 +26,7 @@ import torch
 
 from specsure.grammar import StructuredOutputs
 from specsure.grammar.automaton import DEAD, ByteDFA, TokenAutomaton, TokenTable
-from specsure.grammar.spec import compiled
+from specsure.grammar.spec import compiled, refuse_from_now
 from specsure.models.token_bytes import TokenizerKindError, token_bytes
 from specsure.proposers.base import Draft
 
@@ -84,8 +84,13 @@ class Grammars:
 
     def automaton(self, spec: StructuredOutputs) -> TokenAutomaton:
         found = self._automata.get(spec)
-        if found is None or found.dfa.full:  # a blown-up automaton fails its request; the next starts afresh
-            found = TokenAutomaton(ByteDFA(compiled(spec)), self.table())
+        if found is None or found.dfa.full:
+            nfa = compiled(spec)
+            if found is not None:
+                # A blown-up automaton failed its request; one already admitted starts afresh, and a new
+                # request naming the constraint is refused when it is parsed.
+                refuse_from_now(spec, "its automaton grew past its bounds while an earlier request ran; simplify it")
+            found = TokenAutomaton(ByteDFA(nfa), self.table())
             self._automata[spec] = found
             if len(self._automata) > AUTOMATA_KEPT:
                 self._automata.popitem(last=False)

@@ -17,6 +17,9 @@ from specsure.grammar.pattern import NFA, PatternError
 
 DEAD = -1
 MAX_DFA_STATES = 100_000
+MAX_DFA_MEMBERS = 2_000_000
+"""The most NFA states all DFA states may hold together: a state's work and memory grow with its set,
+and a pattern of few, huge sets took seconds a token and a gigabyte under the state count alone."""
 MASKS_KEPT = 2048
 """Allowed-token masks kept per automaton, packed 8 tokens a byte (6 KB for 49,152 tokens)."""
 
@@ -35,6 +38,7 @@ class ByteDFA:
         self.full = False
         """Set when a state past MAX_DFA_STATES was refused: the automaton serves no new request."""
         self._live: dict[int, np.ndarray] = {}
+        self._members = 0
         self.start = self._intern(self._closure([nfa.start]))
 
     def _closure(self, states: Sequence[int]) -> frozenset[int]:
@@ -55,6 +59,11 @@ class ByteDFA:
             if sid >= MAX_DFA_STATES:
                 self.full = True
                 raise PatternError(f"the constraint's automaton passed {MAX_DFA_STATES:,} states; simplify it")
+            self._members += len(states)
+            if self._members > MAX_DFA_MEMBERS:
+                self.full = True
+                raise PatternError(f"the constraint's automaton grew too large ({MAX_DFA_MEMBERS:,} pattern states "
+                                   "across its states: its alternatives overlap at every step); simplify it")
             self._sets.append(states)
             self._ids[states] = sid
             self._built.append(False)

@@ -15,6 +15,10 @@ from specsure.grammar.pattern import NFA, Alt, PatternError, after_marker, compi
 from specsure.grammar.regex import parse_regex
 
 MAX_CHOICES = 1000
+MAX_CONSTRAINT_CHARS = 65_536
+"""The most characters a regex, a grammar or a choice list (all its strings) may hold."""
+MAX_SCHEMA_CHARS = 262_144
+"""The most characters a JSON Schema may hold, written compactly."""
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
 """The fields that say what the output is; exactly one is set."""
 VLLM_NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -97,6 +101,13 @@ class StructuredOutputs:
                                "grammar says its own whitespace, so drop it")
         if self.after is not None and (not isinstance(self.after, str) or not self.after):
             raise GrammarError("after", f"is {self.after!r}; give the non-empty text after which the constraint starts")
+        # Compiling is pure Python on a server's threads: a 10 MB choice list took 25 s before its refusal,
+        # slowing every request meanwhile. The bounds are far past what any real constraint needs.
+        size = len(self.regex or self.grammar or self.json or "") + sum(map(len, self.choice or ()))
+        limit = MAX_SCHEMA_CHARS if self.json is not None else MAX_CONSTRAINT_CHARS
+        if size > limit:
+            raise GrammarError(self.field, f"is {size:,} characters long; at most {limit:,} are compiled, so give a "
+                                           "shorter constraint")
         compiled(self)  # refuse what cannot compile now, not when a model has loaded
 
     @property
@@ -136,6 +147,15 @@ def compiled(spec: StructuredOutputs) -> NFA:
             if len(_FAILED) > FAILURES_KEPT:
                 _FAILED.popitem(last=False)
         raise
+
+
+def refuse_from_now(spec: StructuredOutputs, why: str) -> None:
+    """Refuse ``spec`` at its next parse: its automaton blew past a bound while a request ran, and each
+    repeat would spend the server's seconds and memory again."""
+    with _FAILED_LOCK:
+        _FAILED[spec] = why
+        if len(_FAILED) > FAILURES_KEPT:
+            _FAILED.popitem(last=False)
 
 
 FAILURES_KEPT = 256
