@@ -106,11 +106,12 @@ def test_generate_prints_completion_config_sources_and_acceptance(default_model_
     rc = main(["generate", "--chat", "--max-tokens", "24", "--dtype", "float32", "--speculative-config",
                '{"method": "ngram", "num_speculative_tokens": 4}',
                "Repeat this sentence: the quick brown fox jumps over the lazy dog."])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert rc == 0
-    assert "effective config (running: ngram)" in out
-    assert "[user]" in out and "[default]" in out and "[derived]" in out
-    assert "tokens: " in out and "tok/s" in out
+    assert "effective config" not in out and out.strip()  # the completion alone on stdout
+    assert "effective config (running: ngram)" in err
+    assert "[user]" in err and "[default]" in err and "[derived]" in err
+    assert "tokens: " in err and "tok/s" in err
 
 
 @pytest.mark.slow
@@ -122,3 +123,18 @@ def test_demo_runs_and_reports_speedup_and_equality(default_model_cache: Path, c
     assert f"effective config (running: {method})" in out and "mean acceptance length" in out
     assert "speedup" in out and f"{method} output is identical to plain greedy decoding" in out
     assert f'specsure demo passes {{"method": "{method}"' in out
+
+
+def test_a_dash_reads_the_prompt_from_stdin_and_stdout_holds_the_answer_alone(tmp_path: Path, capsys,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    model = build_tiny_chat_model(tmp_path / "chat")
+    argv = ["generate", "--model", str(model), "--dtype", "float32", "--max-tokens", "4"]
+    assert main([*argv, "w1 w2 w3"]) == 0
+    typed = capsys.readouterr()
+    monkeypatch.setattr("sys.stdin", io.StringIO("w1 w2 w3"))
+    assert main([*argv, "-"]) == 0
+    piped = capsys.readouterr()
+    assert piped.out == typed.out and piped.out.count("\n") == 1  # the completion, and nothing else
+    assert "effective config" in piped.err and "tokens: 4" in piped.err

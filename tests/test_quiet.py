@@ -98,5 +98,7 @@ def test_generate_shows_only_specsure_lines(mtp_target, terminal, monkeypatch) -
                "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 2}', "w5 w6 w7"])
     out, err = terminal.readouterr()
     assert rc == 0, err
-    assert "effective config (running: mtp)" in out and "tokens: 8" in out
-    assert err == ""
+    assert "effective config" not in out  # the completion alone on stdout
+    assert err.startswith("effective config (running: mtp)") and "tokens: 8" in err
+    assert all(line.startswith(("effective config", "  ", "tokens: ", "mean acceptance length")) for line in
+               err.splitlines()), err  # and nothing but specsure's own lines on stderr

@@ -10,14 +10,16 @@ from typing import TYPE_CHECKING, Any
 from specsure.config import ConfigConflictError, ConfigError, Resolution, SpeculativeConfig, resolve
 
 if TYPE_CHECKING:
+    from specsure.decode.completion import ParamsError, PromptError, StepUpdate, TokenLogprob
     from specsure.decode.engine import Completion, Engine, make_engine
     from specsure.decode.metrics import SpecStats
-    from specsure.grammar import StructuredOutputs
-    from specsure.sampling import SamplingParams
+    from specsure.grammar import GrammarError, StructuredOutputs
+    from specsure.sampling import SamplingError, SamplingParams
 
 __all__ = [
-    "Completion", "ConfigConflictError", "ConfigError", "Engine", "Resolution", "SamplingParams",
-    "SpecStats", "SpeculativeConfig", "StructuredOutputs", "make_engine", "resolve",
+    "Completion", "ConfigConflictError", "ConfigError", "Engine", "GrammarError", "ParamsError", "PromptError",
+    "Resolution", "SamplingError", "SamplingParams", "SpecStats", "SpeculativeConfig", "StepUpdate",
+    "StructuredOutputs", "TokenLogprob", "make_engine", "resolve",
 ]
 __version__ = "0.1.0"
 
@@ -25,6 +27,10 @@ _LAZY = {
     "make_engine": "specsure.decode.engine", "Engine": "specsure.decode.engine",
     "Completion": "specsure.decode.engine", "SamplingParams": "specsure.sampling",
     "SpecStats": "specsure.decode.metrics", "StructuredOutputs": "specsure.grammar",
+    # The errors a generate call raises, and what a stream yields: catchable and typed by their own names.
+    "ParamsError": "specsure.decode.completion", "PromptError": "specsure.decode.completion",
+    "StepUpdate": "specsure.decode.completion", "TokenLogprob": "specsure.decode.completion",
+    "SamplingError": "specsure.sampling", "GrammarError": "specsure.grammar",
 }
 
 

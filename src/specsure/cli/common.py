@@ -175,11 +175,32 @@ def guarded(run: Callable[[], int]) -> int:
         return EXIT_FAIL
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
+            if _interrupted(exc):
+                print("interrupted", file=sys.stderr)
+                return 130
             raise
         print(f"error: could not write the output: {exc.strerror} ({exc.filename or 'standard output'}).",
               file=sys.stderr)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAIL
+    except Exception as exc:
+        if _interrupted(exc):  # Ctrl-C inside a library that turned it into its own error
+            print("interrupted", file=sys.stderr)
+            return 130
+        raise
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether a KeyboardInterrupt caused ``exc``: transformers' lazy importer, interrupted while it
+    imports, raises ModuleNotFoundError from it, which read as a broken install with a traceback."""
+    seen = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 class _Unread:

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from specsure.cli.common import EXIT_OK, add_model_flags, int_at_least, parse_speculative_config, seed_value
 
@@ -29,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              'or @file.json')
     parser.add_argument("--threads", type=int_at_least(1), default=None, metavar="N",
                         help="torch CPU threads (default: torch's choice, every core)")
-    parser.add_argument("prompt", metavar="PROMPT", help="the prompt text")
+    parser.add_argument("prompt", metavar="PROMPT", help="the prompt text; - reads it from standard input")
     parser.set_defaults(run=run)
 
 
@@ -113,26 +113,27 @@ def fit_max_tokens(asked: int | None, prompt_tokens: int, context: int | None,
     return asked
 
 
-def print_effective(engine: "Engine") -> None:
+def print_effective(engine: "Engine", stream: TextIO | None = None) -> None:
     """One line per field with its value and source."""
     res = engine.resolution
-    print(f"effective config (running: {engine.speculative_method or 'plain decoding'}):")
+    out = stream or sys.stdout
+    print(f"effective config (running: {engine.speculative_method or 'plain decoding'}):", file=out)
     width = max(len(name) for name in res.decisions)
     for name, decision in res.decisions.items():
         value = "-" if decision.value is None else decision.value  # as `specsure explain` shows an unset field
-        print(f"  {name:<{width}} {value!s:<30} [{decision.source}]")
+        print(f"  {name:<{width}} {value!s:<30} [{decision.source}]", file=out)
     for warning in res.warnings:
-        print(f"  warning: {warning}")
+        print(f"  warning: {warning}", file=out)
 
 
-def print_stats(completion: "Completion") -> None:
-    s = completion.stats
+def print_stats(completion: "Completion", stream: TextIO | None = None) -> None:
+    s, out = completion.stats, stream or sys.stdout
     print(f"tokens: {s.generated_tokens} in {s.elapsed_s:.2f} s ({s.tokens_per_s:.1f} tok/s), "
-          f"finish: {completion.finish_reason}")
+          f"finish: {completion.finish_reason}", file=out)
     if s.drafts:
         rates = ", ".join(f"{r:.2f}" for r in s.per_position_acceptance_rate)
         print(f"mean acceptance length: {s.mean_acceptance_length:.2f} (drafts {s.drafts}, drafted "
-              f"{s.draft_tokens}, accepted {s.accepted_tokens}); per-position acceptance: {rates}")
+              f"{s.draft_tokens}, accepted {s.accepted_tokens}); per-position acceptance: {rates}", file=out)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -150,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
     if args.temperature == 0 and unused:  # greedy decoding reads none of them: say so rather than drop them
         print(f"warning: {', '.join(unused)} shape sampling only, and --temperature 0 (the default) decodes greedily; "
               "give --temperature above 0 to sample.", file=sys.stderr)
+    if args.prompt == "-":  # the usual spelling for standard input: a long or multi-line prompt, or a pipe
+        args.prompt = sys.stdin.read()
     if not args.prompt:
         raise ValueError("PROMPT is empty; give some text to continue, for example specsure generate \"Hello\".")
     if args.threads is not None:
@@ -163,8 +166,9 @@ def run(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, structured_outputs=structured)
     completion = engine.generate(prompt, params)[0]
+    # The completion alone on stdout, as llama.cpp and vLLM's tools keep it: `$(specsure generate ...)`
+    # and `> out.txt` capture the answer; what ran and how fast goes to stderr.
     print(completion.text)
-    print()
-    print_effective(engine)
-    print_stats(completion)
+    print_effective(engine, sys.stderr)
+    print_stats(completion, sys.stderr)
     return EXIT_OK

@@ -89,7 +89,17 @@ def _no_abbreviations(parser: argparse.ArgumentParser) -> None:
                 _no_abbreviations(child)
 
 
+def _printable_anywhere() -> None:
+    """A terminal or pipe that cannot encode a character gets an escape for it, not a crash after the run:
+    `PYTHONIOENCODING=latin-1`, a Windows console, an emoji in the answer."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and (getattr(stream, "encoding", "") or "").lower().replace("-", "") != "utf8":
+            reconfigure(errors="backslashreplace")
+
+
 def main(argv: list[str] | None = None) -> int:
+    _printable_anywhere()
     given = list(sys.argv[1:] if argv is None else argv)
     try:  # vLLM's spellings: --speculative_config, --speculative-config.method ngram
         words = normalise(given)
