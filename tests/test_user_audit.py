@@ -400,3 +400,26 @@ def test_mimo_and_ernie_mtp_layers_are_named_not_called_missing(tmp_path: Path, 
         resolve({"num_speculative_tokens": 1}, model=str(target))
     msg = str(err.value)
     assert "another layout (2 tensors under" in msg and f"as {family} stores them" in msg and "store none" not in msg
+
+
+def test_ctrl_c_that_a_library_turned_into_its_own_error_exits_130(capsys) -> None:  # noqa: ANN001
+    """transformers' lazy importer, interrupted while it imports, raises ModuleNotFoundError from it."""
+    from specsure.cli.common import guarded
+
+    def importing() -> int:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise ModuleNotFoundError("Could not import module 'PreTrainedModel'") from exc
+
+    assert guarded(importing) == 130 and "interrupted" in capsys.readouterr().err
+
+
+def test_the_generate_errors_are_public_and_sampling_params_take_keywords() -> None:
+    import specsure
+    from specsure.decode.completion import ParamsError, PromptError
+
+    assert specsure.ParamsError is ParamsError and specsure.PromptError is PromptError
+    assert issubclass(specsure.SamplingError, ValueError) and specsure.StepUpdate and specsure.TokenLogprob
+    with pytest.raises(TypeError, match="positional"):
+        specsure.SamplingParams(2)  # vLLM's first positional is n: ported code must not mean max_tokens silently
