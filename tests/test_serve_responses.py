@@ -542,6 +542,12 @@ def test_the_store_keeps_what_fits_its_bytes() -> None:
     store.put({"id": "resp_big", "text": "x" * 3_000}, [])  # larger than the whole store: not kept
     with pytest.raises(Exception, match="resp_big"):
         store.get("resp_big")
+    # Kept as the JSON text it counts (parsed objects of many small items took 10 to 15 times more memory),
+    # and each read is the caller's own copy.
+    kept = store.get("resp_3")
+    assert kept.size == len(kept.body_text) + len(kept.conversation_text) + len(kept.input_items_text)
+    kept.body["text"] = "changed"
+    assert store.get("resp_3").body["text"] == "x" * 600
 
 
 def test_input_items_become_chat_turns() -> None:

@@ -19,15 +19,33 @@ STORED_BYTES = 256 * 2**20
 
 @dataclass(frozen=True)
 class Stored:
-    body: dict[str, Any]
-    """The response object as it was answered."""
-    size: int
-    """Its body's and conversation's JSON text, in characters: what the store counts against its bytes."""
-    conversation: list[dict[str, Any]]
-    """Its whole conversation as chat messages, its output last, without its instructions (OpenAI's
-    rule: a later response's instructions replace them)."""
-    input_items: list[dict[str, Any]]
-    """Its request's ``input`` as the items GET /v1/responses/{id}/input_items lists."""
+    """One kept response, as compact JSON text: kept as parsed objects, a response of many small
+    items took 10 to 15 times the memory the store counted, so its bound meant gigabytes."""
+
+    body_text: str
+    conversation_text: str
+    input_items_text: str
+
+    @property
+    def size(self) -> int:
+        """Its JSON text, in characters: what the store counts against its bytes, and about what it holds."""
+        return len(self.body_text) + len(self.conversation_text) + len(self.input_items_text)
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The response object as it was answered."""
+        return json.loads(self.body_text)
+
+    @property
+    def conversation(self) -> list[dict[str, Any]]:
+        """Its whole conversation as chat messages, its output last, without its instructions (OpenAI's
+        rule: a later response's instructions replace them)."""
+        return json.loads(self.conversation_text)
+
+    @property
+    def input_items(self) -> list[dict[str, Any]]:
+        """Its request's ``input`` as the items GET /v1/responses/{id}/input_items lists."""
+        return json.loads(self.input_items_text)
 
 
 class ResponseStore:
@@ -43,14 +61,14 @@ class ResponseStore:
 
     def put(self, body: dict[str, Any], conversation: list[dict[str, Any]],
             input_items: list[dict[str, Any]] | None = None) -> None:
-        items = input_items or []
-        size = len(json.dumps(body)) + len(json.dumps(conversation)) + len(json.dumps(items))
+        stored = Stored(_compact(body), _compact(conversation), _compact(input_items or []))
+        size = stored.size
         with self._lock:
             replaced = self._kept.pop(body["id"], None)  # a background response's earlier state
             self._bytes -= replaced.size if replaced is not None else 0
             if self._capacity == 0 or size > self._max_bytes:
                 return  # not kept (nor its earlier state: a stale in_progress would never end)
-            self._kept[body["id"]] = Stored(body, size, conversation, items)
+            self._kept[body["id"]] = stored
             self._bytes += size
             while len(self._kept) > self._capacity or self._bytes > self._max_bytes:
                 self._bytes -= self._kept.popitem(last=False)[1].size
@@ -74,7 +92,7 @@ class ResponseStore:
             raise RequestError(f"previous_response_id = {response_id!r} is a background response still "
                                f"{stored.body['status']}; continue it once it has finished (GET /v1/responses/"
                                f"{response_id} tells).", "previous_response_id")
-        return [dict(m) for m in stored.conversation]
+        return stored.conversation  # parsed afresh: the caller's to change
 
     def delete(self, response_id: str) -> None:
         with self._lock:
@@ -82,3 +100,7 @@ class ResponseStore:
             self._bytes -= found.size if found is not None else 0
         if found is None:
             self.get(response_id)  # its 404
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
