@@ -13,8 +13,9 @@ from specsure.serve.tools import Tools
 
 
 TEMPLATE_OWN = ("conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-                "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
-                "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs")
+                "continue_final_message", "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
+                "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+                "add_special_tokens")
 """apply_chat_template's own arguments, which chat_template_kwargs may not set."""
 
 
