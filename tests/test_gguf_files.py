@@ -285,6 +285,9 @@ def test_a_draft_whose_special_tokens_alone_differ_is_a_warning(hf: Path, tmp_pa
     res = resolve({"method": "draft_model", "model": str(draft)}, str(hf))
     res.check_runnable()
     assert any("vocab_size and ordinary tokens, but their tokenizer.json files differ" in w for w in res.warnings)
+    from specsure import make_engine
+
+    make_engine(str(hf), {"method": "draft_model", "model": str(draft)}, dtype="float32")  # loads and runs as said
     with pytest.raises(ConfigConflictError, match="tokenizer.json files differ"):
         resolve({"method": "draft_model", "model": str(draft)}, str(hf), strict=True)
 

@@ -71,7 +71,8 @@ def _shared_tokenizer(target: "LoadedModel", draft: "LoadedModel") -> SharedToke
     if target.tokenizer is None or draft.tokenizer is None:
         role = "target" if target.tokenizer is None else "draft"
         return SharedTokenizer(None, f"the {role} has no tokenizer to compare")
-    return compare_vocabs(target.tokenizer.get_vocab(), draft.tokenizer.get_vocab(), "their tokenizers")
+    added = {*target.tokenizer.get_added_vocab(), *draft.tokenizer.get_added_vocab()}  # special and chat tokens
+    return compare_vocabs(target.tokenizer.get_vocab(), draft.tokenizer.get_vocab(), "their tokenizers", added)
 
 
 def _same_dtype(target: "LoadedModel", dtype: str) -> str:
