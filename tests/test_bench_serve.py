@@ -269,6 +269,11 @@ def test_the_api_key_and_url_passwords_stay_out_of_the_saved_command() -> None:
                             "--api-key=other", "--url", "http://host:2"])
     assert "sekrit" not in shown and "other" not in shown and ":pw@" not in shown
     assert "a=http://me:***@host:1/x?q=1" in shown and "--api-key '***'" in shown and "http://host:2" in shown
+    joined = _shown_command(["bench", "serve", "--url=a=http://me:pw@host:1"])
+    assert ":pw@" not in joined and "--url=a=http://me:***@host:1" in joined
+    # vLLM's --api_key reaches the command as main read it, --api-key: hidden too.
+    from specsure.cli.vllm_argv import normalise
+    assert "sekrit" not in _shown_command(normalise(["bench", "serve", "--api_key", "sekrit", "--api_key=sekrit"]))
 
 
 def test_ctrl_c_keeps_the_levels_every_server_finished(url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],

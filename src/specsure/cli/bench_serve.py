@@ -207,7 +207,7 @@ def _run(args: argparse.Namespace) -> int:
                    "the levels every server finished")
     settings = {"servers": {s.label: _shown_url(s.url) for s in servers}, "endpoint": endpoint,
                 "concurrency": levels, "requests": requests, "max_tokens": args.max_tokens, "warmup": args.warmup,
-                "pause_s": args.pause, "command": _shown_command(sys.argv[1:]),
+                "pause_s": args.pause, "command": _shown_command(getattr(args, "argv", None) or sys.argv[1:]),
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if stopped is not None:
         settings["interrupted"] = stopped
@@ -225,19 +225,23 @@ def _run(args: argparse.Namespace) -> int:
 
 def _shown_command(argv: list[str]) -> str:
     """The command line for serve.json, its API key and any URL password left out: the results
-    folder sits in a repository by default, and gets committed and shared."""
+    folder sits in a repository by default, and gets committed and shared. ``argv``: the words as
+    main read them (vLLM's ``--api_key`` already spelled ``--api-key``)."""
     if argv[:2] != ["bench", "serve"]:
         return ""
     words, hide = [], False
     for word in argv:
+        flag, eq, value = word.partition("=")
         if hide:
             words.append("***")
             hide = False
         elif word == "--api-key":
             words.append(word)
             hide = True
-        elif word.startswith("--api-key="):
+        elif eq and flag == "--api-key":
             words.append("--api-key=***")
+        elif eq and flag == "--url":
+            words.append(f"--url={_shown_url(value)}")
         else:
             words.append(_shown_url(word))
     return shlex.join(["specsure", *words])
