@@ -6,7 +6,6 @@ proposer is whatever the Resolution names (no per-method branches here).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import numbers
 import os
@@ -69,9 +68,11 @@ class Engine:
         self.max_num_batched_tokens = max_num_batched_tokens
         self._k = config.num_speculative_tokens if config is not None else 0
         self._running: object | None = None
-        self._lock = threading.Lock()
-        self._owner: int | None = None
-        """The thread that holds ``_lock``: one generation at a time, across threads."""
+        self._lock = threading.RLock()
+        """Held for a whole ``generate`` call, and for each step of a stream: the scheduler, its caches
+        and the seed stream are one per engine, and two threads stepping them at once mixed their
+        requests' outputs. A stream holds it only while it steps, so one left open (or resumed from
+        another thread) never blocks the others: a generation that starts meanwhile ends it."""
         self._grammars = Grammars(target.tokenizer, target.lm.vocab_size)
         self.proposer = proposer
 
@@ -118,7 +119,7 @@ class Engine:
             each = [self._checked(p) for p in params]
         else:
             each = [self._checked(params)] * len(batch)
-        with self._exclusive():
+        with self._lock:
             requests = [self.request(self._encode(p, i), q) for i, (p, q) in enumerate(zip(batch, each))]
             for _ in self._run(requests):
                 pass
@@ -252,55 +253,43 @@ class Engine:
 
         Closing the iterator aborts what has not finished; its work is not counted.
         """
-        run = self._running = object()  # the caches are this run's until another one starts
         scheduler = self.scheduler
-        # an earlier stream's requests, which now fail at their next step
-        for stale in [*scheduler.waiting, *scheduler.prefilling, *scheduler.sharing, *scheduler.running]:
-            scheduler.abort(stale)
-        for request in requests:
-            scheduler.add(request)
-        try:
-            while not scheduler.idle:
-                updates = scheduler.step()
-                for request, update in updates:
-                    if update.error is not None:
-                        raise update.error
-                    if update.completion is not None:
-                        self.finished(request)
-                yield updates
-                if self._running is not run:
-                    raise RuntimeError("another generation started on this engine while this stream was open; "
-                                       "the engine runs one generation at a time (pass several prompts to one "
-                                       "generate call to batch them). Finish or close a stream before "
-                                       "starting the next generation.")
-        finally:
+        with self._lock:
+            run = self._running = object()  # the caches are this run's until another one starts
+            # an earlier stream's requests, which now fail at their next step
+            for stale in [*scheduler.waiting, *scheduler.prefilling, *scheduler.sharing, *scheduler.running]:
+                scheduler.abort(stale)
             for request in requests:
-                scheduler.abort(request)
+                scheduler.add(request)
+        try:
+            while True:
+                with self._lock:  # one step at a time, whichever thread runs it; yielded outside the lock
+                    if self._running is not run:
+                        raise RuntimeError("another generation started on this engine while this stream was open; "
+                                           "the engine runs one generation at a time (pass several prompts to one "
+                                           "generate call to batch them). Finish or close a stream before "
+                                           "starting the next generation.")
+                    if scheduler.idle:
+                        return
+                    updates = scheduler.step()
+                    for request, update in updates:
+                        if update.error is not None:
+                            raise update.error
+                        if update.completion is not None:
+                            self.finished(request)
+                yield updates
+        finally:
+            with self._lock:
+                for request in requests:
+                    scheduler.abort(request)
 
     def _steps(self, prompt: list[int], params: SamplingParams) -> Iterator[StepUpdate]:
         """One prompt's updates, step by step; ``generate_stream`` hands them out."""
-        with self._exclusive():  # from the first step until the stream ends or is closed
-            request = self.request(prompt, params)
-            for updates in self._run([request]):
-                for _, update in updates:
-                    yield update
-
-    @contextlib.contextmanager
-    def _exclusive(self) -> Iterator[None]:
-        """The engine for this thread alone: a generation another thread runs (or a stream it holds open)
-        is waited for. The scheduler, its caches and the seed stream are one per engine; two threads
-        stepping them at once mixed their requests' outputs. Within one thread, a second generation
-        while a stream is open stops that stream instead (``_run`` says so), as before."""
-        me = threading.get_ident()
-        if self._owner == me:
-            yield
-            return
         with self._lock:
-            self._owner = me
-            try:
-                yield
-            finally:
-                self._owner = None
+            request = self.request(prompt, params)
+        for updates in self._run([request]):
+            for _, update in updates:
+                yield update
 
 
 def _token_id(tok: object, index: int) -> int:
