@@ -339,11 +339,15 @@ def test_a_kernel_library_others_could_write_is_never_loaded(tmp_path: Path, mon
     source.write_text("int answer(void) { return 42; }\n")
     folder = tmp_path / "specsure" / "kernels"
     folder.mkdir(parents=True)
-    os.chmod(folder, 0o777)
+    os.chmod(folder, 0o777)  # the user's own folder, made under a loose umask: closed, then used
+    first = kernel.build_library(cc, source, ("-shared", "-fPIC", "-O1"), "probe")
+    assert first.parent == folder and not os.stat(folder).st_mode & 0o022
+    monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)  # as another user sees it: not trusted
     with caplog.at_level(logging.WARNING, logger="specsure.models.kernel"):
         built = kernel.build_library(cc, source, ("-shared", "-fPIC", "-O1"), "probe")
-    assert built.parent != folder and "can be written by other users" in caplog.text
-    os.chmod(folder, 0o700)
+    assert built.parent != folder and "belongs to another user" in caplog.text
+    monkeypatch.undo()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     private = kernel.build_library(cc, source, ("-shared", "-fPIC", "-O1"), "probe")
     assert private.parent == folder and kernel.build_library(cc, source, ("-shared", "-fPIC", "-O1"), "probe") == private
     os.chmod(private, 0o666)  # the library itself made writable by others: built again, private

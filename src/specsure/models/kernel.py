@@ -13,10 +13,12 @@ own libgomp (one thread pool, sized by `torch.set_num_threads`).
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import logging
 import os
+import shutil
 import stat
 import subprocess
 import tempfile
@@ -152,12 +154,17 @@ def build_library(cc: str, source_path: Path, flags: tuple[str, ...], stem: str)
     key = hashlib.sha256(source + " ".join(flags).encode() + _compiler_version(cc).encode()).hexdigest()[:16]
     target = cache_root() / "kernels" / f"{stem}-{key}.so"
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    folder = target.parent.lstat()
+    if folder.st_uid == os.geteuid() and stat.S_ISDIR(folder.st_mode) and folder.st_mode & 0o022:
+        os.chmod(target.parent, 0o700)  # made under a group-writable umask before this check: the user's own to close
     if (unsafe := _not_private(target.parent)) is not None:
         # Native code runs in this process: a library another user could have placed or replaced is
-        # never loaded. This one is built in a private folder instead, each time.
+        # never loaded. This one is built in a private folder instead, each time, and removed at exit.
         logger.warning("%s %s, so its compiled kernels are not trusted; building into a private temporary folder "
                        "instead (set XDG_CACHE_HOME to a folder only you can write to keep them)", target.parent, unsafe)
-        target = Path(tempfile.mkdtemp(prefix="specsure-kernels-")) / target.name
+        private = tempfile.mkdtemp(prefix="specsure-kernels-")
+        atexit.register(shutil.rmtree, private, True)  # a mapped library outlives its file on Linux
+        target = Path(private) / target.name
     elif target.exists():
         if (unsafe := _not_private(target)) is None:
             return target
