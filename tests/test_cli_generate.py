@@ -133,7 +133,7 @@ def test_a_dash_reads_the_prompt_from_stdin_and_stdout_holds_the_answer_alone(tm
     argv = ["generate", "--model", str(model), "--dtype", "float32", "--max-tokens", "4"]
     assert main([*argv, "w1 w2 w3"]) == 0
     typed = capsys.readouterr()
-    monkeypatch.setattr("sys.stdin", io.StringIO("w1 w2 w3"))
+    monkeypatch.setattr("sys.stdin", io.StringIO("w1 w2 w3\n"))  # as `echo w1 w2 w3 |` sends it
     assert main([*argv, "-"]) == 0
     piped = capsys.readouterr()
     assert piped.out == typed.out and piped.out.count("\n") == 1  # the completion, and nothing else

@@ -17,6 +17,11 @@ def test_underscores_become_dashes_before_any_dot_or_equals_sign() -> None:
     assert normalise(["explain", "--speculative_config", "{}", "--max_tokens=a_b"]) == \
         ["explain", "--speculative-config", "{}", "--max-tokens=a_b"]
     assert normalise(["generate", "--", "--not_a_flag"]) == ["generate", "--", "--not_a_flag"]
+    assert normalise(["generate", "--snake_case x"]) == ["generate", "--snake_case x"]  # a value: argparse says so
+    words = normalise(["explain", "--speculative-config.tree+", "a", "--speculative-config.tree+", "b,c"])
+    assert json.loads(words[2]) == {"tree": ["a", "b", "c"]}  # KEY+ appends, as in vLLM
+    with pytest.raises(ConfigError, match="needs a value"):
+        normalise(["explain", "--speculative-config.method", "--", "x"])
 
 
 def test_keys_one_by_one_merge_into_one_json_object_as_vllm_reads_them() -> None:

@@ -152,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {', '.join(unused)} shape sampling only, and --temperature 0 (the default) decodes greedily; "
               "give --temperature above 0 to sample.", file=sys.stderr)
     if args.prompt == "-":  # the usual spelling for standard input: a long or multi-line prompt, or a pipe
-        args.prompt = sys.stdin.read()
+        text = sys.stdin.read()
+        args.prompt = text[:-1] if text.endswith("\n") else text  # `echo X |` means the prompt X, as typed
     if not args.prompt:
         raise ValueError("PROMPT is empty; give some text to continue, for example specsure generate \"Hello\".")
     if args.threads is not None:

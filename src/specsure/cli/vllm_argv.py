@@ -37,7 +37,7 @@ def normalise(argv: Sequence[str]) -> list[str]:
         if word == "--":
             tail = list(argv[i:])
             break
-        if word.startswith("--"):
+        if word.startswith("--") and " " not in word:  # argparse reads a word with a space as a value, never a flag
             name, eq, value = word.partition("=")
             flag, dot, path = name.partition(".")
             word = flag.replace("_", "-") + dot + path + eq + value
@@ -48,7 +48,7 @@ def normalise(argv: Sequence[str]) -> list[str]:
             i += 1
             continue
         if not eq:
-            if i + 1 >= len(argv):
+            if i + 1 >= len(argv) or argv[i + 1] == "--":
                 raise ConfigError(f"{name} needs a value ({name} VALUE, or {name}=VALUE).")
             value = argv[i + 1]
             i += 1
@@ -111,6 +111,9 @@ def _put(keys: dict[str, Any], path: str, value: Any, name: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"{name}: {part!r} is given a value of its own as well as keys under it; give one.")
+    if last in node and path.endswith("+") and isinstance(node[last], list):
+        node[last] += value  # KEY+ appends, as vLLM's parser does
+        return
     if last in node:
         raise ConfigError(f"{name} is given twice ({json.dumps(node[last])} and {json.dumps(value)}); keep the one "
                           "you mean.")
