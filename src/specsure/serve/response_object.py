@@ -182,15 +182,15 @@ class ResponseEvents:
                logprobs: list[TokenLogprob] | None = None, pieces: list[dict[str, Any]] | None = None,
                finish_reason: str | None = None) -> bytes:
         out = self.delta(index, text, token_ids, logprobs, pieces)
-        if self._message is not None and (shown := self._message_logprobs()):
-            # Tokens whose text is empty (the end-of-sequence token) carry logprobs all the same, as unstreamed.
-            self._items[self._message]["content"][0]["logprobs"] += shown
-            out += self._event("response.output_text.delta", **self._at(self._message), content_index=0, delta="",
-                               logprobs=shown)
         if not self._items and not self._calls:  # nothing was said: still an (empty) message, as unstreamed
             out += self._add(message_item("", [] if self._logprobs else None, "in_progress"), "message")
             self._message = len(self._items) - 1
             out += self._part("added", self._message, self._items[-1]["content"][0])
+        if self._message is not None and self._message in self._open and (shown := self._message_logprobs()):
+            # Tokens whose text is empty (the end-of-sequence token) carry logprobs all the same, as unstreamed.
+            self._items[self._message]["content"][0]["logprobs"] += shown
+            out += self._event("response.output_text.delta", **self._at(self._message), content_index=0, delta="",
+                               logprobs=shown)
         status = finished_status(completion)
         calls = [self._calls[i] for i in sorted(self._calls)]
         for at in sorted(self._open):  # only the last item was cut
