@@ -203,6 +203,7 @@ class ResponseEvents:
                 call["arguments"] = arguments
                 out += self._event("response.function_call_arguments.delta", **self._at(at), delta=arguments)
             out += self._close(at, status if number == len(calls) else "completed")
+        self._calls.clear()  # in the items now: not held twice if the response fails after this
         return out
 
     def end(self, completions: Sequence[Completion]) -> bytes:
