@@ -138,3 +138,19 @@ def test_a_dash_reads_the_prompt_from_stdin_and_stdout_holds_the_answer_alone(tm
     piped = capsys.readouterr()
     assert piped.out == typed.out and piped.out.count("\n") == 1  # the completion, and nothing else
     assert "effective config" in piped.err and "tokens: 4" in piped.err
+
+
+def test_stop_and_ignore_eos_flags_reach_the_request(tmp_path: Path, capsys) -> None:
+    model = build_tiny_chat_model(tmp_path / "chat")
+    argv = ["generate", "--model", str(model), "--dtype", "float32", "--max-tokens", "8", "--ignore-eos"]
+    assert main([*argv, "w1 w2 w3"]) == 0
+    free = capsys.readouterr().out.strip()
+    assert len(free.split()) >= 2
+    cut = free.split()[1]
+    assert main([*argv, "--stop", cut, "--stop", "never-said", "w1 w2 w3"]) == 0
+    assert capsys.readouterr().out.strip() == free[:free.index(cut)].strip()
+    assert main([*argv, "--stop", "", "w1"]) == 2
+    assert "--stop: " in capsys.readouterr().err
+    for flag, words in (("--temp", "use --temperature T"), ("-f", "specsure generate - < FILE")):
+        assert main(["generate", flag, "x", "w1"]) == 2
+        assert words in capsys.readouterr().err

@@ -37,6 +37,8 @@ _K = "num_speculative_tokens goes in --speculative-config '{\"num_speculative_to
 _DRAFT = "the draft goes in --speculative-config '{\"model\": \"DRAFT\"}' (method draft_model)"
 
 _MAX = Foreign("llama.cpp", "--max-tokens", "--max-tokens N", "max_tokens")
+_PROMPT = Foreign("llama.cpp", otherwise="the prompt is the last argument (PROMPT) of `specsure generate` (- reads it "
+                                         "from standard input), and a request's own field on the server")
 _THREADS = Foreign("llama.cpp", "--threads", "--threads N")
 _CHAT = Foreign("llama.cpp", "--chat", "--chat", otherwise="chat requests go to /v1/chat/completions")
 _BATCH = Foreign("llama.cpp", "--max-num-batched-tokens", "--max-num-batched-tokens N")
@@ -45,8 +47,11 @@ FOREIGN_FLAGS: Final[dict[str, Foreign]] = {
     # llama.cpp (llama-cli, llama-server, llama-speculative)
     "-n": _MAX, "--n-predict": _MAX, "--predict": _MAX,
     "-m": Foreign("llama.cpp", "--model", "--model PATH"),
-    "-p": Foreign("llama.cpp", otherwise="the prompt is the last argument (PROMPT) of `specsure generate`, and a "
-                                         "request's own field on the server"),
+    "-p": _PROMPT, "--prompt": _PROMPT,
+    "-f": Foreign("llama.cpp", otherwise="give - as PROMPT and the file on standard input: specsure generate - < FILE"),
+    "--file": Foreign("llama.cpp", otherwise="give - as PROMPT and the file on standard input: "
+                                             "specsure generate - < FILE"),
+    "--temp": Foreign("llama.cpp", "--temperature", "--temperature T", "temperature"),
     "-c": Foreign("llama.cpp", otherwise=_CONTEXT), "--ctx-size": Foreign("llama.cpp", otherwise=_CONTEXT),
     "-md": Foreign("llama.cpp", otherwise=_DRAFT), "--model-draft": Foreign("llama.cpp", otherwise=_DRAFT),
     "--draft-max": Foreign("llama.cpp", otherwise=_K), "--draft-n": Foreign("llama.cpp", otherwise=_K),

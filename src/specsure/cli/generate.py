@@ -29,6 +29,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              'or @file.json')
     parser.add_argument("--threads", type=int_at_least(1), default=None, metavar="N",
                         help="torch CPU threads (default: torch's choice, every core)")
+    parser.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                        help="end the answer before TEXT (repeatable), as a request's stop")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="go on past the end-of-sequence token to --max-tokens, as a request's ignore_eos")
     parser.add_argument("prompt", metavar="PROMPT", help="the prompt text; - reads it from standard input")
     parser.set_defaults(run=run)
 
@@ -138,7 +142,7 @@ def print_stats(completion: "Completion", stream: TextIO | None = None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specsure.decode.engine import make_engine
-    from specsure.sampling import SamplingParams
+    from specsure.sampling import SamplingError, SamplingParams
 
     try:
         SamplingParams(temperature=args.temperature, top_p=args.top_p)
@@ -164,8 +168,14 @@ def run(args: argparse.Namespace) -> int:
                          dtype=args.dtype, seed=args.seed)
     prompt = engine.encode(render_prompt(engine, args.prompt, args.chat))
     max_tokens = fit_max_tokens(args.max_tokens, len(prompt), engine.target.lm.max_context)
-    params = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed, structured_outputs=structured)
+    try:
+        params = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, seed=args.seed, structured_outputs=structured, stop=args.stop,
+                                ignore_eos=args.ignore_eos)
+    except SamplingError as err:  # its message names the Python field; the user typed a flag
+        if err.field != "stop":
+            raise
+        raise ValueError(f"--stop: {str(err).split(' = ', 1)[-1]}") from None
     completion = engine.generate(prompt, params)[0]
     # The completion alone on stdout, as llama.cpp and vLLM's tools keep it: `$(specsure generate ...)`
     # and `> out.txt` capture the answer; what ran and how fast goes to stderr.
