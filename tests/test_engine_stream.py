@@ -135,3 +135,13 @@ def test_text_deltas_never_split_a_character_and_join_to_the_final_text(clean_up
         for d in deltas[:-1]:
             released += d
             assert final.startswith(released)  # nothing released is ever taken back
+
+
+@pytest.mark.parametrize("stop", [None, ["w8 w5"]])
+def test_a_streams_text_deltas_join_to_the_completions_text(engine: Engine, stop: list[str] | None) -> None:
+    """A stream says the text each step adds, final, as the server streams it: no re-decoding by the caller."""
+    updates = list(engine.generate_stream(PROMPT, SamplingParams(max_tokens=40, ignore_eos=True, stop=stop)))
+    final = updates[-1].completion
+    assert final is not None and all(isinstance(u.text, str) for u in updates)
+    assert "".join(u.text for u in updates) == final.text and final.text
+    assert sum(bool(u.text) for u in updates) > 1  # handed out as it came, not all at the end

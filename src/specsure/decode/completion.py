@@ -85,3 +85,7 @@ class StepUpdate:
     error: Exception | None = None
     """Set when verifying this request alone failed in the step (a bug: its input was checked before):
     it has left the scheduler, and the other requests of the step went on."""
+    text: str | None = None
+    """From ``Engine.generate_stream``: the text this step adds, final (a character still arriving in
+    bytes, or what may be the start of a stop string, waits for the update that completes it); the
+    updates' texts, joined, are ``completion.text``. None without a tokenizer."""

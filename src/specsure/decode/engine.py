@@ -6,6 +6,7 @@ proposer is whatever the Resolution names (no per-method branches here).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import numbers
 import os
@@ -19,6 +20,7 @@ from specsure.config.dtype_choice import run_dtype
 from specsure.decode.completion import (
     Completion, ParamsError, Prompt, PromptError, StepUpdate,
 )
+from specsure.decode.detokenize import TextDeltas
 from specsure.decode.metrics import SpecStats
 from specsure.decode.request import Request, Rules
 from specsure.decode.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, check_batched_tokens
@@ -287,8 +289,14 @@ class Engine:
         """One prompt's updates, step by step; ``generate_stream`` hands them out."""
         with self._lock:
             request = self.request(prompt, params)
+        tokenizer = self.tokenizer
+        deltas = TextDeltas(tokenizer, params.stop, params.skip_special_tokens) if tokenizer is not None else None
         for updates in self._run([request]):
             for _, update in updates:
+                if deltas is not None:  # the text each step adds, as the server streams it
+                    final = update.completion
+                    text = deltas.finish(final.text or "") if final is not None else deltas.push(update.token_ids)
+                    update = dataclasses.replace(update, text=text)
                 yield update
 
 
