@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from specsure.config.schema import MTP_METHOD_ALIASES, SUFFIX_FIELDS
 from specsure.config.vllm_overrides import vllm_path_trap
 from specsure.vllm_check.compare import NO_DRAFT, compare
-from specsure.vllm_plugin.plan import Plan, legacy_ngram
+from specsure.vllm_plugin.plan import Plan
 
 
 def resolved(spec: Any, target_model_type: str | None = None) -> dict[str, Any]:
@@ -80,3 +80,19 @@ def _same_path(ours: str, theirs: Any) -> bool:
 def _sentence(name: str, asked: Any, source: str, vllm: Any, cause: str, fix: str, version: str) -> str:
     who = "you asked for" if source == "user" else f"specsure resolved ({source})"
     return f"{name}: {who} {asked!r}, but vLLM {version} would run {vllm!r}. Signal: {cause}. Fix: {fix}."
+
+
+def legacy_ngram(ours: Mapping[str, Any]) -> dict[str, Any]:
+    """vLLM's older spellings of ngram, as vLLM 0.33 still reads them: ``"model": "ngram"`` (or
+    ``"[ngram]"``) with no method or method ngram, and method ``"[ngram]"``, become method 'ngram'
+    without a draft. For the guard, which compares the user's raw config with vLLM's when specsure
+    could not resolve it; a resolution reads these spellings itself (``config.schema``)."""
+    out = dict(ours)
+    if out.get("method") == "[ngram]":
+        out["method"] = "ngram"
+    model = out.get("model", out.get("draft_model"))
+    if model in ("ngram", "[ngram]") and out.get("method") in (None, "ngram"):
+        out.pop("model", None)
+        out.pop("draft_model", None)
+        out["method"] = "ngram"
+    return out

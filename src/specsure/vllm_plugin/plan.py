@@ -75,7 +75,7 @@ def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = Tr
     """
     if user is None:
         return Plan(user=None)
-    ours = legacy_ngram({k: v for k, v in user.items() if k in SPECSURE_KEYS})
+    ours = {k: v for k, v in user.items() if k in SPECSURE_KEYS}  # resolve reads vLLM's older ngram spellings
     theirs = {k: v for k, v in user.items() if k not in SPECSURE_KEYS}
     try:
         res = resolve(ours, model=target, dtype=None)  # vLLM runs it, not this CPU
@@ -111,21 +111,6 @@ def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = Tr
         warnings.append(f"vLLM will switch method {res.config.method!r} to {behind.vllm!r} whatever it is handed: "
                         f"{behind.cause}; {behind.fix}.")
     return Plan(user=user, resolution=res, handed=handed, links=tuple(links), warnings=tuple(warnings))
-
-
-def legacy_ngram(ours: Mapping[str, Any]) -> dict[str, Any]:
-    """vLLM's older spellings of ngram, as vLLM 0.33 still reads them: ``"model": "ngram"`` (or
-    ``"[ngram]"``) with no method or method ngram, and method ``"[ngram]"``; specsure reads the
-    model as a path, so they become method 'ngram' without a draft."""
-    out = dict(ours)
-    if out.get("method") == "[ngram]":
-        out["method"] = "ngram"
-    model = out.get("model", out.get("draft_model"))
-    if model in ("ngram", "[ngram]") and out.get("method") in (None, "ngram"):
-        out.pop("model", None)
-        out.pop("draft_model", None)
-        out["method"] = "ngram"
-    return out
 
 
 def provenance(plan: Plan) -> str:
