@@ -36,6 +36,21 @@ def byte_bpe_tokenizer(folder: Path, vocab: int) -> None:
                             ).save_pretrained(folder)
 
 
+def write_bpe_tokenizer(writer: Any, tokenizer: Mapping[str, Any], merges: bool = True) -> None:
+    """A byte-level BPE tokenizer.json into a GGUF writer's metadata, as llama.cpp's converter writes it."""
+    import gguf
+
+    vocab = {**tokenizer["model"]["vocab"], **{a["content"]: a["id"] for a in tokenizer["added_tokens"]}}
+    tokens = sorted(vocab, key=vocab.get)
+    special = {a["content"] for a in tokenizer["added_tokens"]}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
+    if merges:
+        writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
+
+
 def write_llama_gguf(hf: Path, out: Path, *, skip: tuple[str, ...] = (), metadata: Mapping[str, Any] | None = None,
                      raw: Mapping[str, Any] | None = None, merges: bool = True,
                      quantize: Mapping[str, str] | None = None, keys: Mapping[str, Any] | None = None,
@@ -64,15 +79,7 @@ def write_llama_gguf(hf: Path, out: Path, *, skip: tuple[str, ...] = (), metadat
     writer.add_float32("llama.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
     writer.add_float32("llama.rope.freq_base", float((config.get("rope_parameters") or {}).get("rope_theta", 10000.0)))
     writer.add_uint32("llama.rope.dimension_count", config["hidden_size"] // heads)
-    vocab = {**tokenizer["model"]["vocab"], **{a["content"]: a["id"] for a in tokenizer["added_tokens"]}}
-    tokens = sorted(vocab, key=vocab.get)
-    special = {a["content"] for a in tokenizer["added_tokens"]}
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
-    if merges:
-        writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
+    write_bpe_tokenizer(writer, tokenizer, merges)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     for key, value in (keys or {}).items():
@@ -158,14 +165,7 @@ def write_gemma2(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]
     writer.add_float32("gemma2.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
     writer.add_float32("gemma2.attn_logit_softcapping", config.attn_logit_softcapping)
     writer.add_float32("gemma2.final_logit_softcapping", config.final_logit_softcapping)
-    vocab_ids = {**tokenizer["model"]["vocab"], **{a["content"]: a["id"] for a in tokenizer["added_tokens"]}}
-    tokens = sorted(vocab_ids, key=vocab_ids.get)
-    special = {a["content"] for a in tokenizer["added_tokens"]}
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
-    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]])
+    write_bpe_tokenizer(writer, tokenizer)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA2, 2)
