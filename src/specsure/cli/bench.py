@@ -29,7 +29,7 @@ from specsure.bench.results import ALL, BenchResults, prompt_result, summarize
 from specsure.bench.workload import (CATEGORIES, WorkloadError, category_list, encode, load_builtin, load_workloads,
                                       select)
 from specsure.cli import bench_serve
-from specsure.cli.common import int_at_least, output_outlives_reader, writable_folder
+from specsure.cli.common import int_at_least, results_run, writable_folder
 from specsure.config import ConfigError
 from specsure.config.cpu import cpu_model
 
@@ -213,17 +213,12 @@ def _load_prompts(args: argparse.Namespace, per_category: int | None):
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; returns the process exit code."""
-    out = Path(args.out).expanduser()
-    made = not out.exists()
     try:
-        with output_outlives_reader():
+        with results_run(args.out):
             return _run(args)
     except (ConfigError, ValueError, argparse.ArgumentTypeError, LlamaCppError) as err:
         print(f"specsure bench: error: {err}", file=sys.stderr)
         return 2
-    finally:
-        if made and out.is_dir() and not any(out.iterdir()):  # stopped before any result: no empty folder left
-            out.rmdir()
 
 
 def _run(args: argparse.Namespace) -> int:

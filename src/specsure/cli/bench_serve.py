@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specsure.bench.workload import CATEGORIES, Prompt, WorkloadError, category_list, load_builtin, load_workloads, select
-from specsure.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, api_key_from, output_outlives_reader, writable_folder
+from specsure.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, api_key_from, results_run, writable_folder
 
 if TYPE_CHECKING:
     from specsure.bench.load import Level, Request
@@ -159,17 +159,12 @@ def _skip_reason(endpoint: str, skipped: list[Prompt]) -> str:
 def run(args: argparse.Namespace) -> int:
     from specsure.bench.load import LoadError
 
-    out = Path(args.out).expanduser()
-    made = not out.exists()
     try:
-        with output_outlives_reader():  # `| head`: the run goes on and writes its files, as bench's does
+        with results_run(args.out):
             return _run(args)
     except (LoadError, ValueError) as err:
         print(f"specsure bench serve: error: {err}", file=sys.stderr)
         return EXIT_USAGE
-    finally:
-        if made and out.is_dir() and not any(out.iterdir()):  # stopped before any result: no empty folder left
-            out.rmdir()
 
 
 def _run(args: argparse.Namespace) -> int:

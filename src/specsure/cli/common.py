@@ -236,6 +236,21 @@ class _Unread:
 
 
 @contextmanager
+def results_run(out: str) -> Iterator[None]:
+    """A long command whose files in ``out`` are its result (`specsure bench`, `bench serve`): it outlives
+    a reader of stdout that leaves (``output_outlives_reader``), and a folder it made but stopped
+    before filling (an error, Ctrl-C) is not left behind empty."""
+    folder = Path(out).expanduser()
+    made = not folder.exists()
+    try:
+        with output_outlives_reader():
+            yield
+    finally:
+        if made and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+
+
+@contextmanager
 def output_outlives_reader() -> Iterator[None]:
     """For a long command whose files are its result (`specsure bench | head`): when stdout's reader
     leaves, the command goes on quietly and still writes its files, where it would otherwise stop
