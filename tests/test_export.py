@@ -411,6 +411,20 @@ def test_a_draft_n_predict_that_vllm_checks_k_against_is_named(tmp_path, ckpts, 
     assert any("ZeroDivisionError" in w for w in warnings(zero, 2, "draft_model"))
 
 
+@pytest.mark.parametrize(("layers", "k", "expected"), [(0, 3, "ZeroDivisionError"), (2, 3, "to 2 or 4"), (1, 3, None)])
+def test_a_draft_vllm_makes_an_mtp_model_is_checked_by_its_module_count(tmp_path, ckpts, layers, k, expected):
+    """vLLM rewrites a GLM-4.5 draft's model_type to glm4_moe_mtp and takes its num_nextn_predict_layers as
+    n_predict: 0 divides by zero when vLLM starts, and k must be a whole number of rounds above it."""
+    glm = write(tmp_path / f"glm-{layers}", architectures=["Glm4MoeForCausalLM"], model_type="glm4_moe",
+                num_hidden_layers=2, num_nextn_predict_layers=layers)
+    res = resolve({"method": "draft_model", "model": glm, "num_speculative_tokens": k}, model=ckpts["target"])
+    named = [w for w in export(res, "vllm").warnings if "num_nextn_predict_layers" in w and "n_predict" in w]
+    if expected is None:
+        assert not named
+    else:
+        assert len(named) == 1 and expected in named[0] and f"num_nextn_predict_layers = {layers}" in named[0]
+
+
 def test_disable_by_batch_size_is_left_out_and_named_for_both_engines(ckpts):
     """vLLM 0.33.0's SpeculativeConfig refuses the key ("Unexpected keyword argument"): the export leaves it
     out and says what vLLM does instead, as SGLang's does."""

@@ -15,15 +15,17 @@ import shlex
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final, Literal, Mapping
 
+from specsure.config.checkpoint import MTP_LAYER_KEYS
 from specsure.config.compat import LAYER_IDS_KEY, aux_layer_ids, declared_aux_layers
 from specsure.config.detect import MTP_HEAD_ARCHITECTURES
 from specsure.config.errors import ConfigError
 from specsure.config.speculators import is_speculators
 from specsure.config.token_tree import is_chain
 from specsure.config.vllm_overrides import local_path, predict_vllm_overrides, speculators_refusal, target_path
-from specsure.config.vllm_rules import VLLM_TESTED_VERSIONS, vllm_aux_layers, vllm_fc_layers
+from specsure.config.vllm_rules import VLLM_TESTED_VERSIONS, vllm_aux_layers, vllm_fc_layers, vllm_mtp_type
 
 if TYPE_CHECKING:
+    from specsure.config.checkpoint import CheckpointInfo
     from specsure.config.resolution import Resolution
 
 Engine = Literal["vllm", "sglang"]
@@ -232,8 +234,8 @@ def vllm_refusals(res: "Resolution") -> list[str]:
                             f"{modules}. specsure runs it, reusing the modules in turn; for vLLM set "
                             f"num_speculative_tokens to {k - k % modules} or {k - k % modules + modules}.")
     elif config.method != "mtp" and config.model is not None and res.draft is not None:
-        refusals += _n_predict_refusal(res.draft.config.get("n_predict"), config.num_speculative_tokens,
-                                       config.model)
+        key, n_predict = _vllm_n_predict(res.draft)
+        refusals += _n_predict_refusal(n_predict, config.num_speculative_tokens, config.model, key)
     if (refused := speculators_refusal(res)) is not None:
         refusals.append(refused + ".")
     draft, layers = res.draft, res.target.num_hidden_layers
@@ -242,23 +244,40 @@ def vllm_refusals(res: "Resolution") -> list[str]:
     return refusals
 
 
-def _n_predict_refusal(n_predict: Any, k: int, draft: str) -> list[str]:
-    """vLLM checks a draft's config.json n_predict against k whatever the method: above n_predict, k must
-    be a multiple of it (vllm/config/speculative.py, "must be divisible by n_predict"), and 0 divides by zero."""
+def _vllm_n_predict(draft: "CheckpointInfo") -> tuple[str, Any]:
+    """(config.json key, value) that vLLM takes as the draft's n_predict: the MTP module count where its
+    model_type rewrite turns the draft into an MTP model (vllm/config/speculative.py hf_config_override),
+    else the draft's own n_predict."""
+    if vllm_mtp_type(draft.model_type, draft.architectures, draft.config) is not None:
+        text = draft.config.get("text_config")
+        for key in MTP_LAYER_KEYS:
+            for section, prefix in ((draft.config, ""), (text, "text_config.")):
+                if isinstance(section, Mapping) and key in section:
+                    return prefix + key, section[key]
+    return "n_predict", draft.config.get("n_predict")
+
+
+def _n_predict_refusal(n_predict: Any, k: int, draft: str, key: str = "n_predict") -> list[str]:
+    """vLLM checks a draft's n_predict against k whatever the method: above n_predict, k must be a
+    multiple of it (vllm/config/speculative.py, "must be divisible by n_predict"), and 0 divides by zero."""
     if not isinstance(n_predict, int) or isinstance(n_predict, bool) or n_predict < 0 or k <= n_predict:
         return []
     versions = ", ".join(VLLM_TESTED_VERSIONS)
+    says = f"its config.json says {key} = {n_predict}"
+    if key != "n_predict":
+        says += ", which vLLM takes as n_predict once it has made the draft an MTP model"
     if n_predict == 0:
-        return [f"vLLM {versions} fails on the draft {draft!r}: its config.json says n_predict = 0, by which vLLM "
-                "divides num_speculative_tokens (ZeroDivisionError). specsure does not read n_predict for this "
-                "method; for vLLM remove the key from the draft's config.json, or set it to 1."]
+        fix = ("specsure does not read n_predict for this method; for vLLM remove the key from the draft's "
+               "config.json, or set it to 1" if key == "n_predict" else
+               "specsure runs this draft as asked; vLLM cannot run it, whatever the speculative config")
+        return [f"vLLM {versions} fails on the draft {draft!r}: {says}, by which vLLM divides "
+                f"num_speculative_tokens (ZeroDivisionError). {fix}."]
     if k % n_predict == 0:
         return []
     lower, upper = k - k % n_predict, k - k % n_predict + n_predict
-    return [f"vLLM {versions} refuses num_speculative_tokens = {k} with the draft {draft!r}, whose config.json says "
-            f"n_predict = {n_predict}: above n_predict it must be a multiple of it (vLLM applies the rule of MTP "
-            f"modules to every draft with the key). specsure runs it; for vLLM set num_speculative_tokens to "
-            f"{lower} or {upper}."]
+    return [f"vLLM {versions} refuses num_speculative_tokens = {k} with the draft {draft!r}: {says}, and above "
+            f"n_predict k must be a multiple of it (vLLM applies the rule of MTP modules to every draft with the "
+            f"key). specsure runs it; for vLLM set num_speculative_tokens to {lower} or {upper}."]
 
 
 def _mtp_modules(res: "Resolution") -> int | None:
