@@ -31,6 +31,10 @@ def exit_code(argv: list[str]) -> int:
 @pytest.mark.parametrize("flags, flag", [
     (["--temperature", "-1"], "--temperature"), (["--max-tokens", "0"], "--max-tokens"), (["--top-p", "2"], "--top-p"),
     (["--seed", "-1"], "--seed"), (["--top-k", "-2"], "--top-k"), (["--threads", "0"], "--threads"),
+    (["--min-p", "2"], "--min-p"), (["--presence-penalty", "3"], "--presence-penalty"),
+    (["--frequency-penalty", "nan"], "--frequency-penalty"), (["--repetition-penalty", "0"], "--repetition-penalty"),
+    (["--min-tokens", "-1"], "--min-tokens"), (["--min-tokens", "9", "--max-tokens", "4"], "--min-tokens"),
+    (["--logprobs", "21"], "--logprobs"),
 ])
 def test_generate_bad_sampling_flags_name_the_flag(tiny_llama: Path, capsys, flags: list[str], flag: str) -> None:
     rc = exit_code(["generate", "--model", str(tiny_llama), *flags, "hello"])
@@ -154,3 +158,34 @@ def test_stop_and_ignore_eos_flags_reach_the_request(tmp_path: Path, capsys) -> 
     for flag, words in (("--temp", "use --temperature T"), ("-f", "specsure generate - < FILE")):
         assert main(["generate", flag, "x", "w1"]) == 2
         assert words in capsys.readouterr().err
+
+
+def test_sampling_flags_reach_the_request_and_logprobs_are_printed(tmp_path: Path, capsys,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from specsure.decode.engine import Engine
+
+    asked = []
+    generate = Engine.generate
+
+    def recording(self, prompts, params=None):
+        asked.append(params)
+        return generate(self, prompts, params)
+
+    monkeypatch.setattr(Engine, "generate", recording)
+    model = build_tiny_chat_model(tmp_path / "chat")
+    assert main(["generate", "--model", str(model), "--dtype", "float32", "--max-tokens", "5", "--temperature", "0.8",
+                 "--min-p", "0.05", "--presence-penalty", "0.5", "--frequency-penalty", "-0.5",
+                 "--repetition-penalty", "1.2", "--min-tokens", "2", "--logprobs", "2", "--seed", "7", "w1 w2"]) == 0
+    params = asked[-1]
+    assert (params.min_p, params.presence_penalty, params.frequency_penalty, params.repetition_penalty,
+            params.min_tokens, params.logprobs, params.max_tokens) == (0.05, 0.5, -0.5, 1.2, 2, 2, 5)
+    err = capsys.readouterr().err
+    lines = err[err.index("logprobs (token"):].splitlines()[1:]
+    assert len(lines) == 5 and all(line.count("-") >= 1 and "[" in line for line in lines)
+    assert main(["generate", "--model", str(model), "--dtype", "float32", "--max-tokens", "3", "--min-p", "0.1",
+                 "w1"]) == 0
+    assert "warning: --min-p shape sampling only" in capsys.readouterr().err
+    assert main(["generate", "--repeat-penalty", "1.1", "w1"]) == 2
+    assert "use --repetition-penalty P" in capsys.readouterr().err
+    assert main(["serve", "--min-p", "0.1"]) == 2
+    assert "send min_p in each request" in capsys.readouterr().err

@@ -8,9 +8,8 @@ each gets a sentence saying what the command at hand takes instead (or why there
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Final, Sequence
+from typing import Collection, Final, Sequence
 
 
 @dataclass(frozen=True)
@@ -61,8 +60,8 @@ FOREIGN_FLAGS: Final[dict[str, Foreign]] = {
     "--gpu-layers": Foreign("llama.cpp", otherwise=_CPU), "-ngld": Foreign("llama.cpp", otherwise=_CPU),
     "--n-gpu-layers-draft": Foreign("llama.cpp", otherwise=_CPU),
     "-cnv": _CHAT, "--conversation": _CHAT,
-    "--repeat-penalty": Foreign("llama.cpp", field="repetition_penalty"),
-    "--min-p": Foreign("llama.cpp", field="min_p"),
+    "--repeat-penalty": Foreign("llama.cpp", "--repetition-penalty", "--repetition-penalty P", "repetition_penalty"),
+    "--min-p": Foreign("llama.cpp", "--min-p", "--min-p P", "min_p"),
     "-b": _BATCH, "--batch-size": _BATCH, "-np": _SEQS, "--parallel": _SEQS,
     # vLLM (vllm serve)
     "--max-model-len": Foreign("vLLM", otherwise=_CONTEXT),
@@ -74,18 +73,19 @@ FOREIGN_FLAGS: Final[dict[str, Foreign]] = {
 }
 
 
-def foreign_flag_hint(argv: Sequence[str], command: str, command_help: str) -> str | None:
+def foreign_flag_hint(argv: Sequence[str], command: str, command_flags: Collection[str]) -> str | None:
     """The sentence for the first word of ``argv`` (before a ``--``) that is another engine's flag, or
-    None. ``command_help``: the command's own --help text, which says which flags it has."""
+    None. ``command_flags``: the option strings the command itself takes."""
     for word in argv:
         if word == "--":
             return None
         flag = word.split("=", 1)[0]
         if flag not in FOREIGN_FLAGS:
             continue
+        if flag in command_flags:  # spelled alike in both engines (--min-p): the command's own
+            continue
         foreign = FOREIGN_FLAGS[flag]
-        has = foreign.flag is not None and re.search(rf"(?<![\w-]){re.escape(foreign.flag)}(?![\w-])", command_help)
-        if has:
+        if foreign.flag in command_flags:
             instead = f"use {foreign.usage}"
         elif foreign.field is not None and command.startswith("serve"):
             instead = f"send {foreign.field} in each request"
@@ -98,3 +98,4 @@ def foreign_flag_hint(argv: Sequence[str], command: str, command_help: str) -> s
             instead = f"`specsure {command}` has no such flag"
         return f"{flag} is {foreign.engine}'s flag, not one of `specsure {command}`'s; {instead}."
     return None
+

@@ -13,6 +13,7 @@ from specsure.cli.common import EXIT_OK, add_model_flags, int_at_least, parse_sp
 if TYPE_CHECKING:
     from specsure.decode.engine import Completion, Engine
     from specsure.grammar import StructuredOutputs
+    from specsure.sampling import SamplingParams
 
 
 DEFAULT_MAX_TOKENS = 128
@@ -45,6 +46,20 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1]")
     parser.add_argument("--top-k", type=int_at_least(-1), default=0,
                         help="keep the k most likely tokens; 0 or -1 (vLLM's spelling) = off")
+    parser.add_argument("--min-p", type=float, default=0.0,
+                        help="drop tokens less likely than P times the most likely one, in [0, 1]; 0 = off (default)")
+    parser.add_argument("--presence-penalty", type=float, default=0.0,
+                        help="subtract from the logit of every token the answer holds, in [-2, 2]; 0 = off")
+    parser.add_argument("--frequency-penalty", type=float, default=0.0,
+                        help="subtract from a token's logit once per time the answer holds it, in [-2, 2]; 0 = off")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="divide positive logits (multiply negative ones) of tokens in the prompt or the answer; "
+                             "above 0; 1 = off (default; llama.cpp's --repeat-penalty)")
+    parser.add_argument("--min-tokens", type=int_at_least(0), default=0,
+                        help="tokens to generate before EOS or a --stop string may end the answer")
+    parser.add_argument("--logprobs", type=int_at_least(0), default=None, metavar="N",
+                        help="print each answer token's log-probability under the model, with its N most likely "
+                             "alternatives, to standard error")
     parser.add_argument("--seed", type=seed_value, default=None, help="seed for sampling")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                         help="auto: float32 for a GGUF target the float32 kernel reads as blocks (the default model), else bfloat16 where the CPU has fast bf16, else float32")
@@ -142,17 +157,12 @@ def print_stats(completion: "Completion", stream: TextIO | None = None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specsure.decode.engine import make_engine
-    from specsure.sampling import SamplingError, SamplingParams
-
-    try:
-        SamplingParams(temperature=args.temperature, top_p=args.top_p)
-    except ValueError as err:  # its message names the Python field; the user typed a flag
-        flag = "--temperature" if "temperature" in str(err) else "--top-p"
-        raise ValueError(f"{flag}: {str(err).split(' = ', 1)[1]}") from None
     structured = parse_structured_outputs(args.structured_outputs)
-    unused = [flag for flag, given in (("--top-p", args.top_p != 1.0), ("--top-k", args.top_k not in (0, -1)),
-                                       ("--seed", args.seed is not None)) if given]
-    if args.temperature == 0 and unused:  # greedy decoding reads none of them: say so rather than drop them
+    sampling_params(args, structured, args.max_tokens or max(1, args.min_tokens))  # bad flags fail before the load
+    shaping = (("--top-p", args.top_p != 1.0), ("--top-k", args.top_k not in (0, -1)), ("--min-p", args.min_p != 0),
+               ("--seed", args.seed is not None))
+    if args.temperature == 0 and (unused := [flag for flag, given in shaping if given]):
+        # greedy decoding reads none of them: say so rather than drop them
         print(f"warning: {', '.join(unused)} shape sampling only, and --temperature 0 (the default) decodes greedily; "
               "give --temperature above 0 to sample.", file=sys.stderr)
     if args.prompt == "-":  # the usual spelling for standard input: a long or multi-line prompt, or a pipe
@@ -168,18 +178,39 @@ def run(args: argparse.Namespace) -> int:
                          dtype=args.dtype, seed=args.seed)
     prompt = engine.encode(render_prompt(engine, args.prompt, args.chat))
     max_tokens = fit_max_tokens(args.max_tokens, len(prompt), engine.target.lm.max_context)
-    try:
-        params = SamplingParams(max_tokens=max_tokens, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, seed=args.seed, structured_outputs=structured, stop=args.stop,
-                                ignore_eos=args.ignore_eos)
-    except SamplingError as err:  # its message names the Python field; the user typed a flag
-        if err.field != "stop":
-            raise
-        raise ValueError(f"--stop: {str(err).split(' = ', 1)[-1]}") from None
-    completion = engine.generate(prompt, params)[0]
+    completion = engine.generate(prompt, sampling_params(args, structured, max_tokens))[0]
     # The completion alone on stdout, as llama.cpp and vLLM's tools keep it: `$(specsure generate ...)`
     # and `> out.txt` capture the answer; what ran and how fast goes to stderr.
     print(completion.text)
     print_effective(engine, sys.stderr)
     print_stats(completion, sys.stderr)
+    if completion.logprobs is not None:
+        print_logprobs(engine, completion, sys.stderr)
     return EXIT_OK
+
+
+def sampling_params(args: argparse.Namespace, structured: "StructuredOutputs | None",
+                    max_tokens: int) -> "SamplingParams":
+    """The flags as SamplingParams; an error names the flag the user typed."""
+    from specsure.sampling import SamplingError, SamplingParams
+
+    try:
+        return SamplingParams(max_tokens=max_tokens, temperature=args.temperature,
+                              top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, seed=args.seed,
+                              presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                              repetition_penalty=args.repetition_penalty, min_tokens=args.min_tokens,
+                              logprobs=args.logprobs, structured_outputs=structured, stop=args.stop,
+                              ignore_eos=args.ignore_eos)
+    except SamplingError as err:  # its message names the Python field; the user typed a flag
+        raise ValueError(f"--{err.field.replace('_', '-')}: {str(err).split(' = ', 1)[-1]}") from None
+
+
+def print_logprobs(engine: "Engine", completion: "Completion", stream: TextIO) -> None:
+    """One line per answer token: its text, its log-probability, and the alternatives asked for."""
+    def shown(token: int) -> str:
+        return repr(engine.tokenizer.decode([token])) if engine.tokenizer is not None else str(token)
+
+    print("logprobs (token, log-probability, most likely alternatives):", file=stream)
+    for token, entry in zip(completion.token_ids, completion.logprobs or []):
+        alternatives = ", ".join(f"{shown(t)} {lp:.4f}" for t, lp in entry.top)
+        print(f"  {shown(token)} {entry.logprob:.4f}" + (f"  [{alternatives}]" if alternatives else ""), file=stream)

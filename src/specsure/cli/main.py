@@ -62,6 +62,15 @@ def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.Argument
     return None
 
 
+def _option_strings(parser: argparse.ArgumentParser, words: list[str]) -> set[str]:
+    """The flags the command takes, its subcommand's too where one is named (`bench serve`)."""
+    flags = set(parser._option_string_actions)
+    for word in words:
+        if (child := _subcommand(parser, word)) is not None:
+            flags |= set(child._option_string_actions)
+    return flags
+
+
 def _json_asked(words: list[str]) -> bool:
     return "--json" in (words[:words.index("--")] if "--" in words else words)
 
@@ -118,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                                                      "json_error", None)) is not None:
             command_parser.error = lambda message: sys.exit(_usage_error(words, f"{command_parser.prog}: error",
                                                                          message, shape))
-        if (hint := foreign_flag_hint(words, label, command_parser.format_help())) is not None:
+        if (hint := foreign_flag_hint(words, label, _option_strings(command_parser, words))) is not None:
             return _usage_error(words, f"specsure {label}: error", hint)
     args, extra = parser.parse_known_args(words)
     command = (args.command_parsers or {}).get(getattr(args, "command", None) or "")
