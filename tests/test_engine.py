@@ -176,8 +176,11 @@ def test_eos_stops_every_method_at_the_same_token(models: dict[str, str], plain_
 def test_engine_refuses_a_proposer_other_than_the_resolved_method(models: dict[str, str]) -> None:
     engine = make_engine(models["target"], None, dtype="float32")
     res = resolve({"method": "ngram"}, model=models["target"])
-    with pytest.raises(RuntimeError, match="resolution names method 'ngram' but the proposer built is 'draft_model'"):
+    with pytest.raises(RuntimeError, match="resolution names method 'ngram' but the proposer is 'draft_model'"):
         Engine(res, engine.target, DraftModelProposer(engine.target.lm))
+    with pytest.raises(RuntimeError, match="resolution names method None but the proposer is 'draft_model'"):
+        engine.proposer = DraftModelProposer(engine.target.lm)  # a swap keeps the promise too
+    assert engine.proposer is None and engine.speculative_method is None
 
 
 @pytest.mark.parametrize("prompt, message", [

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "specsure"
 DOC = ROOT / "docs" / "architecture.md"
-TORCH_FREE_BENCH = ("generation", "results", "report", "plots")
+TORCH_FREE_BENCH = ("generation", "results", "report", "plots", "load")
 """specsure.bench modules that read and render results; the document's "Layers" section names them."""
 
 
@@ -70,6 +70,14 @@ def test_imports_never_go_up_the_layer_table() -> None:
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {module} (layer {layer} may import "
                              f"{sorted(allowed) or 'no other layer'})")
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_package_imports_absolutely() -> None:
+    """A relative import would escape the layer check above, which reads absolute module names."""
+    relative = [f"{path.relative_to(ROOT)}:{node.lineno}" for path in sorted(PACKAGE.rglob("*.py"))
+                for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                if isinstance(node, ast.ImportFrom) and node.level > 0]
+    assert not relative, "\n".join(relative)
 
 
 def test_torch_free_bench_modules_import_no_torch() -> None:

@@ -21,7 +21,6 @@ from tiny import build_tiny_llama
 from specsure.proposers.head_layer import HeadCache
 from specsure.train import MTPTrainSettings, initial_module, save_mtp_head, self_distill, train_mtp
 from specsure.train.data import Sample
-from specsure.train.mtp import entry_losses
 from specsure.train.resume import clear_point
 
 GREEDY = SamplingParams(max_tokens=32, ignore_eos=True)
@@ -120,8 +119,6 @@ def test_training_computes_what_the_proposer_computes(trained) -> None:  # noqa:
     with torch.no_grad():
         _, q_logits = result.module(sample.hidden[: n - 1], sample.token_ids[1:n], HeadCache())
     torch.testing.assert_close(draft.probs[0], torch.softmax(q_logits[-1], -1), atol=1e-5, rtol=1e-4)
-    kl, _ = entry_losses(result.module, target.lm, sample, 0, n - 1)
-    assert kl.shape == (n - 1,) and torch.isfinite(kl).all()
 
 
 def test_cli_trains_and_replaces_an_earlier_head(tmp_path: Path, capsys, _sample_cache: Path) -> None:

@@ -33,9 +33,6 @@ TREE_FLOAT32 = DraftTree([(0,)])
 kernel over its GGUF's blocks, wherever that kernel builds): the first choice alone, a chain of one. There a
 verify row costs about a sixth of a decode step, and a chain of one measured 1.02x of plain for both
 heads against 0.94x to 0.96x for the two-node tree (BENCHMARKS.md, "Draft heads on Q8_0 blocks")."""
-SHIPPED_TREE: dict[str, DraftTree] = {"eagle3": TREE_FAST_BF16, "mtp": TREE_FAST_BF16}
-"""The shipped heads' tree where bf16 is fast (the name older code imports); `shipped_tree` gives the
-one for a run."""
 _FLOAT32_WHY = "where a verify row costs about a sixth of a decode step and the first choice alone measured best"
 
 

@@ -52,12 +52,6 @@ class Engine:
                  enable_prefix_caching: bool = False,
                  max_num_batched_tokens: int | None = None) -> None:
         config = resolution.config
-        running = proposer.method if proposer is not None else None
-        asked = config.method if config is not None else None
-        if running != asked:
-            # The promise of the product: the proposer that runs is the one the user resolved.
-            raise RuntimeError(f"engine refuses to start: the resolution names method {asked!r} but the "
-                               f"proposer built is {running!r}. This is a specsure bug; please report it.")
         self.resolution = resolution
         self.target = target
         self.seed = seed
@@ -85,10 +79,17 @@ class Engine:
 
     @proposer.setter
     def proposer(self, proposer: Proposer | None) -> None:
+        """Swap in another proposer of the same method (its settings may differ); a new scheduler runs it."""
+        running = proposer.method if proposer is not None else None
+        config = self.resolution.config
+        asked = config.method if config is not None else None
+        if running != asked:
+            # The promise of the product: the proposer that runs is the one the user resolved.
+            raise RuntimeError(f"engine refuses the proposer: the resolution names method {asked!r} but the "
+                               f"proposer is {running!r}. This is a specsure bug; please report it.")
         self._proposer = proposer
         hidden = bool(proposer is not None and proposer.needs_hidden)
         aux_layers = tuple(proposer.aux_layers) if proposer is not None else ()
-        config = self.resolution.config
         self.scheduler = Scheduler(self.target.lm, proposer, hidden=hidden, aux_layers=aux_layers,
                                    max_num_seqs=self.max_num_seqs,
                                    disable_by_batch_size=config.disable_by_batch_size if config is not None else None,

@@ -144,11 +144,11 @@ class _Parser:
     def sequence(self, nested: bool) -> object:
         items: list[object] = []
         while self.peek() and self.peek() not in "|)\r\n":
-            items.append(self.quantified(self.item(nested)))
+            items.append(self.quantified(self.item()))
             self.space(newlines=nested)
         return items[0] if len(items) == 1 else Seq(tuple(items))  # type: ignore[arg-type]
 
-    def item(self, nested: bool) -> object:
+    def item(self) -> object:
         c = self.peek()
         if c == '"':
             self.at += 1

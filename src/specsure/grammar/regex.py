@@ -114,7 +114,7 @@ class _Parser:
         if c == ".":
             return Chars(negate(((0x0A, 0x0A),)))
         if c == "\\":
-            return Chars(self.escape(in_class=False))
+            return Chars(self.escape())
         if c in "*+?":
             self.at -= 1
             raise self.fail(f"nothing to repeat before {c!r}")
@@ -143,7 +143,7 @@ class _Parser:
         self.at += 1
         return inner
 
-    def escape(self, in_class: bool) -> tuple[tuple[int, int], ...]:
+    def escape(self) -> tuple[tuple[int, int], ...]:
         c = self.take()
         if c.lower() in ESCAPE_CLASSES:
             ranges = ESCAPE_CLASSES[c.lower()]
@@ -177,12 +177,12 @@ class _Parser:
             if c == "]" and not first:
                 break
             first = False
-            lo = self.escape(in_class=True) if c == "\\" else ((ord(c), ord(c)),)
+            lo = self.escape() if c == "\\" else ((ord(c), ord(c)),)
             if self.peek() == "-" and self.at + 1 < len(self.src) and self.src[self.at + 1] != "]" and len(lo) == 1 \
                     and lo[0][0] == lo[0][1]:
                 self.at += 1
                 h = self.take()
-                hi = self.escape(in_class=True) if h == "\\" else ((ord(h), ord(h)),)
+                hi = self.escape() if h == "\\" else ((ord(h), ord(h)),)
                 if len(hi) != 1 or hi[0][0] != hi[0][1] or hi[0][0] < lo[0][0]:
                     raise self.fail("a bad range in a character class")
                 ranges.append((lo[0][0], hi[0][0]))

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import torch
 
-from specsure.config.cpu import FAST_BF16_FLAGS, cpu_bf16_flags, cpu_flags, cpu_model  # noqa: F401 (older import path)
 from specsure.config.dtype_choice import auto_dtype
 
 logger = logging.getLogger(__name__)

@@ -198,11 +198,6 @@ def _not_private(path: Path) -> str | None:
     return None
 
 
-def compiler() -> str | None:
-    """The C compiler the kernels build with: $CC, else cc or gcc on PATH; None when there is none."""
-    return c_compiler()
-
-
 def _bind(library: ctypes.CDLL) -> Kernel:
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     signatures = {
@@ -238,7 +233,7 @@ def open_library(source: Path, flags: tuple[str, ...], stem: str, cpu_needed: tu
     """(bound, why): build ``source`` (once per machine) and ``bind`` it, or None and the reason
     (turned off, a CPU flag missing, no compiler, a failed build or load), with the library's
     file name as ``why`` when it loaded."""
-    blocker, cc = build_blocker(cpu_needed, source.name), compiler()
+    blocker, cc = build_blocker(cpu_needed, source.name), c_compiler()
     if blocker or cc is None:
         return None, blocker or "no C compiler (cc or gcc) is on PATH"
     try:

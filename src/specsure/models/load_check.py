@@ -46,7 +46,7 @@ def check_cache(lm: CausalLM) -> None:
             "several new tokens at a time; recurrent, convolutional or linear-attention layers (Mamba, RWKV, "
             "hybrids) keep a state it cannot roll back, and a configuration the architecture's own code cannot "
             "run over a cache (a DeepSeek-V3 with fewer kv heads than heads) fails there too."
-        ) from None
+        ) from exc
     finally:  # a new cache: the check leaves no layer buffers behind, as if it never ran
         lm.drop_cache()
     # Attention over a cache may sum in another order than over the whole sequence: some slack in
@@ -80,7 +80,7 @@ def check_logits(lm: CausalLM) -> None:
             f"{type(lm.hf).__name__} (model_type {lm.config.model_type!r}): its own forward fails on "
             f"{_CHECK_TOKENS} tokens ({type(exc).__name__}: {exc}), so transformers cannot run this configuration "
             "either; check config.json's sizes (head counts, head dimensions) against the weights."
-        ) from None
+        ) from exc
     finally:
         hook.remove()
     base_out = base_outputs[0] if base_outputs else lm.hf.base_model(input_ids=ids, use_cache=False)

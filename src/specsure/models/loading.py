@@ -215,7 +215,7 @@ def _load_error(folder: Path, hf_config: PreTrainedConfig, err: Exception, repor
 
 def _shape_mismatches(folder: Path, hf_config: PreTrainedConfig) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
     """(name, shape in the weights, shape the config's model has) for every tensor both name alike."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     with torch.device("meta"):
         wanted = {name: tuple(t.shape) for name, t in AutoModelForCausalLM.from_config(hf_config).state_dict().items()}
@@ -227,7 +227,7 @@ def _shape_mismatches(folder: Path, hf_config: PreTrainedConfig) -> list[tuple[s
                     have = tuple(handle.get_slice(name).get_shape())
                     if name in wanted and wanted[name] != have:
                         found.append((name, have, wanted[name]))
-        except Exception:  # an unreadable file: transformers' own message covers it
+        except (OSError, SafetensorError):  # an unreadable file: transformers' own message covers it
             return []
     return sorted(found)
 

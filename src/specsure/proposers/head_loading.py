@@ -8,7 +8,6 @@ expected; nothing falls back to another method.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 

@@ -235,7 +235,7 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
 
     async def rendered(req: ChatRequest) -> tuple[list[int], SamplingParams, Thinking | None]:
         """A chat request's prompt, and its sampling and thinking as the reasoning parser reads the prompt."""
-        template.check(name, req.tools)
+        template.check(name)
         _check_params(engine, req.params)
         rendered = await run_in_threadpool(template.render, req.messages, req.tools, req.add_generation_prompt,
                                            req.template_kwargs, req.continue_final_message)

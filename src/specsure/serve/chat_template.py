@@ -47,7 +47,7 @@ class ChatTemplate:
                              "--chat-template that renders tools, or leave out --enable-auto-tool-choice "
                              "(required and named tool choices still work).")
 
-    def check(self, model_name: str, tools: Tools | None) -> None:
+    def check(self, model_name: str) -> None:
         """Refuse what this template cannot render."""
         if self._engine.tokenizer is None or not self.text:
             raise RequestError(f"model {model_name!r} has no chat template (no tokenizer, or one without "

@@ -194,25 +194,6 @@ def initial_module(lm: CausalLM, init: str = "random", seed: int = 0) -> MTPModu
     return module
 
 
-def entry_losses(module: MTPModule, lm: CausalLM, sample: Sample, start: int,
-                 end: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """KL(p || q) and top-1 agreement of entries start .. end-1 of one sequence (end <= n - 1).
-
-    Entry t: feature h_t, token_{t+1}; q = the module's softmax, p = the target's softmax at t+1.
-    Returns kl [m] (differentiable) and agree [m] bool, m = end - start.
-    """
-    assert 0 <= start < end <= sample.hidden.shape[0] - 1, "an entry needs the target's feature one further on"
-    features = sample.hidden[start:end]  # [m, H]
-    ids = sample.token_ids[start + 1: end + 1]  # [m]: token_{t+1}
-    _, q_logits = module(features, ids, HeadCache())  # [m, V] float32
-    with torch.no_grad():
-        p_logits = lm.lm_head_logits(sample.hidden[start + 1: end + 1])  # [m, V]: the target at t+1
-        log_p = torch.log_softmax(p_logits, dim=-1)
-    log_q = torch.log_softmax(q_logits, dim=-1)
-    kl = (log_p.exp() * (log_p - log_q)).sum(-1)  # [m]
-    return kl, q_logits.argmax(-1) == p_logits.argmax(-1)
-
-
 def chain_losses(modules: Sequence[MTPModule], lm: CausalLM, sample: Sample, start: int, end: int,
                  unroll: int = 0, scored_from: int = 0, agree: bool = True,
                  vocab: DraftVocab | None = None) -> list[tuple[torch.Tensor, torch.Tensor | None]]:

@@ -47,7 +47,7 @@ def _acquire(path: Path, out: Path) -> int:
         except PermissionError:  # another user's run left it (SIGKILL): say whose file blocks this --out
             raise ValueError(f"--out {str(out)!r}: the lock file {str(path)!r} belongs to another user and cannot be "
                              "taken; if no run of theirs is writing this head, delete that file.") from None
-        except OSError as exc:
+        except OSError:
             if not path.is_symlink():
                 raise
             raise ValueError(f"--out {str(out)!r}: the lock file {str(path)!r} is a link (to {os.readlink(path)!r}), "
