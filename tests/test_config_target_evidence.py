@@ -141,3 +141,14 @@ def test_explain_shows_the_warning(eagle3_target, capsys, config_logger):
     assert "you set 'mtp', but the evidence suggests 'eagle3'" in table
     assert "architectures=['LlamaForCausalLMEagle3']" in table and "path token 'eagle3'" in table
     assert captured.err.startswith("error: cannot run: ") and "is itself an EAGLE-3 head" in captured.err
+
+
+def test_a_null_draft_vocab_size_is_no_eagle3_evidence(tmp_path) -> None:
+    """null is unset in config.json: a whole causal LM that writes the key as null stays a draft model,
+    with no warning against an explicit draft_model, and strict keeps it."""
+    target = write_checkpoint(tmp_path / "target", llama(num_hidden_layers=8))
+    draft = write_checkpoint(tmp_path / "small", llama(num_hidden_layers=4, draft_vocab_size=None))
+    detected = resolve({"model": str(draft)}, model=str(target))
+    assert detected.config.method == "draft_model" and detected.decisions["method"].source == "checkpoint"
+    kept = resolve({"method": "draft_model", "model": str(draft)}, model=str(target), strict=True)
+    assert kept.config.method == "draft_model" and not kept.warnings

@@ -24,6 +24,14 @@ def test_underscores_become_dashes_before_any_dot_or_equals_sign() -> None:
         normalise(["explain", "--speculative-config.method", "--", "x"])
 
 
+def test_vllms_shorthand_flags_and_a_value_with_a_space_are_read_as_vllm_reads_them() -> None:
+    words = normalise(["explain", "--spec-method", "ngram", "--spec_tokens=3", "--spec-model", "/m/a b",
+                       "--speculative_config.prompt_lookup_max=/x y"])
+    assert json.loads(words[2]) == {"method": "ngram", "num_speculative_tokens": 3, "model": "/m/a b",
+                                    "prompt_lookup_max": "/x y"}  # a space after '=' is the value's, as in vLLM
+    assert json.loads(normalise(["explain", "--spec-tokens", "three"])[2]) == {"num_speculative_tokens": "three"}
+
+
 def test_keys_one_by_one_merge_into_one_json_object_as_vllm_reads_them() -> None:
     words = normalise(["explain", "--speculative-config.method", "ngram", "--speculative_config.num_speculative_tokens=3",
                        "-sc.prompt_lookup_max", "4", "--speculative-config.tree+", "a,b"])
@@ -40,7 +48,11 @@ def test_keys_one_by_one_merge_into_one_json_object_as_vllm_reads_them() -> None
     (["--speculative-config.method", "ngram", "--speculative-config.method", "suffix"],
      '--speculative-config.method is given twice ("ngram" and "suffix")'),
     (["--speculative-config", '{"method": "ngram"}', "--speculative-config.method", "suffix"],
-     "'method' is given both in --speculative-config (\"ngram\") and as --speculative-config.method (\"suffix\")"),
+     "'method' is given both in --speculative-config (\"ngram\") and by --speculative-config.method (\"suffix\")"),
+    (["-sc", '{"method": "ngram"}', "--spec-method", "suffix"],
+     "'method' is given both in -sc (\"ngram\") and by --spec-method (\"suffix\")"),
+    (["--spec-method", "ngram", "--speculative-config.method=suffix"],
+     '--spec-method and --speculative-config.method both give it ("ngram" and "suffix")'),
     (["--speculative-config.method"], "needs a value"),
     (["--speculative-config.", "x"], "name a key after the dot"),
     (["--speculative-config.a", "1", "--speculative-config.a.b", "2"], "a value of its own as well as keys"),

@@ -19,6 +19,8 @@ from specsure.config.errors import ConfigError
 
 SPEC_FLAGS = ("--speculative-config", "-sc")
 """vLLM's long and short spellings of the flag."""
+SHORT_FLAGS = {"--spec-method": "method", "--spec-model": "model", "--spec-tokens": "num_speculative_tokens"}
+"""vLLM 0.33's shorthand flags and the speculative-config key each sets (vllm/engine/arg_utils.py)."""
 
 
 def normalise(argv: Sequence[str]) -> list[str]:
@@ -30,6 +32,7 @@ def normalise(argv: Sequence[str]) -> list[str]:
     """
     words: list[str] = []
     keys: dict[str, Any] = {}
+    typed: dict[str, str] = {}  # each top-level key: the flag that gave it, as the user spelled it
     tail: list[str] = []
     i = 0
     while i < len(argv):
@@ -37,13 +40,14 @@ def normalise(argv: Sequence[str]) -> list[str]:
         if word == "--":
             tail = list(argv[i:])
             break
-        if word.startswith("--") and " " not in word:  # argparse reads a word with a space as a value, never a flag
+        if word.startswith("--") and " " not in word.partition("=")[0]:  # a word with a space is a value
             name, eq, value = word.partition("=")
             flag, dot, path = name.partition(".")
             word = flag.replace("_", "-") + dot + path + eq + value
         name, eq, value = word.partition("=")
         flag, dot, path = name.partition(".")
-        if not (dot and flag in SPEC_FLAGS):
+        short = SHORT_FLAGS.get(name)
+        if short is None and not (dot and flag in SPEC_FLAGS):
             words.append(word)
             i += 1
             continue
@@ -53,11 +57,16 @@ def normalise(argv: Sequence[str]) -> list[str]:
             value = argv[i + 1]
             i += 1
         i += 1
-        if not path or "" in path.split("."):
+        if short is not None:  # vLLM reads these as the config's key, typed as the key's own type
+            path, parsed = short, (_int_or_text(value) if short == "num_speculative_tokens" else value)
+        elif not path or "" in path.split("."):
             raise ConfigError(f"{name}: name a key after the dot, as in --speculative-config.method ngram.")
-        _put(keys, path, _value(path, value), name)
+        else:
+            parsed = _value(path, value)
+        _put(keys, path, parsed, name, typed.get(path.rstrip("+").split(".")[0]))
+        typed.setdefault(path.rstrip("+").split(".")[0], name)
     if keys:
-        words = _merged(words, keys)
+        words = _merged(words, keys, typed)
     return words + tail
 
 
@@ -104,7 +113,15 @@ def _value(path: str, text: str) -> Any:
         return text
 
 
-def _put(keys: dict[str, Any], path: str, value: Any, name: str) -> None:
+def _int_or_text(text: str) -> Any:
+    try:
+        return int(text)
+    except ValueError:  # resolution names the key and the value
+        return text
+
+
+def _put(keys: dict[str, Any], path: str, value: Any, name: str, before: str | None) -> None:
+    """Set the dotted key ``path`` that flag ``name`` gave; ``before``: the flag that gave its top key first."""
     *parents, last = path.rstrip("+").split(".")
     node = keys
     for part in parents:
@@ -115,13 +132,14 @@ def _put(keys: dict[str, Any], path: str, value: Any, name: str) -> None:
         node[last] += value  # KEY+ appends, as vLLM's parser does
         return
     if last in node:
-        raise ConfigError(f"{name} is given twice ({json.dumps(node[last])} and {json.dumps(value)}); keep the one "
-                          "you mean.")
+        twice = f"{name} is given twice" if before in (None, name) else f"{before} and {name} both give it"
+        raise ConfigError(f"{twice} ({json.dumps(node[last])} and {json.dumps(value)}); keep the one you mean.")
     node[last] = value
 
 
-def _merged(words: list[str], keys: dict[str, Any]) -> list[str]:
-    """``words`` with one ``--speculative-config`` holding the JSON given whole (if any) and ``keys``."""
+def _merged(words: list[str], keys: dict[str, Any], typed: dict[str, str]) -> list[str]:
+    """``words`` with one ``--speculative-config`` holding the JSON given whole (if any) and ``keys``,
+    each top-level key given by the flag ``typed`` names."""
     at = [i for i, w in enumerate(words) if w.partition("=")[0] in SPEC_FLAGS]
     if not at:
         return [*words, SPEC_FLAGS[0], json.dumps(keys)]
@@ -134,6 +152,6 @@ def _merged(words: list[str], keys: dict[str, Any]) -> list[str]:
     whole = parse_speculative_config(text, flag) or {}
     if both := sorted(set(whole) & set(keys)):
         key = both[0]
-        raise ConfigError(f"{key!r} is given both in {flag} ({json.dumps(whole[key])}) and as {flag}.{key} "
+        raise ConfigError(f"{key!r} is given both in {flag} ({json.dumps(whole[key])}) and by {typed[key]} "
                           f"({json.dumps(keys[key])}); keep the one you mean.")
     return [*words[:index], flag, json.dumps({**whole, **keys}), *words[end:]]

@@ -152,7 +152,7 @@ def classify_head(info: CheckpointInfo) -> Evidence | None:
         return Evidence("mtp", "checkpoint", info.signal("model_type"))
     if tensor := eagle3_tensor(names):
         return Evidence("eagle3", "checkpoint", f"tensor {tensor!r} in {info.path}")
-    if "draft_vocab_size" in info.config:
+    if info.config.get("draft_vocab_size") is not None:  # null is unset, as everywhere in config.json
         return Evidence("eagle3", "checkpoint", info.signal("draft_vocab_size"))
     if "fc.weight" in names:
         # Public EAGLE-1 heads often declare plain LlamaForCausalLM; their fc layer gives them away.

@@ -286,7 +286,7 @@ def check_suffix_value(field: str, value: Any) -> int | float:
     if field == "suffix_decoding_max_cached_requests":
         _check_at_least(field, value, 0, "0 turns the global tree of earlier requests off")
         return value
-    allowed = "a number >= 0" if field == "suffix_decoding_max_spec_factor" else "a number from 0 to 1"
+    allowed = "a finite number >= 0" if field == "suffix_decoding_max_spec_factor" else "a number from 0 to 1"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         hint = f" Write {_number_text(value)} without quotes." if _is_number(value) else ""
         raise ConfigError(f"{field} = {as_json(value)} must be {allowed}.{hint}")
