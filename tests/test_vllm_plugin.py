@@ -99,20 +99,33 @@ def test_explicit_mtp_with_a_draft_in_a_beagle_folder_is_kept(models):
     assert spec.method == "mtp" and same_folder(spec.model, models["beagle-target"])
 
 
-def test_a_token_tree_is_handed_to_vllm_as_a_chain_and_the_plugin_says_so(models, caplog):
+def test_a_token_tree_stops_vllm_in_enforce_mode_naming_the_key(models):
+    with pytest.raises(PluginRefusal) as err:
+        vllm(models["target"], speculative_config={"method": "eagle3", "model": models["EAGLE3-LLaMA-head"],
+                                                   "speculative_token_tree": "[(0, 0), (1,), (0,)]"})
+    text = str(err.value)
+    assert 'speculative_token_tree = "[(0, 0), (1,), (0,)]" is a specsure key that vLLM does not have' in text
+    assert "a chain of num_speculative_tokens = 3 tokens" in text and "SPECSURE_VLLM_PLUGIN=warn" in text
+
+
+def test_a_token_tree_is_handed_to_vllm_as_a_chain_in_warn_mode_and_the_plugin_says_so(models, caplog, monkeypatch):
+    monkeypatch.setenv("SPECSURE_VLLM_PLUGIN", "warn")
     with caplog.at_level(logging.WARNING, logger="vllm.specsure"):
         spec = vllm(models["target"], speculative_config={"method": "eagle3", "model": models["EAGLE3-LLaMA-head"],
                                                           "speculative_token_tree": "[(0, 0), (1,), (0,)]"})
     assert spec.method == "eagle3" and spec.num_speculative_tokens == 3
     assert "speculative_token_tree" not in spec.extra  # vLLM 0.33.0 would refuse the key
-    assert any("speculative_token_tree is a specsure key that vLLM does not have" in r.message for r in caplog.records)
+    assert any('speculative_token_tree = "[(0, 0), (1,), (0,)]" is a specsure key that vLLM does not have' in r.message
+               for r in caplog.records)
 
 
-def test_disable_by_batch_size_is_not_handed_to_vllm_and_the_plugin_says_so(models, caplog):
+def test_disable_by_batch_size_is_not_handed_to_vllm_in_warn_mode_and_the_plugin_says_so(models, caplog,
+                                                                                        monkeypatch):
+    monkeypatch.setenv("SPECSURE_VLLM_PLUGIN", "warn")
     with caplog.at_level(logging.WARNING, logger="vllm.specsure"):
         spec = vllm(models["target"], speculative_config={"method": "ngram", "disable_by_batch_size": 4})
     assert spec.method == "ngram" and "disable_by_batch_size" not in spec.extra  # vLLM 0.33.0 would refuse it
-    assert any("disable_by_batch_size is a specsure key" in r.message and "at every batch size" in r.message
+    assert any("disable_by_batch_size = 4 is a specsure key" in r.message and "at every batch size" in r.message
                for r in caplog.records)
 
 

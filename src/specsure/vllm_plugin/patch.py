@@ -88,6 +88,8 @@ def _wrap_create(original: Callable[..., Any], version: str, *, rewrite: bool) -
                          target_quantization=getattr(target_model_config, "quantization", None))
         for warning in plan.warnings:
             logger.warning("specsure: %s", warning)
+        _refuse_or_warn(list(plan.dropped), "the speculative config sets keys vLLM cannot run, so it would "
+                                            "start without them")
         if plan.links and _may_span_nodes(target_parallel_config) and not os.environ.get(LINKS_ENV):
             logger.warning("specsure: the neutral link%s %s exist%s on this host only, and this vLLM may run "
                            "workers on other nodes (nnodes > 1, or the Ray backend), which would look for the draft "

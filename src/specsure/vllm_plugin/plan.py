@@ -8,6 +8,7 @@ path that vLLM's substring test would catch is replaced by a neutral link to the
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -57,6 +58,9 @@ class Plan:
     """(path, neutral link) for each path replaced."""
     guard_only: str = ""
     """Why the config is handed to vLLM unchanged and only checked afterwards ('' when rewritten)."""
+    dropped: tuple[str, ...] = field(default=())
+    """One sentence per explicit specsure-only key vLLM cannot take (vLLM 0.33.0 refuses them): enforce
+    mode refuses to start, warn mode hands vLLM the config without them."""
     warnings: tuple[str, ...] = field(default=())
     """What the plugin itself has to say; the resolution's own warnings (evidence that disagrees
     with an explicit value) are logged by specsure.config as resolve() runs."""
@@ -92,10 +96,10 @@ def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = Tr
         # vLLM runs an explicit method whatever the checkpoint is; the plugin keeps the method and says so.
         warnings.append(f"specsure's engine would refuse this config: {exc}")
     handed = {**theirs, **res.config.to_vllm()}
-    for key in sorted(k for k in SPECSURE_ONLY_FIELDS & set(ours) if ours[k] is not None):
-        instead = VLLM_INSTEAD[key].format(k=res.config.num_speculative_tokens)
-        warnings.append(f"{key} is a specsure key that vLLM does not have, so vLLM is handed the config without it: "
-                        f"it drafts {instead}.")
+    dropped = tuple(f"{key} = {json.dumps(ours[key])} is a specsure key that vLLM does not have; without it "
+                    f"vLLM drafts {VLLM_INSTEAD[key].format(k=res.config.num_speculative_tokens)}. Remove it "
+                    "from the config for vLLM, or serve this config with specsure."
+                    for key in sorted(SPECSURE_ONLY_FIELDS & set(ours)) if ours[key] is not None)
     links: list[tuple[str, str]] = []
     where = vllm_draft_path(res)
     if where is not None and res.config.method not in DETECTION_SKIPPED and vllm_path_trap(where[0]):
@@ -110,7 +114,8 @@ def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = Tr
         # No key stops this one; the guard sees it once vLLM has resolved, and refuses or warns.
         warnings.append(f"vLLM will switch method {res.config.method!r} to {behind.vllm!r} whatever it is handed: "
                         f"{behind.cause}; {behind.fix}.")
-    return Plan(user=user, resolution=res, handed=handed, links=tuple(links), warnings=tuple(warnings))
+    return Plan(user=user, resolution=res, handed=handed, links=tuple(links), dropped=dropped,
+                warnings=tuple(warnings))
 
 
 def provenance(plan: Plan) -> str:
