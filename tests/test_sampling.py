@@ -31,8 +31,8 @@ from specsure.sampling import SamplingParams, argmax_ids, draw, probs_from_logit
         ({"top_k": -2}, ["SamplingParams.top_k = -2", "int >= 0, or -1", "use 0 (or -1) to disable top-k"]),
         ({"top_k": 5.0}, ["SamplingParams.top_k = 5.0", "int >= 0"]),
         ({"top_k": True}, ["SamplingParams.top_k = True", "int >= 0"]),
-        ({"seed": -1}, ["SamplingParams.seed = -1", "[0, 2**64)", "use None"]),
-        ({"seed": 2**64}, ["SamplingParams.seed = 18446744073709551616", "[0, 2**64)"]),
+        ({"seed": -(2**63) - 1}, ["SamplingParams.seed = -9223372036854775809", "[-2**63, 2**64)", "use None (or -1)"]),
+        ({"seed": 2**64}, ["SamplingParams.seed = 18446744073709551616", "[-2**63, 2**64)"]),
         ({"seed": 1.0}, ["SamplingParams.seed = 1.0", "None or an int"]),
         ({"seed": True}, ["SamplingParams.seed = True", "None or an int"]),
         ({"stop": ""}, ["SamplingParams.stop = ''", "non-empty str"]),
@@ -214,3 +214,22 @@ def test_numpy_scalars_are_numbers_and_stored_as_pythons() -> None:
         SamplingParams(top_p="0.9")
     with pytest.raises(ValueError, match="max_tokens = np.True_|max_tokens = True"):
         SamplingParams(max_tokens=np.bool_(True))
+
+
+def test_seeds_are_read_as_vllm_reads_them_and_all_64_bits_count() -> None:
+    """-1 is unseeded (vLLM, llama.cpp), another negative seed its two's complement; torch's CPU generator
+    keeps 32 bits of a seed, so larger seeds are mixed into them rather than cut."""
+    import torch
+
+    from specsure.sampling import generator_seed
+
+    assert SamplingParams(seed=-1).seed is None and SamplingParams(seed=-2).seed == 2**64 - 2
+    assert SamplingParams(seed=2**64 - 1).seed == 2**64 - 1
+
+    def first_draws(seed: int) -> list[float]:
+        return torch.rand(4, generator=torch.Generator().manual_seed(generator_seed(seed))).tolist()
+
+    assert generator_seed(12345) == 12345  # small seeds sample as they always did
+    draws = [first_draws(s) for s in (0, 2**32, 2**33, 2**63, 2**64 - 1, 2**32 - 1)]
+    assert len({tuple(d) for d in draws}) == len(draws)
+    assert all(0 <= generator_seed(s) < 2**32 for s in (2**32, 2**40 + 7, 2**64 - 1))

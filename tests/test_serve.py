@@ -244,7 +244,7 @@ BAD_COMPLETIONS = [
     ({"prompt": PROMPT_IDS, "top_k": 1.5}, "top_k", "1.5"),
     ({"prompt": PROMPT_IDS, "max_tokens": 0}, "max_tokens", "max_tokens = 0"),
     ({"prompt": PROMPT_IDS, "max_tokens": "8"}, "max_tokens", '"8"'),
-    ({"prompt": PROMPT_IDS, "seed": -3}, "seed", "-3"),
+    ({"prompt": PROMPT_IDS, "seed": -(2**63) - 1}, "seed", "-9223372036854775809"),
     ({"prompt": PROMPT_IDS, "stop": [""]}, "stop", "non-empty"),
     ({"prompt": PROMPT_IDS, "n": 17}, "n", "n = 17"),
     ({"prompt": PROMPT_IDS, "n": 0}, "n", "from 1 to 16"),
@@ -331,7 +331,8 @@ def test_bad_bodies(client: TestClient) -> None:
                                          'of new tokens to generate, e.g. "max_tokens": 16.'),
     ({"temperature": "0.5"}, "temperature", 'temperature = "0.5" is invalid'),
     ({"stop": [""]}, "stop", 'stop = [""] is invalid: every stop string must be a non-empty string'),
-    ({"seed": -1}, "seed", "seed = -1 is invalid: it must be null or an integer in [0, 2^64); send null"),
+    ({"seed": -(2**63) - 1}, "seed", "seed = -9223372036854775809 is invalid: it must be null or an integer in "
+                                    "[-2^63, 2^64); send null or -1"),
     ({"ignore_eos": "yes"}, "ignore_eos", 'ignore_eos = "yes" is invalid: it must be true or false; send true or false.'),
 ])
 def test_a_bad_sampling_field_is_said_in_the_requests_json(client: TestClient, body, param, message) -> None:  # noqa: ANN001

@@ -19,6 +19,25 @@ import torch
 from specsure.grammar import GrammarError, StructuredOutputs
 
 SEED_LIMIT = 2**64  # torch.Generator.manual_seed rejects seeds at or above this
+SEED_FLOOR = -(2**63)  # and below this; it reads a negative seed as its two's complement, as vLLM passes one
+_TORCH_SEED_BITS = 32  # torch's CPU generator (mt19937) keeps only the low 32 bits of its seed
+
+
+def generator_seed(seed: int) -> int:
+    """The seed handed to torch's CPU generator for ``seed`` (a SamplingParams or engine seed).
+
+    torch keeps only a seed's low 32 bits, so 0, 2**32 and 2**63 would sample alike. A seed below
+    2**32 goes as it is; a larger one is mixed (splitmix64's finaliser) into 32 bits, so seeds
+    that differ in their high bits (64-bit hashes, UUID halves) sample apart, two of them
+    colliding with probability 2**-32."""
+    if seed < 2**_TORCH_SEED_BITS:
+        return seed
+    mask = 2**64 - 1
+    z = (seed + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    z ^= z >> 31
+    return (z ^ (z >> 32)) & (2**_TORCH_SEED_BITS - 1)
 MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 1024
 MAX_LOGPROBS = 20
@@ -85,7 +104,10 @@ class SamplingParams:
     """Keep only the k most likely tokens (>= 1). 0 disables it; -1, vLLM's other spelling of
     disabled, is stored as 0."""
     seed: int | None = None
-    """Seed for this request's torch.Generator, for reproducible sampling; None = unseeded. The draft
+    """Seed for this request's torch.Generator, for reproducible sampling, an int in [-2**63, 2**64)
+    as vLLM takes it; None = unseeded, and so is -1 (vLLM's and llama.cpp's "random"). Another
+    negative seed is stored as its two's complement (what torch and vLLM make of it); a seed of 2**32
+    or more is mixed into the 32 bits torch's generator keeps (``generator_seed``). The draft
     decides how much of the random stream a step uses, so with suffix decoding, whose drafts also
     come from earlier requests' outputs, a seed repeats its output only on a fresh engine, and with
     ``disable_by_batch_size``, which drafts or not by how full the batch is, only at the same load
@@ -178,9 +200,11 @@ class SamplingParams:
                         "use 0 (or -1) to disable top-k filtering")
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < SEED_LIMIT):
-            raise _fail("seed", self.seed, "is invalid: it must be None or an int in [0, 2**64)",
-                        "use None for an unseeded (random) generator")
+        if self.seed is not None and (not _is_int(self.seed) or not SEED_FLOOR <= self.seed < SEED_LIMIT):
+            raise _fail("seed", self.seed, "is invalid: it must be None or an int in [-2**63, 2**64)",
+                        "use None (or -1) for an unseeded (random) generator")
+        if self.seed is not None:
+            object.__setattr__(self, "seed", None if self.seed == -1 else int(self.seed) % SEED_LIMIT)
         object.__setattr__(self, "stop", self._normalise_stop(self.stop))
         if not isinstance(self.ignore_eos, bool):
             raise _fail("ignore_eos", self.ignore_eos, "is invalid: it must be a bool",

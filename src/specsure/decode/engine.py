@@ -25,7 +25,7 @@ from specsure.decode.metrics import SpecStats
 from specsure.decode.request import Request, Rules
 from specsure.decode.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, check_batched_tokens
 from specsure.decode.structured import Grammars
-from specsure.sampling import SEED_LIMIT, SamplingParams
+from specsure.sampling import SEED_LIMIT, SamplingParams, generator_seed
 from specsure.models.loading import LoadedModel, load_model
 from specsure.models.token_bytes import TokenizerKindError
 from specsure.proposers.base import Proposer
@@ -57,7 +57,7 @@ class Engine:
         self.seed = seed
         # vLLM's LLM(seed=...): one stream for the whole engine, from which each request without a seed
         # of its own draws one; a run repeats, and unseeded requests still sample independently.
-        self._seeds: torch.Generator | None = None if seed is None else torch.Generator().manual_seed(seed)
+        self._seeds: torch.Generator | None = None if seed is None else torch.Generator().manual_seed(generator_seed(seed))
         self.stats = SpecStats()
         self.max_num_seqs = max_num_seqs
         self.enable_prefix_caching = enable_prefix_caching
@@ -235,7 +235,7 @@ class Engine:
         if seed is None:
             gen.seed()
         else:
-            gen.manual_seed(seed)
+            gen.manual_seed(generator_seed(seed))
         return gen
 
     def request(self, prompt_ids: list[int], params: SamplingParams) -> Request:

@@ -53,13 +53,13 @@ ENDPOINT_OF = {"prompt": "POST /v1/completions", "messages": "POST /v1/chat/comp
 STREAM_OPTION_FIELDS = ("include_usage", "continuous_usage_stats")
 
 _JSON_WORDS = ((r"\bNone\b", "null"), (r"\ba bool\b", "true or false"), (r"\ban int\b", "an integer"),
-               (r"\bint\b", "integer"), (r"\bints\b", "integers"), (r"\ba dict\b", "an object"), (r"\ba str\b", "a string"), (r"\bstr\b", "string"), (r"2\*\*64", "2^64"))
+               (r"\bint\b", "integer"), (r"\bints\b", "integers"), (r"\ba dict\b", "an object"), (r"\ba str\b", "a string"), (r"\bstr\b", "string"), (r"2\*\*64", "2^64"), (r"2\*\*63", "2^63"))
 SAMPLING_FIXES = {
     "max_tokens": 'send the number of new tokens to generate, e.g. "{param}": 16',
     "temperature": "send 0 for greedy decoding or a positive number such as 0.7",
     "top_p": "send 1 to disable nucleus sampling",
     "top_k": "send 0 or -1 to disable top-k",
-    "seed": "send null, or leave it out, for an unseeded generator",
+    "seed": "send null or -1, or leave it out, for an unseeded generator",
     "stop": 'send a string or a list of non-empty strings, e.g. "stop": ["\\n\\n"]',
     "ignore_eos": "send true or false",
     "logprobs": "send the number of alternatives to return per token",
