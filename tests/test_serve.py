@@ -8,6 +8,7 @@ default model.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -559,3 +560,26 @@ def test_several_served_names_are_each_accepted_and_answers_carry_the_first(engi
         create_app(engine, served_model_name=["a", "a"])
     args = build_parser(["serve"]).parse_args(["serve", "--served-model-name", "a", "b"])
     assert args.served_model_name == ["a", "b"]
+
+
+def test_each_choice_names_its_stop_reason_as_vllm_does(client: TestClient) -> None:
+    """The stop string or stop token id that ended a choice, None for length (and EOS), on both
+    endpoints, streamed (on every chunk, set on the last) and not."""
+    free = client.post("/v1/completions", json={"prompt": WORDS, "max_tokens": 8, "ignore_eos": True}).json()
+    ids, text = free["choices"][0]["token_ids"], free["choices"][0]["text"]
+    assert free["choices"][0]["stop_reason"] is None and free["choices"][0]["finish_reason"] == "length"
+    word = text.split()[2]
+    by_id = client.post("/v1/completions", json={"prompt": WORDS, "max_tokens": 8, "ignore_eos": True,
+                                                 "stop_token_ids": [ids[3]]}).json()["choices"][0]
+    assert (by_id["finish_reason"], by_id["stop_reason"]) == ("stop", ids[3])
+    by_text = client.post("/v1/completions", json={"prompt": WORDS, "max_tokens": 8, "ignore_eos": True,
+                                                   "stop": ["never", word]}).json()["choices"][0]
+    assert (by_text["finish_reason"], by_text["stop_reason"]) == ("stop", word)
+    chat = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 8, "ignore_eos": True,
+                                                     "stop": [word]}).json()["choices"][0]
+    assert chat["stop_reason"] == (word if chat["finish_reason"] == "stop" else None)
+    lines = client.post("/v1/completions", json={"prompt": WORDS, "max_tokens": 8, "ignore_eos": True,
+                                                 "stop": [word], "stream": True}).text.splitlines()
+    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    reasons = [c["choices"][0]["stop_reason"] for c in chunks if c["choices"]]
+    assert reasons[-1] == word and all(r is None for r in reasons[:-1])

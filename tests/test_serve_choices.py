@@ -126,7 +126,7 @@ def test_an_output_cut_inside_a_character_ends_before_it() -> None:
     cut = ids[:-1]  # the emoji's last byte never arrives
     assert tokenizer.decode(cut).endswith("\ufffd")
     rules = Rules([], tokenizer, 1000)
-    text, tokens, finish = rules.detokenize(cut, SamplingParams(max_tokens=len(cut)), "length")
+    text, tokens, finish, _ = rules.detokenize(cut, SamplingParams(max_tokens=len(cut)), "length")
     assert text == "Emoji: " and tokens == cut and finish == "length"
     names = token_text_of(tokenizer)
     assert "".join(completion_logprobs([TokenLogprob(i, -0.5, ((i, -0.5),)) for i in cut], names)["tokens"]) == text

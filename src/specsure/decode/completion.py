@@ -55,6 +55,9 @@ class Completion:
     finish_reason: FinishReason
     """'stop' for EOS or a stop string, 'length' for max_tokens or the context limit."""
     stats: SpecStats
+    stop_reason: int | str | None = None
+    """vLLM's stop_reason: the stop string or the stop token id (of ``SamplingParams.stop_token_ids``)
+    that ended the output; None when EOS ended it or it ran to its length."""
     prompt_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     """One per output token when ``SamplingParams.logprobs`` asked for them; else None."""

@@ -79,12 +79,13 @@ class Rules:
         return min(hits) if hits else None
 
     def detokenize(self, output: list[int], params: SamplingParams,
-                   finish: FinishReason) -> tuple[str | None, list[int], FinishReason]:
-        """The final (text, tokens, finish reason): the text cut before a stop string (after it with
-        include_stop_str_in_output), and the tokens up to the one that completed it. A stop token
-        stays in the tokens; its text leaves the text unless include_stop_str_in_output."""
+                   finish: FinishReason) -> tuple[str | None, list[int], FinishReason, int | str | None]:
+        """The final (text, tokens, finish reason, stop reason): the text cut before a stop string (after
+        it with include_stop_str_in_output), and the tokens up to the one that completed it. A stop token
+        stays in the tokens; its text leaves the text unless include_stop_str_in_output. The stop
+        reason is vLLM's: the stop string or stop token id that ended the output, None for EOS or length."""
         if self.tokenizer is None:
-            return None, output, finish
+            return None, output, finish, self._stop_token(output, params, finish)
         if params.stop and self.stop_at(output, params) is not None:
             while len(output) > 1 and self.stop_at(output[:-1], params) is not None:
                 output = output[:-1]
@@ -93,7 +94,8 @@ class Rules:
             found = self.stop_at(output, params)
             assert found is not None
             text = self.tokenizer.decode(output, skip_special_tokens=params.skip_special_tokens)
-            return text[:found[1] if params.include_stop_str_in_output else found[0]], output, "stop"
+            cut = text[:found[1] if params.include_stop_str_in_output else found[0]]
+            return cut, output, "stop", text[found[0]:found[1]]
         shown = output
         if finish == "stop" and output and output[-1] in self.stop_ids(params) and not params.include_stop_str_in_output:
             shown = output[:-1]  # the token that ended the output; EOS too, which special tokens' text would show
@@ -101,7 +103,17 @@ class Rules:
         # which the model never wrote: vLLM's detokenizer never releases it, nor do the logprobs'
         # token texts (the tokens before a character's last part add "").
         text = self.tokenizer.decode(shown, skip_special_tokens=params.skip_special_tokens)
-        return text.rstrip(REPLACEMENT), output, finish
+        return text.rstrip(REPLACEMENT), output, finish, self._stop_token(output, params, finish)
+
+    def _stop_token(self, output: list[int], params: SamplingParams, finish: FinishReason) -> int | None:
+        """The stop token id that ended the output, as vLLM names it: EOS (unless ignore_eos) is checked
+        first and gives None, as does an output that ran to its length."""
+        if finish != "stop" or not output:
+            return None
+        last = output[-1]
+        if not params.ignore_eos and last in self.eos_token_ids:
+            return None
+        return last if last in (params.stop_token_ids or ()) else None
 
 
 class Request:
@@ -330,14 +342,15 @@ class Request:
                                 logprobs[self._streamed:], prompt_logprobs=prompt)
             self._streamed = len(output)
             return update
-        text, output, finish = self.rules.detokenize(output, self.params, self.finish)
+        text, output, finish, stop_reason = self.rules.detokenize(output, self.params, self.finish)
         assert len(output) > self._streamed, "trimming at EOS, max_tokens or a stop string only cuts the last step"
         self.output, self.finish = output, finish
         if logprobs is not None:
             del logprobs[len(output):]  # the tokens trimmed at EOS, max_tokens or a stop string
         self.stats.add_generated(len(output))
         self.stats.add_time(time.perf_counter() - self.started)  # from its prefill, as at batch size 1
-        self.completion = Completion(text=text, token_ids=output, finish_reason=finish, stats=self.stats,
+        self.completion = Completion(text=text, token_ids=output, finish_reason=finish, stop_reason=stop_reason,
+                                     stats=self.stats,
                                      prompt_token_ids=self.prompt, logprobs=logprobs,
                                      prompt_logprobs=self._prompt_logprobs, cached_tokens=self.cached_tokens)
         return StepUpdate(output[self._streamed:], finish, self.completion,

@@ -175,6 +175,6 @@ async def disconnected(receive: Receive) -> None:
 def without_output(completion: Completion) -> Completion:
     """A choice of an echo with max_tokens 0: its prompt alone, the token generated with it left out
     (of its figures too: nothing was generated for the client, and no step drafted)."""
-    return replace(completion, text="" if completion.text is not None else None, token_ids=[], finish_reason="length",
+    return replace(completion, text="" if completion.text is not None else None, token_ids=[], finish_reason="length", stop_reason=None,
                    logprobs=[] if completion.logprobs is not None else None,
                    stats=SpecStats(elapsed_s=completion.stats.elapsed_s))

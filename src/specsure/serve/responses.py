@@ -196,7 +196,7 @@ def completion_body(completions: Sequence[Completion], model_name: str, method: 
     for i, c in enumerate(completions):
         shown, logprobs = _echoed(echoes[i] if echoes else None, c, text)
         choice = {"index": i, "text": shown, "token_ids": c.token_ids, "logprobs": logprobs,
-                  "finish_reason": c.finish_reason}
+                  "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}
         if prompt_top is not None:
             choice["prompt_logprobs"] = prompt_logprobs(c, text, prompt_top)
         choices.append(choice)
@@ -222,7 +222,7 @@ def chat_body(completions: Sequence[Completion], model_name: str, method: str | 
             message["tool_calls"] = [call.to_dict() for call in answers[i].tool_calls]
         choices.append({"index": i, "message": message,
                         "logprobs": None if c.logprobs is None else chat_logprobs(c.logprobs, text),
-                        "finish_reason": finish})
+                        "finish_reason": finish, "stop_reason": c.stop_reason})
     # One prompt for every choice: usage counts it once, as the streamed answer does.
     body = _body("chatcmpl", "chat.completion", choices, completions, model_name, method, len(completions), thinking)
     if prompt_top is not None:  # beside the choices, as vLLM's: the choices share their prompt
@@ -307,7 +307,8 @@ class ChunkWriter:
         """Choice ``index``'s echoed prompt, before its first output, with the prompt's logprobs if scored."""
         shown = None if scored is None else echo_logprobs(echo, scored, self._text)
         self._offsets[index] += len(echo.text or "")
-        choice = {"index": index, "text": echo.text, "token_ids": [], "logprobs": shown, "finish_reason": None}
+        choice = {"index": index, "text": echo.text, "token_ids": [], "logprobs": shown, "finish_reason": None,
+                  "stop_reason": None}
         return event({**self._head, "choices": [choice], **self._usage_so_far(index)})
 
     def delta(self, index: int, text: str | None, token_ids: list[int],
@@ -336,8 +337,9 @@ class ChunkWriter:
                 rest = self.delta(index, None, [], logprobs, pieces or ([{}] if logprobs else []))
             else:
                 rest = self._chunk(index, {"content": text}, logprobs=logprobs) if text or logprobs else b""
-            return rest + self._chunk(index, {}, finish=reason, **figures)
-        return self._chunk(index, text, token_ids, logprobs=logprobs, finish=completion.finish_reason, **figures)
+            return rest + self._chunk(index, {}, finish=reason, stop=completion.stop_reason, **figures)
+        return self._chunk(index, text, token_ids, logprobs=logprobs, finish=completion.finish_reason,
+                           stop=completion.stop_reason, **figures)
 
     def end(self, completions: Sequence[Completion]) -> bytes:
         """The usage chunk, if asked, then [DONE]."""
@@ -350,7 +352,8 @@ class ChunkWriter:
         return event(body) + DONE
 
     def _chunk(self, index: int, content: dict[str, Any] | str | None, token_ids: list[int] | None = None, *,
-               logprobs: list[TokenLogprob] | None = None, finish: str | None = None, **extra: Any) -> bytes:
+               logprobs: list[TokenLogprob] | None = None, finish: str | None = None, stop: int | str | None = None,
+               **extra: Any) -> bytes:
         shown = None
         if logprobs:
             before = self._before[index]
@@ -365,6 +368,7 @@ class ChunkWriter:
         else:
             choice = {"index": index, "text": content, "token_ids": token_ids, "logprobs": shown,
                       "finish_reason": finish}
+        choice["stop_reason"] = stop  # vLLM's: on every chunk, None until the one that ended the choice
         return event({**self._head, "choices": [choice], **extra, **self._usage_so_far(index)})
 
     def _usage_so_far(self, index: int) -> dict[str, Any]:
