@@ -256,7 +256,7 @@ BAD_COMPLETIONS = [
     ({"prompt": PROMPT_IDS, "presence_penalty": 2.5}, "presence_penalty", "must be a number in [-2, 2]; send 0"),
     ({"prompt": PROMPT_IDS, "logit_bias": {"5": 1e3}}, "logit_bias", "must be a number in [-100, 100]"),
     ({"prompt": PROMPT_IDS, "best_of": True}, "best_of", "does not implement"),
-    ({"prompt": PROMPT_IDS, "store": False}, "store", "'store' belongs to POST /v1/chat/completions"),
+    ({"prompt": PROMPT_IDS, "store": False}, "store", "specsure takes 'store' on POST /v1/chat/completions only"),
     ({"max_tokens": 4}, "prompt", "prompt is missing"),
     ({"prompt": ""}, "prompt", "empty string"),
     ({"prompt": []}, "prompt", "empty list"),
@@ -290,7 +290,7 @@ BAD_CHATS = [
     ({"messages": [{"role": "user"}]}, "messages[0].content", "messages[0].content is missing"),
     ({"messages": CHAT, "max_tokens": 4, "max_completion_tokens": 5}, "max_tokens", "disagree"),
     ({"messages": CHAT, "max_completion_tokens": -1}, "max_completion_tokens", "max_completion_tokens = -1"),
-    ({"messages": CHAT, "prompt": "hi"}, "prompt", "belongs to POST /v1/completions"),
+    ({"messages": CHAT, "prompt": "hi"}, "prompt", "takes 'prompt' on POST /v1/completions only"),
     ({"messages": [{"role": "user", "content": "w1 " * 600}]}, "messages", "context is 512 tokens"),
     ({"messages": CHAT, "store": True}, "store", "only null or false is accepted"),
     ({"messages": CHAT, "reasoning_effort": "high"}, "reasoning_effort", "OpenAI field that specsure does not"),
@@ -583,3 +583,24 @@ def test_each_choice_names_its_stop_reason_as_vllm_does(client: TestClient) -> N
     chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     reasons = [c["choices"][0]["stop_reason"] for c in chunks if c["choices"]]
     assert reasons[-1] == word and all(r is None for r in reasons[:-1])
+
+
+def test_vllms_own_fields_at_their_defaults_change_nothing_and_others_say_what_to_use(client: TestClient) -> None:
+    plain = client.post("/v1/completions", json={"prompt": WORDS, "max_tokens": 6}).json()["choices"][0]["text"]
+    vllm_defaults = {"use_beam_search": False, "length_penalty": 1.0, "spaces_between_special_tokens": True,
+                     "priority": 0, "logprobs_mode": "raw_logprobs", "return_token_ids": False,
+                     "add_special_tokens": True}
+    same = client.post("/v1/completions", json={"prompt": WORDS, "max_tokens": 6, **vllm_defaults})
+    assert same.status_code == 200 and same.json()["choices"][0]["text"] == plain
+    chat = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 4, "add_special_tokens": False,
+                                                     "top_logprobs": 0, "return_tokens_as_token_ids": False})
+    assert chat.status_code == 200, chat.text
+    for body, words, code in (
+            ({"use_beam_search": True}, "a vLLM field that specsure does not implement", "unsupported_field"),
+            ({"add_special_tokens": False}, "Send the prompt as token ids", "unsupported_field"),
+            ({"max_completion_tokens": 3}, "Use max_tokens instead", "unknown_field"),
+            ({"guided_json": {"type": "object"}}, 'Use structured_outputs: {"json": SCHEMA} instead', "unknown_field")):
+        r = client.post("/v1/completions", json={"prompt": WORDS, "max_tokens": 3, **body})
+        error = r.json()["error"]
+        assert r.status_code == 400 and words in error["message"] and error["code"] == code, error
+        assert "min_tokens" not in error["message"].split("Fields:")[0]

@@ -1,4 +1,5 @@
-"""OpenAI request fields that specsure takes without implementing them: neutral values and labels.
+"""OpenAI's and vLLM's request fields that specsure takes without implementing them: neutral values
+and labels.
 
 A client library sends some fields by default (``store: false``, ``service_tier: "auto"``), and
 others label a request for OpenAI's own records (``metadata``, ``safety_identifier``,
@@ -26,11 +27,35 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "function_call": (),
     "reasoning_effort": (),
     "verbosity": (),
+    # vLLM's own fields, at the value that asks for what specsure does anyway
+    "use_beam_search": (False,),
+    "length_penalty": (1,),
+    "spaces_between_special_tokens": (True,),
+    "priority": (0,),
+    "logprobs_mode": ("raw_logprobs",),
+    "return_tokens_as_token_ids": (False,),
+    "return_token_ids": (False,),
 }
+VLLM_FIELDS = frozenset({"use_beam_search", "length_penalty", "spaces_between_special_tokens", "priority",
+                         "logprobs_mode", "return_tokens_as_token_ids", "return_token_ids", "add_special_tokens"})
+"""Fields of vLLM's requests (in NEUTRAL, or ADD_SPECIAL_TOKENS), not OpenAI's."""
+ADD_SPECIAL_TOKENS: dict[str, bool] = {"POST /v1/completions": True, "POST /v1/chat/completions": False}
+"""vLLM's add_special_tokens at its default per endpoint, which is what specsure does: a text prompt is
+encoded with the tokenizer's special tokens (BOS), a chat template's rendering as it is."""
+INSTEAD: dict[str, tuple[str, str]] = {
+    "max_completion_tokens": ("max_tokens", "max_tokens"),
+    "guided_json": ("structured_outputs", 'structured_outputs: {"json": SCHEMA}'),
+    "guided_regex": ("structured_outputs", 'structured_outputs: {"regex": "..."}'),
+    "guided_choice": ("structured_outputs", 'structured_outputs: {"choice": [...]}'),
+    "guided_grammar": ("structured_outputs", 'structured_outputs: {"grammar": "..."}'),
+    "guided_decoding_backend": ("structured_outputs", "structured_outputs alone (specsure has one backend)"),
+    "guided_whitespace_pattern": ("structured_outputs", "structured_outputs alone"),
+}
+"""Fields another endpoint or an older vLLM spells so: (the field here that does their job, how to use it)."""
 COMPLETION_ONLY = frozenset({"echo", "best_of", "suffix"})
 """OpenAI fields of the legacy completions endpoint; the chat endpoint has none of them."""
 CHAT_ONLY = frozenset({"store", "service_tier", "modalities", "audio", "prediction", "web_search_options", "functions",
-                       "function_call", "reasoning_effort", "verbosity"})
+                       "function_call", "reasoning_effort", "verbosity", "return_tokens_as_token_ids"})
 """OpenAI fields of the chat endpoint (in NEUTRAL); the completions endpoint has none of them."""
 MAX_METADATA = 16
 """OpenAI's limits on ``metadata``: 16 pairs, keys of at most 64 characters, values of at most 512."""

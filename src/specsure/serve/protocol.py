@@ -20,7 +20,9 @@ from specsure.serve.body import flag
 from specsure.serve.chat_template import parse_template_kwargs, template_flags
 from specsure.serve.errors import RequestError, shown
 from specsure.serve.messages import parse_messages
-from specsure.serve.openai_fields import CHAT_ONLY, COMPLETION_ONLY, NEUTRAL, check_labels
+from specsure.serve.openai_fields import (
+    ADD_SPECIAL_TOKENS, CHAT_ONLY, COMPLETION_ONLY, INSTEAD, NEUTRAL, VLLM_FIELDS, check_labels,
+)
 from specsure.serve.response_format import output_constraint
 from specsure.serve.tools import Tools, parse_tools
 
@@ -218,7 +220,7 @@ def _chat_logprobs(body: dict[str, Any]) -> int | None:
                            "number of alternatives goes in top_logprobs).", "logprobs")
     if top is not None and (type(top) is not int or not 0 <= top <= MAX_LOGPROBS):
         raise RequestError(f"top_logprobs = {shown(top)} must be an integer from 0 to {MAX_LOGPROBS}.", "top_logprobs")
-    if top is not None and not wanted:
+    if top and not wanted:  # 0 asks for nothing (some SDKs send it by default); vLLM refuses only more
         raise RequestError("top_logprobs needs logprobs = true; send both, or neither.", "top_logprobs")
     return (top or 0) if wanted else None
 
@@ -250,6 +252,14 @@ def _check_fields(body: Any, allowed: tuple[str, ...], endpoint: str) -> dict[st
     for key, value in body.items():
         if key in allowed:
             continue
+        if key == "add_special_tokens" and endpoint in ADD_SPECIAL_TOKENS:
+            default = ADD_SPECIAL_TOKENS[endpoint]
+            if value is None or value is default:
+                continue
+            raise RequestError(f"add_special_tokens = {shown(value)} is a vLLM field that specsure does not implement "
+                               f"on {endpoint}: it always does what {shown(default)}, vLLM's default there, does. "
+                               "Send the prompt as token ids to choose its special tokens yourself, or remove the "
+                               "field.", key, "unsupported_field")
         if key in NEUTRAL and not (key in COMPLETION_ONLY and endpoint == ENDPOINT_OF["messages"]) and not (
                 key in CHAT_ONLY and endpoint == ENDPOINT_OF["prompt"]):
             neutral = NEUTRAL[key]
@@ -257,11 +267,17 @@ def _check_fields(body: Any, allowed: tuple[str, ...], endpoint: str) -> dict[st
             if value is None or any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutral):
                 continue
             accepted = " or ".join(["null", *(shown(n) for n in neutral)])
-            raise RequestError(f"{key} = {shown(value)} is an OpenAI field that specsure does not implement; remove "
+            owner = "a vLLM" if key in VLLM_FIELDS else "an OpenAI"
+            raise RequestError(f"{key} = {shown(value)} is {owner} field that specsure does not implement; remove "
                                f"the field (only {accepted} is accepted).", key, "unsupported_field")
         elsewhere = (ENDPOINT_OF["prompt"] if key in COMPLETION_ONLY else ENDPOINT_OF["messages"] if key in CHAT_ONLY
                      else ENDPOINT_OF.get(key, endpoint))
-        hint = f" {key!r} belongs to {elsewhere}." if elsewhere != endpoint else suggest(key, allowed)
+        if key in INSTEAD and INSTEAD[key][0] in allowed:
+            hint = f" Use {INSTEAD[key][1]} instead."
+        elif elsewhere != endpoint:
+            hint = f" specsure takes {key!r} on {elsewhere} only."
+        else:
+            hint = suggest(key, allowed)
         raise RequestError(f"unknown field {key!r} in the body of {endpoint}.{hint} Fields: {', '.join(allowed)}.",
                            key, "unknown_field")
     return body
