@@ -604,3 +604,14 @@ def test_vllms_own_fields_at_their_defaults_change_nothing_and_others_say_what_t
         error = r.json()["error"]
         assert r.status_code == 400 and words in error["message"] and error["code"] == code, error
         assert "min_tokens" not in error["message"].split("Fields:")[0]
+
+
+def test_version_and_the_model_card_as_vllm_shapes_them(client: TestClient) -> None:
+    import specsure
+
+    assert client.get("/version").json() == {"version": specsure.__version__}
+    (card,) = client.get("/v1/models").json()["data"]
+    assert {"id", "object", "created", "owned_by", "root", "parent", "max_model_len", "permission"} <= set(card)
+    (permission,) = card["permission"]
+    assert permission["object"] == "model_permission" and permission["allow_sampling"] is True
+    assert client.get("/v1/models/tiny").json()["id"] == "tiny"

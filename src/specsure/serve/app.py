@@ -17,7 +17,6 @@ from typing import Any, Callable, Sequence
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
@@ -41,6 +40,7 @@ from specsure.serve.response_store import ResponseStore
 from specsure.serve.event_stream import EventStream, disconnected, internal_error, without_output
 from specsure.serve.responses import ChunkWriter, Echo, Endpoint, chat_body, completion_body, token_text_of
 from specsure.serve.runner import ClientGone, EngineRunner
+from specsure.serve.info_routes import add_info_routes
 from specsure.serve.tokenizer_routes import add_tokenizer_routes
 from specsure.serve.reasoning import END, TAIL_TOKENS, ReasoningStream, Thinking, check_reasoning_parser, \
     reasoning_tokens, split_answer, thinks
@@ -50,7 +50,7 @@ from specsure.serve.tools import Tools
 ROUTES = ("GET /v1/models, POST /v1/completions, POST /v1/chat/completions, POST /v1/responses, GET and DELETE "
           "/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel, POST /tokenize, "
           "POST /detokenize, "
-          "GET /tokenizer_info, GET or HEAD /health and GET /metrics")
+          "GET /tokenizer_info, GET or HEAD /health, GET /version and GET /metrics")
 
 DEFAULT_MAX_QUEUE = 64
 """Requests that may wait for a place in the running batch before the next is refused with a 503."""
@@ -148,31 +148,7 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
 
     add_tokenizer_routes(app, engine, name, template, as_served)
 
-    @app.api_route("/health", methods=["GET", "HEAD"])  # uptime checkers and load balancers probe with HEAD too
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    def card(shown: str = name) -> dict[str, Any]:
-        res = engine.resolution
-        return {"id": shown, "object": "model", "created": started, "owned_by": "specsure",
-                "root": str(res.decisions["target"].value), "max_model_len": engine.target.lm.max_context or None,
-                "speculative": {"method": method, "fields": res.to_dict(), "warnings": list(res.warnings)}}
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [card(shown) for shown in names]}  # as vLLM lists its names
-
-    @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str) -> dict[str, Any]:  # the client's models.retrieve
-        if model_id not in names:
-            served = " or ".join(map(repr, names))
-            raise APIError(f"model {model_id!r} is not served here; this server serves {served} (GET /v1/models).",
-                           404, param="model", code="model_not_found")
-        return card(model_id)
+    add_info_routes(app, engine, names, metrics, started)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
