@@ -146,7 +146,6 @@ def write_gemma2(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]
     with a byte-level BPE tokenizer, and the same weights as a GGUF file in llama.cpp's layout (its
     norm weights stored with the 1 that Gemma's norm adds, as convert_hf_to_gguf writes them)."""
     import gguf
-    from safetensors.numpy import load_file
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
     from tiny import random_model
@@ -165,16 +164,75 @@ def write_gemma2(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]
     writer.add_float32("gemma2.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
     writer.add_float32("gemma2.attn_logit_softcapping", config.attn_logit_softcapping)
     writer.add_float32("gemma2.final_logit_softcapping", config.final_logit_softcapping)
+    _write_model(writer, folder, tokenizer, gguf.MODEL_ARCH.GEMMA2, norms_plus_one=True)
+    return folder, out
+
+
+def write_qwen3(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]:
+    """A tiny random Qwen3 whose heads are 16 wide (not Qwen3Config's default 128), and the same weights
+    as a GGUF file in llama.cpp's layout, the width in qwen3.attention.key_length."""
+    import gguf
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from tiny import random_model
+
+    config = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    random_model(Qwen3ForCausalLM, config).save_pretrained(folder)
+    byte_bpe_tokenizer(folder, vocab)
+    writer = gguf.GGUFWriter(str(out), "qwen3")
+    for key, value in (("context_length", 256), ("embedding_length", 64), ("feed_forward_length", 128),
+                       ("block_count", 2), ("attention.head_count", 4), ("attention.head_count_kv", 2),
+                       ("attention.key_length", 16), ("attention.value_length", 16)):
+        writer.add_uint32(f"qwen3.{key}", value)
+    writer.add_float32("qwen3.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
+    writer.add_float32("qwen3.rope.freq_base", float(config.rope_parameters["rope_theta"]))
+    _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()), gguf.MODEL_ARCH.QWEN3)
+    return folder, out
+
+
+def _write_model(writer: Any, folder: Path, tokenizer: Mapping[str, Any], arch: Any,
+                 norms_plus_one: bool = False) -> None:
+    """The tokenizer and ``folder``'s two-layer model into ``writer`` under llama.cpp's tensor names, then
+    the file; ``norms_plus_one``: norm weights stored with the 1 Gemma's norm adds, as llama.cpp keeps them."""
+    import gguf
+    from safetensors.numpy import load_file
+
     write_bpe_tokenizer(writer, tokenizer)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA2, 2)
+    names = gguf.get_tensor_name_map(arch, 2)
     for name, array in load_file(str(folder / "model.safetensors")).items():
         array = array.astype(np.float32)
-        writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)), array + 1 if name.endswith("norm.weight")
-                          else array)
+        writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)),
+                          array + 1 if norms_plus_one and name.endswith("norm.weight") else array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def write_phi3(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]:
+    """A tiny random Phi-3 and the same weights as a GGUF file that names no padding token, as
+    llama.cpp's converter writes a vocabulary without one."""
+    import gguf
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    from tiny import random_model
+
+    config = Phi3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                        original_max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=None,
+                        tie_word_embeddings=False)
+    random_model(Phi3ForCausalLM, config).save_pretrained(folder)
+    byte_bpe_tokenizer(folder, vocab)
+    writer = gguf.GGUFWriter(str(out), "phi3")
+    for key, value in (("context_length", 256), ("embedding_length", 64), ("feed_forward_length", 128),
+                       ("block_count", 2), ("attention.head_count", 4), ("attention.head_count_kv", 4),
+                       ("rope.dimension_count", 16)):
+        writer.add_uint32(f"phi3.{key}", value)
+    writer.add_float32("phi3.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
+    writer.add_float32("phi3.rope.freq_base", float(config.rope_parameters["rope_theta"]))
+    _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()), gguf.MODEL_ARCH.PHI3)
     return folder, out

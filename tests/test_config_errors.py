@@ -235,6 +235,10 @@ def test_draft_file_that_is_not_gguf(tmp_path, target):
     weights.write_bytes(b"\0" * 16)
     msg = error_of({"method": "draft_model", "model": str(weights)}, target)
     assert "is a file but not a .gguf file" in msg
+    blob = tmp_path / "sha256-0123"  # how Ollama keeps a GGUF
+    blob.write_bytes(b"GGUF" + b"\0" * 12)
+    msg = error_of({"method": "draft_model", "model": str(blob)}, target)
+    assert "is a GGUF file by its first bytes" in msg and f"ln -s {blob}" in msg
 
 
 def test_malformed_config_json_names_the_file(tmp_path, target):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from gguf_models import byte_bpe_tokenizer, write_gemma2, write_llama_gguf
+from gguf_models import byte_bpe_tokenizer, write_gemma2, write_llama_gguf, write_phi3, write_qwen3
 from specsure.models.errors import ModelLoadError
 from specsure.models.loading import load_model
 from tiny import build_tiny_llama
@@ -355,6 +355,47 @@ def test_a_gemma2_gguf_scales_attention_as_llama_cpp_does(tmp_path: Path) -> Non
 
     got = make_engine(str(gguf), None, dtype="float32").generate(prompt, SamplingParams(max_tokens=8, ignore_eos=True))
     assert got[0].token_ids == expected
+
+
+def test_a_qwen3_gguf_takes_its_head_width_from_the_file_as_llama_cpp_does(tmp_path: Path) -> None:
+    """transformers' reader keeps Qwen3Config's head_dim of 128, so a Qwen3 with narrower heads did not load;
+    qwen3.attention.key_length says 16, and the model decodes as its Hugging Face source."""
+    folder, gguf = write_qwen3(tmp_path / "qwen3", tmp_path / "qwen3.gguf")
+    assert load_model(str(gguf), "float32").lm.hf.config.head_dim == 16
+    assert_decodes_as(folder, gguf)
+
+
+def test_a_phi3_gguf_without_a_padding_token_gets_none_not_phi3s_default(tmp_path: Path) -> None:
+    """transformers' reader gave Phi3Config's pad_token_id 32000 to a 290-token vocabulary, and the embedding
+    refused it with a bare AssertionError; llama.cpp runs the file."""
+    folder, gguf = write_phi3(tmp_path / "phi3", tmp_path / "phi3.gguf")
+    assert load_model(str(gguf), "float32").lm.hf.config.pad_token_id is None
+    assert_decodes_as(folder, gguf)
+
+
+def assert_decodes_as(folder: Path, gguf: Path) -> None:
+    """Greedy decoding of the GGUF file equals transformers' on its Hugging Face source, in float32."""
+    from transformers import AutoModelForCausalLM
+
+    from specsure import SamplingParams, make_engine
+
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    prompt = [5, 70, 71, 72, 80, 81, 90, 91, 92, 100, 5, 70]
+    expected = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt):].tolist()
+    got = make_engine(str(gguf), None, dtype="float32").generate(prompt, SamplingParams(max_tokens=8, ignore_eos=True))
+    assert got[0].token_ids == expected
+
+
+def test_an_architecture_transformers_cannot_read_is_named_with_the_fix(hf: Path, tmp_path: Path) -> None:
+    gguf = write_llama_gguf(hf, tmp_path / "olmo.gguf")
+    data = gguf.read_bytes()
+    # the same length, so the header's string length stays right: 'llama' -> 'olmoo'
+    gguf.write_bytes(data.replace(b"general.architecture\x08\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00llama",
+                                  b"general.architecture\x08\x00\x00\x00\x05\x00\x00\x00\x00\x00\x00\x00olmoo", 1))
+    with pytest.raises(ModelLoadError) as err:
+        load_model(str(gguf), "float32")
+    text = str(err.value)
+    assert "general.architecture = 'olmoo'" in text and "qwen3" in text and "Hugging Face folder" in text
 
 
 def test_a_cache_that_cannot_be_written_is_named_with_the_fix(hf: Path, tmp_path: Path,

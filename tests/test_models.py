@@ -340,6 +340,7 @@ def test_a_file_rewritten_in_place_is_converted_again(monkeypatch: pytest.Monkey
                                                       caplog: pytest.LogCaptureFixture) -> None:
     """`cp -p` onto a GGUF keeps its inode, size and mtime, so the folder name stays; the marker's
     fingerprint of the contents tells the new file from the converted one."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # not the user's cache
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"a" * 64)
     prints = iter(["first", "first", "second", "second", "second"])

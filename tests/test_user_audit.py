@@ -370,6 +370,11 @@ def test_mtp_layers_in_another_layout_are_named_not_called_missing(tmp_path: Pat
     (["generate", "-md", "d.gguf", "hi"], "the draft goes in --speculative-config '{\"model\": \"DRAFT\"}'"),
     (["serve", "--trust-remote-code"], "specsure never runs a checkpoint's own code"),
     (["serve", "--max-model-len", "4096"], "the context is the model's own"),
+    (["generate", "-r", "User:", "hi"], "use --stop TEXT"), (["generate", "--draft", "5", "hi"], "num_speculative_tokens"),
+    (["generate", "--grammar-file", "g.gbnf", "hi"], "use --structured-outputs"),
+    (["serve", "--grammar", "root ::= x"], "send structured_outputs in each request"),
+    (["generate", "-hf", "a/b", "hi"], "specsure reads local files only"),
+    (["generate", "--chat-template", "x", "hi"], "`specsure serve --chat-template` replaces it"),
 ])
 def test_another_engines_flag_says_what_specsure_takes(argv: list[str], words: str,
                                                        capsys: pytest.CaptureFixture[str]) -> None:

@@ -41,6 +41,13 @@ _PROMPT = Foreign("llama.cpp", otherwise="the prompt is the last argument (PROMP
 _THREADS = Foreign("llama.cpp", "--threads", "--threads N")
 _CHAT = Foreign("llama.cpp", "--chat", "--chat", otherwise="chat requests go to /v1/chat/completions")
 _BATCH = Foreign("llama.cpp", "--max-num-batched-tokens", "--max-num-batched-tokens N")
+_STOP = Foreign("llama.cpp", "--stop", "--stop TEXT", "stop")
+_GRAMMAR = Foreign("llama.cpp", "--structured-outputs", "--structured-outputs '{\"grammar\": \"root ::= ...\"}' "
+                   "(or {\"json\": SCHEMA})", "structured_outputs")
+_SYSTEM = Foreign("llama.cpp", otherwise="a system prompt is a chat request's first message (role \"system\") on "
+                                         "the server; `specsure generate --chat` sends PROMPT as the user's message")
+_LOCAL = Foreign("llama.cpp", otherwise="specsure reads local files only: download the model and pass its path "
+                                        "to --model")
 _SEQS = Foreign("llama.cpp", "--max-num-seqs", "--max-num-seqs N")
 FOREIGN_FLAGS: Final[dict[str, Foreign]] = {
     # llama.cpp (llama-cli, llama-server, llama-speculative)
@@ -63,6 +70,23 @@ FOREIGN_FLAGS: Final[dict[str, Foreign]] = {
     "--repeat-penalty": Foreign("llama.cpp", "--repetition-penalty", "--repetition-penalty P", "repetition_penalty"),
     "--min-p": Foreign("llama.cpp", "--min-p", "--min-p P", "min_p"),
     "-b": _BATCH, "--batch-size": _BATCH, "-np": _SEQS, "--parallel": _SEQS,
+    "--draft": Foreign("llama.cpp", otherwise=_K),
+    "-r": _STOP, "--reverse-prompt": _STOP,
+    "--grammar": _GRAMMAR, "--grammar-file": _GRAMMAR, "-j": _GRAMMAR, "--json-schema": _GRAMMAR,
+    "-sys": _SYSTEM, "--system-prompt": _SYSTEM,
+    "--jinja": Foreign("llama.cpp", otherwise="specsure always renders the model's own chat template with Jinja "
+                                              "(--chat in `specsure generate`; the chat endpoint when serving)"),
+    "-no-cnv": Foreign("llama.cpp", otherwise="`specsure generate` answers one prompt and exits; it has no "
+                                              "conversation mode"),
+    "-st": Foreign("llama.cpp", otherwise="`specsure generate` answers one prompt and exits"),
+    "--single-turn": Foreign("llama.cpp", otherwise="`specsure generate` answers one prompt and exits"),
+    "-e": Foreign("llama.cpp", otherwise="the prompt is taken as written; a shell's $'...' writes escapes"),
+    "--escape": Foreign("llama.cpp", otherwise="the prompt is taken as written; a shell's $'...' writes escapes"),
+    "-fa": Foreign("llama.cpp", otherwise=_CPU), "--flash-attn": Foreign("llama.cpp", otherwise=_CPU),
+    "-hf": _LOCAL, "--hf-repo": _LOCAL, "-hfd": _LOCAL, "--hf-repo-draft": _LOCAL,
+    "--chat-template": Foreign("llama.cpp", "--chat-template", "--chat-template TEMPLATE",
+                               otherwise="`specsure generate --chat` renders the model's own template; "
+                                         "`specsure serve --chat-template` replaces it"),
     # vLLM (vllm serve)
     "--max-model-len": Foreign("vLLM", otherwise=_CONTEXT),
     "--trust-remote-code": Foreign("vLLM", otherwise="specsure never runs a checkpoint's own code"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,6 +157,10 @@ def read_checkpoint(path: str | None) -> CheckpointInfo:
     if is_file:
         if p.suffix.lower() == ".gguf":
             return read_gguf(str(p), kind="gguf", shown=path)
+        if _starts_with(p, b"GGUF"):  # an Ollama blob, say: specsure tells a GGUF by its name, as vLLM does
+            raise ConfigError(f"checkpoint path {path!r} is a GGUF file by its first bytes, but its name does not end "
+                              f"in .gguf; give it that name through a link: ln -s {shlex.quote(str(p.resolve()))} "
+                              "model.gguf, and pass model.gguf.")
         raise ConfigError(f"checkpoint path {path!r} is a file but not a .gguf file. Give the model "
                           "folder (config.json + *.safetensors) or a .gguf file.")
     if not is_dir:
@@ -309,6 +314,14 @@ def _read_default() -> CheckpointInfo:
         return CheckpointInfo(path=DEFAULT_MODEL_NAME, kind="default",
                               note=f"the default model is not installed ({DEFAULT_INSTALL_HINT})")
     return read_gguf(str(path), kind="default", shown=str(path))
+
+
+def _starts_with(path: Path, magic: bytes) -> bool:
+    try:
+        with path.open("rb") as handle:
+            return handle.read(len(magic)) == magic
+    except OSError:
+        return False
 
 
 def read_gguf(path: str, kind: CheckpointKind, shown: str) -> CheckpointInfo:

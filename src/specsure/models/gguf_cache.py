@@ -208,7 +208,7 @@ def _remove_older_conversions(gguf: Path, dest: Path) -> None:
 def _write_conversion(gguf: Path, out: Path) -> None:
     # Imported here: most loads hit the cache and never need the GGUF machinery.
     from huggingface_hub.errors import StrictDataclassError
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from specsure.models.gguf_file import check_gguf
     from specsure.models.quiet import quiet_loading
@@ -224,10 +224,12 @@ def _write_conversion(gguf: Path, out: Path) -> None:
         # numpy's warnings about NaN block scales would come out raw; _check_finite names the tensor instead.
         with quiet_loading(), no_dequantizing_bar(), numpy.errstate(invalid="ignore", over="ignore"):
             tokenizer = AutoTokenizer.from_pretrained(out, **kwargs)
+            config = _fit_to_file(gguf, AutoConfig.from_pretrained(out, **kwargs))
             # Mismatched sizes are reported below, naming the tensors, rather than raised as transformers'
             # "see the report above", which quiet loading hides.
-            model, info = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, output_loading_info=True,
-                                                               ignore_mismatched_sizes=True, **kwargs)
+            model, info = AutoModelForCausalLM.from_pretrained(out, config=config, dtype=torch.float32,
+                                                               output_loading_info=True, ignore_mismatched_sizes=True,
+                                                               **kwargs)
     except ImportError as err:
         raise ModelLoadError(
             f"loading {gguf} needs the `gguf` and `accelerate` packages ({err}); "
@@ -242,6 +244,8 @@ def _write_conversion(gguf: Path, out: Path) -> None:
                   f"{type(err).__name__}: {err}" if isinstance(err, (AssertionError, TypeError)) else
                   (str(err).strip().splitlines() or [type(err).__name__])[-1].strip()
                   if isinstance(err, StrictDataclassError) else str(err))
+        if isinstance(err, ValueError) and "is not supported yet" in detail:
+            raise ModelLoadError(_unsupported_architecture(gguf)) from err
         raise ModelLoadError(f"transformers could not read the GGUF file {gguf}: {detail}") from err
     finally:
         alone.unlink()
@@ -258,6 +262,37 @@ def _write_conversion(gguf: Path, out: Path) -> None:
         model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     _drop_invented_tokens(gguf, out)
+
+
+def _unsupported_architecture(gguf: Path) -> str:
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    arch = read_gguf_metadata(str(gguf)).get("general.architecture")
+    loaded = sorted(set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"})  # its table's other sections
+    return (f"{gguf}: general.architecture = {arch!r}, which the installed transformers' GGUF reader does not load "
+            f"(it loads {', '.join(loaded)}); specsure builds its models with "
+            "transformers. Load the model's Hugging Face folder (config.json + *.safetensors) instead.")
+
+
+def _fit_to_file(gguf: Path, config: Any) -> Any:
+    """``config`` with what transformers' GGUF reader leaves at the config class's defaults taken from the
+    file, as llama.cpp reads it: the head width (attention.key_length; the reader keeps Qwen3's 128
+    though the file says otherwise, so the tensors would not fit), and no padding token where the file
+    names none (the reader keeps Phi-3's 32000, past a smaller vocabulary, where the embedding refuses it)."""
+    metadata = read_gguf_metadata(str(gguf))
+    arch = metadata.get("general.architecture")
+    width = metadata.get(f"{arch}.attention.key_length")
+    value = metadata.get(f"{arch}.attention.value_length", width)
+    head_dim = getattr(config, "head_dim", None)
+    if isinstance(width, int) and width == value and isinstance(head_dim, int) and head_dim != width:
+        logger.info("%s: head_dim %d from %s.attention.key_length (transformers' reader left %d)", gguf.name, width,
+                    arch, head_dim)
+        config.head_dim = width
+    pad, vocab = getattr(config, "pad_token_id", None), getattr(config, "vocab_size", None)
+    if isinstance(pad, int) and isinstance(vocab, int) and pad >= vocab \
+            and "tokenizer.ggml.padding_token_id" not in metadata:
+        config.pad_token_id = None
+    return config
 
 
 def _drop_invented_tokens(gguf: Path, folder: Path) -> None:
