@@ -210,6 +210,13 @@ def test_numpy_scalars_are_numbers_and_stored_as_pythons() -> None:
     assert (params.max_tokens, params.temperature, params.top_p, params.top_k, params.seed, params.logprobs) == \
         (8, 0.5, 0.75, 5, 3, 2)
     assert all(type(v) in (int, float) for v in (params.max_tokens, params.temperature, params.top_p, params.seed))
+    # np.float64 is a float subclass, np.int64 in a list a token id, as in allowed_token_ids
+    more = SamplingParams(max_tokens=4, temperature=np.float64(0.7), min_p=np.float64(0.1), min_tokens=np.int16(1),
+                          repetition_penalty=np.float64(1.2), presence_penalty=np.float32(0.5),
+                          stop_token_ids=[np.int64(5)])
+    assert more.stop_token_ids == (5,) and type(more.stop_token_ids[0]) is int
+    assert all(type(v) in (int, float) for v in (more.temperature, more.min_p, more.min_tokens,
+                                                  more.repetition_penalty, more.presence_penalty))
     with pytest.raises(ValueError, match=r"top_p = '0\.9' is invalid: it must be a number in \(0, 1\]"):
         SamplingParams(top_p="0.9")
     with pytest.raises(ValueError, match="max_tokens = np.True_|max_tokens = True"):

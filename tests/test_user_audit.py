@@ -245,8 +245,9 @@ def test_strict_export_refuses_an_fc_vllm_refuses_and_keeps_what_it_runs(tmp_pat
 
 
 @pytest.mark.parametrize(("prompt", "words"), [
-    ([1, "a"], "mixes token ids with other values"), ([True, 2], "mixes token ids"), (b"hello", "is bytes"),
-    ([[1.0, 2.0]], r"holds 1.0 \(float\), which is not a token id"),
+    ([1, "a"], "mixes token ids with other values"), ([True, 2], r"prompt 0 holds True \(bool\)"), (b"hello", "is bytes"),
+    ([[1.0, 2.0]], r"holds 1.0 \(float\), which is not a token id"), ([5.0, 6.0], r"prompt 0 holds 5.0 \(float\)"),
+    (__import__("numpy").array([1, 2]), r"got ndarray \(.tolist\(\) makes one"),
 ])
 def test_engine_prompts_of_the_wrong_type_are_one_clear_error(tiny_llama: Path, prompt: object, words: str) -> None:
     from specsure import SamplingParams, make_engine

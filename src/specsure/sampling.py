@@ -171,14 +171,15 @@ class SamplingParams:
         return super().__new__(cls)
 
     def __post_init__(self) -> None:
-        # numpy's and other libraries' scalars are numbers too; stored as Python's so every later use is plain.
-        for name in ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs"):
+        # numpy's and other libraries' scalars are numbers too; stored as Python's so every later use is
+        # plain (np.float64 is a float subclass, so the type itself is compared).
+        for name in ("max_tokens", "top_k", "seed", "logprobs", "prompt_logprobs", "min_tokens"):
             value = getattr(self, name)
-            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+            if isinstance(value, numbers.Integral) and type(value) not in (bool, int):
                 object.__setattr__(self, name, int(value))
-        for name in ("temperature", "top_p"):
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             value = getattr(self, name)
-            if isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float)):
+            if isinstance(value, numbers.Real) and type(value) not in (bool, int, float):
                 object.__setattr__(self, name, float(value))
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise _fail("max_tokens", self.max_tokens, "is invalid: it must be an int >= 1",
@@ -217,21 +218,15 @@ class SamplingParams:
             raise _fail("prompt_logprobs", self.prompt_logprobs, "is invalid: it must be None or an int from 0 to "
                         f"{MAX_LOGPROBS}", "pass the number of alternatives to return per prompt token (0: only "
                         "the prompt token's own)")
-        if isinstance(self.min_p, numbers.Real) and not isinstance(self.min_p, (bool, int, float)):
-            object.__setattr__(self, "min_p", float(self.min_p))
         if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:  # also rejects NaN
             raise _fail("min_p", self.min_p, "is invalid: it must be a number in [0, 1]", "use 0 to disable it")
         object.__setattr__(self, "stop_token_ids", self._normalise_ids(self.stop_token_ids))
         for name in ("include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise _fail(name, getattr(self, name), "is invalid: it must be a bool", "pass True or False")
-        if isinstance(self.min_tokens, numbers.Integral) and not isinstance(self.min_tokens, (bool, int)):
-            object.__setattr__(self, "min_tokens", int(self.min_tokens))
         for name, low, high in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0),
                                 ("repetition_penalty", 0.0, math.inf)):
             value = getattr(self, name)
-            if isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float)):
-                object.__setattr__(self, name, value := float(value))
             inside = _is_real(value) and (low < value < high if name == "repetition_penalty" else low <= value <= high)
             if not inside:  # also NaN
                 span = "(0, inf), finite" if name == "repetition_penalty" else f"[{low:g}, {high:g}]"
@@ -248,6 +243,8 @@ class SamplingParams:
     def _normalise_ids(ids: object) -> tuple[int, ...] | None:
         if ids is None:
             return None
+        if isinstance(ids, (list, tuple)):  # numpy's integers are token ids too, as allowed_token_ids takes them
+            ids = [int(i) if isinstance(i, numbers.Integral) and not isinstance(i, bool) else i for i in ids]
         if not isinstance(ids, (list, tuple)) or not all(_is_int(i) and i >= 0 for i in ids):
             raise _fail("stop_token_ids", ids, "is invalid: it must be None or a list of token ids (ints >= 0)",
                         "pass e.g. stop_token_ids=[2]")

@@ -317,6 +317,11 @@ def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, Sequence) and prompts and all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
                                                          for t in prompts):
         return [prompts]
+    if isinstance(prompts, Sequence) and prompts and not isinstance(prompts, (bytes, bytearray)) and all(
+            isinstance(t, (numbers.Number, type(None))) for t in prompts):  # [5.0, 6.0]: one prompt, of no ids
+        wrong = next(t for t in prompts if isinstance(t, bool) or not isinstance(t, numbers.Integral))
+        raise PromptError(0, f"holds {wrong!r} ({type(wrong).__name__}), which is not a token id; a token-id prompt is "
+                             "a list of ints.")
     if isinstance(prompts, Sequence) and any(isinstance(t, (numbers.Number, type(None))) for t in prompts) \
             and not isinstance(prompts, (bytes, bytearray)):  # [1, "a"]: neither one prompt nor a list of them
         raise ValueError(f"prompts mixes token ids with other values ({_shown_types(prompts)}); give one prompt (a "
@@ -325,8 +330,9 @@ def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
         if not prompts:
             raise ValueError("prompts is empty; give a string, a list of token ids, or a list of either.")
         return list(prompts)
+    hint = " (.tolist() makes one of a tensor or an array)" if hasattr(prompts, "tolist") else ""
     raise ValueError(f"prompts must be a string, a list of token ids, or a list of either; got "
-                     f"{type(prompts).__name__}.")
+                     f"{type(prompts).__name__}{hint}.")
 
 
 def _shown_types(values: Sequence[object]) -> str:
