@@ -152,3 +152,16 @@ def test_a_null_draft_vocab_size_is_no_eagle3_evidence(tmp_path) -> None:
     assert detected.config.method == "draft_model" and detected.decisions["method"].source == "checkpoint"
     kept = resolve({"method": "draft_model", "model": str(draft)}, model=str(target), strict=True)
     assert kept.config.method == "draft_model" and not kept.warnings
+
+
+def test_a_gguf_draft_is_a_whole_model_by_its_metadata_not_its_path(tmp_path) -> None:
+    """No head is a GGUF file, so its metadata marks it a draft model, ahead of an 'eagle' in its name."""
+    from checkpoints import write_gguf
+
+    target = write_checkpoint(tmp_path / "target", llama(num_hidden_layers=8))
+    draft = write_gguf(tmp_path / "eagle-small.gguf", layers=1)
+    detected = resolve({"model": str(draft)}, model=str(target))
+    assert detected.config.method == "draft_model" and detected.decisions["method"].source == "checkpoint"
+    assert "block_count=1" in detected.decisions["method"].reason or "block_count=1" in str(detected.explain())
+    with pytest.raises(ConfigConflictError):
+        resolve({"method": "eagle", "model": str(draft)}, model=str(target), strict=True)

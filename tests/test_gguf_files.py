@@ -405,3 +405,9 @@ def test_a_cache_that_cannot_be_written_is_named_with_the_fix(hf: Path, tmp_path
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))
     with pytest.raises(ModelLoadError, match=r"cannot be written \(Not a directory.*set XDG_CACHE_HOME to a folder"):
         load_model(str(gguf), "float32")
+
+
+def test_a_context_length_of_zero_is_refused_not_read_as_no_limit(hf: Path, tmp_path: Path) -> None:
+    gguf = write_llama_gguf(hf, tmp_path / "ctx0.gguf", metadata={"context_length": 0})
+    with pytest.raises(ModelLoadError, match="llama.context_length = 0, a context of no tokens"):
+        load_model(str(gguf), "float32")

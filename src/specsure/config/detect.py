@@ -118,6 +118,9 @@ def classify_draft(info: CheckpointInfo) -> Evidence | None:
         return Evidence("draft_model", "checkpoint",
                         f"{info.config_file or info.path} architectures={sorted(archs)}, "
                         f"{info.layer_count_key}={info.num_hidden_layers}")
+    if info.kind == "gguf" and info.num_hidden_layers:  # no head is a GGUF file: llama.cpp's are whole models
+        return Evidence("draft_model", "checkpoint", f"{info.config_file} general.architecture="
+                                                     f"{info.model_type}, block_count={info.num_hidden_layers}")
     return None
 
 

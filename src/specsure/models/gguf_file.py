@@ -33,6 +33,11 @@ def check_gguf(path: Path) -> None:
         raise ModelLoadError(f"{path} is {which} of a GGUF split into {parts} files "
                              "(split.count); merge them first: llama-gguf-split --merge FIRST-PART MERGED.gguf, and "
                              "load the merged file.")
+    arch = metadata.get("general.architecture")
+    if metadata.get(f"{arch}.context_length") == 0:  # transformers would read it as a model without a limit
+        raise ModelLoadError(f"{path}: {arch}.context_length = 0, a context of no tokens; the model's context "
+                             "length is missing from the conversion. Re-convert it with llama.cpp's "
+                             "convert_hf_to_gguf.py, or load its Hugging Face folder.")
     readable = dequantisable()
     size = path.stat().st_size
     for entry in tensors:
