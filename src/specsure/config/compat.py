@@ -16,7 +16,7 @@ from typing import Any, Callable, Collection, Mapping
 
 from specsure.config.checkpoint import DEFAULT_INSTALL_HINT, CheckpointInfo, check_weight_files
 from specsure.config.detect import (
-    MTP_HEAD_ARCHITECTURES, MTP_MODEL_TYPES, WHAT_IS, Evidence, classify_head, deepseek_mtp_prefix, eagle3_tensor,
+    MTP_HEAD_ARCHITECTURES, MTP_MODEL_TYPES, WHAT_IS, WHOLE_MODEL_TENSOR, Evidence, classify_head, deepseek_mtp_prefix, eagle3_tensor,
     foreign_head, other_mtp_layout,
 )
 from specsure.config.errors import ConfigError
@@ -167,7 +167,7 @@ def check_head_tensors(method: str, path: str, names: Collection[str], config: M
     """``names`` (canonical or as stored) include what ``method``'s head must hold."""
     archs = config.get("architectures") or []
     whole = ("a whole language model (model.embed_tokens.weight), which drafts with method 'draft_model'"
-             if "model.embed_tokens.weight" in names else None)
+             if WHOLE_MODEL_TENSOR in names else None)
     if method == "eagle3" and eagle3_tensor(names) is None:
         what = "an EAGLE-1 head (it has fc.weight and layers.*)" if "fc.weight" in names else (
             whole or "not an EAGLE-3 head")

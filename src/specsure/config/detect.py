@@ -38,6 +38,8 @@ MTP_MODEL_TYPES: Final[frozenset[str]] = MTP_METHOD_ALIASES | {SPECSURE_MTP_MODE
 WHOLE_MODEL_SUFFIXES: Final[tuple[str, ...]] = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 """How transformers names a whole model's class (Llama, GPT-2, a multimodal Gemma 3); the head
 architectures above end in ForCausalLM too, and are classified before this is consulted."""
+WHOLE_MODEL_TENSOR: Final[str] = "model.embed_tokens.weight"
+"""A whole causal LM's embedding as transformers names it; a head stores its own as embed_tokens.weight."""
 # Path tokens that hint at a method, longest first so "eagle3" wins over "eagle".
 PATH_HINTS: Final[tuple[tuple[str, str], ...]] = (("eagle3", "eagle3"), ("eagle", "eagle"), ("mtp", "mtp"))
 PATH_COMPONENTS: Final[int] = 2

@@ -319,10 +319,12 @@ def _sglang(res: "Resolution") -> Export:
         args += ["--speculative-draft-model-path", draft, "--speculative-num-steps", str(steps),
                  "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(k + 1)]
         if tree is not None and topk > 1:
+            source = res.decisions["speculative_token_tree"].source
+            whose = "your tree's" if source == "user" else f"the tree's ({source})"
             warnings.append(f"SGLang has no static speculative_token_tree: it grows a tree each step from the head's "
                             f"top {topk} at every node for {steps} steps and verifies the {k} most likely nodes "
                             "(--speculative-eagle-topk, --speculative-num-steps, --speculative-num-draft-tokens); "
-                            "the export gives it your tree's width, depth and node count. The output is the same; "
+                            f"the export gives it {whose} width, depth and node count. The output is the same; "
                             "which nodes are drafted differs.")
         if config.method == "mtp":
             warnings.append("SGLang renames NEXTN to EAGLE internally; with a target that has MTP (NextN) layers "
