@@ -3,7 +3,6 @@ with speculative output equal to plain decoding under each."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch

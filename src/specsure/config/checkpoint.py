@@ -78,8 +78,7 @@ class CheckpointInfo:
 
     def int_field(self, key: str) -> int | None:
         """An integer config field, or None when absent or not an integer."""
-        value = self.config.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        return int_field(self.config, key)
 
     def text_int_field(self, key: str) -> int | None:
         """An integer field of the language model: top level, else under ``text_config``, where
@@ -87,8 +86,7 @@ class CheckpointInfo:
         found = self.int_field(key)
         nested = self.config.get("text_config")
         if found is None and isinstance(nested, Mapping):
-            value = nested.get(key)
-            found = value if isinstance(value, int) and not isinstance(value, bool) else None
+            found = int_field(nested, key)
         return found
 
     @property
@@ -314,6 +312,12 @@ def _read_default() -> CheckpointInfo:
         return CheckpointInfo(path=DEFAULT_MODEL_NAME, kind="default",
                               note=f"the default model is not installed ({DEFAULT_INSTALL_HINT})")
     return read_gguf(str(path), kind="default", shown=str(path))
+
+
+def int_field(config: Mapping[str, Any], key: str, default: int | None = None) -> int | None:
+    """``config[key]`` where it is an integer (a bool is not), else ``default``."""
+    value = config.get(key, default)
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def _starts_with(path: Path, magic: bytes) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Collection, Mapping
 
-from specsure.config.checkpoint import DEFAULT_INSTALL_HINT, CheckpointInfo, check_weight_files
+from specsure.config.checkpoint import DEFAULT_INSTALL_HINT, CheckpointInfo, check_weight_files, int_field
 from specsure.config.detect import (
     MTP_HEAD_ARCHITECTURES, MTP_MODEL_TYPES, WHAT_IS, WHOLE_MODEL_TENSOR, Evidence, classify_head, deepseek_mtp_prefix, eagle3_tensor,
     foreign_head, other_mtp_layout,
@@ -109,11 +109,8 @@ def check_head(method: str, draft: CheckpointInfo, target: CheckpointInfo) -> No
     Read from metadata: the safetensors headers' tensor names and config.json. A folder without
     readable weights (an export of a config-only folder, a GGUF) is checked when the proposer loads it.
     """
-    if method in ("eagle", "eagle3", "mtp") and is_speculators(draft.config) and (why := unsupported(draft.config)):
-        raise ConfigError(f"the draft {draft.path!r} is a speculators-format head that specsure cannot run: {why}. "
-                          "Give an EAGLE-3 head with Llama decoder layers, in the speculators format or the "
-                          "EAGLE-3 layout (LlamaForCausalLMEagle3: fc, midlayer.*, norm, lm_head, d2t, t2d), "
-                          "such as one `specsure train --method eagle3` writes.")
+    if method in ("eagle", "eagle3", "mtp"):
+        check_speculators_head(draft.path, draft.config)
     if method == "eagle3":
         check_head_config(draft.config, draft.config_file or draft.path)
     if method in ("eagle", "eagle3", "mtp") and draft.tensor_names:
@@ -125,6 +122,27 @@ def check_head(method: str, draft: CheckpointInfo, target: CheckpointInfo) -> No
         aux_layer_ids(draft.config, draft.path, target.num_hidden_layers)
 
 
+def check_speculators_head(path: str, config: Mapping[str, Any]) -> None:
+    """A speculators-format head is one specsure runs: an EAGLE-3 head of Llama decoder layers."""
+    if is_speculators(config) and (why := unsupported(config)):
+        raise ConfigError(f"the draft {path!r} is a speculators-format head that specsure cannot run: {why}. "
+                          "Give an EAGLE-3 head with Llama decoder layers, in the speculators format or the "
+                          "EAGLE-3 layout (LlamaForCausalLMEagle3: fc, midlayer.*, norm, lm_head, d2t, t2d), "
+                          "such as one `specsure train --method eagle3` writes.")
+
+
+def eagle_shares(target: str) -> str:
+    """Why an EAGLE-1 head's widths are the target's, as the size errors say it."""
+    return f"the target {target!r}, whose embedding and LM head EAGLE-1 shares,"
+
+
+def not_an_mtp_head(path: str, architectures: Any) -> ConfigError:
+    """The error for an mtp draft that is no MTP head in either layout specsure reads."""
+    return ConfigError(f"method 'mtp' needs an MTP head (config.json architectures [\"SpecsureMTPHead\"], or a model "
+                       f"with num_nextn_predict_layers and model.layers.N.eh_proj.weight), but the draft checkpoint "
+                       f"{path!r} is neither (architectures={architectures}).")
+
+
 def check_head_fits(method: str, path: str, config: Mapping[str, Any], names: Collection[str], *,
                     hidden_size: int | None, vocab_size: int | None, target: str) -> None:
     """A head's declared widths are the target's: the hidden size it reads (EAGLE-3's target_hidden_size,
@@ -133,15 +151,14 @@ def check_head_fits(method: str, path: str, config: Mapping[str, Any], names: Co
     Resolution calls it on the target's config.json, the proposers again on the loaded target.
     """
     def declared(key: str) -> int | None:
-        value = config.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        return int_field(config, key)
 
     def equal(field: str, found: int | None, expected: int | None, why: str) -> None:
         if found is not None and expected is not None and found != expected:
             raise mismatch(path, file_key(config, field), found, expected, why, method)
 
     if method == "eagle":
-        where = f"the target {target!r}, whose embedding and LM head EAGLE-1 shares,"
+        where = eagle_shares(target)
         equal("hidden_size", declared("hidden_size"), hidden_size, where)
         equal("vocab_size", declared("vocab_size"), vocab_size, where)
     elif method == "eagle3":
@@ -183,9 +200,7 @@ def check_head_tensors(method: str, path: str, names: Collection[str], config: M
     if method == "mtp" and not (set(archs) & MTP_HEAD_ARCHITECTURES or str(config.get("model_type")) in MTP_MODEL_TYPES):
         layers = config.get("num_hidden_layers")
         if not (isinstance(layers, int) and deepseek_mtp_prefix(layers, 0) + "eh_proj.weight" in names):
-            raise ConfigError(f"method 'mtp' needs an MTP head (config.json architectures [\"SpecsureMTPHead\"], or a "
-                              "model with num_nextn_predict_layers and model.layers.N.eh_proj.weight), but the draft "
-                              f"checkpoint {path!r} is neither (architectures={archs}).")
+            raise not_an_mtp_head(path, archs)
 
 
 def aux_layer_ids(config: Mapping[str, Any], checkpoint: str, num_layers: int) -> tuple[int, ...]:

@@ -25,14 +25,15 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from specsure.config.compat import check_head_fits, check_head_tensors
+from specsure.config.checkpoint import int_field
+from specsure.config.compat import check_head_fits, check_head_tensors, eagle_shares
 from specsure.config.errors import ConfigError
 from specsure.models.rotary_table import RotaryTable
 from specsure.proposers.head_blocks import blocks_wanted, use_linear_blocks
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import HeadCache, run_blocks, use_cache_slots, use_row_kernel
 from specsure.proposers.head_loading import (
-    TensorFile, check_equal, int_field, llama_config, load_weights, read_head_config,
+    TensorFile, check_equal, llama_config, load_weights, read_head_config,
 )
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> EagleProposer
     check_head_tensors("eagle", path, names, config)
     check_head_fits("eagle", path, config, names, hidden_size=lm.hidden_size, vocab_size=lm.vocab_size,
                     target=target.path)
-    where = f"the target {target.path!r}, whose embedding and LM head EAGLE-1 shares,"
+    where = eagle_shares(target.path)
     if "embed_tokens.weight" in names:
         shape = list(weights.read([names["embed_tokens.weight"]])[names["embed_tokens.weight"]].shape)
         check_equal(path, "embed_tokens.weight shape", shape, [lm.vocab_size, lm.hidden_size], where)

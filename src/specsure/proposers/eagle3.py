@@ -30,11 +30,13 @@ from transformers import LlamaConfig, Qwen3Config
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
 
+from specsure.config.checkpoint import int_field
 from specsure.config.compat import (
-    aux_layer_ids, check_head_fits, check_head_tensors, declared_aux_layers, shadowed_aux_layers,
+    aux_layer_ids, check_head_fits, check_head_tensors, check_speculators_head, declared_aux_layers,
+    shadowed_aux_layers,
 )
 from specsure.config.errors import ConfigError
-from specsure.config.speculators import check_head_config, file_key, is_speculators, unsupported
+from specsure.config.speculators import check_head_config, file_key
 from specsure.models.causal_lm import FINAL_NORMS
 from specsure.models.float_kernel import AnyKernel
 from specsure.models.gguf_blocks import stack
@@ -46,7 +48,7 @@ from specsure.proposers.head_layer import (
     DraftRow, HeadCache, Logits, ascends, attend, commit_rows, kernel_ready, kernel_segment, use_row_kernel, widen,
 )
 from specsure.proposers.head_loading import (
-    TensorFile, int_field, llama_config, load_weights, mismatch, read_head_config, vocab_map,
+    TensorFile, llama_config, load_weights, mismatch, read_head_config, vocab_map,
 )
 
 if TYPE_CHECKING:
@@ -267,8 +269,7 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
     assert res.config is not None and res.config.model is not None
     path = res.config.model
     config = read_head_config(path)
-    if is_speculators(config) and (why := unsupported(config)):
-        raise ConfigError(f"eagle3 draft head {path!r} is a speculators-format head that specsure cannot run: {why}.")
+    check_speculators_head(path, config)
     check_head_config(config, f"{path}/config.json")
     weights = TensorFile(path)
     # The speculators library's trainer holds the verifier's norm and LM head; a head saved with them

@@ -68,11 +68,6 @@ def read_head_config(folder: str) -> dict[str, Any]:
     return read_config(path)[0]
 
 
-def int_field(config: Mapping[str, Any], key: str, default: int | None = None) -> int | None:
-    value = config.get(key, default)
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
 def check_equal(checkpoint: str, field: str, found: Any, expected: Any, why: str) -> None:
     if found is not None and found != expected:
         raise mismatch(checkpoint, field, found, expected, why)

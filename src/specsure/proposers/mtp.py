@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
-from specsure.config.compat import check_head_fits, check_mtp_tensors, require_target_mtp
+from specsure.config.checkpoint import int_field
+from specsure.config.compat import check_head_fits, check_mtp_tensors, not_an_mtp_head, require_target_mtp
 from specsure.config.detect import SPECSURE_MTP_HEAD, SPECSURE_MTP_MODEL_TYPE, deepseek_mtp_prefix
 from specsure.config.errors import ConfigError
 from specsure.models.float_kernel import AnyKernel
@@ -44,7 +45,7 @@ from specsure.proposers.head_layer import (
     use_row_kernel, widen,
 )
 from specsure.proposers.head_loading import (
-    TensorFile, int_field, load_weights, read_head_config, vocab_map,
+    TensorFile, load_weights, read_head_config, vocab_map,
 )
 
 if TYPE_CHECKING:
@@ -293,9 +294,7 @@ def _standalone_prefixes(config: dict[str, Any], weights: TensorFile, label: str
                           declared=f"{config_file} num_nextn_predict_layers={modules}")
         return ([deepseek_mtp_prefix(layers, i) for i in range(modules)],
                 f"{config_file} num_nextn_predict_layers={modules} (DeepSeek-V3 layout)")
-    raise ConfigError(f"method 'mtp' needs an MTP head (config.json architectures [\"SpecsureMTPHead\"], or a model "
-                      f"with num_nextn_predict_layers and model.layers.N.eh_proj.weight), but the draft checkpoint "
-                      f"{label!r} is neither (architectures={archs}).")
+    raise not_an_mtp_head(label, archs)
 
 
 def _load_module(weights: TensorFile, prefix: str, base: nn.Module, block_config: Any, label: str,

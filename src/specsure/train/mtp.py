@@ -45,7 +45,6 @@ import torch
 
 from specsure.models.causal_lm import CausalLM
 from specsure.models.loading import LoadedModel
-from specsure.proposers.head_layer import HeadCache
 from specsure.proposers.mtp import MTPModule
 from specsure.train.data import Sample
 from specsure.train.labels import DraftVocab, draft_vocabulary

@@ -21,7 +21,8 @@ from specsure.config.training_record import RECORD_FILE
 from specsure.models.causal_lm import CausalLM
 from specsure.proposers.eagle3 import VERIFIER_PARTS, canonical
 from specsure.proposers.mtp import BLOCK_OVERRIDES, module_names
-from specsure.proposers.head_loading import TensorFile, check_equal, int_field, read_head_config, vocab_map
+from specsure.config.checkpoint import int_field
+from specsure.proposers.head_loading import TensorFile, check_equal, read_head_config, vocab_map
 
 
 @dataclass(frozen=True)
