@@ -1,6 +1,7 @@
 """Spec-Bench-style benchmarking of specsure's methods against Hugging Face transformers.
 
-Workloads (`workload`), runners for both libraries (`runners`, `configs`), the interleaved
-schedule (`harness`), one results structure (`results`) and what is rendered from it: the
-markdown report (`report`) and the plots (`plots`). `cli` is `specsure bench`.
+Workloads (`workload`), runners for specsure, transformers and llama.cpp (`runners`, `configs`,
+`llamacpp`), the interleaved schedule (`harness`), one results structure (`results`) and what is
+rendered from it: the markdown report (`report`) and the plots (`plots`); `generation` and `load`
+are `specsure bench serve`'s requests and load generator. The commands are in `specsure.cli`.
 """

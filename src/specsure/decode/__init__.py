@@ -1,1 +1,2 @@
-"""Decoding: sampling params, the verifier, metrics and the engine loop."""
+"""Decoding: the engine, its scheduler and requests, the verifier (chains and trees), metrics and the
+text a stream adds; sampling itself is `specsure.sampling`."""

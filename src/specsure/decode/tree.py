@@ -57,7 +57,9 @@ def verify_tree(p: torch.Tensor | None, logits: torch.Tensor | None, tokens: Seq
         raise ValueError(f"a tree needs one parent per token and node 0 as the root; got {len(tokens)} tokens "
                          f"and parents {list(parents)[:4]}...")
     rows = p if p is not None else logits
-    assert rows is not None and rows.shape[0] == len(tokens), "one target row per fed node"
+    if rows is None or rows.shape[0] != len(tokens):
+        raise ValueError(f"a tree of {len(tokens)} nodes needs one target row per node; got "
+                         f"{'none' if rows is None else rows.shape[0]} (pass logits for greedy, p for sampled).")
     kids = _child_index(tokens, parents)
     argmax = argmax_ids(rows) if p is None else None  # greedy: every node's at once
     node, path, output = 0, [0], []

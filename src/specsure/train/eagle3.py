@@ -107,6 +107,8 @@ class Eagle3Evaluation:
 
 @dataclass
 class Eagle3TrainResult:
+    """What `train_eagle3` returns: the trained head and the figures its training.json records."""
+
     module: Eagle3Module
     """Float32, attached to the target; save with `save_eagle3_head`."""
     aux_layers: tuple[int, ...]
@@ -337,7 +339,9 @@ def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle
     train, heldout = split(usable, settings.heldout_fraction, settings.seed)
     measure_set = heldout or train
     if start is not None:
-        assert tuple(start.aux_layers) == tuple(aux_layers), "the samples carry the starting head's aux layers"
+        if tuple(start.aux_layers) != tuple(aux_layers):  # a library caller's samples, not the CLI's
+            raise ValueError(f"the samples carry aux layers {list(aux_layers)}, but the starting head {start.path} "
+                             f"fuses {list(start.aux_layers)}; build the samples with the starting head's aux layers.")
         draft_ids = start.draft_ids
         module = initial_module(lm, aux_layers, draft_ids, settings.seed, start.intermediate_size)
         load_weights(module, start.tensors, start.path, torch.float32)  # checks names and shapes

@@ -330,8 +330,10 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
     measure_set = heldout or train
     modules = initial_modules(lm, settings.init, settings.seed, settings.modules)
     if start is not None:
-        assert len(start.modules) == settings.modules and start.draft_vocab_size == settings.draft_vocab_size, \
-            "the settings carry the starting head's modules and draft vocabulary"
+        if len(start.modules) != settings.modules or start.draft_vocab_size != settings.draft_vocab_size:
+            raise ValueError(f"the settings ask for {settings.modules} module(s) and a draft vocabulary of "
+                             f"{settings.draft_vocab_size}, but the starting head {start.path} has {len(start.modules)} "
+                             f"and {start.draft_vocab_size}; give the settings the starting head's.")
         for module, tensors in zip(modules, start.modules):
             load_module_weights(module, tensors, start.path)
         draft_ids = start.draft_ids
