@@ -78,6 +78,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help='web origins whose pages may call the server from a browser (CORS), a JSON list as '
                              'vLLM takes it, e.g. \'["http://localhost:3000"]\' or \'["*"]\'; default none '
                              "(vLLM allows any): a page on any site could otherwise use the model")
+    parser.add_argument("--disable-log-stats", action="store_true",
+                        help="no periodic throughput and acceptance lines in the log (vLLM's flag; by default every "
+                             "$VLLM_LOG_STATS_INTERVAL seconds, 10, while requests run)")
     parser.set_defaults(run=run)
 
 
@@ -162,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(engine, served_model_name=args.served_model_name, api_key=api_key, max_queue=args.max_queue,
                      request_timeout=args.request_timeout, threads=threads, chat_template=chat_template,
                      tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
-                     allowed_origins=args.allowed_origins)
+                     allowed_origins=args.allowed_origins, log_stats=not args.disable_log_stats)
     chunked = f"{args.max_num_batched_tokens} tokens a step" if args.max_num_batched_tokens else "at once"
     print(f"serving {app.state.model_name!r} (speculative: {engine.resolution.summary()}; running "
           f"{engine.speculative_method or 'plain decoding'}); up to {args.max_num_seqs} "

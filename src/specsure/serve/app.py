@@ -65,7 +65,7 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
                max_queue: int = DEFAULT_MAX_QUEUE, request_timeout: float | None = None,
                threads: int | None = None, chat_template: str | None = None,
                tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-               allowed_origins: Sequence[str] = ()) -> FastAPI:
+               allowed_origins: Sequence[str] = (), log_stats: bool = True) -> FastAPI:
     """An OpenAI-compatible app serving ``engine``.
 
     Args:
@@ -90,6 +90,8 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
         allowed_origins: the web origins whose pages may call the server from a browser (CORS,
             vLLM's --allowed-origins; ``"*"`` for any); none by default, unlike vLLM, since a page
             on any site could otherwise use a local model.
+        log_stats: log vLLM's periodic throughput and acceptance lines (every $VLLM_LOG_STATS_INTERVAL
+            seconds, 10 by default) while requests run; False is vLLM's --disable-log-stats.
     """
     if type(max_queue) is not int or max_queue < 0:
         raise ValueError(f"max_queue = {max_queue!r} must be an int >= 0 (0: no request waits).")
@@ -113,7 +115,7 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
         check_reasoning_parser(reasoning_parser, engine.tokenizer, template.text)
     parser = tool_call_parser or "hermes"  # without one, auto is refused and no answer is read with it
     metrics = ServeMetrics(engine, name)
-    runner = EngineRunner(engine, metrics, max_queue, request_timeout, threads)
+    runner = EngineRunner(engine, metrics, max_queue, request_timeout, threads, log_stats)
     method = engine.speculative_method
     stored = ResponseStore()
     background = BackgroundResponses(runner, stored)

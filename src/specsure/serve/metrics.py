@@ -26,6 +26,7 @@ INTER_TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.
                                10.0, 20.0, 40.0, 80.0)
 REQUEST_PARAMS_N_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0)
 PREEMPTION_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)
+ITERATION_TOKENS_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0)
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 """vLLM's sources of a prompt's tokens (PromptTokenStats); specsure has no KV transfer, so the last stays 0."""
 FINISH_REASONS = ("stop", "length", "abort")
@@ -126,6 +127,9 @@ class ServeMetrics:
                                      "0 (specsure never preempts); here for vLLM's dashboards.", PREEMPTION_BUCKETS)
         counter("vllm:num_preemptions", "Requests preempted to free KV cache. specsure never preempts (a request "
                 "keeps its slot to its end), so this stays 0; it is here for vLLM's dashboards.").labels(**labels)
+        self.iteration_tokens = histogram("vllm:iteration_tokens_total", "Tokens an engine step processed: the "
+                                          "prompt tokens it computed and the output tokens it committed.",
+                                          ITERATION_TOKENS_BUCKETS)
         self.first_token = histogram("vllm:time_to_first_token_seconds", "Time from arrival (after validation) "
                                      "to the first output token, queueing included.", TIME_TO_FIRST_TOKEN_BUCKETS)
         self.inter_token = histogram("vllm:inter_token_latency_seconds", "Time between two engine steps' "

@@ -20,15 +20,18 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 
 import torch
 
 from specsure.decode.engine import Engine, StepUpdate
+from specsure.decode.metrics import SpecStats
 from specsure.decode.request import Request
 from specsure.decode.scheduler import Scheduler
 from specsure.sampling import SamplingParams
 from specsure.serve.metrics import Phases, ServeMetrics
+from specsure.serve.stats_log import Batch, StatsLog
 from specsure.serve.errors import APIError, RequestError
 
 RETRY_AFTER_S = 1
@@ -76,8 +79,10 @@ class EngineRunner:
     """Admits requests up to ``max_num_seqs`` running plus ``max_queue`` waiting; runs them batched."""
 
     def __init__(self, engine: Engine, metrics: ServeMetrics, max_queue: int, timeout_s: float | None,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, log_stats: bool = True) -> None:
         self.engine, self.metrics = engine, metrics
+        self.stats_log = StatsLog(self.batch, engine.enable_prefix_caching) if log_stats else None
+        """vLLM's periodic log lines (--disable-log-stats turns them off)."""
         self.max_queue, self.timeout_s = max_queue, timeout_s
         self.threads = threads
         """torch threads for the engine thread's forwards; None keeps what that thread inherits."""
@@ -87,6 +92,11 @@ class EngineRunner:
         self._running = 0  # the scheduler's running batch at the engine thread's last look
         self._kv_cache = 0.0  # and the share of the KV cache it fills
         self._thread: threading.Thread | None = None
+
+    def batch(self) -> Batch:
+        """The running batch and the queue, as the engine thread last published them."""
+        with self._lock:
+            return Batch(self._running, self._admitted - self._running, self._kv_cache)
 
     @property
     def max_num_seqs(self) -> int:
@@ -197,6 +207,7 @@ class EngineRunner:
             self._gauges(scheduler)
             if not jobs:
                 continue
+            before = {key: _Progress.of(request) for key, (_, request) in jobs.items()}
             try:
                 updates = scheduler.step()
             except Exception as exc:  # a bug (prompts are checked before queueing): every request answers a 500
@@ -207,6 +218,7 @@ class EngineRunner:
                 jobs.clear()
                 self._gauges(scheduler)
                 continue
+            self._count_step(jobs, before, updates)
             now = time.perf_counter()
             answers: list[tuple[Job, StepUpdate | Exception]] = []
             for request, update in updates:
@@ -232,6 +244,31 @@ class EngineRunner:
             for job, update in answers:
                 job.send(update)
 
+    def _count_step(self, jobs: dict[int, tuple[Job, Request]], before: dict[int, "_Progress"],
+                    updates: list[tuple[Request, StepUpdate]]) -> None:
+        """What the step just run did, for vLLM's iteration_tokens histogram and the periodic log: prompt
+        tokens computed (a choice that copies its leader's prefill computes none), output tokens,
+        verification figures, prefix-cache lookups."""
+        prompt = queries = hits = 0
+        spec = SpecStats()
+        for key, (_, request) in jobs.items():
+            then, now = before[key], _Progress.of(request)
+            if now.attached and request.prefill_from is None:
+                prompt += now.prefilled - (then.prefilled if then.attached else request.cached_tokens)
+            if now.attached and not then.attached:
+                queries, hits = queries + len(request.prompt), hits + request.cached_tokens
+            spec.drafts += now.drafts - then.drafts
+            spec.draft_tokens += now.draft_tokens - then.draft_tokens
+            spec.accepted_tokens += now.accepted - then.accepted
+            positions = spec.accepted_per_position
+            positions.extend([0] * (len(now.per_position) - len(positions)))
+            for i, n in enumerate(now.per_position):
+                positions[i] += n - (then.per_position[i] if i < len(then.per_position) else 0)
+        generated = sum(len(update.token_ids) for _, update in updates if update.error is None)
+        self.metrics.iteration_tokens.observe(prompt + generated)
+        if self.stats_log is not None:
+            self.stats_log.step(prompt, generated, spec, queries, hits)
+
     def _done(self, job: Job, generated: int) -> None:
         """``job`` has left the engine, having generated ``generated`` tokens (the engine thread only)."""
         leader = job.leader or job
@@ -255,3 +292,21 @@ class EngineRunner:
         self.metrics.running.set(self._running)
         self.metrics.waiting.set(self._admitted - self._running)
         self.metrics.kv_cache.set(self._kv_cache)
+
+
+@dataclass(frozen=True)
+class _Progress:
+    """A request's counts before a step, to tell what the step did."""
+
+    attached: bool
+    prefilled: int
+    drafts: int
+    draft_tokens: int
+    accepted: int
+    per_position: tuple[int, ...]
+
+    @staticmethod
+    def of(request: Request) -> "_Progress":
+        s = request.stats
+        return _Progress(request.lm is not None, request.prefilled, s.drafts, s.draft_tokens, s.accepted_tokens,
+                         tuple(s.accepted_per_position))
