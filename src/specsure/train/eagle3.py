@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +38,8 @@ from specsure.proposers.eagle3 import Eagle3Module
 from specsure.proposers.head_loading import load_weights
 from specsure.train.data import Sample
 from specsure.train.labels import DraftLabels, draft_vocabulary
-from specsure.train.loop import TRAIN_DTYPES, autocast, optimiser_for, run_steps
+from specsure.train.loop import autocast, optimiser_for, run_steps
+from specsure.train.settings import TrainSettings, check_int
 from specsure.train.starting_head import StartingHead
 from specsure.train.target_parts import TargetParts
 from specsure.train.windows import answer_start, draw_window, split
@@ -49,47 +49,29 @@ STEP_WEIGHT = 0.8
 
 
 @dataclass(frozen=True)
-class Eagle3TrainSettings:
+class Eagle3TrainSettings(TrainSettings):
     """How one EAGLE-3 head is distilled."""
 
-    steps: int = 300
-    """Optimiser steps; each step is one window of one training sequence."""
     lr: float = 1e-3
     """Peak AdamW learning rate (linear warm-up, then cosine decay to a tenth)."""
-    seq_len: int = 256
-    """Longest window of entries per step."""
     unroll: int = 7
     """Draft steps trained per window (training-time test); 1 trains step 0 only."""
     draft_vocab_size: int = 8192
     """Tokens the head predicts over: the most frequent in the training text."""
-    seed: int = 0
-    heldout_fraction: float = 0.1
-    answer_only: bool = False
-    """Score only entries in the answer (`answer_start`); the prompt stays in the window as context."""
     windows: int = 1
     """Windows (each of a random training sequence) packed into one optimiser step."""
-    dtype: str = "float32"
-    """The forward's arithmetic: ``float32``, or ``bfloat16`` under autocast (the weights and the
-    optimiser stay float32), a cheaper step on CPUs with bfloat16 matrix units."""
     intermediate_size: int | None = None
     """A new head's MLP width; None: the target's ``intermediate_size``, as EAGLE-3 heads usually have."""
 
     def __post_init__(self) -> None:
-        if self.dtype not in TRAIN_DTYPES:
-            raise ValueError(f"dtype = {self.dtype!r}: must be one of {', '.join(TRAIN_DTYPES)}.")
+        super().__post_init__()
         size = self.intermediate_size
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ValueError(f"intermediate_size = {size!r}: must be a positive integer, or None for the target's.")
-        for name, low in (("steps", 1), ("seq_len", 2), ("unroll", 1), ("draft_vocab_size", 2), ("windows", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} = {value!r}: must be an integer >= {low}.")
-        if self.unroll > 16:  # as MTP's: each unrolled step is one more head forward and backward a window
-            raise ValueError(f"unroll = {self.unroll}: must be an integer from 1 to 16 (EAGLE-3 trains 7 steps).")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr = {self.lr!r}: the learning rate must be a positive number, e.g. 1e-3.")
-        if not 0 <= self.heldout_fraction < 1:
-            raise ValueError(f"heldout_fraction = {self.heldout_fraction!r}: must lie in [0, 1), e.g. 0.1.")
+        # as MTP's: each unrolled step is one more head forward and backward a window
+        check_int("unroll", self.unroll, 1, 16, " (EAGLE-3 trains 7 steps)")
+        check_int("draft_vocab_size", self.draft_vocab_size, 2, 1 << 30, ", e.g. 8192")
+        check_int("windows", self.windows, 1, 1 << 20)
 
 
 @dataclass(frozen=True)

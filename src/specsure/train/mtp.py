@@ -35,7 +35,6 @@ dtype when it loads the folder.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +47,8 @@ from specsure.models.loading import LoadedModel
 from specsure.proposers.mtp import MTPModule
 from specsure.train.data import Sample
 from specsure.train.labels import DraftVocab, draft_vocabulary
-from specsure.train.loop import TRAIN_DTYPES, autocast, optimiser_for, run_steps
+from specsure.train.loop import autocast, optimiser_for, run_steps
+from specsure.train.settings import TrainSettings, check_int
 from specsure.train.starting_head import StartingMTPHead, load_module_weights
 from specsure.train.target_parts import TargetParts
 from specsure.train.windows import answer_start, draw_window, split
@@ -58,19 +58,9 @@ INITS = ("random", "last_layer")
 
 
 @dataclass(frozen=True)
-class MTPTrainSettings:
+class MTPTrainSettings(TrainSettings):
     """How one MTP module is distilled."""
 
-    steps: int = 300
-    """Optimiser steps; each step is one window of one training sequence."""
-    lr: float = 2e-3
-    """Peak AdamW learning rate (linear warm-up, then cosine decay to a tenth)."""
-    seq_len: int = 256
-    """Longest window of entries per step; longer sequences give a random window."""
-    seed: int = 0
-    """Seeds the held-out split and the order of windows."""
-    heldout_fraction: float = 0.1
-    """Share of the sequences kept out of training to measure top-1 agreement (at least one)."""
     init: Literal["random", "last_layer"] = "random"
     """How the block starts (module docstring)."""
     modules: int = 1
@@ -79,10 +69,6 @@ class MTPTrainSettings:
     unroll: int = 0
     """Draft steps trained; beyond ``modules`` they reuse the modules cyclically as the engine does
     (`chain_losses`). 0 (or anything <= modules) trains one step per module."""
-    answer_only: bool = False
-    """Score only anchors in the answer (`answer_start`); the prompt stays in the window as context."""
-    dtype: str = "float32"
-    """The forward's arithmetic: ``float32``, or ``bfloat16`` under autocast (`specsure.train.loop.autocast`)."""
     draft_vocab_size: int = 0
     """Tokens the engine drafts among: the most frequent in the training text (0: the whole vocabulary).
     The loss and the figures then run over these tokens too (module docstring); a draft step reads
@@ -94,22 +80,11 @@ class MTPTrainSettings:
             # One token would make every draft the same guess; EAGLE-3's settings refuse it too.
             raise ValueError(f"draft_vocab_size = {self.draft_vocab_size!r}: must be 0 (the whole vocabulary) or at "
                              "least 2 tokens, e.g. 8192.")
-        if self.dtype not in TRAIN_DTYPES:
-            raise ValueError(f"dtype = {self.dtype!r}: must be one of {', '.join(TRAIN_DTYPES)}.")
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps <= 0:
-            raise ValueError(f"steps = {self.steps!r}: training needs a positive number of steps, e.g. 300.")
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"lr = {self.lr!r}: the learning rate must be a positive number, e.g. 2e-3.")
-        if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 2:
-            raise ValueError(f"seq_len = {self.seq_len!r}: a window needs at least 2 tokens, e.g. 256.")
-        if not 0 <= self.heldout_fraction < 1:
-            raise ValueError(f"heldout_fraction = {self.heldout_fraction!r}: must lie in [0, 1), e.g. 0.1.")
+        super().__post_init__()
         if self.init not in INITS:
             raise ValueError(f"init = {self.init!r}: must be one of {', '.join(INITS)}.")
-        if isinstance(self.modules, bool) or not isinstance(self.modules, int) or not 1 <= self.modules <= 8:
-            raise ValueError(f"modules = {self.modules!r}: must be an integer from 1 to 8.")
-        if isinstance(self.unroll, bool) or not isinstance(self.unroll, int) or not 0 <= self.unroll <= 16:
-            raise ValueError(f"unroll = {self.unroll!r}: must be an integer from 0 to 16 (0: one step per module).")
+        check_int("modules", self.modules, 1, 8)
+        check_int("unroll", self.unroll, 0, 16, " (0: one step per module)")
 
 
 @dataclass(frozen=True)
