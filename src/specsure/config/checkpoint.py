@@ -173,14 +173,8 @@ def _read_hf_dir(folder: Path, shown: str) -> CheckpointInfo:
         weights, pickles = weight_files(folder)
     except OSError as exc:
         raise ConfigError(f"cannot list checkpoint folder {shown!r}: {exc}. Check its permissions.") from None
-    if config_path.exists() and not config_path.is_file():
-        raise ConfigError(f"checkpoint folder {shown!r}: its config.json is not a file (a folder, or a device); "
-                          "it must be the checkpoint's JSON config. Replace it with the model's config.json.")
-    if not config_path.is_file():
-        ggufs = sorted(p.name for p in folder.glob("*.gguf"))
-        hint = f" To load a GGUF file, pass its path: {str(folder / ggufs[0])!r}." if ggufs else ""
-        raise ConfigError(f"checkpoint folder {shown!r} has no config.json. A Hugging Face checkpoint "
-                          f"folder needs config.json next to its *.safetensors files.{hint}")
+    if (problem := config_json_problem(folder, shown)) is not None:
+        raise ConfigError(problem)
     config, origins = read_config(config_path)
     names: set[str] = set()
     for weight in weights:
@@ -188,6 +182,20 @@ def _read_hf_dir(folder: Path, shown: str) -> CheckpointInfo:
     return CheckpointInfo(path=shown, kind="hf_dir", config=config, config_file=str(config_path),
                           tensor_names=frozenset(names), weight_files=weights, pickle_files=pickles,
                           origins=origins)
+
+
+def config_json_problem(folder: Path, shown: str) -> str | None:
+    """Why ``folder`` (named ``shown``) has no config.json to read, with the fix; None when it has one."""
+    config_path = folder / "config.json"
+    if config_path.exists() and not config_path.is_file():
+        return (f"checkpoint folder {shown!r}: its config.json is not a file (a folder, or a device); it must be "
+                "the checkpoint's JSON config. Replace it with the model's config.json.")
+    if not config_path.is_file():
+        ggufs = sorted(p.name for p in folder.glob("*.gguf"))
+        hint = f" To load a GGUF file, pass its path: {str(folder / ggufs[0])!r}." if ggufs else ""
+        return (f"checkpoint folder {shown!r} has no config.json. A Hugging Face checkpoint folder needs "
+                f"config.json next to its *.safetensors files, as transformers' save_pretrained writes them.{hint}")
+    return None
 
 
 def read_config(path: Path) -> tuple[dict[str, Any], dict[str, str]]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from specsure.config.checkpoint import check_weight_files, load_config_json, weight_files
+from specsure.config.checkpoint import check_weight_files, config_json_problem, load_config_json, weight_files
 from specsure.config.errors import ConfigError
 from specsure.models.errors import ModelLoadError
 
@@ -33,17 +33,9 @@ def check_model_folder(folder: Path) -> dict[str, Any]:
     Raises:
         ModelLoadError: naming the file or field at fault and how to fix it.
     """
+    if (problem := config_json_problem(folder, str(folder))) is not None:
+        raise ModelLoadError(problem)
     config_path = folder / "config.json"
-    if config_path.is_dir():
-        raise ModelLoadError(f"{config_path} is a folder; a model folder needs config.json as a file, as written by "
-                             "transformers' save_pretrained.")
-    if not config_path.is_file():
-        ggufs = sorted(p.name for p in folder.glob("*.gguf"))
-        hint = f" To load a GGUF file, pass its path: {folder / ggufs[0]}." if ggufs else ""
-        raise ModelLoadError(
-            f"{folder} has no config.json; a model folder needs config.json and *.safetensors "
-            f"weights, as written by transformers' save_pretrained.{hint}"
-        )
     config = _read_config(config_path)
     _check_architecture(config_path, config)
     _check_dtype_field(config_path, config)
