@@ -322,6 +322,13 @@ def _read_default() -> CheckpointInfo:
     return read_gguf(str(path), kind="default", shown=str(path))
 
 
+def cache_root() -> Path:
+    """Where specsure keeps what it makes once (converted models, kernels, training data, vLLM links):
+    `$XDG_CACHE_HOME/specsure`, or `~/.cache/specsure` when XDG_CACHE_HOME is unset."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser().absolute() / "specsure"
+
+
 def int_field(config: Mapping[str, Any], key: str, default: int | None = None) -> int | None:
     """``config[key]`` where it is an integer (a bool is not), else ``default``."""
     value = config.get(key, default)

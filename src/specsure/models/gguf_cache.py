@@ -23,7 +23,7 @@ import numpy
 import torch
 
 from specsure.config.checkpoint import (
-    DEFAULT_DISTRIBUTION, DEFAULT_GGUF_FILE, DEFAULT_INSTALL_HINT, DEFAULT_MODEL_NAME, default_gguf_path,
+    DEFAULT_DISTRIBUTION, DEFAULT_GGUF_FILE, DEFAULT_INSTALL_HINT, DEFAULT_MODEL_NAME, cache_root, default_gguf_path,
 )
 from specsure.config.gguf_header import TOKENS_KEY, read_gguf_metadata
 from specsure.models.errors import ModelLoadError
@@ -35,12 +35,6 @@ logger = logging.getLogger(__name__)
 COMPLETE_MARKER = ".specsure-complete"
 # Temp folders older than this are leftovers of a killed conversion, not one in progress.
 _STALE_TEMP_S = 3600.0
-
-
-def cache_root() -> Path:
-    """`$XDG_CACHE_HOME/specsure`, or `~/.cache/specsure` when XDG_CACHE_HOME is unset."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "specsure"
 
 
 def packaged_default_gguf() -> Path:

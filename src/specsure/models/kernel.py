@@ -30,7 +30,7 @@ import torch
 
 from specsure.config.cpu import cpu_flags
 from specsure.config.dtype_choice import KERNEL_ENV, build_blocker, c_compiler
-from specsure.models.gguf_cache import cache_root
+from specsure.config.checkpoint import cache_root
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 import specsure
 from specsure.decode.engine import Engine
-from specsure.serve.errors import APIError
+from specsure.serve.errors import not_served
 from specsure.serve.metrics import ServeMetrics
 
 
@@ -41,9 +41,7 @@ def add_info_routes(app: FastAPI, engine: Engine, names: Sequence[str], metrics:
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:  # the client's models.retrieve
         if model_id not in names:
-            served = " or ".join(map(repr, names))
-            raise APIError(f"model {model_id!r} is not served here; this server serves {served} (GET /v1/models).",
-                           404, param="model", code="model_not_found")
+            raise not_served(model_id, " or ".join(map(repr, names)))
         return model_card(engine, model_id, started)
 
 

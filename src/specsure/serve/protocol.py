@@ -18,7 +18,7 @@ from specsure.config.schema import suggest
 from specsure.sampling import MAX_LOGPROBS, SamplingError, SamplingParams
 from specsure.serve.body import flag
 from specsure.serve.chat_template import parse_template_kwargs, template_flags
-from specsure.serve.errors import RequestError, shown
+from specsure.serve.errors import RequestError, not_served, shown
 from specsure.serve.messages import parse_messages
 from specsure.serve.openai_fields import (
     ADD_SPECIAL_TOKENS, CHAT_ONLY, COMPLETION_ONLY, INSTEAD, NEUTRAL, VLLM_FIELDS, check_labels,
@@ -286,8 +286,7 @@ def _check_fields(body: Any, allowed: tuple[str, ...], endpoint: str) -> dict[st
 def _check_common(body: dict[str, Any], model_name: str) -> None:
     model = body.get("model")
     if model is not None and model != model_name:
-        raise RequestError(f"model = {shown(model)} is not served here; this server serves {model_name!r} "
-                           "(GET /v1/models). Send that name, or omit the field.", "model", "model_not_found")
+        raise not_served(model, repr(model_name))
     n = body.get("n")
     if n is not None and (type(n) is not int or not 1 <= n <= MAX_N):
         raise RequestError(f"n = {shown(n)} must be an integer from 1 to {MAX_N}: the number of choices to "

@@ -18,7 +18,7 @@ from specsure.config.errors import json_type
 from specsure.decode.engine import Engine
 from specsure.serve.body import flag, parse_json, read_body
 from specsure.serve.chat_template import ChatTemplate, parse_template_kwargs, template_flags
-from specsure.serve.errors import RequestError, shown
+from specsure.serve.errors import RequestError, not_served, shown
 from specsure.serve.messages import parse_messages
 from specsure.serve.tools import parse_tools
 
@@ -109,8 +109,7 @@ def _fields(body: Any, allowed: tuple[str, ...], route: str, model_name: str) ->
                            unknown[0], "unknown_field")
     model = body.get("model")
     if model is not None and model != model_name:
-        raise RequestError(f"model = {shown(model)} is not served here; this server serves {model_name!r}. Send "
-                           "that name, or omit the field.", "model", "model_not_found")
+        raise not_served(model, repr(model_name))
     return body
 
 

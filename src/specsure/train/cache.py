@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from specsure.config.checkpoint import cache_root
 from specsure.train.data import Sample
 from specsure.train.leftovers import save_tensors
 
@@ -31,7 +31,8 @@ FORMAT = "specsure-train-samples-1"
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specsure" / "train"
+    """Where the sample cache lives unless --cache-dir says otherwise."""
+    return cache_root() / "train"
 
 
 def cache_key(target_path: str, dtype: str, prompts: Sequence[Sequence[int]], max_new_tokens: int,

@@ -13,6 +13,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from specsure.config.checkpoint import cache_root
 from specsure.config.errors import ConfigError
 from specsure.config.vllm_overrides import neutral_name, vllm_path_trap
 
@@ -25,8 +26,7 @@ def link_cache() -> Path:
     chosen = os.environ.get(LINKS_ENV)
     if chosen:
         return Path(chosen).expanduser().absolute()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base).expanduser().absolute() / "specsure" / "vllm-links"
+    return cache_root() / "vllm-links"
 
 
 def link_name(real: Path) -> str:

@@ -38,7 +38,8 @@ def float_gguf(source: Path, dtype: str) -> Path:
     The file name carries the source's cache key (resolved path, size, mtime), so a replaced
     source is converted again instead of reusing stale weights.
     """
-    from specsure.models.gguf_cache import cache_root, gguf_cache_folder
+    from specsure.config.checkpoint import cache_root
+    from specsure.models.gguf_cache import gguf_cache_folder
 
     qtype = gguf_type_of(dtype)
     dest = cache_root() / "llamacpp" / f"{gguf_cache_folder(source).name}.{qtype}.gguf"
