@@ -264,6 +264,14 @@ def test_a_body_over_the_limit_is_a_413(url: str) -> None:
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
 
 
+def test_a_compressed_body_is_a_415_naming_the_encoding(url: str) -> None:
+    import gzip
+
+    body = gzip.compress(b'{"prompt": "w1", "max_tokens": 2}')
+    r = httpx.post(f"{url}/v1/completions", content=body, headers={"Content-Encoding": "gzip"})
+    assert r.status_code == 415 and "Content-Encoding 'gzip'" in r.json()["error"]["message"]
+
+
 def test_the_server_stays_healthy_after_the_corpus(url: str) -> None:
     for endpoint, body, _ in CORPUS:
         assert httpx.post(f"{url}/v1/{endpoint}", content=body).status_code < 500

@@ -83,7 +83,12 @@ def _check_text(text: str, name: str, path: str) -> None:
 
 async def read_body(request: Request) -> bytes:
     """The raw body; a 413 when it passes MAX_BODY_BYTES. A larger body is read to its end but not
-    kept, so the client gets the 413 rather than a connection reset while it is still sending."""
+    kept, so the client gets the 413 rather than a connection reset while it is still sending. A
+    compressed body is a 415: it would otherwise read as JSON that is not UTF-8."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise APIError(f"Content-Encoding {encoding!r}: this server reads request bodies uncompressed; send the JSON "
+                       "as it is, without the Content-Encoding header.", 415, code="unsupported_content_encoding")
     body, size = bytearray(), 0
     async for chunk in request.stream():
         size += len(chunk)
