@@ -10,7 +10,8 @@ import torch
 
 from specsure.bench.runners import Runner, SpecsureRunner, TransformersRunner
 from specsure.config import ConfigError
-from specsure.config.schema import SUFFIX_FIELDS, parse_user_spec
+from specsure.config.schema import SUFFIX_FIELDS
+from specsure.config.user_spec import parse_user_spec
 from specsure.config.shipped import TREE_FAST_BF16
 
 METHODS: tuple[str, ...] = ("plain", "ngram", "ngram-tree", "draft_model", "eagle", "eagle3", "eagle3-tree", "mtp",

@@ -17,7 +17,8 @@ from specsure.config.detect import (
     WHAT_IS, Evidence, classify_draft, foreign_head, other_mtp_layout, path_hint, target_as_draft, target_mtp,
 )
 from specsure.config.errors import ConfigError
-from specsure.config.schema import MAX_SPECULATIVE_TOKENS, METHODS, SUFFIX_FIELDS, UNSET, UserSpec
+from specsure.config.schema import MAX_SPECULATIVE_TOKENS, METHODS, SUFFIX_FIELDS
+from specsure.config.user_spec import UNSET, UserSpec
 from specsure.config.shipped import shipped_head, shipped_tree
 from specsure.config.speculators import declared_k
 from specsure.config.token_tree import TREE_METHODS, DraftTree, tree_shape

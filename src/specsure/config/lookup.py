@@ -11,7 +11,8 @@ from typing import Any, Final, Mapping
 
 from specsure.config.decision import Decision
 from specsure.config.errors import ConfigError
-from specsure.config.schema import SUFFIX_FIELDS, UNSET, UserSpec, check_suffix_value
+from specsure.config.schema import SUFFIX_FIELDS, check_suffix_value
+from specsure.config.user_spec import UNSET, UserSpec
 
 DEFAULT_PROMPT_LOOKUP: Final[tuple[int, int]] = (2, 5)
 # vLLM 0.33.0's defaults (vllm/config/speculative.py); suffix's k defaults to the tree depth.

@@ -23,7 +23,8 @@ from specsure.config.detect import Evidence, classify_draft, classify_head
 from specsure.config.errors import ConfigConflictError, ConfigError
 from specsure.config.explain import format_table
 from specsure.config.lookup import decide_prompt_lookup, decide_suffix
-from specsure.config.schema import FIELDS, UNSET, SpeculativeConfig, parse_user_spec
+from specsure.config.schema import FIELDS, SpeculativeConfig
+from specsure.config.user_spec import UNSET, parse_user_spec
 from specsure.config.token_tree import TREE_METHODS
 from specsure.config.training_record import depth_note
 from specsure.config.vocabulary import other_tokenizer

@@ -1,11 +1,9 @@
-"""The user's speculative config: keys, methods, aliases, and the frozen effective config."""
+"""The speculative config's vocabulary (keys, methods, aliases, bounds), the checks of its values, and
+the frozen effective config. What the user wrote is read in `specsure.config.user_spec`."""
 
 from __future__ import annotations
 
-import difflib
-import json
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Mapping
 
@@ -60,145 +58,6 @@ MAX_SUFFIX_TREE_DEPTH: Final[int] = 128
 updates and each step O(depth^2) lookups in the worst case, in Python (vLLM sets none)."""
 
 
-class _Unset:
-    """The state of a field the user did not give; distinct from every real value (None too)."""
-
-    _instance: "_Unset | None" = None
-
-    def __new__(cls) -> "_Unset":
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "UNSET"
-
-    def __bool__(self) -> bool:
-        return False
-
-
-UNSET: Final = _Unset()
-
-NULL_IS_UNSET: Final[frozenset[str]] = frozenset({
-    "method", "num_speculative_tokens", "speculative_token_tree", "prompt_lookup_min", "prompt_lookup_max",
-    "prompt_lookup_branches"})
-"""Keys whose null means unset, as in a config vLLM wrote out (None is its default for them). For
-``model`` and ``disable_by_batch_size`` null is a value: no separate draft; drafting at every batch size."""
-
-
-def suggest(word: str, choices: tuple[str, ...] | list[str]) -> str:
-    """A ' Did you mean ...?' suffix, or '' when nothing is close."""
-    close = difflib.get_close_matches(word.lower(), list(choices), n=1, cutoff=0.6)
-    return f" Did you mean {close[0]!r}?" if close else ""
-
-
-@dataclass(frozen=True)
-class UserSpec:
-    """What the user wrote, normalised to canonical keys; unset fields hold UNSET."""
-
-    method: Any = UNSET
-    model: Any = UNSET
-    num_speculative_tokens: Any = UNSET
-    speculative_token_tree: Any = UNSET
-    prompt_lookup_min: Any = UNSET
-    prompt_lookup_max: Any = UNSET
-    prompt_lookup_branches: Any = UNSET
-    suffix_decoding_max_tree_depth: Any = UNSET
-    suffix_decoding_max_cached_requests: Any = UNSET
-    suffix_decoding_max_spec_factor: Any = UNSET
-    suffix_decoding_min_token_prob: Any = UNSET
-    disable_by_batch_size: Any = UNSET
-    method_alias: str | None = None
-    """The deprecated MTP alias the user wrote, when the method came from one."""
-    ngram_spelling: str | None = None
-    """vLLM's older spelling of method ngram the user wrote (``"model": "[ngram]"``), when the method came from one."""
-
-
-def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
-    """Validate keys, types and ranges of the user's mapping; never reads checkpoints."""
-    if not isinstance(speculative, Mapping):
-        raise ConfigError(
-            f"speculative config must be a JSON object (a mapping of keys to values), got "
-            f"{type(speculative).__name__} {speculative!r}. Example: "
-            '{"method": "ngram", "num_speculative_tokens": 4}'
-        )
-    values: dict[str, Any] = {}
-    for key, value in speculative.items():
-        if not isinstance(key, str):
-            raise ConfigError(f"speculative config key {key!r} is not a string; keys are {', '.join(FIELDS)}.")
-        canonical = KEY_ALIASES.get(key, key)
-        if canonical in VLLM_ONLY_KEYS:
-            raise ConfigError(
-                f"{key!r} is a key of vLLM's speculative config for its own deployment, which specsure does not "
-                f"use (one process, no parallelism, quantization or revisions). Remove it here; give it to vLLM "
-                f"alongside the command specsure export prints. specsure's keys: {', '.join(FIELDS)}.")
-        if canonical not in FIELDS:
-            known = list(FIELDS) + list(KEY_ALIASES)
-            raise ConfigError(
-                f"unknown speculative config key {key!r}.{suggest(key, known)} "
-                f"Valid keys: {', '.join(FIELDS)} (and 'draft_model' as an alias of 'model')."
-            )
-        if canonical in values and values[canonical] != value and not _same_file(values[canonical], value):
-            first = "draft_model" if key == "model" else "model"  # the name the earlier value came under
-            raise ConfigError(
-                f"{first!r} = {values[canonical]!r} and {key!r} = {value!r} disagree; they are two "
-                "names for the same field (the draft checkpoint). Give only one of them."
-            )
-        values[canonical] = value
-    for key in NULL_IS_UNSET:
-        if key in values and values[key] is None:
-            del values[key]
-    spelling = _legacy_ngram(values)
-    alias = None
-    if "method" in values:
-        values["method"], alias = _check_method(values["method"])
-    if "model" in values:
-        values["model"] = _check_model(values["model"])
-    if "num_speculative_tokens" in values:
-        _check_int("num_speculative_tokens", values["num_speculative_tokens"], MAX_SPECULATIVE_TOKENS)
-    if "speculative_token_tree" in values:
-        values["speculative_token_tree"] = parse_token_tree(values["speculative_token_tree"], MAX_SPECULATIVE_TOKENS)
-    for key in ("prompt_lookup_min", "prompt_lookup_max"):
-        if key in values:
-            _check_int(key, values[key], MAX_PROMPT_LOOKUP)
-    if "prompt_lookup_branches" in values:
-        _check_int("prompt_lookup_branches", values["prompt_lookup_branches"], MAX_PROMPT_LOOKUP_BRANCHES)
-    lo, hi = values.get("prompt_lookup_min"), values.get("prompt_lookup_max")
-    if lo is not None and hi is not None and lo > hi:
-        raise ConfigError(
-            f"prompt_lookup_min = {lo} is larger than prompt_lookup_max = {hi}; the n-gram search runs "
-            f"from max down to min, so min must be <= max. Set prompt_lookup_min <= {hi}."
-        )
-    for key in SUFFIX_FIELDS:
-        if key in values:
-            check_suffix_value(key, values[key])
-    if "disable_by_batch_size" in values:
-        check_batch_size(values["disable_by_batch_size"])
-    return UserSpec(**values, method_alias=alias, ngram_spelling=spelling)
-
-
-LEGACY_NGRAM_MODELS: Final[tuple[str, ...]] = ("ngram", "[ngram]")
-"""Draft "paths" that vLLM still reads as method ngram (vllm/config/speculative.py), as it did before the method key."""
-
-
-def _legacy_ngram(values: dict[str, Any]) -> str | None:
-    """Turn vLLM's older spellings of ngram in ``values`` into method ngram without a draft; returns what was
-    written, for the warning. specsure would otherwise read "[ngram]" as a folder that does not exist."""
-    if values.get("method") == "[ngram]":
-        values["method"] = "ngram"
-        written = '"method": "[ngram]"'
-    else:
-        written = None
-    if values.get("model") in LEGACY_NGRAM_MODELS and values.get("method", "ngram") == "ngram":
-        if os.path.exists(model := values["model"]):
-            raise ConfigError(f"model = {model!r} is both vLLM's older spelling of method 'ngram' and a path here; "
-                              f"write {{\"method\": \"ngram\"}} for prompt lookup, or \"./{model}\" for the draft "
-                              "checkpoint.")
-        written = f'"model": {json.dumps(values.pop("model"))}'
-        values["method"] = "ngram"
-    return written
-
-
 def check_batch_size(value: Any) -> None:
     """disable_by_batch_size: null, or an integer >= 2 (vLLM's bound: at 1 no step would ever draft)."""
     if type(value) is int and value == 1:  # 1.0 gets the integer error first
@@ -220,51 +79,7 @@ def _check_at_least(field: str, value: Any, low: int, meaning: str) -> None:
         raise ConfigError(f"{field} = {value} is out of range: it must be >= {low} ({meaning}).")
 
 
-def _check_method(value: Any) -> tuple[str, str | None]:
-    if not isinstance(value, str):
-        raise ConfigError(
-            f"method = {as_json(value)} must be a string, one of: {', '.join(METHODS)}."
-        )
-    name = value.strip().lower()
-    if name in METHODS:
-        return name, None
-    if name in MTP_METHOD_ALIASES:
-        return "mtp", value
-    if name in FOREIGN_METHODS:
-        raise ConfigError(
-            f"method = {as_json(value)} is a vLLM method that specsure does not run. "
-            f"Choose one of: {', '.join(METHODS)}."
-        )
-    raise ConfigError(
-        f"unknown method {as_json(value)}.{suggest(name, METHODS)} Valid methods: {', '.join(METHODS)}."
-    )
-
-
-def _same_file(first: Any, second: Any) -> bool:
-    """Two spellings of one existing path (``./draft`` and ``draft``, a link and its target)."""
-    if not (isinstance(first, (str, os.PathLike)) and isinstance(second, (str, os.PathLike))):
-        return False
-    try:
-        return os.path.samefile(os.path.expanduser(first), os.path.expanduser(second))
-    except (OSError, ValueError):
-        return False
-
-
-def _check_model(value: Any) -> str | None:
-    """A draft path, or None: an explicit "no separate draft" (vLLM configs write "model": null)."""
-    if value is None:
-        return None
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(
-            f"model = {as_json(value)} must be a non-empty path to the draft or head checkpoint "
-            "(a folder with config.json and *.safetensors)."
-        )
-    return value
-
-
-def _check_int(field: str, value: Any, upper: int) -> None:
+def check_int(field: str, value: Any, upper: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         # The hint only where following it gives a valid value; 100.0 would just meet the range error next.
         hint = (f" Write {int(float(value))} without quotes or decimals."
@@ -281,7 +96,7 @@ def check_suffix_value(field: str, value: Any) -> int | float:
     and a JSON integer there is the same number as that float.
     """
     if field == "suffix_decoding_max_tree_depth":
-        _check_int(field, value, MAX_SUFFIX_TREE_DEPTH)
+        check_int(field, value, MAX_SUFFIX_TREE_DEPTH)
         return value
     if field == "suffix_decoding_max_cached_requests":
         _check_at_least(field, value, 0, "0 turns the global tree of earlier requests off")
@@ -358,14 +173,14 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ConfigError(f"method = {self.method!r} is not one of {', '.join(METHODS)}.")
-        _check_int("num_speculative_tokens", self.num_speculative_tokens, MAX_SPECULATIVE_TOKENS)
+        check_int("num_speculative_tokens", self.num_speculative_tokens, MAX_SPECULATIVE_TOKENS)
         is_ngram = self.method == "ngram"
         if is_ngram and self.prompt_lookup_branches is None:  # a chain, as before the key existed
             object.__setattr__(self, "prompt_lookup_branches", 1)
         for key in ("prompt_lookup_min", "prompt_lookup_max", "prompt_lookup_branches"):
             value = getattr(self, key)
             if is_ngram:
-                _check_int(key, value, MAX_PROMPT_LOOKUP if key != "prompt_lookup_branches" else
+                check_int(key, value, MAX_PROMPT_LOOKUP if key != "prompt_lookup_branches" else
                            MAX_PROMPT_LOOKUP_BRANCHES)
             elif value is not None:
                 raise ConfigError(f"{key} = {value} applies only to method 'ngram', not {self.method!r}.")

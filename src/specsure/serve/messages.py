@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from specsure.config.schema import suggest
+from specsure.config.errors import suggest
 from specsure.serve.errors import RequestError, shown
 
 ROLES = ("system", "user", "assistant", "tool")

@@ -13,8 +13,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from specsure.config.errors import json_type
-from specsure.config.schema import suggest
+from specsure.config.errors import json_type, suggest
 from specsure.sampling import MAX_LOGPROBS, SamplingError, SamplingParams
 from specsure.serve.body import flag
 from specsure.serve.chat_template import parse_template_kwargs, template_flags

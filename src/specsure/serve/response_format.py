@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from specsure.config.schema import suggest
+from specsure.config.errors import suggest
 from specsure.grammar import GrammarError, StructuredOutputs
 from specsure.serve.errors import RequestError, shown
 

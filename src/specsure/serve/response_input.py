@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from specsure.config.schema import suggest
+from specsure.config.errors import suggest
 from specsure.serve.errors import RequestError, shown
 
 ROLES = ("user", "system", "developer", "assistant")

@@ -15,8 +15,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from specsure.config.errors import json_type
-from specsure.config.schema import suggest
+from specsure.config.errors import json_type, suggest
 from specsure.sampling import MAX_LOGPROBS
 from specsure.serve.errors import RequestError, shown
 from specsure.serve.openai_fields import check_labels

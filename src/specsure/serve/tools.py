@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from specsure.config.schema import suggest
+from specsure.config.errors import suggest
 from specsure.grammar import GrammarError, StructuredOutputs
 from specsure.serve.errors import RequestError, shown
 
