@@ -401,7 +401,7 @@ def test_results_name_the_commit_and_say_when_the_package_differs_from_it(tmp_pa
     """A figure made with a head or module not yet committed must not claim the commit's code made it."""
     import subprocess
 
-    from specsure.cli.bench import _git_commit
+    from specsure.cli.bench_record import git_commit as _git_commit
 
     package = tmp_path / "src" / "specsure"
     package.mkdir(parents=True)
@@ -586,7 +586,7 @@ def test_a_share_never_rounds_to_whole_unless_it_is() -> None:
 def test_a_busy_machine_is_said_before_the_timings(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from specsure.cli.bench import _other_load
+    from specsure.cli.bench_record import other_load as _other_load
 
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(os, "getloadavg", lambda: (2.7, 2.0, 1.0))

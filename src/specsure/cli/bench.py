@@ -6,14 +6,9 @@ The command line only: workloads, runners, results and plots live in ``specsure.
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import shlex
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from specsure.bench.configs import (
@@ -23,15 +18,13 @@ from specsure.bench.configs import (
 from specsure.bench.harness import Interrupted, Item, run_batched, run_interleaved, warm_up
 from specsure.bench.llamacpp.baselines import LLAMA_CPP_BASELINES, build_llamacpp
 from specsure.bench.llamacpp.runner import DEFAULT_LLAMA_CPP_PYTHON, LlamaCppError
-from specsure.bench.plots import plot_acceptance, plot_speedup
-from specsure.bench.report import render_markdown, share
-from specsure.bench.results import ALL, BenchResults, prompt_result, summarize
+from specsure.bench.results import ALL, prompt_result, summarize
 from specsure.bench.workload import (CATEGORIES, WorkloadError, category_list, encode, load_builtin, load_workloads,
                                       select)
 from specsure.cli import bench_serve
+from specsure.cli.bench_record import other_load, print_summary, run_meta, write_outputs
 from specsure.cli.common import int_at_least, results_run, writable_folder
 from specsure.config import ConfigError
-from specsure.config.cpu import cpu_model
 
 QUICK = {"per_category": 2, "max_tokens": 96, "repeats": 3}
 """--quick: a few prompts per category, sized to finish in minutes on the default model."""
@@ -116,6 +109,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench/results", help="output folder (default bench/results)")
 
 
+def _timed(args: argparse.Namespace, runners: list[Any], items: list[Item], repeats: int, asked: int,
+           llama: Any) -> tuple[dict[Any, Any], list[Item], str | None, dict[str, Any] | None]:
+    """The interleaved runs, then the batched pass: (runs, the items every configuration finished, what a
+    Ctrl-C left out or None, the batched figures or None). llama.cpp's workers stop either way."""
+    stopped: str | None = None  # what a Ctrl-C left out, for the results' header
+    try:
+        warm_up(runners, items[0], args.warmup)
+        runs = run_interleaved(runners, items, repeats)
+    except Interrupted as stop:
+        # Ctrl-C: what every configuration finished is kept and written, marked as partial.
+        if not stop.runs:
+            raise
+        runs = stop.runs
+        kept = sorted({len(gens) for gens in runs.values()})
+        span = str(kept[0]) if kept[0] == kept[-1] else f"{kept[0]} to {kept[-1]}"
+        items = [it for it in items if it.prompt.id in stop.prompt_ids()]
+        stopped = (f"stopped by Ctrl-C after {stop.done} of {stop.total} runs; these results hold the {len(items)} "
+                   f"of {asked} prompts that every configuration finished, {span} of the {repeats} repeats "
+                   "each" + (", without the batched pass" if args.batched else ""))
+    finally:
+        llama.close()
+    batched = None
+    if args.batched and stopped is None:
+        try:
+            batched = run_batched(args.batched, runners, items, runs)
+        except KeyboardInterrupt:  # the batch-1 runs are whole: they are kept, the batched pass is not
+            stopped = "stopped by Ctrl-C in the batched pass; the batch-1 results are whole, without the batched pass"
+    return runs, items, stopped, batched
+
+
 def command_line(args: argparse.Namespace) -> str:
     """The `specsure bench` command that reproduces `args` (options left at default omitted)."""
     parser = argparse.ArgumentParser()
@@ -136,23 +159,6 @@ def command_line(args: argparse.Namespace) -> str:
         else:
             words += [flag, str(value)]
     return shlex.join(words)
-
-
-def _git_commit(folder: Path = Path(__file__).parent.parent) -> str:
-    """The commit of the specsure checkout holding ``folder`` (the package), so a figure can be traced to the
-    code that made it; marked when tracked files there differ from it (a head or module not yet committed),
-    since then the commit alone names other code."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=folder, capture_output=True, text=True,
-                              timeout=10)
-        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "."], cwd=folder,
-                                 capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    if head.returncode != 0:
-        return "unknown"
-    dirty = changed.returncode == 0 and changed.stdout.strip()
-    return head.stdout.strip() + (" with uncommitted changes" if dirty else "")
 
 
 def _settings(args: argparse.Namespace, dtype: str) -> Settings:
@@ -223,7 +229,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     import torch
-    import transformers
 
     from specsure.models import load_model
 
@@ -290,36 +295,13 @@ def _run(args: argparse.Namespace) -> int:
         print(f"skip {name}: {reason}")
 
     print(f"{len(items)} prompts x {len(runners)} configurations x {repeats} repeats, {settings.dtype}, {torch.get_num_threads()} threads")
-    if (busy := _other_load(torch.get_num_threads())) is not None:
+    if (busy := other_load(torch.get_num_threads())) is not None:
         print(busy)
     if args.warmup == 0 and repeats < 3:  # a median of 3 or more leaves one slow first run out
         print("note: --warmup 0: each configuration's first timed run also pays its first-call costs (memory first "
               "touched, caches built), which weighs on its first prompt's figure; --warmup 1 or --repeats 3 keeps "
               "them out")
-    stopped: str | None = None  # what a Ctrl-C left out, for the results' header
-    try:
-        warm_up(runners, items[0], args.warmup)
-        runs = run_interleaved(runners, items, repeats)
-    except Interrupted as stop:
-        # Ctrl-C: what every configuration finished is kept and written, marked as partial.
-        if not stop.runs:
-            raise
-        runs = stop.runs
-        kept = sorted({len(gens) for gens in runs.values()})
-        span = str(kept[0]) if kept[0] == kept[-1] else f"{kept[0]} to {kept[-1]}"
-        items = [it for it in items if it.prompt.id in stop.prompt_ids()]
-        stopped = (f"stopped by Ctrl-C after {stop.done} of {stop.total} runs; these results hold the {len(items)} "
-                   f"of {len(prompts)} prompts that every configuration finished, {span} of the {repeats} repeats "
-                   "each" + (", without the batched pass" if args.batched else ""))
-    finally:
-        llama.close()
-    batched = None
-    if args.batched and stopped is None:
-        try:
-            batched = run_batched(args.batched, runners, items, runs)
-        except KeyboardInterrupt:  # the batch-1 runs are whole: they are kept, the batched pass is not
-            stopped = "stopped by Ctrl-C in the batched pass; the batch-1 results are whole, without the batched pass"
-
+    runs, items, stopped, batched = _timed(args, runners, items, repeats, len(prompts), llama)
     ran = {r.name for r in runners}
     own_plain = {r.name: r.plain for r in runners if r.plain in ran}
     reference_ids = {it.prompt.id: runs[(REFERENCE, it.prompt.id)][0].token_ids for it in items}
@@ -332,29 +314,7 @@ def _run(args: argparse.Namespace) -> int:
         for r in runners
         for it in items
     ]
-    meta: dict[str, Any] = {
-        "command": command_line(args),
-        "specsure_commit": _git_commit(),
-        "model": args.model or "SmolLM2-135M-Instruct (packaged default)",
-        "model_path": target.path,
-        "dtype": settings.dtype,
-        "dtype_reason": target.dtype_reason,
-        "forward": target.lm.path,
-        "threads": torch.get_num_threads(),
-        "cores": os.cpu_count(),
-        "cpu": cpu_model(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "max_tokens": max_tokens,
-        "repeats": repeats,
-        "warmup": args.warmup,
-        "num_speculative_tokens": settings.num_speculative_tokens,
-        "head_num_speculative_tokens": args.num_speculative_tokens,
-        "prompts": len(items),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        **llama.meta,
-    }
+    meta = run_meta(command_line(args), args, target, settings, max_tokens, repeats, len(items), llama.meta)
     results = summarize(meta, [(r.name, r.kind, r.speculative) for r in runners], skipped, per_prompt, REFERENCE, HF_BASELINE,
                         own_plain=own_plain, incomparable=[r.name for r in runners if not r.comparable])
     if batched is not None:
@@ -363,59 +323,10 @@ def _run(args: argparse.Namespace) -> int:
     if stopped is not None:
         results.meta["interrupted"] = stopped
     write_outputs(results, out_dir)
-    _print_summary(results, out_dir)
+    print_summary(results, out_dir)
     if stopped is not None:
         print(f"interrupted: {stopped}.", file=sys.stderr)
         return 130
     return 0
 
 
-def _other_load(threads: int) -> str | None:
-    """A note when other processes keep the cores busy: a thread pool as wide as the cores then waits on
-    them at every step, and slows by far more than a library that uses fewer threads."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:  # not on this platform
-        return None
-    cores = os.cpu_count() or 1
-    if load < 0.75 * cores:
-        return None
-    return (f"note: the load average is {load:.1f} on {cores} cores before this run: other processes share them, "
-            f"and with {threads} threads a step waits for whichever is descheduled, so timings are noisy and can "
-            "favour a configuration that uses fewer threads; run on an idle machine, or with fewer --threads")
-
-
-def write_outputs(results: BenchResults, out_dir: Path) -> None:
-    """results.json, results.md, speedup.png and acceptance.png, all from `results`."""
-    results.write_json(out_dir / "results.json")
-    (out_dir / "results.md").write_text(render_markdown(results), encoding="utf-8")
-    plot_speedup(results, out_dir / "speedup.png")
-    plot_acceptance(results, out_dir / "acceptance.png")
-
-
-def _print_summary(results: BenchResults, out_dir: Path) -> None:
-    print()
-    print(f"{'config':<24}{'tok/s':>8}{'vs plain':>10}{'vs HF':>8}{'acc.len':>9}{'match':>8}  own plain")
-    for r in results.summary:
-        if r.category != ALL:
-            continue
-        vs_plain = "-" if r.speedup_vs_plain is None else f"{r.speedup_vs_plain:.2f}x"
-        vs_hf = "-" if r.speedup_vs_hf is None else f"{r.speedup_vs_hf:.2f}x"
-        acc = "-" if r.mean_acceptance_length is None else f"{r.mean_acceptance_length:.2f}"
-        match = "ref" if r.exact_match_rate is None else share(r.exact_match_rate)
-        own = "" if r.own_plain is None else f"  {share(r.own_plain_exact_match_rate)} vs {r.own_plain}"
-        print(f"{r.config:<24}{r.tokens_per_s:>8.2f}{vs_plain:>10}{vs_hf:>8}{acc:>9}{match:>8}{own}")
-    if results.mismatched:
-        bar = "!" * 72
-        print(f"\n{bar}\nOUTPUT MISMATCH: these configurations differ from '{results.reference}' (greedy):")
-        for r in results.mismatched:
-            where = ", ".join(f"{m['prompt_id']}@{m['first_divergence']}" for m in r.mismatches)
-            print(f"  {r.config} on {r.category}: {where}")
-        print(f"(prompt@first divergent new token; bf16 kernels can flip near-tied argmaxes, see BENCHMARKS.md)\n{bar}")
-    for p in results.prompts:
-        if not p.deterministic:
-            print(f"note: {p.config} on {p.prompt_id}: its greedy repeats differ (the first repeat is counted)")
-    for name, b in results.meta.get("batched", {}).items():
-        print(f"batched {name}: {b['tokens_per_s']:.1f} tok/s, {b['speedup_vs_batch1']:.2f}x its batch-1 run, "
-              f"{share(b['exact_match_rate'])} equal to batch 1")
-    print(f"\nwrote {out_dir}/results.json, results.md, speedup.png, acceptance.png")
