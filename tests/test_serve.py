@@ -575,9 +575,11 @@ def test_each_choice_names_its_stop_reason_as_vllm_does(client: TestClient) -> N
     by_text = client.post("/v1/completions", json={"prompt": WORDS, "max_tokens": 8, "ignore_eos": True,
                                                    "stop": ["never", word]}).json()["choices"][0]
     assert (by_text["finish_reason"], by_text["stop_reason"]) == ("stop", word)
+    said = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 8, "ignore_eos": True}
+                       ).json()["choices"][0]["message"]["content"].split()[1]
     chat = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 8, "ignore_eos": True,
-                                                     "stop": [word]}).json()["choices"][0]
-    assert chat["stop_reason"] == (word if chat["finish_reason"] == "stop" else None)
+                                                     "stop": [said]}).json()["choices"][0]
+    assert (chat["finish_reason"], chat["stop_reason"]) == ("stop", said)
     lines = client.post("/v1/completions", json={"prompt": WORDS, "max_tokens": 8, "ignore_eos": True,
                                                  "stop": [word], "stream": True}).text.splitlines()
     chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
@@ -588,7 +590,7 @@ def test_each_choice_names_its_stop_reason_as_vllm_does(client: TestClient) -> N
 def test_vllms_own_fields_at_their_defaults_change_nothing_and_others_say_what_to_use(client: TestClient) -> None:
     plain = client.post("/v1/completions", json={"prompt": WORDS, "max_tokens": 6}).json()["choices"][0]["text"]
     vllm_defaults = {"use_beam_search": False, "length_penalty": 1.0, "spaces_between_special_tokens": True,
-                     "priority": 0, "logprobs_mode": "raw_logprobs", "return_token_ids": False,
+                     "priority": 0, "return_token_ids": False, "return_tokens_as_token_ids": False,
                      "add_special_tokens": True}
     same = client.post("/v1/completions", json={"prompt": WORDS, "max_tokens": 6, **vllm_defaults})
     assert same.status_code == 200 and same.json()["choices"][0]["text"] == plain
@@ -597,7 +599,7 @@ def test_vllms_own_fields_at_their_defaults_change_nothing_and_others_say_what_t
     assert chat.status_code == 200, chat.text
     for body, words, code in (
             ({"use_beam_search": True}, "a vLLM field that specsure does not implement", "unsupported_field"),
-            ({"add_special_tokens": False}, "Send the prompt as token ids", "unsupported_field"),
+            ({"add_special_tokens": False}, "send the prompt as token ids", "unsupported_field"),
             ({"max_completion_tokens": 3}, "Use max_tokens instead", "unknown_field"),
             ({"guided_json": {"type": "object"}}, 'Use structured_outputs: {"json": SCHEMA} instead', "unknown_field")):
         r = client.post("/v1/completions", json={"prompt": WORDS, "max_tokens": 3, **body})
@@ -615,3 +617,23 @@ def test_version_and_the_model_card_as_vllm_shapes_them(client: TestClient) -> N
     (permission,) = card["permission"]
     assert permission["object"] == "model_permission" and permission["allow_sampling"] is True
     assert client.get("/v1/models/tiny").json()["id"] == "tiny"
+
+
+def test_stop_reason_names_a_models_other_eos_ids_as_vllm_does() -> None:
+    """vLLM makes generation_config's EOS ids other than the tokenizer's stop token ids, so an output they
+    end names them; the tokenizer's own EOS gives null."""
+    from specsure.decode.request import Rules
+
+    class Words:  # what detokenize reads of a tokenizer
+        eos_token_id = 2
+
+        def decode(self, ids, skip_special_tokens=True):  # noqa: ANN001, ANN201
+            return " ".join(f"w{i}" for i in ids)
+
+    rules = Rules([2, 5], Words(), 512)
+    params = SamplingParams(max_tokens=8, stop_token_ids=[7])
+    assert rules.detokenize([9, 2], params, "stop")[3] is None
+    assert rules.detokenize([9, 5], params, "stop")[3] == 5
+    assert rules.detokenize([9, 7], params, "stop")[3] == 7
+    assert rules.detokenize([9, 7], params, "length")[3] is None
+    assert Rules([2, 5], None, 512).detokenize([9, 5], params, "stop")[3] is None  # no tokenizer: no primary

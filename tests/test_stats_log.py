@@ -53,7 +53,47 @@ def test_an_interval_logs_what_its_steps_did_in_vllms_words(app, caplog: pytest.
     assert steps >= 2 and tokens == prompts + 48  # every prompt token computed once, every output token once
 
 
-def test_disable_log_stats_is_vllms_flag(tmp_path: Path) -> None:
+def test_disable_log_stats_is_vllms_flag_and_without_it_the_lines_show_at_the_clis_level(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from specsure.cli.common import setup_logging
+    from specsure.cli.serve import show_stats_lines
+
     args = build_parser(["serve"]).parse_args(["serve", "--disable-log-stats"])
     assert args.disable_log_stats is True
     assert build_parser(["serve"]).parse_args(["serve"]).disable_log_stats is False
+    stats = logging.getLogger("specsure.serve.stats_log")
+    monkeypatch.setattr(stats, "level", logging.NOTSET)  # put back after the test
+    monkeypatch.setattr(logging.getLogger(), "level", logging.getLogger().level)
+    setup_logging(False)  # the CLI without -v: WARNING for everything else
+    show_stats_lines(False)
+    assert not stats.isEnabledFor(logging.INFO)
+    show_stats_lines(True)
+    assert stats.isEnabledFor(logging.INFO)
+
+
+def test_a_log_that_fails_does_not_end_the_lines_and_the_interval_is_finite(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from specsure.serve.stats_log import Batch, StatsLog, interval_s
+
+    for value, expected in (("inf", 10.0), ("nan", 10.0), ("-1", 10.0), ("2.5", 2.5), ("x", 10.0)):
+        monkeypatch.setenv("VLLM_LOG_STATS_INTERVAL", value)
+        assert interval_s() == expected
+    calls = []
+
+    def batch() -> Batch:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        return Batch()
+
+    log = StatsLog(batch, prefix_caching=False, interval=0.01)
+    from specsure.decode.metrics import SpecStats
+
+    with caplog.at_level(logging.DEBUG, logger="specsure.serve.stats_log"):
+        log.step(1, 1, SpecStats())  # starts the thread
+        import time
+
+        deadline = time.monotonic() + 5
+        while len(calls) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert len(calls) >= 3 and "the periodic stats line failed" in caplog.text

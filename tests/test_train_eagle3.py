@@ -143,10 +143,10 @@ def test_train_cli_writes_an_eagle3_head_that_runs(target, tmp_path: Path, capsy
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"category": "code", "prompt_ids": p}) + "\n" for p in PROMPTS))
     out = tmp_path / "head"
-    for _ in range(2):  # the second run replaces the first head
+    for windows in ("1", "2"):  # the second run replaces the first head
         rc = main(["train", "--method", "eagle3", "--model", str(folder), "--dtype", "float32", "--out", str(out),
                    "--prompts", str(prompts), "--max-new-tokens", "16", "--steps", "6", "--unroll", "2",
-                   "--draft-vocab-size", "48", "--eval-every", "3", "--no-progress"])
+                   "--draft-vocab-size", "48", "--eval-every", "3", "--no-progress", "--batch-windows", windows])
         printed = capsys.readouterr().out
         assert rc == 0 and "greedy acceptance length at k=2" in printed
     config = json.loads((out / "config.json").read_text())
@@ -154,6 +154,7 @@ def test_train_cli_writes_an_eagle3_head_that_runs(target, tmp_path: Path, capsy
     training = json.loads((out / "training.json").read_text())
     assert [c["step"] for c in training["curve"]] == [0, 3, 6] and training["data"]["sources"]
     assert training["settings"]["unroll"] == 2 and len(training["losses"]) == 6
+    assert training["settings"]["batch_windows"] == 2  # the flag reaches the trainer
     spec = make_engine(str(folder), {"method": "eagle3", "model": str(out), "num_speculative_tokens": 2},
                        dtype="float32")
     plain = make_engine(str(folder), None, dtype="float32")

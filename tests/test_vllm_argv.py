@@ -30,6 +30,9 @@ def test_vllms_shorthand_flags_and_a_value_with_a_space_are_read_as_vllm_reads_t
     assert json.loads(words[2]) == {"method": "ngram", "num_speculative_tokens": 3, "model": "/m/a b",
                                     "prompt_lookup_max": "/x y"}  # a space after '=' is the value's, as in vLLM
     assert json.loads(normalise(["explain", "--spec-tokens", "three"])[2]) == {"num_speculative_tokens": "three"}
+    # any other word with a space is a value, as argparse reads it: left as written
+    assert normalise(["generate", "--", "x"]) == ["generate", "--", "x"]
+    assert normalise(["generate", "--batch_size=4 is what?"]) == ["generate", "--batch_size=4 is what?"]
 
 
 def test_keys_one_by_one_merge_into_one_json_object_as_vllm_reads_them() -> None:

@@ -105,7 +105,7 @@ class SamplingParams:
     disabled, is stored as 0."""
     seed: int | None = None
     """Seed for this request's torch.Generator, for reproducible sampling, an int in [-2**63, 2**64)
-    as vLLM takes it; None = unseeded, and so is -1 (vLLM's and llama.cpp's "random"). Another
+    (vLLM's int64, and unsigned 64-bit seeds too); None = unseeded, and so is -1 (vLLM's and llama.cpp's "random"). Another
     negative seed is stored as its two's complement (what torch and vLLM make of it); a seed of 2**32
     or more is mixed into the 32 bits torch's generator keeps (``generator_seed``). The draft
     decides how much of the random stream a step uses, so with suffix decoding, whose drafts also

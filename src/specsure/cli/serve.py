@@ -12,7 +12,7 @@ import socket
 import sys
 
 from specsure.cli.common import (
-    EXIT_OK, EXIT_USAGE, add_model_flags, api_key_from, int_at_least, parse_speculative_config,
+    EXIT_OK, EXIT_USAGE, STATS_LOGGER, add_model_flags, api_key_from, int_at_least, parse_speculative_config,
 )
 
 DEFAULT_MAX_QUEUE = 64  # specsure.serve.app.DEFAULT_MAX_QUEUE; not imported, so --help needs no fastapi
@@ -160,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         sock.close()
         raise
+    show_stats_lines(not args.disable_log_stats)
     # This process serves one app, so the process-wide switch is safe; vLLM flips it too.
     prometheus_client.disable_created_metrics()
     app = create_app(engine, served_model_name=args.served_model_name, api_key=api_key, max_queue=args.max_queue,
@@ -210,3 +211,10 @@ def _bind(host: str, port: int) -> socket.socket:
         raise ValueError(f"--host {host} --port {port}: the address {why}; stop what listens there, or give "
                          "another --port (0 picks a free one).") from None
     return sock
+
+
+def show_stats_lines(shown: bool) -> None:
+    """vLLM's periodic throughput and acceptance lines at INFO, shown without -v as vLLM shows them (the CLI's
+    other loggers stay at WARNING); not shown with --disable-log-stats."""
+    if shown:
+        logging.getLogger(STATS_LOGGER).setLevel(logging.INFO)

@@ -308,7 +308,7 @@ def _settings(args: argparse.Namespace, lr: float) -> "MTPTrainSettings | Eagle3
     return Eagle3TrainSettings(steps=args.steps, lr=lr, seq_len=args.seq_len,
                                unroll=7 if args.unroll is None else args.unroll, draft_vocab_size=vocab, seed=args.seed,
                                answer_only=args.loss_on == "answer", dtype=args.train_dtype,
-                               intermediate_size=args.intermediate_size)
+                               intermediate_size=args.intermediate_size, windows=args.batch_windows)
 
 
 def _aux_layers(text: str | None, num_layers: int) -> tuple[int, ...]:

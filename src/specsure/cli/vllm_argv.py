@@ -40,7 +40,7 @@ def normalise(argv: Sequence[str]) -> list[str]:
         if word == "--":
             tail = list(argv[i:])
             break
-        if word.startswith("--") and " " not in word.partition("=")[0]:  # a word with a space is a value
+        if word.startswith("--") and _flag_word(word):
             name, eq, value = word.partition("=")
             flag, dot, path = name.partition(".")
             word = flag.replace("_", "-") + dot + path + eq + value
@@ -111,6 +111,19 @@ def _value(path: str, text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def _flag_word(word: str) -> bool:
+    """Whether a word starting with -- is a flag to read vLLM's way. A word with a space is a value
+    (argparse reads it so; "--batch_size=4 is what?" is a prompt), except the speculative config's
+    own flags, whose value after '=' may hold one (a draft in "/models/beagle qwen")."""
+    if " " not in word:
+        return True
+    name = word.partition("=")[0]
+    if " " in name:
+        return False
+    flag = name.partition(".")[0].replace("_", "-")
+    return flag in SPEC_FLAGS or flag in SHORT_FLAGS
 
 
 def _int_or_text(text: str) -> Any:

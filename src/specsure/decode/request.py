@@ -40,6 +40,10 @@ class Rules:
     def __init__(self, eos_token_ids: Sequence[int], tokenizer: "PreTrainedTokenizerBase | None",
                  max_context: int, grammars: Grammars | None = None) -> None:
         self.eos_token_ids = frozenset(eos_token_ids)
+        primary = getattr(tokenizer, "eos_token_id", None)
+        self.primary_eos = primary if primary in self.eos_token_ids else None
+        """The tokenizer's EOS, whose stop_reason is None; vLLM makes the others (generation_config's
+        more EOS ids: Llama 3's <|eom_id|>) stop token ids, named in stop_reason. Without one, no EOS is."""
         self.tokenizer = tokenizer
         self.max_context = max_context
         self.grammars = grammars
@@ -106,14 +110,15 @@ class Rules:
         return text.rstrip(REPLACEMENT), output, finish, self._stop_token(output, params, finish)
 
     def _stop_token(self, output: list[int], params: SamplingParams, finish: FinishReason) -> int | None:
-        """The stop token id that ended the output, as vLLM names it: EOS (unless ignore_eos) is checked
-        first and gives None, as does an output that ran to its length."""
+        """The stop token id that ended the output, as vLLM names it: the tokenizer's EOS (unless
+        ignore_eos) is checked first and gives None, the model's other EOS ids and the request's stop
+        token ids their id; an output that ran to its length gives None."""
         if finish != "stop" or not output:
             return None
         last = output[-1]
-        if not params.ignore_eos and last in self.eos_token_ids:
-            return None
-        return last if last in (params.stop_token_ids or ()) else None
+        if params.ignore_eos or last not in self.eos_token_ids:
+            return last if last in (params.stop_token_ids or ()) else None
+        return None if self.primary_eos in (None, last) else last
 
 
 class Request:

@@ -11,7 +11,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from specsure.serve.errors import error_body
 
 GUARDED = ("/v1/", "/tokenize", "/detokenize", "/tokenizer_info")
-"""The paths --api-key guards: all but /health and /metrics."""
+"""The paths --api-key guards: all but /health, /version and /metrics, as vLLM guards /v1 alone."""
 
 
 class RequireKey:

@@ -32,10 +32,12 @@ class RequestError(APIError, ValueError):
         super().__init__(message, 404 if code == "model_not_found" else 400, param=param, code=code)
 
 
-def not_served(model: Any, served: str) -> RequestError:
-    """The 404 for a ``model`` this server does not serve; ``served``: the names it does, as they are shown."""
+def not_served(model: Any, served: str, field: bool = True) -> RequestError:
+    """The 404 for a ``model`` this server does not serve; ``served``: the names it does, as they are shown;
+    ``field``: the name came in the body (False: in the path, GET /v1/models/{id})."""
+    fix = "Send that name, or omit the field." if field else "Ask for that name."
     return RequestError(f"model = {shown(model)} is not served here; this server serves {served} (GET /v1/models). "
-                        "Send that name, or omit the field.", "model", "model_not_found")
+                        f"{fix}", "model", "model_not_found")
 
 
 def error_body(message: str, param: str | None = None, code: str | None = None,

@@ -41,7 +41,7 @@ def add_info_routes(app: FastAPI, engine: Engine, names: Sequence[str], metrics:
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> dict[str, Any]:  # the client's models.retrieve
         if model_id not in names:
-            raise not_served(model_id, " or ".join(map(repr, names)))
+            raise not_served(model_id, " or ".join(map(repr, names)), field=False)
         return model_card(engine, model_id, started)
 
 

@@ -32,12 +32,11 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1,),
     "spaces_between_special_tokens": (True,),
     "priority": (0,),
-    "logprobs_mode": ("raw_logprobs",),
     "return_tokens_as_token_ids": (False,),
     "return_token_ids": (False,),
 }
 VLLM_FIELDS = frozenset({"use_beam_search", "length_penalty", "spaces_between_special_tokens", "priority",
-                         "logprobs_mode", "return_tokens_as_token_ids", "return_token_ids", "add_special_tokens"})
+                         "return_tokens_as_token_ids", "return_token_ids", "add_special_tokens"})
 """Fields of vLLM's requests (in NEUTRAL, or ADD_SPECIAL_TOKENS), not OpenAI's."""
 ADD_SPECIAL_TOKENS: dict[str, bool] = {"POST /v1/completions": True, "POST /v1/chat/completions": False}
 """vLLM's add_special_tokens at its default per endpoint, which is what specsure does: a text prompt is
@@ -55,7 +54,7 @@ INSTEAD: dict[str, tuple[str, str]] = {
 COMPLETION_ONLY = frozenset({"echo", "best_of", "suffix"})
 """OpenAI fields of the legacy completions endpoint; the chat endpoint has none of them."""
 CHAT_ONLY = frozenset({"store", "service_tier", "modalities", "audio", "prediction", "web_search_options", "functions",
-                       "function_call", "reasoning_effort", "verbosity", "return_tokens_as_token_ids"})
+                       "function_call", "reasoning_effort", "verbosity"})
 """OpenAI fields of the chat endpoint (in NEUTRAL); the completions endpoint has none of them."""
 MAX_METADATA = 16
 """OpenAI's limits on ``metadata``: 16 pairs, keys of at most 64 characters, values of at most 512."""

@@ -255,10 +255,12 @@ def _check_fields(body: Any, allowed: tuple[str, ...], endpoint: str) -> dict[st
             default = ADD_SPECIAL_TOKENS[endpoint]
             if value is None or value is default:
                 continue
-            raise RequestError(f"add_special_tokens = {shown(value)} is a vLLM field that specsure does not implement "
-                               f"on {endpoint}: it always does what {shown(default)}, vLLM's default there, does. "
-                               "Send the prompt as token ids to choose its special tokens yourself, or remove the "
-                               "field.", key, "unsupported_field")
+            yourself = ("send the prompt as token ids to choose its special tokens yourself" if default else
+                        "write the special tokens the template leaves out into the messages, or send the rendered "
+                        "prompt's token ids to POST /v1/completions")
+            raise RequestError(f"add_special_tokens = {shown(value)} is a vLLM field that specsure takes only at "
+                               f"vLLM's default on {endpoint}, {shown(default)}; {yourself}, or remove the field.",
+                               key, "unsupported_field")
         if key in NEUTRAL and not (key in COMPLETION_ONLY and endpoint == ENDPOINT_OF["messages"]) and not (
                 key in CHAT_ONLY and endpoint == ENDPOINT_OF["prompt"]):
             neutral = NEUTRAL[key]

@@ -96,7 +96,8 @@ class EngineRunner:
     def batch(self) -> Batch:
         """The running batch and the queue, as the engine thread last published them."""
         with self._lock:
-            return Batch(self._running, self._admitted - self._running, self._kv_cache)
+            # A job done since the last step has left the admitted count but not yet the running one.
+            return Batch(self._running, max(0, self._admitted - self._running), self._kv_cache)
 
     @property
     def max_num_seqs(self) -> int:

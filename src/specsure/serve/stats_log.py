@@ -15,6 +15,7 @@ vLLM keeps an idle server's log quiet.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -23,7 +24,7 @@ from typing import Callable
 
 from specsure.decode.metrics import SpecStats
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)  # `specsure serve` shows it at INFO unless --disable-log-stats
 
 INTERVAL_ENV = "VLLM_LOG_STATS_INTERVAL"
 """vLLM's setting of the interval, in seconds; specsure reads the same variable."""
@@ -36,7 +37,7 @@ def interval_s() -> float:
         value = float(os.environ.get(INTERVAL_ENV, DEFAULT_INTERVAL_S))
     except ValueError:
         value = DEFAULT_INTERVAL_S
-    return value if value > 0 else DEFAULT_INTERVAL_S
+    return value if math.isfinite(value) and value > 0 else DEFAULT_INTERVAL_S
 
 
 @dataclass
@@ -117,4 +118,7 @@ class StatsLog:
     def _run(self) -> None:
         while True:
             time.sleep(self.interval)
-            self.log()
+            try:
+                self.log()
+            except Exception:  # a log line is not worth the server's: say so, keep logging
+                logger.exception("specsure: the periodic stats line failed")

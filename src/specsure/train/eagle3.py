@@ -48,7 +48,7 @@ STEP_WEIGHT = 0.8
 """Loss weight ratio between successive unrolled steps (EAGLE-3's 0.8**s)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Eagle3TrainSettings(TrainSettings):
     """How one EAGLE-3 head is distilled."""
 

@@ -57,7 +57,7 @@ from specsure.train.windows import answer_start, draw_window, split
 INITS = ("random", "last_layer")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MTPTrainSettings(TrainSettings):
     """How one MTP module is distilled."""
 

@@ -13,7 +13,7 @@ from typing import Literal
 from specsure.train.loop import TRAIN_DTYPES
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainSettings:
     """How a head is distilled, the fields every trainer has."""
 
@@ -41,7 +41,7 @@ class TrainSettings:
             raise ValueError(f"steps = {self.steps!r}: training needs a positive number of steps, e.g. 300.")
         if not (isinstance(self.lr, (int, float)) and not isinstance(self.lr, bool) and math.isfinite(self.lr)
                 and self.lr > 0):
-            raise ValueError(f"lr = {self.lr!r}: the learning rate must be a positive number, e.g. 2e-3.")
+            raise ValueError(f"lr = {self.lr!r}: the learning rate must be a positive number, e.g. 1e-3.")
         if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 2:
             raise ValueError(f"seq_len = {self.seq_len!r}: a window needs at least 2 tokens, e.g. 256.")
         if not (isinstance(self.heldout_fraction, (int, float)) and 0 <= self.heldout_fraction < 1):
