@@ -27,6 +27,7 @@ from specsure.config.checkpoint import (
 )
 from specsure.config.gguf_header import TOKENS_KEY, read_gguf_metadata
 from specsure.models.errors import ModelLoadError
+from specsure.models.gguf_config import fit_to_file, unsupported_architecture
 from specsure.models.gguf_rope import gguf_rope_parameters
 
 logger = logging.getLogger(__name__)
@@ -60,10 +61,11 @@ def default_model_folder() -> Path:
     return convert_gguf(gguf, cache_root() / f"{stem}-{DEFAULT_DISTRIBUTION}-{version}")
 
 
-CONVERSION = 4
+CONVERSION = 5
 """The conversion's own version, in the cache key: 2 adds rope scaling and end-of-turn tokens, 3 drops
 the tokens transformers invents past the file's vocabulary, 4 sets Gemma 2 and 3's query_pre_attn_scalar
-as llama.cpp computes it, so a file converted before is converted again (and its older conversions removed). The default model's folder is named by its package's
+as llama.cpp computes it, 5 takes from the file what transformers' reader leaves at its defaults (the
+rope base and rotating share, MoE and GPT-2 sizes, Gemma 2's softcaps: `gguf_config`), so a file converted before is converted again (and its older conversions removed). The default model's folder is named by its package's
 version instead, so it is not."""
 GEMMA_27B_LAYERS: Final[dict[str, int]] = {"gemma2": 46, "gemma3_text": 62, "gemma3": 62}
 """The layer count by which llama.cpp tells a 27B Gemma, whose attention scale it takes from hidden / heads."""
@@ -218,12 +220,14 @@ def _write_conversion(gguf: Path, out: Path) -> None:
         # numpy's warnings about NaN block scales would come out raw; _check_finite names the tensor instead.
         with quiet_loading(), no_dequantizing_bar(), numpy.errstate(invalid="ignore", over="ignore"):
             tokenizer = AutoTokenizer.from_pretrained(out, **kwargs)
-            config = _fit_to_file(gguf, AutoConfig.from_pretrained(out, **kwargs))
+            config = fit_to_file(gguf, AutoConfig.from_pretrained(out, **kwargs))
             # Mismatched sizes are reported below, naming the tensors, rather than raised as transformers'
             # "see the report above", which quiet loading hides.
             model, info = AutoModelForCausalLM.from_pretrained(out, config=config, dtype=torch.float32,
                                                                output_loading_info=True, ignore_mismatched_sizes=True,
                                                                **kwargs)
+    except ModelLoadError:  # the file's own values refused by name (fit_to_file)
+        raise
     except ImportError as err:
         raise ModelLoadError(
             f"loading {gguf} needs the `gguf` and `accelerate` packages ({err}); "
@@ -238,8 +242,8 @@ def _write_conversion(gguf: Path, out: Path) -> None:
                   f"{type(err).__name__}: {err}" if isinstance(err, (AssertionError, TypeError)) else
                   (str(err).strip().splitlines() or [type(err).__name__])[-1].strip()
                   if isinstance(err, StrictDataclassError) else str(err))
-        if isinstance(err, ValueError) and "is not supported yet" in detail:
-            raise ModelLoadError(_unsupported_architecture(gguf)) from err
+        if isinstance(err, ValueError) and ("is not supported yet" in detail or "Unrecognized model" in detail):
+            raise ModelLoadError(unsupported_architecture(gguf)) from err
         raise ModelLoadError(f"transformers could not read the GGUF file {gguf}: {detail}") from err
     finally:
         alone.unlink()
@@ -256,37 +260,6 @@ def _write_conversion(gguf: Path, out: Path) -> None:
         model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     _drop_invented_tokens(gguf, out)
-
-
-def _unsupported_architecture(gguf: Path) -> str:
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
-
-    arch = read_gguf_metadata(str(gguf)).get("general.architecture")
-    loaded = sorted(set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"})  # its table's other sections
-    return (f"{gguf}: general.architecture = {arch!r}, which the installed transformers' GGUF reader does not load "
-            f"(it loads {', '.join(loaded)}); specsure builds its models with "
-            "transformers. Load the model's Hugging Face folder (config.json + *.safetensors) instead.")
-
-
-def _fit_to_file(gguf: Path, config: Any) -> Any:
-    """``config`` with what transformers' GGUF reader leaves at the config class's defaults taken from the
-    file, as llama.cpp reads it: the head width (attention.key_length; the reader keeps Qwen3's 128
-    though the file says otherwise, so the tensors would not fit), and no padding token where the file
-    names none (the reader keeps Phi-3's 32000, past a smaller vocabulary, where the embedding refuses it)."""
-    metadata = read_gguf_metadata(str(gguf))
-    arch = metadata.get("general.architecture")
-    width = metadata.get(f"{arch}.attention.key_length")
-    value = metadata.get(f"{arch}.attention.value_length", width)
-    head_dim = getattr(config, "head_dim", None)
-    if isinstance(width, int) and width == value and isinstance(head_dim, int) and head_dim != width:
-        logger.info("%s: head_dim %d from %s.attention.key_length (transformers' reader left %d)", gguf.name, width,
-                    arch, head_dim)
-        config.head_dim = width
-    pad, vocab = getattr(config, "pad_token_id", None), getattr(config, "vocab_size", None)
-    if isinstance(pad, int) and isinstance(vocab, int) and pad >= vocab \
-            and "tokenizer.ggml.padding_token_id" not in metadata:
-        config.pad_token_id = None
-    return config
 
 
 def _drop_invented_tokens(gguf: Path, folder: Path) -> None:
@@ -327,11 +300,10 @@ def _check_conversion(gguf: Path, info: dict) -> None:
         shown = "; ".join(f"{name} is {list(have)} in the file but {list(want)} for its metadata"
                           for name, have, want in sorted(mismatched)[:3])
         raise ModelLoadError(f"{gguf}: the tensors do not fit the model transformers builds from the file's metadata "
-                             f"({shown}). Either a size in the metadata (embedding_length, head_count, head_count_kv, "
-                             "feed_forward_length, vocab_size) is wrong, and re-converting the model fixes it, or "
-                             "transformers' GGUF reader does not take this architecture's size from the file (it "
-                             "uses its defaults for Qwen MoE expert sizes, for one): then load the model's Hugging "
-                             "Face folder instead.")
+                             f"({shown}). If llama.cpp runs this file, transformers' GGUF reader misreads a size or a "
+                             "tensor's shape for this architecture: load the model's Hugging Face folder instead. "
+                             "Otherwise a size in the metadata (embedding_length, head_count, head_count_kv, "
+                             "feed_forward_length, vocab_size) is wrong, and re-converting the model fixes it.")
     missing = sorted(info.get("missing_keys") or ())
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
