@@ -429,3 +429,19 @@ def test_the_generate_errors_are_public_and_sampling_params_take_keywords() -> N
     assert issubclass(specsure.SamplingError, ValueError) and specsure.StepUpdate and specsure.TokenLogprob
     with pytest.raises(TypeError, match="positional"):
         specsure.SamplingParams(2)  # vLLM's first positional is n: ported code must not mean max_tokens silently
+
+
+def test_a_tokenizer_that_fails_on_a_prompt_is_a_prompt_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vocabulary without <unk> raised transformers' bare Exception at encode, past the CLI's guard."""
+    from serving import build_tiny_chat_model
+
+    from specsure import PromptError, make_engine
+
+    engine = make_engine(str(build_tiny_chat_model(tmp_path / "chat")), dtype="float32")
+
+    def fails(*_args, **_kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise Exception("Unk token `None` not found in the vocabulary")
+
+    monkeypatch.setattr(type(engine.tokenizer), "__call__", fails)
+    with pytest.raises(PromptError, match="cannot be encoded by the model's tokenizer .*Unk token"):
+        engine.encode("w1 w2")
