@@ -453,13 +453,28 @@ def test_an_empty_or_padded_api_key_exits_2_before_loading(flag: str | None, env
     assert wanted in err and "Traceback" not in err, err
 
 
-def test_the_api_key_flag_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from specsure.cli.common import api_key_from
+def test_the_api_key_flag_wins_over_the_environment_and_vllms_variable_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A deployment that passes vLLM its key as VLLM_API_KEY must not come up open on specsure."""
+    from specsure.cli.common import api_key_from, api_keys_from
 
     monkeypatch.setenv("SPECSURE_API_KEY", "from-env")
+    monkeypatch.setenv("VLLM_API_KEY", "from-vllm")
     assert api_key_from("given") == "given" and api_key_from(None) == "from-env"
+    assert api_keys_from(["k1", "k2"]) == ("k1", "k2")
     monkeypatch.delenv("SPECSURE_API_KEY")
-    assert api_key_from(None) is None
+    assert api_keys_from(None) == ("from-vllm",)
+    monkeypatch.delenv("VLLM_API_KEY")
+    assert api_key_from(None) is None and api_keys_from(None) == ()
+    monkeypatch.setenv("VLLM_API_KEY", "")
+    with pytest.raises(ValueError, match="VLLM_API_KEY is empty"):
+        api_keys_from(None)
+
+
+def test_any_of_several_keys_opens_the_server(engine: Engine) -> None:
+    keyed = TestClient(create_app(engine, served_model_name="tiny", api_key=["k1", "k2"]))
+    assert keyed.get("/v1/models").status_code == 401
+    assert keyed.get("/v1/models", headers={"Authorization": "Bearer k2"}).status_code == 200
+    assert keyed.get("/v1/models", headers={"Authorization": "Bearer k3"}).status_code == 401
 
 
 def test_a_negative_max_num_batched_tokens_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

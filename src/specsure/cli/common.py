@@ -12,7 +12,7 @@ import stat
 import sys
 from pathlib import Path
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, Callable, Iterator, Sequence, TextIO
 
 from specsure.config.errors import ConfigError, json_type
 
@@ -129,19 +129,33 @@ def seed_value(text: str) -> int:
     return value
 
 
+API_KEY_VARIABLES = ("SPECSURE_API_KEY", "VLLM_API_KEY")
+"""Where the key comes from without --api-key, in this order; vLLM's variable too, so a deployment
+that passes vLLM its key in the environment does not come up open on specsure."""
+
+
+def api_keys_from(flags: str | Sequence[str] | None) -> tuple[str, ...]:
+    """The server's API keys (any one is accepted, as vLLM takes several): ``--api-key``, else the first
+    of API_KEY_VARIABLES that is set, else none. An empty or padded key is an error, not a server
+    without a key or with one no client can send: an unset shell variable gives ``--api-key ""``, and
+    HTTP drops the spaces around a header's value."""
+    if flags is not None:
+        given = [("--api-key", key) for key in ([flags] if isinstance(flags, str) else flags)]
+    else:
+        given = [(name, os.environ[name]) for name in API_KEY_VARIABLES if os.environ.get(name) is not None][:1]
+    for source, key in given:
+        if not key.strip():
+            raise ValueError(f"{source} is empty ({key!r}): give a key, or leave {source} out to serve without one.")
+        if key != key.strip():
+            raise ValueError(f"{source} = {key!r} starts or ends with whitespace, which clients cannot send in the "
+                             "Authorization header; give the key without it.")
+    return tuple(key for _, key in given)
+
+
 def api_key_from(flag: str | None) -> str | None:
-    """The server's API key: ``--api-key``, else $SPECSURE_API_KEY, else None (no key). An empty or
-    padded key is an error, not a server without a key or with one no client can send: an unset
-    shell variable gives ``--api-key ""``, and HTTP drops the spaces around a header's value."""
-    source, key = ("--api-key", flag) if flag is not None else ("SPECSURE_API_KEY", os.environ.get("SPECSURE_API_KEY"))
-    if key is None:
-        return None
-    if not key.strip():
-        raise ValueError(f"{source} is empty ({key!r}): give a key, or leave {source} out to serve without one.")
-    if key != key.strip():
-        raise ValueError(f"{source} = {key!r} starts or ends with whitespace, which clients cannot send in the "
-                         "Authorization header; give the key without it.")
-    return key
+    """The one key a client sends (`bench serve`): ``--api-key``, else the environment's, as the server reads it."""
+    keys = api_keys_from(flag)
+    return keys[0] if keys else None
 
 
 def add_model_flags(parser: Any, *, speculative: bool = True) -> None:

@@ -12,7 +12,7 @@ import socket
 import sys
 
 from specsure.cli.common import (
-    EXIT_OK, EXIT_USAGE, STATS_LOGGER, add_model_flags, api_key_from, int_at_least, parse_speculative_config,
+    EXIT_OK, EXIT_USAGE, STATS_LOGGER, add_model_flags, api_keys_from, int_at_least, parse_speculative_config,
 )
 
 DEFAULT_MAX_QUEUE = 64  # specsure.serve.app.DEFAULT_MAX_QUEUE; not imported, so --help needs no fastapi
@@ -32,9 +32,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000; 0 picks a free one)")
-    parser.add_argument("--api-key", default=None, metavar="KEY",
-                        help="require 'Authorization: Bearer KEY' on /v1/* (default: $SPECSURE_API_KEY, else none; "
-                             "an empty key is an error)")
+    parser.add_argument("--api-key", default=None, nargs="+", metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' on /v1/*, any of several keys as vLLM takes them "
+                             "(default: $SPECSURE_API_KEY, else vLLM's $VLLM_API_KEY, else none; an empty key is an "
+                             "error)")
     parser.add_argument("--served-model-name", default=None, nargs="+", metavar="NAME",
                         help="the model name clients send, or several (any of them is accepted; answers carry the "
                              "first), as vLLM takes them (default: the --model string, or SmolLM2-135M-Instruct)")
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     from specsure.decode.engine import make_engine
 
     speculative = parse_speculative_config(args.speculative_config)
-    api_key = api_key_from(args.api_key)
+    api_key = api_keys_from(args.api_key)
     resolve(speculative, model=args.model, strict=args.strict, dtype=args.dtype).check_runnable()  # errors first
     # Bound before the model loads: a port in use is a clear error at once, not uvicorn's exit after the load.
     sock = _bind(args.host, args.port)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+from typing import Sequence
 
 from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers
@@ -17,14 +18,16 @@ GUARDED = ("/v1/", "/tokenize", "/detokenize", "/tokenizer_info")
 class RequireKey:
     """ASGI middleware: every request to a GUARDED path needs ``Authorization: Bearer <api_key>``, else a 401."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app, self.api_key = app, api_key
+    def __init__(self, app: ASGIApp, api_key: str | Sequence[str]) -> None:
+        self.app = app
+        self.api_keys = [api_key] if isinstance(api_key, str) else list(api_key)
+        """Any of them opens the door (vLLM's --api-key takes several)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith(GUARDED) and not self._authorised(scope):
             reply = JSONResponse(error_body("missing or wrong API key: send the header 'Authorization: Bearer "
                                             "<key>' with the key the server was started with (--api-key or "
-                                            "SPECSURE_API_KEY).", code="invalid_api_key"),
+                                            "SPECSURE_API_KEY or VLLM_API_KEY).", code="invalid_api_key"),
                                  status_code=401, headers={"WWW-Authenticate": "Bearer"})
             await reply(scope, receive, send)
             return
@@ -32,4 +35,7 @@ class RequireKey:
 
     def _authorised(self, scope: Scope) -> bool:
         scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+        given = token.strip().encode()
+        # every key compared, so the time taken does not say which one came close
+        matches = [hmac.compare_digest(given, key.encode()) for key in self.api_keys]
+        return scheme.lower() == "bearer" and any(matches)

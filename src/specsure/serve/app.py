@@ -61,7 +61,8 @@ def default_model_name(engine: Engine) -> str:
     return engine.resolution.target_model or DEFAULT_MODEL_NAME
 
 
-def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None = None, api_key: str | None = None,
+def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None = None,
+               api_key: str | Sequence[str] | None = None,
                max_queue: int = DEFAULT_MAX_QUEUE, request_timeout: float | None = None,
                threads: int | None = None, chat_template: str | None = None,
                tool_call_parser: str | None = None, reasoning_parser: str | None = None,
@@ -73,7 +74,8 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
         served_model_name: the name clients send as ``model``, or several (vLLM's --served-model-name
             takes a list): clients may send any of them, and answers, /v1/models' first card and the
             metrics carry the first; default: ``default_model_name``.
-        api_key: when set, every /v1/* and tokenizer request needs ``Authorization: Bearer <api_key>``;
+        api_key: when set (a key, or several of which any is accepted), every /v1/* and tokenizer request
+            needs ``Authorization: Bearer <api_key>``;
             /health and /metrics stay open.
         max_queue: requests that may wait for a place in the running batch (``engine.max_num_seqs``);
             one more is a 503.
