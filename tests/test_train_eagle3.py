@@ -97,6 +97,28 @@ def test_packed_windows_are_the_windows_one_at_a_time(target) -> None:  # noqa: 
         torch.testing.assert_close(window_loss(module, labels, windows, 3), expected, atol=1e-5, rtol=1e-5)
 
 
+def test_a_library_caller_gets_value_errors_naming_what_does_not_fit(target) -> None:  # noqa: ANN001
+    """aux layers that are not the samples' trained on other features, or failed in torch; settings of
+    the other trainer failed on a missing attribute."""
+    from specsure.train.mtp import MTPTrainSettings
+
+    _, loaded = target
+    aux = default_aux_layers(loaded.lm.num_layers)
+    samples = _samples(loaded, aux)
+    settings = Eagle3TrainSettings(steps=1, seq_len=16, unroll=2, draft_vocab_size=64)
+    for wrong in ((0,), (), (0, 1, loaded.lm.num_layers + 5)):
+        with pytest.raises(ValueError, match=r"aux_layers = .* must be the 3 layer id\(s\)"):
+            train_eagle3(loaded, samples, settings, wrong)
+    with pytest.raises(TypeError, match="settings must be Eagle3TrainSettings, not MTPTrainSettings"):
+        train_eagle3(loaded, samples, MTPTrainSettings(), aux)
+    for field, value in (("seed", 2**64), ("seed", -1), ("seed", "1"), ("answer_only", "no"),
+                         ("heldout_fraction", False)):
+        with pytest.raises(ValueError, match=f"{field} = "):
+            Eagle3TrainSettings(**{field: value})
+    with pytest.raises(TypeError):
+        Eagle3TrainSettings(300)  # keyword-only: positions changed meaning when the fields moved
+
+
 def test_bfloat16_packed_training_lowers_the_loss_and_the_head_runs_exactly(target, tmp_path: Path) -> None:  # noqa: ANN001
     folder, loaded = target
     aux = default_aux_layers(loaded.lm.num_layers)

@@ -125,7 +125,7 @@ def seed_value(text: str) -> int:
     """An argparse type: a sampling seed, an integer in [0, 2**64) (torch's generator range)."""
     value = int_at_least(0)(text)
     if value >= 2**64:
-        raise argparse.ArgumentTypeError(f"{value} must be below 2**64; leave --seed out for an unseeded run")
+        raise argparse.ArgumentTypeError(f"{value} must be below 2**64, the range of torch's generator")
     return value
 
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specsure.cli.common import EXIT_OK, int_at_least
+from specsure.cli.common import EXIT_OK, int_at_least, seed_value
 
 if TYPE_CHECKING:
     from specsure.train.eagle3 import Eagle3TrainSettings
@@ -110,7 +110,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--checkpoint-every", type=int, default=100, metavar="STEPS",
                         help="write a resume point every this many steps next to --out; a run interrupted "
                              "or diverged goes on from it when the same command runs again (default 100; 0: off)")
-    parser.add_argument("--seed", type=int_at_least(0), default=0,
+    parser.add_argument("--seed", type=seed_value, default=0,
                         help="seed for the held-out split and the window order")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                         help="the target's dtype for generation and features; the head trains in float32")

@@ -318,6 +318,13 @@ def train_eagle3(target: LoadedModel, samples: Sequence[Sample], settings: Eagle
         raise ValueError("no training sequence has 2 or more tokens; give longer prompts or more new tokens.")
     if any(s.aux is None for s in usable):
         raise ValueError("EAGLE-3 training needs the target's aux-layer features: build the samples with aux_layers.")
+    if not isinstance(settings, Eagle3TrainSettings):
+        raise TypeError(f"settings must be Eagle3TrainSettings, not {type(settings).__name__}.")
+    if not aux_layers or any(not 0 <= a <= lm.num_layers for a in aux_layers) or \
+            any(s.aux.shape[-1] != len(aux_layers) * lm.hidden_size for s in usable):  # type: ignore[union-attr]
+        width = usable[0].aux.shape[-1] // lm.hidden_size  # type: ignore[union-attr]
+        raise ValueError(f"aux_layers = {list(aux_layers)} must be the {width} layer id(s) in [0, {lm.num_layers}] "
+                         "whose features the samples carry (self_distill's aux_layers).")
     train, heldout = split(usable, settings.heldout_fraction, settings.seed)
     measure_set = heldout or train
     if start is not None:

@@ -297,6 +297,8 @@ def train_mtp(target: LoadedModel, samples: Sequence[Sample], settings: MTPTrain
         ValueError: no sequence has the two tokens an entry needs.
         FloatingPointError: the loss stopped being finite; the last resume point is kept.
     """
+    if not isinstance(settings, MTPTrainSettings):
+        raise TypeError(f"settings must be MTPTrainSettings, not {type(settings).__name__}.")
     lm = target.lm
     usable = [s for s in samples if s.hidden.shape[0] >= 2]
     if not usable:

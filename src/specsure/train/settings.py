@@ -44,8 +44,13 @@ class TrainSettings:
             raise ValueError(f"lr = {self.lr!r}: the learning rate must be a positive number, e.g. 1e-3.")
         if isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int) or self.seq_len < 2:
             raise ValueError(f"seq_len = {self.seq_len!r}: a window needs at least 2 tokens, e.g. 256.")
-        if not (isinstance(self.heldout_fraction, (int, float)) and 0 <= self.heldout_fraction < 1):
+        if isinstance(self.heldout_fraction, bool) or not isinstance(self.heldout_fraction, (int, float)) \
+                or not 0 <= self.heldout_fraction < 1:
             raise ValueError(f"heldout_fraction = {self.heldout_fraction!r}: must lie in [0, 1), e.g. 0.1.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
+            raise ValueError(f"seed = {self.seed!r}: must be an integer in [0, 2**64) (torch's generator), e.g. 0.")
+        if not isinstance(self.answer_only, bool):
+            raise ValueError(f"answer_only = {self.answer_only!r}: must be True or False.")
 
 
 def check_int(name: str, value: object, low: int, high: int, hint: str = "") -> None:
