@@ -652,3 +652,27 @@ def test_stop_reason_names_a_models_other_eos_ids_as_vllm_does() -> None:
     assert rules.detokenize([9, 7], params, "stop")[3] == 7
     assert rules.detokenize([9, 7], params, "length")[3] is None
     assert Rules([2, 5], None, 512).detokenize([9, 5], params, "stop")[3] is None  # no tokenizer: no primary
+
+
+def test_generation_defaults_fill_what_a_request_leaves_out_as_vllms_override(engine: Engine) -> None:
+    """vLLM and OpenAI sample at temperature 1.0 when a request gives none; specsure decodes greedily
+    unless the server is started with defaults, which a request's own value still overrides."""
+    from specsure.serve.generation_defaults import check_generation_defaults
+
+    greedy = TestClient(create_app(engine, served_model_name="tiny"))
+    sampling = TestClient(create_app(engine, served_model_name="tiny",
+                                     generation_defaults={"temperature": 1.0, "top_k": 50}))
+    body = {"prompt": WORDS, "max_tokens": 8, "ignore_eos": True, "n": 4, "seed": 11}
+    alike = {c["text"] for c in greedy.post("/v1/completions", json=body).json()["choices"]}
+    varied = {c["text"] for c in sampling.post("/v1/completions", json=body).json()["choices"]}
+    assert len(alike) == 1 and len(varied) > 1
+    explicit = sampling.post("/v1/completions", json={**body, "temperature": 0}).json()["choices"]
+    assert {c["text"] for c in explicit} == alike  # the request's own value wins
+    nulled = sampling.post("/v1/completions", json={**body, "temperature": None}).json()["choices"]
+    assert len({c["text"] for c in nulled}) > 1  # null is left out: the default applies
+    chat = sampling.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 6, "n": 4, "seed": 3})
+    assert chat.status_code == 200 and len({c["message"]["content"] for c in chat.json()["choices"]}) > 1
+    for bad, words in (({"max_new_tokens": 5}, "max_tokens is each request's own"),
+                       ({"temprature": 1}, "Did you mean 'temperature'"), ({"top_p": 0}, "top_p")):
+        with pytest.raises(ValueError, match=words):
+            check_generation_defaults(bad)

@@ -79,6 +79,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help='web origins whose pages may call the server from a browser (CORS), a JSON list as '
                              'vLLM takes it, e.g. \'["http://localhost:3000"]\' or \'["*"]\'; default none '
                              "(vLLM allows any): a page on any site could otherwise use the model")
+    parser.add_argument("--override-generation-config", type=_json_object, default=None, metavar="JSON",
+                        help="defaults for the sampling fields a request leaves out, as vLLM's flag: "
+                             "'{\"temperature\": 1.0}' samples as vLLM and OpenAI do by default (without it, such "
+                             "requests decode greedily); keys temperature, top_p, top_k, min_p, repetition_penalty")
     parser.add_argument("--disable-log-stats", action="store_true",
                         help="no periodic throughput and acceptance lines in the log (vLLM's flag; by default every "
                              "$VLLM_LOG_STATS_INTERVAL seconds, 10, while requests run)")
@@ -136,6 +140,9 @@ def run(args: argparse.Namespace) -> int:
 
     speculative = parse_speculative_config(args.speculative_config)
     api_key = api_keys_from(args.api_key)
+    from specsure.serve.generation_defaults import check_generation_defaults
+
+    check_generation_defaults(args.override_generation_config)  # before the model loads
     resolve(speculative, model=args.model, strict=args.strict, dtype=args.dtype).check_runnable()  # errors first
     # Bound before the model loads: a port in use is a clear error at once, not uvicorn's exit after the load.
     sock = _bind(args.host, args.port)
@@ -167,13 +174,15 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(engine, served_model_name=args.served_model_name, api_key=api_key, max_queue=args.max_queue,
                      request_timeout=args.request_timeout, threads=threads, chat_template=chat_template,
                      tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
-                     allowed_origins=args.allowed_origins, log_stats=not args.disable_log_stats)
+                     allowed_origins=args.allowed_origins, log_stats=not args.disable_log_stats,
+                     generation_defaults=args.override_generation_config)
     chunked = f"{args.max_num_batched_tokens} tokens a step" if args.max_num_batched_tokens else "at once"
     print(f"serving {app.state.model_name!r} (speculative: {engine.resolution.summary()}; running "
           f"{engine.speculative_method or 'plain decoding'}); up to {args.max_num_seqs} "
           f"request{'s' * (args.max_num_seqs != 1)} batched, "
           f"prefix caching {'on' if args.enable_prefix_caching else 'off'}, "
           f"prompts prefilled {chunked}, "
+          f"requests without a temperature {_default_sampling(args.override_generation_config)}, "
           f"{args.max_queue} more waiting; listening on {_url(args.host, port)}", file=sys.stderr)
     uvicorn.Server(uvicorn.Config(app, host=args.host, port=port, log_level="info")).run(sockets=[sock])
     return EXIT_OK
@@ -219,3 +228,19 @@ def show_stats_lines(shown: bool) -> None:
     other loggers stay at WARNING); not shown with --disable-log-stats."""
     if shown:
         logging.getLogger(STATS_LOGGER).setLevel(logging.INFO)
+
+
+def _json_object(text: str) -> dict:
+    """An argparse type: a JSON object, inline (vLLM's spelling of --override-generation-config)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}); write e.g. '{{\"temperature\": 1.0}}'") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object such as '{{\"temperature\": 1.0}}', not {text!r}")
+    return value
+
+
+def _default_sampling(defaults: dict | None) -> str:
+    temperature = (defaults or {}).get("temperature")
+    return "decode greedily (vLLM's default is 1.0)" if not temperature else f"sample at temperature {temperature}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -31,10 +31,14 @@ from specsure.serve.body import parse_json, read_body
 from specsure.serve.chat_template import ChatTemplate
 from specsure.serve.errors import APIError, RequestError, error_body
 from specsure.serve.metrics import ServeMetrics
-from specsure.serve.protocol import ChatRequest, Delivery, fit_to_context, parse_chat, parse_completion
+from specsure.serve.generation_defaults import check_generation_defaults, with_defaults
+from specsure.serve.protocol import (
+    CHAT_FIELDS, COMPLETION_FIELDS, ChatRequest, Delivery, fit_to_context, parse_chat, parse_completion,
+)
 from specsure.serve.response_background import BackgroundResponses
 from specsure.serve.response_items import page
 from specsure.serve.response_object import ResponseEvents, ResponseHead, as_messages
+from specsure.serve.response_request import FIELDS as RESPONSE_FIELDS
 from specsure.serve.response_request import ResponseRequest, in_responses_words, parse_response, truncated
 from specsure.serve.response_store import ResponseStore
 from specsure.serve.event_stream import EventStream, disconnected, internal_error, without_output
@@ -66,7 +70,8 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
                max_queue: int = DEFAULT_MAX_QUEUE, request_timeout: float | None = None,
                threads: int | None = None, chat_template: str | None = None,
                tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-               allowed_origins: Sequence[str] = (), log_stats: bool = True) -> FastAPI:
+               allowed_origins: Sequence[str] = (), log_stats: bool = True,
+               generation_defaults: Mapping[str, Any] | None = None) -> FastAPI:
     """An OpenAI-compatible app serving ``engine``.
 
     Args:
@@ -94,6 +99,9 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
             on any site could otherwise use a local model.
         log_stats: log vLLM's periodic throughput and acceptance lines (every $VLLM_LOG_STATS_INTERVAL
             seconds, 10 by default) while requests run; False is vLLM's --disable-log-stats.
+        generation_defaults: what a request that leaves a sampling field out (or null) gets, as vLLM's
+            --override-generation-config gives it: temperature, top_p, top_k, min_p, repetition_penalty.
+            Without it such a request decodes greedily (temperature 0), where vLLM and OpenAI sample at 1.0.
     """
     if type(max_queue) is not int or max_queue < 0:
         raise ValueError(f"max_queue = {max_queue!r} must be an int >= 0 (0: no request waits).")
@@ -101,6 +109,7 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
         raise ValueError(f"request_timeout = {request_timeout!r} must be a number of seconds > 0, or None.")
     if threads is not None and (type(threads) is not int or threads < 1):
         raise ValueError(f"threads = {threads!r} must be an int >= 1, or None.")
+    defaults = check_generation_defaults(generation_defaults)
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or ())
     if not all(isinstance(n, str) and n for n in names) or len(set(names)) < len(names):
         raise ValueError(f"served_model_name = {served_model_name!r} must be a name, or a list of distinct names.")
@@ -158,7 +167,8 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
     async def completions(request: Request) -> Response:
         # A structured output's schema compiles while parsing (up to about a second): off the event loop.
         raw = await read_body(request)  # parsed in the thread pool: a large body would hold the event loop
-        req = await run_in_threadpool(lambda: parse_completion(as_served(parse_json(raw)), name))
+        req = await run_in_threadpool(lambda: parse_completion(
+            with_defaults(defaults, as_served(parse_json(raw)), COMPLETION_FIELDS), name))
         _check_params(engine, req.params)
         names = ["prompt"] if len(req.prompts) == 1 else [f"prompt[{i}]" for i in range(len(req.prompts))]
         cut = req.delivery.truncate_prompt_tokens
@@ -173,8 +183,8 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         raw = await read_body(request)
-        req = await run_in_threadpool(lambda: parse_chat(as_served(parse_json(raw)), name, tool_call_parser,
-                                                         template.special_tags))
+        req = await run_in_threadpool(lambda: parse_chat(with_defaults(defaults, as_served(parse_json(raw)), CHAT_FIELDS),
+                                                         name, tool_call_parser, template.special_tags))
         prompt, params, thinking = await rendered(req)
         return await answer(request, "chat", [(prompt, "messages")], params, req.delivery, tools=req.tools,
                             thinking=thinking)
@@ -182,7 +192,8 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
     @app.post("/v1/responses")
     async def create_response(request: Request) -> Response:
         raw = await read_body(request)
-        req = await run_in_threadpool(lambda: parse_response(as_served(parse_json(raw)), name, stored.conversation,
+        req = await run_in_threadpool(lambda: parse_response(
+            with_defaults(defaults, as_served(parse_json(raw)), RESPONSE_FIELDS), name, stored.conversation,
                                                              tool_call_parser, template.special_tags))
         chat = req.chat
         if req.truncate:
