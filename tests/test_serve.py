@@ -365,6 +365,9 @@ def test_a_bug_is_a_500_without_a_traceback(engine: Engine, monkeypatch: pytest.
     assert r.status_code == 500
     assert r.json()["error"]["type"] == "internal_server_error" and "RuntimeError" in r.json()["error"]["message"]
     assert "secret internals" not in r.text and "Traceback" not in r.text
+    page = client.get("/metrics").text  # counted as vLLM counts a failed request, beside 0 for repetition
+    assert metric(page, "vllm:request_success_total", finished_reason="error") == 1
+    assert "finished_reason=\"repetition\"" in page
 
 
 def test_model_without_tokenizer(bare_client: TestClient) -> None:
@@ -429,7 +432,7 @@ def test_serve_flags_default_to_loopback(monkeypatch: pytest.MonkeyPatch) -> Non
     assert args.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS  # the CLI's copy of the default agrees
     args = build_parser().parse_args(["serve", "--speculative-config", '{"method": "ngram"}', "--port", "0",
                                       "--api-key", "k", "--served-model-name", "m", "--strict"])
-    assert (args.port, args.api_key, args.served_model_name, args.strict) == (0, "k", ["m"], True)
+    assert (args.port, args.api_key, args.served_model_name, args.strict) == (0, ["k"], ["m"], True)
 
 
 def test_serve_config_error_exits_2_before_binding(capsys: pytest.CaptureFixture[str]) -> None:
@@ -676,3 +679,17 @@ def test_generation_defaults_fill_what_a_request_leaves_out_as_vllms_override(en
                        ({"temprature": 1}, "Did you mean 'temperature'"), ({"top_p": 0}, "top_p")):
         with pytest.raises(ValueError, match=words):
             check_generation_defaults(bad)
+
+
+def test_vllm_fields_at_their_defaults_and_a_request_id_label_are_taken(client: TestClient) -> None:
+    body = {"prompt": WORDS, "max_tokens": 3, "bad_words": [], "return_token_offsets": False,
+            "return_weight_versions": False, "vllm_xargs": {}, "request_id": "trace-7"}
+    assert client.post("/v1/completions", json=body).status_code == 200
+    chat = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 3, "echo": False,
+                                                     "request_id": "trace-8"})
+    assert chat.status_code == 200, chat.text
+    for bad, param in (({"bad_words": ["w3"]}, "bad_words"), ({"request_id": 7}, "request_id")):
+        r = client.post("/v1/completions", json={"prompt": WORDS, "max_tokens": 3, **bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+    echo = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 3, "echo": True})
+    assert echo.status_code == 400 and "a vLLM field" in echo.json()["error"]["message"]

@@ -228,7 +228,7 @@ ONLY = {
                          (b'{"messages": [{"role": "user", "content": "' + b"w1 " * 600 + b'"}]}', "messages"),
                          (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "w1", "foo": 1}]}]}',
                           "messages[0].content[0].foo"),
-                         (b'{"messages": [{"role": "user", "content": "w1"}], "echo": false}', "echo"),
+                         (b'{"messages": [{"role": "user", "content": "w1"}], "echo": true}', "echo"),
                          (b'{"messages": [{"role": "user", "content": "w1"}], "best_of": 1}', "best_of")],
 }
 RESPONSES = [(body.replace(b'"max_tokens"', b'"max_output_tokens"'),

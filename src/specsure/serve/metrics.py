@@ -29,9 +29,11 @@ PREEMPTION_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0)
 ITERATION_TOKENS_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0)
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 """vLLM's sources of a prompt's tokens (PromptTokenStats); specsure has no KV transfer, so the last stays 0."""
-FINISH_REASONS = ("stop", "length", "abort")
-"""vLLM's finish reasons that this server produces; 'abort' is a generation stopped because its
-client disconnected or its --request-timeout passed, running or still waiting, as vLLM counts it."""
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+"""vLLM's finish reasons, each series there from the start so queries find 0, not nothing: 'abort' is
+a generation stopped because its client disconnected or its --request-timeout passed, running or
+still waiting, as vLLM counts it; 'error' one that failed inside the engine (its client got a 500);
+'repetition' vLLM's repetition detection, which specsure does not have (always 0)."""
 LABELS = ("model_name", "engine")
 
 
@@ -182,6 +184,10 @@ class ServeMetrics:
             prefilled = len(request.prompt) if request.prefilled >= len(request.prompt) else 0
             self._count(request.stats, prefilled, len(request.output), request.cached_tokens if prefilled else 0)
         self._success("abort").inc()
+
+    def errored(self) -> None:
+        """Count one generation that failed inside the engine (its client got a 500)."""
+        self._success("error").inc()
 
     def _count(self, stats: SpecStats, prompt_tokens: int, generated: int, cached: int) -> None:
         self.drafts.inc(stats.drafts)

@@ -34,9 +34,15 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "priority": (0,),
     "return_tokens_as_token_ids": (False,),
     "return_token_ids": (False,),
+    "return_token_offsets": (False,),
+    "return_weight_versions": (False,),
+    "bad_words": ([],),
+    "vllm_xargs": ({},),
+    "echo": (False,),  # on chat: vLLM's echo of the last message (completions implement OpenAI's)
 }
 VLLM_FIELDS = frozenset({"use_beam_search", "length_penalty", "spaces_between_special_tokens", "priority",
-                         "return_tokens_as_token_ids", "return_token_ids", "add_special_tokens"})
+                         "return_tokens_as_token_ids", "return_token_ids", "add_special_tokens",
+                         "return_token_offsets", "return_weight_versions", "bad_words", "vllm_xargs", "echo"})
 """Fields of vLLM's requests (in NEUTRAL, or ADD_SPECIAL_TOKENS), not OpenAI's."""
 ADD_SPECIAL_TOKENS: dict[str, bool] = {"POST /v1/completions": True, "POST /v1/chat/completions": False}
 """vLLM's add_special_tokens at its default per endpoint, which is what specsure does: a text prompt is
@@ -51,7 +57,7 @@ INSTEAD: dict[str, tuple[str, str]] = {
     "guided_whitespace_pattern": ("structured_outputs", "structured_outputs alone"),
 }
 """Fields another endpoint or an older vLLM spells so: (the field here that does their job, how to use it)."""
-COMPLETION_ONLY = frozenset({"echo", "best_of", "suffix"})
+COMPLETION_ONLY = frozenset({"best_of", "suffix"})
 """OpenAI fields of the legacy completions endpoint; the chat endpoint has none of them."""
 CHAT_ONLY = frozenset({"store", "service_tier", "modalities", "audio", "prediction", "web_search_options", "functions",
                        "function_call", "reasoning_effort", "verbosity"})
@@ -67,6 +73,6 @@ def check_labels(body: dict[str, Any]) -> None:
             isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in metadata.items())):
         raise RequestError(f"metadata = {shown(metadata)} must be an object of at most {MAX_METADATA} string values "
                            "(keys up to 64 characters, values up to 512).", "metadata")
-    for key in ("safety_identifier", "prompt_cache_key"):
+    for key in ("safety_identifier", "prompt_cache_key", "request_id"):
         if body.get(key) is not None and not isinstance(body[key], str):
             raise RequestError(f"{key} = {shown(body[key])} must be a string.", key)

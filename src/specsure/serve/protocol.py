@@ -38,7 +38,7 @@ SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop"
                    "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids", "skip_special_tokens")
 """OpenAI's sampling fields and vLLM's extensions that specsure implements."""
 COMMON_FIELDS = ("model", *SAMPLING_FIELDS, "n", "stream", "stream_options", "user", "response_format",
-                 "structured_outputs", "truncate_prompt_tokens")
+                 "structured_outputs", "truncate_prompt_tokens", "request_id")
 COMPLETION_FIELDS = ("prompt", "logprobs", "echo", "prompt_logprobs", *COMMON_FIELDS)
 CHAT_FIELDS = ("messages", "max_completion_tokens", "logprobs", "top_logprobs", "prompt_logprobs", "tools", "tool_choice",
                "parallel_tool_calls", "chat_template_kwargs", "include_reasoning", "add_generation_prompt",
@@ -139,6 +139,7 @@ class ChatRequest:
 def parse_completion(body: Any, model_name: str) -> CompletionRequest:
     body = _check_fields(body, COMPLETION_FIELDS, "POST /v1/completions")
     _check_common(body, model_name)
+    check_labels(body)
     prompts = _parse_prompts(body.get("prompt"))
     given = "max_tokens" if body.get("max_tokens") is not None else None
     logprobs = body.get("logprobs")

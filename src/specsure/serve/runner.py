@@ -214,6 +214,7 @@ class EngineRunner:
             except Exception as exc:  # a bug (prompts are checked before queueing): every request answers a 500
                 for job, request in jobs.values():
                     scheduler.abort(request)
+                    self.metrics.errored()
                     self._done(job, len(request.output))
                     job.send(exc)
                 jobs.clear()
@@ -225,6 +226,7 @@ class EngineRunner:
             for request, update in updates:
                 job = jobs[id(request)][0]
                 if update.error is not None:  # this request alone failed (a bug): it answers a 500
+                    self.metrics.errored()
                     self._done(jobs.pop(id(request))[0], len(request.output))
                     answers.append((job, update.error))
                     continue
