@@ -693,3 +693,22 @@ def test_vllm_fields_at_their_defaults_and_a_request_id_label_are_taken(client: 
         assert r.status_code == 400 and r.json()["error"]["param"] == param
     echo = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 3, "echo": True})
     assert echo.status_code == 400 and "a vLLM field" in echo.json()["error"]["message"]
+
+
+def test_http_series_count_requests_by_handler_method_and_status_class(engine: Engine) -> None:
+    """vLLM's instrumentator series, which 5xx-rate alerts and per-handler latency panels read."""
+    client = TestClient(create_app(engine, served_model_name="tiny"))
+    client.post("/v1/completions", json={"prompt": WORDS, "max_tokens": 2})
+    client.post("/v1/completions", json={"prompt": WORDS, "max_tokens": 0})  # a 400
+    client.get("/v1/models/tiny")
+    client.get("/no/such/route")
+    client.get("/health")
+    page = client.get("/metrics").text
+    assert metric(page, "http_requests_total", method="POST", status="2xx", handler="/v1/completions") == 1
+    assert metric(page, "http_requests_total", method="POST", status="4xx", handler="/v1/completions") == 1
+    assert metric(page, "http_requests_total", method="GET", status="2xx", handler="/v1/models/{model_id:path}") == 1
+    assert metric(page, "http_requests_total", method="GET", status="4xx", handler="none") == 1
+    assert 'handler="/health"' not in page and 'handler="/metrics"' not in page  # as vLLM leaves them out
+    assert metric(page, "http_request_duration_seconds_count", method="POST", handler="/v1/completions") == 2
+    assert metric(page, "http_request_duration_highr_seconds_count") == 4
+    assert metric(page, "http_response_size_bytes_sum", handler="/v1/completions") > 0

@@ -32,6 +32,7 @@ from specsure.serve.chat_template import ChatTemplate
 from specsure.serve.errors import APIError, RequestError, error_body
 from specsure.serve.metrics import ServeMetrics
 from specsure.serve.generation_defaults import check_generation_defaults, with_defaults
+from specsure.serve.http_metrics import CountRequests, HttpMetrics
 from specsure.serve.protocol import (
     CHAT_FIELDS, COMPLETION_FIELDS, ChatRequest, Delivery, fit_to_context, parse_chat, parse_completion,
 )
@@ -137,6 +138,8 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
     app.state.engine, app.state.metrics, app.state.model_name, app.state.runner = engine, metrics, name, runner
     if api_key:
         app.add_middleware(RequireKey, api_key=api_key)
+    # outside the key check, so a 401 is counted too
+    app.add_middleware(CountRequests, metrics=HttpMetrics(metrics.registry), routes=app.router.routes)
     if allowed_origins:  # added last, so it runs first: a browser's preflight carries no key
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
                            allow_headers=["*"])
