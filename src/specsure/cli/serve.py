@@ -78,7 +78,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--allowed-origins", type=_origins, default=[], metavar="JSON",
                         help='web origins whose pages may call the server from a browser (CORS), a JSON list as '
                              'vLLM takes it, e.g. \'["http://localhost:3000"]\' or \'["*"]\'; default none '
-                             "(vLLM allows any): a page on any site could otherwise use the model")
+                             "(as vLLM 0.33): a page on any site could otherwise use the model")
     parser.add_argument("--override-generation-config", type=_json_object, default=None, metavar="JSON",
                         help="defaults for the sampling fields a request leaves out, as vLLM's flag: "
                              "'{\"temperature\": 1.0}' samples as vLLM and OpenAI do by default (without it, such "

@@ -96,7 +96,7 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
         reasoning_parser: how the model's thinking is told from its answer (``deepseek_r1``,
             ``qwen3``); set, chat answers carry ``reasoning``, and constraints apply after it.
         allowed_origins: the web origins whose pages may call the server from a browser (CORS,
-            vLLM's --allowed-origins; ``"*"`` for any); none by default, unlike vLLM, since a page
+            vLLM's --allowed-origins; ``"*"`` for any); none by default, as in vLLM 0.33, since a page
             on any site could otherwise use a local model.
         log_stats: log vLLM's periodic throughput and acceptance lines (every $VLLM_LOG_STATS_INTERVAL
             seconds, 10 by default) while requests run; False is vLLM's --disable-log-stats.
