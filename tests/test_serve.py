@@ -478,6 +478,18 @@ def test_any_of_several_keys_opens_the_server(engine: Engine) -> None:
     assert keyed.get("/v1/models").status_code == 401
     assert keyed.get("/v1/models", headers={"Authorization": "Bearer k2"}).status_code == 200
     assert keyed.get("/v1/models", headers={"Authorization": "Bearer k3"}).status_code == 401
+    assert keyed.get("/v1/models", headers={"Authorization": "Bearer "}).status_code == 401
+    for bad in ("", [], ["k1", ""], [" k1"], ["k1", None]):  # an empty key would open the door to an empty token
+        with pytest.raises(ValueError, match="every key must be a non-empty string"):
+            create_app(engine, served_model_name="tiny", api_key=bad)
+
+
+def test_a_repeated_api_key_is_an_error_that_shows_no_key(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:  # argparse's usage error
+        main(["serve", "--model", "/no/such/model", "--api-key", "s3cret-A", "--api-key", "s3cret-B"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert "--api-key is given twice" in err and "s3cret" not in err
 
 
 def test_a_negative_max_num_batched_tokens_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -703,6 +715,9 @@ def test_http_series_count_requests_by_handler_method_and_status_class(engine: E
     client.get("/v1/models/tiny")
     client.get("/no/such/route")
     client.get("/health")
+    client.get("/v1/completions")  # a 405: named by its route, as the instrumentator names it
+    client.request("MADEUP1", "/v1/models")
+    client.request("MADEUP2", "/v1/models")  # made-up methods add no series
     page = client.get("/metrics").text
     assert metric(page, "http_requests_total", method="POST", status="2xx", handler="/v1/completions") == 1
     assert metric(page, "http_requests_total", method="POST", status="4xx", handler="/v1/completions") == 1
@@ -710,5 +725,8 @@ def test_http_series_count_requests_by_handler_method_and_status_class(engine: E
     assert metric(page, "http_requests_total", method="GET", status="4xx", handler="none") == 1
     assert 'handler="/health"' not in page and 'handler="/metrics"' not in page  # as vLLM leaves them out
     assert metric(page, "http_request_duration_seconds_count", method="POST", handler="/v1/completions") == 2
-    assert metric(page, "http_request_duration_highr_seconds_count") == 4
+    assert metric(page, "http_requests_total", method="GET", status="4xx", handler="/v1/completions") == 1
+    assert metric(page, "http_requests_total", method="other", status="4xx", handler="/v1/models") == 2
+    assert "MADEUP" not in page
+    assert metric(page, "http_request_duration_highr_seconds_count") == 7
     assert metric(page, "http_response_size_bytes_sum", handler="/v1/completions") > 0

@@ -61,14 +61,19 @@ def test_disable_log_stats_is_vllms_flag_and_without_it_the_lines_show_at_the_cl
     args = build_parser(["serve"]).parse_args(["serve", "--disable-log-stats"])
     assert args.disable_log_stats is True
     assert build_parser(["serve"]).parse_args(["serve"]).disable_log_stats is False
-    stats = logging.getLogger("specsure.serve.stats_log")
-    monkeypatch.setattr(stats, "level", logging.NOTSET)  # put back after the test
-    monkeypatch.setattr(logging.getLogger(), "level", logging.getLogger().level)
-    setup_logging(False)  # the CLI without -v: WARNING for everything else
-    show_stats_lines(False)
-    assert not stats.isEnabledFor(logging.INFO)
-    show_stats_lines(True)
-    assert stats.isEnabledFor(logging.INFO)
+    stats, root = logging.getLogger("specsure.serve.stats_log"), logging.getLogger()
+    levels = stats.level, root.level
+    try:
+        stats.setLevel(logging.NOTSET)
+        setup_logging(False)  # the CLI without -v: WARNING for everything else
+        root.setLevel(logging.WARNING)  # as basicConfig sets it where no handler was there before
+        show_stats_lines(False)
+        assert not stats.isEnabledFor(logging.INFO)
+        show_stats_lines(True)
+        assert stats.isEnabledFor(logging.INFO)
+    finally:  # setLevel, not the attribute: it also clears logging's cache of what is enabled
+        stats.setLevel(levels[0])
+        root.setLevel(levels[1])
 
 
 def test_a_log_that_fails_does_not_end_the_lines_and_the_interval_is_finite(

@@ -20,9 +20,9 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 _ENGINE = ("torch", "transformers", "safetensors", "tokenizers", "gguf", "accelerate", "numpy", "tqdm")
 CONVERSION_LOGGER = "specsure.models.gguf_cache"
+"""The logger that says a GGUF is being converted; named, not imported, so `explain` stays light."""
 STATS_LOGGER = "specsure.serve.stats_log"
 """The server's periodic throughput and acceptance lines (vLLM's); `specsure serve` shows them without -v."""
-"""The logger that says a GGUF is being converted; named, not imported, so `explain` stays light."""
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "engine": _ENGINE,
     "serve": (*_ENGINE, "fastapi", "uvicorn", "prometheus_client"),

@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     show_stats_lines(not args.disable_log_stats)
     # This process serves one app, so the process-wide switch is safe; vLLM flips it too.
     prometheus_client.disable_created_metrics()
-    app = create_app(engine, served_model_name=args.served_model_name, api_key=api_key, max_queue=args.max_queue,
+    app = create_app(engine, served_model_name=args.served_model_name, api_key=api_key or None, max_queue=args.max_queue,
                      request_timeout=args.request_timeout, threads=threads, chat_template=chat_template,
                      tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                      allowed_origins=args.allowed_origins, log_stats=not args.disable_log_stats,

@@ -91,6 +91,9 @@ def repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tupl
             value = argv[index + 1] if index + 1 < len(argv) else ""
         if action.dest in seen:
             first, before = seen[action.dest]
+            if action.dest in SECRET:  # never echoed; a key dropped would leave the server open to it no more
+                return (f"{name} is given twice; argparse would keep the last key only. Give every key after one "
+                        f"{name} (it takes several).", notes)
             if action.dest in CONFIGURING:
                 return (f"{name} is given twice ({first} {before!r}, then {name} {value!r}); the first would be "
                         "dropped without a word. Give it once.", notes)
@@ -100,6 +103,8 @@ def repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tupl
 
 
 CONFIGURING = frozenset({"speculative_config", "model"})
+SECRET = frozenset({"api_key"})
+"""Destinations whose values never appear in a message."""
 """The destinations whose second value would silently replace an explicit configuration."""
 
 

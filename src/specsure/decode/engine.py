@@ -205,8 +205,8 @@ class Engine:
                 ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
             except Exception as exc:  # the tokenizer's own failure on this text (a vocabulary without <unk>)
                 raise PromptError(index, f"cannot be encoded by the model's tokenizer ({type(exc).__name__}: {exc}); "
-                                         f"the tokenizer at {self.target.path} does not cover this text. Pass token "
-                                         "ids instead, or load the model with its own tokenizer files.") from exc
+                                         "the tokenizer does not cover this text. Pass token ids instead, or load "
+                                         "the model with its own tokenizer files.") from exc
         elif isinstance(prompt, (list, tuple)):
             ids = [_token_id(tok, index) for tok in prompt]
         else:  # bytes would pass as a list of ints, and other iterables hide what they hold

@@ -26,7 +26,7 @@ from specsure.decode.completion import Completion
 from specsure.decode.detokenize import TextDeltas
 from specsure.decode.engine import Engine, ParamsError, PromptError
 from specsure.sampling import SamplingParams
-from specsure.serve.api_key import RequireKey
+from specsure.serve.api_key import RequireKey, checked_keys
 from specsure.serve.body import parse_json, read_body
 from specsure.serve.chat_template import ChatTemplate
 from specsure.serve.errors import APIError, RequestError, error_body
@@ -136,8 +136,8 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
     # No /docs or /openapi.json: the routes parse bodies themselves, so the schema would say nothing.
     app = FastAPI(title="specsure", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine, app.state.metrics, app.state.model_name, app.state.runner = engine, metrics, name, runner
-    if api_key:
-        app.add_middleware(RequireKey, api_key=api_key)
+    if api_key is not None:
+        app.add_middleware(RequireKey, api_key=checked_keys(api_key))  # checked now: the stack is built later
     # outside the key check, so a 401 is counted too
     app.add_middleware(CountRequests, metrics=HttpMetrics(metrics.registry), routes=app.router.routes)
     if allowed_origins:  # added last, so it runs first: a browser's preflight carries no key

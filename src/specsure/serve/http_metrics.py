@@ -21,6 +21,9 @@ EXCLUDED = ("/metrics", "/health", "/load", "/ping", "/version", "/server_info")
 HIGHR_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5, 7.5, 10, 30,
                  60)
 LOWR_BUCKETS = (0.1, 0.5, 1)
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+"""Methods named in the labels; any other a client makes up is counted as "other", so no request, keyed or
+not, adds a series (h11, uvicorn's parser here, takes any token as a method)."""
 
 
 class HttpMetrics:
@@ -70,7 +73,8 @@ class CountRequests:
         try:
             await self.app(scope, receive, counting)
         finally:
-            elapsed, method = time.perf_counter() - started, scope["method"]
+            elapsed = time.perf_counter() - started
+            method = scope["method"] if scope["method"] in METHODS else "other"
             headers = dict(scope.get("headers") or [])
             length = headers.get(b"content-length", b"0")
             m = self.metrics
@@ -81,8 +85,13 @@ class CountRequests:
             m.lowr.labels(method, handler).observe(elapsed)
 
     def _handler(self, scope: Scope) -> str:
+        """The route's template; a route the path matches with another method (a 405) as the instrumentator
+        names it; "none" for a path no route has."""
+        partial = None
         for route in self._routes:
             match, _ = route.matches(scope)
             if match == Match.FULL:
                 return str(route.path)
-        return "none"
+            if match == Match.PARTIAL and partial is None:
+                partial = str(route.path)
+        return partial or "none"
