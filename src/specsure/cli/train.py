@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specsure.cli.common import EXIT_OK, int_at_least, seed_value
+from specsure.cli.common import EXIT_OK, seed_value
 
 if TYPE_CHECKING:
     from specsure.train.eagle3 import Eagle3TrainSettings
