@@ -21,10 +21,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from specsure.config.checkpoint import DEFAULT_MODEL_NAME
-from specsure.config.errors import as_json
 from specsure.decode.completion import Completion
 from specsure.decode.detokenize import TextDeltas
-from specsure.decode.engine import Engine, ParamsError, PromptError
+from specsure.decode.engine import Engine, PromptError
 from specsure.sampling import SamplingParams
 from specsure.serve.api_key import RequireKey, checked_keys
 from specsure.serve.body import parse_json, read_body
@@ -33,6 +32,7 @@ from specsure.serve.errors import APIError, RequestError, error_body
 from specsure.serve.metrics import ServeMetrics
 from specsure.serve.generation_defaults import check_generation_defaults, with_defaults
 from specsure.serve.http_metrics import CountRequests, HttpMetrics
+from specsure.serve.prompt_ids import check_params, choice_params, encode_prompt, prompt_text
 from specsure.serve.protocol import (
     CHAT_FIELDS, COMPLETION_FIELDS, ChatRequest, Delivery, fit_to_context, parse_chat, parse_completion,
 )
@@ -172,13 +172,13 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
         raw = await read_body(request)  # parsed in the thread pool: a large body would hold the event loop
         req = await run_in_threadpool(lambda: parse_completion(
             with_defaults(defaults, as_served(parse_json(raw)), COMPLETION_FIELDS), name))
-        _check_params(engine, req.params)
+        check_params(engine, req.params)
         names = ["prompt"] if len(req.prompts) == 1 else [f"prompt[{i}]" for i in range(len(req.prompts))]
         cut = req.delivery.truncate_prompt_tokens
-        prompts = [await run_in_threadpool(_encode, engine, p, f"the {name}" if len(names) == 1 else name, "prompt",
+        prompts = [await run_in_threadpool(encode_prompt, engine, p, f"the {name}" if len(names) == 1 else name, "prompt",
                                            cut) for p, name in zip(req.prompts, names)]
         # A truncated prompt is echoed as what the model saw: its kept tokens, decoded.
-        echoes = [Echo(_prompt_text(engine, given if cut is None else ids, ids), ids, req.params.logprobs)
+        echoes = [Echo(prompt_text(engine, given if cut is None else ids, ids), ids, req.params.logprobs)
                   for given, ids in zip(req.prompts, prompts)] if req.echo else None
         return await answer(request, "completion", list(zip(prompts, names)), req.params, req.delivery, echoes,
                             req.prompt_only)
@@ -230,10 +230,10 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
     async def rendered(req: ChatRequest) -> tuple[list[int], SamplingParams, Thinking | None]:
         """A chat request's prompt, and its sampling and thinking as the reasoning parser reads the prompt."""
         template.check(name)
-        _check_params(engine, req.params)
+        check_params(engine, req.params)
         rendered = await run_in_threadpool(template.render, req.messages, req.tools, req.add_generation_prompt,
                                            req.template_kwargs, req.continue_final_message)
-        prompt = await run_in_threadpool(_encode, engine, rendered, "the prompt rendered from messages", "messages",
+        prompt = await run_in_threadpool(encode_prompt, engine, rendered, "the prompt rendered from messages", "messages",
                                          req.delivery.truncate_prompt_tokens)
         params, thinking = req.params, None
         if reasoning_parser is not None:
@@ -366,39 +366,3 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
             stored.put(body, req.conversation + as_messages(body["output"]), req.input_items)
 
     return app
-
-
-def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
-    """One SamplingParams per choice: a seeded request's choice i samples with seed + i, so choices differ."""
-    if params.seed is None or n == 1:
-        return [params] * n
-    return [replace(params, seed=(params.seed + i) % 2**64) for i in range(n)]
-
-
-def _check_params(engine: Engine, params: SamplingParams) -> None:
-    try:
-        engine.check_params(params)
-    except ParamsError as exc:
-        raise RequestError(f"{exc.field} = {as_json(exc.value)} {exc.reason}", exc.field) from None
-
-
-def _prompt_text(engine: Engine, given: str | list[int], ids: list[int]) -> str | None:
-    """An echoed prompt's text: as the request wrote it, or its token ids decoded (None without a tokenizer)."""
-    if isinstance(given, str):
-        return given
-    return None if engine.tokenizer is None else engine.tokenizer.decode(ids)
-
-
-def _encode(engine: Engine, prompt: str | list[int], subject: str, param: str, keep: int | None = None) -> list[int]:
-    """The prompt's ids; ``keep``: vLLM's truncate_prompt_tokens (-1: as many as leave room to generate)."""
-    context = engine.target.lm.max_context
-    if keep == -1:
-        keep = context - 1 if context else None
-    elif keep is not None and context and keep >= context:
-        raise RequestError(f"truncate_prompt_tokens = {keep} keeps no room to generate in the model's context of "
-                           f"{context} tokens; send at most {context - 1}, or -1 for as many as leave room.",
-                           "truncate_prompt_tokens")
-    try:
-        return engine.encode(prompt, keep)
-    except PromptError as exc:
-        raise RequestError(f"{subject} {exc.detail}", param) from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from specsure.config.errors import json_type, suggest
 from specsure.serve.errors import RequestError, shown
 
 # Accepted only as null or at the value that changes nothing.
@@ -76,3 +77,49 @@ def check_labels(body: dict[str, Any]) -> None:
     for key in ("safety_identifier", "prompt_cache_key", "request_id"):
         if body.get(key) is not None and not isinstance(body[key], str):
             raise RequestError(f"{key} = {shown(body[key])} must be a string.", key)
+
+
+ENDPOINT_OF = {"prompt": "POST /v1/completions", "messages": "POST /v1/chat/completions"}
+"""The endpoint whose request has each field, for a field sent to the other."""
+
+
+def check_fields(body: Any, allowed: tuple[str, ...], endpoint: str) -> dict[str, Any]:
+    """``body`` when it is an object whose every field ``endpoint`` takes (``allowed``), or that this
+    module takes at its neutral value; else a 400 naming the field and what to send instead."""
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object with the fields of {endpoint}, got "
+                           f"{json_type(body)} {shown(body)}.")
+    for key, value in body.items():
+        if key in allowed:
+            continue
+        if key == "add_special_tokens" and endpoint in ADD_SPECIAL_TOKENS:
+            default = ADD_SPECIAL_TOKENS[endpoint]
+            if value is None or value is default:
+                continue
+            yourself = ("send the prompt as token ids to choose its special tokens yourself" if default else
+                        "write the special tokens the template leaves out into the messages, or send the rendered "
+                        "prompt's token ids to POST /v1/completions")
+            raise RequestError(f"add_special_tokens = {shown(value)} is a vLLM field that specsure takes only at "
+                               f"vLLM's default on {endpoint}, {shown(default)}; {yourself}, or remove the field.",
+                               key, "unsupported_field")
+        if key in NEUTRAL and not (key in COMPLETION_ONLY and endpoint == ENDPOINT_OF["messages"]) and not (
+                key in CHAT_ONLY and endpoint == ENDPOINT_OF["prompt"]):
+            neutral = NEUTRAL[key]
+            # bool is an int in Python, but true is not a best_of of 1.
+            if value is None or any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutral):
+                continue
+            accepted = " or ".join(["null", *(shown(n) for n in neutral)])
+            owner = "a vLLM" if key in VLLM_FIELDS else "an OpenAI"
+            raise RequestError(f"{key} = {shown(value)} is {owner} field that specsure does not implement; remove "
+                               f"the field (only {accepted} is accepted).", key, "unsupported_field")
+        elsewhere = (ENDPOINT_OF["prompt"] if key in COMPLETION_ONLY else ENDPOINT_OF["messages"] if key in CHAT_ONLY
+                     else ENDPOINT_OF.get(key, endpoint))
+        if key in INSTEAD and INSTEAD[key][0] in allowed:
+            hint = f" Use {INSTEAD[key][1]} instead."
+        elif elsewhere != endpoint:
+            hint = f" specsure takes {key!r} on {elsewhere} only."
+        else:
+            hint = suggest(key, allowed)
+        raise RequestError(f"unknown field {key!r} in the body of {endpoint}.{hint} Fields: {', '.join(allowed)}.",
+                           key, "unknown_field")
+    return body

@@ -19,9 +19,7 @@ from specsure.serve.body import flag
 from specsure.serve.chat_template import parse_template_kwargs, template_flags
 from specsure.serve.errors import RequestError, not_served, shown
 from specsure.serve.messages import parse_messages
-from specsure.serve.openai_fields import (
-    ADD_SPECIAL_TOKENS, CHAT_ONLY, COMPLETION_ONLY, INSTEAD, NEUTRAL, VLLM_FIELDS, check_labels,
-)
+from specsure.serve.openai_fields import check_fields, check_labels
 from specsure.serve.response_format import output_constraint
 from specsure.serve.tools import Tools, parse_tools
 
@@ -50,7 +48,6 @@ MAX_N = 16
 """The most choices one request may ask for: each is a sequence in the running batch."""
 MAX_PROMPTS = 64
 """The most prompts one completions request may hold."""
-ENDPOINT_OF = {"prompt": "POST /v1/completions", "messages": "POST /v1/chat/completions"}
 STREAM_OPTION_FIELDS = ("include_usage", "continuous_usage_stats")
 
 _JSON_WORDS = ((r"\bNone\b", "null"), (r"\ba bool\b", "true or false"), (r"\ban int\b", "an integer"),
@@ -137,7 +134,7 @@ class ChatRequest:
 
 
 def parse_completion(body: Any, model_name: str) -> CompletionRequest:
-    body = _check_fields(body, COMPLETION_FIELDS, "POST /v1/completions")
+    body = check_fields(body, COMPLETION_FIELDS, "POST /v1/completions")
     _check_common(body, model_name)
     check_labels(body)
     prompts = _parse_prompts(body.get("prompt"))
@@ -173,7 +170,7 @@ def parse_chat(body: Any, model_name: str, auto_tool_parser: str | None = None,
     """``auto_tool_parser``: the server's --tool-call-parser when --enable-auto-tool-choice is on;
     ``special_tags``: its tags are special tokens, so an answer that may call is decoded with
     special tokens shown (as vLLM's parsers ask), unless the request says otherwise."""
-    body = _check_fields(body, CHAT_FIELDS, "POST /v1/chat/completions")
+    body = check_fields(body, CHAT_FIELDS, "POST /v1/chat/completions")
     _check_common(body, model_name)
     check_labels(body)
     messages = parse_messages(body.get("messages"))
@@ -243,46 +240,6 @@ def fit_to_context(params: SamplingParams, prompt_tokens: int, context: int | No
                        f"{params.max_tokens} in the completion). Please reduce the length of the {prompt_name} or "
                        f"completion: {field} can be at most {room} for "
                        f"{'these' if prompt_name.endswith('s') else 'this'} {prompt_name}.", field)
-
-
-def _check_fields(body: Any, allowed: tuple[str, ...], endpoint: str) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise RequestError(f"the request body must be a JSON object with the fields of {endpoint}, got "
-                           f"{json_type(body)} {shown(body)}.")
-    for key, value in body.items():
-        if key in allowed:
-            continue
-        if key == "add_special_tokens" and endpoint in ADD_SPECIAL_TOKENS:
-            default = ADD_SPECIAL_TOKENS[endpoint]
-            if value is None or value is default:
-                continue
-            yourself = ("send the prompt as token ids to choose its special tokens yourself" if default else
-                        "write the special tokens the template leaves out into the messages, or send the rendered "
-                        "prompt's token ids to POST /v1/completions")
-            raise RequestError(f"add_special_tokens = {shown(value)} is a vLLM field that specsure takes only at "
-                               f"vLLM's default on {endpoint}, {shown(default)}; {yourself}, or remove the field.",
-                               key, "unsupported_field")
-        if key in NEUTRAL and not (key in COMPLETION_ONLY and endpoint == ENDPOINT_OF["messages"]) and not (
-                key in CHAT_ONLY and endpoint == ENDPOINT_OF["prompt"]):
-            neutral = NEUTRAL[key]
-            # bool is an int in Python, but true is not a best_of of 1.
-            if value is None or any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutral):
-                continue
-            accepted = " or ".join(["null", *(shown(n) for n in neutral)])
-            owner = "a vLLM" if key in VLLM_FIELDS else "an OpenAI"
-            raise RequestError(f"{key} = {shown(value)} is {owner} field that specsure does not implement; remove "
-                               f"the field (only {accepted} is accepted).", key, "unsupported_field")
-        elsewhere = (ENDPOINT_OF["prompt"] if key in COMPLETION_ONLY else ENDPOINT_OF["messages"] if key in CHAT_ONLY
-                     else ENDPOINT_OF.get(key, endpoint))
-        if key in INSTEAD and INSTEAD[key][0] in allowed:
-            hint = f" Use {INSTEAD[key][1]} instead."
-        elif elsewhere != endpoint:
-            hint = f" specsure takes {key!r} on {elsewhere} only."
-        else:
-            hint = suggest(key, allowed)
-        raise RequestError(f"unknown field {key!r} in the body of {endpoint}.{hint} Fields: {', '.join(allowed)}.",
-                           key, "unknown_field")
-    return body
 
 
 def _check_common(body: dict[str, Any], model_name: str) -> None:
