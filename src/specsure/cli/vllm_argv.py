@@ -91,7 +91,7 @@ def repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tupl
             value = argv[index + 1] if index + 1 < len(argv) else ""
         if action.dest in seen:
             first, before = seen[action.dest]
-            if action.dest in SECRET:  # never echoed; a key dropped would leave the server open to it no more
+            if action.dest in SECRET:  # never echoed, and an error: the first key would stop opening the server
                 return (f"{name} is given twice; argparse would keep the last key only. Give every key after one "
                         f"{name} (it takes several).", notes)
             if action.dest in CONFIGURING:
@@ -103,9 +103,9 @@ def repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tupl
 
 
 CONFIGURING = frozenset({"speculative_config", "model"})
+"""The destinations whose second value would silently replace an explicit configuration."""
 SECRET = frozenset({"api_key"})
 """Destinations whose values never appear in a message."""
-"""The destinations whose second value would silently replace an explicit configuration."""
 
 
 def _value(path: str, text: str) -> Any:

@@ -80,9 +80,9 @@ class Delivery:
     """How a request wants its answer, and whether it chose its own max_tokens."""
 
     stream: bool = False
+    """Server-sent events (OpenAI's chunk objects) instead of one body."""
     n: int = 1
     """Choices to generate for the one prompt; each runs as its own sequence in the batch."""
-    """Server-sent events (OpenAI's chunk objects) instead of one body."""
     include_usage: bool = False
     """``stream_options.include_usage``: a last chunk with ``usage`` and no choices."""
     max_tokens_field: str | None = None

@@ -46,9 +46,9 @@ PARSERS = ("granite", "hermes", "llama3_json", "mistral", "pythonic", "qwen3_cod
 """The values of ``--tool-call-parser``."""
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
+"""What Llama 3 writes before a call; a special token, so decoded text usually leaves it out."""
 GRANITE = "<|tool_call|>"
 """What Granite 3.x writes before its calls (vLLM's parser takes ``<tool_call>`` there too)."""
-"""What Llama 3 writes before a call; a special token, so decoded text usually leaves it out."""
 
 
 def check_parser(name: str, tokenizer: Any) -> bool:
