@@ -384,6 +384,8 @@ def test_batched_run_reports_throughput_and_agreement_with_batch_one(tiny_llama:
                  "--out", str(out)])
     assert code == 0
     results = json.loads((out / "results.json").read_text())
+    ran = {c["name"]: c.get("speculative_config") for c in results["configs"]}  # what each row ran
+    assert ran["plain"] is None and ran["ngram"]["method"] == "ngram" and ran["ngram"]["num_speculative_tokens"] == 3
     batched = results["meta"]["batched"]
     assert set(batched) == {"plain", "ngram"}
     for name, figures in batched.items():  # float32: batching changes no output

@@ -225,6 +225,7 @@ def summarize(
     hf_baseline: str = "hf",
     own_plain: Mapping[str, str] | None = None,
     incomparable: Collection[str] = (),
+    speculative_configs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> BenchResults:
     """Build the results from per-prompt figures.
 
@@ -235,6 +236,8 @@ def summarize(
         hf_baseline: the configuration speedup-vs-transformers is relative to.
         own_plain: {config: the same library's plain configuration its prompts were compared with}.
         incomparable: configurations whose outputs are compared for information only.
+        speculative_configs: {config: the speculative config it ran, in vLLM's keys}, recorded with it, so
+            a row says which head and k made its figures (a shipped head drafts its own k).
     """
     own_plain = own_plain or {}
     categories = list(dict.fromkeys(p.category for p in prompts))
@@ -255,7 +258,9 @@ def summarize(
     return BenchResults(
         meta=dict(meta),
         reference=reference,
-        configs=[{"name": n, "kind": k} for n, k, _ in configs],
+        configs=[{"name": n, "kind": k, **({"speculative_config": dict(speculative_configs[n])}
+                                            if speculative_configs and n in speculative_configs else {})}
+                 for n, k, _ in configs],
         skipped=[{"name": n, "reason": why} for n, why in skipped],
         categories=categories,
         prompts=list(prompts),

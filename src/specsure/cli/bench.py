@@ -139,6 +139,18 @@ def _timed(args: argparse.Namespace, runners: list[Any], items: list[Item], repe
     return runs, items, stopped, batched
 
 
+def _ran(runner: Any) -> dict[str, Any] | None:
+    """The speculative config a specsure row ran (vLLM's keys, and its token tree); None for the others."""
+    resolution = getattr(getattr(runner, "engine", None), "resolution", None)
+    config = getattr(resolution, "config", None)
+    if config is None:
+        return None
+    ran = config.to_vllm()
+    if config.speculative_token_tree is not None:
+        ran["speculative_token_tree"] = [list(node) for node in config.speculative_token_tree]
+    return ran
+
+
 def command_line(args: argparse.Namespace) -> str:
     """The `specsure bench` command that reproduces `args` (options left at default omitted)."""
     parser = argparse.ArgumentParser()
@@ -316,7 +328,8 @@ def _run(args: argparse.Namespace) -> int:
     ]
     meta = run_meta(command_line(args), args, target, settings, max_tokens, repeats, len(items), llama.meta)
     results = summarize(meta, [(r.name, r.kind, r.speculative) for r in runners], skipped, per_prompt, REFERENCE, HF_BASELINE,
-                        own_plain=own_plain, incomparable=[r.name for r in runners if not r.comparable])
+                        own_plain=own_plain, incomparable=[r.name for r in runners if not r.comparable],
+                        speculative_configs={r.name: c for r in runners if (c := _ran(r)) is not None})
     if batched is not None:
         results.meta["batched"] = batched
     results.meta["wall_s"] = round(time.perf_counter() - started, 1)
