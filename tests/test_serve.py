@@ -696,10 +696,15 @@ def test_generation_defaults_fill_what_a_request_leaves_out_as_vllms_override(en
 def test_vllm_fields_at_their_defaults_and_a_request_id_label_are_taken(client: TestClient) -> None:
     body = {"prompt": WORDS, "max_tokens": 3, "bad_words": [], "return_token_offsets": False,
             "return_weight_versions": False, "vllm_xargs": {}, "request_id": "trace-7"}
-    assert client.post("/v1/completions", json=body).status_code == 200
+    done = client.post("/v1/completions", json=body)
+    assert done.status_code == 200 and done.json()["id"] == "cmpl-trace-7"  # vLLM's id from the client's
     chat = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 3, "echo": False,
                                                      "request_id": "trace-8"})
-    assert chat.status_code == 200, chat.text
+    assert chat.status_code == 200 and chat.json()["id"] == "chatcmpl-trace-8", chat.text
+    lines = client.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 3, "stream": True,
+                                                      "request_id": "trace-9"}).text.splitlines()
+    ids = {json.loads(line[6:])["id"] for line in lines if line.startswith("data: {")}
+    assert ids == {"chatcmpl-trace-9"}
     for bad, param in (({"bad_words": ["w3"]}, "bad_words"), ({"request_id": 7}, "request_id")):
         r = client.post("/v1/completions", json={"prompt": WORDS, "max_tokens": 3, **bad})
         assert r.status_code == 400 and r.json()["error"]["param"] == param

@@ -298,7 +298,8 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
                                         lambda body: keep(response, body))
             else:
                 writer = ChunkWriter(endpoint, name, method, delivery.include_usage, text, len(jobs), delivery.n,
-                                     lengths if delivery.continuous_usage else None, counted)
+                                     lengths if delivery.continuous_usage else None, counted,
+                                     request_id=delivery.request_id)
             calls = [ToolCallStream(tools, parser) for _ in jobs] if tools is not None else None
             # An answer that does not start inside its thinking is all content: nothing to split.
             thoughts = [ReasoningStream(True, thinking.calls_end) for _ in jobs] \
@@ -336,11 +337,11 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
                 thoughts = [reasoning if thinking.include else None for reasoning, _ in parts]
                 return JSONResponse(chat_body(completions, name, method, text, answers,
                                               [content for _, content in parts], thoughts, counted,
-                                              prompt_top=delivery.prompt_logprobs))
+                                              prompt_top=delivery.prompt_logprobs, request_id=delivery.request_id))
             return JSONResponse(chat_body(completions, name, method, text, answers,
-                                          prompt_top=delivery.prompt_logprobs))
+                                          prompt_top=delivery.prompt_logprobs, request_id=delivery.request_id))
         return JSONResponse(completion_body(completions, name, method, text, delivery.n, each,
-                                            prompt_top=delivery.prompt_logprobs))
+                                            prompt_top=delivery.prompt_logprobs, request_id=delivery.request_id))
 
     def fits(req: ResponseRequest) -> Callable[[list[dict[str, Any]]], bool]:
         """Whether messages rendered leave the room a response needs in the context: its

@@ -97,6 +97,9 @@ class Delivery:
     prompt_logprobs: int | None = None
     """vLLM's ``prompt_logprobs``: the response carries each prompt token's log-probability, rank and
     this many most likely alternatives (``prompt_logprobs`` beside the choices); None: not asked."""
+    request_id: str | None = None
+    """vLLM's ``request_id``: the response's id is ``cmpl-<request_id>`` (``chatcmpl-`` on chat), as vLLM
+    builds it, so a client finds its answer by the id it chose; None: a fresh one."""
 
 
 @dataclass(frozen=True)
@@ -268,7 +271,8 @@ def _delivery(body: dict[str, Any], max_tokens_field: str | None) -> Delivery:
                            "that many tokens) or -1 (as many as leave room to generate); leave it out to keep the whole "
                            "prompt.", "truncate_prompt_tokens")
     if options is None:
-        return Delivery(stream, n, False, max_tokens_field, truncate_prompt_tokens=truncate, prompt_logprobs=scored)
+        return Delivery(stream, n, False, max_tokens_field, truncate_prompt_tokens=truncate, prompt_logprobs=scored,
+                        request_id=body.get("request_id"))
     if not stream:
         raise RequestError("stream_options is only allowed with stream = true; remove stream_options, or send "
                            "stream = true.", "stream_options")
@@ -283,7 +287,8 @@ def _delivery(body: dict[str, Any], max_tokens_field: str | None) -> Delivery:
     usage, continuous = (flag(options, key, False, f"stream_options.{key}")
                          for key in ("include_usage", "continuous_usage_stats"))
     # vLLM's rule: per-chunk usage only together with the usage chunk.
-    return Delivery(stream, n, usage, max_tokens_field, usage and continuous, truncate, scored)
+    return Delivery(stream, n, usage, max_tokens_field, usage and continuous, truncate, scored,
+                    body.get("request_id"))
 
 
 def _prompt_logprobs(value: Any, stream: bool) -> int | None:

@@ -187,7 +187,7 @@ def chat_logprobs(entries: Sequence[TokenLogprob], text: TokenText, before: Sequ
 
 def completion_body(completions: Sequence[Completion], model_name: str, method: str | None,
                     text: TokenText, n: int = 1, echoes: Sequence[Echo | None] | None = None,
-                    prompt_top: int | None = None) -> dict[str, Any]:
+                    prompt_top: int | None = None, request_id: str | None = None) -> dict[str, Any]:
     """OpenAI's text_completion object, plus ``token_ids`` (the output's) per choice and ``speculative``;
     ``n`` choices a prompt, prompt after prompt (choice j of prompt i has index i * n + j, as in
     vLLM), each after its prompt where ``echoes`` gives one; each with its prompt's ``prompt_logprobs``
@@ -200,14 +200,15 @@ def completion_body(completions: Sequence[Completion], model_name: str, method: 
         if prompt_top is not None:
             choice["prompt_logprobs"] = prompt_logprobs(c, text, prompt_top)
         choices.append(choice)
-    return _body("cmpl", "text_completion", choices, completions, model_name, method, n)
+    return _body("cmpl", "text_completion", choices, completions, model_name, method, n, request_id=request_id)
 
 
 def chat_body(completions: Sequence[Completion], model_name: str, method: str | None,
               text: TokenText, answers: Sequence[Answer] | None = None,
               contents: Sequence[str | None] | None = None,
               reasoning: Sequence[str | None] | None = None,
-              thinking: ReasoningCount | None = None, prompt_top: int | None = None) -> dict[str, Any]:
+              thinking: ReasoningCount | None = None, prompt_top: int | None = None,
+              request_id: str | None = None) -> dict[str, Any]:
     """OpenAI's chat.completion object, plus ``speculative``; ``answers``: each choice's content and
     tool calls when the request offered tools; ``contents`` and ``reasoning``: each choice's answer
     and thinking, under a reasoning parser (the message then carries ``reasoning``, as vLLM's)."""
@@ -224,16 +225,18 @@ def chat_body(completions: Sequence[Completion], model_name: str, method: str | 
                         "logprobs": None if c.logprobs is None else chat_logprobs(c.logprobs, text),
                         "finish_reason": finish, "stop_reason": c.stop_reason})
     # One prompt for every choice: usage counts it once, as the streamed answer does.
-    body = _body("chatcmpl", "chat.completion", choices, completions, model_name, method, len(completions), thinking)
+    body = _body("chatcmpl", "chat.completion", choices, completions, model_name, method, len(completions), thinking,
+                 request_id)
     if prompt_top is not None:  # beside the choices, as vLLM's: the choices share their prompt
         body["prompt_logprobs"] = prompt_logprobs(completions[0], text, prompt_top)
     return body
 
 
 def _body(prefix: str, kind: str, choices: list[dict[str, Any]], completions: Sequence[Completion],
-          model_name: str, method: str | None, n: int = 1, thinking: ReasoningCount | None = None) -> dict[str, Any]:
+          model_name: str, method: str | None, n: int = 1, thinking: ReasoningCount | None = None,
+          request_id: str | None = None) -> dict[str, Any]:
     return {
-        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "id": answer_id(prefix, request_id),
         "object": kind,
         "created": int(time.time()),
         "model": model_name,
@@ -241,6 +244,11 @@ def _body(prefix: str, kind: str, choices: list[dict[str, Any]], completions: Se
         "usage": usage(completions, n, thinking),
         "speculative": speculative(completions, method),
     }
+
+
+def answer_id(prefix: str, request_id: str | None) -> str:
+    """An answer's id: vLLM's ``<prefix>-<request_id>`` where the request named one, else a fresh one."""
+    return f"{prefix}-{request_id if request_id is not None else uuid.uuid4().hex}"
 
 
 ReasoningCount = Callable[[Completion], int]
@@ -283,9 +291,11 @@ class ChunkWriter:
 
     def __init__(self, endpoint: Endpoint, model_name: str, method: str | None, include_usage: bool,
                  text: TokenText, n: int = 1, per_prompt: int | None = None,
-                 prompt_tokens: list[int] | None = None, thinking: ReasoningCount | None = None) -> None:
+                 prompt_tokens: list[int] | None = None, thinking: ReasoningCount | None = None,
+                 request_id: str | None = None) -> None:
         """``prompt_tokens``: each choice's prompt length, for usage on every chunk (vLLM's
-        continuous_usage_stats); None puts usage on the last chunk only."""
+        continuous_usage_stats); None puts usage on the last chunk only. ``request_id``: the request's own
+        (vLLM's field), from which the chunks' id is made."""
         chat = endpoint == "chat"
         self._chat, self._method, self._include_usage, self._text, self._n = chat, method, include_usage, text, n
         self._prompt_tokens = prompt_tokens
@@ -294,7 +304,7 @@ class ChunkWriter:
         self._per_prompt = per_prompt or n  # choices a prompt, for usage
         self._offsets = [0] * n  # each choice's text_offset so far
         self._before: list[list[int]] = [[] for _ in range(n)]  # each choice's output ids in earlier chunks
-        self._head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+        self._head = {"id": answer_id("chatcmpl" if chat else "cmpl", request_id),
                       "object": "chat.completion.chunk" if chat else "text_completion",
                       "created": int(time.time()), "model": model_name}
 
