@@ -97,3 +97,16 @@ def test_log_line_uses_vllms_format():
     # The regex users already point at vLLM's log parses ours.
     match = re.search(r"Mean acceptance length: ([\d.]+).*Per-position acceptance rate: ([\d., ]+),", stats.log_line())
     assert match and float(match.group(1)) == 2.33
+
+
+def test_since_is_what_was_counted_after_a_copy():
+    from dataclasses import replace
+
+    stats = SpecStats()
+    stats.observe(3, 1)
+    earlier = replace(stats, accepted_per_position=list(stats.accepted_per_position))
+    stats.observe(4, 3)
+    stats.add_generated(5)
+    step = stats.since(earlier)
+    assert (step.drafts, step.draft_tokens, step.accepted_tokens, step.generated_tokens) == (1, 4, 3, 5)
+    assert step.accepted_per_position == [1, 1, 1, 0]

@@ -63,8 +63,9 @@ def normalise(argv: Sequence[str]) -> list[str]:
             raise ConfigError(f"{name}: name a key after the dot, as in --speculative-config.method ngram.")
         else:
             parsed = _value(path, value)
-        _put(keys, path, parsed, name, typed.get(path.rstrip("+").split(".")[0]))
-        typed.setdefault(path.rstrip("+").split(".")[0], name)
+        top = path.rstrip("+").split(".")[0]
+        _put(keys, path, parsed, name, typed.get(top))
+        typed.setdefault(top, name)
     if keys:
         words = _merged(words, keys, typed)
     return words + tail

@@ -77,6 +77,14 @@ class SpecStats:
         self.generated_tokens += other.generated_tokens
         self.elapsed_s += other.elapsed_s
 
+    def since(self, earlier: SpecStats) -> SpecStats:
+        """What was counted after ``earlier``, a copy of these statistics taken before (one engine step's)."""
+        before = earlier.accepted_per_position
+        positions = [n - (before[i] if i < len(before) else 0) for i, n in enumerate(self.accepted_per_position)]
+        return SpecStats(self.drafts - earlier.drafts, self.draft_tokens - earlier.draft_tokens,
+                         self.accepted_tokens - earlier.accepted_tokens, positions,
+                         self.generated_tokens - earlier.generated_tokens, self.elapsed_s - earlier.elapsed_s)
+
     def __iadd__(self, other: SpecStats) -> SpecStats:
         self.merge(other)
         return self

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from queue import Empty, SimpleQueue
 
 import torch
@@ -255,18 +255,12 @@ class EngineRunner:
         prompt = queries = hits = 0
         spec = SpecStats()
         for key, (_, request) in jobs.items():
-            then, now = before[key], _Progress.of(request)
-            if now.attached and request.prefill_from is None:
-                prompt += now.prefilled - (then.prefilled if then.attached else request.cached_tokens)
-            if now.attached and not then.attached:
+            then, attached = before[key], request.lm is not None
+            if attached and request.prefill_from is None:
+                prompt += request.prefilled - (then.prefilled if then.attached else request.cached_tokens)
+            if attached and not then.attached:
                 queries, hits = queries + len(request.prompt), hits + request.cached_tokens
-            spec.drafts += now.drafts - then.drafts
-            spec.draft_tokens += now.draft_tokens - then.draft_tokens
-            spec.accepted_tokens += now.accepted - then.accepted
-            positions = spec.accepted_per_position
-            positions.extend([0] * (len(now.per_position) - len(positions)))
-            for i, n in enumerate(now.per_position):
-                positions[i] += n - (then.per_position[i] if i < len(then.per_position) else 0)
+            spec.merge(request.stats.since(then.stats))
         generated = sum(len(update.token_ids) for _, update in updates if update.error is None)
         self.metrics.iteration_tokens.observe(prompt + generated)
         if self.stats_log is not None:
@@ -303,13 +297,9 @@ class _Progress:
 
     attached: bool
     prefilled: int
-    drafts: int
-    draft_tokens: int
-    accepted: int
-    per_position: tuple[int, ...]
+    stats: SpecStats
 
     @staticmethod
     def of(request: Request) -> "_Progress":
-        s = request.stats
-        return _Progress(request.lm is not None, request.prefilled, s.drafts, s.draft_tokens, s.accepted_tokens,
-                         tuple(s.accepted_per_position))
+        copied = replace(request.stats, accepted_per_position=list(request.stats.accepted_per_position))
+        return _Progress(request.lm is not None, request.prefilled, copied)

@@ -83,13 +83,7 @@ class StatsLog:
             now.generated_tokens += generated_tokens
             now.cache_queries += cache_queries
             now.cache_hits += cache_hits
-            now.spec.drafts += spec.drafts
-            now.spec.draft_tokens += spec.draft_tokens
-            now.spec.accepted_tokens += spec.accepted_tokens
-            positions = now.spec.accepted_per_position
-            positions.extend([0] * (len(spec.accepted_per_position) - len(positions)))
-            for i, n in enumerate(spec.accepted_per_position):
-                positions[i] += n
+            now.spec.merge(spec)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="specsure-stats-log", daemon=True)
                 self._thread.start()
