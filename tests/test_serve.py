@@ -687,10 +687,45 @@ def test_generation_defaults_fill_what_a_request_leaves_out_as_vllms_override(en
     assert len({c["text"] for c in nulled}) > 1  # null is left out: the default applies
     chat = sampling.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 6, "n": 4, "seed": 3})
     assert chat.status_code == 200 and len({c["message"]["content"] for c in chat.json()["choices"]}) > 1
-    for bad, words in (({"max_new_tokens": 5}, "max_tokens is each request's own"),
-                       ({"temprature": 1}, "Did you mean 'temperature'"), ({"top_p": 0}, "top_p")):
+    for bad, words in (({"max_tokens": 5}, "vLLM's name for it is 'max_new_tokens'"),
+                       ({"max_new_tokens": 0}, "max_new_tokens = 0 must be an integer >= 1"),
+                       ({"max_new_tokens": 2.5}, "max_new_tokens = 2.5"),
+                       ({"temprature": 1}, "Did you mean 'temperature'"), ({"top_p": 0}, "top_p"),
+                       ({"presence_penalty": 3}, "presence_penalty")):
         with pytest.raises(ValueError, match=words):
             check_generation_defaults(bad)
+
+
+def test_max_new_tokens_default_is_chats_max_tokens_and_every_requests_limit_as_in_vllm(engine: Engine) -> None:
+    """vLLM 0.33.0: the generation config's max_new_tokens is the fallback of a request that sends no
+    max_tokens (chat, Responses; a completion has its own 16) and a cap on every request's."""
+    client = TestClient(create_app(engine, served_model_name="tiny", generation_defaults={"max_new_tokens": 5}))
+    plain = TestClient(create_app(engine, served_model_name="tiny"))
+
+    def used(reply: httpx.Response) -> int:
+        assert reply.status_code == 200, reply.text
+        usage = reply.json()["usage"]
+        return usage["output_tokens" if "output_tokens" in usage else "completion_tokens"]
+
+    chat = {"messages": CHAT, "ignore_eos": True}
+    assert used(client.post("/v1/chat/completions", json=chat)) == 5  # the default, not 512
+    assert used(client.post("/v1/chat/completions", json={**chat, "max_tokens": 3})) == 3
+    capped = client.post("/v1/chat/completions", json={**chat, "max_completion_tokens": 40})
+    assert used(capped) == 5 and capped.json()["choices"][0]["finish_reason"] == "length"
+    assert used(plain.post("/v1/chat/completions", json={**chat, "max_tokens": 40})) == 40  # no flag, no cap
+    completion = {"prompt": WORDS, "ignore_eos": True}
+    assert used(client.post("/v1/completions", json=completion)) == 5  # min(16, 5)
+    assert used(client.post("/v1/completions", json={**completion, "max_tokens": 2})) == 2
+    assert used(client.post("/v1/responses", json={"input": "hi", "ignore_eos": True})) == 5
+    refused = client.post("/v1/completions", json={**completion, "max_tokens": 9, "min_tokens": 7})
+    assert refused.status_code == 400 and "limit of 5 new tokens" in refused.json()["error"]["message"]
+    assert refused.json()["error"]["param"] == "min_tokens"
+    shown = TestClient(create_app(engine, served_model_name="tiny", generation_defaults={"skip_special_tokens": False}))
+    start = engine.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    special = {**completion, "max_tokens": 40, "temperature": 1.0, "seed": 2, "logit_bias": {str(start): 3.0}}
+    assert "<|im_start|>" in shown.post("/v1/completions", json=special).json()["choices"][0]["text"]
+    hidden = shown.post("/v1/completions", json={**special, "skip_special_tokens": True}).json()
+    assert "<|im_start|>" not in hidden["choices"][0]["text"]  # the request's own value wins
 
 
 def test_vllm_fields_at_their_defaults_and_a_request_id_label_are_taken(client: TestClient) -> None:

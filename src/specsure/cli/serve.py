@@ -82,7 +82,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--override-generation-config", type=_json_object, default=None, metavar="JSON",
                         help="defaults for the sampling fields a request leaves out, as vLLM's flag: "
                              "'{\"temperature\": 1.0}' samples as vLLM and OpenAI do by default (without it, such "
-                             "requests decode greedily); keys temperature, top_p, top_k, min_p, repetition_penalty")
+                             "requests decode greedily); keys temperature, top_p, top_k, min_p, repetition_penalty, "
+                             "presence_penalty, frequency_penalty, skip_special_tokens, and max_new_tokens (a chat "
+                             "request's default max_tokens and every request's limit)")
     parser.add_argument("--disable-log-stats", action="store_true",
                         help="no periodic throughput and acceptance lines in the log (vLLM's flag; by default every "
                              "$VLLM_LOG_STATS_INTERVAL seconds, 10, while requests run)")
@@ -242,5 +244,6 @@ def _json_object(text: str) -> dict:
 
 
 def _default_sampling(defaults: dict | None) -> str:
-    temperature = (defaults or {}).get("temperature")
-    return "decode greedily (vLLM's default is 1.0)" if not temperature else f"sample at temperature {temperature}"
+    temperature, limit = (defaults or {}).get("temperature"), (defaults or {}).get("max_new_tokens")
+    said = "decode greedily (vLLM's default is 1.0)" if not temperature else f"sample at temperature {temperature}"
+    return said if limit is None else f"{said}, every request at most {limit} new tokens"

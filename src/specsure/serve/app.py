@@ -30,7 +30,7 @@ from specsure.serve.body import parse_json, read_body
 from specsure.serve.chat_template import ChatTemplate
 from specsure.serve.errors import APIError, RequestError, error_body
 from specsure.serve.metrics import ServeMetrics
-from specsure.serve.generation_defaults import check_generation_defaults, with_defaults
+from specsure.serve.generation_defaults import check_generation_defaults, with_defaults, within_limit
 from specsure.serve.http_metrics import CountRequests, HttpMetrics
 from specsure.serve.prompt_ids import check_params, choice_params, encode_prompt, prompt_text
 from specsure.serve.protocol import (
@@ -101,8 +101,10 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
         log_stats: log vLLM's periodic throughput and acceptance lines (every $VLLM_LOG_STATS_INTERVAL
             seconds, 10 by default) while requests run; False is vLLM's --disable-log-stats.
         generation_defaults: what a request that leaves a sampling field out (or null) gets, as vLLM's
-            --override-generation-config gives it: temperature, top_p, top_k, min_p, repetition_penalty.
-            Without it such a request decodes greedily (temperature 0), where vLLM and OpenAI sample at 1.0.
+            --override-generation-config gives it (temperature, top_p, top_k, min_p, the three penalties,
+            skip_special_tokens), and max_new_tokens, a chat request's default max_tokens and every
+            request's limit. Without it such a request decodes greedily (temperature 0), where vLLM and
+            OpenAI sample at 1.0.
     """
     if type(max_queue) is not int or max_queue < 0:
         raise ValueError(f"max_queue = {max_queue!r} must be an int >= 0 (0: no request waits).")
@@ -259,6 +261,7 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
         choice after its prompt's echo, if ``echoes``; with ``prompt_only``, the echo alone; a chat
         answer split into reasoning and content under ``thinking``; ``response``: the Responses
         request the one answer is for."""
+        params = within_limit(defaults, params, delivery.max_tokens_field is not None, endpoint == "completion")
         each = None if echoes is None else [e for e in echoes for _ in range(delivery.n)]  # one per choice
         context = engine.target.lm.max_context
         # A background response is fed step by step too, so that it shows in_progress after its first step.
