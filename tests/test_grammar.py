@@ -13,6 +13,7 @@ from specsure import SamplingParams
 from specsure.grammar import GrammarError, StructuredOutputs
 from specsure.grammar.automaton import DEAD, ByteDFA, TokenAutomaton, TokenTable
 from specsure.grammar.integers import integer_range
+from specsure.grammar.json_schema import REF_RECURSION
 from specsure.grammar.pattern import compile_nfa
 from specsure.grammar.spec import compiled
 from specsure.sampling import SamplingError
@@ -155,9 +156,34 @@ def test_a_gbnf_grammar_generates_its_language_nested_as_deep_as_unrolled() -> N
     assert accepts(StructuredOutputs(grammar='root ::= "\\x41" [\\u00e9] .{2} "\\""'), 'Aé\u4e2d!"')
 
 
+def test_a_schema_that_refers_to_itself_is_unrolled_as_deep_as_a_grammar() -> None:
+    """pydantic writes a tree of nodes as a $ref inside its own definition: generated up to
+    REF_RECURSION levels of nodes, the last with no children."""
+    node = {"type": "object", "properties": {"name": {"type": "string"},
+                                             "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
+            "required": ["name"]}
+    spec = StructuredOutputs(json={"$defs": {"Node": node}, "$ref": "#/$defs/Node"})
+
+    def nested(depth: int) -> str:
+        inner = f', "children": [{nested(depth - 1)}]' if depth > 1 else ""
+        return f'{{"name": "n{depth}"{inner}}}'
+    for depth in range(1, REF_RECURSION + 1):
+        assert accepts(spec, nested(depth)), depth
+    assert accepts(spec, '{"name": "a", "children": [{"name": "b"}, {"name": "c", "children": []}]}')
+    assert not accepts(spec, nested(REF_RECURSION + 1))
+    assert not accepts(spec, '{"children": []}')  # name is still required at every level
+    optional = {"type": "object", "properties": {"v": {"type": "integer"},
+                                                 "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+                "required": ["v", "next"]}
+    linked = StructuredOutputs(json=optional)
+    assert accepts(linked, '{"v": 1, "next": {"v": 2, "next": null}}')
+    assert not accepts(linked, '{"v": 1, "next": {"v": 2}}')
+
+
 @pytest.mark.parametrize("grammar, words", [
     ('rot ::= "a"', "no rule named root (rules: rot)"),
     ("root ::= foo", "the rule 'foo' is used but never defined"),
+    ('root ::= "a" root', "no text matches it"),
     ('root ::= "a"\n  | "b"', "line 2, column 3"),
     ('root ::= (= "a")', "lookahead"),
     ('root ::= [z-a]', "reversed range"),
@@ -202,7 +228,7 @@ def test_json_object_accepts_nested_json_and_refuses_other_values() -> None:
     ({"type": "string", "not": {"const": "x"}}, "'not'"),
     ({"type": "array", "uniqueItems": True}, "'uniqueItems'"),
     ({"type": "integer", "multipleOf": 3}, "'multipleOf'"),
-    ({"type": "object", "properties": {"a": {"$ref": "#"}}}, "refers back to itself"),
+    ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, "no text matches it"),
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}, "['b']"),
     ({"type": "string", "format": "hostname"}, "'hostname'"),
     ({"type": "number", "minimum": 1}, "minimum is 1"),

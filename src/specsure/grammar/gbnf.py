@@ -16,15 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specsure.grammar.pattern import (EMPTY, MAX_CODEPOINT, Alt, Chars, Joined, Pattern, PatternError, Repeat, Seq,
-                                      negate, normalise)
+from specsure.grammar.pattern import (EMPTY, MAX_CODEPOINT, NEVER, Alt, Chars, Joined, Pattern, PatternError, Repeat,
+                                      Seq, negate, normalise)
 
 RECURSION_DEPTH = 4
 """How many times a rule may be open inside itself (a JSON grammar's nesting depth)."""
 MAX_REPEAT = 1000
 ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "[": "[", "]": "]", "-": "-", "^": "^", "/": "/"}
-NEVER = Alt(())
-"""A pattern no text matches: what a rule nested past RECURSION_DEPTH becomes."""
 
 
 @dataclass(frozen=True)

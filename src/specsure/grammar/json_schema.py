@@ -2,7 +2,7 @@
 
 What it follows (as vLLM's default backend, xgrammar, does): properties in the schema's order;
 no properties beyond those listed unless the schema lists none (``{"type": "object"}`` is any
-object); ``oneOf`` as ``anyOf``. Whitespace between tokens is bounded (up to two spaces or tabs,
+object); ``oneOf`` as ``anyOf``; a ``$ref`` inside itself unrolled ``REF_RECURSION`` deep. Whitespace between tokens is bounded (up to two spaces or tabs,
 or one line break and up to 16 of indentation), so a model cannot pad forever; none before or
 after the value. ``COMPACT`` allows none but the single spaces after "," and ":". A keyword that would change which texts are valid and that this compiler cannot
 enforce (``not``, ``uniqueItems``, ``multipleOf``, ...) is refused by name, never ignored.
@@ -14,15 +14,19 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from specsure.grammar.pattern import (Alt, Chars, Joined, Members, Pattern, PatternError, Repeat, Seq,
+from specsure.grammar.pattern import (NEVER, Alt, Chars, Joined, Members, Pattern, PatternError, Repeat, Seq,
                                       either, literal, normalise, subtract)
 from specsure.grammar.integers import DIGIT, NONZERO, integer_bounds, integer_range
 from specsure.grammar.regex import parse_regex
 
 ANY_DEPTH = 4
 """How deep an object or array of unspecified content may nest (``{"type": "object"}``, json_object)."""
-MAX_REF_DEPTH = 8
-"""How many ``$ref``s may be open at once; a schema that refers to itself is refused."""
+REF_RECURSION = 4
+"""How many times one ``$ref`` may be open inside itself: a schema that refers to itself (pydantic's
+tree of nodes) is unrolled this deep, and texts that nest deeper are not generated, as the
+grammars' ``RECURSION_DEPTH`` and json_object's ``ANY_DEPTH``."""
+MAX_REF_DEPTH = 32
+"""How many ``$ref``s may be open at once, recursive ones counted each time."""
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
                          "readOnly", "writeOnly", "$defs", "definitions", "format", "strict"})
 """Keywords that describe a value without narrowing it (format is read where it narrows)."""
@@ -265,9 +269,8 @@ class _Compiler:
         target = schema["$ref"]
         if not isinstance(target, str) or not (target == "#" or target.startswith("#/")):
             raise PatternError(f"{path}/$ref is {target!r}; only references inside the schema (#/...) are supported")
-        if target in refs:
-            raise PatternError(f"{path}/$ref {target!r} refers back to itself; recursive schemas cannot be "
-                               "compiled to a finite automaton")
+        if refs.count(target) >= REF_RECURSION:
+            return NEVER  # one level deeper than the unrolling goes: no text, so this branch is not taken
         if len(refs) >= MAX_REF_DEPTH:
             raise PatternError(f"{path}/$ref {target!r} is the {len(refs) + 1}th $ref open at once; at most "
                                f"{MAX_REF_DEPTH} may nest")

@@ -72,6 +72,21 @@ class Members:
 
 Pattern = Union[Chars, Seq, Alt, Repeat, Joined, Members]
 EMPTY = Seq(())
+NEVER = Alt(())
+"""A pattern no text matches: what a recursive rule or $ref nested past its depth becomes."""
+
+
+def matches_nothing(p: Pattern) -> bool:
+    """Whether no text matches ``p``: a constraint like that would leave a request no token to take."""
+    if isinstance(p, Chars):
+        return not p.ranges
+    if isinstance(p, Seq):
+        return any(matches_nothing(i) for i in p.items)
+    if isinstance(p, Alt):
+        return all(matches_nothing(i) for i in p.items)
+    if isinstance(p, (Repeat, Joined)):
+        return p.low > 0 and matches_nothing(p.item)
+    return any(required and matches_nothing(member) for member, required in p.items)
 
 
 def literal(text: str) -> Pattern:

@@ -9,9 +9,9 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Any, Mapping
 
-from specsure.grammar.gbnf import parse_gbnf
-from specsure.grammar.json_schema import COMPACT, FREE, any_object, schema_pattern
-from specsure.grammar.pattern import NFA, Alt, PatternError, after_marker, compile_nfa, literal
+from specsure.grammar.gbnf import RECURSION_DEPTH, parse_gbnf
+from specsure.grammar.json_schema import COMPACT, FREE, Layout, any_object, schema_pattern
+from specsure.grammar.pattern import NFA, Alt, Pattern, PatternError, after_marker, compile_nfa, literal, matches_nothing
 from specsure.grammar.regex import parse_regex
 
 MAX_CHOICES = 1000
@@ -127,6 +127,22 @@ class StructuredOutputs:
         return cls(**dict(body))
 
 
+def _pattern(spec: StructuredOutputs, layout: Layout) -> Pattern:
+    if spec.json is not None:
+        try:
+            schema = json.loads(spec.json)
+        except json.JSONDecodeError as e:
+            raise PatternError(f"is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+        return schema_pattern(schema, layout)
+    if spec.regex is not None:
+        return parse_regex(spec.regex)
+    if spec.choice is not None:
+        return Alt(tuple(literal(c) for c in spec.choice))
+    if spec.grammar is not None:
+        return parse_gbnf(spec.grammar)
+    return any_object(layout=layout)
+
+
 def _compact(schema: Any) -> str:
     return json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
 
@@ -170,19 +186,13 @@ def _compiled(spec: StructuredOutputs) -> NFA:
     field = spec.field
     layout = COMPACT if spec.disable_any_whitespace else FREE
     try:
-        if spec.json is not None:
-            try:
-                schema = json.loads(spec.json)
-            except json.JSONDecodeError as e:
-                raise PatternError(f"is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
-            return compile_nfa(schema_pattern(schema, layout))
-        if spec.regex is not None:
-            return compile_nfa(parse_regex(spec.regex))
-        if spec.choice is not None:
-            return compile_nfa(Alt(tuple(literal(c) for c in spec.choice)))
-        if spec.grammar is not None:
-            return compile_nfa(parse_gbnf(spec.grammar))
-        return compile_nfa(any_object(layout=layout))
+        pattern = _pattern(spec, layout)
+        if matches_nothing(pattern):
+            # A request under it could take no token: refused now, with the likely cause.
+            raise PatternError("no text matches it; a rule or $ref that can only end inside itself (each is "
+                               f"unrolled {RECURSION_DEPTH} deep) or a required branch that allows nothing "
+                               "leaves no way to finish the output")
+        return compile_nfa(pattern)
     except (PatternError, RecursionError) as e:
         message = str(e) if isinstance(e, PatternError) else "nests too deeply to compile"
         raise GrammarError(field, message) from None
