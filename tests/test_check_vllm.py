@@ -47,6 +47,20 @@ def test_ngram_placeholders_are_normalised(target):
     assert not compare(res, {**result, "prompt_lookup_min": 5}, exported={}).ok
 
 
+def test_specsures_own_keys_get_a_note_saying_what_vllm_does_instead(target):
+    result = vllm_result(method="ngram", model="ngram", num_speculative_tokens=3, prompt_lookup_min=2,
+                         prompt_lookup_max=5)
+    res = resolve({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_branches": 2,
+                   "disable_by_batch_size": 4}, model=target)
+    check = compare(res, result, exported=res.config.to_vllm())
+    assert check.ok
+    assert any("prompt_lookup_branches = 2 is specsure's own key" in n and "a chain of" in n for n in check.notes)
+    assert any("num_speculative_tokens_per_batch_size = [[1, 3, 3], [4, 4, 0]]" in n for n in check.notes)
+    assert "prompt_lookup_branches = 2" in check.table()
+    plain = resolve({"method": "ngram", "num_speculative_tokens": 3}, model=target)
+    assert compare(plain, result, exported={}).notes == ()
+
+
 def test_path_substring_is_named_with_a_symlink_fix(tmp_path, target):
     draft = write(tmp_path / "my-eagle-draft", num_hidden_layers=2)
     res = resolve({"method": "draft_model", "model": draft}, model=target)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import struct
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from specsure.cli.main import main
 from specsure.config import ConfigError, resolve
-from specsure.config.export import export
+from specsure.config.export import Export, export
 from specsure.config.vllm_overrides import neutral_name, predict_vllm_overrides, vllm_path_trap
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1000, "hidden_size": 64,
@@ -101,11 +102,40 @@ def test_vllm_command_is_shell_pasteable(ckpts):
 def test_sglang_ngram_flags(ckpts):
     res = resolve({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
                    "prompt_lookup_max": 3}, model=ckpts["target"])
-    got = flags(export(res, "sglang"))
-    assert got == {"--model-path": ckpts["target"], "--speculative-algorithm": "NGRAM",
-                   "--speculative-num-draft-tokens": "5", "--speculative-ngram-min-match-window-size": "1",
-                   "--speculative-ngram-max-match-window-size": "3", "--speculative-ngram-min-bfs-breadth": "1",
-                   "--speculative-ngram-max-bfs-breadth": "1"}
+    out = export(res, "sglang")
+    # SGLang 0.5.23 has no match-window flags: an argument it does not know stops it at start.
+    assert flags(out) == {"--model-path": ckpts["target"], "--speculative-algorithm": "NGRAM",
+                          "--speculative-num-draft-tokens": "5", "--speculative-ngram-min-bfs-breadth": "1",
+                          "--speculative-ngram-max-bfs-breadth": "1"}
+    assert any("prompt_lookup_min = 1 and prompt_lookup_max = 3 have no SGLang flag" in w for w in out.warnings)
+
+
+def test_sglang_never_asks_for_more_tree_nodes_than_its_steps_offer(ckpts):
+    """SGLang verifies at most topk + (steps - 1) * topk^2 nodes (organize_draft_results); a full
+    binary tree of depth 3 (14 nodes) would fail its first draft step."""
+    full = [[0], [1], [0, 0], [0, 1], [1, 0], [1, 1], *([a, b, c] for a in (0, 1) for b in (0, 1) for c in (0, 1))]
+    res = resolve({"method": "eagle3", "model": ckpts["eagle3"], "speculative_token_tree": str(full)},
+                  model=ckpts["target"])
+    out = export(res, "sglang")
+    got = flags(out)
+    assert (got["--speculative-num-steps"], got["--speculative-eagle-topk"]) == ("3", "2")
+    assert got["--speculative-num-draft-tokens"] == "11"  # 10 nodes + the current token
+    assert any("the tree has 14 nodes" in w and "at most 10" in w for w in out.warnings)
+    fits = resolve({"method": "eagle3", "model": ckpts["eagle3"], "speculative_token_tree": "[(0,), (1,), (0, 0)]"},
+                   model=ckpts["target"])
+    assert flags(export(fits, "sglang"))["--speculative-num-draft-tokens"] == "4"
+
+
+def test_sglang_is_told_when_a_head_names_a_class_it_does_not_register(ckpts, tmp_path):
+    head = tmp_path / "vllm-named-head"
+    shutil.copytree(ckpts["eagle3"], head)
+    config = json.loads((head / "config.json").read_text())
+    (head / "config.json").write_text(json.dumps({**config, "architectures": ["Eagle3LlamaForCausalLM"]}))
+    res = resolve({"method": "eagle3", "model": str(head), "num_speculative_tokens": 2}, model=ckpts["target"])
+    assert any("'Eagle3LlamaForCausalLM'" in w and '"architectures": ["LlamaForCausalLMEagle3"]' in w
+               for w in export(res, "sglang").warnings)
+    shipped = resolve({"method": "eagle3", "model": ckpts["eagle3"], "num_speculative_tokens": 2}, model=ckpts["target"])
+    assert not any("registers" in w for w in export(shipped, "sglang").warnings)
 
 
 @pytest.mark.parametrize("kind, spec, algorithm", [
@@ -249,6 +279,29 @@ def test_cli_json(ckpts, capsys):
     assert data["speculative_config"] == {"method": "draft_model", "model": ckpts["beagle_draft"],
                                           "num_speculative_tokens": 2}
     assert data["workarounds"] and data["warnings"]
+
+
+def test_cli_carries_vllms_deployment_keys_to_the_engine(ckpts, capsys):
+    """A vLLM config file holds draft parallelism, quantization, revisions: specsure does not run them,
+    and the export passes them on (vLLM has no flag of its own for them; SGLang has two)."""
+    spec = json.dumps({"method": "draft_model", "model": ckpts["draft"], "num_speculative_tokens": 2,
+                       "draft_tensor_parallel_size": 1, "quantization": "fp8", "revision": "main"})
+    assert main(["export", "--to", "vllm", "--model", ckpts["target"], "--speculative-config", spec,
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["speculative_config"] == {"method": "draft_model", "model": ckpts["draft"],
+                                          "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1,
+                                          "quantization": "fp8", "revision": "main"}
+    assert json.loads(data["args"][data["args"].index("--speculative-config") + 1]) == data["speculative_config"]
+    assert main(["export", "--to", "sglang", "--model", ckpts["target"], "--speculative-config", spec,
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert flags(Export("sglang", tuple(data["args"])))["--speculative-draft-model-quantization"] == "fp8"
+    assert flags(Export("sglang", tuple(data["args"])))["--speculative-draft-model-revision"] == "main"
+    assert any("draft_tensor_parallel_size = 1 is a vLLM deployment key with no SGLang flag" in w
+               for w in data["warnings"])
+    assert main(["explain", "--model", ckpts["target"], "--speculative-config", spec]) == 2  # not specsure's to run
+    assert "`specsure export` takes it" in capsys.readouterr().err
 
 
 def test_cli_text_prints_args_and_warnings(ckpts, capsys):
@@ -425,15 +478,20 @@ def test_a_draft_vllm_makes_an_mtp_model_is_checked_by_its_module_count(tmp_path
         assert len(named) == 1 and expected in named[0] and f"num_nextn_predict_layers = {layers}" in named[0]
 
 
-def test_disable_by_batch_size_is_left_out_and_named_for_both_engines(ckpts):
-    """vLLM 0.33.0's SpeculativeConfig refuses the key ("Unexpected keyword argument"): the export leaves it
-    out and says what vLLM does instead, as SGLang's does."""
-    res = resolve({"method": "ngram", "disable_by_batch_size": 8}, model=ckpts["target"])
+def test_disable_by_batch_size_is_vllms_batch_size_schedule_and_named_for_sglang(ckpts):
+    """vLLM 0.33.0 refuses the key ("Unexpected keyword argument") but has a schedule that says the
+    same: k up to the limit, none from it on (the last range's k carries to larger batches)."""
+    res = resolve({"method": "ngram", "num_speculative_tokens": 5, "disable_by_batch_size": 8},
+                  model=ckpts["target"])
     assert res.decisions["disable_by_batch_size"].source == "user"
     out = export(res, "vllm")
-    assert "disable_by_batch_size" not in vllm_json(out)
-    assert any("disable_by_batch_size = 8 is not a key of vLLM 0.33.0" in w and "drafts at every batch size" in w
-               for w in out.warnings)
+    spec = vllm_json(out)
+    assert "disable_by_batch_size" not in spec
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 7, 5], [8, 8, 0]]
+    assert not any("disable_by_batch_size" in w for w in out.warnings)
+    suffix = export(resolve({"method": "suffix", "disable_by_batch_size": 8}, model=ckpts["target"]), "vllm")
+    assert "num_speculative_tokens_per_batch_size" not in vllm_json(suffix)  # vLLM's V1 runner turns it off
+    assert any("disable_by_batch_size = 8 is left out" in w and "V1 model runner" in w for w in suffix.warnings)
     sglang = export(res, "sglang")
     assert not any("batch" in flag for flag in flags(sglang))
     assert any("disable_by_batch_size = 8 has no SGLang flag" in w for w in sglang.warnings)

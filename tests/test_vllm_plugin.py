@@ -119,13 +119,19 @@ def test_a_token_tree_is_handed_to_vllm_as_a_chain_in_warn_mode_and_the_plugin_s
                for r in caplog.records)
 
 
-def test_disable_by_batch_size_is_not_handed_to_vllm_in_warn_mode_and_the_plugin_says_so(models, caplog,
-                                                                                        monkeypatch):
+def test_disable_by_batch_size_reaches_vllm_as_its_batch_size_schedule(models, caplog, monkeypatch):
+    spec = vllm(models["target"], speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                                      "disable_by_batch_size": 4})
+    assert spec.method == "ngram" and "disable_by_batch_size" not in spec.extra  # vLLM 0.33.0 would refuse it
+    assert spec.extra["num_speculative_tokens_per_batch_size"] == [[1, 3, 3], [4, 4, 0]]
+    with pytest.raises(PluginRefusal, match="both say when to draft"):  # the user's own vLLM key beside it
+        vllm(models["target"], speculative_config={"method": "ngram", "disable_by_batch_size": 4,
+                                                   "num_speculative_tokens_per_batch_size": [[1, 8, 2]]})
     monkeypatch.setenv("SPECSURE_VLLM_PLUGIN", "warn")
     with caplog.at_level(logging.WARNING, logger="vllm.specsure"):
-        spec = vllm(models["target"], speculative_config={"method": "ngram", "disable_by_batch_size": 4})
-    assert spec.method == "ngram" and "disable_by_batch_size" not in spec.extra  # vLLM 0.33.0 would refuse it
-    assert any("disable_by_batch_size = 4 is a specsure key" in r.message and "at every batch size" in r.message
+        spec = vllm(models["target"], speculative_config={"method": "suffix", "disable_by_batch_size": 4})
+    assert spec.method == "suffix" and "num_speculative_tokens_per_batch_size" not in spec.extra
+    assert any("disable_by_batch_size = 4 is a specsure key" in r.message and "V1 model runner" in r.message
                for r in caplog.records)
 
 

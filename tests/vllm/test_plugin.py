@@ -25,7 +25,8 @@ for case in json.load(sys.stdin):
                           quantization=case.get("quantization"))
         configure_logging_if_needed(args.create_logging_config())  # as create_engine_config does first
         spec = args.create_speculative_config(args.create_model_config(), ParallelConfig())
-        out.append({"method": spec.method, "model": spec.model, "quantization": spec.quantization})
+        out.append({"method": spec.method, "model": spec.model, "quantization": spec.quantization,
+                    "schedule": spec.num_speculative_tokens_per_batch_size})
     except Exception as exc:
         out.append({"error": f"{type(exc).__name__}: {exc}"})
 print("RESULT " + json.dumps(out))
@@ -59,9 +60,14 @@ CASES = [
     ("neutral: eagle3 in an eagle3 folder", "target", {"method": "eagle3", "model": "EAGLE3-LLaMA-head"},
      ("eagle3", "EAGLE3-LLaMA-head")),
     ("neutral: ngram", "target", {"method": "ngram", "num_speculative_tokens": 3}, ("ngram", None)),
-    ("ngram with disable_by_batch_size (no vLLM 0.33.0 key)", "target",
-     {"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 4}, "refused: a key vLLM lacks"),
+    ("ngram with disable_by_batch_size (vLLM's schedule)", "target",
+     {"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 4}, ("ngram", None)),
+    ("eagle3 with a token tree (no vLLM 0.33.0 key)", "target",
+     {"method": "eagle3", "model": "EAGLE3-LLaMA-head", "speculative_token_tree": "[(0,), (1,)]"},
+     "refused: a key vLLM lacks"),
 ]
+SCHEDULES = {"ngram with disable_by_batch_size (vLLM's schedule)": [[1, 3, 3], [4, 4, 0]]}
+"""The batch-size schedule vLLM must hold: disable_by_batch_size as its own key."""
 EXTRA = {"MY-EAGLE-DRAFT": "small-draft", "eagle-experiments/draft": "small-draft"}
 QUANTIZED = {"the seed case with --quantization fp8": "fp8"}
 """The target's --quantization, which vLLM gives an MTP draft it fills from the target itself."""
@@ -108,7 +114,8 @@ def test_enforce_runs_the_users_method_and_draft_or_refuses(enforced, paths, ind
     got = enforced[0][index]
     if expected == "refused: a key vLLM lacks":  # enforce never drops an explicit key to let vLLM start
         error = got.get("error", "")
-        assert error.startswith("PluginRefusal") and "disable_by_batch_size = 4 is a specsure key" in error, got
+        assert error.startswith("PluginRefusal") and "speculative_token_tree = " in error, got
+        assert "is a specsure key" in error
         return
     if expected == "refused":
         error = got.get("error", "")
@@ -118,6 +125,7 @@ def test_enforce_runs_the_users_method_and_draft_or_refuses(enforced, paths, ind
     method, folder = expected
     assert "error" not in got, got
     assert got["method"] == method and got["quantization"] == QUANTIZED.get(CASES[index][0])
+    assert got["schedule"] == SCHEDULES.get(CASES[index][0]), got
     if folder is not None:
         assert os.path.realpath(got["model"]) == os.path.realpath(paths[folder])
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from specsure.cli.common import EXIT_OK, add_model_flags, parse_speculative_config
 from specsure.config import resolve
+from specsure.config.deployment import split_deployment, with_deployment
 from specsure.config.export import ENGINES, VLLM_TESTED_VERSIONS, export
 
 
@@ -35,9 +36,11 @@ def json_error(message: str) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     logging.getLogger("specsure.config").setLevel(logging.ERROR)  # the warnings are printed below
     try:
-        res = resolve(parse_speculative_config(args.speculative_config), model=args.model, strict=args.strict,
+        # vLLM's deployment keys (draft parallelism, quantization, ...) pass through to the engine.
+        spec, deployment = split_deployment(parse_speculative_config(args.speculative_config))
+        res = resolve(spec, model=args.model, strict=args.strict,
                       dtype=None)  # for another engine: nothing here decides its defaults
-        out = export(res, args.to, strict=args.strict)
+        out = with_deployment(export(res, args.to, strict=args.strict), deployment)
     except ValueError as exc:
         if args.json:  # a script reading stdout gets JSON either way
             print(json.dumps(json_error(str(exc)), indent=2))

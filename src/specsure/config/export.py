@@ -19,6 +19,7 @@ from specsure.config.checkpoint import MTP_LAYER_KEYS
 from specsure.config.compat import LAYER_IDS_KEY, aux_layer_ids, declared_aux_layers
 from specsure.config.detect import MTP_HEAD_ARCHITECTURES
 from specsure.config.errors import ConfigError
+from specsure.config.schema import VLLM_INSTEAD
 from specsure.config.speculators import is_speculators
 from specsure.config.token_tree import is_chain
 from specsure.config.vllm_overrides import local_path, predict_vllm_overrides, speculators_refusal, target_path
@@ -200,17 +201,16 @@ def _vllm(res: "Resolution") -> Export:
                         f"{', '.join(VLLM_TESTED_VERSIONS)} (earlier vLLM releases had it), so it is left out: vLLM "
                         f"drafts a chain of num_speculative_tokens = {config.num_speculative_tokens} tokens. Its output "
                         "is the same; a different number of tokens is accepted per step.")
-    if config.disable_by_batch_size is not None:
-        # Its V0 engine had the key; 0.33.0's SpeculativeConfig refuses it as an unexpected argument.
-        warnings.append(f"disable_by_batch_size = {config.disable_by_batch_size} is not a key of vLLM "
-                        f"{', '.join(VLLM_TESTED_VERSIONS)} (its V0 engine had it), so it is left out: vLLM drafts "
-                        "at every batch size. Its output is the same; under a full batch it verifies drafts that "
-                        "specsure would skip.")
+    if config.disable_by_batch_size is not None and config.vllm_batch_schedule() is None:
+        warnings.append(f"disable_by_batch_size = {config.disable_by_batch_size} is left out: vLLM "
+                        f"{', '.join(VLLM_TESTED_VERSIONS)} drafts {VLLM_INSTEAD['disable_by_batch_size']}. Its "
+                        "output is the same; under a full batch it verifies drafts that specsure would skip.")
     warnings += vllm_refusals(res)
     if config.method == "suffix":
         # vllm/config/speculative.py _validate_suffix_decoding raises ImportError without it.
         warnings.append("vLLM runs suffix decoding through the arctic-inference package and refuses the config "
-                        "without it; install it in vLLM's environment: pip install arctic-inference.")
+                        "without it; install the release vLLM asks for in vLLM's environment: "
+                        "pip install arctic-inference==0.1.1.")
     workarounds = []
     for o in predict_vllm_overrides(res):
         warnings.append(f"vLLM {', '.join(VLLM_TESTED_VERSIONS)} would run {o.field} {o.vllm!r}, not {o.asked!r}: "
@@ -287,11 +287,32 @@ def _mtp_modules(res: "Resolution") -> int | None:
     return layers[1] if layers is not None else None
 
 
+SGLANG_HEAD_CLASSES: Final[Mapping[str, str]] = {"eagle": "LlamaForCausalLMEagle", "eagle3": "LlamaForCausalLMEagle3"}
+"""The head classes SGLang 0.5.23 registers (EntryClass in srt/models/llama_eagle*.py)."""
+
+
+def _sglang_head_class(res: "Resolution") -> list[str]:
+    """A head whose architectures name another engine's class (vLLM's Eagle3LlamaForCausalLM): SGLang
+    looks the name up in its registry and refuses to load it."""
+    config, draft = res.config, res.draft
+    wanted = SGLANG_HEAD_CLASSES.get(config.method) if config is not None else None
+    if wanted is None or draft is None or is_speculators(draft.config):
+        return []
+    named = [a for a in draft.config.get("architectures") or () if isinstance(a, str)]
+    if not named or wanted in named:
+        return []
+    said = (f"the head {config.model!r} names its class {', '.join(map(repr, named))} in config.json; SGLang 0.5.23 "
+            f"registers its {config.method} heads as {wanted!r} only and refuses a name it does not know at load.")
+    if any("Llama" in name for name in named):  # vLLM's name for the same Llama layer and tensors
+        return [f"{said} Give SGLang a copy of the head whose config.json says \"architectures\": [\"{wanted}\"]."]
+    return [f"{said} SGLang has no class for this head's layer; serve it with specsure or vLLM."]
+
+
 def _sglang(res: "Resolution") -> Export:
     config = res.config
     assert config is not None
     if config.method not in SGLANG_ALGORITHMS:
-        choices = ", ".join(sorted({*SGLANG_ALGORITHMS.values(), "DFLASH"}))
+        choices = ", ".join(sorted({*SGLANG_ALGORITHMS.values(), "DFLASH", "DSPARK", "UNO"}))
         raise ConfigError(
             f"SGLang has no {config.method!r} method: its --speculative-algorithm choices ({choices}) "
             "include no suffix decoding, and specsure never exports an approximation (SGLang's NGRAM "
@@ -303,9 +324,13 @@ def _sglang(res: "Resolution") -> Export:
     if config.method == "ngram":
         # SGLang counts the current token in num-draft-tokens; breadth 1 keeps one chain, no tree.
         args += ["--speculative-num-draft-tokens", str(k + 1),
-                 "--speculative-ngram-min-match-window-size", str(config.prompt_lookup_min),
-                 "--speculative-ngram-max-match-window-size", str(config.prompt_lookup_max),
                  "--speculative-ngram-min-bfs-breadth", "1", "--speculative-ngram-max-bfs-breadth", "1"]
+        # SGLang 0.5.23's ngram flags (srt/arg_groups/fields/spec.py) have no match window; older
+        # releases' --speculative-ngram-*-match-window-size stop today's SGLang at start.
+        warnings.append(f"prompt_lookup_min = {config.prompt_lookup_min} and prompt_lookup_max = "
+                        f"{config.prompt_lookup_max} have no SGLang flag, so they are left out: SGLang's NGRAM "
+                        "matches the context's last tokens against its cache up to --speculative-ngram-max-trie-depth "
+                        "(18 by default) tokens deep. The output is the same; the drafts differ.")
         if (config.prompt_lookup_branches or 1) > 1:
             warnings.append(f"prompt_lookup_branches = {config.prompt_lookup_branches} is specsure's own token tree; "
                             "SGLang's NGRAM builds its trees differently, so the export keeps it to one chain "
@@ -316,16 +341,24 @@ def _sglang(res: "Resolution") -> Export:
         draft = local_path(config.model) if config.model is not None else target_path(res)
         tree = config.speculative_token_tree
         steps, topk = (k, 1) if tree is None else (max(map(len, tree)), 1 + max(rank for node in tree for rank in node))
+        # SGLang picks the verified nodes among topk + (steps - 1) * topk^2 candidates (organize_draft_results
+        # in srt/speculative/eagle_utils.py); more fails its first draft step.
+        nodes = min(k, topk + (steps - 1) * topk * topk)
         args += ["--speculative-draft-model-path", draft, "--speculative-num-steps", str(steps),
-                 "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(k + 1)]
+                 "--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(nodes + 1)]
         if tree is not None and topk > 1:
             source = res.decisions["speculative_token_tree"].source
             whose = "your tree's" if source == "user" else f"the tree's ({source})"
-            warnings.append(f"SGLang has no static speculative_token_tree: it grows a tree each step from the head's "
-                            f"top {topk} at every node for {steps} steps and verifies the {k} most likely nodes "
-                            "(--speculative-eagle-topk, --speculative-num-steps, --speculative-num-draft-tokens); "
-                            f"the export gives it {whose} width, depth and node count. The output is the same; "
-                            "which nodes are drafted differs.")
+            warnings.append(f"SGLang has no static speculative_token_tree: each of {steps} steps it extends its "
+                            f"{topk} most likely branches by their top {topk} tokens, then verifies the {nodes} most "
+                            "likely nodes (--speculative-num-steps, --speculative-eagle-topk, "
+                            f"--speculative-num-draft-tokens); the export gives it {whose} depth, width and node "
+                            "count. The output is the same; which nodes are drafted differs.")
+            if nodes < k:
+                warnings.append(f"the tree has {k} nodes, but SGLang's {steps} steps of top {topk} offer at most "
+                                f"{nodes} to verify ({topk} + ({steps} - 1) x {topk}^2), and it fails at its first "
+                                f"draft step when asked for more: the export asks for {nodes}.")
+        warnings += _sglang_head_class(res)
         if config.method == "mtp":
             warnings.append("SGLang renames NEXTN to EAGLE internally; with a target that has MTP (NextN) layers "
                             "it still runs those layers, which is mtp.")

@@ -35,13 +35,19 @@ FIELDS: Final[tuple[str, ...]] = (
 )
 SPECSURE_ONLY_FIELDS: Final[frozenset[str]] = frozenset({"prompt_lookup_branches", "speculative_token_tree",
                                                          "disable_by_batch_size"})
-"""Keys vLLM 0.33.0 does not have: exports leave them out (and say what vLLM does instead).
-speculative_token_tree and disable_by_batch_size are keys of earlier vLLM releases, which 0.33.0 refuses."""
+"""Keys vLLM 0.33.0 does not have: exports leave them out (and say what vLLM does instead), but
+disable_by_batch_size, which they give vLLM as its batch-size schedule (VLLM_SCHEDULE_KEY) where it
+runs one. speculative_token_tree and disable_by_batch_size are keys of earlier vLLM releases, which
+0.33.0 refuses."""
 VLLM_INSTEAD: Final[Mapping[str, str]] = {
     "prompt_lookup_branches": "a chain of num_speculative_tokens = {k} tokens",
     "speculative_token_tree": "a chain of num_speculative_tokens = {k} tokens",
-    "disable_by_batch_size": "at every batch size"}
+    "disable_by_batch_size": "at every batch size (it runs suffix on its V1 model runner, which turns its "
+                             "batch-size schedule, num_speculative_tokens_per_batch_size, off)"}
 """What vLLM 0.33.0 drafts without each of SPECSURE_ONLY_FIELDS ({k}: the resolved k)."""
+VLLM_SCHEDULE_KEY: Final[str] = "num_speculative_tokens_per_batch_size"
+"""vLLM 0.33.0's batch-size schedule: inclusive (first, last, k) ranges, the last k carried on to
+every larger batch (vllm/v1/spec_decode/dynamic/utils.py)."""
 KEY_ALIASES: Final[Mapping[str, str]] = {"draft_model": "model"}
 VLLM_ONLY_KEYS: Final[frozenset[str]] = frozenset({
     "draft_tensor_parallel_size", "quantization", "max_model_len", "revision", "code_revision",
@@ -221,4 +227,15 @@ class SpeculativeConfig:
             out["prompt_lookup_max"] = self.prompt_lookup_max
         if self.method == "suffix":
             out.update({key: getattr(self, key) for key in SUFFIX_FIELDS})
-        return out  # disable_by_batch_size: vLLM 0.33.0 refuses the key (SPECSURE_ONLY_FIELDS)
+        if (schedule := self.vllm_batch_schedule()) is not None:
+            out[VLLM_SCHEDULE_KEY] = schedule
+        return out
+
+    def vllm_batch_schedule(self) -> list[list[int]] | None:
+        """disable_by_batch_size as vLLM 0.33.0's schedule: k below the limit, none from it on. None
+        without a limit, and for suffix: vLLM runs suffix on its V1 model runner, which turns the
+        schedule off (vllm/config/vllm.py, _maybe_disable_dynamic_sd_for_v1)."""
+        limit = self.disable_by_batch_size
+        if limit is None or self.method == "suffix":
+            return None
+        return [[1, limit - 1, self.num_speculative_tokens], [limit, limit, 0]]

@@ -81,8 +81,8 @@ def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
         if canonical in VLLM_ONLY_KEYS:
             raise ConfigError(
                 f"{key!r} is a key of vLLM's speculative config for its own deployment, which specsure does not "
-                f"use (one process, no parallelism, quantization or revisions). Remove it here; give it to vLLM "
-                f"alongside the command specsure export prints. specsure's keys: {', '.join(FIELDS)}.")
+                f"use (one process, no parallelism, quantization or revisions). Remove it here; `specsure export` "
+                f"takes it and passes it on to vLLM or SGLang. specsure's keys: {', '.join(FIELDS)}.")
         if canonical not in FIELDS:
             known = list(FIELDS) + list(KEY_ALIASES)
             raise ConfigError(

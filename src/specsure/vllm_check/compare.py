@@ -11,7 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Mapping
 
-from specsure.config.schema import FIELDS, SPECSURE_ONLY_FIELDS, SUFFIX_FIELDS
+from specsure.config.schema import FIELDS, SPECSURE_ONLY_FIELDS, SUFFIX_FIELDS, VLLM_INSTEAD, SpeculativeConfig
+from specsure.config.token_tree import is_chain
 from specsure.config.vllm_overrides import (
     PathTrap, speculators_override, target_path, trap_fix, vllm_draft_path, vllm_path_trap,
 )
@@ -139,13 +140,25 @@ def compare(res: "Resolution", vllm: Mapping[str, Any], *, exported: Mapping[str
             mismatches.append(_diagnose(res, name, ours[name], theirs[name], vllm))
     if vllm.get("replaced_by_speculators") and not mismatches:  # the same method and draft, another target
         mismatches.append(_speculators_mismatch(res, "target", target_path(res), vllm.get("target"), vllm))
-    notes = []
+    notes = [_left_out(name, getattr(config, name), config) for name in sorted(SPECSURE_ONLY_FIELDS)
+             if getattr(config, name) not in (None, 1)]  # prompt_lookup_branches 1 is one chain, as vLLM's
     if as_written and "error" in as_written:
         notes.append(f"vLLM rejects your config as written: {' '.join(as_written['error'].split())[:300]}")
     elif written and written["method"] != theirs["method"]:
         notes.append(f"as written (without specsure's explicit fields), vLLM would run method "
                      f"{written['method']!r}; the exported config makes it {theirs['method']!r}.")
     return Check(tuple(rows), tuple(mismatches), vllm_version, dict(exported), tuple(notes))
+
+
+def _left_out(name: str, value: Any, config: "SpeculativeConfig") -> str:
+    """What vLLM does with one of specsure's own keys: no row compares it, so a note says it."""
+    if name == "disable_by_batch_size" and config.vllm_batch_schedule() is not None:
+        return (f"{name} = {value} went to vLLM as num_speculative_tokens_per_batch_size = "
+                f"{json.dumps(config.vllm_batch_schedule())}: the same batch sizes draft nothing.")
+    if name == "speculative_token_tree" and is_chain(value):
+        return f"{name} = {json.dumps(value)} is a chain, which vLLM drafts as num_speculative_tokens."
+    return (f"{name} = {json.dumps(value)} is specsure's own key, left out of the exported config: vLLM "
+            f"drafts {VLLM_INSTEAD[name].format(k=config.num_speculative_tokens)}. The output is the same.")
 
 
 def _normalise(result: Mapping[str, Any]) -> dict[str, Any]:

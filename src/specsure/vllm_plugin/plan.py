@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from specsure.config.errors import ConfigError
 from specsure.config.resolution import Resolution, resolve
-from specsure.config.schema import FIELDS, KEY_ALIASES, SPECSURE_ONLY_FIELDS, VLLM_INSTEAD
+from specsure.config.schema import FIELDS, KEY_ALIASES, SPECSURE_ONLY_FIELDS, VLLM_INSTEAD, VLLM_SCHEDULE_KEY
 from specsure.config.vllm_overrides import model_type_override, vllm_draft_path, vllm_path_trap
 from specsure.config.vllm_rules import DETECTION_SKIPPED
 from specsure.vllm_plugin.links import neutral_link
@@ -96,10 +96,17 @@ def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = Tr
         # vLLM runs an explicit method whatever the checkpoint is; the plugin keeps the method and says so.
         warnings.append(f"specsure's engine would refuse this config: {exc}")
     handed = {**theirs, **res.config.to_vllm()}
-    dropped = tuple(f"{key} = {json.dumps(ours[key])} is a specsure key that vLLM does not have; without it "
-                    f"vLLM drafts {VLLM_INSTEAD[key].format(k=res.config.num_speculative_tokens)}. Remove it "
-                    "from the config for vLLM, or serve this config with specsure."
-                    for key in sorted(SPECSURE_ONLY_FIELDS & set(ours)) if ours[key] is not None)
+    # disable_by_batch_size reaches vLLM as its batch-size schedule, where it runs one.
+    carried = {"disable_by_batch_size"} if VLLM_SCHEDULE_KEY in handed else set()
+    dropped = [f"{key} = {json.dumps(ours[key])} is a specsure key that vLLM does not have; without it "
+               f"vLLM drafts {VLLM_INSTEAD[key].format(k=res.config.num_speculative_tokens)}. Remove it "
+               "from the config for vLLM, or serve this config with specsure."
+               for key in sorted(SPECSURE_ONLY_FIELDS & set(ours) - carried) if ours[key] is not None]
+    if carried and VLLM_SCHEDULE_KEY in theirs:
+        handed[VLLM_SCHEDULE_KEY] = theirs[VLLM_SCHEDULE_KEY]  # the user's own vLLM key is kept as given
+        dropped.append(f"disable_by_batch_size = {json.dumps(ours['disable_by_batch_size'])} and vLLM's "
+                       f"{VLLM_SCHEDULE_KEY} = {json.dumps(theirs[VLLM_SCHEDULE_KEY])} both say when to draft; "
+                       "vLLM gets its own key. Remove one of them.")
     links: list[tuple[str, str]] = []
     where = vllm_draft_path(res)
     if where is not None and res.config.method not in DETECTION_SKIPPED and vllm_path_trap(where[0]):
@@ -114,7 +121,7 @@ def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = Tr
         # No key stops this one; the guard sees it once vLLM has resolved, and refuses or warns.
         warnings.append(f"vLLM will switch method {res.config.method!r} to {behind.vllm!r} whatever it is handed: "
                         f"{behind.cause}; {behind.fix}.")
-    return Plan(user=user, resolution=res, handed=handed, links=tuple(links), dropped=dropped,
+    return Plan(user=user, resolution=res, handed=handed, links=tuple(links), dropped=tuple(dropped),
                 warnings=tuple(warnings))
 
 
