@@ -156,6 +156,38 @@ def test_a_gbnf_grammar_generates_its_language_nested_as_deep_as_unrolled() -> N
     assert accepts(StructuredOutputs(grammar='root ::= "\\x41" [\\u00e9] .{2} "\\""'), 'Aé\u4e2d!"')
 
 
+def trapped(spec: StructuredOutputs, limit: int = 5000) -> list[int]:
+    """The reachable states of ``spec``'s automaton from which no text can be completed: a model that
+    entered one would have no token left and its output would end unfinished."""
+    dfa = ByteDFA(compiled(spec))
+    seen, todo, edges = {dfa.start}, [dfa.start], {}
+    while todo and len(seen) < limit:
+        state = todo.pop()
+        dfa.build(state)
+        edges[state] = {int(t) for t in dfa.table[state] if t != DEAD}
+        for nxt in edges[state] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    assert not todo, "the automaton is larger than the test explores"
+    good = {s for s in seen if dfa.accepting[s]}
+    while grown := {s for s in seen - good if edges[s] & good}:
+        good |= grown
+    return sorted(seen - good)
+
+
+def test_a_rule_nested_past_its_depth_leaves_no_path_into_it() -> None:
+    """The "[" that would open a fifth level is not allowed at all: with it a model could write
+    "[[[[" and find no token to go on."""
+    brackets = StructuredOutputs(grammar='root ::= "[" root "]" | "x"')
+    assert accepts(brackets, "[[[x]]]") and not accepts(brackets, "[[[[x]]]]")
+    assert trapped(brackets) == []
+    optional = {"type": "object", "properties": {"v": {"type": "integer", "minimum": 0, "maximum": 9},
+                                                 "next": {"$ref": "#"}}, "required": ["v"]}
+    linked = StructuredOutputs(json=optional, disable_any_whitespace=True)
+    assert accepts(linked, '{"v": 1, "next": {"v": 2}}')
+    assert trapped(linked) == []
+
+
 def test_a_schema_that_refers_to_itself_is_unrolled_as_deep_as_a_grammar() -> None:
     """pydantic writes a tree of nodes as a $ref inside its own definition: generated up to
     REF_RECURSION levels of nodes, the last with no children."""

@@ -8,7 +8,7 @@ sequences, so one automaton checks both the characters and their encoding.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import Callable, Union
 
 MAX_CODEPOINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
@@ -76,17 +76,40 @@ NEVER = Alt(())
 """A pattern no text matches: what a recursive rule or $ref nested past its depth becomes."""
 
 
-def matches_nothing(p: Pattern) -> bool:
-    """Whether no text matches ``p``: a constraint like that would leave a request no token to take."""
+def prune(p: Pattern) -> Pattern:
+    """``p`` without the branches no text can complete, NEVER when nothing is left. Unrolled
+    recursion ends in NEVER; without this the automaton would keep the edges that lead into it
+    (the "[" before a rule nested too deep), and a model that took one would be left with no
+    token to end its output."""
+    memo: dict[int, Pattern] = {}
+
+    def walk(q: Pattern) -> Pattern:
+        done = memo.get(id(q))
+        if done is None:
+            done = memo[id(q)] = _pruned(q, walk)
+        return done
+    return walk(p)
+
+
+def _pruned(p: Pattern, walk: Callable[[Pattern], Pattern]) -> Pattern:
     if isinstance(p, Chars):
-        return not p.ranges
+        return p if p.ranges else NEVER
     if isinstance(p, Seq):
-        return any(matches_nothing(i) for i in p.items)
+        items = tuple(walk(i) for i in p.items)
+        return NEVER if NEVER in items else Seq(items)
     if isinstance(p, Alt):
-        return all(matches_nothing(i) for i in p.items)
-    if isinstance(p, (Repeat, Joined)):
-        return p.low > 0 and matches_nothing(p.item)
-    return any(required and matches_nothing(member) for member, required in p.items)
+        items = tuple(i for i in map(walk, p.items) if i != NEVER)
+        return Alt(items) if items else NEVER
+    if isinstance(p, Repeat):
+        item = walk(p.item)
+        return Repeat(item, p.low, p.high) if item != NEVER else (EMPTY if p.low == 0 else NEVER)
+    if isinstance(p, Joined):
+        item = walk(p.item)
+        return Joined(item, walk(p.sep), p.low) if item != NEVER else (EMPTY if p.low == 0 else NEVER)
+    members = tuple((walk(member), required) for member, required in p.items)
+    if any(required and member == NEVER for member, required in members):
+        return NEVER
+    return Members(tuple((m, r) for m, r in members if m != NEVER), p.sep)
 
 
 def literal(text: str) -> Pattern:

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from specsure.grammar.gbnf import RECURSION_DEPTH, parse_gbnf
 from specsure.grammar.json_schema import COMPACT, FREE, Layout, any_object, schema_pattern
-from specsure.grammar.pattern import NFA, Alt, Pattern, PatternError, after_marker, compile_nfa, literal, matches_nothing
+from specsure.grammar.pattern import NEVER, NFA, Alt, Pattern, PatternError, after_marker, compile_nfa, literal, prune
 from specsure.grammar.regex import parse_regex
 
 MAX_CHOICES = 1000
@@ -186,8 +186,8 @@ def _compiled(spec: StructuredOutputs) -> NFA:
     field = spec.field
     layout = COMPACT if spec.disable_any_whitespace else FREE
     try:
-        pattern = _pattern(spec, layout)
-        if matches_nothing(pattern):
+        pattern = prune(_pattern(spec, layout))
+        if pattern == NEVER:
             # A request under it could take no token: refused now, with the likely cause.
             raise PatternError("no text matches it; a rule or $ref that can only end inside itself (each is "
                                f"unrolled {RECURSION_DEPTH} deep) or a required branch that allows nothing "
