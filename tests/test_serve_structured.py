@@ -78,3 +78,30 @@ def test_a_bad_constraint_is_a_400_that_names_the_field(engine: Engine, body: di
         assert error["param"] == param and words in error["message"], error
     assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2,
                                                 "response_format": {"type": "text"}}).status_code == 200
+
+
+def test_a_constraint_that_blows_up_while_generating_is_a_400_and_refused_from_then_on(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a 500 "specsure bug": the client's constraint grew past the automaton's bounds, and a repeat
+    would spend the server's seconds again, so it is refused when parsed from then on."""
+    import collections
+
+    import specsure.grammar.automaton as automaton_module
+    import specsure.grammar.spec as spec_module
+
+    monkeypatch.setattr(automaton_module, "MAX_DFA_STATES", 40)
+    monkeypatch.setattr(spec_module, "_FAILED", collections.OrderedDict())  # what this test refuses stays here
+    client = TestClient(create_app(engine, served_model_name="tiny"))
+    body = {"prompt": "ab", "max_tokens": 80, "temperature": 1.0, "seed": 1,
+            "structured_outputs": {"regex": "[ab]*a[ab]{8}"}}  # 2^9 states: the last nine letters matter
+    first = client.post("/v1/completions", json=body)
+    assert first.status_code == 400, first.text
+    assert "passed 40 states" in first.json()["error"]["message"]
+    again = client.post("/v1/completions", json=body)
+    assert again.status_code == 400 and again.json()["error"]["param"] == "structured_outputs.regex"
+    assert "while an earlier request ran" in again.json()["error"]["message"]
+    streamed = client.post("/v1/completions", json={**body, "stream": True,
+                                                     "structured_outputs": {"regex": "[ab]*b[ab]{8}"}})
+    assert streamed.status_code == 200 and "passed 40 states" in streamed.text
+    assert "internal_server_error" not in streamed.text
+    assert client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 3}).status_code == 200

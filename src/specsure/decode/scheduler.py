@@ -30,6 +30,7 @@ from typing import Any
 from specsure.decode.completion import StepUpdate
 from specsure.decode.request import NO_DRAFT, Request
 from specsure.decode.slots import Slots
+from specsure.grammar.pattern import PatternError
 from specsure.models.causal_lm import CausalLM
 from specsure.proposers.base import Proposer, propose_all
 
@@ -168,7 +169,15 @@ class Scheduler:
         drafts = propose_all([r.draft_job() for r in decoding]) if speculate else [NO_DRAFT] * len(decoding)
         # A request whose drafter failed leaves the step with that error; the others verify as usual.
         drafted = [(r, d) for r, d in zip(decoding, drafts) if not isinstance(d, Exception)]
-        calls = [r.draft_call(d, steer=speculate) for r, d in drafted] + [r.prefill_call(end) for r, end in parts]
+        calls = []
+        for request, draft in drafted:  # a constraint steers the draft, and may fail its request there
+            try:
+                calls.append(request.draft_call(draft, steer=speculate))
+            except PatternError as exc:
+                logger.warning("a request's constraint failed it: %s", exc)
+                drafts[decoding.index(request)] = exc
+        drafted = [(r, d) for r, d in zip(decoding, drafts) if not isinstance(d, Exception)]
+        calls += [r.prefill_call(end) for r, end in parts]
         outs = self._lm.forward_batch(calls, hidden=self._hidden, aux_layers=self._aux_layers) if calls else []
         committed = {id(r): _isolated(r.commit, out) for (r, _), out in zip(drafted, outs)}
         updates = [(r, StepUpdate([], error=d) if isinstance(d, Exception) else committed[id(r)])
@@ -221,6 +230,9 @@ def _isolated(commit: Callable[..., StepUpdate], *args: Any, **kwargs: Any) -> S
     """One request's commit; an exception there fails that request alone, not the step's others."""
     try:
         return commit(*args, **kwargs)
-    except Exception as exc:  # a bug; the caller raises it for this request
-        logger.exception("a request failed while its step was verified; the step's other requests go on")
+    except Exception as exc:  # a bug, or a constraint past its bounds; the caller raises it for this request
+        if isinstance(exc, PatternError):
+            logger.warning("a request's constraint failed it: %s", exc)
+        else:
+            logger.exception("a request failed while its step was verified; the step's other requests go on")
         return StepUpdate([], error=exc)

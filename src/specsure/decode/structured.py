@@ -85,12 +85,12 @@ class Grammars:
     def automaton(self, spec: StructuredOutputs) -> TokenAutomaton:
         found = self._automata.get(spec)
         if found is None or found.dfa.full:
-            nfa = compiled(spec)
-            if found is not None:
-                # A blown-up automaton failed its request; one already admitted starts afresh, and a new
-                # request naming the constraint is refused when it is parsed.
-                refuse_from_now(spec, "its automaton grew past its bounds while an earlier request ran; simplify it")
-            found = TokenAutomaton(ByteDFA(nfa), self.table())
+            nfa = compiled(spec) if found is None else found.dfa.nfa  # refused to new requests by now
+            # A blown-up automaton fails its request, and from then on a new request naming the constraint
+            # is refused when it is parsed (each would spend the server's seconds again); one already
+            # admitted starts afresh here.
+            found = TokenAutomaton(ByteDFA(nfa, lambda why: refuse_from_now(
+                spec, f"its automaton grew past its bounds while an earlier request ran ({why})")), self.table())
             self._automata[spec] = found
             if len(self._automata) > AUTOMATA_KEPT:
                 self._automata.popitem(last=False)

@@ -9,11 +9,16 @@ column with numpy, and the answer is kept per state, so a state seen again costs
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from specsure.grammar.pattern import NFA, PatternError
+
+
+class AutomatonTooLarge(PatternError):
+    """A constraint's automaton passed its bounds while a request generated under it: the request
+    fails (a client's constraint, not a server fault), and the constraint is refused from then on."""
 
 DEAD = -1
 MAX_DFA_STATES = 100_000
@@ -27,8 +32,10 @@ MASKS_KEPT = 2048
 class ByteDFA:
     """The deterministic automaton of an NFA over bytes; state ids are ints, ``DEAD`` is the empty set."""
 
-    def __init__(self, nfa: NFA) -> None:
+    def __init__(self, nfa: NFA, on_full: Callable[[str], None] = lambda why: None) -> None:
+        """``on_full``: told why, once, when the automaton passes its bounds."""
         self.nfa = nfa
+        self._on_full = on_full
         self._sets: list[frozenset[int]] = []
         self._ids: dict[frozenset[int], int] = {}
         self.table = np.full((16, 256), DEAD, dtype=np.int32)
@@ -57,13 +64,11 @@ class ByteDFA:
         if sid is None:
             sid = len(self._sets)
             if sid >= MAX_DFA_STATES:
-                self.full = True
-                raise PatternError(f"the constraint's automaton passed {MAX_DFA_STATES:,} states; simplify it")
+                self._blown(f"the constraint's automaton passed {MAX_DFA_STATES:,} states; simplify it")
             self._members += len(states)
             if self._members > MAX_DFA_MEMBERS:
-                self.full = True
-                raise PatternError(f"the constraint's automaton grew too large ({MAX_DFA_MEMBERS:,} pattern states "
-                                   "across its states: its alternatives overlap at every step); simplify it")
+                self._blown(f"the constraint's automaton grew too large ({MAX_DFA_MEMBERS:,} pattern states across "
+                            "its states: its alternatives overlap at every step); simplify it")
             self._sets.append(states)
             self._ids[states] = sid
             self._built.append(False)
@@ -71,6 +76,12 @@ class ByteDFA:
             if sid >= len(self.table):
                 self.table = np.concatenate([self.table, np.full_like(self.table, DEAD)])
         return sid
+
+    def _blown(self, why: str) -> None:
+        if not self.full:
+            self.full = True
+            self._on_full(why)
+        raise AutomatonTooLarge(why)
 
     def build(self, sid: int) -> None:
         """Fill state ``sid``'s row of the table."""

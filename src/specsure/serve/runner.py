@@ -29,6 +29,7 @@ from specsure.decode.engine import Engine, StepUpdate
 from specsure.decode.metrics import SpecStats
 from specsure.decode.request import Request
 from specsure.decode.scheduler import Scheduler
+from specsure.grammar.pattern import PatternError
 from specsure.sampling import SamplingParams
 from specsure.serve.metrics import Phases, ServeMetrics
 from specsure.serve.stats_log import Batch, StatsLog
@@ -225,10 +226,10 @@ class EngineRunner:
             answers: list[tuple[Job, StepUpdate | Exception]] = []
             for request, update in updates:
                 job = jobs[id(request)][0]
-                if update.error is not None:  # this request alone failed (a bug): it answers a 500
+                if update.error is not None:  # this request alone failed: a 500 (a bug), or its constraint a 400
                     self.metrics.errored()
                     self._done(jobs.pop(id(request))[0], len(request.output))
-                    answers.append((job, update.error))
+                    answers.append((job, _as_answer(update.error)))
                     continue
                 first = job.first_token is None
                 (self.metrics.first_token if first else self.metrics.inter_token).observe(now - job.last)
@@ -303,3 +304,12 @@ class _Progress:
     def of(request: Request) -> "_Progress":
         copied = replace(request.stats, accepted_per_position=list(request.stats.accepted_per_position))
         return _Progress(request.lm is not None, request.prefilled, copied)
+
+
+def _as_answer(error: Exception) -> Exception:
+    """A request's own error as the client gets it: an output constraint whose automaton passed its
+    bounds while generating is the request's fault, answered as a 400 that says so."""
+    if isinstance(error, PatternError):
+        return RequestError(f"the output constraint failed this request while it generated: {error}. The server "
+                            "refuses the same constraint from now on.")
+    return error
