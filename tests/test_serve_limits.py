@@ -264,6 +264,32 @@ def test_a_body_over_the_limit_is_a_413(url: str) -> None:
     assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
 
 
+def test_a_body_that_is_not_json_by_its_content_type_is_a_415(url: str) -> None:
+    """A browser sends text/plain and forms from any page without a CORS preflight: read as JSON,
+    they would let every web page use a local server that has no key."""
+    body = b'{"prompt": "w1", "max_tokens": 2}'
+    for media in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+        r = httpx.post(f"{url}/v1/completions", content=body, headers={"Content-Type": media})
+        assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type", media
+    for media in ("application/json", "application/json; charset=utf-8", "Application/JSON", "application/vnd.x+json"):
+        assert httpx.post(f"{url}/v1/completions", content=body, headers={"Content-Type": media}).status_code == 200
+    assert httpx.post(f"{url}/v1/completions", content=body).status_code == 200  # none: read as JSON, as FastAPI
+    assert httpx.post(f"{url}/tokenize", content=b'{"prompt": "w1"}',
+                      headers={"Content-Type": "text/plain"}).status_code == 415
+
+
+def test_a_body_declared_far_over_the_limit_is_a_413_before_it_is_sent(url: str) -> None:
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    with socket.create_connection((where.hostname, where.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100000000000\r\n\r\n{")
+        head = sock.recv(4096)
+    assert head.startswith(b"HTTP/1.1 413") and b"body_too_large" in head
+
+
 def test_a_compressed_body_is_a_415_naming_the_encoding(url: str) -> None:
     import gzip
 

@@ -16,6 +16,9 @@ from specsure.serve.errors import APIError, RequestError, shown
 
 MAX_BODY_BYTES = 16 * 2**20
 """The largest request body kept; a larger one is a 413, never parsed."""
+READ_TO_END_BYTES = 4 * MAX_BODY_BYTES
+"""A body over MAX_BODY_BYTES up to this is read and dropped before its 413; one that declares
+more gets the 413 at once (a client would otherwise hold the request open for its gigabytes)."""
 MAX_JSON_DEPTH = 16
 """The most levels of arrays and objects a body may nest; the deepest valid one (a chat content
 part: body, messages, message, content, part) has 5."""
@@ -83,12 +86,24 @@ def _check_text(text: str, name: str, path: str) -> None:
 
 async def read_body(request: Request) -> bytes:
     """The raw body; a 413 when it passes MAX_BODY_BYTES. A larger body is read to its end but not
-    kept, so the client gets the 413 rather than a connection reset while it is still sending. A
-    compressed body is a 415: it would otherwise read as JSON that is not UTF-8."""
+    kept, so the client gets the 413 rather than a connection reset while it is still sending; one
+    that declares more than READ_TO_END_BYTES gets it at once. A compressed body is a 415: it would
+    otherwise read as JSON that is not UTF-8; so is one that says it is not JSON."""
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise APIError(f"Content-Encoding {encoding!r}: this server reads request bodies uncompressed; send the JSON "
                        "as it is, without the Content-Encoding header.", 415, code="unsupported_content_encoding")
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    # A web page may POST text/plain or a form to any server without asking it first (no CORS
+    # preflight); read as JSON, such a body would start a generation for any site the browser visits.
+    if media and media != "application/json" and not media.endswith("+json"):
+        raise APIError(f"Content-Type {media!r}: this server reads JSON request bodies; send the body with "
+                       "Content-Type: application/json.", 415, code="unsupported_media_type")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > READ_TO_END_BYTES:
+        raise APIError(f"the request body declares {int(declared) / 2**20:,.1f} MiB, more than the "
+                       f"{MAX_BODY_BYTES // 2**20} MiB this server reads; send a shorter prompt.", 413,
+                       code="body_too_large")
     body, size = bytearray(), 0
     async for chunk in request.stream():
         size += len(chunk)
