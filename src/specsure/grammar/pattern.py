@@ -182,8 +182,9 @@ class NFA:
 
     def state(self) -> int:
         if len(self.edges) >= MAX_NFA_STATES:
-            raise PatternError(f"the pattern needs more than {MAX_NFA_STATES:,} automaton states; "
-                               "use smaller bounded repeats ({m,n}) or a shorter pattern")
+            raise PatternError(f"the constraint needs more than {MAX_NFA_STATES:,} automaton states; make it "
+                               "smaller: fewer or smaller bounded repeats ({m,n}, maxLength, maxItems), or fewer "
+                               "properties, choices or enum values")
         self.edges.append([])
         self.eps.append([])
         return len(self.edges) - 1

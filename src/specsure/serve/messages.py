@@ -149,5 +149,16 @@ def _content(value: Any, where: str) -> str:
                 raise RequestError(f"{where}.content[{i}] has the unknown field {extra[0]!r}; a text part holds only "
                                    '"type" and "text".', f"{where}.content[{i}].{extra[0]}", "unknown_field")
         return "".join(p["text"] for p in value)
+    if isinstance(value, list):  # name the first part at fault: a missing text is not an image
+        for i, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else None
+                said = f"a {kind!r} part" if isinstance(kind, str) else f"{shown(part)}, not a text part"
+                raise RequestError(f"{where}.content[{i}] is {said}; this server takes text only "
+                                   '({"type": "text", "text": "..."}): images and audio are not supported.',
+                                   f"{where}.content[{i}]")
+            if not isinstance(part.get("text"), str):
+                raise RequestError(f"{where}.content[{i}].text = {shown(part.get('text'))} must be a string: the "
+                                   "part's text.", f"{where}.content[{i}].text")
     raise RequestError(f"{where}.content = {shown(value)} must be a string or a list of text parts "
                        '({"type": "text", "text": "..."}); images and audio are not supported.', f"{where}.content")
