@@ -361,6 +361,51 @@ def test_a_file_rewritten_in_place_is_converted_again(monkeypatch: pytest.Monkey
     assert gguf_cache.convert_gguf(gguf, dest) == dest and len(calls) == 2
 
 
+def test_weights_stored_as_integers_are_refused_by_name(tmp_path: Path) -> None:
+    """Cast to floats, int8 weights would run a different model, fluently and silently."""
+    from safetensors.torch import load_file, save_file
+
+    folder = Path(build_tiny_llama(tmp_path / "m"))
+    tensors = load_file(str(folder / "model.safetensors"))
+    name = next(n for n in sorted(tensors) if n.endswith("q_proj.weight"))
+    save_file({**tensors, name: (tensors[name] * 10).to(torch.int8)}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=rf"the weight '{name}' is stored as I8 integers"):
+        load_model(str(folder), "float32")
+
+
+def test_a_conversion_damaged_after_it_was_made_is_made_again(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """A cache that filled the disk or was half copied keeps its marker: the folder is specsure's own,
+    so it is converted again rather than blamed on the user ("add the weights")."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_cache, "fingerprint", lambda _path: "same")
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"a" * 64)
+    source = build_tiny_llama(tmp_path / "tiny")
+    calls: list[Path] = []
+
+    def works(_gguf: Path, out: Path) -> None:
+        calls.append(out)
+        for item in Path(source).iterdir():
+            shutil.copy(item, out / item.name)
+
+    monkeypatch.setattr(gguf_cache, "_write_conversion", works)
+    first = load_model(str(gguf), "float32")
+    folder = Path(first.path)
+    (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:1000])
+    with caplog.at_level(logging.WARNING, logger="specsure.models.loading"):
+        again = load_model(str(gguf), "float32")
+    assert len(calls) == 2 and "no longer loads" in caplog.text and "converting it again" in caplog.text
+    ids = torch.tensor([[1, 2, 3]])
+    assert torch.equal(again.lm.hf(ids).logits, first.lm.hf(ids).logits)
+    (folder / "config.json").write_text("")
+    assert load_model(str(gguf), "float32").path == str(folder) and len(calls) == 3
+    (tmp_path / "tiny" / "config.json").write_text("")  # a user's own folder is never rewritten
+    with pytest.raises(ModelLoadError, match="not valid JSON"):
+        load_model(str(tmp_path / "tiny"), "float32")
+
+
 def test_older_conversions_are_removed_only_when_they_are_this_files(tmp_path: Path) -> None:
     """Finished conversions of the same file go; another process's temp folder, another file's
     conversion and a folder not named as this file's stay."""

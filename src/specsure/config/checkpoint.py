@@ -276,6 +276,11 @@ def _check_fields(config: Mapping[str, Any], path: Path, origins: Mapping[str, s
 
 def read_safetensors_names(path: Path) -> set[str]:
     """Tensor names from a safetensors header: an 8-byte little-endian length, then JSON."""
+    return {name for name in read_safetensors_header(path) if name != "__metadata__"}
+
+
+def read_safetensors_header(path: Path) -> dict[str, Any]:
+    """A safetensors file's JSON header: each tensor's ``dtype``, ``shape`` and offsets by name."""
     try:
         with path.open("rb") as fh:
             raw = fh.read(8)
@@ -293,7 +298,7 @@ def read_safetensors_names(path: Path) -> set[str]:
                           "Re-save the weights with safetensors.") from None
     if not isinstance(header, dict):
         raise ConfigError(f"{path}: safetensors header is not a JSON object.")
-    return {name for name in header if name != "__metadata__"}
+    return header
 
 
 def default_gguf_path() -> Path | None:

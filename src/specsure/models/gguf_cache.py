@@ -182,6 +182,21 @@ def convert_gguf(gguf: Path, dest: Path) -> Path:
     return dest
 
 
+def converted_from(folder: Path) -> Path | None:
+    """The GGUF file a finished conversion in ``folder`` was made from, while it still exists; None
+    for any other folder (a user's own model is never rewritten)."""
+    marked = _marker_lines(folder) if is_converted(folder) else []
+    source = Path(marked[0]) if marked else None
+    return source if source is not None and source.is_file() else None
+
+
+def convert_again(gguf: Path, dest: Path) -> Path:
+    """``gguf`` converted anew into ``dest``, whose conversion was damaged after it was made (a disk
+    that filled, a partial copy of the cache): without its marker, the old folder is replaced."""
+    (dest / COMPLETE_MARKER).unlink(missing_ok=True)
+    return convert_gguf(gguf, dest)
+
+
 def _remove_older_conversions(gguf: Path, dest: Path) -> None:
     """Other finished conversions of the same file (by its resolved path, as each marker records it) are
     of its earlier contents or of an earlier CONVERSION: no load reaches them again, and each holds the

@@ -22,7 +22,8 @@ from specsure.models.dtypes import resolve_dtype
 from specsure.models.errors import ModelLoadError
 from specsure.models.model_folder import check_model_folder
 from specsure.models.gguf_blocks import read_blocks, source_gguf
-from specsure.models.gguf_cache import convert_gguf, default_model_folder, gguf_cache_folder, packaged_default_gguf
+from specsure.models.gguf_cache import (convert_again, convert_gguf, converted_from, default_model_folder,
+                                        gguf_cache_folder, packaged_default_gguf)
 from specsure.models.quiet import quiet_loading
 
 logger = logging.getLogger(__name__)
@@ -64,24 +65,19 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
     """
     torch_dtype, dtype_reason = resolve_dtype(dtype, gguf=target_gguf(path) if dtype == "auto" else None)
     folder = weights_folder(path)
-    config = check_model_folder(folder)
-    hf_config = _hf_config(folder)
     started = time.perf_counter()
-    with quiet_loading() as reports:
-        try:
-            hf, info = AutoModelForCausalLM.from_pretrained(
-                folder,
-                config=hf_config,
-                dtype=torch_dtype,
-                use_safetensors=True,
-                trust_remote_code=False,
-                local_files_only=True,
-                output_loading_info=True,
-            )
-        except Exception as err:  # transformers' and safetensors' own error types; each becomes one message
-            raise _load_error(folder, hf_config, err, reports) from err
-    _check_loading_info(folder, info, config)
-    tokenizer = _load_tokenizer(folder)
+    try:
+        hf, tokenizer = _from_folder(folder, torch_dtype)
+    except ModelLoadError as err:
+        source = converted_from(folder)
+        if source is None:
+            raise
+        # specsure made this folder from a GGUF that is still there: damaged since (a disk that filled, a
+        # partial copy of the cache), it is made again rather than blamed on the user's checkpoint.
+        logger.warning("%s, specsure's conversion of %s, no longer loads (%s); converting it again", folder,
+                       source, err)
+        folder = convert_again(source, folder)
+        hf, tokenizer = _from_folder(folder, torch_dtype)
     lm = CausalLM(hf)
     if lm.dtype == torch.float32 and lm.row_kernel is not None:  # where the float32 kernel may read blocks
         gguf, why = _given_gguf(path) or source_gguf(folder)
@@ -137,6 +133,27 @@ def _read_blocks(lm: CausalLM, gguf: Path) -> str:
     tiled = lm.tiled_matrices
     tiles = f" ({tiled} of them on AMX tiles)" if tiled else ""
     return f"; of its {4 * lm.num_layers + 1} weight matrices the kernel reads {shown} as the GGUF's blocks{tiles}"
+
+
+def _from_folder(folder: Path, torch_dtype: torch.dtype) -> tuple[Any, PreTrainedTokenizerBase | None]:
+    """The transformers model and tokenizer in ``folder``, each checked; ModelLoadError names the fault."""
+    config = check_model_folder(folder)
+    hf_config = _hf_config(folder)
+    with quiet_loading() as reports:
+        try:
+            hf, info = AutoModelForCausalLM.from_pretrained(
+                folder,
+                config=hf_config,
+                dtype=torch_dtype,
+                use_safetensors=True,
+                trust_remote_code=False,
+                local_files_only=True,
+                output_loading_info=True,
+            )
+        except Exception as err:  # transformers' and safetensors' own error types; each becomes one message
+            raise _load_error(folder, hf_config, err, reports) from err
+    _check_loading_info(folder, info, config)
+    return hf, _load_tokenizer(folder)
 
 
 def weights_folder(path: str | None) -> Path:

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from specsure.config.checkpoint import check_weight_files, config_json_problem, load_config_json, weight_files
+from specsure.config.checkpoint import (check_weight_files, config_json_problem, load_config_json,
+                                       read_safetensors_header, weight_files)
 from specsure.config.errors import ConfigError
 from specsure.models.errors import ModelLoadError
 
@@ -41,6 +42,8 @@ def check_model_folder(folder: Path) -> dict[str, Any]:
     _check_dtype_field(config_path, config)
     _check_sizes(config_path, config)
     _check_weights(folder)
+    if config.get("quantization_config") is None:
+        _check_weight_dtypes(folder)
     return config
 
 
@@ -96,6 +99,26 @@ def _check_dtype_field(config_path: Path, config: dict[str, Any]) -> None:
             continue
         raise ModelLoadError(f"{config_path}: {key} = {json.dumps(value)} is not a torch dtype; use a name such as "
                              '"bfloat16", "float16" or "float32", or remove the field.')
+
+
+INTEGER_DTYPES = frozenset({"BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64"})
+"""safetensors dtypes that hold no float weights: transformers would cast them to floats silently."""
+
+
+def _check_weight_dtypes(folder: Path) -> None:
+    """A weight stored as integers without a quantization_config to read it by is not this model:
+    cast to floats it runs, fluently wrong."""
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            header = read_safetensors_header(file)
+        except ConfigError as err:
+            raise ModelLoadError(str(err)) from None
+        for name, entry in header.items():
+            dtype = entry.get("dtype") if isinstance(entry, dict) else None
+            if name.endswith(".weight") and dtype in INTEGER_DTYPES:
+                raise ModelLoadError(f"{file}: the weight {name!r} is stored as {dtype} integers, and config.json has "
+                                     "no quantization_config to read it by; save the weights in a float dtype "
+                                     "(float32, bfloat16 or float16), or give the quantised model as a GGUF file.")
 
 
 def _check_weights(folder: Path) -> None:
