@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from specsure.cli.main import main
 from specsure.config.resolution import resolve
@@ -371,6 +373,23 @@ def test_a_head_file_cut_short_is_named_not_a_traceback(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").write_bytes(whole.read_bytes()[:5000])
     with pytest.raises(ConfigError, match="model.safetensors cannot be read as safetensors .*damaged or cut short"):
         TensorFile(tmp_path)
+
+
+def test_a_head_stored_as_integers_is_named_not_a_traceback(tmp_path: Path) -> None:
+    """Cast to floats an int8 head would be another head; loading it raised a 50-line RuntimeError."""
+    from safetensors.torch import load_file, save_file
+
+    from specsure import make_engine
+    from specsure.config.errors import ConfigError
+    from specsure.config.shipped import shipped_head
+
+    head = tmp_path / "int8-head"
+    shutil.copytree(str(shipped_head("mtp")), head)
+    tensors = load_file(str(head / "model.safetensors"))
+    name = next(n for n in sorted(tensors) if n.endswith("down_proj.weight"))
+    save_file({**tensors, name: (tensors[name] * 10).to(torch.int8)}, str(head / "model.safetensors"))
+    with pytest.raises(ConfigError, match="is stored as torch.int8 .integers., and a head's weights are floats"):
+        make_engine(None, {"method": "mtp", "model": str(head), "num_speculative_tokens": 1}, dtype="float32")
 
 
 def test_a_lock_file_planted_as_a_link_is_not_written_through(tmp_path: Path) -> None:

@@ -113,6 +113,10 @@ def load_weights(module: torch.nn.Module, tensors: Mapping[str, torch.Tensor], c
         if tuple(got.shape) != tuple(want.shape):
             raise mismatch(checkpoint, f"tensor {spell(name)!r} shape", list(got.shape), list(want.shape),
                            "the head's config.json with the target's sizes")
+        if want.is_floating_point() and not got.is_floating_point():  # cast, it would be another head
+            raise ConfigError(f"draft head {checkpoint!r}: tensor {spell(name)!r} is stored as {got.dtype} "
+                              "(integers), and a head's weights are floats; save the head in float32, bfloat16 or "
+                              "float16.")
     module.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in tensors.items()},
                            strict=True, assign=True)
     module.eval().requires_grad_(False)
