@@ -189,3 +189,23 @@ def test_sampling_flags_reach_the_request_and_logprobs_are_printed(tmp_path: Pat
     assert "use --repetition-penalty P" in capsys.readouterr().err
     assert main(["serve", "--min-p", "0.1"]) == 2
     assert "send min_p in each request" in capsys.readouterr().err
+
+
+def test_a_full_disk_is_one_line_not_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    """safetensors' writer reports ENOSPC as its own error type, which read as a crash."""
+    import errno as errnos
+
+    from safetensors import SafetensorError
+
+    from specsure.cli.common import EXIT_FAIL, guarded
+
+    def fills(error: Exception) -> int:
+        raise error
+    full = SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    assert guarded(lambda: fills(full)) == EXIT_FAIL
+    assert "the disk ran out of space" in capsys.readouterr().err
+    assert guarded(lambda: fills(OSError(errnos.ENOSPC, "No space left on device", "/x/model.safetensors"))) == \
+        EXIT_FAIL
+    assert "ran out of space while writing /x/model.safetensors" in capsys.readouterr().err
+    with pytest.raises(RuntimeError):  # anything else is a bug, and keeps its traceback
+        guarded(lambda: fills(RuntimeError("boom")))

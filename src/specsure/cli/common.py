@@ -195,14 +195,22 @@ def guarded(run: Callable[[], int]) -> int:
                 print("interrupted", file=sys.stderr)
                 return 130
             raise
-        print(f"error: could not write the output: {exc.strerror} ({exc.filename or 'standard output'}).",
-              file=sys.stderr)
+        if exc.filename is not None:  # a file of the command's: the disk, not the output, is full
+            print(f"error: the disk ran out of space while writing {exc.filename} ({exc.strerror}); free some "
+                  "space, or point XDG_CACHE_HOME (model conversions, caches) or --out at a disk with room.",
+                  file=sys.stderr)
+            return EXIT_FAIL
+        print(f"error: could not write the output: {exc.strerror} (standard output).", file=sys.stderr)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAIL
     except Exception as exc:
         if _interrupted(exc):  # Ctrl-C inside a library that turned it into its own error
             print("interrupted", file=sys.stderr)
             return 130
+        if "os error 28" in str(exc):  # safetensors' Rust writer reports a full disk as its own error type
+            print(f"error: the disk ran out of space while a file was written ({exc}); free some space, or point "
+                  "XDG_CACHE_HOME (model conversions, caches) or --out at a disk with room.", file=sys.stderr)
+            return EXIT_FAIL
         raise
 
 
