@@ -361,6 +361,23 @@ def test_a_file_rewritten_in_place_is_converted_again(monkeypatch: pytest.Monkey
     assert gguf_cache.convert_gguf(gguf, dest) == dest and len(calls) == 2
 
 
+def test_a_damaged_tokenizer_json_is_named_with_its_role(tmp_path: Path) -> None:
+    """transformers says only where the JSON broke; the message names the file, the fix, and whether
+    the target or the draft holds it."""
+    from specsure import make_engine
+    from words import write_word_tokenizer
+
+    good = write_word_tokenizer(build_tiny_llama(tmp_path / "good"), 128)
+    bad = write_word_tokenizer(build_tiny_llama(tmp_path / "bad"), 128)
+    text = (Path(bad) / "tokenizer.json").read_text()
+    (Path(bad) / "tokenizer.json").write_text(text[: len(text) // 2])
+    with pytest.raises(ModelLoadError, match=r"^target \(the model\): .*tokenizer.json is not valid JSON .*copy "):
+        make_engine(str(bad), None, dtype="float32")
+    with pytest.raises(ModelLoadError, match=r"^draft \(the speculative config's model\): .*tokenizer.json is not"):
+        make_engine(str(good), {"method": "draft_model", "model": str(bad), "num_speculative_tokens": 2},
+                    dtype="float32")
+
+
 def test_weights_stored_as_integers_are_refused_by_name(tmp_path: Path) -> None:
     """Cast to floats, int8 weights would run a different model, fluently and silently."""
     from safetensors.torch import load_file, save_file

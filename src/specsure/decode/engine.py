@@ -26,6 +26,7 @@ from specsure.decode.request import Request, Rules
 from specsure.decode.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, check_batched_tokens
 from specsure.decode.structured import Grammars
 from specsure.sampling import SEED_LIMIT, SamplingParams, generator_seed
+from specsure.models.errors import ModelLoadError
 from specsure.models.loading import LoadedModel, load_model
 from specsure.models.token_bytes import TokenizerKindError
 from specsure.proposers.base import Proposer
@@ -361,7 +362,10 @@ def make_engine(model: str | os.PathLike[str] | None = None, speculative: dict |
     check_batched_tokens(max_num_batched_tokens)  # before the model loads too
     res = resolve(speculative, model=model, strict=strict, dtype=dtype)
     res.check_runnable()
-    target = load_model(model, dtype=dtype)
+    try:
+        target = load_model(model, dtype=dtype)
+    except ModelLoadError as exc:  # named as the draft's errors are: the two may share a folder name
+        raise ModelLoadError(f"target (the model): {exc}") from None
     loaded = str(target.lm.dtype).removeprefix("torch.")
     logger.info("dtype %s: %s", loaded, target.dtype_reason)
     if dtype == "auto" and loaded != run_dtype(res.target, "auto")[0]:

@@ -292,6 +292,13 @@ def _load_tokenizer(folder: Path) -> PreTrainedTokenizerBase | None:
         raise ModelLoadError(f"{folder} holds tokenizer_config.json but no vocabulary file ({', '.join(_VOCABULARY_FILES)}"
                              "); copy tokenizer.json from where the model came from, or remove tokenizer_config.json "
                              "to load the model for token-id prompts only.")
+    vocabulary = folder / "tokenizer.json"
+    if vocabulary.is_file():
+        try:
+            json.loads(vocabulary.read_bytes())
+        except (ValueError, RecursionError) as err:  # transformers would say only where the JSON broke
+            raise ModelLoadError(f"{vocabulary} is not valid JSON ({err}); the file is damaged or cut short: copy "
+                                 "tokenizer.json again from where the model came from.") from None
     try:
         return AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as err:

@@ -57,11 +57,15 @@ def build_ngram(res: "Resolution", target: "LoadedModel", dtype: str) -> Propose
 
 
 def build_draft_model(res: "Resolution", target: "LoadedModel", dtype: str) -> Proposer:
+    from specsure.models.errors import ModelLoadError
     from specsure.models.loading import load_model
     from specsure.proposers.draft_model import DraftModelProposer
 
     assert res.config is not None and res.config.model is not None
-    draft = load_model(res.config.model, dtype=_same_dtype(target, dtype))
+    try:
+        draft = load_model(res.config.model, dtype=_same_dtype(target, dtype))
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"draft (the speculative config's model): {exc}") from None
     check_same_vocab(target.lm.vocab_size, draft.lm.vocab_size, target=target.path, draft=res.config.model,
                      tokenizers=lambda: _shared_tokenizer(target, draft))
     return DraftModelProposer(draft.lm, target.lm.vocab_size)
