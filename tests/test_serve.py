@@ -728,6 +728,40 @@ def test_max_new_tokens_default_is_chats_max_tokens_and_every_requests_limit_as_
     assert "<|im_start|>" not in hidden["choices"][0]["text"]  # the request's own value wins
 
 
+def test_generation_config_auto_takes_the_models_sampling_defaults_as_vllm_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """vLLM's default (--generation-config auto) samples with the model's generation_config.json;
+    specsure's ('vllm') does not, and says so when the model carries any."""
+    import logging
+
+    import uvicorn
+
+    from serving import build_tiny_chat_model
+
+    folder = build_tiny_chat_model(tmp_path / "m")
+    (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.9, "top_k": 50, "eos_token_id": 2}))
+    apps = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: apps.append(self.config.app))
+    body = {"prompt": WORDS, "max_tokens": 8, "ignore_eos": True, "n": 4, "seed": 5}
+    with caplog.at_level(logging.WARNING):
+        assert main(["serve", "--model", str(folder), "--port", "0", "--dtype", "float32"]) == 0
+    assert "generation_config.json sets temperature=0.9. specsure applies" in caplog.text  # top_k 50: unset
+    greedy = TestClient(apps[-1]).post("/v1/completions", json=body).json()["choices"]
+    assert len({c["text"] for c in greedy}) == 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert main(["serve", "--model", str(folder), "--port", "0", "--dtype", "float32",
+                     "--generation-config", "auto", "--override-generation-config", '{"top_p": 0.95}']) == 0
+    assert "(--generation-config auto): temperature=0.9" in caplog.text
+    sampled = TestClient(apps[-1]).post("/v1/completions", json=body).json()["choices"]
+    assert len({c["text"] for c in sampled}) > 1
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "generation_config.json").write_text(json.dumps({"temperature": -1}))
+    assert main(["serve", "--model", str(folder), "--port", "0", "--generation-config", str(other)]) == 2
+    assert main(["serve", "--model", str(folder), "--port", "0", "--generation-config", "autp"]) == 2
+
+
 def test_vllm_fields_at_their_defaults_and_a_request_id_label_are_taken(client: TestClient) -> None:
     body = {"prompt": WORDS, "max_tokens": 3, "bad_words": [], "return_token_offsets": False,
             "return_weight_versions": False, "vllm_xargs": {}, "request_id": "trace-7"}

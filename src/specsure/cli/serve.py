@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import sys
+from typing import Any
 
 from specsure.cli.common import (
     EXIT_OK, EXIT_USAGE, STATS_LOGGER, add_model_flags, api_keys_from, int_at_least, parse_speculative_config,
@@ -85,6 +86,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "requests decode greedily); keys temperature, top_p, top_k, min_p, repetition_penalty, "
                              "presence_penalty, frequency_penalty, skip_special_tokens, and max_new_tokens (a chat "
                              "request's default max_tokens and every request's limit)")
+    parser.add_argument("--generation-config", default="vllm", metavar="auto|vllm|FOLDER",
+                        help="where the sampling defaults of requests that leave fields out come from, as vLLM's "
+                             "flag: 'vllm' (default here: none, so such requests decode greedily), 'auto' (the "
+                             "model's generation_config.json, vLLM's default), or a folder holding a "
+                             "generation_config.json; --override-generation-config is applied on top")
     parser.add_argument("--disable-log-stats", action="store_true",
                         help="no periodic throughput and acceptance lines in the log (vLLM's flag; by default every "
                              "$VLLM_LOG_STATS_INTERVAL seconds, 10, while requests run)")
@@ -145,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
     from specsure.serve.generation_defaults import check_generation_defaults
 
     check_generation_defaults(args.override_generation_config)  # before the model loads
+    folder_defaults = _folder_defaults(args.generation_config)
     resolve(speculative, model=args.model, strict=args.strict, dtype=args.dtype).check_runnable()  # errors first
     # Bound before the model loads: a port in use is a clear error at once, not uvicorn's exit after the load.
     sock = _bind(args.host, args.port)
@@ -171,20 +178,21 @@ def run(args: argparse.Namespace) -> int:
         sock.close()
         raise
     show_stats_lines(not args.disable_log_stats)
+    defaults = _sampling_defaults(args, folder_defaults, engine.target.path)
     # This process serves one app, so the process-wide switch is safe; vLLM flips it too.
     prometheus_client.disable_created_metrics()
     app = create_app(engine, served_model_name=args.served_model_name, api_key=api_key or None, max_queue=args.max_queue,
                      request_timeout=args.request_timeout, threads=threads, chat_template=chat_template,
                      tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                      allowed_origins=args.allowed_origins, log_stats=not args.disable_log_stats,
-                     generation_defaults=args.override_generation_config)
+                     generation_defaults=defaults)
     chunked = f"{args.max_num_batched_tokens} tokens a step" if args.max_num_batched_tokens else "at once"
     print(f"serving {app.state.model_name!r} (speculative: {engine.resolution.summary()}; running "
           f"{engine.speculative_method or 'plain decoding'}); up to {args.max_num_seqs} "
           f"request{'s' * (args.max_num_seqs != 1)} batched, "
           f"prefix caching {'on' if args.enable_prefix_caching else 'off'}, "
           f"prompts prefilled {chunked}, "
-          f"requests without a temperature {_default_sampling(args.override_generation_config)}, "
+          f"requests without a temperature {_default_sampling(defaults)}, "
           f"{args.max_queue} more waiting; listening on {_url(args.host, port)}", file=sys.stderr)
     uvicorn.Server(uvicorn.Config(app, host=args.host, port=port, log_level="info")).run(sockets=[sock])
     return EXIT_OK
@@ -241,6 +249,38 @@ def _json_object(text: str) -> dict:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"must be a JSON object such as '{{\"temperature\": 1.0}}', not {text!r}")
     return value
+
+
+def _folder_defaults(choice: str) -> dict[str, Any] | None:
+    """--generation-config FOLDER's defaults, read before the model loads; None for 'auto' and 'vllm'."""
+    from specsure.models.sampling_defaults import model_sampling_defaults
+
+    if choice in ("auto", "vllm"):
+        return None
+    if not os.path.isfile(os.path.join(choice, "generation_config.json")):
+        raise ValueError(f"--generation-config {choice!r} is neither 'auto', 'vllm' nor a folder holding a "
+                         "generation_config.json; give 'auto' for the model's own, or such a folder.")
+    return _checked(model_sampling_defaults(choice), choice)
+
+
+def _sampling_defaults(args: argparse.Namespace, folder: dict[str, Any] | None, model_folder: str) -> dict[str, Any]:
+    """The request defaults: the chosen generation config's, then --override-generation-config's over them."""
+    from specsure.models.sampling_defaults import model_sampling_defaults
+
+    base = folder if folder is not None else \
+        _checked(model_sampling_defaults(model_folder), model_folder) if args.generation_config == "auto" else {}
+    if base:
+        logging.getLogger("specsure.serve").warning(
+            "the sampling defaults of requests that leave fields out come from %s/generation_config.json "
+            "(--generation-config %s): %s", folder and args.generation_config or model_folder,
+            args.generation_config, ", ".join(f"{k}={v}" for k, v in base.items()))
+    return {**base, **(args.override_generation_config or {})}
+
+
+def _checked(found: dict[str, Any], folder: str) -> dict[str, Any]:
+    from specsure.serve.generation_defaults import check_generation_defaults
+
+    return check_generation_defaults(found, f"{folder}/generation_config.json")
 
 
 def _default_sampling(defaults: dict | None) -> str:

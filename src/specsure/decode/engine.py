@@ -28,6 +28,7 @@ from specsure.decode.structured import Grammars
 from specsure.sampling import SEED_LIMIT, SamplingParams, generator_seed
 from specsure.models.errors import ModelLoadError
 from specsure.models.loading import LoadedModel, load_model
+from specsure.models.sampling_defaults import say_unapplied
 from specsure.models.token_bytes import TokenizerKindError
 from specsure.proposers.base import Proposer
 from specsure.proposers.factory import build_proposer
@@ -368,6 +369,7 @@ def make_engine(model: str | os.PathLike[str] | None = None, speculative: dict |
         raise ModelLoadError(f"target (the model): {exc}") from None
     loaded = str(target.lm.dtype).removeprefix("torch.")
     logger.info("dtype %s: %s", loaded, target.dtype_reason)
+    say_unapplied(target.path)
     if dtype == "auto" and loaded != run_dtype(res.target, "auto")[0]:
         # The config layer expected the float32 kernel, which then failed to build: the defaults that
         # follow the dtype (a shipped head's tree) are resolved again for the one that loaded.

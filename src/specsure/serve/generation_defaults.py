@@ -28,25 +28,26 @@ FIELDS: Final[tuple[str, ...]] = (*SAMPLING, LIMIT)
 FLAG: Final[str] = "--override-generation-config"
 
 
-def check_generation_defaults(defaults: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``defaults`` checked as SamplingParams checks each field; ValueError naming the key and the flag."""
+def check_generation_defaults(defaults: Mapping[str, Any] | None, source: str = FLAG) -> dict[str, Any]:
+    """``defaults`` checked as SamplingParams checks each field; ValueError naming the key and ``source``
+    (the flag, or the generation_config.json they came from)."""
     if defaults is None:
         return {}
     if not isinstance(defaults, Mapping):
-        raise ValueError(f"{FLAG} must be a JSON object such as {{\"temperature\": 1.0}}, not {defaults!r}.")
+        raise ValueError(f"{source} must be a JSON object such as {{\"temperature\": 1.0}}, not {defaults!r}.")
     for key in defaults:
         if key not in FIELDS:
             hint = f" vLLM's name for it is {LIMIT!r}." if key == "max_tokens" else suggest(str(key), FIELDS)
-            raise ValueError(f"{FLAG}: {key!r} is not a default the server sets.{hint} It takes "
+            raise ValueError(f"{source}: {key!r} is not a default the server sets.{hint} It takes "
                              f"{', '.join(FIELDS)}.")
     limit = defaults.get(LIMIT)
     if limit is not None and (type(limit) is not int or limit < 1):
-        raise ValueError(f"{FLAG}: {LIMIT} = {limit!r} must be an integer >= 1: the most tokens a request may "
+        raise ValueError(f"{source}: {LIMIT} = {limit!r} must be an integer >= 1: the most tokens a request may "
                          "generate, and a chat request's max_tokens when it gives none.")
     try:
         SamplingParams(**{k: v for k, v in defaults.items() if k != LIMIT})
     except ValueError as exc:
-        raise ValueError(f"{FLAG}: {exc}") from None
+        raise ValueError(f"{source}: {exc}") from None
     return dict(defaults)
 
 
@@ -73,5 +74,5 @@ def within_limit(defaults: Mapping[str, Any], params: SamplingParams, chose: boo
     wanted = params.max_tokens if chose or has_default else limit
     if params.min_tokens > min(wanted, limit):
         raise RequestError(f"min_tokens = {params.min_tokens} is more than this server's limit of {limit} new "
-                           f"tokens ({FLAG} {LIMIT}); send at most {limit}.", "min_tokens")
+                           f"tokens ({LIMIT} of its generation config); send at most {limit}.", "min_tokens")
     return replace(params, max_tokens=min(wanted, limit))
