@@ -189,6 +189,7 @@ def test_engine_refuses_a_proposer_other_than_the_resolved_method(models: dict[s
     ("some text", "has no tokenizer"),
     ([5, 999], "outside the vocabulary"),
     ([5] * 600, "context is 512 tokens"),
+    ({"input_ids": [5, 6], "attention_mask": [1, 1]}, r'apply_chat_template returns: pass its \["input_ids"\]'),
 ])
 def test_bad_prompts_are_clear_errors(models: dict[str, str], prompt, message: str) -> None:
     engine = make_engine(models["target"], None, dtype="float32")

@@ -57,6 +57,9 @@ def test_vllms_spelling_of_no_top_k_is_no_top_k():
     ("n", "pass the prompt n times"), ("best_of", "vLLM has it"), ("guided_decoding", "give structured_outputs"),
     ("use_beam_search", "vLLM has it"),
     ("temprature", "Did you mean 'temperature'?"),
+    ("stop_strings", "transformers' generate() name; specsure takes vLLM's, 'stop'"),
+    ("max_new_tokens", "vLLM's, 'max_tokens'"), ("do_sample", "'temperature' (0 is greedy"),
+    ("num_return_sequences", "transformers' name for vLLM's 'n'"),
 ])
 def test_a_field_specsure_lacks_is_named_with_what_to_do(name: str, fragment: str):
     with pytest.raises(TypeError, match=f"SamplingParams has no field {name!r}") as info:

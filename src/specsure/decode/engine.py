@@ -11,9 +11,10 @@ import logging
 import numbers
 import os
 import threading
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import torch
+from transformers import PreTrainedTokenizerBase  # at run time too: get_type_hints reads the annotations
 
 from specsure.config import ConfigError, Resolution, resolve
 from specsure.config.dtype_choice import run_dtype
@@ -32,9 +33,6 @@ from specsure.models.sampling_defaults import say_unapplied
 from specsure.models.token_bytes import TokenizerKindError
 from specsure.proposers.base import Proposer
 from specsure.proposers.factory import build_proposer
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +103,7 @@ class Engine:
         return self.proposer.method if self.proposer is not None else None
 
     @property
-    def tokenizer(self) -> "PreTrainedTokenizerBase | None":
+    def tokenizer(self) -> PreTrainedTokenizerBase | None:
         """The target's tokenizer; None when its folder has no tokenizer files."""
         return self.target.tokenizer
 
@@ -338,6 +336,9 @@ def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
             raise ValueError("prompts is empty; give a string, a list of token ids, or a list of either.")
         return list(prompts)
     hint = " (.tolist() makes one of a tensor or an array)" if hasattr(prompts, "tolist") else ""
+    if isinstance(prompts, Mapping) and "input_ids" in prompts:  # apply_chat_template's in transformers 5
+        hint = ' (a tokenizer\'s output, such as apply_chat_template returns: pass its ["input_ids"])'
+
     raise ValueError(f"prompts must be a string, a list of token ids, or a list of either; got "
                      f"{type(prompts).__name__}{hint}.")
 

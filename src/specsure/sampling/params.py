@@ -62,12 +62,25 @@ VLLM_ONLY_FIELDS: dict[str, str] = {
     "guided_decoding": "give structured_outputs, vLLM's newer name for it (json, regex, choice or grammar)",
 }
 """vLLM SamplingParams fields specsure does not implement, and what to do instead."""
+TRANSFORMERS_NAMES: dict[str, str] = {
+    "max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "stop_strings": "stop",
+    "eos_token_id": "stop_token_ids", "num_return_sequences": "n", "do_sample": "temperature",
+}
+"""transformers' generate() names for SamplingParams fields (vLLM's names)."""
 
 
 def _unknown_field(name: str, known: list[str]) -> str:
     if name in VLLM_ONLY_FIELDS:
         return (f"SamplingParams has no field {name!r}: vLLM has it, specsure does not implement it; "
                 f"{VLLM_ONLY_FIELDS[name]}.")
+    if TRANSFORMERS_NAMES.get(name) in VLLM_ONLY_FIELDS:
+        ours = TRANSFORMERS_NAMES[name]
+        return (f"SamplingParams has no field {name!r}: that is transformers' name for vLLM's {ours!r}, which "
+                f"specsure's SamplingParams does not implement; {VLLM_ONLY_FIELDS[ours]}.")
+    if name in TRANSFORMERS_NAMES and TRANSFORMERS_NAMES[name] in known:
+        said = " (0 is greedy, do_sample=False; above 0 samples)" if name == "do_sample" else ""
+        return (f"SamplingParams has no field {name!r}: that is transformers' generate() name; specsure takes "
+                f"vLLM's, {TRANSFORMERS_NAMES[name]!r}{said}.")
     close = difflib.get_close_matches(name, known, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     return f"SamplingParams has no field {name!r}.{hint} Fields: {', '.join(known)}."
