@@ -256,6 +256,8 @@ def test_config_json_that_is_not_an_object(tmp_path, target):
 @pytest.mark.parametrize(("key", "value", "expected"), [
     ("num_hidden_layers", "2", 'num_hidden_layers = "2" must be a non-negative integer'),
     ("vocab_size", -1, "vocab_size = -1 must be a non-negative integer"),
+    ("vocab_size", 0, "vocab_size = 0 must be a positive integer"),  # was told as a vocabulary mismatch
+    ("hidden_size", 0, "hidden_size = 0 must be a positive integer"),
     ("num_nextn_predict_layers", True, "num_nextn_predict_layers = true must be a non-negative integer"),
     ("n_predict", -3, "n_predict = -3 must be a non-negative integer"),
     ("architectures", "LlamaForCausalLM", 'architectures = "LlamaForCausalLM" must be a list of strings'),

@@ -269,6 +269,10 @@ def _check_fields(config: Mapping[str, Any], path: Path, origins: Mapping[str, s
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 name = origins.get(key, key) if where is config else f"text_config.{key}"
                 raise ConfigError(f"{path}: {name} = {json.dumps(value)} must be a non-negative integer.")
+            if value == 0 and key in ("vocab_size", "hidden_size"):  # no model has none; every check divides by them
+                name = origins.get(key, key) if where is config else f"text_config.{key}"
+                raise ConfigError(f"{path}: {name} = 0 must be a positive integer; use the config.json the weights "
+                                  "came with.")
     eagle = config.get("eagle_config")
     if eagle is not None and not isinstance(eagle, dict):
         raise ConfigError(f"{path}: eagle_config = {json.dumps(eagle)} must be a JSON object.")
