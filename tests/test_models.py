@@ -378,6 +378,17 @@ def test_a_damaged_tokenizer_json_is_named_with_its_role(tmp_path: Path) -> None
                     dtype="float32")
 
 
+def test_a_checkpoint_that_names_its_own_code_is_loaded_as_the_builtin_class_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    folder = Path(build_tiny_llama(tmp_path / "m"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModelForCausalLM": "x.XForCausalLM"}}))
+    with caplog.at_level(logging.WARNING, logger="specsure.models.model_folder"):
+        load_model(str(folder), "float32")
+    assert "auto_map names the checkpoint's own model code (AutoModelForCausalLM: x.XForCausalLM)" in caplog.text
+    assert "built-in 'llama' class" in caplog.text
+
+
 def test_weights_stored_as_integers_are_refused_by_name(tmp_path: Path) -> None:
     """Cast to floats, int8 weights would run a different model, fluently and silently."""
     from safetensors.torch import load_file, save_file

@@ -9,6 +9,7 @@ and the fix instead.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from specsure.config.checkpoint import (check_weight_files, config_json_problem,
                                        read_safetensors_header, weight_files)
 from specsure.config.errors import ConfigError
 from specsure.models.errors import ModelLoadError
+
+logger = logging.getLogger(__name__)
 
 _SAFETENSORS_INDEX = "model.safetensors.index.json"
 _POSITIVE_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -39,6 +42,12 @@ def check_model_folder(folder: Path) -> dict[str, Any]:
     config_path = folder / "config.json"
     config = _read_config(config_path)
     _check_architecture(config_path, config)
+    if isinstance(config.get("auto_map"), dict) and config["auto_map"]:
+        # The checkpoint ships code of its own; the built-in class may not be what it was trained as.
+        logger.warning("%s: auto_map names the checkpoint's own model code (%s); specsure never runs code from a "
+                       "checkpoint and loads transformers' built-in %r class instead, which gives other output "
+                       "wherever that code differs from it", config_path,
+                       ", ".join(f"{k}: {v}" for k, v in sorted(config["auto_map"].items())), config.get("model_type"))
     _check_dtype_field(config_path, config)
     _check_sizes(config_path, config)
     _check_weights(folder)
