@@ -265,7 +265,8 @@ def _tokens_line(printed: str) -> str:
     ("--steps", "0", "--steps 0: training needs"),
     ("--corpus", "", "--corpus '' names no source"),
     ("--max-new-tokens", "-1", "--max-new-tokens -1"),
-    ("--prompts", "TEXT", "no tokenizer"),
+    ("--prompts", "TEXT", "has no tokenizer files, and the training prompts are text (the first: "),
+    ("--corpus", "chat", "has no tokenizer files, and the training prompts are text (the first: template"),
     ("--corpus", "no-such-package-xyz", "'no-such-package-xyz' is not installed"),
     ("--corpus", "chta", "no corpus 'chta': did you mean 'chat'?"),  # never "pip install chta"
     ("--corpus", "chat:0,tqdm", "the weight in 'chat:0' must be a positive integer"),

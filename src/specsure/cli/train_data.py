@@ -157,6 +157,12 @@ def training_samples(args: argparse.Namespace, target: LoadedModel, prompts: Tra
 
     prompts = written_prompts(args, target, prompts)
     rows = prompts.rows
+    text = next((row for row in rows if row.prompt_ids is None), None)
+    if target.tokenizer is None and text is not None:  # the target is at fault, not the prompt file
+        raise ValueError(f"the target {target.path} has no tokenizer files, and the training prompts are text (the "
+                         f"first: {text.source or text.id}); add the model's tokenizer (tokenizer.json, "
+                         "tokenizer_config.json) to its folder, or train on --prompts files whose rows hold "
+                         "prompt_ids.")
     token_prompts = [list(encode(row, target.tokenizer)) for row in rows]
     vocab = target.lm.vocab_size
     for row, ids in zip(rows, token_prompts):
