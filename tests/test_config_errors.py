@@ -413,3 +413,18 @@ def test_a_config_json_that_is_a_folder_is_named_as_such(tmp_path, target):
     (folder / "config.json").mkdir()
     msg = error_of({"method": "draft_model", "model": str(folder)}, target)
     assert "its config.json is not a file" in msg and "has no config.json" not in msg
+
+
+def test_a_link_that_leads_nowhere_says_so(tmp_path):
+    """'does not exist' sent users looking for a path that ls shows them."""
+    from specsure.config import resolve
+    from specsure.config.errors import ConfigError
+
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    with pytest.raises(ConfigError, match="is a symbolic link that loops"):
+        resolve(None, model=str(tmp_path / "a"))
+    with pytest.raises(ConfigError, match=f"is a symbolic link to '{tmp_path / 'gone'}', which does not exist"):
+        resolve(None, model=str(tmp_path / "dangling"))
+

@@ -6,6 +6,7 @@ model loads. Every problem with a file becomes a ConfigError that names the file
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import os
@@ -139,6 +140,24 @@ class CheckpointInfo:
         return f"{where} {self.origins.get(key, key)}={json.dumps(value)}"
 
 
+def broken_link(path: Path) -> str | None:
+    """Why a path that does not exist is a symbolic link that leads nowhere, or None when it is none."""
+    try:
+        if not path.is_symlink():
+            return None
+        target = os.readlink(path)
+    except OSError:
+        return None
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:  # Python 3.11 raises this for a loop
+        return f"is a symbolic link that loops (to {target!r}, which leads back to itself)"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"is a symbolic link that loops (to {target!r}, which leads back to itself)"
+    return f"is a symbolic link to {target!r}, which does not exist"
+
+
 def read_checkpoint(path: str | None) -> CheckpointInfo:
     """Read a checkpoint's metadata: None is the packaged default model."""
     if path is None:
@@ -150,8 +169,8 @@ def read_checkpoint(path: str | None) -> CheckpointInfo:
         raise ConfigError(f"checkpoint path {path!r} is not a usable path ({exc}). Give a folder with "
                           "config.json and *.safetensors, or a .gguf file.") from None
     if not exists:
-        raise ConfigError(f"checkpoint path {path!r} does not exist. Give a folder with config.json "
-                          "and *.safetensors, or a .gguf file.")
+        raise ConfigError(f"checkpoint path {path!r} {broken_link(p) or 'does not exist'}. Give a folder with "
+                          "config.json and *.safetensors, or a .gguf file.")
     if is_file:
         if p.suffix.lower() == ".gguf":
             return read_gguf(str(p), kind="gguf", shown=path)

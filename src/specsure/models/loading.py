@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedConfig, PreTrainedTokenizerBase
 
-from specsure.config.checkpoint import MTP_LAYER_KEYS, is_default_gguf, weight_files
+from specsure.config.checkpoint import MTP_LAYER_KEYS, broken_link, is_default_gguf, weight_files
 from specsure.config.cpu import cpu_bf16_flags
 from specsure.config.dtype_choice import target_gguf
 from specsure.models.causal_lm import CausalLM
@@ -167,7 +167,7 @@ def weights_folder(path: str | None) -> Path:
     p = Path(path).expanduser()
     if not p.exists():
         raise ModelLoadError(
-            f"model path {str(p)!r} does not exist; pass an HF model folder, a .gguf file, "
+            f"model path {str(p)!r} {broken_link(p) or 'does not exist'}; pass an HF model folder, a .gguf file, "
             "or no path for the packaged default model."
         )
     if p.is_dir():
