@@ -18,8 +18,6 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 
 import torch
 
-from specsure.grammar.pattern import PatternError
-
 if TYPE_CHECKING:
     from specsure.sampling import SamplingParams
     from specsure.models.causal_lm import ForwardOutput
@@ -70,11 +68,8 @@ def propose_all(jobs: Sequence[DraftJob | None]) -> list[Draft | Exception]:
         for part in ([indices] if batched else [[i] for i in indices]):
             try:
                 made: list[Draft | Exception] = list(kind.propose_batch([jobs[i] for i in part]))  # type: ignore[misc]
-            except Exception as exc:  # a bug in a drafter, or a constraint past its bounds: these requests fail
-                if isinstance(exc, PatternError):
-                    logger.warning("a constraint failed %d sequence(s) while drafting: %s", len(part), exc)
-                else:
-                    logger.exception("drafting failed for %d sequence(s); the step's other sequences go on", len(part))
+            except Exception as exc:  # a bug in a drafter; the scheduler raises it for these requests
+                logger.exception("drafting failed for %d sequence(s); the step's other sequences go on", len(part))
                 made = [exc] * len(part)
             for i, draft in zip(part, made):
                 drafts[i] = draft
