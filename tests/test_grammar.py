@@ -156,6 +156,42 @@ def test_a_gbnf_grammar_generates_its_language_nested_as_deep_as_unrolled() -> N
     assert accepts(StructuredOutputs(grammar='root ::= "\\x41" [\\u00e9] .{2} "\\""'), 'Aé\u4e2d!"')
 
 
+def test_a_date_counts_each_months_days_and_leap_years() -> None:
+    """RFC 3339's full-date: a format validator refuses 2024-02-30, so the output may not hold it."""
+    import datetime
+
+    spec = StructuredOutputs(json={"type": "string", "format": "date"})
+    for year in (1, 4, 100, 400, 1900, 1996, 2000, 2023, 2024, 2100, 9999):
+        for month in range(1, 13):
+            for day in (28, 29, 30, 31):
+                try:
+                    valid = bool(datetime.date(year, month, day))
+                except ValueError:
+                    valid = False
+                assert accepts(spec, f'"{year:04d}-{month:02d}-{day:02d}"') is valid, (year, month, day)
+    assert accepts(spec, '"0000-02-29"')  # year 0 is a leap year in the proleptic calendar RFC 3339 uses
+
+
+def test_gbnf_takes_space_before_a_quantifier_and_names_llama_cpps_token_references() -> None:
+    """llama.cpp skips space after an item before reading its quantifier."""
+    spaced = StructuredOutputs(grammar='root ::= "a" * "b" +\nx ::= "y"')
+    assert accepts(spaced, "aab") and accepts(spaced, "b") and not accepts(spaced, "a")
+    for grammar, words in (('root ::= !<[1000]>', "token reference"), ('root ::= (?= "a") "a"', "lookahead")):
+        with pytest.raises(GrammarError, match=words):
+            StructuredOutputs(grammar=grammar)
+
+
+def test_a_grammar_of_many_recursive_rules_is_refused_with_why() -> None:
+    """llama.cpp's c.gbnf: statements in statements and expressions in expressions, each unrolled 4 deep."""
+    c_like = ('root ::= statement*\n'
+              'statement ::= ( "x=" expression ";" ) | ( "while(" expression "){" statement* "}" ) | '
+              '( "if(" expression "){" statement* "}" ( "else{" statement* "}" )? ) | ( "{" statement* "}" )\n'
+              'expression ::= term (("+" | "-") term)*\nterm ::= factor (("*" | "/") factor)*\n'
+              'factor ::= [a-z]+ | [0-9]+ | "-" factor | "(" expression ")" | [a-z]+ "(" expression ("," expression)* ")"')
+    with pytest.raises(GrammarError, match="each rule that refers to itself is unrolled 4 levels deep"):
+        StructuredOutputs(grammar=c_like)
+
+
 def trapped(spec: StructuredOutputs, limit: int = 5000) -> list[int]:
     """The reachable states of ``spec``'s automaton from which no text can be completed: a model that
     entered one would have no token left and its output would end unfinished."""

@@ -142,7 +142,7 @@ class _Parser:
     def sequence(self, nested: bool) -> object:
         items: list[object] = []
         while self.peek() and self.peek() not in "|)\r\n":
-            items.append(self.quantified(self.item()))
+            items.append(self.quantified(self.item(), nested))
             self.space(newlines=nested)
         return items[0] if len(items) == 1 else Seq(tuple(items))  # type: ignore[arg-type]
 
@@ -165,21 +165,26 @@ class _Parser:
         if c == "(":
             self.at += 1
             self.space(newlines=True)
-            if self.peek() == "=" or self.peek() == "!":
+            if self.peek() in ("=", "!") or self.src.startswith(("?=", "?!"), self.at):
                 raise self.fail("a lookahead assertion, which an automaton cannot run")
             inner = self.alternatives(nested=True) if self.peek() != ")" else EMPTY
             if self.peek() != ")":
                 raise self.fail("a '(' without its ')'")
             self.at += 1
             return inner
-        if c == "<":
+        if c == "<" or self.src.startswith("!<", self.at):  # llama.cpp's token and negated token references
             raise self.fail("a token reference <...>, which specsure's grammars do not take; write the text")
         if c.isascii() and (c.isalnum() or c in "-_"):
             return _Ref(self.name())
         raise self.fail(f"unexpected {c!r}")
 
-    def quantified(self, item: object) -> object:
-        while self.peek() and self.peek() in "*+?{":
+    def quantified(self, item: object, nested: bool) -> object:
+        while True:
+            before = self.at
+            self.space(newlines=nested)  # llama.cpp takes `"a" *`: space may come before a quantifier
+            if not (self.peek() and self.peek() in "*+?{"):
+                self.at = before
+                break
             c = self.peek()
             self.at += 1
             if c == "*":

@@ -73,7 +73,10 @@ FREE = Layout(WS, COMMA, COLON)
 COMPACT = Layout(literal(""), literal(", "), literal(": "))
 """vLLM's ``disable_any_whitespace`` (xgrammar without any_whitespace): one line, ", " and ": " as
 Python's json.dumps writes them, nothing inside brackets."""
-DATE = parse_regex(r"[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])")
+LEAP_YEAR = r"(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:00|0[48]|[2468][048]|[13579][26])00)"
+DATE = parse_regex(r"(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+                   r"|02-(?:0[1-9]|1[0-9]|2[0-8]))|" + LEAP_YEAR + r"-02-29)")
+"""RFC 3339's full-date, each month's days counted (a format validator refuses 2024-02-30)."""
 TIME = parse_regex(r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])?")
 FORMATS: dict[str, Pattern] = {
     "date": DATE,

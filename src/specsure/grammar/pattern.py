@@ -13,6 +13,7 @@ from typing import Callable, Union
 MAX_CODEPOINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
 MAX_NFA_STATES = 200_000
+TOO_MANY_STATES = f"the constraint needs more than {MAX_NFA_STATES:,} automaton states"
 """A pattern whose automaton grows past this many states is refused: it would take seconds to
 compile and memory per request (bounded repeats such as ``{0,100000}`` are what reach it)."""
 
@@ -182,9 +183,8 @@ class NFA:
 
     def state(self) -> int:
         if len(self.edges) >= MAX_NFA_STATES:
-            raise PatternError(f"the constraint needs more than {MAX_NFA_STATES:,} automaton states; make it "
-                               "smaller: fewer or smaller bounded repeats ({m,n}, maxLength, maxItems), or fewer "
-                               "properties, choices or enum values")
+            raise PatternError(f"{TOO_MANY_STATES}; make it smaller: fewer or smaller bounded repeats ({{m,n}}, "
+                               "maxLength, maxItems), or fewer properties, choices or enum values")
         self.edges.append([])
         self.eps.append([])
         return len(self.edges) - 1

@@ -11,7 +11,8 @@ from typing import Any, Mapping
 
 from specsure.grammar.gbnf import RECURSION_DEPTH, parse_gbnf
 from specsure.grammar.json_schema import COMPACT, FREE, Layout, any_object, schema_pattern
-from specsure.grammar.pattern import NEVER, NFA, Alt, Pattern, PatternError, after_marker, compile_nfa, literal, prune
+from specsure.grammar.pattern import (NEVER, NFA, TOO_MANY_STATES, Alt, Pattern, PatternError, after_marker, compile_nfa,
+                                      literal, prune)
 from specsure.grammar.regex import parse_regex
 
 MAX_CHOICES = 1000
@@ -195,4 +196,9 @@ def _compiled(spec: StructuredOutputs) -> NFA:
         return compile_nfa(pattern)
     except (PatternError, RecursionError) as e:
         message = str(e) if isinstance(e, PatternError) else "nests too deeply to compile"
+        if field == "grammar" and message.startswith(TOO_MANY_STATES):  # repeats are rarely why, there
+            message = (f"{TOO_MANY_STATES}: each rule that refers to itself is unrolled {RECURSION_DEPTH} levels "
+                       "deep, so a grammar of many rules that recur through each other (a programming language's "
+                       "statement and expression) multiplies past it; constrain the output with fewer recursive "
+                       "rules, such as one for the statements the answer needs")
         raise GrammarError(field, message) from None
