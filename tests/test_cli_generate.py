@@ -206,6 +206,8 @@ def test_a_full_disk_is_one_line_not_a_traceback(capsys: pytest.CaptureFixture[s
     assert "the disk ran out of space" in capsys.readouterr().err
     assert guarded(lambda: fills(OSError(errnos.ENOSPC, "No space left on device", "/x/model.safetensors"))) == \
         EXIT_FAIL
-    assert "ran out of space while writing /x/model.safetensors" in capsys.readouterr().err
+    assert "no space left on the device while writing /x/model.safetensors" in capsys.readouterr().err
+    assert guarded(lambda: fills(OSError(errnos.ENOSPC, "No space left on device"))) == EXIT_FAIL
+    assert "while writing a file this command writes" in capsys.readouterr().err  # stdout still takes writes
     with pytest.raises(RuntimeError):  # anything else is a bug, and keeps its traceback
         guarded(lambda: fills(RuntimeError("boom")))

@@ -108,6 +108,8 @@ def test_sglang_ngram_flags(ckpts):
                           "--speculative-num-draft-tokens": "5", "--speculative-ngram-min-bfs-breadth": "1",
                           "--speculative-ngram-max-bfs-breadth": "1"}
     assert any("prompt_lookup_min = 1 and prompt_lookup_max = 3 have no SGLang flag" in w for w in out.warnings)
+    default = export(resolve({"method": "ngram"}, model=ckpts["target"]), "sglang")
+    assert not any("prompt_lookup" in w for w in default.warnings)  # specsure's defaults, not the user's values
 
 
 def test_sglang_never_asks_for_more_tree_nodes_than_its_steps_offer(ckpts):
@@ -298,7 +300,7 @@ def test_cli_carries_vllms_deployment_keys_to_the_engine(ckpts, capsys):
     data = json.loads(capsys.readouterr().out)
     assert flags(Export("sglang", tuple(data["args"])))["--speculative-draft-model-quantization"] == "fp8"
     assert flags(Export("sglang", tuple(data["args"])))["--speculative-draft-model-revision"] == "main"
-    assert any("draft_tensor_parallel_size = 1 is a vLLM deployment key with no SGLang flag" in w
+    assert any("draft_tensor_parallel_size = 1 is a vLLM deployment key, and SGLang has no flag for it" in w
                for w in data["warnings"])
     assert main(["explain", "--model", ckpts["target"], "--speculative-config", spec]) == 2  # not specsure's to run
     assert "`specsure export` takes it" in capsys.readouterr().err

@@ -156,6 +156,15 @@ def test_a_gbnf_grammar_generates_its_language_nested_as_deep_as_unrolled() -> N
     assert accepts(StructuredOutputs(grammar='root ::= "\\x41" [\\u00e9] .{2} "\\""'), 'Aé\u4e2d!"')
 
 
+def test_a_schema_whose_refs_multiply_is_refused_before_it_is_built() -> None:
+    """376 bytes, 16 properties each the whole schema again: 16^4 copies, minutes and gigabytes to build."""
+    wide = {"type": "object", "properties": {f"p{i}": {"$ref": "#"} for i in range(16)}}
+    with pytest.raises(GrammarError, match="compile to more than 2,000 copies"):
+        StructuredOutputs(json=wide)
+    tree = {"type": "object", "properties": {"left": {"$ref": "#"}, "right": {"$ref": "#"}, "v": {"type": "integer"}}}
+    assert accepts(StructuredOutputs(json=tree), '{"left": {"left": {"v": 1}}, "v": 2}')
+
+
 def test_a_date_counts_each_months_days_and_leap_years() -> None:
     """RFC 3339's full-date: a format validator refuses 2024-02-30, so the output may not hold it."""
     import datetime

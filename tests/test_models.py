@@ -429,9 +429,23 @@ def test_a_conversion_damaged_after_it_was_made_is_made_again(monkeypatch: pytes
     assert torch.equal(again.lm.hf(ids).logits, first.lm.hf(ids).logits)
     (folder / "config.json").write_text("")
     assert load_model(str(gguf), "float32").path == str(folder) and len(calls) == 3
-    (tmp_path / "tiny" / "config.json").write_text("")  # a user's own folder is never rewritten
+    copy = tmp_path / "my-copy"  # a conversion copied out of the cache is the user's: never rewritten
+    shutil.copytree(folder, copy)
+    (copy / "NOTES.md").write_text("mine")
+    (copy / "config.json").write_text("")
     with pytest.raises(ModelLoadError, match="not valid JSON"):
-        load_model(str(tmp_path / "tiny"), "float32")
+        load_model(str(copy), "float32")
+    assert (copy / "NOTES.md").read_text() == "mine" and len(calls) == 3
+
+    def never_loads(_gguf: Path, out: Path) -> None:  # as written it fails: converting again would not mend it
+        works(_gguf, out)
+        (out / "config.json").write_text("{}")
+    monkeypatch.setattr(gguf_cache, "_write_conversion", never_loads)
+    shutil.rmtree(folder)
+    for _ in range(2):
+        with pytest.raises(ModelLoadError):
+            load_model(str(gguf), "float32")
+    assert len(calls) == 4
 
 
 def test_older_conversions_are_removed_only_when_they_are_this_files(tmp_path: Path) -> None:

@@ -739,22 +739,34 @@ def test_generation_config_auto_takes_the_models_sampling_defaults_as_vllm_does(
     from serving import build_tiny_chat_model
 
     folder = build_tiny_chat_model(tmp_path / "m")
-    (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.9, "top_k": 50, "eos_token_id": 2}))
+    (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.9, "top_k": 50, "max_new_tokens": 5,
+                                                               "eos_token_id": 2}))
     apps = []
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: apps.append(self.config.app))
     body = {"prompt": WORDS, "max_tokens": 8, "ignore_eos": True, "n": 4, "seed": 5}
     with caplog.at_level(logging.WARNING):
         assert main(["serve", "--model", str(folder), "--port", "0", "--dtype", "float32"]) == 0
-    assert "generation_config.json sets temperature=0.9. specsure applies" in caplog.text  # top_k 50: unset
+    # transformers 5's GenerationConfig has no defaults, so vLLM takes top_k 50 too
+    assert "generation_config.json sets temperature=0.9, top_k=50, max_new_tokens=5. specsure applies" in caplog.text
     greedy = TestClient(apps[-1]).post("/v1/completions", json=body).json()["choices"]
     assert len({c["text"] for c in greedy}) == 1
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         assert main(["serve", "--model", str(folder), "--port", "0", "--dtype", "float32",
                      "--generation-config", "auto", "--override-generation-config", '{"top_p": 0.95}']) == 0
-    assert "(--generation-config auto): temperature=0.9" in caplog.text
-    sampled = TestClient(apps[-1]).post("/v1/completions", json=body).json()["choices"]
+    assert "(--generation-config auto): temperature=0.9, top_k=50, max_new_tokens=5" in caplog.text
+    assert "specsure applies a model's sampling defaults only" not in caplog.text  # here it does
+    auto = TestClient(apps[-1])
+    sampled = auto.post("/v1/completions", json=body).json()["choices"]
     assert len({c["text"] for c in sampled}) > 1
+    # The model's max_new_tokens is a chat request's default, not a limit (vLLM 0.33.0 under auto).
+    chat = {"messages": CHAT, "ignore_eos": True}
+    assert auto.post("/v1/chat/completions", json=chat).json()["usage"]["completion_tokens"] == 5
+    assert auto.post("/v1/chat/completions", json={**chat, "max_tokens": 9}).json()["usage"]["completion_tokens"] == 9
+    assert main(["serve", "--model", str(folder), "--port", "0", "--dtype", "float32",
+                 "--generation-config", str(folder)]) == 0  # a folder's max_new_tokens limits too, as in vLLM
+    folder_app = TestClient(apps[-1])
+    assert folder_app.post("/v1/chat/completions", json={**chat, "max_tokens": 9}).json()["usage"]["completion_tokens"] == 5
     other = tmp_path / "elsewhere"
     other.mkdir()
     (other / "generation_config.json").write_text(json.dumps({"temperature": -1}))

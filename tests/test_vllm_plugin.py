@@ -127,6 +127,10 @@ def test_disable_by_batch_size_reaches_vllm_as_its_batch_size_schedule(models, c
     with pytest.raises(PluginRefusal, match="both say when to draft"):  # the user's own vLLM key beside it
         vllm(models["target"], speculative_config={"method": "ngram", "disable_by_batch_size": 4,
                                                    "num_speculative_tokens_per_batch_size": [[1, 8, 2]]})
+    for alone in ({}, {"disable_by_batch_size": None}):  # vLLM's own key alone is the user's, handed as given
+        spec = vllm(models["target"], speculative_config={"method": "ngram", **alone,
+                                                          "num_speculative_tokens_per_batch_size": [[1, 8, 2]]})
+        assert spec.extra["num_speculative_tokens_per_batch_size"] == [[1, 8, 2]]
     monkeypatch.setenv("SPECSURE_VLLM_PLUGIN", "warn")
     with caplog.at_level(logging.WARNING, logger="vllm.specsure"):
         spec = vllm(models["target"], speculative_config={"method": "suffix", "disable_by_batch_size": 4})

@@ -195,13 +195,17 @@ def guarded(run: Callable[[], int]) -> int:
                 print("interrupted", file=sys.stderr)
                 return 130
             raise
-        if exc.filename is not None:  # a file of the command's: the disk, not the output, is full
-            print(f"error: the disk ran out of space while writing {exc.filename} ({exc.strerror}); free some "
-                  "space, or point XDG_CACHE_HOME (model conversions, caches) or --out at a disk with room.",
-                  file=sys.stderr)
-            return EXIT_FAIL
-        print(f"error: could not write the output: {exc.strerror} (standard output).", file=sys.stderr)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        # A write to a file object names no file, so which one filled is told by trying stdout again.
+        try:
+            sys.stdout.flush()
+            broken = False
+        except OSError:
+            broken = True
+        where = exc.filename or ("standard output" if broken else "a file this command writes")
+        print(f"error: no space left on the device while writing {where}; free some space, or point the output, "
+              "XDG_CACHE_HOME (model conversions, caches) or --out at a disk with room.", file=sys.stderr)
+        if broken:  # so the exit's own flush stays quiet
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAIL
     except Exception as exc:
         if _interrupted(exc):  # Ctrl-C inside a library that turned it into its own error

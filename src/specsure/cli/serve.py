@@ -170,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
     # OpenMP pool of its own, which halved the engine thread's speed (specsure.serve.runner).
     threads = args.threads or torch.get_num_threads()
     torch.set_num_threads(1)
+    # Under 'auto' the load's warning that the model's sampling defaults go unapplied would be untrue.
+    unapplied = logging.getLogger("specsure.models.sampling_defaults")
+    quiet, unapplied.disabled = unapplied.disabled, unapplied.disabled or args.generation_config == "auto"
     try:
         engine = make_engine(args.model, speculative, strict=args.strict, dtype=args.dtype,
                              max_num_seqs=args.max_num_seqs, enable_prefix_caching=args.enable_prefix_caching,
@@ -177,22 +180,24 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         sock.close()
         raise
+    finally:
+        unapplied.disabled = quiet
     show_stats_lines(not args.disable_log_stats)
-    defaults = _sampling_defaults(args, folder_defaults, engine.target.path)
+    model_defaults, defaults = _sampling_defaults(args, folder_defaults, engine.target.path)
     # This process serves one app, so the process-wide switch is safe; vLLM flips it too.
     prometheus_client.disable_created_metrics()
     app = create_app(engine, served_model_name=args.served_model_name, api_key=api_key or None, max_queue=args.max_queue,
                      request_timeout=args.request_timeout, threads=threads, chat_template=chat_template,
                      tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                      allowed_origins=args.allowed_origins, log_stats=not args.disable_log_stats,
-                     generation_defaults=defaults)
+                     generation_defaults=defaults, model_defaults=model_defaults)
     chunked = f"{args.max_num_batched_tokens} tokens a step" if args.max_num_batched_tokens else "at once"
     print(f"serving {app.state.model_name!r} (speculative: {engine.resolution.summary()}; running "
           f"{engine.speculative_method or 'plain decoding'}); up to {args.max_num_seqs} "
           f"request{'s' * (args.max_num_seqs != 1)} batched, "
           f"prefix caching {'on' if args.enable_prefix_caching else 'off'}, "
           f"prompts prefilled {chunked}, "
-          f"requests without a temperature {_default_sampling(defaults)}, "
+          f"requests without a temperature {_default_sampling({**model_defaults, **defaults}, defaults)}, "
           f"{args.max_queue} more waiting; listening on {_url(args.host, port)}", file=sys.stderr)
     uvicorn.Server(uvicorn.Config(app, host=args.host, port=port, log_level="info")).run(sockets=[sock])
     return EXIT_OK
@@ -263,8 +268,11 @@ def _folder_defaults(choice: str) -> dict[str, Any] | None:
     return _checked(model_sampling_defaults(choice), choice)
 
 
-def _sampling_defaults(args: argparse.Namespace, folder: dict[str, Any] | None, model_folder: str) -> dict[str, Any]:
-    """The request defaults: the chosen generation config's, then --override-generation-config's over them."""
+def _sampling_defaults(args: argparse.Namespace, folder: dict[str, Any] | None,
+                       model_folder: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the model's defaults, the overriding ones), as create_app takes them. A --generation-config
+    folder's defaults override as the flag's do: vLLM limits every request by their max_new_tokens
+    too, where the model's own under 'auto' is only a default."""
     from specsure.models.sampling_defaults import model_sampling_defaults
 
     base = folder if folder is not None else \
@@ -272,9 +280,10 @@ def _sampling_defaults(args: argparse.Namespace, folder: dict[str, Any] | None, 
     if base:
         logging.getLogger("specsure.serve").warning(
             "the sampling defaults of requests that leave fields out come from %s/generation_config.json "
-            "(--generation-config %s): %s", folder and args.generation_config or model_folder,
+            "(--generation-config %s): %s", args.generation_config if folder is not None else model_folder,
             args.generation_config, ", ".join(f"{k}={v}" for k, v in base.items()))
-    return {**base, **(args.override_generation_config or {})}
+    override = args.override_generation_config or {}
+    return ({}, {**base, **override}) if folder is not None else (base, dict(override))
 
 
 def _checked(found: dict[str, Any], folder: str) -> dict[str, Any]:
@@ -283,7 +292,7 @@ def _checked(found: dict[str, Any], folder: str) -> dict[str, Any]:
     return check_generation_defaults(found, f"{folder}/generation_config.json")
 
 
-def _default_sampling(defaults: dict | None) -> str:
-    temperature, limit = (defaults or {}).get("temperature"), (defaults or {}).get("max_new_tokens")
+def _default_sampling(defaults: dict[str, Any], limiting: dict[str, Any]) -> str:
+    temperature, limit = defaults.get("temperature"), limiting.get("max_new_tokens")
     said = "decode greedily (vLLM's default is 1.0)" if not temperature else f"sample at temperature {temperature}"
     return said if limit is None else f"{said}, every request at most {limit} new tokens"

@@ -37,10 +37,12 @@ def with_deployment(out: Export, keys: Mapping[str, Any]) -> Export:
         args[args.index("--speculative-config") + 1] = json.dumps(spec, separators=(", ", ": "))
         return replace(out, args=tuple(args), speculative_config=spec)
     args, warnings = list(out.args), list(out.warnings)
+    drafted = "--speculative-draft-model-path" in args  # ngram drafts from no model: its flags would mean nothing
     for key, value in keys.items():
-        if key in SGLANG_FLAGS and value is not None:
+        if key in SGLANG_FLAGS and value is not None and drafted:
             args += [SGLANG_FLAGS[key], str(value)]
         elif value is not None:
-            warnings.append(f"{key} = {json.dumps(value)} is a vLLM deployment key with no SGLang flag, so it is "
-                            "left out: SGLang runs the draft with the target's own setting.")
+            why = "has no draft model to apply it to" if key in SGLANG_FLAGS else "has no flag for it"
+            warnings.append(f"{key} = {json.dumps(value)} is a vLLM deployment key, and SGLang {why} here, so it "
+                            "is left out.")
     return replace(out, args=tuple(args), warnings=tuple(warnings))

@@ -327,10 +327,13 @@ def _sglang(res: "Resolution") -> Export:
                  "--speculative-ngram-min-bfs-breadth", "1", "--speculative-ngram-max-bfs-breadth", "1"]
         # SGLang 0.5.23's ngram flags (srt/arg_groups/fields/spec.py) have no match window; older
         # releases' --speculative-ngram-*-match-window-size stop today's SGLang at start.
-        warnings.append(f"prompt_lookup_min = {config.prompt_lookup_min} and prompt_lookup_max = "
-                        f"{config.prompt_lookup_max} have no SGLang flag, so they are left out: SGLang's NGRAM "
-                        "matches the context's last tokens against its cache up to --speculative-ngram-max-trie-depth "
-                        "(18 by default) tokens deep. The output is the same; the drafts differ.")
+        given = [f"{key} = {getattr(config, key)}" for key in ("prompt_lookup_min", "prompt_lookup_max")
+                 if res.decisions[key].source == "user"]
+        if given:
+            warnings.append(f"{' and '.join(given)} {'has' if len(given) == 1 else 'have'} no SGLang flag, so "
+                            f"{'it is' if len(given) == 1 else 'they are'} left out: SGLang's NGRAM matches the "
+                            "context's last tokens against its cache up to --speculative-ngram-max-trie-depth (18 by "
+                            "default) tokens deep. The output is the same; the drafts differ.")
         if (config.prompt_lookup_branches or 1) > 1:
             warnings.append(f"prompt_lookup_branches = {config.prompt_lookup_branches} is specsure's own token tree; "
                             "SGLang's NGRAM builds its trees differently, so the export keeps it to one chain "

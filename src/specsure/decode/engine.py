@@ -26,11 +26,11 @@ from specsure.decode.metrics import SpecStats
 from specsure.decode.request import Request, Rules
 from specsure.decode.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, check_batched_tokens
 from specsure.decode.structured import Grammars
-from specsure.sampling import SEED_LIMIT, SamplingParams, generator_seed
 from specsure.models.errors import ModelLoadError
 from specsure.models.loading import LoadedModel, load_model
 from specsure.models.sampling_defaults import say_unapplied
 from specsure.models.token_bytes import TokenizerKindError
+from specsure.sampling import SEED_LIMIT, SamplingParams, generator_seed
 from specsure.proposers.base import Proposer
 from specsure.proposers.factory import build_proposer
 
@@ -338,7 +338,6 @@ def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     hint = " (.tolist() makes one of a tensor or an array)" if hasattr(prompts, "tolist") else ""
     if isinstance(prompts, Mapping) and "input_ids" in prompts:  # apply_chat_template's in transformers 5
         hint = ' (a tokenizer\'s output, such as apply_chat_template returns: pass its ["input_ids"])'
-
     raise ValueError(f"prompts must be a string, a list of token ids, or a list of either; got "
                      f"{type(prompts).__name__}{hint}.")
 

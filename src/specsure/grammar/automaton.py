@@ -15,11 +15,6 @@ import numpy as np
 
 from specsure.grammar.pattern import NFA, PatternError
 
-
-class AutomatonTooLarge(PatternError):
-    """A constraint's automaton passed its bounds while a request generated under it: the request
-    fails (a client's constraint, not a server fault), and the constraint is refused from then on."""
-
 DEAD = -1
 MAX_DFA_STATES = 100_000
 MAX_DFA_MEMBERS = 2_000_000
@@ -27,6 +22,11 @@ MAX_DFA_MEMBERS = 2_000_000
 and a pattern of few, huge sets took seconds a token and a gigabyte under the state count alone."""
 MASKS_KEPT = 2048
 """Allowed-token masks kept per automaton, packed 8 tokens a byte (6 KB for 49,152 tokens)."""
+
+
+class AutomatonTooLarge(PatternError):
+    """A constraint's automaton passed its bounds while a request generated under it: the request
+    fails (a client's constraint, not a server fault), and the constraint is refused from then on."""
 
 
 class ByteDFA:

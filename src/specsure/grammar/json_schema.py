@@ -27,6 +27,11 @@ tree of nodes) is unrolled this deep, and texts that nest deeper are not generat
 grammars' ``RECURSION_DEPTH`` and json_object's ``ANY_DEPTH``."""
 MAX_REF_DEPTH = 32
 """How many ``$ref``s may be open at once, recursive ones counted each time."""
+MAX_REF_COPIES = 2000
+"""How many copies of referenced schemas one schema may compile to. Each $ref is compiled where it
+is used, so a few hundred bytes that refer back to themselves from many places (16 properties, each
+the whole schema again, four levels deep: 16^4 copies) would take minutes and gigabytes before any
+other bound was reached; a tree of nodes with two children takes 30."""
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
                          "readOnly", "writeOnly", "$defs", "definitions", "format", "strict"})
 """Keywords that describe a value without narrowing it (format is read where it narrows)."""
@@ -110,12 +115,13 @@ def any_array(depth: int, layout: Layout = FREE) -> Pattern:
 
 def schema_pattern(schema: Any, layout: Layout = FREE) -> Pattern:
     """The pattern of the JSON texts ``schema`` accepts; PatternError names the keyword and its path."""
-    return _Compiler(schema, layout).value(schema, "#", ())
+    return _Compiler(schema, layout).value(schema, "#", ("#",))  # the root is "#" open once, as a $ref to it is
 
 
 class _Compiler:
     def __init__(self, root: Any, layout: Layout) -> None:
         self.root, self.layout = root, layout
+        self.copies = 0
 
     def value(self, schema: Any, path: str, refs: tuple[str, ...]) -> Pattern:
         if schema is True or schema == {}:
@@ -274,6 +280,11 @@ class _Compiler:
             raise PatternError(f"{path}/$ref is {target!r}; only references inside the schema (#/...) are supported")
         if refs.count(target) >= REF_RECURSION:
             return NEVER  # one level deeper than the unrolling goes: no text, so this branch is not taken
+        self.copies += 1
+        if self.copies > MAX_REF_COPIES:
+            raise PatternError(f"{path}/$ref {target!r}: the schema's $refs compile to more than {MAX_REF_COPIES:,} "
+                               f"copies of what they refer to (each is copied where it is used, and one that refers "
+                               f"back to itself {REF_RECURSION} levels deep); refer back from fewer places")
         if len(refs) >= MAX_REF_DEPTH:
             raise PatternError(f"{path}/$ref {target!r} is the {len(refs) + 1}th $ref open at once; at most "
                                f"{MAX_REF_DEPTH} may nest")

@@ -145,7 +145,7 @@ def convert_gguf(gguf: Path, dest: Path) -> Path:
     stale = False
     if is_converted(dest):
         marked = _marker_lines(dest)
-        if len(marked) < 2 or marked[1] == _fingerprint_or_none(gguf):  # an older marker has none: trusted
+        if len(marked) < 2 or marked[1] in ("-", _fingerprint_or_none(gguf)):  # an older marker has none: trusted
             return dest
         logger.warning("%s was rewritten in place since its conversion in %s (the same size, mtime and inode, "
                        "other contents); converting it again", gguf, dest)
@@ -164,7 +164,10 @@ def convert_gguf(gguf: Path, dest: Path) -> Path:
         _write_conversion(gguf, tmp)
         # The resolved path, read from any folder, and what the file held when converted.
         seal = _fingerprint_or_none(gguf)
-        (tmp / COMPLETE_MARKER).write_text(f"{gguf.resolve()}\n" + (f"{seal}\n" if seal else ""), encoding="utf-8")
+        # Each file's size: what tells a conversion damaged since (a full disk, a partial copy) from one
+        # that never loads, which converting again would not mend.
+        sizes = json.dumps({f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()})
+        (tmp / COMPLETE_MARKER).write_text(f"{gguf.resolve()}\n{seal or '-'}\n{sizes}\n", encoding="utf-8")
         if dest.exists() and (stale or not is_converted(dest)):
             # An unmarked dest can only be someone's manual copy, a stale one the file's old contents.
             shutil.rmtree(dest)
@@ -182,12 +185,33 @@ def convert_gguf(gguf: Path, dest: Path) -> Path:
     return dest
 
 
-def converted_from(folder: Path) -> Path | None:
-    """The GGUF file a finished conversion in ``folder`` was made from, while it still exists; None
-    for any other folder (a user's own model is never rewritten)."""
-    marked = _marker_lines(folder) if is_converted(folder) else []
+def damaged_conversion(folder: Path) -> Path | None:
+    """The GGUF file to convert again into ``folder``: a finished conversion in specsure's cache whose
+    files no longer have the sizes they were written with (or whose older marker recorded none),
+    while its source still exists. None for any other folder: a user's own model, or a copy of a
+    conversion outside the cache, is never rewritten."""
+    try:
+        inside = folder.resolve().parent == cache_root().resolve()
+    except OSError:
+        return None
+    marked = _marker_lines(folder) if inside and is_converted(folder) else []
     source = Path(marked[0]) if marked else None
-    return source if source is not None and source.is_file() else None
+    if source is None or not source.is_file():
+        return None
+    try:
+        sizes = json.loads(marked[2]) if len(marked) > 2 else None
+    except ValueError:
+        sizes = None
+    if isinstance(sizes, dict) and all(_size(folder / name) == size for name, size in sizes.items()):
+        return None  # as written: it never loaded, and converting again would not mend it
+    return source
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
 
 
 def convert_again(gguf: Path, dest: Path) -> Path:

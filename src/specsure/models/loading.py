@@ -22,7 +22,7 @@ from specsure.models.dtypes import resolve_dtype
 from specsure.models.errors import ModelLoadError
 from specsure.models.model_folder import check_model_folder
 from specsure.models.gguf_blocks import read_blocks, source_gguf
-from specsure.models.gguf_cache import (convert_again, convert_gguf, converted_from, default_model_folder,
+from specsure.models.gguf_cache import (convert_again, convert_gguf, damaged_conversion, default_model_folder,
                                         gguf_cache_folder, packaged_default_gguf)
 from specsure.models.quiet import quiet_loading
 
@@ -69,7 +69,7 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
     try:
         hf, tokenizer = _from_folder(folder, torch_dtype)
     except ModelLoadError as err:
-        source = converted_from(folder)
+        source = damaged_conversion(folder)
         if source is None:
             raise
         # specsure made this folder from a GGUF that is still there: damaged since (a disk that filled, a

@@ -18,15 +18,13 @@ FIELDS: Final[tuple[str, ...]] = ("repetition_penalty", "presence_penalty", "fre
                                   "top_k", "top_p", "min_p", "max_new_tokens")
 """vLLM 0.33.0's list (ModelConfig.get_diff_sampling_param), but skip_special_tokens, which no
 generation_config.json holds."""
-UNSET: Final[dict[str, Any]] = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-                                "temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": None,
-                                "max_new_tokens": None}
-"""transformers' GenerationConfig defaults: vLLM takes only what differs from them (to_diff_dict)."""
 
 
 def model_sampling_defaults(folder: str | Path) -> dict[str, Any]:
-    """``{field: value}`` for each of FIELDS the folder's generation_config.json sets to other than
-    transformers' default; {} without the file. ValueError naming the file when it is not a JSON object."""
+    """``{field: value}`` for each of FIELDS the folder's generation_config.json sets (not null): vLLM
+    takes what differs from transformers' GenerationConfig defaults, which transformers 5 leaves all
+    unset, so every value the file holds; {} without the file. ValueError naming the file when it
+    is not a JSON object."""
     path = Path(folder) / "generation_config.json"
     if not path.is_file():
         return {}
@@ -36,7 +34,7 @@ def model_sampling_defaults(folder: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path} cannot be read as JSON ({exc}); fix the file or remove it.") from None
     if not isinstance(config, dict):
         raise ValueError(f"{path} holds {type(config).__name__}, not a JSON object; fix the file or remove it.")
-    return {k: config[k] for k in FIELDS if config.get(k) is not None and config[k] != UNSET[k]}
+    return {k: config[k] for k in FIELDS if config.get(k) is not None}
 
 
 def say_unapplied(folder: str | Path) -> None:

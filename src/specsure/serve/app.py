@@ -72,7 +72,8 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
                threads: int | None = None, chat_template: str | None = None,
                tool_call_parser: str | None = None, reasoning_parser: str | None = None,
                allowed_origins: Sequence[str] = (), log_stats: bool = True,
-               generation_defaults: Mapping[str, Any] | None = None) -> FastAPI:
+               generation_defaults: Mapping[str, Any] | None = None,
+               model_defaults: Mapping[str, Any] | None = None) -> FastAPI:
     """An OpenAI-compatible app serving ``engine``.
 
     Args:
@@ -105,6 +106,9 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
             skip_special_tokens), and max_new_tokens, a chat request's default max_tokens and every
             request's limit. Without it such a request decodes greedily (temperature 0), where vLLM and
             OpenAI sample at 1.0.
+        model_defaults: the model's own generation config, as vLLM's --generation-config auto reads it
+            (specsure.models.sampling_defaults), under generation_defaults: the same fields, but its
+            max_new_tokens is only the default of a chat request, no limit (vLLM 0.33.0).
     """
     if type(max_queue) is not int or max_queue < 0:
         raise ValueError(f"max_queue = {max_queue!r} must be an int >= 0 (0: no request waits).")
@@ -112,7 +116,8 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
         raise ValueError(f"request_timeout = {request_timeout!r} must be a number of seconds > 0, or None.")
     if threads is not None and (type(threads) is not int or threads < 1):
         raise ValueError(f"threads = {threads!r} must be an int >= 1, or None.")
-    defaults = check_generation_defaults(generation_defaults)
+    override = check_generation_defaults(generation_defaults)
+    defaults = {**check_generation_defaults(model_defaults, "the model's generation config"), **override}
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name or ())
     if not all(isinstance(n, str) and n for n in names) or len(set(names)) < len(names):
         raise ValueError(f"served_model_name = {served_model_name!r} must be a name, or a list of distinct names.")
@@ -261,7 +266,8 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
         choice after its prompt's echo, if ``echoes``; with ``prompt_only``, the echo alone; a chat
         answer split into reasoning and content under ``thinking``; ``response``: the Responses
         request the one answer is for."""
-        params = within_limit(defaults, params, delivery.max_tokens_field is not None, endpoint == "completion")
+        params = within_limit(defaults, params, delivery.max_tokens_field is not None, endpoint == "completion",
+                              override.get("max_new_tokens"))
         each = None if echoes is None else [e for e in echoes for _ in range(delivery.n)]  # one per choice
         context = engine.target.lm.max_context
         # A background response is fed step by step too, so that it shows in_progress after its first step.

@@ -98,7 +98,8 @@ async def read_body(request: Request) -> bytes:
     # preflight); read as JSON, such a body would start a generation for any site the browser visits.
     if media and media != "application/json" and not media.endswith("+json"):
         raise APIError(f"Content-Type {media!r}: this server reads JSON request bodies; send the body with "
-                       "Content-Type: application/json.", 415, code="unsupported_media_type")
+                       "Content-Type: application/json (curl -d sends a form's type unless given "
+                       "-H 'Content-Type: application/json').", 415, code="unsupported_media_type")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > READ_TO_END_BYTES:
         raise APIError(f"the request body declares {int(declared) / 2**20:,.1f} MiB, more than the "

@@ -11,9 +11,8 @@ every request's max_tokens, a completion's default 16 included (vLLM 0.33.0's ge
 
 from __future__ import annotations
 
-from typing import Any, Final, Mapping, Sequence
-
 from dataclasses import replace
+from typing import Any, Final, Mapping, Sequence
 
 from specsure.config.errors import suggest
 from specsure.sampling import SamplingParams
@@ -63,15 +62,17 @@ def with_defaults(defaults: Mapping[str, Any], body: Any, fields: Sequence[str])
     return {**taken, **given}
 
 
-def within_limit(defaults: Mapping[str, Any], params: SamplingParams, chose: bool, has_default: bool) -> SamplingParams:
-    """``params`` under the flag's max_new_tokens, as vLLM applies it: the max_tokens of a request
+def within_limit(defaults: Mapping[str, Any], params: SamplingParams, chose: bool, has_default: bool,
+                 limit: int | None) -> SamplingParams:
+    """``params`` as vLLM 0.33.0 applies max_new_tokens: ``defaults``' is the max_tokens of a request
     that did not choose one where the endpoint has no default of its own (``has_default`` False:
-    chat, Responses), and the most any request gets. A RequestError when the request's min_tokens
-    no longer fits."""
-    limit = defaults.get(LIMIT)
+    chat, Responses), and ``limit`` (the override flag's, or a --generation-config folder's; not the
+    model's own under 'auto') the most any request gets. A RequestError when the request's
+    min_tokens no longer fits."""
+    fallback = defaults.get(LIMIT)
+    wanted = params.max_tokens if chose or has_default or fallback is None else fallback
     if limit is None:
-        return params
-    wanted = params.max_tokens if chose or has_default else limit
+        return params if wanted == params.max_tokens else replace(params, max_tokens=wanted)
     if params.min_tokens > min(wanted, limit):
         raise RequestError(f"min_tokens = {params.min_tokens} is more than this server's limit of {limit} new "
                            f"tokens ({LIMIT} of its generation config); send at most {limit}.", "min_tokens")

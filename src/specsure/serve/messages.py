@@ -153,7 +153,7 @@ def _content(value: Any, where: str) -> str:
         for i, part in enumerate(value):
             if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else None
-                said = f"a {kind!r} part" if isinstance(kind, str) else f"{shown(part)}, not a text part"
+                said = f"the part {kind!r}" if isinstance(kind, str) else f"{shown(part)}, not a text part"
                 raise RequestError(f"{where}.content[{i}] is {said}; this server takes text only "
                                    '({"type": "text", "text": "..."}): images and audio are not supported.',
                                    f"{where}.content[{i}]")

@@ -29,6 +29,7 @@ from specsure.decode.engine import Engine, StepUpdate
 from specsure.decode.metrics import SpecStats
 from specsure.decode.request import Request
 from specsure.decode.scheduler import Scheduler
+from specsure.grammar.automaton import AutomatonTooLarge
 from specsure.grammar.pattern import PatternError
 from specsure.sampling import SamplingParams
 from specsure.serve.metrics import Phases, ServeMetrics
@@ -310,6 +311,6 @@ def _as_answer(error: Exception) -> Exception:
     """A request's own error as the client gets it: an output constraint whose automaton passed its
     bounds while generating is the request's fault, answered as a 400 that says so."""
     if isinstance(error, PatternError):
-        return RequestError(f"the output constraint failed this request while it generated: {error}. The server "
-                            "refuses the same constraint from now on.")
+        later = " The server refuses the same constraint from now on." if isinstance(error, AutomatonTooLarge) else ""
+        return RequestError(f"the output constraint failed this request while it generated: {error}.{later}")
     return error

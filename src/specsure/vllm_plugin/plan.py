@@ -97,7 +97,7 @@ def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = Tr
         warnings.append(f"specsure's engine would refuse this config: {exc}")
     handed = {**theirs, **res.config.to_vllm()}
     # disable_by_batch_size reaches vLLM as its batch-size schedule, where it runs one.
-    carried = {"disable_by_batch_size"} if VLLM_SCHEDULE_KEY in handed else set()
+    carried = {"disable_by_batch_size"} if res.config.vllm_batch_schedule() is not None else set()
     dropped = [f"{key} = {json.dumps(ours[key])} is a specsure key that vLLM does not have; without it "
                f"vLLM drafts {VLLM_INSTEAD[key].format(k=res.config.num_speculative_tokens)}. Remove it "
                "from the config for vLLM, or serve this config with specsure."
