@@ -165,6 +165,26 @@ def test_a_schema_whose_refs_multiply_is_refused_before_it_is_built() -> None:
     assert accepts(StructuredOutputs(json=tree), '{"left": {"left": {"v": 1}}, "v": 2}')
 
 
+def test_what_pydantic_writes_and_parses_is_what_the_schema_takes() -> None:
+    """A discriminated union, vendor x- keys, an escaped surrogate pair: taken; a lone surrogate and
+    a date-time without its offset, which pydantic's or a format validator's parse refuses: not written."""
+    union = {"type": "object", "required": ["pet"], "properties": {"pet": {
+        "discriminator": {"propertyName": "kind", "mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"}},
+        "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}]}},
+        "$defs": {"Cat": {"type": "object", "properties": {"kind": {"const": "cat"}}, "required": ["kind"]},
+                  "Dog": {"type": "object", "properties": {"kind": {"const": "dog"}}, "required": ["kind"],
+                          "x-order": 2}}}
+    pets = StructuredOutputs(json=union)
+    assert accepts(pets, '{"pet": {"kind": "dog"}}') and not accepts(pets, '{"pet": {"kind": "cow"}}')
+    text = StructuredOutputs(json={"type": "string"})
+    assert accepts(text, '"\\ud83d\\ude00 \\u00e9"')
+    for lone in ('"\\ud800"', '"\\udc00"', '"\\ude00\\ud83d"'):
+        assert not accepts(text, lone), lone
+    stamp = StructuredOutputs(json={"type": "string", "format": "date-time"})
+    assert accepts(stamp, '"2024-02-29T10:00:00.5+01:00"') and accepts(stamp, '"2024-01-01T00:00:00Z"')
+    assert not accepts(stamp, '"2024-01-01T10:00:00"') and not accepts(stamp, '"2023-02-29T10:00:00Z"')
+
+
 def test_a_date_counts_each_months_days_and_leap_years() -> None:
     """RFC 3339's full-date: a format validator refuses 2024-02-30, so the output may not hold it."""
     import datetime

@@ -105,3 +105,17 @@ def test_a_constraint_that_blows_up_while_generating_is_a_400_and_refused_from_t
     assert streamed.status_code == 200 and "passed 40 states" in streamed.text
     assert "internal_server_error" not in streamed.text
     assert client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 3}).status_code == 200
+
+
+def test_a_schema_written_inline_may_nest_as_pydantic_writes_one(engine: Engine) -> None:
+    """Each inline object takes two levels of the body (properties, the property): eight objects deep
+    passed the body's old bound of 16 levels."""
+    schema: dict = {"type": "integer"}
+    for depth in range(8):
+        schema = {"type": "object", "properties": {f"k{depth}": schema}, "required": [f"k{depth}"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "deep", "schema": schema}}
+    client = TestClient(create_app(engine, served_model_name="tiny"))
+    reply = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": PROMPT}],
+                                                      "max_tokens": 4, "response_format": fmt})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["content"].startswith("{")

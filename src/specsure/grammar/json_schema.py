@@ -33,6 +33,7 @@ is used, so a few hundred bytes that refer back to themselves from many places (
 the whole schema again, four levels deep: 16^4 copies) would take minutes and gigabytes before any
 other bound was reached; a tree of nodes with two children takes 30."""
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
+                         "discriminator", "$anchor",
                          "readOnly", "writeOnly", "$defs", "definitions", "format", "strict"})
 """Keywords that describe a value without narrowing it (format is read where it narrows)."""
 KEYWORDS = {
@@ -48,9 +49,11 @@ KEYWORDS = {
 SPACE_TAB = Chars(((0x09, 0x09), (0x20, 0x20)))
 WS = Alt((Repeat(SPACE_TAB, 0, 2), Seq((Repeat(literal("\r"), 0, 1), literal("\n"), Repeat(SPACE_TAB, 0, 16)))))
 UNESCAPED = Chars(subtract(((0, 0x10FFFF),), ((0, 0x1F), (0x22, 0x22), (0x5C, 0x5C))))
-HEX = Chars(((0x30, 0x39), (0x41, 0x46), (0x61, 0x66)))
 ESCAPED = Alt((Seq((literal("\\"), Chars(normalise([(ord(c), ord(c)) for c in '"\\/bfnrt'])))),
-               Seq((literal("\\u"), Repeat(HEX, 4, 4)))))
+               parse_regex(r"\\u(?:[0-9A-Ca-cE-Fe-f][0-9A-Fa-f]{3}|[Dd][0-7][0-9A-Fa-f]{2}"
+                           r"|[Dd][89ABab][0-9A-Fa-f]{2}\\u[Dd][C-Fc-f][0-9A-Fa-f]{2})")))
+"""An escape; a \\u escape of a UTF-16 surrogate only as a pair, high then low (a lone one is not
+Unicode, and parsers such as pydantic's refuse it)."""
 CHAR = Alt((UNESCAPED, ESCAPED))
 """One character of a JSON string's content, as written."""
 NATURAL = Alt((literal("0"), Seq((NONZERO, Repeat(DIGIT, 0, None)))))
@@ -82,7 +85,8 @@ LEAP_YEAR = r"(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:00|0[48]|[2468][04
 DATE = parse_regex(r"(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
                    r"|02-(?:0[1-9]|1[0-9]|2[0-8]))|" + LEAP_YEAR + r"-02-29)")
 """RFC 3339's full-date, each month's days counted (a format validator refuses 2024-02-30)."""
-TIME = parse_regex(r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])?")
+TIME = parse_regex(r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])")
+"""RFC 3339's full-time: the offset is part of it (a format validator refuses a time without one)."""
 FORMATS: dict[str, Pattern] = {
     "date": DATE,
     "time": TIME,
@@ -124,6 +128,9 @@ class _Compiler:
         self.copies = 0
 
     def value(self, schema: Any, path: str, refs: tuple[str, ...]) -> Pattern:
+        if isinstance(schema, dict) and any(isinstance(k, str) and k.startswith("x-") for k in schema):
+            # Vendor extensions (pydantic's x-order, OpenAPI's x-*) describe; none narrows the texts.
+            schema = {k: v for k, v in schema.items() if not (isinstance(k, str) and k.startswith("x-"))}
         if schema is True or schema == {}:
             return any_value(layout=self.layout)
         if not isinstance(schema, dict):
@@ -174,7 +181,8 @@ class _Compiler:
                                f"{', '.join(sorted(KEYWORDS))}")
         for key in schema:
             if key not in KEYWORDS[kind] and key not in ANNOTATIONS:
-                raise PatternError(f"{path}/{key}: specsure's structured outputs cannot enforce {key!r} on a "
+                article = "an" if kind in ("integer", "array", "object") else "a"
+                raise PatternError(f"{path}/{key}: specsure's structured outputs cannot enforce {key!r} on {article} "
                                    f"{kind}; drop it, or check that part of the output yourself")
         if kind == "string":
             return self.string(schema, path)

@@ -19,9 +19,10 @@ MAX_BODY_BYTES = 16 * 2**20
 READ_TO_END_BYTES = 4 * MAX_BODY_BYTES
 """A body over MAX_BODY_BYTES up to this is read and dropped before its 413; one that declares
 more gets the 413 at once (a client would otherwise hold the request open for its gigabytes)."""
-MAX_JSON_DEPTH = 16
-"""The most levels of arrays and objects a body may nest; the deepest valid one (a chat content
-part: body, messages, message, content, part) has 5."""
+MAX_JSON_DEPTH = 64
+"""The most levels of arrays and objects a body may nest. A chat content part sits 5 deep, but a
+response_format's schema written inline takes two levels for each object in it (properties, then
+the property), and a tool's parameters as many."""
 MAX_INT = 2**64
 """No field takes an integer this large (seeds stop just below it); a larger one is refused while
 parsing, before any arithmetic on it can overflow."""
@@ -54,7 +55,8 @@ def _check_values(body: Any) -> None:
         if isinstance(value, (dict, list)):
             if depth >= MAX_JSON_DEPTH:
                 raise RequestError(f"{name} nests too deeply: more than {MAX_JSON_DEPTH} levels of arrays and "
-                                   "objects, and the deepest valid body has 5.", path or None)
+                                   "objects. A JSON Schema nests less with its objects under $defs, each named by a "
+                                   "$ref.", path or None)
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for key, item in items:
                 if isinstance(key, str):
