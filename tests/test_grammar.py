@@ -185,6 +185,24 @@ def test_what_pydantic_writes_and_parses_is_what_the_schema_takes() -> None:
     assert not accepts(stamp, '"2024-01-01T10:00:00"') and not accepts(stamp, '"2023-02-29T10:00:00Z"')
 
 
+def test_a_tuple_holds_each_leading_item_by_its_own_schema() -> None:
+    """pydantic writes tuple[int, str] as prefixItems with minItems = maxItems = 2."""
+    pair = StructuredOutputs(json={"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}],
+                                   "minItems": 2, "maxItems": 2})
+    assert accepts(pair, '[1, "a"]')
+    for text in ('[1]', '[1, "a", 2]', '["a", 1]', '[]'):
+        assert not accepts(pair, text), text
+    open_end = StructuredOutputs(json={"type": "array", "prefixItems": [{"type": "integer"}],
+                                       "items": {"type": "string"}, "maxItems": 3})
+    for text, ok in (('[]', True), ('[1]', True), ('[1, "a", "b"]', True), ('[1, "a", "b", "c"]', False),
+                     ('["a"]', False), ('[1, 2]', False)):
+        assert accepts(open_end, text) is ok, text
+    closed = StructuredOutputs(json={"type": "array", "items": [{"type": "boolean"}], "additionalItems": False})
+    assert accepts(closed, '[true]') and accepts(closed, '[]') and not accepts(closed, '[true, false]')
+    with pytest.raises(GrammarError, match="no array has between 3 and"):
+        StructuredOutputs(json={"type": "array", "prefixItems": [{}], "items": False, "minItems": 3})
+
+
 def test_a_date_counts_each_months_days_and_leap_years() -> None:
     """RFC 3339's full-date: a format validator refuses 2024-02-30, so the output may not hold it."""
     import datetime

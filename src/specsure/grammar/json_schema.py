@@ -43,7 +43,7 @@ KEYWORDS = {
     "boolean": {"type", "enum", "const"},
     "null": {"type", "enum", "const"},
     "object": {"type", "enum", "const", "properties", "required", "additionalProperties"},
-    "array": {"type", "enum", "const", "items", "minItems", "maxItems"},
+    "array": {"type", "enum", "const", "items", "minItems", "maxItems", "prefixItems", "additionalItems"},
 }
 
 SPACE_TAB = Chars(((0x09, 0x09), (0x20, 0x20)))
@@ -228,6 +228,8 @@ class _Compiler:
         return Seq((literal('"'), Repeat(CHAR, low, high), literal('"')))
 
     def array(self, schema: dict[str, Any], path: str, refs: tuple[str, ...]) -> Pattern:
+        if "prefixItems" in schema or isinstance(schema.get("items"), list):
+            return self.positional(schema, path, refs)
         item = self.value(schema.get("items", True), f"{path}/items", refs)
         low = _count(schema, "minItems", path, 0)
         high = _count(schema, "maxItems", path, None)
@@ -243,6 +245,42 @@ class _Compiler:
             rest = Repeat(Seq((comma, item)), max(low - 1, 0), None if high is None else high - 1)
             body = Seq((item, rest, ws)) if low >= 1 else Repeat(Seq((item, rest, ws)), 0, 1)
         return Seq((literal("["), ws, body, literal("]")))
+
+    def positional(self, schema: dict[str, Any], path: str, refs: tuple[str, ...]) -> Pattern:
+        """An array whose first items each have their own schema (``prefixItems``, pydantic's tuples; or
+        draft 7's ``items`` list), then ``items`` (``additionalItems`` in draft 7) for any after them."""
+        key, rest_key = ("prefixItems", "items") if "prefixItems" in schema else ("items", "additionalItems")
+        if "prefixItems" in schema and "additionalItems" in schema:
+            raise PatternError(f"{path}/additionalItems beside prefixItems is not supported; say it with items")
+        given = schema[key]
+        if not isinstance(given, list):
+            raise PatternError(f"{path}/{key} must be a list of schemas, one for each leading item")
+        heads = [self.value(s, f"{path}/{key}/{i}", refs) for i, s in enumerate(given)]
+        more = schema.get(rest_key, True)
+        rest = None if more is False else self.value(more, f"{path}/{rest_key}", refs)
+        low = _count(schema, "minItems", path, 0)
+        high = _count(schema, "maxItems", path, None)
+        if rest is None:
+            high = len(heads) if high is None else min(high, len(heads))
+        if (high is not None and high < low) or (rest is None and low > len(heads)):
+            raise PatternError(f"{path}: no array has between {low} and {high} items here (minItems, maxItems and "
+                               f"{key} with {rest_key} false disagree)")
+        ws, comma = self.layout.ws, self.layout.comma
+
+        def after(i: int) -> Pattern:
+            """The items from index i on, each after its comma: required below minItems, else optional."""
+            if high is not None and i >= high:
+                return literal("")
+            if i >= len(heads):
+                assert rest is not None
+                return Repeat(Seq((comma, rest)), max(low - i, 0), None if high is None else high - i)
+            step = Seq((comma, heads[i], after(i + 1)))
+            return step if i < low else Repeat(step, 0, 1)
+        first = heads[0] if heads else rest
+        if first is None or high == 0:
+            return Seq((literal("["), ws, literal("]")))
+        body = Seq((first, after(1), ws))
+        return Seq((literal("["), ws, body if low >= 1 else Repeat(body, 0, 1), literal("]")))
 
     def object(self, schema: dict[str, Any], path: str, refs: tuple[str, ...]) -> Pattern:
         props = schema.get("properties", {})
