@@ -18,6 +18,7 @@ from specsure.grammar.pattern import (NEVER, Alt, Chars, Joined, Members, Patter
                                       either, literal, normalise, subtract)
 from specsure.grammar.integers import DIGIT, NONZERO, integer_bounds, integer_range
 from specsure.grammar.regex import parse_regex
+from specsure.grammar.string_formats import FORMATS
 
 ANY_DEPTH = 4
 """How deep an object or array of unspecified content may nest (``{"type": "object"}``, json_object)."""
@@ -81,21 +82,6 @@ FREE = Layout(WS, COMMA, COLON)
 COMPACT = Layout(literal(""), literal(", "), literal(": "))
 """vLLM's ``disable_any_whitespace`` (xgrammar without any_whitespace): one line, ", " and ": " as
 Python's json.dumps writes them, nothing inside brackets."""
-LEAP_YEAR = r"(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:00|0[48]|[2468][048]|[13579][26])00)"
-DATE = parse_regex(r"(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
-                   r"|02-(?:0[1-9]|1[0-9]|2[0-8]))|" + LEAP_YEAR + r"-02-29)")
-"""RFC 3339's full-date, each month's days counted (a format validator refuses 2024-02-30)."""
-TIME = parse_regex(r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])")
-"""RFC 3339's full-time: the offset is part of it (a format validator refuses a time without one)."""
-FORMATS: dict[str, Pattern] = {
-    "date": DATE,
-    "time": TIME,
-    "date-time": Seq((DATE, literal("T"), TIME)),
-    "uuid": parse_regex(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"),
-    "email": parse_regex(r"[a-zA-Z0-9._%+-]+@[a-zA-Z0-9-]+(?:\.[a-zA-Z0-9-]+)*\.[a-zA-Z]{2,}"),
-    "ipv4": parse_regex(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"),
-}
-"""String formats that narrow the text; the email form is the common one, stricter than RFC 5322."""
 
 
 def any_value(depth: int = ANY_DEPTH, layout: Layout = FREE) -> Pattern:
