@@ -474,7 +474,9 @@ def test_dequantizing_bar_hidden(capfd: pytest.CaptureFixture[str]) -> None:
     for _ in gguf_utils.tqdm(range(3), desc=desc):
         pass
     assert "de-quantizing" in capfd.readouterr().err  # what --no-progress let through
-    with gguf_cache.no_dequantizing_bar():
+    from specsure.models.gguf_conversion import no_dequantizing_bar
+
+    with no_dequantizing_bar():
         for _ in gguf_utils.tqdm(range(3), desc=desc):
             pass
     assert capfd.readouterr().err == ""
