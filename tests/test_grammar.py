@@ -203,6 +203,34 @@ def test_a_tuple_holds_each_leading_item_by_its_own_schema() -> None:
         StructuredOutputs(json={"type": "array", "prefixItems": [{}], "items": False, "minItems": 3})
 
 
+@pytest.mark.parametrize("bounds", [
+    {"minimum": 0, "maximum": 1}, {"exclusiveMinimum": 0}, {"minimum": -2.5, "exclusiveMaximum": 3.75},
+    {"exclusiveMinimum": -1, "exclusiveMaximum": 0}, {"minimum": 0.1, "maximum": 0.1}, {"maximum": -0.05},
+    {"minimum": 10, "maximum": 1000.5}, {"exclusiveMinimum": 0.25, "maximum": 0.3}, {"minimum": 0.001, "exclusiveMaximum": 2},
+])
+def test_a_number_between_bounds_is_exactly_the_decimals_between_them(bounds: dict) -> None:
+    """pydantic's confloat(ge=0, le=1), Field(gt=0): every decimal text is weighed against its bounds
+    exactly (no float rounding); exponents are not written, and zero not as -0."""
+    import random
+    from decimal import Decimal
+
+    spec = StructuredOutputs(json={"type": "number", **bounds})
+    limits = [Decimal(repr(v)) for v in bounds.values()]
+    ops = {"minimum": Decimal.__ge__, "exclusiveMinimum": Decimal.__gt__, "maximum": Decimal.__le__,
+           "exclusiveMaximum": Decimal.__lt__}
+    rng = random.Random(7)
+    texts = {f"{v}" for v in limits} | {f"{v}0" for v in limits if "." in f"{v}"} | \
+        {f"{v:f}1" for v in limits if "." in f"{v:f}"}
+    for _ in range(1500):
+        digits = "".join(rng.choice("0123456789") for _ in range(rng.choice([0, 0, 1, 2, 4])))
+        whole = rng.choice([0, 0, 1, 2, 3, 9, 10, 11, 999, 1000, 1001])
+        texts.add(f"{rng.choice(['', '', '-'])}{whole}" + (f".{digits}" if digits else ""))
+    for text in texts:
+        value = Decimal(text)
+        inside = all(ops[key](value, Decimal(repr(v))) for key, v in bounds.items())
+        assert accepts(spec, text) is (inside and not (text.startswith("-") and value == 0)), text
+
+
 def test_a_date_counts_each_months_days_and_leap_years() -> None:
     """RFC 3339's full-date: a format validator refuses 2024-02-30, so the output may not hold it."""
     import datetime
@@ -346,7 +374,8 @@ def test_json_object_accepts_nested_json_and_refuses_other_values() -> None:
     ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, "no text matches it"),
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}, "['b']"),
     ({"type": "string", "format": "hostname"}, "'hostname'"),
-    ({"type": "number", "minimum": 1}, "minimum is 1"),
+    ({"type": "number", "minimum": 1, "maximum": 0.5}, "no number lies between its minimum and its maximum"),
+    ({"type": "number", "maximum": 1e19}, "bounds beyond 10^18"),
     ({"type": "strng"}, '"strng"'),
     ({"$ref": "#/$defs/Missing"}, "points at nothing"),
     ({"type": "object", "properties": {"a": {}}, "additionalProperties": True}, "additionalProperties"),

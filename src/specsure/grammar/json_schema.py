@@ -16,6 +16,7 @@ from typing import Any
 
 from specsure.grammar.pattern import (NEVER, Alt, Chars, Joined, Members, Pattern, PatternError, Repeat, Seq,
                                       either, literal, normalise, subtract)
+from specsure.grammar.decimals import decimal_range, number_bounds
 from specsure.grammar.integers import DIGIT, NONZERO, integer_bounds, integer_range
 from specsure.grammar.regex import parse_regex
 from specsure.grammar.string_formats import FORMATS
@@ -40,7 +41,7 @@ ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema
 KEYWORDS = {
     "string": {"type", "enum", "const", "minLength", "maxLength", "pattern"},
     "integer": {"type", "enum", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
-    "number": {"type", "enum", "const", "minimum"},
+    "number": {"type", "enum", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
     "boolean": {"type", "enum", "const"},
     "null": {"type", "enum", "const"},
     "object": {"type", "enum", "const", "properties", "required", "additionalProperties"},
@@ -175,13 +176,8 @@ class _Compiler:
         if kind == "integer":
             return integer_range(*integer_bounds(schema, path))
         if kind == "number":
-            minimum = schema.get("minimum")
-            if minimum is None:
-                return NUMBER
-            if minimum != 0:
-                raise PatternError(f"{path}/minimum is {minimum}; on a number only 0 (not negative) is supported. "
-                                   "Use type integer for whole numbers in a range")
-            return Seq((NATURAL, FRACTION_EXPONENT))
+            low, high = number_bounds(schema, path)
+            return NUMBER if low is None and high is None else decimal_range(low, high, path)
         if kind == "boolean":
             return either("true", "false")
         if kind == "null":
