@@ -428,3 +428,14 @@ def test_a_link_that_leads_nowhere_says_so(tmp_path):
     with pytest.raises(ConfigError, match=f"is a symbolic link to '{tmp_path / 'gone'}', which does not exist"):
         resolve(None, model=str(tmp_path / "dangling"))
 
+
+
+def test_a_shard_index_that_names_missing_shards_is_refused_before_anything_loads(tmp_path, target):
+    """explain said all was well for a folder generate could not load."""
+    folder = write_checkpoint(tmp_path / "sharded", llama(layers=2))
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}}))
+    msg = unrunnable({"method": "draft_model", "model": str(folder)}, target)
+    assert "lists shards missing" in msg and "model-00002-of-00002.safetensors" in msg
+    (folder / "model.safetensors.index.json").write_text("{")
+    assert "is malformed" in unrunnable({"method": "draft_model", "model": str(folder)}, target)

@@ -228,9 +228,14 @@ def read_config(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     return flat.config, flat.origins
 
 
+SAFETENSORS_INDEX: Final[str] = "model.safetensors.index.json"
+
+
 def check_weight_files(path: str, weight_files: Sequence[str], pickle_files: Sequence[str], role: str) -> None:
-    """A folder's weights must be safetensors; pickle files are refused because loading them runs code."""
+    """A folder's weights must be safetensors, and its shard index name shards it holds; pickle files
+    are refused because loading them runs code."""
     if weight_files:
+        _check_shard_index(Path(path))
         return
     if pickle_files:
         raise ConfigError(
@@ -239,6 +244,22 @@ def check_weight_files(path: str, weight_files: Sequence[str], pickle_files: Seq
             "load with transformers and call save_pretrained(folder, safe_serialization=True).")
     raise ConfigError(f"{role} checkpoint {path!r} has config.json but no *.safetensors weights. "
                       "Add the weights, or point to the folder that has them.")
+
+
+def _check_shard_index(folder: Path) -> None:
+    index = folder / SAFETENSORS_INDEX
+    if not index.is_file():
+        return
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
+        raise ConfigError(f"{index} is malformed ({err}); regenerate it with save_pretrained.") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise ConfigError(f"{index} is malformed (weight_map must map tensor names to shard file names, got "
+                          f"{json.dumps(weight_map)[:80]}); regenerate it with save_pretrained.")
+    missing = sorted({s for s in weight_map.values() if not (folder / s).is_file()})
+    if missing:
+        raise ConfigError(f"{index} lists shards missing from {folder}: {', '.join(missing)}.")
 
 
 def weight_files(folder: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -23,7 +23,6 @@ from specsure.models.errors import ModelLoadError
 
 logger = logging.getLogger(__name__)
 
-_SAFETENSORS_INDEX = "model.safetensors.index.json"
 _POSITIVE_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                    "intermediate_size", "head_dim")
 _PER_LAYER_SIZES = ("intermediate_size",)
@@ -132,23 +131,9 @@ def _check_weight_dtypes(folder: Path) -> None:
 
 def _check_weights(folder: Path) -> None:
     try:
-        check_weight_files(str(folder), *weight_files(folder), role="model")
+        check_weight_files(str(folder), *weight_files(folder), role="model")  # the shard index too
     except ConfigError as err:
         raise ModelLoadError(str(err)) from None
-    index_path = folder / _SAFETENSORS_INDEX
-    if index_path.is_file():
-        try:
-            weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ModelLoadError(
-                f"{index_path} is malformed ({err}); regenerate it with save_pretrained."
-            ) from err
-        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise ModelLoadError(f"{index_path} is malformed (weight_map must map tensor names to shard file names, "
-                                 f"got {json.dumps(weight_map)[:80]}); regenerate it with save_pretrained.")
-        missing = sorted({s for s in weight_map.values() if not (folder / s).is_file()})
-        if missing:
-            raise ModelLoadError(f"{index_path} lists shards missing from {folder}: {', '.join(missing)}.")
 
 
 def _check_sizes(config_path: Path, config: dict[str, Any]) -> None:
