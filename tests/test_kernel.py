@@ -356,3 +356,27 @@ def test_a_kernel_library_others_could_write_is_never_loaded(tmp_path: Path, mon
     with caplog.at_level(logging.WARNING, logger="specsure.models.kernel"):
         again = kernel.build_library(cc, source, ("-shared", "-fPIC", "-O1"), "probe")
     assert again == private and "building it again" in caplog.text and not os.stat(private).st_mode & 0o022
+
+
+def test_a_killed_builds_half_library_is_swept_by_the_next_build(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """gcc outlives a parent killed with -9 and leaves its .so.partial; one in progress is left alone."""
+    import os
+    import time
+
+    from specsure.models import kernel
+
+    cc = c_compiler()
+    assert cc is not None, "the kernels' tests need the C compiler the install needs"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = tmp_path / "specsure" / "kernels"
+    folder.mkdir(parents=True, mode=0o700)
+    stale, fresh = folder / "tmpold.so.partial", folder / "tmpnew.so.partial"
+    stale.write_bytes(b"half")
+    fresh.write_bytes(b"half")
+    old = time.time() - kernel.STALE_PARTIAL_S - 60
+    os.utime(stale, (old, old))
+    source = tmp_path / "k.c"
+    source.write_text("int answer(void) { return 42; }\n")
+    kernel.build_library(cc, source, ("-shared", "-fPIC", "-O1"), "probe")
+    assert not stale.exists() and fresh.exists()

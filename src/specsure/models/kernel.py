@@ -22,6 +22,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -170,6 +171,7 @@ def build_library(cc: str, source_path: Path, flags: tuple[str, ...], stem: str)
             return target
         logger.warning("%s %s; building it again", target, unsafe)
     # Written beside the target and renamed: a concurrent process never loads half a file.
+    _sweep_partials(target.parent)
     fd, partial = tempfile.mkstemp(dir=target.parent, suffix=".so.partial")
     os.close(fd)
     try:
@@ -183,6 +185,21 @@ def build_library(cc: str, source_path: Path, flags: tuple[str, ...], stem: str)
         if os.path.exists(partial):
             os.remove(partial)
     return target
+
+
+STALE_PARTIAL_S = 3600.0
+"""A half-built library this old is a killed build's (gcc outlives a parent killed with -9), not one
+in progress: builds take seconds."""
+
+
+def _sweep_partials(folder: Path) -> None:
+    now = time.time()
+    for leftover in folder.glob("*.so.partial"):
+        try:
+            if now - leftover.lstat().st_mtime > STALE_PARTIAL_S:
+                leftover.unlink()
+        except OSError:  # another process's sweep got there first
+            continue
 
 
 def _not_private(path: Path) -> str | None:
