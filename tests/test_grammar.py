@@ -231,6 +231,34 @@ def test_a_number_between_bounds_is_exactly_the_decimals_between_them(bounds: di
         assert accepts(spec, text) is (inside and not (text.startswith("-") and value == 0)), text
 
 
+def test_a_bounded_number_keeps_its_order_when_a_validator_reads_it_as_a_double() -> None:
+    """0.99999999999999999 is 1.0 as a double: outside an exclusive maximum of 1 for a validator."""
+    below_one = StructuredOutputs(json={"type": "number", "exclusiveMaximum": 1})
+    assert accepts(below_one, "0.99999999999999") and not accepts(below_one, "0.99999999999999999")
+    above_zero = StructuredOutputs(json={"type": "number", "exclusiveMinimum": 0})
+    assert accepts(above_zero, "0.00000000000001") and not accepts(above_zero, "0." + "0" * 400 + "1")
+    assert accepts(above_zero, "12345678901234567890")  # an integer is read exactly, whatever its length
+    assert not accepts(above_zero, "1234567890123456.5")
+
+
+def test_format_narrows_strings_wherever_it_stands_and_type_beside_ref_is_not_ignored() -> None:
+    """A validator checked what specsure let through: a format beside enum or anyOf, or with no type,
+    and a type beside $ref, were read as annotations."""
+    assert accepts(StructuredOutputs(json={"format": "date"}), '"2024-01-01"')
+    assert not accepts(StructuredOutputs(json={"format": "date"}), '"abc"')
+    assert accepts(StructuredOutputs(json={"type": "integer", "format": "int32"}), "5")  # narrows strings only
+    for schema in ({"$defs": {"A": {"type": "integer"}}, "$ref": "#/$defs/A", "type": "string"},
+                   {"enum": ["x"], "format": "date"}, {"anyOf": [{"type": "string"}], "format": "date"}):
+        with pytest.raises(GrammarError, match="beside"):
+            StructuredOutputs(json=schema)
+
+
+def test_integer_bounds_near_ten_to_the_eighteen_compile_at_once() -> None:
+    """Each digit's band once recursed into both its ends: 2^18 copies, a minute of CPU, then a refusal."""
+    spec = StructuredOutputs(json={"type": "integer", "minimum": -10 ** 18, "maximum": 10 ** 18 - 1})
+    assert accepts(spec, str(10 ** 18 - 1)) and accepts(spec, "-1000000000000000000") and not accepts(spec, str(10 ** 18))
+
+
 def test_a_date_counts_each_months_days_and_leap_years() -> None:
     """RFC 3339's full-date: a format validator refuses 2024-02-30, so the output may not hold it."""
     import datetime
@@ -244,7 +272,8 @@ def test_a_date_counts_each_months_days_and_leap_years() -> None:
                 except ValueError:
                     valid = False
                 assert accepts(spec, f'"{year:04d}-{month:02d}-{day:02d}"') is valid, (year, month, day)
-    assert accepts(spec, '"0000-02-29"')  # year 0 is a leap year in the proleptic calendar RFC 3339 uses
+    for year_zero in ('"0000-01-01"', '"0000-02-29"'):  # Python's dates, which validators read with, have none
+        assert not accepts(spec, year_zero), year_zero
 
 
 def test_gbnf_takes_space_before_a_quantifier_and_names_llama_cpps_token_references() -> None:

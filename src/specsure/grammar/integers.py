@@ -41,6 +41,8 @@ def _naturals(low: int, high: int | None) -> Pattern:
 
 def _fixed(lo: str, hi: str) -> Pattern:
     """Digit strings of this one length from lo to hi (leading zeros allowed past the first digit)."""
+    if lo.strip("0") == "" and hi.strip("9") == "":  # every string of the length: one repeat, not two recursions
+        return Repeat(DIGIT, len(lo), len(lo))
     if len(lo) == 1:
         return Chars(((ord(lo), ord(hi)),))
     if lo[0] == hi[0]:

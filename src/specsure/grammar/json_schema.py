@@ -36,10 +36,10 @@ the whole schema again, four levels deep: 16^4 copies) would take minutes and gi
 other bound was reached; a tree of nodes with two children takes 30."""
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
                          "discriminator", "$anchor",
-                         "readOnly", "writeOnly", "$defs", "definitions", "format", "strict"})
-"""Keywords that describe a value without narrowing it (format is read where it narrows)."""
+                         "readOnly", "writeOnly", "$defs", "definitions", "strict"})
+"""Keywords that describe a value without narrowing it."""
 KEYWORDS = {
-    "string": {"type", "enum", "const", "minLength", "maxLength", "pattern"},
+    "string": {"type", "enum", "const", "minLength", "maxLength", "pattern", "format"},
     "integer": {"type", "enum", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
     "number": {"type", "enum", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
     "boolean": {"type", "enum", "const"},
@@ -123,7 +123,7 @@ class _Compiler:
         if not isinstance(schema, dict):
             raise PatternError(f"{path} is {json.dumps(schema)[:60]}; a schema is an object (or true)")
         for key in ("$ref", "const", "enum"):  # each names its texts outright: a sibling that narrows is refused
-            rest = sorted(set(schema) - ANNOTATIONS - {key, "type"})
+            rest = sorted(set(schema) - ANNOTATIONS - {key} - ({"type"} if key != "$ref" else set()))
             if key in schema and rest:
                 raise PatternError(f"{path}: {key} beside {', '.join(map(repr, rest))} is not supported; keep {key} "
                                    "alone (with annotations such as description), or drop the others")
@@ -167,6 +167,8 @@ class _Compiler:
             raise PatternError(f"{path}/type is {json.dumps(kind)}; JSON Schema's types are "
                                f"{', '.join(sorted(KEYWORDS))}")
         for key in schema:
+            if key == "format" and kind != "string":  # format narrows strings only: a number passes any
+                continue
             if key not in KEYWORDS[kind] and key not in ANNOTATIONS:
                 article = "an" if kind in ("integer", "array", "object") else "a"
                 raise PatternError(f"{path}/{key}: specsure's structured outputs cannot enforce {key!r} on {article} "

@@ -9,8 +9,10 @@ from __future__ import annotations
 from specsure.grammar.pattern import Pattern, Seq, literal
 from specsure.grammar.regex import parse_regex
 
-LEAP_YEAR = r"(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:00|0[48]|[2468][048]|[13579][26])00)"
-DATE = parse_regex(r"(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+YEAR = r"(?:[0-9]{3}[1-9]|[0-9]{2}[1-9]0|[0-9][1-9]00|[1-9]000)"
+"""0001 to 9999: RFC 3339 writes 0000 too, but validators read a date with Python's, which has no year 0."""
+LEAP_YEAR = r"(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+DATE = parse_regex(r"(?:" + YEAR + r"-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
                    r"|02-(?:0[1-9]|1[0-9]|2[0-8]))|" + LEAP_YEAR + r"-02-29)")
 """RFC 3339's full-date, each month's days counted (a format validator refuses 2024-02-30)."""
 TIME = parse_regex(r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])")
