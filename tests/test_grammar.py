@@ -36,9 +36,12 @@ TEXTS = ["", "a", "abc@x.com", "ab@x.com.", "123-45", "123-4567", "12-345", "aba
 
 @pytest.mark.parametrize("source", REGEXES)
 def test_a_regex_accepts_exactly_what_python_fullmatches(source: str) -> None:
+    """In both of Python's dialects: \\d \\w \\s ASCII (re.ASCII, ECMAScript's), and their negations
+    leaving out the Unicode ones as well (the default re, which validators run)."""
     dfa = ByteDFA(compiled(StructuredOutputs(regex=source)))
     for text in TEXTS:
-        assert accepts(dfa, text) == bool(re.fullmatch(source, text, re.ASCII)), (source, text)
+        both = bool(re.fullmatch(source, text, re.ASCII)) and bool(re.fullmatch(source, text))
+        assert accepts(dfa, text) == both, (source, text)
 
 
 @pytest.mark.parametrize("source, construct", [("a(?=b)", "(?="), (r"(a)\1", "\\1"), (r"\bword", "\\b"),
@@ -251,6 +254,16 @@ def test_format_narrows_strings_wherever_it_stands_and_type_beside_ref_is_not_ig
                    {"enum": ["x"], "format": "date"}, {"anyOf": [{"type": "string"}], "format": "date"}):
         with pytest.raises(GrammarError, match="beside"):
             StructuredOutputs(json=schema)
+
+
+def test_negated_classes_leave_out_what_either_dialect_counts_in_them() -> None:
+    """\\d is ASCII (ECMAScript's), but Python's re, which validators run, counts Arabic-Indic digits
+    as \\d: \\D and [^\\d] take neither, so the text matches in both dialects."""
+    for pattern, outside, inside in (("^\\D$", "\u0663", "a"), ("^\\W$", "\u00e9", "!"), ("^\\S$", "\u3000", "x"),
+                                     ("^[^\\d]$", "\u0663", "x"), ("^[^\\s]$", "\ufeff", "y")):
+        spec = StructuredOutputs(json={"type": "string", "pattern": pattern})
+        assert accepts(spec, f'"{inside}"') and not accepts(spec, f'"{outside}"'), pattern
+    assert not accepts(StructuredOutputs(regex="\\d"), "\u0663")  # and \\d itself stays ASCII
 
 
 def test_integer_bounds_near_ten_to_the_eighteen_compile_at_once() -> None:

@@ -1,7 +1,10 @@
 """A regular-expression parser for structured outputs: Python's ``re`` syntax, full-match.
 
 ``\\d``, ``\\w`` and ``\\s`` are ASCII classes, as in JSON Schema's (ECMAScript) patterns and in
-Python with ``re.ASCII``; Python's default Unicode classes would let ``\\w`` take any letter.
+Python with ``re.ASCII``; Python's default Unicode classes would let ``\\w`` take any letter. Their
+negations (``\\D``, ``[^\\d]``) leave out the Unicode ones too: ``\\D`` takes no Arabic-Indic digit,
+as Python's ``re`` (which validators such as jsonschema run) has it, and ``\\S`` no U+3000, as
+ECMAScript's and Python's both have it. So a text matches in either dialect.
 
 The subset every regex engine shares and a finite automaton can run: literals, ``.``, classes
 (``[a-z]``, ``[^"]``, ``\\d \\w \\s`` and their negations), groups (``(...)``, ``(?:...)``,
@@ -13,13 +16,32 @@ cannot be run by an automaton and are refused by name.
 
 from __future__ import annotations
 
-from specsure.grammar.pattern import (EMPTY, MAX_CODEPOINT, Alt, Chars, Pattern, PatternError, Repeat, Seq,
-                                      negate, normalise)
+import functools
+import re
+
+from specsure.grammar.pattern import (EMPTY, MAX_CODEPOINT, SURROGATES, Alt, Chars, Pattern, PatternError, Repeat,
+                                      Seq, negate, normalise)
 
 DIGIT = ((0x30, 0x39),)
 WORD = normalise([(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)])
 SPACE = normalise([(0x09, 0x0D), (0x20, 0x20)])
 ESCAPE_CLASSES = {"d": DIGIT, "w": WORD, "s": SPACE}
+ECMASCRIPT_SPACE_ONLY = ((0xFEFF, 0xFEFF),)
+"""ECMAScript's \\s beyond Python's Unicode one: the byte order mark."""
+
+
+@functools.lru_cache(maxsize=None)
+def unicode_class(letter: str) -> tuple[tuple[int, int], ...]:
+    """Python's Unicode ``\\d``, ``\\w`` or ``\\s`` as ranges (``\\s`` with ECMAScript's too): what a
+    negated class leaves out. Read from ``re`` itself over every code point, once."""
+    low, high = SURROGATES
+    text = "".join(map(chr, range(low))) + "".join(map(chr, range(high + 1, MAX_CODEPOINT + 1)))
+    ranges = []
+    for run in re.finditer(rf"\{letter}+", text):
+        start, end = run.start(), run.end() - 1
+        shift = (lambda i: i if i < low else i + high - low + 1)  # noqa: E731 - back over the surrogates
+        ranges.append((shift(start), shift(end)))
+    return normalise(ranges + (list(ECMASCRIPT_SPACE_ONLY) if letter == "s" else []))
 ESCAPE_CHARS = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "a": "\a", "0": "\0"}
 MAX_REPEAT = 1000
 """The largest bound of ``{m,n}``: each bounded copy is a copy of the automaton."""
@@ -143,11 +165,13 @@ class _Parser:
         self.at += 1
         return inner
 
-    def escape(self) -> tuple[tuple[int, int], ...]:
+    def escape(self, negated: bool = False) -> tuple[tuple[int, int], ...]:
+        """One escape's characters; ``negated``: it stands in a class that is negated as a whole."""
         c = self.take()
         if c.lower() in ESCAPE_CLASSES:
-            ranges = ESCAPE_CLASSES[c.lower()]
-            return negate(ranges) if c.isupper() else ranges
+            if c.isupper():  # what both dialects leave out of it
+                return negate(unicode_class(c.lower()))
+            return unicode_class(c) if negated else ESCAPE_CLASSES[c]
         if c in ESCAPE_CHARS:
             cp = ord(ESCAPE_CHARS[c])
         elif c in "xuU":
@@ -177,7 +201,7 @@ class _Parser:
             if c == "]" and not first:
                 break
             first = False
-            lo = self.escape() if c == "\\" else ((ord(c), ord(c)),)
+            lo = self.escape(negated) if c == "\\" else ((ord(c), ord(c)),)
             if self.peek() == "-" and self.at + 1 < len(self.src) and self.src[self.at + 1] != "]" and len(lo) == 1 \
                     and lo[0][0] == lo[0][1]:
                 self.at += 1
