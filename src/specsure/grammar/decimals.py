@@ -67,6 +67,10 @@ def decimal_range(low: Bound | None, high: Bound | None, path: str) -> Pattern:
         top = Bound(-low.value, low.strict) if low is not None else None
         options.append(Seq((literal("-"), _magnitudes(bottom, top))))
     options = [o for o in options if o != NEVER and not (isinstance(o, Seq) and NEVER in o.items)]
+    if (low is None or low.value < 0 or (low.value == 0 and not low.strict)) and \
+            (high is None or high.value > 0 or (high.value == 0 and not high.strict)):
+        options.append(Seq((literal("-0"), Repeat(Seq((literal("."), Repeat(literal("0"), 1, MAX_DIGITS - 1))), 0, 1))))
+        # zero in range: pydantic writes a negative zero as -0.0
     if not options:
         raise PatternError(f"{path}: no number lies between its minimum and its maximum")
     return options[0] if len(options) == 1 else Alt(tuple(options))

@@ -286,7 +286,7 @@ class _Compiler:
                 self.value(extra, f"{path}/additionalProperties", refs)
             member = Seq((STRING, colon, value))
             return Seq((literal("{"), ws, Repeat(Seq((Joined(member, comma, 1), ws)), 0, 1), literal("}")))
-        members = tuple((Seq((literal(json.dumps(name)), colon, self.value(sub, f"{path}/properties/{name}", refs))),
+        members = tuple((Seq((literal(json.dumps(name, ensure_ascii=False)), colon, self.value(sub, f"{path}/properties/{name}", refs))),
                          name in required) for name, sub in props.items())
         return Seq((literal("{"), ws, Members(members, comma), ws, literal("}")))
 

@@ -22,7 +22,10 @@ FORMATS: dict[str, Pattern] = {
     "time": TIME,
     "date-time": Seq((DATE, literal("T"), TIME)),
     "uuid": parse_regex(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"),
-    "email": parse_regex(r"[a-zA-Z0-9._%+-]+@[a-zA-Z0-9-]+(?:\.[a-zA-Z0-9-]+)*\.[a-zA-Z]{2,}"),
+    "email": parse_regex(r"[a-zA-Z0-9_%+-]+(?:\.[a-zA-Z0-9_%+-]+)*@(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?\.)+"
+                         r"[a-zA-Z]{2,}"),
     "ipv4": parse_regex(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"),
 }
-"""String formats that narrow the text; the email form is the common one, stricter than RFC 5322."""
+"""String formats that narrow the text. The email form is the common one, stricter than RFC 5322 and
+within what pydantic's EmailStr takes: no dot at either end of the local part or two in a row, and
+no domain label that starts or ends with '-'."""
