@@ -264,6 +264,7 @@ def test_negated_classes_leave_out_what_either_dialect_counts_in_them() -> None:
         spec = StructuredOutputs(json={"type": "string", "pattern": pattern})
         assert accepts(spec, f'"{inside}"') and not accepts(spec, f'"{outside}"'), pattern
     assert not accepts(StructuredOutputs(regex="\\d"), "\u0663")  # and \\d itself stays ASCII
+    assert not accepts(StructuredOutputs(regex="[^\\D]"), "\u0663")  # ECMAScript's [^\\D] is ASCII digits
 
 
 def test_an_email_is_one_pydantics_emailstr_takes_and_a_property_is_written_as_pydantic_writes_it() -> None:

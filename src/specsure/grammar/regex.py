@@ -166,11 +166,12 @@ class _Parser:
         return inner
 
     def escape(self, negated: bool = False) -> tuple[tuple[int, int], ...]:
-        """One escape's characters; ``negated``: it stands in a class that is negated as a whole."""
+        """One escape's characters; ``negated``: it stands in a class that is negated as a whole, which
+        then leaves out what either dialect puts in the escape (so the widest of the two here)."""
         c = self.take()
         if c.lower() in ESCAPE_CLASSES:
-            if c.isupper():  # what both dialects leave out of it
-                return negate(unicode_class(c.lower()))
+            if c.isupper():  # \D: ECMAScript's (not ASCII digits) is the wider, Python's the narrower
+                return negate(ESCAPE_CLASSES[c.lower()]) if negated else negate(unicode_class(c.lower()))
             return unicode_class(c) if negated else ESCAPE_CLASSES[c]
         if c in ESCAPE_CHARS:
             cp = ord(ESCAPE_CHARS[c])
