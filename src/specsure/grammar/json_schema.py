@@ -2,8 +2,8 @@
 
 What it follows (as vLLM's default backend, xgrammar, does): properties in the schema's order;
 no properties beyond those listed unless the schema lists none (``{"type": "object"}`` is any
-object); ``oneOf`` as ``anyOf``; a ``$ref`` inside itself unrolled ``REF_RECURSION`` deep. Whitespace between tokens is bounded (up to two spaces or tabs,
-or one line break and up to 16 of indentation), so a model cannot pad forever; none before or
+object); ``oneOf`` as ``anyOf``; a ``$ref`` inside itself unrolled ``REF_RECURSION`` deep.
+Whitespace between tokens is bounded (up to two spaces or tabs, or one line break and up to 16 of indentation), so a model cannot pad forever; none before or
 after the value. ``COMPACT`` allows none but the single spaces after "," and ":". A keyword that would change which texts are valid and that this compiler cannot
 enforce (``not``, ``uniqueItems``, ``multipleOf``, ...) is refused by name, never ignored.
 """
@@ -286,8 +286,9 @@ class _Compiler:
                 self.value(extra, f"{path}/additionalProperties", refs)
             member = Seq((STRING, colon, value))
             return Seq((literal("{"), ws, Repeat(Seq((Joined(member, comma, 1), ws)), 0, 1), literal("}")))
-        members = tuple((Seq((literal(json.dumps(name, ensure_ascii=False)), colon, self.value(sub, f"{path}/properties/{name}", refs))),
-                         name in required) for name, sub in props.items())
+        members = tuple((Seq((literal(json.dumps(name, ensure_ascii=False)), colon,  # raw, as model_dump_json writes
+                              self.value(sub, f"{path}/properties/{name}", refs))), name in required)
+                        for name, sub in props.items())
         return Seq((literal("{"), ws, Members(members, comma), ws, literal("}")))
 
     def combined(self, schema: dict[str, Any], key: str, path: str, refs: tuple[str, ...]) -> Pattern:

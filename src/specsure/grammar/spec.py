@@ -11,8 +11,8 @@ from typing import Any, Mapping
 
 from specsure.grammar.gbnf import RECURSION_DEPTH, parse_gbnf
 from specsure.grammar.json_schema import COMPACT, FREE, Layout, any_object, schema_pattern
-from specsure.grammar.pattern import (NEVER, NFA, TOO_MANY_STATES, Alt, Pattern, PatternError, after_marker, compile_nfa,
-                                      literal, prune)
+from specsure.grammar.pattern import (NEVER, NFA, TOO_MANY_STATES, Alt, Pattern, PatternError, after_marker,
+                                      compile_nfa, literal, prune)
 from specsure.grammar.regex import parse_regex
 
 MAX_CHOICES = 1000
