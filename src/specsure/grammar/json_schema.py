@@ -3,9 +3,11 @@
 What it follows (as vLLM's default backend, xgrammar, does): properties in the schema's order;
 no properties beyond those listed unless the schema lists none (``{"type": "object"}`` is any
 object); ``oneOf`` as ``anyOf``; a ``$ref`` inside itself unrolled ``REF_RECURSION`` deep.
-Whitespace between tokens is bounded (up to two spaces or tabs, or one line break and up to 16 of indentation), so a model cannot pad forever; none before or
-after the value. ``COMPACT`` allows none but the single spaces after "," and ":". A keyword that would change which texts are valid and that this compiler cannot
-enforce (``not``, ``uniqueItems``, ``multipleOf``, ...) is refused by name, never ignored.
+Whitespace between tokens is bounded (up to two spaces or tabs, or one line break and up to 16 of
+indentation), so a model cannot pad forever; none before or after the value. ``COMPACT`` allows
+none but the single spaces after "," and ":". A keyword that would change which texts are valid
+and that this compiler cannot enforce (``not``, ``uniqueItems``, ``multipleOf``, ...) is refused
+by name, never ignored.
 """
 
 from __future__ import annotations
