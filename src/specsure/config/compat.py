@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Collection, Mapping
 
-from specsure.config.checkpoint import DEFAULT_INSTALL_HINT, CheckpointInfo, check_weight_files, int_field
+from specsure.config.checkpoint import DEFAULT_INSTALL_HINT, CheckpointInfo, int_field
+from specsure.config.weight_files import check_weight_files
 from specsure.config.detect import (
     MTP_HEAD_ARCHITECTURES, MTP_MODEL_TYPES, WHAT_IS, WHOLE_MODEL_TENSOR, Evidence, classify_head, deepseek_mtp_prefix, eagle3_tensor,
     foreign_head, other_mtp_layout,

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedConfig, PreTrainedTokenizerBase
 
-from specsure.config.checkpoint import MTP_LAYER_KEYS, broken_link, is_default_gguf, weight_files
+from specsure.config.checkpoint import MTP_LAYER_KEYS, broken_link, is_default_gguf
+from specsure.config.weight_files import weight_files
 from specsure.config.cpu import cpu_bf16_flags
 from specsure.config.dtype_choice import target_gguf
 from specsure.models.causal_lm import CausalLM

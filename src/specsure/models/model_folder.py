@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from specsure.config.checkpoint import (check_weight_files, config_json_problem, load_config_json,
-                                       read_safetensors_header, weight_files)
+from specsure.config.checkpoint import config_json_problem, load_config_json
+from specsure.config.weight_files import check_weight_files, read_safetensors_header, weight_files
 from specsure.config.errors import ConfigError
 from specsure.models.errors import ModelLoadError
 
