@@ -168,14 +168,15 @@ class Scheduler:
             self.undrafted_steps += 1
         drafts = propose_all([r.draft_job() for r in decoding]) if speculate else [NO_DRAFT] * len(decoding)
         # A request whose drafter failed leaves the step with that error; the others verify as usual.
-        drafted = [(r, d) for r, d in zip(decoding, drafts) if not isinstance(d, Exception)]
         calls = []
-        for request, draft in drafted:  # a constraint steers the draft, and may fail its request there
-            try:
+        for i, (request, draft) in enumerate(zip(decoding, drafts)):
+            if isinstance(draft, Exception):
+                continue
+            try:  # a constraint steers the draft, and may fail its request there
                 calls.append(request.draft_call(draft, steer=speculate))
             except PatternError as exc:
                 logger.warning("a request's constraint failed it: %s", exc)
-                drafts[decoding.index(request)] = exc
+                drafts[i] = exc
         drafted = [(r, d) for r, d in zip(decoding, drafts) if not isinstance(d, Exception)]
         calls += [r.prefill_call(end) for r, end in parts]
         outs = self._lm.forward_batch(calls, hidden=self._hidden, aux_layers=self._aux_layers) if calls else []

@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from specsure.grammar.integers import DIGIT, NONZERO, integer_range
-from specsure.grammar.pattern import NEVER, Alt, Chars, Pattern, PatternError, Repeat, Seq, literal
+from specsure.grammar.pattern import NEVER, Alt, Chars, Pattern, PatternError, Repeat, Seq, literal, normalise
 
 MAX_MAGNITUDE = Decimal(10) ** 18
 """Bounds past this are refused, as the integers' are."""
@@ -155,16 +155,5 @@ def _digits(lo: str, hi: str, lo_tight: bool, hi_tight: bool, lo_strict: bool, h
         after = [literal("")] if more_empty else []
         after += [more] if more != NEVER else []
         if after:
-            ranges = tuple((0x30 + c, 0x30 + c) for c in chosen)
-            options.append(Seq((Chars(_merged(ranges)), Alt(tuple(after)))))
+            options.append(Seq((Chars(normalise([(0x30 + c, 0x30 + c) for c in chosen])), Alt(tuple(after)))))
     return empty, Alt(tuple(options)) if options else NEVER
-
-
-def _merged(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
-    out: list[tuple[int, int]] = []
-    for lo, hi in ranges:
-        if out and lo == out[-1][1] + 1:
-            out[-1] = (out[-1][0], hi)
-        else:
-            out.append((lo, hi))
-    return tuple(out)
