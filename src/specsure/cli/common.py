@@ -14,7 +14,7 @@ from pathlib import Path
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence, TextIO
 
-from specsure.config.errors import ConfigError, json_type
+from specsure.config.errors import ConfigError, json_int, json_type
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -64,7 +64,7 @@ def parse_speculative_config(text: str | None, flag: str = "--speculative-config
     if text.startswith("\ufeff"):  # a byte-order mark, as some Windows editors write UTF-8
         text = text[1:]
     try:
-        value = json.loads(text, object_pairs_hook=_unique_keys(source))
+        value = json.loads(text, object_pairs_hook=_unique_keys(source), parse_int=json_int(source))
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"{source} is not valid JSON ({exc.msg} at column {exc.colno}): {text!r}. "
@@ -171,6 +171,11 @@ def add_model_flags(parser: Any, *, speculative: bool = True) -> None:
                             help="make any disagreement between evidence and an explicit value an error")
 
 
+def one_line(message: str) -> str:
+    """``message`` with its line breaks escaped: a path holding a newline must not split an error in two."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def guarded(run: Callable[[], int]) -> int:
     """Run a command; a user error prints one paragraph (no traceback) and exits 2."""
     try:
@@ -178,7 +183,7 @@ def guarded(run: Callable[[], int]) -> int:
         sys.stdout.flush()  # a full or closed stdout fails here, inside the handlers below
         return code
     except ValueError as exc:  # ConfigError and every other user-input error
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

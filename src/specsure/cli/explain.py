@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import Any
 
-from specsure.cli.common import EXIT_OK, EXIT_USAGE, add_model_flags, parse_speculative_config
+from specsure.cli.common import EXIT_OK, EXIT_USAGE, add_model_flags, one_line, parse_speculative_config
 from specsure.config import ConfigError, resolve
 from specsure.config.cpu import DTYPE_NAMES
 from specsure.config.dtype_choice import run_dtype
@@ -55,5 +55,5 @@ def run(args: argparse.Namespace) -> int:
             print(f"dtype: {dtype}. {why}")
     if problem:
         # Same shape as every other user error: one `error:` paragraph on stderr, exit 2.
-        print(f"error: cannot run: {problem}", file=sys.stderr)
+        print(f"error: cannot run: {one_line(problem)}", file=sys.stderr)
     return EXIT_USAGE if problem else EXIT_OK

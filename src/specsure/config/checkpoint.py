@@ -16,7 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final, Literal, Mapping
 
-from specsure.config.errors import ConfigError
+from specsure.config.errors import ConfigError, json_int
 from specsure.config.gguf_header import GGUFHeaderError, read_gguf_metadata
 from specsure.config.speculators import flatten
 from specsure.config.weight_files import read_safetensors_names, weight_files
@@ -233,7 +233,7 @@ def load_config_json(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {path}: {exc}. Check the file's permissions and encoding.") from None
     try:
-        config = json.loads(text)
+        config = json.loads(text, parse_int=json_int(str(path)))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}). "
                           "Fix or re-download the file.") from None
@@ -337,6 +337,9 @@ def read_gguf(path: str, kind: CheckpointKind, shown: str) -> CheckpointInfo:
                               ("vocab_size", "vocab_size")):
             found = fields.get(f"{arch}.{gguf_key}")
             if isinstance(found, int) and not isinstance(found, bool):
+                if found < 0 or (found == 0 and key in ("vocab_size", "hidden_size")):
+                    raise ConfigError(f"{shown}: the GGUF key {arch}.{gguf_key} = {found} is not a valid size "
+                                      f"({key}); the file's metadata is damaged. Download or convert it again.")
                 config[key] = found
     tokens = fields.get("tokenizer.ggml.tokens")
     if "vocab_size" not in config and isinstance(tokens, int):

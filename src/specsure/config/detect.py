@@ -267,10 +267,23 @@ def _working_folder() -> str:
 def named_path(path: str) -> str:
     """``path`` with '~' expanded and '.' and '..' folded away; where only dots are left ('.', '..'),
     the absolute path, whose last component is the folder's name. Symbolic links stay as given: the
-    name a user gave a link is theirs."""
+    name a user gave a link is theirs. Where '..' follows a link, the text's folding would name another
+    folder than the one read, so the real path is used."""
     if not path:
         return path
     folded = os.path.normpath(os.path.expanduser(path))
     if os.path.basename(folded) in (".", ".."):
         return os.path.normpath(os.path.join(_working_folder(), folded))
-    return path if folded == os.path.normpath(path) and "/." not in path else folded
+    if folded == os.path.normpath(path) and "/." not in path:
+        return path
+    if ".." in path.split(os.sep) and not _same_folder(folded, os.path.expanduser(path)):
+        # '..' after a link climbs from the link's target, not from the folder the text names.
+        return os.path.realpath(os.path.expanduser(path))
+    return folded
+
+
+def _same_folder(first: str, second: str) -> bool:
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return False

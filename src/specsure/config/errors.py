@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import difflib
 import json
-from typing import Any
+from typing import Any, Callable, Final
+
+HUGE_INT_DIGITS: Final = 4000
+"""Python will not turn an int of more than 4,300 digits into text (or back), so such a number is refused
+where it is read, by name, before a message would have to print it."""
+HUGE_INT_BITS: Final = int(HUGE_INT_DIGITS * 3.3219)
 
 
 class ConfigError(ValueError):
@@ -32,7 +37,20 @@ def as_json(value: Any) -> str:
     try:
         return json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
-        return repr(value)
+        try:
+            return repr(value)
+        except ValueError:  # an int too long to print
+            return f"(a {json_type(value)} too long to print)"
+
+
+def json_int(source: str) -> Callable[[str], int]:
+    """A ``parse_int`` for json.loads that refuses an integer literal too long for Python, naming ``source``."""
+    def parse(text: str) -> int:
+        if len(text) > HUGE_INT_DIGITS:
+            raise ConfigError(f"{source} holds an integer of {len(text)} digits; no field takes a number that "
+                              "large. Use a value in the field's range.")
+        return int(text)
+    return parse
 
 
 def suggest(word: str, choices: tuple[str, ...] | list[str]) -> str:

@@ -112,6 +112,13 @@ def _unpack(fh: BinaryIO, fmt: str) -> tuple[Any, ...]:
     return struct.unpack(fmt, raw)
 
 
+def _skip(fh: BinaryIO, size: int, what: str) -> None:
+    """Seek past ``size`` bytes; a damaged length is named rather than overflowing the seek."""
+    if size > os.fstat(fh.fileno()).st_size - fh.tell():
+        raise GGUFHeaderError(f"file ends inside {what} (a damaged length of {size} bytes)")
+    fh.seek(size, 1)
+
+
 def _string(fh: BinaryIO) -> str:
     (length,) = _unpack(fh, "<Q")
     if length > os.fstat(fh.fileno()).st_size - fh.tell():  # a damaged length must not allocate exabytes
@@ -133,11 +140,11 @@ def _value(fh: BinaryIO, kind: int, depth: int = 0) -> Any:
         (item_kind,) = _unpack(fh, "<I")
         (length,) = _unpack(fh, "<Q")
         if item_kind in _SCALARS:
-            fh.seek(struct.calcsize(_SCALARS[item_kind]) * length, 1)
+            _skip(fh, struct.calcsize(_SCALARS[item_kind]) * length, "an array")
         elif item_kind == _STRING:
             for _ in range(length):
                 (size,) = _unpack(fh, "<Q")
-                fh.seek(size, 1)
+                _skip(fh, size, "a string")
         else:
             for _ in range(length):
                 _value(fh, item_kind, depth + 1)

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Final, Mapping
 
-from specsure.config.errors import ConfigError, as_json, suggest
+from specsure.config.errors import HUGE_INT_BITS, HUGE_INT_DIGITS, ConfigError, as_json, suggest
 from specsure.config.schema import (
     FIELDS, FOREIGN_METHODS, KEY_ALIASES, MAX_PROMPT_LOOKUP, MAX_PROMPT_LOOKUP_BRANCHES, MAX_SPECULATIVE_TOKENS,
     METHODS, MTP_METHOD_ALIASES, SUFFIX_FIELDS, VLLM_ONLY_KEYS, check_batch_size, check_int, check_suffix_value,
@@ -95,6 +95,9 @@ def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
                 f"{first!r} = {values[canonical]!r} and {key!r} = {value!r} disagree; they are two "
                 "names for the same field (the draft checkpoint). Give only one of them."
             )
+        if _holds_huge_int(value):  # Python refuses to print it, so no later message could name it
+            raise ConfigError(f"{key} holds an integer of more than {HUGE_INT_DIGITS} digits; no speculative config "
+                              "field takes a number that large. Use a value in the field's range.")
         values[canonical] = value
     for key in NULL_IS_UNSET:
         if key in values and values[key] is None:
@@ -132,15 +135,25 @@ LEGACY_NGRAM_MODELS: Final[tuple[str, ...]] = ("ngram", "[ngram]")
 """Draft "paths" that vLLM still reads as method ngram (vllm/config/speculative.py), as it did before the method key."""
 
 
+def _holds_huge_int(value: Any) -> bool:
+    if isinstance(value, int):
+        return value.bit_length() > HUGE_INT_BITS
+    if isinstance(value, (list, tuple)):
+        return any(_holds_huge_int(v) for v in value)
+    return False
+
+
 def _legacy_ngram(values: dict[str, Any]) -> str | None:
     """Turn vLLM's older spellings of ngram in ``values`` into method ngram without a draft; returns what was
     written, for the warning. specsure would otherwise read "[ngram]" as a folder that does not exist."""
-    if values.get("method") == "[ngram]":
-        values["method"] = "ngram"
+    method = values.get("method", "ngram")
+    method = method.lower() if isinstance(method, str) else method  # methods are case-insensitive
+    if method == "[ngram]":
+        values["method"] = method = "ngram"
         written = '"method": "[ngram]"'
     else:
         written = None
-    if values.get("model") in LEGACY_NGRAM_MODELS and values.get("method", "ngram") == "ngram":
+    if values.get("model") in LEGACY_NGRAM_MODELS and method == "ngram":
         if os.path.exists(model := values["model"]):
             raise ConfigError(f"model = {model!r} is both vLLM's older spelling of method 'ngram' and a path here; "
                               f"write {{\"method\": \"ngram\"}} for prompt lookup, or \"./{model}\" for the draft "
