@@ -7,10 +7,11 @@
     done
 
 Prints, for the code on the path, each method's tok/s over 14 prompts of the main split (96 new
-tokens each, greedy, after one warm-up) and a hash of its outputs (every method's must equal
-plain's). chain: the shipped MTP head's chain of one; tree: its first two choices. Python code
-cannot be interleaved within one process, so compare ratios to each process's own plain decoding
-and round by round. Not a test: a measurement for BENCHMARKS.md.
+tokens each, greedy, after one warm-up on a prompt outside them), the methods interleaved prompt by
+prompt, and a hash of its outputs; with plain among the methods, every other method's output must
+equal plain's (else it exits with an error). chain: the shipped MTP head's chain of one; tree: its
+first two choices. Two commits cannot share one process, so compare ratios to each process's own
+plain decoding and round by round. Not a test: a measurement for BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ import torch
 
 import specsure
 from interleave import NAMED, quick_prompts
+from specsure.bench.harness import balanced_order
+from specsure.bench.workload import encode, load_builtin, select
 from specsure.decode.engine import make_engine
 from specsure.sampling import SamplingParams
 
 SPECS: dict[str, dict[str, Any] | None] = {**NAMED, "suffix": {"method": "suffix"}}
-"""`interleave.NAMED`, but suffix keeps its cache of earlier requests, as when the figures in
-BENCHMARKS.md were measured."""
+"""`interleave.NAMED`, but suffix keeps its cache of earlier requests, as a server does: each prompt
+drafts from the answers to the prompts before it in the pass, never from its own."""
 
 
 def main() -> None:
@@ -38,16 +41,28 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     params = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)
-    cells = []
-    for method in args.methods.split(","):
-        engine = make_engine(None, SPECS[method])
-        prompts = quick_prompts(engine.tokenizer)
-        engine.generate([prompts[0]], params)
-        started = time.perf_counter()
-        outputs = [engine.generate([p], params)[0].token_ids for p in prompts]
-        elapsed = time.perf_counter() - started
-        digest = hashlib.md5(str(outputs).encode()).hexdigest()[:8]
-        cells.append(f"{method} {sum(map(len, outputs)) / elapsed:.1f} {digest}")
+    methods = args.methods.split(",")
+    engines = {method: make_engine(None, SPECS[method]) for method in methods}
+    tokenizer = next(iter(engines.values())).tokenizer
+    prompts = quick_prompts(tokenizer)
+    # Warm up on a prompt of the main split outside the 14, then forget it: suffix must not draft a
+    # timed prompt from its own warm-up answer.
+    warm = next(ids for p in select(load_builtin(), None, 3) if (ids := list(encode(p, tokenizer))) not in prompts)
+    for engine in engines.values():
+        engine.generate([warm], params)
+        if engine.proposer is not None:
+            engine.proposer.clear_history()
+    seconds = dict.fromkeys(methods, 0.0)
+    outputs: dict[str, list[list[int]]] = {method: [] for method in methods}
+    for i, ids in enumerate(prompts):
+        for method in (methods[j] for j in balanced_order(len(methods), i)):
+            started = time.perf_counter()
+            outputs[method].append(list(engines[method].generate([ids], params)[0].token_ids))
+            seconds[method] += time.perf_counter() - started
+    if "plain" in outputs and (differ := [m for m in methods if outputs[m] != outputs["plain"]]):
+        raise SystemExit(f"output differs from plain decoding: {', '.join(differ)}")
+    cells = [f"{m} {sum(map(len, outputs[m])) / seconds[m]:.1f} {hashlib.md5(str(outputs[m]).encode()).hexdigest()[:8]}"
+             for m in methods]
     print(specsure.__file__.split("/src/")[0], " | ".join(cells))
 
 

@@ -16,6 +16,7 @@ from unittest import mock
 
 import torch
 
+from specsure.bench.harness import balanced_order
 from specsure.bench.workload import encode, load_builtin, select
 from specsure.config.cpu import cpu_model
 from specsure.decode.engine import Engine, make_engine
@@ -48,7 +49,9 @@ def time_interleaved(runs: dict[Hashable, Engine], prompts: Sequence[list[int]],
     for i, ids in enumerate(prompts):
         reference: dict[str, list[int]] = {}
         for repeat in range(repeats):
-            for key, engine in runs.items():
+            keys = list(runs)
+            for key in (keys[j] for j in balanced_order(len(keys), i + repeat)):
+                engine = runs[key]
                 if engine.proposer is not None:
                     engine.proposer.clear_history()
                 start = time.perf_counter()

@@ -595,3 +595,27 @@ def test_a_busy_machine_is_said_before_the_timings(monkeypatch: pytest.MonkeyPat
     assert "load average is 2.7 on 2 cores" in (_other_load(2) or "")
     monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.2, 0.2))
     assert _other_load(2) is None
+
+
+@pytest.mark.parametrize(("lookup_max_set", "expected"), [(None, 5), (3, 3)])
+def test_the_prompt_lookup_baselines_match_as_long_an_ngram_as_specsures_ngram(lookup_max_set, expected):
+    from specsure.bench.configs import Settings, build_transformers, lookup_max
+
+    settings = Settings(model=None, dtype="float32", num_speculative_tokens=4, prompt_lookup_max=lookup_max_set)
+    runners, skipped = build_transformers(["hf-prompt-lookup"], settings, object(), frozenset(), None)
+    assert skipped == [] and lookup_max(settings) == expected
+    assert runners[0].generate_kwargs == {"prompt_lookup_num_tokens": 4, "max_matching_ngram_size": expected}
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
+def test_interleaving_puts_each_configuration_at_every_position_and_after_every_other(n):
+    from specsure.bench.harness import balanced_order
+
+    cycle = n if n % 2 == 0 else 2 * n
+    orders = [balanced_order(n, t) for t in range(cycle)]
+    assert all(sorted(order) == list(range(n)) for order in orders)
+    for position in range(n):
+        assert sorted(order[position] for order in orders) == sorted(list(range(n)) * (cycle // n))
+    follows = [(a, b) for order in orders for a, b in zip(order, order[1:])]
+    pairs = [(a, b) for a in range(n) for b in range(n) if a != b]
+    assert sorted(follows) == sorted(pairs * (cycle // n))

@@ -198,7 +198,7 @@ read setup; echo "$setup" > {log}
 echo 'llama.cpp noise on stdout'
 echo '{READY}'
 while read line; do echo "$line" >> {log}; echo '{ANSWER}'; done""")
-    w = LlamaCppWorker(python, [ModelSpec("llama.cpp-bf16", "/m.gguf", 3)], n_ctx=96, n_threads=2)
+    w = LlamaCppWorker(python, [ModelSpec("llama.cpp-bf16", "/m.gguf", 3, max_ngram_size=5)], n_ctx=96, n_threads=2)
     try:
         assert w.info["llama_cpp_python"] == "0.3.36"
         got = w.generate("llama.cpp-bf16", [9, 8], 4, frozenset({2, 0}))
@@ -206,7 +206,7 @@ while read line; do echo "$line" >> {log}; echo '{ANSWER}'; done""")
     finally:
         w.close()
     setup, request = (json.loads(line) for line in log.read_text().splitlines())
-    assert setup == {"models": [{"name": "llama.cpp-bf16", "path": "/m.gguf", "num_pred_tokens": 3}],
+    assert setup == {"models": [{"name": "llama.cpp-bf16", "path": "/m.gguf", "num_pred_tokens": 3, "max_ngram_size": 5}],
                      "n_ctx": 96, "n_threads": 2, "n_batch": 512}
     assert request == {"name": "llama.cpp-bf16", "prompt_ids": [9, 8], "max_tokens": 4, "eos_ids": [0, 2]}
 

@@ -11,6 +11,7 @@ import torch
 from specsure.bench.runners import Runner, SpecsureRunner, TransformersRunner
 from specsure.config import ConfigError
 from specsure.config.schema import SUFFIX_FIELDS
+from specsure.config.lookup import DEFAULT_PROMPT_LOOKUP
 from specsure.config.user_spec import parse_user_spec
 from specsure.config.shipped import TREE_FAST_BF16
 
@@ -64,6 +65,13 @@ class Settings:
     suffix_decoding_max_cached_requests: int | None = None
     suffix_decoding_max_spec_factor: float | None = None
     suffix_decoding_min_token_prob: float | None = None
+
+
+def lookup_max(s: Settings) -> int:
+    """The longest n-gram the prompt-lookup baselines match: specsure's ngram's own prompt_lookup_max, so
+    that a difference between the rows is the implementation's, not the matching rule's. (Both baselines
+    fall back down to 1-grams; specsure's ngram stops at prompt_lookup_min.)"""
+    return s.prompt_lookup_max if s.prompt_lookup_max is not None else DEFAULT_PROMPT_LOOKUP[1]
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -195,7 +203,8 @@ def build_transformers(
         if name == "hf":
             runners.append(TransformersRunner(name, target_hf, {}, eos_ids))
         elif name == "hf-prompt-lookup":
-            runners.append(TransformersRunner(name, target_hf, {"prompt_lookup_num_tokens": s.num_speculative_tokens}, eos_ids, plain="hf"))
+            lookup = {"prompt_lookup_num_tokens": s.num_speculative_tokens, "max_matching_ngram_size": lookup_max(s)}
+            runners.append(TransformersRunner(name, target_hf, lookup, eos_ids, plain="hf"))
         elif name == "hf-assisted":
             if s.draft_model is None:
                 skipped.append((name, "no --draft-model given (assisted generation uses the same draft as draft_model)"))

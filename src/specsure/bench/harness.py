@@ -1,8 +1,9 @@
 """Running the configurations: warm-up, then every configuration interleaved per prompt.
 
-Interleaving (A B C, then B C A on the next prompt, ...) spreads slow drifts of the
-machine (thermal state, background load) over every configuration instead of charging them
-to whichever ran last; the rotation keeps any one configuration from always going first.
+Interleaving spreads slow drifts of the machine (thermal state, background load) over every
+configuration instead of charging them to whichever ran last. The order changes from prompt to
+prompt (``balanced_order``), so that no configuration always goes first or always runs after
+the same one.
 ``run_batched`` then runs each specsure configuration over every prompt at once, batched.
 """
 
@@ -53,6 +54,23 @@ def start_pass(runners: Sequence[Runner]) -> None:
             clear()
 
 
+def balanced_order(n: int, t: int) -> list[int]:
+    """The ``t``-th of a cycle of orders of ``n`` configurations in which each runs at every position
+    equally often and, over the cycle (n orders for even n, 2n for odd), follows every other one
+    equally often: a Williams design. A plain rotation keeps the same neighbour before each
+    configuration, so whatever one leaves behind (caches, another process's spinning threads) would
+    always fall on the same row."""
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    row = [(c + t) % n for c in first]
+    return row[::-1] if n % 2 and (t // n) % 2 else row
+
+
 def run_interleaved(runners: Sequence[Runner], items: Sequence[Item], repeats: int) -> dict[tuple[str, str], list[Generation]]:
     """Time every configuration on every prompt `repeats` times, interleaved; prompts in order.
 
@@ -65,8 +83,7 @@ def run_interleaved(runners: Sequence[Runner], items: Sequence[Item], repeats: i
             for repeat in range(repeats):
                 start_pass(runners)
                 for index, item in enumerate(items):
-                    shift = (index + repeat) % len(runners)
-                    for runner in [*runners[shift:], *runners[:shift]]:
+                    for runner in (runners[i] for i in balanced_order(len(runners), index + repeat)):
                         bar.set_postfix_str(f"{item.prompt.id} {runner.name}")
                         runs[(runner.name, item.prompt.id)].append(runner.generate(item.prompt_ids, item.max_tokens))
                         bar.update()

@@ -13,7 +13,7 @@ from typing import Any
 
 from specsure.bench.configs import (
     BASELINES, DEFAULT_K, DEFAULT_METHODS, DEFAULT_TREES, METHODS, Settings, build_specsure, build_transformers,
-    check_checkpoint_flags, check_flag_values, dtype_name,
+    check_checkpoint_flags, check_flag_values, dtype_name, lookup_max,
 )
 from specsure.bench.harness import Interrupted, Item, run_batched, run_interleaved, warm_up
 from specsure.bench.llamacpp.baselines import LLAMA_CPP_BASELINES, build_llamacpp
@@ -299,7 +299,7 @@ def _run(args: argparse.Namespace) -> int:
         num_speculative_tokens=settings.num_speculative_tokens, n_threads=torch.get_num_threads(),
         # Room for the longest prompt, its new tokens and one full draft beyond them.
         n_ctx=max(len(it.prompt_ids) + it.max_tokens for it in items) + settings.num_speculative_tokens + 8,
-        eos_ids=eos_ids,
+        eos_ids=eos_ids, max_ngram_size=lookup_max(settings),
     )
     runners += llama.runners
     skipped += llama.skipped

@@ -57,6 +57,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
                         help="stop a request this long after it arrived, queueing included, and answer with an "
                              "error: 503 if it never started, else 504 (default: no limit)")
+    parser.add_argument("--shutdown-timeout", type=float, default=0.0, metavar="SECONDS",
+                        help="on SIGTERM or Ctrl-C, refuse new requests and give the running ones this long to "
+                             "finish before they are stopped with a 503 or a stream's error event (default 0: "
+                             "stopped at once, as in vLLM); a second signal stops them at once")
     parser.add_argument("--threads", type=int_at_least(1), default=None, metavar="N",
                         help="torch CPU threads of the engine thread, which runs every forward (default: torch's "
                              "choice, every core)")
@@ -129,6 +133,9 @@ def run(args: argparse.Namespace) -> int:
     if args.request_timeout is not None and not 0 < args.request_timeout < float("inf"):
         raise ValueError(f"--request-timeout {args.request_timeout:g} must be a number of seconds > 0; omit it "
                          "for no limit.")
+    if not 0 <= args.shutdown_timeout < float("inf"):
+        raise ValueError(f"--shutdown-timeout {args.shutdown_timeout:g} must be a number of seconds >= 0 (0: running "
+                         "requests stop at once on SIGTERM or Ctrl-C).")
     if args.enable_auto_tool_choice != (args.tool_call_parser is not None):
         raise ValueError("--enable-auto-tool-choice and --tool-call-parser go together: the first allows "
                          'tool_choice "auto", the second says how to find the calls in the text; pass both '
@@ -199,7 +206,10 @@ def run(args: argparse.Namespace) -> int:
           f"prompts prefilled {chunked}, "
           f"requests without a temperature {_default_sampling({**model_defaults, **defaults}, defaults)}, "
           f"{args.max_queue} more waiting; listening on {_url(args.host, port)}", file=sys.stderr)
-    uvicorn.Server(uvicorn.Config(app, host=args.host, port=port, log_level="info")).run(sockets=[sock])
+    from specsure.serve.shutdown import GracefulServer
+
+    config = uvicorn.Config(app, host=args.host, port=port, log_level="info")
+    GracefulServer(config, app.state.runner, args.shutdown_timeout).run(sockets=[sock])
     return EXIT_OK
 
 

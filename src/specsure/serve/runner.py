@@ -94,6 +94,10 @@ class EngineRunner:
         self._running = 0  # the scheduler's running batch at the engine thread's last look
         self._kv_cache = 0.0  # and the share of the KV cache it fills
         self._thread: threading.Thread | None = None
+        self._closing: str | None = None
+        """Why the server is shutting down, once it is: new requests get a 503."""
+        self._stop: asyncio.Future[None] | None = None
+        """Resolved when the requests still generating must stop (the shutdown's grace has passed)."""
 
     def batch(self) -> Batch:
         """The running batch and the queue, as the engine thread last published them."""
@@ -118,6 +122,9 @@ class EngineRunner:
                                f"waiting). Ask for {'n' if len(prompts) == 1 else 'prompts times n'} <= {room}, or "
                                "start the server with larger limits.",
                                "n" if len(prompts) == 1 else "prompt")
+        if self._closing is not None:
+            raise APIError(f"the server is shutting down ({self._closing}); send the request to another server.",
+                           503, code="shutting_down", kind="server_error")
         jobs = []
         for prompt, choices in prompts:
             group = [Job(prompt, params, stream, self.timeout_s) for params in choices]
@@ -144,19 +151,48 @@ class EngineRunner:
         """Stop ``job``: the engine thread drops it before its next step (a no-op once it is done)."""
         job.cancelled.set()
 
+    def shut_down(self, why: str, grace_s: float) -> None:
+        """Refuse new requests from now on, and stop those still generating after ``grace_s`` seconds
+        (at once for 0), each answered with a 503 (or a stream's error event): what vLLM's
+        --shutdown-timeout does. Called on the event loop's thread (a signal handler)."""
+        self._closing = why
+        if grace_s <= 0:
+            self.stop_now()
+        else:
+            asyncio.get_running_loop().call_later(grace_s, self.stop_now)
+
+    def stop_now(self) -> None:
+        """Stop every request still generating (the shutdown's grace is over, or a second signal came)."""
+        stop = self._stop_future()
+        if not stop.done():
+            stop.set_result(None)
+
+    def _stop_future(self) -> asyncio.Future[None]:
+        if self._stop is None:
+            self._stop = asyncio.get_running_loop().create_future()
+        return self._stop
+
     async def next_update(self, job: Job, gone: asyncio.Future[None]) -> StepUpdate:
         """The job's next update; raises ClientGone when ``gone`` resolves first, the timeout's
-        APIError when the deadline passes first, and the engine's exception if it failed."""
+        APIError when the deadline passes first or the server stops it while shutting down, and
+        the engine's exception if it failed."""
         wait = None if job.deadline is None else max(0.0, job.deadline - time.perf_counter())
         update = asyncio.ensure_future(job.updates.get())
-        done, _ = await asyncio.wait({update, gone}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+        stop = self._stop_future()
+        done, _ = await asyncio.wait({update, gone, stop}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
         if update in done:
             item = update.result()
             if isinstance(item, Exception):
                 raise item
             return item
         update.cancel()
-        failure = ClientGone() if gone in done else self._timed_out(job)
+        if gone in done:
+            failure: Exception = ClientGone()
+        elif stop in done:
+            failure = APIError(f"the server is shutting down ({self._closing}) and stopped this request before it "
+                               "finished; send it to another server.", 503, code="shutting_down", kind="server_error")
+        else:
+            failure = self._timed_out(job)
         self.cancel(job)
         await self._released(job)
         raise failure

@@ -54,7 +54,7 @@ def config_name(baseline: str, dtype: str) -> str:
 
 def build_llamacpp(
     baselines: Sequence[str], *, python: str, model: str | None, dtype: str, num_speculative_tokens: int,
-    n_threads: int, n_ctx: int, eos_ids: frozenset[int],
+    n_threads: int, n_ctx: int, eos_ids: frozenset[int], max_ngram_size: int = 2,
 ) -> LlamaCppSetup:
     """Start one llama.cpp worker for `baselines` (names from LLAMA_CPP_BASELINES).
 
@@ -86,7 +86,7 @@ def build_llamacpp(
         except (ValueError, OSError, NotImplementedError) as err:
             setup.skipped.append((baseline, f"no GGUF for it: {err}"))
             continue
-        specs.append(ModelSpec(name, str(path), k))
+        specs.append(ModelSpec(name, str(path), k, max_ngram_size))
         wanted.append(baseline)
     if not specs:
         return setup
@@ -105,7 +105,8 @@ def build_llamacpp(
         "llama_cpp_python": worker.info.get("llama_cpp_python"),
         "llama_cpp": {"python": python, "source_gguf": str(source), "weights": {s.name: s.path for s in specs},
                       "n_ctx": n_ctx, "n_threads": n_threads, "n_batch": N_BATCH,
-                      "num_pred_tokens": num_speculative_tokens, "system_info": worker.info.get("system_info")},
+                      "num_pred_tokens": num_speculative_tokens, "max_ngram_size": max_ngram_size,
+                      "system_info": worker.info.get("system_info")},
     }
     return setup
 

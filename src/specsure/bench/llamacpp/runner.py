@@ -48,6 +48,8 @@ class ModelSpec:
     path: str
     num_pred_tokens: int = 0
     """k of `LlamaPromptLookupDecoding`; 0 for plain decoding."""
+    max_ngram_size: int = 2
+    """The longest n-gram `LlamaPromptLookupDecoding` matches (its own default is 2)."""
 
 
 class LlamaCppWorker:

@@ -46,7 +46,8 @@ def _load(setup):
     for spec in setup["models"]:
         drafter = None
         if spec["num_pred_tokens"] > 0:
-            drafter = Counting(LlamaPromptLookupDecoding(num_pred_tokens=spec["num_pred_tokens"]))
+            drafter = Counting(LlamaPromptLookupDecoding(max_ngram_size=spec.get("max_ngram_size", 2),
+                                                         num_pred_tokens=spec["num_pred_tokens"]))
         llm = Llama(model_path=spec["path"], n_ctx=setup["n_ctx"], n_batch=setup["n_batch"],
                     n_threads=setup["n_threads"], n_threads_batch=setup["n_threads"],
                     logits_all=False, draft_model=drafter, verbose=False)

@@ -1,0 +1,60 @@
+"""Shutting the server down on SIGINT or SIGTERM, as vLLM's --shutdown-timeout does.
+
+uvicorn alone stops accepting connections and then waits, without limit, for every open one to
+close, so a 2,000-token generation kept the process alive for minutes; and its "force quit" on a
+second Ctrl-C cancelled the request handlers mid-answer, which logged tracebacks and sent plain
+500s. Here the first signal refuses new requests and gives the running ones ``grace_s`` seconds
+(0, the default, stops them at once, as vLLM's default does); each stopped one is answered with a
+503 or a stream's error event and its [DONE], so uvicorn's wait ends at once. A second signal
+stops the running ones at once; a third is uvicorn's force quit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from types import FrameType
+
+import uvicorn
+
+from specsure.serve.runner import EngineRunner
+
+logger = logging.getLogger("specsure.serve")
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, with signals that stop the engine's requests before uvicorn waits for them."""
+
+    def __init__(self, config: uvicorn.Config, runner: EngineRunner, grace_s: float) -> None:
+        super().__init__(config)
+        self.runner, self.grace_s = runner, grace_s
+        self._signals = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list | None = None) -> None:  # type: ignore[override]
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        loop = self._loop
+        if loop is None or loop.is_closed():  # before the loop started, or after it ended: uvicorn's own way
+            super().handle_exit(sig, frame)
+            return
+        name = signal.Signals(sig).name
+        # A signal handler may interrupt the loop anywhere: the runner is touched from the loop itself.
+        if self._signals == 1:
+            if self.grace_s > 0:
+                logger.info("%s: refusing new requests; the running ones have %g s to finish "
+                            "(--shutdown-timeout); a second signal stops them now", name, self.grace_s)
+            loop.call_soon_threadsafe(self.runner.shut_down, name, self.grace_s)
+            super().handle_exit(sig, frame)
+        elif self._signals == 2:
+            logger.info("%s again: stopping the running requests now; a third signal quits at once", name)
+            loop.call_soon_threadsafe(self.runner.stop_now)
+            self._captured_signals.append(sig)
+        else:
+            self.should_exit = True
+            self.force_exit = True
+            self._captured_signals.append(sig)
