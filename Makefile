@@ -107,6 +107,32 @@ $(LLAMA_STAMP):
 
 llama-cpp: $(LLAMA_STAMP)
 
+# Optional: llama.cpp's own llama-server, built from the same release's sources (the sdist vendors
+# llama.cpp), for the bench's llama-server baselines (~20 minutes on 2 cores). -DGGML_NATIVE=ON takes
+# the build machine's instruction sets; give LLAMA_SERVER_CMAKE_FLAGS to change that.
+LLAMA_SERVER_DIR        := $(LLAMA_VENV)/llama-server
+LLAMA_SERVER            := $(LLAMA_SERVER_DIR)/bin/llama-server
+LLAMA_SERVER_CMAKE_FLAGS ?= -DGGML_NATIVE=ON
+
+.PHONY: llama-server test-llama-server
+
+$(LLAMA_SERVER): $(STAMP)
+	rm -rf $(LLAMA_SERVER_DIR)/src && mkdir -p $(LLAMA_SERVER_DIR)/src
+	$(BIN)/pip download -q --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_VERSION) -d $(LLAMA_SERVER_DIR)/src
+	tar -xzf $(LLAMA_SERVER_DIR)/src/llama_cpp_python-$(LLAMA_VERSION).tar.gz -C $(LLAMA_SERVER_DIR)/src
+	cmake -S $(LLAMA_SERVER_DIR)/src/llama_cpp_python-$(LLAMA_VERSION)/vendor/llama.cpp -B $(LLAMA_SERVER_DIR)/build \
+		-DCMAKE_BUILD_TYPE=Release -DCMAKE_RUNTIME_OUTPUT_DIRECTORY=$(abspath $(LLAMA_SERVER_DIR))/bin \
+		-DCMAKE_LIBRARY_OUTPUT_DIRECTORY=$(abspath $(LLAMA_SERVER_DIR))/bin \
+		-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+		-DLLAMA_BUILD_SERVER=ON $(LLAMA_SERVER_CMAKE_FLAGS)
+	cmake --build $(LLAMA_SERVER_DIR)/build --target llama-server -j2
+
+llama-server: $(LLAMA_SERVER)
+
+# The bench with the real llama-server on the default model (tiny settings, about a minute).
+test-llama-server: $(STAMP) $(LLAMA_SERVER)
+	$(BIN)/python -m pytest -q tests/llamacpp/test_bench_llama_server.py
+
 # The bench with the real llama-cpp-python on the default model (tiny settings, about 2 minutes).
 test-llama-cpp: $(STAMP) $(LLAMA_STAMP)
 	$(BIN)/python -m pytest -q tests/llamacpp

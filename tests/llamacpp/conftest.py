@@ -19,3 +19,12 @@ def llama_cpp_python() -> str:
     if not LLAMA_CPP_PYTHON.is_file():
         pytest.fail(f"{LLAMA_CPP_PYTHON} is missing; run `make llama-cpp`, which creates it.")
     return str(LLAMA_CPP_PYTHON)
+
+LLAMA_SERVER = REPO / ".venv-llamacpp" / "llama-server" / "bin" / "llama-server"
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> str:
+    if not LLAMA_SERVER.is_file():
+        pytest.fail(f"{LLAMA_SERVER} is missing; run `make llama-server`, which builds it.")
+    return str(LLAMA_SERVER)

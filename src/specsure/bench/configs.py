@@ -74,6 +74,11 @@ def lookup_max(s: Settings) -> int:
     return s.prompt_lookup_max if s.prompt_lookup_max is not None else DEFAULT_PROMPT_LOOKUP[1]
 
 
+def lookup_min(s: Settings) -> int:
+    """The n-gram llama-server's lookup matches: ngram's prompt_lookup_min, the shortest match it drafts from."""
+    return s.prompt_lookup_min if s.prompt_lookup_min is not None else DEFAULT_PROMPT_LOOKUP[0]
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES[dtype]
 

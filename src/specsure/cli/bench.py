@@ -13,10 +13,11 @@ from typing import Any
 
 from specsure.bench.configs import (
     BASELINES, DEFAULT_K, DEFAULT_METHODS, DEFAULT_TREES, METHODS, Settings, build_specsure, build_transformers,
-    check_checkpoint_flags, check_flag_values, dtype_name, lookup_max,
+    check_checkpoint_flags, check_flag_values, dtype_name, lookup_max, lookup_min,
 )
 from specsure.bench.harness import Interrupted, Item, run_batched, run_interleaved, warm_up
-from specsure.bench.llamacpp.baselines import LLAMA_CPP_BASELINES, build_llamacpp
+from specsure.bench.llamacpp.baselines import LLAMA_CPP_BASELINES, add_llama_servers, build_llamacpp
+from specsure.bench.llamacpp.server import DEFAULT_LLAMA_SERVER, LLAMA_SERVER_BASELINES
 from specsure.bench.llamacpp.runner import DEFAULT_LLAMA_CPP_PYTHON, LlamaCppError
 from specsure.bench.results import ALL, prompt_result, summarize
 from specsure.bench.workload import (CATEGORIES, WorkloadError, category_list, encode, load_builtin, load_workloads,
@@ -67,9 +68,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "plain is always run")
     parser.add_argument("--baselines", default=",".join(BASELINES),
                         help=f"comma list of baselines, or none: transformers ({', '.join(BASELINES)}; the default) and "
-                             f"llama.cpp ({', '.join(LLAMA_CPP_BASELINES)}; needs `make llama-cpp`)")
+                             f"llama.cpp ({', '.join(LLAMA_CPP_BASELINES)}; needs `make llama-cpp`; and "
+                             f"{', '.join(LLAMA_SERVER_BASELINES)}; needs `make llama-server`)")
     parser.add_argument("--llama-cpp-python", default=DEFAULT_LLAMA_CPP_PYTHON, metavar="PATH",
                         help=f"the Python of an environment with llama-cpp-python (default {DEFAULT_LLAMA_CPP_PYTHON}, made by `make llama-cpp`)")
+    parser.add_argument("--llama-server", default=DEFAULT_LLAMA_SERVER, metavar="PATH",
+                        help=f"llama.cpp's llama-server binary (default {DEFAULT_LLAMA_SERVER}, made by `make llama-server`)")
     parser.add_argument("--categories", default=None, help="comma list of categories to run (default: all)")
     parser.add_argument("--workload", action="append", default=None, metavar="FILE.jsonl", help="your own prompts (schema: bench/README.md); repeatable")
     parser.add_argument("--heldout", action="store_true", help="use the built-in held-out split instead of the main one")
@@ -249,7 +253,8 @@ def _run(args: argparse.Namespace) -> int:
     if REFERENCE not in methods:
         print(f"note: adding '{REFERENCE}' to --methods: it is the reference for speedups and output equality")
         methods.insert(0, REFERENCE)
-    baselines = _names(args.baselines, BASELINES + LLAMA_CPP_BASELINES, "--baselines", "no baseline")
+    baselines = _names(args.baselines, BASELINES + LLAMA_CPP_BASELINES + LLAMA_SERVER_BASELINES, "--baselines",
+                       "no baseline")
     per_category, max_tokens, repeats = _resolve_options(args)
     prompts = _load_prompts(args, per_category)
     # Before any model loads: a bad value is no skipped row, and a malformed one an error even where
@@ -301,6 +306,13 @@ def _run(args: argparse.Namespace) -> int:
         n_ctx=max(len(it.prompt_ids) + it.max_tokens for it in items) + settings.num_speculative_tokens + 8,
         eos_ids=eos_ids, max_ngram_size=lookup_max(settings),
     )
+    server_names = [b for b in baselines if b in LLAMA_SERVER_BASELINES]
+    if server_names:
+        print(f"starting llama-server: {', '.join(server_names)} ...", flush=True)
+    add_llama_servers(llama, server_names, binary=args.llama_server, model=args.model,
+                      k=settings.num_speculative_tokens, lookup_n=lookup_min(settings), n_threads=torch.get_num_threads(),
+                      n_ctx=max(len(it.prompt_ids) + it.max_tokens for it in items) + settings.num_speculative_tokens + 8,
+                      eos_ids=eos_ids)
     runners += llama.runners
     skipped += llama.skipped
     for name, reason in skipped:

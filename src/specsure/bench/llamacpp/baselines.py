@@ -19,6 +19,7 @@ from typing import Any
 from specsure.bench.generation import Runner
 from specsure.bench.llamacpp.convert import float_gguf, gguf_type_of
 from specsure.bench.llamacpp.runner import N_BATCH, LlamaCppError, LlamaCppRunner, LlamaCppWorker, ModelSpec, not_installed
+from specsure.bench.llamacpp.server import LLAMA_SERVER_BASELINES, LlamaServerRunner, build_llama_servers
 from specsure.config.gguf_header import GGUFHeaderError, read_gguf_metadata
 
 LLAMA_CPP_BASELINES: tuple[str, ...] = ("llama.cpp", "llama.cpp-lookup", "llama.cpp-q4_1", "llama.cpp-q4_1-lookup",
@@ -39,10 +40,13 @@ class LlamaCppSetup:
     meta: dict[str, Any] = field(default_factory=dict)
     """Versions, paths and llama.cpp settings for results.json; empty when none ran."""
     worker: LlamaCppWorker | None = None
+    servers: list[LlamaServerRunner] = field(default_factory=list)
 
     def close(self) -> None:
         if self.worker is not None:
             self.worker.close()
+        for runner in self.servers:
+            runner.server.close()
 
 
 def config_name(baseline: str, dtype: str) -> str:
@@ -109,6 +113,24 @@ def build_llamacpp(
                       "system_info": worker.info.get("system_info")},
     }
     return setup
+
+
+def add_llama_servers(setup: LlamaCppSetup, baselines: Sequence[str], *, binary: str, model: str | None, k: int,
+                      lookup_n: int, n_threads: int, n_ctx: int, eos_ids: frozenset[int]) -> None:
+    """Start a llama-server for each of ``baselines`` (LLAMA_SERVER_BASELINES) into ``setup``, or
+    skip them all with the reason (not built, the target not a GGUF file, a start that failed)."""
+    if not baselines:
+        return
+    try:
+        source = _source_gguf(model)
+        runners, commands = build_llama_servers(baselines, binary=binary, source=source, k=k, lookup_n=lookup_n,
+                                                n_threads=n_threads, n_ctx=n_ctx, eos_ids=eos_ids)
+    except (ValueError, LlamaCppError) as err:
+        setup.skipped += [(b, str(err)) for b in baselines]
+        return
+    setup.servers += runners
+    setup.runners += runners
+    setup.meta["llama_server"] = {"binary": binary, "gguf": str(source), "commands": commands}
 
 
 def _source_gguf(model: str | None) -> Path:

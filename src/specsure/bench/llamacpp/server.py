@@ -1,0 +1,173 @@
+"""llama.cpp's own server as a baseline: `llama-server`, plain and with its C++ n-gram drafter.
+
+llama-cpp-python (the `llama.cpp*` baselines) drives llama.cpp from a Python loop, and its prompt
+lookup is a Python drafter that makes llama.cpp compute logits for every prompt position. What a
+llama.cpp user runs is `llama-server` (`make llama-server` builds it from the same release's
+sources): decoding, sampling and speculation in C++. Each configuration is one server process on
+the target's GGUF file as it is, one slot, prompt caching off; a generation is one `/completion`
+request of token ids at temperature 0, and its time is the server's own `prompt_ms +
+predicted_ms`, so HTTP is not charged to llama.cpp. Acceptance comes from the server's
+`/metrics` counters, read after each request.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from specsure.bench.generation import Generation, Kind
+from specsure.bench.llamacpp.runner import STDERR_TAIL, LlamaCppError
+
+LLAMA_SERVER_BASELINES: tuple[str, ...] = ("llama-server", "llama-server-lookup")
+"""llama-server on the target's GGUF file: plain, and with `--spec-type ngram-simple` (opt-in)."""
+DEFAULT_LLAMA_SERVER: Final[str] = ".venv-llamacpp/llama-server/bin/llama-server"
+SERVER_HINT: Final[str] = ("run `make llama-server` (builds llama.cpp's llama-server from llama-cpp-python's "
+                           "sources, about 20 minutes on 2 cores) or give --llama-server PATH")
+START_S: Final[float] = 120.0
+"""The longest a server may take to load the model and answer /health."""
+
+
+def server_flags(baseline: str, k: int, lookup_n: int) -> list[str]:
+    """The speculative flags of ``baseline``: none for plain; for lookup, llama.cpp's simplest n-gram
+    drafter, which drafts the k tokens that followed the last earlier occurrence of the context's
+    last ``lookup_n`` tokens (prompt lookup's rule with one n-gram size)."""
+    if baseline.endswith("-lookup"):
+        return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(lookup_n),
+                "--spec-ngram-simple-size-m", str(k)]
+    return []
+
+
+class LlamaServer:
+    """One llama-server process on 127.0.0.1 and a free port; stopped by ``close``."""
+
+    def __init__(self, binary: str, model: Path, flags: Sequence[str], n_threads: int, n_ctx: int) -> None:
+        if not Path(binary).is_file():
+            raise LlamaCppError(f"llama-server is not built: no {binary}; {SERVER_HINT}")
+        self.binary = binary
+        with socket.socket() as probe:  # a port free now; the server binds it a moment later
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.command = [binary, "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-t", str(n_threads),
+                        "-tb", str(n_threads), "-c", str(n_ctx), "-np", "1", "--no-webui", "--metrics", *flags]
+        self._log = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+        try:
+            self._process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self._log,
+                                             stderr=subprocess.STDOUT)
+        except OSError as exc:
+            self._log.close()
+            raise LlamaCppError(f"cannot run {binary!r}: {exc.strerror or exc}; {SERVER_HINT}") from None
+        try:
+            self._wait_ready()
+        except LlamaCppError:
+            self.close()
+            raise
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise LlamaCppError(self._death("starting"))
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass  # loading the model, or not listening yet
+            time.sleep(0.2)
+        raise LlamaCppError(f"llama-server did not answer /health within {START_S:g} s: {' '.join(self.command)}")
+
+    def complete(self, prompt_ids: Sequence[int], max_tokens: int) -> dict[str, Any]:
+        body = {"prompt": [int(t) for t in prompt_ids], "n_predict": max_tokens, "temperature": 0.0,
+                "cache_prompt": False, "return_tokens": True}
+        request = urllib.request.Request(f"{self.url}/completion", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=600) as answer:
+                return json.load(answer)
+        except (OSError, urllib.error.URLError, ValueError) as exc:
+            raise LlamaCppError(self._death("generating") if self._process.poll() is not None
+                                else f"llama-server failed a request: {exc}") from None
+
+    def drafts(self) -> tuple[int, int, int]:
+        """(verification steps with a draft, draft tokens, accepted tokens) so far, from /metrics."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        counts = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            counts[name.removeprefix("llamacpp:")] = value
+        return tuple(int(float(counts.get(f"spec_decode_num_{what}_total", 0)))  # type: ignore[return-value]
+                     for what in ("drafts", "draft_tokens", "accepted_tokens"))
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._log.close()
+
+    def _death(self, doing: str) -> str:
+        code = self._process.wait()
+        self._log.seek(0)
+        tail = self._log.read()[-STDERR_TAIL:].strip()
+        return (f"llama-server ({self.binary}) exited {doing} (exit {code})"
+                + (f"; its last output:\n{tail}" if tail else ""))
+
+
+@dataclass
+class LlamaServerRunner:
+    """One llama-server configuration."""
+
+    name: str
+    server: LlamaServer
+    eos_ids: frozenset[int] = frozenset()
+    speculative: bool = False
+    plain: str | None = None
+    """'llama-server' for 'llama-server-lookup': speculation should reproduce the server's own greedy output."""
+    comparable: bool = False
+    """The file as it is runs on llama.cpp's quantised kernels, not the reference's arithmetic."""
+    kind: Kind = "llama.cpp"
+
+    def generate(self, prompt_ids: Sequence[int], max_tokens: int) -> Generation:
+        before = self.server.drafts() if self.speculative else (0, 0, 0)
+        answer = self.server.complete(prompt_ids, max_tokens)
+        after = self.server.drafts() if self.speculative else (0, 0, 0)
+        tokens = [int(t) for t in answer.get("tokens", ())]
+        while tokens and tokens[-1] in self.eos_ids:  # the final EOS is not counted, as on every side
+            tokens.pop()
+        timings = answer["timings"]
+        drafts, drafted, accepted = (b - a for a, b in zip(before, after))
+        return Generation(tuple(tokens), (timings["prompt_ms"] + timings["predicted_ms"]) / 1000,
+                          drafts=drafts, draft_tokens=drafted, accepted_tokens=accepted)
+
+
+def build_llama_servers(baselines: Sequence[str], *, binary: str, source: Path, k: int, lookup_n: int,
+                        n_threads: int, n_ctx: int, eos_ids: frozenset[int]) -> tuple[list[LlamaServerRunner], list[str]]:
+    """One server per baseline in ``baselines`` (names from LLAMA_SERVER_BASELINES) on the GGUF ``source``;
+    raises LlamaCppError, after stopping any it started, when one cannot start. Returns the runners and
+    their commands, for results.json."""
+    runners: list[LlamaServerRunner] = []
+    try:
+        for name in baselines:
+            server = LlamaServer(binary, source, server_flags(name, k, lookup_n), n_threads, n_ctx)
+            lookup = name.endswith("-lookup")
+            runners.append(LlamaServerRunner(name, server, eos_ids, speculative=lookup,
+                                             plain=name.removesuffix("-lookup") if lookup else None))
+    except LlamaCppError:
+        for runner in runners:
+            runner.server.close()
+        raise
+    return runners, [" ".join(r.server.command) for r in runners]
