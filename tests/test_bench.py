@@ -177,6 +177,22 @@ def test_summary_uses_medians_ratios_and_vllm_acceptance() -> None:
 
 
 
+def test_each_row_reports_the_quartiles_of_its_per_prompt_ratios_to_plain() -> None:
+    def result(config: str, prompt: str, category: str, seconds: float):
+        return prompt_result(config, prompt, category, 5, [Generation((1, 2, 3, 4), seconds)],
+                             None if config == "plain" else (1, 2, 3, 4))
+
+    # ngram is 1x, 2x, 3x and 5x plain on four prompts; the row's ratio pools the times (8 / 2.98).
+    prompts = [result("plain", f"p{i}", "qa" if i < 2 else "code", 1.0) for i in range(4)]
+    prompts += [result("ngram", f"p{i}", "qa" if i < 2 else "code", 1.0 / r) for i, r in enumerate((1, 2, 3, 5))]
+    res = summarize({}, [("plain", "specsure", False), ("ngram", "specsure", True)], [], prompts, "plain")
+    assert res.row("ngram", ALL).prompt_speedups == pytest.approx([1.75, 2.5, 3.5])
+    assert res.row("ngram", "qa").prompt_speedups == pytest.approx([1.25, 1.5, 1.75])
+    assert res.row("plain", ALL).prompt_speedups is None
+    cells = _md_tables(render_markdown(res))[(ALL, "ngram")]
+    assert cells["per prompt vs plain (quartiles)"] == "1.75 / 2.50 / 3.50" and cells["new tokens"] == "16"
+
+
 def test_a_row_that_drafted_nothing_shows_no_acceptance_length() -> None:
     """1.00 would read as 'drafted, none accepted'; nothing was drafted (ngram found no match)."""
     runs = [Generation((1, 2, 3), 1.0, drafts=0, draft_tokens=0, accepted_tokens=0, accepted_per_position=(0, 0))]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from specsure.bench.results import ALL, BenchResults, SummaryRow
 
-COLUMNS = ("config", "kind", "tok/s", "vs plain", "vs HF", "mean acc. len", "per-position acceptance", "exact match",
-           "vs own plain")
+COLUMNS = ("config", "kind", "new tokens", "tok/s", "vs plain", "per prompt vs plain (quartiles)", "vs HF",
+           "mean acc. len", "per-position acceptance", "exact match", "vs own plain")
 
 
 def _ratio(value: float | None) -> str:
@@ -24,8 +24,10 @@ def _cells(row: SummaryRow) -> list[str]:
     return [
         row.config,
         row.kind,
+        str(row.new_tokens),
         f"{row.tokens_per_s:.2f}",
         _ratio(row.speedup_vs_plain),
+        "-" if row.prompt_speedups is None else " / ".join(f"{q:.2f}" for q in row.prompt_speedups),
         _ratio(row.speedup_vs_hf),
         "-" if row.mean_acceptance_length is None else f"{row.mean_acceptance_length:.2f}",
         per_pos,
@@ -65,7 +67,8 @@ def render_markdown(results: BenchResults) -> str:
     out += [
         "",
         f"Greedy, batch 1. tokens/s = new tokens / sum of per-prompt median wall times; speedups are "
-        f"ratios in the same run; exact match compares token ids with `{results.reference}`; vs own plain "
+        f"ratios in the same run; per prompt vs plain gives the quartiles of each prompt's own ratio, the "
+        f"spread behind the row's single figure; exact match compares token ids with `{results.reference}`; vs own plain "
         f"compares them with the same library's plain decoding (hf, llama.cpp).",
         "",
         "## All prompts",

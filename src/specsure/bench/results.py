@@ -92,6 +92,9 @@ class SummaryRow:
     """The same library's plain decoding configuration it is also compared with, if it ran."""
     own_plain_exact_match_rate: float | None = None
     """Share of prompts whose output equals `own_plain`'s; None when there is no own plain."""
+    prompt_speedups: list[float] | None = None
+    """The quartiles (25%, 50%, 75%) of its per-prompt tok/s over plain's on the same prompt: how far
+    one prompt's figure strays from the row's ratio; None without plain, or for plain itself."""
 
 
 @dataclass
@@ -216,6 +219,14 @@ def _row(config: str, kind: str, category: str, prompts: Sequence[PromptResult],
     )
 
 
+def _quartiles(values: Sequence[float]) -> list[float] | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return [values[0]] * 3
+    return statistics.quantiles(values, n=4, method="inclusive")
+
+
 def summarize(
     meta: Mapping[str, Any],
     configs: Sequence[tuple[str, str, bool]],
@@ -249,9 +260,14 @@ def summarize(
             for name, kind, speculative in configs
         ]
         base = {r.config: r.tokens_per_s for r in rows}
+        plain = {p.prompt_id: p.tokens_per_s for p in prompts if p.config == reference}
         for r in rows:
             if base.get(reference):
                 r.speedup_vs_plain = r.tokens_per_s / base[reference]
+                if r.config != reference:
+                    r.prompt_speedups = _quartiles([p.tokens_per_s / plain[p.prompt_id] for p in prompts
+                                                    if p.config == r.config and category in (ALL, p.category)
+                                                    and plain.get(p.prompt_id)])
             if base.get(hf_baseline):
                 r.speedup_vs_hf = r.tokens_per_s / base[hf_baseline]
         summary.extend(rows)
