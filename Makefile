@@ -111,7 +111,7 @@ llama-cpp: $(LLAMA_STAMP)
 # llama.cpp), for the bench's llama-server baselines (~20 minutes on 2 cores). -DGGML_NATIVE=ON takes
 # the build machine's instruction sets; give LLAMA_SERVER_CMAKE_FLAGS to change that.
 LLAMA_SERVER_DIR        := $(LLAMA_VENV)/llama-server
-LLAMA_SERVER            := $(LLAMA_SERVER_DIR)/bin/llama-server
+LLAMA_SERVER            := $(LLAMA_SERVER_DIR)/build/bin/llama-server
 LLAMA_SERVER_CMAKE_FLAGS ?= -DGGML_NATIVE=ON
 
 .PHONY: llama-server test-llama-server
@@ -121,9 +121,7 @@ $(LLAMA_SERVER): $(STAMP)
 	$(BIN)/pip download -q --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_VERSION) -d $(LLAMA_SERVER_DIR)/src
 	tar -xzf $(LLAMA_SERVER_DIR)/src/llama_cpp_python-$(LLAMA_VERSION).tar.gz -C $(LLAMA_SERVER_DIR)/src
 	cmake -S $(LLAMA_SERVER_DIR)/src/llama_cpp_python-$(LLAMA_VERSION)/vendor/llama.cpp -B $(LLAMA_SERVER_DIR)/build \
-		-DCMAKE_BUILD_TYPE=Release -DCMAKE_RUNTIME_OUTPUT_DIRECTORY=$(abspath $(LLAMA_SERVER_DIR))/bin \
-		-DCMAKE_LIBRARY_OUTPUT_DIRECTORY=$(abspath $(LLAMA_SERVER_DIR))/bin \
-		-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+		-DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 		-DLLAMA_BUILD_SERVER=ON $(LLAMA_SERVER_CMAKE_FLAGS)
 	cmake --build $(LLAMA_SERVER_DIR)/build --target llama-server -j2
 

@@ -20,7 +20,7 @@ def llama_cpp_python() -> str:
         pytest.fail(f"{LLAMA_CPP_PYTHON} is missing; run `make llama-cpp`, which creates it.")
     return str(LLAMA_CPP_PYTHON)
 
-LLAMA_SERVER = REPO / ".venv-llamacpp" / "llama-server" / "bin" / "llama-server"
+LLAMA_SERVER = REPO / ".venv-llamacpp" / "llama-server" / "build" / "bin" / "llama-server"
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ from specsure.bench.llamacpp.runner import STDERR_TAIL, LlamaCppError
 
 LLAMA_SERVER_BASELINES: tuple[str, ...] = ("llama-server", "llama-server-lookup")
 """llama-server on the target's GGUF file: plain, and with `--spec-type ngram-simple` (opt-in)."""
-DEFAULT_LLAMA_SERVER: Final[str] = ".venv-llamacpp/llama-server/bin/llama-server"
+DEFAULT_LLAMA_SERVER: Final[str] = ".venv-llamacpp/llama-server/build/bin/llama-server"
 SERVER_HINT: Final[str] = ("run `make llama-server` (builds llama.cpp's llama-server from llama-cpp-python's "
                            "sources, about 20 minutes on 2 cores) or give --llama-server PATH")
 START_S: Final[float] = 120.0
