@@ -234,6 +234,7 @@ def test_api_key(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     assert client.get("/v1/models", headers=ok).status_code == 200
     assert client.get("/health").status_code == 200 and client.get("/metrics").status_code == 200
     assert client.head("/health").status_code == 200
+    assert client.get("/ping").json() == client.post("/ping").json() == {"status": "ok"}  # vLLM's SageMaker route
 
 
 BAD_COMPLETIONS = [

@@ -1,4 +1,4 @@
-"""The server's routes about itself: /health, /version, /metrics and the model cards of /v1/models.
+"""The server's routes about itself: /health (and /ping), /version, /metrics and the model cards of /v1/models.
 
 The cards are vLLM's (id, object, created, owned_by, root, parent, max_model_len, permission), plus
 ``speculative``: the effective config with each field's source, so a client can see what runs.
@@ -24,6 +24,10 @@ def add_info_routes(app: FastAPI, engine: Engine, names: Sequence[str], metrics:
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # uptime checkers and load balancers probe with HEAD too
     async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.api_route("/ping", methods=["GET", "POST", "HEAD"])  # vLLM's health route for SageMaker, which POSTs too
+    async def ping() -> dict[str, str]:
         return {"status": "ok"}
 
     @app.get("/version")  # vLLM's route, which monitoring probes; the version is specsure's
