@@ -133,4 +133,4 @@ test-llama-server: $(STAMP) $(LLAMA_SERVER)
 
 # The bench with the real llama-cpp-python on the default model (tiny settings, about 2 minutes).
 test-llama-cpp: $(STAMP) $(LLAMA_STAMP)
-	$(BIN)/python -m pytest -q tests/llamacpp
+	$(BIN)/python -m pytest -q tests/llamacpp/test_bench_llamacpp.py

@@ -24,8 +24,7 @@ from typing import Any
 import torch
 
 import specsure
-from interleave import NAMED, quick_prompts
-from specsure.bench.harness import balanced_order
+from interleave import NAMED, balanced_order, quick_prompts
 from specsure.bench.workload import encode, load_builtin, select
 from specsure.decode.engine import make_engine
 from specsure.sampling import SamplingParams

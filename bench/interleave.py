@@ -16,7 +16,11 @@ from unittest import mock
 
 import torch
 
-from specsure.bench.harness import balanced_order
+try:
+    from specsure.bench.harness import balanced_order
+except ImportError:  # an older commit, which code_ab.py measures: it runs in a plain rotation
+    def balanced_order(n: int, t: int) -> list[int]:
+        return [(i + t) % n for i in range(n)]
 from specsure.bench.workload import encode, load_builtin, select
 from specsure.config.cpu import cpu_model
 from specsure.decode.engine import Engine, make_engine
@@ -39,7 +43,8 @@ class Timed:
 def time_interleaved(runs: dict[Hashable, Engine], prompts: Sequence[list[int]], params: SamplingParams,
                      repeats: int, group: Callable[[Hashable], str]) -> Timed:
     """Run every engine on every prompt ``repeats`` times, engines interleaved; every output must equal
-    the first output of its ``group`` (plain decoding in the same dtype or build), else SystemExit.
+    that of its ``group``'s first engine in ``runs`` (plain decoding in the same dtype or build), else
+    SystemExit.
     Suffix's tree of earlier outputs is cleared before every pass, as `specsure bench` does, so no
     pass drafts from another."""
     for engine in runs.values():  # warm-up: kernels built, buffers sized
@@ -50,6 +55,7 @@ def time_interleaved(runs: dict[Hashable, Engine], prompts: Sequence[list[int]],
         reference: dict[str, list[int]] = {}
         for repeat in range(repeats):
             keys = list(runs)
+            outputs: dict[Hashable, list[int]] = {}
             for key in (keys[j] for j in balanced_order(len(keys), i + repeat)):
                 engine = runs[key]
                 if engine.proposer is not None:
@@ -57,12 +63,16 @@ def time_interleaved(runs: dict[Hashable, Engine], prompts: Sequence[list[int]],
                 start = time.perf_counter()
                 out = engine.generate([ids], params)[0]
                 seconds[key][i].append(time.perf_counter() - start)
-                if list(out.token_ids) != reference.setdefault(group(key), list(out.token_ids)):
-                    raise SystemExit(f"{key} differs from plain decoding ({group(key)}) on prompt {i}")
+                outputs[key] = list(out.token_ids)
                 if repeat == 0:
                     timed.tokens[key] += len(out.token_ids)
                     timed.accepted[key] += out.stats.accepted_tokens
                     timed.drafts[key] += out.stats.drafts
+            # Compared once all have run, in ``runs``' order: the order they ran in varies, and the
+            # one named on a difference must not be the group's own plain decoding.
+            for key in keys:
+                if outputs[key] != reference.setdefault(group(key), outputs[key]):
+                    raise SystemExit(f"{key} differs from plain decoding ({group(key)}) on prompt {i}")
         timed.outputs.append(reference)
     timed.rate = {key: timed.tokens[key] / sum(statistics.median(s) for s in seconds[key]) for key in runs}
     return timed

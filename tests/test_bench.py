@@ -613,13 +613,19 @@ def test_a_busy_machine_is_said_before_the_timings(monkeypatch: pytest.MonkeyPat
     assert _other_load(2) is None
 
 
-@pytest.mark.parametrize(("lookup_max_set", "expected"), [(None, 5), (3, 3)])
-def test_the_prompt_lookup_baselines_match_as_long_an_ngram_as_specsures_ngram(lookup_max_set, expected):
-    from specsure.bench.configs import Settings, build_transformers, lookup_max
+@pytest.mark.parametrize(("lo", "hi", "expected"), [(None, None, (2, 5)), (None, 3, (3, 3)), (3, None, (3, 3)),
+                                                     (1, 4, (1, 4))])
+def test_the_prompt_lookup_baselines_match_the_ngrams_specsures_ngram_runs_with(lo, hi, expected):
+    from specsure.bench.configs import Settings, build_transformers, lookup_max, lookup_min
+    from specsure.config import resolve
 
-    settings = Settings(model=None, dtype="float32", num_speculative_tokens=4, prompt_lookup_max=lookup_max_set)
+    settings = Settings(model=None, dtype="float32", num_speculative_tokens=4, prompt_lookup_min=lo, prompt_lookup_max=hi)
+    spec = {"method": "ngram", **({"prompt_lookup_min": lo} if lo else {}), **({"prompt_lookup_max": hi} if hi else {})}
+    ran = resolve(spec).config
+    assert (lookup_min(settings), lookup_max(settings)) == expected == (ran.prompt_lookup_min, ran.prompt_lookup_max)
     runners, skipped = build_transformers(["hf-prompt-lookup"], settings, object(), frozenset(), None)
-    assert skipped == [] and lookup_max(settings) == expected
+    assert skipped == []
+    expected = expected[1]
     assert runners[0].generate_kwargs == {"prompt_lookup_num_tokens": 4, "max_matching_ngram_size": expected}
 
 
@@ -635,3 +641,12 @@ def test_interleaving_puts_each_configuration_at_every_position_and_after_every_
     follows = [(a, b) for order in orders for a, b in zip(order, order[1:])]
     pairs = [(a, b) for a in range(n) for b in range(n) if a != b]
     assert sorted(follows) == sorted(pairs * (cycle // n))
+
+
+@pytest.mark.parametrize("n", range(3, 10))
+def test_no_configuration_runs_twice_in_a_row_across_prompts(n):
+    from specsure.bench.harness import balanced_order
+
+    cycle = n if n % 2 == 0 else 2 * n
+    flat = [c for t in range(2 * cycle) for c in balanced_order(n, t)]  # two cycles: the wrap counts too
+    assert all(a != b for a, b in zip(flat, flat[1:]))

@@ -45,14 +45,15 @@ def test_an_integer_too_long_for_python_is_named_in_a_flag_and_in_a_config_json(
 
 
 @pytest.mark.parametrize("spec", [{"method": "ngram", "num_speculative_tokens": 10**5000},
-                                  {"method": 10**5000}, {"method": "eagle", "speculative_token_tree": [[10**5000]]}])
+                                  {"method": 10**5000}, {"method": "eagle", "speculative_token_tree": [[10**5000]]},
+                                  {"method": "eagle", "speculative_token_tree": [(0,), {"a": 10**5000}]}])
 def test_an_integer_too_long_to_print_is_a_config_error_from_the_api(spec):
     key = next(iter(spec)) if len(spec) == 1 else list(spec)[1]
     with pytest.raises(ConfigError, match=rf"^{key} holds an integer of more than 4000 digits"):
         resolve(spec)
 
 
-@pytest.mark.parametrize("method", ["NGRAM", "Ngram", "[NGRAM]"])
+@pytest.mark.parametrize("method", ["NGRAM", "Ngram", "[NGRAM]", " ngram", "[ngram] "])
 @pytest.mark.parametrize("model", ["ngram", "[ngram]"])
 def test_the_older_ngram_spelling_takes_the_method_in_any_case(method, model):
     res = resolve({"method": method, "model": model})
@@ -93,3 +94,15 @@ def test_dots_after_a_link_name_the_folder_the_os_reads(tmp_path):
     target = write_checkpoint(tmp_path / "target", llama(layers=4))
     res = resolve({"model": str(tmp_path / "eagle-dir" / "lnk" / ".." / "drafty")}, model=str(target))
     assert res.decisions["method"].source != "path", res.decisions["method"]  # not 'eagle' from a folder the draft is not in
+
+
+def test_after_the_dots_a_link_keeps_the_name_it_was_given(tmp_path):
+    write_checkpoint(tmp_path / "real" / "plain", silent())
+    (tmp_path / "real" / "sub").mkdir()
+    (tmp_path / "real" / "eagle3-head").symlink_to(tmp_path / "real" / "plain")
+    (tmp_path / "beagle").mkdir()
+    (tmp_path / "beagle" / "lnk").symlink_to(tmp_path / "real" / "sub")
+    target = write_checkpoint(tmp_path / "target", llama(layers=4))
+    res = resolve({"model": str(tmp_path / "beagle" / "lnk" / ".." / "eagle3-head")}, model=str(target))
+    assert (res.config.method, res.decisions["method"].source) == ("eagle3", "path")
+    assert str(tmp_path / "real" / "eagle3-head") in res.decisions["method"].reason

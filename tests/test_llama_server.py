@@ -40,6 +40,9 @@ class Handler(BaseHTTPRequestHandler):
             lines = ["# HELP llamacpp:spec_decode_num_drafts_total steps"]
             for name, per in (("drafts", 3), ("draft_tokens", 12), ("accepted_tokens", 5)):
                 lines.append(f"llamacpp:spec_decode_num_{{name}}_total {{float(per * done * lookup)}}")
+            if lookup and done:
+                for position, per in enumerate((3, 2)):
+                    lines.append(f'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{{{{position="{{position}}"}}}} {{per * done}}')
             self.answer("\\n".join(lines) + "\\n", "text/plain")
     def do_POST(self):
         global done
@@ -69,7 +72,9 @@ def test_each_configuration_is_a_server_on_the_file_with_its_flags_and_greedy_re
         plain, lookup = runners
         assert (plain.plain, lookup.plain, plain.speculative, lookup.speculative) == (None, "llama-server", False, True)
         assert plain.generate([1, 2, 3], 16) == Generation((7, 8, 9), 0.0425)  # the EOS dropped; the server's own ms
-        assert lookup.generate([4, 5], 8) == Generation((7, 8, 9), 0.0425, drafts=3, draft_tokens=12, accepted_tokens=5)
+        assert lookup.generate([4, 5], 8) == Generation((7, 8, 9), 0.0425, drafts=3, draft_tokens=12, accepted_tokens=5,
+                                                        accepted_per_position=(3, 2))
+        assert lookup.generate([4, 5], 8).accepted_per_position == (3, 2)  # counted from the counters before it
     finally:
         for runner in runners:
             runner.server.close()
@@ -96,6 +101,20 @@ def test_a_server_that_dies_at_start_is_named_with_its_output(tmp_path):
     binary, _ = stand_in(tmp_path, before='print("error: failed to load model", flush=True); sys.exit(1)')
     with pytest.raises(LlamaCppError, match=r"(?s)exited starting \(exit 1\).*failed to load model"):
         LlamaServer(binary, tmp_path / "m.gguf", [], 1, 64)
+
+
+def test_a_server_that_dies_between_requests_is_named_not_a_traceback(tmp_path):
+    binary, _ = stand_in(tmp_path)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    (runner,), _ = build_llama_servers(["llama-server-lookup"], binary=binary, source=gguf, k=4, lookup_n=2,
+                                       n_threads=1, n_ctx=64, eos_ids=frozenset())
+    try:
+        runner.server._process.kill()
+        with pytest.raises(LlamaCppError, match="exited reporting its counters"):
+            runner.generate([1, 2], 4)
+    finally:
+        runner.server.close()
 
 
 def test_a_target_that_is_not_gguf_skips_the_servers_with_the_reason(tmp_path):

@@ -11,7 +11,7 @@ import torch
 from specsure.bench.runners import Runner, SpecsureRunner, TransformersRunner
 from specsure.config import ConfigError
 from specsure.config.schema import SUFFIX_FIELDS
-from specsure.config.lookup import DEFAULT_PROMPT_LOOKUP
+from specsure.config.lookup import lookup_range
 from specsure.config.user_spec import parse_user_spec
 from specsure.config.shipped import TREE_FAST_BF16
 
@@ -68,15 +68,16 @@ class Settings:
 
 
 def lookup_max(s: Settings) -> int:
-    """The longest n-gram the prompt-lookup baselines match: specsure's ngram's own prompt_lookup_max, so
-    that a difference between the rows is the implementation's, not the matching rule's. (Both baselines
-    fall back down to 1-grams; specsure's ngram stops at prompt_lookup_min.)"""
-    return s.prompt_lookup_max if s.prompt_lookup_max is not None else DEFAULT_PROMPT_LOOKUP[1]
+    """The longest n-gram the prompt-lookup baselines match: the prompt_lookup_max specsure's ngram runs
+    with, so that a difference between the rows is the implementation's, not the matching rule's. (The
+    transformers and llama-cpp-python baselines fall back down to 1-grams; ngram stops at its min.)"""
+    return lookup_range(s.prompt_lookup_min, s.prompt_lookup_max)[1]
 
 
 def lookup_min(s: Settings) -> int:
-    """The n-gram llama-server's lookup matches: ngram's prompt_lookup_min, the shortest match it drafts from."""
-    return s.prompt_lookup_min if s.prompt_lookup_min is not None else DEFAULT_PROMPT_LOOKUP[0]
+    """The n-gram llama-server's lookup matches: the prompt_lookup_min ngram runs with, the shortest
+    match it drafts from."""
+    return lookup_range(s.prompt_lookup_min, s.prompt_lookup_max)[0]
 
 
 def dtype_name(dtype: torch.dtype) -> str:

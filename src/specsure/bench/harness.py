@@ -9,6 +9,7 @@ the same one.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,7 +60,14 @@ def balanced_order(n: int, t: int) -> list[int]:
     equally often and, over the cycle (n orders for even n, 2n for odd), follows every other one
     equally often: a Williams design. A plain rotation keeps the same neighbour before each
     configuration, so whatever one leaves behind (caches, another process's spinning threads) would
-    always fall on the same row."""
+    always fall on the same row. From 3 configurations on, an order never starts with the one the
+    order before it ended with, so no configuration runs twice in a row across prompts either."""
+    cycle = _williams(n)
+    return list(cycle[t % len(cycle)])
+
+
+@functools.lru_cache(maxsize=None)
+def _williams(n: int) -> tuple[tuple[int, ...], ...]:
     first, low, high = [0], 1, n - 1
     while len(first) < n:  # 0, 1, n-1, 2, n-2, ...
         first.append(low)
@@ -67,8 +75,30 @@ def balanced_order(n: int, t: int) -> list[int]:
         if len(first) < n:
             first.append(high)
             high -= 1
-    row = [(c + t) % n for c in first]
-    return row[::-1] if n % 2 and (t // n) % 2 else row
+    rows = [tuple((c + t) % n for c in first) for t in range(n)]
+    if n % 2:  # odd: the mirrored rows balance the neighbours
+        rows += [row[::-1] for row in rows]
+    if n < 3:
+        return tuple(rows)
+    # The design holds whatever order its rows run in; find one where no row starts with its
+    # predecessor's last configuration, the cycle's wrap included (a small search: 2n rows).
+    order = [rows[0]]
+    left = rows[1:]
+
+    def extend() -> bool:
+        if not left:
+            return order[-1][-1] != order[0][0]
+        for i, row in enumerate(left):
+            if row[0] != order[-1][-1]:
+                order.append(left.pop(i))
+                if extend():
+                    return True
+                left.insert(i, order.pop())
+        return False
+
+    if not extend():
+        raise AssertionError(f"no repeat-free order of the Williams rows for {n} configurations")
+    return tuple(order)
 
 
 def run_interleaved(runners: Sequence[Runner], items: Sequence[Item], repeats: int) -> dict[tuple[str, str], list[Generation]]:

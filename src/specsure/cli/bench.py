@@ -309,10 +309,14 @@ def _run(args: argparse.Namespace) -> int:
     server_names = [b for b in baselines if b in LLAMA_SERVER_BASELINES]
     if server_names:
         print(f"starting llama-server: {', '.join(server_names)} ...", flush=True)
-    add_llama_servers(llama, server_names, binary=args.llama_server, model=args.model,
-                      k=settings.num_speculative_tokens, lookup_n=lookup_min(settings), n_threads=torch.get_num_threads(),
-                      n_ctx=max(len(it.prompt_ids) + it.max_tokens for it in items) + settings.num_speculative_tokens + 8,
-                      eos_ids=eos_ids)
+    try:  # from here on, _timed stops the llama.cpp processes; before it, a Ctrl-C must too
+        add_llama_servers(llama, server_names, binary=args.llama_server, model=args.model,
+                          k=settings.num_speculative_tokens, lookup_n=lookup_min(settings),
+                          n_threads=torch.get_num_threads(), eos_ids=eos_ids,
+                          n_ctx=max(len(it.prompt_ids) + it.max_tokens for it in items) + settings.num_speculative_tokens + 8)
+    except BaseException:
+        llama.close()
+        raise
     runners += llama.runners
     skipped += llama.skipped
     for name, reason in skipped:

@@ -60,7 +60,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--shutdown-timeout", type=float, default=0.0, metavar="SECONDS",
                         help="on SIGTERM or Ctrl-C, refuse new requests and give the running ones this long to "
                              "finish before they are stopped with a 503 or a stream's error event (default 0: "
-                             "stopped at once, as in vLLM); a second signal stops them at once")
+                             "stopped at once, as in vLLM); a second signal stops them at once, a third quits")
     parser.add_argument("--threads", type=int_at_least(1), default=None, metavar="N",
                         help="torch CPU threads of the engine thread, which runs every forward (default: torch's "
                              "choice, every core)")

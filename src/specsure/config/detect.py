@@ -276,9 +276,13 @@ def named_path(path: str) -> str:
         return os.path.normpath(os.path.join(_working_folder(), folded))
     if folded == os.path.normpath(path) and "/." not in path:
         return path
-    if ".." in path.split(os.sep) and not _same_folder(folded, os.path.expanduser(path)):
-        # '..' after a link climbs from the link's target, not from the folder the text names.
-        return os.path.realpath(os.path.expanduser(path))
+    given = os.path.expanduser(path)
+    parts = given.split(os.sep)
+    if ".." in parts and os.path.exists(given) and not _same_folder(folded, given):
+        # '..' after a link climbs from the link's target, not from the folder the text names: the
+        # part up to the last '..' is named as the system resolves it, the rest as given.
+        last = len(parts) - parts[::-1].index("..")
+        return os.path.join(os.path.realpath(os.sep.join(parts[:last]) or os.sep), *parts[last:])
     return folded
 
 

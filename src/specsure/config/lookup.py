@@ -67,6 +67,13 @@ def decide_prompt_lookup(spec: UserSpec, method: str) -> dict[str, Decision]:
         tree = Decision("prompt_lookup_branches", branches, "user", "You set prompt_lookup_branches.")
     return {**_decide_lookup_range(lo, hi), "prompt_lookup_branches": tree}
 
+def lookup_range(lo: int | None, hi: int | None) -> tuple[int, int]:
+    """(min, max) of the n-grams ngram matches for prompt_lookup_min and _max (None: not set), by the
+    same rule resolution applies: vLLM's, where one bound alone sets both."""
+    decided = _decide_lookup_range(UNSET if lo is None else lo, UNSET if hi is None else hi)
+    return decided["prompt_lookup_min"].value, decided["prompt_lookup_max"].value
+
+
 def _decide_lookup_range(lo: Any, hi: Any) -> dict[str, Decision]:
     if lo is UNSET and hi is UNSET:
         why = "The default n-gram range is {}..{}.".format(*DEFAULT_PROMPT_LOOKUP)

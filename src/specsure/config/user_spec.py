@@ -140,6 +140,8 @@ def _holds_huge_int(value: Any) -> bool:
         return value.bit_length() > HUGE_INT_BITS
     if isinstance(value, (list, tuple)):
         return any(_holds_huge_int(v) for v in value)
+    if isinstance(value, Mapping):
+        return any(_holds_huge_int(k) or _holds_huge_int(v) for k, v in value.items())
     return False
 
 
@@ -147,7 +149,7 @@ def _legacy_ngram(values: dict[str, Any]) -> str | None:
     """Turn vLLM's older spellings of ngram in ``values`` into method ngram without a draft; returns what was
     written, for the warning. specsure would otherwise read "[ngram]" as a folder that does not exist."""
     method = values.get("method", "ngram")
-    method = method.lower() if isinstance(method, str) else method  # methods are case-insensitive
+    method = method.strip().lower() if isinstance(method, str) else method  # as _check_method reads it
     if method == "[ngram]":
         values["method"] = method = "ngram"
         written = '"method": "[ngram]"'

@@ -5,8 +5,9 @@ close, so a 2,000-token generation kept the process alive for minutes; and its "
 second Ctrl-C cancelled the request handlers mid-answer, which logged tracebacks and sent plain
 500s. Here the first signal refuses new requests and gives the running ones ``grace_s`` seconds
 (0, the default, stops them at once, as vLLM's default does); each stopped one is answered with a
-503 or a stream's error event and its [DONE], so uvicorn's wait ends at once. A second signal
-stops the running ones at once; a third is uvicorn's force quit.
+503 or a stream's error event and its [DONE], so uvicorn's wait ends at once. With a grace, a second
+signal stops the running ones at once and a third is uvicorn's force quit; without one, the second
+is.
 """
 
 from __future__ import annotations
@@ -43,15 +44,21 @@ class GracefulServer(uvicorn.Server):
             super().handle_exit(sig, frame)
             return
         name = signal.Signals(sig).name
+        busy = self.runner.batch()
         # A signal handler may interrupt the loop anywhere: the runner is touched from the loop itself.
+        # Logged at WARNING, the level serve shows: uvicorn's "(CTRL+C to force quit)" that follows is
+        # not what the next Ctrl-C does here.
         if self._signals == 1:
-            if self.grace_s > 0:
-                logger.info("%s: refusing new requests; the running ones have %g s to finish "
-                            "(--shutdown-timeout); a second signal stops them now", name, self.grace_s)
+            if busy.running or busy.waiting:
+                logger.warning("%s: refusing new requests; %s (--shutdown-timeout %g); %s", name,
+                               f"the running and waiting ones have {self.grace_s:g} s to finish" if self.grace_s > 0
+                               else "stopping the running and waiting ones", self.grace_s,
+                               "a second signal stops them now, a third quits at once" if self.grace_s > 0
+                               else "a second signal quits at once")
             loop.call_soon_threadsafe(self.runner.shut_down, name, self.grace_s)
             super().handle_exit(sig, frame)
-        elif self._signals == 2:
-            logger.info("%s again: stopping the running requests now; a third signal quits at once", name)
+        elif self._signals == 2 and self.grace_s > 0:
+            logger.warning("%s again: stopping the running requests now; a third signal quits at once", name)
             loop.call_soon_threadsafe(self.runner.stop_now)
             self._captured_signals.append(sig)
         else:

@@ -7,7 +7,7 @@ sources): decoding, sampling and speculation in C++. Each configuration is one s
 the target's GGUF file as it is, one slot, prompt caching off; a generation is one `/completion`
 request of token ids at temperature 0, and its time is the server's own `prompt_ms +
 predicted_ms`, so HTTP is not charged to llama.cpp. Acceptance comes from the server's
-`/metrics` counters, read after each request.
+`/metrics` counters, read before and after each request.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ LLAMA_SERVER_BASELINES: tuple[str, ...] = ("llama-server", "llama-server-lookup"
 DEFAULT_LLAMA_SERVER: Final[str] = ".venv-llamacpp/llama-server/build/bin/llama-server"
 SERVER_HINT: Final[str] = ("run `make llama-server` (builds llama.cpp's llama-server from llama-cpp-python's "
                            "sources, about 20 minutes on 2 cores) or give --llama-server PATH")
+PER_POSITION: Final[str] = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total{"
 START_S: Final[float] = 120.0
 """The longest a server may take to load the model and answer /health."""
 
@@ -61,14 +62,16 @@ class LlamaServer:
                         "-tb", str(n_threads), "-c", str(n_ctx), "-np", "1", "--no-webui", "--metrics", *flags]
         self._log = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
         try:
+            # Its own session: a Ctrl-C in the terminal reaches the bench alone, which keeps what every
+            # configuration finished and then stops the servers itself.
             self._process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self._log,
-                                             stderr=subprocess.STDOUT)
+                                             stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             self._log.close()
             raise LlamaCppError(f"cannot run {binary!r}: {exc.strerror or exc}; {SERVER_HINT}") from None
         try:
             self._wait_ready()
-        except LlamaCppError:
+        except BaseException:  # a Ctrl-C while it loads too: no server outlives the bench
             self.close()
             raise
 
@@ -98,16 +101,25 @@ class LlamaServer:
             raise LlamaCppError(self._death("generating") if self._process.poll() is not None
                                 else f"llama-server failed a request: {exc}") from None
 
-    def drafts(self) -> tuple[int, int, int]:
-        """(verification steps with a draft, draft tokens, accepted tokens) so far, from /metrics."""
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as answer:
-            text = answer.read().decode()
-        counts = {}
+    def drafts(self) -> Counters:
+        """The speculation counters so far, from /metrics."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as answer:
+                text = answer.read().decode()
+        except (OSError, urllib.error.URLError) as exc:
+            raise LlamaCppError(self._death("reporting its counters") if self._process.poll() is not None
+                                else f"llama-server's /metrics failed: {exc}") from None
+        counts: dict[str, int] = {}
+        per_position: dict[int, int] = {}
         for line in text.splitlines():
-            name, _, value = line.partition(" ")
-            counts[name.removeprefix("llamacpp:")] = value
-        return tuple(int(float(counts.get(f"spec_decode_num_{what}_total", 0)))  # type: ignore[return-value]
-                     for what in ("drafts", "draft_tokens", "accepted_tokens"))
+            name, _, value = line.rpartition(" ")
+            if name.startswith(PER_POSITION):  # ...{position="3"}
+                per_position[int(name.split('"')[1])] = int(float(value))
+            elif name.startswith("llamacpp:"):
+                counts[name.removeprefix("llamacpp:")] = int(float(value))
+        return Counters(*(counts.get(f"spec_decode_num_{what}_total", 0) for what in ("drafts", "draft_tokens",
+                                                                                         "accepted_tokens")),
+                        tuple(per_position.get(i, 0) for i in range(max(per_position, default=-1) + 1)))
 
     def close(self) -> None:
         if self._process.poll() is None:
@@ -127,6 +139,22 @@ class LlamaServer:
                 + (f"; its last output:\n{tail}" if tail else ""))
 
 
+@dataclass(frozen=True)
+class Counters:
+    """llama-server's speculation counters (cumulative): vLLM's num_drafts, draft and accepted tokens."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: tuple[int, ...] = ()
+
+    def since(self, before: "Counters") -> "Counters":
+        old = before.accepted_per_position
+        return Counters(self.drafts - before.drafts, self.draft_tokens - before.draft_tokens,
+                        self.accepted_tokens - before.accepted_tokens,
+                        tuple(n - (old[i] if i < len(old) else 0) for i, n in enumerate(self.accepted_per_position)))
+
+
 @dataclass
 class LlamaServerRunner:
     """One llama-server configuration."""
@@ -142,16 +170,16 @@ class LlamaServerRunner:
     kind: Kind = "llama.cpp"
 
     def generate(self, prompt_ids: Sequence[int], max_tokens: int) -> Generation:
-        before = self.server.drafts() if self.speculative else (0, 0, 0)
+        before = self.server.drafts() if self.speculative else Counters()
         answer = self.server.complete(prompt_ids, max_tokens)
-        after = self.server.drafts() if self.speculative else (0, 0, 0)
+        counted = self.server.drafts().since(before) if self.speculative else Counters()
         tokens = [int(t) for t in answer.get("tokens", ())]
         while tokens and tokens[-1] in self.eos_ids:  # the final EOS is not counted, as on every side
             tokens.pop()
         timings = answer["timings"]
-        drafts, drafted, accepted = (b - a for a, b in zip(before, after))
         return Generation(tuple(tokens), (timings["prompt_ms"] + timings["predicted_ms"]) / 1000,
-                          drafts=drafts, draft_tokens=drafted, accepted_tokens=accepted)
+                          drafts=counted.drafts, draft_tokens=counted.draft_tokens,
+                          accepted_tokens=counted.accepted_tokens, accepted_per_position=counted.accepted_per_position)
 
 
 def build_llama_servers(baselines: Sequence[str], *, binary: str, source: Path, k: int, lookup_n: int,
@@ -166,7 +194,7 @@ def build_llama_servers(baselines: Sequence[str], *, binary: str, source: Path, 
             lookup = name.endswith("-lookup")
             runners.append(LlamaServerRunner(name, server, eos_ids, speculative=lookup,
                                              plain=name.removesuffix("-lookup") if lookup else None))
-    except LlamaCppError:
+    except BaseException:
         for runner in runners:
             runner.server.close()
         raise
