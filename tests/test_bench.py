@@ -616,13 +616,15 @@ def test_a_busy_machine_is_said_before_the_timings(monkeypatch: pytest.MonkeyPat
 @pytest.mark.parametrize(("lo", "hi", "expected"), [(None, None, (2, 5)), (None, 3, (3, 3)), (3, None, (3, 3)),
                                                      (1, 4, (1, 4))])
 def test_the_prompt_lookup_baselines_match_the_ngrams_specsures_ngram_runs_with(lo, hi, expected):
-    from specsure.bench.configs import Settings, build_transformers, lookup_max, lookup_min
+    from specsure.bench.configs import Settings, build_transformers, lookup_max
     from specsure.config import resolve
+    from specsure.config.lookup import lookup_range
 
     settings = Settings(model=None, dtype="float32", num_speculative_tokens=4, prompt_lookup_min=lo, prompt_lookup_max=hi)
     spec = {"method": "ngram", **({"prompt_lookup_min": lo} if lo else {}), **({"prompt_lookup_max": hi} if hi else {})}
     ran = resolve(spec).config
-    assert (lookup_min(settings), lookup_max(settings)) == expected == (ran.prompt_lookup_min, ran.prompt_lookup_max)
+    assert lookup_range(lo, hi) == expected == (ran.prompt_lookup_min, ran.prompt_lookup_max)
+    assert lookup_max(settings) == expected[1]
     runners, skipped = build_transformers(["hf-prompt-lookup"], settings, object(), frozenset(), None)
     assert skipped == []
     expected = expected[1]

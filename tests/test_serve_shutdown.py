@@ -122,6 +122,8 @@ def test_a_signal_ends_every_stream_with_an_answer_and_the_server_at_once(tmp_pa
         proc.kill()
         log = proc.stderr.read() if proc.stderr else ""
     assert "Traceback" not in log and "Internal Server Error" not in log, log
+    assert f"{signals[0].name}: refusing new requests" in log  # what the next signal does, said
+    assert ("SIGINT again: stopping the running requests now" in log) == (len(signals) == 2)
     for status, *lines in outputs:
         if status == "503":  # stopped before it started: an error answer, as for --request-timeout
             assert json.loads("".join(lines))["error"]["code"] == "shutting_down"

@@ -13,7 +13,7 @@ from typing import Any
 
 from specsure.bench.configs import (
     BASELINES, DEFAULT_K, DEFAULT_METHODS, DEFAULT_TREES, METHODS, Settings, build_specsure, build_transformers,
-    check_checkpoint_flags, check_flag_values, dtype_name, lookup_max, lookup_min,
+    check_checkpoint_flags, check_flag_values, dtype_name, lookup_max,
 )
 from specsure.bench.harness import Interrupted, Item, run_batched, run_interleaved, warm_up
 from specsure.bench.llamacpp.baselines import LLAMA_CPP_BASELINES, add_llama_servers, build_llamacpp
@@ -311,7 +311,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"starting llama-server: {', '.join(server_names)} ...", flush=True)
     try:  # from here on, _timed stops the llama.cpp processes; before it, a Ctrl-C must too
         add_llama_servers(llama, server_names, binary=args.llama_server, model=args.model,
-                          k=settings.num_speculative_tokens, lookup_n=lookup_min(settings),
+                          k=settings.num_speculative_tokens, lookup_n=lookup_max(settings),
                           n_threads=torch.get_num_threads(), eos_ids=eos_ids,
                           n_ctx=max(len(it.prompt_ids) + it.max_tokens for it in items) + settings.num_speculative_tokens + 8)
     except BaseException:

@@ -44,24 +44,31 @@ class GracefulServer(uvicorn.Server):
             super().handle_exit(sig, frame)
             return
         name = signal.Signals(sig).name
-        busy = self.runner.batch()
-        # A signal handler may interrupt the loop anywhere: the runner is touched from the loop itself.
-        # Logged at WARNING, the level serve shows: uvicorn's "(CTRL+C to force quit)" that follows is
-        # not what the next Ctrl-C does here.
+        # A signal handler may interrupt the loop's thread anywhere, even inside the runner's lock:
+        # everything but uvicorn's own flags is done by the loop, after the handler returns.
         if self._signals == 1:
-            if busy.running or busy.waiting:
-                logger.warning("%s: refusing new requests; %s (--shutdown-timeout %g); %s", name,
-                               f"the running and waiting ones have {self.grace_s:g} s to finish" if self.grace_s > 0
-                               else "stopping the running and waiting ones", self.grace_s,
-                               "a second signal stops them now, a third quits at once" if self.grace_s > 0
-                               else "a second signal quits at once")
-            loop.call_soon_threadsafe(self.runner.shut_down, name, self.grace_s)
+            loop.call_soon_threadsafe(self._first, name)
             super().handle_exit(sig, frame)
         elif self._signals == 2 and self.grace_s > 0:
-            logger.warning("%s again: stopping the running requests now; a third signal quits at once", name)
-            loop.call_soon_threadsafe(self.runner.stop_now)
+            loop.call_soon_threadsafe(self._second, name)
             self._captured_signals.append(sig)
         else:
             self.should_exit = True
             self.force_exit = True
             self._captured_signals.append(sig)
+
+    # Logged at WARNING, the level serve shows: uvicorn's "(CTRL+C to force quit)" that follows is
+    # not what the next Ctrl-C does here.
+    def _first(self, name: str) -> None:
+        busy = self.runner.batch()
+        if busy.running or busy.waiting:
+            logger.warning("%s: refusing new requests; %s (--shutdown-timeout %g); %s", name,
+                           f"the running and waiting ones have {self.grace_s:g} s to finish" if self.grace_s > 0
+                           else "stopping the running and waiting ones", self.grace_s,
+                           "a second signal stops them now, a third quits at once" if self.grace_s > 0
+                           else "a second signal quits at once")
+        self.runner.shut_down(name, self.grace_s)
+
+    def _second(self, name: str) -> None:
+        logger.warning("%s again: stopping the running requests now; a third signal quits at once", name)
+        self.runner.stop_now()

@@ -40,7 +40,8 @@ START_S: Final[float] = 120.0
 def server_flags(baseline: str, k: int, lookup_n: int) -> list[str]:
     """The speculative flags of ``baseline``: none for plain; for lookup, llama.cpp's simplest n-gram
     drafter, which drafts the k tokens that followed the last earlier occurrence of the context's
-    last ``lookup_n`` tokens (prompt lookup's rule with one n-gram size)."""
+    last ``lookup_n`` tokens (prompt lookup's rule with one n-gram size; the bench gives the longest
+    that ngram tries)."""
     if baseline.endswith("-lookup"):
         return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(lookup_n),
                 "--spec-ngram-simple-size-m", str(k)]
