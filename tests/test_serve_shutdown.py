@@ -133,3 +133,24 @@ def test_a_signal_ends_every_stream_with_an_answer_and_the_server_at_once(tmp_pa
         finished = any(c.get("finish_reason") for e in events for c in e.get("choices", ()))
         assert finished or events[-1]["error"]["code"] == "shutting_down", events[-1]
     assert any("shutting_down" in line for out in outputs for line in out)  # the queued ones, at least
+
+
+def test_a_runner_serves_requests_from_more_than_one_event_loop(engine, monkeypatch):
+    """A test client may start an event loop per request; the stop signal must follow the loop."""
+    Trace(engine, monkeypatch, step_s=0.02)
+    runner = EngineRunner(engine, ServeMetrics(engine, "m"), max_queue=4, timeout_s=None)
+
+    async def short() -> None:
+        job = runner.submit([(PROMPT_IDS, [SamplingParams(max_tokens=2, ignore_eos=True)])], stream=False)[0]
+        never = asyncio.get_running_loop().create_future()
+        while (await runner.next_update(job, never)).completion is None:
+            pass
+
+    async def stopped() -> APIError:
+        job = runner.submit([(PROMPT_IDS, [LONG])], stream=True)[0]
+        await runner.next_update(job, asyncio.get_running_loop().create_future())
+        runner.shut_down("SIGTERM", 0)
+        return (await updates_until_error(runner, job))[1]
+
+    asyncio.run(short())
+    assert asyncio.run(stopped()).code == "shutting_down"  # the stop used to live on the first, closed loop

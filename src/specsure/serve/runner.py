@@ -98,6 +98,7 @@ class EngineRunner:
         """Why the server is shutting down, once it is: new requests get a 503."""
         self._stop: asyncio.Future[None] | None = None
         """Resolved when the requests still generating must stop (the shutdown's grace has passed)."""
+        self._stopped = False
 
     def batch(self) -> Batch:
         """The running batch and the queue, as the engine thread last published them."""
@@ -163,13 +164,18 @@ class EngineRunner:
 
     def stop_now(self) -> None:
         """Stop every request still generating (the shutdown's grace is over, or a second signal came)."""
+        self._stopped = True
         stop = self._stop_future()
         if not stop.done():
             stop.set_result(None)
 
     def _stop_future(self) -> asyncio.Future[None]:
-        if self._stop is None:
-            self._stop = asyncio.get_running_loop().create_future()
+        """The stop signal on the running loop (uvicorn runs one; a test client may start several)."""
+        loop = asyncio.get_running_loop()
+        if self._stop is None or self._stop.get_loop() is not loop:
+            self._stop = loop.create_future()
+            if self._stopped:
+                self._stop.set_result(None)
         return self._stop
 
     async def next_update(self, job: Job, gone: asyncio.Future[None]) -> StepUpdate:
