@@ -66,8 +66,8 @@ def test_each_configuration_is_a_server_on_the_file_with_its_flags_and_greedy_re
     binary, log = stand_in(tmp_path)
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")
-    runners, commands = build_llama_servers(["llama-server", "llama-server-lookup"], binary=binary, source=gguf,
-                                            k=4, lookup_n=3, n_threads=2, n_ctx=300, eos_ids=frozenset({2}))
+    runners = build_llama_servers(["llama-server", "llama-server-lookup"], binary=binary, source=gguf,
+                                  k=4, lookup_n=3, n_threads=2, n_ctx=300, eos_ids=frozenset({2}))
     try:
         plain, lookup = runners
         assert (plain.plain, lookup.plain, plain.speculative, lookup.speculative) == (None, "llama-server", False, True)
@@ -89,7 +89,7 @@ def test_each_configuration_is_a_server_on_the_file_with_its_flags_and_greedy_re
     requests = [c["request"] for c in calls if "request" in c]
     assert requests[0] == {"prompt": [1, 2, 3], "n_predict": 16, "temperature": 0.0, "cache_prompt": False,
                            "return_tokens": True}
-    assert " ".join(argvs[1]) in commands[1]
+    assert " ".join(argvs[1]) in " ".join(runners[1].server.command)
 
 
 def test_a_missing_binary_names_the_make_target(tmp_path):
@@ -107,8 +107,8 @@ def test_a_server_that_dies_between_requests_is_named_not_a_traceback(tmp_path):
     binary, _ = stand_in(tmp_path)
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")
-    (runner,), _ = build_llama_servers(["llama-server-lookup"], binary=binary, source=gguf, k=4, lookup_n=2,
-                                       n_threads=1, n_ctx=64, eos_ids=frozenset())
+    (runner,) = build_llama_servers(["llama-server-lookup"], binary=binary, source=gguf, k=4, lookup_n=2,
+                                    n_threads=1, n_ctx=64, eos_ids=frozenset())
     try:
         runner.server._process.kill()
         with pytest.raises(LlamaCppError, match="exited reporting its counters"):

@@ -299,12 +299,12 @@ def _run(args: argparse.Namespace) -> int:
     llama_names = [b for b in baselines if b in LLAMA_CPP_BASELINES]
     if llama_names:
         print(f"starting llama.cpp: {', '.join(llama_names)} ...", flush=True)
+    # Room for the longest prompt, its new tokens and one full draft beyond them.
+    n_ctx = max(len(it.prompt_ids) + it.max_tokens for it in items) + settings.num_speculative_tokens + 8
     llama = build_llamacpp(
         llama_names, python=args.llama_cpp_python, model=args.model, dtype=settings.dtype,
         num_speculative_tokens=settings.num_speculative_tokens, n_threads=torch.get_num_threads(),
-        # Room for the longest prompt, its new tokens and one full draft beyond them.
-        n_ctx=max(len(it.prompt_ids) + it.max_tokens for it in items) + settings.num_speculative_tokens + 8,
-        eos_ids=eos_ids, max_ngram_size=lookup_max(settings),
+        n_ctx=n_ctx, eos_ids=eos_ids, max_ngram_size=lookup_max(settings),
     )
     server_names = [b for b in baselines if b in LLAMA_SERVER_BASELINES]
     if server_names:
@@ -312,8 +312,7 @@ def _run(args: argparse.Namespace) -> int:
     try:  # from here on, _timed stops the llama.cpp processes; before it, a Ctrl-C must too
         add_llama_servers(llama, server_names, binary=args.llama_server, model=args.model,
                           k=settings.num_speculative_tokens, lookup_n=lookup_max(settings),
-                          n_threads=torch.get_num_threads(), eos_ids=eos_ids,
-                          n_ctx=max(len(it.prompt_ids) + it.max_tokens for it in items) + settings.num_speculative_tokens + 8)
+                          n_threads=torch.get_num_threads(), eos_ids=eos_ids, n_ctx=n_ctx)
     except BaseException:
         llama.close()
         raise

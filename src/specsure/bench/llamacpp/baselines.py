@@ -40,13 +40,13 @@ class LlamaCppSetup:
     meta: dict[str, Any] = field(default_factory=dict)
     """Versions, paths and llama.cpp settings for results.json; empty when none ran."""
     worker: LlamaCppWorker | None = None
-    servers: list[LlamaServerRunner] = field(default_factory=list)
 
     def close(self) -> None:
         if self.worker is not None:
             self.worker.close()
-        for runner in self.servers:
-            runner.server.close()
+        for runner in self.runners:
+            if isinstance(runner, LlamaServerRunner):  # each its own process
+                runner.server.close()
 
 
 def config_name(baseline: str, dtype: str) -> str:
@@ -123,14 +123,14 @@ def add_llama_servers(setup: LlamaCppSetup, baselines: Sequence[str], *, binary:
         return
     try:
         source = _source_gguf(model)
-        runners, commands = build_llama_servers(baselines, binary=binary, source=source, k=k, lookup_n=lookup_n,
-                                                n_threads=n_threads, n_ctx=n_ctx, eos_ids=eos_ids)
+        runners = build_llama_servers(baselines, binary=binary, source=source, k=k, lookup_n=lookup_n,
+                                      n_threads=n_threads, n_ctx=n_ctx, eos_ids=eos_ids)
     except (ValueError, LlamaCppError) as err:
         setup.skipped += [(b, str(err)) for b in baselines]
         return
-    setup.servers += runners
     setup.runners += runners
-    setup.meta["llama_server"] = {"binary": binary, "gguf": str(source), "commands": commands}
+    setup.meta["llama_server"] = {"binary": binary, "gguf": str(source),
+                                  "commands": [" ".join(r.server.command) for r in runners]}
 
 
 def _source_gguf(model: str | None) -> Path:

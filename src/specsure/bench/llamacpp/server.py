@@ -184,10 +184,9 @@ class LlamaServerRunner:
 
 
 def build_llama_servers(baselines: Sequence[str], *, binary: str, source: Path, k: int, lookup_n: int,
-                        n_threads: int, n_ctx: int, eos_ids: frozenset[int]) -> tuple[list[LlamaServerRunner], list[str]]:
+                        n_threads: int, n_ctx: int, eos_ids: frozenset[int]) -> list[LlamaServerRunner]:
     """One server per baseline in ``baselines`` (names from LLAMA_SERVER_BASELINES) on the GGUF ``source``;
-    raises LlamaCppError, after stopping any it started, when one cannot start. Returns the runners and
-    their commands, for results.json."""
+    raises LlamaCppError, after stopping any it started, when one cannot start."""
     runners: list[LlamaServerRunner] = []
     try:
         for name in baselines:
@@ -199,4 +198,4 @@ def build_llama_servers(baselines: Sequence[str], *, binary: str, source: Path, 
         for runner in runners:
             runner.server.close()
         raise
-    return runners, [" ".join(r.server.command) for r in runners]
+    return runners
