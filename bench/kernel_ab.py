@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from specsure.config.dtype_choice import c_compiler
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
 from specsure.models.loading import load_model
@@ -40,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     module = float_kernels if args.float else kernels
     torch.set_num_threads(2)
-    cc = kernels.compiler()
+    cc = c_compiler()
     if cc is None:
         raise SystemExit("no C compiler on PATH")
     if args.float:  # both as the widest build this CPU allows (AMX tiles, AVX-512 lanes), the one the model packed for

@@ -65,6 +65,9 @@ class Settings:
     suffix_decoding_max_cached_requests: int | None = None
     suffix_decoding_max_spec_factor: float | None = None
     suffix_decoding_min_token_prob: float | None = None
+    int8_activations: bool = False
+    """Every specsure row's target multiplies with int8 activations (`load_model`); plain too, so the
+    rows still compare within one arithmetic."""
 
 
 def lookup_max(s: Settings) -> int:
@@ -185,7 +188,7 @@ def build_specsure(methods: Sequence[str], s: Settings, eos_ids: frozenset[int])
             skipped.append((method, str(err)))
             continue
         try:
-            engine = make_engine(model=s.model, speculative=spec, dtype=s.dtype)
+            engine = make_engine(model=s.model, speculative=spec, dtype=s.dtype, int8_activations=s.int8_activations)
         except ConfigError as err:
             if method == "plain":
                 raise

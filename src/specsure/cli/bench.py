@@ -24,7 +24,7 @@ from specsure.bench.workload import (CATEGORIES, WorkloadError, category_list, e
                                       select)
 from specsure.cli import bench_serve
 from specsure.cli.bench_record import other_load, print_summary, run_meta, write_outputs
-from specsure.cli.common import int_at_least, results_run, writable_folder
+from specsure.cli.common import INT8_HELP, int_at_least, results_run, writable_folder
 from specsure.config import ConfigError
 
 QUICK = {"per_category": 2, "max_tokens": 96, "repeats": 3}
@@ -83,6 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int_at_least(0), default=1, help="untimed warm-up passes per configuration (default 1)")
     parser.add_argument("--quick", action="store_true", help=f"a few prompts per category: {QUICK} unless given explicitly")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"), help="auto, float32, bfloat16 or float16 (default auto)")
+    parser.add_argument("--int8-activations", action="store_true",
+                        help=f"every specsure row: {INT8_HELP}")
     parser.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--num-speculative-tokens", "-k", type=int_at_least(1), default=None,
                         help=f"k for every speculative configuration (default {DEFAULT_K} for ngram, ngram-tree, "
@@ -195,6 +197,7 @@ def _settings(args: argparse.Namespace, dtype: str) -> Settings:
         suffix_decoding_max_cached_requests=args.suffix_max_cached_requests,
         suffix_decoding_max_spec_factor=args.suffix_max_spec_factor,
         suffix_decoding_min_token_prob=args.suffix_min_token_prob,
+        int8_activations=args.int8_activations,
     )
 
 
@@ -268,7 +271,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"note: {out_dir} holds an earlier run's results; this run's replace them when it ends", flush=True)
 
     print(f"loading target {args.model or '(packaged default)'} ...", flush=True)
-    target = load_model(args.model, args.dtype)
+    target = load_model(args.model, args.dtype, args.int8_activations)
     # Resolve 'auto' once so specsure and transformers run in exactly the same dtype.
     settings = _settings(args, dtype_name(target.lm.dtype))
     eos_ids = frozenset(target.eos_token_ids)

@@ -6,7 +6,7 @@ import argparse
 import json
 import statistics
 
-from specsure.cli.common import EXIT_OK, int_at_least
+from specsure.cli.common import EXIT_OK, INT8_HELP, int_at_least
 from specsure.cli.generate import fit_max_tokens, print_effective, print_stats, render_prompt
 
 DEMO_CODE = """class Inventory:
@@ -59,6 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help="float32 (default) gives exact equality with plain decoding; auto picks float32 for a "
                              "GGUF target of blocks (the default model), else bfloat16 on CPUs with fast bf16, "
                              "which may differ at near-ties")
+    parser.add_argument("--int8-activations", action="store_true", help=INT8_HELP)
     parser.set_defaults(run=run)
 
 
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     print("loading the model (the first run converts the packaged GGUF to safetensors once)..." if args.model is None
           else f"loading {args.model} ...", flush=True)
     try:
-        spec = make_engine(args.model, demo_config(args.method), dtype=args.dtype)
+        spec = make_engine(args.model, demo_config(args.method), dtype=args.dtype, int8_activations=args.int8_activations)
     except ValueError as err:
         if args.model is None or args.method not in ("eagle3", "mtp"):
             raise

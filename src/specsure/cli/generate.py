@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from specsure.cli.common import EXIT_OK, add_model_flags, int_at_least, parse_speculative_config, seed_value
+from specsure.cli.common import (
+    EXIT_OK, INT8_HELP, add_model_flags, int_at_least, parse_speculative_config, seed_value,
+)
 
 if TYPE_CHECKING:
     from specsure.decode.engine import Completion, Engine
@@ -63,6 +65,7 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=seed_value, default=None, help="seed for sampling")
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                         help="auto: float32 for a GGUF target the float32 kernel reads as blocks (the default model), else bfloat16 where the CPU has fast bf16, else float32")
+    parser.add_argument("--int8-activations", action="store_true", help=INT8_HELP)
 
 
 def render_prompt(engine: "Engine", prompt: str, chat: bool,
@@ -175,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     engine = make_engine(args.model, parse_speculative_config(args.speculative_config), strict=args.strict,
-                         dtype=args.dtype, seed=args.seed)
+                         dtype=args.dtype, seed=args.seed, int8_activations=args.int8_activations)
     prompt = engine.encode(render_prompt(engine, args.prompt, args.chat))
     max_tokens = fit_max_tokens(args.max_tokens, len(prompt), engine.target.lm.max_context)
     completion = engine.generate(prompt, sampling_params(args, structured, max_tokens))[0]

@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 from specsure.cli.common import (
-    EXIT_OK, EXIT_USAGE, STATS_LOGGER, add_model_flags, api_keys_from, int_at_least, parse_speculative_config,
+    EXIT_OK, EXIT_USAGE, INT8_HELP, STATS_LOGGER, add_model_flags, api_keys_from, int_at_least, parse_speculative_config,
 )
 
 DEFAULT_MAX_QUEUE = 64  # specsure.serve.app.DEFAULT_MAX_QUEUE; not imported, so --help needs no fastapi
@@ -30,6 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_flags(parser)
     parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                         help="auto: float32 for a GGUF target the float32 kernel reads as blocks (the default model), else bfloat16 where the CPU has fast bf16, else float32")
+    parser.add_argument("--int8-activations", action="store_true", help=INT8_HELP)
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
     parser.add_argument("--port", type=int, default=8000, help="port to bind (default 8000; 0 picks a free one)")
@@ -183,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         engine = make_engine(args.model, speculative, strict=args.strict, dtype=args.dtype,
                              max_num_seqs=args.max_num_seqs, enable_prefix_caching=args.enable_prefix_caching,
-                             max_num_batched_tokens=args.max_num_batched_tokens or None)
+                             max_num_batched_tokens=args.max_num_batched_tokens or None,
+                             int8_activations=args.int8_activations)
     except BaseException:
         sock.close()
         raise

@@ -348,23 +348,26 @@ def _shown_types(values: Sequence[object]) -> str:
 
 def make_engine(model: str | os.PathLike[str] | None = None, speculative: dict | None = None, *, strict: bool = False,
                 dtype: str = "auto", seed: int | None = None, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
-                enable_prefix_caching: bool = False,
-                max_num_batched_tokens: int | None = None) -> Engine:
+                enable_prefix_caching: bool = False, max_num_batched_tokens: int | None = None,
+                int8_activations: bool = False) -> Engine:
     """Resolve the config, check it can run, load the target, build the named proposer.
 
     ``seed`` seeds the engine as vLLM's ``LLM(seed=...)`` does: each request without a seed of its own
     draws one from the engine's stream, so the same run repeats and its requests sample independently.
+    ``int8_activations``: the target's products as llama.cpp's (`load_model`).
     """
     _check_engine_args(strict, dtype, seed, max_num_seqs)  # before the model loads, not after
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     if not isinstance(enable_prefix_caching, bool):
         raise ValueError(f"enable_prefix_caching = {enable_prefix_caching!r} must be True or False.")
+    if not isinstance(int8_activations, bool):
+        raise ValueError(f"int8_activations = {int8_activations!r} must be True or False.")
     check_batched_tokens(max_num_batched_tokens)  # before the model loads too
     res = resolve(speculative, model=model, strict=strict, dtype=dtype)
     res.check_runnable()
     try:
-        target = load_model(model, dtype=dtype)
+        target = load_model(model, dtype=dtype, int8_activations=int8_activations)
     except ModelLoadError as exc:  # named as the draft's errors are: the two may share a folder name
         raise ModelLoadError(f"target (the model): {exc}") from None
     loaded = str(target.lm.dtype).removeprefix("torch.")

@@ -141,14 +141,14 @@ class CausalLM:
         if self._native is None:
             check_cache(self)
 
-    def use_blocks(self, blocks: FileBlocks) -> dict[str, int]:
+    def use_blocks(self, blocks: FileBlocks, int8_activations: bool = False) -> dict[str, int]:
         """Have the float32 kernel read ``blocks``' matrices (a GGUF file's, gguf_blocks.py) where they
         hold this model's weights bit for bit, the LM head's too; returns how many of each GGUF type."""
         native = self._native
         if native is None or native.float_kernel is None:
             return {}
-        used = native.use_blocks(blocks)
-        if blocks.lm_head is not None and self.head.use_blocks(blocks.lm_head, native.float_kernel):
+        used = native.use_blocks(blocks, int8_activations)
+        if blocks.lm_head is not None and self.head.use_blocks(blocks.lm_head, native.float_kernel, int8_activations):
             used[blocks.lm_head.kind] = used.get(blocks.lm_head.kind, 0) + 1
         self.blocks_used = used
         return used
@@ -158,6 +158,11 @@ class CausalLM:
         """How many of the weight matrices `use_blocks` gave the kernel run on AMX tiles (float_kernel.c's A4
         and A8), the LM head included."""
         return (0 if self._native is None else self._native.tiled_matrices) + (self.head.tiles is not None)
+
+    @property
+    def int8_matrices(self) -> int:
+        """How many of the weight matrices `use_blocks` gave the kernel's int8-activation products, the LM head included."""
+        return (0 if self._native is None else self._native.int8_matrices) + (self.head.int8 is not None)
 
     @property
     def rotary_table(self) -> RotaryTable | None:

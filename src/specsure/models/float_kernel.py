@@ -21,7 +21,7 @@ import torch
 
 from specsure.config.cpu import cpu_flags
 from specsure.config.dtype_choice import KERNEL_FLAGS, build_blocker
-from specsure.models.gguf_blocks import A4, A8, Q4_0, Q4_1, Q8_0, BlockMatrix
+from specsure.models.gguf_blocks import A4, A8, Q4_0, Q4_1, Q8_0, BlockMatrix, with_int8_activations
 from specsure.models.kernel import Kernel, RowOps, SegmentStruct, ShapeStruct, open_library
 
 logger = logging.getLogger(__name__)
@@ -87,6 +87,11 @@ class FloatKernel(RowOps):
         data = torch.empty(matrix.rows, matrix.cols // 32 * (36 if eight else 24), dtype=torch.uint8)
         self.library.amx_pack(matrix.data.data_ptr(), matrix.format, matrix.rows, matrix.cols, data.data_ptr())
         return BlockMatrix(data, A8 if eight else A4, matrix.rows, matrix.cols, matrix.kind)
+
+    def prepared(self, matrix: BlockMatrix, int8_activations: bool) -> BlockMatrix:
+        """How this kernel reads a checked block ``matrix``: with int8 activations where they are
+        wanted and its format has them, else on AMX tiles where it can be packed, else as it is."""
+        return (int8_activations and with_int8_activations(matrix)) or self.amx_pack(matrix) or matrix
 
     def linear_rows(self, weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight.T + bias`` for float32 rows ``x`` ([m, in], row-major) -> [m, out]; each row's

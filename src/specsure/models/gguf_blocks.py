@@ -44,6 +44,13 @@ A4, A8 = 7, 8
 (`FloatKernel.amx_pack`), 16 rows' blocks together; made after `matches` has checked the blocks it
 packs, and never dequantised."""
 
+I4_0, I4_1, I8_0 = 9, 10, 11
+"""float_kernel.c's integer products: a Q4_0, Q4_1 or Q8_0 matrix (the same bytes) multiplied with
+int8 activations, as llama.cpp multiplies them (`with_int8_activations`); tagged after `matches` has
+checked the blocks, for a model loaded with ``int8_activations``."""
+_INT8_OF = {Q4_0: I4_0, Q4_1: I4_1, Q8_0: I8_0}
+_BASE_OF = {tagged: base for base, tagged in _INT8_OF.items()}
+
 _HEADER = {Q4_0: 1, Q4_1: 2, Q8_0: 1, Q8_M: 2, Q8_H: 2, Q8_X: 3}
 """float32 scales at the start of a block."""
 
@@ -73,6 +80,8 @@ class BlockMatrix:
         if self.format in (A4, A8):
             raise ValueError("a matrix packed for AMX tiles (A4, A8) is not dequantised; dequantise the blocks it was "
                              "packed from")
+        if self.format in _BASE_OF:  # the same bytes as its base format's
+            return BlockMatrix(self.data, _BASE_OF[self.format], self.rows, self.cols, self.kind).dequantized()
         header = _HEADER[self.format]
         blocks = self.data.view(self.rows, self.cols // 32, -1)
         d = blocks[..., :4].contiguous().view(torch.float32)  # [rows, blocks, 1]
@@ -114,6 +123,14 @@ def matches(matrix: BlockMatrix, weight: torch.Tensor, kernel: "FloatKernel") ->
     probe = torch.linspace(-1.0, 1.0, matrix.cols).unsqueeze(0).contiguous()
     return torch.equal(kernel.linear_blocks(matrix, probe).view(torch.int32),
                        kernel.linear_rows(weight.contiguous(), probe).view(torch.int32))
+
+
+def with_int8_activations(matrix: BlockMatrix) -> BlockMatrix | None:
+    """``matrix`` tagged for the kernel's integer products (each row of x rounded to int8 blocks, as
+    llama.cpp does), or None for a format that has none (the Q8_M, Q8_H and Q8_X that Q5 and K-quant
+    files map onto keep their float32 products)."""
+    tagged = _INT8_OF.get(matrix.format)
+    return None if tagged is None else BlockMatrix(matrix.data, tagged, matrix.rows, matrix.cols, matrix.kind)
 
 
 def q8_blocks(weight: torch.Tensor) -> BlockMatrix | None:

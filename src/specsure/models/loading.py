@@ -51,7 +51,7 @@ class LoadedModel:
     """One sentence saying why `lm.dtype` was chosen."""
 
 
-def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
+def load_model(path: str | None, dtype: str = "auto", int8_activations: bool = False) -> LoadedModel:
     """Load a causal LM for decoding.
 
     Args:
@@ -59,12 +59,21 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
             file, or None for the packaged default SmolLM2-135M-Instruct.
         dtype: "auto" (float32 for a GGUF of blocks the float32 kernel reads, else bfloat16 on
             CPUs with fast bf16 and float32 elsewhere), "float32", "bfloat16" or "float16".
+        int8_activations: multiply the GGUF's Q4_0, Q4_1, Q5_0 and Q8_0 matrices with each row of
+            activations rounded to int8 blocks, as llama.cpp does (float_kernel.c, `igemm`): faster
+            decoding, outputs no longer float32's. Rows stay independent of each other, so
+            speculation still equals plain decoding in this mode.
 
     Raises:
-        ValueError: `dtype` is not a valid name.
+        ValueError: `dtype` is not a valid name, or int8_activations was asked of a model that
+            cannot have them (not float32, or no such matrix read as blocks).
         ModelLoadError: the checkpoint is missing, malformed, pickled, or not a causal LM.
     """
     torch_dtype, dtype_reason = resolve_dtype(dtype, gguf=target_gguf(path) if dtype == "auto" else None)
+    if int8_activations and torch_dtype != torch.float32:
+        raise ValueError(f"int8_activations needs the model in float32, but dtype = {dtype!r} runs it in "
+                         f"{str(torch_dtype).removeprefix('torch.')} ({dtype_reason.rstrip('.')}); pass dtype='float32' "
+                         "(--dtype float32) or drop int8_activations (--int8-activations).")
     folder = weights_folder(path)
     started = time.perf_counter()
     try:
@@ -82,8 +91,12 @@ def load_model(path: str | None, dtype: str = "auto") -> LoadedModel:
     lm = CausalLM(hf)
     if lm.dtype == torch.float32 and lm.row_kernel is not None:  # where the float32 kernel may read blocks
         gguf, why = _given_gguf(path) or source_gguf(folder)
-        lm.path += _read_blocks(lm, gguf) if gguf is not None else \
+        lm.path += _read_blocks(lm, gguf, int8_activations) if gguf is not None else \
             f"; every weight matrix read as float32 ({why})" if why else ""
+    if int8_activations and not lm.int8_matrices:
+        raise ValueError(f"int8_activations: no weight matrix of {path or 'the default model'} can have them (forward: "
+                         f"{lm.path}); they need a GGUF target whose Q4_0, Q4_1, Q5_0 or Q8_0 matrices the float32 kernel "
+                         "reads as blocks. Drop int8_activations (--int8-activations).")
     if dtype == "auto" and lm.dtype == torch.float32 and cpu_bf16_flags() and not lm.blocks_used:
         logger.warning("dtype='auto' chose float32 for the GGUF's blocks, but the kernel reads none of them (%s); "
                        "pass dtype='bfloat16', faster on this CPU without the blocks.", lm.path)
@@ -109,7 +122,7 @@ def _given_gguf(path: str | None) -> tuple[Path, str] | None:
     return (p.resolve(), "") if p.suffix.lower() == ".gguf" and p.is_file() else None
 
 
-def _read_blocks(lm: CausalLM, gguf: Path) -> str:
+def _read_blocks(lm: CausalLM, gguf: Path, int8_activations: bool) -> str:
     """Have the float32 kernel read the weights that came from ``gguf``'s quantised tensors as those
     blocks (gguf_blocks.py: the same bits, or on AMX tiles float32 sums in another order, from a
     fraction of the bytes a step reads); returns what the
@@ -127,12 +140,13 @@ def _read_blocks(lm: CausalLM, gguf: Path) -> str:
                              bool(getattr(lm.config, "tie_word_embeddings", False)))
     except (OSError, ValueError) as err:  # the file changed since its conversion: the weights still load
         return f"; every weight matrix read as float32 ({gguf} cannot be read for its blocks: {err})"
-    used = lm.use_blocks(blocks)
+    used = lm.use_blocks(blocks, int8_activations)
     if not used:
         return f"; every weight matrix read as float32 ({gguf.name} has no matrix of a type the kernel reads that matches)"
     shown = ", ".join(f"{count} {name}" for name, count in sorted(used.items()))
     tiled = lm.tiled_matrices
-    tiles = f" ({tiled} of them on AMX tiles)" if tiled else ""
+    tiles = f" ({tiled} of them on AMX tiles)" if tiled else \
+        f" ({lm.int8_matrices} of them with int8 activations)" if lm.int8_matrices else ""
     return f"; of its {4 * lm.num_layers + 1} weight matrices the kernel reads {shown} as the GGUF's blocks{tiles}"
 
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
-from specsure.models.gguf_blocks import A4, A8, BlockMatrix, FileBlocks, matches
+from specsure.models.gguf_blocks import A4, A8, I4_0, I4_1, I8_0, BlockMatrix, FileBlocks, matches
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
 from specsure.models.rotary_table import RotaryTable
@@ -157,10 +157,11 @@ class NativeDecoder:
         self._shape = self._shape_struct(config)
         self._float_structs = self._weight_structs(float_kernels.FloatLayerStruct)
 
-    def use_blocks(self, blocks: FileBlocks) -> dict[str, int]:
+    def use_blocks(self, blocks: FileBlocks, int8_activations: bool = False) -> dict[str, int]:
         """Have the float32 kernel read ``blocks``' matrices instead of the float32 weights where they
-        dequantise to exactly those weights (gguf_blocks.py); returns how many matrices of each
-        format it reads. The float32 weights stay for the torch path (long prefills)."""
+        dequantise to exactly those weights (gguf_blocks.py), with int8 activations where asked and
+        possible; returns how many matrices of each format it reads. The float32 weights stay for the
+        torch path (long prefills)."""
         if self.float_kernel is None or len(blocks.layers) != len(self.layers):
             return {}
         used: dict[str, int] = {}
@@ -172,7 +173,7 @@ class NativeDecoder:
                 setattr(struct, f"{name}_format", 0)
                 if matrix is None or not matches(matrix, weight, self.float_kernel):
                     continue
-                matrix = self.float_kernel.amx_pack(matrix) or matrix
+                matrix = self.float_kernel.prepared(matrix, int8_activations)
                 setattr(struct, name, matrix.data.data_ptr())
                 setattr(struct, f"{name}_format", matrix.format)
                 self._blocks.append(matrix)
@@ -183,6 +184,11 @@ class NativeDecoder:
     def tiled_matrices(self) -> int:
         """How many weight matrices `use_blocks` packed for AMX tiles (`FloatKernel.amx_pack`)."""
         return sum(matrix.format in (A4, A8) for matrix in self._blocks)
+
+    @property
+    def int8_matrices(self) -> int:
+        """How many weight matrices `use_blocks` gave the kernel's integer products."""
+        return sum(matrix.format in (I4_0, I4_1, I8_0) for matrix in self._blocks)
 
     def _shape_struct(self, config: object) -> kernels.ShapeStruct:
         return kernels.ShapeStruct(int(config.hidden_size), self.heads, self.kv_heads, self.head_dim,

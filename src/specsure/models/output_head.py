@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specsure.models.gguf_blocks import BlockMatrix, matches
+from specsure.models.gguf_blocks import A4, A8, I4_0, I4_1, I8_0, BlockMatrix, matches
 from specsure.models.logits import LogitsTransform
 from specsure.models.products import KERNEL_ROWS, project
 
@@ -33,13 +33,19 @@ class OutputHead:
         """The head's weights as a GGUF's blocks, which the float32 kernel reads (`use_blocks`)."""
         self.tiles: BlockMatrix | None = None
         """``blocks`` packed for AMX tiles (A8), where the CPU has them: what the kernel reads then."""
+        self.int8: BlockMatrix | None = None
+        """``blocks`` tagged for int8 activations (I8_0), in a model loaded with them: what the kernel reads then."""
 
-    def use_blocks(self, blocks: BlockMatrix, kernel: "FloatKernel") -> bool:
-        """Read the head as ``blocks`` where they hold its weights bit for bit; whether it does."""
+    def use_blocks(self, blocks: BlockMatrix, kernel: "FloatKernel", int8_activations: bool = False) -> bool:
+        """Read the head as ``blocks`` where they hold its weights bit for bit, with int8 activations
+        where asked and possible; whether it does."""
         head = self.module
         if type(head) is not torch.nn.Linear or head.bias is not None or not matches(blocks, head.weight, kernel):
             return False
-        self.blocks, self.tiles = blocks, kernel.amx_pack(blocks)
+        read = kernel.prepared(blocks, int8_activations)
+        self.blocks = blocks
+        self.tiles = read if read.format in (A4, A8) else None
+        self.int8 = read if read.format in (I4_0, I4_1, I8_0) else None
         return True
 
     def logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
@@ -55,7 +61,7 @@ class OutputHead:
         native = self._native
         linear = weight is not None or type(head) is torch.nn.Linear
         if weight is None and linear:
-            weight, bias, blocks = head.weight, head.bias, self.tiles or self.blocks
+            weight, bias, blocks = head.weight, head.bias, self.int8 or self.tiles or self.blocks
         if (blocks is not None and bias is None and hidden.dim() == 2 and hidden.dtype == torch.float32
                 and not hidden.requires_grad and not (torch.is_grad_enabled() and weight.requires_grad)
                 and hidden.shape[0] <= KERNEL_ROWS):

@@ -1,0 +1,174 @@
+"""Int8 activations (`load_model(..., int8_activations=True)`, `--int8-activations`): the float32
+kernel's integer products over Q4_0, Q4_1 and Q8_0 blocks, as llama.cpp multiplies them.
+
+What must hold: each output is the integer arithmetic it claims to be (against a numpy reference),
+every row's bits are independent of the rows beside it (so a verify row equals the decode step and
+speculation equals plain decoding in this mode), and a model that cannot have them says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gguf_models import byte_bpe_tokenizer, quantised, write_llama_gguf
+from specsure import SamplingParams, make_engine
+from specsure.cli.main import main
+from specsure.models import float_kernel as float_kernels
+from specsure.models import gguf_blocks
+from specsure.models.loading import load_model
+from tiny import build_tiny_llama
+
+VOCAB = 300
+TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+NO_KERNEL = "no float32 C kernel on this machine (AVX2, FMA and a C compiler), so nothing reads blocks"
+MIXED = {  # layer 0 Q4_1; layer 1 Q4_0 and Q8_0, its q|k|v fused from both (Q8_X), its down float32
+    **{f"blk.0.{n}.weight": "Q4_1" for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+                                             "ffn_down")},
+    "blk.1.attn_q.weight": "Q8_0", "blk.1.attn_k.weight": "Q4_0", "blk.1.attn_v.weight": "Q4_0",
+    "blk.1.attn_output.weight": "Q4_0", "blk.1.ffn_gate.weight": "Q8_0", "blk.1.ffn_up.weight": "Q8_0",
+    "output.weight": "Q8_0",
+}
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("int8")
+    folder = build_tiny_llama(root / "llama", vocab_size=VOCAB, hidden_size=64, tie=False)
+    byte_bpe_tokenizer(folder, VOCAB)
+    return write_llama_gguf(folder, root / "tiny-int8.gguf", quantize=MIXED)
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def _kernel() -> float_kernels.FloatKernel:
+    kernel, _ = float_kernels.load()
+    if kernel is None:
+        pytest.skip(NO_KERNEL)
+    return kernel
+
+
+def _reference(matrix: gguf_blocks.BlockMatrix, x: torch.Tensor) -> np.ndarray:
+    """The integer products in numpy, float64 after the rounding to int8: x's blocks rounded as the
+    kernel rounds them (float32 127 / max |x|, ties to even), each block's integer dot product
+    scaled by d_w d_x, and a Q4 block's offset times d_x sum(q)."""
+    rows, blocks = matrix.rows, matrix.cols // 32
+    raw = matrix.data.numpy().reshape(rows, blocks, -1)
+    d = raw[..., :4].copy().view(np.float32)[..., 0].astype(np.float64)
+    if matrix.format == gguf_blocks.Q8_0:
+        q, offset = raw[..., 4:].copy().view(np.int8).astype(np.int64), np.zeros_like(d)
+    else:
+        header = 8 if matrix.format == gguf_blocks.Q4_1 else 4
+        nibbles = raw[..., header:].astype(np.int64)
+        q = np.concatenate([nibbles & 15, nibbles >> 4], axis=-1)
+        offset = raw[..., 4:8].copy().view(np.float32)[..., 0].astype(np.float64) if header == 8 else -8.0 * d
+    xs = x.numpy().reshape(x.shape[0], blocks, 32)
+    amax = np.abs(xs).max(axis=-1, keepdims=True)
+    scale = np.where(amax > 0, np.float32(127.0) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    xq = np.rint((xs * scale).astype(np.float32)).astype(np.int64)  # numpy's rint rounds ties to even
+    dx = (amax[..., 0] / np.float32(127.0)).astype(np.float32).astype(np.float64)
+    dots = np.einsum("rbi,abi->arb", q, xq).astype(np.float64)
+    return (dots * d[None] * dx[:, None]).sum(-1) + (offset[None] * (dx * xq.sum(-1))[:, None]).sum(-1)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_int8_products_are_the_integer_arithmetic_and_rows_do_not_affect_each_other(name: str) -> None:
+    kernel = _kernel()
+    torch.manual_seed(0)
+    matrix = gguf_blocks.repack(quantised(name, 70, 256), TYPES[name], 256)  # 70 rows: a partial group of rows
+    tagged = gguf_blocks.with_int8_activations(matrix)
+    assert tagged is not None and tagged.format != matrix.format
+    assert torch.equal(tagged.dequantized(), matrix.dequantized())  # the same bytes
+    bias, x = torch.randn(70), torch.randn(64, 256)
+    x[2, :32] = 0.0  # a block of zeros (scale 0)
+    float32 = kernel.linear_blocks(matrix, x, bias)
+    for rows in (1, 2, 3, 4, 5, 7, 9, 16, 64):  # each pass shape: 1 row over 4 weight rows, 2 to 4 over 2
+        got = kernel.linear_blocks(tagged, x[:rows].contiguous(), bias)
+        for i in {0, rows // 2, rows - 1}:
+            assert torch.equal(got[i], kernel.linear_blocks(tagged, x[i:i + 1].contiguous(), bias)[0]), (rows, i)
+    got = kernel.linear_blocks(tagged, x, bias).double().numpy()
+    expected = _reference(matrix, x) + bias.double().numpy()
+    assert np.allclose(got, expected, rtol=1e-5, atol=1e-4 * np.abs(expected).max())
+    # and what the rounding of x costs: close to the float32 products, not equal to them
+    error = (got - float32.double().numpy()).std() / float32.double().numpy().std()
+    assert 1e-4 < error < 0.03
+
+
+def test_which_formats_have_integer_products() -> None:
+    # Q5_0's 5-bit quants are held as Q8_0 blocks, so they have them; Q5_1 (an offset per block, Q8_M)
+    # and Q6_K (two scales per block, Q8_H) keep their float32 products
+    for name, ggml, has in (("Q5_0", 6, True), ("Q5_1", 7, False), ("Q6_K", 14, False)):
+        matrix = gguf_blocks.repack(quantised(name, 8, 256), ggml, 256)
+        assert (gguf_blocks.with_int8_activations(matrix) is not None) is has, name
+
+
+def test_a_model_with_int8_activations_decodes_each_row_as_its_one_row_step(gguf_file: Path) -> None:
+    _kernel()
+    lm = load_model(str(gguf_file), dtype="float32", int8_activations=True).lm
+    # 7 of the 8 block matrices: the fused q|k|v of Q8_0 and Q4_0 parts (Q8_X) keeps its float32 products
+    assert lm.path.endswith("the kernel reads 1 Q4_0, 4 Q4_1, 2 Q8_0, 1 Q8_0+Q4_0 as the GGUF's blocks "
+                            "(7 of them with int8 activations)"), lm.path
+    exact = load_model(str(gguf_file), dtype="float32").lm
+    prompt = [5, 17, 33, 90, 4, 12, 250, 8]
+    a, b = lm.forward(prompt, last_logits=1).logits, exact.forward(prompt, last_logits=1).logits
+    # a short prompt's prefill runs in the kernel too: close to float32's logits, not equal to them
+    assert not torch.equal(a, b) and float((a - b).abs().max()) < 0.1 * float(b.abs().max())
+    token = int(a[-1].argmax())
+    steps = []
+    for _ in range(12):
+        step = lm.forward([token]).logits[0]
+        steps.append(step)
+        token = int(step.argmax())
+    assert not torch.equal(steps[-1], exact.forward([token]).logits[0])  # the integer products ran
+    for rows in (2, 4, 9):  # a verify forward gives each row the one-row step's bits
+        start = lm.cache_len
+        ids = [int(t) for t in torch.randint(3, VOCAB, (rows,))]
+        together = lm.forward(ids).logits
+        lm.crop(start)
+        for i, tok in enumerate(ids):
+            assert torch.equal(lm.forward([tok]).logits[0], together[i]), (rows, i)
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram", "suffix"])
+def test_speculation_with_int8_activations_equals_plain_decoding_in_that_mode(gguf_file: Path, method: str) -> None:
+    _kernel()
+    # the same file as its own draft, loaded without int8 activations: drafts that are mostly right
+    speculative = {"method": method, "num_speculative_tokens": 4, **({"model": str(gguf_file)} if method == "draft_model"
+                                                                       else {})}
+    plain = make_engine(str(gguf_file), None, dtype="float32", int8_activations=True)
+    spec = make_engine(str(gguf_file), speculative, dtype="float32", int8_activations=True)
+    prompts = [[5, 17, 33, 90, 5, 17, 33, 90, 5, 17], [40, 41, 42, 43, 40, 41, 42], [7, 8, 9, 10, 11, 12, 7, 8, 9]]
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    want = plain.generate(prompts, params)
+    got = spec.generate(prompts, params)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    drafted = sum(c.stats.draft_tokens for c in got)
+    accepted = sum(c.stats.accepted_tokens for c in got)
+    assert drafted > 0  # verify forwards of several rows ran
+    if method == "draft_model":  # and both ways out of a verification: drafts kept and drafts rejected
+        assert 0 < accepted < drafted
+
+
+def test_a_model_that_cannot_have_int8_activations_says_why(gguf_file: Path, tiny_llama: Path) -> None:
+    _kernel()
+    with pytest.raises(ValueError, match=r"needs the model in float32, but dtype = 'bfloat16'.*--dtype float32"):
+        load_model(str(gguf_file), dtype="bfloat16", int8_activations=True)
+    with pytest.raises(ValueError, match=r"no weight matrix of .* can have them .*Q4_0, Q4_1, Q5_0 or Q8_0"):
+        load_model(str(tiny_llama), dtype="float32", int8_activations=True)  # safetensors: float32 rows only
+    with pytest.raises(ValueError, match=r"int8_activations = 'yes' must be True or False"):
+        make_engine(str(gguf_file), None, dtype="float32", int8_activations="yes")  # type: ignore[arg-type]
+
+
+def test_generate_takes_int8_activations(gguf_file: Path, tiny_llama: Path, capsys) -> None:
+    _kernel()
+    assert main(["generate", "--model", str(gguf_file), "--dtype", "float32", "--int8-activations",
+                 "--max-tokens", "4", "hello"]) == 0
+    assert "tokens: 4 in" in capsys.readouterr().err  # the stats line; the text is stdout
+    assert main(["generate", "--model", str(tiny_llama), "--int8-activations", "--max-tokens", "4", "hello"]) == 2
+    err = capsys.readouterr().err
+    assert "int8_activations" in err and "Traceback" not in err
