@@ -232,7 +232,9 @@ static inline __attribute__((always_inline)) vec dequant(int format, const uint8
     /* weights 0..15 are the 16 bytes' low nibbles, 16..31 their high ones */
     __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(block + (format == Q4_1 ? 8 : 4))));
     q = e == 0 ? _mm512_and_si512(q, _mm512_set1_epi32(15)) : _mm512_srli_epi32(q, 4);
-    if (format == Q4_0) return vmul(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(8))));
+    /* d (q - 8) as fma(d, q, -8 d): -8 d is exact, so both round the exact d (q - 8) once (the same
+     * bits), and the FMA spares a subtraction */
+    if (format == Q4_0) return vfma(d, _mm512_cvtepi32_ps(q), vmul(d, _mm512_set1_ps(-8.0f)));
     return vfma(d, _mm512_cvtepi32_ps(q), vbroadcast((const float *)block + 1)); /* see the AVX2 one */
 }
 #else
@@ -251,7 +253,9 @@ static inline __attribute__((always_inline)) vec dequant(int format, const uint8
     const uint8_t *qs = block + (format == Q4_1 ? 8 : 4) + 8 * (e & 1);
     __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
     q = e < 2 ? _mm256_and_si256(q, _mm256_set1_epi32(15)) : _mm256_srli_epi32(q, 4);
-    if (format == Q4_0) return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(q, _mm256_set1_epi32(8))));
+    /* d (q - 8) as fma(d, q, -8 d): -8 d is exact, so both round the exact d (q - 8) once (the same
+     * bits), and the FMA spares a subtraction */
+    if (format == Q4_0) return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), _mm256_mul_ps(d, _mm256_set1_ps(-8.0f)));
     /* d q is exact, so the fused form rounds once, as gguf-py's (d * q) + m does */
     return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q), _mm256_broadcast_ss((const float *)block + 1));
 }
