@@ -750,16 +750,17 @@ static void amx_gemm(const uint8_t *w, int64_t format, const float *bias, const 
  * with int8 activations, as llama.cpp multiplies them, for a model loaded with int8 activations.
  * Each row of x is rounded, per block of 32, to d x q with q = round(x / d) in -127..127 and
  * d = max |x| / 127; a weight block's integers then multiply x's in 8- and 16-bit lanes
- * (maddubs, madd), exact in int32, and one FMA scales the block's 8 lane sums by d_w d_x. A Q4
- * block's offset (Q4_1's m, Q4_0's -8 d) times x's block sum d sum(q) joins a scalar chain. About
- * 13 instructions per 32 weights against the float32 products' 20, so a one-row product runs
- * about 1.4x as fast on AVX2 (BENCHMARKS.md, "Int8 activations"); the outputs are llama.cpp's kind
+ * (maddubs, madd), exact in int32 (Q4_0's -8 too, from x's sums of 4), and one FMA scales the
+ * block's 8 lane sums by d_w d_x; Q4_1's offset m times x's block sum d sum(q) joins a scalar chain.
+ * About 13 instructions per 32 weights against the float32 products' 20, so a one-row product runs
+ * about 1.5x as fast on AVX2 (BENCHMARKS.md, "Int8 activations"); the outputs are llama.cpp's kind
  * of approximation, not float32's bits. Every output is its own chains in a fixed order over its
  * own row of x, so a row's bits still do not depend on the rows beside it: a verify row equals
  * the decode step, and greedy speculation equals plain decoding in this mode too. */
 typedef struct {
     float d, s; /* the block's scale, and d times the sum of its q */
     int8_t q[32];
+    int32_t minus8[8]; /* -8 times the sums of q's 8 groups of 4: Q4_0's offset, added in int32 */
 } XBlock;
 
 /* x [m, k] -> m x k / 32 blocks; round half away from zero is not needed: ties round to even, the
@@ -795,7 +796,10 @@ static void quantize_rows(const float *x, XBlock *out, int64_t m, int64_t k) {
             XBlock *o = out + a * blocks + b;
             o->d = amax / 127.0f;
             o->s = o->d * (float)_mm_cvtsi128_si32(s4);
-            _mm256_storeu_si256((__m256i *)o->q, _mm256_permutevar8x32_epi32(packed, order));
+            packed = _mm256_permutevar8x32_epi32(packed, order);
+            _mm256_storeu_si256((__m256i *)o->q, packed);
+            __m256i groups = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), packed), _mm256_set1_epi16(1));
+            _mm256_storeu_si256((__m256i *)o->minus8, _mm256_mullo_epi32(groups, _mm256_set1_epi32(-8)));
         }
 }
 
@@ -805,7 +809,10 @@ static inline __attribute__((always_inline)) __m256i nibble_bytes(const uint8_t 
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), low), _mm_and_si128(bytes, low));
 }
 
-/* wr weight rows (base format Q4_0, Q4_1 or Q8_0) over rows i .. i + xr of x, every block. */
+/* wr weight rows (base format Q4_0, Q4_1 or Q8_0) over rows i .. i + xr of x, every block. Each
+ * output takes the same operations in the same order whatever xr and wr are: per block, its int32
+ * lane sums (Q4_0's offset added there, exactly), times d_w d_x (one rounding), into its 8-lane FMA
+ * chain, and Q4_1's offset m_w s_x into its scalar chain. */
 static inline __attribute__((always_inline)) void imicro(int format, const uint8_t *const *rows, int w0, int wr,
                                                           const XBlock *xq, float *y, int64_t n, int64_t blocks,
                                                           int64_t i, int xr, int nr, int64_t j0, const uint8_t *ahead,
@@ -822,25 +829,20 @@ static inline __attribute__((always_inline)) void imicro(int format, const uint8
                 _mm_prefetch((const char *)(ahead + p), _MM_HINT_T0);
         for (int r = 0; r < wr; r++) {
             const uint8_t *block = rows[w0 + r] + b * bytes;
-            float dw = *(const float *)block;
-            if (format == Q8_0) { /* maddubs wants unsigned bytes first: |w|, and x takes w's sign */
-                __m256i wq = _mm256_loadu_si256((const __m256i *)(block + 4)), aw = _mm256_sign_epi8(wq, wq);
-                for (int a = 0; a < xr; a++) {
-                    const XBlock *xb = xq + (i + a) * blocks + b;
-                    __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)xb->q), wq);
-                    __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
-                    acc[a][r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xb->d), _mm256_cvtepi32_ps(sums), acc[a][r]);
-                }
-            } else {
-                __m256i u = nibble_bytes(block + (format == Q4_1 ? 8 : 4));
-                float mw = format == Q4_1 ? ((const float *)block)[1] : -8.0f * dw;
-                for (int a = 0; a < xr; a++) {
-                    const XBlock *xb = xq + (i + a) * blocks + b;
-                    __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)xb->q)),
-                                                     ones);
-                    acc[a][r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xb->d), _mm256_cvtepi32_ps(sums), acc[a][r]);
-                    offsets[a][r] = fmaf(mw, xb->s, offsets[a][r]);
-                }
+            __m256 dw = _mm256_broadcast_ss((const float *)block);
+            __m256i w = format == Q8_0 ? _mm256_loadu_si256((const __m256i *)(block + 4))
+                                       : nibble_bytes(block + (format == Q4_1 ? 8 : 4));
+            __m256i aw = format == Q8_0 ? _mm256_sign_epi8(w, w) : w; /* maddubs wants unsigned bytes first */
+            float m = format == Q4_1 ? ((const float *)block)[1] : 0.0f;
+            for (int a = 0; a < xr; a++) {
+                const XBlock *xb = xq + (i + a) * blocks + b;
+                __m256i xv = _mm256_loadu_si256((const __m256i *)xb->q);
+                if (format == Q8_0) xv = _mm256_sign_epi8(xv, w); /* x takes w's sign */
+                __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones);
+                if (format == Q4_0) sums = _mm256_add_epi32(sums, _mm256_loadu_si256((const __m256i *)xb->minus8));
+                __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(&xb->d));
+                acc[a][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[a][r]);
+                if (format == Q4_1) offsets[a][r] = fmaf(m, xb->s, offsets[a][r]);
             }
         }
     }
