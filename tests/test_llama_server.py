@@ -124,3 +124,48 @@ def test_a_target_that_is_not_gguf_skips_the_servers_with_the_reason(tmp_path):
                       lookup_n=2, n_threads=1, n_ctx=64, eos_ids=frozenset())
     assert [name for name, _ in setup.skipped] == ["llama-server", "llama-server-lookup"]
     assert all("GGUF" in reason for _, reason in setup.skipped) and setup.runners == []
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_no_server_outlives_a_bench_that_is_killed(tmp_path):
+    # The server runs in a session of its own (a Ctrl-C reaches the bench alone), so only the
+    # parent-death signal stops it when the bench dies without cleaning up: a kill, `timeout`.
+    import os
+    import signal
+    import subprocess
+    import time
+
+    binary, _ = stand_in(tmp_path)
+    pid_file = tmp_path / "server.pid"
+    parent = subprocess.Popen([sys.executable, "-c", f"""
+import pathlib, time
+from specsure.bench.llamacpp.server import LlamaServer
+server = LlamaServer({binary!r}, pathlib.Path({str(tmp_path / "m.gguf")!r}), [], 1, 64)
+pathlib.Path({str(pid_file)!r}).write_text(str(server._process.pid))
+time.sleep(60)
+"""])
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text():
+            assert parent.poll() is None and time.monotonic() < deadline, "the stand-in server did not start"
+            time.sleep(0.1)
+        server_pid = int(pid_file.read_text())
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(server_pid, 0)
+            except ProcessLookupError:
+                return
+            # reaped by init once it exits; a zombie still answers kill(0), so read its state
+            state = Path(f"/proc/{server_pid}/stat").read_text().split(")")[-1].split()[0] \
+                if Path(f"/proc/{server_pid}/stat").exists() else "X"
+            if state in ("Z", "X"):
+                return
+            time.sleep(0.1)
+        os.kill(server_pid, signal.SIGKILL)
+        pytest.fail("the server outlived its killed parent")
+    finally:
+        if parent.poll() is None:
+            parent.kill()

@@ -12,9 +12,12 @@ predicted_ms`, so HTTP is not charged to llama.cpp. Acceptance comes from the se
 
 from __future__ import annotations
 
+import ctypes
 import json
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -35,6 +38,18 @@ SERVER_HINT: Final[str] = ("run `make llama-server` (builds llama.cpp's llama-se
 PER_POSITION: Final[str] = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total{"
 START_S: Final[float] = 120.0
 """The longest a server may take to load the model and answer /health."""
+
+
+def _parent_death_signal() -> Any:
+    """A function for Popen's ``preexec_fn`` that has Linux send the child SIGTERM when the bench
+    dies, however it dies (a kill, `timeout`, the OOM killer): the server runs in a session of its
+    own, so nothing else would stop it. None elsewhere. libc is opened here, in the parent, so the
+    child between fork and exec makes one plain C call."""
+    if sys.platform != "linux":
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1
+    return lambda: prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def server_flags(baseline: str, k: int, lookup_n: int) -> list[str]:
@@ -66,7 +81,8 @@ class LlamaServer:
             # Its own session: a Ctrl-C in the terminal reaches the bench alone, which keeps what every
             # configuration finished and then stops the servers itself.
             self._process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=self._log,
-                                             stderr=subprocess.STDOUT, start_new_session=True)
+                                             stderr=subprocess.STDOUT, start_new_session=True,
+                                             preexec_fn=_parent_death_signal())
         except OSError as exc:
             self._log.close()
             raise LlamaCppError(f"cannot run {binary!r}: {exc.strerror or exc}; {SERVER_HINT}") from None
@@ -99,7 +115,7 @@ class LlamaServer:
             with urllib.request.urlopen(request, timeout=600) as answer:
                 return json.load(answer)
         except (OSError, urllib.error.URLError, ValueError) as exc:
-            raise LlamaCppError(self._death("generating") if self._process.poll() is not None
+            raise LlamaCppError(self._death("generating") if self._exited()
                                 else f"llama-server failed a request: {exc}") from None
 
     def drafts(self) -> Counters:
@@ -108,7 +124,7 @@ class LlamaServer:
             with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as answer:
                 text = answer.read().decode()
         except (OSError, urllib.error.URLError) as exc:
-            raise LlamaCppError(self._death("reporting its counters") if self._process.poll() is not None
+            raise LlamaCppError(self._death("reporting its counters") if self._exited()
                                 else f"llama-server's /metrics failed: {exc}") from None
         counts: dict[str, int] = {}
         per_position: dict[int, int] = {}
@@ -131,6 +147,15 @@ class LlamaServer:
                 self._process.kill()
                 self._process.wait()
         self._log.close()
+
+    def _exited(self) -> bool:
+        """After a failed request: whether the server has died. A dying server drops its connections
+        a moment before the kernel reports it gone, so it gets a second to be seen exiting."""
+        try:
+            self._process.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def _death(self, doing: str) -> str:
         code = self._process.wait()
