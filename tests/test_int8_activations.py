@@ -125,7 +125,7 @@ def test_a_model_with_int8_activations_decodes_each_row_as_its_one_row_step(gguf
         steps.append(step)
         token = int(step.argmax())
     assert not torch.equal(steps[-1], exact.forward([token]).logits[0])  # the integer products ran
-    for rows in (2, 4, 9):  # a verify forward gives each row the one-row step's bits
+    for rows in (2, 4, 9, 70):  # a verify forward (or a batch past 64 rows) gives each row the one-row step's bits
         start = lm.cache_len
         ids = [int(t) for t in torch.randint(3, VOCAB, (rows,))]
         together = lm.forward(ids).logits
@@ -172,3 +172,35 @@ def test_generate_takes_int8_activations(gguf_file: Path, tiny_llama: Path, caps
     assert main(["generate", "--model", str(tiny_llama), "--int8-activations", "--max-tokens", "4", "hello"]) == 2
     err = capsys.readouterr().err
     assert "int8_activations" in err and "Traceback" not in err
+
+
+def test_with_int8_activations_a_long_prompt_prefills_the_same_bits_whole_or_in_pieces(gguf_file: Path) -> None:
+    # past 64 rows float32 mode prefills on torch; int8 mode stays in C, so how a prompt is cut
+    # (chunked prefill, a cached prefix) cannot change its cache
+    _kernel()
+    lm = load_model(str(gguf_file), dtype="float32", int8_activations=True).lm
+    prompt = [int(t) for t in torch.randint(3, VOCAB, (150,), generator=torch.Generator().manual_seed(3))]
+    whole = lm.forward(prompt, last_logits=1).logits[-1]
+    after_whole = lm.forward([7]).logits[0]
+    lm.crop(0)
+    for start in range(0, 150, 40):
+        pieces = lm.forward(prompt[start:start + 40], last_logits=1).logits[-1]
+    assert torch.equal(pieces, whole) and torch.equal(lm.forward([7]).logits[0], after_whole)
+    lm.crop(0)
+    assert torch.equal(lm.forward(prompt).logits[-1], whole)  # every row's logits, 150 rows of the LM head
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_a_nan_or_an_inf_in_the_activations_stays_visible(name: str) -> None:
+    kernel = _kernel()
+    tagged = gguf_blocks.with_int8_activations(gguf_blocks.repack(quantised(name, 8, 64), TYPES[name], 64))
+    for bad in (float("nan"), float("inf")):
+        for at in (0, 13, 31, 40):  # first chunk, middle, a block's last value, the second block
+            x = torch.randn(2, 64)
+            x[0, at] = bad
+            out = kernel.linear_blocks(tagged, x)
+            assert not torch.isfinite(out[0]).any(), (bad, at)
+            assert torch.isfinite(out[1]).all()  # the other row is untouched
+    x = torch.randn(1, 64)
+    x[0, :32] = 1e-38  # a block too small to invert: read as zeros, not as -128s
+    assert torch.isfinite(kernel.linear_blocks(tagged, x)).all()

@@ -22,6 +22,7 @@
  * Built by specsure.models.float_kernel (its FLAGS: AVX2, FMA, OpenMP; with -mavx512f where the CPU
  * has it), loaded after torch so its OpenMP calls run on torch's libgomp threads.
  */
+#include <float.h>
 #include <immintrin.h>
 #include <omp.h>
 #include <math.h>
@@ -772,16 +773,18 @@ static void quantize_rows(const float *x, XBlock *out, int64_t m, int64_t k) {
     for (int64_t a = 0; a < m; a++)
         for (int64_t b = 0; b < blocks; b++) {
             const float *p = x + a * k + b * 32;
-            __m256 v[4], top = _mm256_setzero_ps();
+            __m256 v[4], top = _mm256_setzero_ps(), finite = _mm256_setzero_ps();
             for (int c = 0; c < 4; c++) {
                 v[c] = _mm256_loadu_ps(p + 8 * c);
                 top = _mm256_max_ps(top, _mm256_andnot_ps(sign, v[c]));
+                finite = _mm256_add_ps(finite, _mm256_sub_ps(v[c], v[c])); /* 0, or NaN for an inf or a NaN */
             }
             __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
             h = _mm_max_ps(h, _mm_movehl_ps(h, h));
             h = _mm_max_ss(h, _mm_movehdup_ps(h));
-            float amax = _mm_cvtss_f32(h);
-            __m256 scale = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+            float amax = _mm_cvtss_f32(h), inverse = 127.0f / amax;
+            /* a block below 127 / FLT_MAX (about 4e-37) counts as zeros: its inverse would be inf */
+            __m256 scale = _mm256_set1_ps(amax > 0.0f && inverse <= FLT_MAX ? inverse : 0.0f);
             __m256i q[4], sum = _mm256_setzero_si256();
             for (int c = 0; c < 4; c++) {
                 q[c] = _mm256_cvtps_epi32(
@@ -796,6 +799,8 @@ static void quantize_rows(const float *x, XBlock *out, int64_t m, int64_t k) {
             XBlock *o = out + a * blocks + b;
             o->d = amax / 127.0f;
             o->s = o->d * (float)_mm_cvtsi128_si32(s4);
+            if (reduce8(finite) != 0.0f) /* MAXPS drops NaNs: an inf or a NaN makes the block's outputs NaN, as float32's */
+                o->d = o->s = NAN;
             packed = _mm256_permutevar8x32_epi32(packed, order);
             _mm256_storeu_si256((__m256i *)o->q, packed);
             __m256i groups = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), packed), _mm256_set1_epi16(1));

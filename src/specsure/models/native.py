@@ -259,7 +259,9 @@ class NativeDecoder:
         if sum(s.length for s in segments) != total:
             raise ValueError(f"segments cover {sum(s.length for s in segments)} tokens but {total} were given.")
         kernel = self.kernel or self.float_kernel  # at most one is loaded: the model's dtype picks it
-        if kernel is not None and total <= KERNEL_ROWS:
+        # With int8 activations every forward runs in C, however many rows: torch's float32 products
+        # would give a long prefill or a large batch another arithmetic than the decode step's.
+        if kernel is not None and (total <= KERNEL_ROWS or self.int8_matrices):
             for segment in segments:
                 self._allocate(segment.cache, kernel.dtype)
             if total == 1 and kernel is self.kernel:

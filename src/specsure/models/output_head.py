@@ -62,10 +62,12 @@ class OutputHead:
         linear = weight is not None or type(head) is torch.nn.Linear
         if weight is None and linear:
             weight, bias, blocks = head.weight, head.bias, self.int8 or self.tiles or self.blocks
-        if (blocks is not None and bias is None and hidden.dim() == 2 and hidden.dtype == torch.float32
+        if (blocks is not None and bias is None and hidden.dtype == torch.float32
                 and not hidden.requires_grad and not (torch.is_grad_enabled() and weight.requires_grad)
-                and hidden.shape[0] <= KERNEL_ROWS):
-            logits = native.float_kernel.linear_blocks(blocks, hidden.contiguous())
+                and (hidden.dim() == 2 and hidden.shape[0] <= KERNEL_ROWS or blocks is self.int8)):
+            # int8 activations: every row count, or more rows would take another arithmetic
+            flat = hidden.reshape(-1, hidden.shape[-1]).contiguous()
+            logits = native.float_kernel.linear_blocks(blocks, flat).view(*hidden.shape[:-1], -1)
         elif (native is not None and native.kernel is not None and hidden.dim() == 2 and linear
                 and bias is None and weight.is_contiguous() and hidden.dtype == torch.bfloat16
                 and not hidden.requires_grad  # a head in training backpropagates through the LM head
