@@ -76,21 +76,29 @@ def _reference(matrix: gguf_blocks.BlockMatrix, x: torch.Tensor) -> np.ndarray:
     return (dots * d[None] * dx[:, None]).sum(-1) + (offset[None] * (dx * xq.sum(-1))[:, None]).sum(-1)
 
 
-@pytest.mark.parametrize("name", TYPES)
-def test_int8_products_are_the_integer_arithmetic_and_rows_do_not_affect_each_other(name: str) -> None:
+@pytest.mark.parametrize("name, packed", [("Q4_0", False), ("Q4_1", False), ("Q8_0", False), ("Q4_0", True),
+                                          ("Q4_1", True)])
+def test_int8_products_are_the_integer_arithmetic_and_rows_do_not_affect_each_other(name: str, packed: bool) -> None:
     kernel = _kernel()
     torch.manual_seed(0)
-    matrix = gguf_blocks.repack(quantised(name, 70, 256), TYPES[name], 256)  # 70 rows: a partial group of rows
-    tagged = gguf_blocks.with_int8_activations(matrix)
-    assert tagged is not None and tagged.format != matrix.format
-    assert torch.equal(tagged.dequantized(), matrix.dequantized())  # the same bytes
-    bias, x = torch.randn(70), torch.randn(64, 256)
+    rows = 72 if packed else 70  # packed: groups of 8 rows; the blocks as they are: a partial group of 4
+    matrix = gguf_blocks.repack(quantised(name, rows, 256), TYPES[name], 256)
+    if packed:
+        tagged = kernel.int8_pack(matrix)
+        assert tagged is not None and tagged.format in (gguf_blocks.R4_0, gguf_blocks.R4_1)
+        assert kernel.prepared(matrix, True).format == tagged.format  # what a model with int8 activations reads
+        assert kernel.int8_pack(gguf_blocks.repack(quantised(name, 70, 256), TYPES[name], 256)) is None
+    else:
+        tagged = gguf_blocks.with_int8_activations(matrix)
+        assert tagged is not None and tagged.format != matrix.format
+        assert torch.equal(tagged.dequantized(), matrix.dequantized())  # the same bytes
+    bias, x = torch.randn(rows), torch.randn(64, 256)
     x[2, :32] = 0.0  # a block of zeros (scale 0)
     float32 = kernel.linear_blocks(matrix, x, bias)
-    for rows in (1, 2, 3, 4, 5, 7, 9, 16, 64):  # each pass shape: 1 row over 4 weight rows, 2 to 4 over 2
-        got = kernel.linear_blocks(tagged, x[:rows].contiguous(), bias)
-        for i in {0, rows // 2, rows - 1}:
-            assert torch.equal(got[i], kernel.linear_blocks(tagged, x[i:i + 1].contiguous(), bias)[0]), (rows, i)
+    for count in (1, 2, 3, 4, 5, 7, 9, 16, 64):  # every pass shape (1 to 4 rows of x at a time, then the rest)
+        got = kernel.linear_blocks(tagged, x[:count].contiguous(), bias)
+        for i in {0, count // 2, count - 1}:
+            assert torch.equal(got[i], kernel.linear_blocks(tagged, x[i:i + 1].contiguous(), bias)[0]), (count, i)
     got = kernel.linear_blocks(tagged, x, bias).double().numpy()
     expected = _reference(matrix, x) + bias.double().numpy()
     assert np.allclose(got, expected, rtol=1e-5, atol=1e-4 * np.abs(expected).max())

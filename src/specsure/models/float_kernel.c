@@ -34,7 +34,8 @@
 
 /* How a weight matrix [n, k] is stored: float32 rows, or GGUF's blocks of 32 weights along k,
  * repacked with float32 scales (gguf_blocks.py) so a block dequantises with one conversion: */
-enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, Q8_M = 4, Q8_H = 5, Q8_X = 6, A4 = 7, A8 = 8, I4_0 = 9, I4_1 = 10, I8_0 = 11 };
+enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, Q8_M = 4, Q8_H = 5, Q8_X = 6, A4 = 7, A8 = 8, I4_0 = 9, I4_1 = 10, I8_0 = 11,
+       R4_0 = 12, R4_1 = 13 };
 /* Q4_0 {float d; uint8 qs[16]}: w = d (q - 8); Q4_1 {float d, m; uint8 qs[16]}: w = d q + m;
  * Q8_0 {float d; int8 qs[32]}: w = d q; Q8_M {float d, m; int8 qs[32]}: w = d q + m; Q8_H {float
  * d0, d1; int8 qs[32]}: w = d0 q for the first 16 weights, d1 q for the rest; Q8_X {float d0, d1,
@@ -762,6 +763,7 @@ typedef struct {
     float d, s; /* the block's scale, and d times the sum of its q */
     int8_t q[32];
     int32_t minus8[8]; /* -8 times the sums of q's 8 groups of 4: Q4_0's offset, added in int32 */
+    int32_t minus8_sum; /* -8 times the sum of q: R4_0's offset, added in int32 */
 } XBlock;
 
 /* x [m, k] -> m x k / 32 blocks; round half away from zero is not needed: ties round to even, the
@@ -799,6 +801,7 @@ static void quantize_rows(const float *x, XBlock *out, int64_t m, int64_t k) {
             XBlock *o = out + a * blocks + b;
             o->d = amax / 127.0f;
             o->s = o->d * (float)_mm_cvtsi128_si32(s4);
+            o->minus8_sum = -8 * _mm_cvtsi128_si32(s4);
             if (reduce8(finite) != 0.0f) /* MAXPS drops NaNs: an inf or a NaN makes the block's outputs NaN, as float32's */
                 o->d = o->s = NAN;
             packed = _mm256_permutevar8x32_epi32(packed, order);
@@ -918,6 +921,102 @@ static void igemm(int64_t format, const uint8_t *w, const float *bias, const flo
     free(xq);
 }
 
+/* R4_0 and R4_1: a Q4_0 or Q4_1 matrix (rows a multiple of 8) repacked for the integer products, 8
+ * weight rows side by side, as llama.cpp repacks Q4_0 for AVX2. Per group of 8 rows and block: 4 x
+ * 32 bytes of nibbles, where load j holds bytes 4j .. 4j + 3 of each row's block in row order (so its
+ * low nibbles are weights 4j .. 4j + 3 of the 8 rows, its high ones weights 16 + 4j ..), then the 8
+ * rows' d, then (R4_1) their 8 m. One maddubs then multiplies 4 weights of all 8 rows by the same 4
+ * values of x, broadcast; a block's 8 maddubs add up in int16 (at most 8 x 2 x 15 x 127 = 30480, no
+ * saturation), one madd makes them the 8 rows' int32 block sums, and each row's output is one lane:
+ * an FMA chain over the blocks, no reduction at the end. Q4_0's -8 enters the int32 sums as -8 times
+ * x's block sum, exactly. About 2.5 instructions per row and block for each row of x after the
+ * first, against 6 to 7 for the unpacked blocks (I4_0, I4_1), and the unpacking is shared by 8 rows. */
+static inline int64_t rblock_bytes(int format) { return format == R4_1 ? 192 : 160; }
+
+void int8_pack(const uint8_t *w, int64_t format, int64_t n, int64_t k, uint8_t *out) {
+    int64_t blocks = k / 32, bytes = block_bytes(format), quants = format == Q4_1 ? 8 : 4;
+    int64_t packed = format == Q4_1 ? 192 : 160;
+    for (int64_t g = 0; g < n / 8; g++)
+        for (int64_t b = 0; b < blocks; b++) {
+            uint8_t *o = out + (g * blocks + b) * packed;
+            float *scales = (float *)(o + 128);
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *block = w + ((g * 8 + r) * blocks + b) * bytes;
+                for (int j = 0; j < 4; j++) memcpy(o + 32 * j + 4 * r, block + quants + 4 * j, 4);
+                memcpy(&scales[r], block, 4);
+                if (format == Q4_1) memcpy(&scales[8 + r], block + 4, 4);
+            }
+        }
+}
+
+/* 8 weight rows (one packed group) over rows i .. i + xr of x. */
+static inline __attribute__((always_inline)) void rmicro(int format, const uint8_t *group, const XBlock *xq,
+                                                          float *y, int64_t n, int64_t blocks, int64_t i, int xr,
+                                                          int64_t j0, const float *bias) {
+    int64_t packed = rblock_bytes(format);
+    __m256 acc[4], offsets[4];
+    __m256i p16[4];
+    for (int a = 0; a < xr; a++) acc[a] = offsets[a] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *block = group + b * packed;
+        for (int a = 0; a < xr; a++) p16[a] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            __m256i bytes = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
+            __m256i lo = _mm256_and_si256(bytes, low), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+            for (int a = 0; a < xr; a++) {
+                const int8_t *q = xq[(i + a) * blocks + b].q;
+                __m256i first = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(*(const int32_t *)(q + 4 * j)));
+                __m256i second = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(*(const int32_t *)(q + 16 + 4 * j)));
+                p16[a] = _mm256_add_epi16(p16[a], _mm256_add_epi16(first, second));
+            }
+        }
+        __m256 d = _mm256_loadu_ps((const float *)(block + 128));
+        for (int a = 0; a < xr; a++) {
+            const XBlock *xb = xq + (i + a) * blocks + b;
+            __m256i sums = _mm256_madd_epi16(p16[a], ones);
+            if (format == R4_0) sums = _mm256_add_epi32(sums, _mm256_set1_epi32(xb->minus8_sum));
+            acc[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_broadcast_ss(&xb->d)), acc[a]);
+            if (format == R4_1)
+                offsets[a] = _mm256_fmadd_ps(_mm256_loadu_ps((const float *)(block + 160)), _mm256_broadcast_ss(&xb->s),
+                                             offsets[a]);
+        }
+    }
+    for (int a = 0; a < xr; a++) {
+        __m256 out = _mm256_add_ps(acc[a], offsets[a]);
+        if (bias) out = _mm256_add_ps(out, _mm256_loadu_ps(bias + j0));
+        _mm256_storeu_ps(y + (i + a) * n + j0, out);
+    }
+}
+
+#define RROWS(name, format)                                                                                        \
+    static void name(const uint8_t *group, const XBlock *xq, float *y, int64_t n, int64_t blocks, int64_t m,      \
+                     int64_t j0, const float *bias) {                                                              \
+        for (int64_t i = 0; i < m; i += 3) {                                                                       \
+            switch (m - i >= 3 ? 3 : (int)(m - i)) {                                                               \
+            case 1: rmicro(format, group, xq, y, n, blocks, i, 1, j0, bias); break;                              \
+            case 2: rmicro(format, group, xq, y, n, blocks, i, 2, j0, bias); break;                              \
+            default: rmicro(format, group, xq, y, n, blocks, i, 3, j0, bias);                                    \
+            }                                                                                                      \
+        }                                                                                                          \
+    }
+RROWS(rrows_r4_0, R4_0)
+RROWS(rrows_r4_1, R4_1)
+
+/* `igemm` over a packed matrix: each thread takes whole groups of 8 rows. */
+static void rgemm(int64_t format, const uint8_t *w, const float *bias, const float *x, float *y, int64_t n, int64_t k,
+                  int64_t m) {
+    int64_t blocks = k / 32, group_bytes = blocks * rblock_bytes((int)format);
+    XBlock *xq = malloc((size_t)(m * blocks) * sizeof(XBlock));
+    if (!xq) abort();
+    quantize_rows(x, xq, m, k);
+    void (*run)(const uint8_t *, const XBlock *, float *, int64_t, int64_t, int64_t, int64_t, const float *) =
+        format == R4_0 ? rrows_r4_0 : rrows_r4_1;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < n / 8; g++) run(w + g * group_bytes, xq, y, n, blocks, m, g * 8, bias);
+    free(xq);
+}
+
 /* y [m, n] = x [m, k] . w^T (+ bias) for w [n, k] in `format`. */
 static void product(const void *w, int64_t format, const float *bias, const float *x, float *y, int64_t n, int64_t k,
                     int64_t m) {
@@ -933,6 +1032,8 @@ static void product(const void *w, int64_t format, const float *bias, const floa
     case I4_0:
     case I4_1:
     case I8_0: igemm(format, w, bias, x, y, n, k, m); break;
+    case R4_0:
+    case R4_1: rgemm(format, w, bias, x, y, n, k, m); break;
     default: gemm(w, bias, x, y, n, k, m);
     }
 }

@@ -21,7 +21,7 @@ import torch
 
 from specsure.config.cpu import cpu_flags
 from specsure.config.dtype_choice import KERNEL_FLAGS, build_blocker
-from specsure.models.gguf_blocks import A4, A8, Q4_0, Q4_1, Q8_0, BlockMatrix, with_int8_activations
+from specsure.models.gguf_blocks import A4, A8, Q4_0, Q4_1, Q8_0, R4_0, R4_1, BlockMatrix, with_int8_activations
 from specsure.models.kernel import Kernel, RowOps, SegmentStruct, ShapeStruct, open_library
 
 logger = logging.getLogger(__name__)
@@ -88,10 +88,23 @@ class FloatKernel(RowOps):
         self.library.amx_pack(matrix.data.data_ptr(), matrix.format, matrix.rows, matrix.cols, data.data_ptr())
         return BlockMatrix(data, A8 if eight else A4, matrix.rows, matrix.cols, matrix.kind)
 
+    def int8_pack(self, matrix: BlockMatrix) -> BlockMatrix | None:
+        """A Q4_0 or Q4_1 ``matrix`` packed for the integer products 8 rows side by side (R4_0, R4_1;
+        the same weights, each output its own lane), or None: another format, or rows not a
+        multiple of 8 (those take I4_0 and I4_1, the blocks as they are)."""
+        if matrix.format not in (Q4_0, Q4_1) or matrix.rows % 8:
+            return None
+        data = torch.empty(matrix.rows, matrix.cols // 32 * (24 if matrix.format == Q4_1 else 20), dtype=torch.uint8)
+        self.library.int8_pack(matrix.data.data_ptr(), matrix.format, matrix.rows, matrix.cols, data.data_ptr())
+        return BlockMatrix(data, R4_1 if matrix.format == Q4_1 else R4_0, matrix.rows, matrix.cols, matrix.kind)
+
     def prepared(self, matrix: BlockMatrix, int8_activations: bool) -> BlockMatrix:
         """How this kernel reads a checked block ``matrix``: with int8 activations where they are
-        wanted and its format has them, else on AMX tiles where it can be packed, else as it is."""
-        return (int8_activations and with_int8_activations(matrix)) or self.amx_pack(matrix) or matrix
+        wanted and its format has them (packed 8 rows side by side where it can be), else on AMX
+        tiles where it can be packed, else as it is."""
+        if int8_activations and (tagged := self.int8_pack(matrix) or with_int8_activations(matrix)):
+            return tagged
+        return self.amx_pack(matrix) or matrix
 
     def linear_rows(self, weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ weight.T + bias`` for float32 rows ``x`` ([m, in], row-major) -> [m, out]; each row's
@@ -139,6 +152,7 @@ def _bind(library: ctypes.CDLL) -> FloatKernel:
         "add_norm": [pointer, pointer, pointer, pointer, size, size, ctypes.c_float],
         "silu_mul": [pointer, pointer, size, size],
         "amx_pack": [pointer, size, size, size, pointer],
+        "int8_pack": [pointer, size, size, size, pointer],
     }
     for name, arguments in signatures.items():
         function = getattr(library, name)

@@ -28,7 +28,7 @@ from torch import nn
 
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
-from specsure.models.gguf_blocks import A4, A8, I4_0, I4_1, I8_0, BlockMatrix, FileBlocks, matches
+from specsure.models.gguf_blocks import A4, A8, INT8_FORMATS, BlockMatrix, FileBlocks, matches
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
 from specsure.models.rotary_table import RotaryTable
@@ -188,7 +188,7 @@ class NativeDecoder:
     @property
     def int8_matrices(self) -> int:
         """How many weight matrices `use_blocks` gave the kernel's integer products."""
-        return sum(matrix.format in (I4_0, I4_1, I8_0) for matrix in self._blocks)
+        return sum(matrix.format in INT8_FORMATS for matrix in self._blocks)
 
     def _shape_struct(self, config: object) -> kernels.ShapeStruct:
         return kernels.ShapeStruct(int(config.hidden_size), self.heads, self.kv_heads, self.head_dim,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from specsure.models.gguf_blocks import A4, A8, I4_0, I4_1, I8_0, BlockMatrix, matches
+from specsure.models.gguf_blocks import A4, A8, INT8_FORMATS, BlockMatrix, matches
 from specsure.models.logits import LogitsTransform
 from specsure.models.products import KERNEL_ROWS, project
 
@@ -45,7 +45,7 @@ class OutputHead:
         read = kernel.prepared(blocks, int8_activations)
         self.blocks = blocks
         self.tiles = read if read.format in (A4, A8) else None
-        self.int8 = read if read.format in (I4_0, I4_1, I8_0) else None
+        self.int8 = read if read.format in INT8_FORMATS else None
         return True
 
     def logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
