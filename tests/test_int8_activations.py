@@ -166,7 +166,7 @@ def test_a_model_that_cannot_have_int8_activations_says_why(gguf_file: Path, tin
     _kernel()
     with pytest.raises(ValueError, match=r"needs the model in float32, but dtype = 'bfloat16'.*--dtype float32"):
         load_model(str(gguf_file), dtype="bfloat16", int8_activations=True)
-    with pytest.raises(ValueError, match=r"no weight matrix of .* can have them .*Q4_0, Q4_1, Q5_0 or Q8_0"):
+    with pytest.raises(ValueError, match=r"no weight matrix of .* can have them .*Q4_0, Q4_1, Q4_K, Q5_0 or Q8_0"):
         load_model(str(tiny_llama), dtype="float32", int8_activations=True)  # safetensors: float32 rows only
     with pytest.raises(ValueError, match=r"int8_activations = 'yes' must be True or False"):
         make_engine(str(gguf_file), None, dtype="float32", int8_activations="yes")  # type: ignore[arg-type]
@@ -212,3 +212,50 @@ def test_a_nan_or_an_inf_in_the_activations_stays_visible(name: str) -> None:
     x = torch.randn(1, 64)
     x[0, :32] = 1e-38  # a block too small to invert: read as zeros, not as -128s
     assert torch.isfinite(kernel.linear_blocks(tagged, x)).all()
+
+
+def test_a_long_forward_is_cut_into_pieces_in_the_rows_order() -> None:
+    from specsure.models.native import Segment
+    from specsure.models.row_pieces import pieces
+    from specsure.models.token_tree import TokenTree
+
+    a, b, c = object(), object(), object()
+    tree = TokenTree.from_parents([-1, 0, 0, 1])
+    segments = [Segment(10, 40, a), Segment(3, 4, b, tree), Segment(0, 17, c)]  # type: ignore[arg-type]
+    got = [[(s.cache, s.start, s.length, s.tree) for s in part] for part in pieces(segments, 16)]
+    assert got == [[(a, 10, 16, None)], [(a, 26, 16, None)], [(a, 42, 8, None), (b, 3, 4, tree)],
+                   [(c, 0, 16, None)], [(c, 16, 1, None)]]
+    assert pieces([Segment(0, 20, a, tree)], 16) == [[Segment(0, 20, a, tree)]]  # a tree is never cut
+
+
+def test_with_int8_activations_a_forward_past_the_piece_size_gives_the_same_bits(gguf_file: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from specsure.models import native
+
+    _kernel()
+    lm = load_model(str(gguf_file), dtype="float32", int8_activations=True).lm
+    prompt = [int(t) for t in torch.randint(3, VOCAB, (90,), generator=torch.Generator().manual_seed(5))]
+    whole = lm.forward(prompt).logits
+    monkeypatch.setattr(native, "PIECE_ROWS", 16)  # 90 rows as 6 forwards
+    lm.crop(0)
+    cut = lm.forward(prompt).logits
+    assert torch.equal(cut, whole)
+
+
+def test_with_int8_activations_a_head_without_them_takes_every_row_count_in_c(tmp_path: Path) -> None:
+    # llama.cpp's files often keep the LM head in Q6_K, which has no integer products: past 64 rows
+    # it must still run the kernel's products, not torch's, or a batch's verify rows would differ
+    _kernel()
+    folder = build_tiny_llama(tmp_path / "llama", vocab_size=VOCAB, hidden_size=256, tie=False)
+    byte_bpe_tokenizer(folder, VOCAB)
+    types = {f"blk.{i}.{n}.weight": "Q4_0" for i in (0, 1) for n in ("attn_q", "attn_k", "attn_v", "attn_output",
+                                                                       "ffn_gate", "ffn_up", "ffn_down")}
+    gguf = write_llama_gguf(folder, tmp_path / "q6k-head.gguf", quantize={**types, "output.weight": "Q6_K"})
+    lm = load_model(str(gguf), dtype="float32", int8_activations=True).lm
+    assert "1 Q6_K" in lm.path and lm.head.int8 is None
+    lm.forward([5, 6, 7])
+    ids = [int(t) for t in torch.randint(3, VOCAB, (70,), generator=torch.Generator().manual_seed(2))]
+    together = lm.forward(ids).logits
+    lm.crop(3)
+    for i, token in enumerate(ids):
+        assert torch.equal(lm.forward([token]).logits[0], together[i]), i

@@ -35,7 +35,7 @@
 /* How a weight matrix [n, k] is stored: float32 rows, or GGUF's blocks of 32 weights along k,
  * repacked with float32 scales (gguf_blocks.py) so a block dequantises with one conversion: */
 enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, Q8_M = 4, Q8_H = 5, Q8_X = 6, A4 = 7, A8 = 8, I4_0 = 9, I4_1 = 10, I8_0 = 11,
-       R4_0 = 12, R4_1 = 13 };
+       R4_0 = 12, R4_1 = 13, R8_0 = 14 };
 /* Q4_0 {float d; uint8 qs[16]}: w = d (q - 8); Q4_1 {float d, m; uint8 qs[16]}: w = d q + m;
  * Q8_0 {float d; int8 qs[32]}: w = d q; Q8_M {float d, m; int8 qs[32]}: w = d q + m; Q8_H {float
  * d0, d1; int8 qs[32]}: w = d0 q for the first 16 weights, d1 q for the rest; Q8_X {float d0, d1,
@@ -801,8 +801,8 @@ static void quantize_rows(const float *x, XBlock *out, int64_t m, int64_t k) {
             XBlock *o = out + a * blocks + b;
             o->d = amax / 127.0f;
             o->s = o->d * (float)_mm_cvtsi128_si32(s4);
-            o->minus8_sum = -8 * _mm_cvtsi128_si32(s4);
-            if (reduce8(finite) != 0.0f) /* MAXPS drops NaNs: an inf or a NaN makes the block's outputs NaN, as float32's */
+            o->minus8_sum = (int32_t)(0u - 8u * (uint32_t)_mm_cvtsi128_si32(s4)); /* no overflow when a NaN made q INT_MIN */
+            if (reduce8(finite) != 0.0f) /* MAXPS may drop a NaN: an inf or a NaN makes the block's outputs NaN, as float32's */
                 o->d = o->s = NAN;
             packed = _mm256_permutevar8x32_epi32(packed, order);
             _mm256_storeu_si256((__m256i *)o->q, packed);
@@ -930,21 +930,24 @@ static void igemm(int64_t format, const uint8_t *w, const float *bias, const flo
  * saturation), one madd makes them the 8 rows' int32 block sums, and each row's output is one lane:
  * an FMA chain over the blocks, no reduction at the end. Q4_0's -8 enters the int32 sums as -8 times
  * x's block sum, exactly. About 2.5 instructions per row and block for each row of x after the
- * first, against 6 to 7 for the unpacked blocks (I4_0, I4_1), and the unpacking is shared by 8 rows. */
-static inline int64_t rblock_bytes(int format) { return format == R4_1 ? 192 : 160; }
+ * first, against 6 to 7 for the unpacked blocks (I4_0, I4_1), and the unpacking is shared by 8 rows.
+ * R8_0, a Q8_0 matrix the same way: 8 x 32 bytes of int8 (load j: weights 4j .. 4j + 3 of the 8
+ * rows), then the 8 d; maddubs takes |w| and x with w's sign, and each pair of products can reach
+ * 2 x 128 x 127, so every load's sums go to int32 at once (madd) rather than adding in int16. */
+static inline int64_t rblock_bytes(int format) { return format == R8_0 ? 288 : format == R4_1 ? 192 : 160; }
 
 void int8_pack(const uint8_t *w, int64_t format, int64_t n, int64_t k, uint8_t *out) {
     int64_t blocks = k / 32, bytes = block_bytes(format), quants = format == Q4_1 ? 8 : 4;
-    int64_t packed = format == Q4_1 ? 192 : 160;
+    int64_t loads = format == Q8_0 ? 8 : 4, packed = rblock_bytes(format == Q8_0 ? R8_0 : format == Q4_1 ? R4_1 : R4_0);
     for (int64_t g = 0; g < n / 8; g++)
         for (int64_t b = 0; b < blocks; b++) {
             uint8_t *o = out + (g * blocks + b) * packed;
-            float *scales = (float *)(o + 128);
+            uint8_t *scales = o + 32 * loads;
             for (int r = 0; r < 8; r++) {
                 const uint8_t *block = w + ((g * 8 + r) * blocks + b) * bytes;
-                for (int j = 0; j < 4; j++) memcpy(o + 32 * j + 4 * r, block + quants + 4 * j, 4);
-                memcpy(&scales[r], block, 4);
-                if (format == Q4_1) memcpy(&scales[8 + r], block + 4, 4);
+                for (int j = 0; j < loads; j++) memcpy(o + 32 * j + 4 * r, block + quants + 4 * j, 4);
+                memcpy(scales + 4 * r, block, 4);
+                if (format == Q4_1) memcpy(scales + 32 + 4 * r, block + 4, 4);
             }
         }
 }
@@ -952,7 +955,7 @@ void int8_pack(const uint8_t *w, int64_t format, int64_t n, int64_t k, uint8_t *
 /* 8 weight rows (one packed group) over rows i .. i + xr of x. */
 static inline __attribute__((always_inline)) void rmicro(int format, const uint8_t *group, const XBlock *xq,
                                                           float *y, int64_t n, int64_t blocks, int64_t i, int xr,
-                                                          int64_t j0, const float *bias) {
+                                                          int64_t j0, const float *bias, const uint8_t *ahead) {
     int64_t packed = rblock_bytes(format);
     __m256 acc[4], offsets[4];
     __m256i p16[4];
@@ -960,21 +963,37 @@ static inline __attribute__((always_inline)) void rmicro(int format, const uint8
     const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *block = group + b * packed;
+        if (ahead) /* the next group's block: as the unpacked passes, even one row of x gains from it */
+            for (int64_t p = 0; p < packed; p += 64) _mm_prefetch((const char *)(ahead + b * packed + p), _MM_HINT_T0);
         for (int a = 0; a < xr; a++) p16[a] = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
+        if (format == R8_0) { /* p16 holds int32 sums here */
+            for (int j = 0; j < 8; j++) {
+                __m256i w = _mm256_loadu_si256((const __m256i *)(block + 32 * j)), aw = _mm256_sign_epi8(w, w);
+                for (int a = 0; a < xr; a++) {
+                    int32_t four;
+                    memcpy(&four, xq[(i + a) * blocks + b].q + 4 * j, 4);
+                    __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(four), w);
+                    p16[a] = _mm256_add_epi32(p16[a], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xs), ones));
+                }
+            }
+        }
+        for (int j = 0; j < 4 * (format != R8_0); j++) {
             __m256i bytes = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
             __m256i lo = _mm256_and_si256(bytes, low), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
             for (int a = 0; a < xr; a++) {
                 const int8_t *q = xq[(i + a) * blocks + b].q;
-                __m256i first = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(*(const int32_t *)(q + 4 * j)));
-                __m256i second = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(*(const int32_t *)(q + 16 + 4 * j)));
+                int32_t four[2]; /* memcpy: the compiler's broadcast load, without an aliasing cast */
+                memcpy(&four[0], q + 4 * j, 4);
+                memcpy(&four[1], q + 16 + 4 * j, 4);
+                __m256i first = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(four[0]));
+                __m256i second = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(four[1]));
                 p16[a] = _mm256_add_epi16(p16[a], _mm256_add_epi16(first, second));
             }
         }
-        __m256 d = _mm256_loadu_ps((const float *)(block + 128));
+        __m256 d = _mm256_loadu_ps((const float *)(block + (format == R8_0 ? 256 : 128)));
         for (int a = 0; a < xr; a++) {
             const XBlock *xb = xq + (i + a) * blocks + b;
-            __m256i sums = _mm256_madd_epi16(p16[a], ones);
+            __m256i sums = format == R8_0 ? p16[a] : _mm256_madd_epi16(p16[a], ones);
             if (format == R4_0) sums = _mm256_add_epi32(sums, _mm256_set1_epi32(xb->minus8_sum));
             acc[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_broadcast_ss(&xb->d)), acc[a]);
             if (format == R4_1)
@@ -991,17 +1010,19 @@ static inline __attribute__((always_inline)) void rmicro(int format, const uint8
 
 #define RROWS(name, format)                                                                                        \
     static void name(const uint8_t *group, const XBlock *xq, float *y, int64_t n, int64_t blocks, int64_t m,      \
-                     int64_t j0, const float *bias) {                                                              \
+                     int64_t j0, const float *bias, const uint8_t *ahead) {                                        \
         for (int64_t i = 0; i < m; i += 3) {                                                                       \
+            const uint8_t *next = i == 0 ? ahead : NULL;                                                           \
             switch (m - i >= 3 ? 3 : (int)(m - i)) {                                                               \
-            case 1: rmicro(format, group, xq, y, n, blocks, i, 1, j0, bias); break;                              \
-            case 2: rmicro(format, group, xq, y, n, blocks, i, 2, j0, bias); break;                              \
-            default: rmicro(format, group, xq, y, n, blocks, i, 3, j0, bias);                                    \
+            case 1: rmicro(format, group, xq, y, n, blocks, i, 1, j0, bias, next); break;                        \
+            case 2: rmicro(format, group, xq, y, n, blocks, i, 2, j0, bias, next); break;                        \
+            default: rmicro(format, group, xq, y, n, blocks, i, 3, j0, bias, next);                              \
             }                                                                                                      \
         }                                                                                                          \
     }
 RROWS(rrows_r4_0, R4_0)
 RROWS(rrows_r4_1, R4_1)
+RROWS(rrows_r8_0, R8_0)
 
 /* `igemm` over a packed matrix: each thread takes whole groups of 8 rows. */
 static void rgemm(int64_t format, const uint8_t *w, const float *bias, const float *x, float *y, int64_t n, int64_t k,
@@ -1010,10 +1031,12 @@ static void rgemm(int64_t format, const uint8_t *w, const float *bias, const flo
     XBlock *xq = malloc((size_t)(m * blocks) * sizeof(XBlock));
     if (!xq) abort();
     quantize_rows(x, xq, m, k);
-    void (*run)(const uint8_t *, const XBlock *, float *, int64_t, int64_t, int64_t, int64_t, const float *) =
-        format == R4_0 ? rrows_r4_0 : rrows_r4_1;
+    void (*run)(const uint8_t *, const XBlock *, float *, int64_t, int64_t, int64_t, int64_t, const float *,
+                const uint8_t *) =
+        format == R4_0 ? rrows_r4_0 : format == R4_1 ? rrows_r4_1 : rrows_r8_0;
 #pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < n / 8; g++) run(w + g * group_bytes, xq, y, n, blocks, m, g * 8, bias);
+    for (int64_t g = 0; g < n / 8; g++)
+        run(w + g * group_bytes, xq, y, n, blocks, m, g * 8, bias, g + 1 < n / 8 ? w + (g + 1) * group_bytes : NULL);
     free(xq);
 }
 
@@ -1033,7 +1056,8 @@ static void product(const void *w, int64_t format, const float *bias, const floa
     case I4_1:
     case I8_0: igemm(format, w, bias, x, y, n, k, m); break;
     case R4_0:
-    case R4_1: rgemm(format, w, bias, x, y, n, k, m); break;
+    case R4_1:
+    case R8_0: rgemm(format, w, bias, x, y, n, k, m); break;
     default: gemm(w, bias, x, y, n, k, m);
     }
 }

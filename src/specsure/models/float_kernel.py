@@ -21,7 +21,9 @@ import torch
 
 from specsure.config.cpu import cpu_flags
 from specsure.config.dtype_choice import KERNEL_FLAGS, build_blocker
-from specsure.models.gguf_blocks import A4, A8, Q4_0, Q4_1, Q8_0, R4_0, R4_1, BlockMatrix, with_int8_activations
+from specsure.models.gguf_blocks import (
+    A4, A8, Q4_0, Q4_1, Q8_0, R4_0, R4_1, R8_0, BlockMatrix, with_int8_activations,
+)
 from specsure.models.kernel import Kernel, RowOps, SegmentStruct, ShapeStruct, open_library
 
 logger = logging.getLogger(__name__)
@@ -89,14 +91,16 @@ class FloatKernel(RowOps):
         return BlockMatrix(data, A8 if eight else A4, matrix.rows, matrix.cols, matrix.kind)
 
     def int8_pack(self, matrix: BlockMatrix) -> BlockMatrix | None:
-        """A Q4_0 or Q4_1 ``matrix`` packed for the integer products 8 rows side by side (R4_0, R4_1;
-        the same weights, each output its own lane), or None: another format, or rows not a
-        multiple of 8 (those take I4_0 and I4_1, the blocks as they are)."""
-        if matrix.format not in (Q4_0, Q4_1) or matrix.rows % 8:
+        """A Q4_0, Q4_1 or Q8_0 ``matrix`` packed for the integer products 8 rows side by side (R4_0,
+        R4_1, R8_0; the same weights, each output its own lane), or None: another format, or rows
+        not a multiple of 8 (those take I4_0, I4_1 and I8_0, the blocks as they are)."""
+        packed = {Q4_0: (R4_0, 20), Q4_1: (R4_1, 24), Q8_0: (R8_0, 36)}.get(matrix.format)
+        if packed is None or matrix.rows % 8:
             return None
-        data = torch.empty(matrix.rows, matrix.cols // 32 * (24 if matrix.format == Q4_1 else 20), dtype=torch.uint8)
+        # per 8 rows and block: their quants, then 8 d (and R4_1's 8 m), as many bytes as the blocks
+        data = torch.empty(matrix.rows, matrix.cols // 32 * packed[1], dtype=torch.uint8)
         self.library.int8_pack(matrix.data.data_ptr(), matrix.format, matrix.rows, matrix.cols, data.data_ptr())
-        return BlockMatrix(data, R4_1 if matrix.format == Q4_1 else R4_0, matrix.rows, matrix.cols, matrix.kind)
+        return BlockMatrix(data, packed[0], matrix.rows, matrix.cols, matrix.kind)
 
     def prepared(self, matrix: BlockMatrix, int8_activations: bool) -> BlockMatrix:
         """How this kernel reads a checked block ``matrix``: with int8 activations where they are

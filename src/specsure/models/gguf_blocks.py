@@ -48,10 +48,11 @@ I4_0, I4_1, I8_0 = 9, 10, 11
 """float_kernel.c's integer products: a Q4_0, Q4_1 or Q8_0 matrix (the same bytes) multiplied with
 int8 activations, as llama.cpp multiplies them (`with_int8_activations`); tagged after `matches` has
 checked the blocks, for a model loaded with ``int8_activations``."""
-R4_0, R4_1 = 12, 13
-"""float_kernel.c's R4_0 and R4_1: a Q4_0 or Q4_1 matrix (rows a multiple of 8) packed for the integer
-products, 8 rows side by side (`FloatKernel.int8_pack`), as llama.cpp repacks Q4_0; never dequantised."""
-INT8_FORMATS = frozenset({I4_0, I4_1, I8_0, R4_0, R4_1})
+R4_0, R4_1, R8_0 = 12, 13, 14
+"""float_kernel.c's R4_0, R4_1 and R8_0: a Q4_0, Q4_1 or Q8_0 matrix (rows a multiple of 8) packed for
+the integer products, 8 rows side by side (`FloatKernel.int8_pack`), as llama.cpp repacks Q4_0; never
+dequantised."""
+INT8_FORMATS = frozenset({I4_0, I4_1, I8_0, R4_0, R4_1, R8_0})
 """The formats multiplied with int8 activations."""
 _INT8_OF = {Q4_0: I4_0, Q4_1: I4_1, Q8_0: I8_0}
 _BASE_OF = {tagged: base for base, tagged in _INT8_OF.items()}
@@ -82,8 +83,8 @@ class BlockMatrix:
     def dequantized(self) -> torch.Tensor:
         """The float32 weights [rows, cols], with gguf-py's arithmetic (a product that is exact, then
         at most one rounding)."""
-        if self.format in (A4, A8, R4_0, R4_1):
-            raise ValueError("a matrix packed for AMX tiles (A4, A8) or for the integer products (R4_0, R4_1) is not "
+        if self.format in (A4, A8, R4_0, R4_1, R8_0):
+            raise ValueError("a matrix packed for AMX tiles (A4, A8) or for the integer products (R4_0, R4_1, R8_0) is not "
                              "dequantised; dequantise the blocks it was packed from")
         if self.format in _BASE_OF:  # the same bytes as its base format's
             return BlockMatrix(self.data, _BASE_OF[self.format], self.rows, self.cols, self.kind).dequantized()

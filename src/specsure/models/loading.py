@@ -59,7 +59,7 @@ def load_model(path: str | None, dtype: str = "auto", int8_activations: bool = F
             file, or None for the packaged default SmolLM2-135M-Instruct.
         dtype: "auto" (float32 for a GGUF of blocks the float32 kernel reads, else bfloat16 on
             CPUs with fast bf16 and float32 elsewhere), "float32", "bfloat16" or "float16".
-        int8_activations: multiply the GGUF's Q4_0, Q4_1, Q5_0 and Q8_0 matrices with each row of
+        int8_activations: multiply the GGUF's Q4_0, Q4_1, Q4_K, Q5_0 and Q8_0 matrices with each row of
             activations rounded to int8 blocks, as llama.cpp does (float_kernel.c, `igemm`): faster
             decoding, outputs no longer float32's. Rows stay independent of each other, so
             speculation still equals plain decoding in this mode.
@@ -95,7 +95,7 @@ def load_model(path: str | None, dtype: str = "auto", int8_activations: bool = F
             f"; every weight matrix read as float32 ({why})" if why else ""
     if int8_activations and not lm.int8_matrices:
         raise ValueError(f"int8_activations: no weight matrix of {path or 'the default model'} can have them (forward: "
-                         f"{lm.path}); they need a GGUF target whose Q4_0, Q4_1, Q5_0 or Q8_0 matrices the float32 kernel "
+                         f"{lm.path}); they need a GGUF target whose Q4_0, Q4_1, Q4_K, Q5_0 or Q8_0 matrices the float32 kernel "
                          "reads as blocks. Drop int8_activations (--int8-activations).")
     if dtype == "auto" and lm.dtype == torch.float32 and cpu_bf16_flags() and not lm.blocks_used:
         logger.warning("dtype='auto' chose float32 for the GGUF's blocks, but the kernel reads none of them (%s); "

@@ -32,6 +32,7 @@ from specsure.models.gguf_blocks import A4, A8, INT8_FORMATS, BlockMatrix, FileB
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
 from specsure.models.rotary_table import RotaryTable
+from specsure.models.row_pieces import PIECE_ROWS, run_in_pieces
 from specsure.models.token_tree import TokenTree, attention_mask
 
 FAMILIES = ("llama", "mistral", "qwen2")
@@ -136,6 +137,7 @@ class NativeDecoder:
         self.float_kernel: float_kernels.FloatKernel | None = None
         """The C kernel that runs float32 forwards of up to KERNEL_ROWS rows, or None (`kernel_why`)."""
         self._blocks: list[BlockMatrix] = []  # the matrices `use_blocks` gave the kernel, kept alive
+        self.int8_matrices = 0  # of them, how many the integer products read (int8 activations)
         if self.embed.weight.dtype == torch.float32:
             self.float_kernel, self.kernel_why = float_kernels.load()
         if self.float_kernel is not None and self.head_dim > float_kernels.MAX_HEAD_DIM:
@@ -178,17 +180,13 @@ class NativeDecoder:
                 setattr(struct, f"{name}_format", matrix.format)
                 self._blocks.append(matrix)
                 used[matrix.kind] = used.get(matrix.kind, 0) + 1
+        self.int8_matrices = sum(matrix.format in INT8_FORMATS for matrix in self._blocks)
         return used
 
     @property
     def tiled_matrices(self) -> int:
         """How many weight matrices `use_blocks` packed for AMX tiles (`FloatKernel.amx_pack`)."""
         return sum(matrix.format in (A4, A8) for matrix in self._blocks)
-
-    @property
-    def int8_matrices(self) -> int:
-        """How many weight matrices `use_blocks` gave the kernel's integer products."""
-        return sum(matrix.format in INT8_FORMATS for matrix in self._blocks)
 
     def _shape_struct(self, config: object) -> kernels.ShapeStruct:
         return kernels.ShapeStruct(int(config.hidden_size), self.heads, self.kv_heads, self.head_dim,
@@ -259,14 +257,16 @@ class NativeDecoder:
         if sum(s.length for s in segments) != total:
             raise ValueError(f"segments cover {sum(s.length for s in segments)} tokens but {total} were given.")
         kernel = self.kernel or self.float_kernel  # at most one is loaded: the model's dtype picks it
-        # With int8 activations every forward runs in C, however many rows: torch's float32 products
-        # would give a long prefill or a large batch another arithmetic than the decode step's.
+        # With int8 activations every forward runs in C, however many rows (in pieces past PIECE_ROWS):
+        # torch's float32 products would give a long prefill or a large batch another arithmetic.
         if kernel is not None and (total <= KERNEL_ROWS or self.int8_matrices):
             for segment in segments:
                 self._allocate(segment.cache, kernel.dtype)
             if total == 1 and kernel is self.kernel:
                 return self._kernel_step(ids, segments[0], aux_layers)
-            return self._c_rows(kernel, ids, segments, aux_layers)
+            return self._c_rows(kernel, ids, segments, aux_layers) if total <= PIECE_ROWS else \
+                run_in_pieces(lambda part_ids, part: self._c_rows(kernel, part_ids, part, aux_layers), ids, segments,
+                              PIECE_ROWS)
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         x = self.embed(ids)  # [T, hidden]
         positions = _positions(segments)

@@ -34,7 +34,8 @@ class OutputHead:
         self.tiles: BlockMatrix | None = None
         """``blocks`` packed for AMX tiles (A8), where the CPU has them: what the kernel reads then."""
         self.int8: BlockMatrix | None = None
-        """``blocks`` tagged for int8 activations (I8_0), in a model loaded with them: what the kernel reads then."""
+        """``blocks`` for the integer products (packed, R8_0, or as they are, I8_0), in a model loaded with int8
+        activations: what the kernel reads then."""
 
     def use_blocks(self, blocks: BlockMatrix, kernel: "FloatKernel", int8_activations: bool = False) -> bool:
         """Read the head as ``blocks`` where they hold its weights bit for bit, with int8 activations
@@ -62,12 +63,19 @@ class OutputHead:
         linear = weight is not None or type(head) is torch.nn.Linear
         if weight is None and linear:
             weight, bias, blocks = head.weight, head.bias, self.int8 or self.tiles or self.blocks
+        # A model with int8 activations takes every row count in C, whatever the head's format: more
+        # rows on torch would take another arithmetic than the decode step's.
+        every_row = (native is not None and native.int8_matrices > 0 and linear and hidden.dtype == torch.float32
+                     and not hidden.requires_grad and not (torch.is_grad_enabled() and weight.requires_grad))
         if (blocks is not None and bias is None and hidden.dtype == torch.float32
                 and not hidden.requires_grad and not (torch.is_grad_enabled() and weight.requires_grad)
-                and (hidden.dim() == 2 and hidden.shape[0] <= KERNEL_ROWS or blocks is self.int8)):
-            # int8 activations: every row count, or more rows would take another arithmetic
+                and (hidden.dim() == 2 and hidden.shape[0] <= KERNEL_ROWS or every_row)):
             flat = hidden.reshape(-1, hidden.shape[-1]).contiguous()
-            logits = native.float_kernel.linear_blocks(blocks, flat).view(*hidden.shape[:-1], -1)
+            logits = native.float_kernel.linear_blocks(blocks, flat).view(*hidden.shape[:-1], blocks.rows)
+        elif every_row and weight.dtype == torch.float32:  # a head the kernel does not read as blocks
+            flat = hidden.reshape(-1, hidden.shape[-1]).contiguous()
+            logits = native.float_kernel.linear_rows(weight.contiguous(), flat, bias).view(*hidden.shape[:-1],
+                                                                                            weight.shape[0])
         elif (native is not None and native.kernel is not None and hidden.dim() == 2 and linear
                 and bias is None and weight.is_contiguous() and hidden.dtype == torch.bfloat16
                 and not hidden.requires_grad  # a head in training backpropagates through the LM head
