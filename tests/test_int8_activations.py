@@ -120,7 +120,7 @@ def test_a_model_with_int8_activations_decodes_each_row_as_its_one_row_step(gguf
     lm = load_model(str(gguf_file), dtype="float32", int8_activations=True).lm
     # 7 of the 8 block matrices: the fused q|k|v of Q8_0 and Q4_0 parts (Q8_X) keeps its float32 products
     assert lm.path.endswith("the kernel reads 1 Q4_0, 4 Q4_1, 2 Q8_0, 1 Q8_0+Q4_0 as the GGUF's blocks "
-                            "(7 of them with int8 activations)"), lm.path
+                            "(7 of them with int8 activations; every forward in C)"), lm.path
     exact = load_model(str(gguf_file), dtype="float32").lm
     prompt = [5, 17, 33, 90, 4, 12, 250, 8]
     a, b = lm.forward(prompt, last_logits=1).logits, exact.forward(prompt, last_logits=1).logits

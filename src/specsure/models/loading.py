@@ -146,7 +146,7 @@ def _read_blocks(lm: CausalLM, gguf: Path, int8_activations: bool) -> str:
     shown = ", ".join(f"{count} {name}" for name, count in sorted(used.items()))
     tiled = lm.tiled_matrices
     tiles = f" ({tiled} of them on AMX tiles)" if tiled else \
-        f" ({lm.int8_matrices} of them with int8 activations)" if lm.int8_matrices else ""
+        f" ({lm.int8_matrices} of them with int8 activations; every forward in C)" if lm.int8_matrices else ""
     return f"; of its {4 * lm.num_layers + 1} weight matrices the kernel reads {shown} as the GGUF's blocks{tiles}"
 
 
