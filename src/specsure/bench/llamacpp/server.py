@@ -44,7 +44,8 @@ def _parent_death_signal() -> Any:
     """A function for Popen's ``preexec_fn`` that has Linux send the child SIGTERM when the bench
     dies, however it dies (a kill, `timeout`, the OOM killer): the server runs in a session of its
     own, so nothing else would stop it. None elsewhere. libc is opened here, in the parent, so the
-    child between fork and exec makes one plain C call."""
+    child between fork and exec makes one plain C call. (Linux signals when the starting thread
+    ends: the bench starts its servers from its main thread.)"""
     if sys.platform != "linux":
         return None
     prctl = ctypes.CDLL(None, use_errno=True).prctl
