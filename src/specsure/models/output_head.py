@@ -63,12 +63,12 @@ class OutputHead:
         linear = weight is not None or type(head) is torch.nn.Linear
         if weight is None and linear:
             weight, bias, blocks = head.weight, head.bias, self.int8 or self.tiles or self.blocks
+        in_c = (linear and hidden.dtype == torch.float32 and not hidden.requires_grad
+                and not (torch.is_grad_enabled() and weight.requires_grad))
         # A model with int8 activations takes every row count in C, whatever the head's format: more
         # rows on torch would take another arithmetic than the decode step's.
-        every_row = (native is not None and native.int8_matrices > 0 and linear and hidden.dtype == torch.float32
-                     and not hidden.requires_grad and not (torch.is_grad_enabled() and weight.requires_grad))
-        if (blocks is not None and bias is None and hidden.dtype == torch.float32
-                and not hidden.requires_grad and not (torch.is_grad_enabled() and weight.requires_grad)
+        every_row = in_c and native is not None and native.int8_matrices > 0
+        if (blocks is not None and bias is None and in_c
                 and (hidden.dim() == 2 and hidden.shape[0] <= KERNEL_ROWS or every_row)):
             flat = hidden.reshape(-1, hidden.shape[-1]).contiguous()
             logits = native.float_kernel.linear_blocks(blocks, flat).view(*hidden.shape[:-1], blocks.rows)
