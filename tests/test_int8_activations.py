@@ -22,7 +22,7 @@ from specsure.models.loading import load_model
 from tiny import build_tiny_llama
 
 VOCAB = 300
-TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+GGML = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 NO_KERNEL = "no float32 C kernel on this machine (AVX2, FMA and a C compiler), so nothing reads blocks"
 MIXED = {  # layer 0 Q4_1; layer 1 Q4_0 and Q8_0, its q|k|v fused from both (Q8_X), its down float32
     **{f"blk.0.{n}.weight": "Q4_1" for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
@@ -55,39 +55,59 @@ def _kernel() -> float_kernels.FloatKernel:
 
 def _reference(matrix: gguf_blocks.BlockMatrix, x: torch.Tensor) -> np.ndarray:
     """The integer products in numpy, float64 after the rounding to int8: x's blocks rounded as the
-    kernel rounds them (float32 127 / max |x|, ties to even), each block's integer dot product
-    scaled by d_w d_x, and a Q4 block's offset times d_x sum(q)."""
-    rows, blocks = matrix.rows, matrix.cols // 32
+    kernel rounds them (float32 127 / max |x|, ties to even), each half block's integer dot product
+    scaled by its d_w (Q8_H and Q8_X have one per 16 weights) times d_x, and a block's offset (Q4_0's
+    -8 d, Q4_1's, Q8_M's and Q8_X's m) times d_x sum(q)."""
+    fmt, rows, blocks = matrix.format, matrix.rows, matrix.cols // 32
+    header = {gguf_blocks.Q4_0: 1, gguf_blocks.Q8_0: 1, gguf_blocks.Q8_X: 3}.get(fmt, 2)
     raw = matrix.data.numpy().reshape(rows, blocks, -1)
-    d = raw[..., :4].copy().view(np.float32)[..., 0].astype(np.float64)
-    if matrix.format == gguf_blocks.Q8_0:
-        q, offset = raw[..., 4:].copy().view(np.int8).astype(np.int64), np.zeros_like(d)
-    else:
-        header = 8 if matrix.format == gguf_blocks.Q4_1 else 4
-        nibbles = raw[..., header:].astype(np.int64)
+    scales = raw[..., :4 * header].copy().view(np.float32).astype(np.float64)  # [rows, blocks, header]
+    if fmt in (gguf_blocks.Q4_0, gguf_blocks.Q4_1):
+        nibbles = raw[..., 4 * header:].astype(np.int64)
         q = np.concatenate([nibbles & 15, nibbles >> 4], axis=-1)
-        offset = raw[..., 4:8].copy().view(np.float32)[..., 0].astype(np.float64) if header == 8 else -8.0 * d
+    else:
+        q = raw[..., 4 * header:].copy().view(np.int8).astype(np.int64)
+    two = fmt in (gguf_blocks.Q8_H, gguf_blocks.Q8_X)
+    halves = np.stack([scales[..., 0], scales[..., 1] if two else scales[..., 0]], axis=-1)  # [rows, blocks, 2]
+    if fmt in (gguf_blocks.Q4_1, gguf_blocks.Q8_M, gguf_blocks.Q8_X):
+        offset = scales[..., -1]
+    else:
+        offset = -8.0 * scales[..., 0] if fmt == gguf_blocks.Q4_0 else np.zeros_like(scales[..., 0])
     xs = x.numpy().reshape(x.shape[0], blocks, 32)
     amax = np.abs(xs).max(axis=-1, keepdims=True)
     scale = np.where(amax > 0, np.float32(127.0) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
     xq = np.rint((xs * scale).astype(np.float32)).astype(np.int64)  # numpy's rint rounds ties to even
     dx = (amax[..., 0] / np.float32(127.0)).astype(np.float32).astype(np.float64)
-    dots = np.einsum("rbi,abi->arb", q, xq).astype(np.float64)
-    return (dots * d[None] * dx[:, None]).sum(-1) + (offset[None] * (dx * xq.sum(-1))[:, None]).sum(-1)
+    dots = np.einsum("rbhi,abhi->arbh", q.reshape(rows, blocks, 2, 16),
+                     xq.reshape(-1, blocks, 2, 16)).astype(np.float64)
+    return ((dots * halves[None]).sum(-1) * dx[:, None]).sum(-1) + \
+        (offset[None] * (dx * xq.sum(-1))[:, None]).sum(-1)
+
+
+def _matrix(name: str, rows: int) -> gguf_blocks.BlockMatrix:
+    """Random blocks of GGUF type ``name`` as the kernel holds them; "A+B" fuses A's rows and B's
+    (Q4_K_M's q|k in Q4_K with v in Q6_K, widened to Q8_X)."""
+    parts = [gguf_blocks.repack(quantised(part, rows // 2 if "+" in name else rows, 256, seed=i), GGML[part], 256)
+             for i, part in enumerate(name.split("+"))]
+    matrix = gguf_blocks.stack(parts)
+    assert matrix is not None
+    return matrix
 
 
 @pytest.mark.parametrize("name, packed", [("Q4_0", False), ("Q4_1", False), ("Q8_0", False), ("Q4_0", True),
-                                          ("Q4_1", True)])
+                                          ("Q4_1", True), ("Q8_0", True), ("Q5_0", True), ("Q5_1", True), ("Q5_K", True),
+                                          ("Q6_K", True), ("Q4_K+Q6_K", True)])
 def test_int8_products_are_the_integer_arithmetic_and_rows_do_not_affect_each_other(name: str, packed: bool) -> None:
     kernel = _kernel()
     torch.manual_seed(0)
-    rows = 72 if packed else 70  # packed: groups of 8 rows; the blocks as they are: a partial group of 4
-    matrix = gguf_blocks.repack(quantised(name, rows, 256), TYPES[name], 256)
+    rows = 80 if packed else 70  # packed: groups of 8 rows; the blocks as they are: a partial group of 4
+    matrix = _matrix(name, rows)
     if packed:
         tagged = kernel.int8_pack(matrix)
-        assert tagged is not None and tagged.format in (gguf_blocks.R4_0, gguf_blocks.R4_1)
+        five = name == "Q5_0"  # held as Q8_0 blocks, packed in 5 bits
+        assert tagged is not None and tagged.format == (gguf_blocks.R5_0 if five else gguf_blocks.PACKED[matrix.format])
         assert kernel.prepared(matrix, True).format == tagged.format  # what a model with int8 activations reads
-        assert kernel.int8_pack(gguf_blocks.repack(quantised(name, 70, 256), TYPES[name], 256)) is None
+        assert kernel.int8_pack(_matrix(name, 84)) is None  # not a multiple of 8
     else:
         tagged = gguf_blocks.with_int8_activations(matrix)
         assert tagged is not None and tagged.format != matrix.format
@@ -108,19 +128,42 @@ def test_int8_products_are_the_integer_arithmetic_and_rows_do_not_affect_each_ot
 
 
 def test_which_formats_have_integer_products() -> None:
-    # Q5_0's 5-bit quants are held as Q8_0 blocks, so they have them; Q5_1 (an offset per block, Q8_M)
-    # and Q6_K (two scales per block, Q8_H) keep their float32 products
-    for name, ggml, has in (("Q5_0", 6, True), ("Q5_1", 7, False), ("Q6_K", 14, False)):
+    # Q5_0's 5-bit quants are held as Q8_0 blocks, so they have them as they are; Q5_1 (an offset per
+    # block, Q8_M) and Q6_K (two scales per block, Q8_H) have them only packed, 8 rows at a time
+    kernel = _kernel()
+    for name, ggml, unpacked in (("Q5_0", 6, True), ("Q5_1", 7, False), ("Q6_K", 14, False)):
         matrix = gguf_blocks.repack(quantised(name, 8, 256), ggml, 256)
-        assert (gguf_blocks.with_int8_activations(matrix) is not None) is has, name
+        assert (gguf_blocks.with_int8_activations(matrix) is not None) is unpacked, name
+        assert kernel.int8_pack(matrix) is not None, name
+
+
+def test_five_bit_packing_gives_the_eight_bit_products_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    # R5_0 only stores a Q5_0 file's quants in fewer bytes: every output must be R8_0's, bit for bit,
+    # quants at both ends of -16 .. 15 included; a Q8_0 file's wider quants stay R8_0
+    kernel = _kernel()
+    matrix = _matrix("Q5_0", 24)
+    quants = matrix.data.view(24, 8, 36)[..., 4:].view(torch.int8)
+    quants[0, 0, :16], quants[0, 0, 16:] = -16, 15
+    five = kernel.int8_pack(matrix)
+    assert five is not None and five.format == gguf_blocks.R5_0
+    assert five.data.numel() * 3 == matrix.data.numel() * 2
+    monkeypatch.setattr(float_kernels, "_five_bits", lambda matrix: False)
+    eight = kernel.int8_pack(matrix)
+    assert eight is not None and eight.format == gguf_blocks.R8_0
+    bias, x = torch.randn(24), torch.randn(9, 256)
+    for count in (1, 2, 3, 4, 9):
+        part = x[:count].contiguous()
+        assert torch.equal(kernel.linear_blocks(five, part, bias), kernel.linear_blocks(eight, part, bias)), count
+    monkeypatch.undo()
+    assert kernel.int8_pack(_matrix("Q8_0", 24)).format == gguf_blocks.R8_0
 
 
 def test_a_model_with_int8_activations_decodes_each_row_as_its_one_row_step(gguf_file: Path) -> None:
     _kernel()
     lm = load_model(str(gguf_file), dtype="float32", int8_activations=True).lm
-    # 7 of the 8 block matrices: the fused q|k|v of Q8_0 and Q4_0 parts (Q8_X) keeps its float32 products
+    # all 8 block matrices, the fused q|k|v of Q8_0 and Q4_0 parts (Q8_X) packed as R8_X
     assert lm.path.endswith("the kernel reads 1 Q4_0, 4 Q4_1, 2 Q8_0, 1 Q8_0+Q4_0 as the GGUF's blocks "
-                            "(7 of them with int8 activations; every forward in C)"), lm.path
+                            "(8 of them with int8 activations; every forward in C)"), lm.path
     exact = load_model(str(gguf_file), dtype="float32").lm
     prompt = [5, 17, 33, 90, 4, 12, 250, 8]
     a, b = lm.forward(prompt, last_logits=1).logits, exact.forward(prompt, last_logits=1).logits
@@ -198,10 +241,10 @@ def test_with_int8_activations_a_long_prompt_prefills_the_same_bits_whole_or_in_
     assert torch.equal(lm.forward(prompt).logits[-1], whole)  # every row's logits, 150 rows of the LM head
 
 
-@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
 def test_a_nan_or_an_inf_in_the_activations_stays_visible(name: str) -> None:
     kernel = _kernel()
-    tagged = gguf_blocks.with_int8_activations(gguf_blocks.repack(quantised(name, 8, 64), TYPES[name], 64))
+    tagged = gguf_blocks.with_int8_activations(gguf_blocks.repack(quantised(name, 8, 64), GGML[name], 64))
     for bad in (float("nan"), float("inf")):
         for at in (0, 13, 31, 40):  # first chunk, middle, a block's last value, the second block
             x = torch.randn(2, 64)
@@ -243,8 +286,9 @@ def test_with_int8_activations_a_forward_past_the_piece_size_gives_the_same_bits
 
 
 def test_with_int8_activations_a_head_without_them_takes_every_row_count_in_c(tmp_path: Path) -> None:
-    # llama.cpp's files often keep the LM head in Q6_K, which has no integer products: past 64 rows
-    # it must still run the kernel's products, not torch's, or a batch's verify rows would differ
+    # llama.cpp's files often keep the LM head in Q6_K; one of 300 rows (not a multiple of 8) has no
+    # integer products: past 64 rows it must still run the kernel's products, not torch's, or a
+    # batch's verify rows would differ
     _kernel()
     folder = build_tiny_llama(tmp_path / "llama", vocab_size=VOCAB, hidden_size=256, tie=False)
     byte_bpe_tokenizer(folder, VOCAB)

@@ -22,7 +22,7 @@ import torch
 from specsure.config.cpu import cpu_flags
 from specsure.config.dtype_choice import KERNEL_FLAGS, build_blocker
 from specsure.models.gguf_blocks import (
-    A4, A8, Q4_0, Q4_1, Q8_0, R4_0, R4_1, R8_0, BlockMatrix, with_int8_activations,
+    A4, A8, PACKED, Q4_0, Q4_1, Q8_0, R5_0, BlockMatrix, block_bytes, with_int8_activations,
 )
 from specsure.models.kernel import Kernel, RowOps, SegmentStruct, ShapeStruct, open_library
 
@@ -91,16 +91,22 @@ class FloatKernel(RowOps):
         return BlockMatrix(data, A8 if eight else A4, matrix.rows, matrix.cols, matrix.kind)
 
     def int8_pack(self, matrix: BlockMatrix) -> BlockMatrix | None:
-        """A Q4_0, Q4_1 or Q8_0 ``matrix`` packed for the integer products 8 rows side by side (R4_0,
-        R4_1, R8_0; the same weights, each output its own lane), or None: another format, or rows
-        not a multiple of 8 (those take I4_0, I4_1 and I8_0, the blocks as they are)."""
-        packed = {Q4_0: (R4_0, 20), Q4_1: (R4_1, 24), Q8_0: (R8_0, 36)}.get(matrix.format)
+        """A block ``matrix`` packed for the integer products 8 rows side by side (`gguf_blocks.PACKED`;
+        the same weights, each output its own lane), or None: float32 rows, a matrix already packed,
+        or rows not a multiple of 8 (Q4_0, Q4_1 and Q8_0 ones take I4_0, I4_1 and I8_0 then, the
+        blocks as they are)."""
+        packed = PACKED.get(matrix.format)
         if packed is None or matrix.rows % 8:
             return None
-        # per 8 rows and block: their quants, then 8 d (and R4_1's 8 m), as many bytes as the blocks
-        data = torch.empty(matrix.rows, matrix.cols // 32 * packed[1], dtype=torch.uint8)
+        if matrix.format == Q8_0 and _five_bits(matrix):  # a Q5_0 file's: 24 bytes a block instead of 36
+            data = torch.empty(matrix.rows, matrix.cols // 32 * 24, dtype=torch.uint8)
+            self.library.int8_pack_r5(matrix.data.data_ptr(), matrix.rows, matrix.cols, data.data_ptr())
+            return BlockMatrix(data, R5_0, matrix.rows, matrix.cols, matrix.kind)
+        # per 8 rows and block: their quants, then each of the block's scales for the 8 rows: as many
+        # bytes as the blocks
+        data = torch.empty(matrix.rows, matrix.cols // 32 * block_bytes(matrix.format), dtype=torch.uint8)
         self.library.int8_pack(matrix.data.data_ptr(), matrix.format, matrix.rows, matrix.cols, data.data_ptr())
-        return BlockMatrix(data, packed[0], matrix.rows, matrix.cols, matrix.kind)
+        return BlockMatrix(data, packed, matrix.rows, matrix.cols, matrix.kind)
 
     def prepared(self, matrix: BlockMatrix, int8_activations: bool) -> BlockMatrix:
         """How this kernel reads a checked block ``matrix``: with int8 activations where they are
@@ -146,6 +152,12 @@ AnyKernel = Kernel | FloatKernel
 """The C kernel a model's draft heads share: the bf16 one or the float32 one, whichever the target runs."""
 
 
+def _five_bits(matrix: BlockMatrix) -> bool:
+    """Whether every quant of a Q8_0 ``matrix`` lies in -16 .. 15, so that R5_0 holds it."""
+    quants = matrix.data.view(matrix.rows, matrix.cols // 32, 36)[..., 4:].view(torch.int8)
+    return quants.numel() > 0 and int(quants.min()) >= -16 and int(quants.max()) <= 15
+
+
 def _bind(library: ctypes.CDLL) -> FloatKernel:
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     signatures = {
@@ -157,6 +169,7 @@ def _bind(library: ctypes.CDLL) -> FloatKernel:
         "silu_mul": [pointer, pointer, size, size],
         "amx_pack": [pointer, size, size, size, pointer],
         "int8_pack": [pointer, size, size, size, pointer],
+        "int8_pack_r5": [pointer, size, size, pointer],
     }
     for name, arguments in signatures.items():
         function = getattr(library, name)
