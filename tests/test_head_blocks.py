@@ -148,6 +148,38 @@ def test_a_head_of_a_gguf_target_reads_q8_blocks_and_the_output_stays_exact(
     assert [c.token_ids for c in tree.generate(prompts, params)] == want_ids
 
 
+@pytest.mark.parametrize("head", ["mtp", "mtp-own-head", "eagle3", "eagle"])
+def test_a_head_of_a_target_with_int8_activations_takes_them_too_and_the_output_stays_exact(
+        head: str, target: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    gguf, folder = target
+    if float_kernels.load()[0] is None:
+        pytest.skip(NO_KERNEL)
+    method = head.split("-")[0]
+    spec = {"method": method, "model": str(_head(head, folder, tmp_path / "head")), "num_speculative_tokens": 3}
+    with caplog.at_level(logging.INFO, logger=f"specsure.proposers.{method}"):
+        engine = make_engine(str(gguf), spec, dtype="float32", int8_activations=True)
+    module = engine.proposer.modules[0]
+    read = [m.blocks for m in module.modules() if isinstance(m, RowLinear) and m.blocks is not None]
+    # packed 8 rows side by side (R8_0) where the rows come in 8s, as they are (I8_0) where not (300 rows)
+    assert read and {b.format for b in read} <= {gguf_blocks.R8_0, gguf_blocks.I8_0}
+    assert gguf_blocks.R8_0 in {b.format for b in read}
+    if method == "mtp":
+        assert {getattr(module._layer[0], f"{n}_format") for n in float_kernels.MATRICES} <= gguf_blocks.INT8_FORMATS
+    if method == "eagle3":
+        assert {module._qkv_blocks.format, module._gate_up_blocks.format} <= gguf_blocks.INT8_FORMATS
+    assert "head matrices read as Q8_0 blocks with int8 activations, like the GGUF target's" in caplog.text
+    plain = make_engine(str(gguf), None, dtype="float32", int8_activations=True)
+    prompts = [[5, 17, 33, 90, 4, 12], [250, 8, 8, 9, 100]]
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    want_ids = [c.token_ids for c in plain.generate(prompts, params)]
+    got = engine.generate(prompts, params)
+    assert [c.token_ids for c in got] == want_ids
+    assert sum(c.stats.draft_tokens for c in got) > 0
+    tree = make_engine(str(gguf), {**spec, "speculative_token_tree": "[(0,), (1,), (0, 0)]"}, dtype="float32",
+                       int8_activations=True)
+    assert [c.token_ids for c in tree.generate(prompts, params)] == want_ids
+
+
 def q8_values(weight: torch.Tensor) -> torch.Tensor:
     """The float32 values Q8_0 blocks of ``weight`` hold."""
     matrix = gguf_blocks.q8_blocks(weight)

@@ -29,7 +29,7 @@ from specsure.config.checkpoint import int_field
 from specsure.config.compat import check_head_fits, check_head_tensors, eagle_shares
 from specsure.config.errors import ConfigError
 from specsure.models.rotary_table import RotaryTable
-from specsure.proposers.head_blocks import blocks_wanted, use_linear_blocks
+from specsure.proposers.head_blocks import INT8_NOTE, blocks_wanted, int8_wanted, use_linear_blocks, with_int8
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import HeadCache, run_blocks, use_cache_slots, use_row_kernel
 from specsure.proposers.head_loading import (
@@ -112,6 +112,9 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> EagleProposer
     module.attach(lm, head_config)
     use_row_kernel(module, lm.row_kernel)  # few-row products: project in float32, the C kernel's in bf16
     quantised = use_linear_blocks(module) if blocks_wanted(lm) else 0
+    if quantised and int8_wanted(lm):
+        with_int8(module, lm.row_kernel, [])  # type: ignore[arg-type]
     logger.info("eagle head %s: %d decoder layer(s), fc bias %s%s", path, len(layer_ids), "fc.bias" in names,
-                f"; {quantised} head matrices read as Q8_0 blocks, like the GGUF target's" if quantised else "")
+                f"; {quantised} head matrices read as Q8_0 blocks{INT8_NOTE if int8_wanted(lm) else ''}, like the GGUF target's"
+                if quantised else "")
     return EagleProposer(module)

@@ -42,7 +42,9 @@ from specsure.models.float_kernel import AnyKernel
 from specsure.models.gguf_blocks import stack
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
 from specsure.models.rotary_table import RotaryTable
-from specsure.proposers.head_blocks import blocks_wanted, clear_linear_blocks, product, use_linear_blocks
+from specsure.proposers.head_blocks import (
+    INT8_NOTE, blocks_wanted, clear_linear_blocks, int8_wanted, product, use_linear_blocks, with_int8,
+)
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
     DraftRow, HeadCache, Logits, ascends, attend, commit_rows, kernel_ready, kernel_segment, use_row_kernel, widen,
@@ -137,13 +139,17 @@ class Eagle3Module(nn.Module):
         self._kernel = kernel
         return True
 
-    def use_blocks(self) -> int:
-        """Have the kernel read the head's weight matrices as Q8_0 blocks (head_blocks.py); after
-        `use_kernel` returned True. Returns how many of its matrices it reads so."""
+    def use_blocks(self, int8: bool = False) -> int:
+        """Have the kernel read the head's weight matrices as Q8_0 blocks (head_blocks.py), with int8
+        activations if ``int8``; after `use_kernel` returned True. Returns how many of its matrices it
+        reads so."""
         count = use_linear_blocks(self)  # fc, lm_head, and the projections for the torch path (a first call, tree levels)
         attn, mlp = self.midlayer.self_attn, self.midlayer.mlp  # the kernel's fused ones, from the parts' blocks
-        self._qkv_blocks = stack([attn.q_proj.blocks, attn.k_proj.blocks, attn.v_proj.blocks])
-        self._gate_up_blocks = stack([mlp.gate_proj.blocks, mlp.up_proj.blocks])
+        fused = [stack([attn.q_proj.blocks, attn.k_proj.blocks, attn.v_proj.blocks]),
+                 stack([mlp.gate_proj.blocks, mlp.up_proj.blocks])]
+        if int8 and self._kernel is not None:
+            fused = with_int8(self, self._kernel, fused)  # type: ignore[arg-type]
+        self._qkv_blocks, self._gate_up_blocks = fused
         return count
 
     def forward(self, features: torch.Tensor, token_ids: torch.Tensor, cache: HeadCache,
@@ -341,8 +347,9 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
                  "architectures, the aux layer count); re-save the head, or fix the config.")
     module.attach(lm, head_config, d2t)
     use_row_kernel(module, lm.row_kernel)
-    quantised = module.use_blocks() if module.use_kernel(lm.row_kernel) and blocks_wanted(lm) else 0
+    quantised = module.use_blocks(int8_wanted(lm)) if module.use_kernel(lm.row_kernel) and blocks_wanted(lm) else 0
     logger.info("eagle3 head %s: hidden %s, %d decoder layer(s), draft vocab %d of %d, aux layers %s%s", path,
                 head_config.hidden_size, layers, draft_vocab, vocab, aux,
-                f"; {quantised} head matrices read as Q8_0 blocks, like the GGUF target's" if quantised else "")
+                f"; {quantised} head matrices read as Q8_0 blocks{INT8_NOTE if int8_wanted(lm) else ''}, like the GGUF target's"
+                if quantised else "")
     return Eagle3Proposer(module, aux)

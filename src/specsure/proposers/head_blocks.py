@@ -10,7 +10,9 @@ This changes only which tokens a head proposes: the target verifies every draft 
 weights, so greedy output still equals plain decoding bit for bit and sampled output keeps the
 target's distribution (with a fixed seed the sampled text may differ, as other drafts draw other
 random numbers). It applies only where the target itself reads blocks; ``SPECSURE_HEAD_BLOCKS=0``
-keeps the float32 head (for comparing the two).
+keeps the float32 head (for comparing the two). Where the target was loaded with int8 activations,
+the head's Q8_0 blocks take them too (packed 8 rows side by side, as the target's), for a cheaper
+draft step with the same guarantee.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from specsure.proposers.head_layer import RowLinear
 
 if TYPE_CHECKING:
     from specsure.models.causal_lm import CausalLM
-    from specsure.models.float_kernel import AnyKernel
+    from specsure.models.float_kernel import AnyKernel, FloatKernel
 
 ENV = "SPECSURE_HEAD_BLOCKS"
+INT8_NOTE = " with int8 activations"
+"""What the load log adds where a head's blocks take the target's int8 activations."""
 
 
 def blocks_wanted(lm: "CausalLM") -> bool:
@@ -36,6 +40,21 @@ def blocks_wanted(lm: "CausalLM") -> bool:
     kernel = lm.row_kernel
     return (os.environ.get(ENV) != "0" and bool(lm.blocks_used) and lm.dtype == torch.float32
             and kernel is not None and hasattr(kernel, "linear_blocks"))
+
+
+def int8_wanted(lm: "CausalLM") -> bool:
+    """Whether a head of ``lm`` should multiply its blocks with int8 activations: the target does."""
+    return lm.int8_matrices > 0
+
+
+def with_int8(module: torch.nn.Module, kernel: "FloatKernel", fused: list[BlockMatrix | None]) -> list[BlockMatrix | None]:
+    """Every `RowLinear` of ``module`` with Q8_0 blocks, and the ``fused`` matrices stacked from them,
+    made the kernel's int8-activation kind (`FloatKernel.prepared`); returns the fused ones. After the
+    stacking: packed matrices do not stack."""
+    for sub in module.modules():
+        if isinstance(sub, RowLinear) and sub.blocks is not None:
+            sub.blocks = kernel.prepared(sub.blocks, True)
+    return [None if matrix is None else kernel.prepared(matrix, True) for matrix in fused]
 
 
 def use_linear_blocks(module: torch.nn.Module, skip: tuple[torch.nn.Module, ...] = ()) -> int:

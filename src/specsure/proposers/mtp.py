@@ -38,7 +38,9 @@ from specsure.models.gguf_blocks import q8_blocks, stack
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
 from specsure.models.products import project
 from specsure.models.rotary_table import RotaryTable
-from specsure.proposers.head_blocks import blocks_wanted, clear_linear_blocks, product, use_linear_blocks
+from specsure.proposers.head_blocks import (
+    INT8_NOTE, blocks_wanted, clear_linear_blocks, int8_wanted, product, use_linear_blocks, with_int8,
+)
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
     DraftRow, HeadCache, Logits, Rotary, ascends, commit_rows, kernel_ready, kernel_segment, use_cache_slots,
@@ -141,24 +143,29 @@ class MTPModule(nn.Module):
         self._kernel = kernel
         return True
 
-    def use_blocks(self) -> int:
-        """Have the kernel read the module's weight matrices as Q8_0 blocks (head_blocks.py); after
-        `use_kernel` returned True. Returns how many of its matrices it reads so."""
+    def use_blocks(self, int8: bool = False) -> int:
+        """Have the kernel read the module's weight matrices as Q8_0 blocks (head_blocks.py), with int8
+        activations if ``int8``; after `use_kernel` returned True. Returns how many of its matrices it
+        reads so."""
         own, kernel = getattr(self.shared_head, "head", None), self._kernel
         gathered = own is not None and self.draft_ids is not None  # drafting reads its draft-vocabulary rows only
         # eh_proj, an own head, and the block's projections for its torch path (a first call, tree levels)
         count = use_linear_blocks(self, skip=(own,) if gathered else ())
+        int8 = int8 and kernel is not None
         if gathered and kernel is not None:
             rows = q8_blocks(own.weight[self.draft_ids].contiguous())
             if rows is not None:
+                rows = kernel.prepared(rows, True) if int8 else rows  # type: ignore[union-attr]
                 self._draft_logits = lambda normed: kernel.linear_blocks(rows, normed.contiguous())  # type: ignore[union-attr]
                 count += 1
         attn, mlp = self.block.self_attn, self.block.mlp
         # The kernel's fused matrices, from the projections' blocks: a block is one row's 32 weights,
         # so stacking rows gives the blocks of the fused rows without quantising them again.
-        self._blocks = {"qkv": stack([attn.q_proj.blocks, attn.k_proj.blocks, attn.v_proj.blocks]),
-                        "o": attn.o_proj.blocks, "gate_up": stack([mlp.gate_proj.blocks, mlp.up_proj.blocks]),
-                        "down": mlp.down_proj.blocks}
+        fused = [stack([attn.q_proj.blocks, attn.k_proj.blocks, attn.v_proj.blocks]), attn.o_proj.blocks,
+                 stack([mlp.gate_proj.blocks, mlp.up_proj.blocks]), mlp.down_proj.blocks]
+        if int8:
+            fused = with_int8(self, kernel, fused)  # type: ignore[arg-type]
+        self._blocks = dict(zip(("qkv", "o", "gate_up", "down"), fused))
         for name, matrix in self._blocks.items():
             if matrix is not None:
                 setattr(self._layer[0], name, matrix.data.data_ptr())
@@ -275,10 +282,11 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> MTPProposer:
         module.attach(lm, rotary, draft_ids)
         use_row_kernel(module, lm.row_kernel)
         if module.use_kernel(lm.row_kernel) and blocks_wanted(lm):
-            quantised += module.use_blocks()
+            quantised += module.use_blocks(int8_wanted(lm))
     logger.info("mtp: %d module(s) from %s (%s), drafting among %s tokens%s", len(modules_out), label, where,
                 lm.vocab_size if draft_ids is None else int(draft_ids.numel()),
-                f"; {quantised} head matrices read as Q8_0 blocks, like the GGUF target's" if quantised else "")
+                f"; {quantised} head matrices read as Q8_0 blocks{INT8_NOTE if int8_wanted(lm) else ''}, like the GGUF target's"
+                if quantised else "")
     return MTPProposer(modules_out)
 
 
