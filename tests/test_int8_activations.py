@@ -94,24 +94,18 @@ def _matrix(name: str, rows: int) -> gguf_blocks.BlockMatrix:
     return matrix
 
 
-@pytest.mark.parametrize("name, packed", [("Q4_0", False), ("Q4_1", False), ("Q8_0", False), ("Q4_0", True),
-                                          ("Q4_1", True), ("Q8_0", True), ("Q5_0", True), ("Q5_1", True), ("Q5_K", True),
-                                          ("Q6_K", True), ("Q4_K+Q6_K", True)])
-def test_int8_products_are_the_integer_arithmetic_and_rows_do_not_affect_each_other(name: str, packed: bool) -> None:
+@pytest.mark.parametrize("name, rows", [("Q4_0", 80), ("Q4_1", 80), ("Q8_0", 80), ("Q5_0", 80), ("Q5_1", 80),
+                                        ("Q5_K", 80), ("Q6_K", 80), ("Q4_K+Q6_K", 80), ("Q4_0", 70), ("Q4_1", 70),
+                                        ("Q8_0", 70), ("Q5_0", 70), ("Q6_K", 70), ("Q4_K+Q6_K", 70)])
+def test_int8_products_are_the_integer_arithmetic_and_rows_do_not_affect_each_other(name: str, rows: int) -> None:
+    # 80 rows: groups of 8 rows packed side by side; 70: a last group of 6, padded with zero rows
     kernel = _kernel()
     torch.manual_seed(0)
-    rows = 80 if packed else 70  # packed: groups of 8 rows; the blocks as they are: a partial group of 4
     matrix = _matrix(name, rows)
-    if packed:
-        tagged = kernel.int8_pack(matrix)
-        five = name == "Q5_0"  # held as Q8_0 blocks, packed in 5 bits
-        assert tagged is not None and tagged.format == (gguf_blocks.R5_0 if five else gguf_blocks.PACKED[matrix.format])
-        assert kernel.prepared(matrix, True).format == tagged.format  # what a model with int8 activations reads
-        assert kernel.int8_pack(_matrix(name, 84)) is None  # not a multiple of 8
-    else:
-        tagged = gguf_blocks.with_int8_activations(matrix)
-        assert tagged is not None and tagged.format != matrix.format
-        assert torch.equal(tagged.dequantized(), matrix.dequantized())  # the same bytes
+    tagged = kernel.int8_pack(matrix)
+    five = name == "Q5_0"  # held as Q8_0 blocks, packed in 5 bits
+    assert tagged is not None and tagged.format == (gguf_blocks.R5_0 if five else gguf_blocks.PACKED[matrix.format])
+    assert kernel.prepared(matrix, True).format == tagged.format  # what a model with int8 activations reads
     bias, x = torch.randn(rows), torch.randn(64, 256)
     x[2, :32] = 0.0  # a block of zeros (scale 0)
     float32 = kernel.linear_blocks(matrix, x, bias)
@@ -127,14 +121,18 @@ def test_int8_products_are_the_integer_arithmetic_and_rows_do_not_affect_each_ot
     assert 1e-4 < error < 0.03
 
 
-def test_which_formats_have_integer_products() -> None:
-    # Q5_0's 5-bit quants are held as Q8_0 blocks, so they have them as they are; Q5_1 (an offset per
-    # block, Q8_M) and Q6_K (two scales per block, Q8_H) have them only packed, 8 rows at a time
+def test_every_block_format_has_integer_products_whatever_its_row_count() -> None:
+    # Q5_0's 5-bit quants are held as Q8_0 blocks (R5_0 packed), Q5_1 with an offset per block (Q8_M),
+    # Q6_K with two scales per block (Q8_H); float32 rows have none
     kernel = _kernel()
-    for name, ggml, unpacked in (("Q5_0", 6, True), ("Q5_1", 7, False), ("Q6_K", 14, False)):
-        matrix = gguf_blocks.repack(quantised(name, 8, 256), ggml, 256)
-        assert (gguf_blocks.with_int8_activations(matrix) is not None) is unpacked, name
-        assert kernel.int8_pack(matrix) is not None, name
+    for name, ggml, packed in (("Q5_0", 6, gguf_blocks.R5_0), ("Q5_1", 7, gguf_blocks.R8_M),
+                               ("Q6_K", 14, gguf_blocks.R8_H)):
+        for rows in (8, 5):
+            matrix = gguf_blocks.repack(quantised(name, rows, 256), ggml, 256)
+            tagged = kernel.int8_pack(matrix)
+            assert tagged is not None and (tagged.format, tagged.rows) == (packed, rows), (name, rows)
+    rows = gguf_blocks.BlockMatrix(torch.zeros(8, 64 * 4, dtype=torch.uint8), 0, 8, 64, "F32")
+    assert kernel.int8_pack(rows) is None
 
 
 def test_five_bit_packing_gives_the_eight_bit_products_bits(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -241,10 +239,11 @@ def test_with_int8_activations_a_long_prompt_prefills_the_same_bits_whole_or_in_
     assert torch.equal(lm.forward(prompt).logits[-1], whole)  # every row's logits, 150 rows of the LM head
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1"])
 def test_a_nan_or_an_inf_in_the_activations_stays_visible(name: str) -> None:
     kernel = _kernel()
-    tagged = gguf_blocks.with_int8_activations(gguf_blocks.repack(quantised(name, 8, 64), GGML[name], 64))
+    tagged = kernel.int8_pack(gguf_blocks.repack(quantised(name, 8, 64), GGML[name], 64))
+    assert tagged is not None
     for bad in (float("nan"), float("inf")):
         for at in (0, 13, 31, 40):  # first chunk, middle, a block's last value, the second block
             x = torch.randn(2, 64)
@@ -285,18 +284,22 @@ def test_with_int8_activations_a_forward_past_the_piece_size_gives_the_same_bits
     assert torch.equal(cut, whole)
 
 
-def test_with_int8_activations_a_head_without_them_takes_every_row_count_in_c(tmp_path: Path) -> None:
-    # llama.cpp's files often keep the LM head in Q6_K; one of 300 rows (not a multiple of 8) has no
-    # integer products: past 64 rows it must still run the kernel's products, not torch's, or a
-    # batch's verify rows would differ
+@pytest.mark.parametrize("head", ["Q6_K", None])
+def test_with_int8_activations_the_lm_head_takes_every_row_count_in_c(tmp_path: Path, head: str | None) -> None:
+    # llama.cpp's files often keep the LM head in Q6_K (300 rows here: a last group of 4 packed with
+    # padding), and a head left in float32 has no blocks at all: past 64 rows either must still run
+    # the kernel's products, not torch's, or a batch's verify rows would differ
     _kernel()
     folder = build_tiny_llama(tmp_path / "llama", vocab_size=VOCAB, hidden_size=256, tie=False)
     byte_bpe_tokenizer(folder, VOCAB)
     types = {f"blk.{i}.{n}.weight": "Q4_0" for i in (0, 1) for n in ("attn_q", "attn_k", "attn_v", "attn_output",
                                                                        "ffn_gate", "ffn_up", "ffn_down")}
-    gguf = write_llama_gguf(folder, tmp_path / "q6k-head.gguf", quantize={**types, "output.weight": "Q6_K"})
+    gguf = write_llama_gguf(folder, tmp_path / "head.gguf", quantize={**types, **({"output.weight": head} if head else {})})
     lm = load_model(str(gguf), dtype="float32", int8_activations=True).lm
-    assert "1 Q6_K" in lm.path and lm.head.int8 is None
+    if head:
+        assert "1 Q6_K" in lm.path and lm.head.int8 is not None and lm.head.int8.format == gguf_blocks.R8_H
+    else:
+        assert lm.head.blocks is None and lm.head.int8 is None
     lm.forward([5, 6, 7])
     ids = [int(t) for t in torch.randint(3, VOCAB, (70,), generator=torch.Generator().manual_seed(2))]
     together = lm.forward(ids).logits

@@ -34,7 +34,7 @@
 
 /* How a weight matrix [n, k] is stored: float32 rows, or GGUF's blocks of 32 weights along k,
  * repacked with float32 scales (gguf_blocks.py) so a block dequantises with one conversion: */
-enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, Q8_M = 4, Q8_H = 5, Q8_X = 6, A4 = 7, A8 = 8, I4_0 = 9, I4_1 = 10, I8_0 = 11,
+enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, Q8_M = 4, Q8_H = 5, Q8_X = 6, A4 = 7, A8 = 8,
        R4_0 = 12, R4_1 = 13, R8_0 = 14, R8_M = 15, R8_H = 16, R8_X = 17, R5_0 = 18 };
 /* Q4_0 {float d; uint8 qs[16]}: w = d (q - 8); Q4_1 {float d, m; uint8 qs[16]}: w = d q + m;
  * Q8_0 {float d; int8 qs[32]}: w = d q; Q8_M {float d, m; int8 qs[32]}: w = d q + m; Q8_H {float
@@ -752,21 +752,17 @@ static void amx_gemm(const uint8_t *w, int64_t format, const float *bias, const 
 }
 #endif
 
-/* Integer products: I4_0, I4_1 and I8_0 are Q4_0, Q4_1 and Q8_0 matrices (the same bytes) read
- * with int8 activations, as llama.cpp multiplies them, for a model loaded with int8 activations.
- * Each row of x is rounded, per block of 32, to d x q with q = round(x / d) in -127..127 and
- * d = max |x| / 127; a weight block's integers then multiply x's in 8- and 16-bit lanes
- * (maddubs, madd), exact in int32 (Q4_0's -8 too, from x's sums of 4), and one FMA scales the
- * block's 8 lane sums by d_w d_x; Q4_1's offset m times x's block sum d sum(q) joins a scalar chain.
- * About 13 instructions per 32 weights against the float32 products' 20, so a one-row product runs
- * about 1.5x as fast on AVX2 (BENCHMARKS.md, "Int8 activations"); the outputs are llama.cpp's kind
- * of approximation, not float32's bits. Every output is its own chains in a fixed order over its
- * own row of x, so a row's bits still do not depend on the rows beside it: a verify row equals
- * the decode step, and greedy speculation equals plain decoding in this mode too. */
+/* Integer products, for a model loaded with int8 activations: each row of x is rounded, per block
+ * of 32, to d x q with q = round(x / d) in -127..127 and d = max |x| / 127, and a weight block's
+ * integers multiply x's in 8- and 16-bit lanes (maddubs, madd), exact in int32, as llama.cpp
+ * multiplies them; one FMA scales a block's int32 sums by d_w d_x, and an offset m times x's block
+ * sum d sum(q) joins its own chain. The weights are packed 8 rows side by side (below). The outputs
+ * are llama.cpp's kind of approximation, not float32's bits. Every output is its own chains in a
+ * fixed order over its own row of x, so a row's bits still do not depend on the rows beside it: a
+ * verify row equals the decode step, and greedy speculation equals plain decoding in this mode too. */
 typedef struct {
     float d, s; /* the block's scale, and d times the sum of its q */
     int8_t q[32];
-    int32_t minus8[8]; /* -8 times the sums of q's 8 groups of 4: Q4_0's offset, added in int32 */
     int32_t minus8_sum; /* -8 times the sum of q: R4_0's offset, added in int32 */
 } XBlock;
 
@@ -810,121 +806,12 @@ static void quantize_rows(const float *x, XBlock *out, int64_t m, int64_t k) {
                 o->d = o->s = NAN;
             packed = _mm256_permutevar8x32_epi32(packed, order);
             _mm256_storeu_si256((__m256i *)o->q, packed);
-            __m256i groups = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), packed), _mm256_set1_epi16(1));
-            _mm256_storeu_si256((__m256i *)o->minus8, _mm256_mullo_epi32(groups, _mm256_set1_epi32(-8)));
         }
 }
 
-/* A Q4 block's 32 nibbles as bytes in weight order: low nibbles (weights 0..15), then high ones. */
-static inline __attribute__((always_inline)) __m256i nibble_bytes(const uint8_t *qs) {
-    __m128i bytes = _mm_loadu_si128((const __m128i *)qs); /* one AND for both halves: an instruction fewer */
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), _mm256_set1_epi8(15));
-}
-
-/* wr weight rows (base format Q4_0, Q4_1 or Q8_0) over rows i .. i + xr of x, every block. Each
- * output takes the same operations in the same order whatever xr and wr are: per block, its int32
- * lane sums (Q4_0's offset added there, exactly), times d_w d_x (one rounding), into its 8-lane FMA
- * chain, and Q4_1's offset m_w s_x into its scalar chain. */
-static inline __attribute__((always_inline)) void imicro(int format, const uint8_t *const *rows, int w0, int wr,
-                                                          const XBlock *xq, float *y, int64_t n, int64_t blocks,
-                                                          int64_t i, int xr, int nr, int64_t j0, const uint8_t *ahead,
-                                                          int64_t ahead_bytes) {
-    int64_t bytes = block_bytes(format);
-    __m256 acc[4][4];
-    float offsets[4][4];
-    for (int a = 0; a < xr; a++)
-        for (int r = 0; r < wr; r++) acc[a][r] = _mm256_setzero_ps(), offsets[a][r] = 0.0f;
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t b = 0; b < blocks; b++) {
-        if (ahead)
-            for (int64_t p = b * ahead_bytes; p < (b + 1) * ahead_bytes; p += 64)
-                _mm_prefetch((const char *)(ahead + p), _MM_HINT_T0);
-        for (int r = 0; r < wr; r++) {
-            const uint8_t *block = rows[w0 + r] + b * bytes;
-            __m256 dw = _mm256_broadcast_ss((const float *)block);
-            __m256i w = format == Q8_0 ? _mm256_loadu_si256((const __m256i *)(block + 4))
-                                       : nibble_bytes(block + (format == Q4_1 ? 8 : 4));
-            __m256i aw = format == Q8_0 ? _mm256_sign_epi8(w, w) : w; /* maddubs wants unsigned bytes first */
-            float m = format == Q4_1 ? ((const float *)block)[1] : 0.0f;
-            for (int a = 0; a < xr; a++) {
-                const XBlock *xb = xq + (i + a) * blocks + b;
-                __m256i xv = _mm256_loadu_si256((const __m256i *)xb->q);
-                if (format == Q8_0) xv = _mm256_sign_epi8(xv, w); /* x takes w's sign */
-                __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones);
-                if (format == Q4_0) sums = _mm256_add_epi32(sums, _mm256_loadu_si256((const __m256i *)xb->minus8));
-                __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(&xb->d));
-                acc[a][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[a][r]);
-                if (format == Q4_1) offsets[a][r] = fmaf(m, xb->s, offsets[a][r]);
-            }
-        }
-    }
-    for (int a = 0; a < xr; a++)
-        for (int r = 0; r < wr; r++)
-            if (w0 + r < nr) y[(i + a) * n + j0 + w0 + r] = reduce8(acc[a][r]) + offsets[a][r];
-}
-
-/* Every row of x over one group of 4 weight rows: one row of x takes all 4 at once (4 chains keep
- * the FMA unit busy), more rows take them 2 at a time (8 accumulators, no spills). */
-static inline __attribute__((always_inline)) void irows(int format, const uint8_t *const *rows, const XBlock *xq,
-                                                         float *y, int64_t n, int64_t blocks, int64_t m, int nr,
-                                                         int64_t j0, const uint8_t *ahead) {
-    int64_t i = 0, group = WROWS * block_bytes(format);
-    while (i < m) {
-        int64_t left = m - i;
-        int xr = left >= 4 ? 4 : (int)left;
-        const uint8_t *next = i == 0 ? ahead : NULL;
-        switch (xr) {
-        case 1: imicro(format, rows, 0, 4, xq, y, n, blocks, i, 1, nr, j0, next, group); break;
-        case 2:
-            imicro(format, rows, 0, 2, xq, y, n, blocks, i, 2, nr, j0, next, group);
-            imicro(format, rows, 2, 2, xq, y, n, blocks, i, 2, nr, j0, NULL, 0);
-            break;
-        case 3:
-            imicro(format, rows, 0, 2, xq, y, n, blocks, i, 3, nr, j0, next, group);
-            imicro(format, rows, 2, 2, xq, y, n, blocks, i, 3, nr, j0, NULL, 0);
-            break;
-        default:
-            imicro(format, rows, 0, 2, xq, y, n, blocks, i, 4, nr, j0, next, group);
-            imicro(format, rows, 2, 2, xq, y, n, blocks, i, 4, nr, j0, NULL, 0);
-        }
-        i += xr;
-    }
-}
-
-#define IROWS(name, format)                                                                                         \
-    static void name(const uint8_t *const *rows, const XBlock *xq, float *y, int64_t n, int64_t blocks, int64_t m, \
-                     int nr, int64_t j0, const uint8_t *ahead) {                                                    \
-        irows(format, rows, xq, y, n, blocks, m, nr, j0, ahead);                                                   \
-    }
-IROWS(irows_q4_0, Q4_0)
-IROWS(irows_q4_1, Q4_1)
-IROWS(irows_q8_0, Q8_0)
-
-/* `qgemm` with int8 activations; `format` is I4_0, I4_1 or I8_0. */
-static void igemm(int64_t format, const uint8_t *w, const float *bias, const float *x, float *y, int64_t n, int64_t k,
-                  int64_t m) {
-    int base = format == I4_0 ? Q4_0 : format == I4_1 ? Q4_1 : Q8_0;
-    int64_t groups = (n + WROWS - 1) / WROWS, blocks = k / 32, row_bytes = blocks * block_bytes(base);
-    XBlock *xq = malloc((size_t)(m * blocks) * sizeof(XBlock));
-    if (!xq) abort(); /* a few kB: as the float32 products' own buffers, not worth an error path */
-    quantize_rows(x, xq, m, k);
-    void (*run)(const uint8_t *const *, const XBlock *, float *, int64_t, int64_t, int64_t, int, int64_t,
-                const uint8_t *) = base == Q4_0 ? irows_q4_0 : base == Q4_1 ? irows_q4_1 : irows_q8_0;
-#pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < groups; g++) {
-        int64_t j0 = g * WROWS;
-        int nr = n - j0 < WROWS ? (int)(n - j0) : WROWS;
-        const uint8_t *rows[WROWS];
-        for (int r = 0; r < WROWS; r++) rows[r] = w + (j0 + (r < nr ? r : 0)) * row_bytes;
-        const uint8_t *next = j0 + 2 * WROWS <= n ? w + (j0 + WROWS) * row_bytes : NULL;
-        run(rows, xq, y, n, blocks, m, nr, j0, next);
-        add_bias(y, bias, n, m, j0, nr);
-    }
-    free(xq);
-}
-
-/* R4_0 and R4_1: a Q4_0 or Q4_1 matrix (rows a multiple of 8) repacked for the integer products, 8
- * weight rows side by side, as llama.cpp repacks Q4_0 for AVX2. Per group of 8 rows and block: 4 x
+/* R4_0 and R4_1: a Q4_0 or Q4_1 matrix repacked for the integer products, 8 weight rows side by
+ * side, as llama.cpp repacks Q4_0 for AVX2 (a last group of fewer rows padded with zero rows, whose
+ * lanes are never stored). Per group of 8 rows and block: 4 x
  * 32 bytes of nibbles, where load j holds bytes 4j .. 4j + 3 of each row's block in row order (so its
  * low nibbles are weights 4j .. 4j + 3 of the 8 rows, its high ones weights 16 + 4j ..), then the 8
  * rows' d, then (R4_1) their 8 m. One maddubs then multiplies 4 weights of all 8 rows by the same 4
@@ -932,7 +819,7 @@ static void igemm(int64_t format, const uint8_t *w, const float *bias, const flo
  * saturation), one madd makes them the 8 rows' int32 block sums, and each row's output is one lane:
  * an FMA chain over the blocks, no reduction at the end. Q4_0's -8 enters the int32 sums as -8 times
  * x's block sum, exactly. About 2.5 instructions per row and block for each row of x after the
- * first, against 6 to 7 for the unpacked blocks (I4_0, I4_1), and the unpacking is shared by 8 rows.
+ * first, against 6 to 7 for blocks as they are, and the unpacking is shared by 8 rows.
  * R8_0, a Q8_0 matrix the same way: 8 x 32 bytes of int8 (load j: weights 4j .. 4j + 3 of the 8
  * rows), then the 8 d; maddubs takes |w| and x with w's sign, and each pair of products can reach
  * 2 x 128 x 127, so every load's sums go to int32 at once (madd) rather than adding in int16.
@@ -959,11 +846,12 @@ void int8_pack(const uint8_t *w, int64_t format, int64_t n, int64_t k, uint8_t *
     int64_t blocks = k / 32, bytes = block_bytes(format);
     int header = format == Q4_0 || format == Q8_0 ? 1 : format == Q8_X ? 3 : 2;
     int64_t loads = r_eight(r_format(format)) ? 8 : 4, packed = rblock_bytes(r_format(format));
-    for (int64_t g = 0; g < n / 8; g++)
+    for (int64_t g = 0; g < (n + 7) / 8; g++)
         for (int64_t b = 0; b < blocks; b++) {
             uint8_t *o = out + (g * blocks + b) * packed;
             uint8_t *scales = o + 32 * loads;
-            for (int r = 0; r < 8; r++) {
+            memset(o, 0, (size_t)packed); /* a padding row: zero quants and scales */
+            for (int r = 0; r < 8 && g * 8 + r < n; r++) {
                 const uint8_t *block = w + ((g * 8 + r) * blocks + b) * bytes;
                 for (int j = 0; j < loads; j++) memcpy(o + 32 * j + 4 * r, block + 4 * header + 4 * j, 4);
                 for (int h = 0; h < header; h++) memcpy(scales + 32 * h + 4 * r, block + 4 * h, 4);
@@ -978,11 +866,11 @@ void int8_pack(const uint8_t *w, int64_t format, int64_t n, int64_t k, uint8_t *
  * then the 8 d. The integer sums, and so the outputs, are R8_0's to the bit. */
 void int8_pack_r5(const uint8_t *w, int64_t n, int64_t k, uint8_t *out) {
     int64_t blocks = k / 32;
-    for (int64_t g = 0; g < n / 8; g++)
+    for (int64_t g = 0; g < (n + 7) / 8; g++)
         for (int64_t b = 0; b < blocks; b++) {
             uint8_t *o = out + (g * blocks + b) * 192;
-            memset(o + 128, 0, 32);
-            for (int r = 0; r < 8; r++) {
+            memset(o, 0, 192); /* a padding row: zero quants and scale */
+            for (int r = 0; r < 8 && g * 8 + r < n; r++) {
                 const uint8_t *block = w + ((g * 8 + r) * blocks + b) * 36;
                 const int8_t *q = (const int8_t *)(block + 4);
                 for (int j = 0; j < 4; j++)
@@ -1006,7 +894,7 @@ static inline __attribute__((always_inline)) __m256i fifth_bit(__m256i plane, in
 /* 8 weight rows (one packed group) over rows i .. i + xr of x. */
 static inline __attribute__((always_inline)) void rmicro(int format, const uint8_t *group, const XBlock *xq,
                                                           float *y, int64_t n, int64_t blocks, int64_t i, int xr,
-                                                          int64_t j0, const float *bias, const uint8_t *ahead) {
+                                                          int64_t j0, int nr, const float *bias, const uint8_t *ahead) {
     int64_t packed = rblock_bytes(format);
     __m256 acc[4], offsets[4];
     __m256i p16[4];
@@ -1082,22 +970,29 @@ static inline __attribute__((always_inline)) void rmicro(int format, const uint8
                                              offsets[a]);
         }
     }
+    float bias8[8] = {0}, out8[8]; /* a last group of nr < 8 rows: only its own lanes are read and written */
+    if (bias) memcpy(bias8, bias + j0, (size_t)nr * sizeof(float));
     for (int a = 0; a < xr; a++) {
         __m256 out = _mm256_add_ps(acc[a], offsets[a]);
-        if (bias) out = _mm256_add_ps(out, _mm256_loadu_ps(bias + j0));
-        _mm256_storeu_ps(y + (i + a) * n + j0, out);
+        if (bias) out = _mm256_add_ps(out, _mm256_loadu_ps(bias8));
+        if (nr == 8) {
+            _mm256_storeu_ps(y + (i + a) * n + j0, out);
+        } else {
+            _mm256_storeu_ps(out8, out);
+            memcpy(y + (i + a) * n + j0, out8, (size_t)nr * sizeof(float));
+        }
     }
 }
 
 #define RROWS(name, format)                                                                                        \
     static void name(const uint8_t *group, const XBlock *xq, float *y, int64_t n, int64_t blocks, int64_t m,      \
-                     int64_t j0, const float *bias, const uint8_t *ahead) {                                        \
+                     int64_t j0, int nr, const float *bias, const uint8_t *ahead) {                                \
         for (int64_t i = 0; i < m; i += 3) {                                                                       \
             const uint8_t *next = i == 0 ? ahead : NULL;                                                           \
             switch (m - i >= 3 ? 3 : (int)(m - i)) {                                                               \
-            case 1: rmicro(format, group, xq, y, n, blocks, i, 1, j0, bias, next); break;                        \
-            case 2: rmicro(format, group, xq, y, n, blocks, i, 2, j0, bias, next); break;                        \
-            default: rmicro(format, group, xq, y, n, blocks, i, 3, j0, bias, next);                              \
+            case 1: rmicro(format, group, xq, y, n, blocks, i, 1, j0, nr, bias, next); break;                    \
+            case 2: rmicro(format, group, xq, y, n, blocks, i, 2, j0, nr, bias, next); break;                    \
+            default: rmicro(format, group, xq, y, n, blocks, i, 3, j0, nr, bias, next);                          \
             }                                                                                                      \
         }                                                                                                          \
     }
@@ -1109,20 +1004,21 @@ RROWS(rrows_r8_h, R8_H)
 RROWS(rrows_r8_x, R8_X)
 RROWS(rrows_r5_0, R5_0)
 
-/* `igemm` over a packed matrix: each thread takes whole groups of 8 rows. */
+/* y [m, n] = x [m, k] . w^T (+ bias) over a packed matrix: each thread takes whole groups of 8 rows. */
 static void rgemm(int64_t format, const uint8_t *w, const float *bias, const float *x, float *y, int64_t n, int64_t k,
                   int64_t m) {
-    int64_t blocks = k / 32, group_bytes = blocks * rblock_bytes((int)format);
+    int64_t blocks = k / 32, group_bytes = blocks * rblock_bytes((int)format), groups = (n + 7) / 8;
     XBlock *xq = malloc((size_t)(m * blocks) * sizeof(XBlock));
     if (!xq) abort();
     quantize_rows(x, xq, m, k);
-    void (*run)(const uint8_t *, const XBlock *, float *, int64_t, int64_t, int64_t, int64_t, const float *,
+    void (*run)(const uint8_t *, const XBlock *, float *, int64_t, int64_t, int64_t, int64_t, int, const float *,
                 const uint8_t *) =
         format == R4_0 ? rrows_r4_0 : format == R4_1 ? rrows_r4_1 : format == R8_0 ? rrows_r8_0
         : format == R8_M ? rrows_r8_m : format == R8_H ? rrows_r8_h : format == R8_X ? rrows_r8_x : rrows_r5_0;
 #pragma omp parallel for schedule(static)
-    for (int64_t g = 0; g < n / 8; g++)
-        run(w + g * group_bytes, xq, y, n, blocks, m, g * 8, bias, g + 1 < n / 8 ? w + (g + 1) * group_bytes : NULL);
+    for (int64_t g = 0; g < groups; g++)
+        run(w + g * group_bytes, xq, y, n, blocks, m, g * 8, n - g * 8 < 8 ? (int)(n - g * 8) : 8, bias,
+            g + 1 < groups ? w + (g + 1) * group_bytes : NULL);
     free(xq);
 }
 
@@ -1138,9 +1034,6 @@ static void product(const void *w, int64_t format, const float *bias, const floa
     case Q8_X: qgemm((int)format, w, bias, x, y, n, k, m); break;
     case A4:
     case A8: amx_gemm(w, format, bias, x, y, n, k, m); break;
-    case I4_0:
-    case I4_1:
-    case I8_0: igemm(format, w, bias, x, y, n, k, m); break;
     case R4_0:
     case R4_1:
     case R8_0:

@@ -22,7 +22,7 @@ import torch
 from specsure.config.cpu import cpu_flags
 from specsure.config.dtype_choice import KERNEL_FLAGS, build_blocker
 from specsure.models.gguf_blocks import (
-    A4, A8, PACKED, Q4_0, Q4_1, Q8_0, R5_0, BlockMatrix, block_bytes, with_int8_activations,
+    A4, A8, PACKED, Q4_0, Q4_1, Q8_0, R5_0, BlockMatrix, block_bytes,
 )
 from specsure.models.kernel import Kernel, RowOps, SegmentStruct, ShapeStruct, open_library
 
@@ -91,29 +91,28 @@ class FloatKernel(RowOps):
         return BlockMatrix(data, A8 if eight else A4, matrix.rows, matrix.cols, matrix.kind)
 
     def int8_pack(self, matrix: BlockMatrix) -> BlockMatrix | None:
-        """A block ``matrix`` packed for the integer products 8 rows side by side (`gguf_blocks.PACKED`;
-        the same weights, each output its own lane), or None: float32 rows, a matrix already packed,
-        or rows not a multiple of 8 (Q4_0, Q4_1 and Q8_0 ones take I4_0, I4_1 and I8_0 then, the
-        blocks as they are)."""
+        """A block ``matrix`` packed for the integer products 8 rows side by side (`gguf_blocks.PACKED`,
+        or R5_0 for a Q5_0 file's; the same weights, each output its own lane, a last group of fewer
+        rows padded with zero rows), or None for float32 rows or a matrix already packed."""
         packed = PACKED.get(matrix.format)
-        if packed is None or matrix.rows % 8:
+        if packed is None:
             return None
+        groups = -(-matrix.rows // 8)
         if matrix.format == Q8_0 and _five_bits(matrix):  # a Q5_0 file's: 24 bytes a block instead of 36
-            data = torch.empty(matrix.rows, matrix.cols // 32 * 24, dtype=torch.uint8)
+            data = torch.empty(groups * 8, matrix.cols // 32 * 24, dtype=torch.uint8)
             self.library.int8_pack_r5(matrix.data.data_ptr(), matrix.rows, matrix.cols, data.data_ptr())
             return BlockMatrix(data, R5_0, matrix.rows, matrix.cols, matrix.kind)
         # per 8 rows and block: their quants, then each of the block's scales for the 8 rows: as many
         # bytes as the blocks
-        data = torch.empty(matrix.rows, matrix.cols // 32 * block_bytes(matrix.format), dtype=torch.uint8)
+        data = torch.empty(groups * 8, matrix.cols // 32 * block_bytes(matrix.format), dtype=torch.uint8)
         self.library.int8_pack(matrix.data.data_ptr(), matrix.format, matrix.rows, matrix.cols, data.data_ptr())
         return BlockMatrix(data, packed, matrix.rows, matrix.cols, matrix.kind)
 
     def prepared(self, matrix: BlockMatrix, int8_activations: bool) -> BlockMatrix:
-        """How this kernel reads a checked block ``matrix``: with int8 activations where they are
-        wanted and its format has them (packed 8 rows side by side where it can be), else on AMX
-        tiles where it can be packed, else as it is."""
-        if int8_activations and (tagged := self.int8_pack(matrix) or with_int8_activations(matrix)):
-            return tagged
+        """How this kernel reads a checked block ``matrix``: packed for the integer products where int8
+        activations are wanted, else on AMX tiles where it can be packed, else as it is."""
+        if int8_activations and (packed := self.int8_pack(matrix)):
+            return packed
         return self.amx_pack(matrix) or matrix
 
     def linear_rows(self, weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

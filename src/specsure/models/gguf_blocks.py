@@ -44,23 +44,18 @@ A4, A8 = 7, 8
 (`FloatKernel.amx_pack`), 16 rows' blocks together; made after `matches` has checked the blocks it
 packs, and never dequantised."""
 
-I4_0, I4_1, I8_0 = 9, 10, 11
-"""float_kernel.c's integer products: a Q4_0, Q4_1 or Q8_0 matrix (the same bytes) multiplied with
-int8 activations, as llama.cpp multiplies them (`with_int8_activations`); tagged after `matches` has
-checked the blocks, for a model loaded with ``int8_activations``."""
 R4_0, R4_1, R8_0, R8_M, R8_H, R8_X = 12, 13, 14, 15, 16, 17
 """float_kernel.c's R4_0, R4_1, R8_0, R8_M, R8_H and R8_X: a Q4_0, Q4_1, Q8_0, Q8_M, Q8_H or Q8_X
-matrix (rows a multiple of 8) packed for the integer products, 8 rows side by side
-(`FloatKernel.int8_pack`), as llama.cpp repacks Q4_0; never dequantised."""
+matrix packed for the integer products (each row of x rounded to int8 blocks, as llama.cpp does), 8
+rows side by side (`FloatKernel.int8_pack`), as llama.cpp repacks Q4_0; made after `matches` has
+checked the blocks it packs, for a model loaded with ``int8_activations``, and never dequantised."""
 PACKED = {Q4_0: R4_0, Q4_1: R4_1, Q8_0: R8_0, Q8_M: R8_M, Q8_H: R8_H, Q8_X: R8_X}
 """Each block format's packing for the integer products."""
 R5_0 = 18
 """float_kernel.c's R5_0: a Q8_0 matrix whose quants all lie in -16 .. 15 (a Q5_0 file's, as held) packed as
 R8_0 in 5 bits a weight; its products are R8_0's to the bit."""
-INT8_FORMATS = frozenset({I4_0, I4_1, I8_0, R5_0, *PACKED.values()})
+INT8_FORMATS = frozenset({R5_0, *PACKED.values()})
 """The formats multiplied with int8 activations."""
-_INT8_OF = {Q4_0: I4_0, Q4_1: I4_1, Q8_0: I8_0}
-_BASE_OF = {tagged: base for base, tagged in _INT8_OF.items()}
 
 _HEADER = {Q4_0: 1, Q4_1: 2, Q8_0: 1, Q8_M: 2, Q8_H: 2, Q8_X: 3}
 """float32 scales at the start of a block."""
@@ -91,8 +86,6 @@ class BlockMatrix:
         if self.format in (A4, A8, R5_0, *PACKED.values()):
             raise ValueError("a matrix packed for AMX tiles (A4, A8) or for the integer products (R4_0 to R8_X) is not "
                              "dequantised; dequantise the blocks it was packed from")
-        if self.format in _BASE_OF:  # the same bytes as its base format's
-            return BlockMatrix(self.data, _BASE_OF[self.format], self.rows, self.cols, self.kind).dequantized()
         header = _HEADER[self.format]
         blocks = self.data.view(self.rows, self.cols // 32, -1)
         d = blocks[..., :4].contiguous().view(torch.float32)  # [rows, blocks, 1]
@@ -134,15 +127,6 @@ def matches(matrix: BlockMatrix, weight: torch.Tensor, kernel: "FloatKernel") ->
     probe = torch.linspace(-1.0, 1.0, matrix.cols).unsqueeze(0).contiguous()
     return torch.equal(kernel.linear_blocks(matrix, probe).view(torch.int32),
                        kernel.linear_rows(weight.contiguous(), probe).view(torch.int32))
-
-
-def with_int8_activations(matrix: BlockMatrix) -> BlockMatrix | None:
-    """``matrix`` tagged for the kernel's integer products over its blocks as they are (each row of x
-    rounded to int8 blocks, as llama.cpp does), or None for a format that has none unpacked (Q8_M,
-    Q8_H and Q8_X, which Q5_1, Q5_K and Q6_K map onto, have them only packed, 8 rows at a time:
-    `FloatKernel.int8_pack`)."""
-    tagged = _INT8_OF.get(matrix.format)
-    return None if tagged is None else BlockMatrix(matrix.data, tagged, matrix.rows, matrix.cols, matrix.kind)
 
 
 def q8_blocks(weight: torch.Tensor) -> BlockMatrix | None:

@@ -34,7 +34,7 @@ class OutputHead:
         self.tiles: BlockMatrix | None = None
         """``blocks`` packed for AMX tiles (A8), where the CPU has them: what the kernel reads then."""
         self.int8: BlockMatrix | None = None
-        """``blocks`` for the integer products (packed, R8_0, or as they are, I8_0), in a model loaded with int8
+        """``blocks`` packed for the integer products (R8_0 and the like), in a model loaded with int8
         activations: what the kernel reads then."""
 
     def use_blocks(self, blocks: BlockMatrix, kernel: "FloatKernel", int8_activations: bool = False) -> bool:
