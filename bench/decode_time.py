@@ -1,0 +1,41 @@
+"""Greedy decoding's time a token, for comparing two checkouts of specsure on one model.
+
+    .venv/bin/python bench/decode_time.py [--model FILE.gguf] [--int8-activations]
+    PYTHONPATH=/tmp/old/src .venv/bin/python bench/decode_time.py ...   # an older checkout's code
+
+An 8-token prompt, 128 new tokens with EOS ignored, one warm-up generation, then the mean of 3, 2
+threads. Run the two checkouts alternately, several pairs, and compare pair by pair: one process
+each, so the machine's drift between pairs does not count. Not a test: a measurement for
+BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from specsure import SamplingParams, make_engine
+
+PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646]
+RUNS, TOKENS = 3, 128
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="a GGUF file (default: the packaged default model)")
+    parser.add_argument("--int8-activations", action="store_true", help="the target with int8 activations")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    engine = make_engine(args.model, dtype="float32", int8_activations=args.int8_activations)
+    params = SamplingParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
+    engine.generate([PROMPT], params)
+    start = time.perf_counter()
+    for _ in range(RUNS):
+        engine.generate([PROMPT], params)
+    print(f"{(time.perf_counter() - start) / RUNS / TOKENS * 1000:.3f} ms a token")
+
+
+if __name__ == "__main__":
+    main()
