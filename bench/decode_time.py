@@ -26,14 +26,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="a GGUF file (default: the packaged default model)")
     parser.add_argument("--int8-activations", action="store_true", help="the target with int8 activations")
+    parser.add_argument("--prompt-ids", default=",".join(map(str, PROMPT)),
+                        help="the prompt's token ids, comma-separated (a small vocabulary needs small ones)")
     args = parser.parse_args()
+    prompt = [int(t) for t in args.prompt_ids.split(",")]
     torch.set_num_threads(2)
     engine = make_engine(args.model, dtype="float32", int8_activations=args.int8_activations)
     params = SamplingParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)
-    engine.generate([PROMPT], params)
+    engine.generate([prompt], params)
     start = time.perf_counter()
     for _ in range(RUNS):
-        engine.generate([PROMPT], params)
+        engine.generate([prompt], params)
     print(f"{(time.perf_counter() - start) / RUNS / TOKENS * 1000:.3f} ms a token")
 
 

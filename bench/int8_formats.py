@@ -4,8 +4,8 @@
 
 A 1536 x 1536 matrix of each GGUF type (random blocks), packed for the integer products, 30 copies
 so that they do not stay in the caches (as a model's layers do not), `linear_blocks` timed over
-all of them, the formats interleaved, median of the repeats, 2 threads. Q5_0 twice: in 5 bits
-(R5_0, what a model gets) and in 8 (R8_0, as before R5_0). Bytes per block of 32 weights beside
+all of them, the formats interleaved, median of the repeats, 2 threads. Q5_0, Q5_1 and Q6_K twice:
+in 5 or 6 bits (R5_0, R5_M, R6_H: what a model gets) and in 8 (R8_0, R8_M, R8_H). Bytes per block of 32 weights beside
 each, to read the times against. Not a test: a measurement for BENCHMARKS.md.
 """
 
@@ -43,11 +43,12 @@ def main() -> None:
         assert matrix is not None
         copies = [gguf_blocks.BlockMatrix(matrix.data.clone(), matrix.format, SIZE, SIZE, name) for _ in range(COPIES)]
         sets[name] = [kernel.int8_pack(m) for m in copies]
-        if name == "Q5_0":
-            five_bits = float_kernels._five_bits
-            float_kernels._five_bits = lambda matrix: False  # the same blocks in 8 bits, as before R5_0
-            sets["Q5_0 in 8 bits"] = [kernel.int8_pack(m) for m in copies]
-            float_kernels._five_bits = five_bits
+        narrow = {packed for packed, _, _ in gguf_blocks.NARROW.values()}
+        if sets[name][0].format in narrow:  # the same blocks in 8 bits, as before their narrow packing
+            fits = float_kernels._fits
+            float_kernels._fits = lambda matrix, low, high: False
+            sets[f"{name} in 8 bits"] = [kernel.int8_pack(m) for m in copies]
+            float_kernels._fits = fits
     medians: dict[tuple[str, int], float] = {}
     for rows in (1, 3):
         x = torch.randn(rows, SIZE)

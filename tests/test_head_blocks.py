@@ -70,7 +70,8 @@ def _head(method: str, folder: Path, out: Path) -> Path:
         return write_mtp_head(out, folder, seed=3, tensors=own, draft_vocab_size=200)
     if method == "eagle":
         return write_eagle_head(out, folder, seed=3, naming="vllm")
-    return write_eagle3_head(out, folder, draft_vocab=200, layer_ids=[0, 1, 2], seed=3)  # 2: the last output
+    # a draft vocabulary of 197: its LM head's last group of 8 rows is short (padded where packed)
+    return write_eagle3_head(out, folder, draft_vocab=197, layer_ids=[0, 1, 2], seed=3)  # 2: the last output
 
 
 def _module_steps(engine: Engine, method: str) -> list[torch.Tensor]:
@@ -160,13 +161,24 @@ def test_a_head_of_a_target_with_int8_activations_takes_them_too_and_the_output_
         engine = make_engine(str(gguf), spec, dtype="float32", int8_activations=True)
     module = engine.proposer.modules[0]
     read = [m.blocks for m in module.modules() if isinstance(m, RowLinear) and m.blocks is not None]
-    # packed 8 rows side by side (R8_0), a last group of fewer rows padded (an LM head of 300 rows)
+    # packed 8 rows side by side (R8_0), a last group of fewer rows padded (the EAGLE-3 head's 197)
     assert read and {b.format for b in read} == {gguf_blocks.R8_0}
+    if method == "eagle3":
+        assert any(b.rows % 8 for b in read)
     if method == "mtp":
         assert {getattr(module._layer[0], f"{n}_format") for n in float_kernels.MATRICES} <= gguf_blocks.INT8_FORMATS
+        assert module._blocks["down"] is module.block.mlp.down_proj.blocks  # packed once, not twice
     if method == "eagle3":
         assert {module._qkv_blocks.format, module._gate_up_blocks.format} <= gguf_blocks.INT8_FORMATS
     assert "head matrices read as Q8_0 blocks with int8 activations, like the GGUF target's" in caplog.text
+    # the int8 products' logits are the Q8_0 head's, up to the rounding of the activations: close, not equal
+    q8 = make_engine(str(gguf), spec, dtype="float32")
+    for got, want in zip(*(_module_steps(e, method) for e in (engine, q8))):
+        finite = torch.isfinite(want)
+        assert torch.equal(finite, torch.isfinite(got))
+        scale = float(want[finite].abs().max())
+        torch.testing.assert_close(got[finite], want[finite], rtol=0.0, atol=0.05 * scale)
+        assert not torch.equal(got[finite], want[finite])
     plain = make_engine(str(gguf), None, dtype="float32", int8_activations=True)
     prompts = [[5, 17, 33, 90, 4, 12], [250, 8, 8, 9, 100]]
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)

@@ -22,6 +22,8 @@ from specsure.models.loading import load_model
 from tiny import build_tiny_llama
 
 VOCAB = 300
+NARROWER = {"Q5_0": gguf_blocks.R5_0, "Q5_1": gguf_blocks.R5_M, "Q5_K": gguf_blocks.R5_M, "Q6_K": gguf_blocks.R6_H}
+"""The types whose quants an 8-bit packing would hold in 5 or 6 bits, and that packing."""
 GGML = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 NO_KERNEL = "no float32 C kernel on this machine (AVX2, FMA and a C compiler), so nothing reads blocks"
 MIXED = {  # layer 0 Q4_1; layer 1 Q4_0 and Q8_0, its q|k|v fused from both (Q8_X), its down float32
@@ -96,16 +98,17 @@ def _matrix(name: str, rows: int) -> gguf_blocks.BlockMatrix:
 
 @pytest.mark.parametrize("name, rows", [("Q4_0", 80), ("Q4_1", 80), ("Q8_0", 80), ("Q5_0", 80), ("Q5_1", 80),
                                         ("Q5_K", 80), ("Q6_K", 80), ("Q4_K+Q6_K", 80), ("Q4_0", 70), ("Q4_1", 70),
-                                        ("Q8_0", 70), ("Q5_0", 70), ("Q6_K", 70), ("Q4_K+Q6_K", 70)])
+                                        ("Q8_0", 70), ("Q5_0", 70), ("Q5_1", 70), ("Q6_K", 70), ("Q4_K+Q6_K", 70)])
 def test_int8_products_are_the_integer_arithmetic_and_rows_do_not_affect_each_other(name: str, rows: int) -> None:
     # 80 rows: groups of 8 rows packed side by side; 70: a last group of 6, padded with zero rows
     kernel = _kernel()
     torch.manual_seed(0)
     matrix = _matrix(name, rows)
     tagged = kernel.int8_pack(matrix)
-    five = name == "Q5_0"  # held as Q8_0 blocks, packed in 5 bits
-    assert tagged is not None and tagged.format == (gguf_blocks.R5_0 if five else gguf_blocks.PACKED[matrix.format])
+    assert tagged is not None and tagged.format == NARROWER.get(name, gguf_blocks.PACKED[matrix.format])
     assert kernel.prepared(matrix, True).format == tagged.format  # what a model with int8 activations reads
+    with pytest.raises(ValueError, match="stack the blocks, then pack"):  # groups of rows: no stacking
+        gguf_blocks.stack([tagged, tagged])
     bias, x = torch.randn(rows), torch.randn(64, 256)
     x[2, :32] = 0.0  # a block of zeros (scale 0)
     float32 = kernel.linear_blocks(matrix, x, bias)
@@ -122,38 +125,41 @@ def test_int8_products_are_the_integer_arithmetic_and_rows_do_not_affect_each_ot
 
 
 def test_every_block_format_has_integer_products_whatever_its_row_count() -> None:
-    # Q5_0's 5-bit quants are held as Q8_0 blocks (R5_0 packed), Q5_1 with an offset per block (Q8_M),
-    # Q6_K with two scales per block (Q8_H); float32 rows have none
+    # Q5_0's 5-bit quants are held as Q8_0 blocks, Q5_1's with an offset per block (Q8_M), Q6_K's
+    # with two scales per block (Q8_H), each packed in its own bits; float32 rows have none
     kernel = _kernel()
-    for name, ggml, packed in (("Q5_0", 6, gguf_blocks.R5_0), ("Q5_1", 7, gguf_blocks.R8_M),
-                               ("Q6_K", 14, gguf_blocks.R8_H)):
+    for name in ("Q5_0", "Q5_1", "Q6_K"):
         for rows in (8, 5):
-            matrix = gguf_blocks.repack(quantised(name, rows, 256), ggml, 256)
+            matrix = gguf_blocks.repack(quantised(name, rows, 256), GGML[name], 256)
             tagged = kernel.int8_pack(matrix)
-            assert tagged is not None and (tagged.format, tagged.rows) == (packed, rows), (name, rows)
+            assert tagged is not None and (tagged.format, tagged.rows) == (NARROWER[name], rows), (name, rows)
     rows = gguf_blocks.BlockMatrix(torch.zeros(8, 64 * 4, dtype=torch.uint8), 0, 8, 64, "F32")
     assert kernel.int8_pack(rows) is None
 
 
-def test_five_bit_packing_gives_the_eight_bit_products_bits(monkeypatch: pytest.MonkeyPatch) -> None:
-    # R5_0 only stores a Q5_0 file's quants in fewer bytes: every output must be R8_0's, bit for bit,
-    # quants at both ends of -16 .. 15 included; a Q8_0 file's wider quants stay R8_0
+@pytest.mark.parametrize("name", ["Q5_0", "Q5_1", "Q5_K", "Q6_K"])
+def test_narrow_packings_give_the_eight_bit_packings_bits(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # R5_0, R5_M and R6_H only store the quants in fewer bytes: every output must be the 8-bit
+    # packing's, bit for bit, quants at both ends of their range included; wider quants stay 8-bit
     kernel = _kernel()
-    matrix = _matrix("Q5_0", 24)
-    quants = matrix.data.view(24, 8, 36)[..., 4:].view(torch.int8)
-    quants[0, 0, :16], quants[0, 0, 16:] = -16, 15
-    five = kernel.int8_pack(matrix)
-    assert five is not None and five.format == gguf_blocks.R5_0
-    assert five.data.numel() * 3 == matrix.data.numel() * 2
-    monkeypatch.setattr(float_kernels, "_five_bits", lambda matrix: False)
+    matrix = _matrix(name, 22)  # a last group of 6 rows
+    header = 4 if matrix.format == gguf_blocks.Q8_0 else 8
+    quants = matrix.data.view(22, 8, header + 32)[..., header:].view(torch.int8)
+    low, high = {gguf_blocks.Q8_0: (-16, 15), gguf_blocks.Q8_M: (0, 31), gguf_blocks.Q8_H: (-32, 31)}[matrix.format]
+    quants[0, 0, :16], quants[0, 0, 16:], quants[21, 7, ::2] = low, high, high
+    narrow = kernel.int8_pack(matrix)
+    assert narrow is not None and narrow.format == NARROWER[name]
+    monkeypatch.setattr(float_kernels, "_fits", lambda matrix, low, high: False)
     eight = kernel.int8_pack(matrix)
-    assert eight is not None and eight.format == gguf_blocks.R8_0
-    bias, x = torch.randn(24), torch.randn(9, 256)
+    assert eight is not None and eight.format == gguf_blocks.PACKED[matrix.format]
+    assert narrow.data.numel() < eight.data.numel()
+    bias, x = torch.randn(22), torch.randn(9, 256)
     for count in (1, 2, 3, 4, 9):
         part = x[:count].contiguous()
-        assert torch.equal(kernel.linear_blocks(five, part, bias), kernel.linear_blocks(eight, part, bias)), count
+        assert torch.equal(kernel.linear_blocks(narrow, part, bias), kernel.linear_blocks(eight, part, bias)), count
     monkeypatch.undo()
-    assert kernel.int8_pack(_matrix("Q8_0", 24)).format == gguf_blocks.R8_0
+    quants[5, 3, 9] = high + 1  # one quant past the range: the whole matrix keeps 8 bits
+    assert kernel.int8_pack(matrix).format == gguf_blocks.PACKED[matrix.format]
 
 
 def test_a_model_with_int8_activations_decodes_each_row_as_its_one_row_step(gguf_file: Path) -> None:
@@ -239,19 +245,19 @@ def test_with_int8_activations_a_long_prompt_prefills_the_same_bits_whole_or_in_
     assert torch.equal(lm.forward(prompt).logits[-1], whole)  # every row's logits, 150 rows of the LM head
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q6_K", "Q4_K+Q6_K"])
 def test_a_nan_or_an_inf_in_the_activations_stays_visible(name: str) -> None:
     kernel = _kernel()
-    tagged = kernel.int8_pack(gguf_blocks.repack(quantised(name, 8, 64), GGML[name], 64))
+    tagged = kernel.int8_pack(_matrix(name, 8))
     assert tagged is not None
     for bad in (float("nan"), float("inf")):
-        for at in (0, 13, 31, 40):  # first chunk, middle, a block's last value, the second block
-            x = torch.randn(2, 64)
+        for at in (0, 13, 31, 40, 200):  # first chunk, middle, a block's last value, later blocks
+            x = torch.randn(2, 256)
             x[0, at] = bad
             out = kernel.linear_blocks(tagged, x)
             assert not torch.isfinite(out[0]).any(), (bad, at)
             assert torch.isfinite(out[1]).all()  # the other row is untouched
-    x = torch.randn(1, 64)
+    x = torch.randn(1, 256)
     x[0, :32] = 1e-38  # a block too small to invert: read as zeros, not as -128s
     assert torch.isfinite(kernel.linear_blocks(tagged, x)).all()
 
@@ -286,9 +292,9 @@ def test_with_int8_activations_a_forward_past_the_piece_size_gives_the_same_bits
 
 @pytest.mark.parametrize("head", ["Q6_K", None])
 def test_with_int8_activations_the_lm_head_takes_every_row_count_in_c(tmp_path: Path, head: str | None) -> None:
-    # llama.cpp's files often keep the LM head in Q6_K (300 rows here: a last group of 4 packed with
-    # padding), and a head left in float32 has no blocks at all: past 64 rows either must still run
-    # the kernel's products, not torch's, or a batch's verify rows would differ
+    # llama.cpp's files often keep the LM head in Q6_K (300 rows here, packed in 6 bits, a last group
+    # of 4 padded), and a head left in float32 has no blocks at all: past 64 rows either must still
+    # run the kernel's products, not torch's, or a batch's verify rows would differ
     _kernel()
     folder = build_tiny_llama(tmp_path / "llama", vocab_size=VOCAB, hidden_size=256, tie=False)
     byte_bpe_tokenizer(folder, VOCAB)
@@ -297,7 +303,7 @@ def test_with_int8_activations_the_lm_head_takes_every_row_count_in_c(tmp_path: 
     gguf = write_llama_gguf(folder, tmp_path / "head.gguf", quantize={**types, **({"output.weight": head} if head else {})})
     lm = load_model(str(gguf), dtype="float32", int8_activations=True).lm
     if head:
-        assert "1 Q6_K" in lm.path and lm.head.int8 is not None and lm.head.int8.format == gguf_blocks.R8_H
+        assert "1 Q6_K" in lm.path and lm.head.int8 is not None and lm.head.int8.format == gguf_blocks.R6_H
     else:
         assert lm.head.blocks is None and lm.head.int8 is None
     lm.forward([5, 6, 7])

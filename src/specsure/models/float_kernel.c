@@ -35,7 +35,8 @@
 /* How a weight matrix [n, k] is stored: float32 rows, or GGUF's blocks of 32 weights along k,
  * repacked with float32 scales (gguf_blocks.py) so a block dequantises with one conversion: */
 enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, Q8_M = 4, Q8_H = 5, Q8_X = 6, A4 = 7, A8 = 8,
-       R4_0 = 12, R4_1 = 13, R8_0 = 14, R8_M = 15, R8_H = 16, R8_X = 17, R5_0 = 18 };
+       R4_0 = 12, R4_1 = 13, R8_0 = 14, R8_M = 15, R8_H = 16, R8_X = 17, R5_0 = 18,
+       R5_M = 19, R6_H = 20 };
 /* Q4_0 {float d; uint8 qs[16]}: w = d (q - 8); Q4_1 {float d, m; uint8 qs[16]}: w = d q + m;
  * Q8_0 {float d; int8 qs[32]}: w = d q; Q8_M {float d, m; int8 qs[32]}: w = d q + m; Q8_H {float
  * d0, d1; int8 qs[32]}: w = d0 q for the first 16 weights, d1 q for the rest; Q8_X {float d0, d1,
@@ -764,6 +765,7 @@ typedef struct {
     float d, s; /* the block's scale, and d times the sum of its q */
     int8_t q[32];
     int32_t minus8_sum; /* -8 times the sum of q: R4_0's offset, added in int32 */
+    int32_t halves[2];  /* the sums of the first 16 q and of the last 16: R6_H's offsets */
 } XBlock;
 
 /* x [m, k] -> m x k / 32 blocks; round half away from zero is not needed: ties round to even, the
@@ -787,21 +789,25 @@ static void quantize_rows(const float *x, XBlock *out, int64_t m, int64_t k) {
             float amax = _mm_cvtss_f32(h), inverse = 127.0f / amax;
             /* a block below 127 / FLT_MAX (about 4e-37) counts as zeros: its inverse would be inf */
             __m256 scale = _mm256_set1_ps(amax > 0.0f && inverse <= FLT_MAX ? inverse : 0.0f);
-            __m256i q[4], sum = _mm256_setzero_si256();
-            for (int c = 0; c < 4; c++) {
+            __m256i q[4];
+            for (int c = 0; c < 4; c++)
                 q[c] = _mm256_cvtps_epi32(
                     _mm256_round_ps(_mm256_mul_ps(v[c], scale), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-                sum = _mm256_add_epi32(sum, q[c]);
-            }
-            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-            s4 = _mm_hadd_epi32(s4, s4);
-            s4 = _mm_hadd_epi32(s4, s4);
+            /* the halves' sums, then the block's: wrapping vector adds, so a NaN's INT_MIN cannot overflow */
+            __m256i first = _mm256_add_epi32(q[0], q[1]), second = _mm256_add_epi32(q[2], q[3]);
+            __m128i halves = _mm_hadd_epi32(
+                _mm_add_epi32(_mm256_castsi256_si128(first), _mm256_extracti128_si256(first, 1)),
+                _mm_add_epi32(_mm256_castsi256_si128(second), _mm256_extracti128_si256(second, 1)));
+            halves = _mm_hadd_epi32(halves, halves); /* first, second, first, second */
+            __m128i s4 = _mm_hadd_epi32(halves, halves); /* the whole block's sum in every lane */
             /* the packs interleave 128-bit halves; the permute puts the 32 bytes back in order */
             __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
             XBlock *o = out + a * blocks + b;
             o->d = amax / 127.0f;
             o->s = o->d * (float)_mm_cvtsi128_si32(s4);
             o->minus8_sum = (int32_t)(0u - 8u * (uint32_t)_mm_cvtsi128_si32(s4)); /* no overflow when a NaN made q INT_MIN */
+            o->halves[0] = _mm_cvtsi128_si32(halves);
+            o->halves[1] = _mm_extract_epi32(halves, 1);
             if (reduce8(finite) != 0.0f) /* MAXPS may drop a NaN: an inf or a NaN makes the block's outputs NaN, as float32's */
                 o->d = o->s = NAN;
             packed = _mm256_permutevar8x32_epi32(packed, order);
@@ -830,10 +836,11 @@ static void quantize_rows(const float *x, XBlock *out, int64_t m, int64_t k) {
  * as R4_1's does. */
 static inline int r_eight(int format) { return format == R8_0 || format == R8_M || format == R8_H || format == R8_X; }
 static inline int r_halves(int format) { return format == R8_H || format == R8_X; }
-static inline int r_offset(int format) { return format == R4_1 || format == R8_M || format == R8_X; }
+static inline int r_offset(int format) { return format == R4_1 || format == R8_M || format == R8_X || format == R5_M; }
+static inline int r_narrow(int format) { return format == R5_0 || format == R5_M || format == R6_H; }
 static inline int64_t rblock_bytes(int format) {
-    return format == R4_0 ? 160 : format == R4_1 || format == R5_0 ? 192 : format == R8_0 ? 288 : format == R8_X ? 352
-                                                                                                              : 320;
+    return format == R4_0 ? 160 : format == R4_1 || format == R5_0 ? 192 : format == R5_M ? 224 : format == R6_H ? 256
+           : format == R8_0 ? 288 : format == R8_X ? 352 : 320;
 }
 
 /* The packed format of a block format, and the float32 scales at the start of its blocks. */
@@ -859,36 +866,43 @@ void int8_pack(const uint8_t *w, int64_t format, int64_t n, int64_t k, uint8_t *
         }
 }
 
-/* R5_0: a Q8_0 matrix whose quants all lie in -16 .. 15 (what a Q5_0 file's blocks are held as) in
- * 5 bits, for a third fewer bytes than R8_0 where a decode step waits on memory. Per group of 8
- * rows and block: R4_0's 4 x 32 bytes of nibbles of q + 16, then a 32-byte plane of their fifth
- * bits (byte 4r + t, bit 2j: that of load j's low nibble there; bit 2j + 1: its high nibble's),
- * then the 8 d. The integer sums, and so the outputs, are R8_0's to the bit. */
-void int8_pack_r5(const uint8_t *w, int64_t n, int64_t k, uint8_t *out) {
-    int64_t blocks = k / 32;
+/* R5_0, R5_M and R6_H: Q8_0, Q8_M and Q8_H matrices whose quants fit in fewer bits (what Q5_0, Q5_1
+ * and Q5_K, and Q6_K files are held as: q in -16 .. 15, 0 .. 31, -32 .. 31), for fewer bytes where
+ * a decode step waits on memory. Per group of 8 rows and block: R4_0's 4 x 32 bytes of nibbles of
+ * u = q + 16, q, q + 32; then a 32-byte plane of u's fifth bits (byte 4r + t, bit 2j: that of load
+ * j's low nibble there; bit 2j + 1: its high nibble's), and R6_H a second one of their sixth bits;
+ * then the scales as R8_0's, R8_M's and R8_H's. The integer sums, and so the outputs, are those of
+ * the 8-bit packing to the bit (the offsets of u come back out exactly in int32). */
+void int8_pack_narrow(const uint8_t *w, int64_t format, int64_t n, int64_t k, uint8_t *out) {
+    int header = format == Q8_0 ? 1 : 2, six = format == Q8_H, offset = format == Q8_0 ? 16 : six ? 32 : 0;
+    int64_t blocks = k / 32, bytes = block_bytes(format);
+    int64_t packed = rblock_bytes(format == Q8_0 ? R5_0 : six ? R6_H : R5_M), scales = six ? 192 : 160;
     for (int64_t g = 0; g < (n + 7) / 8; g++)
         for (int64_t b = 0; b < blocks; b++) {
-            uint8_t *o = out + (g * blocks + b) * 192;
-            memset(o, 0, 192); /* a padding row: zero quants and scale */
+            uint8_t *o = out + (g * blocks + b) * packed;
+            memset(o, 0, (size_t)packed); /* a padding row: zero quants and scales */
             for (int r = 0; r < 8 && g * 8 + r < n; r++) {
-                const uint8_t *block = w + ((g * 8 + r) * blocks + b) * 36;
-                const int8_t *q = (const int8_t *)(block + 4);
+                const uint8_t *block = w + ((g * 8 + r) * blocks + b) * bytes;
+                const int8_t *q = (const int8_t *)(block + 4 * header);
                 for (int j = 0; j < 4; j++)
                     for (int t = 0; t < 4; t++) {
-                        uint8_t first = (uint8_t)(q[4 * j + t] + 16), second = (uint8_t)(q[16 + 4 * j + t] + 16);
-                        o[32 * j + 4 * r + t] = (uint8_t)((first & 15) | (second & 15) << 4);
-                        o[128 + 4 * r + t] |= (uint8_t)((first >> 4) << (2 * j) | (second >> 4) << (2 * j + 1));
+                        int at = 4 * r + t;
+                        unsigned first = (unsigned)(q[4 * j + t] + offset), second = (unsigned)(q[16 + 4 * j + t] + offset);
+                        o[32 * j + at] = (uint8_t)((first & 15) | (second & 15) << 4);
+                        o[128 + at] |= (uint8_t)((first >> 4 & 1) << (2 * j) | (second >> 4 & 1) << (2 * j + 1));
+                        if (six) o[160 + at] |= (uint8_t)((first >> 5 & 1) << (2 * j) | (second >> 5 & 1) << (2 * j + 1));
                     }
-                memcpy(o + 160 + 4 * r, block, 4);
+                for (int h = 0; h < header; h++) memcpy(o + scales + 32 * h + 4 * r, block + 4 * h, 4);
             }
         }
 }
 
-/* Bit `bit` of each byte of `plane` moved to bit 4 (16-bit shifts: the bits they carry over from
- * the neighbouring byte land below bit 4 or above it), the rest cleared. */
-static inline __attribute__((always_inline)) __m256i fifth_bit(__m256i plane, int bit) {
-    __m256i at4 = bit < 4 ? _mm256_slli_epi16(plane, 4 - bit) : bit > 4 ? _mm256_srli_epi16(plane, bit - 4) : plane;
-    return _mm256_and_si256(at4, _mm256_set1_epi8(16));
+/* Bit `bit` of each byte of `plane` moved to bit `to` (4 or 5; 16-bit shifts by at most 5 left or 3
+ * right: the bits they carry over from the neighbouring byte land below `to` or above it), the rest
+ * cleared. */
+static inline __attribute__((always_inline)) __m256i plane_bit(__m256i plane, int bit, int to) {
+    __m256i at = bit < to ? _mm256_slli_epi16(plane, to - bit) : bit > to ? _mm256_srli_epi16(plane, bit - to) : plane;
+    return _mm256_and_si256(at, _mm256_set1_epi8((char)(1 << to)));
 }
 
 /* 8 weight rows (one packed group) over rows i .. i + xr of x. */
@@ -897,14 +911,14 @@ static inline __attribute__((always_inline)) void rmicro(int format, const uint8
                                                           int64_t j0, int nr, const float *bias, const uint8_t *ahead) {
     int64_t packed = rblock_bytes(format);
     __m256 acc[4], offsets[4];
-    __m256i p16[4];
+    __m256i p16[4], last16[4]; /* last16: R6_H's int32 sums of the last 16 weights, scaled apart */
     for (int a = 0; a < xr; a++) acc[a] = offsets[a] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *block = group + b * packed;
         if (ahead) /* the next group's block: as the unpacked passes, even one row of x gains from it */
             for (int64_t p = 0; p < packed; p += 64) _mm_prefetch((const char *)(ahead + b * packed + p), _MM_HINT_T0);
-        for (int a = 0; a < xr; a++) p16[a] = _mm256_setzero_si256();
+        for (int a = 0; a < xr; a++) p16[a] = last16[a] = _mm256_setzero_si256();
         if (r_eight(format)) { /* p16 holds int32 sums here */
             for (int j = 0; j < 8; j++) {
                 __m256i w = _mm256_loadu_si256((const __m256i *)(block + 32 * j)), aw = _mm256_sign_epi8(w, w);
@@ -924,21 +938,40 @@ static inline __attribute__((always_inline)) void rmicro(int format, const uint8
                 }
             }
         }
-        if (format == R5_0) { /* p16 holds int32 sums here: two 5-bit maddubs reach 2 x 2 x 31 x 127 */
-            __m256i plane = _mm256_loadu_si256((const __m256i *)(block + 128));
+        if (r_narrow(format)) { /* p16 holds int32 sums here: two 5-bit maddubs reach 2 x 2 x 31 x 128 */
+            __m256i fifth = _mm256_loadu_si256((const __m256i *)(block + 128));
+            __m256i sixth = format == R6_H ? _mm256_loadu_si256((const __m256i *)(block + 160)) : fifth;
             for (int j = 0; j < 4; j++) {
                 __m256i bytes = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
-                __m256i lo = _mm256_or_si256(_mm256_and_si256(bytes, low), fifth_bit(plane, 2 * j));
+                __m256i lo = _mm256_or_si256(_mm256_and_si256(bytes, low), plane_bit(fifth, 2 * j, 4));
                 __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bytes, 4), low),
-                                             fifth_bit(plane, 2 * j + 1));
+                                             plane_bit(fifth, 2 * j + 1, 4));
+                if (format == R6_H) {
+                    lo = _mm256_or_si256(lo, plane_bit(sixth, 2 * j, 5));
+                    hi = _mm256_or_si256(hi, plane_bit(sixth, 2 * j + 1, 5));
+                }
                 for (int a = 0; a < xr; a++) {
                     const int8_t *q = xq[(i + a) * blocks + b].q;
                     int32_t four[2];
                     memcpy(&four[0], q + 4 * j, 4);
                     memcpy(&four[1], q + 16 + 4 * j, 4);
-                    __m256i both = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(four[0])),
-                                                    _mm256_maddubs_epi16(hi, _mm256_set1_epi32(four[1])));
-                    p16[a] = _mm256_add_epi32(p16[a], _mm256_madd_epi16(both, ones));
+                    __m256i first = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(four[0]));
+                    __m256i second = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(four[1]));
+                    if (format == R6_H) { /* the halves apart: low nibbles are weights 0 .. 15, high ones the rest */
+                        p16[a] = _mm256_add_epi32(p16[a], _mm256_madd_epi16(first, ones));
+                        last16[a] = _mm256_add_epi32(last16[a], _mm256_madd_epi16(second, ones));
+                    } else {
+                        p16[a] = _mm256_add_epi32(p16[a], _mm256_madd_epi16(_mm256_add_epi16(first, second), ones));
+                    }
+                }
+            }
+            if (format == R6_H) { /* the first 16 weights' own scale d0, as R8_H's at its fourth load */
+                __m256 d0 = _mm256_loadu_ps((const float *)(block + 192));
+                for (int a = 0; a < xr; a++) {
+                    const XBlock *xb = xq + (i + a) * blocks + b;
+                    __m256i sums = _mm256_add_epi32(p16[a], _mm256_set1_epi32((int32_t)(0u - 32u * (uint32_t)xb->halves[0])));
+                    acc[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d0, _mm256_broadcast_ss(&xb->d)), acc[a]);
+                    p16[a] = _mm256_add_epi32(last16[a], _mm256_set1_epi32((int32_t)(0u - 32u * (uint32_t)xb->halves[1])));
                 }
             }
         }
@@ -956,11 +989,12 @@ static inline __attribute__((always_inline)) void rmicro(int format, const uint8
             }
         }
         /* the (last 16 weights') scale, and the offset m, after the quants */
-        int64_t d_at = r_eight(format) ? 256 + 32 * r_halves(format) : format == R5_0 ? 160 : 128, m_at = d_at + 32;
+        int64_t d_at = r_eight(format) ? 256 + 32 * r_halves(format) : format == R6_H ? 224 : r_narrow(format) ? 160 : 128;
+        int64_t m_at = d_at + 32;
         __m256 d = _mm256_loadu_ps((const float *)(block + d_at));
         for (int a = 0; a < xr; a++) {
             const XBlock *xb = xq + (i + a) * blocks + b;
-            __m256i sums = r_eight(format) || format == R5_0 ? p16[a] : _mm256_madd_epi16(p16[a], ones);
+            __m256i sums = r_eight(format) || r_narrow(format) ? p16[a] : _mm256_madd_epi16(p16[a], ones);
             if (format == R4_0) sums = _mm256_add_epi32(sums, _mm256_set1_epi32(xb->minus8_sum));
             if (format == R5_0) /* -16 sum(q): unsigned, as minus8_sum, so a NaN block's INT_MIN cannot overflow */
                 sums = _mm256_add_epi32(sums, _mm256_set1_epi32((int32_t)(2u * (uint32_t)xb->minus8_sum)));
@@ -971,10 +1005,16 @@ static inline __attribute__((always_inline)) void rmicro(int format, const uint8
         }
     }
     float bias8[8] = {0}, out8[8]; /* a last group of nr < 8 rows: only its own lanes are read and written */
-    if (bias) memcpy(bias8, bias + j0, (size_t)nr * sizeof(float));
+    __m256 b8 = _mm256_setzero_ps();
+    if (bias && nr == 8) {
+        b8 = _mm256_loadu_ps(bias + j0);
+    } else if (bias) {
+        memcpy(bias8, bias + j0, (size_t)nr * sizeof(float));
+        b8 = _mm256_loadu_ps(bias8);
+    }
     for (int a = 0; a < xr; a++) {
         __m256 out = _mm256_add_ps(acc[a], offsets[a]);
-        if (bias) out = _mm256_add_ps(out, _mm256_loadu_ps(bias8));
+        if (bias) out = _mm256_add_ps(out, b8);
         if (nr == 8) {
             _mm256_storeu_ps(y + (i + a) * n + j0, out);
         } else {
@@ -1003,6 +1043,8 @@ RROWS(rrows_r8_m, R8_M)
 RROWS(rrows_r8_h, R8_H)
 RROWS(rrows_r8_x, R8_X)
 RROWS(rrows_r5_0, R5_0)
+RROWS(rrows_r5_m, R5_M)
+RROWS(rrows_r6_h, R6_H)
 
 /* y [m, n] = x [m, k] . w^T (+ bias) over a packed matrix: each thread takes whole groups of 8 rows. */
 static void rgemm(int64_t format, const uint8_t *w, const float *bias, const float *x, float *y, int64_t n, int64_t k,
@@ -1014,7 +1056,8 @@ static void rgemm(int64_t format, const uint8_t *w, const float *bias, const flo
     void (*run)(const uint8_t *, const XBlock *, float *, int64_t, int64_t, int64_t, int64_t, int, const float *,
                 const uint8_t *) =
         format == R4_0 ? rrows_r4_0 : format == R4_1 ? rrows_r4_1 : format == R8_0 ? rrows_r8_0
-        : format == R8_M ? rrows_r8_m : format == R8_H ? rrows_r8_h : format == R8_X ? rrows_r8_x : rrows_r5_0;
+        : format == R8_M ? rrows_r8_m : format == R8_H ? rrows_r8_h : format == R8_X ? rrows_r8_x
+        : format == R5_0 ? rrows_r5_0 : format == R5_M ? rrows_r5_m : rrows_r6_h;
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < groups; g++)
         run(w + g * group_bytes, xq, y, n, blocks, m, g * 8, n - g * 8 < 8 ? (int)(n - g * 8) : 8, bias,
@@ -1040,7 +1083,9 @@ static void product(const void *w, int64_t format, const float *bias, const floa
     case R8_M:
     case R8_H:
     case R8_X:
-    case R5_0: rgemm(format, w, bias, x, y, n, k, m); break;
+    case R5_0:
+    case R5_M:
+    case R6_H: rgemm(format, w, bias, x, y, n, k, m); break;
     default: gemm(w, bias, x, y, n, k, m);
     }
 }

@@ -22,7 +22,7 @@ import torch
 from specsure.config.cpu import cpu_flags
 from specsure.config.dtype_choice import KERNEL_FLAGS, build_blocker
 from specsure.models.gguf_blocks import (
-    A4, A8, PACKED, Q4_0, Q4_1, Q8_0, R5_0, BlockMatrix, block_bytes,
+    A4, A8, NARROW, PACKED, Q4_0, Q4_1, Q8_0, R5_0, R5_M, R6_H, BlockMatrix, block_bytes,
 )
 from specsure.models.kernel import Kernel, RowOps, SegmentStruct, ShapeStruct, open_library
 
@@ -92,16 +92,19 @@ class FloatKernel(RowOps):
 
     def int8_pack(self, matrix: BlockMatrix) -> BlockMatrix | None:
         """A block ``matrix`` packed for the integer products 8 rows side by side (`gguf_blocks.PACKED`,
-        or R5_0 for a Q5_0 file's; the same weights, each output its own lane, a last group of fewer
-        rows padded with zero rows), or None for float32 rows or a matrix already packed."""
+        or `gguf_blocks.NARROW` where its quants fit 5 or 6 bits, as a Q5 or Q6_K file's do; the same
+        weights, each output its own lane, a last group of fewer rows padded with zero rows), or None
+        for float32 rows or a matrix already packed."""
         packed = PACKED.get(matrix.format)
         if packed is None:
             return None
         groups = -(-matrix.rows // 8)
-        if matrix.format == Q8_0 and _five_bits(matrix):  # a Q5_0 file's: 24 bytes a block instead of 36
-            data = torch.empty(groups * 8, matrix.cols // 32 * 24, dtype=torch.uint8)
-            self.library.int8_pack_r5(matrix.data.data_ptr(), matrix.rows, matrix.cols, data.data_ptr())
-            return BlockMatrix(data, R5_0, matrix.rows, matrix.cols, matrix.kind)
+        narrow = NARROW.get(matrix.format)
+        if narrow is not None and _fits(matrix, narrow[1], narrow[2]):  # 24 to 32 bytes a block instead of 36 or 40
+            data = torch.empty(groups * 8, matrix.cols // 32 * {R5_0: 24, R5_M: 28, R6_H: 32}[narrow[0]], dtype=torch.uint8)
+            self.library.int8_pack_narrow(matrix.data.data_ptr(), matrix.format, matrix.rows, matrix.cols,
+                                          data.data_ptr())
+            return BlockMatrix(data, narrow[0], matrix.rows, matrix.cols, matrix.kind)
         # per 8 rows and block: their quants, then each of the block's scales for the 8 rows: as many
         # bytes as the blocks
         data = torch.empty(groups * 8, matrix.cols // 32 * block_bytes(matrix.format), dtype=torch.uint8)
@@ -151,10 +154,14 @@ AnyKernel = Kernel | FloatKernel
 """The C kernel a model's draft heads share: the bf16 one or the float32 one, whichever the target runs."""
 
 
-def _five_bits(matrix: BlockMatrix) -> bool:
-    """Whether every quant of a Q8_0 ``matrix`` lies in -16 .. 15, so that R5_0 holds it."""
-    quants = matrix.data.view(matrix.rows, matrix.cols // 32, 36)[..., 4:].view(torch.int8)
-    return quants.numel() > 0 and int(quants.min()) >= -16 and int(quants.max()) <= 15
+def _fits(matrix: BlockMatrix, low: int, high: int) -> bool:
+    """Whether every quant of an int8 block ``matrix`` (Q8_0, Q8_M, Q8_H) lies in ``low`` .. ``high``."""
+    header = 4 if matrix.format == Q8_0 else 8
+    quants = matrix.data.view(matrix.rows, matrix.cols // 32, header + 32)[..., header:].view(torch.int8)
+    if quants.numel() == 0:
+        return False
+    least, most = torch.aminmax(quants)
+    return int(least) >= low and int(most) <= high
 
 
 def _bind(library: ctypes.CDLL) -> FloatKernel:
@@ -168,7 +175,7 @@ def _bind(library: ctypes.CDLL) -> FloatKernel:
         "silu_mul": [pointer, pointer, size, size],
         "amx_pack": [pointer, size, size, size, pointer],
         "int8_pack": [pointer, size, size, size, pointer],
-        "int8_pack_r5": [pointer, size, size, pointer],
+        "int8_pack_narrow": [pointer, size, size, size, pointer],
     }
     for name, arguments in signatures.items():
         function = getattr(library, name)

@@ -51,10 +51,13 @@ rows side by side (`FloatKernel.int8_pack`), as llama.cpp repacks Q4_0; made aft
 checked the blocks it packs, for a model loaded with ``int8_activations``, and never dequantised."""
 PACKED = {Q4_0: R4_0, Q4_1: R4_1, Q8_0: R8_0, Q8_M: R8_M, Q8_H: R8_H, Q8_X: R8_X}
 """Each block format's packing for the integer products."""
-R5_0 = 18
-"""float_kernel.c's R5_0: a Q8_0 matrix whose quants all lie in -16 .. 15 (a Q5_0 file's, as held) packed as
-R8_0 in 5 bits a weight; its products are R8_0's to the bit."""
-INT8_FORMATS = frozenset({R5_0, *PACKED.values()})
+R5_0, R5_M, R6_H = 18, 19, 20
+"""float_kernel.c's R5_0, R5_M and R6_H: a Q8_0, Q8_M or Q8_H matrix whose quants all fit 5 or 6 bits
+(a Q5_0, a Q5_1 or Q5_K, a Q6_K file's, as held) packed as R8_0, R8_M or R8_H in those bits; their
+products are the 8-bit packing's to the bit."""
+NARROW = {Q8_0: (R5_0, -16, 15), Q8_M: (R5_M, 0, 31), Q8_H: (R6_H, -32, 31)}
+"""Each held format's narrower packing, and the range its quants must lie in for it."""
+INT8_FORMATS = frozenset({*PACKED.values(), *(packed for packed, _, _ in NARROW.values())})
 """The formats multiplied with int8 activations."""
 
 _HEADER = {Q4_0: 1, Q4_1: 2, Q8_0: 1, Q8_M: 2, Q8_H: 2, Q8_X: 3}
@@ -73,7 +76,7 @@ class BlockMatrix:
     """A weight matrix [rows, cols] as float_kernel.c reads it: for each row, cols / 32 blocks of one
     format."""
 
-    data: torch.Tensor  # uint8 [rows, cols / 32 * block bytes]
+    data: torch.Tensor  # uint8 [rows, cols / 32 * block bytes]; packed (INT8_FORMATS): rows rounded up to 8
     format: int
     rows: int
     cols: int
@@ -83,7 +86,7 @@ class BlockMatrix:
     def dequantized(self) -> torch.Tensor:
         """The float32 weights [rows, cols], with gguf-py's arithmetic (a product that is exact, then
         at most one rounding)."""
-        if self.format in (A4, A8, R5_0, *PACKED.values()):
+        if self.format in INT8_FORMATS or self.format in (A4, A8):
             raise ValueError("a matrix packed for AMX tiles (A4, A8) or for the integer products (R4_0 to R8_X) is not "
                              "dequantised; dequantise the blocks it was packed from")
         header = _HEADER[self.format]
@@ -246,9 +249,12 @@ def block_bytes(fmt: int) -> int:
 
 def stack(parts: list[BlockMatrix | None]) -> BlockMatrix | None:
     """Matrices of one width, their rows concatenated (a fused q|k|v), in their common format, or all
-    widened to Q8_X where their formats differ (Q4_K_M's Q4_K q and k with a Q6_K v); None if any is None."""
+    widened to Q8_X where their formats differ (Q4_K_M's Q4_K q and k with a Q6_K v); None if any is None.
+    Packed matrices (AMX tiles, the integer products) do not stack: pack the stacked blocks instead."""
     if not parts or any(p is None for p in parts):
         return None
+    if any(p.format in INT8_FORMATS or p.format in (A4, A8) for p in parts):
+        raise ValueError("stack: packed matrices hold groups of rows, not rows; stack the blocks, then pack")
     first = parts[0]
     if any(p.cols != first.cols for p in parts):
         return None

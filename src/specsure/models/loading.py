@@ -60,8 +60,8 @@ def load_model(path: str | None, dtype: str = "auto", int8_activations: bool = F
         dtype: "auto" (float32 for a GGUF of blocks the float32 kernel reads, else bfloat16 on
             CPUs with fast bf16 and float32 elsewhere), "float32", "bfloat16" or "float16".
         int8_activations: multiply the GGUF's quantised matrices (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and
-            the K-quants Q4_K, Q5_K and Q6_K; the last three and Q5_1 where their rows come in 8s) with each
-            row of activations rounded to int8 blocks, as llama.cpp does (float_kernel.c, `rgemm`): faster
+            the K-quants Q4_K, Q5_K and Q6_K) with each row of activations rounded to int8 blocks, as
+            llama.cpp does (float_kernel.c, `rgemm`): faster
             decoding, outputs no longer float32's. Rows stay independent of each other, so
             speculation still equals plain decoding in this mode.
 

@@ -51,10 +51,13 @@ def with_int8(module: torch.nn.Module, kernel: "FloatKernel", fused: list[BlockM
     """Every `RowLinear` of ``module`` with Q8_0 blocks, and the ``fused`` matrices stacked from them,
     made the kernel's int8-activation kind (`FloatKernel.prepared`); returns the fused ones. After the
     stacking: packed matrices do not stack."""
+    packed: dict[int, BlockMatrix] = {}  # by the id of the Q8_0 blocks, which ``fused`` keeps alive
     for sub in module.modules():
         if isinstance(sub, RowLinear) and sub.blocks is not None:
-            sub.blocks = kernel.prepared(sub.blocks, True)
-    return [None if matrix is None else kernel.prepared(matrix, True) for matrix in fused]
+            original, sub.blocks = sub.blocks, kernel.prepared(sub.blocks, True)
+            packed[id(original)] = sub.blocks
+    # a part that is itself a RowLinear's blocks (an MTP block's o and down) is packed once, not twice
+    return [None if matrix is None else packed.get(id(matrix)) or kernel.prepared(matrix, True) for matrix in fused]
 
 
 def use_linear_blocks(module: torch.nn.Module, skip: tuple[torch.nn.Module, ...] = ()) -> int:
