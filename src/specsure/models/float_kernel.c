@@ -941,6 +941,7 @@ static inline __attribute__((always_inline)) void rmicro(int format, const uint8
         if (r_narrow(format)) { /* p16 holds int32 sums here: two 5-bit maddubs reach 2 x 2 x 31 x 128 */
             __m256i fifth = _mm256_loadu_si256((const __m256i *)(block + 128));
             __m256i sixth = format == R6_H ? _mm256_loadu_si256((const __m256i *)(block + 160)) : fifth;
+            __m256i pair[4], last_pair[4]; /* R6_H: the first of two loads' int16 sums */
             for (int j = 0; j < 4; j++) {
                 __m256i bytes = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
                 __m256i lo = _mm256_or_si256(_mm256_and_si256(bytes, low), plane_bit(fifth, 2 * j, 4));
@@ -957,9 +958,15 @@ static inline __attribute__((always_inline)) void rmicro(int format, const uint8
                     memcpy(&four[1], q + 16 + 4 * j, 4);
                     __m256i first = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(four[0]));
                     __m256i second = _mm256_maddubs_epi16(hi, _mm256_set1_epi32(four[1]));
-                    if (format == R6_H) { /* the halves apart: low nibbles are weights 0 .. 15, high ones the rest */
-                        p16[a] = _mm256_add_epi32(p16[a], _mm256_madd_epi16(first, ones));
-                        last16[a] = _mm256_add_epi32(last16[a], _mm256_madd_epi16(second, ones));
+                    if (format == R6_H) { /* the halves apart: low nibbles are weights 0 .. 15, high ones the rest; */
+                        /* two loads' maddubs add up in int16 first (at most 2 x 2 x 63 x 128 = 32256) */
+                        if (j % 2 == 0) {
+                            pair[a] = first, last_pair[a] = second;
+                        } else {
+                            p16[a] = _mm256_add_epi32(p16[a], _mm256_madd_epi16(_mm256_add_epi16(pair[a], first), ones));
+                            last16[a] = _mm256_add_epi32(last16[a],
+                                                         _mm256_madd_epi16(_mm256_add_epi16(last_pair[a], second), ones));
+                        }
                     } else {
                         p16[a] = _mm256_add_epi32(p16[a], _mm256_madd_epi16(_mm256_add_epi16(first, second), ones));
                     }
