@@ -30,12 +30,15 @@ ROUNDS = 6
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompt-tokens", type=int, default=len(PROMPT), help="prompt length (the prompt repeated)")
+    parser.add_argument("--prompt-tokens", type=int, default=len(PROMPT), help="prompt length (the prompt ids repeated)")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--model", default=None, help="a GGUF file (default: the packaged default model)")
     parser.add_argument("--int8-activations", action="store_true", help="specsure's target with int8 activations")
+    parser.add_argument("--prompt-ids", default=",".join(map(str, PROMPT)),
+                        help="the prompt's token ids, comma-separated (a small vocabulary needs small ones)")
     args = parser.parse_args()
-    prompt = (PROMPT * (args.prompt_tokens // len(PROMPT) + 1))[:args.prompt_tokens]
+    ids = [int(t) for t in args.prompt_ids.split(",")]
+    prompt = (ids * (args.prompt_tokens // len(ids) + 1))[:args.prompt_tokens]
     torch.set_num_threads(2)
     gguf = Path(args.model) if args.model else default_gguf_path()
     if gguf is None:
