@@ -43,6 +43,15 @@ def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_llama_gguf(folder, root / "tiny-int8.gguf", quantize=MIXED)
 
 
+@pytest.fixture(scope="module")
+def draft_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same weights as `gguf_file`'s, every matrix Q8_0: a draft model whose drafts are mostly right."""
+    root = tmp_path_factory.mktemp("int8-draft")
+    folder = build_tiny_llama(root / "llama", vocab_size=VOCAB, hidden_size=64, tie=False)
+    byte_bpe_tokenizer(folder, VOCAB)
+    return write_llama_gguf(folder, root / "tiny-q8.gguf", quantize={name: "Q8_0" for name in MIXED})
+
+
 @pytest.fixture(autouse=True)
 def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -190,13 +199,16 @@ def test_a_model_with_int8_activations_decodes_each_row_as_its_one_row_step(gguf
 
 
 @pytest.mark.parametrize("method", ["draft_model", "ngram", "suffix"])
-def test_speculation_with_int8_activations_equals_plain_decoding_in_that_mode(gguf_file: Path, method: str) -> None:
+def test_speculation_with_int8_activations_equals_plain_decoding_in_that_mode(gguf_file: Path, draft_file: Path,
+                                                                            method: str) -> None:
     _kernel()
-    # the same file as its own draft, loaded without int8 activations: drafts that are mostly right
-    speculative = {"method": method, "num_speculative_tokens": 4, **({"model": str(gguf_file)} if method == "draft_model"
+    # the same weights in Q8_0 as the draft model, with int8 activations too: drafts that are mostly right
+    speculative = {"method": method, "num_speculative_tokens": 4, **({"model": str(draft_file)} if method == "draft_model"
                                                                        else {})}
     plain = make_engine(str(gguf_file), None, dtype="float32", int8_activations=True)
     spec = make_engine(str(gguf_file), speculative, dtype="float32", int8_activations=True)
+    if method == "draft_model":
+        assert spec.proposer.draft.int8_matrices > 0
     prompts = [[5, 17, 33, 90, 5, 17, 33, 90, 5, 17], [40, 41, 42, 43, 40, 41, 42], [7, 8, 9, 10, 11, 12, 7, 8, 9]]
     params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
     want = plain.generate(prompts, params)
@@ -209,11 +221,20 @@ def test_speculation_with_int8_activations_equals_plain_decoding_in_that_mode(gg
         assert 0 < accepted < drafted
 
 
+def test_a_draft_model_without_int8_blocks_keeps_its_float32_products(tiny_llama: Path, gguf_file: Path) -> None:
+    # a draft's arithmetic decides only the proposals: where it cannot have the target's int8
+    # activations (safetensors, no blocks), it loads with float32 products rather than failing
+    _kernel()
+    assert load_model(str(tiny_llama), dtype="float32", int8_activations=True, int8_required=False).lm.int8_matrices == 0
+    assert load_model(str(gguf_file), dtype="float32", int8_activations=True, int8_required=False).lm.int8_matrices > 0
+    assert load_model(str(gguf_file), dtype="float32", int8_activations=False, int8_required=False).lm.int8_matrices == 0
+
+
 def test_a_model_that_cannot_have_int8_activations_says_why(gguf_file: Path, tiny_llama: Path) -> None:
     _kernel()
     with pytest.raises(ValueError, match=r"needs the model in float32, but dtype = 'bfloat16'.*--dtype float32"):
         load_model(str(gguf_file), dtype="bfloat16", int8_activations=True)
-    with pytest.raises(ValueError, match=r"no weight matrix of .* can have them .*Q4_0, Q4_1, Q4_K, Q5_0 or Q8_0"):
+    with pytest.raises(ValueError, match=r"no weight matrix of .* can have them .*quantised matrices \(Q4_0 to Q8_0, Q4_K to Q6_K\)"):
         load_model(str(tiny_llama), dtype="float32", int8_activations=True)  # safetensors: float32 rows only
     with pytest.raises(ValueError, match=r"int8_activations = 'yes' must be True or False"):
         make_engine(str(gguf_file), None, dtype="float32", int8_activations="yes")  # type: ignore[arg-type]

@@ -51,7 +51,8 @@ class LoadedModel:
     """One sentence saying why `lm.dtype` was chosen."""
 
 
-def load_model(path: str | None, dtype: str = "auto", int8_activations: bool = False) -> LoadedModel:
+def load_model(path: str | None, dtype: str = "auto", int8_activations: bool = False, *,
+               int8_required: bool = True) -> LoadedModel:
     """Load a causal LM for decoding.
 
     Args:
@@ -64,6 +65,9 @@ def load_model(path: str | None, dtype: str = "auto", int8_activations: bool = F
             llama.cpp does (float_kernel.c, `rgemm`): faster
             decoding, outputs no longer float32's. Rows stay independent of each other, so
             speculation still equals plain decoding in this mode.
+        int8_required: with int8_activations, whether a model that cannot have them is an error
+            (a target: the user asked for them) or loads with float32 products (a draft model,
+            whose arithmetic decides only the proposals; the log says which).
 
     Raises:
         ValueError: `dtype` is not a valid name, or int8_activations was asked of a model that
@@ -71,6 +75,8 @@ def load_model(path: str | None, dtype: str = "auto", int8_activations: bool = F
         ModelLoadError: the checkpoint is missing, malformed, pickled, or not a causal LM.
     """
     torch_dtype, dtype_reason = resolve_dtype(dtype, gguf=target_gguf(path) if dtype == "auto" else None)
+    if int8_activations and torch_dtype != torch.float32 and not int8_required:
+        int8_activations = False  # a draft in another dtype: its products stay that dtype's
     if int8_activations and torch_dtype != torch.float32:
         raise ValueError(f"int8_activations needs the model in float32, but dtype = {dtype!r} runs it in "
                          f"{str(torch_dtype).removeprefix('torch.')} ({dtype_reason.rstrip('.')}); pass dtype='float32' "
@@ -94,10 +100,10 @@ def load_model(path: str | None, dtype: str = "auto", int8_activations: bool = F
         gguf, why = _given_gguf(path) or source_gguf(folder)
         lm.path += _read_blocks(lm, gguf, int8_activations) if gguf is not None else \
             f"; every weight matrix read as float32 ({why})" if why else ""
-    if int8_activations and not lm.int8_matrices:
+    if int8_activations and not lm.int8_matrices and int8_required:
         raise ValueError(f"int8_activations: no weight matrix of {path or 'the default model'} can have them (forward: "
-                         f"{lm.path}); they need a GGUF target whose Q4_0, Q4_1, Q4_K, Q5_0 or Q8_0 matrices the float32 kernel "
-                         "reads as blocks. Drop int8_activations (--int8-activations).")
+                         f"{lm.path}); they need a GGUF target whose quantised matrices (Q4_0 to Q8_0, Q4_K to Q6_K) "
+                         "the float32 kernel reads as blocks. Drop int8_activations (--int8-activations).")
     if dtype == "auto" and lm.dtype == torch.float32 and cpu_bf16_flags() and not lm.blocks_used:
         logger.warning("dtype='auto' chose float32 for the GGUF's blocks, but the kernel reads none of them (%s); "
                        "pass dtype='bfloat16', faster on this CPU without the blocks.", lm.path)
