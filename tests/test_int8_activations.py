@@ -234,7 +234,7 @@ def test_a_model_that_cannot_have_int8_activations_says_why(gguf_file: Path, tin
     _kernel()
     with pytest.raises(ValueError, match=r"needs the model in float32, but dtype = 'bfloat16'.*--dtype float32"):
         load_model(str(gguf_file), dtype="bfloat16", int8_activations=True)
-    with pytest.raises(ValueError, match=r"no weight matrix of .* can have them .*quantised matrices \(Q4_0 to Q8_0, Q4_K to Q6_K\)"):
+    with pytest.raises(ValueError, match=r"no weight matrix of .* can have them .*matrices \(Q4_0 to Q8_0, Q4_K to Q6_K\)"):
         load_model(str(tiny_llama), dtype="float32", int8_activations=True)  # safetensors: float32 rows only
     with pytest.raises(ValueError, match=r"int8_activations = 'yes' must be True or False"):
         make_engine(str(gguf_file), None, dtype="float32", int8_activations="yes")  # type: ignore[arg-type]

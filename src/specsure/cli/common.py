@@ -171,8 +171,9 @@ def add_model_flags(parser: Any, *, speculative: bool = True) -> None:
                             help="make any disagreement between evidence and an explicit value an error")
 
 
-INT8_HELP = ("multiply the GGUF target's quantised matrices (Q4_0 to Q8_0, Q4_K to Q6_K) with int8 activations, as llama.cpp does: "
-             "faster decoding on AVX2, outputs no longer float32's (speculation still equals plain decoding)")
+INT8_HELP = ("multiply the GGUF target's quantised matrices (Q4_0 to Q8_0, Q4_K to Q6_K) with int8 activations, "
+             "as llama.cpp does: faster decoding on AVX2, outputs no longer float32's (speculation still equals "
+             "plain decoding)")
 """--int8-activations, as generate, serve, demo and bench explain it."""
 
 

@@ -101,7 +101,8 @@ class FloatKernel(RowOps):
         groups = -(-matrix.rows // 8)
         narrow = NARROW.get(matrix.format)
         if narrow is not None and _fits(matrix, narrow[1], narrow[2]):  # 24 to 32 bytes a block instead of 36 or 40
-            data = torch.empty(groups * 8, matrix.cols // 32 * {R5_0: 24, R5_M: 28, R6_H: 32}[narrow[0]], dtype=torch.uint8)
+            row_bytes = matrix.cols // 32 * {R5_0: 24, R5_M: 28, R6_H: 32}[narrow[0]]
+            data = torch.empty(groups * 8, row_bytes, dtype=torch.uint8)
             self.library.int8_pack_narrow(matrix.data.data_ptr(), matrix.format, matrix.rows, matrix.cols,
                                           data.data_ptr())
             return BlockMatrix(data, narrow[0], matrix.rows, matrix.cols, matrix.kind)

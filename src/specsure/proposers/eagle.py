@@ -29,7 +29,7 @@ from specsure.config.checkpoint import int_field
 from specsure.config.compat import check_head_fits, check_head_tensors, eagle_shares
 from specsure.config.errors import ConfigError
 from specsure.models.rotary_table import RotaryTable
-from specsure.proposers.head_blocks import INT8_NOTE, blocks_wanted, int8_wanted, use_linear_blocks, with_int8
+from specsure.proposers.head_blocks import blocks_note, blocks_wanted, int8_wanted, use_linear_blocks, with_int8
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import HeadCache, run_blocks, use_cache_slots, use_row_kernel
 from specsure.proposers.head_loading import (
@@ -115,6 +115,5 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> EagleProposer
     if quantised and int8_wanted(lm):
         with_int8(module, lm.row_kernel, [])  # type: ignore[arg-type]
     logger.info("eagle head %s: %d decoder layer(s), fc bias %s%s", path, len(layer_ids), "fc.bias" in names,
-                f"; {quantised} head matrices read as Q8_0 blocks{INT8_NOTE if int8_wanted(lm) else ''}, like the GGUF target's"
-                if quantised else "")
+                blocks_note(quantised, lm))
     return EagleProposer(module)

@@ -43,7 +43,7 @@ from specsure.models.gguf_blocks import stack
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
 from specsure.models.rotary_table import RotaryTable
 from specsure.proposers.head_blocks import (
-    INT8_NOTE, blocks_wanted, clear_linear_blocks, int8_wanted, product, use_linear_blocks, with_int8,
+    blocks_note, blocks_wanted, clear_linear_blocks, int8_wanted, product, use_linear_blocks, with_int8,
 )
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
@@ -350,6 +350,5 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> Eagle3Propose
     quantised = module.use_blocks(int8_wanted(lm)) if module.use_kernel(lm.row_kernel) and blocks_wanted(lm) else 0
     logger.info("eagle3 head %s: hidden %s, %d decoder layer(s), draft vocab %d of %d, aux layers %s%s", path,
                 head_config.hidden_size, layers, draft_vocab, vocab, aux,
-                f"; {quantised} head matrices read as Q8_0 blocks{INT8_NOTE if int8_wanted(lm) else ''}, like the GGUF target's"
-                if quantised else "")
+                blocks_note(quantised, lm))
     return Eagle3Proposer(module, aux)

@@ -65,8 +65,8 @@ def build_draft_model(res: "Resolution", target: "LoadedModel", dtype: str) -> P
     try:
         # with the target's int8 activations where the draft's blocks can have them: a cheaper draft
         # step; its arithmetic decides only the proposals, the target's every output token
-        draft = load_model(res.config.model, dtype=_same_dtype(target, dtype), int8_activations=target.lm.int8_matrices > 0,
-                           int8_required=False)
+        draft = load_model(res.config.model, dtype=_same_dtype(target, dtype),
+                           int8_activations=target.lm.int8_matrices > 0, int8_required=False)
     except ModelLoadError as exc:
         raise ModelLoadError(f"draft (the speculative config's model): {exc}") from None
     check_same_vocab(target.lm.vocab_size, draft.lm.vocab_size, target=target.path, draft=res.config.model,

@@ -30,8 +30,6 @@ if TYPE_CHECKING:
     from specsure.models.float_kernel import AnyKernel, FloatKernel
 
 ENV = "SPECSURE_HEAD_BLOCKS"
-INT8_NOTE = " with int8 activations"
-"""What the load log adds where a head's blocks take the target's int8 activations."""
 
 
 def blocks_wanted(lm: "CausalLM") -> bool:
@@ -45,6 +43,15 @@ def blocks_wanted(lm: "CausalLM") -> bool:
 def int8_wanted(lm: "CausalLM") -> bool:
     """Whether a head of ``lm`` should multiply its blocks with int8 activations: the target does."""
     return lm.int8_matrices > 0
+
+
+def blocks_note(quantised: int, lm: "CausalLM") -> str:
+    """What a head's load log line ends with: how many of its matrices read Q8_0 blocks, and with
+    int8 activations where they take the target's; empty for none."""
+    if not quantised:
+        return ""
+    int8 = " with int8 activations" if int8_wanted(lm) else ""
+    return f"; {quantised} head matrices read as Q8_0 blocks{int8}, like the GGUF target's"
 
 
 def with_int8(module: torch.nn.Module, kernel: "FloatKernel", fused: list[BlockMatrix | None]) -> list[BlockMatrix | None]:

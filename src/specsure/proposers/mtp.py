@@ -39,7 +39,7 @@ from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
 from specsure.models.products import project
 from specsure.models.rotary_table import RotaryTable
 from specsure.proposers.head_blocks import (
-    INT8_NOTE, blocks_wanted, clear_linear_blocks, int8_wanted, product, use_linear_blocks, with_int8,
+    blocks_note, blocks_wanted, clear_linear_blocks, int8_wanted, product, use_linear_blocks, with_int8,
 )
 from specsure.proposers.head_chain import HeadChainProposer
 from specsure.proposers.head_layer import (
@@ -285,8 +285,7 @@ def build(res: "Resolution", target: "LoadedModel", dtype: str) -> MTPProposer:
             quantised += module.use_blocks(int8_wanted(lm))
     logger.info("mtp: %d module(s) from %s (%s), drafting among %s tokens%s", len(modules_out), label, where,
                 lm.vocab_size if draft_ids is None else int(draft_ids.numel()),
-                f"; {quantised} head matrices read as Q8_0 blocks{INT8_NOTE if int8_wanted(lm) else ''}, like the GGUF target's"
-                if quantised else "")
+                blocks_note(quantised, lm))
     return MTPProposer(modules_out)
 
 
