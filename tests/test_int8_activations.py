@@ -174,9 +174,12 @@ def test_narrow_packings_give_the_eight_bit_packings_bits(name: str, monkeypatch
 def test_a_model_with_int8_activations_decodes_each_row_as_its_one_row_step(gguf_file: Path) -> None:
     _kernel()
     lm = load_model(str(gguf_file), dtype="float32", int8_activations=True).lm
-    # all 8 block matrices, the fused q|k|v of Q8_0 and Q4_0 parts (Q8_X) packed as R8_X
-    assert lm.path.endswith("the kernel reads 1 Q4_0, 4 Q4_1, 2 Q8_0, 1 Q8_0+Q4_0 as the GGUF's blocks "
-                            "(8 of them with int8 activations; every forward in C)"), lm.path
+    # all 8 block matrices, the fused q|k|v of Q8_0 and Q4_0 parts (Q8_X) packed as R8_X; the log
+    # names the packings, and no row limit for the C forwards (the mode has none)
+    assert lm.path.endswith("the kernel reads 1 Q4_0, 4 Q4_1, 2 Q8_0, 1 Q8_0+Q4_0 as the GGUF's blocks (8 of them "
+                            "with int8 activations, packed as 1 R4_0, 4 R4_1, 2 R8_0, 1 R8_X; every forward in C, "
+                            "whatever its rows)"), lm.path
+    assert "float32 forwards in C" in lm.path and "rows in C" not in lm.path
     exact = load_model(str(gguf_file), dtype="float32").lm
     prompt = [5, 17, 33, 90, 4, 12, 250, 8]
     a, b = lm.forward(prompt, last_logits=1).logits, exact.forward(prompt, last_logits=1).logits

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from specsure.models.errors import ModelLoadError
 from specsure.models.kv_cache import RollbackCache
 from specsure.models.load_check import check_cache, check_logits
 from specsure.models.forward_output import ForwardOutput
-from specsure.models.gguf_blocks import FileBlocks
+from specsure.models.gguf_blocks import PACKING_NAMES, FileBlocks
 from specsure.models.logits import LogitsTransform, logits_transform
 from specsure.models.native import NativeDecoder, Segment
 from specsure.models.output_head import OutputHead
@@ -163,6 +164,13 @@ class CausalLM:
     def int8_matrices(self) -> int:
         """How many of the weight matrices `use_blocks` gave the kernel's int8-activation products, the LM head included."""
         return (0 if self._native is None else self._native.int8_matrices) + (self.head.int8 is not None)
+
+    @property
+    def int8_packings(self) -> dict[str, int]:
+        """`int8_matrices` by packing (gguf_blocks.PACKING_NAMES), the LM head included."""
+        counts = Counter() if self._native is None else Counter(self._native.int8_packings)
+        counts.update([PACKING_NAMES[self.head.int8.format]] if self.head.int8 is not None else [])
+        return dict(counts)
 
     @property
     def rotary_table(self) -> RotaryTable | None:

@@ -817,15 +817,15 @@ static void quantize_rows(const float *x, XBlock *out, int64_t m, int64_t k) {
 
 /* R4_0 and R4_1: a Q4_0 or Q4_1 matrix repacked for the integer products, 8 weight rows side by
  * side, as llama.cpp repacks Q4_0 for AVX2 (a last group of fewer rows padded with zero rows, whose
- * lanes are never stored). Per group of 8 rows and block: 4 x
- * 32 bytes of nibbles, where load j holds bytes 4j .. 4j + 3 of each row's block in row order (so its
+ * lanes are never stored). Per group of 8 rows and block: 4 x 32 bytes of nibbles, where load j holds bytes 4j .. 4j + 3 of each row's block in row order (so its
  * low nibbles are weights 4j .. 4j + 3 of the 8 rows, its high ones weights 16 + 4j ..), then the 8
  * rows' d, then (R4_1) their 8 m. One maddubs then multiplies 4 weights of all 8 rows by the same 4
  * values of x, broadcast; a block's 8 maddubs add up in int16 (at most 8 x 2 x 15 x 127 = 30480, no
  * saturation), one madd makes them the 8 rows' int32 block sums, and each row's output is one lane:
  * an FMA chain over the blocks, no reduction at the end. Q4_0's -8 enters the int32 sums as -8 times
  * x's block sum, exactly. About 2.5 instructions per row and block for each row of x after the
- * first, against 6 to 7 for blocks as they are, and the unpacking is shared by 8 rows.
+ * first, against 6 to 7 for blocks as they are (the path this replaced), and the unpacking is
+ * shared by 8 rows.
  * R8_0, a Q8_0 matrix the same way: 8 x 32 bytes of int8 (load j: weights 4j .. 4j + 3 of the 8
  * rows), then the 8 d; maddubs takes |w| and x with w's sign, and each pair of products can reach
  * 2 x 128 x 127, so every load's sums go to int32 at once (madd) rather than adding in int16.

@@ -59,6 +59,9 @@ NARROW = {Q8_0: (R5_0, -16, 15), Q8_M: (R5_M, 0, 31), Q8_H: (R6_H, -32, 31)}
 """Each held format's narrower packing, and the range its quants must lie in for it."""
 INT8_FORMATS = frozenset({*PACKED.values(), *(packed for packed, _, _ in NARROW.values())})
 """The formats multiplied with int8 activations."""
+PACKING_NAMES = {R4_0: "R4_0", R4_1: "R4_1", R8_0: "R8_0", R8_M: "R8_M", R8_H: "R8_H", R8_X: "R8_X", R5_0: "R5_0",
+                 R5_M: "R5_M", R6_H: "R6_H"}
+"""How the load log names each packing for the integer products."""
 
 _HEADER = {Q4_0: 1, Q4_1: 2, Q8_0: 1, Q8_M: 2, Q8_H: 2, Q8_X: 3}
 """float32 scales at the start of a block."""

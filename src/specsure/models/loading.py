@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,8 @@ def load_model(path: str | None, dtype: str = "auto", int8_activations: bool = F
         gguf, why = _given_gguf(path) or source_gguf(folder)
         lm.path += _read_blocks(lm, gguf, int8_activations) if gguf is not None else \
             f"; every weight matrix read as float32 ({why})" if why else ""
+    if lm.int8_matrices:  # the mode runs every forward in C, not only those of up to KERNEL_ROWS rows
+        lm.path = re.sub(r" of up to \d+ rows in C", " in C", lm.path, count=1)
     if int8_activations and not lm.int8_matrices and int8_required:
         raise ValueError(f"int8_activations: no weight matrix of {path or 'the default model'} can have them (forward: "
                          f"{lm.path}); they need a GGUF target whose quantised matrices (Q4_0 to Q8_0, Q4_K to Q6_K) "
@@ -152,8 +155,10 @@ def _read_blocks(lm: CausalLM, gguf: Path, int8_activations: bool) -> str:
         return f"; every weight matrix read as float32 ({gguf.name} has no matrix of a type the kernel reads that matches)"
     shown = ", ".join(f"{count} {name}" for name, count in sorted(used.items()))
     tiled = lm.tiled_matrices
+    packings = ", ".join(f"{count} {name}" for name, count in sorted(lm.int8_packings.items()))
     tiles = f" ({tiled} of them on AMX tiles)" if tiled else \
-        f" ({lm.int8_matrices} of them with int8 activations; every forward in C)" if lm.int8_matrices else ""
+        f" ({lm.int8_matrices} of them with int8 activations, packed as {packings}; every forward in C, whatever " \
+        "its rows)" if lm.int8_matrices else ""
     return f"; of its {4 * lm.num_layers + 1} weight matrices the kernel reads {shown} as the GGUF's blocks{tiles}"
 
 

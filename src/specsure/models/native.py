@@ -20,6 +20,7 @@ says why in one sentence.
 from __future__ import annotations
 
 import ctypes
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +29,7 @@ from torch import nn
 
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
-from specsure.models.gguf_blocks import A4, A8, INT8_FORMATS, BlockMatrix, FileBlocks, matches
+from specsure.models.gguf_blocks import A4, A8, INT8_FORMATS, PACKING_NAMES, BlockMatrix, FileBlocks, matches
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
 from specsure.models.rotary_table import RotaryTable
@@ -138,6 +139,7 @@ class NativeDecoder:
         """The C kernel that runs float32 forwards of up to KERNEL_ROWS rows, or None (`kernel_why`)."""
         self._blocks: list[BlockMatrix] = []  # the matrices `use_blocks` gave the kernel, kept alive
         self.int8_matrices = 0  # of them, how many the integer products read (int8 activations)
+        self.int8_packings: Counter[str] = Counter()  # those, by packing (R4_1, R5_0, ...)
         if self.embed.weight.dtype == torch.float32:
             self.float_kernel, self.kernel_why = float_kernels.load()
         if self.float_kernel is not None and self.head_dim > float_kernels.MAX_HEAD_DIM:
@@ -180,7 +182,8 @@ class NativeDecoder:
                 setattr(struct, f"{name}_format", matrix.format)
                 self._blocks.append(matrix)
                 used[matrix.kind] = used.get(matrix.kind, 0) + 1
-        self.int8_matrices = sum(matrix.format in INT8_FORMATS for matrix in self._blocks)
+        self.int8_packings = Counter(PACKING_NAMES[m.format] for m in self._blocks if m.format in INT8_FORMATS)
+        self.int8_matrices = sum(self.int8_packings.values())
         return used
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Callable
 
 from specsure.config.compat import check_same_vocab
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from specsure.models.loading import LoadedModel
 
 Builder = Callable[["Resolution", "LoadedModel", str], Proposer]
+
+logger = logging.getLogger(__name__)
 
 # "module:function" of each method's builder, imported only when that method runs.
 REGISTRY: dict[str, str] = {
@@ -69,6 +72,10 @@ def build_draft_model(res: "Resolution", target: "LoadedModel", dtype: str) -> P
                            int8_activations=target.lm.int8_matrices > 0, int8_required=False)
     except ModelLoadError as exc:
         raise ModelLoadError(f"draft (the speculative config's model): {exc}") from None
+    if target.lm.int8_matrices and not draft.lm.int8_matrices:
+        logger.info("draft model %s: no weight matrix can have the target's int8 activations (forward: %s); its "
+                    "products stay %s (they decide only the proposals)", res.config.model, draft.lm.path,
+                    str(draft.lm.dtype).removeprefix("torch."))
     check_same_vocab(target.lm.vocab_size, draft.lm.vocab_size, target=target.path, draft=res.config.model,
                      tokenizers=lambda: _shared_tokenizer(target, draft))
     return DraftModelProposer(draft.lm, target.lm.vocab_size)
