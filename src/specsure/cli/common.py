@@ -12,9 +12,12 @@ import stat
 import sys
 from pathlib import Path
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TextIO
 
 from specsure.config.errors import ConfigError, json_int, json_type
+
+if TYPE_CHECKING:
+    from specsure.decode.engine import Engine
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -175,6 +178,13 @@ INT8_HELP = ("multiply the GGUF target's quantised matrices (Q4_0 to Q8_0, Q4_K 
              "as llama.cpp does: faster decoding on AVX2, outputs no longer float32's (speculation still equals "
              "plain decoding)")
 """--int8-activations, as generate, serve, demo and bench explain it."""
+
+
+def products_note(engine: "Engine") -> str:
+    """"; int8 activations on N weight matrices" where the target has them (--int8-activations), else
+    nothing: a user sees the mode without -v."""
+    count = engine.target.lm.int8_matrices
+    return f"; int8 activations on {count} weight matrices" if count else ""
 
 
 def one_line(message: str) -> str:

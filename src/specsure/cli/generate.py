@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from specsure.cli.common import (
-    EXIT_OK, INT8_HELP, add_model_flags, int_at_least, parse_speculative_config, seed_value,
+    EXIT_OK, INT8_HELP, add_model_flags, int_at_least, parse_speculative_config, products_note, seed_value,
 )
 
 if TYPE_CHECKING:
@@ -139,7 +139,8 @@ def print_effective(engine: "Engine", stream: TextIO | None = None) -> None:
     """One line per field with its value and source."""
     res = engine.resolution
     out = stream or sys.stdout
-    print(f"effective config (running: {engine.speculative_method or 'plain decoding'}):", file=out)
+    print(f"effective config (running: {engine.speculative_method or 'plain decoding'}"
+          f"{products_note(engine)}):", file=out)
     width = max(len(name) for name in res.decisions)
     for name, decision in res.decisions.items():
         value = "-" if decision.value is None else decision.value  # as `specsure explain` shows an unset field

@@ -14,6 +14,7 @@ from typing import Any
 
 from specsure.cli.common import (
     EXIT_OK, EXIT_USAGE, INT8_HELP, STATS_LOGGER, add_model_flags, api_keys_from, int_at_least, parse_speculative_config,
+    products_note,
 )
 
 DEFAULT_MAX_QUEUE = 64  # specsure.serve.app.DEFAULT_MAX_QUEUE; not imported, so --help needs no fastapi
@@ -202,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
                      generation_defaults=defaults, model_defaults=model_defaults)
     chunked = f"{args.max_num_batched_tokens} tokens a step" if args.max_num_batched_tokens else "at once"
     print(f"serving {app.state.model_name!r} (speculative: {engine.resolution.summary()}; running "
-          f"{engine.speculative_method or 'plain decoding'}); up to {args.max_num_seqs} "
+          f"{engine.speculative_method or 'plain decoding'}{products_note(engine)}); up to {args.max_num_seqs} "
           f"request{'s' * (args.max_num_seqs != 1)} batched, "
           f"prefix caching {'on' if args.enable_prefix_caching else 'off'}, "
           f"prompts prefilled {chunked}, "
