@@ -817,8 +817,9 @@ static void quantize_rows(const float *x, XBlock *out, int64_t m, int64_t k) {
 
 /* R4_0 and R4_1: a Q4_0 or Q4_1 matrix repacked for the integer products, 8 weight rows side by
  * side, as llama.cpp repacks Q4_0 for AVX2 (a last group of fewer rows padded with zero rows, whose
- * lanes are never stored). Per group of 8 rows and block: 4 x 32 bytes of nibbles, where load j holds bytes 4j .. 4j + 3 of each row's block in row order (so its
- * low nibbles are weights 4j .. 4j + 3 of the 8 rows, its high ones weights 16 + 4j ..), then the 8
+ * lanes are never stored). Per group of 8 rows and block: 4 x 32 bytes of nibbles, where load j
+ * holds bytes 4j .. 4j + 3 of each row's block in row order (so its low nibbles are weights
+ * 4j .. 4j + 3 of the 8 rows, its high ones weights 16 + 4j ..), then the 8
  * rows' d, then (R4_1) their 8 m. One maddubs then multiplies 4 weights of all 8 rows by the same 4
  * values of x, broadcast; a block's 8 maddubs add up in int16 (at most 8 x 2 x 15 x 127 = 30480, no
  * saturation), one madd makes them the 8 rows' int32 block sums, and each row's output is one lane:
@@ -843,7 +844,7 @@ static inline int64_t rblock_bytes(int format) {
            : format == R8_0 ? 288 : format == R8_X ? 352 : 320;
 }
 
-/* The packed format of a block format, and the float32 scales at the start of its blocks. */
+/* The packing of a block format for the integer products (8-bit where its quants are int8). */
 static inline int r_format(int64_t format) {
     return format == Q4_0 ? R4_0 : format == Q4_1 ? R4_1 : format == Q8_0 ? R8_0 : format == Q8_M ? R8_M
            : format == Q8_H ? R8_H : R8_X;
