@@ -163,14 +163,13 @@ class CausalLM:
     @property
     def int8_matrices(self) -> int:
         """How many of the weight matrices `use_blocks` gave the kernel's int8-activation products, the LM head included."""
-        return (0 if self._native is None else self._native.int8_matrices) + (self.head.int8 is not None)
+        return sum(self.int8_packings.values())
 
     @property
-    def int8_packings(self) -> dict[str, int]:
+    def int8_packings(self) -> Counter[str]:
         """`int8_matrices` by packing (gguf_blocks.PACKING_NAMES), the LM head included."""
-        counts = Counter() if self._native is None else Counter(self._native.int8_packings)
-        counts.update([PACKING_NAMES[self.head.int8.format]] if self.head.int8 is not None else [])
-        return dict(counts)
+        head = Counter([PACKING_NAMES[self.head.int8.format]] if self.head.int8 is not None else [])
+        return head + (Counter() if self._native is None else self._native.int8_packings)
 
     @property
     def rotary_table(self) -> RotaryTable | None:

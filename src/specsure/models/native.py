@@ -138,8 +138,7 @@ class NativeDecoder:
         self.float_kernel: float_kernels.FloatKernel | None = None
         """The C kernel that runs float32 forwards of up to KERNEL_ROWS rows, or None (`kernel_why`)."""
         self._blocks: list[BlockMatrix] = []  # the matrices `use_blocks` gave the kernel, kept alive
-        self.int8_matrices = 0  # of them, how many the integer products read (int8 activations)
-        self.int8_packings: Counter[str] = Counter()  # those, by packing (R4_1, R5_0, ...)
+        self.int8_packings: Counter[str] = Counter()  # of them, those the integer products read, by packing
         if self.embed.weight.dtype == torch.float32:
             self.float_kernel, self.kernel_why = float_kernels.load()
         if self.float_kernel is not None and self.head_dim > float_kernels.MAX_HEAD_DIM:
@@ -183,7 +182,6 @@ class NativeDecoder:
                 self._blocks.append(matrix)
                 used[matrix.kind] = used.get(matrix.kind, 0) + 1
         self.int8_packings = Counter(PACKING_NAMES[m.format] for m in self._blocks if m.format in INT8_FORMATS)
-        self.int8_matrices = sum(self.int8_packings.values())
         return used
 
     @property
@@ -262,7 +260,7 @@ class NativeDecoder:
         kernel = self.kernel or self.float_kernel  # at most one is loaded: the model's dtype picks it
         # With int8 activations every forward runs in C, however many rows (in pieces past PIECE_ROWS):
         # torch's float32 products would give a long prefill or a large batch another arithmetic.
-        if kernel is not None and (total <= KERNEL_ROWS or self.int8_matrices):
+        if kernel is not None and (total <= KERNEL_ROWS or self.int8_packings):
             for segment in segments:
                 self._allocate(segment.cache, kernel.dtype)
             if total == 1 and kernel is self.kernel:

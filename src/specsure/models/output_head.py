@@ -67,7 +67,7 @@ class OutputHead:
                 and not (torch.is_grad_enabled() and weight.requires_grad))
         # A model with int8 activations takes every row count in C, whatever the head's format: more
         # rows on torch would take another arithmetic than the decode step's.
-        every_row = in_c and native is not None and native.int8_matrices > 0
+        every_row = in_c and native is not None and bool(native.int8_packings)
         if (blocks is not None and bias is None and in_c
                 and (hidden.dim() == 2 and hidden.shape[0] <= KERNEL_ROWS or every_row)):
             flat = hidden.reshape(-1, hidden.shape[-1]).contiguous()
