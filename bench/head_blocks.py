@@ -1,4 +1,5 @@
-"""The shipped heads reading Q8_0 blocks against the same heads in float32 (proposers/head_blocks.py).
+"""The shipped heads two ways (proposers/head_blocks.py): reading Q8_0 blocks against float32 weights
+(``--compare blocks``), or their Q8_0 blocks with int8 activations against float32 ones (``--compare int8``).
 
 Plain decoding and each head both ways, interleaved prompt by prompt on the bench's built-in
 prompts, greedy; each engine's tokens/s is its new tokens over the sum of its per-prompt median
@@ -6,6 +7,7 @@ times (``--repeats`` of each), every output checked against plain decoding. A me
 test:
 
     .venv/bin/python bench/head_blocks.py --k 1 --repeats 3 --out bench/avx2-head-blocks/k1.md
+    .venv/bin/python bench/head_blocks.py --compare int8 --k 1 --repeats 3 --out bench/avx2-draft-int8/k1.md
 """
 
 from __future__ import annotations
@@ -19,30 +21,37 @@ import torch
 from interleave import time_interleaved
 from specsure.bench.workload import encode, load_builtin
 from specsure.decode.engine import Engine, make_engine
-from specsure.proposers.head_blocks import ENV
+from specsure.proposers.head_blocks import ENV, INT8_ENV
 from specsure.sampling import SamplingParams
 
 
-def engines(k: int | None, tree: str | None) -> dict[str, Engine]:
+COMPARED = {"blocks": (ENV, ("Q8_0", "float32")), "int8": (INT8_ENV, ("Q8_0 int8", "Q8_0 float32"))}
+"""Per --compare: the switch, and the names of its two sides ("1" and "0")."""
+
+
+def engines(k: int | None, tree: str | None, compare: str) -> dict[str, Engine]:
     runs = {"plain": make_engine(None, None)}
-    before = os.environ.get(ENV)
+    env, sides = COMPARED[compare]
+    before = os.environ.get(env)
     for method in ("mtp", "eagle3"):
         spec: dict[str, object] = {"method": method}
         if k is not None:
             spec["num_speculative_tokens"] = k
         if tree is not None:
             spec["speculative_token_tree"] = tree
-        for name, value in ((f"{method} Q8_0", "1"), (f"{method} float32", "0")):
-            os.environ[ENV] = value
-            runs[name] = make_engine(None, spec)
-    os.environ.pop(ENV)
+        for side, value in zip(sides, ("1", "0")):
+            os.environ[env] = value
+            runs[f"{method} {side}"] = make_engine(None, spec)
+    os.environ.pop(env)
     if before is not None:
-        os.environ[ENV] = before
+        os.environ[env] = before
     return runs
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compare", choices=sorted(COMPARED), default="blocks",
+                        help="blocks: Q8_0 blocks against float32 weights; int8: int8 activations against float32 ones")
     parser.add_argument("--k", type=int, default=None, help="num_speculative_tokens (default: the shipped heads' default)")
     parser.add_argument("--tree", default=None, help='speculative_token_tree, e.g. "[(0,), (1,)]"')
     parser.add_argument("--repeats", type=int, default=3)
@@ -51,13 +60,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    runs = engines(args.k, args.tree)
+    runs = engines(args.k, args.tree, args.compare)
     tokenizer = runs["plain"].tokenizer
     prompts = [list(encode(p, tokenizer)) for p in load_builtin(heldout=args.heldout)]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     timed = time_interleaved(runs, prompts, params, args.repeats, group=lambda key: "plain")
     rates = timed.rate
-    flags = [f"--k {args.k}"] * (args.k is not None) + [f"--tree '{args.tree}'"] * (args.tree is not None)
+    flags = [f"--compare {args.compare}"] + [f"--k {args.k}"] * (args.k is not None)
+    flags += [f"--tree '{args.tree}'"] * (args.tree is not None)
     lines = [f"`{' '.join(['bench/head_blocks.py'] + flags + ['--heldout'] * args.heldout)}"
              f" --repeats {args.repeats}`: {len(prompts)} prompts, {args.max_tokens} new tokens, greedy, "
              f"default dtype ({str(runs['plain'].target.lm.dtype).removeprefix('torch.')}), 2 threads; every output "

@@ -1,8 +1,9 @@
 """Draft heads (EAGLE-1, EAGLE-3, MTP) read Q8_0 blocks where their GGUF target reads blocks
 (proposers/head_blocks.py): each weight rounded to the nearest step of its block, the head's
-products on those blocks (its logits those of a float32 head holding the blocks' values), chains
-and trees, and the output still plain decoding's bit for bit. Without AVX2 there is no float32
-kernel and no blocks, so the kernel tests skip."""
+float32 products on those blocks (its logits those of a float32 head holding the blocks' values;
+``SPECSURE_DRAFT_INT8=0``), its int8 products by default, whether the target's are float32 or int8,
+chains and trees, and the output still plain decoding's bit for bit. Without AVX2 there is no
+float32 kernel and no blocks, so the kernel tests skip."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from heads import write_eagle3_head, write_eagle_head, write_mtp_head
 from specsure.decode.engine import Engine, make_engine
 from specsure.models import float_kernel as float_kernels
 from specsure.models import gguf_blocks
-from specsure.proposers.head_blocks import ENV
+from specsure.proposers.head_blocks import ENV, INT8_ENV
 from specsure.proposers.head_layer import HeadCache, RowLinear, last_row, widened
 from specsure.sampling import SamplingParams
 from tiny import build_tiny_llama
@@ -96,6 +97,7 @@ def test_a_head_of_a_gguf_target_reads_q8_blocks_and_the_output_stays_exact(
         head: str, target: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     gguf, folder = target
+    monkeypatch.setenv(INT8_ENV, "0")  # the float32 products over the blocks, not the default int8 ones
     method = head.split("-")[0]
     spec = {"method": method, "model": str(_head(head, folder, tmp_path / "head")), "num_speculative_tokens": 3}
     with caplog.at_level(logging.INFO, logger=f"specsure.proposers.{method}"):
@@ -115,7 +117,7 @@ def test_a_head_of_a_gguf_target_reads_q8_blocks_and_the_output_stays_exact(
     if method == "eagle3":  # the fused ones its kernel path multiplies by
         assert module._qkv_blocks is not None and module._gate_up_blocks is not None
     count = len(read) + len(gathered)
-    assert f"; {count} head matrices read as Q8_0 blocks, like the GGUF target's" in caplog.text
+    assert caplog.text.rstrip().endswith(f"; {count} head matrices read as Q8_0 blocks")
 
     # The drafts are those of a float32 head holding the blocks' values (the products differ in their
     # last bits: torch's over float32 rows, the kernel's over blocks), not the float32 head's own.
@@ -149,16 +151,21 @@ def test_a_head_of_a_gguf_target_reads_q8_blocks_and_the_output_stays_exact(
     assert [c.token_ids for c in tree.generate(prompts, params)] == want_ids
 
 
+@pytest.mark.parametrize("target_int8", [False, True], ids=["float32-target", "int8-target"])
 @pytest.mark.parametrize("head", ["mtp", "mtp-own-head", "eagle3", "eagle"])
-def test_a_head_of_a_target_with_int8_activations_takes_them_too_and_the_output_stays_exact(
-        head: str, target: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_head_takes_int8_activations_whatever_its_targets_products_and_the_output_stays_exact(
+        head: str, target_int8: bool, target: tuple[Path, Path], tmp_path: Path,
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a draft's arithmetic only chooses what the target verifies, so the head's products are int8
+    # (cheaper on AVX2) beside a float32 target too, and the output is that target's plain decoding
     gguf, folder = target
     if float_kernels.load()[0] is None:
         pytest.skip(NO_KERNEL)
     method = head.split("-")[0]
     spec = {"method": method, "model": str(_head(head, folder, tmp_path / "head")), "num_speculative_tokens": 3}
     with caplog.at_level(logging.INFO, logger=f"specsure.proposers.{method}"):
-        engine = make_engine(str(gguf), spec, dtype="float32", int8_activations=True)
+        engine = make_engine(str(gguf), spec, dtype="float32", int8_activations=target_int8)
+    assert (engine.target.lm.int8_matrices > 0) == target_int8
     module = engine.proposer.modules[0]
     read = [m.blocks for m in module.modules() if isinstance(m, RowLinear) and m.blocks is not None]
     # packed 8 rows side by side (R8_0), a last group of fewer rows padded (the EAGLE-3 head's 197)
@@ -170,16 +177,20 @@ def test_a_head_of_a_target_with_int8_activations_takes_them_too_and_the_output_
         assert module._blocks["down"] is module.block.mlp.down_proj.blocks  # packed once, not twice
     if method == "eagle3":
         assert {module._qkv_blocks.format, module._gate_up_blocks.format} <= gguf_blocks.INT8_FORMATS
-    assert "head matrices read as Q8_0 blocks with int8 activations, like the GGUF target's" in caplog.text
+    assert caplog.text.rstrip().endswith("head matrices read as Q8_0 blocks with int8 activations")
     # the int8 products' logits are the Q8_0 head's, up to the rounding of the activations: close, not equal
+    monkeypatch.setenv(INT8_ENV, "0")
     q8 = make_engine(str(gguf), spec, dtype="float32")
+    assert {m.blocks.format for m in q8.proposer.modules[0].modules()
+            if isinstance(m, RowLinear) and m.blocks is not None} == {gguf_blocks.Q8_0}
+    monkeypatch.delenv(INT8_ENV)
     for got, want in zip(*(_module_steps(e, method) for e in (engine, q8))):
         finite = torch.isfinite(want)
         assert torch.equal(finite, torch.isfinite(got))
         scale = float(want[finite].abs().max())
         torch.testing.assert_close(got[finite], want[finite], rtol=0.0, atol=0.05 * scale)
         assert not torch.equal(got[finite], want[finite])
-    plain = make_engine(str(gguf), None, dtype="float32", int8_activations=True)
+    plain = make_engine(str(gguf), None, dtype="float32", int8_activations=target_int8)
     prompts = [[5, 17, 33, 90, 4, 12], [250, 8, 8, 9, 100]]
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
     want_ids = [c.token_ids for c in plain.generate(prompts, params)]
@@ -187,7 +198,7 @@ def test_a_head_of_a_target_with_int8_activations_takes_them_too_and_the_output_
     assert [c.token_ids for c in got] == want_ids
     assert sum(c.stats.draft_tokens for c in got) > 0
     tree = make_engine(str(gguf), {**spec, "speculative_token_tree": "[(0,), (1,), (0, 0)]"}, dtype="float32",
-                       int8_activations=True)
+                       int8_activations=target_int8)
     assert [c.token_ids for c in tree.generate(prompts, params)] == want_ids
 
 

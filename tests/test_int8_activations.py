@@ -19,6 +19,7 @@ from specsure.cli.main import main
 from specsure.models import float_kernel as float_kernels
 from specsure.models import gguf_blocks
 from specsure.models.loading import load_model
+from specsure.proposers import head_blocks
 from tiny import build_tiny_llama
 
 VOCAB = 300
@@ -222,6 +223,24 @@ def test_speculation_with_int8_activations_equals_plain_decoding_in_that_mode(gg
     assert drafted > 0  # verify forwards of several rows ran
     if method == "draft_model":  # and both ways out of a verification: drafts kept and drafts rejected
         assert 0 < accepted < drafted
+
+
+def test_a_draft_model_of_a_float32_target_takes_int8_activations(gguf_file: Path, draft_file: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # the target's products stay float32 and its output exact; only the draft's (the proposals) are int8,
+    # unless SPECSURE_DRAFT_INT8=0
+    _kernel()
+    speculative = {"method": "draft_model", "model": str(draft_file), "num_speculative_tokens": 4}
+    plain = make_engine(str(gguf_file), None, dtype="float32")
+    spec = make_engine(str(gguf_file), speculative, dtype="float32")
+    assert spec.target.lm.int8_matrices == 0 and spec.proposer.draft.int8_matrices > 0
+    prompts = [[5, 17, 33, 90, 5, 17, 33, 90, 5, 17], [40, 41, 42, 43, 40, 41, 42]]
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    got = spec.generate(prompts, params)
+    assert [c.token_ids for c in got] == [c.token_ids for c in plain.generate(prompts, params)]
+    assert 0 < sum(c.stats.accepted_tokens for c in got) < sum(c.stats.draft_tokens for c in got)
+    monkeypatch.setenv(head_blocks.INT8_ENV, "0")
+    assert make_engine(str(gguf_file), speculative, dtype="float32").proposer.draft.int8_matrices == 0
 
 
 def test_a_draft_model_without_int8_blocks_keeps_its_float32_products(tiny_llama: Path, gguf_file: Path) -> None:

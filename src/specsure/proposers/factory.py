@@ -63,18 +63,20 @@ def build_draft_model(res: "Resolution", target: "LoadedModel", dtype: str) -> P
     from specsure.models.errors import ModelLoadError
     from specsure.models.loading import load_model
     from specsure.proposers.draft_model import DraftModelProposer
+    from specsure.proposers.head_blocks import int8_wanted
 
     assert res.config is not None and res.config.model is not None
+    # with int8 activations where the draft's blocks can have them, whether or not the target has them:
+    # a cheaper draft step; its arithmetic decides only the proposals, the target's every output token
+    int8 = int8_wanted(target.lm)
     try:
-        # with the target's int8 activations where the draft's blocks can have them: a cheaper draft
-        # step; its arithmetic decides only the proposals, the target's every output token
-        draft = load_model(res.config.model, dtype=_same_dtype(target, dtype),
-                           int8_activations=target.lm.int8_matrices > 0, int8_required=False)
+        draft = load_model(res.config.model, dtype=_same_dtype(target, dtype), int8_activations=int8,
+                           int8_required=False)
     except ModelLoadError as exc:
         raise ModelLoadError(f"draft (the speculative config's model): {exc}") from None
-    if target.lm.int8_matrices and not draft.lm.int8_matrices:
-        logger.info("draft model %s: no weight matrix can have the target's int8 activations (forward: %s); its "
-                    "products stay %s (they decide only the proposals)", res.config.model, draft.lm.path,
+    if int8 and not draft.lm.int8_matrices:
+        logger.info("draft model %s: no weight matrix can have int8 activations (forward: %s); its products stay "
+                    "%s (they decide only the proposals)", res.config.model, draft.lm.path,
                     str(draft.lm.dtype).removeprefix("torch."))
     check_same_vocab(target.lm.vocab_size, draft.lm.vocab_size, target=target.path, draft=res.config.model,
                      tokenizers=lambda: _shared_tokenizer(target, draft))

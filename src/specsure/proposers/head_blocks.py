@@ -10,9 +10,14 @@ This changes only which tokens a head proposes: the target verifies every draft 
 weights, so greedy output still equals plain decoding bit for bit and sampled output keeps the
 target's distribution (with a fixed seed the sampled text may differ, as other drafts draw other
 random numbers). It applies only where the target itself reads blocks; ``SPECSURE_HEAD_BLOCKS=0``
-keeps the float32 head (for comparing the two). Where the target was loaded with int8 activations,
-the head's Q8_0 blocks take them too (packed 8 rows side by side, as the target's), for a cheaper
-draft step with the same guarantee.
+keeps the float32 head (for comparing the two).
+
+The head's Q8_0 blocks are multiplied with int8 activations (packed 8 rows side by side, as a
+target with ``--int8-activations`` has its own), whether the target's products are int8 or float32:
+for the same reason, a draft's arithmetic is free, and on AVX2 a one-row float32 product over
+blocks is bound by dequantising while the integer one waits only on memory. A draft model's GGUF
+blocks take them too (proposers/factory.py). ``SPECSURE_DRAFT_INT8=0`` keeps the drafts' products
+float32 on a float32 target (for comparing the two).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ if TYPE_CHECKING:
     from specsure.models.float_kernel import AnyKernel, FloatKernel
 
 ENV = "SPECSURE_HEAD_BLOCKS"
+INT8_ENV = "SPECSURE_DRAFT_INT8"
 
 
 def blocks_wanted(lm: "CausalLM") -> bool:
@@ -41,8 +47,10 @@ def blocks_wanted(lm: "CausalLM") -> bool:
 
 
 def int8_wanted(lm: "CausalLM") -> bool:
-    """Whether a head of ``lm`` should multiply its blocks with int8 activations: the target does."""
-    return lm.int8_matrices > 0
+    """Whether the drafts for target ``lm`` (a head's Q8_0 blocks, a draft model's GGUF blocks) should be
+    multiplied with int8 activations: where ``lm`` has them, and where it reads a GGUF's blocks in
+    float32 (`blocks_wanted`) unless ``SPECSURE_DRAFT_INT8`` is 0."""
+    return lm.int8_matrices > 0 or (os.environ.get(INT8_ENV) != "0" and blocks_wanted(lm))
 
 
 def blocks_note(quantised: int, lm: "CausalLM") -> str:
@@ -51,7 +59,7 @@ def blocks_note(quantised: int, lm: "CausalLM") -> str:
     if not quantised:
         return ""
     int8 = " with int8 activations" if int8_wanted(lm) else ""
-    return f"; {quantised} head matrices read as Q8_0 blocks{int8}, like the GGUF target's"
+    return f"; {quantised} head matrices read as Q8_0 blocks{int8}"
 
 
 def with_int8(module: torch.nn.Module, kernel: "FloatKernel", fused: list[BlockMatrix | None]) -> list[BlockMatrix | None]:
