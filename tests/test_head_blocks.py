@@ -61,14 +61,15 @@ def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def _head(method: str, folder: Path, out: Path) -> Path:
     if method == "mtp":
         return write_mtp_head(out, folder, seed=3)
-    if method == "mtp-own-head":  # its own LM head, drafting among 200 of the 300 tokens
+    if method in ("mtp-own-head", "mtp-draft-vocab"):  # drafting among 200 of the 300 tokens
         gen = torch.Generator().manual_seed(5)
         kept = torch.randperm(VOCAB, generator=gen)[:200].sort().values
         t2d = torch.zeros(VOCAB, dtype=torch.bool)
         t2d[kept] = True
-        own = {"layers.0.shared_head.head.weight": torch.randn(VOCAB, 64, generator=gen) * 0.5,
-               "d2t": kept - torch.arange(200), "t2d": t2d}
-        return write_mtp_head(out, folder, seed=3, tensors=own, draft_vocab_size=200)
+        tensors = {"d2t": kept - torch.arange(200), "t2d": t2d}
+        if method == "mtp-own-head":  # with its own LM head; else the target's rows, as the shipped head
+            tensors["layers.0.shared_head.head.weight"] = torch.randn(VOCAB, 64, generator=gen) * 0.5
+        return write_mtp_head(out, folder, seed=3, tensors=tensors, draft_vocab_size=200)
     if method == "eagle":
         return write_eagle_head(out, folder, seed=3, naming="vllm")
     # a draft vocabulary of 197: its LM head's last group of 8 rows is short (padded where packed)
@@ -152,7 +153,7 @@ def test_a_head_of_a_gguf_target_reads_q8_blocks_and_the_output_stays_exact(
 
 
 @pytest.mark.parametrize("target_int8", [False, True], ids=["float32-target", "int8-target"])
-@pytest.mark.parametrize("head", ["mtp", "mtp-own-head", "eagle3", "eagle"])
+@pytest.mark.parametrize("head", ["mtp", "mtp-own-head", "mtp-draft-vocab", "eagle3", "eagle"])
 def test_a_head_takes_int8_activations_whatever_its_targets_products_and_the_output_stays_exact(
         head: str, target_int8: bool, target: tuple[Path, Path], tmp_path: Path,
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -183,6 +184,12 @@ def test_a_head_takes_int8_activations_whatever_its_targets_products_and_the_out
     q8 = make_engine(str(gguf), spec, dtype="float32")
     assert {m.blocks.format for m in q8.proposer.modules[0].modules()
             if isinstance(m, RowLinear) and m.blocks is not None} == {gguf_blocks.Q8_0}
+    if head == "mtp-draft-vocab":  # the target's LM head rows of the draft vocabulary: packed, not Q8_0 floats
+        normed = torch.randn(1, 64)
+        with torch.inference_mode():  # as the engine drafts
+            got, want = module._draft_logits(normed), q8.proposer.modules[0]._draft_logits(normed)
+        torch.testing.assert_close(got, want, rtol=0.0, atol=0.05 * float(want.abs().max()))
+        assert got.shape == (1, 200) and not torch.equal(got, want)
     monkeypatch.delenv(INT8_ENV)
     for got, want in zip(*(_module_steps(e, method) for e in (engine, q8))):
         finite = torch.isfinite(want)

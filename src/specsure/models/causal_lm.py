@@ -396,7 +396,7 @@ class CausalLM:
         """
         return self.head.logits(hidden) if rows is None else self.head.row_logits(hidden, rows)
 
-    def draft_head(self, rows: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    def draft_head(self, rows: torch.Tensor, int8_activations: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
         """Logits over the vocabulary ids ``rows`` only (`OutputHead.draft`), for a drafter that
         predicts among a draft vocabulary."""
-        return self.head.draft(rows)
+        return self.head.draft(rows, int8_activations)

@@ -152,6 +152,8 @@ class MTPModule(nn.Module):
         # eh_proj, an own head, and the block's projections for its torch path (a first call, tree levels)
         count = use_linear_blocks(self, skip=(own,) if gathered else ())
         int8 = int8 and kernel is not None
+        if int8 and own is None and self.draft_ids is not None:  # the target's head's draft rows, packed too
+            self._draft_logits = self.target.draft_head(self.draft_ids, int8_activations=True)
         if gathered and kernel is not None:
             rows = q8_blocks(own.weight[self.draft_ids].contiguous())
             if rows is not None:
