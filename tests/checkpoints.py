@@ -36,8 +36,9 @@ def write_checkpoint(folder: Path, config: Mapping[str, Any] | str | None,
 
     weights: "safetensors" (a real header), "pickle" (a pytorch_model.bin stub) or "none".
     tensors: names in the header; by default a head's own tensors for a config with a head's
-    architectures (EAGLE_TENSORS, EAGLE3_TENSORS, an MTP head's layers.0.eh_proj), else the
-    embedding and LM head, plus the MTP modules' ``eh_proj`` (stored as layers N + i) when the
+    architectures (EAGLE_TENSORS, EAGLE3_TENSORS, an MTP head's layers.0.eh_proj), a head's own
+    embedding and LM head for a config of one layer (`silent`: a whole model's
+    model.embed_tokens.weight would mark it as one), else a whole model's embedding and LM head, plus the MTP modules' ``eh_proj`` (stored as layers N + i) when the
     config declares num_nextn_predict_layers.
     """
     archs = set(config.get("architectures") or ()) if isinstance(config, Mapping) else set()
@@ -47,6 +48,9 @@ def write_checkpoint(folder: Path, config: Mapping[str, Any] | str | None,
         tensors = list(EAGLE_TENSORS)
     elif tensors is None and archs & MTP_HEAD_ARCHITECTURES:
         tensors = [f"layers.{i}.eh_proj.weight" for i in range(min(config.get("num_nextn_predict_layers") or 1, 256))]
+    if (tensors is None and isinstance(config, Mapping) and config.get("num_hidden_layers") == 1
+            and not config.get("num_nextn_predict_layers")):
+        tensors = ["embed_tokens.weight", "lm_head.weight"]  # as a head names them: `silent` stays silent
     if tensors is None:
         tensors = ["model.embed_tokens.weight", "lm_head.weight"]
         if isinstance(config, Mapping) and config.get("num_nextn_predict_layers"):

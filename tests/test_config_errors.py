@@ -258,6 +258,7 @@ def test_config_json_that_is_not_an_object(tmp_path, target):
     ("vocab_size", -1, "vocab_size = -1 must be a non-negative integer"),
     ("vocab_size", 0, "vocab_size = 0 must be a positive integer"),  # was told as a vocabulary mismatch
     ("hidden_size", 0, "hidden_size = 0 must be a positive integer"),
+    ("max_position_embeddings", 0, "max_position_embeddings = 0 must be a positive integer"),  # was no limit
     ("num_nextn_predict_layers", True, "num_nextn_predict_layers = true must be a non-negative integer"),
     ("n_predict", -3, "n_predict = -3 must be a non-negative integer"),
     ("architectures", "LlamaForCausalLM", 'architectures = "LlamaForCausalLM" must be a list of strings'),

@@ -223,6 +223,10 @@ def _folder_with(hf: Path, tmp_path: Path, **fields: object) -> Path:
     ({"hidden_act": "nope"}, r"hidden_act = \"nope\" is not an activation the installed transformers has"),
     ({"num_attention_heads": 0}, r"num_attention_heads = 0 must be a positive integer"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": "abc"}}, r"rope_theta = \"abc\" must be a positive"),
+    ({"max_position_embeddings": 0}, r"max_position_embeddings = 0 must be a positive integer"),  # was no limit
+    # was "the logits of its own forward differ", blamed on the architecture
+    ({"rms_norm_eps": float("nan")}, r"rms_norm_eps = NaN must be a small non-negative number"),
+    ({"rms_norm_eps": -1.0}, r"rms_norm_eps = -1.0 must be a small non-negative number"),
 ])
 def test_a_config_field_transformers_would_trip_on_is_named(hf: Path, tmp_path: Path, fields, message: str) -> None:  # noqa: ANN001
     with pytest.raises(ModelLoadError, match=message):

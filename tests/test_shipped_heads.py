@@ -12,6 +12,7 @@ from specsure import SamplingParams, make_engine
 from specsure.bench.configs import Settings, speculative_config
 from specsure.config import ConfigError, resolve
 from specsure.config import shipped
+from specsure.config.checkpoint import default_gguf_path
 from specsure.config.shipped import HEADS_DIR, SHIPPED, shipped_head
 from specsure.config.training_record import trained_depth
 
@@ -138,3 +139,15 @@ def test_a_draft_deeper_than_the_head_was_trained_for_is_explained(tmp_path: Pat
     assert trained_depth(three) is None
     assert "trained for" not in resolve({"method": "eagle3", "model": three, "num_speculative_tokens": 4}).reason(
         "num_speculative_tokens")
+
+
+def test_mtp_on_the_default_model_through_a_link_in_an_eagle_folder_gives_no_warning(tmp_path: Path) -> None:
+    # mtp without 'model' drafts with the shipped MTP head there, whose metadata agrees; the link's
+    # folder name is no evidence against it (it was read as the target's, before the head was chosen)
+    default = default_gguf_path()
+    assert default is not None and shipped_head("mtp") is not None
+    link = tmp_path / "eagle-models" / "smollm2.gguf"
+    link.parent.mkdir()
+    link.symlink_to(default)
+    res = resolve({"method": "mtp"}, model=str(link), strict=True)
+    assert res.warnings == () and res.config.model == shipped_head("mtp") and res.source("model") == "default"

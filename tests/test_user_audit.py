@@ -87,9 +87,9 @@ def target(tmp_path: Path) -> str:
 
 
 @pytest.mark.parametrize(("spec_of", "message"), [
-    (lambda d: {"model": d("eagle3-x", silent())}, r"method 'eagle3' needs an EAGLE-3 head"),
-    (lambda d: {"method": "eagle", "model": d("beagle-qwen", silent())}, r"drafts with method 'draft_model'"),
-    (lambda d: {"method": "mtp", "model": d("my_mtp_head", silent())}, r"method 'mtp' needs an MTP head"),
+    (lambda d: {"method": "eagle3", "model": d("eagle3-x", silent())}, r"set method 'draft_model' to run this"),
+    (lambda d: {"method": "eagle", "model": d("beagle-qwen", silent())}, r"set method 'draft_model' to run this"),
+    (lambda d: {"method": "mtp", "model": d("my_mtp_head", silent())}, r"set method 'draft_model' to run this"),
     (lambda d: {"model": d("e3", eagle3_head(vocab=32000))}, r"vocab_size = 32000, but the target .* needs 49152"),
     (lambda d: {"model": d("e3", eagle3_head(eagle_aux_hidden_state_layer_ids=[2, 15, 40]))},
      r"eagle_aux_hidden_state_layer_ids = \[2, 15, 40\], but the target with num_hidden_layers=30"),
@@ -103,6 +103,17 @@ def test_head_checkpoint_the_engine_cannot_run_is_not_runnable(tmp_path: Path, t
     res = resolve(spec_of(draft), model=target)
     with pytest.raises(ConfigError, match=message):
         res.check_runnable()
+
+
+def test_a_one_layer_whole_model_is_a_draft_model_whatever_its_folder_says(tmp_path: Path, target: str) -> None:
+    # one layer, but a whole model's embedding (model.embed_tokens.weight): metadata, which outranks the
+    # folder's name, so an unset method is draft_model and an explicit one gets no warning
+    draft = str(write_checkpoint(tmp_path / "eagle3-but-not", silent(), ["model.embed_tokens.weight", "lm_head.weight"]))
+    res = resolve({"model": draft}, model=target, strict=True)
+    assert (res.config.method, res.source("method"), res.warnings) == ("draft_model", "checkpoint", ())
+    assert "tensor model.embed_tokens.weight" in res.reason("method")
+    res.check_runnable()
+    assert not resolve({"method": "draft_model", "model": draft}, model=target, strict=True).warnings
 
 
 def test_a_real_eagle3_head_still_resolves_runnable(tmp_path: Path, target: str) -> None:

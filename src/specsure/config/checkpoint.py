@@ -266,7 +266,8 @@ def _check_fields(config: Mapping[str, Any], path: Path, origins: Mapping[str, s
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 name = origins.get(key, key) if where is config else f"text_config.{key}"
                 raise ConfigError(f"{path}: {name} = {json.dumps(value)} must be a non-negative integer.")
-            if value == 0 and key in ("vocab_size", "hidden_size"):  # no model has none; every check divides by them
+            # no model has none: every check divides by the sizes, and a context of 0 is no context
+            if value == 0 and key in ("vocab_size", "hidden_size", "max_position_embeddings"):
                 name = origins.get(key, key) if where is config else f"text_config.{key}"
                 raise ConfigError(f"{path}: {name} = 0 must be a positive integer; use the config.json the weights "
                                   "came with.")

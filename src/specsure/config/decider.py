@@ -88,10 +88,14 @@ class Decider:
     def method_evidence(self) -> Evidence | None:
         """Evidence from the draft: its metadata, else a path hint (target MTP layers: decide_method).
 
-        A user's mtp without a draft drafts with the target, so the target is read as the draft.
+        A user's mtp without a draft drafts with the target, so the target is read as the draft;
+        on the default target, whose mtp drafts with the shipped head (`shipped`), the head is.
         """
         if self.draft is not None:
             return self.draft_evidence or path_hint(self.spec.model)
+        if self.spec.method == "mtp" and self.spec.model is UNSET and self.default_target \
+                and target_mtp(self.target) is None and (head := shipped_head("mtp")) is not None:
+            return classify_draft(read_draft(head))
         if self.spec.method == "mtp":
             return target_as_draft(self.target)
         return None

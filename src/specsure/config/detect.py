@@ -120,6 +120,10 @@ def classify_draft(info: CheckpointInfo) -> Evidence | None:
         return Evidence("draft_model", "checkpoint",
                         f"{info.config_file or info.path} architectures={sorted(archs)}, "
                         f"{info.layer_count_key}={info.num_hidden_layers}")
+    if any(a.endswith(WHOLE_MODEL_SUFFIXES) for a in archs) and WHOLE_MODEL_TENSOR in info.tensor_names:
+        # one layer, but a whole model's embedding (a head names its own embed_tokens.weight)
+        return Evidence("draft_model", "checkpoint",
+                        f"{info.config_file or info.path} architectures={sorted(archs)}, tensor {WHOLE_MODEL_TENSOR}")
     if info.kind == "gguf" and info.num_hidden_layers:  # no head is a GGUF file: llama.cpp's are whole models
         return Evidence("draft_model", "checkpoint", f"{info.config_file} general.architecture="
                                                      f"{info.model_type}, block_count={info.num_hidden_layers}")
@@ -169,10 +173,13 @@ def target_as_draft(info: CheckpointInfo) -> Evidence | None:
     """The target read as a draft (mtp without 'model'): head metadata, else a path hint.
 
     vLLM runs its method detection on the target then, so specsure reads the same checkpoint.
-    A hint that agrees with the metadata is cited with it. The target's MTP layer count is not
-    head metadata, so a DeepSeek-V3 target gives None.
+    A hint that agrees with the metadata is cited with it. The target's MTP layers are not head
+    metadata, but they are metadata that agrees with mtp, so a path hint does not count against
+    them (metadata first): a DeepSeek-V3 target that stores them gives None, whatever its folder
+    is called (vLLM's own path rule is `export`'s and check-vllm's to flag).
     """
-    head, hint = classify_head(info), path_hint(info.path)
+    head = classify_head(info)
+    hint = path_hint(info.path) if head is not None or target_mtp(info) is None else None
     best = head or hint
     if best is None:
         return None

@@ -24,7 +24,10 @@ from specsure.models.errors import ModelLoadError
 logger = logging.getLogger(__name__)
 
 _POSITIVE_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                   "intermediate_size", "head_dim")
+                   "intermediate_size", "head_dim", "max_position_embeddings")
+_NORM_EPSILONS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps")
+"""What a norm adds to the variance before its square root: a NaN or a negative one makes every
+output NaN, which would surface only as a forward that disagrees with itself."""
 _PER_LAYER_SIZES = ("intermediate_size",)
 """Sizes a config may give per layer, as a list (Gemma 3n's intermediate_size)."""
 _ACTIVATIONS = ("hidden_act", "hidden_activation")
@@ -157,6 +160,13 @@ def _check_sizes(config_path: Path, config: dict[str, Any]) -> None:
                 raise ModelLoadError(f"{config_path}: {prefix}{key} = {json.dumps(value)} is not an activation the "
                                      f"installed transformers has (such as {known}); use the config.json the "
                                      "weights came with.")
+        for key in _NORM_EPSILONS:
+            value = fields.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value < 0):
+                raise ModelLoadError(f"{config_path}: {prefix}{key} = {json.dumps(value)} must be a small "
+                                     "non-negative number (a norm's epsilon, such as 1e-05); use the config.json "
+                                     "the weights came with.")
         rope = fields.get("rope_parameters") or fields.get("rope_scaling")
         for holder, name in ((fields, "rope_theta"), (rope if isinstance(rope, dict) else {}, "rope_theta")):
             value = holder.get(name)
