@@ -378,6 +378,25 @@ def test_a_damaged_tokenizer_json_is_named_with_its_role(tmp_path: Path) -> None
                     dtype="float32")
 
 
+def test_a_draft_with_a_shorter_context_warns_and_stops_drafting_past_it(tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    from specsure import SamplingParams, make_engine
+
+    target = build_tiny_llama(tmp_path / "target")  # 512 positions
+    draft = build_tiny_llama(tmp_path / "draft", extra_config={"max_position_embeddings": 24})  # the same weights
+    spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
+    with caplog.at_level(logging.WARNING, logger="specsure.proposers.factory"):
+        engine = make_engine(str(target), spec, dtype="float32")
+    assert "holds 24 positions (max_position_embeddings), the target 512: a request whose context passes 24 " \
+           "decodes without drafts" in caplog.text
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    prompt = [5, 9, 17, 33, 6, 40, 41, 42, 43, 44]
+    [got] = engine.generate([prompt], params)
+    [want] = make_engine(str(target), None, dtype="float32").generate([prompt], params)
+    assert got.token_ids == want.token_ids and len(got.token_ids) == 40
+    assert 0 < got.stats.draft_tokens <= 24 - len(prompt) + 3  # drafts only while the context fit the draft
+
+
 def test_a_checkpoint_that_names_its_own_code_is_loaded_as_the_builtin_class_with_a_warning(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     folder = Path(build_tiny_llama(tmp_path / "m"))

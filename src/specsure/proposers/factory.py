@@ -80,6 +80,12 @@ def build_draft_model(res: "Resolution", target: "LoadedModel", dtype: str) -> P
                     str(draft.lm.dtype).removeprefix("torch."))
     check_same_vocab(target.lm.vocab_size, draft.lm.vocab_size, target=target.path, draft=res.config.model,
                      tokenizers=lambda: _shared_tokenizer(target, draft))
+    if draft.lm.max_context and (draft.lm.max_context < target.lm.max_context or not target.lm.max_context):
+        # as vLLM bounds speculation by the draft's length: lossless, but past it the request decodes
+        # plainly, which a user comparing speeds on long contexts should know before they measure
+        logger.warning("draft model %s holds %d positions (max_position_embeddings), the target %s: a request "
+                       "whose context passes %d decodes without drafts from there on", res.config.model,
+                       draft.lm.max_context, target.lm.max_context or "no limit", draft.lm.max_context)
     return DraftModelProposer(draft.lm, target.lm.vocab_size)
 
 
