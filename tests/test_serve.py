@@ -289,6 +289,7 @@ BAD_CHATS = [
     ({"messages": [{"role": "user", "contnet": "hi"}]}, "messages[0].contnet", "Did you mean 'content'"),
     ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content", "3"),
     ({"messages": [{"role": "user"}]}, "messages[0].content", "messages[0].content is missing"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "messages[0].content is null"),
     ({"messages": CHAT, "max_tokens": 4, "max_completion_tokens": 5}, "max_tokens", "disagree"),
     ({"messages": CHAT, "max_completion_tokens": -1}, "max_completion_tokens", "max_completion_tokens = -1"),
     ({"messages": CHAT, "prompt": "hi"}, "prompt", "takes 'prompt' on POST /v1/completions only"),

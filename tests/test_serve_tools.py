@@ -194,7 +194,7 @@ BAD = [
     ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
         "name": "f", "arguments": "{}", "argumnets": "{}"}}]}]}, "messages[0].tool_calls[0].function.argumnets",
      "Did you mean 'arguments'"),
-    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "missing"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "content is null"),
     ({"messages": [{"role": "tool", "content": "18C"}]}, "messages[0].tool_call_id", "answers one call"),
     ({"messages": [{"role": "user", "content": "hi", "tool_calls": []}]}, "messages[0].tool_calls",
      "A user message has"),

@@ -45,6 +45,9 @@ HERMES_CASES = [
     (f'{CALL}<tool_call>{{"name": "now", "argu', '<tool_call>{"name": "now", "argu',
      [("get_weather", '{"city": "Paris"}')]),
     ("a < b and <tool_ but no call", "a < b and <tool_ but no call", []),
+    # arguments under a key Hermes does not use: kept as written, not a call whose arguments are dropped
+    ('<tool_call>{"name": "get_weather", "parameters": {"city": "Paris"}}</tool_call>',
+     '<tool_call>{"name": "get_weather", "parameters": {"city": "Paris"}}</tool_call>', []),
 ]
 
 
@@ -57,6 +60,10 @@ LLAMA3_CASES = [
     ('{"name": "now", "parameters": {}} and then text', "and then text", [("now", "{}")]),
     ('{"name": "now", "param', '{"name": "now", "param', []),  # cut short: as written
     ("<|python", "<|python", []),
+    ('{"name": "Alice", "age": 3}', '{"name": "Alice", "age": 3}', []),  # an answer with a name is no call
+    ('{"name": "now", "parameters": {"a": 1}, "arguments": {"b": 2}}',  # which? neither: as written
+     '{"name": "now", "parameters": {"a": 1}, "arguments": {"b": 2}}', []),
+    ('{"type": "function", "name": "now", "parameters": {}}', None, [("now", "{}")]),
 ]
 
 

@@ -74,11 +74,19 @@ def json_calls(text: str) -> list[Call] | None:
     return None if not calls or any(c is None for c in calls) else calls  # type: ignore[return-value]
 
 
-def _json_call(item: Any) -> Call | None:
-    """``{"name", "arguments"}``; the arguments an object, or its JSON text (as some answers write them)."""
+def _called(item: Any, keys: tuple[str, ...]) -> Call | None:
+    """An object as a call: a string ``name``, at most one of ``keys`` holding the arguments (an
+    object, or its JSON text, as some answers write them; none: no arguments), and no other key but
+    ``"type": "function"``. Anything else is not a call, and its text stays in the content as
+    written: an answer that is JSON with a ``name`` (``{"name": "Alice", "age": 3}``), or a call under
+    a key its format does not use, would otherwise become a call with its arguments dropped."""
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         return None
-    arguments = item.get("arguments", {})
+    given = [key for key in keys if key in item]
+    others = set(item) - {"name", *given}
+    if len(given) > 1 or others - {"type"} or item.get("type", "function") != "function":
+        return None  # two argument keys could disagree (Llama 3's parameters and arguments)
+    arguments = item[given[0]] if given else {}
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
@@ -89,28 +97,23 @@ def _json_call(item: Any) -> Call | None:
     return item["name"], json.dumps(arguments, ensure_ascii=False)
 
 
+def _json_call(item: Any) -> Call | None:
+    """``{"name", "arguments"}`` (Mistral's older layout, Granite's)."""
+    return _called(item, ("arguments",))
+
+
 def hermes_call(body: str) -> Call | None:
     """The text inside ``<tool_call>`` ... ``</tool_call>``: ``{"name": ..., "arguments": {...}}``."""
     try:
         item = json.loads(body)
     except json.JSONDecodeError:
         return None
-    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-        return None
-    arguments = item.get("arguments", {})
-    if not isinstance(arguments, dict):
-        return None
-    return item["name"], json.dumps(arguments, ensure_ascii=False)
+    return _called(item, ("arguments",))
 
 
 def llama3_call(item: Any) -> Call | None:
     """One decoded JSON value as Llama 3's call: ``{"name", "parameters"}`` (or ``"arguments"``)."""
-    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-        return None
-    arguments = item.get("parameters", item.get("arguments", {}))
-    if not isinstance(arguments, dict):
-        return None
-    return item["name"], json.dumps(arguments, ensure_ascii=False)
+    return _called(item, ("parameters", "arguments"))
 
 
 def python_calls(text: str) -> list[Call] | None:

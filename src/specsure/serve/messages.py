@@ -74,7 +74,8 @@ def _message(message: Any, where: str) -> dict[str, Any]:
                                f"{', '.join(fields)}.", f"{where}.{key}", "unknown_field")
     calls = message.get("tool_calls")
     if message.get("content") is None and not calls:
-        raise RequestError(f'{where}.content is missing; send the message\'s text, e.g. "content": "Hello"'
+        said = f"{where}.content is null" if "content" in message else f"{where}.content is missing"
+        raise RequestError(f'{said}; send the message\'s text, e.g. "content": "Hello"'
                            + (", or the assistant's tool_calls." if role == "assistant" else "."), f"{where}.content")
     # An assistant turn that only calls has no text: "" renders as nothing where None could print "None".
     rendered: dict[str, Any] = {"role": role, "content": "" if message.get("content") is None
