@@ -90,4 +90,5 @@ def tree_shape(tree: DraftTree) -> str:
     if is_chain(tree):
         return f"a chain of {len(tree)} token{'s' * (len(tree) > 1)}, the same draft as no tree; {feeds}"
     widths = [sum(len(node) == d for node in tree) for d in range(1, depth + 1)]
-    return f"{len(tree)} node{'s' * (len(tree) > 1)} over {depth} level{'s' * (depth > 1)} ({', '.join(map(str, widths))} per level); {feeds}"
+    nodes, levels = f"{len(tree)} node{'s' * (len(tree) > 1)}", f"{depth} level{'s' * (depth > 1)}"
+    return f"{nodes} over {levels} ({', '.join(map(str, widths))} per level); {feeds}"

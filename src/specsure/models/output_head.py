@@ -121,7 +121,8 @@ class OutputHead:
             blocks = BlockMatrix(blocks.data[rows].contiguous(), blocks.format, len(rows), blocks.cols, blocks.kind)
         kernel = self._native.float_kernel if self._native is not None else None
         if int8_activations and kernel is not None and weight.dtype == torch.float32:
-            blocks = blocks or q8_blocks(weight)  # a draft's arithmetic decides only the drafts
+            if blocks is None:  # Q8_0 of the float32 rows: a draft's arithmetic decides only the drafts
+                blocks = q8_blocks(weight)
             blocks = None if blocks is None else kernel.prepared(blocks, True)
         return lambda hidden: self.logits(hidden, weight, bias, blocks)
 
