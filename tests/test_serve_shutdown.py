@@ -76,15 +76,28 @@ def test_a_grace_period_lets_requests_run_until_it_ends(engine, monkeypatch):
     asyncio.run(scenario())
 
 
-def _serve(folder: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+def _serve(folder: Path, *flags: str, banner: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+    """The server's process and URL; ``banner`` gets its start-up line."""
     proc = subprocess.Popen([sys.executable, "-m", "specsure", "serve", "--model", str(folder), "--port", "0",
                              "--dtype", "float32", "--max-num-seqs", "1", "--threads", "1", *flags],
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.stderr is not None
     for line in proc.stderr:
         if "listening on " in line:
+            if banner is not None:
+                banner.append(line)
             return proc, line.rsplit("listening on ", 1)[1].strip()
     raise AssertionError(f"the server did not start (exit {proc.wait()})")
+
+
+def test_the_start_up_line_names_the_settings_an_answer_depends_on(tmp_path):
+    banner: list[str] = []
+    proc, _ = _serve(build_tiny_chat_model(tmp_path / "model"), "--api-key", "k", "--request-timeout", "30",
+                     "--allowed-origins", '["http://localhost:3000"]', banner=banner)
+    proc.kill()
+    proc.wait(30)
+    assert ("; dtype float32, an API key required on /v1/*, CORS for http://localhost:3000, requests stopped "
+            "after 30 s; listening on ") in banner[0]
 
 
 def _stream(url: str, out: list[str], first: threading.Event) -> None:

@@ -10,12 +10,15 @@ import os
 import re
 import socket
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specsure.cli.common import (
     EXIT_OK, EXIT_USAGE, INT8_HELP, STATS_LOGGER, add_model_flags, api_keys_from, int_at_least, parse_speculative_config,
     products_note,
 )
+
+if TYPE_CHECKING:
+    from specsure.decode.engine import Engine
 
 DEFAULT_MAX_QUEUE = 64  # specsure.serve.app.DEFAULT_MAX_QUEUE; not imported, so --help needs no fastapi
 DEFAULT_MAX_NUM_SEQS = 8  # specsure.decode.scheduler.DEFAULT_MAX_NUM_SEQS; not imported, so --help needs no torch
@@ -208,12 +211,31 @@ def run(args: argparse.Namespace) -> int:
           f"prefix caching {'on' if args.enable_prefix_caching else 'off'}, "
           f"prompts prefilled {chunked}, "
           f"requests without a temperature {_default_sampling({**model_defaults, **defaults}, defaults)}, "
-          f"{args.max_queue} more waiting; listening on {_url(args.host, port)}", file=sys.stderr)
+          f"{args.max_queue} more waiting{_settings_note(args, engine, bool(api_key))}; listening on "
+          f"{_url(args.host, port)}", file=sys.stderr)
     from specsure.serve.shutdown import GracefulServer
 
     config = uvicorn.Config(app, host=args.host, port=port, log_level="info")
     GracefulServer(config, app.state.runner, args.shutdown_timeout).run(sockets=[sock])
     return EXIT_OK
+
+
+def _settings_note(args: argparse.Namespace, engine: "Engine", keyed: bool) -> str:
+    """The banner's other settings a client or an operator would ask about: the dtype that runs, and
+    whichever of the key, parsers, CORS origins and timeout were set (vLLM logs its non-default
+    arguments; these are the ones a request's answer depends on)."""
+    parts = [f"dtype {str(engine.target.lm.dtype).removeprefix('torch.')}"]
+    if keyed:
+        parts.append("an API key required on /v1/*")
+    if args.tool_call_parser:  # it comes with --enable-auto-tool-choice, always
+        parts.append(f"tool calls read as {args.tool_call_parser}")
+    if args.reasoning_parser:
+        parts.append(f"reasoning read as {args.reasoning_parser}")
+    if args.allowed_origins:
+        parts.append(f"CORS for {', '.join(args.allowed_origins)}")
+    if args.request_timeout:
+        parts.append(f"requests stopped after {args.request_timeout:g} s")
+    return "; " + ", ".join(parts)
 
 
 def _chat_template(value: str) -> str:
