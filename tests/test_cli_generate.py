@@ -113,7 +113,7 @@ def test_generate_prints_completion_config_sources_and_acceptance(default_model_
     out, err = capsys.readouterr()
     assert rc == 0
     assert "effective config" not in out and out.strip()  # the completion alone on stdout
-    assert "effective config (running: ngram)" in err
+    assert "effective config (running: ngram, dtype float32)" in err
     assert "[user]" in err and "[default]" in err and "[derived]" in err
     assert "tokens: " in err and "tok/s" in err
 
@@ -124,7 +124,7 @@ def test_demo_runs_and_reports_speedup_and_equality(default_model_cache: Path, c
     rc = main(["demo", "--max-tokens", "48", "--repeats", "1", *(["--method", method] if method != "ngram" else [])])
     out = capsys.readouterr().out
     assert rc == 0
-    assert f"effective config (running: {method})" in out and "mean acceptance length" in out
+    assert f"effective config (running: {method}, dtype " in out and "mean acceptance length" in out
     assert "speedup" in out and f"{method} output is identical to plain greedy decoding" in out
     assert f'specsure demo passes {{"method": "{method}"' in out
 

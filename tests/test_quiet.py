@@ -99,6 +99,6 @@ def test_generate_shows_only_specsure_lines(mtp_target, terminal, monkeypatch) -
     out, err = terminal.readouterr()
     assert rc == 0, err
     assert "effective config" not in out  # the completion alone on stdout
-    assert err.startswith("effective config (running: mtp)") and "tokens: 8" in err
+    assert err.startswith("effective config (running: mtp, dtype ") and "tokens: 8" in err
     assert all(line.startswith(("effective config", "  ", "tokens: ", "mean acceptance length")) for line in
                err.splitlines()), err  # and nothing but specsure's own lines on stderr

@@ -320,7 +320,9 @@ def test_serve_limit_flags(capsys: pytest.CaptureFixture[str], engine: Engine) -
     assert (args.max_queue, args.request_timeout) == (0, 2.5)
     for flags, needle in ((["--max-queue", "-1"], "--max-queue -1 must be >= 0"),
                           (["--request-timeout", "0"], "--request-timeout 0 must be"),
-                          (["--request-timeout", "inf"], "--request-timeout inf must be")):
+                          (["--request-timeout", "inf"], "--request-timeout inf must be"),
+                          (["--served-model-name", "a", "b", "a"], "--served-model-name gives 'a' more than once"),
+                          (["--served-model-name", ""], "--served-model-name '' is not a name")):
         assert main(["serve", "--model", "/no/such/model", *flags]) == 2
         err = capsys.readouterr().err
         assert needle in err and "Traceback" not in err

@@ -139,8 +139,8 @@ def print_effective(engine: "Engine", stream: TextIO | None = None) -> None:
     """One line per field with its value and source."""
     res = engine.resolution
     out = stream or sys.stdout
-    print(f"effective config (running: {engine.speculative_method or 'plain decoding'}"
-          f"{products_note(engine)}):", file=out)
+    print(f"effective config (running: {engine.speculative_method or 'plain decoding'}, dtype "
+          f"{str(engine.target.lm.dtype).removeprefix('torch.')}{products_note(engine)}):", file=out)
     width = max(len(name) for name in res.decisions)
     for name, decision in res.decisions.items():
         value = "-" if decision.value is None else decision.value  # as `specsure explain` shows an unset field

@@ -141,6 +141,13 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.shutdown_timeout < float("inf"):
         raise ValueError(f"--shutdown-timeout {args.shutdown_timeout:g} must be a number of seconds >= 0 (0: running "
                          "requests stop at once on SIGTERM or Ctrl-C).")
+    names = args.served_model_name or []
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        raise ValueError(f"--served-model-name gives {', '.join(map(repr, twice))} more than once; give each name "
+                         "once (the first is the name responses carry, the others are aliases).")
+    if "" in names:
+        raise ValueError("--served-model-name '' is not a name; give a non-empty one, or leave the flag out to "
+                         "serve the model under its path.")
     if args.enable_auto_tool_choice != (args.tool_call_parser is not None):
         raise ValueError("--enable-auto-tool-choice and --tool-call-parser go together: the first allows "
                          'tool_choice "auto", the second says how to find the calls in the text; pass both '
