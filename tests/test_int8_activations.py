@@ -268,7 +268,7 @@ def test_generate_takes_int8_activations(gguf_file: Path, tiny_llama: Path, caps
                  "--max-tokens", "4", "hello"]) == 0
     err = capsys.readouterr().err
     assert "tokens: 4 in" in err  # the stats line; the text is stdout
-    assert "(running: plain decoding; int8 activations on 8 weight matrices)" in err  # the mode, without -v
+    assert "(running: plain decoding, dtype float32; int8 activations on 8 weight matrices)" in err  # the mode, without -v
     assert main(["generate", "--model", str(gguf_file), "--dtype", "float32", "--max-tokens", "4", "hello"]) == 0
     assert "int8 activations" not in capsys.readouterr().err
     assert main(["generate", "--model", str(tiny_llama), "--int8-activations", "--max-tokens", "4", "hello"]) == 2

@@ -108,6 +108,9 @@ MISTRAL_CASES = [
     ('[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}[TOOL_CALLS]now[ARGS]{}', None,
      [("get_weather", '{"city": "Oslo"}'), ("now", "{}")]),  # tokenizer v11's layout
     ('[TOOL_CALLS] {"name": "now", "arguments": "{}"}', None, [("now", "{}")]),  # one object, arguments as text
+    # the id Mistral's templates write into earlier calls, which its models then write too: ignored, as vLLM does
+    ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abcDEF123"}]', None,
+     [("get_weather", '{"city": "Paris"}')]),
     ("See [TOOL_CALLS] nothing", "See [TOOL_CALLS] nothing", []),  # not calls: as written
     ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"ci', '[TOOL_CALLS][{"name": "get_weather", "arguments": {"ci',
      []),  # cut short

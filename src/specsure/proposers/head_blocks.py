@@ -16,8 +16,9 @@ The head's Q8_0 blocks are multiplied with int8 activations (packed 8 rows side 
 target with ``--int8-activations`` has its own), whether the target's products are int8 or float32:
 for the same reason, a draft's arithmetic is free, and on AVX2 a one-row float32 product over
 blocks is bound by dequantising while the integer one waits only on memory. A draft model's GGUF
-blocks take them too (proposers/factory.py). ``SPECSURE_DRAFT_INT8=0`` keeps the drafts' products
-float32 on a float32 target (for comparing the two).
+blocks take them too (proposers/factory.py). Beside a float32 target this is left out on CPUs with
+AMX tiles (not measured there, and a draft model would leave its tiles), and
+``SPECSURE_DRAFT_INT8=0`` keeps the drafts' products float32 (for comparing the two).
 """
 
 from __future__ import annotations
@@ -49,8 +50,12 @@ def blocks_wanted(lm: "CausalLM") -> bool:
 def int8_wanted(lm: "CausalLM") -> bool:
     """Whether the drafts for target ``lm`` (a head's Q8_0 blocks, a draft model's GGUF blocks) should be
     multiplied with int8 activations: where ``lm`` has them, and where it reads a GGUF's blocks in
-    float32 (`blocks_wanted`) unless ``SPECSURE_DRAFT_INT8`` is 0."""
-    return lm.int8_matrices > 0 or (os.environ.get(INT8_ENV) != "0" and blocks_wanted(lm))
+    float32 on a CPU without AMX tiles (measured on AVX2 only; a draft model there would leave its
+    tiles) unless ``SPECSURE_DRAFT_INT8`` is 0."""
+    kernel = lm.row_kernel
+    return lm.int8_matrices > 0 or (
+        os.environ.get(INT8_ENV) != "0" and bool(lm.blocks_used) and lm.dtype == torch.float32
+        and kernel is not None and hasattr(kernel, "linear_blocks") and not getattr(kernel, "amx", False))
 
 
 def blocks_note(quantised: int, lm: "CausalLM") -> str:

@@ -77,14 +77,15 @@ def json_calls(text: str) -> list[Call] | None:
 def _called(item: Any, keys: tuple[str, ...]) -> Call | None:
     """An object as a call: a string ``name``, at most one of ``keys`` holding the arguments (an
     object, or its JSON text, as some answers write them; none: no arguments), and no other key but
-    ``"type": "function"``. Anything else is not a call, and its text stays in the content as
-    written: an answer that is JSON with a ``name`` (``{"name": "Alice", "age": 3}``), or a call under
-    a key its format does not use, would otherwise become a call with its arguments dropped."""
+    ``"type": "function"`` and an ``id`` (Mistral's templates write one into each earlier call, so its
+    models write it too; vLLM ignores both). Anything else is not a call, and its text stays in the
+    content as written: an answer that is JSON with a ``name`` (``{"name": "Alice", "age": 3}``), or a
+    call under a key its format does not use, would otherwise become a call with its arguments dropped."""
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         return None
     given = [key for key in keys if key in item]
     others = set(item) - {"name", *given}
-    if len(given) > 1 or others - {"type"} or item.get("type", "function") != "function":
+    if len(given) > 1 or others - {"type", "id"} or item.get("type", "function") != "function":
         return None  # two argument keys could disagree (Llama 3's parameters and arguments)
     arguments = item[given[0]] if given else {}
     if isinstance(arguments, str):
