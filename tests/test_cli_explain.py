@@ -257,3 +257,20 @@ def test_a_command_line_that_does_not_parse_still_answers_json(capsys, argv: lis
     assert code == 2 and words in answer["error"] and words in captured.err
     if argv[0] == "explain":
         assert answer["fields"] is None and answer["runnable"] is False
+
+
+def test_int8_activations_are_explained_and_refused_where_a_run_would_refuse_them(tmp_path, capsys) -> None:  # noqa: ANN001
+    # generate and serve take the flag; explain takes it too, and says what a run would do with it
+    from specsure.cli.main import main
+
+    target = str(write_checkpoint(tmp_path / "target", llama(layers=4)))
+    spec = ["--model", target, "--speculative-config", '{"method": "ngram"}']
+    assert main(["explain", *spec, "--dtype", "float32", "--int8-activations"]) == 0
+    assert "int8 activations: on. Asked for: at load" in capsys.readouterr().out
+    assert main(["explain", *spec, "--dtype", "float32"]) == 0
+    assert "int8 activations" not in capsys.readouterr().out  # the table as before without the flag
+    assert main(["explain", *spec, "--dtype", "bfloat16", "--int8-activations", "--json"]) == 2
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["int8_activations"]["value"] is True and answer["runnable"] is False
+    assert "needs the model in float32, but the run would load it in bfloat16" in answer["error"]
+    assert "--dtype float32" in answer["error"]

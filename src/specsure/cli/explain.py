@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import Any
 
-from specsure.cli.common import EXIT_OK, EXIT_USAGE, add_model_flags, one_line, parse_speculative_config
+from specsure.cli.common import EXIT_OK, EXIT_USAGE, INT8_HELP, add_model_flags, one_line, parse_speculative_config
 from specsure.config import ConfigError, resolve
 from specsure.config.cpu import DTYPE_NAMES
 from specsure.config.dtype_choice import run_dtype
@@ -21,8 +21,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_flags(parser)
     parser.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
                         help="the dtype the run would load in (default auto); a shipped head's default tree depends on it")
+    parser.add_argument("--int8-activations", action="store_true",
+                        help=f"as generate and serve take it ({INT8_HELP}); explain says whether a run could have "
+                             "them, and which matrices is the load's to decide")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(run=run)
+
+
+def _int8_reason(asked: bool, dtype: str) -> str:
+    """Why the run's products would (not) take int8 activations, short of loading anything."""
+    if not asked:
+        return "Not asked for (--int8-activations): the target's products are the dtype's own."
+    if dtype != "float32":
+        return f"Asked for, but they need float32 and the run would load in {dtype}."
+    return ("Asked for: at load, the target's GGUF matrices that the float32 kernel reads as blocks take them (the "
+            "load log counts them), and a target with none is an error then; drafts take them too.")
 
 
 def json_error(message: str) -> dict[str, Any]:
@@ -46,13 +59,20 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         problem = str(exc)
     dtype, why = run_dtype(res.target, args.dtype)
+    int8 = _int8_reason(args.int8_activations, dtype)
+    if args.int8_activations and dtype != "float32" and problem is None:  # as load_model refuses it
+        problem = (f"int8_activations needs the model in float32, but the run would load it in {dtype} ({why.rstrip('.')}); "
+                   "pass --dtype float32, or drop --int8-activations.")
     if args.json:
         print(json.dumps({"fields": res.to_dict(), "warnings": list(res.warnings), "dtype": {"value": dtype, "reason": why},
+                          "int8_activations": {"value": args.int8_activations, "reason": int8},
                           "runnable": problem is None, "error": problem}, indent=2))
     else:
         print(res.explain())
         if problem is None:  # the dtype a run would load in; this config starts no run
             print(f"dtype: {dtype}. {why}")
+            if args.int8_activations:
+                print(f"int8 activations: on. {int8}")
     if problem:
         # Same shape as every other user error: one `error:` paragraph on stderr, exit 2.
         print(f"error: cannot run: {one_line(problem)}", file=sys.stderr)
