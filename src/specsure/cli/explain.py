@@ -40,7 +40,8 @@ def _int8_reason(asked: bool, dtype: str) -> str:
 
 def json_error(message: str) -> dict[str, Any]:
     """--json's object when nothing resolved: a config error, or a command line that does not parse."""
-    return {"fields": None, "warnings": [], "dtype": None, "runnable": False, "error": message}
+    return {"fields": None, "warnings": [], "dtype": None, "int8_activations": None, "runnable": False,
+            "error": message}
 
 
 def run(args: argparse.Namespace) -> int:
