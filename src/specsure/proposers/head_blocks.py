@@ -39,12 +39,17 @@ ENV = "SPECSURE_HEAD_BLOCKS"
 INT8_ENV = "SPECSURE_DRAFT_INT8"
 
 
+def _reads_blocks(lm: "CausalLM") -> bool:
+    """Whether ``lm`` reads a GGUF's blocks on the float32 kernel."""
+    kernel = lm.row_kernel
+    return (bool(lm.blocks_used) and lm.dtype == torch.float32 and kernel is not None
+            and hasattr(kernel, "linear_blocks"))
+
+
 def blocks_wanted(lm: "CausalLM") -> bool:
     """Whether a head of ``lm`` should read Q8_0 blocks: the target reads a GGUF's blocks on the
     float32 kernel, and ``SPECSURE_HEAD_BLOCKS`` is not 0."""
-    kernel = lm.row_kernel
-    return (os.environ.get(ENV) != "0" and bool(lm.blocks_used) and lm.dtype == torch.float32
-            and kernel is not None and hasattr(kernel, "linear_blocks"))
+    return os.environ.get(ENV) != "0" and _reads_blocks(lm)
 
 
 def int8_wanted(lm: "CausalLM") -> bool:
@@ -52,10 +57,8 @@ def int8_wanted(lm: "CausalLM") -> bool:
     multiplied with int8 activations: where ``lm`` has them, and where it reads a GGUF's blocks in
     float32 on a CPU without AMX tiles (measured on AVX2 only; a draft model there would leave its
     tiles) unless ``SPECSURE_DRAFT_INT8`` is 0."""
-    kernel = lm.row_kernel
-    return lm.int8_matrices > 0 or (
-        os.environ.get(INT8_ENV) != "0" and bool(lm.blocks_used) and lm.dtype == torch.float32
-        and kernel is not None and hasattr(kernel, "linear_blocks") and not getattr(kernel, "amx", False))
+    return lm.int8_matrices > 0 or (os.environ.get(INT8_ENV) != "0" and _reads_blocks(lm)
+                                    and not getattr(lm.row_kernel, "amx", False))
 
 
 def blocks_note(quantised: int, lm: "CausalLM") -> str:
