@@ -20,6 +20,14 @@ def chi2(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(((counts[support] - expected) ** 2 / expected).sum())
 
 
+def pooled(counts: torch.Tensor, probs: torch.Tensor, least: float = 5.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``counts`` and ``probs`` with every cell expected fewer than ``least`` times pooled into one,
+    so that Pearson's statistic follows its chi-square law."""
+    small = counts.sum() * probs < least
+    return (torch.cat([counts[~small], counts[small].sum().reshape(1)]),
+            torch.cat([probs[~small], probs[small].sum().reshape(1)]))
+
+
 def tv(counts: torch.Tensor, probs: torch.Tensor) -> float:
     """Total variation distance between the empirical distribution of ``counts`` and ``probs``."""
     return 0.5 * float((counts / counts.sum() - probs).abs().sum())
@@ -39,3 +47,29 @@ def exact_second_token_distribution(path: str, prompt: list[int], temperature: f
         p2 = torch.softmax(lm.forward([*prompt, t1]).logits[-1] / temperature, -1)
         total += p1[t1] * p2
     return total
+
+
+def second_token_marginal(lm, prompt: list[int], params) -> torch.Tensor:  # noqa: ANN001
+    """The exact distribution of the second output token under ``params``' transform (temperature,
+    top-k, ...): the sum over each possible first token of p(first) p(second | first)."""
+    from specsure.sampling import probs_from_logits
+
+    lm.reset()
+    p1 = probs_from_logits(lm.forward(prompt).logits[-1], params)
+    p2 = torch.zeros_like(p1)
+    for t1 in torch.nonzero(p1).flatten().tolist():
+        lm.reset()
+        p2 += p1[t1] * probs_from_logits(lm.forward([*prompt, t1]).logits[-1], params)
+    return p2
+
+
+def second_token_counts(engine, prompt: list[int], params, runs: int, vocab: int) -> torch.Tensor:  # noqa: ANN001
+    """How often each token is the second output of ``engine`` over ``runs`` seeded generations
+    (seeds 0 .. runs - 1) of ``params``' sampling."""
+    import dataclasses
+
+    counts = torch.zeros(vocab)
+    for seed in range(runs):
+        out = engine.generate([prompt], dataclasses.replace(params, seed=seed))
+        counts[out[0].token_ids[1]] += 1
+    return counts

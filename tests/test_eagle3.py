@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 from heads import check_rollback, rms, write_eagle3_head, write_eagle_head
-from stats import chi2, chi2_critical, tv
+from stats import chi2, chi2_critical, second_token_marginal, tv
 
 from specsure import ConfigError, SamplingParams, make_engine, resolve
 from tiny import build_tiny_llama
@@ -98,19 +98,6 @@ def test_rollback_is_exact(target, tmp_path, accepted):
 # --- losslessness when sampling -----------------------------------------------------------------
 
 RUNS = 800
-
-
-def second_token_marginal(lm, prompt, params) -> torch.Tensor:  # noqa: ANN001
-    """The target's exact distribution of the second output token: sum over the first."""
-    from specsure.sampling import probs_from_logits
-
-    lm.reset()
-    p1 = probs_from_logits(lm.forward(prompt).logits[-1], params)
-    p2 = torch.zeros_like(p1)
-    for t1 in torch.nonzero(p1).flatten().tolist():
-        lm.reset()
-        p2 += p1[t1] * probs_from_logits(lm.forward([*prompt, t1]).logits[-1], params)
-    return p2
 
 
 def test_sampled_output_is_distributed_as_the_target(tmp_path):

@@ -21,6 +21,7 @@ from specsure.models import gguf_blocks
 from specsure.proposers.head_blocks import ENV, INT8_ENV
 from specsure.proposers.head_layer import HeadCache, RowLinear, last_row, widened
 from specsure.sampling import SamplingParams
+from stats import chi2, chi2_critical, pooled, second_token_counts, second_token_marginal
 from tiny import build_tiny_llama
 
 VOCAB = 300
@@ -231,3 +232,32 @@ def test_a_float32_target_from_safetensors_keeps_a_float32_head(tiny_llama: Path
     engine = make_engine(str(tiny_llama), {"method": "mtp", "model": head, "num_speculative_tokens": 2}, dtype="float32")
     module = engine.proposer.modules[0]
     assert all(m.blocks is None for m in module.modules() if isinstance(m, RowLinear))
+
+
+@pytest.mark.parametrize("head", ["mtp-draft-vocab", "eagle3"])
+def test_int8_drafts_beside_a_float32_target_keep_its_sampling_distribution(
+        head: str, target: tuple[Path, Path], tmp_path: Path) -> None:
+    # an int8 draft samples from its own q and the verifier corrects with that same q: the output
+    # is still distributed as the float32 target's, whatever the draft's rounding
+    gguf, folder = target
+    if float_kernels.load()[0] is None:
+        pytest.skip(NO_KERNEL)
+    method = head.split("-")[0]
+    spec = {"method": method, "model": str(_head(head, folder, tmp_path / "head")), "num_speculative_tokens": 2}
+    engine = make_engine(str(gguf), spec, dtype="float32")
+    read = {m.blocks.format for m in engine.proposer.modules[0].modules()
+            if isinstance(m, RowLinear) and m.blocks is not None}
+    assert read == {gguf_blocks.R8_0}  # the draft's products are int8, the target's float32
+    assert engine.target.lm.int8_matrices == 0
+    prompt, runs = [5, 17, 33, 90], 1200
+    params = SamplingParams(max_tokens=3, temperature=1.0, top_k=6, ignore_eos=True)
+    counts = second_token_counts(engine, prompt, params, runs, VOCAB)
+    # a random head's drafts are mostly rejected: this checks the recovered tokens (the draft model
+    # test in test_int8_activations.py checks mostly accepted drafts)
+    assert 0 < engine.stats.accepted_per_position[0] < engine.stats.drafts
+    lm = engine.target.lm
+    got, want = pooled(counts, second_token_marginal(lm, prompt, params))
+    assert chi2(got, want) < chi2_critical(len(want) - 1)
+    # the test can fail: the same counts are far from the target's at another temperature
+    got, other = pooled(counts, second_token_marginal(lm, prompt, SamplingParams(temperature=2.0, top_k=6)))
+    assert chi2(got, other) > chi2_critical(len(other) - 1)

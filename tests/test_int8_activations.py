@@ -20,6 +20,7 @@ from specsure.models import float_kernel as float_kernels
 from specsure.models import gguf_blocks
 from specsure.models.loading import load_model
 from specsure.proposers import head_blocks
+from stats import chi2, chi2_critical, pooled, second_token_counts, second_token_marginal
 from tiny import build_tiny_llama
 
 VOCAB = 300
@@ -359,3 +360,23 @@ def test_with_int8_activations_the_lm_head_takes_every_row_count_in_c(tmp_path: 
     lm.crop(3)
     for i, token in enumerate(ids):
         assert torch.equal(lm.forward([token]).logits[0], together[i]), i
+
+
+def test_a_draft_model_with_int8_activations_keeps_a_float32_targets_sampling_distribution(
+        gguf_file: Path, draft_file: Path) -> None:
+    # the draft (the target's weights as Q8_0, int8 products) is mostly right and its q close to the
+    # target's p but not equal: the accepted drafts and the few recovered tokens together must be
+    # distributed as the float32 target's sampling
+    _kernel()
+    speculative = {"method": "draft_model", "model": str(draft_file), "num_speculative_tokens": 2}
+    spec = make_engine(str(gguf_file), speculative, dtype="float32")
+    assert spec.target.lm.int8_matrices == 0 and spec.proposer.draft.int8_matrices > 0
+    prompt, runs = [5, 17, 33, 90], 1200
+    params = SamplingParams(max_tokens=3, temperature=1.0, top_k=6, ignore_eos=True)
+    counts = second_token_counts(spec, prompt, params, runs, VOCAB)
+    assert 0.5 * spec.stats.drafts < spec.stats.accepted_per_position[0] < spec.stats.drafts
+    lm = spec.target.lm
+    got, want = pooled(counts, second_token_marginal(lm, prompt, params))
+    assert chi2(got, want) < chi2_critical(len(want) - 1)
+    got, other = pooled(counts, second_token_marginal(lm, prompt, SamplingParams(temperature=2.0, top_k=6)))
+    assert chi2(got, other) > chi2_critical(len(other) - 1)  # the test can fail
