@@ -192,10 +192,43 @@ def write_qwen3(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]:
     return folder, out
 
 
+def write_qwen2(folder: Path, out: Path, vocab: int = 290, quantize: Mapping[str, str] | None = None,
+                tie: bool = False) -> tuple[Path, Path]:
+    """A tiny random Qwen2 (q/k/v biases, random too) and the same weights as a GGUF file in llama.cpp's
+    layout (no rotary row permutation, unlike llama's); ``quantize`` as `_write_model`'s."""
+    import gguf
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from tiny import random_model
+
+    config = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=tie)
+    model = random_model(Qwen2ForCausalLM, config)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(1)
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0.0, 0.5)
+    model.save_pretrained(folder)
+    byte_bpe_tokenizer(folder, vocab)
+    writer = gguf.GGUFWriter(str(out), "qwen2")
+    for key, value in (("context_length", 256), ("embedding_length", 64), ("feed_forward_length", 128),
+                       ("block_count", 2), ("attention.head_count", 4), ("attention.head_count_kv", 2)):
+        writer.add_uint32(f"qwen2.{key}", value)
+    writer.add_float32("qwen2.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
+    writer.add_float32("qwen2.rope.freq_base", float(config.rope_parameters["rope_theta"]))
+    _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()), gguf.MODEL_ARCH.QWEN2,
+                 quantize=quantize)
+    return folder, out
+
+
 def _write_model(writer: Any, folder: Path, tokenizer: Mapping[str, Any], arch: Any,
-                 norms_plus_one: bool = False) -> None:
+                 norms_plus_one: bool = False, quantize: Mapping[str, str] | None = None) -> None:
     """The tokenizer and ``folder``'s two-layer model into ``writer`` under llama.cpp's tensor names, then
-    the file; ``norms_plus_one``: norm weights stored with the 1 Gemma's norm adds, as llama.cpp keeps them."""
+    the file; ``norms_plus_one``: norm weights stored with the 1 Gemma's norm adds, as llama.cpp keeps them;
+    ``quantize``: GGUF tensor names written quantised by gguf-py, ``{name: type_name}``."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -205,8 +238,12 @@ def _write_model(writer: Any, folder: Path, tokenizer: Mapping[str, Any], arch: 
     names = gguf.get_tensor_name_map(arch, 2)
     for name, array in load_file(str(folder / "model.safetensors")).items():
         array = array.astype(np.float32)
-        writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)),
-                          array + 1 if norms_plus_one and name.endswith("norm.weight") else array)
+        name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if quantize and name in quantize:
+            data = quantised(quantize[name], array.shape[0], array.shape[1], array=array)
+            writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=gguf.GGMLQuantizationType[quantize[name]])
+        else:
+            writer.add_tensor(name, array + 1 if norms_plus_one and name.endswith("norm.weight") else array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

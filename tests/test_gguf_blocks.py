@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from gguf_models import byte_bpe_tokenizer, quantised, write_llama_gguf
+from gguf_models import byte_bpe_tokenizer, quantised, write_llama_gguf, write_qwen2
 from specsure.models import float_kernel as float_kernels
 from specsure.models import gguf_blocks
 from specsure.models.loading import load_model
@@ -187,13 +187,9 @@ def test_a_conversion_whose_gguf_is_gone_reads_float32_and_says_so(gguf_file: Pa
     assert lm.path.endswith(f"every weight matrix read as float32 ({copy}, which it was converted from, is gone)")
 
 
-def test_k_quants_decode_the_same_bits_from_their_blocks(k_gguf_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    blocks = load_model(str(k_gguf_file), dtype="float32").lm
-    if float_kernels.load()[0] is None:
-        pytest.skip(NO_KERNEL)
-    assert blocks.path.endswith("of its 9 weight matrices the kernel reads 2 Q4_K, 1 Q4_K+Q6_K, 1 Q5_K, 5 Q6_K as the GGUF's blocks")
-    monkeypatch.setenv("SPECSURE_GGUF_BLOCKS", "0")
-    plain = load_model(str(k_gguf_file), dtype="float32").lm
+def _same_decoding(blocks, plain) -> None:  # noqa: ANN001
+    """24 greedy steps of both models give the same logits' bits, and a verify forward of 7 rows
+    (the unpacked path of the AVX2 build) gives each row the bits of its one-row step."""
     prompt = [5, 17, 33, 90, 4, 12]
     a, b = blocks.forward(prompt, last_logits=1), plain.forward(prompt, last_logits=1)
     for _ in range(24):
@@ -201,11 +197,21 @@ def test_k_quants_decode_the_same_bits_from_their_blocks(k_gguf_file: Path, monk
         token = int(a.logits[-1].argmax())
         a, b = blocks.forward([token]), plain.forward([token])
     start = blocks.cache_len
-    ids = [7, 8, 9, 250, 3, 4, 5]  # a verify of 7 rows (the unpacked path of the AVX2 build)
+    ids = [7, 8, 9, 250, 3, 4, 5]
     together = blocks.forward(ids).logits
     blocks.crop(start)
     for i, token in enumerate(ids):
         assert torch.equal(blocks.forward([token]).logits[0], together[i])
+
+
+def test_k_quants_decode_the_same_bits_from_their_blocks(k_gguf_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocks = load_model(str(k_gguf_file), dtype="float32").lm
+    if float_kernels.load()[0] is None:
+        pytest.skip(NO_KERNEL)
+    assert blocks.path.endswith("of its 9 weight matrices the kernel reads 2 Q4_K, 1 Q4_K+Q6_K, 1 Q5_K, 5 Q6_K as the GGUF's blocks")
+    monkeypatch.setenv("SPECSURE_GGUF_BLOCKS", "0")
+    plain = load_model(str(k_gguf_file), dtype="float32").lm
+    _same_decoding(blocks, plain)
 
 
 def test_a_tied_q8_0_embedding_is_read_as_the_lm_head(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -243,3 +249,22 @@ def test_a_source_replaced_since_its_conversion_still_loads_and_says_why(gguf_fi
     copy.write_bytes(b"not a gguf any more")
     lm = load_model(str(folder), dtype="float32").lm  # the converted folder, its source now garbage
     assert f"every weight matrix read as float32 ({copy} cannot be read for its blocks:" in lm.path
+
+
+def test_a_qwen2_gguf_reads_its_blocks_in_transformers_row_order(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # llama.cpp's Qwen2 converter keeps q and k in transformers' order (its Llama one interleaves
+    # them), and Qwen2's q|k|v biases stay float32 beside the blocks
+    types = {f"blk.{i}.{n}.weight": ("Q4_1" if i else "Q8_0") for i in (0, 1)
+             for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
+    _, gguf = write_qwen2(tmp_path / "qwen2", tmp_path / "qwen2.gguf", VOCAB, {**types, "token_embd.weight": "Q8_0"},
+                          tie=True)
+    blocks = load_model(str(gguf), dtype="float32").lm
+    if float_kernels.load()[0] is None:
+        pytest.skip(NO_KERNEL)
+    assert type(blocks.hf).__name__ == "Qwen2ForCausalLM" and blocks._native.layers[0].qkv_bias is not None
+    assert blocks.path.endswith("of its 9 weight matrices the kernel reads 4 Q4_1, 5 Q8_0 as the GGUF's blocks")
+    assert load_model(str(gguf), dtype="float32", int8_activations=True).lm.int8_matrices == 9
+    monkeypatch.setenv("SPECSURE_GGUF_BLOCKS", "0")
+    plain = load_model(str(gguf), dtype="float32").lm
+    _same_decoding(blocks, plain)

@@ -288,9 +288,15 @@ class FileBlocks:
     """The output matrix (the token embedding when the model ties them)."""
 
 
-def read_blocks(gguf: Path, layers: int, heads: int, kv_heads: int, tied: bool) -> FileBlocks:
-    """The block matrices of a Llama-layout GGUF file (`llama` tensor names). Reads the tensor table
-    only (gguf's own reader parses the whole vocabulary first, seconds on a 49k-token model)."""
+BLOCK_FAMILIES = {"llama": True, "qwen2": False}
+"""The model_types whose GGUF files `read_blocks` reads, and whether llama.cpp's converter interleaved
+their q and k rows for its rotary (its Llama converter does; its Qwen2 one keeps transformers' order)."""
+
+
+def read_blocks(gguf: Path, layers: int, heads: int, kv_heads: int, tied: bool, interleaved: bool = True) -> FileBlocks:
+    """The block matrices of a GGUF file with llama.cpp's decoder tensor names (`blk.N.attn_q.weight`
+    ...), its q and k rows put back in transformers' order where ``interleaved``. Reads the tensor
+    table only (gguf's own reader parses the whole vocabulary first, seconds on a 49k-token model)."""
     _, entries = read_gguf_tensors(str(gguf))
     tensors = {entry.name: entry for entry in entries}
     data = np.memmap(gguf, dtype=np.uint8, mode="r")
@@ -307,7 +313,7 @@ def read_blocks(gguf: Path, layers: int, heads: int, kv_heads: int, tied: bool) 
 
     def unpermuted(name: str, count: int) -> BlockMatrix | None:
         found = matrix(name)
-        return None if found is None else _unpermute(found, count)
+        return found if found is None or not interleaved else _unpermute(found, count)
 
     found = []
     for i in range(layers):
