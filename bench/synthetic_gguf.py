@@ -1,40 +1,71 @@
-"""An F32 GGUF of a random Llama whose widths are multiples of 256, for timing K-quant files.
+"""An F32 GGUF of a random Llama or Qwen3 whose widths are multiples of 256, for timing K-quant files.
 
-    .venv/bin/python bench/synthetic_gguf.py /tmp/kq/f32.gguf
+    .venv/bin/python bench/synthetic_gguf.py /tmp/kq/f32.gguf [--family qwen3]
     .venv-llamacpp/bin/python bench/quantize_gguf.py /tmp/kq/f32.gguf /tmp/kq/Q6_K.gguf Q6_K
 
 The default model's width of 576 makes llama.cpp's quantiser fall back from K-quants for most of
-its tensors, so its Q4_K_M, Q5_K_M and Q6_K files are mostly Q5_0 and Q8_0. This model (hidden
-1024, 12 layers, 16 heads of 64, 4 kv heads, MLP 2816, 134M weights in its layers, the tests'
-300-token byte-level BPE tokenizer) quantises as users' larger models do: Q4_K or Q5_K with Q6_K
-for some v and down matrices, or all Q6_K. Its text is noise; only the speed means anything.
-Prompts must use ids below 300 (`--prompt-ids 1,50,60,70,80,90,100,110`).
+its tensors, so its Q4_K_M, Q5_K_M and Q6_K files are mostly Q5_0 and Q8_0. The llama model (hidden
+1024, 12 layers, 16 heads of 64, 4 kv heads, MLP 2816, 134M weights in its layers) quantises as
+users' larger models do: Q4_K or Q5_K with Q6_K for some v and down matrices, or all Q6_K. The
+qwen3 one has Qwen3-0.6B's layers (hidden 1024, 28 layers, 16 heads of 128, 8 kv heads, MLP 3072,
+per-head q and k norms; 440M weights in its layers). Both have the tests' 300-token byte-level BPE
+tokenizer (so an LM head of 300 rows where Qwen3-0.6B's has 151,936): their text is noise; only
+the speed of the layers means anything. Prompts must use ids below 300
+(`--prompt-ids 1,50,60,70,80,90,100,110`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from gguf_models import byte_bpe_tokenizer, write_llama_gguf  # noqa: E402  (the tests' GGUF writer)
-from tiny import build_tiny_llama  # noqa: E402
+from gguf_models import _write_model, byte_bpe_tokenizer, write_llama_gguf  # noqa: E402  (the tests' GGUF writer)
+from tiny import build_tiny_llama, random_model  # noqa: E402
 
 VOCAB = 300
 SHAPE = {"intermediate_size": 2816, "num_attention_heads": 16, "num_key_value_heads": 4, "max_position_embeddings": 4096}
+QWEN3 = {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+         "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 4096}
+
+
+def _qwen3(folder: Path, out: Path) -> None:
+    import gguf
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
+                         **QWEN3)
+    random_model(Qwen3ForCausalLM, config).save_pretrained(folder)
+    byte_bpe_tokenizer(folder, VOCAB)
+    writer = gguf.GGUFWriter(str(out), "qwen3")
+    for key, value in (("context_length", QWEN3["max_position_embeddings"]), ("embedding_length", QWEN3["hidden_size"]),
+                       ("feed_forward_length", QWEN3["intermediate_size"]), ("block_count", QWEN3["num_hidden_layers"]),
+                       ("attention.head_count", QWEN3["num_attention_heads"]),
+                       ("attention.head_count_kv", QWEN3["num_key_value_heads"]),
+                       ("attention.key_length", QWEN3["head_dim"]), ("attention.value_length", QWEN3["head_dim"])):
+        writer.add_uint32(f"qwen3.{key}", value)
+    writer.add_float32("qwen3.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
+    writer.add_float32("qwen3.rope.freq_base", float(config.rope_parameters["rope_theta"]))
+    _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()), gguf.MODEL_ARCH.QWEN3,
+                 layers=QWEN3["num_hidden_layers"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="the F32 GGUF file to write")
+    parser.add_argument("--family", choices=("llama", "qwen3"), default="llama")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        llama = build_tiny_llama(Path(folder) / "llama", vocab_size=VOCAB, hidden_size=1024, num_layers=12, tie=False,
-                                 extra_config=SHAPE)
-        byte_bpe_tokenizer(llama, VOCAB)
-        write_llama_gguf(llama, args.out)
+        if args.family == "qwen3":
+            _qwen3(Path(folder) / "qwen3", args.out)
+        else:
+            llama = build_tiny_llama(Path(folder) / "llama", vocab_size=VOCAB, hidden_size=1024, num_layers=12,
+                                     tie=False, extra_config=SHAPE)
+            byte_bpe_tokenizer(llama, VOCAB)
+            write_llama_gguf(llama, args.out)
     print(f"wrote {args.out}")
 
 

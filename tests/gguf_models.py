@@ -168,9 +168,11 @@ def write_gemma2(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]
     return folder, out
 
 
-def write_qwen3(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]:
+def write_qwen3(folder: Path, out: Path, vocab: int = 290, quantize: Mapping[str, str] | None = None,
+                tie: bool = False) -> tuple[Path, Path]:
     """A tiny random Qwen3 whose heads are 16 wide (not Qwen3Config's default 128), and the same weights
-    as a GGUF file in llama.cpp's layout, the width in qwen3.attention.key_length."""
+    as a GGUF file in llama.cpp's layout, the width in qwen3.attention.key_length; ``quantize`` as
+    `_write_model`'s."""
     import gguf
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -178,7 +180,7 @@ def write_qwen3(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]:
 
     config = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=tie)
     random_model(Qwen3ForCausalLM, config).save_pretrained(folder)
     byte_bpe_tokenizer(folder, vocab)
     writer = gguf.GGUFWriter(str(out), "qwen3")
@@ -188,7 +190,8 @@ def write_qwen3(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]:
         writer.add_uint32(f"qwen3.{key}", value)
     writer.add_float32("qwen3.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
     writer.add_float32("qwen3.rope.freq_base", float(config.rope_parameters["rope_theta"]))
-    _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()), gguf.MODEL_ARCH.QWEN3)
+    _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()), gguf.MODEL_ARCH.QWEN3,
+                 quantize=quantize)
     return folder, out
 
 
@@ -225,17 +228,17 @@ def write_qwen2(folder: Path, out: Path, vocab: int = 290, quantize: Mapping[str
 
 
 def _write_model(writer: Any, folder: Path, tokenizer: Mapping[str, Any], arch: Any,
-                 norms_plus_one: bool = False, quantize: Mapping[str, str] | None = None) -> None:
-    """The tokenizer and ``folder``'s two-layer model into ``writer`` under llama.cpp's tensor names, then
-    the file; ``norms_plus_one``: norm weights stored with the 1 Gemma's norm adds, as llama.cpp keeps them;
-    ``quantize``: GGUF tensor names written quantised by gguf-py, ``{name: type_name}``."""
+                 norms_plus_one: bool = False, quantize: Mapping[str, str] | None = None, layers: int = 2) -> None:
+    """The tokenizer and ``folder``'s model of ``layers`` layers into ``writer`` under llama.cpp's tensor
+    names, then the file; ``norms_plus_one``: norm weights stored with the 1 Gemma's norm adds, as
+    llama.cpp keeps them; ``quantize``: GGUF tensor names written quantised by gguf-py, ``{name: type_name}``."""
     import gguf
     from safetensors.numpy import load_file
 
     write_bpe_tokenizer(writer, tokenizer)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
-    names = gguf.get_tensor_name_map(arch, 2)
+    names = gguf.get_tensor_name_map(arch, layers)
     for name, array in load_file(str(folder / "model.safetensors")).items():
         array = array.astype(np.float32)
         name = names.get_name(name, try_suffixes=(".weight", ".bias"))

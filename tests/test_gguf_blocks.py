@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from gguf_models import byte_bpe_tokenizer, quantised, write_llama_gguf, write_qwen2
+from gguf_models import byte_bpe_tokenizer, quantised, write_llama_gguf, write_qwen2, write_qwen3
 from specsure.models import float_kernel as float_kernels
 from specsure.models import gguf_blocks
 from specsure.models.loading import load_model
@@ -251,18 +251,22 @@ def test_a_source_replaced_since_its_conversion_still_loads_and_says_why(gguf_fi
     assert f"every weight matrix read as float32 ({copy} cannot be read for its blocks:" in lm.path
 
 
-def test_a_qwen2_gguf_reads_its_blocks_in_transformers_row_order(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    # llama.cpp's Qwen2 converter keeps q and k in transformers' order (its Llama one interleaves
-    # them), and Qwen2's q|k|v biases stay float32 beside the blocks
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_a_qwen_gguf_reads_its_blocks_in_transformers_row_order(family: str, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # llama.cpp's Qwen2 and Qwen3 converters keep q and k in transformers' order (its Llama one
+    # interleaves them); Qwen2's q|k|v biases and Qwen3's q and k norms stay float32 beside the blocks
     types = {f"blk.{i}.{n}.weight": ("Q4_1" if i else "Q8_0") for i in (0, 1)
              for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
-    _, gguf = write_qwen2(tmp_path / "qwen2", tmp_path / "qwen2.gguf", VOCAB, {**types, "token_embd.weight": "Q8_0"},
-                          tie=True)
+    write = write_qwen2 if family == "qwen2" else write_qwen3
+    _, gguf = write(tmp_path / family, tmp_path / f"{family}.gguf", VOCAB, {**types, "token_embd.weight": "Q8_0"},
+                    tie=True)
     blocks = load_model(str(gguf), dtype="float32").lm
     if float_kernels.load()[0] is None:
         pytest.skip(NO_KERNEL)
-    assert type(blocks.hf).__name__ == "Qwen2ForCausalLM" and blocks._native.layers[0].qkv_bias is not None
+    layer = blocks._native.layers[0]
+    assert blocks.hf.config.model_type == family
+    assert (layer.qkv_bias if family == "qwen2" else layer.q_norm) is not None
     assert blocks.path.endswith("of its 9 weight matrices the kernel reads 4 Q4_1, 5 Q8_0 as the GGUF's blocks")
     assert load_model(str(gguf), dtype="float32", int8_activations=True).lm.int8_matrices == 9
     monkeypatch.setenv("SPECSURE_GGUF_BLOCKS", "0")

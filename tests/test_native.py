@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import (
     Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM,
-    Qwen2Config, Qwen2ForCausalLM,
+    Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
 )
 
 from specsure.models import CausalLM
@@ -26,6 +26,7 @@ FAMILIES = {
         "original_max_position_embeddings": 64})),
     "mistral": (MistralForCausalLM, MistralConfig(**SHAPE, sliding_window=None)),
     "qwen2": (Qwen2ForCausalLM, Qwen2Config(**SHAPE, tie_word_embeddings=True)),
+    "qwen3": (Qwen3ForCausalLM, Qwen3Config(**SHAPE, head_dim=8)),  # per-head q and k norms
 }
 
 
@@ -56,7 +57,7 @@ def test_native_logits_match_the_models_own_forward(family):
         torch.testing.assert_close(hf(ids[None]).logits[0], expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_rollback_and_aux_layers_match_transformers(family):
     cls, config = FAMILIES[family]
     native, plain = CausalLM(_model(cls, config)), CausalLM(_model(cls, config), native=False)

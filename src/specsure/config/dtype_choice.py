@@ -33,8 +33,10 @@ KERNEL_FLAGS: Final[tuple[str, ...]] = ("avx2", "fma")
 KERNEL_ENV: Final[str] = "SPECSURE_KERNEL"
 """0 turns the C kernels off (``dot`` keeps the bf16 one off AMX tiles: kernel.py)."""
 _LAYER_MATRIX = re.compile(r"^blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
-_BLOCK_ARCHITECTURES: Final[tuple[str, ...]] = ("llama",)
-"""GGUF architectures whose blocks the loader maps onto the model's weights (Llama's q/k order)."""
+BLOCK_ARCHITECTURES: Final[dict[str, bool]] = {"llama": True, "qwen2": False, "qwen3": False}
+"""GGUF architectures (transformers' model_type of the same name) whose blocks the loader maps onto
+the model's weights, and whether llama.cpp's converter interleaved their q and k rows for its rotary
+(its Llama converter does; its Qwen2 and Qwen3 ones keep transformers' order)."""
 
 
 def c_compiler() -> str | None:
@@ -65,9 +67,9 @@ def gguf_blocks(gguf: Path | None) -> GGUFBlocks:
     except (OSError, ValueError) as err:
         return GGUFBlocks(Counter(), 0, 0, f"its header cannot be read ({err})")
     architecture = metadata.get("general.architecture")
-    if architecture not in _BLOCK_ARCHITECTURES:
+    if architecture not in BLOCK_ARCHITECTURES:
         return GGUFBlocks(Counter(), 0, 0,
-                          f"the kernel reads blocks for {', '.join(_BLOCK_ARCHITECTURES)} only, not {architecture}")
+                          f"the kernel reads blocks for {', '.join(BLOCK_ARCHITECTURES)} only, not {architecture}")
     matrices = [t for t in tensors if _LAYER_MATRIX.match(t.name)]
     formats = Counter(KERNEL_BLOCK_TYPES[t.kind] for t in matrices if t.kind in KERNEL_BLOCK_TYPES)
     return GGUFBlocks(formats, len(matrices), sum(math.prod(t.shape) for t in tensors))

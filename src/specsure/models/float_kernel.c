@@ -61,6 +61,7 @@ typedef struct {
     const float *o_bias, *post_norm;
     const void *gate_up, *down;
     int64_t qkv_format, o_format, gate_up_format, down_format; /* F32 (0, what ctypes zero-fills) or a block format */
+    const float *q_norm, *k_norm; /* Qwen3's RMSNorm of each q and k head before RoPE [head_dim]; NULL without */
 } Layer;
 
 typedef struct {
@@ -1451,6 +1452,12 @@ void decode_rows(const Shape *s, const Layer *layers, int64_t count, const Segme
         const Layer *layer = &layers[l];
         add_norm(x, NULL, layer->input_norm, h, rows, hidden, s->eps);
         product(layer->qkv, layer->qkv_format, layer->qkv_bias, h, qkv, qkv_size, hidden, rows);
+        if (layer->q_norm) /* each head a row of head_dim, normed in place */
+            for (int64_t r = 0; r < rows; r++) {
+                float *q = qkv + r * qkv_size;
+                add_norm(q, NULL, layer->q_norm, q, s->heads, dim, s->eps);
+                add_norm(q + q_size, NULL, layer->k_norm, q + q_size, s->kv_heads, dim, s->eps);
+            }
         attend_all(s, segs + l * nseg, nseg, rows, qkv, cos, sin, att);
         product(layer->o, layer->o_format, layer->o_bias, att, delta, hidden, q_size, rows);
         add_norm(x, delta, layer->post_norm, h, rows, hidden, s->eps);

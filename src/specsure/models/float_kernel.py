@@ -56,9 +56,11 @@ class FloatLayerStruct(ctypes.Structure):
 
     _fields_ = ([(name, ctypes.c_void_p) for name in
                  ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down")]
-                + [(f"{name}_format", ctypes.c_int64) for name in MATRICES])
+                + [(f"{name}_format", ctypes.c_int64) for name in MATRICES]
+                + [(name, ctypes.c_void_p) for name in ("q_norm", "k_norm")])
     """A matrix's ``*_format`` is 0 (float32 rows, what ctypes zero-fills) or a `gguf_blocks` format,
-    its pointer then at the repacked blocks."""
+    its pointer then at the repacked blocks; ``q_norm`` and ``k_norm`` are Qwen3's per-head norms (NULL
+    without)."""
 
 
 def _pointer(tensor: torch.Tensor | None) -> int | None:

@@ -288,11 +288,6 @@ class FileBlocks:
     """The output matrix (the token embedding when the model ties them)."""
 
 
-BLOCK_FAMILIES = {"llama": True, "qwen2": False}
-"""The model_types whose GGUF files `read_blocks` reads, and whether llama.cpp's converter interleaved
-their q and k rows for its rotary (its Llama converter does; its Qwen2 one keeps transformers' order)."""
-
-
 def read_blocks(gguf: Path, layers: int, heads: int, kv_heads: int, tied: bool, interleaved: bool = True) -> FileBlocks:
     """The block matrices of a GGUF file with llama.cpp's decoder tensor names (`blk.N.attn_q.weight`
     ...), its q and k rows put back in transformers' order where ``interleaved``. Reads the tensor

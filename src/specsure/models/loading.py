@@ -18,12 +18,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from specsure.config.checkpoint import MTP_LAYER_KEYS, broken_link, is_default_gguf
 from specsure.config.weight_files import weight_files
 from specsure.config.cpu import cpu_bf16_flags
-from specsure.config.dtype_choice import target_gguf
+from specsure.config.dtype_choice import BLOCK_ARCHITECTURES, target_gguf
 from specsure.models.causal_lm import CausalLM
 from specsure.models.dtypes import resolve_dtype
 from specsure.models.errors import ModelLoadError
 from specsure.models.model_folder import check_model_folder
-from specsure.models.gguf_blocks import BLOCK_FAMILIES, read_blocks, source_gguf
+from specsure.models.gguf_blocks import read_blocks, source_gguf
 from specsure.models.gguf_cache import (convert_again, convert_gguf, damaged_conversion, default_model_folder,
                                         gguf_cache_folder, packaged_default_gguf)
 from specsure.models.quiet import quiet_loading
@@ -142,13 +142,13 @@ def _read_blocks(lm: CausalLM, gguf: Path, int8_activations: bool) -> str:
         return f"; every weight matrix read as float32 (SPECSURE_GGUF_BLOCKS=0, not {gguf.name}'s blocks)"
     text = lm.config.get_text_config(decoder=True)
     model_type = getattr(text, "model_type", None)
-    if model_type not in BLOCK_FAMILIES:
+    if model_type not in BLOCK_ARCHITECTURES:
         return (f"; every weight matrix read as float32 ({gguf.name}'s blocks are read for "
-                f"{' and '.join(BLOCK_FAMILIES)} only, not {model_type})")
+                f"{', '.join(BLOCK_ARCHITECTURES)} only, not {model_type})")
     heads = int(text.num_attention_heads)
     try:
         blocks = read_blocks(gguf, lm.num_layers, heads, int(getattr(text, "num_key_value_heads", None) or heads),
-                             bool(getattr(lm.config, "tie_word_embeddings", False)), BLOCK_FAMILIES[model_type])
+                             bool(getattr(lm.config, "tie_word_embeddings", False)), BLOCK_ARCHITECTURES[model_type])
     except (OSError, ValueError) as err:  # the file changed since its conversion: the weights still load
         return f"; every weight matrix read as float32 ({gguf} cannot be read for its blocks: {err})"
     used = lm.use_blocks(blocks, int8_activations)

@@ -36,7 +36,7 @@ from specsure.models.rotary_table import RotaryTable
 from specsure.models.row_pieces import PIECE_ROWS, run_in_pieces
 from specsure.models.token_tree import TokenTree, attention_mask
 
-FAMILIES = ("llama", "mistral", "qwen2")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 """Text-config model_types whose decoder layers this module runs."""
 
 @dataclass
@@ -51,6 +51,8 @@ class _Layer:
     post_norm: torch.Tensor
     gate_up: torch.Tensor  # [2 * intermediate, hidden]
     down: torch.Tensor  # [hidden, intermediate]
+    q_norm: torch.Tensor | None = None  # Qwen3: each q head RMS-normed before RoPE [head_dim]
+    k_norm: torch.Tensor | None = None
 
 
 def _fuse(modules: list[nn.Linear]) -> torch.Tensor:
@@ -70,6 +72,12 @@ def _fuse_bias(modules: list[nn.Linear]) -> torch.Tensor | None:
         return None
     return torch.cat([b.detach() if b is not None else m.weight.new_zeros(m.weight.shape[0])
                       for m, b in zip(modules, biases)])
+
+
+def _norm_weight(attn: nn.Module, name: str) -> torch.Tensor | None:
+    """The weight of ``attn``'s per-head norm ``name`` (Qwen3's q_norm and k_norm), or None without one."""
+    norm = getattr(attn, name, None)
+    return None if norm is None else norm.weight
 
 
 def _positions(segments: list["Segment"]) -> torch.Tensor:
@@ -123,7 +131,8 @@ class NativeDecoder:
             self.layers.append(_Layer(
                 input_norm=layer.input_layernorm.weight, qkv=_fuse(projections), qkv_bias=qkv_bias,
                 o=attn.o_proj.weight, o_bias=attn.o_proj.bias, post_norm=layer.post_attention_layernorm.weight,
-                gate_up=_fuse([mlp.gate_proj, mlp.up_proj]), down=mlp.down_proj.weight))
+                gate_up=_fuse([mlp.gate_proj, mlp.up_proj]), down=mlp.down_proj.weight,
+                q_norm=_norm_weight(attn, "q_norm"), k_norm=_norm_weight(attn, "k_norm")))
         self.kernel: kernels.Kernel | None = None
         """The C kernel that runs bf16 forwards of up to KERNEL_ROWS rows, or None (`kernel_why` says
         why). Its layer structs and scratch buffer belong to this decoder, so forwards on one model
@@ -131,6 +140,8 @@ class NativeDecoder:
         self.kernel_why = "the model is not bfloat16"
         if self.embed.weight.dtype == torch.bfloat16:
             self.kernel, self.kernel_why = kernels.load()
+        if self.kernel is not None and self.layers[0].q_norm is not None:
+            self.kernel, self.kernel_why = None, "the bf16 kernel has no per-head q and k norms (Qwen3's)"
         if self.kernel is not None and self.head_dim > kernels.MAX_HEAD_DIM:
             self.kernel, self.kernel_why = None, f"head_dim {self.head_dim} exceeds the kernel's {kernels.MAX_HEAD_DIM}"
         if self.kernel is not None:
@@ -197,7 +208,10 @@ class NativeDecoder:
         """One ``struct_type`` per layer, its weight fields pointing at this decoder's tensors."""
         structs = (struct_type * len(self.layers))()
         for struct, layer in zip(structs, self.layers):
-            for name in ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down"):
+            for name in ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down", "q_norm",
+                         "k_norm"):
+                if name not in dict(struct_type._fields_):  # the bf16 kernel's struct has no norms
+                    continue
                 tensor = getattr(layer, name)
                 if tensor is not None and not tensor.is_contiguous():
                     raise AssertionError(f"{name} must be contiguous for the C kernel")
@@ -287,8 +301,11 @@ class NativeDecoder:
             h = self._rms(x, layer.input_norm)
             qkv = project(h, layer.qkv, layer.qkv_bias)  # [T, (heads + 2 * kv_heads) * dim]
             q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
-            q = self._rotate(q.view(total, heads, dim).transpose(0, 1).unsqueeze(0), cos, sin)  # [1, heads, T, dim]
-            k = self._rotate(k.view(total, kv_heads, dim).transpose(0, 1).unsqueeze(0), cos, sin)
+            q, k = q.view(total, heads, dim), k.view(total, kv_heads, dim)
+            if layer.q_norm is not None:
+                q, k = self._rms(q, layer.q_norm), self._rms(k, layer.k_norm)
+            q = self._rotate(q.transpose(0, 1).unsqueeze(0), cos, sin)  # [1, heads, T, dim]
+            k = self._rotate(k.transpose(0, 1).unsqueeze(0), cos, sin)
             v = v.view(total, kv_heads, dim).transpose(0, 1).unsqueeze(0)  # [1, kv_heads, T, dim]
             if len(segments) == 1:
                 keys, values = segments[0].cache.update(k, v, i)  # [1, kv_heads, start + n, dim]
