@@ -11,9 +11,10 @@ In bfloat16, forwards over at most KERNEL_ROWS rows leave torch for the C kernel
 decode_kernel.c) once a sequence's cache exists: a one-token step is one call, a few-row forward
 a handful of calls per layer, all on these same fused weights and cache buffers.
 
-Covered: the Llama, Mistral (without a sliding window) and Qwen2 (without sliding layers)
-classes, SiLU-gated MLPs, optional q/k/v/o biases, any RoPE variant (the model's own rotary
-module computes cos/sin). Anything else runs on the transformers path; `NativeDecoder.build`
+Covered: the Llama, Mistral (without a sliding window), Qwen2 and Qwen3 (without sliding layers)
+classes, SiLU-gated MLPs, optional q/k/v/o biases, Qwen3's RMSNorm of each q and k head before
+RoPE (in the float32 kernel too; the bf16 kernel has none, so Qwen3 in bf16 runs on torch ops),
+any RoPE variant (the model's own rotary module computes cos/sin). Anything else runs on the transformers path; `NativeDecoder.build`
 says why in one sentence.
 """
 
