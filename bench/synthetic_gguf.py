@@ -1,6 +1,6 @@
-"""An F32 GGUF of a random Llama or Qwen3 whose widths are multiples of 256, for timing K-quant files.
+"""An F32 GGUF of a random Llama, Qwen2 or Qwen3 for timing K-quant files.
 
-    .venv/bin/python bench/synthetic_gguf.py /tmp/kq/f32.gguf [--family qwen3]
+    .venv/bin/python bench/synthetic_gguf.py /tmp/kq/f32.gguf [--family qwen2|qwen3]
     .venv-llamacpp/bin/python bench/quantize_gguf.py /tmp/kq/f32.gguf /tmp/kq/Q6_K.gguf Q6_K
 
 The default model's width of 576 makes llama.cpp's quantiser fall back from K-quants for most of
@@ -8,9 +8,11 @@ its tensors, so its Q4_K_M, Q5_K_M and Q6_K files are mostly Q5_0 and Q8_0. The 
 1024, 12 layers, 16 heads of 64, 4 kv heads, MLP 2816, 134M weights in its layers) quantises as
 users' larger models do: Q4_K or Q5_K with Q6_K for some v and down matrices, or all Q6_K. The
 qwen3 one has Qwen3-0.6B's layers (hidden 1024, 28 layers, 16 heads of 128, 8 kv heads, MLP 3072,
-per-head q and k norms; 440M weights in its layers). Both have the tests' 300-token byte-level BPE
-tokenizer (so an LM head of 300 rows where Qwen3-0.6B's has 151,936): their text is noise; only
-the speed of the layers means anything. Prompts must use ids below 300
+per-head q and k norms; 440M weights in its layers), the qwen2 one Qwen2.5-0.5B's (hidden 896, 24
+layers, 14 heads of 64, 2 kv heads, MLP 4864, q|k|v biases; 358M weights in its layers; 896 is not a
+multiple of 256, so its K-quant files fall back as the real one's do). All have the tests'
+300-token byte-level BPE tokenizer (so an LM head of 300 rows where Qwen3-0.6B's has 151,936):
+their text is noise; only the speed of the layers means anything. Prompts must use ids below 300
 (`--prompt-ids 1,50,60,70,80,90,100,110`).
 """
 
@@ -28,39 +30,46 @@ from tiny import build_tiny_llama, random_model  # noqa: E402
 
 VOCAB = 300
 SHAPE = {"intermediate_size": 2816, "num_attention_heads": 16, "num_key_value_heads": 4, "max_position_embeddings": 4096}
-QWEN3 = {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
-         "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 4096}
+QWEN = {  # Qwen3-0.6B's layers, and Qwen2.5-0.5B's (its q|k|v biases too)
+    "qwen3": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+              "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 4096},
+    "qwen2": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+              "num_key_value_heads": 2, "max_position_embeddings": 4096},
+}
 
 
-def _qwen3(folder: Path, out: Path) -> None:
+def _qwen(family: str, folder: Path, out: Path) -> None:
     import gguf
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    import transformers
 
-    config = Qwen3Config(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
-                         **QWEN3)
-    random_model(Qwen3ForCausalLM, config).save_pretrained(folder)
+    shape = QWEN[family]
+    name = family.capitalize()
+    config = getattr(transformers, f"{name}Config")(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+                                                    tie_word_embeddings=False, **shape)
+    random_model(getattr(transformers, f"{name}ForCausalLM"), config).save_pretrained(folder)
     byte_bpe_tokenizer(folder, VOCAB)
-    writer = gguf.GGUFWriter(str(out), "qwen3")
-    for key, value in (("context_length", QWEN3["max_position_embeddings"]), ("embedding_length", QWEN3["hidden_size"]),
-                       ("feed_forward_length", QWEN3["intermediate_size"]), ("block_count", QWEN3["num_hidden_layers"]),
-                       ("attention.head_count", QWEN3["num_attention_heads"]),
-                       ("attention.head_count_kv", QWEN3["num_key_value_heads"]),
-                       ("attention.key_length", QWEN3["head_dim"]), ("attention.value_length", QWEN3["head_dim"])):
-        writer.add_uint32(f"qwen3.{key}", value)
-    writer.add_float32("qwen3.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
-    writer.add_float32("qwen3.rope.freq_base", float(config.rope_parameters["rope_theta"]))
-    _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()), gguf.MODEL_ARCH.QWEN3,
-                 layers=QWEN3["num_hidden_layers"])
+    writer = gguf.GGUFWriter(str(out), family)
+    dim = shape.get("head_dim", shape["hidden_size"] // shape["num_attention_heads"])
+    for key, value in (("context_length", shape["max_position_embeddings"]), ("embedding_length", shape["hidden_size"]),
+                       ("feed_forward_length", shape["intermediate_size"]), ("block_count", shape["num_hidden_layers"]),
+                       ("attention.head_count", shape["num_attention_heads"]),
+                       ("attention.head_count_kv", shape["num_key_value_heads"]),
+                       ("attention.key_length", dim), ("attention.value_length", dim)):
+        writer.add_uint32(f"{family}.{key}", value)
+    writer.add_float32(f"{family}.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
+    writer.add_float32(f"{family}.rope.freq_base", float(config.rope_parameters["rope_theta"]))
+    _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()),
+                 getattr(gguf.MODEL_ARCH, family.upper()), layers=shape["num_hidden_layers"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="the F32 GGUF file to write")
-    parser.add_argument("--family", choices=("llama", "qwen3"), default="llama")
+    parser.add_argument("--family", choices=("llama", *QWEN), default="llama")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        if args.family == "qwen3":
-            _qwen3(Path(folder) / "qwen3", args.out)
+        if args.family in QWEN:
+            _qwen(args.family, Path(folder) / args.family, args.out)
         else:
             llama = build_tiny_llama(Path(folder) / "llama", vocab_size=VOCAB, hidden_size=1024, num_layers=12,
                                      tie=False, extra_config=SHAPE)
