@@ -588,6 +588,7 @@ def test_several_served_names_are_each_accepted_and_answers_carry_the_first(engi
     assert client.post("/tokenize", json={"model": "tiny-alias", "prompt": WORDS}).status_code == 200
     missing = client.post("/v1/completions", json={**body, "model": "other"})
     assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+    assert "this server serves 'tiny' or 'tiny-alias'" in missing.json()["error"]["message"]
     with pytest.raises(ValueError, match="a list of distinct names"):
         create_app(engine, served_model_name=["a", "a"])
     args = build_parser(["serve"]).parse_args(["serve", "--served-model-name", "a", "b"])

@@ -86,6 +86,35 @@ def test_named_and_required_calls_are_enforced_streamed_or_not(engine: Engine) -
                                                                          "tool_calls")
 
 
+def test_an_answer_given_back_as_the_client_dumps_it_continues_the_chat(engine: Engine) -> None:
+    # OpenAI's client dumps an answer with refusal, annotations, audio and function_call (null): the
+    # usual loop appends message.model_dump() and then the tool's result
+    with serving(create_app(engine, served_model_name="tiny", chat_template=TEMPLATE)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        ask = {"model": "tiny", "max_tokens": 200, "tools": TOOLS}
+        message = client.chat.completions.create(**ask, messages=MESSAGES, tool_choice="required",
+                                                 parallel_tool_calls=False).choices[0].message
+        dumped = message.model_dump()
+        assert {"refusal", "annotations", "audio", "function_call"} <= set(dumped) and dumped["tool_calls"]
+        result = {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "18C"}
+        follow = client.chat.completions.create(**ask, messages=[*MESSAGES, dumped, result], tool_choice="none")
+        assert follow.choices[0].message.content
+    http = TestClient(create_app(engine, served_model_name="tiny", chat_template=TEMPLATE))
+
+    def rendered(*turns: dict) -> list[int]:
+        reply = http.post("/tokenize", json={"messages": [*MESSAGES, *turns, {"role": "user", "content": "ok"}]})
+        assert reply.status_code == 200, reply.text
+        return reply.json()["tokens"]
+
+    # null fields render as nothing; a refusal is the text the model wrote, as a field or a part
+    plain = rendered({"role": "assistant", "content": "I can't help with that."})
+    assert rendered({"role": "assistant", "content": "I can't help with that.", "refusal": None, "annotations": [],
+                     "audio": None, "function_call": None}) == plain
+    assert rendered({"role": "assistant", "content": None, "refusal": "I can't help with that."}) == plain
+    assert rendered({"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't help with that."}]}) \
+        == plain
+
+
 def test_auto_finds_the_calls_the_model_writes(engine: Engine) -> None:
     app = create_app(engine, served_model_name="tiny", chat_template=TEMPLATE, tool_call_parser="hermes")
     with serving(app) as url:
@@ -177,7 +206,9 @@ BAD = [
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_wether"}}},
      "tool_choice.function.name", "not in tools"),
     ({"tool_choice": "required"}, "tool_choice", "needs tools"),
-    ({"tools": TOOLS}, "tool_choice", "--enable-auto-tool-choice"),
+    ({"tools": TOOLS}, "tool_choice", 'tool_choice "auto" (the default when tools are given) needs'),
+    ({"tools": TOOLS, "tool_choice": "auto"}, "tool_choice", 'tool_choice "auto" needs a server started with '
+     "--enable-auto-tool-choice"),
     ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice", "none, auto, required"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string", "not": {}}}}],
       "tool_choice": "required"}, "tools[0].function.parameters", "'not'"),
@@ -198,6 +229,15 @@ BAD = [
     ({"messages": [{"role": "tool", "content": "18C"}]}, "messages[0].tool_call_id", "answers one call"),
     ({"messages": [{"role": "user", "content": "hi", "tool_calls": []}]}, "messages[0].tool_calls",
      "A user message has"),
+    ({"messages": [{"role": "assistant", "content": "hi", "refsual": None}]}, "messages[0].refsual",
+     "Did you mean 'refusal'? An assistant message has"),
+    ({"messages": [{"role": "assistant", "content": None, "audio": {"id": "a1"}}]}, "messages[0].audio",
+     "audio is not supported"),
+    ({"messages": [{"role": "assistant", "content": None, "function_call": {"name": "now", "arguments": "{}"}}]},
+     "messages[0].function_call", "send it as tool_calls"),
+    ({"messages": [{"role": "assistant", "content": None, "refusal": 3}]}, "messages[0].refusal", "string or null"),
+    ({"messages": [{"role": "assistant", "content": "hi", "annotations": {}}]}, "messages[0].annotations",
+     "list or null"),
     ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
         "name": "f", "arguments": "{city: Paris}"}}]}]}, "messages[0].tool_calls[0].function.arguments", "not JSON"),
 ]

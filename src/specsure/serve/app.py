@@ -28,7 +28,7 @@ from specsure.sampling import SamplingParams
 from specsure.serve.api_key import RequireKey, checked_keys
 from specsure.serve.body import parse_json, read_body
 from specsure.serve.chat_template import ChatTemplate
-from specsure.serve.errors import APIError, RequestError, error_body
+from specsure.serve.errors import APIError, RequestError, error_body, not_served
 from specsure.serve.metrics import ServeMetrics
 from specsure.serve.generation_defaults import check_generation_defaults, with_defaults, within_limit
 from specsure.serve.http_metrics import CountRequests, HttpMetrics
@@ -125,9 +125,13 @@ def create_app(engine: Engine, *, served_model_name: str | Sequence[str] | None 
     name = names[0]
 
     def as_served(body: Any) -> Any:
-        """The body with another of the served names read as the first, which every answer carries."""
-        if isinstance(body, dict) and body.get("model") in names[1:]:
+        """The body with another of the served names read as the first, which every answer carries; a
+        404 naming every served name for a model that is none of them."""
+        model = body.get("model") if isinstance(body, dict) else None
+        if model in names[1:]:
             return {**body, "model": name}
+        if model is not None and model != name and len(names) > 1:
+            raise not_served(model, " or ".join(map(repr, names)))
         return body
     template = ChatTemplate(engine, chat_template, tool_call_parser)
     if reasoning_parser is not None:

@@ -18,9 +18,13 @@ from specsure.serve.errors import RequestError, shown
 
 ROLES = ("system", "user", "assistant", "tool")
 FIELDS = {"system": ("role", "content", "name"), "user": ("role", "content", "name"),
-          "assistant": ("role", "content", "name", "tool_calls", "reasoning", "reasoning_content"),
+          "assistant": ("role", "content", "name", "tool_calls", "reasoning", "reasoning_content", "refusal",
+                        "annotations", "audio", "function_call"),
           "tool": ("role", "content", "tool_call_id", "name")}
-"""Each role's fields."""
+"""Each role's fields. An assistant turn has those of the answer OpenAI's clients give back
+(``message.model_dump()`` sends refusal, annotations, audio and function_call, null or not)."""
+TEXT_PARTS = {"text": "text", "refusal": "refusal"}
+"""Content parts that are text, and the key holding it (an assistant's refusal part is its text)."""
 CALL_FIELDS = ("id", "type", "function")
 FUNCTION_FIELDS = ("name", "arguments")
 
@@ -70,9 +74,12 @@ def _message(message: Any, where: str) -> dict[str, Any]:
     fields = FIELDS[role]
     for key in message:
         if key not in fields:
-            raise RequestError(f"unknown field {key!r} in {where}.{suggest(key, fields)} A {role} message has "
+            kind = f"{'An' if role == 'assistant' else 'A'} {role} message"
+            raise RequestError(f"unknown field {key!r} in {where}.{suggest(key, fields)} {kind} has "
                                f"{', '.join(fields)}.", f"{where}.{key}", "unknown_field")
     calls = message.get("tool_calls")
+    if role == "assistant":
+        message = _answer_fields(message, where)
     if message.get("content") is None and not calls:
         said = f"{where}.content is null" if "content" in message else f"{where}.content is missing"
         raise RequestError(f'{said}; send the message\'s text, e.g. "content": "Hello"'
@@ -103,6 +110,30 @@ def _message(message: Any, where: str) -> dict[str, Any]:
             raise RequestError(f"{where}.tool_calls = {shown(calls)} must be a list of calls.", f"{where}.tool_calls")
         rendered["tool_calls"] = [_call(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(calls)]
     return rendered
+
+
+def _answer_fields(message: dict[str, Any], where: str) -> dict[str, Any]:
+    """An assistant turn as given back by a client: its refusal is what it said where it has no
+    content (a refusal is text the model wrote), annotations (citations) render as nothing, and
+    audio and a legacy function_call are refused unless null, as nothing here could render them."""
+    refusal = message.get("refusal")
+    if refusal is not None and not isinstance(refusal, str):
+        raise RequestError(f"{where}.refusal = {shown(refusal)} must be a string or null (the refusal the "
+                           "server returned).", f"{where}.refusal")
+    annotations = message.get("annotations")
+    if annotations is not None and not isinstance(annotations, list):
+        raise RequestError(f"{where}.annotations = {shown(annotations)} must be a list or null.",
+                           f"{where}.annotations")
+    if message.get("audio") is not None:
+        raise RequestError(f"{where}.audio = {shown(message['audio'])}: audio is not supported; send the turn's "
+                           "text as content, or audio: null.", f"{where}.audio")
+    if message.get("function_call") is not None:
+        raise RequestError(f"{where}.function_call is the deprecated form of a call; send it as tool_calls "
+                           '([{"id": ..., "type": "function", "function": {"name": ..., "arguments": "..."}}]), '
+                           "or function_call: null.", f"{where}.function_call")
+    if message.get("content") is None and refusal is not None:
+        return {**message, "content": refusal}
+    return message
 
 
 def _call(call: Any, where: str) -> dict[str, Any]:
@@ -143,23 +174,26 @@ def _call(call: Any, where: str) -> dict[str, Any]:
 def _content(value: Any, where: str) -> str:
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                       and isinstance(p.get("text"), str) for p in value):
+    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") in TEXT_PARTS
+                                       and isinstance(p.get(TEXT_PARTS[p["type"]]), str) for p in value):
         for i, part in enumerate(value):
-            if extra := sorted(set(part) - {"type", "text"}):  # as a message's unknown fields are: not dropped
-                raise RequestError(f"{where}.content[{i}] has the unknown field {extra[0]!r}; a text part holds only "
-                                   '"type" and "text".', f"{where}.content[{i}].{extra[0]}", "unknown_field")
-        return "".join(p["text"] for p in value)
+            key = TEXT_PARTS[part["type"]]
+            if extra := sorted(set(part) - {"type", key}):  # as a message's unknown fields are: not dropped
+                raise RequestError(f"{where}.content[{i}] has the unknown field {extra[0]!r}; a {part['type']} part "
+                                   f'holds only "type" and "{key}".', f"{where}.content[{i}].{extra[0]}",
+                                   "unknown_field")
+        return "".join(p[TEXT_PARTS[p["type"]]] for p in value)
     if isinstance(value, list):  # name the first part at fault: a missing text is not an image
         for i, part in enumerate(value):
-            if not isinstance(part, dict) or part.get("type") != "text":
+            if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS:
                 kind = part.get("type") if isinstance(part, dict) else None
                 said = f"the part {kind!r}" if isinstance(kind, str) else f"{shown(part)}, not a text part"
                 raise RequestError(f"{where}.content[{i}] is {said}; this server takes text only "
                                    '({"type": "text", "text": "..."}): images and audio are not supported.',
                                    f"{where}.content[{i}]")
-            if not isinstance(part.get("text"), str):
-                raise RequestError(f"{where}.content[{i}].text = {shown(part.get('text'))} must be a string: the "
-                                   "part's text.", f"{where}.content[{i}].text")
+            key = TEXT_PARTS[part["type"]]
+            if not isinstance(part.get(key), str):
+                raise RequestError(f"{where}.content[{i}].{key} = {shown(part.get(key))} must be a string: the "
+                                   "part's text.", f"{where}.content[{i}].{key}")
     raise RequestError(f"{where}.content = {shown(value)} must be a string or a list of text parts "
                        '({"type": "text", "text": "..."}); images and audio are not supported.', f"{where}.content")

@@ -130,7 +130,9 @@ def parse_tools(body: dict[str, Any], auto_parser: str | None) -> Tools | None:
                                'in "tools", or send "tool_choice": "none".', "tool_choice")
         return None
     if kind == "auto" and auto_parser is None:
-        raise RequestError('tool_choice "auto" (the default when tools are given) needs a server started with '
+        said = 'tool_choice "auto"' if body.get("tool_choice") is not None else \
+            'tool_choice "auto" (the default when tools are given)'
+        raise RequestError(f"{said} needs a server started with "
                            "--enable-auto-tool-choice --tool-call-parser hermes, which finds the calls in the "
                            'model\'s text. Send "tool_choice": "required" or a named function (both enforced by '
                            'structured outputs), or "none".', "tool_choice")
