@@ -262,6 +262,7 @@ def _tokens_line(printed: str) -> str:
     ("--out", "/nonexistent-parent/head", "does not exist"),
     ("--out", "BUSY", "not a head specsure train wrote (config.json, model.safetensors, training.json"),
     ("--out", "DOWNLOADED", "not a head specsure train wrote"),  # a head's config, but a README too: kept
+    ("--out", "BARE", "a downloaded head has no training.json"),  # a head's two files, no record: someone else's
     ("--steps", "0", "--steps 0: training needs"),
     ("--corpus", "", "--corpus '' names no source"),
     ("--max-new-tokens", "-1", "--max-new-tokens -1"),
@@ -289,15 +290,19 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys, flag: str, value: st
     (tmp_path / "downloaded").mkdir()
     (tmp_path / "downloaded" / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
     (tmp_path / "downloaded" / "README.md").write_text("a head from elsewhere")
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    (tmp_path / "bare" / "model.safetensors").write_bytes(b"weights from elsewhere")
     flags = {"--out": str(tmp_path / "head"), "--prompts": str(tmp_path / "ids.jsonl"), "--steps": "5"}
     flags[flag] = {"TEXT": str(tmp_path / "text.jsonl"), "BUSY": str(tmp_path / "busy"),
-                   "DOWNLOADED": str(tmp_path / "downloaded")}.get(value, value)
+                   "DOWNLOADED": str(tmp_path / "downloaded"), "BARE": str(tmp_path / "bare")}.get(value, value)
     rc = main(["train", "--model", str(target), "--dtype", "float32", "--no-progress",
                *[part for item in flags.items() for part in item]])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and "Traceback" not in err, err
     assert not (tmp_path / "head").exists()
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "bare" / "model.safetensors").read_bytes() == b"weights from elsewhere"
 
 
 def test_two_modules_train_together_and_run_as_a_two_module_head(tmp_path: Path) -> None:
@@ -538,3 +543,15 @@ def test_the_sample_cache_key_changes_when_another_model_takes_the_targets_path(
     build_tiny_llama(target, seed=1, hidden_size=48)
     os.utime(target / "model.safetensors", ns=(1, 1))  # even with an old modification time
     assert cache_key(str(target), "float32", [[1, 2, 3]], 8, (0,)) != key
+
+
+def test_a_prompt_rows_max_tokens_is_named_as_unread(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    # the bench's per-row field: train's answers are --max-new-tokens long, and it says so, not silently
+    target = build_tiny_llama(tmp_path / "target")
+    rows = [{"category": "t", "prompt_ids": [5, 6, 7], "max_tokens": 2}, {"category": "t", "prompt_ids": [8, 9, 10]}]
+    (tmp_path / "ids.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["train", "--model", str(target), "--dtype", "float32", "--no-progress", "--prompts",
+                 str(tmp_path / "ids.jsonl"), "--max-new-tokens", "8", "--steps", "1", "--out", str(tmp_path / "head")]) == 0
+    err = capsys.readouterr().err
+    assert "note: 1 row(s) of --prompts set max_tokens (first: " in err and "ids.jsonl" in err
+    assert "every answer is at most --max-new-tokens (8) tokens" in err

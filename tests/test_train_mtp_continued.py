@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from specsure import SamplingParams, make_engine
 from specsure.cli.main import main
+from specsure.config.checkpoint import default_gguf_path
 from tiny import build_tiny_llama
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 5, 6, 7], [40, 41, 3, 50, 40, 41], [77, 12, 19, 80, 0, 75, 18, 36, 70],
@@ -67,6 +68,10 @@ def test_a_run_continues_an_mtp_head_keeping_its_modules_and_vocabulary(tmp_path
     refused(["--init-from", str(first), "--init", "last_layer"],
             "--init last_layer: a continued head starts from the weights --init-from gives")
     refused(["--init-from", "shipped"], "--init-from shipped names the head shipped for the default model")
+    if default_gguf_path() is not None:  # the default model named by its path is the default model: a later check
+        default = [*common[:4], str(default_gguf_path()), *common[5:]]
+        refused(["--init-from", "shipped", "--intermediate-size", "8"], "--intermediate-size 8: only --method eagle3",
+                base=default)
     eagle3 = tmp_path / "eagle3"
     assert main([*common[:2], "eagle3", *common[3:], "--out", str(eagle3), "--steps", "1", "--unroll", "1"]) == 0
     capsys.readouterr()

@@ -80,6 +80,8 @@ def test_a_killed_writers_leftovers_go_and_the_head_it_was_replacing_comes_back(
     for folder in (half, earlier, live, foreign, untagged):
         folder.mkdir()
     (earlier / "config.json").write_text(json.dumps({"architectures": ["SpecsureMTPHead"]}))
+    (earlier / "model.safetensors").write_bytes(b"weights")
+    (earlier / "training.json").write_text("{}")  # a head this trainer wrote, which it may replace
     with caplog.at_level(logging.WARNING):
         assert check_out_dir(out) == out
     assert (out / "config.json").is_file() and "put back the head" in caplog.text
@@ -217,6 +219,9 @@ def test_weights_that_blow_up_under_a_finite_loss_stop_the_run_before_a_point_is
     with pytest.raises(FloatingPointError, match=r"weights grew to .* by step 5 .* lower --lr .* train again"):
         attempt(1e13)
     assert not (tmp_path / "point").exists()  # no point was kept as a good one
+    # a hundred times the largest starting weight, below 10,000: a collapsed head, not a good one
+    with pytest.raises(FloatingPointError, match=r"weights grew to [0-9.]+ by step 5 \(they began at most 0.4"):
+        attempt(100)
     trained = attempt(1e-3)
     assert len(trained.losses) == 20 and trained.resumed_from == 0 and trained.seconds > 0
 

@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specsure.cli.common import EXIT_OK, seed_value
+from specsure.cli.common import EXIT_OK, dtype_flag, seed_value
+from specsure.config.cpu import DTYPE_NAMES
+from specsure.config.checkpoint import is_default_gguf
 
 if TYPE_CHECKING:
     from specsure.train.eagle3 import Eagle3TrainSettings
@@ -112,7 +114,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "or diverged goes on from it when the same command runs again (default 100; 0: off)")
     parser.add_argument("--seed", type=seed_value, default=0,
                         help="seed for the held-out split and the window order")
-    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+    parser.add_argument("--dtype", default="auto", type=dtype_flag, choices=DTYPE_NAMES,
                         help="the target's dtype for generation and features; the head trains in float32")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="torch CPU threads (default: every core this process may use)")
@@ -165,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     if args.init_from not in (None, "shipped") and not Path(args.init_from).expanduser().is_dir():
         raise ValueError(f"--init-from {args.init_from!r} is not a folder; give the folder of a head to continue "
                          "(one specsure train wrote, or 'shipped').")
-    if args.init_from == "shipped" and args.model is not None:
+    if args.init_from == "shipped" and args.model is not None and not is_default_gguf(args.model):
         raise ValueError("--init-from shipped names the head shipped for the default model, but --model gives "
                          f"another target ({args.model}); give the folder of a head made for it.")
     if args.method == "mtp" and args.intermediate_size is not None:

@@ -47,6 +47,9 @@ def training_prompts(args: argparse.Namespace) -> TrainingPrompts:
         raise ValueError("--data text teacher-forces the corpus's own text: give --corpus with package names, and "
                          "no --prompts (a prompt file has no answers to teacher-force).")
     rows = load_workloads(args.prompts, unique=False) if args.prompts else []  # a file twice weighs it twice
+    if capped := [row for row in rows if row.max_tokens is not None]:  # the bench's field, not dropped unsaid
+        print(f"note: {len(capped)} row(s) of --prompts set max_tokens (first: {capped[0].source}), which train does "
+              f"not read: every answer is at most --max-new-tokens ({args.max_new_tokens}) tokens.", file=sys.stderr)
     sources: list[dict[str, object]] = [{"source": str(path), "licence": "given by the user (--prompts)"}
                                         for path in args.prompts or []]
     chat_rows: list[int] = []

@@ -117,8 +117,12 @@ def train_mtp_head(args: argparse.Namespace, target: LoadedModel, samples: Seque
     kl_name = "KL" if not settings.draft_vocab_size else "KL over the draft vocabulary's rows (the loss)"
     print(f"{where} top-1 agreement: {after.agreement:.1%} (before training {before.agreement:.1%}), "
           f"{kl_name} {before.kl:.3f} -> {after.kl:.3f} nats over {after.entries} continuation tokens")
-    _warn_if_worse(where, f"top-1 agreement {after.agreement:.1%}", f"{before.agreement:.1%}",
-                   after.agreement < before.agreement)
+    if after.agreement <= before.agreement and after.kl > before.kl:  # no more right, and further from the target
+        _warn_if_worse(where, f"{kl_name} {after.kl:.3f} nats and top-1 agreement {after.agreement:.1%}",
+                       f"{before.kl:.3f} and {before.agreement:.1%}", True)
+    else:
+        _warn_if_worse(where, f"top-1 agreement {after.agreement:.1%}", f"{before.agreement:.1%}",
+                       after.agreement < before.agreement)
     if len(after.per_module) > 1:
         per = " ".join(f"{a:.0%}" for a in after.per_module)
         print(f"per draft step: {per}; greedy acceptance length at k={len(after.per_module)}: "

@@ -68,8 +68,9 @@ def check_out_dir(out: str | Path) -> Path:
         raise ValueError(f"--out {str(out)!r} is a file; give a folder path for the head.")
     if any(out.iterdir()) and not _is_head(out):
         raise ValueError(f"--out {str(out)!r} already holds files that are not a head specsure train wrote ("
-                         f"{', '.join(sorted(HEAD_FILES))} of a {' or '.join(HEAD_ARCHS)} and nothing else); choose "
-                         "an empty or new folder (specsure only replaces an earlier head of its own).")
+                         f"{', '.join(sorted(HEAD_FILES))} of a {' or '.join(HEAD_ARCHS)} and nothing else: a "
+                         f"downloaded head has no {RECORD_FILE}); choose an empty or new folder (specsure only "
+                         "replaces an earlier head of its own).")
     return out
 
 
@@ -118,9 +119,10 @@ HEAD_FILES = frozenset({"config.json", "model.safetensors", RECORD_FILE})
 
 
 def _is_head(folder: Path) -> bool:
-    """A head this trainer wrote: its three files and nothing else. A downloaded head (a README, a
-    tokenizer, a folder of its own) is not replaced, since replacing deletes what else it holds."""
-    if not {p.name for p in folder.iterdir()} <= HEAD_FILES:
+    """A head this trainer wrote: its three files and nothing else. A downloaded head is not replaced,
+    since replacing deletes it and what else it holds (a README, a tokenizer): without the record
+    this trainer writes, a head's config.json and weights are someone else's."""
+    if {p.name for p in folder.iterdir()} != HEAD_FILES:
         return False
     try:
         config = load_config_json(folder / "config.json")
