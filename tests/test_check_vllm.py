@@ -227,9 +227,9 @@ def test_probe_answer_without_results_is_a_probe_error(tmp_path, target, capsys)
 
 
 def test_probe_without_answer_shows_stderr(tmp_path):
-    python = fake_python(tmp_path, "echo 'Traceback: kaboom' >&2; exit 1")
-    with pytest.raises(ProbeError, match="kaboom"):
-        run_probe(python, [])
+    python = fake_python(tmp_path, "echo 'Traceback: kaboom' >&2; echo '  RuntimeError: no' >&2; exit 1")
+    with pytest.raises(ProbeError, match="Its last output: Traceback: kaboom [|] RuntimeError: no$"):
+        run_probe(python, [])  # one line: the CLI's errors are a paragraph, where \n would print as \\n
 
 
 def test_probe_script_imports_only_stdlib_and_vllm():

@@ -387,6 +387,8 @@ def test_mtp_layers_in_another_layout_are_named_not_called_missing(tmp_path: Pat
     (["serve", "--grammar", "root ::= x"], "send structured_outputs in each request"),
     (["generate", "-hf", "a/b", "hi"], "specsure reads local files only"),
     (["generate", "--chat-template", "x", "hi"], "`specsure serve --chat-template` replaces it"),
+    (["generate", "--tokenizer", "org/repo", "hi"], "the tokenizer is the model's own"),
+    (["generate", "--served-model-name", "x", "hi"], "`specsure serve --served-model-name` names the served model"),
 ])
 def test_another_engines_flag_says_what_specsure_takes(argv: list[str], words: str,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
@@ -394,6 +396,18 @@ def test_another_engines_flag_says_what_specsure_takes(argv: list[str], words: s
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert words in err and "unrecognized" not in err, err
+
+
+@pytest.mark.parametrize("command", ["generate", "serve", "bench", "explain", "train", "demo"])
+def test_vllms_dtype_aliases_are_read_as_the_names_they_stand_for(command: str) -> None:
+    from specsure.cli.main import build_parser
+
+    parser = build_parser([command]).get_default("command_parsers")[command]
+    required = {"generate": ["hi"], "train": ["--out", "x"]}.get(command, [])  # what the command cannot do without
+    assert parser.parse_known_args([*required, "--dtype", "half"])[0].dtype == "float16"
+    assert parser.parse_known_args([*required, "--dtype", "float"])[0].dtype == "float32"
+    with pytest.raises(SystemExit):
+        parser.parse_known_args([*required, "--dtype", "double"])
 
 
 @pytest.mark.parametrize(("argv", "usage"), [(["explain", "--bogus", "w5"], "usage: specsure explain "),
@@ -456,3 +470,14 @@ def test_a_tokenizer_that_fails_on_a_prompt_is_a_prompt_error(tmp_path: Path, mo
     monkeypatch.setattr(type(engine.tokenizer), "__call__", fails)
     with pytest.raises(PromptError, match="cannot be encoded by the model's tokenizer .*Unk token"):
         engine.encode("w1 w2")
+
+
+def test_a_hub_repository_id_as_a_model_says_specsure_never_downloads(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.chdir(tmp_path)  # so the id is no folder here
+    with pytest.raises(ConfigError) as err:
+        resolve({"method": "ngram"}, model="HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert "never downloads from the Hugging Face hub" in str(err.value)
+    assert "huggingface-cli download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir DIR" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        resolve({"method": "ngram"}, model="/no/such/folder")
+    assert "does not exist" in str(err.value) and "hub" not in str(err.value)

@@ -94,3 +94,6 @@ def test_the_cli_reads_vllms_spellings_and_refuses_repeats_and_prefixes(tmp_path
     captured = capsys.readouterr()
     assert json.loads(captured.out)["dtype"]["value"] == "float32"
     assert "note: --dtype is given twice; the last, 'float32', is used." in captured.err
+    # The same model twice drops nothing (a wrapper and its user agreeing): a note, not an error.
+    assert main(["explain", "--model", str(target), "--model", str(target), "--json"]) == 0
+    assert f"note: --model is given twice with the same value, {str(target)!r}." in capsys.readouterr().err

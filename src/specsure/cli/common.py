@@ -331,3 +331,12 @@ def setup_logging(verbose: bool) -> None:
     # The first load of a GGUF converts it (seconds, once per machine); without this line the
     # CLI would sit silent through it.
     logging.getLogger(CONVERSION_LOGGER).setLevel(logging.INFO)
+
+
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+"""vLLM's other names for --dtype values."""
+
+
+def dtype_flag(value: str) -> str:
+    """A --dtype value, vLLM's aliases (half, float) read as the names they stand for."""
+    return DTYPE_ALIASES.get(value, value)

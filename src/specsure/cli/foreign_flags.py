@@ -94,6 +94,10 @@ FOREIGN_FLAGS: Final[dict[str, Foreign]] = {
     "--pipeline-parallel-size": Foreign("vLLM", otherwise=_ONE_MACHINE),
     "-pp": Foreign("vLLM", otherwise=_ONE_MACHINE), "--gpu-memory-utilization": Foreign("vLLM", otherwise=_CPU),
     "--num-speculative-tokens": Foreign("vLLM", otherwise=_K),
+    "--tokenizer": Foreign("vLLM", otherwise="the tokenizer is the model's own (its folder's tokenizer files, or the "
+                                             "GGUF's vocabulary)"),
+    "--served-model-name": Foreign("vLLM", "--served-model-name", "--served-model-name NAME",
+                                   otherwise="`specsure serve --served-model-name` names the served model"),
 }
 
 

