@@ -238,6 +238,8 @@ BAD = [
     ({"messages": [{"role": "assistant", "content": None, "refusal": 3}]}, "messages[0].refusal", "string or null"),
     ({"messages": [{"role": "assistant", "content": "hi", "annotations": {}}]}, "messages[0].annotations",
      "list or null"),
+    ({"messages": [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]}, "messages[0].content[0]",
+     "the part 'refusal'"),  # only an assistant's content has refusal parts
     ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
         "name": "f", "arguments": "{city: Paris}"}}]}]}, "messages[0].tool_calls[0].function.arguments", "not JSON"),
 ]

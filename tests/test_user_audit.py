@@ -477,7 +477,8 @@ def test_a_hub_repository_id_as_a_model_says_specsure_never_downloads(tmp_path: 
     with pytest.raises(ConfigError) as err:
         resolve({"method": "ngram"}, model="HuggingFaceTB/SmolLM2-135M-Instruct")
     assert "never downloads from the Hugging Face hub" in str(err.value)
-    assert "huggingface-cli download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir DIR" in str(err.value)
-    with pytest.raises(ConfigError) as err:
-        resolve({"method": "ngram"}, model="/no/such/folder")
-    assert "does not exist" in str(err.value) and "hub" not in str(err.value)
+    assert "hf download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir DIR" in str(err.value)
+    for missing in ("/no/such/folder", "models/model.gguf"):  # paths, not ids
+        with pytest.raises(ConfigError) as err:
+            resolve({"method": "ngram"}, model=missing)
+        assert "does not exist" in str(err.value) and "hub" not in str(err.value)

@@ -97,3 +97,12 @@ def test_the_cli_reads_vllms_spellings_and_refuses_repeats_and_prefixes(tmp_path
     # The same model twice drops nothing (a wrapper and its user agreeing): a note, not an error.
     assert main(["explain", "--model", str(target), "--model", str(target), "--json"]) == 0
     assert f"note: --model is given twice with the same value, {str(target)!r}." in capsys.readouterr().err
+
+
+def test_a_flag_of_several_values_given_twice_is_not_called_the_same() -> None:
+    from specsure.cli.main import build_parser
+    from specsure.cli.vllm_argv import repeated_flags
+
+    serve = build_parser(["serve"]).get_default("command_parsers")["serve"]
+    error, notes = repeated_flags(serve, ["--served-model-name", "a", "b", "--served-model-name", "a", "c"])
+    assert error is None and notes == ["note: --served-model-name is given twice; the last one's values are used."]

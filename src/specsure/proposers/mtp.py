@@ -130,6 +130,12 @@ class MTPModule(nn.Module):
                 "o": attn.o_proj.weight, "o_bias": attn.o_proj.bias,
                 "gate_up": torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).contiguous(),
                 "down": mlp.down_proj.weight}
+        fields = dict(kernel.layer_struct._fields_)
+        norms = {n: getattr(attn, n).weight for n in ("q_norm", "k_norm") if getattr(attn, n, None) is not None}
+        if norms and "q_norm" not in fields:  # a Qwen3 block's per-head norms: the bf16 kernel has none
+            self._kernel = None
+            return False
+        self._weights.update(norms)
         if any(b is not None for b in biases) and self._weights["qkv_bias"] is None:
             self._kernel = None
             return False

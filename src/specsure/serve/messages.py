@@ -24,7 +24,8 @@ FIELDS = {"system": ("role", "content", "name"), "user": ("role", "content", "na
 """Each role's fields. An assistant turn has those of the answer OpenAI's clients give back
 (``message.model_dump()`` sends refusal, annotations, audio and function_call, null or not)."""
 TEXT_PARTS = {"text": "text", "refusal": "refusal"}
-"""Content parts that are text, and the key holding it (an assistant's refusal part is its text)."""
+"""Content parts that are text, and the key holding it (an assistant's refusal part is its text; only
+an assistant's content has one)."""
 CALL_FIELDS = ("id", "type", "function")
 FUNCTION_FIELDS = ("name", "arguments")
 
@@ -86,7 +87,7 @@ def _message(message: Any, where: str) -> dict[str, Any]:
                            + (", or the assistant's tool_calls." if role == "assistant" else "."), f"{where}.content")
     # An assistant turn that only calls has no text: "" renders as nothing where None could print "None".
     rendered: dict[str, Any] = {"role": role, "content": "" if message.get("content") is None
-                                else _content(message["content"], where)}
+                                else _content(message["content"], where, role == "assistant")}
     thought = [message[k] for k in ("reasoning", "reasoning_content") if message.get(k) is not None]
     if thought:
         if not all(isinstance(t, str) for t in thought):
@@ -171,27 +172,28 @@ def _call(call: Any, where: str) -> dict[str, Any]:
     return shaped
 
 
-def _content(value: Any, where: str) -> str:
+def _content(value: Any, where: str, assistant: bool) -> str:
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") in TEXT_PARTS
-                                       and isinstance(p.get(TEXT_PARTS[p["type"]]), str) for p in value):
+    parts = TEXT_PARTS if assistant else {"text": "text"}
+    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") in parts
+                                       and isinstance(p.get(parts[p["type"]]), str) for p in value):
         for i, part in enumerate(value):
-            key = TEXT_PARTS[part["type"]]
+            key = parts[part["type"]]
             if extra := sorted(set(part) - {"type", key}):  # as a message's unknown fields are: not dropped
                 raise RequestError(f"{where}.content[{i}] has the unknown field {extra[0]!r}; a {part['type']} part "
                                    f'holds only "type" and "{key}".', f"{where}.content[{i}].{extra[0]}",
                                    "unknown_field")
-        return "".join(p[TEXT_PARTS[p["type"]]] for p in value)
+        return "".join(p[parts[p["type"]]] for p in value)
     if isinstance(value, list):  # name the first part at fault: a missing text is not an image
         for i, part in enumerate(value):
-            if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS:
+            if not isinstance(part, dict) or part.get("type") not in parts:
                 kind = part.get("type") if isinstance(part, dict) else None
                 said = f"the part {kind!r}" if isinstance(kind, str) else f"{shown(part)}, not a text part"
                 raise RequestError(f"{where}.content[{i}] is {said}; this server takes text only "
                                    '({"type": "text", "text": "..."}): images and audio are not supported.',
                                    f"{where}.content[{i}]")
-            key = TEXT_PARTS[part["type"]]
+            key = parts[part["type"]]
             if not isinstance(part.get(key), str):
                 raise RequestError(f"{where}.content[{i}].{key} = {shown(part.get(key))} must be a string: the "
                                    "part's text.", f"{where}.content[{i}].{key}")

@@ -127,7 +127,7 @@ def run_steps(module: torch.nn.Module, params: list[torch.nn.Parameter], optimis
             largest = _largest(params)
             if not largest <= limit:  # NaN too
                 said = (f"the head's weights grew to {largest:.3g} by step {step + 1} (they began at most "
-                        f"{initial:.3g}) though the loss ({value:.4g}) was still finite")
+                        f"{initial:.3g}; the limit is {limit:.3g}) though the loss ({value:.4g}) was still finite")
                 raise FloatingPointError(_diverged(said, resume if first else None, first, loaded))
         if checkpoint:
             seconds = earlier + time.perf_counter() - started
