@@ -174,6 +174,7 @@ def write_qwen3(folder: Path, out: Path, vocab: int = 290, quantize: Mapping[str
     as a GGUF file in llama.cpp's layout, the width in qwen3.attention.key_length; ``quantize`` as
     `_write_model`'s."""
     import gguf
+    import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from tiny import random_model
@@ -181,7 +182,13 @@ def write_qwen3(folder: Path, out: Path, vocab: int = 290, quantize: Mapping[str
     config = Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
                          bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=tie)
-    random_model(Qwen3ForCausalLM, config).save_pretrained(folder)
+    model = random_model(Qwen3ForCausalLM, config)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():  # q and k norms that are not all ones, so each counts
+        torch.manual_seed(2)
+        for name, param in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                param.uniform_(0.5, 2.0)
+    model.save_pretrained(folder)
     byte_bpe_tokenizer(folder, vocab)
     writer = gguf.GGUFWriter(str(out), "qwen3")
     for key, value in (("context_length", 256), ("embedding_length", 64), ("feed_forward_length", 128),

@@ -555,3 +555,20 @@ def test_a_prompt_rows_max_tokens_is_named_as_unread(tmp_path: Path, capsys) -> 
     err = capsys.readouterr().err
     assert "note: 1 row(s) of --prompts set max_tokens (first: " in err and "ids.jsonl" in err
     assert "every answer is at most --max-new-tokens (8) tokens" in err
+
+
+@pytest.mark.parametrize(("before", "after", "said"), [
+    ((0.30, 1.0), (0.25, 0.9), "top-1 agreement 25.0%, was 30.0%"),  # fewer right
+    ((0.30, 1.0), (0.30, 1.5), "KL 1.500 nats and top-1 agreement 30.0%, was 1.000 and 30.0%"),  # as many, further
+    ((0.30, 1.0), (0.35, 1.5), None),  # more right: a better head for drafting, whatever its KL
+    ((0.30, 1.0), (0.30, 0.9), None),
+])
+def test_an_mtp_head_is_called_worse_by_agreement_then_kl(before, after, said, capsys) -> None:  # noqa: ANN001
+    from types import SimpleNamespace
+
+    from specsure.cli.train_head import _warn_if_worse_mtp
+
+    figures = [SimpleNamespace(agreement=a, kl=k) for a, k in (before, after)]
+    _warn_if_worse_mtp("held-out", "KL", *figures)
+    err = capsys.readouterr().err
+    assert (said is None and err == "") or (said is not None and said in err and "worse than before" in err), err
