@@ -75,8 +75,9 @@ def repeated_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> tupl
     """(the error for a configuring flag given twice, or None; a note for each other flag given twice).
 
     argparse keeps the last value. For ``--speculative-config`` and ``--model`` that would drop an
-    explicit config, so two different values are an error (the same one twice drops nothing); any other flag keeps its last value, as in argparse and vLLM
-    (a wrapper script may set a default that the user overrides), with a note. Flags that may repeat
+    explicit config, so two different values are an error (the same one twice drops nothing); any
+    other flag keeps its last value, as in argparse and vLLM (a wrapper script may set a default that
+    the user overrides), with a note. Flags that may repeat
     (``--workload``) append instead and are not counted.
     """
     seen: dict[str, tuple[str, str]] = {}

@@ -14,8 +14,8 @@ a handful of calls per layer, all on these same fused weights and cache buffers.
 Covered: the Llama, Mistral (without a sliding window), Qwen2 and Qwen3 (without sliding layers)
 classes, SiLU-gated MLPs, optional q/k/v/o biases, Qwen3's RMSNorm of each q and k head before
 RoPE (in the float32 kernel too; the bf16 kernel has none, so Qwen3 in bf16 runs on torch ops),
-any RoPE variant (the model's own rotary module computes cos/sin). Anything else runs on the transformers path; `NativeDecoder.build`
-says why in one sentence.
+any RoPE variant (the model's own rotary module computes cos/sin). Anything else runs on the
+transformers path; `NativeDecoder.build` says why in one sentence.
 """
 
 from __future__ import annotations
@@ -208,10 +208,11 @@ class NativeDecoder:
     def _weight_structs(self, struct_type: type[ctypes.Structure]) -> ctypes.Array:
         """One ``struct_type`` per layer, its weight fields pointing at this decoder's tensors."""
         structs = (struct_type * len(self.layers))()
+        fields = dict(struct_type._fields_)  # the bf16 kernel's struct has no q and k norms
         for struct, layer in zip(structs, self.layers):
             for name in ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down", "q_norm",
                          "k_norm"):
-                if name not in dict(struct_type._fields_):  # the bf16 kernel's struct has no norms
+                if name not in fields:
                     continue
                 tensor = getattr(layer, name)
                 if tensor is not None and not tensor.is_contiguous():
