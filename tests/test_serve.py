@@ -564,6 +564,10 @@ def test_cors_is_off_unless_origins_are_allowed(engine: Engine) -> None:
     other = opened.options("/v1/completions", headers={**preflight, "Origin": "https://evil.example"})
     assert "access-control-allow-origin" not in other.headers
     assert opened.post("/v1/completions", json={"prompt": PROMPT_IDS, "max_tokens": 2}).status_code == 401
+    # without CORS a preflight with a key set is what it is without a key: no route answers OPTIONS
+    keyed = TestClient(create_app(engine, served_model_name="tiny", api_key="k"))
+    assert keyed.options("/v1/completions", headers=preflight).status_code == \
+        closed.options("/v1/completions", headers=preflight).status_code == 405
 
 
 def test_allowed_origins_must_be_a_json_list(capsys: pytest.CaptureFixture[str]) -> None:

@@ -37,7 +37,9 @@ class RequireKey:
         """Any of the keys opens the door (vLLM's --api-key takes several)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(GUARDED) and not self._authorised(scope):
+        # OPTIONS runs no route (a browser's preflight carries no key; vLLM lets it through too)
+        if (scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith(GUARDED)
+                and not self._authorised(scope)):
             reply = JSONResponse(error_body("missing or wrong API key: send the header 'Authorization: Bearer "
                                             "<key>' with the key the server was started with (--api-key or "
                                             "SPECSURE_API_KEY or VLLM_API_KEY).", code="invalid_api_key"),
