@@ -66,3 +66,14 @@ def test_an_mtp_head_on_a_qwen3_target_runs_its_q_and_k_norms_in_c(target: Path,
     prompts = [[5, 17, 33, 60, 4], [40, 41, 42]]
     assert [c.token_ids for c in make_engine(str(target), spec, dtype="float32").generate(prompts, params)] == \
         [c.token_ids for c in plain.generate(prompts, params)]
+
+
+def test_a_head_made_for_another_family_is_refused_in_the_files_own_names(target: Path, tmp_path: Path) -> None:
+    from specsure.config import ConfigError
+
+    llama_like = write_mtp_head(tmp_path / "head", target, seed=3)  # a Llama block: no q and k norms
+    with pytest.raises(ConfigError) as err:
+        make_engine(str(target), {"method": "mtp", "model": str(llama_like)}, dtype="float32")
+    said = str(err.value)
+    assert "missing tensors ['layers.0.self_attn.k_norm.weight', 'layers.0.self_attn.q_norm.weight']" in said, said
+    assert "built as the target's own decoder layer (Qwen3DecoderLayer)" in said and "block." not in said

@@ -319,7 +319,15 @@ def _load_module(weights: TensorFile, prefix: str, base: nn.Module, block_config
         module = MTPModule(base, block_config, "embed_tokens.weight" in local, "shared_head.head.weight" in local)
     tensors = weights.read(local.values())
     by_name = fuse_experts({k: tensors[n] for k, n in local.items()}, set(module.state_dict()), f"{label} ({prefix}*)")
-    load_weights(module, by_name, f"{label} ({prefix}*)", lm.dtype)
+    layer = type(module.block).__name__
+    # the file's own names in the error; the block's tensors are those of the target's decoder layer
+    # class (a Qwen3 layer has q and k norms, a Qwen2 one q/k/v biases), which a head made for
+    # another family lacks
+    load_weights(module, by_name, f"{label} ({prefix}*)", lm.dtype,
+                 spell=lambda n: prefix + (n[len("block."):] if n.startswith("block.") else n),
+                 fix=f"Its block is built as the target's own decoder layer ({layer}) and needs that layer's "
+                     "tensors: give a head made for this target, and check that the method matches the "
+                     "checkpoint's format.")
     return module
 
 
