@@ -19,13 +19,12 @@ their text is noise; only the speed of the layers means anything. Prompts must u
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from gguf_models import _write_model, byte_bpe_tokenizer, write_llama_gguf  # noqa: E402  (the tests' GGUF writer)
+from gguf_models import byte_bpe_tokenizer, write_llama_gguf, write_qwen_gguf  # noqa: E402  (the tests' GGUF writer)
 from tiny import build_tiny_llama, random_model  # noqa: E402
 
 VOCAB = 300
@@ -39,27 +38,12 @@ QWEN = {  # Qwen3-0.6B's layers, and Qwen2.5-0.5B's (its q|k|v biases too)
 
 
 def _qwen(family: str, folder: Path, out: Path) -> None:
-    import gguf
     import transformers
 
-    shape = QWEN[family]
     name = family.capitalize()
     config = getattr(transformers, f"{name}Config")(vocab_size=VOCAB, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                                                    tie_word_embeddings=False, **shape)
-    random_model(getattr(transformers, f"{name}ForCausalLM"), config).save_pretrained(folder)
-    byte_bpe_tokenizer(folder, VOCAB)
-    writer = gguf.GGUFWriter(str(out), family)
-    dim = shape.get("head_dim", shape["hidden_size"] // shape["num_attention_heads"])
-    for key, value in (("context_length", shape["max_position_embeddings"]), ("embedding_length", shape["hidden_size"]),
-                       ("feed_forward_length", shape["intermediate_size"]), ("block_count", shape["num_hidden_layers"]),
-                       ("attention.head_count", shape["num_attention_heads"]),
-                       ("attention.head_count_kv", shape["num_key_value_heads"]),
-                       ("attention.key_length", dim), ("attention.value_length", dim)):
-        writer.add_uint32(f"{family}.{key}", value)
-    writer.add_float32(f"{family}.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
-    writer.add_float32(f"{family}.rope.freq_base", float(config.rope_parameters["rope_theta"]))
-    _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()),
-                 getattr(gguf.MODEL_ARCH, family.upper()), layers=shape["num_hidden_layers"])
+                                                    tie_word_embeddings=False, **QWEN[family])
+    write_qwen_gguf(random_model(getattr(transformers, f"{name}ForCausalLM"), config), folder, out, family)
 
 
 def main() -> None:

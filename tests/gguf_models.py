@@ -173,7 +173,6 @@ def write_qwen3(folder: Path, out: Path, vocab: int = 290, quantize: Mapping[str
     """A tiny random Qwen3 whose heads are 16 wide (not Qwen3Config's default 128), and the same weights
     as a GGUF file in llama.cpp's layout, the width in qwen3.attention.key_length; ``quantize`` as
     `_write_model`'s."""
-    import gguf
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -188,25 +187,39 @@ def write_qwen3(folder: Path, out: Path, vocab: int = 290, quantize: Mapping[str
         for name, param in model.named_parameters():
             if name.endswith(("q_norm.weight", "k_norm.weight")):
                 param.uniform_(0.5, 2.0)
+    return write_qwen_gguf(model, folder, out, "qwen3", quantize)
+
+
+def write_qwen_gguf(model: Any, folder: Path, out: Path, family: str,
+                    quantize: Mapping[str, str] | None = None) -> tuple[Path, Path]:
+    """``model`` (transformers' Qwen2 or Qwen3) saved in ``folder`` with the tests' byte-level BPE
+    tokenizer, and the same weights as GGUF file ``out`` in llama.cpp's layout (no rotary row
+    permutation, unlike llama's; an explicit head_dim in {family}.attention.key_length);
+    ``quantize`` as `_write_model`'s."""
+    import gguf
+
+    config = model.config
     model.save_pretrained(folder)
-    byte_bpe_tokenizer(folder, vocab)
-    writer = gguf.GGUFWriter(str(out), "qwen3")
-    for key, value in (("context_length", 256), ("embedding_length", 64), ("feed_forward_length", 128),
-                       ("block_count", 2), ("attention.head_count", 4), ("attention.head_count_kv", 2),
-                       ("attention.key_length", 16), ("attention.value_length", 16)):
-        writer.add_uint32(f"qwen3.{key}", value)
-    writer.add_float32("qwen3.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
-    writer.add_float32("qwen3.rope.freq_base", float(config.rope_parameters["rope_theta"]))
-    _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()), gguf.MODEL_ARCH.QWEN3,
-                 quantize=quantize)
+    byte_bpe_tokenizer(folder, config.vocab_size)
+    writer = gguf.GGUFWriter(str(out), family)
+    dim = getattr(config, "head_dim", None)
+    for key, value in (("context_length", config.max_position_embeddings), ("embedding_length", config.hidden_size),
+                       ("feed_forward_length", config.intermediate_size), ("block_count", config.num_hidden_layers),
+                       ("attention.head_count", config.num_attention_heads),
+                       ("attention.head_count_kv", config.num_key_value_heads),
+                       *((("attention.key_length", dim), ("attention.value_length", dim)) if dim else ())):
+        writer.add_uint32(f"{family}.{key}", value)
+    writer.add_float32(f"{family}.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
+    writer.add_float32(f"{family}.rope.freq_base", float(config.rope_parameters["rope_theta"]))
+    _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()),
+                 getattr(gguf.MODEL_ARCH, family.upper()), quantize=quantize, layers=config.num_hidden_layers)
     return folder, out
 
 
 def write_qwen2(folder: Path, out: Path, vocab: int = 290, quantize: Mapping[str, str] | None = None,
                 tie: bool = False) -> tuple[Path, Path]:
-    """A tiny random Qwen2 (q/k/v biases, random too) and the same weights as a GGUF file in llama.cpp's
-    layout (no rotary row permutation, unlike llama's); ``quantize`` as `_write_model`'s."""
-    import gguf
+    """A tiny random Qwen2 (q/k/v biases, random too) and the same weights as a GGUF file
+    (`write_qwen_gguf`); ``quantize`` as `_write_model`'s."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -221,17 +234,7 @@ def write_qwen2(folder: Path, out: Path, vocab: int = 290, quantize: Mapping[str
         for name, param in model.named_parameters():
             if name.endswith(".bias"):
                 param.normal_(0.0, 0.5)
-    model.save_pretrained(folder)
-    byte_bpe_tokenizer(folder, vocab)
-    writer = gguf.GGUFWriter(str(out), "qwen2")
-    for key, value in (("context_length", 256), ("embedding_length", 64), ("feed_forward_length", 128),
-                       ("block_count", 2), ("attention.head_count", 4), ("attention.head_count_kv", 2)):
-        writer.add_uint32(f"qwen2.{key}", value)
-    writer.add_float32("qwen2.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
-    writer.add_float32("qwen2.rope.freq_base", float(config.rope_parameters["rope_theta"]))
-    _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()), gguf.MODEL_ARCH.QWEN2,
-                 quantize=quantize)
-    return folder, out
+    return write_qwen_gguf(model, folder, out, "qwen2", quantize)
 
 
 def _write_model(writer: Any, folder: Path, tokenizer: Mapping[str, Any], arch: Any,

@@ -34,19 +34,12 @@ def tv(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 
 def exact_second_token_distribution(path: str, prompt: list[int], temperature: float) -> torch.Tensor:
-    """P(second output token) = sum over t1 of p(t1 | prompt) p(t2 | prompt, t1), by enumeration."""
-    from specsure import make_engine
+    """P(second output token) = sum over t1 of p(t1 | prompt) p(t2 | prompt, t1), by enumeration, for
+    the float32 model at ``path`` sampled at ``temperature``."""
+    from specsure import SamplingParams, make_engine
 
-    engine = make_engine(path, None, dtype="float32")
-    lm = engine.target.lm
-    lm.reset()
-    p1 = torch.softmax(lm.forward(prompt).logits[-1] / temperature, -1)
-    total = torch.zeros_like(p1)
-    for t1 in range(lm.vocab_size):
-        lm.reset()
-        p2 = torch.softmax(lm.forward([*prompt, t1]).logits[-1] / temperature, -1)
-        total += p1[t1] * p2
-    return total
+    return second_token_marginal(make_engine(path, None, dtype="float32").target.lm, prompt,
+                                 SamplingParams(temperature=temperature))
 
 
 def second_token_marginal(lm, prompt: list[int], params) -> torch.Tensor:  # noqa: ANN001

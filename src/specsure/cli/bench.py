@@ -24,8 +24,7 @@ from specsure.bench.workload import (CATEGORIES, WorkloadError, category_list, e
                                       select)
 from specsure.cli import bench_serve
 from specsure.cli.bench_record import other_load, print_summary, run_meta, write_outputs
-from specsure.cli.common import INT8_HELP, dtype_flag, int_at_least, results_run, writable_folder
-from specsure.config.cpu import DTYPE_NAMES
+from specsure.cli.common import INT8_HELP, add_dtype_flag, int_at_least, results_run, writable_folder
 from specsure.config import ConfigError
 
 QUICK = {"per_category": 2, "max_tokens": 96, "repeats": 3}
@@ -83,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int_at_least(1), default=None, help="timed repeats per configuration and prompt (default 3)")
     parser.add_argument("--warmup", type=int_at_least(0), default=1, help="untimed warm-up passes per configuration (default 1)")
     parser.add_argument("--quick", action="store_true", help=f"a few prompts per category: {QUICK} unless given explicitly")
-    parser.add_argument("--dtype", default="auto", type=dtype_flag, choices=DTYPE_NAMES, help="auto, float32, bfloat16 or float16 (default auto)")
+    add_dtype_flag(parser, "auto, float32, bfloat16 or float16 (default auto)")
     parser.add_argument("--int8-activations", action="store_true",
                         help=f"every specsure row: {INT8_HELP}")
     parser.add_argument("--threads", type=int_at_least(1), default=None, help="torch threads (default: torch's choice)")

@@ -14,6 +14,7 @@ from pathlib import Path
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TextIO
 
+from specsure.config.cpu import DTYPE_NAMES
 from specsure.config.errors import ConfigError, json_int, json_type
 
 if TYPE_CHECKING:
@@ -340,3 +341,8 @@ DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 def dtype_flag(value: str) -> str:
     """A --dtype value, vLLM's aliases (half, float) read as the names they stand for."""
     return DTYPE_ALIASES.get(value, value)
+
+
+def add_dtype_flag(parser: argparse.ArgumentParser, help: str, default: str = "auto") -> None:
+    """A command's --dtype: one of DTYPE_NAMES, or vLLM's alias of one."""
+    parser.add_argument("--dtype", default=default, type=dtype_flag, choices=DTYPE_NAMES, help=help)

@@ -6,8 +6,7 @@ import argparse
 import json
 import statistics
 
-from specsure.cli.common import EXIT_OK, INT8_HELP, dtype_flag, int_at_least
-from specsure.config.cpu import DTYPE_NAMES
+from specsure.cli.common import EXIT_OK, INT8_HELP, add_dtype_flag, int_at_least
 from specsure.cli.generate import fit_max_tokens, print_effective, print_stats, render_prompt
 
 DEMO_CODE = """class Inventory:
@@ -56,10 +55,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     # float32 by default: there the speculative output is bit-identical to plain greedy decoding,
     # which is what the demo shows. bfloat16 is faster where the CPU has fast bf16 (for a target of
     # safetensors) but may flip near-ties.
-    parser.add_argument("--dtype", default="float32", type=dtype_flag, choices=DTYPE_NAMES,
-                        help="float32 (default) gives exact equality with plain decoding; auto picks float32 for a "
-                             "GGUF target of blocks (the default model), else bfloat16 on CPUs with fast bf16, "
-                             "which may differ at near-ties")
+    add_dtype_flag(parser, "float32 (default) gives exact equality with plain decoding; auto picks float32 for a "
+                           "GGUF target of blocks (the default model), else bfloat16 on CPUs with fast bf16, "
+                           "which may differ at near-ties", default="float32")
     parser.add_argument("--int8-activations", action="store_true", help=INT8_HELP)
     parser.set_defaults(run=run)
 

@@ -9,10 +9,9 @@ import sys
 from typing import Any
 
 from specsure.cli.common import (
-    EXIT_OK, EXIT_USAGE, INT8_HELP, add_model_flags, dtype_flag, one_line, parse_speculative_config,
+    EXIT_OK, EXIT_USAGE, INT8_HELP, add_dtype_flag, add_model_flags, one_line, parse_speculative_config,
 )
 from specsure.config import ConfigError, resolve
-from specsure.config.cpu import DTYPE_NAMES
 from specsure.config.dtype_choice import run_dtype
 
 
@@ -21,8 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                             description="Resolve the speculative config against the checkpoints' metadata "
                                         "(no weights load) and show each field's value, source and reason.")
     add_model_flags(parser)
-    parser.add_argument("--dtype", default="auto", type=dtype_flag, choices=DTYPE_NAMES,
-                        help="the dtype the run would load in (default auto); a shipped head's default tree depends on it")
+    add_dtype_flag(parser, "the dtype the run would load in (default auto); a shipped head's default tree depends on it")
     parser.add_argument("--int8-activations", action="store_true",
                         help=f"as generate and serve take it ({INT8_HELP}); explain says whether a run could have "
                              "them, and which matrices is the load's to decide")

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from specsure.cli.common import (
-    EXIT_OK, INT8_HELP, add_model_flags, dtype_flag, int_at_least, parse_speculative_config, products_note, seed_value,
+    EXIT_OK, INT8_HELP, add_dtype_flag, add_model_flags, int_at_least, parse_speculative_config, products_note, seed_value,
 )
-from specsure.config.cpu import DTYPE_NAMES
 
 if TYPE_CHECKING:
     from specsure.decode.engine import Completion, Engine
@@ -64,8 +63,7 @@ def add_sampling_flags(parser: argparse.ArgumentParser) -> None:
                         help="print each answer token's log-probability under the model, with its N most likely "
                              "alternatives, to standard error")
     parser.add_argument("--seed", type=seed_value, default=None, help="seed for sampling")
-    parser.add_argument("--dtype", default="auto", type=dtype_flag, choices=DTYPE_NAMES,
-                        help="auto: float32 for a GGUF target the float32 kernel reads as blocks (the default model), else bfloat16 where the CPU has fast bf16, else float32")
+    add_dtype_flag(parser, "auto: float32 for a GGUF target the float32 kernel reads as blocks (the default model), else bfloat16 where the CPU has fast bf16, else float32")
     parser.add_argument("--int8-activations", action="store_true", help=INT8_HELP)
 
 

@@ -13,10 +13,9 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from specsure.cli.common import (
-    EXIT_OK, EXIT_USAGE, INT8_HELP, STATS_LOGGER, add_model_flags, api_keys_from, dtype_flag, int_at_least,
+    EXIT_OK, EXIT_USAGE, INT8_HELP, STATS_LOGGER, add_dtype_flag, add_model_flags, api_keys_from, int_at_least,
     parse_speculative_config, products_note,
 )
-from specsure.config.cpu import DTYPE_NAMES
 
 if TYPE_CHECKING:
     from specsure.decode.engine import Engine
@@ -33,8 +32,7 @@ REASONING_PARSERS = ("deepseek_r1", "qwen3")  # specsure.serve.reasoning.PARSERS
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
     add_model_flags(parser)
-    parser.add_argument("--dtype", default="auto", type=dtype_flag, choices=DTYPE_NAMES,
-                        help="auto: float32 for a GGUF target the float32 kernel reads as blocks (the default model), else bfloat16 where the CPU has fast bf16, else float32")
+    add_dtype_flag(parser, "auto: float32 for a GGUF target the float32 kernel reads as blocks (the default model), else bfloat16 where the CPU has fast bf16, else float32")
     parser.add_argument("--int8-activations", action="store_true", help=INT8_HELP)
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")

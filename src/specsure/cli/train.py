@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specsure.cli.common import EXIT_OK, dtype_flag, seed_value
-from specsure.config.cpu import DTYPE_NAMES
+from specsure.cli.common import EXIT_OK, add_dtype_flag, seed_value
 from specsure.config.checkpoint import is_default_gguf
 
 if TYPE_CHECKING:
@@ -114,8 +113,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                              "or diverged goes on from it when the same command runs again (default 100; 0: off)")
     parser.add_argument("--seed", type=seed_value, default=0,
                         help="seed for the held-out split and the window order")
-    parser.add_argument("--dtype", default="auto", type=dtype_flag, choices=DTYPE_NAMES,
-                        help="the target's dtype for generation and features; the head trains in float32")
+    add_dtype_flag(parser, "the target's dtype for generation and features; the head trains in float32")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="torch CPU threads (default: every core this process may use)")
     parser.add_argument("--cache-dir", default=None, metavar="DIR",
