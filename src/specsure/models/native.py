@@ -3,9 +3,8 @@
 A decode step of a 135M model spends most of its time outside the matrix products: ~30 layers
 of small transformers modules, each with its own Python call, hooks and tensor reshuffles. Here
 a layer is a dozen tensor ops on fused weights (one q|k|v product, one gate|up product), with
-the KV cache written through the same RollbackCache the transformers path uses. The fused
-tensors replace the original parameters' storage (the modules keep views into them), so nothing
-is held twice and the transformers path stays usable on the same model.
+the KV cache written through the same RollbackCache the transformers path uses (the weights:
+models/fused_layer.py).
 
 In bfloat16, forwards over at most KERNEL_ROWS rows leave torch for the C kernel (kernel.py,
 decode_kernel.c) once a sequence's cache exists: a one-token step is one call, a few-row forward
@@ -31,6 +30,7 @@ from torch import nn
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
 from specsure.models.gguf_blocks import A4, A8, INT8_FORMATS, PACKING_NAMES, BlockMatrix, FileBlocks, matches
+from specsure.models.fused_layer import FusedLayer, fused_layer
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
 from specsure.models.rotary_table import RotaryTable
@@ -39,47 +39,6 @@ from specsure.models.token_tree import TokenTree, attention_mask
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 """Text-config model_types whose decoder layers this module runs."""
-
-@dataclass
-class _Layer:
-    """One decoder layer's weights, fused where two products read the same input."""
-
-    input_norm: torch.Tensor
-    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor  # [hidden, heads * head_dim]
-    o_bias: torch.Tensor | None
-    post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor  # [hidden, intermediate]
-    q_norm: torch.Tensor | None = None  # Qwen3: each q head RMS-normed before RoPE [head_dim]
-    k_norm: torch.Tensor | None = None
-
-
-def _fuse(modules: list[nn.Linear]) -> torch.Tensor:
-    """Concatenate the modules' weights along the output dim and point each module at its slice."""
-    fused = torch.cat([m.weight.detach() for m in modules]).contiguous()
-    start = 0
-    for module in modules:
-        rows = module.weight.shape[0]
-        module.weight = nn.Parameter(fused[start:start + rows], requires_grad=False)
-        start += rows
-    return fused
-
-
-def _fuse_bias(modules: list[nn.Linear]) -> torch.Tensor | None:
-    biases = [m.bias for m in modules]
-    if all(b is None for b in biases):
-        return None
-    return torch.cat([b.detach() if b is not None else m.weight.new_zeros(m.weight.shape[0])
-                      for m, b in zip(modules, biases)])
-
-
-def _norm_weight(attn: nn.Module, name: str) -> torch.Tensor | None:
-    """The weight of ``attn``'s per-head norm ``name`` (Qwen3's q_norm and k_norm), or None without one."""
-    norm = getattr(attn, name, None)
-    return None if norm is None else norm.weight
-
 
 def _positions(segments: list["Segment"]) -> torch.Tensor:
     """The new rows' positions [1, T]: a chain's in order, a tree node's at its depth."""
@@ -124,16 +83,7 @@ class NativeDecoder:
         self.embed = base.embed_tokens
         self.rotary = RotaryTable(base.rotary_emb)
         self.norm = base.norm.weight
-        self.layers: list[_Layer] = []
-        for layer in base.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            projections = [attn.q_proj, attn.k_proj, attn.v_proj]
-            qkv_bias = _fuse_bias(projections)
-            self.layers.append(_Layer(
-                input_norm=layer.input_layernorm.weight, qkv=_fuse(projections), qkv_bias=qkv_bias,
-                o=attn.o_proj.weight, o_bias=attn.o_proj.bias, post_norm=layer.post_attention_layernorm.weight,
-                gate_up=_fuse([mlp.gate_proj, mlp.up_proj]), down=mlp.down_proj.weight,
-                q_norm=_norm_weight(attn, "q_norm"), k_norm=_norm_weight(attn, "k_norm")))
+        self.layers: list[FusedLayer] = [fused_layer(layer) for layer in base.layers]
         self.kernel: kernels.Kernel | None = None
         """The C kernel that runs bf16 forwards of up to KERNEL_ROWS rows, or None (`kernel_why` says
         why). Its layer structs and scratch buffer belong to this decoder, so forwards on one model

@@ -1,0 +1,66 @@
+"""One decoder layer's weights as the native forward reads them: fused where two products read the
+same input (q|k|v, gate|up), so a step streams each once.
+
+The fused tensors replace the original parameters' storage (the modules keep views into them), so
+nothing is held twice and transformers' own forward stays usable on the same model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class FusedLayer:
+    """One decoder layer's weights, fused where two products read the same input."""
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor  # [hidden, heads * head_dim]
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    down: torch.Tensor  # [hidden, intermediate]
+    q_norm: torch.Tensor | None = None  # Qwen3: each q head RMS-normed before RoPE [head_dim]
+    k_norm: torch.Tensor | None = None
+
+
+def _fuse(modules: list[nn.Linear]) -> torch.Tensor:
+    """Concatenate the modules' weights along the output dim and point each module at its slice."""
+    fused = torch.cat([m.weight.detach() for m in modules]).contiguous()
+    start = 0
+    for module in modules:
+        rows = module.weight.shape[0]
+        module.weight = nn.Parameter(fused[start:start + rows], requires_grad=False)
+        start += rows
+    return fused
+
+
+def _fuse_bias(modules: list[nn.Linear]) -> torch.Tensor | None:
+    biases = [m.bias for m in modules]
+    if all(b is None for b in biases):
+        return None
+    return torch.cat([b.detach() if b is not None else m.weight.new_zeros(m.weight.shape[0])
+                      for m, b in zip(modules, biases)])
+
+
+def _norm_weight(attn: nn.Module, name: str) -> torch.Tensor | None:
+    """The weight of ``attn``'s per-head norm ``name`` (Qwen3's q_norm and k_norm), or None without one."""
+    norm = getattr(attn, name, None)
+    return None if norm is None else norm.weight
+
+
+def fused_layer(layer: nn.Module) -> FusedLayer:
+    """``layer``'s weights (a Llama-family decoder layer), its q|k|v and gate|up fused in place."""
+    attn, mlp = layer.self_attn, layer.mlp
+    projections = [attn.q_proj, attn.k_proj, attn.v_proj]
+    qkv_bias = _fuse_bias(projections)
+    return FusedLayer(
+        input_norm=layer.input_layernorm.weight, qkv=_fuse(projections), qkv_bias=qkv_bias,
+        o=attn.o_proj.weight, o_bias=attn.o_proj.bias, post_norm=layer.post_attention_layernorm.weight,
+        gate_up=_fuse([mlp.gate_proj, mlp.up_proj]), down=mlp.down_proj.weight,
+        q_norm=_norm_weight(attn, "q_norm"), k_norm=_norm_weight(attn, "k_norm"))
