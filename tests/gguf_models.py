@@ -168,6 +168,42 @@ def write_gemma2(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]
     return folder, out
 
 
+def write_gemma3(folder: Path, out: Path, vocab: int = 290, quantize: Mapping[str, str] | None = None
+                 ) -> tuple[Path, Path]:
+    """A tiny random Gemma 3 text model (6 layers: 5 with a sliding window of 4 positions and their local
+    RoPE, then one full layer, transformers' and llama.cpp's default pattern; heads 16 wide; tied
+    embeddings) and the same weights as a GGUF file in llama.cpp's layout, every norm stored with the 1
+    Gemma's norm adds; ``quantize`` as `_write_model`'s."""
+    import gguf
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from tiny import random_model
+
+    config = Gemma3TextConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+                              sliding_window=4, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+                              pad_token_id=0)
+    model = random_model(Gemma3ForCausalLM, config)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():  # norms that are not all zero, so each counts
+        torch.manual_seed(3)
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(-0.5, 0.5)
+    model.save_pretrained(folder)
+    byte_bpe_tokenizer(folder, vocab)
+    writer = gguf.GGUFWriter(str(out), "gemma3")
+    for key, value in (("context_length", 256), ("embedding_length", 64), ("feed_forward_length", 128),
+                       ("block_count", 6), ("attention.head_count", 4), ("attention.head_count_kv", 2),
+                       ("attention.key_length", 16), ("attention.value_length", 16), ("attention.sliding_window", 4)):
+        writer.add_uint32(f"gemma3.{key}", value)
+    writer.add_float32("gemma3.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
+    writer.add_float32("gemma3.rope.freq_base", float(config.rope_parameters["full_attention"]["rope_theta"]))
+    _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()), gguf.MODEL_ARCH.GEMMA3,
+                 norms_plus_one=True, quantize=quantize, layers=6)
+    return folder, out
+
+
 def write_qwen3(folder: Path, out: Path, vocab: int = 290, quantize: Mapping[str, str] | None = None,
                 tie: bool = False) -> tuple[Path, Path]:
     """A tiny random Qwen3 whose heads are 16 wide (not Qwen3Config's default 128), and the same weights
@@ -286,3 +322,17 @@ def write_phi3(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]:
     writer.add_float32("phi3.rope.freq_base", float(config.rope_parameters["rope_theta"]))
     _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()), gguf.MODEL_ARCH.PHI3)
     return folder, out
+
+
+def assert_decodes_as(folder: Path, gguf: Path) -> None:
+    """Greedy decoding of the GGUF file equals transformers' on its Hugging Face source, in float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specsure import SamplingParams, make_engine
+
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    prompt = [5, 70, 71, 72, 80, 81, 90, 91, 92, 100, 5, 70]
+    expected = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt):].tolist()
+    got = make_engine(str(gguf), None, dtype="float32").generate(prompt, SamplingParams(max_tokens=8, ignore_eos=True))
+    assert got[0].token_ids == expected

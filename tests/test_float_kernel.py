@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from specsure.models import CausalLM
 from specsure.models import float_kernel as float_kernels
@@ -25,6 +28,14 @@ FAMILIES = {
                                                      "num_key_value_heads": 1})),
     "head-dim-128": (LlamaForCausalLM, LlamaConfig(**{**SHAPE, "hidden_size": 256, "num_attention_heads": 2,
                                                       "num_key_value_heads": 1})),
+    # a window of 6 positions, narrower than a 9-token verify step: its last rows see draft tokens only
+    "mistral-window": (MistralForCausalLM, MistralConfig(**SHAPE, sliding_window=6)),
+    # sliding and full layers, each type its own RoPE; GELU; four norms; the scores' own factor
+    "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig(
+        **SHAPE, head_dim=16, query_pre_attn_scalar=12, sliding_window=6,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
 }
 PROMPT = [5, 17, 3, 88, 42, 9, 61, 2, 30, 7]
 
@@ -125,7 +136,8 @@ def test_kernel_steps_and_verify_rows_match_the_torch_ops(family, kernel):
     torch.testing.assert_close(fast.forward(long).logits, ref.forward(long).logits, **close)
 
 
-@pytest.mark.parametrize("family", ["llama", "llama-biased", "odd-head-dim", "head-dim-64", "head-dim-128"])
+@pytest.mark.parametrize("family", ["llama", "llama-biased", "odd-head-dim", "head-dim-64", "head-dim-128",
+                                    "mistral-window", "gemma3"])
 def test_verify_rows_equal_decode_steps_bit_for_bit(family, kernel):
     verify, decode = _pair(family, kernel)
     if kernel is None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from gguf_models import byte_bpe_tokenizer, quantised, write_llama_gguf, write_qwen2, write_qwen3
+from gguf_models import byte_bpe_tokenizer, quantised, write_gemma3, write_llama_gguf, write_qwen2, write_qwen3
 from specsure.models import float_kernel as float_kernels
 from specsure.models import gguf_blocks
 from specsure.models.loading import load_model
@@ -272,3 +272,39 @@ def test_a_qwen_gguf_reads_its_blocks_in_transformers_row_order(family: str, tmp
     monkeypatch.setenv("SPECSURE_GGUF_BLOCKS", "0")
     plain = load_model(str(gguf), dtype="float32").lm
     _same_decoding(blocks, plain)
+
+
+def test_a_gemma3_gguf_runs_natively_on_its_blocks_and_every_method_equals_plain(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma 3 (sliding layers past a 4-position window, each layer type its own RoPE, GELU, four norms a
+    layer, a tied and quantised embedding) in the float32 kernel on its blocks: the same bits as its
+    float32 weights, transformers' greedy tokens on the Hugging Face source, and plain decoding's
+    tokens from ngram trees, suffix and a draft model."""
+    from gguf_models import assert_decodes_as
+
+    from specsure import SamplingParams, make_engine
+
+    types = {f"blk.{i}.{n}.weight": ("Q4_1" if i % 2 else "Q8_0") for i in range(6)
+             for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
+    folder, gguf = write_gemma3(tmp_path / "gemma3", tmp_path / "gemma3.gguf", VOCAB,
+                                {**types, "token_embd.weight": "Q8_0"})
+    blocks = load_model(str(gguf), dtype="float32").lm
+    assert blocks.path.startswith("native")
+    if float_kernels.load()[0] is None:
+        pytest.skip(NO_KERNEL)
+    assert blocks.path.endswith("of its 25 weight matrices the kernel reads 12 Q4_1, 13 Q8_0 as the GGUF's blocks")
+    monkeypatch.setenv("SPECSURE_GGUF_BLOCKS", "0")
+    _same_decoding(blocks, load_model(str(gguf), dtype="float32").lm)
+    monkeypatch.delenv("SPECSURE_GGUF_BLOCKS")
+    plain_folder, plain_gguf = write_gemma3(tmp_path / "plain", tmp_path / "plain.gguf", VOCAB)
+    assert_decodes_as(plain_folder, plain_gguf)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    prompt = [5, 70, 71, 72, 80, 81, 5, 70, 71, 72, 90, 91, 5, 70, 71]
+    expected = make_engine(str(gguf), None, dtype="float32").generate(prompt, params)[0].token_ids
+    for spec in ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+                  "prompt_lookup_branches": 3},
+                 {"method": "suffix", "num_speculative_tokens": 6},
+                 {"method": "draft_model", "model": str(gguf), "num_speculative_tokens": 3}):
+        engine = make_engine(str(gguf), spec, dtype="float32")
+        assert engine.generate(prompt, params)[0].token_ids == expected, spec["method"]
+        assert engine.stats.accepted_tokens > 0, spec["method"]

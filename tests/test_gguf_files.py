@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from gguf_models import byte_bpe_tokenizer, write_gemma2, write_llama_gguf, write_phi3, write_qwen3
+from gguf_models import assert_decodes_as, byte_bpe_tokenizer, write_gemma2, write_llama_gguf, write_phi3, write_qwen3
 from specsure.models.errors import ModelLoadError
 from specsure.models.loading import load_model
 from tiny import build_tiny_llama
@@ -375,19 +375,6 @@ def test_a_phi3_gguf_without_a_padding_token_gets_none_not_phi3s_default(tmp_pat
     folder, gguf = write_phi3(tmp_path / "phi3", tmp_path / "phi3.gguf")
     assert load_model(str(gguf), "float32").lm.hf.config.pad_token_id is None
     assert_decodes_as(folder, gguf)
-
-
-def assert_decodes_as(folder: Path, gguf: Path) -> None:
-    """Greedy decoding of the GGUF file equals transformers' on its Hugging Face source, in float32."""
-    from transformers import AutoModelForCausalLM
-
-    from specsure import SamplingParams, make_engine
-
-    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    prompt = [5, 70, 71, 72, 80, 81, 90, 91, 92, 100, 5, 70]
-    expected = reference.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt):].tolist()
-    got = make_engine(str(gguf), None, dtype="float32").generate(prompt, SamplingParams(max_tokens=8, ignore_eos=True))
-    assert got[0].token_ids == expected
 
 
 def test_an_architecture_transformers_cannot_read_is_named_with_the_fix(hf: Path, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Models that run on transformers' own modules, written by transformers' save_pretrained.
+"""Models with sliding windows and other attention variants, written by transformers' save_pretrained:
+Gemma 2 runs on transformers' own modules, Mistral with a window and Gemma 3 on the native forward.
 
 Token trees on models whose layers do not all attend to every earlier position (sliding windows), and on
 models whose attention adds its mask to the scores (eager): the tree's mask must say what transformers'
@@ -118,7 +119,7 @@ def test_aux_id_n_on_transformers_modules_is_the_stream_before_the_final_norm(tm
     """transformers' hidden_states[N] is already normed; EAGLE-3's id N (vLLM's) is the stream the norm reads."""
     from specsure.models import load_model
 
-    config, model, extra = MODELS["mistral, every layer slides"]
+    config, model, extra = MODELS["gemma2, alternating, eager attention"]
     lm = load_model(str(_write(tmp_path / "m", config, model, extra)), "float32").lm
     assert lm._native is None  # transformers' own modules run it
     ids = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38]

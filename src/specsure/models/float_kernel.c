@@ -62,11 +62,18 @@ typedef struct {
     const void *gate_up, *down;
     int64_t qkv_format, o_format, gate_up_format, down_format; /* F32 (0, what ctypes zero-fills) or a block format */
     const float *q_norm, *k_norm; /* Qwen3's RMSNorm of each q and k head before RoPE [head_dim]; NULL without */
+    /* Gemma 3's: the norms of the attention's and the MLP's outputs before each joins the residual
+     * stream (NULL without); this layer's own cos and sin [rows, head_dim] where its RoPE differs from
+     * the call's (a sliding layer's local base; NULL: the call's); the sliding window (0: none); and
+     * the MLP's activation, 0 SiLU or 1 GELU's tanh form. */
+    const float *attn_out_norm, *mlp_out_norm, *cos, *sin;
+    int64_t window, gelu;
 } Layer;
 
 typedef struct {
     int64_t hidden, heads, kv_heads, head_dim, intermediate;
     float eps;
+    float scale; /* the attention scores' factor; 0 (what ctypes zero-fills): 1 / sqrt(head_dim) */
 } Shape;
 
 /* One sequence's rows in one layer: `length` new tokens stored at `start ..` of this layer's cache
@@ -1171,6 +1178,29 @@ void silu_mul(const float *gate_up, float *act, int64_t rows, int64_t inter) {
     }
 }
 
+/* act = GELU(gate) * up per row, GELU's tanh form (Gemma's): 0.5 g (1 + tanh(u)) with u = sqrt(2 / pi)
+ * (g + 0.044715 g^3), computed as g / (1 + e^(-2u)), the same value (0.5 (1 + tanh u) is the logistic
+ * of 2u) with SiLU's exponential, which cannot overflow into inf / inf. */
+void gelu_mul(const float *gate_up, float *act, int64_t rows, int64_t inter) {
+    const float c = 0.7978845608028654f, cube = 0.044715f;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *gate = gate_up + r * 2 * inter, *up = gate + inter;
+        int64_t i = 0;
+        for (; i + 8 <= inter; i += 8) {
+            __m256 g = _mm256_loadu_ps(gate + i);
+            __m256 u = _mm256_mul_ps(_mm256_set1_ps(c), _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(cube), g),
+                                                                        _mm256_mul_ps(g, g), g));
+            __m256 e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), u));
+            __m256 gelu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+            _mm256_storeu_ps(act + r * inter + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(up + i)));
+        }
+        for (; i < inter; i++) {
+            float g = gate[i], u = c * fmaf(cube * g, g * g, g);
+            act[r * inter + i] = g / (1.0f + expf(-2.0f * u)) * up[i];
+        }
+    }
+}
+
 /* x * cos + rotate_half(x) * sin, in place. */
 static void rope(float *x, const float *cos, const float *sin, int64_t dim) {
     int64_t half = dim / 2;
@@ -1231,14 +1261,15 @@ static inline vec transpose_sum(vec *d) {
 #endif
 }
 
-/* One query of a kv head: its row's q for one head, where its output goes, how many positions it
- * sees and which: 0 .. start-1 of the cache, then its row's `extra` new tokens (a chain's own and
- * earlier rows, or a tree's ancestors). */
+/* One query of a kv head: its row's q for one head, where its output goes, and which positions it
+ * sees: `first` .. `count` - 1, where position i < start is cache slot i and position start + j its
+ * row's `extra[j]` (a chain's own and earlier rows, or a tree's ancestors). `first` is 0 but in a
+ * sliding window. */
 typedef struct {
     const float *q;
     float *out;
     const int64_t *extra;
-    int64_t count;
+    int64_t first, count;
 } Query;
 
 static inline int64_t slot_at(int64_t start, const int64_t *extra, int64_t i) {
@@ -1262,18 +1293,21 @@ static inline int64_t slot_at(int64_t start, const int64_t *extra, int64_t i) {
 static inline __attribute__((always_inline)) void attend_queries(const float *keys, const float *values,
                                                                 int64_t start, const Query *qs, int64_t n,
                                                                 const int64_t dim, const int64_t chunks,
-                                                                const int64_t whole, float *scores,
+                                                                const int64_t whole, float scale, float *scores,
                                                                 int64_t score_stride, vec *state) {
+    /* Indices below are relative to each query's first position (scores[j] is position first + j),
+     * so a query's chunks and chains are the same whatever its neighbours' windows. */
     int64_t lanes = LANES, tail = dim - (chunks - 1) * lanes, most = 0;
-    float scale = 1.0f / sqrtf((float)dim), totals[n];
-    for (int64_t a = 0; a < n; a++) most = qs[a].count > most ? qs[a].count : most;
+    float totals[n];
+    for (int64_t a = 0; a < n; a++) most = qs[a].count - qs[a].first > most ? qs[a].count - qs[a].first : most;
     for (int64_t i0 = 0; i0 + LANES <= most; i0 += LANES)
         for (int64_t a = 0; a < n; a++) {
-            if (i0 + LANES > qs[a].count) continue;
+            int64_t f = qs[a].first;
+            if (f + i0 + LANES > qs[a].count) continue;
             const float *kt[LANES];
 #pragma GCC unroll 16
             for (int p = 0; p < LANES; p++)  /* the cache's own order before `start`: no lookups */
-                kt[p] = keys + (i0 + LANES <= start ? i0 + p : slot_at(start, qs[a].extra, i0 + p)) * dim;
+                kt[p] = keys + (f + i0 + LANES <= start ? f + i0 + p : slot_at(start, qs[a].extra, f + i0 + p)) * dim;
             vec dot[LANES];
 #pragma GCC unroll 16
             for (int p = 0; p < LANES; p++) dot[p] = vzero();
@@ -1289,9 +1323,9 @@ static inline __attribute__((always_inline)) void attend_queries(const float *ke
     for (int64_t a = 0; a < n; a++) {
         const float *q = qs[a].q;
         float *sc = scores + a * score_stride;
-        int64_t count = qs[a].count, i = count - count % LANES;
+        int64_t f = qs[a].first, count = qs[a].count - f, i = count - count % LANES;
         for (; i < count; i++) {
-            const float *kt = keys + slot_at(start, qs[a].extra, i) * dim;
+            const float *kt = keys + slot_at(start, qs[a].extra, f + i) * dim;
             vec dot = vzero();
 #pragma GCC unroll 16
             for (int64_t c = 0; c < chunks; c++)
@@ -1323,7 +1357,8 @@ static inline __attribute__((always_inline)) void attend_queries(const float *ke
      * between tiles: its even positions' chain, then its odd positions'. */
     for (int64_t i0 = 0; i0 < most; i0 += TILE)
         for (int64_t a = 0; a < n; a++) {
-            int64_t end = qs[a].count < i0 + TILE ? qs[a].count : i0 + TILE, i = i0;
+            int64_t f = qs[a].first, seen = qs[a].count - f;
+            int64_t end = seen < i0 + TILE ? seen : i0 + TILE, i = i0;
             if (i0 >= end) continue;
             const float *sc = scores + a * score_stride;
             vec acc[chunks], odd[chunks];
@@ -1333,8 +1368,8 @@ static inline __attribute__((always_inline)) void attend_queries(const float *ke
                 odd[c] = state[a * 2 * chunks + chunks + c];
             }
             for (; i + 2 <= end; i += 2) {
-                const float *v0 = values + (end <= start ? i : slot_at(start, qs[a].extra, i)) * dim;
-                const float *v1 = values + (end <= start ? i + 1 : slot_at(start, qs[a].extra, i + 1)) * dim;
+                const float *v0 = values + (f + end <= start ? f + i : slot_at(start, qs[a].extra, f + i)) * dim;
+                const float *v1 = values + (f + end <= start ? f + i + 1 : slot_at(start, qs[a].extra, f + i + 1)) * dim;
                 vec p0 = vbroadcast(sc + i), p1 = vbroadcast(sc + i + 1);
 #pragma GCC unroll 16
                 for (int64_t c = 0; c < chunks; c++) {
@@ -1343,7 +1378,7 @@ static inline __attribute__((always_inline)) void attend_queries(const float *ke
                 }
             }
             if (i < end) { /* the last position of an odd count */
-                const float *vt = values + slot_at(start, qs[a].extra, i) * dim;
+                const float *vt = values + slot_at(start, qs[a].extra, f + i) * dim;
                 vec pv = vbroadcast(sc + i);
 #pragma GCC unroll 16
                 for (int64_t c = 0; c < chunks; c++)
@@ -1370,12 +1405,13 @@ static void attend_group(const Shape *s, const Segment *seg, int64_t kv, const Q
     int64_t stride = seg->start + seg->length + LANES + 8;
     float *scores = malloc((size_t)(n * stride) * sizeof(float));
     vec *state = aligned_alloc(64, (size_t)(((n * 2 * chunks * (int64_t)sizeof(vec)) + 63) / 64 * 64));
+    float scale = s->scale != 0.0f ? s->scale : 1.0f / sqrtf((float)dim);
     if (dim == 64)
-        attend_queries(keys, values, seg->start, qs, n, 64, 64 / LANES, 64 / LANES, scores, stride, state);
+        attend_queries(keys, values, seg->start, qs, n, 64, 64 / LANES, 64 / LANES, scale, scores, stride, state);
     else if (dim == 128)
-        attend_queries(keys, values, seg->start, qs, n, 128, 128 / LANES, 128 / LANES, scores, stride, state);
+        attend_queries(keys, values, seg->start, qs, n, 128, 128 / LANES, 128 / LANES, scale, scores, stride, state);
     else
-        attend_queries(keys, values, seg->start, qs, n, dim, chunks, whole, scores, stride, state);
+        attend_queries(keys, values, seg->start, qs, n, dim, chunks, whole, scale, scores, stride, state);
     free(scores);
     free(state);
 }
@@ -1384,7 +1420,7 @@ static void attend_group(const Shape *s, const Segment *seg, int64_t kv, const Q
  * The queries are ordered by segment, kv head, row and head, and each thread takes an equal run
  * of them, so the queries that share a kv head's cache are mostly on one thread, together. */
 static void attend_all(const Shape *s, const Segment *segs, int64_t nseg, int64_t rows, float *qkv,
-                       const float *cos, const float *sin, float *out) {
+                       const float *cos, const float *sin, int64_t window, float *out) {
     rope_and_store(s, segs, nseg, qkv, cos, sin);
     int64_t dim = s->head_dim, heads = s->heads, group = heads / s->kv_heads;
     int64_t stride = (heads + 2 * s->kv_heads) * dim, most = 0;
@@ -1392,7 +1428,7 @@ static void attend_all(const Shape *s, const Segment *segs, int64_t nseg, int64_
     /* each row's new tokens that it sees, as cache slots */
     int64_t *extra = malloc((size_t)(rows * (most + 1)) * sizeof(int64_t)), counts[rows];
     Query *all = malloc((size_t)(rows * heads) * sizeof(Query));
-    int64_t firsts[nseg]; /* each segment's first query */
+    int64_t firsts[nseg], seen_from[rows]; /* each segment's first query; each row's first position */
     for (int64_t g = 0, first_row = 0; g < nseg; first_row += segs[g++].length) {
         const Segment *seg = &segs[g];
         firsts[g] = first_row * heads;
@@ -1401,13 +1437,16 @@ static void attend_all(const Shape *s, const Segment *segs, int64_t nseg, int64_
             for (int64_t j = 0; j < seg->length; j++)
                 if (seg->mask ? seg->mask[r * seg->length + j] : j <= r) extra[row * (most + 1) + n++] = seg->start + j;
             counts[row] = seg->start + n;
+            /* the row sits at position start + n - 1 (a tree node at its depth) and, in a window,
+             * sees the keys above position start + n - 1 - window */
+            seen_from[row] = window > 0 && seg->start + n - window > 0 ? seg->start + n - window : 0;
         }
         for (int64_t kv = 0, i = firsts[g]; kv < s->kv_heads; kv++)
             for (int64_t r = 0; r < seg->length; r++)
                 for (int64_t k = 0; k < group; k++, i++) {
                     int64_t row = first_row + r, h = kv * group + k;
                     all[i] = (Query){qkv + row * stride + h * dim, out + row * heads * dim + h * dim,
-                                     extra + row * (most + 1), counts[row]};
+                                     extra + row * (most + 1), seen_from[row], counts[row]};
                 }
     }
 #pragma omp parallel
@@ -1435,7 +1474,7 @@ void attend_rows(const Shape *s, const Segment *segs, int64_t nseg, float *qkv, 
                  float *out) {
     int64_t rows = 0;
     for (int64_t g = 0; g < nseg; g++) rows += segs[g].length;
-    attend_all(s, segs, nseg, rows, qkv, cos, sin, out);
+    attend_all(s, segs, nseg, rows, qkv, cos, sin, 0, out);
 }
 
 /* `count` layers over `rows` rows in one call (a decode step, a verify step, a batch of sequences),
@@ -1458,12 +1497,15 @@ void decode_rows(const Shape *s, const Layer *layers, int64_t count, const Segme
                 add_norm(q, NULL, layer->q_norm, q, s->heads, dim, s->eps);
                 add_norm(q + q_size, NULL, layer->k_norm, q + q_size, s->kv_heads, dim, s->eps);
             }
-        attend_all(s, segs + l * nseg, nseg, rows, qkv, cos, sin, att);
+        attend_all(s, segs + l * nseg, nseg, rows, qkv, layer->cos ? layer->cos : cos, layer->sin ? layer->sin : sin,
+                   layer->window, att);
         product(layer->o, layer->o_format, layer->o_bias, att, delta, hidden, q_size, rows);
+        if (layer->attn_out_norm) add_norm(delta, NULL, layer->attn_out_norm, delta, rows, hidden, s->eps);
         add_norm(x, delta, layer->post_norm, h, rows, hidden, s->eps);
         product(layer->gate_up, layer->gate_up_format, NULL, h, gate_up, 2 * inter, hidden, rows);
-        silu_mul(gate_up, act, rows, inter);
+        (layer->gelu ? gelu_mul : silu_mul)(gate_up, act, rows, inter);
         product(layer->down, layer->down_format, NULL, act, delta, hidden, inter, rows);
+        if (layer->mlp_out_norm) add_norm(delta, NULL, layer->mlp_out_norm, delta, rows, hidden, s->eps);
         add_norm(x, delta, NULL, NULL, rows, hidden, s->eps);
     }
 }

@@ -57,10 +57,14 @@ class FloatLayerStruct(ctypes.Structure):
     _fields_ = ([(name, ctypes.c_void_p) for name in
                  ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down")]
                 + [(f"{name}_format", ctypes.c_int64) for name in MATRICES]
-                + [(name, ctypes.c_void_p) for name in ("q_norm", "k_norm")])
+                + [(name, ctypes.c_void_p) for name in ("q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", "cos", "sin")]
+                + [(name, ctypes.c_int64) for name in ("window", "gelu")])
     """A matrix's ``*_format`` is 0 (float32 rows, what ctypes zero-fills) or a `gguf_blocks` format,
-    its pointer then at the repacked blocks; ``q_norm`` and ``k_norm`` are Qwen3's per-head norms (NULL
-    without)."""
+    its pointer then at the repacked blocks; ``q_norm`` and ``k_norm`` are Qwen3's and Gemma 3's per-head
+    norms (NULL without); ``attn_out_norm`` and ``mlp_out_norm`` Gemma 3's norms of the attention's and
+    the MLP's outputs; ``cos`` and ``sin`` this layer's RoPE rows where they are not the call's (Gemma 3's
+    sliding layers), set before each call; ``window`` a sliding window (0: none); ``gelu`` 1 for GELU's
+    tanh form in the MLP (0: SiLU)."""
 
 
 def _pointer(tensor: torch.Tensor | None) -> int | None:

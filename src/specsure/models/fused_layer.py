@@ -25,8 +25,10 @@ class FusedLayer:
     post_norm: torch.Tensor
     gate_up: torch.Tensor  # [2 * intermediate, hidden]
     down: torch.Tensor  # [hidden, intermediate]
-    q_norm: torch.Tensor | None = None  # Qwen3: each q head RMS-normed before RoPE [head_dim]
+    q_norm: torch.Tensor | None = None  # Qwen3, Gemma 3: each q head RMS-normed before RoPE [head_dim]
     k_norm: torch.Tensor | None = None
+    attn_out_norm: torch.Tensor | None = None  # Gemma 3: the attention's output normed before the residual add
+    mlp_out_norm: torch.Tensor | None = None  # Gemma 3: the MLP's output, likewise
 
 
 def _fuse(modules: list[nn.Linear]) -> torch.Tensor:
@@ -54,13 +56,29 @@ def _norm_weight(attn: nn.Module, name: str) -> torch.Tensor | None:
     return None if norm is None else norm.weight
 
 
-def fused_layer(layer: nn.Module) -> FusedLayer:
-    """``layer``'s weights (a Llama-family decoder layer), its q|k|v and gate|up fused in place."""
+def gemma_norm(weight: torch.Tensor) -> torch.Tensor:
+    """A Gemma RMSNorm's factor: it multiplies by 1 + weight, in float32 whatever the model's dtype, so
+    the sum is taken once here (the same float32 additions Gemma's own forward makes)."""
+    return (1.0 + weight.detach().float()).contiguous()
+
+
+def fused_layer(layer: nn.Module, gemma: bool = False) -> FusedLayer:
+    """``layer``'s weights (a Llama-family decoder layer, or with ``gemma`` a Gemma 3 one: four norms,
+    each a `gemma_norm`), its q|k|v and gate|up fused in place."""
     attn, mlp = layer.self_attn, layer.mlp
     projections = [attn.q_proj, attn.k_proj, attn.v_proj]
     qkv_bias = _fuse_bias(projections)
-    return FusedLayer(
+    fused = FusedLayer(
         input_norm=layer.input_layernorm.weight, qkv=_fuse(projections), qkv_bias=qkv_bias,
         o=attn.o_proj.weight, o_bias=attn.o_proj.bias, post_norm=layer.post_attention_layernorm.weight,
         gate_up=_fuse([mlp.gate_proj, mlp.up_proj]), down=mlp.down_proj.weight,
         q_norm=_norm_weight(attn, "q_norm"), k_norm=_norm_weight(attn, "k_norm"))
+    if gemma:
+        # Gemma 3 norms the attention's output (post_attention_layernorm), then the MLP's input
+        # (pre_feedforward_layernorm, where Llama's post_attention_layernorm sits) and its output.
+        fused.input_norm = gemma_norm(layer.input_layernorm.weight)
+        fused.attn_out_norm = gemma_norm(layer.post_attention_layernorm.weight)
+        fused.post_norm = gemma_norm(layer.pre_feedforward_layernorm.weight)
+        fused.mlp_out_norm = gemma_norm(layer.post_feedforward_layernorm.weight)
+        fused.q_norm, fused.k_norm = gemma_norm(attn.q_norm.weight), gemma_norm(attn.k_norm.weight)
+    return fused

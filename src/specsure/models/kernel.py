@@ -66,6 +66,7 @@ class ShapeStruct(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_int64) for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate")]
     _fields_ += [("eps", ctypes.c_float)]
+    _fields_ += [("scale", ctypes.c_float)]  # float32 kernel only: the scores' factor, 0 for 1 / sqrt(head_dim)
 
 
 class RowOps:

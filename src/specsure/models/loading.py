@@ -18,7 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from specsure.config.checkpoint import MTP_LAYER_KEYS, broken_link, is_default_gguf
 from specsure.config.weight_files import weight_files
 from specsure.config.cpu import cpu_bf16_flags
-from specsure.config.dtype_choice import BLOCK_ARCHITECTURES, target_gguf
+from specsure.config.dtype_choice import BLOCK_ARCHITECTURES, GGUF_ARCHITECTURES, target_gguf
 from specsure.models.causal_lm import CausalLM
 from specsure.models.dtypes import resolve_dtype
 from specsure.models.errors import ModelLoadError
@@ -142,6 +142,7 @@ def _read_blocks(lm: CausalLM, gguf: Path, int8_activations: bool) -> str:
         return f"; every weight matrix read as float32 (SPECSURE_GGUF_BLOCKS=0, not {gguf.name}'s blocks)"
     text = lm.config.get_text_config(decoder=True)
     model_type = getattr(text, "model_type", None)
+    model_type = GGUF_ARCHITECTURES.get(model_type, model_type)
     if model_type not in BLOCK_ARCHITECTURES:
         return (f"; every weight matrix read as float32 ({gguf.name}'s blocks are read for "
                 f"{', '.join(BLOCK_ARCHITECTURES)} only, not {model_type})")

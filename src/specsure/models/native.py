@@ -10,11 +10,14 @@ In bfloat16, forwards over at most KERNEL_ROWS rows leave torch for the C kernel
 decode_kernel.c) once a sequence's cache exists: a one-token step is one call, a few-row forward
 a handful of calls per layer, all on these same fused weights and cache buffers.
 
-Covered: the Llama, Mistral (without a sliding window), Qwen2 and Qwen3 (without sliding layers)
-classes, SiLU-gated MLPs, optional q/k/v/o biases, Qwen3's RMSNorm of each q and k head before
-RoPE (in the float32 kernel too; the bf16 kernel has none, so Qwen3 in bf16 runs on torch ops),
-any RoPE variant (the model's own rotary module computes cos/sin). Anything else runs on the
-transformers path; `NativeDecoder.build` says why in one sentence.
+Covered: the Llama, Mistral, Qwen2, Qwen3 and Gemma 3 (text) classes, SiLU-gated MLPs (Gemma 3's
+GELU-gated ones), optional q/k/v/o biases, Qwen3's and Gemma 3's RMSNorm of each q and k head before
+RoPE, sliding-window layers (masked; the cache keeps every position), Gemma 3's norms of the
+attention's and the MLP's outputs, its scaled embedding, its scores' factor and its two RoPEs (one
+per layer type), any RoPE variant (the model's own rotary module computes cos/sin). The float32
+kernel runs all of it; the bf16 kernel has no per-head norms, windows or Gemma parts, so those
+models run on torch ops in bf16. Anything else runs on the transformers path;
+`NativeDecoder.build` says why in one sentence.
 """
 
 from __future__ import annotations
@@ -30,20 +33,28 @@ from torch import nn
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
 from specsure.models.gguf_blocks import A4, A8, INT8_FORMATS, PACKING_NAMES, BlockMatrix, FileBlocks, matches
-from specsure.models.fused_layer import FusedLayer, fused_layer
+from specsure.models.fused_layer import FusedLayer, fused_layer, gemma_norm
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
 from specsure.models.rotary_table import RotaryTable
 from specsure.models.row_pieces import PIECE_ROWS, run_in_pieces
 from specsure.models.token_tree import TokenTree, attention_mask
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 """Text-config model_types whose decoder layers this module runs."""
 
 def _positions(segments: list["Segment"]) -> torch.Tensor:
     """The new rows' positions [1, T]: a chain's in order, a tree node's at its depth."""
     return torch.cat([torch.arange(s.start, s.start + s.length) if s.tree is None else s.start + s.tree.depths
                       for s in segments]).unsqueeze(0)
+
+
+def _mask(segment: "Segment", window: int) -> torch.Tensor | None:
+    """The segment's [n, start + n] attention mask in a layer with this sliding ``window`` (0: none), or
+    None where its one new token sees every cached position."""
+    if segment.length == 1 and (not window or segment.start < window):
+        return None
+    return attention_mask(segment.start, segment.length, segment.tree, window or None)
 
 
 def _ready(cache: RollbackCache, layers: int) -> bool:
@@ -56,18 +67,33 @@ def unsupported(config: object) -> str | None:
     model_type = getattr(config, "model_type", None)
     if model_type not in FAMILIES:
         return f"model_type {model_type!r} is not one of {', '.join(FAMILIES)}"
-    if getattr(config, "hidden_act", "silu") != "silu":
+    if model_type == "gemma3_text":
+        if getattr(config, "hidden_activation", None) != "gelu_pytorch_tanh":
+            return f"hidden_activation {getattr(config, 'hidden_activation', None)!r} is not gelu_pytorch_tanh"
+        if getattr(config, "attn_logit_softcapping", None) is not None:
+            return "the attention's scores are soft-capped"
+        if getattr(config, "use_bidirectional_attention", False):
+            return "the attention is bidirectional"
+    elif getattr(config, "hidden_act", "silu") != "silu":
         return f"hidden_act {config.hidden_act!r} is not silu"
     if getattr(config, "mlp_bias", False):
         return "the MLP has biases"
     if getattr(config, "pretraining_tp", 1) not in (None, 1):
         return "pretraining_tp splits the projections"
-    if model_type == "mistral" and getattr(config, "sliding_window", None):
-        return "Mistral's sliding window is not implemented natively"
     layer_types = getattr(config, "layer_types", None) or ()
-    if any(t != "full_attention" for t in layer_types) or getattr(config, "use_sliding_window", False):
-        return "some layers use sliding-window attention"
+    if any(t not in ("full_attention", "sliding_attention") for t in layer_types):
+        return f"layer types {sorted(set(layer_types))} are not full and sliding attention"
     return None
+
+
+def layer_windows(config: object, layers: int) -> list[int]:
+    """Each layer's sliding window (0: none), as transformers applies it: the layers whose layer type is
+    sliding_attention, or every Mistral layer where the config sets a window."""
+    window = int(getattr(config, "sliding_window", None) or 0)
+    types = getattr(config, "layer_types", None) or ["full_attention"] * layers
+    if getattr(config, "model_type", None) == "mistral":
+        return [window] * layers
+    return [window if t == "sliding_attention" else 0 for t in types]
 
 
 class NativeDecoder:
@@ -81,9 +107,17 @@ class NativeDecoder:
         self.intermediate: int = int(config.intermediate_size)
         self.eps: float = float(config.rms_norm_eps)
         self.embed = base.embed_tokens
-        self.rotary = RotaryTable(base.rotary_emb)
-        self.norm = base.norm.weight
-        self.layers: list[FusedLayer] = [fused_layer(layer) for layer in base.layers]
+        self.gemma = getattr(config, "model_type", None) == "gemma3_text"  # its embedding module scales itself
+        self.score_scale: float | None = float(config.query_pre_attn_scalar) ** -0.5 if self.gemma else None
+        self.windows: list[int] = layer_windows(config, len(base.layers))
+        # One RoPE table per layer type where the module keeps several (Gemma 3: local and global bases).
+        types = getattr(config, "layer_types", None) or ["full_attention"] * len(base.layers)
+        per_type = isinstance(getattr(base.rotary_emb, "rope_type", None), dict)
+        tables = {t: RotaryTable(base.rotary_emb, t if per_type else None) for t in sorted(set(types))}
+        self.rotary = tables["full_attention"] if "full_attention" in tables else next(iter(tables.values()))
+        self.layer_rotary: list[RotaryTable] = [tables[t] for t in types]
+        self.norm = gemma_norm(base.norm.weight) if self.gemma else base.norm.weight
+        self.layers: list[FusedLayer] = [fused_layer(layer, self.gemma) for layer in base.layers]
         self.kernel: kernels.Kernel | None = None
         """The C kernel that runs bf16 forwards of up to KERNEL_ROWS rows, or None (`kernel_why` says
         why). Its layer structs and scratch buffer belong to this decoder, so forwards on one model
@@ -91,8 +125,12 @@ class NativeDecoder:
         self.kernel_why = "the model is not bfloat16"
         if self.embed.weight.dtype == torch.bfloat16:
             self.kernel, self.kernel_why = kernels.load()
+        if self.kernel is not None and self.gemma:
+            self.kernel, self.kernel_why = None, "the bf16 kernel has no Gemma 3 layers"
         if self.kernel is not None and self.layers[0].q_norm is not None:
             self.kernel, self.kernel_why = None, "the bf16 kernel has no per-head q and k norms (Qwen3's)"
+        if self.kernel is not None and any(self.windows):
+            self.kernel, self.kernel_why = None, "the bf16 kernel has no sliding window"
         if self.kernel is not None and self.head_dim > kernels.MAX_HEAD_DIM:
             self.kernel, self.kernel_why = None, f"head_dim {self.head_dim} exceeds the kernel's {kernels.MAX_HEAD_DIM}"
         if self.kernel is not None:
@@ -121,6 +159,8 @@ class NativeDecoder:
         """The float32 kernel's view of the weights: pointers into the tensors this decoder keeps alive."""
         self._shape = self._shape_struct(config)
         self._float_structs = self._weight_structs(float_kernels.FloatLayerStruct)
+        for struct, window in zip(self._float_structs, self.windows):
+            struct.window, struct.gelu = window, int(self.gemma)
 
     def use_blocks(self, blocks: FileBlocks, int8_activations: bool = False) -> dict[str, int]:
         """Have the float32 kernel read ``blocks``' matrices instead of the float32 weights where they
@@ -153,7 +193,7 @@ class NativeDecoder:
 
     def _shape_struct(self, config: object) -> kernels.ShapeStruct:
         return kernels.ShapeStruct(int(config.hidden_size), self.heads, self.kv_heads, self.head_dim,
-                                   self.intermediate, self.eps)
+                                   self.intermediate, self.eps, self.score_scale or 0.0)
 
     def _weight_structs(self, struct_type: type[ctypes.Structure]) -> ctypes.Array:
         """One ``struct_type`` per layer, its weight fields pointing at this decoder's tensors."""
@@ -161,7 +201,7 @@ class NativeDecoder:
         fields = dict(struct_type._fields_)  # the bf16 kernel's struct has no q and k norms
         for struct, layer in zip(structs, self.layers):
             for name in ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down", "q_norm",
-                         "k_norm"):
+                         "k_norm", "attn_out_norm", "mlp_out_norm"):
                 if name not in fields:
                     continue
                 tensor = getattr(layer, name)
@@ -189,11 +229,19 @@ class NativeDecoder:
         return decoder, f"fused q|k|v and gate|up projections; {step}"
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # The same order of operations as LlamaRMSNorm, so both paths round alike.
+        # The same order of operations as LlamaRMSNorm (Gemma's: the float32 product, then the
+        # dtype), so both paths round alike.
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.gemma:
+            return (x * weight).to(dtype)
         return weight * x.to(dtype)
+
+    def _rope_tables(self, x: torch.Tensor, positions: torch.Tensor
+                     ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """cos and sin [1, T, dim] for ``positions``, keyed by the id of each layer's RotaryTable."""
+        return {id(table): table(x, positions) for table in {id(t): t for t in self.layer_rotary}.values()}
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -236,12 +284,10 @@ class NativeDecoder:
                               PIECE_ROWS)
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         x = self.embed(ids)  # [T, hidden]
-        positions = _positions(segments)
-        cos, sin = self.rotary(x.unsqueeze(0), positions)  # [1, T, dim] each
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, dim]
+        tables = self._rope_tables(x.unsqueeze(0), _positions(segments))  # [1, T, dim] each
         # One new token attends to everything cached; several need the causal triangle (or the
-        # tree's ancestor relation) offset by start.
-        masks = [None if s.length == 1 else attention_mask(s.start, s.length, s.tree) for s in segments]
+        # tree's ancestor relation) offset by start; a sliding window cuts what lies before it.
+        by_window = {window: [_mask(s, window) for s in segments] for window in set(self.windows)}
         bounds, end = [], 0
         for s in segments:
             bounds.append((end, end + s.length))
@@ -250,6 +296,8 @@ class NativeDecoder:
         for i, layer in enumerate(self.layers):
             if i in aux_layers:
                 entering[i] = x
+            cos, sin = (t.unsqueeze(1) for t in tables[id(self.layer_rotary[i])])  # [1, 1, T, dim]
+            masks = by_window[self.windows[i]]
             h = self._rms(x, layer.input_norm)
             qkv = project(h, layer.qkv, layer.qkv_bias)  # [T, (heads + 2 * kv_heads) * dim]
             q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
@@ -261,19 +309,23 @@ class NativeDecoder:
             v = v.view(total, kv_heads, dim).transpose(0, 1).unsqueeze(0)  # [1, kv_heads, T, dim]
             if len(segments) == 1:
                 keys, values = segments[0].cache.update(k, v, i)  # [1, kv_heads, start + n, dim]
-                att = F.scaled_dot_product_attention(q, keys, values, attn_mask=masks[0], enable_gqa=True)
+                att = F.scaled_dot_product_attention(q, keys, values, attn_mask=masks[0], enable_gqa=True,
+                                                     scale=self.score_scale)
                 att = att[0].transpose(0, 1)  # [T, heads, dim]
             else:
                 parts = []
                 for segment, (a, b), mask in zip(segments, bounds, masks):
                     keys, values = segment.cache.update(k[:, :, a:b], v[:, :, a:b], i)
-                    out = F.scaled_dot_product_attention(q[:, :, a:b], keys, values, attn_mask=mask, enable_gqa=True)
+                    out = F.scaled_dot_product_attention(q[:, :, a:b], keys, values, attn_mask=mask, enable_gqa=True,
+                                                         scale=self.score_scale)
                     parts.append(out[0].transpose(0, 1))  # [n, heads, dim]
                 att = torch.cat(parts)
-            x = x + project(att.reshape(total, heads * dim), layer.o, layer.o_bias)
+            out = project(att.reshape(total, heads * dim), layer.o, layer.o_bias)
+            x = x + (out if layer.attn_out_norm is None else self._rms(out, layer.attn_out_norm))
             h = self._rms(x, layer.post_norm)
             gate, up = project(h, layer.gate_up).split([self.intermediate, self.intermediate], dim=-1)
-            x = x + project(F.silu(gate) * up, layer.down)
+            out = project((F.gelu(gate, approximate="tanh") if self.gemma else F.silu(gate)) * up, layer.down)
+            x = x + (out if layer.mlp_out_norm is None else self._rms(out, layer.mlp_out_norm))
         entering[len(self.layers)] = x  # id N: the last layer's output, before the final norm
         return self._rms(x, self.norm), [entering[i] for i in aux_layers]
 
@@ -317,8 +369,14 @@ class NativeDecoder:
         at its position. The stack pauses only where an aux layer's input is wanted."""
         structs = self._structs if kernel is self.kernel else self._float_structs
         x = self.embed(ids).contiguous()  # [T, hidden]
-        cos, sin = self.rotary(x.unsqueeze(0), _positions(segments))  # [1, T, dim] each
-        cos, sin = cos[0].contiguous(), sin[0].contiguous()
+        tables = {key: (cos[0].contiguous(), sin[0].contiguous())
+                  for key, (cos, sin) in self._rope_tables(x.unsqueeze(0), _positions(segments)).items()}
+        cos, sin = tables[id(self.rotary)]
+        if len(tables) > 1:  # layers of another RoPE read theirs (kept alive in `tables` until the calls end)
+            for struct, table in zip(structs, self.layer_rotary):
+                own = table is not self.rotary
+                struct.cos = tables[id(table)][0].data_ptr() if own else None
+                struct.sin = tables[id(table)][1].data_ptr() if own else None
         table = self._segment_table(segments)
         scratch = kernel.rows_scratch(self._shape, x.shape[0])
         entering: dict[int, torch.Tensor] = {}

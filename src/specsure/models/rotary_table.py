@@ -22,14 +22,25 @@ class RotaryTable:
     dtype, from tables that grow by doubling. Consecutive positions get views of the tables, which
     every caller only reads."""
 
-    def __init__(self, rotary: torch.nn.Module) -> None:
+    def __init__(self, rotary: torch.nn.Module, layer_type: str | None = None) -> None:
+        """``layer_type``: for a module that keeps one RoPE per layer type (Gemma 3's sliding and full
+        attention layers), the type whose cos and sin this table holds."""
         self.module = rotary
-        self._static = getattr(rotary, "rope_type", None) in STATIC_ROPE_TYPES
+        self.layer_type = layer_type
+        rope_type = getattr(rotary, "rope_type", None)
+        if layer_type is not None and isinstance(rope_type, dict):
+            rope_type = rope_type.get(layer_type)
+        self._static = rope_type in STATIC_ROPE_TYPES
         self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _module(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.layer_type is None:
+            return self.module(x, positions)
+        return self.module(x, positions, self.layer_type)
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if not self._static or positions.dim() != 2 or positions.shape[0] != 1 or positions.numel() == 0:
-            return self.module(x, positions)
+            return self._module(x, positions)
         rows: list[int] = positions.tolist()[0]
         cos, sin = self._tables.get(x.dtype, (None, None))
         if cos is None or sin is None or max(rows) >= cos.shape[0]:
@@ -46,6 +57,6 @@ class RotaryTable:
             size *= 2
         # Plain tensors, outside inference mode: training multiplies by them under autograd.
         with torch.inference_mode(False), torch.no_grad():
-            cos, sin = self.module(torch.zeros(1, 1, 1, dtype=x.dtype), torch.arange(size)[None])  # x: its dtype only
+            cos, sin = self._module(torch.zeros(1, 1, 1, dtype=x.dtype), torch.arange(size)[None])  # x: its dtype only
         self._tables[x.dtype] = (cos[0], sin[0])
         return cos[0], sin[0]

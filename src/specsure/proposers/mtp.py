@@ -115,6 +115,7 @@ class MTPModule(nn.Module):
         attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
         dim = getattr(attn, "head_dim", None)
         if (kernel is None or self.eh_proj.weight.dtype != kernel.dtype
+                or hasattr(block, "pre_feedforward_layernorm")  # a Gemma layer: its norms and GELU are the target's
                 or not all(hasattr(mlp, p) for p in ("gate_proj", "up_proj", "down_proj"))
                 or not all(hasattr(attn, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
                 or not isinstance(dim, int) or dim > MAX_HEAD_DIM):
