@@ -1,6 +1,6 @@
-"""An F32 GGUF of a random Llama, Qwen2 or Qwen3 for timing K-quant files.
+"""An F32 GGUF of a random Llama, Qwen2, Qwen3 or Gemma 3 for timing K-quant files.
 
-    .venv/bin/python bench/synthetic_gguf.py /tmp/kq/f32.gguf [--family qwen2|qwen3]
+    .venv/bin/python bench/synthetic_gguf.py /tmp/kq/f32.gguf [--family qwen2|qwen3|gemma3]
     .venv-llamacpp/bin/python bench/quantize_gguf.py /tmp/kq/f32.gguf /tmp/kq/Q6_K.gguf Q6_K
 
 The default model's width of 576 makes llama.cpp's quantiser fall back from K-quants for most of
@@ -10,7 +10,10 @@ users' larger models do: Q4_K or Q5_K with Q6_K for some v and down matrices, or
 qwen3 one has Qwen3-0.6B's layers (hidden 1024, 28 layers, 16 heads of 128, 8 kv heads, MLP 3072,
 per-head q and k norms; 440M weights in its layers), the qwen2 one Qwen2.5-0.5B's (hidden 896, 24
 layers, 14 heads of 64, 2 kv heads, MLP 4864, q|k|v biases; 358M weights in its layers; 896 is not a
-multiple of 256, so its K-quant files fall back as the real one's do). All have the tests'
+multiple of 256, so its K-quant files fall back as the real one's do), the gemma3 one Gemma-3-270M's
+(hidden 640, 18 layers of which every sixth has full attention and the rest a window of 512, 4 heads
+of 256, 1 kv head, MLP 2048; 100M weights in its layers, where the real model's tied 262,144-row
+embedding adds 168M). All have the tests'
 300-token byte-level BPE tokenizer (so an LM head of 300 rows where Qwen3-0.6B's has 151,936):
 their text is noise; only the speed of the layers means anything. Prompts must use ids below 300
 (`--prompt-ids 1,50,60,70,80,90,100,110`).
@@ -24,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from gguf_models import byte_bpe_tokenizer, write_llama_gguf, write_qwen_gguf  # noqa: E402  (the tests' GGUF writer)
+from gguf_models import byte_bpe_tokenizer, write_gemma3, write_llama_gguf, write_qwen_gguf  # noqa: E402  (the tests' GGUF writer)
 from tiny import build_tiny_llama, random_model  # noqa: E402
 
 VOCAB = 300
@@ -35,6 +38,10 @@ QWEN = {  # Qwen3-0.6B's layers, and Qwen2.5-0.5B's (its q|k|v biases too)
     "qwen2": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
               "num_key_value_heads": 2, "max_position_embeddings": 4096},
 }
+GEMMA3_270M = {"hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18, "num_attention_heads": 4,
+               "num_key_value_heads": 1, "head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 512,
+               "max_position_embeddings": 4096}
+"""Gemma-3-270M's layers: 15 sliding (a window of 512) and 3 full, heads of 256."""
 
 
 def _qwen(family: str, folder: Path, out: Path) -> None:
@@ -49,10 +56,12 @@ def _qwen(family: str, folder: Path, out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="the F32 GGUF file to write")
-    parser.add_argument("--family", choices=("llama", *QWEN), default="llama")
+    parser.add_argument("--family", choices=("llama", *QWEN, "gemma3"), default="llama")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        if args.family in QWEN:
+        if args.family == "gemma3":
+            write_gemma3(Path(folder) / "gemma3", args.out, VOCAB, shape=GEMMA3_270M)
+        elif args.family in QWEN:
             _qwen(args.family, Path(folder) / args.family, args.out)
         else:
             llama = build_tiny_llama(Path(folder) / "llama", vocab_size=VOCAB, hidden_size=1024, num_layers=12,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -168,22 +168,24 @@ def write_gemma2(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]
     return folder, out
 
 
-def write_gemma3(folder: Path, out: Path, vocab: int = 290, quantize: Mapping[str, str] | None = None
-                 ) -> tuple[Path, Path]:
-    """A tiny random Gemma 3 text model (6 layers: 5 with a sliding window of 4 positions and their local
-    RoPE, then one full layer, transformers' and llama.cpp's default pattern; heads 16 wide; tied
-    embeddings) and the same weights as a GGUF file in llama.cpp's layout, every norm stored with the 1
-    Gemma's norm adds; ``quantize`` as `_write_model`'s."""
+GEMMA3_TINY: Final[dict[str, int]] = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, query_pre_attn_scalar=16, sliding_window=4, max_position_embeddings=256)
+"""6 layers: 5 with a sliding window of 4 positions and their local RoPE, then one full layer
+(transformers' and llama.cpp's default pattern); heads 16 wide."""
+
+
+def write_gemma3(folder: Path, out: Path, vocab: int = 290, quantize: Mapping[str, str] | None = None,
+                 shape: Mapping[str, int] = GEMMA3_TINY) -> tuple[Path, Path]:
+    """A random Gemma 3 text model of ``shape`` (tied embeddings) and the same weights as a GGUF file in
+    llama.cpp's layout, every norm stored with the 1 Gemma's norm adds; ``quantize`` as `_write_model`'s."""
     import gguf
     import torch
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     from tiny import random_model
 
-    config = Gemma3TextConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
-                              sliding_window=4, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
-                              pad_token_id=0)
+    config = Gemma3TextConfig(vocab_size=vocab, bos_token_id=1, eos_token_id=2, pad_token_id=0, **shape)
     model = random_model(Gemma3ForCausalLM, config)
     with torch.random.fork_rng(devices=[]), torch.no_grad():  # norms that are not all zero, so each counts
         torch.manual_seed(3)
@@ -193,14 +195,16 @@ def write_gemma3(folder: Path, out: Path, vocab: int = 290, quantize: Mapping[st
     model.save_pretrained(folder)
     byte_bpe_tokenizer(folder, vocab)
     writer = gguf.GGUFWriter(str(out), "gemma3")
-    for key, value in (("context_length", 256), ("embedding_length", 64), ("feed_forward_length", 128),
-                       ("block_count", 6), ("attention.head_count", 4), ("attention.head_count_kv", 2),
-                       ("attention.key_length", 16), ("attention.value_length", 16), ("attention.sliding_window", 4)):
-        writer.add_uint32(f"gemma3.{key}", value)
+    for key, field in (("context_length", "max_position_embeddings"), ("embedding_length", "hidden_size"),
+                       ("feed_forward_length", "intermediate_size"), ("block_count", "num_hidden_layers"),
+                       ("attention.head_count", "num_attention_heads"),
+                       ("attention.head_count_kv", "num_key_value_heads"), ("attention.key_length", "head_dim"),
+                       ("attention.value_length", "head_dim"), ("attention.sliding_window", "sliding_window")):
+        writer.add_uint32(f"gemma3.{key}", getattr(config, field))
     writer.add_float32("gemma3.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
     writer.add_float32("gemma3.rope.freq_base", float(config.rope_parameters["full_attention"]["rope_theta"]))
     _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()), gguf.MODEL_ARCH.GEMMA3,
-                 norms_plus_one=True, quantize=quantize, layers=6)
+                 norms_plus_one=True, quantize=quantize, layers=config.num_hidden_layers)
     return folder, out
 
 

@@ -10,7 +10,7 @@ from transformers import (
 )
 
 from specsure.models import CausalLM
-from specsure.models.native import unsupported
+from specsure.models.decoder_family import unsupported
 from specsure.models.products import KERNEL_ROWS, project
 from specsure.models import float_kernel as float_kernels
 from specsure.models.token_tree import TokenTree

@@ -33,6 +33,7 @@ from torch import nn
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
 from specsure.models.gguf_blocks import A4, A8, INT8_FORMATS, PACKING_NAMES, BlockMatrix, FileBlocks, matches
+from specsure.models.decoder_family import layer_windows, unsupported
 from specsure.models.fused_layer import FusedLayer, fused_layer, gemma_norm
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
@@ -40,8 +41,6 @@ from specsure.models.rotary_table import RotaryTable
 from specsure.models.row_pieces import PIECE_ROWS, run_in_pieces
 from specsure.models.token_tree import TokenTree, attention_mask
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
-"""Text-config model_types whose decoder layers this module runs."""
 
 def _positions(segments: list["Segment"]) -> torch.Tensor:
     """The new rows' positions [1, T]: a chain's in order, a tree node's at its depth."""
@@ -60,40 +59,6 @@ def _mask(segment: "Segment", window: int) -> torch.Tensor | None:
 def _ready(cache: RollbackCache, layers: int) -> bool:
     """Whether every layer of ``cache`` has buffers a kernel can write into (after its first forward)."""
     return len(cache.layers) == layers and all(layer.is_initialized for layer in cache.layers)
-
-
-def unsupported(config: object) -> str | None:
-    """Why the native forward cannot run a model with this text config, or None when it can."""
-    model_type = getattr(config, "model_type", None)
-    if model_type not in FAMILIES:
-        return f"model_type {model_type!r} is not one of {', '.join(FAMILIES)}"
-    if model_type == "gemma3_text":
-        if getattr(config, "hidden_activation", None) != "gelu_pytorch_tanh":
-            return f"hidden_activation {getattr(config, 'hidden_activation', None)!r} is not gelu_pytorch_tanh"
-        if getattr(config, "attn_logit_softcapping", None) is not None:
-            return "the attention's scores are soft-capped"
-        if getattr(config, "use_bidirectional_attention", False):
-            return "the attention is bidirectional"
-    elif getattr(config, "hidden_act", "silu") != "silu":
-        return f"hidden_act {config.hidden_act!r} is not silu"
-    if getattr(config, "mlp_bias", False):
-        return "the MLP has biases"
-    if getattr(config, "pretraining_tp", 1) not in (None, 1):
-        return "pretraining_tp splits the projections"
-    layer_types = getattr(config, "layer_types", None) or ()
-    if any(t not in ("full_attention", "sliding_attention") for t in layer_types):
-        return f"layer types {sorted(set(layer_types))} are not full and sliding attention"
-    return None
-
-
-def layer_windows(config: object, layers: int) -> list[int]:
-    """Each layer's sliding window (0: none), as transformers applies it: the layers whose layer type is
-    sliding_attention, or every Mistral layer where the config sets a window."""
-    window = int(getattr(config, "sliding_window", None) or 0)
-    types = getattr(config, "layer_types", None) or ["full_attention"] * layers
-    if getattr(config, "model_type", None) == "mistral":
-        return [window] * layers
-    return [window if t == "sliding_attention" else 0 for t in types]
 
 
 class NativeDecoder:

@@ -1,0 +1,45 @@
+"""Which decoder families the native forward runs (models/native.py), and their per-layer facts.
+
+A family is a transformers text-config model_type whose decoder layer the native forward
+reproduces op for op; `unsupported` names, in one sentence, what keeps a config on transformers'
+own modules.
+"""
+
+from __future__ import annotations
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+"""Text-config model_types whose decoder layers the native forward runs."""
+
+
+def unsupported(config: object) -> str | None:
+    """Why the native forward cannot run a model with this text config, or None when it can."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in FAMILIES:
+        return f"model_type {model_type!r} is not one of {', '.join(FAMILIES)}"
+    if model_type == "gemma3_text":
+        if getattr(config, "hidden_activation", None) != "gelu_pytorch_tanh":
+            return f"hidden_activation {getattr(config, 'hidden_activation', None)!r} is not gelu_pytorch_tanh"
+        if getattr(config, "attn_logit_softcapping", None) is not None:
+            return "the attention's scores are soft-capped"
+        if getattr(config, "use_bidirectional_attention", False):
+            return "the attention is bidirectional"
+    elif getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} is not silu"
+    if getattr(config, "mlp_bias", False):
+        return "the MLP has biases"
+    if getattr(config, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp splits the projections"
+    layer_types = getattr(config, "layer_types", None) or ()
+    if any(t not in ("full_attention", "sliding_attention") for t in layer_types):
+        return f"layer types {sorted(set(layer_types))} are not full and sliding attention"
+    return None
+
+
+def layer_windows(config: object, layers: int) -> list[int]:
+    """Each layer's sliding window (0: none), as transformers applies it: the layers whose layer type is
+    sliding_attention, or every Mistral layer where the config sets a window."""
+    window = int(getattr(config, "sliding_window", None) or 0)
+    types = getattr(config, "layer_types", None) or ["full_attention"] * layers
+    if getattr(config, "model_type", None) == "mistral":
+        return [window] * layers
+    return [window if t == "sliding_attention" else 0 for t in types]
