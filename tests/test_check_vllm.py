@@ -310,3 +310,38 @@ def test_a_config_specsure_refuses_is_never_ok_though_vllm_agrees(tmp_path, targ
     assert run_cli(target, {"method": "eagle", "model": head}, fake_python(tmp_path, answer(agree, agree))) == 2
     out = capsys.readouterr().out
     assert "OK:" not in out and "NOT RUNNABLE: specsure would refuse this config" in out and "EAGLE-3 head" in out
+
+
+def test_cli_hands_vllms_own_keys_to_vllm_as_export_does(tmp_path, target, capsys):
+    """Draft parallelism, quantization, backends, vLLM's schedule: specsure's engine does not read them, but
+    the config a user deploys has them, so check-vllm asks vLLM with them, as export writes them."""
+    draft = write(tmp_path / "small", num_hidden_layers=2)
+    ok = vllm_result(model=draft, num_speculative_tokens=2)
+    line = "SPECSURE_PROBE_RESULT " + json.dumps({"vllm_version": "0.33.0", "results": [ok, ok]})
+    python = tmp_path / "recording-python"
+    python.write_text(f"#!/bin/sh\ncat > {tmp_path / 'asked.json'}\necho '{line}'\n")
+    python.chmod(python.stat().st_mode | stat.S_IEXEC)
+    theirs = {"draft_tensor_parallel_size": 1, "quantization": "fp8", "attention_backend": "FLASH_ATTN",
+              "num_speculative_tokens_per_batch_size": [[1, 4, 2], [5, 8, 1]]}
+    assert run_cli(target, {"method": "draft_model", "model": draft, "num_speculative_tokens": 2, **theirs},
+                   str(python)) == 0
+    asked = json.loads((tmp_path / "asked.json").read_text())
+    cases = asked["cases"] if isinstance(asked, dict) else asked
+    exported, as_written = (case["speculative_config"] for case in cases)
+    assert {k: exported[k] for k in theirs} == theirs and {k: as_written[k] for k in theirs} == theirs
+    assert exported["method"] == "draft_model"
+
+
+def test_vllms_errors_come_on_one_line_without_pydantics_echo(tmp_path, target, capsys):
+    from specsure.vllm_check.compare import concise
+
+    raw = ("ValidationError: 1 validation error for SpeculativeConfig\n  Value error, num_speculative_tokens:3 must "
+           "be divisible by n_predict=2 [type=value_error, input_value=ArgsKwargs((), {'method': 'mtp', 'x': [1, 2]}), "
+           "input_type=ArgsKwargs]\n    For further information visit https://errors.pydantic.dev/2.12/v/value_error")
+    assert concise(raw) == ("ValidationError: 1 validation error for SpeculativeConfig Value error, "
+                            "num_speculative_tokens:3 must be divisible by n_predict=2")
+    err = {"error": raw.replace("'", "")}  # the fake's shell quotes with '
+    line = "SPECSURE_PROBE_RESULT " + json.dumps({"vllm_version": "0.33.0", "results": [err, err]})
+    assert run_cli(target, {"method": "ngram"}, fake_python(tmp_path, f"printf '%s\\n' '{line}'")) == 2
+    line = capsys.readouterr().err
+    assert line.count("\n") == 1 and "input_value" not in line and "must be divisible by n_predict=2." in line

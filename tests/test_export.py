@@ -303,7 +303,7 @@ def test_cli_carries_vllms_deployment_keys_to_the_engine(ckpts, capsys):
     assert any("draft_tensor_parallel_size = 1 is a vLLM deployment key, and SGLang has no flag for it" in w
                for w in data["warnings"])
     assert main(["explain", "--model", ckpts["target"], "--speculative-config", spec]) == 2  # not specsure's to run
-    assert "`specsure export` takes it" in capsys.readouterr().err
+    assert "`specsure export` and `specsure check-vllm` take it" in capsys.readouterr().err
 
 
 def test_cli_text_prints_args_and_warnings(ckpts, capsys):
@@ -549,3 +549,24 @@ def test_a_relative_path_is_exported_as_typed_with_what_it_needs(ckpts: dict[str
     absolute = export(resolve({"method": "draft_model", "model": ckpts["draft"], "num_speculative_tokens": 2},
                               model=ckpts["target"]), engine)
     assert not [w for w in absolute.warnings if "is relative" in w]
+
+
+def test_every_key_of_vllms_speculative_config_exports_whole(ckpts, capsys):
+    """vLLM 0.33.0's keys for its kernels, samplers and schedules are not specsure's to run, but a vLLM config
+    file holding them exports as written (they were "unknown" keys); vLLM's schedule given by hand next to
+    disable_by_batch_size, which exports a schedule of its own, is refused rather than one silently kept."""
+    theirs = {"attention_backend": "FLASH_ATTN", "kv_cache_dtype": "fp8", "parallel_drafting": False,
+              "rejection_sample_method": "standard", "tensor_parallel_size": 1, "draft_load_config": None,
+              "num_speculative_tokens_per_batch_size": [[1, 4, 2], [5, 8, 1]]}
+    spec = {"method": "draft_model", "model": ckpts["draft"], "num_speculative_tokens": 2, **theirs}
+    assert main(["export", "--to", "vllm", "--model", ckpts["target"], "--speculative-config", json.dumps(spec),
+                 "--json"]) == 0
+    assert {k: v for k, v in json.loads(capsys.readouterr().out)["speculative_config"].items() if k in theirs} == theirs
+    assert main(["explain", "--model", ckpts["target"], "--speculative-config", json.dumps(spec)]) == 2
+    assert "'attention_backend' is a key of vLLM's speculative config for its own deployment and kernels" in \
+        capsys.readouterr().err
+    clash = {"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 4,
+             "num_speculative_tokens_per_batch_size": [[1, 8, 3]]}
+    assert main(["export", "--to", "vllm", "--model", ckpts["target"], "--speculative-config", json.dumps(clash)]) == 2
+    assert "num_speculative_tokens_per_batch_size = [[1, 8, 3]] disagrees with the [[1, 3, 3], [4, 4, 0]]" in \
+        capsys.readouterr().err

@@ -41,17 +41,31 @@ def test_keys_one_by_one_merge_into_one_json_object_as_vllm_reads_them() -> None
     assert words[:2] == ["explain", "--speculative-config"]
     assert json.loads(words[2]) == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4,
                                     "tree": ["a", "b"]}
-    merged = normalise(["explain", "--speculative-config", '{"method": "mtp"}', "--speculative-config.num_speculative_tokens",
-                        "2", "--", "x"])
+    # vLLM's shorthands merge with a whole JSON object (create_speculative_config reads both)
+    merged = normalise(["explain", "--speculative-config", '{"method": "mtp"}', "--spec-tokens", "2", "--", "x"])
     assert merged[:2] == ["explain", "--speculative-config"] and merged[-2:] == ["--", "x"]
     assert json.loads(merged[2]) == {"method": "mtp", "num_speculative_tokens": 2}
+    # sizes as vLLM's human_readable_int reads a dotted value that is not JSON
+    sized = normalise(["explain", "--speculative-config.a", "10k", "--speculative-config.b", "1K",
+                       "--speculative-config.c", "1.5k", "--speculative-config.d", "1.5K"])
+    assert json.loads(sized[2]) == {"a": 10000, "b": 1024, "c": 1500, "d": "1.5K"}
+
+
+def test_a_whole_json_object_beside_keys_one_by_one_is_refused_as_vllm_would_drop_it() -> None:
+    """vLLM's parser appends the dotted keys as a second --speculative-config, and argparse keeps that one."""
+    with pytest.raises(ConfigError) as err:
+        normalise(["explain", "--speculative-config", '{"method": "ngram", "prompt_lookup_max": 4}',
+                   "--speculative-config.num_speculative_tokens", "3"])
+    assert ("--speculative-config gives a whole JSON object and --speculative-config.num_speculative_tokens a key one "
+            "by one. vLLM 0.33.0 reads the keys given one by one as a second --speculative-config and keeps only that "
+            'one, so it would drop {"method": "ngram", "prompt_lookup_max": 4} without a word.') in str(err.value)
 
 
 @pytest.mark.parametrize(("argv", "words"), [
     (["--speculative-config.method", "ngram", "--speculative-config.method", "suffix"],
      '--speculative-config.method is given twice ("ngram" and "suffix")'),
     (["--speculative-config", '{"method": "ngram"}', "--speculative-config.method", "suffix"],
-     "'method' is given both in --speculative-config (\"ngram\") and by --speculative-config.method (\"suffix\")"),
+     "keeps only that one, so it would drop {\"method\": \"ngram\"} without a word"),
     (["-sc", '{"method": "ngram"}', "--spec-method", "suffix"],
      "'method' is given both in -sc (\"ngram\") and by --spec-method (\"suffix\")"),
     (["--spec-method", "ngram", "--speculative-config.method=suffix"],

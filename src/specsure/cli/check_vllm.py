@@ -14,10 +14,12 @@ from specsure.cli.common import (
     EXIT_FAIL, EXIT_OK, EXIT_USAGE, add_model_flags, missing_modules, parse_speculative_config,
 )
 from specsure.config import ConfigError, resolve
+from specsure.config.deployment import split_deployment, with_deployment
 from specsure.config.export import VLLM_TESTED_VERSIONS, export
 from specsure.config.schema import KEY_ALIASES
 from specsure.config.vllm_overrides import target_path
 from specsure.vllm_check import ProbeError, compare, default_vllm_python, run_probe
+from specsure.vllm_check.compare import concise
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -63,13 +65,15 @@ def _check(args: argparse.Namespace) -> int:
     if speculative is None:
         raise ConfigError("check-vllm needs --speculative-config: with speculation off there is nothing to check.")
     logging.getLogger("specsure.config").setLevel(logging.ERROR)  # shown in the notes instead
+    # vLLM's own keys (draft parallelism, quantization, kernels, ...) go to vLLM as export passes them on.
+    speculative, deployment = split_deployment(speculative)
     res = resolve(speculative, model=args.model, strict=args.strict, dtype=None)  # what vLLM runs, elsewhere
     try:  # vLLM is still asked (what it would run with this config is the point), but nothing is "OK";
         res.check_runnable(weights=False)  # metadata only: config-only folders are this check's usual input
         refused = ""
     except ConfigError as exc:
         refused = str(exc)
-    exported = export(res, "vllm", strict=False)
+    exported = with_deployment(export(res, "vllm", strict=False), deployment)
     python = args.vllm_python or default_vllm_python()
     if python is None:
         raise ValueError("no vLLM environment found: .venv-vllm/bin/python does not exist. Pass --vllm-python "
@@ -91,7 +95,7 @@ def _check(args: argparse.Namespace) -> int:
         notes.append(f"the target {gguf} is a GGUF file; vLLM was asked with the folder specsure converted it "
                      f"into, {target} (same weights, HF layout). Give vLLM that folder as --model, or the .gguf "
                      "with --tokenizer naming its Hugging Face repository.")
-    as_written = {KEY_ALIASES.get(k, k): v for k, v in speculative.items()}
+    as_written = {KEY_ALIASES.get(k, k): v for k, v in {**speculative, **deployment}.items()}
     cases = [{"model": target, "speculative_config": dict(exported.speculative_config)},
              {"model": target, "speculative_config": as_written}]
     try:
@@ -101,8 +105,9 @@ def _check(args: argparse.Namespace) -> int:
     result, written = answer["results"]
     version = str(answer.get("vllm_version", "?"))
     if "error" in result:
+        known = "".join(f" specsure's note: {text}" for text in exported.warnings)
         raise ValueError(f"vLLM {version}'s config code failed on the exported config "
-                         f"{json.dumps(dict(exported.speculative_config))}: {result['error']}")
+                         f"{json.dumps(dict(exported.speculative_config))}: {concise(result['error'])}.{known}")
     check = replace(compare(res, result, exported=exported.speculative_config, as_written=written,
                             vllm_version=version), refused=refused)
     if version not in VLLM_TESTED_VERSIONS:

@@ -6,12 +6,14 @@ vLLM's FlexibleArgumentParser (vllm/utils/argparse_utils.py) takes ``--speculati
 the two engines type both. specsure reads them the same way, with one difference: where vLLM
 keeps the last of two values and logs a line, a config key given twice, or the config or the model
 flag given twice, is an error naming both values, since the first would be an explicit value dropped.
+So is a whole JSON object beside keys given one by one: vLLM keeps the keys and drops the object.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from typing import Any, Sequence
 
 from specsure.cli.common import parse_speculative_config
@@ -116,13 +118,21 @@ SECRET = frozenset({"api_key"})
 
 
 def _value(path: str, text: str) -> Any:
-    """A dotted key's value as vLLM reads it: JSON where it parses, else the text; ``KEY+`` a list."""
+    """A dotted key's value as vLLM reads it: JSON where it parses, else an integer with a size suffix
+    (``10k`` 10,000, ``1K`` 1,024: vLLM's human_readable_int), else the text; ``KEY+`` a list."""
     if path.endswith("+"):
         return text.split(",")
     try:
         return json.loads(text)
     except json.JSONDecodeError:
+        pass
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text.strip())
+    if match is None:
         return text
+    number, suffix = match.groups()
+    if suffix.islower():
+        return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
+    return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10) if number.isdigit() else text
 
 
 def _flag_word(word: str) -> bool:
@@ -174,7 +184,14 @@ def _merged(words: list[str], keys: dict[str, Any], typed: dict[str, str]) -> li
     if not eq:
         text = words[index + 1] if index + 1 < len(words) else ""
         end = index + 2
-    whole = parse_speculative_config(text, flag) or {}
+    whole = parse_speculative_config(text, flag)
+    dotted = sorted(typed[key] for key in keys if "." in typed[key])
+    if whole is not None and dotted:  # vLLM's shorthands (--spec-tokens) merge with it; dotted keys do not
+        raise ConfigError(
+            f"{flag} gives a whole JSON object and {dotted[0]} a key one by one. vLLM 0.33.0 reads the keys given "
+            f"one by one as a second {SPEC_FLAGS[0]} and keeps only that one, so it would drop "
+            f"{json.dumps(whole)} without a word. Put every key in the one JSON object, or give them all one by one.")
+    whole = whole or {}
     if both := sorted(set(whole) & set(keys)):
         key = both[0]
         raise ConfigError(f"{key!r} is given both in {flag} ({json.dumps(whole[key])}) and by {typed[key]} "

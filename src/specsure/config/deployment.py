@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any, Final, Mapping
 
 from specsure.config.export import Export
+from specsure.config.errors import ConfigError
 from specsure.config.schema import KEY_ALIASES, VLLM_ONLY_KEYS
 
 SGLANG_FLAGS: Final[Mapping[str, str]] = {
@@ -32,7 +33,12 @@ def with_deployment(out: Export, keys: Mapping[str, Any]) -> Export:
     if not keys:
         return out
     if out.engine == "vllm":
-        spec = {**(out.speculative_config or {}), **keys}
+        ours = out.speculative_config or {}
+        for key, value in keys.items():  # the schedule disable_by_batch_size exports, given again by hand
+            if key in ours and ours[key] != value:
+                raise ConfigError(f"{key} = {json.dumps(value)} disagrees with the {json.dumps(ours[key])} that "
+                                  f"specsure exports for the rest of your config; give only one of them.")
+        spec = {**ours, **keys}
         args = list(out.args)
         args[args.index("--speculative-config") + 1] = json.dumps(spec, separators=(", ", ": "))
         return replace(out, args=tuple(args), speculative_config=spec)

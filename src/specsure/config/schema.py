@@ -50,11 +50,19 @@ VLLM_SCHEDULE_KEY: Final[str] = "num_speculative_tokens_per_batch_size"
 every larger batch (vllm/v1/spec_decode/dynamic/utils.py)."""
 KEY_ALIASES: Final[Mapping[str, str]] = {"draft_model": "model"}
 VLLM_ONLY_KEYS: Final[frozenset[str]] = frozenset({
-    "draft_tensor_parallel_size", "quantization", "max_model_len", "revision", "code_revision",
-    "disable_padded_drafter_batch", "enforce_eager",
+    "draft_tensor_parallel_size", "tensor_parallel_size", "quantization", "draft_lm_head_quantization",
+    "max_model_len", "revision", "code_revision", "draft_load_config", "enforce_eager", "moe_backend",
+    "attention_backend", "kv_cache_dtype", "disable_padded_drafter_batch", "disable_eagle_block_drop",
+    "disable_lookahead_block_hashes", "index_share_for_mtp_iteration", "use_local_argmax_reduction",
+    "use_heterogeneous_vocab", "parallel_drafting", "num_speculative_tokens_per_batch_size",
+    "rejection_sample_method", "draft_sample_method", "enable_adaptive_verification", "synthetic_acceptance_rates",
+    "synthetic_acceptance_length", "dspark_draft_topk", "xpress_topc", "fly_window_size", "fly_entropy_threshold",
+    "fly_entropy_top_k",
 })
-"""Keys of vLLM's speculative config for its GPU deployment (parallelism, quantization, revisions,
-batching) that have no meaning in specsure's one-process engine."""
+"""Keys of vLLM 0.33.0's speculative config (vllm/config/speculative.py) for its own deployment and
+kernels (parallelism, quantization, revisions, attention and MoE backends, batching, its samplers and
+schedules, other methods' knobs) that specsure's one-process engine does not read: its engine
+refuses them by name, and `export` and `check-vllm` pass them on to vLLM as given."""
 MAX_SPECULATIVE_TOKENS: Final[int] = 64
 MAX_PROMPT_LOOKUP: Final[int] = 64
 MAX_PROMPT_LOOKUP_BRANCHES: Final[int] = 16

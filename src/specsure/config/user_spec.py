@@ -80,9 +80,11 @@ def parse_user_spec(speculative: Mapping[str, Any]) -> UserSpec:
         canonical = KEY_ALIASES.get(key, key)
         if canonical in VLLM_ONLY_KEYS:
             raise ConfigError(
-                f"{key!r} is a key of vLLM's speculative config for its own deployment, which specsure does not "
-                f"use (one process, no parallelism, quantization or revisions). Remove it here; `specsure export` "
-                f"takes it and passes it on to vLLM or SGLang. specsure's keys: {', '.join(FIELDS)}.")
+                f"{key!r} is a key of vLLM's speculative config for its own deployment and kernels, which "
+                f"specsure's engine does not use (one process: no parallelism, quantization, revisions, backends "
+                f"or batch schedules of vLLM's). Remove it here; `specsure export` and `specsure check-vllm` take "
+                f"it and pass it on to vLLM (SGLang where it has a flag for it). specsure's keys: "
+                f"{', '.join(FIELDS)}.")
         if canonical not in FIELDS:
             known = list(FIELDS) + list(KEY_ALIASES)
             raise ConfigError(

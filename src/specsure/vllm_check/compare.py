@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Mapping
 
@@ -20,6 +21,13 @@ from specsure.config.vllm_rules import DETECTION_SKIPPED, MTP_MODEL_TYPES
 
 if TYPE_CHECKING:
     from specsure.config.resolution import Resolution
+
+def concise(error: str) -> str:
+    """vLLM's error on one line, without pydantic's echo of every argument and its documentation link."""
+    text = " ".join(error.split())
+    text = re.sub(r"\s*\[type=.*?input_type=\w+\]", "", text)
+    return re.sub(r"\s*For further information visit \S+", "", text)
+
 
 # vLLM's placeholders for "no draft checkpoint" (ngram and friends).
 NO_DRAFT: Final[frozenset[str]] = frozenset({"ngram", "ngram_gpu", "suffix", "extract_hidden_states"})
@@ -143,7 +151,7 @@ def compare(res: "Resolution", vllm: Mapping[str, Any], *, exported: Mapping[str
     notes = [_left_out(name, getattr(config, name), config) for name in sorted(SPECSURE_ONLY_FIELDS)
              if getattr(config, name) not in (None, 1)]  # prompt_lookup_branches 1 is one chain, as vLLM's
     if as_written and "error" in as_written:
-        notes.append(f"vLLM rejects your config as written: {' '.join(as_written['error'].split())[:300]}")
+        notes.append(f"vLLM rejects your config as written: {concise(as_written['error'])}")
     elif written and written["method"] != theirs["method"]:
         notes.append(f"as written (without specsure's explicit fields), vLLM would run method "
                      f"{written['method']!r}; the exported config makes it {theirs['method']!r}.")
