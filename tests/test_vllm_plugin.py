@@ -38,6 +38,14 @@ def models(tmp_path: Path) -> dict[str, str]:
     return {name: str(write_checkpoint(root / name, config)) for name, config in made.items()}
 
 
+@pytest.fixture(autouse=True)
+def _no_forwarding_left() -> None:
+    """install() sends specsure's own log records into vLLM's logger; a test's install must not outlive it."""
+    yield
+    source = logging.getLogger("specsure")
+    source.handlers = [h for h in source.handlers if type(h).__name__ != "_Forward"]
+
+
 def vllm(model: str, version: str = TESTED, speculators: dict | None = None, quantization: str | None = None,
          **engine_kwargs):
     """Build the speculative config the way vLLM would, with the plugin installed (or not: version=None)."""
@@ -220,7 +228,7 @@ def test_off_restores_vllms_behaviour(models, monkeypatch):
 
 def test_a_bad_mode_stops_vllm_with_the_choices(models, monkeypatch):
     monkeypatch.setenv("SPECSURE_VLLM_PLUGIN", "enforced")
-    with pytest.raises(ValueError, match="SPECSURE_VLLM_PLUGIN='enforced' is not a mode; use one of enforce, warn, off"):
+    with pytest.raises(ValueError, match="SPECSURE_VLLM_PLUGIN='enforced' is not a mode; use one of strict, enforce, warn, off"):
         vllm(models["target"], speculative_config={"method": "ngram"})
 
 
@@ -389,3 +397,49 @@ def test_every_mtp_name_vllm_takes_is_mtp_to_the_plugin(models, monkeypatch, nam
     monkeypatch.setattr(vllm_standin, "MTP_ALIASES", vllm_standin.MTP_ALIASES | {"exaone_moe_mtp"})
     spec = vllm(models["dsv3"], speculative_config={"method": name, "num_speculative_tokens": 1})
     assert spec.method == "mtp"
+
+
+def test_a_gguf_draft_under_a_trapped_folder_gets_a_neutral_link_to_the_file(tmp_path, monkeypatch):
+    """vLLM reads a GGUF draft by its extension: the link to the file keeps it (a folder-only link stopped vLLM)."""
+    monkeypatch.setenv("SPECSURE_VLLM_LINKS", str(tmp_path / "links"))
+    gguf = tmp_path / "eagle-experiments" / "tiny-eagle3.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF")
+    link = neutral_link(str(gguf))
+    assert os.path.islink(link) and os.path.realpath(link) == str(gguf.resolve()) and link.endswith(".gguf")
+    from specsure.config.vllm_overrides import vllm_path_trap
+
+    assert vllm_path_trap(link) is None and neutral_link(str(gguf)) == link
+
+
+@pytest.mark.parametrize("spec", [{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_branches": 1},
+                                  {"method": "eagle3", "speculative_token_tree": "[(0,), (0, 0)]"}],
+                         ids=["one branch", "a chain tree"])
+def test_a_specsure_key_that_drafts_vllms_own_chain_is_left_out_with_a_note(models, caplog, spec):
+    if spec["method"] == "eagle3":
+        spec = {**spec, "model": models["EAGLE3-LLaMA-head"]}
+    with caplog.at_level(logging.INFO, logger="vllm.specsure"):
+        handed = vllm(models["target"], speculative_config=spec)
+    assert handed.method == spec["method"]
+    assert "prompt_lookup_branches" not in handed.extra and "speculative_token_tree" not in handed.extra
+    assert any("as vLLM does without the key, which it does not have: left out" in r.message for r in caplog.records)
+
+
+def test_strict_mode_refuses_what_specsures_strict_refuses(models, monkeypatch):
+    monkeypatch.setenv("SPECSURE_VLLM_PLUGIN", "strict")
+    with pytest.raises(PluginRefusal) as err:  # draft_model on an EAGLE-3 head: its config says eagle3
+        vllm(models["target"], speculative_config={"method": "draft_model", "model": models["EAGLE3-LLaMA-head"],
+                                                   "num_speculative_tokens": 2})
+    assert "cannot be handed to vLLM as configured" in str(err.value) and "'eagle3'" in str(err.value)
+    assert "vLLM does not start (SPECSURE_VLLM_PLUGIN=strict)" in str(err.value)
+    monkeypatch.setenv("SPECSURE_VLLM_PLUGIN", "enforce")  # the same config starts, with warnings
+    assert vllm(models["target"], speculative_config={"method": "draft_model", "model": models["EAGLE3-LLaMA-head"],
+                                                      "num_speculative_tokens": 2}).method == "draft_model"
+
+
+def test_specsures_disagreement_warnings_reach_vllms_logger(models, caplog):
+    with caplog.at_level(logging.WARNING, logger="vllm.specsure"):
+        vllm(models["target"], speculative_config={"method": "draft_model", "model": models["EAGLE3-LLaMA-head"],
+                                                   "num_speculative_tokens": 2})
+    forwarded = [r for r in caplog.records if r.name == "vllm.specsure" and "evidence suggests" in r.getMessage()]
+    assert forwarded and forwarded[0].getMessage().startswith("specsure: ")

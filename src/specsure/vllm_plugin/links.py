@@ -1,4 +1,5 @@
-"""Neutral symbolic links: the same checkpoint folder under a path that vLLM's substring test passes.
+"""Neutral symbolic links: the same checkpoint (a folder, or a GGUF file) under a path that vLLM's
+substring test passes.
 
 vLLM 0.33 switches methods when a draft (or, for mtp, the target) path merely contains
 ``eagle-``, ``eagle3``, ``dflash`` or ``dspark``. The plugin hands vLLM a link to the same folder,
@@ -30,24 +31,27 @@ def link_cache() -> Path:
 
 
 def link_name(real: Path) -> str:
-    """``<neutral folder name>_<12 hex digits of the real path's hash>``: stable for one folder."""
+    """``<neutral folder name>_<12 hex digits of the real path's hash>``: stable for one folder; a file
+    (a GGUF draft) keeps its extension after the digest, which vLLM reads its format from."""
     digest = hashlib.sha256(str(real).encode()).hexdigest()[:12]  # hex never spells a trap
+    stem, suffix = (real.stem, real.suffix) if real.is_file() else (real.name, "")
     # An underscore, not a hyphen: 'qwen-eagle' + '-' would spell vLLM's 'eagle-'.
-    name = f"{neutral_name(real.name) or 'checkpoint'}_{digest}"
+    name = f"{neutral_name(stem) or 'checkpoint'}_{digest}{neutral_name(suffix)}"
     assert vllm_path_trap(name) is None, name
     return name
 
 
 def neutral_link(path: str) -> str:
-    """A path to the same folder as ``path`` that vLLM's method detection does not catch.
+    """A path to the same folder (or file: a GGUF draft) as ``path`` that vLLM's method detection does not
+    catch.
 
     Raises:
         ConfigError: the folder does not exist, or the cache folder's own path holds a trap
             substring (set SPECSURE_VLLM_LINKS to a neutral folder).
     """
     real = Path(path).expanduser().resolve()
-    if not real.is_dir():
-        raise ConfigError(f"cannot make a neutral link for {path!r}: {real} is not a folder.")
+    if not (real.is_dir() or real.is_file()):
+        raise ConfigError(f"cannot make a neutral link for {path!r}: {real} is neither a folder nor a file.")
     cache = link_cache()
     if (hit := vllm_path_trap(str(cache))) is not None:
         raise ConfigError(f"the link cache {str(cache)!r} contains {hit[0]!r}, which vLLM's method detection "
@@ -71,7 +75,7 @@ def neutral_link(path: str) -> str:
     try:
         if os.path.lexists(temp):
             os.unlink(temp)
-        os.symlink(real, temp, target_is_directory=True)
+        os.symlink(real, temp, target_is_directory=real.is_dir())
         os.replace(temp, link)
     except OSError as exc:
         raise ConfigError(f"cannot write the neutral link to {path!r} in the link cache {str(cache)!r}: "

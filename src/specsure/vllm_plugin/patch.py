@@ -15,14 +15,15 @@ import logging
 import os
 from typing import Any, Callable, Final, Literal
 
+from specsure.config.errors import ConfigError
 from specsure.config.export import VLLM_TESTED_VERSIONS
 from specsure.config.schema import MTP_METHOD_ALIASES
 from specsure.vllm_plugin.guard import mismatches, resolved
 from specsure.vllm_plugin.links import LINKS_ENV
 from specsure.vllm_plugin.plan import SPEC_FLAGS, make_plan, provenance, user_config, vllm_summary
 
-Mode = Literal["enforce", "warn", "off"]
-MODES: Final[tuple[str, ...]] = ("enforce", "warn", "off")
+Mode = Literal["strict", "enforce", "warn", "off"]
+MODES: Final[tuple[str, ...]] = ("strict", "enforce", "warn", "off")
 ENV: Final[str] = "SPECSURE_VLLM_PLUGIN"
 _MARK: Final[str] = "__specsure_wrapped__"
 
@@ -35,12 +36,30 @@ class PluginRefusal(ValueError):
 
 
 def mode() -> Mode:
-    """SPECSURE_VLLM_PLUGIN: enforce (default), warn or off. Anything else stops vLLM with the choices."""
+    """SPECSURE_VLLM_PLUGIN: strict, enforce (default), warn or off. Anything else stops vLLM with the choices."""
     value = os.environ.get(ENV, "enforce").strip().lower() or "enforce"
     if value not in MODES:
         raise ValueError(f"{ENV}={os.environ.get(ENV)!r} is not a mode; use one of {', '.join(MODES)} "
-                         "(enforce refuses to start on a silent override, warn logs it, off does nothing).")
+                         "(strict refuses to start on a silent override and on evidence that disagrees with an "
+                         "explicit value or a config specsure's engine would refuse, as specsure's --strict does; "
+                         "enforce refuses on a silent override; warn logs it; off does nothing).")
     return value  # type: ignore[return-value]
+
+
+class _Forward(logging.Handler):
+    """specsure's own log records (specsure.config's disagreement warnings) into vLLM's logger, so they
+    print in vLLM's format with the plugin's lines, not as bare lines from Python's last resort."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        record = logging.makeLogRecord({**record.__dict__, "name": logger.name, "args": None,
+                                        "msg": f"specsure: {record.getMessage()}"})
+        logger.handle(record)
+
+
+def _forward_specsure_logs() -> None:
+    source = logging.getLogger("specsure")
+    if not any(isinstance(h, _Forward) for h in source.handlers):
+        source.addHandler(_Forward())  # a handler found: Python's last resort no longer prints them
 
 
 def install(engine_args: type, arg_utils: Any, version: str) -> bool:
@@ -57,6 +76,7 @@ def install(engine_args: type, arg_utils: Any, version: str) -> bool:
         logger.warning("specsure: vLLM %s is not a tested version (tested: %s); the plugin runs in guard mode "
                        "only: it checks the resolved speculative config and refuses a silent override, but does "
                        "not rewrite it.", version, ", ".join(VLLM_TESTED_VERSIONS))
+    _forward_specsure_logs()
     engine_args.create_speculative_config = _wrap_create(original, version, rewrite=tested)
     speculators = getattr(arg_utils, "maybe_override_with_speculators", None)
     if speculators is not None and not getattr(speculators, _MARK, False):
@@ -71,7 +91,7 @@ def _refuse_or_warn(problems: list[str], what: str) -> None:
     if mode() == "warn":
         logger.warning("%s (%s=warn: vLLM's choice stands.)", text, ENV)
         return
-    raise PluginRefusal(f"{text} vLLM does not start ({ENV}=enforce); set {ENV}=warn to let vLLM's choice "
+    raise PluginRefusal(f"{text} vLLM does not start ({ENV}={mode()}); set {ENV}=warn to let vLLM's choice "
                         f"stand, or {ENV}=off to disable the plugin.")
 
 
@@ -84,10 +104,19 @@ def _wrap_create(original: Callable[..., Any], version: str, *, rewrite: bool) -
         flags = {attribute: getattr(self, attribute, None) for _, attribute, _ in SPEC_FLAGS}
         user = user_config(self.speculative_config, flags)
         target = str(getattr(target_model_config, "model", None) or self.model)
-        plan = make_plan(user, target, rewrite=rewrite,
-                         target_quantization=getattr(target_model_config, "quantization", None))
+        strict = mode() == "strict"
+        try:
+            plan = make_plan(user, target, rewrite=rewrite, strict=strict,
+                             target_quantization=getattr(target_model_config, "quantization", None))
+        except ConfigError as exc:  # strict's refusals, or no neutral link for a trapped path
+            _refuse_or_warn([str(exc)], "the speculative config cannot be handed to vLLM as configured")
+            return original(self, target_model_config, target_parallel_config, *args, **kwargs)  # warn
+        if strict:
+            _refuse_or_warn(list(plan.warnings), "specsure --strict would refuse this config")
         for warning in plan.warnings:
             logger.warning("specsure: %s", warning)
+        for note in plan.notes:
+            logger.info("specsure: %s", note)
         _refuse_or_warn(list(plan.dropped), "the speculative config sets keys vLLM cannot run, so it would "
                                             "start without them")
         if plan.links and _may_span_nodes(target_parallel_config) and not os.environ.get(LINKS_ENV):

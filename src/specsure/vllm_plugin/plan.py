@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from specsure.config.errors import ConfigError
 from specsure.config.resolution import Resolution, resolve
 from specsure.config.schema import FIELDS, KEY_ALIASES, SPECSURE_ONLY_FIELDS, VLLM_INSTEAD, VLLM_SCHEDULE_KEY
+from specsure.config.token_tree import is_chain
 from specsure.config.vllm_overrides import model_type_override, vllm_draft_path, vllm_path_trap
 from specsure.config.vllm_rules import DETECTION_SKIPPED
 from specsure.vllm_plugin.links import neutral_link
@@ -64,10 +65,12 @@ class Plan:
     warnings: tuple[str, ...] = field(default=())
     """What the plugin itself has to say; the resolution's own warnings (evidence that disagrees
     with an explicit value) are logged by specsure.config as resolve() runs."""
+    notes: tuple[str, ...] = field(default=())
+    """specsure-only keys left out because vLLM drafts the same without them (a chain), logged at INFO."""
 
 
 def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = True,
-              target_quantization: str | None = None) -> Plan:
+              target_quantization: str | None = None, strict: bool = False) -> Plan:
     """Resolve the user's keys against ``target`` and build the explicit config for vLLM.
 
     ``rewrite=False`` (an untested vLLM version) resolves only, for the guard's comparison.
@@ -75,15 +78,19 @@ def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = Tr
     an MTP draft it fills from the target itself, and the plan gives it where it names that draft.
     A config specsure cannot resolve (a method it does not model, a target that is not a local
     folder, a value outside specsure's own bounds) is handed over unchanged, and the guard still
-    compares vLLM's method and draft with the user's explicit ones.
+    compares vLLM's method and draft with the user's explicit ones; with ``strict`` (specsure's
+    --strict) evidence that disagrees with an explicit value, or a config specsure cannot resolve,
+    is a ConfigError instead.
     """
     if user is None:
         return Plan(user=None)
     ours = {k: v for k, v in user.items() if k in SPECSURE_KEYS}  # resolve reads vLLM's older ngram spellings
     theirs = {k: v for k, v in user.items() if k not in SPECSURE_KEYS}
     try:
-        res = resolve(ours, model=target, dtype=None)  # vLLM runs it, not this CPU
+        res = resolve(ours, model=target, dtype=None, strict=strict)  # vLLM runs it, not this CPU
     except ConfigError as exc:
+        if strict:
+            raise
         return Plan(user=user, guard_only=f"specsure cannot resolve this config ({exc})")
     if res.config is None:
         return Plan(user=user, resolution=res, guard_only="speculation is off")
@@ -98,10 +105,15 @@ def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = Tr
     handed = {**theirs, **res.config.to_vllm()}
     # disable_by_batch_size reaches vLLM as its batch-size schedule, where it runs one.
     carried = {"disable_by_batch_size"} if res.config.vllm_batch_schedule() is not None else set()
+    left_out = [key for key in sorted(SPECSURE_ONLY_FIELDS & set(ours) - carried) if ours[key] is not None]
+    k = res.config.num_speculative_tokens
+    same = [key for key in left_out if _chain_in_vllm(key, getattr(res.config, key))]
+    notes = [f"{key} = {json.dumps(ours[key])} drafts a chain of {k} tokens, as vLLM does without the key, "
+             "which it does not have: left out." for key in same]
     dropped = [f"{key} = {json.dumps(ours[key])} is a specsure key that vLLM does not have; without it "
-               f"vLLM drafts {VLLM_INSTEAD[key].format(k=res.config.num_speculative_tokens)}. Remove it "
+               f"vLLM drafts {VLLM_INSTEAD[key].format(k=k)}. Remove it "
                "from the config for vLLM, or serve this config with specsure."
-               for key in sorted(SPECSURE_ONLY_FIELDS & set(ours) - carried) if ours[key] is not None]
+               for key in left_out if key not in same]
     if carried and VLLM_SCHEDULE_KEY in theirs:
         handed[VLLM_SCHEDULE_KEY] = theirs[VLLM_SCHEDULE_KEY]  # the user's own vLLM key is kept as given
         dropped.append(f"disable_by_batch_size = {json.dumps(ours['disable_by_batch_size'])} and vLLM's "
@@ -122,7 +134,14 @@ def make_plan(user: Mapping[str, Any] | None, target: str, *, rewrite: bool = Tr
         warnings.append(f"vLLM will switch method {res.config.method!r} to {behind.vllm!r} whatever it is handed: "
                         f"{behind.cause}; {behind.fix}.")
     return Plan(user=user, resolution=res, handed=handed, links=tuple(links), dropped=tuple(dropped),
-                warnings=tuple(warnings))
+                warnings=tuple(warnings), notes=tuple(notes))
+
+
+def _chain_in_vllm(key: str, value: Any) -> bool:
+    """Whether a specsure-only key's resolved value drafts what vLLM drafts without it: one branch, a chain tree."""
+    if key == "prompt_lookup_branches":
+        return value in (None, 1)
+    return key == "speculative_token_tree" and (value is None or is_chain(value))
 
 
 def provenance(plan: Plan) -> str:
