@@ -570,3 +570,16 @@ def test_every_key_of_vllms_speculative_config_exports_whole(ckpts, capsys):
     assert main(["export", "--to", "vllm", "--model", ckpts["target"], "--speculative-config", json.dumps(clash)]) == 2
     assert "num_speculative_tokens_per_batch_size = [[1, 8, 3]] disagrees with the [[1, 3, 3], [4, 4, 0]]" in \
         capsys.readouterr().err
+
+
+def test_vllms_own_flags_on_export_are_pointed_at_vllms_command_line(ckpts, capsys):
+    """They were told to use `specsure export --to vllm`, the command being run, or that the tokenizer is
+    the model's own where the same export tells a GGUF target's user to give vLLM --tokenizer."""
+    base = ["export", "--to", "vllm", "--model", ckpts["target"], "--speculative-config", '{"method": "ngram"}']
+    for flag in ("--tensor-parallel-size", "--tokenizer"):
+        assert main([*base, flag, "4"]) == 2
+        assert (f"{flag} is vLLM's own flag; `specsure export` writes the model and speculative flags only. Give it "
+                f'to vLLM beside them: eval "vllm serve $(specsure export ...) {flag} ...".') in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*base, "--enforce-eager"])
+    assert "give vLLM's or SGLang's own flags to the engine beside them" in capsys.readouterr().err

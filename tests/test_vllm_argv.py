@@ -29,7 +29,8 @@ def test_vllms_shorthand_flags_and_a_value_with_a_space_are_read_as_vllm_reads_t
                        "--speculative_config.prompt_lookup_max=/x y"])
     assert json.loads(words[2]) == {"method": "ngram", "num_speculative_tokens": 3, "model": "/m/a b",
                                     "prompt_lookup_max": "/x y"}  # a space after '=' is the value's, as in vLLM
-    assert json.loads(normalise(["explain", "--spec-tokens", "three"])[2]) == {"num_speculative_tokens": "three"}
+    with pytest.raises(ConfigError, match=r"--spec-tokens 'three': must be an integer, the number of draft tokens"):
+        normalise(["explain", "--spec-tokens", "three"])
     # any other word with a space is a value, as argparse reads it: left as written
     assert normalise(["generate", "--", "x"]) == ["generate", "--", "x"]
     assert normalise(["generate", "--batch_size=4 is what?"]) == ["generate", "--batch_size=4 is what?"]
@@ -120,3 +121,19 @@ def test_a_flag_of_several_values_given_twice_is_not_called_the_same() -> None:
     serve = build_parser(["serve"]).get_default("command_parsers")["serve"]
     error, notes = repeated_flags(serve, ["--served-model-name", "a", "b", "--served-model-name", "a", "c"])
     assert error is None and notes == ["note: --served-model-name is given twice; the last one's values are used."]
+
+
+def test_vllms_readings_of_a_config_null_and_dashed_keys_and_a_positional_model(capsys) -> None:  # noqa: ANN001
+    from specsure.cli.common import parse_speculative_config
+
+    assert parse_speculative_config("null") is None  # off, as vLLM reads it
+    assert parse_speculative_config('{"num-speculative-tokens": 3, "method": "ngram"}') == \
+        {"num_speculative_tokens": 3, "method": "ngram"}  # vLLM's create_speculative_config reads dashes so
+    with pytest.raises(ConfigError, match="gives 'num_speculative_tokens' twice"):
+        parse_speculative_config('{"num-speculative-tokens": 3, "num_speculative_tokens": 4}')
+    with pytest.raises(SystemExit) as exited:  # argparse's own usage error
+        main(["explain", "/models/x"])
+    assert exited.value.code == 2
+    assert "(the model comes as --model /models/x, not as the first word" in capsys.readouterr().err
+    assert main(["explain", "--model", ""]) == 2
+    assert "the target model '' (--model) must be a path" in capsys.readouterr().err

@@ -38,14 +38,6 @@ def models(tmp_path: Path) -> dict[str, str]:
     return {name: str(write_checkpoint(root / name, config)) for name, config in made.items()}
 
 
-@pytest.fixture(autouse=True)
-def _no_forwarding_left() -> None:
-    """install() sends specsure's own log records into vLLM's logger; a test's install must not outlive it."""
-    yield
-    source = logging.getLogger("specsure")
-    source.handlers = [h for h in source.handlers if type(h).__name__ != "_Forward"]
-
-
 def vllm(model: str, version: str = TESTED, speculators: dict | None = None, quantization: str | None = None,
          **engine_kwargs):
     """Build the speculative config the way vLLM would, with the plugin installed (or not: version=None)."""
@@ -443,3 +435,4 @@ def test_specsures_disagreement_warnings_reach_vllms_logger(models, caplog):
                                                    "num_speculative_tokens": 2})
     forwarded = [r for r in caplog.records if r.name == "vllm.specsure" and "evidence suggests" in r.getMessage()]
     assert forwarded and forwarded[0].getMessage().startswith("specsure: ")
+    assert not logging.getLogger("specsure").handlers  # forwarded while the plugin resolved, and only then

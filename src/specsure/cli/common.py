@@ -48,7 +48,8 @@ def missing_extra_message(command: str, extra: str, missing: list[str]) -> str:
 
 
 def parse_speculative_config(text: str | None, flag: str = "--speculative-config") -> dict[str, Any] | None:
-    """vLLM's flag: inline JSON, or @file.json. None or '' means speculation off."""
+    """vLLM's flag: inline JSON, or @file.json. None, '' or JSON null means speculation off; dashes in
+    keys read as underscores, as vLLM reads them."""
     if text is None or not text.strip():
         return None
     source = flag
@@ -76,12 +77,22 @@ def parse_speculative_config(text: str | None, flag: str = "--speculative-config
     except RecursionError:
         raise ConfigError(f"{source} nests too deeply to parse; a speculative config is one flat JSON object, "
                           'for example {"method": "ngram", "num_speculative_tokens": 4}.') from None
+    if value is None:  # JSON null: off, as vLLM reads it
+        return None
     if not isinstance(value, dict):
         kind = json_type(value)
-        article = "" if kind == "null" else "an " if kind[0] in "aeiou" else "a "
+        article = "an " if kind[0] in "aeiou" else "a "
         raise ConfigError(f"{source} must be a JSON object, got {article}{kind}: {text!r}. Example: "
                           '{"method": "ngram", "num_speculative_tokens": 4}')
-    return value
+    # vLLM reads a key's dashes as underscores (EngineArgs.create_speculative_config)
+    keys: dict[str, Any] = {}
+    for key, item in value.items():
+        name = key.replace("-", "_")
+        if name in keys and keys[name] != item:
+            raise ConfigError(f"{source} gives {name!r} twice, as {name!r} and with dashes ({json.dumps(keys[name])} "
+                              f"and {json.dumps(item)}); keep the one you mean.")
+        keys[name] = item
+    return keys
 
 
 def _unique_keys(source: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:

@@ -113,6 +113,9 @@ def foreign_flag_hint(argv: Sequence[str], command: str, command_flags: Collecti
         if flag in command_flags:  # spelled alike in both engines (--min-p): the command's own
             continue
         foreign = FOREIGN_FLAGS[flag]
+        if command == "export" and foreign.engine == "vLLM":
+            return (f"{flag} is vLLM's own flag; `specsure export` writes the model and speculative flags only. "
+                    f"Give it to vLLM beside them: eval \"vllm serve $(specsure export ...) {flag} ...\".")
         if foreign.flag in command_flags:
             instead = f"use {foreign.usage}"
         elif foreign.field is not None and command.startswith("serve"):

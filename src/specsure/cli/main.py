@@ -134,7 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     if command is not None and (mode := getattr(args, "bench_mode", None)):  # `bench serve` has its own usage
         command = _subcommand(command, mode) or command
     if extra:  # the command's own usage names them, not the top-level one
-        (command or parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        hint = ""
+        if command is not None and "--model" in command._option_string_actions and not extra[0].startswith("-"):
+            hint = (f" (the model comes as --model {extra[0]}, not as the first word, as `vllm serve MODEL` "
+                    "takes it)")
+        elif getattr(args, "command", None) == "export":
+            hint = (" (`specsure export` writes the model and speculative flags only; give vLLM's or SGLang's own "
+                    "flags to the engine beside them: eval \"vllm serve $(specsure export ...) FLAGS\")")
+        (command or parser).error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     if command is not None:
         twice, notes = repeated_flags(command, words)
         if twice is not None:

@@ -61,6 +61,9 @@ def normalise(argv: Sequence[str]) -> list[str]:
         i += 1
         if short is not None:  # vLLM reads these as the config's key, typed as the key's own type
             path, parsed = short, (_int_or_text(value) if short == "num_speculative_tokens" else value)
+            if short == "num_speculative_tokens" and not isinstance(parsed, int):
+                raise ConfigError(f"{name} {value!r}: must be an integer, the number of draft tokens a step "
+                                  f"(num_speculative_tokens), as in {name} 3.")
         elif not path or "" in path.split("."):
             raise ConfigError(f"{name}: name a key after the dot, as in --speculative-config.method ngram.")
         else:

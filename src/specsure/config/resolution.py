@@ -111,7 +111,8 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | os.PathLike[str]
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     if model is not None and (not isinstance(model, str) or not model.strip()):
-        raise ConfigError(f"model = {model!r} must be a path (a model folder or .gguf file) or None.")
+        raise ConfigError(f"the target model {model!r} (--model) must be a path to a model folder or .gguf file; "
+                          "leave it out for the packaged default model.")
     if not isinstance(strict, bool):
         raise ConfigError(f"strict = {strict!r} must be True or False.")
     if dtype is not None and dtype not in DTYPE_NAMES:

@@ -42,7 +42,8 @@ def run_probe(python: str, cases: Sequence[Mapping[str, Any]], timeout: float = 
                               text=True, timeout=timeout, check=False,
                               env={**os.environ, "SPECSURE_VLLM_PLUGIN": "off"})
     except subprocess.TimeoutExpired:
-        raise ProbeError(f"vLLM's config probe did not finish within {timeout:.0f} s ({python}).") from None
+        raise ProbeError(f"vLLM's config probe did not finish within {timeout:.0f} s ({python}); vLLM's first "
+                         "import can take minutes on a cold cache: pass a larger --timeout.") from None
     except OSError as exc:
         raise ProbeError(f"cannot run {python!r}: {exc.strerror or exc}.") from None
     answer = _parse(done.stdout)

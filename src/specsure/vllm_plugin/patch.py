@@ -10,10 +10,11 @@ the target is a speculators-format checkpoint; that name is wrapped where arg_ut
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
-from typing import Any, Callable, Final, Literal
+from typing import Any, Callable, Final, Iterator, Literal
 
 from specsure.config.errors import ConfigError
 from specsure.config.export import VLLM_TESTED_VERSIONS
@@ -56,10 +57,16 @@ class _Forward(logging.Handler):
         logger.handle(record)
 
 
-def _forward_specsure_logs() -> None:
-    source = logging.getLogger("specsure")
-    if not any(isinstance(h, _Forward) for h in source.handlers):
-        source.addHandler(_Forward())  # a handler found: Python's last resort no longer prints them
+@contextlib.contextmanager
+def _forwarded() -> Iterator[None]:
+    """specsure's records forwarded while the plugin resolves (a handler found: Python's last resort no
+    longer prints them bare); only then, so specsure's logging elsewhere in the process is left alone."""
+    source, handler = logging.getLogger("specsure"), _Forward()
+    source.addHandler(handler)
+    try:
+        yield
+    finally:
+        source.removeHandler(handler)
 
 
 def install(engine_args: type, arg_utils: Any, version: str) -> bool:
@@ -76,7 +83,6 @@ def install(engine_args: type, arg_utils: Any, version: str) -> bool:
         logger.warning("specsure: vLLM %s is not a tested version (tested: %s); the plugin runs in guard mode "
                        "only: it checks the resolved speculative config and refuses a silent override, but does "
                        "not rewrite it.", version, ", ".join(VLLM_TESTED_VERSIONS))
-    _forward_specsure_logs()
     engine_args.create_speculative_config = _wrap_create(original, version, rewrite=tested)
     speculators = getattr(arg_utils, "maybe_override_with_speculators", None)
     if speculators is not None and not getattr(speculators, _MARK, False):
@@ -106,8 +112,9 @@ def _wrap_create(original: Callable[..., Any], version: str, *, rewrite: bool) -
         target = str(getattr(target_model_config, "model", None) or self.model)
         strict = mode() == "strict"
         try:
-            plan = make_plan(user, target, rewrite=rewrite, strict=strict,
-                             target_quantization=getattr(target_model_config, "quantization", None))
+            with _forwarded():
+                plan = make_plan(user, target, rewrite=rewrite, strict=strict,
+                                 target_quantization=getattr(target_model_config, "quantization", None))
         except ConfigError as exc:  # strict's refusals, or no neutral link for a trapped path
             _refuse_or_warn([str(exc)], "the speculative config cannot be handed to vLLM as configured")
             return original(self, target_model_config, target_parallel_config, *args, **kwargs)  # warn
