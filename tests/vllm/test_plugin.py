@@ -65,6 +65,9 @@ CASES = [
     ("eagle3 with a token tree (no vLLM 0.33.0 key)", "target",
      {"method": "eagle3", "model": "EAGLE3-LLaMA-head", "speculative_token_tree": "[(0,), (1,)]"},
      "refused: a key vLLM lacks"),
+    ("eagle3 with a chain as its tree (what vLLM drafts without the key)", "target",
+     {"method": "eagle3", "model": "EAGLE3-LLaMA-head", "speculative_token_tree": "[(0,), (0, 0)]"},
+     ("eagle3", "EAGLE3-LLaMA-head")),
 ]
 SCHEDULES = {"ngram with disable_by_batch_size (vLLM's schedule)": [[1, 3, 3], [4, 4, 0]]}
 """The batch-size schedule vLLM must hold: disable_by_batch_size as its own key."""
@@ -85,11 +88,11 @@ def paths(ckpt, tmp_path_factory):
     return out
 
 
-def _run(vllm_python, paths, mode, tmp_path):
+def _run(vllm_python, paths, mode, tmp_path, chosen=CASES):
     cases = [{"model": paths[target], "speculative_config": {k: (paths[v] if k == "model" else v)
                                                              for k, v in spec.items()},
               "quantization": QUANTIZED.get(case)}
-             for case, target, spec, _ in CASES]
+             for case, target, spec, _ in chosen]
     env = {**os.environ, "SPECSURE_VLLM_PLUGIN": mode, "SPECSURE_VLLM_LINKS": str(tmp_path / "links")}
     done = subprocess.run([vllm_python, "-c", SCRIPT], input=json.dumps(cases), capture_output=True, text=True,
                           timeout=900, env=env)
@@ -101,6 +104,13 @@ def _run(vllm_python, paths, mode, tmp_path):
 @pytest.fixture(scope="module")
 def enforced(vllm_python, paths, tmp_path_factory):
     return _run(vllm_python, paths, "enforce", tmp_path_factory.mktemp("enforce"))
+
+
+@pytest.fixture(scope="module")
+def strict(vllm_python, paths, tmp_path_factory):
+    """SPECSURE_VLLM_PLUGIN=strict on a config specsure's --strict refuses, and on a neutral one."""
+    chosen = [c for c in CASES if c[0] in ("draft_model with an EAGLE-3 checkpoint", "neutral: draft_model")]
+    return _run(vllm_python, paths, "strict", tmp_path_factory.mktemp("strict"), chosen)[0]
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +143,17 @@ def test_enforce_runs_the_users_method_and_draft_or_refuses(enforced, paths, ind
 def test_enforce_logs_the_effective_config_with_sources(enforced):
     assert "specsure: effective speculative config: method='mtp' (user)" in enforced[1]
     assert "neutral link" in enforced[1]
+
+
+def test_specsures_own_warnings_print_in_vllms_log_format(enforced):
+    line = next(l for l in enforced[1].splitlines() if "you set 'draft_model', but the evidence suggests" in l)
+    assert "WARNING" in line and "specsure: method: you set" in line, line  # vLLM's prefix, not a bare line
+
+
+def test_strict_refuses_what_specsures_strict_refuses(strict):
+    refused, neutral = strict
+    assert refused.get("error", "").startswith("PluginRefusal") and "SPECSURE_VLLM_PLUGIN=strict" in refused["error"]
+    assert neutral.get("method") == "draft_model", neutral
 
 
 def test_off_restores_vllms_own_overrides(off):
