@@ -141,10 +141,12 @@ def quantised(name: str, rows: int, cols: int, seed: int = 0, array: np.ndarray 
     return raw.reshape(rows, -1)
 
 
-def write_gemma2(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]:
+def write_gemma2(folder: Path, out: Path, vocab: int = 290, quantize: Mapping[str, str] | None = None
+                 ) -> tuple[Path, Path]:
     """A tiny random Gemma 2 (head_dim 16, so its attention scale is not transformers' default of 256)
     with a byte-level BPE tokenizer, and the same weights as a GGUF file in llama.cpp's layout (its
-    norm weights stored with the 1 that Gemma's norm adds, as convert_hf_to_gguf writes them)."""
+    norm weights stored with the 1 that Gemma's norm adds, as convert_hf_to_gguf writes them);
+    ``quantize`` as `_write_model`'s."""
     import gguf
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
@@ -164,7 +166,7 @@ def write_gemma2(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]
     writer.add_float32("gemma2.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
     writer.add_float32("gemma2.attn_logit_softcapping", config.attn_logit_softcapping)
     writer.add_float32("gemma2.final_logit_softcapping", config.final_logit_softcapping)
-    _write_model(writer, folder, tokenizer, gguf.MODEL_ARCH.GEMMA2, norms_plus_one=True)
+    _write_model(writer, folder, tokenizer, gguf.MODEL_ARCH.GEMMA2, norms_plus_one=True, quantize=quantize)
     return folder, out
 
 

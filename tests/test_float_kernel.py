@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import (
-    Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+    Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
     Qwen2ForCausalLM,
 )
 
@@ -30,6 +30,9 @@ FAMILIES = {
                                                       "num_key_value_heads": 1})),
     # a window of 6 positions, narrower than a 9-token verify step: its last rows see draft tokens only
     "mistral-window": (MistralForCausalLM, MistralConfig(**SHAPE, sliding_window=6)),
+    # soft-capped scores (and logits), alternating windows, Gemma's norms without q and k norms
+    "gemma2": (Gemma2ForCausalLM, Gemma2Config(**SHAPE, head_dim=16, query_pre_attn_scalar=12, sliding_window=6,
+                                               attn_logit_softcapping=3.0, final_logit_softcapping=5.0)),
     # sliding and full layers, each type its own RoPE; GELU; four norms; the scores' own factor
     "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig(
         **SHAPE, head_dim=16, query_pre_attn_scalar=12, sliding_window=6,
@@ -137,7 +140,7 @@ def test_kernel_steps_and_verify_rows_match_the_torch_ops(family, kernel):
 
 
 @pytest.mark.parametrize("family", ["llama", "llama-biased", "odd-head-dim", "head-dim-64", "head-dim-128",
-                                    "mistral-window", "gemma3"])
+                                    "mistral-window", "gemma2", "gemma3"])
 def test_verify_rows_equal_decode_steps_bit_for_bit(family, kernel):
     verify, decode = _pair(family, kernel)
     if kernel is None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from gguf_models import byte_bpe_tokenizer, quantised, write_gemma3, write_llama_gguf, write_qwen2, write_qwen3
+from gguf_models import byte_bpe_tokenizer, quantised, write_gemma2, write_gemma3, write_llama_gguf, write_qwen2, write_qwen3
 from specsure.models import float_kernel as float_kernels
 from specsure.models import gguf_blocks
 from specsure.models.loading import load_model
@@ -274,29 +274,33 @@ def test_a_qwen_gguf_reads_its_blocks_in_transformers_row_order(family: str, tmp
     _same_decoding(blocks, plain)
 
 
-def test_a_gemma3_gguf_runs_natively_on_its_blocks_and_every_method_equals_plain(tmp_path: Path,
-                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_a_gemma_gguf_runs_natively_on_its_blocks_and_every_method_equals_plain(family: str, tmp_path: Path,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Gemma 3 (sliding layers past a 4-position window, each layer type its own RoPE, GELU, four norms a
-    layer, a tied and quantised embedding) in the float32 kernel on its blocks: the same bits as its
-    float32 weights, transformers' greedy tokens on the Hugging Face source, and plain decoding's
-    tokens from ngram trees, suffix and a draft model."""
+    layer, a tied and quantised embedding) and Gemma 2 (alternating windows, soft-capped scores and
+    logits) in the float32 kernel on their blocks: the same bits as their float32 weights, transformers'
+    greedy tokens on the Hugging Face source, and plain decoding's tokens from ngram trees, suffix and a
+    draft model."""
     from gguf_models import assert_decodes_as
 
     from specsure import SamplingParams, make_engine
 
-    types = {f"blk.{i}.{n}.weight": ("Q4_1" if i % 2 else "Q8_0") for i in range(6)
+    write, layers = (write_gemma3, 6) if family == "gemma3" else (write_gemma2, 2)
+    types = {f"blk.{i}.{n}.weight": ("Q4_1" if i % 2 else "Q8_0") for i in range(layers)
              for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
-    folder, gguf = write_gemma3(tmp_path / "gemma3", tmp_path / "gemma3.gguf", VOCAB,
-                                {**types, "token_embd.weight": "Q8_0"})
+    folder, gguf = write(tmp_path / family, tmp_path / f"{family}.gguf", VOCAB, {**types, "token_embd.weight": "Q8_0"})
     blocks = load_model(str(gguf), dtype="float32").lm
     assert blocks.path.startswith("native")
     if float_kernels.load()[0] is None:
         pytest.skip(NO_KERNEL)
-    assert blocks.path.endswith("of its 25 weight matrices the kernel reads 12 Q4_1, 13 Q8_0 as the GGUF's blocks")
+    q4 = layers // 2 * 4  # each odd layer's four matrices
+    assert blocks.path.endswith(f"of its {layers * 4 + 1} weight matrices the kernel reads {q4} Q4_1, "
+                                f"{layers * 4 + 1 - q4} Q8_0 as the GGUF's blocks")
     monkeypatch.setenv("SPECSURE_GGUF_BLOCKS", "0")
     _same_decoding(blocks, load_model(str(gguf), dtype="float32").lm)
     monkeypatch.delenv("SPECSURE_GGUF_BLOCKS")
-    plain_folder, plain_gguf = write_gemma3(tmp_path / "plain", tmp_path / "plain.gguf", VOCAB)
+    plain_folder, plain_gguf = write(tmp_path / "plain", tmp_path / "plain.gguf", VOCAB)
     assert_decodes_as(plain_folder, plain_gguf)
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     prompt = [5, 70, 71, 72, 80, 81, 5, 70, 71, 72, 90, 91, 5, 70, 71]

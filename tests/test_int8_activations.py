@@ -311,7 +311,7 @@ def test_a_nan_or_an_inf_in_the_activations_stays_visible(name: str) -> None:
 
 
 def test_a_long_forward_is_cut_into_pieces_in_the_rows_order() -> None:
-    from specsure.models.native import Segment
+    from specsure.models.segment import Segment
     from specsure.models.row_pieces import pieces
     from specsure.models.token_tree import TokenTree
 

@@ -1,5 +1,6 @@
 """Models with sliding windows and other attention variants, written by transformers' save_pretrained:
-Gemma 2 runs on transformers' own modules, Mistral with a window and Gemma 3 on the native forward.
+Gemma 2 with an exact GELU runs on transformers' own modules, Mistral with a window and Gemma 3 on the
+native forward.
 
 Token trees on models whose layers do not all attend to every earlier position (sliding windows), and on
 models whose attention adds its mask to the scores (eager): the tree's mask must say what transformers'
@@ -21,8 +22,9 @@ SHAPE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_l
              pad_token_id=None, tie_word_embeddings=False)
 MODELS = {  # sliding_window 8, so the prompts below reach past it
     "mistral, every layer slides": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 8}),
+    # exact GELU, which the native forward does not run: transformers' own (eager) modules do
     "gemma2, alternating, eager attention": ("Gemma2Config", "Gemma2ForCausalLM", {
-        "sliding_window": 8, "final_logit_softcapping": 3.0, "attn_logit_softcapping": 5.0}),
+        "sliding_window": 8, "final_logit_softcapping": 3.0, "attn_logit_softcapping": 5.0, "hidden_activation": "gelu"}),
     "gemma3, per-layer types": ("Gemma3TextConfig", "Gemma3ForCausalLM", {
         "sliding_window": 8, "num_hidden_layers": 3,
         "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]}),

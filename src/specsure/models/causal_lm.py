@@ -19,7 +19,8 @@ from specsure.models.load_check import check_cache, check_logits
 from specsure.models.forward_output import ForwardOutput
 from specsure.models.gguf_blocks import PACKING_NAMES, FileBlocks
 from specsure.models.logits import LogitsTransform, logits_transform
-from specsure.models.native import NativeDecoder, Segment
+from specsure.models.native import NativeDecoder
+from specsure.models.segment import Segment
 from specsure.models.output_head import OutputHead
 from specsure.models.rotary_table import RotaryTable
 from specsure.models.token_tree import TokenTree, layer_masks

@@ -7,8 +7,10 @@ own modules.
 
 from __future__ import annotations
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
 """Text-config model_types whose decoder layers the native forward runs."""
+GEMMA_TYPES = ("gemma2", "gemma3_text")
+"""Of them, Gemma's: four norms a layer, each multiplying by 1 + w, and a GELU-gated MLP."""
 
 
 def unsupported(config: object) -> str | None:
@@ -16,11 +18,9 @@ def unsupported(config: object) -> str | None:
     model_type = getattr(config, "model_type", None)
     if model_type not in FAMILIES:
         return f"model_type {model_type!r} is not one of {', '.join(FAMILIES)}"
-    if model_type == "gemma3_text":
+    if model_type in GEMMA_TYPES:
         if getattr(config, "hidden_activation", None) != "gelu_pytorch_tanh":
             return f"hidden_activation {getattr(config, 'hidden_activation', None)!r} is not gelu_pytorch_tanh"
-        if getattr(config, "attn_logit_softcapping", None) is not None:
-            return "the attention's scores are soft-capped"
         if getattr(config, "use_bidirectional_attention", False):
             return "the attention is bidirectional"
     elif getattr(config, "hidden_act", "silu") != "silu":

@@ -74,6 +74,7 @@ typedef struct {
     int64_t hidden, heads, kv_heads, head_dim, intermediate;
     float eps;
     float scale; /* the attention scores' factor; 0 (what ctypes zero-fills): 1 / sqrt(head_dim) */
+    float softcap; /* Gemma 2's: each score becomes softcap tanh(score / softcap); 0: none */
 } Shape;
 
 /* One sequence's rows in one layer: `length` new tokens stored at `start ..` of this layer's cache
@@ -1293,7 +1294,8 @@ static inline int64_t slot_at(int64_t start, const int64_t *extra, int64_t i) {
 static inline __attribute__((always_inline)) void attend_queries(const float *keys, const float *values,
                                                                 int64_t start, const Query *qs, int64_t n,
                                                                 const int64_t dim, const int64_t chunks,
-                                                                const int64_t whole, float scale, float *scores,
+                                                                const int64_t whole, float scale, float softcap,
+                                                                float *scores,
                                                                 int64_t score_stride, vec *state) {
     /* Indices below are relative to each query's first position (scores[j] is position first + j),
      * so a query's chunks and chains are the same whatever its neighbours' windows. */
@@ -1332,6 +1334,14 @@ static inline __attribute__((always_inline)) void attend_queries(const float *ke
                 dot = vfma(c < whole ? vload(q + c * lanes) : vload_first(q + c * lanes, tail),
                            c < whole ? vload(kt + c * lanes) : vload_first(kt + c * lanes, tail), dot);
             sc[i] = vreduce(dot) * scale;
+        }
+        if (softcap > 0.0f) { /* softcap tanh(s / softcap), tanh(y) as 1 - 2 / (1 + e^(2y)) */
+            __m256 cap = _mm256_set1_ps(softcap), two = _mm256_set1_ps(2.0f), one = _mm256_set1_ps(1.0f);
+            for (i = 0; i + 8 <= count; i += 8) {
+                __m256 e = exp8(_mm256_mul_ps(two, _mm256_div_ps(_mm256_loadu_ps(sc + i), cap)));
+                _mm256_storeu_ps(sc + i, _mm256_mul_ps(cap, _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(one, e)))));
+            }
+            for (; i < count; i++) sc[i] = softcap * (1.0f - 2.0f / (1.0f + expf(2.0f * (sc[i] / softcap))));
         }
         /* The maximum by 8 lanes (exact in any order), then the exponentials and their sum by 8
          * lanes, the lanes past `count` left out of the sum. */
@@ -1407,11 +1417,13 @@ static void attend_group(const Shape *s, const Segment *seg, int64_t kv, const Q
     vec *state = aligned_alloc(64, (size_t)(((n * 2 * chunks * (int64_t)sizeof(vec)) + 63) / 64 * 64));
     float scale = s->scale != 0.0f ? s->scale : 1.0f / sqrtf((float)dim);
     if (dim == 64)
-        attend_queries(keys, values, seg->start, qs, n, 64, 64 / LANES, 64 / LANES, scale, scores, stride, state);
+        attend_queries(keys, values, seg->start, qs, n, 64, 64 / LANES, 64 / LANES, scale, s->softcap, scores, stride,
+                       state);
     else if (dim == 128)
-        attend_queries(keys, values, seg->start, qs, n, 128, 128 / LANES, 128 / LANES, scale, scores, stride, state);
+        attend_queries(keys, values, seg->start, qs, n, 128, 128 / LANES, 128 / LANES, scale, s->softcap, scores,
+                       stride, state);
     else
-        attend_queries(keys, values, seg->start, qs, n, dim, chunks, whole, scale, scores, stride, state);
+        attend_queries(keys, values, seg->start, qs, n, dim, chunks, whole, scale, s->softcap, scores, stride, state);
     free(scores);
     free(state);
 }

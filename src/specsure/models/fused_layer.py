@@ -27,8 +27,8 @@ class FusedLayer:
     down: torch.Tensor  # [hidden, intermediate]
     q_norm: torch.Tensor | None = None  # Qwen3, Gemma 3: each q head RMS-normed before RoPE [head_dim]
     k_norm: torch.Tensor | None = None
-    attn_out_norm: torch.Tensor | None = None  # Gemma 3: the attention's output normed before the residual add
-    mlp_out_norm: torch.Tensor | None = None  # Gemma 3: the MLP's output, likewise
+    attn_out_norm: torch.Tensor | None = None  # Gemma: the attention's output normed before the residual add
+    mlp_out_norm: torch.Tensor | None = None  # Gemma: the MLP's output, likewise
 
 
 def _fuse(modules: list[nn.Linear]) -> torch.Tensor:
@@ -63,7 +63,7 @@ def gemma_norm(weight: torch.Tensor) -> torch.Tensor:
 
 
 def fused_layer(layer: nn.Module, gemma: bool = False) -> FusedLayer:
-    """``layer``'s weights (a Llama-family decoder layer, or with ``gemma`` a Gemma 3 one: four norms,
+    """``layer``'s weights (a Llama-family decoder layer, or with ``gemma`` a Gemma 2 or 3 one: four norms,
     each a `gemma_norm`), its q|k|v and gate|up fused in place."""
     attn, mlp = layer.self_attn, layer.mlp
     projections = [attn.q_proj, attn.k_proj, attn.v_proj]
@@ -74,11 +74,12 @@ def fused_layer(layer: nn.Module, gemma: bool = False) -> FusedLayer:
         gate_up=_fuse([mlp.gate_proj, mlp.up_proj]), down=mlp.down_proj.weight,
         q_norm=_norm_weight(attn, "q_norm"), k_norm=_norm_weight(attn, "k_norm"))
     if gemma:
-        # Gemma 3 norms the attention's output (post_attention_layernorm), then the MLP's input
+        # Gemma norms the attention's output (post_attention_layernorm), then the MLP's input
         # (pre_feedforward_layernorm, where Llama's post_attention_layernorm sits) and its output.
         fused.input_norm = gemma_norm(layer.input_layernorm.weight)
         fused.attn_out_norm = gemma_norm(layer.post_attention_layernorm.weight)
         fused.post_norm = gemma_norm(layer.pre_feedforward_layernorm.weight)
         fused.mlp_out_norm = gemma_norm(layer.post_feedforward_layernorm.weight)
-        fused.q_norm, fused.k_norm = gemma_norm(attn.q_norm.weight), gemma_norm(attn.k_norm.weight)
+        if getattr(attn, "q_norm", None) is not None:  # Gemma 3's; Gemma 2 has none
+            fused.q_norm, fused.k_norm = gemma_norm(attn.q_norm.weight), gemma_norm(attn.k_norm.weight)
     return fused

@@ -10,13 +10,13 @@ In bfloat16, forwards over at most KERNEL_ROWS rows leave torch for the C kernel
 decode_kernel.c) once a sequence's cache exists: a one-token step is one call, a few-row forward
 a handful of calls per layer, all on these same fused weights and cache buffers.
 
-Covered: the Llama, Mistral, Qwen2, Qwen3 and Gemma 3 (text) classes, SiLU-gated MLPs (Gemma 3's
-GELU-gated ones), optional q/k/v/o biases, Qwen3's and Gemma 3's RMSNorm of each q and k head before
-RoPE, sliding-window layers (masked; the cache keeps every position), Gemma 3's norms of the
-attention's and the MLP's outputs, its scaled embedding, its scores' factor and its two RoPEs (one
-per layer type), any RoPE variant (the model's own rotary module computes cos/sin). The float32
-kernel runs all of it; the bf16 kernel has no per-head norms, windows or Gemma parts, so those
-models run on torch ops in bf16. Anything else runs on the transformers path;
+Covered: the Llama, Mistral, Qwen2, Qwen3, Gemma 2 and Gemma 3 (text) classes, SiLU-gated MLPs
+(Gemma's GELU-gated ones), optional q/k/v/o biases, Qwen3's and Gemma 3's RMSNorm of each q and k head
+before RoPE, sliding-window layers (masked; the cache keeps every position), Gemma's norms of the
+attention's and the MLP's outputs, its scaled embedding and its scores' factor, Gemma 2's soft-capped
+scores, Gemma 3's two RoPEs (one per layer type), any RoPE variant (the model's own rotary module
+computes cos/sin). The float32 kernel runs all of it; the bf16 kernel has no per-head norms, windows
+or Gemma parts, so those models run on torch ops in bf16. Anything else runs on the transformers path;
 `NativeDecoder.build` says why in one sentence.
 """
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 from collections import Counter
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -33,27 +32,14 @@ from torch import nn
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
 from specsure.models.gguf_blocks import A4, A8, INT8_FORMATS, PACKING_NAMES, BlockMatrix, FileBlocks, matches
-from specsure.models.decoder_family import layer_windows, unsupported
+from specsure.models.decoder_family import GEMMA_TYPES, layer_windows, unsupported
 from specsure.models.fused_layer import FusedLayer, fused_layer, gemma_norm
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
 from specsure.models.rotary_table import RotaryTable
 from specsure.models.row_pieces import PIECE_ROWS, run_in_pieces
-from specsure.models.token_tree import TokenTree, attention_mask
-
-
-def _positions(segments: list["Segment"]) -> torch.Tensor:
-    """The new rows' positions [1, T]: a chain's in order, a tree node's at its depth."""
-    return torch.cat([torch.arange(s.start, s.start + s.length) if s.tree is None else s.start + s.tree.depths
-                      for s in segments]).unsqueeze(0)
-
-
-def _mask(segment: "Segment", window: int) -> torch.Tensor | None:
-    """The segment's [n, start + n] attention mask in a layer with this sliding ``window`` (0: none), or
-    None where its one new token sees every cached position."""
-    if segment.length == 1 and (not window or segment.start < window):
-        return None
-    return attention_mask(segment.start, segment.length, segment.tree, window or None)
+from specsure.models.segment import Segment, positions, window_mask
+from specsure.models.token_tree import TokenTree
 
 
 def _ready(cache: RollbackCache, layers: int) -> bool:
@@ -72,8 +58,10 @@ class NativeDecoder:
         self.intermediate: int = int(config.intermediate_size)
         self.eps: float = float(config.rms_norm_eps)
         self.embed = base.embed_tokens
-        self.gemma = getattr(config, "model_type", None) == "gemma3_text"  # its embedding module scales itself
+        self.gemma = getattr(config, "model_type", None) in GEMMA_TYPES  # its embedding module scales itself
         self.score_scale: float | None = float(config.query_pre_attn_scalar) ** -0.5 if self.gemma else None
+        # Gemma 2 caps each score at +-softcap smoothly (softcap tanh(score / softcap)) before the softmax.
+        self.softcap: float | None = getattr(config, "attn_logit_softcapping", None) or None
         self.windows: list[int] = layer_windows(config, len(base.layers))
         # One RoPE table per layer type where the module keeps several (Gemma 3: local and global bases).
         types = getattr(config, "layer_types", None) or ["full_attention"] * len(base.layers)
@@ -91,7 +79,7 @@ class NativeDecoder:
         if self.embed.weight.dtype == torch.bfloat16:
             self.kernel, self.kernel_why = kernels.load()
         if self.kernel is not None and self.gemma:
-            self.kernel, self.kernel_why = None, "the bf16 kernel has no Gemma 3 layers"
+            self.kernel, self.kernel_why = None, "the bf16 kernel has no Gemma layers"
         if self.kernel is not None and self.layers[0].q_norm is not None:
             self.kernel, self.kernel_why = None, "the bf16 kernel has no per-head q and k norms (Qwen3's)"
         if self.kernel is not None and any(self.windows):
@@ -158,7 +146,7 @@ class NativeDecoder:
 
     def _shape_struct(self, config: object) -> kernels.ShapeStruct:
         return kernels.ShapeStruct(int(config.hidden_size), self.heads, self.kv_heads, self.head_dim,
-                                   self.intermediate, self.eps, self.score_scale or 0.0)
+                                   self.intermediate, self.eps, self.score_scale or 0.0, self.softcap or 0.0)
 
     def _weight_structs(self, struct_type: type[ctypes.Structure]) -> ctypes.Array:
         """One ``struct_type`` per layer, its weight fields pointing at this decoder's tensors."""
@@ -203,6 +191,22 @@ class NativeDecoder:
             return (x * weight).to(dtype)
         return weight * x.to(dtype)
 
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention [1, heads, n, dim]: torch's fused kernel, or with soft-capped scores (which it does not
+        take) the ops Gemma 2's eager attention runs."""
+        if self.softcap is None:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True,
+                                                  scale=self.score_scale)
+        group = self.heads // self.kv_heads
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+        scores = torch.matmul(q, keys.transpose(2, 3)) * (self.score_scale or self.head_dim ** -0.5)
+        scores = torch.tanh(scores / self.softcap) * self.softcap
+        if mask is not None:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return torch.matmul(weights, values)
+
     def _rope_tables(self, x: torch.Tensor, positions: torch.Tensor
                      ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """cos and sin [1, T, dim] for ``positions``, keyed by the id of each layer's RotaryTable."""
@@ -225,7 +229,7 @@ class NativeDecoder:
         """
         return self.forward_segments(ids, [Segment(start, ids.shape[0], cache, tree)], aux_layers)
 
-    def forward_segments(self, ids: torch.Tensor, segments: list["Segment"],
+    def forward_segments(self, ids: torch.Tensor, segments: list[Segment],
                          aux_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Run several sequences' new tokens in one pass: ``ids`` ([T]) is their concatenation.
 
@@ -249,10 +253,10 @@ class NativeDecoder:
                               PIECE_ROWS)
         heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
         x = self.embed(ids)  # [T, hidden]
-        tables = self._rope_tables(x.unsqueeze(0), _positions(segments))  # [1, T, dim] each
+        tables = self._rope_tables(x.unsqueeze(0), positions(segments))  # [1, T, dim] each
         # One new token attends to everything cached; several need the causal triangle (or the
         # tree's ancestor relation) offset by start; a sliding window cuts what lies before it.
-        by_window = {window: [_mask(s, window) for s in segments] for window in set(self.windows)}
+        by_window = {window: [window_mask(s, window) for s in segments] for window in set(self.windows)}
         bounds, end = [], 0
         for s in segments:
             bounds.append((end, end + s.length))
@@ -274,15 +278,12 @@ class NativeDecoder:
             v = v.view(total, kv_heads, dim).transpose(0, 1).unsqueeze(0)  # [1, kv_heads, T, dim]
             if len(segments) == 1:
                 keys, values = segments[0].cache.update(k, v, i)  # [1, kv_heads, start + n, dim]
-                att = F.scaled_dot_product_attention(q, keys, values, attn_mask=masks[0], enable_gqa=True,
-                                                     scale=self.score_scale)
-                att = att[0].transpose(0, 1)  # [T, heads, dim]
+                att = self._attend(q, keys, values, masks[0])[0].transpose(0, 1)  # [T, heads, dim]
             else:
                 parts = []
                 for segment, (a, b), mask in zip(segments, bounds, masks):
                     keys, values = segment.cache.update(k[:, :, a:b], v[:, :, a:b], i)
-                    out = F.scaled_dot_product_attention(q[:, :, a:b], keys, values, attn_mask=mask, enable_gqa=True,
-                                                         scale=self.score_scale)
+                    out = self._attend(q[:, :, a:b], keys, values, mask)
                     parts.append(out[0].transpose(0, 1))  # [n, heads, dim]
                 att = torch.cat(parts)
             out = project(att.reshape(total, heads * dim), layer.o, layer.o_bias)
@@ -294,7 +295,7 @@ class NativeDecoder:
         entering[len(self.layers)] = x  # id N: the last layer's output, before the final norm
         return self._rms(x, self.norm), [entering[i] for i in aux_layers]
 
-    def _kernel_step(self, ids: torch.Tensor, segment: "Segment", aux_layers: tuple[int, ...]
+    def _kernel_step(self, ids: torch.Tensor, segment: Segment, aux_layers: tuple[int, ...]
                      ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """One token through every layer in C, pausing only where an aux layer's input is wanted."""
         assert self.kernel is not None
@@ -328,14 +329,14 @@ class NativeDecoder:
         return out
 
     def _c_rows(self, kernel: "kernels.Kernel | float_kernels.FloatKernel", ids: torch.Tensor,
-                segments: list["Segment"], aux_layers: tuple[int, ...]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                segments: list[Segment], aux_layers: tuple[int, ...]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """A few rows (a verify step, a batch; in float32 a decode step too): every layer in C through
         ``kernel.decode_rows``, every product row-invariant, so a row's bits equal the decode step's
         at its position. The stack pauses only where an aux layer's input is wanted."""
         structs = self._structs if kernel is self.kernel else self._float_structs
         x = self.embed(ids).contiguous()  # [T, hidden]
         tables = {key: (cos[0].contiguous(), sin[0].contiguous())
-                  for key, (cos, sin) in self._rope_tables(x.unsqueeze(0), _positions(segments)).items()}
+                  for key, (cos, sin) in self._rope_tables(x.unsqueeze(0), positions(segments)).items()}
         cos, sin = tables[id(self.rotary)]
         if len(tables) > 1:  # layers of another RoPE read theirs (kept alive in `tables` until the calls end)
             for struct, table in zip(structs, self.layer_rotary):
@@ -368,7 +369,7 @@ class NativeDecoder:
             if not layer.is_initialized:
                 layer.lazy_initialization(empty, empty)
 
-    def _segment_table(self, segments: list["Segment"]) -> ctypes.Array:
+    def _segment_table(self, segments: list[Segment]) -> ctypes.Array:
         """The kernels' Segment structs, one per layer and segment (layer 0's first); room is made in
         each cache for its new rows. The tree masks live in ``self._masks`` until the next call."""
         count = len(segments)
@@ -381,13 +382,3 @@ class NativeDecoder:
                                                              segment.start, segment.length,
                                                              None if mask is None else mask.data_ptr())
         return table
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One sequence's share of a batched forward: its new tokens' count, where they start, its cache."""
-
-    start: int
-    length: int
-    cache: RollbackCache
-    tree: TokenTree | None = None

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from specsure.models.native import Segment
+    from specsure.models.segment import Segment
 
 PIECE_ROWS = 512
 """The most rows one forward of an int8 model takes: 2 MB of attention lists, and a step that
