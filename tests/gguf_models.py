@@ -155,7 +155,9 @@ def write_gemma2(folder: Path, out: Path, vocab: int = 290, quantize: Mapping[st
     config = Gemma2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
                           sliding_window=4, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    random_model(Gemma2ForCausalLM, config).save_pretrained(folder)
+    model = random_model(Gemma2ForCausalLM, config)
+    _unscaled_embedding(model)
+    model.save_pretrained(folder)
     byte_bpe_tokenizer(folder, vocab)
     tokenizer = json.loads((folder / "tokenizer.json").read_text())
     writer = gguf.GGUFWriter(str(out), "gemma2")
@@ -177,6 +179,17 @@ GEMMA3_TINY: Final[dict[str, int]] = dict(
 (transformers' and llama.cpp's default pattern); heads 16 wide."""
 
 
+def _unscaled_embedding(model: Any) -> None:
+    """A Gemma's tied embedding at std 0.03: Gemma multiplies it by sqrt(hidden) on the way in, and at the
+    tests' std of 0.2 the scaled input outweighs every layer, so greedy decoding repeated its last token
+    whatever attention, windows or norms did, and tests of them could not fail."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(4)
+        model.get_input_embeddings().weight.normal_(0.0, 0.03)
+
+
 def write_gemma3(folder: Path, out: Path, vocab: int = 290, quantize: Mapping[str, str] | None = None,
                  shape: Mapping[str, int] = GEMMA3_TINY) -> tuple[Path, Path]:
     """A random Gemma 3 text model of ``shape`` (tied embeddings) and the same weights as a GGUF file in
@@ -194,6 +207,7 @@ def write_gemma3(folder: Path, out: Path, vocab: int = 290, quantize: Mapping[st
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.uniform_(-0.5, 0.5)
+    _unscaled_embedding(model)
     model.save_pretrained(folder)
     byte_bpe_tokenizer(folder, vocab)
     writer = gguf.GGUFWriter(str(out), "gemma3")

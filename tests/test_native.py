@@ -162,3 +162,27 @@ def test_project_is_f_linear_for_every_row_count(dtype: torch.dtype, rows: int, 
         torch.testing.assert_close(got.float(), want, atol=tol * float(want.abs().max()), rtol=0)
     if dtype == torch.bfloat16 and rows > 1:  # bf16 keeps F.linear's own arithmetic, bit for bit
         assert torch.equal(project(x, weight, bias), torch.nn.functional.linear(x, weight, bias))
+
+
+def test_a_vision_language_gemma3_runs_its_text_decoder_natively(tmp_path) -> None:  # noqa: ANN001
+    """Gemma 3 4B and up ship as Gemma3ForConditionalGeneration, the text decoder its language_model: text
+    requests run that natively, as transformers' own model decodes them."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    from specsure import SamplingParams, make_engine
+
+    text = dict(SHAPE, vocab_size=300, head_dim=8, query_pre_attn_scalar=8, sliding_window=4)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    hf = _model(Gemma3ForConditionalGeneration, Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=299, boi_token_index=297,
+        eoi_token_index=298))
+    with torch.no_grad():
+        hf.get_input_embeddings().weight.normal_(0.0, 0.03)  # scaled by sqrt(hidden) on the way in
+    hf.save_pretrained(tmp_path / "vlm")
+    prompt = [5, 70, 71, 72, 80, 81, 90, 91, 92, 100, 5, 70, 33, 44, 55]
+    with torch.no_grad():
+        expected = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False)[0, len(prompt):].tolist()
+    engine = make_engine(str(tmp_path / "vlm"), None, dtype="float32")
+    assert engine.target.lm.path.startswith("native")
+    assert engine.generate(prompt, SamplingParams(max_tokens=16, ignore_eos=True))[0].token_ids == expected

@@ -413,3 +413,50 @@ def test_a_wider_head_states_its_width_runs_exactly_and_continues_at_it(target, 
     assert main(["train", "--method", "mtp", "--model", str(folder), "--prompts", str(prompts), "--steps", "1",
                  "--out", str(tmp_path / "m"), "--intermediate-size", "64"]) != 0
     assert "--intermediate-size 64: only --method eagle3 sizes its own MLP" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["gemma3", "gemma3-exact-gelu", "mistral-window"])
+def test_heads_train_and_run_exactly_on_targets_that_are_not_llama(family: str, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Gemma 3 (one RoPE per layer type, its own layer class) and a windowed Mistral: the EAGLE-3 trainer
+    built its Llama layer from the target's config (which lacks mlp_bias, attention_bias) and the MTP
+    trainer called Gemma's RotaryEmbedding without a layer type; both crashed. The heads are Llama layers
+    on the full-attention RoPE now, and their output equals plain decoding. An exact GELU keeps Gemma 3 on
+    transformers' modules, where the MTP proposer crashed on the same rotary module."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM
+
+    from specsure.cli.main import main
+    from tiny import random_model
+
+    shape = dict(vocab_size=96, hidden_size=48, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if family.startswith("gemma3"):
+        model = random_model(Gemma3ForCausalLM, Gemma3TextConfig(
+            **shape, head_dim=16, query_pre_attn_scalar=16, sliding_window=6,
+            hidden_activation="gelu" if family.endswith("gelu") else "gelu_pytorch_tanh",
+            layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]))
+        with torch.no_grad():
+            model.get_input_embeddings().weight.normal_(0.0, 0.03)  # scaled by sqrt(hidden) on the way in
+    else:
+        model = random_model(MistralForCausalLM, MistralConfig(**shape, sliding_window=6))
+    folder = tmp_path / family
+    model.save_pretrained(folder)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"category": "code", "prompt_ids": p}) + "\n" for p in PROMPTS))
+    plain = make_engine(str(folder), None, dtype="float32")
+    assert ("transformers" if family.endswith("gelu") else "native") in plain.target.lm.path.split(" ")[0]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    expected = [c.token_ids for c in plain.generate(PROMPTS, params)]
+    for method, extra in (("eagle3", ["--draft-vocab-size", "48", "--unroll", "2"]), ("mtp", [])):
+        out = tmp_path / f"{method}-head"
+        assert main(["train", "--method", method, "--model", str(folder), "--dtype", "float32", "--out", str(out),
+                     "--prompts", str(prompts), "--max-new-tokens", "16", "--steps", "4", "--no-progress",
+                     "--checkpoint-every", "0", *extra]) == 0, capsys.readouterr().err
+        capsys.readouterr()
+        spec = make_engine(str(folder), {"method": method, "model": str(out), "num_speculative_tokens": 2},
+                           dtype="float32")
+        assert [c.token_ids for c in spec.generate(PROMPTS, params)] == expected, method
+        assert spec.stats.drafts > 0
+    config = json.loads((tmp_path / "eagle3-head" / "config.json").read_text())
+    if family.startswith("gemma3"):  # the global base of the full-attention layers, not the sliding layers' 10,000
+        assert config["model_type"] == "llama" and config["rope_parameters"] == {"rope_theta": 1e6, "rope_type": "default"}

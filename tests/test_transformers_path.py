@@ -157,3 +157,13 @@ def test_aux_id_n_finds_a_final_norm_of_another_name(tmp_path, config, model, ex
     with torch.inference_mode():
         out = lm.forward([3, 14, 15, 92, 65], hidden=True, aux_layers=(0, 2))
         torch.testing.assert_close(final(out.aux_hidden[:, 64:]), out.hidden, atol=1e-5, rtol=0)
+
+
+def test_a_bidirectional_gemma3_is_refused_for_its_attention_not_for_a_state(tmp_path: Path) -> None:
+    from specsure.models import ModelLoadError, load_model
+
+    config, model, extra = MODELS["gemma3, per-layer types"]
+    folder = _write(tmp_path / "bidirectional", config, model, {**extra, "use_bidirectional_attention": True})
+    with pytest.raises(ModelLoadError) as err:
+        load_model(str(folder), dtype="float32")
+    assert "its config sets use_bidirectional_attention, so each token attends to the tokens after it" in str(err.value)

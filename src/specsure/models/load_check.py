@@ -53,6 +53,12 @@ def check_cache(lm: CausalLM) -> None:
     # float32. In bfloat16 every attention model measured was bit-exact here, and RWKV 58 units off.
     if gap := _beyond_rounding(stepped, whole, lm.dtype, units=16, floor=1e-4):
         error, tolerance = gap
+        if getattr(lm.config.get_text_config(decoder=True), "use_bidirectional_attention", False):
+            raise ModelLoadError(
+                f"{name}: its config sets use_bidirectional_attention, so each token attends to the tokens after "
+                f"it too (an encoder's attention: max |difference| {error:.3g} between decoding a token after the "
+                "others and with them). specsure decodes causal language models; set it to false only if the "
+                "checkpoint was trained causally.")
         raise ModelLoadError(
             f"{name}: a token decoded after the others gets other logits than with them in one forward "
             f"(max |difference| {error:.3g}, tolerance {tolerance:.3g}), so its layers keep a state beyond "

@@ -169,6 +169,9 @@ class NativeDecoder:
         config = hf.config.get_text_config(decoder=True)
         why = unsupported(config)
         base = hf.base_model
+        # A vision-language checkpoint (Gemma 3 4B and up: Gemma3ForConditionalGeneration) keeps its text
+        # decoder as language_model; text-only requests run just that.
+        base = getattr(base, "language_model", None) or base
         if why is None and not all(hasattr(base, a) for a in ("embed_tokens", "rotary_emb", "norm", "layers")):
             why = f"{type(base).__name__} does not have the Llama base-model layout"
         if why is not None:

@@ -24,12 +24,14 @@ class RotaryTable:
 
     def __init__(self, rotary: torch.nn.Module, layer_type: str | None = None) -> None:
         """``layer_type``: for a module that keeps one RoPE per layer type (Gemma 3's sliding and full
-        attention layers), the type whose cos and sin this table holds."""
+        attention layers), the type whose cos and sin this table holds; left out, the full-attention
+        layers' (the global base), which draft heads on such a target use."""
         self.module = rotary
-        self.layer_type = layer_type
         rope_type = getattr(rotary, "rope_type", None)
-        if layer_type is not None and isinstance(rope_type, dict):
+        if isinstance(rope_type, dict):
+            layer_type = layer_type or ("full_attention" if "full_attention" in rope_type else next(iter(rope_type)))
             rope_type = rope_type.get(layer_type)
+        self.layer_type = layer_type
         self._static = rope_type in STATIC_ROPE_TYPES
         self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 

@@ -185,16 +185,28 @@ def save_head(out: str | Path, config: dict[str, Any], tensors: dict[str, torch.
     return out
 
 
-def eagle3_config(lm: CausalLM, aux_layers: tuple[int, ...], draft_vocab: int, dtype: torch.dtype,
-                  intermediate_size: int | None = None) -> dict[str, Any]:
-    """The head's config.json as vLLM, SGLang and specsure read an EAGLE-3 head; its MLP has
-    ``intermediate_size`` units (None: the target's, which every other size is)."""
-    text = lm.hf.config.get_text_config(decoder=True)
+def llama_fields(text: Any) -> dict[str, Any]:
+    """A Llama layer's config fields for a head of the target whose text config is ``text``: its sizes,
+    norm epsilon and RoPE. A target with one RoPE per layer type (Gemma 3) gives its full-attention
+    layers' (the global base); a target whose own layer differs (Gemma's GELU and norms, Qwen2's
+    biases) gives only what a Llama layer reads, so the head is the Llama layer vLLM and SGLang load."""
     keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
             "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings",
             "hidden_act", "attention_bias", "mlp_bias", "initializer_range", "bos_token_id", "eos_token_id",
             "pad_token_id", "tie_word_embeddings")
     config = {k: getattr(text, k) for k in keep if getattr(text, k, None) is not None}
+    rope = config.get("rope_parameters")
+    per_type = {k: v for k, v in rope.items() if isinstance(v, dict)} if isinstance(rope, dict) else {}
+    if per_type:  # transformers keeps a flat copy beside them, of whichever type it read last
+        config["rope_parameters"] = dict(per_type.get("full_attention") or next(iter(per_type.values())))
+    return config
+
+
+def eagle3_config(lm: CausalLM, aux_layers: tuple[int, ...], draft_vocab: int, dtype: torch.dtype,
+                  intermediate_size: int | None = None) -> dict[str, Any]:
+    """The head's config.json as vLLM, SGLang and specsure read an EAGLE-3 head; its MLP has
+    ``intermediate_size`` units (None: the target's, which every other size is)."""
+    config = llama_fields(lm.hf.config.get_text_config(decoder=True))
     config.update({"architectures": [EAGLE3_ARCH], "model_type": "llama", "num_hidden_layers": 1,
                    "vocab_size": lm.vocab_size, "draft_vocab_size": draft_vocab, "target_hidden_size": lm.hidden_size,
                    "tie_word_embeddings": False, "torch_dtype": str(dtype).removeprefix("torch."),

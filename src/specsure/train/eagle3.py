@@ -30,12 +30,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from specsure.models.causal_lm import CausalLM
 from specsure.models.loading import LoadedModel
 from specsure.proposers.eagle3 import Eagle3Module
 from specsure.proposers.head_loading import load_weights
+from specsure.train.checkpoint import llama_fields
 from specsure.train.data import Sample
 from specsure.train.labels import DraftLabels, draft_vocabulary
 from specsure.train.loop import autocast, optimiser_for, run_steps
@@ -126,7 +128,10 @@ def initial_module(lm: CausalLM, aux_layers: tuple[int, ...], draft_ids: torch.T
     """A float32 head: random midlayer (std initializer_range), ones in every norm, the LM head's rows
     for the draft vocabulary copied from the target's, attached to the target. Its MLP has
     ``intermediate_size`` units (None: the target's)."""
-    config = copy.deepcopy(lm.hf.config.get_text_config(decoder=True))
+    text = lm.hf.config.get_text_config(decoder=True)
+    # A Llama target's own config, as the shipped heads were made; any other family's sizes in a Llama
+    # config (its layer class reads fields, such as mlp_bias, that other families' configs lack)
+    config = copy.deepcopy(text) if getattr(text, "model_type", None) == "llama" else LlamaConfig(**llama_fields(text))
     config.num_hidden_layers = 1
     if intermediate_size is not None:
         config.intermediate_size = intermediate_size

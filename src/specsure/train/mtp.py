@@ -44,6 +44,7 @@ import torch
 
 from specsure.models.causal_lm import CausalLM
 from specsure.models.loading import LoadedModel
+from specsure.models.rotary_table import RotaryTable
 from specsure.proposers.mtp import MTPModule
 from specsure.train.data import Sample
 from specsure.train.labels import DraftVocab, draft_vocabulary
@@ -164,7 +165,7 @@ def initial_module(lm: CausalLM, init: str = "random", seed: int = 0) -> MTPModu
         module.eh_proj.weight.copy_(torch.cat([torch.zeros(hidden, hidden), torch.eye(hidden)], dim=1))
         for norm in (module.enorm, module.hnorm, module.shared_head.norm):
             norm.weight.fill_(1.0)
-    module.attach(TargetParts(lm), base.rotary_emb)  # type: ignore[arg-type]
+    module.attach(TargetParts(lm), lm.rotary_table or RotaryTable(base.rotary_emb))  # type: ignore[arg-type]
     return module
 
 
