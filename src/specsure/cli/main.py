@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import sys
 from typing import Any, Callable
 
@@ -153,7 +154,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     setup_logging(args.verbose)
-    return guarded(lambda: args.run(args))
+    # explain, export and check-vllm mute specsure.config while they run (they print its warnings
+    # themselves); a process that calls main() keeps its own level afterwards
+    config_logger = logging.getLogger("specsure.config")
+    level = config_logger.level
+    try:
+        return guarded(lambda: args.run(args))
+    finally:
+        config_logger.setLevel(level)
 
 
 if __name__ == "__main__":
