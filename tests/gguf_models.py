@@ -4,6 +4,7 @@ order, its tensor names, a byte-level BPE tokenizer in the metadata); test-only 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -319,18 +320,27 @@ def _write_model(writer: Any, folder: Path, tokenizer: Mapping[str, Any], arch: 
     writer.close()
 
 
-def write_phi3(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]:
+def write_phi3(folder: Path, out: Path, vocab: int = 290, longrope: bool = False) -> tuple[Path, Path]:
     """A tiny random Phi-3 and the same weights as a GGUF file that names no padding token, as
-    llama.cpp's converter writes a vocabulary without one."""
+    llama.cpp's converter writes a vocabulary without one; with ``longrope``, a 128k-style model
+    (Phi-3.5-mini's LongRoPE: per-frequency short and long factors, the context 4x the original),
+    its factors written as llama.cpp's converter writes them: two tensors and the attention factor."""
     import gguf
     from transformers import Phi3Config, Phi3ForCausalLM
 
     from tiny import random_model
 
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": 10000.0}
+    original = 256
+    if longrope:
+        original = 64
+        rope = {"rope_type": "longrope", "rope_theta": 10000.0,
+                "short_factor": [1.0, 1.05, 1.2, 1.5, 2.0, 3.0, 5.0, 8.0],
+                "long_factor": [1.0, 1.3, 2.0, 3.5, 6.0, 10.0, 18.0, 32.0]}
     config = Phi3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
-                        original_max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=None,
-                        tie_word_embeddings=False)
+                        original_max_position_embeddings=original, bos_token_id=1, eos_token_id=2, pad_token_id=None,
+                        tie_word_embeddings=False, rope_parameters=rope)
     random_model(Phi3ForCausalLM, config).save_pretrained(folder)
     byte_bpe_tokenizer(folder, vocab)
     writer = gguf.GGUFWriter(str(out), "phi3")
@@ -340,6 +350,11 @@ def write_phi3(folder: Path, out: Path, vocab: int = 290) -> tuple[Path, Path]:
         writer.add_uint32(f"phi3.{key}", value)
     writer.add_float32("phi3.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
     writer.add_float32("phi3.rope.freq_base", float(config.rope_parameters["rope_theta"]))
+    if longrope:  # as llama.cpp's Phi3MiniModel converter writes a LongRoPE model
+        writer.add_uint32("phi3.rope.scaling.original_context_length", original)
+        writer.add_float32("phi3.rope.scaling.attn_factor", math.sqrt(1 + math.log(256 / original) / math.log(original)))
+        writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
     _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()), gguf.MODEL_ARCH.PHI3)
     return folder, out
 

@@ -377,6 +377,48 @@ def test_a_phi3_gguf_without_a_padding_token_gets_none_not_phi3s_default(tmp_pat
     assert_decodes_as(folder, gguf)
 
 
+def test_a_longrope_phi3_gguf_rotates_with_the_files_factors(tmp_path: Path) -> None:
+    """A 128k-context Phi-3 (Phi-3.5-mini, Phi-4-mini) keeps its LongRoPE factors in two tensors and
+    its attention factor in the metadata, none of which transformers' reader reads: the model rotated as
+    a plain RoPE one, fluent and wrong. It rotates as its Hugging Face source now."""
+    folder, gguf = write_phi3(tmp_path / "phi3", tmp_path / "phi3.gguf", longrope=True)
+    rope = load_model(str(gguf), "float32").lm.hf.config.rope_parameters
+    assert rope["rope_type"] == "longrope" and rope["original_max_position_embeddings"] == 64
+    assert rope["short_factor"][-1] == 8.0 and rope["long_factor"][-1] == 32.0
+    assert_decodes_as(folder, gguf)
+
+
+@pytest.mark.parametrize("short, long, original, message", [
+    ([1.0] * 8, None, 64, "but not rope_factors_long.weight"),
+    ([1.0] * 8, [1.0] * 6, 64, "rope_factors_long.weight is [6]"),
+    ([1.0] * 8, [1.0] * 7 + [float("nan")], 64, "not a positive number"),
+    ([1.0] * 8, [2.0] * 8, None, "no phi3.rope.scaling.original_context_length"),
+])
+def test_longrope_factors_that_do_not_fit_are_refused_by_name(tmp_path: Path, short: list[float],
+                                                              long: list[float] | None, original: int | None,
+                                                              message: str) -> None:
+    import gguf as gguf_py
+    import numpy as np
+
+    from specsure.models.errors import ModelLoadError
+    from specsure.models.gguf_rope import gguf_rope_parameters
+
+    path = tmp_path / "phi3.gguf"
+    writer = gguf_py.GGUFWriter(str(path), "phi3")
+    writer.add_uint32("phi3.context_length", 256)
+    if original is not None:
+        writer.add_uint32("phi3.rope.scaling.original_context_length", original)
+    writer.add_tensor("rope_factors_short.weight", np.array(short, dtype=np.float32))
+    if long is not None:
+        writer.add_tensor("rope_factors_long.weight", np.array(long, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        gguf_rope_parameters(path, {"rope_type": "default", "rope_theta": 10000.0}, 16)
+
+
 def test_an_architecture_transformers_cannot_read_is_named_with_the_fix(hf: Path, tmp_path: Path) -> None:
     gguf = write_llama_gguf(hf, tmp_path / "olmo.gguf")
     data = gguf.read_bytes()

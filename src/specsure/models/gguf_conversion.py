@@ -149,6 +149,9 @@ def _add_what_transformers_leaves_out(gguf: Path, model: Any) -> None:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         if (scaled := gguf_rope_parameters(gguf, rope, head_dim)) is not None:
             config.rope_parameters = scaled
+            if "original_max_position_embeddings" in scaled and hasattr(config, "original_max_position_embeddings"):
+                # Phi-3's config keeps its own copy, which transformers puts back into rope_parameters on load
+                config.original_max_position_embeddings = scaled["original_max_position_embeddings"]
     if (layers_27b := GEMMA_27B_LAYERS.get(config.model_type)) is not None:
         # The file has no key for it: llama.cpp takes 1/sqrt(head_dim), or, at the 27B's layer count,
         # 1/sqrt(hidden / heads); transformers' default (256) is right only where head_dim is 256.

@@ -6,7 +6,12 @@ first token on. llama.cpp keeps Llama 3's scaling as a tensor, ``rope_freqs.weig
 frequency, each frequency divided by it. Those factors follow from four numbers (factor, low and
 high frequency factors, the original context), which are recovered here by matching the tensor
 exactly; linear scaling comes from ``{arch}.rope.scaling.*`` (for Gemma 3's per-layer-type
-parameters, on its global layers only, as llama.cpp applies it). Scaling transformers reads itself
+parameters, on its global layers only, as llama.cpp applies it). Phi-3's LongRoPE (its 128k models,
+Phi-3.5-mini and Phi-4-mini) is two tensors of per-frequency factors, ``rope_factors_short.weight``
+and ``rope_factors_long.weight``, with the pretraining context and the attention factor as
+``{arch}.rope.scaling.*``; they become transformers' longrope parameters, which take the long
+factors once a sequence outgrows the pretraining context (llama.cpp takes them when the context it
+was started with does, so the two differ only past that length). Scaling transformers reads itself
 (gpt-oss) is kept. Anything else is refused: never a silently different model.
 """
 
@@ -22,6 +27,7 @@ from specsure.config.gguf_header import read_gguf_tensors
 from specsure.models.errors import ModelLoadError
 
 FREQS_TENSOR = "rope_freqs.weight"
+LONGROPE_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 _F32 = 0
 # (low_freq_factor, high_freq_factor, original context): Meta's values for Llama 3.1, 3.2 and 3.3.
 _LLAMA3_SHAPES = ((1.0, 4.0, 8192),)
@@ -39,6 +45,10 @@ def gguf_rope_parameters(gguf: Path, base: Mapping[str, Any], head_dim: int) -> 
     freqs = next((t for t in tensors if t.name == FREQS_TENSOR), None)
     # transformers keeps per-layer-type parameters (Gemma 3: sliding and full attention) nested.
     nested = any(isinstance(value, Mapping) for value in base.values())
+    longrope = {t.name: t for t in tensors if t.name in LONGROPE_TENSORS}
+    if longrope and freqs is None and not nested:
+        rotated = int(head_dim * float(base.get("partial_rotary_factor", 1.0)))
+        return {**base, **_longrope(gguf, longrope, rotated, metadata, arch)}
     if freqs is not None and not nested:
         return {**base, **_llama3(gguf, freqs, float(base.get("rope_theta", 10000.0)), head_dim, metadata, arch)}
     if freqs is None and (kind in (None, "none") or (kind == "linear" and factor in (None, 1, 1.0))):
@@ -50,22 +60,29 @@ def gguf_rope_parameters(gguf: Path, base: Mapping[str, Any], head_dim: int) -> 
     if linear and isinstance(full, Mapping):
         # llama.cpp scales only the global layers; its sliding-window layers keep a scale of 1.
         return {**base, "full_attention": {**full, "rope_type": "linear", "factor": float(factor)}}
-    what = (f"{FREQS_TENSOR}, on a model with per-layer-type rotary parameters" if freqs is not None else
+    what = (f"{FREQS_TENSOR}, on a model with per-layer-type rotary parameters" if freqs is not None and nested else
+            f"{FREQS_TENSOR} beside {', '.join(sorted(longrope))}" if freqs is not None and longrope else
+            f"{', '.join(sorted(longrope))}, on a model with per-layer-type rotary parameters" if longrope else
             f"{arch}.rope.scaling.type = {kind!r}, factor {factor!r}")
     raise ModelLoadError(f"{gguf}: its rotary embedding is scaled ({what}), which specsure cannot read from a GGUF "
                          "file yet; loading it unscaled would give other output. Load the model's Hugging Face "
                          "folder, whose config.json states its rope scaling.")
 
 
-def _llama3(gguf: Path, entry: Any, theta: float, head_dim: int, metadata: Mapping[str, Any],
-            arch: Any) -> dict[str, Any]:
-    count = entry.shape[0] if len(entry.shape) == 1 else None
-    if entry.kind != _F32 or count != head_dim // 2:
-        raise ModelLoadError(f"{gguf}: {FREQS_TENSOR} is {list(entry.shape)} of GGML type {entry.kind}; a Llama 3 "
-                             f"rope-scaling tensor is {head_dim // 2} float32 factors. Convert the model again.")
+def _factors(gguf: Path, entry: Any, count: int, shape: str) -> np.ndarray:
+    """The ``count`` float32 values of a 1-D factor tensor; ModelLoadError naming it and ``shape`` (what it
+    should be) for any other type or size."""
+    if entry.kind != _F32 or list(entry.shape) != [count]:
+        raise ModelLoadError(f"{gguf}: {entry.name} is {list(entry.shape)} of GGML type {entry.kind}; {shape}")
     with open(gguf, "rb") as fh:
         fh.seek(entry.start)
-        stored = np.frombuffer(fh.read(4 * count), dtype="<f4").astype(np.float64)
+        return np.frombuffer(fh.read(4 * count), dtype="<f4")
+
+
+def _llama3(gguf: Path, entry: Any, theta: float, head_dim: int, metadata: Mapping[str, Any],
+            arch: Any) -> dict[str, Any]:
+    stored = _factors(gguf, entry, head_dim // 2, f"a Llama 3 rope-scaling tensor is {head_dim // 2} float32 "
+                      "factors. Convert the model again.").astype(np.float64)
     factor = round(float(stored.max()), 5)  # a float32 of the factor (8, 16, 32 in Meta's configs)
     given = metadata.get(f"{arch}.rope.scaling.original_context_length")
     shapes = [(low, high, given) for low, high, _ in _LLAMA3_SHAPES] if isinstance(given, int) else _LLAMA3_SHAPES
@@ -77,6 +94,37 @@ def _llama3(gguf: Path, entry: Any, theta: float, head_dim: int, metadata: Mappi
                          f"scaling (factor {factor:g}, low/high frequency factors 1 and 4, original context 8192) "
                          "that specsure can express; loading it unscaled would give other output. Load the model's "
                          "Hugging Face folder, whose config.json states its rope scaling.")
+
+
+def _longrope(gguf: Path, entries: Mapping[str, Any], rotated: int, metadata: Mapping[str, Any],
+              arch: Any) -> dict[str, Any]:
+    """transformers' longrope parameters from llama.cpp's two factor tensors and its scaling keys."""
+    fix = "Convert the model again, or load its Hugging Face folder, whose config.json states its rope scaling."
+    missing = [name for name in LONGROPE_TENSORS if name not in entries]
+    if missing:
+        raise ModelLoadError(f"{gguf}: it holds {', '.join(entries)} but not {missing[0]}; LongRoPE needs both the "
+                             f"short and the long factors. {fix}")
+    factors = {}
+    for name in LONGROPE_TENSORS:
+        stored = _factors(gguf, entries[name], rotated // 2, f"LongRoPE factors for heads that rotate {rotated} "
+                          f"dimensions are {rotated // 2} float32 values. {fix}")
+        if not (np.isfinite(stored).all() and (stored > 0).all()):
+            raise ModelLoadError(f"{gguf}: {name} holds a factor that is not a positive number; each divides a "
+                                 f"rotary frequency. {fix}")
+        factors[name] = [float(v) for v in stored]
+    original = metadata.get(f"{arch}.rope.scaling.original_context_length")
+    context = metadata.get(f"{arch}.context_length")
+    if not (isinstance(original, int) and original > 0):
+        raise ModelLoadError(f"{gguf}: it holds LongRoPE factors but no {arch}.rope.scaling.original_context_length, "
+                             f"the context past which the long factors apply. {fix}")
+    out: dict[str, Any] = {"rope_type": "longrope", "short_factor": factors[LONGROPE_TENSORS[0]],
+                           "long_factor": factors[LONGROPE_TENSORS[1]], "original_max_position_embeddings": original}
+    if isinstance(context, int) and context > 0:
+        out["factor"] = context / original
+    attention = metadata.get(f"{arch}.rope.scaling.attn_factor")
+    if isinstance(attention, (int, float)) and not isinstance(attention, bool):
+        out["attention_factor"] = float(attention)  # llama.cpp scales cos and sin by it, as transformers does
+    return out
 
 
 def _llama3_factors(theta: float, head_dim: int, factor: float, low: float, high: float,
