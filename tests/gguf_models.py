@@ -320,11 +320,13 @@ def _write_model(writer: Any, folder: Path, tokenizer: Mapping[str, Any], arch: 
     writer.close()
 
 
-def write_phi3(folder: Path, out: Path, vocab: int = 290, longrope: bool = False) -> tuple[Path, Path]:
+def write_phi3(folder: Path, out: Path, vocab: int = 290, longrope: bool = False,
+               quantize: Mapping[str, str] | None = None) -> tuple[Path, Path]:
     """A tiny random Phi-3 and the same weights as a GGUF file that names no padding token, as
     llama.cpp's converter writes a vocabulary without one; with ``longrope``, a 128k-style model
     (Phi-3.5-mini's LongRoPE: per-frequency short and long factors, the context 4x the original),
-    its factors written as llama.cpp's converter writes them: two tensors and the attention factor."""
+    its factors written as llama.cpp's converter writes them: two tensors and the attention factor;
+    ``quantize`` as `_write_model`'s (q|k|v in blk.N.attn_qkv, gate|up in blk.N.ffn_up)."""
     import gguf
     from transformers import Phi3Config, Phi3ForCausalLM
 
@@ -355,7 +357,8 @@ def write_phi3(folder: Path, out: Path, vocab: int = 290, longrope: bool = False
         writer.add_float32("phi3.rope.scaling.attn_factor", math.sqrt(1 + math.log(256 / original) / math.log(original)))
         writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
         writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
-    _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()), gguf.MODEL_ARCH.PHI3)
+    _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()), gguf.MODEL_ARCH.PHI3,
+                 quantize=quantize)
     return folder, out
 
 

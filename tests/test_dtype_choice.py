@@ -81,12 +81,12 @@ def test_bf16_stays_where_the_kernel_would_not_read_blocks(quantised: Path, most
     assert "broken.gguf as blocks: its header cannot be read" in bf16(broken)
     import gguf
 
-    other = tmp_path / "phi3.gguf"
-    writer = gguf.GGUFWriter(str(other), "phi3")
+    other = tmp_path / "stablelm.gguf"
+    writer = gguf.GGUFWriter(str(other), "stablelm")
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.close()
-    assert "the kernel reads blocks for llama, qwen2, qwen3, gemma2, gemma3 only, not phi3" in bf16(other)
+    assert "the kernel reads blocks for llama, phi3, qwen2, qwen3, gemma2, gemma3 only, not stablelm" in bf16(other)
     monkeypatch.setenv("SPECSURE_GGUF_BLOCKS", "0")
     assert "SPECSURE_GGUF_BLOCKS=0 keeps float32 weights" in bf16(quantised)
     loaded_kernel = auto_dtype(quantised, cpus["amx"], kernel_missing=lambda: "")  # as loading asks: still bf16

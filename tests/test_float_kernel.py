@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import (
-    Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
-    Qwen2ForCausalLM,
+    Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
+    Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
 )
 
 from specsure.models import CausalLM
@@ -30,6 +30,12 @@ FAMILIES = {
                                                       "num_key_value_heads": 1})),
     # a window of 6 positions, narrower than a 9-token verify step: its last rows see draft tokens only
     "mistral-window": (MistralForCausalLM, MistralConfig(**SHAPE, sliding_window=6)),
+    # fused in the checkpoint, every layer windowed, LongRoPE's factors in the module's cos and sin
+    "phi3": (Phi3ForCausalLM, Phi3Config(**SHAPE, sliding_window=6, pad_token_id=None,
+                                         original_max_position_embeddings=256,
+                                         rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
+                                                          "short_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 8.0, 9.0],
+                                                          "long_factor": [1.0] * 8})),
     # soft-capped scores (and logits), alternating windows, Gemma's norms without q and k norms
     "gemma2": (Gemma2ForCausalLM, Gemma2Config(**SHAPE, head_dim=16, query_pre_attn_scalar=12, sliding_window=6,
                                                attn_logit_softcapping=3.0, final_logit_softcapping=5.0)),
@@ -140,7 +146,7 @@ def test_kernel_steps_and_verify_rows_match_the_torch_ops(family, kernel):
 
 
 @pytest.mark.parametrize("family", ["llama", "llama-biased", "odd-head-dim", "head-dim-64", "head-dim-128",
-                                    "mistral-window", "gemma2", "gemma3"])
+                                    "mistral-window", "phi3", "gemma2", "gemma3"])
 def test_verify_rows_equal_decode_steps_bit_for_bit(family, kernel):
     verify, decode = _pair(family, kernel)
     if kernel is None:

@@ -7,6 +7,7 @@ kernel, so these tests skip; test_float_kernel.py checks that the model's path t
 from __future__ import annotations
 
 import shutil
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -284,8 +285,6 @@ def test_a_gemma_gguf_runs_natively_on_its_blocks_and_every_method_equals_plain(
     draft model."""
     from gguf_models import assert_decodes_as
 
-    from specsure import SamplingParams, make_engine
-
     write, layers = (write_gemma3, 6) if family == "gemma3" else (write_gemma2, 2)
     types = {f"blk.{i}.{n}.weight": ("Q4_1" if i % 2 else "Q8_0") for i in range(layers)
              for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
@@ -302,14 +301,52 @@ def test_a_gemma_gguf_runs_natively_on_its_blocks_and_every_method_equals_plain(
     monkeypatch.delenv("SPECSURE_GGUF_BLOCKS")
     plain_folder, plain_gguf = write(tmp_path / "plain", tmp_path / "plain.gguf", VOCAB)
     assert_decodes_as(plain_folder, plain_gguf)
+    for method, stats in _methods_against_plain(gguf, ("ngram", "suffix", "draft_model")).items():
+        assert stats.accepted_tokens > 0, method
+
+
+@pytest.mark.parametrize("longrope", [False, True], ids=["phi3", "phi3-longrope"])
+def test_a_phi3_gguf_reads_its_fused_blocks_and_every_method_equals_plain(longrope: bool, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Phi-3's file keeps q|k|v as one tensor (attn_qkv) and gate|up as ffn_up, in transformers' row
+    order: the float32 kernel reads them as they are, with the same bits as their float32 weights,
+    LongRoPE's factors included, and speculative decoding equals plain decoding on them."""
+    from gguf_models import assert_decodes_as, write_phi3
+
+    types = {f"blk.{i}.{n}.weight": ("Q4_1" if i else "Q8_0") for i in (0, 1)
+             for n in ("attn_qkv", "attn_output", "ffn_up", "ffn_down")}
+    _, gguf = write_phi3(tmp_path / "phi3", tmp_path / "phi3.gguf", VOCAB, longrope, {**types, "output.weight": "Q8_0"})
+    blocks = load_model(str(gguf), dtype="float32").lm
+    assert blocks.hf.config.model_type == "phi3" and blocks.path.startswith("native")
+    if float_kernels.load()[0] is None:
+        pytest.skip(NO_KERNEL)
+    assert blocks.path.endswith("of its 9 weight matrices the kernel reads 4 Q4_1, 5 Q8_0 as the GGUF's blocks")
+    assert load_model(str(gguf), dtype="float32", int8_activations=True).lm.int8_matrices == 9
+    monkeypatch.setenv("SPECSURE_GGUF_BLOCKS", "0")
+    _same_decoding(blocks, load_model(str(gguf), dtype="float32").lm)
+    monkeypatch.delenv("SPECSURE_GGUF_BLOCKS")
+    plain_folder, plain_gguf = write_phi3(tmp_path / "plain", tmp_path / "plain.gguf", VOCAB, longrope)
+    assert_decodes_as(plain_folder, plain_gguf)
+    stats = _methods_against_plain(gguf, ("ngram", "draft_model"))
+    assert stats["ngram"].draft_tokens > 0 and stats["draft_model"].accepted_tokens > 0
+
+
+def _methods_against_plain(gguf: Path, methods: tuple[str, ...]) -> dict[str, Any]:
+    """Each method's stats over a 40-token greedy decode of ``gguf`` that equals plain decoding's (asserted),
+    plain's text being the model's own (not one token repeated)."""
+    from specsure import SamplingParams, make_engine
+
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     prompt = [5, 70, 71, 72, 80, 81, 5, 70, 71, 72, 90, 91, 5, 70, 71]
     expected = make_engine(str(gguf), None, dtype="float32").generate(prompt, params)[0].token_ids
-    assert len(set(expected)) > 5, expected  # the model's own text, not one token repeated
-    for spec in ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
-                  "prompt_lookup_branches": 3},
-                 {"method": "suffix", "num_speculative_tokens": 6},
-                 {"method": "draft_model", "model": str(gguf), "num_speculative_tokens": 3}):
-        engine = make_engine(str(gguf), spec, dtype="float32")
-        assert engine.generate(prompt, params)[0].token_ids == expected, spec["method"]
-        assert engine.stats.accepted_tokens > 0, spec["method"]
+    assert len(set(expected)) > 5, expected
+    specs = {"ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+                       "prompt_lookup_branches": 3},
+             "suffix": {"method": "suffix", "num_speculative_tokens": 6},
+             "draft_model": {"method": "draft_model", "model": str(gguf), "num_speculative_tokens": 3}}
+    stats = {}
+    for method in methods:
+        engine = make_engine(str(gguf), specs[method], dtype="float32")
+        assert engine.generate(prompt, params)[0].token_ids == expected, method
+        stats[method] = engine.stats
+    return stats

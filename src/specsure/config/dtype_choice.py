@@ -32,12 +32,12 @@ KERNEL_FLAGS: Final[tuple[str, ...]] = ("avx2", "fma")
 """CPU flags the float32 kernel needs (float_kernel.py)."""
 KERNEL_ENV: Final[str] = "SPECSURE_KERNEL"
 """0 turns the C kernels off (``dot`` keeps the bf16 one off AMX tiles: kernel.py)."""
-_LAYER_MATRIX = re.compile(r"^blk\.\d+\.(attn_q|attn_k|attn_v|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
-BLOCK_ARCHITECTURES: Final[dict[str, bool]] = {"llama": True, "qwen2": False, "qwen3": False, "gemma2": False,
-                                               "gemma3": False}
+_LAYER_MATRIX = re.compile(r"^blk\.\d+\.(attn_q|attn_k|attn_v|attn_qkv|attn_output|ffn_gate|ffn_up|ffn_down)\.weight$")
+BLOCK_ARCHITECTURES: Final[dict[str, bool]] = {"llama": True, "phi3": False, "qwen2": False, "qwen3": False,
+                                               "gemma2": False, "gemma3": False}
 """GGUF architectures whose blocks the loader maps onto the model's weights, and whether llama.cpp's
-converter interleaved their q and k rows for its rotary (its Llama converter does; its Qwen2, Qwen3
-and Gemma ones keep transformers' order)."""
+converter interleaved their q and k rows for its rotary (its Llama converter does; its Phi-3, Qwen2,
+Qwen3 and Gemma ones keep transformers' order)."""
 GGUF_ARCHITECTURES: Final[dict[str, str]] = {"gemma3_text": "gemma3"}
 """transformers' model_type -> the GGUF architecture, where the names differ."""
 

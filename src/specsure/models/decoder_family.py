@@ -7,7 +7,7 @@ own modules.
 
 from __future__ import annotations
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
+FAMILIES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text")
 """Text-config model_types whose decoder layers the native forward runs."""
 GEMMA_TYPES = ("gemma2", "gemma3_text")
 """Of them, Gemma's: four norms a layer, each multiplying by 1 + w, and a GELU-gated MLP."""
@@ -27,6 +27,10 @@ def unsupported(config: object) -> str | None:
         return f"hidden_act {config.hidden_act!r} is not silu"
     if getattr(config, "mlp_bias", False):
         return "the MLP has biases"
+    rope = getattr(config, "rope_parameters", None) or {}
+    partial = rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else 1.0
+    if partial not in (None, 1, 1.0):
+        return f"partial_rotary_factor {partial} rotates only part of each head"
     if getattr(config, "pretraining_tp", 1) not in (None, 1):
         return "pretraining_tp splits the projections"
     layer_types = getattr(config, "layer_types", None) or ()
@@ -37,9 +41,9 @@ def unsupported(config: object) -> str | None:
 
 def layer_windows(config: object, layers: int) -> list[int]:
     """Each layer's sliding window (0: none), as transformers applies it: the layers whose layer type is
-    sliding_attention, or every Mistral layer where the config sets a window."""
+    sliding_attention, or every Mistral and Phi-3 layer where the config sets a window."""
     window = int(getattr(config, "sliding_window", None) or 0)
     types = getattr(config, "layer_types", None) or ["full_attention"] * layers
-    if getattr(config, "model_type", None) == "mistral":
+    if getattr(config, "model_type", None) in ("mistral", "phi3"):
         return [window] * layers
     return [window if t == "sliding_attention" else 0 for t in types]

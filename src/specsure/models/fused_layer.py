@@ -64,14 +64,18 @@ def gemma_norm(weight: torch.Tensor) -> torch.Tensor:
 
 def fused_layer(layer: nn.Module, gemma: bool = False) -> FusedLayer:
     """``layer``'s weights (a Llama-family decoder layer, or with ``gemma`` a Gemma 2 or 3 one: four norms,
-    each a `gemma_norm`), its q|k|v and gate|up fused in place."""
+    each a `gemma_norm`), its q|k|v and gate|up fused in place (a Phi-3 layer's are fused already)."""
     attn, mlp = layer.self_attn, layer.mlp
-    projections = [attn.q_proj, attn.k_proj, attn.v_proj]
-    qkv_bias = _fuse_bias(projections)
+    if hasattr(attn, "qkv_proj"):  # Phi-3 keeps both fused already, in the same orders
+        qkv, qkv_bias, gate_up = attn.qkv_proj.weight, attn.qkv_proj.bias, mlp.gate_up_proj.weight
+    else:
+        projections = [attn.q_proj, attn.k_proj, attn.v_proj]
+        qkv, qkv_bias = _fuse(projections), _fuse_bias(projections)
+        gate_up = _fuse([mlp.gate_proj, mlp.up_proj])
     fused = FusedLayer(
-        input_norm=layer.input_layernorm.weight, qkv=_fuse(projections), qkv_bias=qkv_bias,
+        input_norm=layer.input_layernorm.weight, qkv=qkv, qkv_bias=qkv_bias,
         o=attn.o_proj.weight, o_bias=attn.o_proj.bias, post_norm=layer.post_attention_layernorm.weight,
-        gate_up=_fuse([mlp.gate_proj, mlp.up_proj]), down=mlp.down_proj.weight,
+        gate_up=gate_up, down=mlp.down_proj.weight,
         q_norm=_norm_weight(attn, "q_norm"), k_norm=_norm_weight(attn, "k_norm"))
     if gemma:
         # Gemma norms the attention's output (post_attention_layernorm), then the MLP's input

@@ -313,11 +313,15 @@ def read_blocks(gguf: Path, layers: int, heads: int, kv_heads: int, tied: bool, 
     found = []
     for i in range(layers):
         prefix = f"blk.{i}."
+        # Phi-3's converter keeps q|k|v as one tensor and gate|up as ffn_up (llama.cpp's newer one may split them)
+        fused_qkv, fused_up = prefix + "attn_qkv.weight" in tensors, prefix + "ffn_gate.weight" not in tensors
         found.append({
-            "qkv": stack([unpermuted(prefix + "attn_q.weight", heads), unpermuted(prefix + "attn_k.weight", kv_heads),
-                          matrix(prefix + "attn_v.weight")]),
+            "qkv": matrix(prefix + "attn_qkv.weight") if fused_qkv else
+            stack([unpermuted(prefix + "attn_q.weight", heads), unpermuted(prefix + "attn_k.weight", kv_heads),
+                   matrix(prefix + "attn_v.weight")]),
             "o": matrix(prefix + "attn_output.weight"),
-            "gate_up": stack([matrix(prefix + "ffn_gate.weight"), matrix(prefix + "ffn_up.weight")]),
+            "gate_up": matrix(prefix + "ffn_up.weight") if fused_up else
+            stack([matrix(prefix + "ffn_gate.weight"), matrix(prefix + "ffn_up.weight")]),
             "down": matrix(prefix + "ffn_down.weight"),
         })
     head = matrix("output.weight") if "output.weight" in tensors or not tied else matrix("token_embd.weight")

@@ -10,12 +10,12 @@ In bfloat16, forwards over at most KERNEL_ROWS rows leave torch for the C kernel
 decode_kernel.c) once a sequence's cache exists: a one-token step is one call, a few-row forward
 a handful of calls per layer, all on these same fused weights and cache buffers.
 
-Covered: the Llama, Mistral, Qwen2, Qwen3, Gemma 2 and Gemma 3 (text) classes, SiLU-gated MLPs
-(Gemma's GELU-gated ones), optional q/k/v/o biases, Qwen3's and Gemma 3's RMSNorm of each q and k head
+Covered: the Llama, Mistral, Phi-3, Qwen2, Qwen3, Gemma 2 and Gemma 3 (text) classes, SiLU-gated MLPs
+(Gemma's GELU-gated ones), optional q/k/v/o biases, Phi-3's own fused q|k|v and gate|up, Qwen3's and Gemma 3's RMSNorm of each q and k head
 before RoPE, sliding-window layers (masked; the cache keeps every position), Gemma's norms of the
 attention's and the MLP's outputs, its scaled embedding and its scores' factor, Gemma 2's soft-capped
-scores, Gemma 3's two RoPEs (one per layer type), any RoPE variant (the model's own rotary module
-computes cos/sin). The float32 kernel runs all of it; the bf16 kernel has no per-head norms, windows
+scores, Gemma 3's two RoPEs (one per layer type), any RoPE variant that rotates whole heads (the
+model's own rotary module computes cos/sin; Phi-4-mini's partial rotary is not covered). The float32 kernel runs all of it; the bf16 kernel has no per-head norms, windows
 or Gemma parts, so those models run on torch ops in bf16. Anything else runs on the transformers path;
 `NativeDecoder.build` says why in one sentence.
 """
