@@ -1,7 +1,8 @@
-"""An F32 GGUF of a random Llama, Qwen2, Qwen3 or Gemma 3 for timing K-quant files.
+"""An F32 GGUF of a random Llama, Qwen2, Qwen3, Gemma 3 or Phi-3 for timing K-quant files.
 
-    .venv/bin/python bench/synthetic_gguf.py /tmp/kq/f32.gguf [--family qwen2|qwen3|gemma3]
+    .venv/bin/python bench/synthetic_gguf.py /tmp/kq/f32.gguf [--family qwen2|qwen3|gemma3|phi3]
     .venv-llamacpp/bin/python bench/quantize_gguf.py /tmp/kq/f32.gguf /tmp/kq/Q6_K.gguf Q6_K
+    .venv/bin/python bench/synthetic_gguf.py /tmp/kq/q4_0.gguf --family phi3 --layers 6 --quantize Q4_0
 
 The default model's width of 576 makes llama.cpp's quantiser fall back from K-quants for most of
 its tensors, so its Q4_K_M, Q5_K_M and Q6_K files are mostly Q5_0 and Q8_0. The llama model (hidden
@@ -13,7 +14,10 @@ layers, 14 heads of 64, 2 kv heads, MLP 4864, q|k|v biases; 358M weights in its 
 multiple of 256, so its K-quant files fall back as the real one's do), the gemma3 one Gemma-3-270M's
 (hidden 640, 18 layers of which every sixth has full attention and the rest a window of 512, 4 heads
 of 256, 1 kv head, MLP 2048; 100M weights in its layers, where the real model's tied 262,144-row
-embedding adds 168M). All have the tests'
+embedding adds 168M), the phi3 one Phi-3-mini's (hidden 3072, 32 layers, 32 heads of 96, 32 kv heads,
+MLP 8192, its q|k|v and gate|up fused in the file; 113M weights a layer; --layers fewer, as a whole
+model's float32 conversion takes 15 GB). --quantize Q4_0, Q4_1 or Q8_0 writes the layers' matrices
+quantised by gguf-py (no llama.cpp needed). All have the tests'
 300-token byte-level BPE tokenizer (so an LM head of 300 rows where Qwen3-0.6B's has 151,936):
 their text is noise; only the speed of the layers means anything. Prompts must use ids below 300
 (`--prompt-ids 1,50,60,70,80,90,100,110`).
@@ -27,7 +31,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from gguf_models import byte_bpe_tokenizer, write_gemma3, write_llama_gguf, write_qwen_gguf  # noqa: E402  (the tests' GGUF writer)
+from gguf_models import (  # noqa: E402  (the tests' GGUF writer)
+    byte_bpe_tokenizer, write_gemma3, write_llama_gguf, write_phi3, write_qwen_gguf,
+)
 from tiny import build_tiny_llama, random_model  # noqa: E402
 
 VOCAB = 300
@@ -42,6 +48,9 @@ GEMMA3_270M = {"hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers
                "num_key_value_heads": 1, "head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 512,
                "max_position_embeddings": 4096}
 """Gemma-3-270M's layers: 15 sliding (a window of 512) and 3 full, heads of 256."""
+PHI3_MINI = {"hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "num_key_value_heads": 32, "max_position_embeddings": 4096}
+"""Phi-3-mini-4k's layers (its GGUF files run without its sliding window, as llama.cpp runs them)."""
 
 
 def _qwen(family: str, folder: Path, out: Path) -> None:
@@ -56,10 +65,19 @@ def _qwen(family: str, folder: Path, out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="the F32 GGUF file to write")
-    parser.add_argument("--family", choices=("llama", *QWEN, "gemma3"), default="llama")
+    parser.add_argument("--family", choices=("llama", *QWEN, "gemma3", "phi3"), default="llama")
+    parser.add_argument("--layers", type=int, help="phi3: this many of Phi-3-mini's layers (default all 32)")
+    parser.add_argument("--quantize", choices=("Q4_0", "Q4_1", "Q8_0"), help="phi3: the layers' matrices in this type")
     args = parser.parse_args()
+    if (args.layers or args.quantize) and args.family != "phi3":
+        parser.error("--layers and --quantize are for --family phi3; quantise the others with bench/quantize_gguf.py")
     with tempfile.TemporaryDirectory() as folder:
-        if args.family == "gemma3":
+        if args.family == "phi3":
+            shape = {**PHI3_MINI, "num_hidden_layers": args.layers or PHI3_MINI["num_hidden_layers"]}
+            names = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")
+            types = {f"blk.{i}.{n}.weight": args.quantize for i in range(shape["num_hidden_layers"]) for n in names}
+            write_phi3(Path(folder) / "phi3", args.out, VOCAB, quantize=types if args.quantize else None, shape=shape)
+        elif args.family == "gemma3":
             write_gemma3(Path(folder) / "gemma3", args.out, VOCAB, shape=GEMMA3_270M)
         elif args.family in QWEN:
             _qwen(args.family, Path(folder) / args.family, args.out)

@@ -320,9 +320,13 @@ def _write_model(writer: Any, folder: Path, tokenizer: Mapping[str, Any], arch: 
     writer.close()
 
 
+PHI3_TINY: Final[dict[str, int]] = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                                     "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 256}
+
+
 def write_phi3(folder: Path, out: Path, vocab: int = 290, longrope: bool = False,
-               quantize: Mapping[str, str] | None = None) -> tuple[Path, Path]:
-    """A tiny random Phi-3 and the same weights as a GGUF file that names no padding token, as
+               quantize: Mapping[str, str] | None = None, shape: Mapping[str, int] = PHI3_TINY) -> tuple[Path, Path]:
+    """A random Phi-3 of ``shape`` and the same weights as a GGUF file that names no padding token, as
     llama.cpp's converter writes a vocabulary without one; with ``longrope``, a 128k-style model
     (Phi-3.5-mini's LongRoPE: per-frequency short and long factors, the context 4x the original),
     its factors written as llama.cpp's converter writes them: two tensors and the attention factor;
@@ -332,33 +336,36 @@ def write_phi3(folder: Path, out: Path, vocab: int = 290, longrope: bool = False
 
     from tiny import random_model
 
+    context = shape["max_position_embeddings"]
+    rotated = shape["hidden_size"] // shape["num_attention_heads"]
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": 10000.0}
-    original = 256
+    original = context
     if longrope:
-        original = 64
+        original = context // 4
+        ramp = np.linspace(0.0, 1.0, rotated // 2)
         rope = {"rope_type": "longrope", "rope_theta": 10000.0,
-                "short_factor": [1.0, 1.05, 1.2, 1.5, 2.0, 3.0, 5.0, 8.0],
-                "long_factor": [1.0, 1.3, 2.0, 3.5, 6.0, 10.0, 18.0, 32.0]}
-    config = Phi3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
-                        original_max_position_embeddings=original, bos_token_id=1, eos_token_id=2, pad_token_id=None,
-                        tie_word_embeddings=False, rope_parameters=rope)
+                "short_factor": [float(v) for v in (1.0 + 7.0 * ramp ** 2).astype(np.float32)],
+                "long_factor": [float(v) for v in (1.0 + 31.0 * ramp ** 1.5).astype(np.float32)]}
+    config = Phi3Config(vocab_size=vocab, original_max_position_embeddings=original, bos_token_id=1, eos_token_id=2,
+                        pad_token_id=None, tie_word_embeddings=False, rope_parameters=rope, **shape)
     random_model(Phi3ForCausalLM, config).save_pretrained(folder)
     byte_bpe_tokenizer(folder, vocab)
     writer = gguf.GGUFWriter(str(out), "phi3")
-    for key, value in (("context_length", 256), ("embedding_length", 64), ("feed_forward_length", 128),
-                       ("block_count", 2), ("attention.head_count", 4), ("attention.head_count_kv", 4),
-                       ("rope.dimension_count", 16)):
-        writer.add_uint32(f"phi3.{key}", value)
+    for key, field in (("context_length", "max_position_embeddings"), ("embedding_length", "hidden_size"),
+                       ("feed_forward_length", "intermediate_size"), ("block_count", "num_hidden_layers"),
+                       ("attention.head_count", "num_attention_heads"),
+                       ("attention.head_count_kv", "num_key_value_heads")):
+        writer.add_uint32(f"phi3.{key}", getattr(config, field))
+    writer.add_uint32("phi3.rope.dimension_count", rotated)
     writer.add_float32("phi3.attention.layer_norm_rms_epsilon", config.rms_norm_eps)
     writer.add_float32("phi3.rope.freq_base", float(config.rope_parameters["rope_theta"]))
     if longrope:  # as llama.cpp's Phi3MiniModel converter writes a LongRoPE model
         writer.add_uint32("phi3.rope.scaling.original_context_length", original)
-        writer.add_float32("phi3.rope.scaling.attn_factor", math.sqrt(1 + math.log(256 / original) / math.log(original)))
+        writer.add_float32("phi3.rope.scaling.attn_factor", math.sqrt(1 + math.log(context / original) / math.log(original)))
         writer.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
         writer.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
     _write_model(writer, folder, json.loads((folder / "tokenizer.json").read_text()), gguf.MODEL_ARCH.PHI3,
-                 quantize=quantize)
+                 quantize=quantize, layers=config.num_hidden_layers)
     return folder, out
 
 
