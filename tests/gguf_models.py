@@ -325,25 +325,27 @@ PHI3_TINY: Final[dict[str, int]] = {"hidden_size": 64, "intermediate_size": 128,
 
 
 def write_phi3(folder: Path, out: Path, vocab: int = 290, longrope: bool = False,
-               quantize: Mapping[str, str] | None = None, shape: Mapping[str, int] = PHI3_TINY) -> tuple[Path, Path]:
+               quantize: Mapping[str, str] | None = None, shape: Mapping[str, int] = PHI3_TINY,
+               partial_rotary: float = 1.0) -> tuple[Path, Path]:
     """A random Phi-3 of ``shape`` and the same weights as a GGUF file that names no padding token, as
     llama.cpp's converter writes a vocabulary without one; with ``longrope``, a 128k-style model
     (Phi-3.5-mini's LongRoPE: per-frequency short and long factors, the context 4x the original),
     its factors written as llama.cpp's converter writes them: two tensors and the attention factor;
-    ``quantize`` as `_write_model`'s (q|k|v in blk.N.attn_qkv, gate|up in blk.N.ffn_up)."""
+    ``quantize`` as `_write_model`'s (q|k|v in blk.N.attn_qkv, gate|up in blk.N.ffn_up);
+    ``partial_rotary``: the share of each head RoPE turns (Phi-4-mini's 0.75; rope.dimension_count)."""
     import gguf
     from transformers import Phi3Config, Phi3ForCausalLM
 
     from tiny import random_model
 
     context = shape["max_position_embeddings"]
-    rotated = shape["hidden_size"] // shape["num_attention_heads"]
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": 10000.0}
+    rotated = int(shape["hidden_size"] // shape["num_attention_heads"] * partial_rotary)
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": partial_rotary}
     original = context
     if longrope:
         original = context // 4
         ramp = np.linspace(0.0, 1.0, rotated // 2)
-        rope = {"rope_type": "longrope", "rope_theta": 10000.0,
+        rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": partial_rotary,
                 "short_factor": [float(v) for v in (1.0 + 7.0 * ramp ** 2).astype(np.float32)],
                 "long_factor": [float(v) for v in (1.0 + 31.0 * ramp ** 1.5).astype(np.float32)]}
     config = Phi3Config(vocab_size=vocab, original_max_position_embeddings=original, bos_token_id=1, eos_token_id=2,

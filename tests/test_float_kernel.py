@@ -36,6 +36,10 @@ FAMILIES = {
                                          rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
                                                           "short_factor": [1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 8.0, 9.0],
                                                           "long_factor": [1.0] * 8})),
+    # Phi-4-mini's partial rotary: the first 12 of each head's 16 dims turn, the last 4 pass
+    "phi4-mini": (Phi3ForCausalLM, Phi3Config(**SHAPE, pad_token_id=None,
+                                              rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                               "partial_rotary_factor": 0.75})),
     # soft-capped scores (and logits), alternating windows, Gemma's norms without q and k norms
     "gemma2": (Gemma2ForCausalLM, Gemma2Config(**SHAPE, head_dim=16, query_pre_attn_scalar=12, sliding_window=6,
                                                attn_logit_softcapping=3.0, final_logit_softcapping=5.0)),
@@ -146,7 +150,7 @@ def test_kernel_steps_and_verify_rows_match_the_torch_ops(family, kernel):
 
 
 @pytest.mark.parametrize("family", ["llama", "llama-biased", "odd-head-dim", "head-dim-64", "head-dim-128",
-                                    "mistral-window", "phi3", "gemma2", "gemma3"])
+                                    "mistral-window", "phi3", "phi4-mini", "gemma2", "gemma3"])
 def test_verify_rows_equal_decode_steps_bit_for_bit(family, kernel):
     verify, decode = _pair(family, kernel)
     if kernel is None:

@@ -305,17 +305,21 @@ def test_a_gemma_gguf_runs_natively_on_its_blocks_and_every_method_equals_plain(
         assert stats.accepted_tokens > 0, method
 
 
-@pytest.mark.parametrize("longrope", [False, True], ids=["phi3", "phi3-longrope"])
-def test_a_phi3_gguf_reads_its_fused_blocks_and_every_method_equals_plain(longrope: bool, tmp_path: Path,
+@pytest.mark.parametrize("longrope, partial", [(False, 1.0), (True, 1.0), (True, 0.75)],
+                         ids=["phi3", "phi3-longrope", "phi4-mini"])
+def test_a_phi3_gguf_reads_its_fused_blocks_and_every_method_equals_plain(longrope: bool, partial: float,
+                                                                          tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Phi-3's file keeps q|k|v as one tensor (attn_qkv) and gate|up as ffn_up, in transformers' row
     order: the float32 kernel reads them as they are, with the same bits as their float32 weights,
-    LongRoPE's factors included, and speculative decoding equals plain decoding on them."""
+    LongRoPE's factors and Phi-4-mini's partial rotary included, and speculative decoding equals plain
+    decoding on them."""
     from gguf_models import assert_decodes_as, write_phi3
 
     types = {f"blk.{i}.{n}.weight": ("Q4_1" if i else "Q8_0") for i in (0, 1)
              for n in ("attn_qkv", "attn_output", "ffn_up", "ffn_down")}
-    _, gguf = write_phi3(tmp_path / "phi3", tmp_path / "phi3.gguf", VOCAB, longrope, {**types, "output.weight": "Q8_0"})
+    _, gguf = write_phi3(tmp_path / "phi3", tmp_path / "phi3.gguf", VOCAB, longrope, {**types, "output.weight": "Q8_0"},
+                         partial_rotary=partial)
     blocks = load_model(str(gguf), dtype="float32").lm
     assert blocks.hf.config.model_type == "phi3" and blocks.path.startswith("native")
     if float_kernels.load()[0] is None:
@@ -325,7 +329,8 @@ def test_a_phi3_gguf_reads_its_fused_blocks_and_every_method_equals_plain(longro
     monkeypatch.setenv("SPECSURE_GGUF_BLOCKS", "0")
     _same_decoding(blocks, load_model(str(gguf), dtype="float32").lm)
     monkeypatch.delenv("SPECSURE_GGUF_BLOCKS")
-    plain_folder, plain_gguf = write_phi3(tmp_path / "plain", tmp_path / "plain.gguf", VOCAB, longrope)
+    plain_folder, plain_gguf = write_phi3(tmp_path / "plain", tmp_path / "plain.gguf", VOCAB, longrope,
+                                          partial_rotary=partial)
     assert_decodes_as(plain_folder, plain_gguf)
     stats = _methods_against_plain(gguf, ("ngram", "draft_model"))
     assert stats["ngram"].draft_tokens > 0 and stats["draft_model"].accepted_tokens > 0

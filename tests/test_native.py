@@ -35,6 +35,12 @@ FAMILIES = {
                                                   rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
                                                                    "short_factor": [1.0, 1.5, 3.0, 7.0],
                                                                    "long_factor": [1.0, 2.0, 9.0, 30.0]})),
+    # Phi-4-mini's partial rotary: RoPE turns the first 3/4 of each head (6 of 8 dims here), LongRoPE too
+    "phi4-mini": (Phi3ForCausalLM, Phi3Config(**SHAPE, pad_token_id=None, original_max_position_embeddings=64,
+                                              rope_parameters={"rope_type": "longrope", "rope_theta": 1e4,
+                                                               "partial_rotary_factor": 0.75,
+                                                               "short_factor": [1.0, 2.0, 4.0],
+                                                               "long_factor": [1.0, 3.0, 9.0]})),
     # alternating windows, soft-capped scores and logits, Gemma's norms, no q and k norms
     "gemma2": (Gemma2ForCausalLM, Gemma2Config(**SHAPE, head_dim=8, query_pre_attn_scalar=12, sliding_window=6,
                                                attn_logit_softcapping=3.0, final_logit_softcapping=5.0)),
@@ -74,7 +80,8 @@ def test_native_logits_match_the_models_own_forward(family):
         torch.testing.assert_close(hf(ids[None]).logits[0], expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral-window", "phi3-window", "gemma2", "gemma3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral-window", "phi3-window", "phi4-mini",
+                                    "gemma2", "gemma3"])
 def test_rollback_and_aux_layers_match_transformers(family):
     cls, config = FAMILIES[family]
     native, plain = CausalLM(_model(cls, config)), CausalLM(_model(cls, config), native=False)
@@ -102,11 +109,6 @@ def test_other_architectures_run_on_transformers_and_say_why():
     assert unsupported(MistralConfig(**SHAPE, sliding_window=16)) is None
     assert unsupported(LlamaConfig(**SHAPE, hidden_act="gelu")) == "hidden_act 'gelu' is not silu"
     assert unsupported(LlamaConfig(**SHAPE)) is None
-    phi4_mini = Phi3Config(**SHAPE, pad_token_id=None, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
-                                                                         "partial_rotary_factor": 0.75})
-    assert unsupported(phi4_mini) == "partial_rotary_factor 0.75 rotates only part of each head"
-    lm = CausalLM(_model(Phi3ForCausalLM, phi4_mini))
-    assert lm.path.startswith("transformers (") and "partial_rotary_factor 0.75" in lm.path
 
 
 # --- token trees: one forward over several candidate continuations, then the accepted path kept ---

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from specsure import SamplingParams, make_engine
+from specsure.config.errors import ConfigError
 from specsure.models.loading import load_model
 from specsure.proposers.head_layer import HeadCache
 from specsure.train.checkpoint import eagle3_config, eagle3_tensors, save_head
@@ -415,7 +416,7 @@ def test_a_wider_head_states_its_width_runs_exactly_and_continues_at_it(target, 
     assert "--intermediate-size 64: only --method eagle3 sizes its own MLP" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("family", ["gemma3", "gemma3-exact-gelu", "mistral-window"])
+@pytest.mark.parametrize("family", ["gemma3", "gemma3-exact-gelu", "mistral-window", "phi4-mini"])
 def test_heads_train_and_run_exactly_on_targets_that_are_not_llama(family: str, tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """Gemma 3 (one RoPE per layer type, its own layer class) and a windowed Mistral: the EAGLE-3 trainer
@@ -423,7 +424,8 @@ def test_heads_train_and_run_exactly_on_targets_that_are_not_llama(family: str, 
     trainer called Gemma's RotaryEmbedding without a layer type; both crashed. The heads are Llama layers
     on the full-attention RoPE now, and their output equals plain decoding. An exact GELU keeps Gemma 3 on
     transformers' modules, where the MTP proposer crashed on the same rotary module."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, MistralConfig, MistralForCausalLM, Phi3Config, \
+        Phi3ForCausalLM
 
     from specsure.cli.main import main
     from tiny import random_model
@@ -437,6 +439,12 @@ def test_heads_train_and_run_exactly_on_targets_that_are_not_llama(family: str, 
             layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"]))
         with torch.no_grad():
             model.get_input_embeddings().weight.normal_(0.0, 0.03)  # scaled by sqrt(hidden) on the way in
+    elif family == "phi4-mini":  # q|k|v and gate|up fused, RoPE on 3/4 of each head, LongRoPE's factors for them
+        model = random_model(Phi3ForCausalLM, Phi3Config(
+            **{**shape, "pad_token_id": None, "num_attention_heads": 3, "num_key_value_heads": 1},  # heads of 16
+            original_max_position_embeddings=64,
+            rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
+                             "short_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0], "long_factor": [1.0] * 6}))
     else:
         model = random_model(MistralForCausalLM, MistralConfig(**shape, sliding_window=6))
     folder = tmp_path / family
@@ -460,3 +468,10 @@ def test_heads_train_and_run_exactly_on_targets_that_are_not_llama(family: str, 
     config = json.loads((tmp_path / "eagle3-head" / "config.json").read_text())
     if family.startswith("gemma3"):  # the global base of the full-attention layers, not the sliding layers' 10,000
         assert config["model_type"] == "llama" and config["rope_parameters"] == {"rope_theta": 1e6, "rope_type": "default"}
+    if family == "phi4-mini":  # a Llama head turns whole heads: a plain RoPE of the target's base
+        assert config["rope_parameters"] == {"rope_theta": 1e4, "rope_type": "default"}
+        config["rope_parameters"]["partial_rotary_factor"] = 0.75
+        (tmp_path / "eagle3-head" / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ConfigError, match="partial_rotary_factor turns 12 of each head's 16 dims"):
+            make_engine(str(folder), {"method": "eagle3", "model": str(tmp_path / "eagle3-head"),
+                                      "num_speculative_tokens": 2}, dtype="float32")

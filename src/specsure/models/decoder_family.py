@@ -27,10 +27,6 @@ def unsupported(config: object) -> str | None:
         return f"hidden_act {config.hidden_act!r} is not silu"
     if getattr(config, "mlp_bias", False):
         return "the MLP has biases"
-    rope = getattr(config, "rope_parameters", None) or {}
-    partial = rope.get("partial_rotary_factor", 1.0) if isinstance(rope, dict) else 1.0
-    if partial not in (None, 1, 1.0):
-        return f"partial_rotary_factor {partial} rotates only part of each head"
     if getattr(config, "pretraining_tp", 1) not in (None, 1):
         return "pretraining_tp splits the projections"
     layer_types = getattr(config, "layer_types", None) or ()
@@ -47,3 +43,13 @@ def layer_windows(config: object, layers: int) -> list[int]:
     if getattr(config, "model_type", None) in ("mistral", "phi3"):
         return [window] * layers
     return [window if t == "sliding_attention" else 0 for t in types]
+
+
+def rotary_dim(config: object, head_dim: int) -> int:
+    """The dims of each head that RoPE turns, its first ones: all but where the rope parameters (or the
+    config) give a partial_rotary_factor, as Phi-4-mini's 0.75; as transformers' rotary modules count."""
+    rope = getattr(config, "rope_parameters", None)
+    factor = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
+    if factor is None:
+        factor = getattr(config, "partial_rotary_factor", None)
+    return int(head_dim * float(factor)) if factor else head_dim

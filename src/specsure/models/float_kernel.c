@@ -63,7 +63,7 @@ typedef struct {
     int64_t qkv_format, o_format, gate_up_format, down_format; /* F32 (0, what ctypes zero-fills) or a block format */
     const float *q_norm, *k_norm; /* Qwen3's RMSNorm of each q and k head before RoPE [head_dim]; NULL without */
     /* Gemma 3's: the norms of the attention's and the MLP's outputs before each joins the residual
-     * stream (NULL without); this layer's own cos and sin [rows, head_dim] where its RoPE differs from
+     * stream (NULL without); this layer's own cos and sin [rows, rotary] where its RoPE differs from
      * the call's (a sliding layer's local base; NULL: the call's); the sliding window (0: none); and
      * the MLP's activation, 0 SiLU or 1 GELU's tanh form. */
     const float *attn_out_norm, *mlp_out_norm, *cos, *sin;
@@ -75,6 +75,7 @@ typedef struct {
     float eps;
     float scale; /* the attention scores' factor; 0 (what ctypes zero-fills): 1 / sqrt(head_dim) */
     float softcap; /* Gemma 2's: each score becomes softcap tanh(score / softcap); 0: none */
+    int64_t rotary; /* the dims of each head that RoPE turns, its first ones (Phi-4-mini's 3/4); 0: head_dim */
 } Shape;
 
 /* One sequence's rows in one layer: `length` new tokens stored at `start ..` of this layer's cache
@@ -1210,19 +1211,21 @@ static void rope(float *x, const float *cos, const float *sin, int64_t dim) {
     memcpy(x, out, (size_t)dim * sizeof(float));
 }
 
-/* RoPE on q and k of every row, then k and v into each row's cache slot. qkv: [rows, qkv_size]. */
+/* RoPE on q and k of every row (the first `rotary` dims of each head; cos/sin [rows, rotary]), then k
+ * and v into each row's cache slot. qkv: [rows, qkv_size]. */
 static void rope_and_store(const Shape *s, const Segment *segs, int64_t nseg, float *qkv, const float *cos,
                            const float *sin) {
     int64_t dim = s->head_dim, q_size = s->heads * dim, kv_size = s->kv_heads * dim;
+    int64_t turned = s->rotary ? s->rotary : dim;
     int64_t row = 0;
     for (int64_t g = 0; g < nseg; g++) {
         const Segment *seg = &segs[g];
         for (int64_t r = 0; r < seg->length; r++, row++) {
             float *q = qkv + row * (q_size + 2 * kv_size), *k = q + q_size, *v = k + kv_size;
-            const float *c = cos + row * dim, *sn = sin + row * dim;
-            for (int64_t h = 0; h < s->heads; h++) rope(q + h * dim, c, sn, dim);
+            const float *c = cos + row * turned, *sn = sin + row * turned;
+            for (int64_t h = 0; h < s->heads; h++) rope(q + h * dim, c, sn, turned);
             for (int64_t h = 0; h < s->kv_heads; h++) {
-                rope(k + h * dim, c, sn, dim);
+                rope(k + h * dim, c, sn, turned);
                 size_t bytes = (size_t)dim * sizeof(float);
                 memcpy(seg->keys + (h * seg->capacity + seg->start + r) * dim, k + h * dim, bytes);
                 memcpy(seg->values + (h * seg->capacity + seg->start + r) * dim, v + h * dim, bytes);
@@ -1491,7 +1494,7 @@ void attend_rows(const Shape *s, const Segment *segs, int64_t nseg, float *qkv, 
 
 /* `count` layers over `rows` rows in one call (a decode step, a verify step, a batch of sequences),
  * each layer's segments at segs[l * nseg ..] (their rows in order; the caller has made room in
- * the caches). cos/sin: [rows, head_dim]. x: [rows, hidden], the residual stream, updated in
+ * the caches). cos/sin: [rows, rotary]. x: [rows, hidden], the residual stream, updated in
  * place; scratch: room for rows x (2 hidden + qkv_size + heads head_dim + 3 intermediate) floats. */
 void decode_rows(const Shape *s, const Layer *layers, int64_t count, const Segment *segs, int64_t nseg,
                   int64_t rows, const float *cos, const float *sin, float *x, float *scratch) {

@@ -11,12 +11,14 @@ decode_kernel.c) once a sequence's cache exists: a one-token step is one call, a
 a handful of calls per layer, all on these same fused weights and cache buffers.
 
 Covered: the Llama, Mistral, Phi-3, Qwen2, Qwen3, Gemma 2 and Gemma 3 (text) classes, SiLU-gated MLPs
-(Gemma's GELU-gated ones), optional q/k/v/o biases, Phi-3's own fused q|k|v and gate|up, Qwen3's and Gemma 3's RMSNorm of each q and k head
-before RoPE, sliding-window layers (masked; the cache keeps every position), Gemma's norms of the
-attention's and the MLP's outputs, its scaled embedding and its scores' factor, Gemma 2's soft-capped
-scores, Gemma 3's two RoPEs (one per layer type), any RoPE variant that rotates whole heads (the
-model's own rotary module computes cos/sin; Phi-4-mini's partial rotary is not covered). The float32 kernel runs all of it; the bf16 kernel has no per-head norms, windows
-or Gemma parts, so those models run on torch ops in bf16. Anything else runs on the transformers path;
+(Gemma's GELU-gated ones), optional q/k/v/o biases, Phi-3's own fused q|k|v and gate|up, Qwen3's and
+Gemma 3's RMSNorm of each q and k head before RoPE, sliding-window layers (masked; the cache keeps
+every position), Gemma's norms of the attention's and the MLP's outputs, its scaled embedding and its
+scores' factor, Gemma 2's soft-capped scores, Gemma 3's two RoPEs (one per layer type), any RoPE
+variant (the model's own rotary module computes cos/sin), on whole heads or on their first dims
+(Phi-4-mini's partial rotary). The float32 kernel runs all of it; the bf16 kernel has no per-head
+norms, windows, partial rotary or Gemma parts, so those models run on torch ops in bf16. Anything
+else runs on the transformers path;
 `NativeDecoder.build` says why in one sentence.
 """
 
@@ -32,7 +34,7 @@ from torch import nn
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
 from specsure.models.gguf_blocks import A4, A8, INT8_FORMATS, PACKING_NAMES, BlockMatrix, FileBlocks, matches
-from specsure.models.decoder_family import GEMMA_TYPES, layer_windows, unsupported
+from specsure.models.decoder_family import GEMMA_TYPES, layer_windows, rotary_dim, unsupported
 from specsure.models.fused_layer import FusedLayer, fused_layer, gemma_norm
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
@@ -55,6 +57,7 @@ class NativeDecoder:
         self.heads: int = int(config.num_attention_heads)
         self.kv_heads: int = int(getattr(config, "num_key_value_heads", None) or self.heads)
         self.head_dim: int = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self.rotary_dim: int = rotary_dim(config, self.head_dim)
         self.intermediate: int = int(config.intermediate_size)
         self.eps: float = float(config.rms_norm_eps)
         self.embed = base.embed_tokens
@@ -82,6 +85,8 @@ class NativeDecoder:
             self.kernel, self.kernel_why = None, "the bf16 kernel has no Gemma layers"
         if self.kernel is not None and self.layers[0].q_norm is not None:
             self.kernel, self.kernel_why = None, "the bf16 kernel has no per-head q and k norms (Qwen3's)"
+        if self.kernel is not None and self.rotary_dim != self.head_dim:
+            self.kernel, self.kernel_why = None, "the bf16 kernel turns whole heads, not a partial rotary"
         if self.kernel is not None and any(self.windows):
             self.kernel, self.kernel_why = None, "the bf16 kernel has no sliding window"
         if self.kernel is not None and self.head_dim > kernels.MAX_HEAD_DIM:
@@ -146,7 +151,8 @@ class NativeDecoder:
 
     def _shape_struct(self, config: object) -> kernels.ShapeStruct:
         return kernels.ShapeStruct(int(config.hidden_size), self.heads, self.kv_heads, self.head_dim,
-                                   self.intermediate, self.eps, self.score_scale or 0.0, self.softcap or 0.0)
+                                   self.intermediate, self.eps, self.score_scale or 0.0, self.softcap or 0.0,
+                                   self.rotary_dim if self.rotary_dim != self.head_dim else 0)
 
     def _weight_structs(self, struct_type: type[ctypes.Structure]) -> ctypes.Array:
         """One ``struct_type`` per layer, its weight fields pointing at this decoder's tensors."""
@@ -217,7 +223,10 @@ class NativeDecoder:
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
+        turned = cos.shape[-1]
+        if turned < x.shape[-1]:  # a partial rotary (Phi-4-mini's): the head's last dims pass as they are
+            return torch.cat((NativeDecoder._rotate(x[..., :turned], cos, sin), x[..., turned:]), dim=-1)
+        half = turned // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
 

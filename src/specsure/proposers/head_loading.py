@@ -19,6 +19,7 @@ from transformers import LlamaConfig, PreTrainedConfig
 from specsure.config.checkpoint import read_config
 from specsure.config.compat import mismatch
 from specsure.config.errors import ConfigError
+from specsure.models.decoder_family import rotary_dim
 
 
 class TensorFile:
@@ -85,6 +86,13 @@ def llama_config(config: Mapping[str, Any], where: str = "the head's config.json
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"{where}: transformers cannot build the head's decoder layer from it ({first}). Fix "
                           "the field it names.") from None
+    heads = int(getattr(built, "num_attention_heads", 0) or 1)
+    head_dim = int(getattr(built, "head_dim", None) or built.hidden_size // heads)
+    if (turned := rotary_dim(built, head_dim)) != head_dim:
+        raise ConfigError(f"{where}: partial_rotary_factor turns {turned} of each head's {head_dim} dims, but a "
+                          "Llama head layer (transformers' and specsure's) turns whole heads, so it would run "
+                          "another attention than the head was trained with; remove the key if the head was "
+                          "trained with a whole-head RoPE, or give a head that was.")
     built._attn_implementation = "sdpa"
     return built
 

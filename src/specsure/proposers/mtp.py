@@ -33,6 +33,7 @@ from specsure.config.checkpoint import int_field
 from specsure.config.compat import check_head_fits, check_mtp_tensors, not_an_mtp_head, require_target_mtp
 from specsure.config.detect import SPECSURE_MTP_HEAD, SPECSURE_MTP_MODEL_TYPE, deepseek_mtp_prefix
 from specsure.config.errors import ConfigError
+from specsure.models.decoder_family import rotary_dim
 from specsure.models.float_kernel import AnyKernel
 from specsure.models.gguf_blocks import q8_blocks, stack
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
@@ -136,6 +137,9 @@ class MTPModule(nn.Module):
         if norms and "q_norm" not in fields:  # a Qwen3 block's per-head norms: the bf16 kernel has none
             self._kernel = None
             return False
+        if rotary_dim(attn.config, dim) != dim and "q_norm" not in fields:  # the bf16 kernel turns whole heads
+            self._kernel = None
+            return False
         self._weights.update(norms)
         if any(b is not None for b in biases) and self._weights["qkv_bias"] is None:
             self._kernel = None
@@ -144,9 +148,11 @@ class MTPModule(nn.Module):
         for name, tensor in self._weights.items():
             setattr(self._layer[0], name, None if tensor is None else tensor.data_ptr())
         config = attn.config
+        turned = rotary_dim(config, dim)  # the target's RoPE, which the block shares (Phi-4-mini's turns 3/4)
         self._shape = ShapeStruct(self.eh_proj.out_features, int(config.num_attention_heads),
                                   int(config.num_key_value_heads), dim, mlp.down_proj.in_features,
-                                  float(block.input_layernorm.variance_epsilon))
+                                  float(block.input_layernorm.variance_epsilon), 0.0, 0.0,
+                                  turned if turned != dim else 0)
         self._kernel = kernel
         return True
 

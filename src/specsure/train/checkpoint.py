@@ -189,7 +189,8 @@ def llama_fields(text: Any) -> dict[str, Any]:
     """A Llama layer's config fields for a head of the target whose text config is ``text``: its sizes,
     norm epsilon and RoPE. A target with one RoPE per layer type (Gemma 3) gives its full-attention
     layers' (the global base); a target whose own layer differs (Gemma's GELU and norms, Qwen2's
-    biases) gives only what a Llama layer reads, so the head is the Llama layer vLLM and SGLang load."""
+    biases) gives only what a Llama layer reads, so the head is the Llama layer vLLM and SGLang load; a
+    partial rotary (Phi-4-mini's) gives a plain RoPE of its base."""
     keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
             "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings",
             "hidden_act", "attention_bias", "mlp_bias", "initializer_range", "bos_token_id", "eos_token_id",
@@ -199,6 +200,13 @@ def llama_fields(text: Any) -> dict[str, Any]:
     per_type = {k: v for k, v in rope.items() if isinstance(v, dict)} if isinstance(rope, dict) else {}
     if per_type:  # transformers keeps a flat copy beside them, of whichever type it read last
         config["rope_parameters"] = dict(per_type.get("full_attention") or next(iter(per_type.values())))
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and rope.get("partial_rotary_factor") not in (None, 1, 1.0):
+        # A Llama layer turns whole heads, and scaling factors counted for a partial rotary (Phi-4-mini's
+        # LongRoPE lists 3/4 of a head's frequencies) would not fit it: the head gets a plain RoPE of the
+        # target's base, which it is trained with, and which vLLM and SGLang read from its config too.
+        config["rope_parameters"] = {"rope_type": "default", "rope_theta": rope.get("rope_theta", 10000.0)}
+        config.pop("rope_scaling", None)  # the same parameters under their old name, which LlamaConfig reads last
     return config
 
 
