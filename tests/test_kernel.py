@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
+    Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+)
 
 from specsure.config.dtype_choice import c_compiler
 from specsure.models import CausalLM
@@ -21,6 +24,13 @@ FAMILIES = {
     "llama": (LlamaForCausalLM, LlamaConfig(**SHAPE)),
     "llama-biased": (LlamaForCausalLM, LlamaConfig(**SHAPE, attention_bias=True)),
     "qwen2": (Qwen2ForCausalLM, Qwen2Config(**SHAPE, tie_word_embeddings=True)),
+    "qwen3": (Qwen3ForCausalLM, Qwen3Config(**SHAPE, head_dim=16)),  # per-head q and k norms before RoPE
+    # a window of 6, narrower than a 9-token verify step: its last rows see draft tokens only
+    "mistral-window": (MistralForCausalLM, MistralConfig(**SHAPE, sliding_window=6)),
+    # RoPE on the first 12 of each head's 16 dims; q|k|v and gate|up fused in the checkpoint; a window
+    "phi4-mini": (Phi3ForCausalLM, Phi3Config(**SHAPE, pad_token_id=None, sliding_window=7,
+                                              rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                               "partial_rotary_factor": 0.75})),
 }
 
 
@@ -122,7 +132,7 @@ def test_a_compiler_that_fails_is_reported_not_hidden(monkeypatch, tmp_path, mod
 
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral-window", "phi4-mini"])
 def test_verify_rows_trees_and_batches_match_the_torch_ops(family, products):
     from specsure.models.causal_lm import Call
     from specsure.models.token_tree import TokenTree
@@ -152,7 +162,7 @@ def test_verify_rows_trees_and_batches_match_the_torch_ops(family, products):
         torch.testing.assert_close(a.logits, b.logits, **close)
 
 
-@pytest.mark.parametrize("family", ["llama", "llama-biased"])
+@pytest.mark.parametrize("family", ["llama", "llama-biased", "qwen3", "mistral-window", "phi4-mini"])
 def test_exact_mode_verify_rows_equal_decode_steps_bit_for_bit(family, products):
     from specsure.models.token_tree import TokenTree
 
@@ -293,15 +303,23 @@ def test_eagle3_midlayer_on_the_kernel_matches_its_torch_ops(tmp_path, products)
     assert engine.generate([prompt], greedy)[0].token_ids == plain.generate([prompt], greedy)[0].token_ids
 
 
-def test_mtp_block_on_the_kernel_matches_its_torch_ops(tmp_path, products):
-    """In bf16 a dense MTP module runs on the kernel (decode_rows on the head's cache): its
-    torch ops' arithmetic up to float32 summation order, and the engine still equals plain."""
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_mtp_block_on_the_kernel_matches_its_torch_ops(tmp_path, products, family):
+    """In bf16 a dense MTP module runs on the kernel (decode_rows on the head's cache), a Qwen3 block's
+    per-head norms too: its torch ops' arithmetic up to float32 summation order, and the engine still
+    equals plain."""
     from specsure import SamplingParams, make_engine
     from specsure.models.loading import load_model
     from specsure.train import initial_module, save_mtp_head
-    from tiny import build_tiny_llama
+    from tiny import build_tiny_llama, random_model
 
-    target = str(build_tiny_llama(tmp_path / "t", vocab_size=96, hidden_size=64, num_layers=3))
+    if family == "qwen3":
+        target = str(tmp_path / "t")
+        random_model(Qwen3ForCausalLM, Qwen3Config(vocab_size=96, hidden_size=64, intermediate_size=80,
+                                                   num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                                                   head_dim=16, max_position_embeddings=512)).save_pretrained(target)
+    else:
+        target = str(build_tiny_llama(tmp_path / "t", vocab_size=96, hidden_size=64, num_layers=3))
     loaded = load_model(target, dtype="float32")
     module = initial_module(loaded.lm, seed=4)
     with torch.no_grad():  # a random block, so the check is not of near-zero outputs
@@ -315,6 +333,7 @@ def test_mtp_block_on_the_kernel_matches_its_torch_ops(tmp_path, products):
         assert module._kernel is None
         return
     assert module._kernel is not None
+    assert ("q_norm" in module._weights) == (family == "qwen3")
     (hidden, logits), (want_hidden, want_logits) = _kernel_then_torch(module, seed=5)
     # bf16 rounds every op; the two differ in float32 summation order inside them (as above).
     torch.testing.assert_close(hidden.float(), want_hidden.float(), atol=0.03 * float(want_hidden.abs().max()), rtol=0)

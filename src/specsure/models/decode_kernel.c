@@ -36,11 +36,15 @@ typedef struct {
     const bf16 *input_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *down;
     bf16 *keys, *values; /* [kv_heads, capacity, head_dim]: this layer's KV cache buffers */
     int64_t capacity;
+    const bf16 *q_norm, *k_norm; /* Qwen3's RMSNorm of each q and k head before RoPE [head_dim]; NULL without */
+    int64_t window; /* a sliding window (Mistral's, Phi-3's): a row sees its last `window` positions; 0: all */
 } Layer;
 
 typedef struct {
     int64_t hidden, heads, kv_heads, head_dim, intermediate;
     float eps;
+    float scale, softcap; /* the float32 kernel's (Gemma's); this kernel runs no Gemma layers */
+    int64_t rotary; /* the dims of each head that RoPE turns, its first ones (Phi-4-mini's 3/4); 0: head_dim */
 } Shape;
 
 /* One sequence's rows in a forward: `length` new tokens stored at `start ..` of this layer's cache.
@@ -290,7 +294,7 @@ static inline void store16(bf16 *p, __m512 v, int64_t left) {
  * constant `group` and `chunks` where it can be, so the queries and sums stay in registers. */
 static inline __attribute__((always_inline)) void attend_heads(const Shape *s, const Segment *seg, int64_t r,
                                                                int64_t kv, const bf16 *q, bf16 *out, int group,
-                                                               int64_t chunks) {
+                                                               int64_t chunks, int64_t window) {
     int64_t dim = s->head_dim;
     const bf16 *keys = seg->keys + kv * seg->capacity * dim;
     const bf16 *values = seg->values + kv * seg->capacity * dim;
@@ -301,6 +305,11 @@ static inline __attribute__((always_inline)) void attend_heads(const Shape *s, c
     for (int64_t t = 0; t < seg->start; t++) slots[count++] = t;
     for (int64_t j = 0; j < seg->length; j++)
         if (seg->mask ? seg->mask[r * seg->length + j] : j <= r) slots[count++] = seg->start + j;
+    /* slots[i] holds position i (a tree row sees one ancestor a depth), so the row sits at position
+     * count - 1, and in a window sees positions count - window .. count - 1 */
+    int64_t from = window > 0 && count > window ? count - window : 0;
+    slots += from;
+    count -= from;
     __m512 qv[MAX_GROUP][MAX_DIM / 16], acc[MAX_GROUP][MAX_DIM / 16], kc[MAX_DIM / 16];
     float top[MAX_GROUP], total[MAX_GROUP];
     for (int g = 0; g < group; g++) {
@@ -347,35 +356,42 @@ static inline __attribute__((always_inline)) void attend_heads(const Shape *s, c
         for (int64_t i = 0; i < dim; i++) out[g * dim + i] = round_bf16(lanes[i] / total[g]);
     }
     free(scores);
-    free(slots);
+    free(slots - from);
 }
 
 /* `attend_heads` for one job; the common shapes (head_dim 64 or 128, up to MAX_GROUP heads a
  * group) get a copy each with their constants, the rest the general loop. */
 static void attend_job(const Shape *s, const Segment *seg, int64_t r, int64_t kv, const bf16 *q, bf16 *out,
-                       int group) {
+                       int group, int64_t window) {
     int64_t chunks = (s->head_dim + 15) / 16;
 #define ATTEND_CASE(G, C) \
-    if (group == G && chunks == C) { attend_heads(s, seg, r, kv, q, out, G, C); return; }
+    if (group == G && chunks == C) { attend_heads(s, seg, r, kv, q, out, G, C, window); return; }
     ATTEND_CASE(1, 4) ATTEND_CASE(2, 4) ATTEND_CASE(3, 4) ATTEND_CASE(4, 4)
     ATTEND_CASE(1, 8) ATTEND_CASE(2, 8) ATTEND_CASE(3, 8) ATTEND_CASE(4, 8)
 #undef ATTEND_CASE
-    attend_heads(s, seg, r, kv, q, out, group, chunks);
+    attend_heads(s, seg, r, kv, q, out, group, chunks, window);
 }
 
-/* RoPE on q and k of every row, then k and v into each row's cache slot. qkv: [rows, qkv_size]. */
+/* Qwen3's per-head norms where the layer has them (each head a row of head_dim, as Qwen3RMSNorm
+ * rounds), RoPE on the first `rotary` dims of q and k of every row (cos/sin [rows, rotary]), then k
+ * and v into each row's cache slot. qkv: [rows, qkv_size]. */
 static void rope_and_store(const Shape *s, const Segment *segs, int64_t nseg, bf16 *qkv, const bf16 *cos,
-                           const bf16 *sin) {
+                           const bf16 *sin, const bf16 *q_norm, const bf16 *k_norm) {
     int64_t dim = s->head_dim, q_size = s->heads * dim, kv_size = s->kv_heads * dim;
+    int64_t turned = s->rotary ? s->rotary : dim;
     int64_t row = 0;
     for (int64_t g = 0; g < nseg; g++) {
         const Segment *seg = &segs[g];
         for (int64_t r = 0; r < seg->length; r++, row++) {
             bf16 *q = qkv + row * (q_size + 2 * kv_size), *k = q + q_size, *v = k + kv_size;
-            const bf16 *c = cos + row * dim, *sn = sin + row * dim;
-            for (int64_t h = 0; h < s->heads; h++) rope(q + h * dim, c, sn, dim);
+            const bf16 *c = cos + row * turned, *sn = sin + row * turned;
+            for (int64_t h = 0; h < s->heads; h++) {
+                if (q_norm) rms_norm(q + h * dim, q_norm, q + h * dim, dim, s->eps);
+                rope(q + h * dim, c, sn, turned);
+            }
             for (int64_t h = 0; h < s->kv_heads; h++) {
-                rope(k + h * dim, c, sn, dim);
+                if (k_norm) rms_norm(k + h * dim, k_norm, k + h * dim, dim, s->eps);
+                rope(k + h * dim, c, sn, turned);
                 bf16 *kc = seg->keys + (h * seg->capacity + seg->start + r) * dim;
                 bf16 *vc = seg->values + (h * seg->capacity + seg->start + r) * dim;
                 for (int64_t i = 0; i < dim; i++) { kc[i] = k[h * dim + i]; vc[i] = v[h * dim + i]; }
@@ -388,7 +404,7 @@ static void rope_and_store(const Shape *s, const Segment *segs, int64_t nseg, bf
  * query heads that share a kv head: the largest group (a divisor of the heads per kv head, at most
  * MAX_GROUP) that still leaves every thread four jobs, so a one-row step keeps its threads busy. */
 static void attend_all(const Shape *s, const Segment *segs, int64_t nseg, int64_t rows, const bf16 *qkv,
-                       bf16 *out) {
+                       int64_t window, bf16 *out) {
     int64_t dim = s->head_dim, stride = (s->heads + 2 * s->kv_heads) * dim;
     int64_t shared = s->heads / s->kv_heads, wanted = 4 * (int64_t)omp_get_max_threads();
     int group = 1;
@@ -404,7 +420,7 @@ static void attend_all(const Shape *s, const Segment *segs, int64_t nseg, int64_
     for (int64_t job = 0; job < rows * per_row; job++) {
         int64_t row = job / per_row, h = (job % per_row) * group, g = seg_of[row];
         attend_job(s, &segs[g], row - first[g], h / shared, qkv + row * stride + h * dim,
-                   out + row * s->heads * dim + h * dim, group);
+                   out + row * s->heads * dim + h * dim, group, window);
     }
 }
 
@@ -414,8 +430,8 @@ void attend_rows(const Shape *s, const Segment *segs, int64_t nseg, bf16 *qkv, c
                  bf16 *out) {
     int64_t rows = 0;
     for (int64_t g = 0; g < nseg; g++) rows += segs[g].length;
-    rope_and_store(s, segs, nseg, qkv, cos, sin);
-    attend_all(s, segs, nseg, rows, qkv, out);
+    rope_and_store(s, segs, nseg, qkv, cos, sin, NULL, NULL);
+    attend_all(s, segs, nseg, rows, qkv, 0, out);
 }
 
 /* x += delta (rounded, skipped when delta is NULL), then out = RMSNorm(x) * weight, for each row. */
@@ -444,7 +460,7 @@ void silu_mul(const bf16 *gate_up, bf16 *act, int64_t rows, int64_t inter) {
 
 /* Run `count` layers on the hidden state x ([hidden] bf16, updated in place) of the token at
  * position `pos`, writing its keys and values at `pos` of each layer's cache (the caller has
- * made room). cos/sin: [head_dim] bf16 for this position. scratch: bf16 room for
+ * made room). cos/sin: [rotary] bf16 for this position. scratch: bf16 room for
  * hidden + (heads + 2 kv_heads) head_dim + heads head_dim + 3 intermediate values. */
 void decode_layers(const Shape *s, const Layer *layers, int64_t count, int64_t pos, const bf16 *cos,
                    const bf16 *sin, bf16 *x, bf16 *scratch) {
@@ -458,8 +474,8 @@ void decode_layers(const Shape *s, const Layer *layers, int64_t count, int64_t p
         gemv(layer->qkv, h, qkv, qkv_size, hidden);
         add_bias(qkv, layer->qkv_bias, qkv_size);
         Segment seg = {layer->keys, layer->values, layer->capacity, pos, 1, NULL};
-        rope_and_store(s, &seg, 1, qkv, cos, sin);
-        attend_all(s, &seg, 1, 1, qkv, att);
+        rope_and_store(s, &seg, 1, qkv, cos, sin, layer->q_norm, layer->k_norm);
+        attend_all(s, &seg, 1, 1, qkv, layer->window, att);
         gemv(layer->o, att, h, hidden, q_size);
         add_bias(h, layer->o_bias, hidden);
         add_norm(x, h, layer->post_norm, h, 1, hidden, s->eps);
@@ -486,7 +502,8 @@ void decode_rows(const Shape *s, const Layer *layers, int64_t count, const Segme
         add_norm(x, NULL, layer->input_norm, h, rows, hidden, s->eps);
         gemm(layer->qkv, h, qkv, qkv_size, hidden, rows);
         for (int64_t r = 0; r < rows; r++) add_bias(qkv + r * qkv_size, layer->qkv_bias, qkv_size);
-        attend_rows(s, segs + l * nseg, nseg, qkv, cos, sin, att);
+        rope_and_store(s, segs + l * nseg, nseg, qkv, cos, sin, layer->q_norm, layer->k_norm);
+        attend_all(s, segs + l * nseg, nseg, rows, qkv, layer->window, att);
         gemm(layer->o, att, delta, hidden, q_size, rows);
         for (int64_t r = 0; r < rows; r++) add_bias(delta + r * hidden, layer->o_bias, hidden);
         add_norm(x, delta, layer->post_norm, h, rows, hidden, s->eps);

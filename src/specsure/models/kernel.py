@@ -51,7 +51,9 @@ class LayerStruct(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_void_p) for name in
                 ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down", "keys", "values")]
-    _fields_ += [("capacity", ctypes.c_int64)]
+    _fields_ += [("capacity", ctypes.c_int64), ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
+                 ("window", ctypes.c_int64)]
+    """``q_norm`` and ``k_norm``: Qwen3's per-head norms (NULL without); ``window``: a sliding window (0: none)."""
 
 
 class SegmentStruct(ctypes.Structure):
@@ -62,12 +64,12 @@ class SegmentStruct(ctypes.Structure):
 
 
 class ShapeStruct(ctypes.Structure):
-    """decode_kernel.c's Shape: the decoder's dimensions."""
+    """decode_kernel.c's and float_kernel.c's Shape: the decoder's dimensions."""
 
     _fields_ = [(name, ctypes.c_int64) for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate")]
     _fields_ += [("eps", ctypes.c_float)]
-    # float32 kernel only: the scores' factor (0 for 1 / sqrt(head_dim)), their soft cap (0: none) and the
-    # dims of a head that RoPE turns (0: all)
+    # the scores' factor (0 for 1 / sqrt(head_dim)) and their soft cap (0: none), read by the float32
+    # kernel only, and the dims of a head that RoPE turns (0: all)
     _fields_ += [("scale", ctypes.c_float), ("softcap", ctypes.c_float), ("rotary", ctypes.c_int64)]
 
 

@@ -16,9 +16,8 @@ Gemma 3's RMSNorm of each q and k head before RoPE, sliding-window layers (maske
 every position), Gemma's norms of the attention's and the MLP's outputs, its scaled embedding and its
 scores' factor, Gemma 2's soft-capped scores, Gemma 3's two RoPEs (one per layer type), any RoPE
 variant (the model's own rotary module computes cos/sin), on whole heads or on their first dims
-(Phi-4-mini's partial rotary). The float32 kernel runs all of it; the bf16 kernel has no per-head
-norms, windows, partial rotary or Gemma parts, so those models run on torch ops in bf16. Anything
-else runs on the transformers path;
+(Phi-4-mini's partial rotary). The float32 kernel runs all of it, the bf16 kernel all but Gemma's
+parts, so Gemma in bf16 runs on torch ops. Anything else runs on the transformers path;
 `NativeDecoder.build` says why in one sentence.
 """
 
@@ -83,12 +82,6 @@ class NativeDecoder:
             self.kernel, self.kernel_why = kernels.load()
         if self.kernel is not None and self.gemma:
             self.kernel, self.kernel_why = None, "the bf16 kernel has no Gemma layers"
-        if self.kernel is not None and self.layers[0].q_norm is not None:
-            self.kernel, self.kernel_why = None, "the bf16 kernel has no per-head q and k norms (Qwen3's)"
-        if self.kernel is not None and self.rotary_dim != self.head_dim:
-            self.kernel, self.kernel_why = None, "the bf16 kernel turns whole heads, not a partial rotary"
-        if self.kernel is not None and any(self.windows):
-            self.kernel, self.kernel_why = None, "the bf16 kernel has no sliding window"
         if self.kernel is not None and self.head_dim > kernels.MAX_HEAD_DIM:
             self.kernel, self.kernel_why = None, f"head_dim {self.head_dim} exceeds the kernel's {kernels.MAX_HEAD_DIM}"
         if self.kernel is not None:
@@ -109,6 +102,8 @@ class NativeDecoder:
         """The kernel's view of the weights: pointers into the tensors this decoder keeps alive."""
         self._shape = self._shape_struct(config)
         self._structs = self._weight_structs(kernels.LayerStruct)
+        for struct, window in zip(self._structs, self.windows):
+            struct.window = window
         hidden = int(config.hidden_size)
         self._scratch = torch.empty(hidden + (2 * self.heads + 2 * self.kv_heads) * self.head_dim
                                     + 3 * self.intermediate, dtype=torch.bfloat16)

@@ -134,12 +134,6 @@ class MTPModule(nn.Module):
                 "down": mlp.down_proj.weight}
         fields = dict(kernel.layer_struct._fields_)
         norms = {n: getattr(attn, n).weight for n in ("q_norm", "k_norm") if getattr(attn, n, None) is not None}
-        if norms and "q_norm" not in fields:  # a Qwen3 block's per-head norms: the bf16 kernel has none
-            self._kernel = None
-            return False
-        if rotary_dim(attn.config, dim) != dim and "q_norm" not in fields:  # the bf16 kernel turns whole heads
-            self._kernel = None
-            return False
         self._weights.update(norms)
         if any(b is not None for b in biases) and self._weights["qkv_bias"] is None:
             self._kernel = None
