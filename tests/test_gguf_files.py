@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -388,15 +389,18 @@ def test_a_longrope_phi3_gguf_rotates_with_the_files_factors(tmp_path: Path) -> 
     assert_decodes_as(folder, gguf)
 
 
-@pytest.mark.parametrize("short, long, original, message", [
-    ([1.0] * 8, None, 64, "but not rope_factors_long.weight"),
-    ([1.0] * 8, [1.0] * 6, 64, "rope_factors_long.weight is [6]"),
-    ([1.0] * 8, [1.0] * 7 + [float("nan")], 64, "not a positive number"),
-    ([1.0] * 8, [2.0] * 8, None, "no phi3.rope.scaling.original_context_length"),
+@pytest.mark.parametrize("short, long, original, other, message", [
+    ([1.0] * 8, None, 64, None, "but not rope_factors_long.weight"),
+    ([1.0] * 8, [1.0] * 6, 64, None, "rope_factors_long.weight is [6]"),
+    ([1.0] * 8, [1.0] * 7 + [float("nan")], 64, None, "not a positive number"),
+    ([1.0] * 8, [2.0] * 8, None, None, "no phi3.rope.scaling.original_context_length"),
+    # Llama 3's scaling tensor beside LongRoPE's (no converter writes both), and per-layer-type parameters
+    ([1.0] * 8, [2.0] * 8, 64, "freqs", "rope_freqs.weight beside rope_factors_long.weight, rope_factors_short"),
+    ([1.0] * 8, [2.0] * 8, 64, "nested", "rope_factors_short.weight, on a model with per-layer-type rotary"),
 ])
 def test_longrope_factors_that_do_not_fit_are_refused_by_name(tmp_path: Path, short: list[float],
                                                               long: list[float] | None, original: int | None,
-                                                              message: str) -> None:
+                                                              other: str | None, message: str) -> None:
     import gguf as gguf_py
     import numpy as np
 
@@ -411,12 +415,17 @@ def test_longrope_factors_that_do_not_fit_are_refused_by_name(tmp_path: Path, sh
     writer.add_tensor("rope_factors_short.weight", np.array(short, dtype=np.float32))
     if long is not None:
         writer.add_tensor("rope_factors_long.weight", np.array(long, dtype=np.float32))
+    if other == "freqs":
+        writer.add_tensor("rope_freqs.weight", np.ones(8, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    base: dict[str, Any] = {"rope_type": "default", "rope_theta": 10000.0}
+    if other == "nested":  # Gemma 3's way: one set of parameters per layer type
+        base = {"full_attention": dict(base), "sliding_attention": dict(base)}
     with pytest.raises(ModelLoadError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        gguf_rope_parameters(path, {"rope_type": "default", "rope_theta": 10000.0}, 16)
+        gguf_rope_parameters(path, base, 16)
 
 
 def test_an_architecture_transformers_cannot_read_is_named_with_the_fix(hf: Path, tmp_path: Path) -> None:

@@ -49,11 +49,12 @@ def gguf_rope_parameters(gguf: Path, base: Mapping[str, Any], head_dim: int) -> 
     if longrope and freqs is None and not nested:
         rotated = int(head_dim * float(base.get("partial_rotary_factor", 1.0)))
         return {**base, **_longrope(gguf, longrope, rotated, metadata, arch)}
-    if freqs is not None and not nested:
+    if freqs is not None and not nested and not longrope:
         return {**base, **_llama3(gguf, freqs, float(base.get("rope_theta", 10000.0)), head_dim, metadata, arch)}
-    if freqs is None and (kind in (None, "none") or (kind == "linear" and factor in (None, 1, 1.0))):
+    plain = freqs is None and not longrope  # the cases below read no factor tensor
+    if plain and (kind in (None, "none") or (kind == "linear" and factor in (None, 1, 1.0))):
         return None
-    linear = freqs is None and kind == "linear" and isinstance(factor, (int, float)) and factor > 0
+    linear = plain and kind == "linear" and isinstance(factor, (int, float)) and factor > 0
     if linear and not nested:
         return {**base, "rope_type": "linear", "factor": float(factor)}
     full = base.get("full_attention")
