@@ -355,3 +355,31 @@ def _methods_against_plain(gguf: Path, methods: tuple[str, ...]) -> dict[str, An
         assert engine.generate(prompt, params)[0].token_ids == expected, method
         stats[method] = engine.stats
     return stats
+
+
+def test_a_longrope_phi3_past_its_trained_context_is_invariant_to_what_shares_a_forward(tmp_path: Path) -> None:
+    """LongRoPE takes its long factors past the trained context (64 here). transformers' module picks them
+    for a whole call from its largest position, so a verify step or prefill chunk that crossed the
+    boundary turned its earlier rows with the long ones too: speculation differed from plain decoding,
+    a chunked prefill from a whole one, and a long request changed a short one batched beside it. Each
+    position now turns by its own position; up to the trained context that is transformers' output."""
+    from gguf_models import write_phi3
+
+    from specsure import SamplingParams, make_engine
+
+    _, gguf = write_phi3(tmp_path / "phi3", tmp_path / "phi3.gguf", VOCAB, longrope=True)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    prompt = [5 + (7 * i) % 250 for i in range(40)]  # 40 + 40 tokens: the boundary at 64 falls mid-answer
+    short = [5, 70, 71, 72, 80, 81]
+    plain = make_engine(str(gguf), None, dtype="float32")
+    expected = plain.generate(prompt, params)[0].token_ids
+    alone = plain.generate(short, params)[0].token_ids
+    long_prompt = [9 + (5 * i) % 250 for i in range(90)]  # past the boundary from its prefill on
+    for spec in ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 2},
+                 {"method": "draft_model", "model": str(gguf), "num_speculative_tokens": 5}):
+        engine = make_engine(str(gguf), spec, dtype="float32")
+        assert engine.generate(prompt, params)[0].token_ids == expected, spec["method"]
+        assert engine.stats.drafts > 0
+    chunked = make_engine(str(gguf), None, dtype="float32", max_num_batched_tokens=16)
+    assert chunked.generate(long_prompt, params)[0].token_ids == plain.generate(long_prompt, params)[0].token_ids
+    assert [c.token_ids for c in plain.generate([short, long_prompt], params)][0] == alone

@@ -394,6 +394,7 @@ def test_a_longrope_phi3_gguf_rotates_with_the_files_factors(tmp_path: Path) -> 
     ([1.0] * 8, [1.0] * 6, 64, None, "rope_factors_long.weight is [6]"),
     ([1.0] * 8, [1.0] * 7 + [float("nan")], 64, None, "not a positive number"),
     ([1.0] * 8, [2.0] * 8, None, None, "no phi3.rope.scaling.original_context_length"),
+    ([1.0] * 8, np.ones(8, dtype=np.float16), 64, None, "rope_factors_long.weight is [8] of GGML type F16;"),
     # Llama 3's scaling tensor beside LongRoPE's (no converter writes both), and per-layer-type parameters
     ([1.0] * 8, [2.0] * 8, 64, "freqs", "rope_freqs.weight beside rope_factors_long.weight, rope_factors_short"),
     ([1.0] * 8, [2.0] * 8, 64, "nested", "rope_factors_short.weight, on a model with per-layer-type rotary"),
@@ -402,7 +403,6 @@ def test_longrope_factors_that_do_not_fit_are_refused_by_name(tmp_path: Path, sh
                                                               long: list[float] | None, original: int | None,
                                                               other: str | None, message: str) -> None:
     import gguf as gguf_py
-    import numpy as np
 
     from specsure.models.errors import ModelLoadError
     from specsure.models.gguf_rope import gguf_rope_parameters
@@ -413,8 +413,9 @@ def test_longrope_factors_that_do_not_fit_are_refused_by_name(tmp_path: Path, sh
     if original is not None:
         writer.add_uint32("phi3.rope.scaling.original_context_length", original)
     writer.add_tensor("rope_factors_short.weight", np.array(short, dtype=np.float32))
-    if long is not None:
-        writer.add_tensor("rope_factors_long.weight", np.array(long, dtype=np.float32))
+    if long is not None:  # an array keeps its own type (F16 factors)
+        writer.add_tensor("rope_factors_long.weight", long if isinstance(long, np.ndarray) else
+                          np.array(long, dtype=np.float32))
     if other == "freqs":
         writer.add_tensor("rope_freqs.weight", np.ones(8, dtype=np.float32))
     writer.write_header_to_file()
@@ -426,6 +427,39 @@ def test_longrope_factors_that_do_not_fit_are_refused_by_name(tmp_path: Path, sh
         base = {"full_attention": dict(base), "sliding_attention": dict(base)}
     with pytest.raises(ModelLoadError, match=message.replace("[", r"\[").replace("]", r"\]")):
         gguf_rope_parameters(path, base, 16)
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"original_context_length": 0}, "original_context_length = 0, the context past which the long factors apply; "
+                                     "it must be a positive token count"),
+    ({"original_context_length": 512}, "original_context_length = 512 exceeds phi3.context_length = 256"),
+    ({"context_length": None}, "no phi3.context_length, the context the long factors stretch to"),
+    ({"attn_factor": float("nan")}, "phi3.rope.scaling.attn_factor = nan; it scales every rotary cos and sin"),
+    ({"attn_factor": -1.0}, "phi3.rope.scaling.attn_factor = -1.0; it scales every rotary cos and sin"),
+])
+def test_longrope_metadata_that_does_not_fit_is_refused_by_name(tmp_path: Path, keys: dict[str, Any],
+                                                                message: str) -> None:
+    """transformers only warns about these (a NaN attention factor decoded token 0 forever)."""
+    import gguf as gguf_py
+
+    from specsure.models.errors import ModelLoadError
+    from specsure.models.gguf_rope import gguf_rope_parameters
+
+    values = {"context_length": 256, "original_context_length": 64, "attn_factor": 1.1, **keys}
+    path = tmp_path / "phi3.gguf"
+    writer = gguf_py.GGUFWriter(str(path), "phi3")
+    for key in ("context_length", "original_context_length"):
+        if values[key] is not None:
+            writer.add_uint32(f"phi3.{'rope.scaling.' if key.startswith('original') else ''}{key}", values[key])
+    writer.add_float32("phi3.rope.scaling.attn_factor", values["attn_factor"])
+    for name in ("rope_factors_short.weight", "rope_factors_long.weight"):
+        writer.add_tensor(name, np.ones(8, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match=message.replace(".", r"\.")):
+        gguf_rope_parameters(path, {"rope_type": "default", "rope_theta": 10000.0}, 16)
 
 
 def test_an_architecture_transformers_cannot_read_is_named_with_the_fix(hf: Path, tmp_path: Path) -> None:
@@ -453,3 +487,22 @@ def test_a_context_length_of_zero_is_refused_not_read_as_no_limit(hf: Path, tmp_
     gguf = write_llama_gguf(hf, tmp_path / "ctx0.gguf", metadata={"context_length": 0})
     with pytest.raises(ModelLoadError, match="llama.context_length = 0, a context of no tokens"):
         load_model(str(gguf), "float32")
+
+
+def test_a_phi3_gguf_window_is_said_to_be_left_out_as_llama_cpp_leaves_it(tmp_path: Path,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    import gguf as gguf_py
+    from transformers import Phi3Config
+
+    from specsure.models.gguf_config import fit_to_file
+
+    path = tmp_path / "phi3.gguf"
+    writer = gguf_py.GGUFWriter(str(path), "phi3")
+    writer.add_uint32("phi3.attention.sliding_window", 2047)  # Phi-3-mini-4k's, as llama.cpp's converter writes it
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    with caplog.at_level(logging.WARNING, logger="specsure.models.gguf_config"):
+        config = fit_to_file(path, Phi3Config(vocab_size=96, hidden_size=64, num_attention_heads=4, pad_token_id=None))
+    assert config.sliding_window is None
+    assert "phi3.attention.sliding_window = 2047 is not applied: llama.cpp runs Phi-3 files without" in caplog.text

@@ -196,7 +196,8 @@ def _warn_if_worse(where: str, after: str, before: str, worse: bool) -> None:
     writes it, as asked; it must not pass for a good one."""
     if worse:
         print(f"warning: the trained head is worse than before training ({where} {after}, was {before}): lower "
-              "--lr, train on more data (--corpus-prompts), or keep the head you started from.", file=sys.stderr)
+              "--lr, train on more data (more --prompts rows, or --corpus with --corpus-prompts), or keep the head you "
+              "started from.", file=sys.stderr)
 
 
 def _measured_on(heldout_sequences: int) -> str:

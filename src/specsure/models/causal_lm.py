@@ -22,7 +22,7 @@ from specsure.models.logits import LogitsTransform, logits_transform
 from specsure.models.native import NativeDecoder
 from specsure.models.segment import Segment
 from specsure.models.output_head import OutputHead
-from specsure.models.rotary_table import RotaryTable
+from specsure.models.rotary_table import RotaryTable, tabled_if_varying
 from specsure.models.token_tree import TokenTree, layer_masks
 
 logger = logging.getLogger(__name__)
@@ -130,6 +130,8 @@ class CausalLM:
         if self.dtype == torch.float32:
             _align(hf)
         self._native, why = NativeDecoder.build(hf) if native else (None, "native=False was asked")
+        if self._native is None and tabled_if_varying(self._base):
+            why += "; its varying RoPE turns each position by its own, from a table"
         self.head = OutputHead(head, logits_transform(text_config), self._native)
         """The LM head and the scalar steps after it."""
         self.path: str = f"{'native' if self._native else 'transformers'} ({why})"

@@ -60,6 +60,11 @@ def fit_to_file(gguf: Path, config: Any) -> Any:
                 and getattr(config, field) != found:
             put(field, found, f"{arch}.{key}")
     _fit_rope(metadata, str(arch), config, put)
+    window = metadata.get("phi3.attention.sliding_window") if arch == "phi3" else None
+    if isinstance(window, int) and window > 0:
+        logger.warning("%s: phi3.attention.sliding_window = %d is not applied: llama.cpp runs Phi-3 files without "
+                       "their window, and so does specsure, while the model's Hugging Face folder applies it, so the "
+                       "two differ once a sequence is longer than the window.", gguf.name, window)
     pad, vocab = getattr(config, "pad_token_id", None), getattr(config, "vocab_size", None)
     if isinstance(pad, int) and isinstance(vocab, int) and pad >= vocab \
             and "tokenizer.ggml.padding_token_id" not in metadata:

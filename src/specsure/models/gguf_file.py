@@ -41,9 +41,9 @@ def check_gguf(path: Path) -> None:
     readable = dequantisable()
     size = path.stat().st_size
     for entry in tensors:
-        kind = _type_name(entry.kind)
+        kind = type_name(entry.kind)
         if entry.kind not in readable:
-            names = ", ".join(_type_name(t) for t in sorted(readable))
+            names = ", ".join(type_name(t) for t in sorted(readable))
             raise ModelLoadError(f"{path}: tensor {entry.name!r} is of type {kind}, which the installed gguf package "
                                  f"cannot de-quantise (it reads {names}); convert the model to one of those types, "
                                  "for example Q8_0 or F16 with llama.cpp's convert_hf_to_gguf.py.")
@@ -133,7 +133,8 @@ def _check_heads(path: Path, metadata: dict[str, object]) -> None:
                              f"heads); {fix}")
 
 
-def _type_name(kind: int) -> str:
+def type_name(kind: int) -> str:
+    """gguf-py's name of a GGML type id (F16, Q4_K, ...), or the id where it has none."""
     import gguf
 
     try:

@@ -9,9 +9,11 @@ exactly; linear scaling comes from ``{arch}.rope.scaling.*`` (for Gemma 3's per-
 parameters, on its global layers only, as llama.cpp applies it). Phi-3's LongRoPE (its 128k models,
 Phi-3.5-mini and Phi-4-mini) is two tensors of per-frequency factors, ``rope_factors_short.weight``
 and ``rope_factors_long.weight``, with the pretraining context and the attention factor as
-``{arch}.rope.scaling.*``; they become transformers' longrope parameters, which take the long
-factors once a sequence outgrows the pretraining context (llama.cpp takes them when the context it
-was started with does, so the two differ only past that length). Scaling transformers reads itself
+``{arch}.rope.scaling.*``; they become transformers' longrope parameters. Past the pretraining
+context the three engines differ: specsure turns each position by its own (the long factors from
+that position on, `RotaryTable`), transformers turns a whole call by its last position (and its
+generate recomputes the cache when a sequence crosses), llama.cpp by the context it was started
+with. Up to that length all three give the short factors. Scaling transformers reads itself
 (gpt-oss) is kept. Anything else is refused: never a silently different model.
 """
 
@@ -25,6 +27,7 @@ import numpy as np
 
 from specsure.config.gguf_header import read_gguf_tensors
 from specsure.models.errors import ModelLoadError
+from specsure.models.gguf_file import type_name
 
 FREQS_TENSOR = "rope_freqs.weight"
 LONGROPE_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
@@ -74,7 +77,8 @@ def _factors(gguf: Path, entry: Any, count: int, shape: str) -> np.ndarray:
     """The ``count`` float32 values of a 1-D factor tensor; ModelLoadError naming it and ``shape`` (what it
     should be) for any other type or size."""
     if entry.kind != _F32 or list(entry.shape) != [count]:
-        raise ModelLoadError(f"{gguf}: {entry.name} is {list(entry.shape)} of GGML type {entry.kind}; {shape}")
+        raise ModelLoadError(f"{gguf}: {entry.name} is {list(entry.shape)} of GGML type {type_name(entry.kind)}; "
+                             f"{shape}")
     with open(gguf, "rb") as fh:
         fh.seek(entry.start)
         return np.frombuffer(fh.read(4 * count), dtype="<f4")
@@ -113,19 +117,34 @@ def _longrope(gguf: Path, entries: Mapping[str, Any], rotated: int, metadata: Ma
             raise ModelLoadError(f"{gguf}: {name} holds a factor that is not a positive number; each divides a "
                                  f"rotary frequency. {fix}")
         factors[name] = [float(v) for v in stored]
-    original = metadata.get(f"{arch}.rope.scaling.original_context_length")
-    context = metadata.get(f"{arch}.context_length")
-    if not (isinstance(original, int) and original > 0):
-        raise ModelLoadError(f"{gguf}: it holds LongRoPE factors but no {arch}.rope.scaling.original_context_length, "
-                             f"the context past which the long factors apply. {fix}")
+    original = _count(gguf, metadata, f"{arch}.rope.scaling.original_context_length",
+                      "the context past which the long factors apply", fix)
+    context = _count(gguf, metadata, f"{arch}.context_length", "the context the long factors stretch to", fix)
+    if original > context:
+        raise ModelLoadError(f"{gguf}: {arch}.rope.scaling.original_context_length = {original} exceeds "
+                             f"{arch}.context_length = {context}; LongRoPE stretches the first to the second. {fix}")
     out: dict[str, Any] = {"rope_type": "longrope", "short_factor": factors[LONGROPE_TENSORS[0]],
-                           "long_factor": factors[LONGROPE_TENSORS[1]], "original_max_position_embeddings": original}
-    if isinstance(context, int) and context > 0:
-        out["factor"] = context / original
-    attention = metadata.get(f"{arch}.rope.scaling.attn_factor")
-    if isinstance(attention, (int, float)) and not isinstance(attention, bool):
+                           "long_factor": factors[LONGROPE_TENSORS[1]], "original_max_position_embeddings": original,
+                           "factor": context / original}
+    key = f"{arch}.rope.scaling.attn_factor"
+    attention = metadata.get(key)
+    if attention is not None:
+        if isinstance(attention, bool) or not isinstance(attention, (int, float)) or not math.isfinite(attention) \
+                or attention <= 0:
+            raise ModelLoadError(f"{gguf}: {key} = {attention!r}; it scales every rotary cos and sin, so it must be a "
+                                 f"positive number. {fix}")
         out["attention_factor"] = float(attention)  # llama.cpp scales cos and sin by it, as transformers does
     return out
+
+
+def _count(gguf: Path, metadata: Mapping[str, Any], key: str, what: str, fix: str) -> int:
+    """A positive token count the file must give, or ModelLoadError naming the key and ``what`` it is."""
+    value = metadata.get(key)
+    if value is None:
+        raise ModelLoadError(f"{gguf}: it holds LongRoPE factors but no {key}, {what}. {fix}")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelLoadError(f"{gguf}: {key} = {value!r}, {what}; it must be a positive token count. {fix}")
+    return value
 
 
 def _llama3_factors(theta: float, head_dim: int, factor: float, low: float, high: float,
