@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import struct
 from pathlib import Path
 
@@ -16,7 +17,12 @@ from specsure.config import ConfigError, resolve
 
 def explain(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
     args = build_parser().parse_args(["explain", *argv])
-    code = guarded(lambda: args.run(args))
+    config_logger = logging.getLogger("specsure.config")
+    level = config_logger.level
+    try:
+        code = guarded(lambda: args.run(args))
+    finally:
+        config_logger.setLevel(level)  # explain quiets it, as main() puts back; later tests read its warnings
     return code, capsys.readouterr().err
 
 
