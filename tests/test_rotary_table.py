@@ -86,3 +86,25 @@ def test_transformers_own_layers_turn_a_varying_rope_by_position_too() -> None:
     lm.crop(0)
     parts = torch.cat([lm.forward(ids[:30]).logits, lm.forward(ids[30:]).logits])
     torch.testing.assert_close(parts, whole, atol=1e-4, rtol=1e-4)
+
+
+def test_a_dynamic_rope_runs_past_max_position_embeddings_and_speculation_equals_plain(tmp_path) -> None:  # noqa: ANN001
+    """Dynamic NTK stretches the frequencies as the sequence grows past max_position_embeddings (48 here), so
+    the context is 48 x its factor, as vLLM derives it; past 48 each position turns by its own length, and
+    drafts verified there are accepted as plain decoding would choose."""
+    from specsure import SamplingParams, make_engine
+    from tiny import build_tiny_llama
+
+    folder = build_tiny_llama(tmp_path / "dynamic", vocab_size=96, hidden_size=64, num_layers=2,
+                              extra_config={"max_position_embeddings": 48,
+                                            "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}})
+    plain = make_engine(str(folder), None, dtype="float32")
+    assert plain.target.lm.max_context == 192
+    prompt = [(7 * i) % 90 + 3 for i in range(40)]
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    expected = plain.generate(prompt, params)[0].token_ids
+    for spec in ({"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1, "prompt_lookup_max": 2},
+                 {"method": "draft_model", "model": str(folder), "num_speculative_tokens": 4}):
+        engine = make_engine(str(folder), spec, dtype="float32")
+        assert engine.generate(prompt, params)[0].token_ids == expected, spec["method"]
+        assert engine.stats.drafts > 0

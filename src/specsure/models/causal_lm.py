@@ -84,6 +84,18 @@ class Call:
     last_logits: int | None = None
 
 
+def _context(config: object) -> int:
+    """The longest sequence the model runs: max_position_embeddings, times the factor of a dynamic NTK
+    RoPE, whose frequencies stretch past it as the sequence grows (vLLM derives its max_model_len so)."""
+    length = int(getattr(config, "max_position_embeddings", 0) or 0)
+    rope = getattr(config, "rope_parameters", None)
+    if isinstance(rope, dict) and "dynamic" in str(rope.get("rope_type", "")):
+        factor = rope.get("factor")
+        if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1:
+            return int(length * factor)
+    return length
+
+
 class CausalLM:
     """A transformers causal LM plus its KV cache, fed incrementally.
 
@@ -115,7 +127,7 @@ class CausalLM:
         self.vocab_size: int = int(text_config.vocab_size)
         self.hidden_size: int = int(text_config.hidden_size)
         self.num_layers: int = int(text_config.num_hidden_layers)
-        self.max_context: int = int(getattr(text_config, "max_position_embeddings", 0) or 0)
+        self.max_context: int = _context(text_config)
         self.dtype: torch.dtype = hf.dtype
         self._base = hf.base_model
         if self._base is hf:
@@ -282,8 +294,8 @@ class CausalLM:
             raise ValueError("forward needs at least one token id.")
         if self.max_context and self._cache_len + n > self.max_context:
             raise ValueError(
-                f"context of {self._cache_len + n} tokens exceeds the model's max_position_embeddings "
-                f"({self.max_context}); shorten the prompt or lower max_tokens."
+                f"context of {self._cache_len + n} tokens exceeds the model's {self.max_context} (its "
+                "max_position_embeddings, times a dynamic RoPE's factor); shorten the prompt or lower max_tokens."
             )
         for layer in aux_layers:
             if not 0 <= layer <= self.num_layers:
