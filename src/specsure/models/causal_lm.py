@@ -13,6 +13,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specsure.models.float_kernel import AnyKernel
+from specsure.models.decoder_family import context_length
 from specsure.models.errors import ModelLoadError
 from specsure.models.kv_cache import RollbackCache
 from specsure.models.load_check import check_cache, check_logits
@@ -84,18 +85,6 @@ class Call:
     last_logits: int | None = None
 
 
-def _context(config: object) -> int:
-    """The longest sequence the model runs: max_position_embeddings, times the factor of a dynamic NTK
-    RoPE, whose frequencies stretch past it as the sequence grows (vLLM derives its max_model_len so)."""
-    length = int(getattr(config, "max_position_embeddings", 0) or 0)
-    rope = getattr(config, "rope_parameters", None)
-    if isinstance(rope, dict) and "dynamic" in str(rope.get("rope_type", "")):
-        factor = rope.get("factor")
-        if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1:
-            return int(length * factor)
-    return length
-
-
 class CausalLM:
     """A transformers causal LM plus its KV cache, fed incrementally.
 
@@ -127,7 +116,7 @@ class CausalLM:
         self.vocab_size: int = int(text_config.vocab_size)
         self.hidden_size: int = int(text_config.hidden_size)
         self.num_layers: int = int(text_config.num_hidden_layers)
-        self.max_context: int = _context(text_config)
+        self.max_context: int = context_length(text_config)
         self.dtype: torch.dtype = hf.dtype
         self._base = hf.base_model
         if self._base is hf:

@@ -1,4 +1,5 @@
-"""Which decoder families the native forward runs (models/native.py), and their per-layer facts.
+"""Which decoder families the native forward runs (models/native.py), and what a text config says of
+its decoder: per-layer windows, the dims RoPE turns, the longest sequence it runs.
 
 A family is a transformers text-config model_type whose decoder layer the native forward
 reproduces op for op; `unsupported` names, in one sentence, what keeps a config on transformers'
@@ -53,3 +54,15 @@ def rotary_dim(config: object, head_dim: int) -> int:
     if factor is None:
         factor = getattr(config, "partial_rotary_factor", None)
     return int(head_dim * float(factor)) if factor else head_dim
+
+
+def context_length(config: object) -> int:
+    """The longest sequence the model runs: max_position_embeddings, times the factor of a dynamic NTK
+    RoPE, whose frequencies stretch past it as the sequence grows (vLLM derives its max_model_len so)."""
+    length = int(getattr(config, "max_position_embeddings", 0) or 0)
+    rope = getattr(config, "rope_parameters", None)
+    if isinstance(rope, dict) and "dynamic" in str(rope.get("rope_type", "")):
+        factor = rope.get("factor")
+        if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1:
+            return int(length * factor)
+    return length
