@@ -56,13 +56,26 @@ def rotary_dim(config: object, head_dim: int) -> int:
     return int(head_dim * float(factor)) if factor else head_dim
 
 
+FIXED_CONTEXT_ROPES = ("default", "longrope", "su", "llama3")
+"""RoPE types whose config already states the whole context in max_position_embeddings (vLLM's list)."""
+
+
 def context_length(config: object) -> int:
-    """The longest sequence the model runs: max_position_embeddings, times the factor of a dynamic NTK
-    RoPE, whose frequencies stretch past it as the sequence grows (vLLM derives its max_model_len so)."""
+    """The longest sequence the model runs, as vLLM derives its max_model_len: max_position_embeddings,
+    times the RoPE's factor where the RoPE stretches the trained context (linear, dynamic NTK), and
+    for YaRN its original_max_position_embeddings times the factor."""
     length = int(getattr(config, "max_position_embeddings", 0) or 0)
     rope = getattr(config, "rope_parameters", None)
-    if isinstance(rope, dict) and "dynamic" in str(rope.get("rope_type", "")):
-        factor = rope.get("factor")
-        if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1:
-            return int(length * factor)
-    return length
+    if not isinstance(rope, dict):
+        return length
+    rope_type = str(rope.get("rope_type") or rope.get("type") or "default")
+    factor = rope.get("factor")
+    if rope_type in FIXED_CONTEXT_ROPES or not _positive(factor):
+        return length
+    if rope_type == "yarn" and _positive(rope.get("original_max_position_embeddings")):
+        length = int(rope["original_max_position_embeddings"])
+    return int(length * factor)
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
