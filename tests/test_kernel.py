@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import (
-    LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
+    Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
     Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
 )
 
@@ -31,6 +31,15 @@ FAMILIES = {
     "phi4-mini": (Phi3ForCausalLM, Phi3Config(**SHAPE, pad_token_id=None, sliding_window=7,
                                               rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                                "partial_rotary_factor": 0.75})),
+    # soft-capped scores (and logits), alternating windows, Gemma's four norms and GELU, no q and k norms
+    "gemma2": (Gemma2ForCausalLM, Gemma2Config(**SHAPE, head_dim=16, query_pre_attn_scalar=12, sliding_window=6,
+                                               attn_logit_softcapping=3.0, final_logit_softcapping=5.0)),
+    # sliding and full layers, each type its own RoPE (so one-token steps take the rows call); q and k norms
+    "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig(
+        **SHAPE, head_dim=16, query_pre_attn_scalar=12, sliding_window=6,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
 }
 
 
@@ -132,7 +141,7 @@ def test_a_compiler_that_fails_is_reported_not_hidden(monkeypatch, tmp_path, mod
 
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral-window", "phi4-mini"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral-window", "phi4-mini", "gemma2", "gemma3"])
 def test_verify_rows_trees_and_batches_match_the_torch_ops(family, products):
     from specsure.models.causal_lm import Call
     from specsure.models.token_tree import TokenTree
@@ -162,7 +171,8 @@ def test_verify_rows_trees_and_batches_match_the_torch_ops(family, products):
         torch.testing.assert_close(a.logits, b.logits, **close)
 
 
-@pytest.mark.parametrize("family", ["llama", "llama-biased", "qwen3", "mistral-window", "phi4-mini"])
+@pytest.mark.parametrize("family", ["llama", "llama-biased", "qwen3", "mistral-window", "phi4-mini", "gemma2",
+                                    "gemma3"])
 def test_exact_mode_verify_rows_equal_decode_steps_bit_for_bit(family, products):
     from specsure.models.token_tree import TokenTree
 

@@ -1,10 +1,11 @@
-/* bfloat16 forwards of a Llama-family decoder over a few rows, in C: decode and verify steps.
+/* bfloat16 forwards of a Llama-family decoder (Gemma's included) over a few rows, in C: decode and
+ * verify steps.
  *
  * Why: on a 2-core CPU a 135M model's one-token step reads ~270 MB of weights (about 16 ms at
  * the memory bandwidth), but eager PyTorch adds ~600 small ops per step on top. Here a one-token
  * step is one call for all layers (`decode_layers`), and so is a forward over a few rows (a verify
- * step, a batch of sequences: `decode_rows`). (`add_norm`, `attend_rows` and `silu_mul` are also
- * exported, for the draft heads' layers and the final norm.) OpenMP
+ * step, a batch of sequences: `decode_rows`). (`add_norm`, `add_gemma_norm`, `attend_rows` and
+ * `silu_mul` are also exported, for the draft heads' layers and the final norm.) OpenMP
  * splits the products and attention over torch's own libgomp threads (the library is loaded after
  * torch), so there is no second thread pool.
  *
@@ -16,8 +17,9 @@
  *
  * Numerics follow the transformers bf16 forward step by step: every tensor the model would hold
  * in bf16 is rounded to bf16 here at the same point (norms, products, RoPE terms, attention
- * output, SiLU, residual adds); products and attention accumulate in float32. Results differ
- * from torch's only in float32 summation order (and exp: a fixed polynomial, below).
+ * output, SiLU or GELU, residual adds); products and attention accumulate in float32. Results differ
+ * from torch's only in float32 summation order (and exp: a fixed polynomial, below), and for Gemma
+ * 2's soft-capped scores, which its eager attention rounds to bf16 and this kernel keeps in float32.
  *
  * Built by specsure.models.kernel (its FLAGS: AVX512-F/BW/VL/BF16, AMX-TILE/BF16, OpenMP).
  */
@@ -32,18 +34,31 @@
 
 typedef uint16_t bf16;
 
+/* The norm weights (input_norm, post_norm, q_norm, k_norm) are bf16, or with `gemma` float32 factors
+ * 1 + w (fused_layer.gemma_norm), as Gemma's RMSNorm multiplies in float32. */
 typedef struct {
-    const bf16 *input_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *down;
+    const void *input_norm;
+    const bf16 *qkv, *qkv_bias, *o, *o_bias;
+    const void *post_norm;
+    const bf16 *gate_up, *down;
     bf16 *keys, *values; /* [kv_heads, capacity, head_dim]: this layer's KV cache buffers */
     int64_t capacity;
-    const bf16 *q_norm, *k_norm; /* Qwen3's RMSNorm of each q and k head before RoPE [head_dim]; NULL without */
-    int64_t window; /* a sliding window (Mistral's, Phi-3's): a row sees its last `window` positions; 0: all */
+    const void *q_norm, *k_norm; /* Qwen3's and Gemma 3's RMSNorm of each q and k head before RoPE [head_dim]; NULL without */
+    int64_t window; /* a sliding window (Mistral's, Phi-3's, Gemma's): a row sees its last `window` positions; 0: all */
+    /* Gemma's: the norms of the attention's and the MLP's outputs before each joins the residual
+     * stream (float32 factors; NULL without); this layer's own cos and sin [rows, rotary] where its
+     * RoPE differs from the call's (Gemma 3's sliding layers; NULL: the call's); and `gemma`: Gemma's
+     * norms (above) and a GELU-gated MLP (GELU's tanh form) instead of a SiLU-gated one. */
+    const float *attn_out_norm, *mlp_out_norm;
+    const bf16 *cos, *sin;
+    int64_t gemma;
 } Layer;
 
 typedef struct {
     int64_t hidden, heads, kv_heads, head_dim, intermediate;
     float eps;
-    float scale, softcap; /* the float32 kernel's (Gemma's); this kernel runs no Gemma layers */
+    float scale;   /* the attention scores' factor (Gemma's); 0: 1 / sqrt(head_dim) */
+    float softcap; /* Gemma 2's: each score becomes softcap tanh(score / softcap); 0: none */
     int64_t rotary; /* the dims of each head that RoPE turns, its first ones (Phi-4-mini's 3/4); 0: head_dim */
 } Shape;
 
@@ -228,6 +243,23 @@ static void rms_norm(const bf16 *x, const bf16 *weight, bf16 *out, int64_t n, fl
     for (int64_t i = 0; i < n; i++) out[i] = round_bf16(f32(weight[i]) * f32(round_bf16(f32(x[i]) * scale)));
 }
 
+/* Gemma's RMSNorm: the float32 normalisation times the float32 factor 1 + w, rounded to bf16 once
+ * (Gemma3RMSNorm casts only its result). In place is fine: x[i] is read before out[i] is written. */
+static void gemma_rms(const bf16 *x, const float *factor, bf16 *out, int64_t n, float eps) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) sum += f32(x[i]) * f32(x[i]);
+    float scale = 1.0f / sqrtf(sum / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = round_bf16((f32(x[i]) * scale) * factor[i]);
+}
+
+/* A layer's norm of one row: Llama's rounding, or Gemma's. */
+static void layer_rms(int gemma, const bf16 *x, const void *weight, bf16 *out, int64_t n, float eps) {
+    if (gemma)
+        gemma_rms(x, (const float *)weight, out, n, eps);
+    else
+        rms_norm(x, (const bf16 *)weight, out, n, eps);
+}
+
 /* x * cos + rotate_half(x) * sin, each product and the sum rounded to bf16, in place. */
 static void rope(bf16 *x, const bf16 *cos, const bf16 *sin, int64_t dim) {
     int64_t half = dim / 2;
@@ -320,7 +352,7 @@ static inline __attribute__((always_inline)) void attend_heads(const Shape *s, c
         top[g] = -INFINITY;
         total[g] = 0.0f;
     }
-    float scale = 1.0f / sqrtf((float)dim);
+    float scale = s->scale > 0.0f ? s->scale : 1.0f / sqrtf((float)dim), cap = s->softcap;
     for (int64_t i = 0; i < count; i++) {
         const bf16 *kt = keys + slots[i] * dim;
         for (int64_t c = 0; c < chunks; c++) kc[c] = load_f32(kt + c * 16, dim - c * 16);
@@ -328,6 +360,7 @@ static inline __attribute__((always_inline)) void attend_heads(const Shape *s, c
             __m512 dot = _mm512_setzero_ps();
             for (int64_t c = 0; c < chunks; c++) dot = _mm512_fmadd_ps(qv[g][c], kc[c], dot);
             float score = _mm512_reduce_add_ps(dot) * scale;
+            if (cap > 0.0f) score = cap * tanhf(score / cap);
             scores[g * count + i] = score;
             if (score > top[g]) top[g] = score;
         }
@@ -376,7 +409,7 @@ static void attend_job(const Shape *s, const Segment *seg, int64_t r, int64_t kv
  * rounds), RoPE on the first `rotary` dims of q and k of every row (cos/sin [rows, rotary]), then k
  * and v into each row's cache slot. qkv: [rows, qkv_size]. */
 static void rope_and_store(const Shape *s, const Segment *segs, int64_t nseg, bf16 *qkv, const bf16 *cos,
-                           const bf16 *sin, const bf16 *q_norm, const bf16 *k_norm) {
+                           const bf16 *sin, const void *q_norm, const void *k_norm, int gemma) {
     int64_t dim = s->head_dim, q_size = s->heads * dim, kv_size = s->kv_heads * dim;
     int64_t turned = s->rotary ? s->rotary : dim;
     int64_t row = 0;
@@ -386,11 +419,11 @@ static void rope_and_store(const Shape *s, const Segment *segs, int64_t nseg, bf
             bf16 *q = qkv + row * (q_size + 2 * kv_size), *k = q + q_size, *v = k + kv_size;
             const bf16 *c = cos + row * turned, *sn = sin + row * turned;
             for (int64_t h = 0; h < s->heads; h++) {
-                if (q_norm) rms_norm(q + h * dim, q_norm, q + h * dim, dim, s->eps);
+                if (q_norm) layer_rms(gemma, q + h * dim, q_norm, q + h * dim, dim, s->eps);
                 rope(q + h * dim, c, sn, turned);
             }
             for (int64_t h = 0; h < s->kv_heads; h++) {
-                if (k_norm) rms_norm(k + h * dim, k_norm, k + h * dim, dim, s->eps);
+                if (k_norm) layer_rms(gemma, k + h * dim, k_norm, k + h * dim, dim, s->eps);
                 rope(k + h * dim, c, sn, turned);
                 bf16 *kc = seg->keys + (h * seg->capacity + seg->start + r) * dim;
                 bf16 *vc = seg->values + (h * seg->capacity + seg->start + r) * dim;
@@ -430,7 +463,7 @@ void attend_rows(const Shape *s, const Segment *segs, int64_t nseg, bf16 *qkv, c
                  bf16 *out) {
     int64_t rows = 0;
     for (int64_t g = 0; g < nseg; g++) rows += segs[g].length;
-    rope_and_store(s, segs, nseg, qkv, cos, sin, NULL, NULL);
+    rope_and_store(s, segs, nseg, qkv, cos, sin, NULL, NULL, 0);
     attend_all(s, segs, nseg, rows, qkv, 0, out);
 }
 
@@ -458,39 +491,50 @@ void silu_mul(const bf16 *gate_up, bf16 *act, int64_t rows, int64_t inter) {
     }
 }
 
-/* Run `count` layers on the hidden state x ([hidden] bf16, updated in place) of the token at
- * position `pos`, writing its keys and values at `pos` of each layer's cache (the caller has
- * made room). cos/sin: [rotary] bf16 for this position. scratch: bf16 room for
- * hidden + (heads + 2 kv_heads) head_dim + heads head_dim + 3 intermediate values. */
-void decode_layers(const Shape *s, const Layer *layers, int64_t count, int64_t pos, const bf16 *cos,
-                   const bf16 *sin, bf16 *x, bf16 *scratch) {
-    int64_t hidden = s->hidden, dim = s->head_dim, inter = s->intermediate;
-    int64_t q_size = s->heads * dim, kv_size = s->kv_heads * dim, qkv_size = q_size + 2 * kv_size;
-    bf16 *h = scratch, *qkv = h + hidden, *att = qkv + qkv_size, *gate_up = att + q_size;
-    bf16 *act = gate_up + 2 * inter;
-    for (int64_t l = 0; l < count; l++) {
-        const Layer *layer = &layers[l];
-        add_norm(x, NULL, layer->input_norm, h, 1, hidden, s->eps);
-        gemv(layer->qkv, h, qkv, qkv_size, hidden);
-        add_bias(qkv, layer->qkv_bias, qkv_size);
-        Segment seg = {layer->keys, layer->values, layer->capacity, pos, 1, NULL};
-        rope_and_store(s, &seg, 1, qkv, cos, sin, layer->q_norm, layer->k_norm);
-        attend_all(s, &seg, 1, 1, qkv, layer->window, att);
-        gemv(layer->o, att, h, hidden, q_size);
-        add_bias(h, layer->o_bias, hidden);
-        add_norm(x, h, layer->post_norm, h, 1, hidden, s->eps);
-        gemv(layer->gate_up, h, gate_up, 2 * inter, hidden);
-        silu_mul(gate_up, act, 1, inter);
-        gemv(layer->down, act, h, hidden, inter);
-        add_norm(x, h, NULL, NULL, 1, hidden, s->eps);
+/* act = GELU(gate) * up per row, GELU's tanh form (Gemma's), each rounded to bf16 as torch rounds:
+ * 0.5 g (1 + tanh(u)) with u = sqrt(2 / pi) (g + 0.044715 g^3), computed as g / (1 + e^(-2u)), the
+ * same value (0.5 (1 + tanh u) is the logistic of 2u), in float32 as torch computes a bf16 GELU. */
+void gelu_mul(const bf16 *gate_up, bf16 *act, int64_t rows, int64_t inter) {
+    const __m512 c = _mm512_set1_ps(0.7978845608f), cubic = _mm512_set1_ps(0.044715f), one = _mm512_set1_ps(1.0f);
+    for (int64_t r = 0; r < rows; r++) {
+        const bf16 *gate = gate_up + r * 2 * inter, *up = gate + inter;
+        for (int64_t i = 0; i < inter; i += 16) {
+            int64_t left = inter - i;
+            __m512 g = load_f32(gate + i, left);
+            __m512 u = _mm512_mul_ps(c, _mm512_fmadd_ps(_mm512_mul_ps(cubic, g), _mm512_mul_ps(g, g), g));
+            __m512 e = exp16(_mm512_mul_ps(_mm512_set1_ps(-2.0f), u));
+            __m512 gelu = _mm512_div_ps(g, _mm512_add_ps(one, e));
+            store16(act + r * inter + i, _mm512_mul_ps(load_f32_rounded(gelu), load_f32(up + i, left)), left);
+        }
     }
 }
 
-/* `count` layers over `rows` rows in one call (a verify step, a batch of sequences): what
- * decode_layers does for one token, with each layer's segments at segs[l * nseg ..] (their rows in
- * order). One call instead of seven per layer from Python, whose overhead was about a tenth of a
- * few-row step on the default model. x: [rows, hidden] bf16, updated in place (the residual
- * stream); scratch: bf16 room for rows x (2 hidden + qkv_size + heads head_dim + 3 intermediate). */
+/* x += delta (rounded, skipped when delta is NULL), then out = Gemma's RMSNorm(x) with the float32
+ * factors `weight` (skipped when NULL), for each row: the Gemma form of add_norm. */
+void add_gemma_norm(bf16 *x, const bf16 *delta, const float *weight, bf16 *out, int64_t rows, int64_t hidden,
+                    float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        bf16 *xr = x + r * hidden;
+        if (delta)
+            for (int64_t i = 0; i < hidden; i++) xr[i] = round_bf16(f32(xr[i]) + f32(delta[r * hidden + i]));
+        if (weight) gemma_rms(xr, weight, out + r * hidden, hidden, eps);
+    }
+}
+
+/* A layer's add-and-norm over rows, in its own norms' form. */
+static void layer_add_norm(const Layer *layer, bf16 *x, const bf16 *delta, const void *weight, bf16 *out,
+                           int64_t rows, int64_t hidden, float eps) {
+    if (layer->gemma)
+        add_gemma_norm(x, delta, (const float *)weight, out, rows, hidden, eps);
+    else
+        add_norm(x, delta, (const bf16 *)weight, out, rows, hidden, eps);
+}
+
+/* `count` layers over `rows` rows in one call (a verify step, a batch of sequences, a decode step):
+ * each layer's segments at segs[l * nseg ..] (their rows in order). One call instead of seven per
+ * layer from Python, whose overhead was about a tenth of a few-row step on the default model. x:
+ * [rows, hidden] bf16, updated in place (the residual stream); scratch: bf16 room for rows x (2
+ * hidden + qkv_size + heads head_dim + 3 intermediate). */
 void decode_rows(const Shape *s, const Layer *layers, int64_t count, const Segment *segs, int64_t nseg,
                  int64_t rows, const bf16 *cos, const bf16 *sin, bf16 *x, bf16 *scratch) {
     int64_t hidden = s->hidden, dim = s->head_dim, inter = s->intermediate;
@@ -499,17 +543,31 @@ void decode_rows(const Shape *s, const Layer *layers, int64_t count, const Segme
     bf16 *gate_up = att + rows * q_size, *act = gate_up + rows * 2 * inter;
     for (int64_t l = 0; l < count; l++) {
         const Layer *layer = &layers[l];
-        add_norm(x, NULL, layer->input_norm, h, rows, hidden, s->eps);
+        layer_add_norm(layer, x, NULL, layer->input_norm, h, rows, hidden, s->eps);
         gemm(layer->qkv, h, qkv, qkv_size, hidden, rows);
         for (int64_t r = 0; r < rows; r++) add_bias(qkv + r * qkv_size, layer->qkv_bias, qkv_size);
-        rope_and_store(s, segs + l * nseg, nseg, qkv, cos, sin, layer->q_norm, layer->k_norm);
+        rope_and_store(s, segs + l * nseg, nseg, qkv, layer->cos ? layer->cos : cos, layer->sin ? layer->sin : sin,
+                       layer->q_norm, layer->k_norm, (int)layer->gemma);
         attend_all(s, segs + l * nseg, nseg, rows, qkv, layer->window, att);
         gemm(layer->o, att, delta, hidden, q_size, rows);
         for (int64_t r = 0; r < rows; r++) add_bias(delta + r * hidden, layer->o_bias, hidden);
-        add_norm(x, delta, layer->post_norm, h, rows, hidden, s->eps);
+        if (layer->attn_out_norm) add_gemma_norm(delta, NULL, layer->attn_out_norm, delta, rows, hidden, s->eps);
+        layer_add_norm(layer, x, delta, layer->post_norm, h, rows, hidden, s->eps);
         gemm(layer->gate_up, h, gate_up, 2 * inter, hidden, rows);
-        silu_mul(gate_up, act, rows, inter);
+        (layer->gemma ? gelu_mul : silu_mul)(gate_up, act, rows, inter);
         gemm(layer->down, act, delta, hidden, inter, rows);
+        if (layer->mlp_out_norm) add_gemma_norm(delta, NULL, layer->mlp_out_norm, delta, rows, hidden, s->eps);
         add_norm(x, delta, NULL, NULL, rows, hidden, s->eps);
     }
+}
+
+/* Run `count` layers on the hidden state x ([hidden] bf16, updated in place) of the token at
+ * position `pos`, writing its keys and values at `pos` of each layer's cache (the caller has made
+ * room): `decode_rows` over one row, one segment a layer. cos/sin: [rotary] bf16 for this position;
+ * scratch: what `decode_rows` needs for one row. */
+void decode_layers(const Shape *s, const Layer *layers, int64_t count, int64_t pos, const bf16 *cos,
+                   const bf16 *sin, bf16 *x, bf16 *scratch) {
+    Segment segs[count];
+    for (int64_t l = 0; l < count; l++) segs[l] = (Segment){layers[l].keys, layers[l].values, layers[l].capacity, pos, 1, NULL};
+    decode_rows(s, layers, count, segs, 1, 1, cos, sin, x, scratch);
 }

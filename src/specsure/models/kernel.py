@@ -52,8 +52,11 @@ class LayerStruct(ctypes.Structure):
     _fields_ = [(name, ctypes.c_void_p) for name in
                 ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down", "keys", "values")]
     _fields_ += [("capacity", ctypes.c_int64), ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
-                 ("window", ctypes.c_int64)]
-    """``q_norm`` and ``k_norm``: Qwen3's per-head norms (NULL without); ``window``: a sliding window (0: none)."""
+                 ("window", ctypes.c_int64), ("attn_out_norm", ctypes.c_void_p), ("mlp_out_norm", ctypes.c_void_p),
+                 ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("gemma", ctypes.c_int64)]
+    """``q_norm`` and ``k_norm``: Qwen3's and Gemma 3's per-head norms (NULL without); ``window``: a sliding
+    window (0: none); Gemma's output norms, a layer's own RoPE table (NULL: the call's), and ``gemma``:
+    float32 norm factors 1 + w and a GELU-gated MLP."""
 
 
 class SegmentStruct(ctypes.Structure):
@@ -132,6 +135,12 @@ class Kernel(RowOps):
         """The bf16 scratch buffer `decode_rows` needs for ``rows`` rows of a decoder of ``shape``."""
         per_row = 2 * shape.hidden + (2 * shape.heads + 2 * shape.kv_heads) * shape.head_dim + 3 * shape.intermediate
         return torch.empty(rows * per_row, dtype=torch.bfloat16)
+
+    def add_gemma_norm(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float) -> None:
+        """``out = RMSNorm(x) * weight`` for bf16 rows ``x`` in Gemma's form: ``weight`` the float32 factors
+        1 + w, the product in float32, rounded to bf16 once."""
+        rows, hidden = x.shape
+        self.library.add_gemma_norm(x.data_ptr(), None, weight.data_ptr(), out.data_ptr(), rows, hidden, eps)
 
     def with_amx(self, wanted: bool) -> "Kernel":
         """The kernel with AMX products on (where this CPU and Linux allow) or off. The switch is the
@@ -228,6 +237,7 @@ def _bind(library: ctypes.CDLL) -> Kernel:
         "linear_rows": [pointer, pointer, pointer, size, size, size],
         "attend_rows": [pointer, pointer, size, pointer, pointer, pointer, pointer],
         "add_norm": [pointer, pointer, pointer, pointer, size, size, ctypes.c_float],
+        "add_gemma_norm": [pointer, pointer, pointer, pointer, size, size, ctypes.c_float],
         "silu_mul": [pointer, pointer, size, size],
     }
     for name, arguments in signatures.items():

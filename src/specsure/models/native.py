@@ -16,8 +16,8 @@ Gemma 3's RMSNorm of each q and k head before RoPE, sliding-window layers (maske
 every position), Gemma's norms of the attention's and the MLP's outputs, its scaled embedding and its
 scores' factor, Gemma 2's soft-capped scores, Gemma 3's two RoPEs (one per layer type), any RoPE
 variant (the model's own rotary module computes cos/sin), on whole heads or on their first dims
-(Phi-4-mini's partial rotary). The float32 kernel runs all of it, the bf16 kernel all but Gemma's
-parts, so Gemma in bf16 runs on torch ops. Anything else runs on the transformers path;
+(Phi-4-mini's partial rotary). Both C kernels, float32 and bf16, run all of it. Anything else runs on
+the transformers path;
 `NativeDecoder.build` says why in one sentence.
 """
 
@@ -71,6 +71,7 @@ class NativeDecoder:
         tables = {t: RotaryTable(base.rotary_emb, t if per_type else None) for t in sorted(set(types))}
         self.rotary = tables["full_attention"] if "full_attention" in tables else next(iter(tables.values()))
         self.layer_rotary: list[RotaryTable] = [tables[t] for t in types]
+        self._one_rotary = len(tables) == 1  # the bf16 one-token call takes one cos and sin for every layer
         self.norm = gemma_norm(base.norm.weight) if self.gemma else base.norm.weight
         self.layers: list[FusedLayer] = [fused_layer(layer, self.gemma) for layer in base.layers]
         self.kernel: kernels.Kernel | None = None
@@ -80,8 +81,6 @@ class NativeDecoder:
         self.kernel_why = "the model is not bfloat16"
         if self.embed.weight.dtype == torch.bfloat16:
             self.kernel, self.kernel_why = kernels.load()
-        if self.kernel is not None and self.gemma:
-            self.kernel, self.kernel_why = None, "the bf16 kernel has no Gemma layers"
         if self.kernel is not None and self.head_dim > kernels.MAX_HEAD_DIM:
             self.kernel, self.kernel_why = None, f"head_dim {self.head_dim} exceeds the kernel's {kernels.MAX_HEAD_DIM}"
         if self.kernel is not None:
@@ -103,10 +102,8 @@ class NativeDecoder:
         self._shape = self._shape_struct(config)
         self._structs = self._weight_structs(kernels.LayerStruct)
         for struct, window in zip(self._structs, self.windows):
-            struct.window = window
-        hidden = int(config.hidden_size)
-        self._scratch = torch.empty(hidden + (2 * self.heads + 2 * self.kv_heads) * self.head_dim
-                                    + 3 * self.intermediate, dtype=torch.bfloat16)
+            struct.window, struct.gemma = window, int(self.gemma)
+        self._scratch = kernels.Kernel.rows_scratch(self._shape, 1)
 
     def _bind_float(self, config: object) -> None:
         """The float32 kernel's view of the weights: pointers into the tensors this decoder keeps alive."""
@@ -152,7 +149,7 @@ class NativeDecoder:
     def _weight_structs(self, struct_type: type[ctypes.Structure]) -> ctypes.Array:
         """One ``struct_type`` per layer, its weight fields pointing at this decoder's tensors."""
         structs = (struct_type * len(self.layers))()
-        fields = dict(struct_type._fields_)  # the bf16 kernel's struct has no q and k norms
+        fields = dict(struct_type._fields_)
         for struct, layer in zip(structs, self.layers):
             for name in ("input_norm", "qkv", "qkv_bias", "o", "o_bias", "post_norm", "gate_up", "down", "q_norm",
                          "k_norm", "attn_out_norm", "mlp_out_norm"):
@@ -253,7 +250,7 @@ class NativeDecoder:
         if kernel is not None and (total <= KERNEL_ROWS or self.int8_packings):
             for segment in segments:
                 self._allocate(segment.cache, kernel.dtype)
-            if total == 1 and kernel is self.kernel:
+            if total == 1 and kernel is self.kernel and self._one_rotary:
                 return self._kernel_step(ids, segments[0], aux_layers)
             return self._c_rows(kernel, ids, segments, aux_layers) if total <= PIECE_ROWS else \
                 run_in_pieces(lambda part_ids, part: self._c_rows(kernel, part_ids, part, aux_layers), ids, segments,
@@ -332,7 +329,10 @@ class NativeDecoder:
 
     def _kernel_norm(self, x: torch.Tensor, kernel: kernels.RowOps) -> torch.Tensor:
         out = torch.empty_like(x)
-        kernel.add_norm(x, None, self.norm, out, self.eps)
+        if self.gemma and isinstance(kernel, kernels.Kernel):  # bf16 rows, float32 factors 1 + w
+            kernel.add_gemma_norm(x, self.norm, out, self.eps)
+        else:
+            kernel.add_norm(x, None, self.norm, out, self.eps)
         return out
 
     def _c_rows(self, kernel: "kernels.Kernel | float_kernels.FloatKernel", ids: torch.Tensor,
