@@ -19,18 +19,26 @@ def _config(rope: object, max_positions: int = 4096) -> SimpleNamespace:
     ({"rope_type": "linear", "factor": 4.0}, 16384),
     ({"rope_type": "dynamic", "factor": 2.0}, 8192),
     ({"type": "dynamic", "factor": 2.0}, 8192),  # the key older configs spell it with
-    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 131072),
-    ({"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096}, 163840),  # DeepSeek-V3's
-    ({"rope_type": "yarn", "factor": 4.0}, 16384),  # no original: transformers' YaRN reads max_position_embeddings
-    # these state the whole context already (llama3's factor scales the frequencies, not the context)
+    # these count the stretched context in max_position_embeddings already (vLLM 0.33.0)
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}, 4096),
     ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}, 4096),
     ({"rope_type": "longrope", "factor": 32.0, "original_max_position_embeddings": 4096}, 4096),
+    ({"rope_type": "deepseek_yarn", "factor": 40.0}, 4096),
+    # per layer type: the last factor found counts, as in vLLM
+    ({"full_attention": {"rope_type": "linear", "factor": 2.0}, "sliding_attention": {"rope_type": "default"}}, 8192),
     ({"rope_type": "linear"}, 4096),
+    ({"rope_type": "linear", "factor": None}, 4096),  # vLLM falls back to 1.0 for a null factor
     ({"rope_type": "linear", "factor": True}, 4096),
     ({"rope_type": "linear", "factor": "4"}, 4096),
 ])
 def test_the_context_is_vllms(rope: object, expected: int) -> None:
     assert context_length(_config(rope)) == expected
+
+
+def test_gemma3_counts_its_scaled_context_already() -> None:
+    config = _config({"full_attention": {"rope_type": "linear", "factor": 8.0}, "sliding_attention": {}}, 131072)
+    config.model_type = "gemma3_text"
+    assert context_length(config) == 131072
 
 
 def test_a_linear_rope_runs_past_max_position_embeddings(tmp_path) -> None:  # noqa: ANN001

@@ -56,25 +56,27 @@ def rotary_dim(config: object, head_dim: int) -> int:
     return int(head_dim * float(factor)) if factor else head_dim
 
 
-FIXED_CONTEXT_ROPES = ("default", "longrope", "su", "llama3")
-"""RoPE types whose config already states the whole context in max_position_embeddings (vLLM's list)."""
+UNSCALED_CONTEXT_ROPES = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+"""RoPE types whose max_position_embeddings already counts the stretched context (vLLM 0.33.0's list)."""
 
 
 def context_length(config: object) -> int:
-    """The longest sequence the model runs, as vLLM derives its max_model_len: max_position_embeddings,
-    times the RoPE's factor where the RoPE stretches the trained context (linear, dynamic NTK), and
-    for YaRN its original_max_position_embeddings times the factor."""
+    """The longest sequence the model runs, the largest max_model_len vLLM 0.33.0 accepts for it:
+    max_position_embeddings, times the RoPE's factor where the RoPE stretches the trained context past
+    it (linear, dynamic NTK); YaRN, llama3 and longrope configs count the stretched context already,
+    and so does Gemma 3's, whatever its RoPE."""
     length = int(getattr(config, "max_position_embeddings", 0) or 0)
     rope = getattr(config, "rope_parameters", None)
-    if not isinstance(rope, dict):
+    if not isinstance(rope, dict) or "gemma3" in str(getattr(config, "model_type", "")):
         return length
-    rope_type = str(rope.get("rope_type") or rope.get("type") or "default")
-    factor = rope.get("factor")
-    if rope_type in FIXED_CONTEXT_ROPES or not _positive(factor):
-        return length
-    if rope_type == "yarn" and _positive(rope.get("original_max_position_embeddings")):
-        length = int(rope["original_max_position_embeddings"])
-    return int(length * factor)
+    # Per layer type (Gemma 3's {"full_attention": {...}, "sliding_attention": {...}}), or one for all;
+    # like vLLM, the last factor found counts.
+    factor: object = 1.0
+    for params in (rope.values() if all(isinstance(v, dict) for v in rope.values()) and rope else [rope]):
+        rope_type = str(params.get("rope_type") or params.get("type") or "default")
+        if rope_type not in UNSCALED_CONTEXT_ROPES:
+            factor = params.get("factor", factor)
+    return int(length * factor) if _positive(factor) else length
 
 
 def _positive(value: object) -> bool:
