@@ -59,3 +59,43 @@ def test_a_linear_rope_runs_past_max_position_embeddings(tmp_path) -> None:  # n
     spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
     engine = make_engine(str(folder), spec, dtype="float32")
     assert engine.generate(prompt, params)[0].token_ids == expected
+
+
+@pytest.mark.parametrize(("text", "tokens"), [("8192", 8192), ("8k", 8000), ("25.6k", 25600), ("8K", 8192),
+                                              ("2M", 2 * 2**20), ("auto", None), ("-1", None), (" 64 ", 64)])
+def test_max_model_len_reads_as_vllm_reads_it(text: str, tokens: int | None) -> None:
+    from specsure.cli.common import model_len
+
+    assert model_len(text) == tokens
+
+
+@pytest.mark.parametrize("text", ["0", "-5", "1.5K", "lots", "", "k"])
+def test_a_bad_max_model_len_is_refused_by_argparse(text: str) -> None:
+    import argparse
+
+    from specsure.cli.common import model_len
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        model_len(text)
+
+
+def test_max_model_len_caps_every_request_and_never_exceeds_the_model(tmp_path) -> None:  # noqa: ANN001
+    """The engine's context is max_model_len: a longer prompt is refused naming it, generation stops at it,
+    and more than the model's own context is refused before any request runs."""
+    from specsure import SamplingParams, make_engine
+    from specsure.decode.completion import PromptError
+    from tiny import build_tiny_llama
+
+    folder = build_tiny_llama(tmp_path / "m", vocab_size=96, hidden_size=64, num_layers=2,
+                              extra_config={"max_position_embeddings": 128})
+    engine = make_engine(str(folder), {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1},
+                         dtype="float32", max_model_len=40)
+    assert engine.target.lm.max_context == 40
+    out = engine.generate([[3, 4, 5, 3, 4, 5, 3, 4]], SamplingParams(max_tokens=100, ignore_eos=True))[0]
+    assert 8 + len(out.token_ids) <= 40 and out.finish_reason == "length"
+    with pytest.raises(PromptError, match="the context max_model_len sets is 40 tokens"):
+        engine.generate([list(range(3, 45))], SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError, match="max_model_len = 129 exceeds the model's context of 128 tokens"):
+        make_engine(str(folder), None, dtype="float32", max_model_len=129)
+    with pytest.raises(ValueError, match="max_model_len = 0 must be a whole number"):
+        make_engine(str(folder), None, dtype="float32", max_model_len=0)

@@ -823,3 +823,23 @@ def test_http_series_count_requests_by_handler_method_and_status_class(engine: E
     assert "MADEUP" not in page
     assert metric(page, "http_request_duration_highr_seconds_count") == 7
     assert metric(page, "http_response_size_bytes_sum", handler="/v1/completions") > 0
+
+
+def test_max_model_len_bounds_every_request_and_the_model_card(tmp_path_factory: pytest.TempPathFactory,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`serve --max-model-len` as vLLM's: the card says it, a request past it is the usual 400, and more than
+    the model's own context is refused at start, naming both."""
+    from serving import build_tiny_chat_model, NGRAM
+
+    folder = build_tiny_chat_model(tmp_path_factory.mktemp("capped"))
+    client = TestClient(create_app(make_engine(str(folder), NGRAM, dtype="float32", max_model_len=24),
+                                   served_model_name="capped"))
+    (card,) = client.get("/v1/models").json()["data"]
+    assert card["max_model_len"] == 24
+    r = client.post("/v1/completions", json={"prompt": list(range(5, 25)), "max_tokens": 10})
+    assert r.status_code == 400 and "maximum context length is 24 tokens" in r.json()["error"]["message"], r.text
+    ok = client.post("/v1/completions", json={"prompt": list(range(5, 25)), "max_tokens": 4})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] <= 4
+    context = make_engine(str(folder), None, dtype="float32").target.lm.max_context
+    assert main(["serve", "--model", str(folder), "--port", "0", "--max-model-len", str(context + 1)]) == 2
+    assert f"max_model_len = {context + 1} exceeds the model's context of {context} tokens" in capsys.readouterr().err

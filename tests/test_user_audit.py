@@ -375,13 +375,14 @@ def test_mtp_layers_in_another_layout_are_named_not_called_missing(tmp_path: Pat
 
 @pytest.mark.parametrize(("argv", "words"), [
     (["generate", "-n", "8", "hi"], "-n is llama.cpp's flag, not one of `specsure generate`'s; use --max-tokens N"),
-    (["generate", "--ctx-size=256", "hi"], "--ctx-size is llama.cpp's flag"),
+    (["generate", "--ctx-size=256", "hi"], "--ctx-size is llama.cpp's flag, not one of `specsure generate`'s; use "
+                                            "--max-model-len N"),
+    (["bench", "--max-model-len", "4096"], "`specsure serve` and `specsure generate` cap it with --max-model-len N"),
     (["serve", "-n", "64"], "-n is llama.cpp's flag, not one of `specsure serve`'s; send max_tokens in each request"),
     (["bench", "-ngl", "99"], "-ngl is llama.cpp's flag, not one of `specsure bench`'s; there is no flag for it"),
     (["explain", "-t", "4"], "`specsure explain` has no such flag"),
     (["generate", "-md", "d.gguf", "hi"], "the draft goes in --speculative-config '{\"model\": \"DRAFT\"}'"),
     (["serve", "--trust-remote-code"], "specsure never runs a checkpoint's own code"),
-    (["serve", "--max-model-len", "4096"], "the context is the model's own"),
     (["generate", "-r", "User:", "hi"], "use --stop TEXT"), (["generate", "--draft", "5", "hi"], "num_speculative_tokens"),
     (["generate", "--grammar-file", "g.gbnf", "hi"], "use --structured-outputs"),
     (["serve", "--grammar", "root ::= x"], "send structured_outputs in each request"),

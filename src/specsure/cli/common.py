@@ -136,6 +136,37 @@ def int_at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+_SI = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def model_len(text: str) -> int | None:
+    """An argparse type: --max-model-len as vLLM 0.33.0 reads it: a number of tokens, with k, m, g, t
+    for powers of 1,000 (decimals allowed: 25.6k) or K, M, G, T for powers of 1,024; 'auto' or -1 for
+    the model's own context (None)."""
+    text = text.strip()
+    if text == "-1" or text.lower() == "auto":
+        return None
+    number, suffix = (text[:-1], text[-1]) if text[-1:] in {**_SI, **_BINARY} else (text, "")
+    try:
+        value = int(float(number) * _SI[suffix]) if suffix in _SI else int(number) * _BINARY.get(suffix, 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of tokens (say 8192, 8k, 8K, or auto for the model's own context; a "
+            "binary suffix K, M, G, T takes a whole number)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1 token (auto or -1: the model's own context)")
+    return value
+
+
+def add_model_len_flag(parser: argparse.ArgumentParser) -> None:
+    """--max-model-len, as vLLM names it."""
+    parser.add_argument("--max-model-len", type=model_len, default=None, metavar="N",
+                        help="the most tokens a request may hold, prompt and output together, as vLLM's "
+                             "--max-model-len (8192, 8k, 8K; at most the model's own context, which is the "
+                             "default: auto)")
+
+
 def seed_value(text: str) -> int:
     """An argparse type: a sampling seed, an integer in [0, 2**64) (torch's generator range)."""
     value = int_at_least(0)(text)

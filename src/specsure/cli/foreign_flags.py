@@ -28,7 +28,8 @@ class Foreign:
 
 
 _CONTEXT = ("the context is the model's own (config.json max_position_embeddings, or the GGUF's context_length), "
-            "and a request's max tokens are lowered to the room it leaves")
+            "and a request's max tokens are lowered to the room it leaves; `specsure serve` and `specsure generate` "
+            "cap it with --max-model-len N")
 _CPU = "specsure runs on the CPU"
 _ONE_MACHINE = ("specsure runs on one machine; `specsure export --to vllm` writes the same config for vLLM to "
                 "scale out")
@@ -58,7 +59,8 @@ FOREIGN_FLAGS: Final[dict[str, Foreign]] = {
     "--file": Foreign("llama.cpp", otherwise="give - as PROMPT and the file on standard input: "
                                              "specsure generate - < FILE"),
     "--temp": Foreign("llama.cpp", "--temperature", "--temperature T", "temperature"),
-    "-c": Foreign("llama.cpp", otherwise=_CONTEXT), "--ctx-size": Foreign("llama.cpp", otherwise=_CONTEXT),
+    "-c": Foreign("llama.cpp", "--max-model-len", "--max-model-len N", otherwise=_CONTEXT),
+    "--ctx-size": Foreign("llama.cpp", "--max-model-len", "--max-model-len N", otherwise=_CONTEXT),
     "-md": Foreign("llama.cpp", otherwise=_DRAFT), "--model-draft": Foreign("llama.cpp", otherwise=_DRAFT),
     "--draft-max": Foreign("llama.cpp", otherwise=_K), "--draft-n": Foreign("llama.cpp", otherwise=_K),
     "--draft-min": Foreign("llama.cpp", otherwise="specsure drafts up to num_speculative_tokens each step"),
@@ -88,7 +90,7 @@ FOREIGN_FLAGS: Final[dict[str, Foreign]] = {
                                otherwise="`specsure generate --chat` renders the model's own template; "
                                          "`specsure serve --chat-template` replaces it"),
     # vLLM (vllm serve)
-    "--max-model-len": Foreign("vLLM", otherwise=_CONTEXT),
+    "--max-model-len": Foreign("vLLM", "--max-model-len", "--max-model-len N", otherwise=_CONTEXT),
     "--trust-remote-code": Foreign("vLLM", otherwise="specsure never runs a checkpoint's own code"),
     "--tensor-parallel-size": Foreign("vLLM", otherwise=_ONE_MACHINE), "-tp": Foreign("vLLM", otherwise=_ONE_MACHINE),
     "--pipeline-parallel-size": Foreign("vLLM", otherwise=_ONE_MACHINE),

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from specsure.cli.common import (
-    EXIT_OK, INT8_HELP, add_dtype_flag, add_model_flags, int_at_least, parse_speculative_config, products_note, seed_value,
+    EXIT_OK, INT8_HELP, add_dtype_flag, add_model_flags, add_model_len_flag, int_at_least, parse_speculative_config,
+    products_note, seed_value,
 )
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_model_flags(parser)
     add_sampling_flags(parser)
     parser.add_argument("--chat", action="store_true", help="wrap PROMPT in the model's chat template")
+    add_model_len_flag(parser)
     parser.add_argument("--structured-outputs", default=None, metavar="JSON",
                         help='constrain the output, as vLLM\'s structured_outputs: {"json": SCHEMA}, {"regex": "..."}, '
                              '{"choice": [...]}, {"grammar": "root ::= ..."} (GBNF) or {"json_object": true}; inline JSON '
@@ -121,14 +123,14 @@ def parse_structured_outputs(text: str | None) -> "StructuredOutputs | None":
 
 
 def fit_max_tokens(asked: int | None, prompt_tokens: int, context: int | None,
-                   default: int = DEFAULT_MAX_TOKENS) -> int:
+                   default: int = DEFAULT_MAX_TOKENS, context_name: str = "the model's context") -> int:
     """--max-tokens within the room the prompt leaves in the context: the default is lowered to the
     room; a value the user gave that does not fit is an error naming the room (as the server's 400)."""
     room = context - prompt_tokens if context else None
     if asked is None:
         return default if room is None else min(default, room)
     if room is not None and asked > room:
-        raise ValueError(f"--max-tokens {asked} does not fit: the model's context is {context} tokens and the prompt "
+        raise ValueError(f"--max-tokens {asked} does not fit: {context_name} is {context} tokens and the prompt "
                          f"takes {prompt_tokens}, so at most {room} more fit. Pass --max-tokens {room} or less, or "
                          "shorten the prompt.")
     return asked
@@ -178,9 +180,11 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     engine = make_engine(args.model, parse_speculative_config(args.speculative_config), strict=args.strict,
-                         dtype=args.dtype, seed=args.seed, int8_activations=args.int8_activations)
+                         dtype=args.dtype, seed=args.seed, int8_activations=args.int8_activations,
+                         max_model_len=args.max_model_len)
     prompt = engine.encode(render_prompt(engine, args.prompt, args.chat))
-    max_tokens = fit_max_tokens(args.max_tokens, len(prompt), engine.target.lm.max_context)
+    max_tokens = fit_max_tokens(args.max_tokens, len(prompt), engine.target.lm.max_context,
+                                context_name=engine.target.lm.context_name)
     completion = engine.generate(prompt, sampling_params(args, structured, max_tokens))[0]
     # The completion alone on stdout, as llama.cpp and vLLM's tools keep it: `$(specsure generate ...)`
     # and `> out.txt` capture the answer; what ran and how fast goes to stderr.

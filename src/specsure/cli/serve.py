@@ -13,8 +13,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from specsure.cli.common import (
-    EXIT_OK, EXIT_USAGE, INT8_HELP, STATS_LOGGER, add_dtype_flag, add_model_flags, api_keys_from, int_at_least,
-    parse_speculative_config, products_note,
+    EXIT_OK, EXIT_USAGE, INT8_HELP, STATS_LOGGER, add_dtype_flag, add_model_flags, add_model_len_flag, api_keys_from,
+    int_at_least, parse_speculative_config, products_note,
 )
 
 if TYPE_CHECKING:
@@ -55,6 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         help=f"the most prompt tokens one step prefills: a longer prompt is prefilled in parts over "
                              f"several steps while the running requests go on decoding (chunked prefill; default "
                              f"{DEFAULT_MAX_NUM_BATCHED_TOKENS}; 0: every prompt at once)")
+    add_model_len_flag(parser)
     parser.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE, metavar="N",
                         help=f"requests that may wait for a place in the running batch; one more gets a 503 "
                              f"with Retry-After (default {DEFAULT_MAX_QUEUE})")
@@ -195,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         engine = make_engine(args.model, speculative, strict=args.strict, dtype=args.dtype,
                              max_num_seqs=args.max_num_seqs, enable_prefix_caching=args.enable_prefix_caching,
                              max_num_batched_tokens=args.max_num_batched_tokens or None,
-                             int8_activations=args.int8_activations)
+                             int8_activations=args.int8_activations, max_model_len=args.max_model_len)
     except BaseException:
         sock.close()
         raise

@@ -226,7 +226,7 @@ class Engine:
             ids = ids[-keep_last:]
         limit = self.target.lm.max_context
         if limit and len(ids) >= limit:
-            raise PromptError(index, f"has {len(ids)} tokens, but the model's context is {limit} tokens and "
+            raise PromptError(index, f"has {len(ids)} tokens, but {self.target.lm.context_name} is {limit} tokens and "
                                      "generation needs room for at least one more; shorten the prompt.")
         return ids
 
@@ -349,12 +349,14 @@ def _shown_types(values: Sequence[object]) -> str:
 def make_engine(model: str | os.PathLike[str] | None = None, speculative: dict | None = None, *, strict: bool = False,
                 dtype: str = "auto", seed: int | None = None, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
                 enable_prefix_caching: bool = False, max_num_batched_tokens: int | None = None,
-                int8_activations: bool = False) -> Engine:
+                int8_activations: bool = False, max_model_len: int | None = None) -> Engine:
     """Resolve the config, check it can run, load the target, build the named proposer.
 
     ``seed`` seeds the engine as vLLM's ``LLM(seed=...)`` does: each request without a seed of its own
     draws one from the engine's stream, so the same run repeats and its requests sample independently.
-    ``int8_activations``: the target's products as llama.cpp's (`load_model`).
+    ``int8_activations``: the target's products as llama.cpp's (`load_model`). ``max_model_len``: the
+    most positions a request may hold, prompt and output (vLLM's; at most the model's own context, which
+    is the default).
     """
     _check_engine_args(strict, dtype, seed, max_num_seqs)  # before the model loads, not after
     if isinstance(model, os.PathLike):
@@ -364,12 +366,18 @@ def make_engine(model: str | os.PathLike[str] | None = None, speculative: dict |
     if not isinstance(int8_activations, bool):
         raise ValueError(f"int8_activations = {int8_activations!r} must be True or False.")
     check_batched_tokens(max_num_batched_tokens)  # before the model loads too
+    if max_model_len is not None and (isinstance(max_model_len, bool) or not isinstance(max_model_len, int)
+                                      or max_model_len < 1):
+        raise ValueError(f"max_model_len = {max_model_len!r} must be a whole number of tokens >= 1; leave it out "
+                         "for the model's own context.")
     res = resolve(speculative, model=model, strict=strict, dtype=dtype)
     res.check_runnable()
     try:
         target = load_model(model, dtype=dtype, int8_activations=int8_activations)
     except ModelLoadError as exc:  # named as the draft's errors are: the two may share a folder name
         raise ModelLoadError(f"target (the model): {exc}") from None
+    if max_model_len is not None:
+        target.lm.limit_context(max_model_len)
     loaded = str(target.lm.dtype).removeprefix("torch.")
     logger.info("dtype %s: %s", loaded, target.dtype_reason)
     say_unapplied(target.path)

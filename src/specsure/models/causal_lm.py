@@ -117,6 +117,8 @@ class CausalLM:
         self.hidden_size: int = int(text_config.hidden_size)
         self.num_layers: int = int(text_config.num_hidden_layers)
         self.max_context: int = context_length(text_config)
+        self.context_name = "the model's context"
+        """What sets max_context, for messages: the model's config, or `limit_context`."""
         self.dtype: torch.dtype = hf.dtype
         self._base = hf.base_model
         if self._base is hf:
@@ -278,13 +280,26 @@ class CausalLM:
         native path, on transformers' modules where the final norm is one `final_norm` finds."""
         return self._native is not None or final_norm(self._base) is not None
 
+    def limit_context(self, tokens: int) -> None:
+        """Run at most ``tokens`` positions (vLLM's max_model_len): a server's bound on what one request
+        may hold in memory. More than the model's own context is refused, as vLLM refuses it."""
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise ValueError(f"max_model_len = {tokens!r} must be a whole number of tokens >= 1; leave it out for "
+                             "the model's own context.")
+        if self.max_context and tokens > self.max_context:
+            raise ValueError(f"max_model_len = {tokens} exceeds the model's context of {self.max_context} tokens "
+                             "(its config's max_position_embeddings, times a linear or dynamic RoPE's factor): "
+                             "positions past it were never trained; give at most "
+                             f"{self.max_context}, or leave it out for the whole context.")
+        self.max_context, self.context_name = tokens, "the context max_model_len sets"
+
     def _check_call(self, n: int, aux_layers: tuple[int, ...]) -> None:
         if n == 0:
             raise ValueError("forward needs at least one token id.")
         if self.max_context and self._cache_len + n > self.max_context:
             raise ValueError(
-                f"context of {self._cache_len + n} tokens exceeds the model's {self.max_context} (its "
-                "max_position_embeddings, times a dynamic RoPE's factor); shorten the prompt or lower max_tokens."
+                f"context of {self._cache_len + n} tokens exceeds {self.context_name} of {self.max_context} "
+                "tokens; shorten the prompt or lower max_tokens."
             )
         for layer in aux_layers:
             if not 0 <= layer <= self.num_layers:

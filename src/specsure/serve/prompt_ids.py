@@ -39,7 +39,8 @@ def encode_prompt(engine: Engine, prompt: str | list[int], subject: str, param: 
     if keep == -1:
         keep = context - 1 if context else None
     elif keep is not None and context and keep >= context:
-        raise RequestError(f"truncate_prompt_tokens = {keep} keeps no room to generate in the model's context of "
+        raise RequestError(f"truncate_prompt_tokens = {keep} keeps no room to generate in "
+                           f"{engine.target.lm.context_name} of "
                            f"{context} tokens; send at most {context - 1}, or -1 for as many as leave room.",
                            "truncate_prompt_tokens")
     try:
