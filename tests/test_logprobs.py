@@ -59,3 +59,20 @@ def test_logprobs_follow_trimming_and_are_off_by_default(target: Path) -> None:
     for bad in (-1, 21, 2.0, True):
         with pytest.raises(ValueError, match="logprobs"):
             SamplingParams(logprobs=bad)
+
+
+@pytest.mark.parametrize("name", ["plain", "ngram"])
+def test_on_the_float32_kernel_batched_logprobs_are_batch_one_logprobs_bit_for_bit(target: Path, name: str) -> None:
+    """Every float32 forward runs in C, row by row, so a request's logprobs do not depend on a 96-token
+    prompt prefilled in the same steps (past 64 rows, which torch's products computed until 2026-12-07)."""
+    from specsure.models import float_kernel
+
+    if float_kernel.load()[0] is None:  # torch's products: equal to float32 rounding only (test above)
+        return
+    params = SamplingParams(max_tokens=30, ignore_eos=True, logprobs=3)
+    prompts = [PROMPTS[0] * 8, PROMPTS[1]]
+    batched = make_engine(str(target), SPECS[name], dtype="float32", max_num_seqs=2).generate(prompts, params)
+    alone = make_engine(str(target), SPECS[name], dtype="float32")
+    for out in batched:
+        one = alone.generate([out.prompt_token_ids], params)[0]
+        assert out.token_ids == one.token_ids and out.logprobs == one.logprobs

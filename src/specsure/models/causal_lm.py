@@ -119,6 +119,7 @@ class CausalLM:
         self.max_context: int = context_length(text_config)
         self.context_name = "the model's context"
         """What sets max_context, for messages: the model's config, or `limit_context`."""
+        self._context_origin = " (its max_position_embeddings, times a linear or dynamic RoPE's factor)"
         self.dtype: torch.dtype = hf.dtype
         self._base = hf.base_model
         if self._base is hf:
@@ -292,6 +293,7 @@ class CausalLM:
                              "positions past it were never trained; give at most "
                              f"{self.max_context}, or leave it out for the whole context.")
         self.max_context, self.context_name = tokens, "the context max_model_len sets"
+        self._context_origin = ""
 
     def _check_call(self, n: int, aux_layers: tuple[int, ...]) -> None:
         if n == 0:
@@ -299,7 +301,7 @@ class CausalLM:
         if self.max_context and self._cache_len + n > self.max_context:
             raise ValueError(
                 f"context of {self._cache_len + n} tokens exceeds {self.context_name} of {self.max_context} "
-                "tokens; shorten the prompt or lower max_tokens."
+                f"tokens{self._context_origin}; shorten the prompt or lower max_tokens."
             )
         for layer in aux_layers:
             if not 0 <= layer <= self.num_layers:

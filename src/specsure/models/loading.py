@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import re
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,8 +100,6 @@ def load_model(path: str | None, dtype: str = "auto", int8_activations: bool = F
         gguf, why = _given_gguf(path) or source_gguf(folder)
         lm.path += _read_blocks(lm, gguf, int8_activations) if gguf is not None else \
             f"; every weight matrix read as float32 ({why})" if why else ""
-    if lm.int8_matrices:  # the mode runs every forward in C, not only those of up to KERNEL_ROWS rows
-        lm.path = re.sub(r" of up to \d+ rows in C", " in C", lm.path, count=1)
     if int8_activations and not lm.int8_matrices and int8_required:
         raise ValueError(f"int8_activations: no weight matrix of {path or 'the default model'} can have them (forward: "
                          f"{lm.path}); they need a GGUF target whose quantised matrices (Q4_0 to Q8_0, Q4_K to Q6_K) "

@@ -86,7 +86,7 @@ class NativeDecoder:
         if self.kernel is not None:
             self._bind_kernel(config)
         self.float_kernel: float_kernels.FloatKernel | None = None
-        """The C kernel that runs float32 forwards of up to KERNEL_ROWS rows, or None (`kernel_why`)."""
+        """The C kernel that runs every float32 forward, or None (`kernel_why`)."""
         self._blocks: list[BlockMatrix] = []  # the matrices `use_blocks` gave the kernel, kept alive
         self.int8_packings: Counter[str] = Counter()  # of them, those the integer products read, by packing
         if self.embed.weight.dtype == torch.float32:
@@ -176,8 +176,8 @@ class NativeDecoder:
             return None, why
         decoder = cls(base, config)
         if decoder.kernel or decoder.float_kernel:
-            dtype = "bf16" if decoder.kernel else "float32"
-            step = f"{dtype} forwards of up to {KERNEL_ROWS} rows in C ({decoder.kernel_why})"
+            rows = f"bf16 forwards of up to {KERNEL_ROWS} rows" if decoder.kernel else "float32 forwards"
+            step = f"{rows} in C ({decoder.kernel_why})"
         else:
             step = f"few-row steps on torch ops: {decoder.kernel_why}"
         return decoder, f"fused q|k|v and gate|up projections; {step}"
@@ -245,9 +245,13 @@ class NativeDecoder:
         if sum(s.length for s in segments) != total:
             raise ValueError(f"segments cover {sum(s.length for s in segments)} tokens but {total} were given.")
         kernel = self.kernel or self.float_kernel  # at most one is loaded: the model's dtype picks it
-        # With int8 activations every forward runs in C, however many rows (in pieces past PIECE_ROWS):
-        # torch's float32 products would give a long prefill or a large batch another arithmetic.
-        if kernel is not None and (total <= KERNEL_ROWS or self.int8_packings):
+        # In float32 every forward runs in C, however many rows (in pieces past PIECE_ROWS): torch's
+        # products would give a long prefill, or a step that batches a prompt's chunk beside other
+        # requests' rows, another rounding, so a request's output would depend on what shared its
+        # steps; and on the AVX-512 EPYC the kernel's prefill is the faster one too (BENCHMARKS.md).
+        # In bf16 a forward past KERNEL_ROWS stays on torch: kept so, since the shipped heads' data
+        # was generated on that path and `make heads` reproduces it bit for bit.
+        if kernel is not None and (total <= KERNEL_ROWS or kernel is self.float_kernel):
             for segment in segments:
                 self._allocate(segment.cache, kernel.dtype)
             if total == 1 and kernel is self.kernel and self._one_rotary:

@@ -65,9 +65,9 @@ class OutputHead:
             weight, bias, blocks = head.weight, head.bias, self.int8 or self.tiles or self.blocks
         in_c = (linear and hidden.dtype == torch.float32 and not hidden.requires_grad
                 and not (torch.is_grad_enabled() and weight.requires_grad))
-        # A model with int8 activations takes every row count in C, whatever the head's format: more
-        # rows on torch would take another arithmetic than the decode step's.
-        every_row = in_c and native is not None and bool(native.int8_packings)
+        # A float32 model on the kernel takes every row count in C, whatever the head's format: more
+        # rows on torch would take another arithmetic than the decode step's (prompt logprobs, a big batch).
+        every_row = in_c and native is not None and native.float_kernel is not None
         if (blocks is not None and bias is None and in_c
                 and (hidden.dim() == 2 and hidden.shape[0] <= KERNEL_ROWS or every_row)):
             flat = hidden.reshape(-1, hidden.shape[-1]).contiguous()
