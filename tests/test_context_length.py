@@ -35,6 +35,21 @@ def test_the_context_is_vllms(rope: object, expected: int) -> None:
     assert context_length(_config(rope)) == expected
 
 
+def test_the_smallest_length_key_counts_and_model_max_length_replaces_them() -> None:
+    config = _config({"rope_type": "linear", "factor": 2.0})
+    config.max_sequence_length = 2048  # vLLM takes the smallest of its length keys
+    assert context_length(config) == 4096
+    config.model_max_length = 1000  # Command-R's: it replaces them
+    assert context_length(config) == 2000
+    assert context_length(SimpleNamespace(rope_parameters=None)) == 0  # no key: no limit
+
+
+def test_per_layer_type_ropes_are_known_by_their_keys() -> None:
+    nested = {"full_attention": {"rope_type": "linear", "factor": 4.0}, "sliding_attention": None}
+    assert context_length(_config(nested)) == 16384  # a null entry is skipped, as vLLM skips it
+    assert context_length(_config({"rope_type": "linear", "factor": 4.0, "extra": {}})) == 16384  # flat
+
+
 def test_gemma3_counts_its_scaled_context_already() -> None:
     config = _config({"full_attention": {"rope_type": "linear", "factor": 8.0}, "sliding_attention": {}}, 131072)
     config.model_type = "gemma3_text"
@@ -69,7 +84,7 @@ def test_max_model_len_reads_as_vllm_reads_it(text: str, tokens: int | None) -> 
     assert model_len(text) == tokens
 
 
-@pytest.mark.parametrize("text", ["0", "-5", "1.5K", "lots", "", "k"])
+@pytest.mark.parametrize("text", ["0", "-5", "1.5K", "lots", "", "k", "infk", "1e999k", "1e3k", "1_0k"])
 def test_a_bad_max_model_len_is_refused_by_argparse(text: str) -> None:
     import argparse
 
@@ -99,3 +114,4 @@ def test_max_model_len_caps_every_request_and_never_exceeds_the_model(tmp_path) 
         make_engine(str(folder), None, dtype="float32", max_model_len=129)
     with pytest.raises(ValueError, match="max_model_len = 0 must be a whole number"):
         make_engine(str(folder), None, dtype="float32", max_model_len=0)
+    assert make_engine(str(folder), None, dtype="float32", max_model_len=-1).target.lm.max_context == 128  # vLLM's auto

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -147,9 +148,15 @@ def model_len(text: str) -> int | None:
     text = text.strip()
     if text == "-1" or text.lower() == "auto":
         return None
-    number, suffix = (text[:-1], text[-1]) if text[-1:] in {**_SI, **_BINARY} else (text, "")
+    # vLLM's pattern: digits, an optional decimal part, one suffix letter; anything else is a plain int
+    suffixed = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
     try:
-        value = int(float(number) * _SI[suffix]) if suffix in _SI else int(number) * _BINARY.get(suffix, 1)
+        if suffixed is None:
+            value = int(text)
+        elif (suffix := suffixed[2]) in _SI:
+            value = int(float(suffixed[1]) * _SI[suffix])
+        else:
+            value = int(suffixed[1]) * _BINARY[suffix]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a number of tokens (say 8192, 8k, 8K, or auto for the model's own context; a "

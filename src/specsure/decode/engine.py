@@ -356,7 +356,7 @@ def make_engine(model: str | os.PathLike[str] | None = None, speculative: dict |
     draws one from the engine's stream, so the same run repeats and its requests sample independently.
     ``int8_activations``: the target's products as llama.cpp's (`load_model`). ``max_model_len``: the
     most positions a request may hold, prompt and output (vLLM's; at most the model's own context, which
-    is the default).
+    is the default; -1 or None: that).
     """
     _check_engine_args(strict, dtype, seed, max_num_seqs)  # before the model loads, not after
     if isinstance(model, os.PathLike):
@@ -366,10 +366,12 @@ def make_engine(model: str | os.PathLike[str] | None = None, speculative: dict |
     if not isinstance(int8_activations, bool):
         raise ValueError(f"int8_activations = {int8_activations!r} must be True or False.")
     check_batched_tokens(max_num_batched_tokens)  # before the model loads too
+    if max_model_len == -1 and not isinstance(max_model_len, bool):  # vLLM's 'auto': the model's own
+        max_model_len = None
     if max_model_len is not None and (isinstance(max_model_len, bool) or not isinstance(max_model_len, int)
                                       or max_model_len < 1):
         raise ValueError(f"max_model_len = {max_model_len!r} must be a whole number of tokens >= 1; leave it out "
-                         "for the model's own context.")
+                         "(or give -1) for the model's own context.")
     res = resolve(speculative, model=model, strict=strict, dtype=dtype)
     res.check_runnable()
     try:

@@ -119,7 +119,7 @@ class CausalLM:
         self.max_context: int = context_length(text_config)
         self.context_name = "the model's context"
         """What sets max_context, for messages: the model's config, or `limit_context`."""
-        self._context_origin = " (its max_position_embeddings, times a linear or dynamic RoPE's factor)"
+        self._context_origin = " (its config's max_position_embeddings or like key, as vLLM derives max_model_len)"
         self.dtype: torch.dtype = hf.dtype
         self._base = hf.base_model
         if self._base is hf:
@@ -289,11 +289,11 @@ class CausalLM:
                              "the model's own context.")
         if self.max_context and tokens > self.max_context:
             raise ValueError(f"max_model_len = {tokens} exceeds the model's context of {self.max_context} tokens "
-                             "(its config's max_position_embeddings, times a linear or dynamic RoPE's factor): "
-                             "positions past it were never trained; give at most "
-                             f"{self.max_context}, or leave it out for the whole context.")
+                             "(from its config, as vLLM derives it): positions past it were never trained; give "
+                             f"at most {self.max_context}, or leave it out for the whole context.")
+        own = f"at most {self.max_context}" if self.max_context else "any length"
         self.max_context, self.context_name = tokens, "the context max_model_len sets"
-        self._context_origin = ""
+        self._context_origin = f" (the model's own takes {own}: raise max_model_len, --max-model-len, for more)"
 
     def _check_call(self, n: int, aux_layers: tuple[int, ...]) -> None:
         if n == 0:

@@ -8,6 +8,8 @@ own modules.
 
 from __future__ import annotations
 
+from transformers.configuration_utils import ALLOWED_LAYER_TYPES
+
 FAMILIES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text")
 """Text-config model_types whose decoder layers the native forward runs."""
 GEMMA_TYPES = ("gemma2", "gemma3_text")
@@ -56,23 +58,31 @@ def rotary_dim(config: object, head_dim: int) -> int:
     return int(head_dim * float(factor)) if factor else head_dim
 
 
+LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+               "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+"""The config keys vLLM 0.33.0 reads a model's length from, taking the smallest it finds."""
 UNSCALED_CONTEXT_ROPES = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
 """RoPE types whose max_position_embeddings already counts the stretched context (vLLM 0.33.0's list)."""
 
 
 def context_length(config: object) -> int:
-    """The longest sequence the model runs, the largest max_model_len vLLM 0.33.0 accepts for it:
-    max_position_embeddings, times the RoPE's factor where the RoPE stretches the trained context past
-    it (linear, dynamic NTK); YaRN, llama3 and longrope configs count the stretched context already,
-    and so does Gemma 3's, whatever its RoPE."""
-    length = int(getattr(config, "max_position_embeddings", 0) or 0)
+    """The longest sequence the model runs, the largest max_model_len vLLM 0.33.0 accepts for it: the
+    smallest of the config's length keys (max_position_embeddings and the others vLLM reads; a
+    model_max_length replaces them), times the RoPE's factor where the RoPE stretches the trained
+    context past it (linear, dynamic NTK); YaRN, llama3 and longrope configs count the stretched
+    context already, and so does Gemma 3's, whatever its RoPE. 0: no length key (no limit)."""
+    lengths = [getattr(config, key, None) for key in LENGTH_KEYS]
+    length = min((int(v) for v in lengths if _positive(v)), default=0)
+    if _positive(override := getattr(config, "model_max_length", None)):
+        length = int(override)
     rope = getattr(config, "rope_parameters", None)
-    if not isinstance(rope, dict) or "gemma3" in str(getattr(config, "model_type", "")):
+    if not isinstance(rope, dict) or not rope or "gemma3" in str(getattr(config, "model_type", "")):
         return length
-    # Per layer type (Gemma 3's {"full_attention": {...}, "sliding_attention": {...}}), or one for all;
-    # like vLLM, the last factor found counts.
+    # Per layer type (Gemma 3's {"full_attention": {...}, "sliding_attention": {...}}, known by its keys),
+    # or one for all; like vLLM, the last factor found counts.
+    nested = set(rope) <= {*ALLOWED_LAYER_TYPES, "main", "compress"}
     factor: object = 1.0
-    for params in (rope.values() if all(isinstance(v, dict) for v in rope.values()) and rope else [rope]):
+    for params in ([p for p in rope.values() if isinstance(p, dict) and p] if nested else [rope]):
         rope_type = str(params.get("rope_type") or params.get("type") or "default")
         if rope_type not in UNSCALED_CONTEXT_ROPES:
             factor = params.get("factor", factor)

@@ -427,7 +427,7 @@ static void qgemm(int format, const uint8_t *w, const float *bias, const float *
  * Why a verify row still equals the decode step: a tile's output row depends only on its own rows
  * of A (this x row's three parts) and on B, and everything after the tile is per row, so a row's
  * bits do not depend on the rows beside it, how many there are, or the thread that runs it. Every
- * forward through the kernel (up to 64 rows; longer prefills run on torch, for every method alike)
+ * forward through the kernel (every float32 forward, in pieces of 512 rows past that)
  * runs this path for a matrix packed as A4, whatever its row count.
  *
  * Layout (amx_pack): for each group of 16 weight rows, for each block of 32 along k, 384 bytes:

@@ -71,8 +71,8 @@ class ShapeStruct(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_int64) for name in ("hidden", "heads", "kv_heads", "head_dim", "intermediate")]
     _fields_ += [("eps", ctypes.c_float)]
-    # the scores' factor (0 for 1 / sqrt(head_dim)) and their soft cap (0: none), read by the float32
-    # kernel only, and the dims of a head that RoPE turns (0: all)
+    # the scores' factor (0 for 1 / sqrt(head_dim)) and their soft cap (0: none), Gemma's, and the dims
+    # of a head that RoPE turns (0: all)
     _fields_ += [("scale", ctypes.c_float), ("softcap", ctypes.c_float), ("rotary", ctypes.c_int64)]
 
 

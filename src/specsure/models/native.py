@@ -65,13 +65,17 @@ class NativeDecoder:
         # Gemma 2 caps each score at +-softcap smoothly (softcap tanh(score / softcap)) before the softmax.
         self.softcap: float | None = getattr(config, "attn_logit_softcapping", None) or None
         self.windows: list[int] = layer_windows(config, len(base.layers))
-        # One RoPE table per layer type where the module keeps several (Gemma 3: local and global bases).
+        # One RoPE table per layer type where the module keeps several (Gemma 3: local and global bases),
+        # else one for every layer (Gemma 2 and windowed Qwen have layer types but one RoPE).
         types = getattr(config, "layer_types", None) or ["full_attention"] * len(base.layers)
-        per_type = isinstance(getattr(base.rotary_emb, "rope_type", None), dict)
-        tables = {t: RotaryTable(base.rotary_emb, t if per_type else None) for t in sorted(set(types))}
+        if isinstance(getattr(base.rotary_emb, "rope_type", None), dict):
+            tables = {t: RotaryTable(base.rotary_emb, t) for t in sorted(set(types))}
+        else:
+            tables = dict.fromkeys(set(types), RotaryTable(base.rotary_emb, None))
         self.rotary = tables["full_attention"] if "full_attention" in tables else next(iter(tables.values()))
         self.layer_rotary: list[RotaryTable] = [tables[t] for t in types]
-        self._one_rotary = len(tables) == 1  # the bf16 one-token call takes one cos and sin for every layer
+        # the bf16 one-token call takes one cos and sin for every layer
+        self._one_rotary = len({id(t) for t in tables.values()}) == 1
         self.norm = gemma_norm(base.norm.weight) if self.gemma else base.norm.weight
         self.layers: list[FusedLayer] = [fused_layer(layer, self.gemma) for layer in base.layers]
         self.kernel: kernels.Kernel | None = None
@@ -115,8 +119,8 @@ class NativeDecoder:
     def use_blocks(self, blocks: FileBlocks, int8_activations: bool = False) -> dict[str, int]:
         """Have the float32 kernel read ``blocks``' matrices instead of the float32 weights where they
         dequantise to exactly those weights (gguf_blocks.py), with int8 activations where asked and
-        possible; returns how many matrices of each format it reads. The float32 weights stay for the
-        torch path (long prefills)."""
+        possible; returns how many matrices of each format it reads. The float32 weights stay (for
+        transformers' own modules, training, and a process whose kernel is turned off)."""
         if self.float_kernel is None or len(blocks.layers) != len(self.layers):
             return {}
         used: dict[str, int] = {}

@@ -16,6 +16,7 @@ import torch
 from specsure.models.gguf_blocks import A4, A8, INT8_FORMATS, BlockMatrix, matches, q8_blocks
 from specsure.models.logits import LogitsTransform
 from specsure.models.products import KERNEL_ROWS, project
+from specsure.models.row_pieces import PIECE_ROWS
 
 if TYPE_CHECKING:
     from specsure.models.float_kernel import FloatKernel
@@ -71,11 +72,12 @@ class OutputHead:
         if (blocks is not None and bias is None and in_c
                 and (hidden.dim() == 2 and hidden.shape[0] <= KERNEL_ROWS or every_row)):
             flat = hidden.reshape(-1, hidden.shape[-1]).contiguous()
-            logits = native.float_kernel.linear_blocks(blocks, flat).view(*hidden.shape[:-1], blocks.rows)
+            logits = _in_pieces(lambda rows: native.float_kernel.linear_blocks(blocks, rows), flat)
+            logits = logits.view(*hidden.shape[:-1], blocks.rows)
         elif every_row and weight.dtype == torch.float32:  # a head the kernel does not read as blocks
-            flat = hidden.reshape(-1, hidden.shape[-1]).contiguous()
-            logits = native.float_kernel.linear_rows(weight.contiguous(), flat, bias).view(*hidden.shape[:-1],
-                                                                                            weight.shape[0])
+            flat, weight = hidden.reshape(-1, hidden.shape[-1]).contiguous(), weight.contiguous()
+            logits = _in_pieces(lambda rows: native.float_kernel.linear_rows(weight, rows, bias), flat)
+            logits = logits.view(*hidden.shape[:-1], weight.shape[0])
         elif (native is not None and native.kernel is not None and hidden.dim() == 2 and linear
                 and bias is None and weight.is_contiguous() and hidden.dtype == torch.bfloat16
                 and not hidden.requires_grad  # a head in training backpropagates through the LM head
@@ -134,5 +136,19 @@ class OutputHead:
         if transform.divisor != 1.0:
             logits = logits / transform.divisor
         if transform.softcap is not None:
-            logits = torch.tanh(logits / transform.softcap) * transform.softcap
+            cap, flat = transform.softcap, logits.reshape(-1, logits.shape[-1])
+            if flat.shape[0] == 1:
+                return torch.tanh(logits / cap) * cap
+            # Row by row: an elementwise op splits its work (vector loops, a scalar tail) by the whole
+            # tensor's size, so over many rows a row's tanh could round by what shares the call.
+            logits = torch.stack([torch.tanh(row / cap) * cap for row in flat]).view(logits.shape)
         return logits
+
+
+def _in_pieces(product: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+    """``product`` over ``rows`` in pieces of PIECE_ROWS: the kernel streams every row of x past each
+    block of weight rows, so a long prompt's logprobs on a wide model would re-read x from memory
+    (each row's bits are its own either way)."""
+    if rows.shape[0] <= PIECE_ROWS:
+        return product(rows)
+    return torch.cat([product(rows[at:at + PIECE_ROWS]) for at in range(0, rows.shape[0], PIECE_ROWS)])

@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from specsure.models import float_kernel as float_kernels
 
 KERNEL_ROWS = 64
-"""Forwards over at most this many rows (decode, verify, a batch of them) run through the C kernel;
-its attention loops cost rows x context, so a long prefill stays on torch's SDPA."""
+"""bf16 forwards over at most this many rows (decode, verify, a batch of them) run through the C kernel,
+longer ones on torch (float32 forwards all run in C since 2026-12-07: native.py says why); and the
+most rows a float32 product here sends to the kernel's `linear_rows`."""
 
 PADDED_ROWS = {1: 2, 3: 4, 7: 8, 12: 16, 13: 16, 14: 16, 15: 16}
 """float32 row counts that `project` rounds up, repeating the last row. On an AVX2 CPU a product

@@ -1,7 +1,7 @@
 """A long forward cut into forwards of a bounded row count, with the same bits.
 
-With int8 activations every forward runs in the C kernel (native.py), a long prompt's prefill
-included, and the kernel's attention lists each row's visible new tokens, rows x rows entries: a
+Every float32 forward runs in the C kernel (native.py; with int8 activations too), a long prompt's
+prefill included, and the kernel's attention lists each row's visible new tokens, rows x rows entries: a
 prompt of 8,000 tokens would want half a gigabyte for them. Every row of the C kernel computes
 alone, so a chain (a prompt, a verify chain) cut into consecutive pieces, each run after the one
 before it has written its keys and values, gives every row the bits it gets in one forward. A token
@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from specsure.models.segment import Segment
 
 PIECE_ROWS = 512
-"""The most rows one forward of an int8 model takes: 2 MB of attention lists, and a step that
-still multiplies many rows per weight read."""
+"""The most rows one float32 C forward takes: 2 MB of attention lists, and a step that still
+multiplies many rows per weight read."""
 
 Forward = Callable[[torch.Tensor, list["Segment"]], tuple[torch.Tensor, list[torch.Tensor]]]
 
