@@ -114,7 +114,7 @@ def auto_dtype(gguf: Path | None, cpuinfo: Path = Path("/proc/cpuinfo"), *,
     return "float32", (f"dtype='auto' chose float32 although this CPU has fast bf16 ({', '.join(flags)}): "
                        f"{gguf.name} holds {blocked} of its {found.matrices} layer weight matrices as blocks ({shown}), "
                        "which the float32 kernel reads as they are, a fraction of bf16's bytes a step and the file's "
-                       "own values (its float32 weights, twice bf16's memory, stay for prompts over 64 tokens); "
+                       "own values (its float32 weights, twice bf16's memory, are kept too, for transformers' own modules); "
                        "pass dtype='bfloat16' for bf16.")
 
 
