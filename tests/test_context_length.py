@@ -20,7 +20,8 @@ def _config(rope: object, max_positions: int = 4096) -> SimpleNamespace:
     ({"rope_type": "dynamic", "factor": 2.0}, 8192),
     ({"type": "dynamic", "factor": 2.0}, 8192),  # the key older configs spell it with
     # these count the stretched context in max_position_embeddings already (vLLM 0.33.0)
-    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}, 4096),
+    # (vLLM before 0.33 took YaRN's original x factor: 2048 here)
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}, 4096),
     ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}, 4096),
     ({"rope_type": "longrope", "factor": 32.0, "original_max_position_embeddings": 4096}, 4096),
     ({"rope_type": "deepseek_yarn", "factor": 40.0}, 4096),
@@ -115,3 +116,13 @@ def test_max_model_len_caps_every_request_and_never_exceeds_the_model(tmp_path) 
     with pytest.raises(ValueError, match="max_model_len = 0 must be a whole number"):
         make_engine(str(folder), None, dtype="float32", max_model_len=0)
     assert make_engine(str(folder), None, dtype="float32", max_model_len=-1).target.lm.max_context == 128  # vLLM's auto
+
+
+def test_generate_names_the_prompt_and_the_room_min_tokens_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    from specsure.cli.main import main
+
+    assert main(["generate", "--max-model-len", "4", "Hello there, how are you"]) == 2
+    assert "error: the prompt has 6 tokens, but the context max_model_len sets is 4 tokens" in capsys.readouterr().err
+    assert main(["generate", "--max-model-len", "20", "--min-tokens", "18", "Hello there, how are you"]) == 2
+    assert "--min-tokens 18 does not fit: the context max_model_len sets is 20 tokens and the prompt takes 6, so at " \
+           "most 14 more fit" in capsys.readouterr().err

@@ -840,6 +840,16 @@ def test_max_model_len_bounds_every_request_and_the_model_card(tmp_path_factory:
     assert r.status_code == 400 and "maximum context length is 24 tokens" in r.json()["error"]["message"], r.text
     ok = client.post("/v1/completions", json={"prompt": list(range(5, 25)), "max_tokens": 4})
     assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] <= 4
+    # a prompt past the context: vLLM's sentence, which clients (litellm, LangChain) detect an overflow by
+    long = client.post("/v1/completions", json={"prompt": list(range(5, 35)), "max_tokens": 1})
+    assert long.status_code == 400 and long.json()["error"]["message"].startswith(
+        "This model's maximum context length is 24 tokens. However, your request has 30 input tokens."), long.text
+    # no max_tokens: the default is lowered to the room (4), below this min_tokens; a 400 naming it, not a 500
+    floor = client.post("/v1/completions", json={"prompt": list(range(5, 25)), "min_tokens": 10})
+    error = floor.json()["error"]
+    assert floor.status_code == 400 and error["param"] == "min_tokens" and "can be at most 4" in error["message"]
+    chat = client.post("/v1/chat/completions", json={"messages": CHAT, "min_tokens": 23})
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "min_tokens", chat.text
     context = make_engine(str(folder), None, dtype="float32").target.lm.max_context
     assert main(["serve", "--model", str(folder), "--port", "0", "--max-model-len", str(context + 1)]) == 2
     assert f"max_model_len = {context + 1} exceeds the model's context of {context} tokens" in capsys.readouterr().err

@@ -182,9 +182,18 @@ def run(args: argparse.Namespace) -> int:
     engine = make_engine(args.model, parse_speculative_config(args.speculative_config), strict=args.strict,
                          dtype=args.dtype, seed=args.seed, int8_activations=args.int8_activations,
                          max_model_len=args.max_model_len)
-    prompt = engine.encode(render_prompt(engine, args.prompt, args.chat))
-    max_tokens = fit_max_tokens(args.max_tokens, len(prompt), engine.target.lm.max_context,
-                                context_name=engine.target.lm.context_name)
+    from specsure.decode.completion import PromptError
+
+    try:
+        prompt = engine.encode(render_prompt(engine, args.prompt, args.chat))
+    except PromptError as exc:  # one prompt here: "the prompt", not "prompt 0"
+        raise ValueError(f"the prompt {exc.detail}") from None
+    lm = engine.target.lm
+    max_tokens = fit_max_tokens(args.max_tokens, len(prompt), lm.max_context, context_name=lm.context_name)
+    if args.max_tokens is None and args.min_tokens > max_tokens and lm.max_context:  # the default was lowered
+        raise ValueError(f"--min-tokens {args.min_tokens} does not fit: {lm.context_name} is {lm.max_context} tokens "
+                         f"and the prompt takes {len(prompt)}, so at most {max_tokens} more fit. Pass --min-tokens "
+                         f"{max_tokens} or less, or shorten the prompt.")
     completion = engine.generate(prompt, sampling_params(args, structured, max_tokens))[0]
     # The completion alone on stdout, as llama.cpp and vLLM's tools keep it: `$(specsure generate ...)`
     # and `> out.txt` capture the answer; what ran and how fast goes to stderr.

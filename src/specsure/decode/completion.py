@@ -20,6 +20,14 @@ class PromptError(ValueError):
         super().__init__(f"prompt {index} {detail}")
 
 
+class PromptTooLong(PromptError):
+    """A prompt of ``tokens`` tokens that leaves no room to generate in a context of ``limit`` tokens."""
+
+    def __init__(self, index: int, detail: str, tokens: int, limit: int) -> None:
+        super().__init__(index, detail)
+        self.tokens, self.limit = tokens, limit
+
+
 class ParamsError(ValueError):
     """SamplingParams that are valid but that this engine's model cannot honour; ``field`` names the param.
 

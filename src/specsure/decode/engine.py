@@ -19,7 +19,7 @@ from transformers import PreTrainedTokenizerBase  # at run time too: get_type_hi
 from specsure.config import ConfigError, Resolution, resolve
 from specsure.config.dtype_choice import run_dtype
 from specsure.decode.completion import (
-    Completion, ParamsError, Prompt, PromptError, StepUpdate,
+    Completion, ParamsError, Prompt, PromptError, PromptTooLong, StepUpdate,
 )
 from specsure.decode.detokenize import TextDeltas
 from specsure.decode.metrics import SpecStats
@@ -226,8 +226,9 @@ class Engine:
             ids = ids[-keep_last:]
         limit = self.target.lm.max_context
         if limit and len(ids) >= limit:
-            raise PromptError(index, f"has {len(ids)} tokens, but {self.target.lm.context_name} is {limit} tokens and "
-                                     "generation needs room for at least one more; shorten the prompt.")
+            raise PromptTooLong(index, f"has {len(ids)} tokens, but {self.target.lm.context_name} is {limit} tokens "
+                                       "and generation needs room for at least one more; shorten the prompt.",
+                                len(ids), limit)
         return ids
 
     def _generator(self, params: SamplingParams) -> torch.Generator | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specsure.config.errors import as_json
+from specsure.decode.completion import PromptTooLong
 from specsure.decode.engine import Engine, ParamsError, PromptError
 from specsure.sampling import SamplingParams
 from specsure.serve.errors import RequestError
@@ -45,5 +46,9 @@ def encode_prompt(engine: Engine, prompt: str | list[int], subject: str, param: 
                            "truncate_prompt_tokens")
     try:
         return engine.encode(prompt, keep)
+    except PromptTooLong as exc:  # vLLM's and OpenAI's sentence first: clients detect an overflow by it
+        raise RequestError(f"This model's maximum context length is {exc.limit} tokens. However, your request has "
+                           f"{exc.tokens} input tokens. Please reduce the length of the input messages. ({subject} "
+                           f"{exc.detail})", param) from None
     except PromptError as exc:
         raise RequestError(f"{subject} {exc.detail}", param) from None

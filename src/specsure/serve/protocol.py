@@ -237,6 +237,12 @@ def fit_to_context(params: SamplingParams, prompt_tokens: int, context: int | No
         return params
     field = delivery.max_tokens_field
     if field is None:
+        if params.min_tokens > room:  # the default lowered past the client's floor: min_tokens cannot be met
+            raise RequestError(f"This model's maximum context length is {context} tokens. However, you requested "
+                               f"at least {prompt_tokens + params.min_tokens} tokens ({prompt_tokens} in the "
+                               f"{prompt_name}, min_tokens = {params.min_tokens} in the completion). Please reduce "
+                               f"the length of the {prompt_name} or min_tokens: it can be at most {room} for "
+                               f"{'these' if prompt_name.endswith('s') else 'this'} {prompt_name}.", "min_tokens")
         return replace(params, max_tokens=room)
     raise RequestError(f"This model's maximum context length is {context} tokens. However, you requested "
                        f"{prompt_tokens + params.max_tokens} tokens ({prompt_tokens} in the {prompt_name}, "
