@@ -123,11 +123,17 @@ def parse_structured_outputs(text: str | None) -> "StructuredOutputs | None":
 
 
 def fit_max_tokens(asked: int | None, prompt_tokens: int, context: int | None,
-                   default: int = DEFAULT_MAX_TOKENS, context_name: str = "the model's context") -> int:
+                   default: int = DEFAULT_MAX_TOKENS, context_name: str = "the model's context",
+                   min_tokens: int = 0) -> int:
     """--max-tokens within the room the prompt leaves in the context: the default is lowered to the
-    room; a value the user gave that does not fit is an error naming the room (as the server's 400)."""
+    room; a value the user gave that does not fit, or a --min-tokens over the lowered default, is an
+    error naming the room (as the server's 400)."""
     room = context - prompt_tokens if context else None
     if asked is None:
+        if room is not None and min_tokens > min(default, room):
+            raise ValueError(f"--min-tokens {min_tokens} does not fit: {context_name} is {context} tokens and the "
+                             f"prompt takes {prompt_tokens}, so at most {room} more fit. Pass --min-tokens {room} "
+                             "or less, or shorten the prompt.")
         return default if room is None else min(default, room)
     if room is not None and asked > room:
         raise ValueError(f"--max-tokens {asked} does not fit: {context_name} is {context} tokens and the prompt "
@@ -189,11 +195,8 @@ def run(args: argparse.Namespace) -> int:
     except PromptError as exc:  # one prompt here: "the prompt", not "prompt 0"
         raise ValueError(f"the prompt {exc.detail}") from None
     lm = engine.target.lm
-    max_tokens = fit_max_tokens(args.max_tokens, len(prompt), lm.max_context, context_name=lm.context_name)
-    if args.max_tokens is None and args.min_tokens > max_tokens and lm.max_context:  # the default was lowered
-        raise ValueError(f"--min-tokens {args.min_tokens} does not fit: {lm.context_name} is {lm.max_context} tokens "
-                         f"and the prompt takes {len(prompt)}, so at most {max_tokens} more fit. Pass --min-tokens "
-                         f"{max_tokens} or less, or shorten the prompt.")
+    max_tokens = fit_max_tokens(args.max_tokens, len(prompt), lm.max_context, context_name=lm.context_name,
+                                min_tokens=args.min_tokens)
     completion = engine.generate(prompt, sampling_params(args, structured, max_tokens))[0]
     # The completion alone on stdout, as llama.cpp and vLLM's tools keep it: `$(specsure generate ...)`
     # and `> out.txt` capture the answer; what ran and how fast goes to stderr.

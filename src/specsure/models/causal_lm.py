@@ -116,10 +116,9 @@ class CausalLM:
         self.vocab_size: int = int(text_config.vocab_size)
         self.hidden_size: int = int(text_config.hidden_size)
         self.num_layers: int = int(text_config.num_hidden_layers)
-        self.max_context: int = context_length(text_config)
-        self.context_name = "the model's context"
-        """What sets max_context, for messages: the model's config, or `limit_context`."""
-        self._context_origin = " (its config's max_position_embeddings or like key, as vLLM derives max_model_len)"
+        self.model_context: int = context_length(text_config)
+        """The model's own context (0: no limit); `max_context` is it unless `limit_context` lowered it."""
+        self.max_context: int = self.model_context
         self.dtype: torch.dtype = hf.dtype
         self._base = hf.base_model
         if self._base is hf:
@@ -284,16 +283,23 @@ class CausalLM:
     def limit_context(self, tokens: int) -> None:
         """Run at most ``tokens`` positions (vLLM's max_model_len): a server's bound on what one request
         may hold in memory. More than the model's own context is refused, as vLLM refuses it."""
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-            raise ValueError(f"max_model_len = {tokens!r} must be a whole number of tokens >= 1; leave it out for "
-                             "the model's own context.")
-        if self.max_context and tokens > self.max_context:
-            raise ValueError(f"max_model_len = {tokens} exceeds the model's context of {self.max_context} tokens "
-                             "(from its config, as vLLM derives it): positions past it were never trained; give "
-                             f"at most {self.max_context}, or leave it out for the whole context.")
-        own = f"at most {self.max_context}" if self.max_context else "any length"
-        self.max_context, self.context_name = tokens, "the context max_model_len sets"
-        self._context_origin = f" (the model's own takes {own}: raise max_model_len, --max-model-len, for more)"
+        own = self.model_context
+        if own and tokens > own:
+            raise ValueError(f"max_model_len = {tokens} exceeds the model's context of {own} tokens (from its "
+                             "config, as vLLM derives it): positions past it were never trained; give at most "
+                             f"{own}, or leave it out for the whole context.")
+        self.max_context = tokens
+
+    @property
+    def context_name(self) -> str:
+        """What sets max_context, for messages."""
+        return "the model's context" if self.max_context == self.model_context else "the context max_model_len sets"
+
+    def _context_origin(self) -> str:
+        if self.max_context == self.model_context:
+            return " (its config's max_position_embeddings or like key, as vLLM derives max_model_len)"
+        own = f"at most {self.model_context}" if self.model_context else "any length"
+        return f" (the model's own takes {own}: raise max_model_len, --max-model-len, for more)"
 
     def _check_call(self, n: int, aux_layers: tuple[int, ...]) -> None:
         if n == 0:
@@ -301,7 +307,7 @@ class CausalLM:
         if self.max_context and self._cache_len + n > self.max_context:
             raise ValueError(
                 f"context of {self._cache_len + n} tokens exceeds {self.context_name} of {self.max_context} "
-                f"tokens{self._context_origin}; shorten the prompt or lower max_tokens."
+                f"tokens{self._context_origin()}; shorten the prompt or lower max_tokens."
             )
         for layer in aux_layers:
             if not 0 <= layer <= self.num_layers:
