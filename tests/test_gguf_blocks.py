@@ -156,6 +156,41 @@ def test_a_quantised_gguf_decodes_the_same_bits_from_its_blocks(gguf_file: Path,
             assert torch.equal(blocks.forward([token]).logits[0], together[i])
 
 
+NAMES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+         "mlp.down_proj")
+
+
+def test_an_engine_drops_the_float32_copies_of_the_matrices_it_reads_as_blocks(gguf_file: Path) -> None:
+    from specsure import SamplingParams, make_engine
+
+    kept = load_model(str(gguf_file), dtype="float32").lm
+    if float_kernels.load()[0] is None:
+        pytest.skip(NO_KERNEL)
+    dropped = load_model(str(gguf_file), dtype="float32", release_weights=True).lm
+    before, after = kept.hf.base_model.layers, dropped.hf.base_model.layers
+    for name in NAMES:
+        weight, original = after[0].get_submodule(name).weight, before[0].get_submodule(name).weight
+        assert weight.is_meta and weight.shape == original.shape and not original.is_meta, name
+    assert after[1].self_attn.q_proj.weight.is_meta and after[1].mlp.gate_proj.weight.is_meta
+    # layer 1's down is F32 in the file: no blocks, so the kernel still reads its float32 weight
+    assert torch.equal(after[1].mlp.down_proj.weight, before[1].mlp.down_proj.weight)
+    assert all(getattr(dropped._native.layers[0], n).is_meta for n in ("qkv", "o", "gate_up", "down"))
+    prompt = [5, 17, 33, 90, 4, 12, 250, 8]
+    a, b = dropped.forward(prompt, last_logits=1), load_model(str(gguf_file), dtype="float32").lm.forward(
+        prompt, last_logits=1)
+    assert torch.equal(a.logits, b.logits)
+    # engines drop them, and speculation over the dropped weights still equals plain decoding
+    params = SamplingParams(max_tokens=24, temperature=0.0)
+    plain = make_engine(str(gguf_file), None, dtype="float32")
+    assert plain.target.lm.hf.base_model.layers[0].mlp.gate_proj.weight.is_meta
+    expected = plain.generate([prompt], params)[0].token_ids
+    ngram = make_engine(str(gguf_file), {"method": "ngram", "num_speculative_tokens": 3}, dtype="float32")
+    assert ngram.generate([prompt], params)[0].token_ids == expected
+    # what it reports dropping: every matrix read as blocks, in float32 bytes (not layer 1's down)
+    served = [before[i].get_submodule(n).weight for i in (0, 1) for n in NAMES if (i, n) != (1, "mlp.down_proj")]
+    assert kept.release_block_weights() == sum(w.numel() * 4 for w in served)
+
+
 def test_blocks_that_differ_from_the_loaded_weights_are_not_read(gguf_file: Path) -> None:
     lm = load_model(str(gguf_file), dtype="float32").lm
     native = lm._native

@@ -271,7 +271,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"note: {out_dir} holds an earlier run's results; this run's replace them when it ends", flush=True)
 
     print(f"loading target {args.model or '(packaged default)'} ...", flush=True)
-    target = load_model(args.model, args.dtype, args.int8_activations)
+    # transformers' baselines run this same model's own modules, which need its float32 weights
+    target = load_model(args.model, args.dtype, args.int8_activations,
+                        release_weights=not any(b in BASELINES for b in baselines))
     # Resolve 'auto' once so specsure and transformers run in exactly the same dtype.
     settings = _settings(args, dtype_name(target.lm.dtype))
     eos_ids = frozenset(target.eos_token_ids)

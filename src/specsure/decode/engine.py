@@ -376,7 +376,7 @@ def make_engine(model: str | os.PathLike[str] | None = None, speculative: dict |
     res = resolve(speculative, model=model, strict=strict, dtype=dtype)
     res.check_runnable()
     try:
-        target = load_model(model, dtype=dtype, int8_activations=int8_activations)
+        target = load_model(model, dtype=dtype, int8_activations=int8_activations, release_weights=True)
     except ModelLoadError as exc:  # named as the draft's errors are: the two may share a folder name
         raise ModelLoadError(f"target (the model): {exc}") from None
     if max_model_len is not None:

@@ -160,6 +160,11 @@ class CausalLM:
         self.blocks_used = used
         return used
 
+    def release_block_weights(self) -> int:
+        """Drop the float32 layer matrices the kernel reads as blocks (`NativeDecoder.release_weights`);
+        returns the bytes dropped. ``hf``'s own forward cannot run after it; specsure's never needs it."""
+        return self._native.release_weights() if self._native is not None and self.blocks_used else 0
+
     @property
     def tiled_matrices(self) -> int:
         """How many of the weight matrices `use_blocks` gave the kernel run on AMX tiles (float_kernel.c's A4

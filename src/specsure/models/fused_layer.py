@@ -87,3 +87,26 @@ def fused_layer(layer: nn.Module, gemma: bool = False) -> FusedLayer:
         if getattr(attn, "q_norm", None) is not None:  # Gemma 3's; Gemma 2 has none
             fused.q_norm, fused.k_norm = gemma_norm(attn.q_norm.weight), gemma_norm(attn.k_norm.weight)
     return fused
+
+
+def _modules_of(layer: nn.Module, name: str) -> list[nn.Module]:
+    """The transformers modules whose weights make up the fused matrix ``name`` of ``layer``."""
+    attn, mlp = layer.self_attn, layer.mlp
+    if name == "qkv":
+        return [attn.qkv_proj] if hasattr(attn, "qkv_proj") else [attn.q_proj, attn.k_proj, attn.v_proj]
+    if name == "gate_up":
+        return [mlp.gate_up_proj] if hasattr(mlp, "gate_up_proj") else [mlp.gate_proj, mlp.up_proj]
+    return [attn.o_proj] if name == "o" else [mlp.down_proj]
+
+
+def release(fused: FusedLayer, layer: nn.Module, name: str) -> int:
+    """Drop the float32 storage of the matrix ``name`` (qkv, o, gate_up or down) of ``fused`` and of the
+    modules of ``layer`` that view it, once the float32 kernel reads it from elsewhere (a GGUF's blocks);
+    returns the bytes dropped. What stays is a meta tensor of the same shape and dtype: sizes still read
+    right, and anything that would compute with the weight fails at once instead of reading stale bytes."""
+    weight: torch.Tensor = getattr(fused, name)
+    setattr(fused, name, torch.empty(weight.shape, dtype=weight.dtype, device="meta"))
+    for module in _modules_of(layer, name):
+        shape = module.weight.shape
+        module.weight = nn.Parameter(torch.empty(shape, dtype=weight.dtype, device="meta"), requires_grad=False)
+    return weight.numel() * weight.element_size()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -52,7 +53,7 @@ class LoadedModel:
 
 
 def load_model(path: str | None, dtype: str = "auto", int8_activations: bool = False, *,
-               int8_required: bool = True) -> LoadedModel:
+               int8_required: bool = True, release_weights: bool = False) -> LoadedModel:
     """Load a causal LM for decoding.
 
     Args:
@@ -68,6 +69,10 @@ def load_model(path: str | None, dtype: str = "auto", int8_activations: bool = F
         int8_required: with int8_activations, whether a model that cannot have them is an error
             (a target: the user asked for them) or loads with float32 products (a draft model,
             whose arithmetic decides only the proposals; the log says which).
+        release_weights: drop the float32 layer matrices the float32 kernel reads as the GGUF's blocks
+            (`CausalLM.release_block_weights`): a decoding engine's memory then holds the blocks, not
+            both (on the default model 1.1 GB -> 0.6 GB). Left out where transformers' own forward of the
+            same weights must still run (its `generate` as a bench baseline, a head trainer).
 
     Raises:
         ValueError: `dtype` is not a valid name, or int8_activations was asked of a model that
@@ -100,6 +105,9 @@ def load_model(path: str | None, dtype: str = "auto", int8_activations: bool = F
         gguf, why = _given_gguf(path) or source_gguf(folder)
         lm.path += _read_blocks(lm, gguf, int8_activations) if gguf is not None else \
             f"; every weight matrix read as float32 ({why})" if why else ""
+    if release_weights and (dropped := lm.release_block_weights()):
+        _give_back_memory()
+        logger.info("dropped the float32 copies of the matrices read as blocks (%.0f MiB)", dropped / 2**20)
     if int8_activations and not lm.int8_matrices and int8_required:
         raise ValueError(f"int8_activations: no weight matrix of {path or 'the default model'} can have them (forward: "
                          f"{lm.path}); they need a GGUF target whose quantised matrices (Q4_0 to Q8_0, Q4_K to Q6_K) "
@@ -118,6 +126,16 @@ def load_model(path: str | None, dtype: str = "auto", int8_activations: bool = F
         eos_token_ids=_eos_token_ids(hf, tokenizer),
         dtype_reason=dtype_reason,
     )
+
+
+def _give_back_memory() -> None:
+    """Hand the heap's free pages back to the system. glibc keeps freed memory for reuse, and weights
+    freed in the middle of its heap stay resident otherwise: dropping the default model's float32
+    copies lowered its resident memory by 28 MB without this and by 430 MB with it."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl, macOS): their allocators decide for themselves
+        pass
 
 
 def _given_gguf(path: str | None) -> tuple[Path, str] | None:

@@ -34,7 +34,7 @@ from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
 from specsure.models.gguf_blocks import A4, A8, INT8_FORMATS, PACKING_NAMES, BlockMatrix, FileBlocks, matches
 from specsure.models.decoder_family import GEMMA_TYPES, layer_windows, rotary_dim, unsupported
-from specsure.models.fused_layer import FusedLayer, fused_layer, gemma_norm
+from specsure.models.fused_layer import FusedLayer, fused_layer, gemma_norm, release
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
 from specsure.models.rotary_table import RotaryTable
@@ -78,6 +78,7 @@ class NativeDecoder:
         self._one_rotary = len({id(t) for t in tables.values()}) == 1
         self.norm = gemma_norm(base.norm.weight) if self.gemma else base.norm.weight
         self.layers: list[FusedLayer] = [fused_layer(layer, self.gemma) for layer in base.layers]
+        self._modules: list[nn.Module] = list(base.layers)  # whose weights `release_weights` drops
         self.kernel: kernels.Kernel | None = None
         """The C kernel that runs bf16 forwards of up to KERNEL_ROWS rows, or None (`kernel_why` says
         why). Its layer structs and scratch buffer belong to this decoder, so forwards on one model
@@ -92,6 +93,7 @@ class NativeDecoder:
         self.float_kernel: float_kernels.FloatKernel | None = None
         """The C kernel that runs every float32 forward, or None (`kernel_why`)."""
         self._blocks: list[BlockMatrix] = []  # the matrices `use_blocks` gave the kernel, kept alive
+        self._served: list[list[str]] = []  # per layer, the matrices the kernel reads as those blocks
         self.int8_packings: Counter[str] = Counter()  # of them, those the integer products read, by packing
         if self.embed.weight.dtype == torch.float32:
             self.float_kernel, self.kernel_why = float_kernels.load()
@@ -120,12 +122,13 @@ class NativeDecoder:
         """Have the float32 kernel read ``blocks``' matrices instead of the float32 weights where they
         dequantise to exactly those weights (gguf_blocks.py), with int8 activations where asked and
         possible; returns how many matrices of each format it reads. The float32 weights stay (for
-        transformers' own modules, training, and a process whose kernel is turned off)."""
+        transformers' own modules and training) unless `release_weights` drops them."""
         if self.float_kernel is None or len(blocks.layers) != len(self.layers):
             return {}
         used: dict[str, int] = {}
         self._blocks = []  # kept alive: the structs hold their addresses
-        for struct, layer, found in zip(self._float_structs, self.layers, blocks.layers):
+        self._served = [[] for _ in self.layers]
+        for struct, layer, found, served in zip(self._float_structs, self.layers, blocks.layers, self._served):
             for name, matrix in found.items():
                 weight = getattr(layer, name)
                 setattr(struct, name, weight.data_ptr())  # the float32 rows unless the blocks match
@@ -136,9 +139,16 @@ class NativeDecoder:
                 setattr(struct, name, matrix.data.data_ptr())
                 setattr(struct, f"{name}_format", matrix.format)
                 self._blocks.append(matrix)
+                served.append(name)
                 used[matrix.kind] = used.get(matrix.kind, 0) + 1
         self.int8_packings = Counter(PACKING_NAMES[m.format] for m in self._blocks if m.format in INT8_FORMATS)
         return used
+
+    def release_weights(self) -> int:
+        """Drop the float32 copies of the matrices the kernel reads as blocks (`fused_layer.release`);
+        returns the bytes dropped. After it, this model's transformers modules cannot run its layers."""
+        return sum(release(fused, module, name)
+                   for fused, module, names in zip(self.layers, self._modules, self._served) for name in names)
 
     @property
     def tiled_matrices(self) -> int:

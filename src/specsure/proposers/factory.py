@@ -71,7 +71,7 @@ def build_draft_model(res: "Resolution", target: "LoadedModel", dtype: str) -> P
     int8 = int8_wanted(target.lm)
     try:
         draft = load_model(res.config.model, dtype=_same_dtype(target, dtype), int8_activations=int8,
-                           int8_required=False)
+                           int8_required=False, release_weights=True)
     except ModelLoadError as exc:
         raise ModelLoadError(f"draft (the speculative config's model): {exc}") from None
     if int8 and not draft.lm.int8_matrices:
