@@ -175,6 +175,8 @@ def test_an_engine_drops_the_float32_copies_of_the_matrices_it_reads_as_blocks(g
     # layer 1's down is F32 in the file: no blocks, so the kernel still reads its float32 weight
     assert torch.equal(after[1].mlp.down_proj.weight, before[1].mlp.down_proj.weight)
     assert all(getattr(dropped._native.layers[0], n).is_meta for n in ("qkv", "o", "gate_up", "down"))
+    # its own Q8_0 head is dropped too; the embedding (F32 in the file, untied) stays
+    assert dropped.hf.get_output_embeddings().weight.is_meta and not dropped.hf.get_input_embeddings().weight.is_meta
     prompt = [5, 17, 33, 90, 4, 12, 250, 8]
     a, b = dropped.forward(prompt, last_logits=1), load_model(str(gguf_file), dtype="float32").lm.forward(
         prompt, last_logits=1)
@@ -188,7 +190,8 @@ def test_an_engine_drops_the_float32_copies_of_the_matrices_it_reads_as_blocks(g
     assert ngram.generate([prompt], params)[0].token_ids == expected
     # what it reports dropping: every matrix read as blocks, in float32 bytes (not layer 1's down)
     served = [before[i].get_submodule(n).weight for i in (0, 1) for n in NAMES if (i, n) != (1, "mlp.down_proj")]
-    assert kept.release_block_weights() == sum(w.numel() * 4 for w in served)
+    head = kept.hf.get_output_embeddings().weight
+    assert kept.release_block_weights() == sum(w.numel() * 4 for w in served) + head.numel() * 4
 
 
 def test_blocks_that_differ_from_the_loaded_weights_are_not_read(gguf_file: Path) -> None:
@@ -261,6 +264,16 @@ def test_a_tied_q8_0_embedding_is_read_as_the_lm_head(tmp_path_factory: pytest.T
     traced = lm.lm_head_logits(hidden.clone().requires_grad_(True))  # a head in training: torch's products
     assert traced.grad_fn is not None
     torch.testing.assert_close(traced.detach(), lm.lm_head_logits(hidden), atol=1e-4, rtol=1e-5)
+    # An engine drops the tied weight: the embedding is looked up in the head's blocks, the same bits.
+    dropped = load_model(str(gguf), dtype="float32", release_weights=True).lm
+    ids = torch.tensor([[0, 5, 299], [17, 17, 3]])
+    assert dropped.hf.get_input_embeddings().weight.is_meta and dropped.hf.get_output_embeddings().weight.is_meta
+    assert torch.equal(dropped.embed(ids).view(torch.int32), lm.embed(ids).view(torch.int32))
+    assert torch.equal(dropped.lm_head_logits(hidden), lm.lm_head_logits(hidden))
+    rows = torch.tensor([3, 7, 100, 250])  # a draft vocabulary's rows (an MTP head's) come from the blocks too
+    assert torch.equal(dropped.draft_head(rows)(hidden), lm.draft_head(rows)(hidden))
+    prompt = [5, 17, 33, 90, 4]
+    assert torch.equal(dropped.forward(prompt).logits, lm.forward(prompt).logits)
 
 
 def test_the_blocks_are_found_whichever_folder_the_file_was_first_named_from(

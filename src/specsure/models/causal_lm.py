@@ -161,9 +161,14 @@ class CausalLM:
         return used
 
     def release_block_weights(self) -> int:
-        """Drop the float32 layer matrices the kernel reads as blocks (`NativeDecoder.release_weights`);
-        returns the bytes dropped. ``hf``'s own forward cannot run after it; specsure's never needs it."""
-        return self._native.release_weights() if self._native is not None and self.blocks_used else 0
+        """Drop the float32 matrices the kernel reads as blocks: the layers' (`NativeDecoder.release_weights`)
+        and the LM head's, with a tied embedding (`OutputHead.release`); returns the bytes dropped.
+        ``hf``'s own forward cannot run after it; specsure's never needs it."""
+        if self._native is None or not self.blocks_used:
+            return 0
+        dropped, self._embed = self.head.release(self._embed)
+        self._native.embed = self._embed
+        return dropped + self._native.release_weights()
 
     @property
     def tiled_matrices(self) -> int:

@@ -50,6 +50,24 @@ class OutputHead:
         self.int8 = read if read.format in INT8_FORMATS else None
         return True
 
+    def release(self, embedding: torch.nn.Module) -> tuple[int, torch.nn.Module]:
+        """Drop the head's float32 weight where the kernel reads it as blocks; returns the bytes dropped
+        and the input embedding to use from now on. A tied embedding (the same weight) is then looked
+        up in the blocks (`BlockEmbedding`, the same bits) if it is a plain one; a scaled one (Gemma's)
+        keeps the weight. After it, only the blocks' paths can compute the head (`logits` takes them
+        for every float32 row; `draft` gathers their rows)."""
+        head, blocks = self.module, self.blocks
+        if blocks is None or type(head) is not torch.nn.Linear:
+            return 0, embedding
+        weight = head.weight
+        if embedding.weight is weight:
+            if type(embedding) is not torch.nn.Embedding or embedding.max_norm is not None:
+                return 0, embedding
+            embedding.weight = head.weight = _meta(weight)
+            return weight.numel() * weight.element_size(), BlockEmbedding(blocks)
+        head.weight = _meta(weight)
+        return weight.numel() * weight.element_size(), embedding
+
     def logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                blocks: BlockMatrix | None = None) -> torch.Tensor:
         """[..., hidden] post-norm states -> float32 [..., vocab], as `*ForCausalLM.forward` does: by the
@@ -152,3 +170,22 @@ def _in_pieces(product: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tens
     if rows.shape[0] <= PIECE_ROWS:
         return product(rows)
     return torch.cat([product(rows[at:at + PIECE_ROWS]) for at in range(0, rows.shape[0], PIECE_ROWS)])
+
+
+def _meta(weight: torch.Tensor) -> torch.nn.Parameter:
+    """A weight's stand-in once it is dropped: its shape and dtype, no storage (`fused_layer.release`)."""
+    return torch.nn.Parameter(torch.empty(weight.shape, dtype=weight.dtype, device="meta"), requires_grad=False)
+
+
+class BlockEmbedding(torch.nn.Module):
+    """An input embedding looked up in the tied LM head's blocks: each id's row dequantised, the bits
+    of the float32 row (`matches` checked the whole matrix), so the model keeps no float32 copy of it."""
+
+    def __init__(self, blocks: BlockMatrix) -> None:
+        super().__init__()
+        self.blocks = blocks
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        blocks, flat = self.blocks, token_ids.reshape(-1)
+        rows = BlockMatrix(blocks.data[flat], blocks.format, flat.shape[0], blocks.cols, blocks.kind).dequantized()
+        return rows.view(*token_ids.shape, blocks.cols)
