@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -25,54 +24,9 @@ from specsure.models.segment import Segment
 from specsure.models.output_head import OutputHead
 from specsure.models.rotary_table import RotaryTable, tabled_if_varying
 from specsure.models.token_tree import TokenTree, layer_masks
+from specsure.models.transformers_model import align_weights, final_norm, final_stream
 
 logger = logging.getLogger(__name__)
-
-
-def _align(hf: torch.nn.Module) -> None:
-    """Move every parameter whose storage is not 64-byte aligned into an aligned copy, in place.
-
-    Weights read from safetensors may start anywhere the file put them (8-byte alignment). The
-    few-row float32 product (`products.project`, ``weight @ x.T``) rounds differently depending on the
-    weight's alignment, so without this the same weights in two file layouts (one file, or shards)
-    would give logits a few ulps apart. A parameter shared by two modules (tied embeddings) is one
-    object, so both keep sharing the copy.
-    """
-    for param in hf.parameters():
-        if param.data_ptr() % 64:
-            param.data = param.data.clone()
-
-
-FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm", "norm_f")
-"""What transformers' base models call their final norm (Llama's family, GPT-2, OPT, Phi, Mamba's)."""
-
-
-def final_norm(base: torch.nn.Module) -> torch.nn.Module | None:
-    """``base``'s final norm, on itself or on its decoder (OPT keeps it there); None if it has none so named."""
-    for holder in (base, getattr(base, "decoder", None)):
-        for name in FINAL_NORMS:
-            if isinstance(found := getattr(holder, name, None), torch.nn.Module):
-                return found
-    return None
-
-
-@contextlib.contextmanager
-def final_stream(base: torch.nn.Module, layers: int, wanted: bool) -> Iterator[dict[int, torch.Tensor]]:
-    """While a transformers forward runs, the residual stream entering ``base``'s final norm (aux id
-    ``layers``, the last layer's output), captured by a pre-hook on the norm; {} when not wanted."""
-    found: dict[int, torch.Tensor] = {}
-    if not wanted:  # every transformers forward comes here: look nothing up
-        yield found
-        return
-    norm = final_norm(base)
-    if norm is None:  # `reads_last_output` said so when the head was built
-        raise ValueError(f"aux layer {layers} (the last layer's output) needs the model's final norm, and "
-                         f"{type(base).__name__} has none that specsure knows; use ids below {layers}.")
-    handle = norm.register_forward_pre_hook(lambda _module, args: found.__setitem__(layers, args[0]))
-    try:
-        yield found
-    finally:
-        handle.remove()
 
 
 @dataclass(frozen=True)
@@ -131,7 +85,7 @@ class CausalLM:
                                  "(LM head); this architecture is not supported yet.")
         self._embed: torch.nn.Module = hf.get_input_embeddings()
         if self.dtype == torch.float32:
-            _align(hf)
+            align_weights(hf)
         self._native, why = NativeDecoder.build(hf) if native else (None, "native=False was asked")
         if self._native is None and tabled_if_varying(self._base):
             why += "; its varying RoPE turns each position by its own, from a table"

@@ -37,7 +37,7 @@ from specsure.config.compat import (
 )
 from specsure.config.errors import ConfigError
 from specsure.config.speculators import check_head_config, file_key
-from specsure.models.causal_lm import FINAL_NORMS
+from specsure.models.transformers_model import FINAL_NORMS
 from specsure.models.float_kernel import AnyKernel
 from specsure.models.gguf_blocks import stack
 from specsure.models.kernel import MAX_HEAD_DIM, ShapeStruct
