@@ -1,6 +1,6 @@
 """A head's greedy acceptance on the bench's prompts, teacher-forced, in seconds instead of a bench run.
 
-    .venv/bin/python bench/head_acceptance.py --method eagle3 [--head DIR] [--heldout] [-k 2]
+    .venv/bin/python bench/head_acceptance.py --method eagle3 [--head DIR] [--heldout] [-k 2] [--dtype bfloat16]
 
 The target answers each prompt greedily (batched), then the head is scored along those answers
 with the trainer's own teacher-forced steps (`specsure.train.eagle3.unrolled`,
@@ -66,9 +66,11 @@ def main() -> None:
     parser.add_argument("--heldout", action="store_true", help="the held-out split (default: the main split)")
     parser.add_argument("-k", type=int, default=2, help="draft steps scored (default 2)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                        help="the target's dtype, so its features (default: auto, as the engine's)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    target = load_model(None)
+    target = load_model(None, args.dtype)
     head = args.head or shipped_head(args.method)
     res = resolve({"method": args.method, "model": head, "num_speculative_tokens": args.k}, model=target.path)
     builder = eagle3.build if args.method == "eagle3" else mtp.build
