@@ -149,11 +149,13 @@ def test_a_draft_rows_ranked_ids_are_its_widened_rows_top_k(ascending: bool) -> 
                   else torch.randint(0, 3, (12,), generator=generator).float())  # many ties
         if case % 3 == 2:
             logits[torch.randint(0, 12, (3,), generator=generator)] = float("nan")
+        if case % 4 == 1 and not distinct:  # -inf logits: a few ids are ranked by repeated argmax, masking with -inf
+            logits[torch.randint(0, 12, (10,), generator=generator)] = float("-inf")
         row = DraftRow(logits, ids, vocab_size=50, ascending=ascends(ids))
         widened = row.widened()
         ranking = sorted(ids.tolist(), key=lambda i: (not math.isnan(widened[i]), -widened[i].nan_to_num(0.0).item(),
                                                       i))
-        for k in (1, 2, 5, 12):
+        for k in (1, 2, 3, 4, 5, 12):
             assert row.top(k) == ranking[:k], (case, k, logits, ids)
         assert row.top(1) == [row.argmax()] == [argmax_ids(widened)[0]]
         if distinct:
