@@ -192,6 +192,7 @@ def test_an_engine_drops_the_float32_copies_of_the_matrices_it_reads_as_blocks(g
     served = [before[i].get_submodule(n).weight for i in (0, 1) for n in NAMES if (i, n) != (1, "mlp.down_proj")]
     head = kept.hf.get_output_embeddings().weight
     assert kept.release_block_weights() == sum(w.numel() * 4 for w in served) + head.numel() * 4
+    assert kept.release_block_weights() == 0  # nothing left to drop
 
 
 def test_blocks_that_differ_from_the_loaded_weights_are_not_read(gguf_file: Path) -> None:
@@ -274,6 +275,7 @@ def test_a_tied_q8_0_embedding_is_read_as_the_lm_head(tmp_path_factory: pytest.T
     assert torch.equal(dropped.draft_head(rows)(hidden), lm.draft_head(rows)(hidden))
     prompt = [5, 17, 33, 90, 4]
     assert torch.equal(dropped.forward(prompt).logits, lm.forward(prompt).logits)
+    assert dropped.release_block_weights() == 0 and dropped.embed(ids).shape == (2, 3, 64)  # once only
 
 
 def test_the_blocks_are_found_whichever_folder_the_file_was_first_named_from(

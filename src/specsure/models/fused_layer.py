@@ -105,6 +105,8 @@ def release(fused: FusedLayer, layer: nn.Module, name: str) -> int:
     returns the bytes dropped. What stays is a meta tensor of the same shape and dtype: sizes still read
     right, and anything that would compute with the weight fails at once instead of reading stale bytes."""
     weight: torch.Tensor = getattr(fused, name)
+    if weight.is_meta:  # dropped already
+        return 0
     setattr(fused, name, torch.empty(weight.shape, dtype=weight.dtype, device="meta"))
     for module in _modules_of(layer, name):
         shape = module.weight.shape

@@ -57,10 +57,10 @@ class OutputHead:
         keeps the weight. After it, only the blocks' paths can compute the head (`logits` takes them
         for every float32 row; `draft` gathers their rows)."""
         head, blocks = self.module, self.blocks
-        if blocks is None or type(head) is not torch.nn.Linear:
+        if blocks is None or type(head) is not torch.nn.Linear or head.weight.is_meta:  # none, or dropped already
             return 0, embedding
         weight = head.weight
-        if embedding.weight is weight:
+        if getattr(embedding, "weight", None) is weight:
             if type(embedding) is not torch.nn.Embedding or embedding.max_norm is not None:
                 return 0, embedding
             embedding.weight = head.weight = _meta(weight)
