@@ -2,9 +2,11 @@
 
     .venv/bin/python bench/serve_memory.py -- .venv/bin/specsure serve --port {port}
     .venv/bin/python bench/serve_memory.py -- .venv-llamacpp/llama-server/build/bin/llama-server -m FILE --port {port}
+    .venv/bin/python bench/serve_memory.py --completions -- .venv/bin/specsure serve --model FILE --port {port}
 
 Starts the command ({port} is filled with a free port), waits until ``/v1/models`` answers, asks
-one chat completion of 64 greedy tokens, then reads the process's VmRSS (resident now) and VmHWM
+one chat completion of 64 greedy tokens (``--completions``: a completion of token ids, for a model
+with no chat template), then reads the process's VmRSS (resident now) and VmHWM
 (the most it held, loading included) from /proc and stops it. Linux only. Not a test: a measurement
 for BENCHMARKS.md.
 """
@@ -34,6 +36,8 @@ def status(pid: int) -> dict[str, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--completions", action="store_true",
+                        help="ask /v1/completions with a prompt of token ids (a model without a chat template)")
     parser.add_argument("command", nargs="+")
     args = parser.parse_args()
     with socket.socket() as probe:
@@ -54,9 +58,13 @@ def main() -> None:
                 pass
             time.sleep(0.5)
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-        reply = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
-            "model": model, "messages": [{"role": "user", "content": "Why is the sky blue?"}],
-            "max_tokens": 64, "temperature": 0})
+        if args.completions:
+            reply = httpx.post(f"{url}/v1/completions", timeout=120, json={
+                "model": model, "prompt": [1, 50, 60, 70, 80, 90, 100, 110], "max_tokens": 64, "temperature": 0})
+        else:
+            reply = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+                "model": model, "messages": [{"role": "user", "content": "Why is the sky blue?"}],
+                "max_tokens": 64, "temperature": 0})
         reply.raise_for_status()
         memory = status(process.pid)
         print(f"{os.path.basename(command[0])}: resident {memory['VmRSS']} MiB, at most {memory['VmHWM']} MiB "
