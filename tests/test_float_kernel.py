@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import (
-    Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
+    LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config,
     Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
 )
 
@@ -14,6 +14,7 @@ from specsure.models import CausalLM
 from specsure.models import float_kernel as float_kernels
 from specsure.models import products
 from specsure.models.token_tree import TokenTree
+from tiny import gemma_families
 from trees import TREE, node_paths
 
 SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=84, num_hidden_layers=3, num_attention_heads=4,
@@ -40,15 +41,7 @@ FAMILIES = {
     "phi4-mini": (Phi3ForCausalLM, Phi3Config(**SHAPE, pad_token_id=None,
                                               rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                                "partial_rotary_factor": 0.75})),
-    # soft-capped scores (and logits), alternating windows, Gemma's norms without q and k norms
-    "gemma2": (Gemma2ForCausalLM, Gemma2Config(**SHAPE, head_dim=16, query_pre_attn_scalar=12, sliding_window=6,
-                                               attn_logit_softcapping=3.0, final_logit_softcapping=5.0)),
-    # sliding and full layers, each type its own RoPE; GELU; four norms; the scores' own factor
-    "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig(
-        **SHAPE, head_dim=16, query_pre_attn_scalar=12, sliding_window=6,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
+    **gemma_families(SHAPE, head_dim=16),
 }
 PROMPT = [5, 17, 3, 88, 42, 9, 61, 2, 30, 7]
 

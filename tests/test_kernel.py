@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from transformers import (
-    Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
+    LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config,
     Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
 )
 
@@ -16,6 +16,7 @@ from specsure.config.dtype_choice import c_compiler
 from specsure.models import CausalLM
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
+from tiny import gemma_families
 from trees import TREE, node_paths
 
 SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_layers=3, num_attention_heads=4,
@@ -31,15 +32,7 @@ FAMILIES = {
     "phi4-mini": (Phi3ForCausalLM, Phi3Config(**SHAPE, pad_token_id=None, sliding_window=7,
                                               rope_parameters={"rope_type": "default", "rope_theta": 1e4,
                                                                "partial_rotary_factor": 0.75})),
-    # soft-capped scores (and logits), alternating windows, Gemma's four norms and GELU, no q and k norms
-    "gemma2": (Gemma2ForCausalLM, Gemma2Config(**SHAPE, head_dim=16, query_pre_attn_scalar=12, sliding_window=6,
-                                               attn_logit_softcapping=3.0, final_logit_softcapping=5.0)),
-    # sliding and full layers, each type its own RoPE (so one-token steps take the rows call); q and k norms
-    "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig(
-        **SHAPE, head_dim=16, query_pre_attn_scalar=12, sliding_window=6,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
+    **gemma_families(SHAPE, head_dim=16),
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import (
-    Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
+    Gemma2Config, Gemma2ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
     MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
 )
 
@@ -14,6 +14,7 @@ from specsure.models.decoder_family import unsupported
 from specsure.models.products import KERNEL_ROWS, project
 from specsure.models import float_kernel as float_kernels
 from specsure.models.token_tree import TokenTree
+from tiny import gemma_families
 from trees import TREE, node_paths
 
 SHAPE = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
@@ -41,15 +42,7 @@ FAMILIES = {
                                                                "partial_rotary_factor": 0.75,
                                                                "short_factor": [1.0, 2.0, 4.0],
                                                                "long_factor": [1.0, 3.0, 9.0]})),
-    # alternating windows, soft-capped scores and logits, Gemma's norms, no q and k norms
-    "gemma2": (Gemma2ForCausalLM, Gemma2Config(**SHAPE, head_dim=8, query_pre_attn_scalar=12, sliding_window=6,
-                                               attn_logit_softcapping=3.0, final_logit_softcapping=5.0)),
-    # sliding and full layers with their own RoPEs, GELU, four norms a layer, a scaled embedding
-    "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig(
-        **SHAPE, head_dim=8, query_pre_attn_scalar=12, sliding_window=6,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
+    **gemma_families(SHAPE, head_dim=8),
 }
 
 

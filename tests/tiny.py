@@ -65,3 +65,22 @@ def random_model(model_class: Any, config: Any, seed: int = 0) -> Any:
                 if param.dim() > 1:
                     param.normal_(0.0, 0.2)
     return model
+
+
+def gemma_families(shape: dict[str, Any], head_dim: int) -> dict[str, tuple[Any, Any]]:
+    """The Gemma 2 and Gemma 3 cases of a test's FAMILIES (model class, config) at ``shape``: Gemma 2's
+    soft-capped scores and logits, alternating windows and four norms a layer without q and k norms;
+    Gemma 3's sliding and full layers, each type with its own RoPE (so one-token steps take the rows
+    call), GELU, q and k norms and a scaled embedding."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
+
+    return {
+        "gemma2": (Gemma2ForCausalLM, Gemma2Config(**shape, head_dim=head_dim, query_pre_attn_scalar=12,
+                                                   sliding_window=6, attn_logit_softcapping=3.0,
+                                                   final_logit_softcapping=5.0)),
+        "gemma3": (Gemma3ForCausalLM, Gemma3TextConfig(
+            **shape, head_dim=head_dim, query_pre_attn_scalar=12, sliding_window=6,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
+    }
