@@ -82,6 +82,23 @@ def test_blocks_dequantise_to_gguf_pys_values(name: str) -> None:
     assert torch.equal(matrix.dequantized(), torch.from_numpy(expected.astype(np.float32)))
 
 
+@pytest.mark.parametrize("name", TYPES)
+def test_rows_looked_up_in_the_blocks_are_their_dequantised_bits(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel, _ = float_kernels.load()
+    if kernel is None:
+        pytest.skip(NO_KERNEL)
+    builds = [kernel]
+    if float_kernels.wide():
+        monkeypatch.setenv(float_kernels.LANES_ENV, "8")
+        builds.append(float_kernels._load()[0])
+    matrix = gguf_blocks.repack(quantised(name, 40, 256, seed=2), TYPES[name], 256)
+    weight = matrix.dequantized()
+    ids = torch.tensor([[39, 0, 7], [7, 21, 38]])  # any shape, repeats, both ends
+    for build in builds:  # signed zeros included (a Q4_0 zero keeps its scale's sign)
+        assert torch.equal(build.dequantized_rows(matrix, ids).view(torch.int32), weight[ids].view(torch.int32))
+        assert build.dequantized_rows(matrix, torch.tensor([], dtype=torch.long)).shape == (0, 256)
+
+
 def test_a_type_the_kernel_does_not_read_is_not_repacked() -> None:
     assert gguf_blocks.repack(np.zeros((4, 84), dtype=np.uint8), 10, 256) is None  # Q2_K
     assert gguf_blocks.repack(np.zeros((4, 34), dtype=np.uint8), 8, 48) is None  # a width not of whole blocks
@@ -105,6 +122,8 @@ def test_block_products_are_the_float32_products_bits(name: str, monkeypatch: py
             got = build.linear_blocks(matrix, x[:rows].contiguous(), bias)
             assert torch.equal(got, build.linear_rows(weight, x[:rows].contiguous(), bias)), rows
             assert torch.equal(got[rows - 1], build.linear_blocks(matrix, x[rows - 1:rows].contiguous(), bias)[0])
+            # a decoder's matrix (STREAMED: prefetched past the cache) is the same product
+            assert torch.equal(got, build.linear_blocks(matrix, x[:rows].contiguous(), bias, streamed=True)), rows
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -270,6 +289,9 @@ def test_a_tied_q8_0_embedding_is_read_as_the_lm_head(tmp_path_factory: pytest.T
     ids = torch.tensor([[0, 5, 299], [17, 17, 3]])
     assert dropped.hf.get_input_embeddings().weight.is_meta and dropped.hf.get_output_embeddings().weight.is_meta
     assert torch.equal(dropped.embed(ids).view(torch.int32), lm.embed(ids).view(torch.int32))
+    for bad in (300, -1):  # the kernel reads any row it is given: the range is checked before, as nn.Embedding's
+        with pytest.raises(IndexError, match=f"token id {bad} is out of the embedding's range 0..299"):
+            dropped.embed(torch.tensor([3, bad]))
     assert torch.equal(dropped.lm_head_logits(hidden), lm.lm_head_logits(hidden))
     rows = torch.tensor([3, 7, 100, 250])  # a draft vocabulary's rows (an MTP head's) come from the blocks too
     assert torch.equal(dropped.draft_head(rows)(hidden), lm.draft_head(rows)(hidden))

@@ -125,6 +125,7 @@ def test_int8_products_are_the_integer_arithmetic_and_rows_do_not_affect_each_ot
     float32 = kernel.linear_blocks(matrix, x, bias)
     for count in (1, 2, 3, 4, 5, 7, 9, 16, 64):  # every pass shape (1 to 4 rows of x at a time, then the rest)
         got = kernel.linear_blocks(tagged, x[:count].contiguous(), bias)
+        assert torch.equal(got, kernel.linear_blocks(tagged, x[:count].contiguous(), bias, streamed=True)), count
         for i in {0, count // 2, count - 1}:
             assert torch.equal(got[i], kernel.linear_blocks(tagged, x[i:i + 1].contiguous(), bias)[0]), (count, i)
     got = kernel.linear_blocks(tagged, x, bias).double().numpy()

@@ -22,7 +22,7 @@ import torch
 from specsure.config.cpu import cpu_flags
 from specsure.config.dtype_choice import KERNEL_FLAGS, build_blocker
 from specsure.models.gguf_blocks import (
-    A4, A8, NARROW, PACKED, Q4_0, Q4_1, Q8_0, R5_0, R5_M, R6_H, BlockMatrix, block_bytes,
+    A4, A8, NARROW, PACKED, Q4_0, Q4_1, Q8_0, R5_0, R5_M, R6_H, STREAMED, BlockMatrix, block_bytes,
 )
 from specsure.models.kernel import Kernel, RowOps, SegmentStruct, ShapeStruct, open_library
 
@@ -133,11 +133,23 @@ class FloatKernel(RowOps):
                                  weight.shape[1], x.shape[0])
         return out
 
-    def linear_blocks(self, weight: "BlockMatrix", x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """`linear_rows` over a `BlockMatrix`: the same bits as over the float32 rows it dequantises to."""
+    def linear_blocks(self, weight: "BlockMatrix", x: torch.Tensor, bias: torch.Tensor | None = None, *,
+                      streamed: bool = False) -> torch.Tensor:
+        """`linear_rows` over a `BlockMatrix`: the same bits as over the float32 rows it dequantises to.
+        ``streamed``: a decoder's matrix, read once a step, whose prefetches keep out of the cache (`STREAMED`)."""
         out = torch.empty(x.shape[0], weight.rows, dtype=torch.float32)
-        self.library.linear_blocks(weight.data.data_ptr(), weight.format, _pointer(bias), x.data_ptr(),
+        self.library.linear_blocks(weight.data.data_ptr(), weight.format | (STREAMED if streamed else 0),
+                                   _pointer(bias), x.data_ptr(),
                                    out.data_ptr(), weight.rows, weight.cols, x.shape[0])
+        return out
+
+    def dequantized_rows(self, weight: "BlockMatrix", ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` (int64, any shape, each in range) of a `BlockMatrix` as float32 [..., cols]: the bits
+        of `BlockMatrix.dequantized`'s rows."""
+        flat = ids.reshape(-1).contiguous()
+        out = torch.empty(*ids.shape, weight.cols, dtype=torch.float32)
+        self.library.dequant_rows(weight.data.data_ptr(), weight.format, flat.data_ptr(), flat.shape[0], weight.cols,
+                                  out.data_ptr())
         return out
 
     def decode_rows(self, shape: ShapeStruct, layers: ctypes.Array, first: int, count: int, segments: ctypes.Array,
@@ -176,6 +188,7 @@ def _bind(library: ctypes.CDLL) -> FloatKernel:
     signatures = {
         "linear_rows": [pointer, pointer, pointer, pointer, size, size, size],
         "linear_blocks": [pointer, size, pointer, pointer, pointer, size, size, size],
+        "dequant_rows": [pointer, size, pointer, size, size, pointer],
         "decode_rows": [pointer, pointer, size, pointer, size, size, pointer, pointer, pointer, pointer],
         "attend_rows": [pointer, pointer, size, pointer, pointer, pointer, pointer],
         "add_norm": [pointer, pointer, pointer, pointer, size, size, ctypes.c_float],

@@ -57,6 +57,10 @@ R5_0, R5_M, R6_H = 18, 19, 20
 products are the 8-bit packing's to the bit."""
 NARROW = {Q8_0: (R5_0, -16, 15), Q8_M: (R5_M, 0, 31), Q8_H: (R6_H, -32, 31)}
 """Each held format's narrower packing, and the range its quants must lie in for it."""
+STREAMED = 256
+"""A flag on a format (float_kernel.c's STREAMED) for a decoder's matrices: read once a step, more of them
+than the last-level cache holds, so the kernel prefetches them non-temporally and leaves that cache to
+what is read again soon (a draft head's weights, the KV cache)."""
 INT8_FORMATS = frozenset({*PACKED.values(), *(packed for packed, _, _ in NARROW.values())})
 """The formats multiplied with int8 activations."""
 PACKING_NAMES = {R4_0: "R4_0", R4_1: "R4_1", R8_0: "R8_0", R8_M: "R8_M", R8_H: "R8_H", R8_X: "R8_X", R5_0: "R5_0",

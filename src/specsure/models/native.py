@@ -32,7 +32,9 @@ from torch import nn
 
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
-from specsure.models.gguf_blocks import A4, A8, INT8_FORMATS, PACKING_NAMES, BlockMatrix, FileBlocks, matches
+from specsure.models.gguf_blocks import (
+    A4, A8, INT8_FORMATS, PACKING_NAMES, STREAMED, BlockMatrix, FileBlocks, matches,
+)
 from specsure.models.decoder_family import GEMMA_TYPES, layer_windows, rotary_dim, unsupported
 from specsure.models.fused_layer import FusedLayer, fused_layer, gemma_norm, release
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
@@ -137,7 +139,7 @@ class NativeDecoder:
                     continue
                 matrix = self.float_kernel.prepared(matrix, int8_activations)
                 setattr(struct, name, matrix.data.data_ptr())
-                setattr(struct, f"{name}_format", matrix.format)
+                setattr(struct, f"{name}_format", matrix.format | STREAMED)
                 self._blocks.append(matrix)
                 served.append(name)
                 used[matrix.kind] = used.get(matrix.kind, 0) + 1

@@ -61,10 +61,11 @@ class OutputHead:
             return 0, embedding
         weight = head.weight
         if getattr(embedding, "weight", None) is weight:
-            if type(embedding) is not torch.nn.Embedding or embedding.max_norm is not None:
+            kernel = self._native.float_kernel if self._native is not None else None
+            if type(embedding) is not torch.nn.Embedding or embedding.max_norm is not None or kernel is None:
                 return 0, embedding
             embedding.weight = head.weight = _meta(weight)
-            return weight.numel() * weight.element_size(), BlockEmbedding(blocks)
+            return weight.numel() * weight.element_size(), BlockEmbedding(blocks, kernel)
         head.weight = _meta(weight)
         return weight.numel() * weight.element_size(), embedding
 
@@ -80,6 +81,7 @@ class OutputHead:
         head = self.module
         native = self._native
         linear = weight is not None or type(head) is torch.nn.Linear
+        streamed = weight is None  # the model's own head, read once a step (float_kernel.c's STREAMED)
         if weight is None and linear:
             weight, bias, blocks = head.weight, head.bias, self.int8 or self.tiles or self.blocks
         in_c = (linear and hidden.dtype == torch.float32 and not hidden.requires_grad
@@ -90,7 +92,7 @@ class OutputHead:
         if (blocks is not None and bias is None and in_c
                 and (hidden.dim() == 2 and hidden.shape[0] <= KERNEL_ROWS or every_row)):
             flat = hidden.reshape(-1, hidden.shape[-1]).contiguous()
-            logits = _in_pieces(lambda rows: native.float_kernel.linear_blocks(blocks, rows), flat)
+            logits = _in_pieces(lambda rows: native.float_kernel.linear_blocks(blocks, rows, streamed=streamed), flat)
             logits = logits.view(*hidden.shape[:-1], blocks.rows)
         elif every_row and weight.dtype == torch.float32:  # a head the kernel does not read as blocks
             flat, weight = hidden.reshape(-1, hidden.shape[-1]).contiguous(), weight.contiguous()
@@ -181,11 +183,15 @@ class BlockEmbedding(torch.nn.Module):
     """An input embedding looked up in the tied LM head's blocks: each id's row dequantised, the bits
     of the float32 row (`matches` checked the whole matrix), so the model keeps no float32 copy of it."""
 
-    def __init__(self, blocks: BlockMatrix) -> None:
+    def __init__(self, blocks: BlockMatrix, kernel: "FloatKernel") -> None:
         super().__init__()
         self.blocks = blocks
+        self.kernel = kernel
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         blocks, flat = self.blocks, token_ids.reshape(-1)
-        rows = BlockMatrix(blocks.data[flat], blocks.format, flat.shape[0], blocks.cols, blocks.kind).dequantized()
-        return rows.view(*token_ids.shape, blocks.cols)
+        ids = flat.tolist()  # checked here: the kernel reads whatever row it is given
+        if ids and not 0 <= min(ids) <= max(ids) < blocks.rows:
+            raise IndexError(f"token id {min(ids) if min(ids) < 0 else max(ids)} is out of the embedding's range "
+                             f"0..{blocks.rows - 1}")
+        return self.kernel.dequantized_rows(blocks, token_ids)
