@@ -82,8 +82,9 @@ def test_blocks_dequantise_to_gguf_pys_values(name: str) -> None:
     assert torch.equal(matrix.dequantized(), torch.from_numpy(expected.astype(np.float32)))
 
 
-@pytest.mark.parametrize("name", TYPES)
-def test_rows_looked_up_in_the_blocks_are_their_dequantised_bits(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def _float_builds(monkeypatch: pytest.MonkeyPatch) -> list[float_kernels.FloatKernel]:
+    """The float32 kernel's builds to check: the loaded one, and on an AVX-512 CPU the AVX2 one too,
+    which AVX2-only CPUs run (skips without a kernel)."""
     kernel, _ = float_kernels.load()
     if kernel is None:
         pytest.skip(NO_KERNEL)
@@ -91,6 +92,12 @@ def test_rows_looked_up_in_the_blocks_are_their_dequantised_bits(name: str, monk
     if float_kernels.wide():
         monkeypatch.setenv(float_kernels.LANES_ENV, "8")
         builds.append(float_kernels._load()[0])
+    return builds
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_rows_looked_up_in_the_blocks_are_their_dequantised_bits(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    builds = _float_builds(monkeypatch)
     matrix = gguf_blocks.repack(quantised(name, 40, 256, seed=2), TYPES[name], 256)
     weight = matrix.dequantized()
     ids = torch.tensor([[39, 0, 7], [7, 21, 38]])  # any shape, repeats, both ends
@@ -106,13 +113,7 @@ def test_a_type_the_kernel_does_not_read_is_not_repacked() -> None:
 
 @pytest.mark.parametrize("name", TYPES)
 def test_block_products_are_the_float32_products_bits(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    kernel, _ = float_kernels.load()
-    if kernel is None:
-        pytest.skip(NO_KERNEL)
-    builds = [kernel]
-    if float_kernels.wide():  # an AVX-512 CPU checks the AVX2 build too, which AVX2-only CPUs run
-        monkeypatch.setenv(float_kernels.LANES_ENV, "8")
-        builds.append(float_kernels._load()[0])
+    builds = _float_builds(monkeypatch)
     torch.manual_seed(0)
     matrix = gguf_blocks.repack(quantised(name, 70, 256), TYPES[name], 256)  # 70 rows: a partial block of rows
     weight, bias = matrix.dequantized().contiguous(), torch.randn(70)
