@@ -286,7 +286,10 @@ static inline __attribute__((always_inline)) vec dequant(int format, const uint8
  * cache. On the 2-core Zen 5 the MTP head's draft step fell 0.95 -> 0.86 ms beside the default model
  * (its 96 MB a step), plain decoding unchanged. */
 #define STREAMED 256
-static int streamed;
+static int streamed, streaming = 1;
+/* Whether STREAMED matrices are prefetched non-temporally (1, the default): a switch for measuring it
+ * (bench/streamed_ab.py), which changes no result, only where the weights are cached. */
+void float_streaming(int on) { streaming = on; }
 
 /* `micro` over block rows: the same chunks of LANES in the same order into the same accumulators. */
 static inline __attribute__((always_inline)) void qmicro(int format, const uint8_t *const *rows, int w0, int wr,
@@ -1118,7 +1121,7 @@ static void rgemm(int64_t format, const uint8_t *w, const float *bias, const flo
 /* y [m, n] = x [m, k] . w^T (+ bias) for w [n, k] in `format`. */
 static void product(const void *w, int64_t format, const float *bias, const float *x, float *y, int64_t n, int64_t k,
                     int64_t m) {
-    streamed = (format & STREAMED) != 0; /* set here, outside the threads' region, read by all of them */
+    streamed = (format & STREAMED) != 0 && streaming; /* set here, outside the threads' region, read by all of them */
     format &= ~(int64_t)STREAMED;
     switch (format) {
     case Q4_0:

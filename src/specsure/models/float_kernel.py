@@ -201,6 +201,7 @@ def _bind(library: ctypes.CDLL) -> FloatKernel:
         function = getattr(library, name)
         function.argtypes, function.restype = arguments, None
     library.float_amx_init.argtypes, library.float_amx_init.restype = [ctypes.c_int], ctypes.c_int
+    library.float_streaming.argtypes, library.float_streaming.restype = [ctypes.c_int], None
     return FloatKernel(library)
 
 
