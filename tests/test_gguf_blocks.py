@@ -104,6 +104,7 @@ def test_rows_looked_up_in_the_blocks_are_their_dequantised_bits(name: str, monk
     for build in builds:  # signed zeros included (a Q4_0 zero keeps its scale's sign)
         assert torch.equal(build.dequantized_rows(matrix, ids).view(torch.int32), weight[ids].view(torch.int32))
         assert build.dequantized_rows(matrix, torch.tensor([], dtype=torch.long)).shape == (0, 256)
+        assert torch.equal(build.dequantized_rows(matrix, ids.int()), weight[ids])  # int32 ids read as int64
 
 
 def test_a_type_the_kernel_does_not_read_is_not_repacked() -> None:

@@ -283,8 +283,9 @@ static inline __attribute__((always_inline)) vec dequant(int format, const uint8
 /* A decoder's matrices come flagged STREAMED in their format (`gguf_blocks.STREAMED`): its whole
  * weights pass once a step, more than the last-level cache holds, so their prefetches are
  * non-temporal and leave that cache to what is read again soon, a draft head's weights and the KV
- * cache. On the 2-core Zen 5 the MTP head's draft step fell 0.95 -> 0.86 ms beside the default model
- * (its 96 MB a step), plain decoding unchanged. */
+ * cache. Beside the default model (96 MB a step) on a 2-core AMD EPYC with a 32 MB L3, the MTP head's
+ * draft step fell 0.683 -> 0.643 ms and every method ran 0 to 2% faster (BENCHMARKS.md). A hint: no
+ * result changes, so a race on `streamed` between two engines' threads could cost speed only. */
 #define STREAMED 256
 static int streamed, streaming = 1;
 /* Whether STREAMED matrices are prefetched non-temporally (1, the default): a switch for measuring it

@@ -144,9 +144,9 @@ class FloatKernel(RowOps):
         return out
 
     def dequantized_rows(self, weight: "BlockMatrix", ids: torch.Tensor) -> torch.Tensor:
-        """Rows ``ids`` (int64, any shape, each in range) of a `BlockMatrix` as float32 [..., cols]: the bits
-        of `BlockMatrix.dequantized`'s rows."""
-        flat = ids.reshape(-1).contiguous()
+        """Rows ``ids`` (integers, any shape, each in range: not checked here) of a `BlockMatrix` as float32
+        [..., cols]: the bits of `BlockMatrix.dequantized`'s rows."""
+        flat = ids.reshape(-1).to(torch.int64).contiguous()  # the C side reads int64 ids
         out = torch.empty(*ids.shape, weight.cols, dtype=torch.float32)
         self.library.dequant_rows(weight.data.data_ptr(), weight.format, flat.data_ptr(), flat.shape[0], weight.cols,
                                   out.data_ptr())
