@@ -33,6 +33,8 @@ _CONTEXT = ("the context is the model's own (config.json max_position_embeddings
 _CPU = "specsure runs on the CPU"
 _ONE_MACHINE = ("specsure runs on one machine; `specsure export --to vllm` writes the same config for vLLM to "
                 "scale out")
+_QUANTISED = ("the weights run as their file holds them: a GGUF file's Q4_0 to Q8_0 and K-quant blocks are read as "
+              "they are (pass the .gguf as --model), and --int8-activations multiplies them as llama.cpp does")
 _K = "num_speculative_tokens goes in --speculative-config '{\"num_speculative_tokens\": K, ...}'"
 _DRAFT = "the draft goes in --speculative-config '{\"model\": \"DRAFT\"}' (method draft_model)"
 
@@ -100,6 +102,16 @@ FOREIGN_FLAGS: Final[dict[str, Foreign]] = {
                                              "GGUF's vocabulary)"),
     "--served-model-name": Foreign("vLLM", "--served-model-name", "--served-model-name NAME",
                                    otherwise="`specsure serve --served-model-name` names the served model"),
+    "--quantization": Foreign("vLLM", otherwise=_QUANTISED), "-q": Foreign("vLLM", otherwise=_QUANTISED),
+    "--load-format": Foreign("vLLM", otherwise="weights load from safetensors or a GGUF file, never from pickle"),
+    "--kv-cache-dtype": Foreign("vLLM", otherwise="the KV cache is kept in the model's dtype (--dtype)"),
+    "--enforce-eager": Foreign("vLLM", otherwise=f"{_CPU}, with no CUDA graphs to turn off"),
+    "--device": Foreign("vLLM", otherwise=_CPU),
+    "--seed": Foreign("vLLM", "--seed", "--seed N", "seed"),
+    "--enable-chunked-prefill": Foreign("vLLM", "--max-num-batched-tokens", "--max-num-batched-tokens N",
+                                        otherwise="`specsure serve --max-num-batched-tokens N` prefills long prompts "
+                                                  "in pieces of N tokens between decode steps"),
+    "--download-dir": _LOCAL,
 }
 
 
