@@ -451,6 +451,8 @@ def test_exactly_one_field_and_the_params_carry_it_as_given() -> None:
         StructuredOutputs()
     with pytest.raises(GrammarError, match="structural_tag: is not a field specsure implements"):
         StructuredOutputs.from_dict({"structural_tag": {"type": "structural_tag"}})
+    with pytest.raises(GrammarError, match="choices: is not a structured-outputs field; .* Did you mean 'choice'"):
+        StructuredOutputs.from_dict({"choices": ["yes", "no"]})
     assert StructuredOutputs.from_dict({"choice": ["a"], "grammar": None, "disable_fallback": False,
                                         "disable_any_whitespace": False}) == StructuredOutputs(choice=["a"])
     with pytest.raises(GrammarError, match="disable_any_whitespace: applies to json and json_object only"):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Any, Mapping
 
+from specsure.config.errors import suggest
 from specsure.grammar.gbnf import RECURSION_DEPTH, parse_gbnf
 from specsure.grammar.json_schema import COMPACT, FREE, Layout, any_object, schema_pattern
 from specsure.grammar.pattern import (NEVER, NFA, TOO_MANY_STATES, Alt, Pattern, PatternError, after_marker,
@@ -123,8 +124,11 @@ class StructuredOutputs:
         body = {k: v for k, v in body.items() if not (k in VLLM_NEUTRAL and v in VLLM_NEUTRAL[k])
                 and not (k == "disable_any_whitespace" and v is None)}
         for key in body:
-            if key not in known:
+            if key in VLLM_NEUTRAL or key == "after":  # a real field: vLLM's, or specsure's own inner one
                 raise GrammarError(key, f"is not a field specsure implements; fields: {', '.join(sorted(known))}")
+            if key not in known:
+                raise GrammarError(key, f"is not a structured-outputs field; fields: {', '.join(sorted(known))}."
+                                        f"{suggest(str(key), sorted(known))}")
         return cls(**dict(body))
 
 
