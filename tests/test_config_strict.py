@@ -39,9 +39,31 @@ def test_strict_raises_with_the_warning_text(tmp_path, case):
         resolve(spec, model=target, strict=True)
     said, kept = warning.split(" Keeping your value ")
     assert said in str(info.value)  # the same disagreement, with its signal
-    # ... but an error keeps nothing: it says how to agree instead
-    assert "Keeping your value" not in str(info.value) and "leave strict off" in str(info.value)
+    # ... but an error keeps nothing: it says how to agree instead, and offers leaving strict off only
+    # where the kept value would run
+    assert "Keeping your value" not in str(info.value)
+    try:
+        resolve(spec, model=target).check_runnable(weights=False)
+    except ConfigError as exc:
+        assert "leave strict off" not in str(info.value)
+        assert f"Leaving strict off would not run it either: {exc}" in str(info.value)
+    else:
+        assert "leave strict off" in str(info.value)
     assert isinstance(info.value, ConfigError) and isinstance(info.value, ValueError)
+
+
+def test_strict_offers_leaving_strict_off_where_that_runs(tmp_path):
+    """Both ways out are checked: the same kind of conflict, runnable and not."""
+    runs = [case for case in CASES if _runs(*_cases(tmp_path)[case][:2])]
+    assert runs and len(runs) < len(CASES)
+
+
+def _runs(spec, target) -> bool:
+    try:
+        resolve(spec, model=target).check_runnable(weights=False)
+    except ConfigError:
+        return False
+    return True
 
 
 def test_strict_k_conflict_names_both_values_and_the_key(tmp_path):

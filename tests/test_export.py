@@ -576,10 +576,10 @@ def test_vllms_own_flags_on_export_are_pointed_at_vllms_command_line(ckpts, caps
     """They were told to use `specsure export --to vllm`, the command being run, or that the tokenizer is
     the model's own where the same export tells a GGUF target's user to give vLLM --tokenizer."""
     base = ["export", "--to", "vllm", "--model", ckpts["target"], "--speculative-config", '{"method": "ngram"}']
-    for flag in ("--tensor-parallel-size", "--tokenizer"):
+    for flag in ("--tensor-parallel-size", "--tokenizer", "--enforce-eager"):
         assert main([*base, flag, "4"]) == 2
         assert (f"{flag} is vLLM's own flag; `specsure export` writes the model and speculative flags only. Give it "
                 f'to vLLM beside them: eval "vllm serve $(specsure export ...) {flag} ...".') in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main([*base, "--enforce-eager"])
+    with pytest.raises(SystemExit):  # one specsure has no word for: argparse's refusal, with the same advice
+        main([*base, "--swap-space", "4"])
     assert "give vLLM's or SGLang's own flags to the engine beside them" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -155,16 +156,30 @@ def resolve(speculative: Mapping[str, Any] | None, model: str | os.PathLike[str]
     if method.value == "draft_model" and (note := other_tokenizer(target, state.draft)):
         state.conflicts.append(note)  # evidence against the draft given: --strict refuses it
         state.refusals.append(note)
+    config = SpeculativeConfig(**{name: decisions[name].value for name in FIELDS})
     if strict and state.conflicts:  # every conflict is refused; its strict wording, where it has one
         said = state.refusals if len(state.refusals) == len(state.conflicts) else state.conflicts
-        raise ConfigConflictError(" ".join(said) + " (strict mode: disagreement is an error.)")
+        raise ConfigConflictError(_without_strict(" ".join(said), target, config, state) +
+                                  " (strict mode: disagreement is an error.)")
     warnings = tuple(state.notices + state.conflicts)
     for text in warnings:
         logger.warning(text)
-    config = SpeculativeConfig(**{name: decisions[name].value for name in FIELDS})
     return Resolution(config=config, decisions=MappingProxyType(decisions), warnings=warnings, target=target,
                       draft=state.draft, target_model=model, strict=strict, draft_evidence=state.draft_evidence,
                       target_head=state.target_head)
+
+
+_LEAVE_STRICT = re.compile(r", or leave strict off to keep .*? with a warning\.")
+
+
+def _without_strict(refused: str, target: CheckpointInfo, config: SpeculativeConfig, state: Decider) -> str:
+    """The strict refusal, whose way out "leave strict off" is dropped where the kept values could not
+    run anyway (an 'eagle3' kept for a whole causal LM): then it says why instead."""
+    try:
+        check_runnable(target, config, state.draft, state.draft_evidence, weights=False)
+    except ConfigError as exc:
+        return _LEAVE_STRICT.sub(".", refused) + f" Leaving strict off would not run it either: {exc}"
+    return refused
 
 
 def _decide_batch_limit(value: Any) -> Decision:
