@@ -4,6 +4,7 @@ traceback, a silent fallback or a "runnable" that the engine then refuses."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import shlex
 import subprocess
@@ -125,6 +126,18 @@ def test_a_real_eagle3_head_still_resolves_runnable(tmp_path: Path, target: str)
 def test_a_key_given_twice_is_an_error() -> None:
     with pytest.raises(ConfigError, match=r"gives 'method' twice \(\"ngram\" and \"suffix\"\)"):
         parse_speculative_config('{"method": "ngram", "method": "suffix"}')
+
+
+@pytest.mark.parametrize(("text", "said"), [("", "is empty"), ("  ", "is empty"), ("{}", "is {}, which sets nothing")])
+def test_a_config_that_sets_nothing_is_off_and_says_so(text: str, said: str, caplog: pytest.LogCaptureFixture) -> None:
+    """An unset shell variable ("$SPEC") turns speculation off as in vLLM, but not silently."""
+    with caplog.at_level(logging.WARNING, logger="specsure.cli.common"):
+        assert parse_speculative_config(text) in (None, {})
+    assert f"--speculative-config {said}" in caplog.text and "plain decoding runs" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="specsure.cli.common"):
+        assert parse_speculative_config(None) is None and parse_speculative_config("null") is None  # as meant
+    assert caplog.text == ""
 
 
 def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:

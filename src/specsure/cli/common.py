@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from specsure.decode.engine import Engine
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+logger = logging.getLogger(__name__)
 
 _ENGINE = ("torch", "transformers", "safetensors", "tokenizers", "gguf", "accelerate", "numpy", "tqdm")
 CONVERSION_LOGGER = "specsure.models.gguf_cache"
@@ -51,7 +52,11 @@ def missing_extra_message(command: str, extra: str, missing: list[str]) -> str:
 def parse_speculative_config(text: str | None, flag: str = "--speculative-config") -> dict[str, Any] | None:
     """vLLM's flag: inline JSON, or @file.json. None, '' or JSON null means speculation off; dashes in
     keys read as underscores, as vLLM reads them."""
-    if text is None or not text.strip():
+    if text is None:
+        return None
+    if not text.strip():  # an unset shell variable, most likely: off, as vLLM reads it, but said
+        logger.warning("%s is empty: speculative decoding is off and plain decoding runs. Give it a method "
+                       "(%s '{\"method\": \"ngram\"}') to turn it on, or leave the flag out.", flag, flag)
         return None
     source = flag
     if text.startswith("@"):
@@ -85,6 +90,9 @@ def parse_speculative_config(text: str | None, flag: str = "--speculative-config
         article = "an " if kind[0] in "aeiou" else "a "
         raise ConfigError(f"{source} must be a JSON object, got {article}{kind}: {text!r}. Example: "
                           '{"method": "ngram", "num_speculative_tokens": 4}')
+    if not value:
+        logger.warning("%s is %s, which sets nothing: speculative decoding is off and plain decoding runs. Give "
+                       "it a method ({\"method\": \"ngram\"}) to turn it on.", source, text.strip())
     # vLLM reads a key's dashes as underscores (EngineArgs.create_speculative_config)
     keys: dict[str, Any] = {}
     for key, item in value.items():

@@ -187,7 +187,7 @@ def _merged(words: list[str], keys: dict[str, Any], typed: dict[str, str]) -> li
     if not eq:
         text = words[index + 1] if index + 1 < len(words) else ""
         end = index + 2
-    whole = parse_speculative_config(text, flag)
+    whole = parse_speculative_config(text, flag) if text.strip() else None  # the keys given one by one may set it
     dotted = sorted(typed[key] for key in keys if "." in typed[key])
     if whole is not None and dotted:  # vLLM's shorthands (--spec-tokens) merge with it; dotted keys do not
         raise ConfigError(
