@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import threading
 from collections import OrderedDict
@@ -9,7 +10,6 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Any, Mapping
 
-from specsure.config.errors import suggest
 from specsure.grammar.gbnf import RECURSION_DEPTH, parse_gbnf
 from specsure.grammar.json_schema import COMPACT, FREE, Layout, any_object, schema_pattern
 from specsure.grammar.pattern import (NEVER, NFA, TOO_MANY_STATES, Alt, Pattern, PatternError, after_marker,
@@ -127,8 +127,9 @@ class StructuredOutputs:
             if key in VLLM_NEUTRAL or key == "after":  # a real field: vLLM's, or specsure's own inner one
                 raise GrammarError(key, f"is not a field specsure implements; fields: {', '.join(sorted(known))}")
             if key not in known:
+                close = difflib.get_close_matches(str(key).lower(), sorted(known), n=1, cutoff=0.6)
                 raise GrammarError(key, f"is not a structured-outputs field; fields: {', '.join(sorted(known))}."
-                                        f"{suggest(str(key), sorted(known))}")
+                                        + (f" Did you mean {close[0]!r}?" if close else ""))
         return cls(**dict(body))
 
 
