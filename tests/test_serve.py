@@ -329,6 +329,21 @@ def test_bad_bodies(client: TestClient) -> None:
     assert wrong.status_code == 405 and "GET /v1/completions: that method is not allowed there" in wrong.text
 
 
+def test_whole_floats_are_read_as_the_integers_they_are(client: TestClient) -> None:
+    """JavaScript clients send 4.0 for 4; vLLM's lax validation takes it, and so does specsure. A
+    fraction stays an error."""
+    ints = client.post("/v1/completions", json={"prompt": PROMPT_IDS, "max_tokens": 4, "n": 1, "seed": 7,
+                                                "temperature": 0, "top_k": 5})
+    floats = client.post("/v1/completions", json={"prompt": PROMPT_IDS, "max_tokens": 4.0, "n": 1.0, "seed": 7.0,
+                                                  "temperature": 0, "top_k": 5.0})
+    assert ints.status_code == floats.status_code == 200, floats.text
+    assert floats.json()["choices"][0]["text"] == ints.json()["choices"][0]["text"]
+    assert floats.json()["usage"]["completion_tokens"] == 4
+    for bad in (2.5, 1e30):  # a fraction; a whole float past any integer a field takes (never converted)
+        r = client.post("/v1/completions", json={"prompt": PROMPT_IDS, "max_tokens": bad})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
+
+
 @pytest.mark.parametrize(("body", "param", "message"), [
     ({"max_tokens": True}, "max_tokens", 'max_tokens = true is invalid: it must be an integer >= 1; send the number '
                                          'of new tokens to generate, e.g. "max_tokens": 16.'),

@@ -198,7 +198,7 @@ def test_the_whole_room_can_be_used_and_a_default_max_tokens_shrinks_to_it(url: 
 BASES = {"completions": '"prompt": "w5 w6"', "chat/completions": '"messages": [{"role": "user", "content": "w5"}]'}
 EITHER = [  # (body, with {base} standing for the endpoint's prompt or messages; the param named)
     (b"", None), (b"{base,", None), (b"[1, 2]", None), (b'"a string"', None), (b"[" * 100_000, None),
-    (b'{base, "max_tokens": "8"}', "max_tokens"), (b'{base, "max_tokens": 16.0}', "max_tokens"),
+    (b'{base, "max_tokens": "8"}', "max_tokens"), (b'{base, "max_tokens": 16.5}', "max_tokens"),
     (b'{base, "max_tokens": true}', "max_tokens"), (b'{base, "temperature": [1]}', "temperature"),
     (b'{base, "top_p": "x"}', "top_p"), (b'{base, "top_k": -2}', "top_k"), (b'{base, "seed": 1.5}', "seed"),
     (b'{base, "stop": 5}', "stop"), (b'{base, "stop": [1, 2]}', "stop"), (b'{base, "ignore_eos": "yes"}', "ignore_eos"),

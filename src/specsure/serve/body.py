@@ -28,6 +28,13 @@ MAX_INT = 2**64
 parsing, before any arithmetic on it can overflow."""
 
 
+WHOLE_NUMBER_FIELDS = frozenset({
+    "max_tokens", "max_completion_tokens", "max_output_tokens", "min_tokens", "n", "best_of", "seed", "top_k",
+    "top_logprobs", "prompt_logprobs", "truncate_prompt_tokens"})
+"""Top-level integer fields that take a whole float too (2.0 as 2), as vLLM's lax validation does:
+JavaScript clients send every number as a float."""
+
+
 def parse_json(raw: bytes) -> Any:
     """The body as JSON that every field parser can trust: finite numbers, valid Unicode, shallow."""
     example = 'send a JSON object such as {"prompt": "Hello", "max_tokens": 16}.'
@@ -43,6 +50,10 @@ def parse_json(raw: bytes) -> Any:
         raise RequestError(f"the request body holds an integer too long to read; no field takes one that large. "
                            f"{example[0].upper()}{example[1:]}") from None
     _check_values(body)
+    if isinstance(body, dict):
+        for name in WHOLE_NUMBER_FIELDS & body.keys():
+            if isinstance(value := body[name], float) and value.is_integer() and abs(value) < MAX_INT:
+                body[name] = int(value)
     return body
 
 
