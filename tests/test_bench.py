@@ -452,6 +452,7 @@ def test_results_name_the_commit_and_say_when_the_package_differs_from_it(tmp_pa
     (["--methods", "draft_model", "--draft-model", "/no/such/draft"], "--draft-model '/no/such/draft' (the draft_model"),
     (["--threads", "0"], "argument --threads: 0 must be at least 1"),
     (["--methods", "ngram", "--mtp-head", "/no/such/head"], "--mtp-head is given, but no selected row uses it"),
+    (["--methods", "ngram", "--token-tree", "[(0,), (1,)]"], "--token-tree is given, but no selected row uses it"),
     (["--methods", ""], "--methods '' names nothing"),  # not a quiet run of plain decoding alone
     (["--methods", "plain,,ngram"], "--methods 'plain,,ngram' has an empty item"),
     (["--categories", ""], "--categories '' names nothing"),  # not every category

@@ -413,3 +413,21 @@ def test_a_lock_file_planted_as_a_link_is_not_written_through(tmp_path: Path) ->
     (tmp_path / ".other.resume").symlink_to(tmp_path)
     with pytest.raises(ValueError, match=r"resume folder .* is a link"):
         _point_folder(tmp_path / "other")
+
+
+def test_an_out_under_a_file_says_it_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("hi")
+    with pytest.raises(ValueError, match="its parent .*afile' is a file, not a folder"):
+        check_out_dir(tmp_path / "afile" / "sub")
+
+
+def test_init_from_shipped_never_writes_over_the_shipped_head(capsys) -> None:  # noqa: ANN001
+    """--out the very head --init-from shipped starts from was let through (the check compared paths only)."""
+    from specsure.config.shipped import shipped_head
+
+    folder = shipped_head("mtp")
+    assert folder is not None
+    before = (Path(folder) / "model.safetensors").read_bytes()
+    assert main(["train", "--method", "mtp", "--init-from", "shipped", "--out", folder, "--steps", "1"]) == 2
+    assert "is the --init-from head: the run would replace the head it starts from" in capsys.readouterr().err
+    assert (Path(folder) / "model.safetensors").read_bytes() == before

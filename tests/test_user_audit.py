@@ -508,3 +508,16 @@ def test_a_hub_repository_id_as_a_model_says_specsure_never_downloads(tmp_path: 
         with pytest.raises(ConfigError) as err:
             resolve({"method": "ngram"}, model=missing)
         assert "does not exist" in str(err.value) and "hub" not in str(err.value)
+
+
+def test_version_is_the_packages(capsys: pytest.CaptureFixture[str]) -> None:
+    import tomllib
+
+    from specsure import __version__
+
+    declared = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    assert __version__ == declared
+    for flag in ("--version", "-V"):
+        with pytest.raises(SystemExit) as info:
+            main([flag])
+        assert info.value.code == 0 and capsys.readouterr().out == f"specsure {declared}\n"

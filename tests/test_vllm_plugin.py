@@ -305,6 +305,17 @@ def test_an_untested_version_only_guards(models, caplog):
         args.create_speculative_config(vllm_standin.ModelConfig(models["beagle-dsv3"]), None)
 
 
+def test_a_vllm_without_the_guarded_method_starts_with_a_warning(caplog):
+    """A plugin's exception stops vLLM starting; a layout without create_speculative_config gets a warning."""
+    class EngineArgs:  # another release's EngineArgs, without the method the plugin wraps
+        pass
+
+    with caplog.at_level(logging.WARNING, logger="vllm.specsure"):
+        assert install(EngineArgs, object(), "0.99.0") is False
+    assert "has no EngineArgs.create_speculative_config" in caplog.text and "does nothing" in caplog.text
+    assert not hasattr(EngineArgs, "create_speculative_config")
+
+
 def test_install_is_idempotent(models):
     module = vllm_standin.arg_utils()
     assert install(module.EngineArgs, module, TESTED) is True

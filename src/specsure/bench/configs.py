@@ -169,6 +169,9 @@ def check_checkpoint_flags(methods: Sequence[str], s: Settings) -> None:
             tree = f" (or {method}-tree)" if f"{method}-tree" in METHODS else ""
             raise ConfigError(f"--{flag.replace('_', '-')} is given, but no selected row uses it: add {method}{tree} "
                               f"to --methods ({', '.join(methods)}), or leave the flag out.")
+    if s.token_tree is not None and not set(methods) & set(DEFAULT_TREES):
+        raise ConfigError(f"--token-tree is given, but no selected row uses it: add {' or '.join(sorted(DEFAULT_TREES))} "
+                          f"to --methods ({', '.join(methods)}), or leave the flag out.")
 
 
 def build_specsure(methods: Sequence[str], s: Settings, eos_ids: frozenset[int]) -> tuple[list[Runner], list[tuple[str, str]]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import json
 import logging
 import sys
@@ -29,6 +30,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specsure", description="Speculative decoding where what you "
                                      "configure is what runs.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log INFO lines (effective config, dtype)")
+    parser.add_argument("-V", "--version", action="version", version=f"specsure {importlib.metadata.version('specsure')}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = _command_in(argv)
     for name in COMMANDS if chosen is None else (chosen,):

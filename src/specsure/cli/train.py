@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from specsure.cli.common import EXIT_OK, add_dtype_flag, seed_value
 from specsure.config.checkpoint import is_default_gguf
+from specsure.config.shipped import shipped_head
 
 if TYPE_CHECKING:
     from specsure.train.eagle3 import Eagle3TrainSettings
@@ -184,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
         field, _, rest = str(err).partition(" = ")
         raise ValueError(f"--{field.replace('_', '-')} {rest}" if rest and field.isidentifier() else str(err)) from None
     out = check_out_dir(args.out)
-    if args.init_from not in (None, "shipped") and Path(args.init_from).expanduser().resolve() == out.resolve():
+    start = shipped_head(args.method) if args.init_from == "shipped" else args.init_from
+    if start is not None and Path(start).expanduser().resolve() == out.resolve():
         raise ValueError(f"--out {args.out!r} is the --init-from head: the run would replace the head it starts from, "
                          "and a worse one would leave nothing to go back to; give another --out.")
     if out.is_dir() and any(out.iterdir()):  # check_out_dir let only an earlier head of specsure's through
@@ -223,7 +225,6 @@ def _train(args: argparse.Namespace, out: Path, settings: "MTPTrainSettings | Ea
     if args.init_from is not None:
         from dataclasses import replace
 
-        from specsure.config.shipped import shipped_head
         from specsure.train.starting_head import read_starting_head, read_starting_mtp_head
 
         # absolute, as training.json records it and the resume key names it: the run may go on from another folder

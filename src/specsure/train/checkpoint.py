@@ -57,6 +57,9 @@ def check_out_dir(out: str | Path) -> Path:
         # The head goes where the link points, renamed into place and locked there: renaming the link itself
         # would leave the folder it names stale, and a run given the folder's own path would not share the lock.
         out = Path(os.path.realpath(out))
+    if out.parent.exists() and not out.parent.is_dir():
+        raise ValueError(f"--out {str(out)!r}: its parent {str(out.parent)!r} is a file, not a folder; choose "
+                         "another path.")
     if not out.parent.is_dir():
         raise ValueError(f"--out {str(out)!r}: its parent folder {str(out.parent)!r} does not exist; create it "
                          "first or choose another path.")

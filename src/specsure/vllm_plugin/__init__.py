@@ -5,7 +5,7 @@ specsure.vllm_plugin:register``), vLLM calls ``register`` in every process it st
 resolves the user's speculative config with specsure's rules, hands vLLM a fully explicit
 config (neutral links where vLLM's path test would misfire), logs the effective config with each
 field's source, and stops vLLM when it would still run something else. ``SPECSURE_VLLM_PLUGIN``:
-``enforce`` (default), ``warn`` or ``off``. Imports specsure.config and vLLM only; no torch of its own.
+``strict``, ``enforce`` (default), ``warn`` or ``off``. Imports specsure.config and vLLM only; no torch of its own.
 """
 
 from __future__ import annotations

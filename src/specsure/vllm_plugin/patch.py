@@ -75,7 +75,12 @@ def install(engine_args: type, arg_utils: Any, version: str) -> bool:
     Idempotent: vLLM runs plugins in every process, possibly more than once. Returns True when
     this call installed the wrappers.
     """
-    original = engine_args.create_speculative_config
+    original = getattr(engine_args, "create_speculative_config", None)
+    if original is None:  # another vLLM's layout: nothing to guard, and a plugin must not stop vLLM starting
+        logger.warning("specsure: vLLM %s has no EngineArgs.create_speculative_config, where the plugin guards the "
+                       "speculative config (tested: %s); the plugin does nothing in this vLLM.", version,
+                       ", ".join(VLLM_TESTED_VERSIONS))
+        return False
     if getattr(original, _MARK, False):
         return False
     tested = version in VLLM_TESTED_VERSIONS
