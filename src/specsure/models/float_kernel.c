@@ -292,6 +292,14 @@ static int streamed, streaming = 1;
  * (bench/streamed_ab.py), which changes no result, only where the weights are cached. */
 void float_streaming(int on) { streaming = on; }
 
+/* Prefetch the `bytes` from `p` (whole lines): non-temporally for a STREAMED matrix. */
+static inline __attribute__((always_inline)) void prefetch_lines(const uint8_t *p, int64_t bytes) {
+    if (streamed)
+        for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)(p + o), _MM_HINT_NTA);
+    else
+        for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)(p + o), _MM_HINT_T0);
+}
+
 /* `micro` over block rows: the same chunks of LANES in the same order into the same accumulators. */
 static inline __attribute__((always_inline)) void qmicro(int format, const uint8_t *const *rows, int w0, int wr,
                                                           const float *x, float *y, int64_t n, int64_t k, int64_t i,
@@ -301,12 +309,7 @@ static inline __attribute__((always_inline)) void qmicro(int format, const uint8
     for (int a = 0; a < xr; a++)
         for (int r = 0; r < wr; r++) acc[a][r] = vzero();
     for (int64_t b = 0; b < blocks; b++) {
-        if (ahead && streamed)
-            for (int64_t p = b * bytes * WROWS; p < (b + 1) * bytes * WROWS; p += 64)
-                _mm_prefetch((const char *)(ahead + p), _MM_HINT_NTA);
-        else if (ahead)
-            for (int64_t p = b * bytes * WROWS; p < (b + 1) * bytes * WROWS; p += 64)
-                _mm_prefetch((const char *)(ahead + p), _MM_HINT_T0);
+        if (ahead) prefetch_lines(ahead + b * bytes * WROWS, bytes * WROWS);
         for (int e = 0; e < CHUNKS; e++) {
             vec xv[6];
             for (int a = 0; a < xr; a++) xv[a] = vload(x + (i + a) * k + b * 32 + LANES * e);
@@ -961,10 +964,8 @@ static inline __attribute__((always_inline)) void rmicro(int format, const uint8
     const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     for (int64_t b = 0; b < blocks; b++) {
         const uint8_t *block = group + b * packed;
-        if (ahead && streamed) /* the next group's block: as the unpacked passes, even one row of x gains from it */
-            for (int64_t p = 0; p < packed; p += 64) _mm_prefetch((const char *)(ahead + b * packed + p), _MM_HINT_NTA);
-        else if (ahead)
-            for (int64_t p = 0; p < packed; p += 64) _mm_prefetch((const char *)(ahead + b * packed + p), _MM_HINT_T0);
+        if (ahead) prefetch_lines(ahead + b * packed, packed); /* the next group's block: as the unpacked passes,
+                                                                 even one row of x gains from it */
         for (int a = 0; a < xr; a++) p16[a] = last16[a] = _mm256_setzero_si256();
         if (r_eight(format)) { /* p16 holds int32 sums here */
             for (int j = 0; j < 8; j++) {

@@ -109,6 +109,10 @@ def release(fused: FusedLayer, layer: nn.Module, name: str) -> int:
         return 0
     setattr(fused, name, torch.empty(weight.shape, dtype=weight.dtype, device="meta"))
     for module in _modules_of(layer, name):
-        shape = module.weight.shape
-        module.weight = nn.Parameter(torch.empty(shape, dtype=weight.dtype, device="meta"), requires_grad=False)
+        module.weight = meta_weight(module.weight)
     return weight.numel() * weight.element_size()
+
+
+def meta_weight(weight: torch.Tensor) -> nn.Parameter:
+    """A weight's stand-in once it is dropped: its shape and dtype, no storage."""
+    return nn.Parameter(torch.empty(weight.shape, dtype=weight.dtype, device="meta"), requires_grad=False)

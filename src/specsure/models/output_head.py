@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from specsure.models.fused_layer import meta_weight
 from specsure.models.gguf_blocks import A4, A8, INT8_FORMATS, BlockMatrix, matches, q8_blocks
 from specsure.models.logits import LogitsTransform
 from specsure.models.products import KERNEL_ROWS, project
@@ -64,9 +65,9 @@ class OutputHead:
             kernel = self._native.float_kernel if self._native is not None else None
             if type(embedding) is not torch.nn.Embedding or embedding.max_norm is not None or kernel is None:
                 return 0, embedding
-            embedding.weight = head.weight = _meta(weight)
+            embedding.weight = head.weight = meta_weight(weight)
             return weight.numel() * weight.element_size(), BlockEmbedding(blocks, kernel)
-        head.weight = _meta(weight)
+        head.weight = meta_weight(weight)
         return weight.numel() * weight.element_size(), embedding
 
     def logits(self, hidden: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
@@ -172,11 +173,6 @@ def _in_pieces(product: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tens
     if rows.shape[0] <= PIECE_ROWS:
         return product(rows)
     return torch.cat([product(rows[at:at + PIECE_ROWS]) for at in range(0, rows.shape[0], PIECE_ROWS)])
-
-
-def _meta(weight: torch.Tensor) -> torch.nn.Parameter:
-    """A weight's stand-in once it is dropped: its shape and dtype, no storage (`fused_layer.release`)."""
-    return torch.nn.Parameter(torch.empty(weight.shape, dtype=weight.dtype, device="meta"), requires_grad=False)
 
 
 class BlockEmbedding(torch.nn.Module):
