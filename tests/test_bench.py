@@ -45,19 +45,22 @@ def test_workload_reads_all_three_prompt_forms(tmp_path: Path) -> None:
     ("row", "field", "words"),
     [
         ({"category": "qa", "promt": "x"}, "promt", "did you mean 'prompt'"),
-        ({"prompt": "x"}, "category", "non-empty string"),
-        ({"category": " qa ", "prompt": "x"}, "category", "has spaces around it; write 'qa'"),
+        ({"prompt": "x"}, "category", "non-empty string, but the row has none"),
+        ({"category": None, "prompt": "x"}, "category", "non-empty string, got null"),
+        ({"category": " qa ", "prompt": "x"}, "category", 'has spaces around it; write "qa"'),
+        ({"category": "qa", "prompt": "x", "id": None}, "id", "got null"),
         ({"category": "qa", "prompt": "x", "id": " "}, "id", "without spaces around it"),
         ({"category": "qa", "prompt": "x", "messages": [{"role": "user", "content": "y"}]}, None, "exactly one of"),
         ({"category": "qa"}, None, "exactly one of"),
         ({"category": "qa", "prompt": "  "}, "prompt", "non-empty"),
         ({"category": "qa", "prompt": "x", "max_tokens": 0}, "max_tokens", "positive integer"),
-        ({"category": "qa", "prompt": "x", "max_tokens": "64"}, "max_tokens", "positive integer"),
+        ({"category": "qa", "prompt": "x", "max_tokens": "64"}, "max_tokens", 'positive integer, got "64"'),
+        ({"category": "qa", "prompt": "x", "max_tokens": True}, "max_tokens", "positive integer, got true"),
         ({"category": "qa", "prompt_ids": [1, -2]}, "prompt_ids", "non-negative"),
-        ({"category": "chat", "messages": [{"role": "robot", "content": "y"}]}, "messages[0].role", "robot"),
+        ({"category": "chat", "messages": [{"role": "robot", "content": "y"}]}, "messages[0].role", 'got "robot"'),
         ({"category": "chat", "messages": [{"role": "user", "text": "y"}]}, "messages[0]", "'role' and 'content'"),
         ({"category": "chat", "messages": [{"role": "user", "content": "y"}, {"role": "assistant", "content": "z"}]}, "messages", "last turn"),
-        (["not", "an", "object"], None, "JSON object"),
+        (["not", "an", "object"], None, "expected a JSON object, got an array"),
     ],
 )
 def test_workload_errors_name_file_line_and_field(tmp_path: Path, row: object, field: str | None, words: str) -> None:
@@ -74,7 +77,7 @@ def test_workload_errors_name_file_line_and_field(tmp_path: Path, row: object, f
 def test_workload_rejects_bad_json_duplicates_and_empty_files(tmp_path: Path) -> None:
     with pytest.raises(WorkloadError, match=r"mine\.jsonl:1: not valid JSON"):
         load_workload(_write(tmp_path, '{"category": "qa", "prompt": }'))
-    with pytest.raises(WorkloadError, match=r"mine\.jsonl:2: field 'id': 'a' is already used at .*mine\.jsonl:1"):
+    with pytest.raises(WorkloadError, match=r"mine\.jsonl:2: field 'id': \"a\" is already used at .*mine\.jsonl:1"):
         load_workload(_write(tmp_path, {"category": "qa", "prompt": "x", "id": "a"}, {"category": "qa", "prompt": "y", "id": "a"}))
     with pytest.raises(WorkloadError, match="no prompts"):
         load_workload(_write(tmp_path, ""))
@@ -110,7 +113,7 @@ def test_workload_files_of_one_name_keep_their_default_ids_apart(tmp_path: Path)
     assert [(p.id, p.prompt) for p in load_workloads([first, second])] == [("team-a/chat-1", "team-a"),
                                                                           ("team-b/chat-1", "team-b")]
     assert [p.id for p in load_workloads([first])] == ["chat-1"]  # one file: ids as before
-    with pytest.raises(WorkloadError, match=r"'chat-1' is already used at .*unique across the files"):
+    with pytest.raises(WorkloadError, match=r'"chat-1" is already used at .*unique across the files'):
         load_workloads([first, first])
     assert len(load_workloads([first, first], unique=False)) == 2  # training: a file twice weighs it twice
     # folders of one name under two parents, and two files that differ only in their suffix
@@ -463,6 +466,8 @@ def test_results_name_the_commit_and_say_when_the_package_differs_from_it(tmp_pa
     (["--workload", "GOOD"], "is already used at"),
     (["--workload", "ALL"], "has category 'all'"),
     (["--methods", "eagle3"], "every method --methods asked for besides plain would be skipped (eagle3: no "),
+    (["--methods", "plain", "--baselines", "llama.cpp", "--llama-cpp-python", "/no/such/python"],
+     "every baseline --baselines asked for would be skipped (llama.cpp: "),
     (["--workload", "OOV"], "holds token id 999, outside the target's vocabulary [0, 128)"),
     (["--max-tokens", "600"], "exceed the model's context of 512 tokens"),
 ])

@@ -63,13 +63,28 @@ def default_workload_dir() -> Path:
 
 
 def _fail(where: str, field: str | None, message: str) -> WorkloadError:
+    """A schema error at ``where`` (file:line), naming ``field`` when there is one."""
     prefix = f"{where}: field {field!r}: " if field else f"{where}: "
     return WorkloadError(prefix + message + " (schema: bench/README.md)")
 
 
+def _json(value: object) -> str:
+    """``value`` as the file wrote it (true, null, "text"), not as Python prints it (True, None, 'text')."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "true or false", int: "a number",
+               float: "a number", type(None): "null"}
+
+
+def _got(row: dict, key: str) -> str:
+    """What a row holds at ``key``, for an error: the JSON value, or that the key is missing."""
+    return f"got {_json(row[key])}" if key in row else "but the row has none"
+
+
 def _parse_row(row: object, where: str, default_id: str) -> Prompt:
     if not isinstance(row, dict):
-        raise _fail(where, None, f"expected a JSON object, got {type(row).__name__}")
+        raise _fail(where, None, f"expected a JSON object, got {_JSON_TYPES.get(type(row), type(row).__name__)}")
     for key in row:
         if key not in _KEYS:
             close = difflib.get_close_matches(str(key), _KEYS, n=1)
@@ -77,9 +92,9 @@ def _parse_row(row: object, where: str, default_id: str) -> Prompt:
             raise _fail(where, key, f"unknown key; valid keys are {', '.join(_KEYS)}{hint}")
     category = row.get("category")
     if not isinstance(category, str) or not category.strip():
-        raise _fail(where, "category", f"must be a non-empty string, got {category!r}")
+        raise _fail(where, "category", f"must be a non-empty string, {_got(row, 'category')}")
     if category != category.strip():  # " code" would be a category of its own beside "code"
-        raise _fail(where, "category", f"{category!r} has spaces around it; write {category.strip()!r}")
+        raise _fail(where, "category", f"{_json(category)} has spaces around it; write {_json(category.strip())}")
     given = [k for k in _INPUT_KEYS if k in row]
     if len(given) != 1:
         raise _fail(where, None, f"give exactly one of 'prompt', 'messages', 'prompt_ids'; got {given or 'none'}")
@@ -97,10 +112,10 @@ def _parse_row(row: object, where: str, default_id: str) -> Prompt:
         prompt_ids = tuple(ids)
     max_tokens = row.get("max_tokens")
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0):
-        raise _fail(where, "max_tokens", f"must be a positive integer, got {max_tokens!r}")
+        raise _fail(where, "max_tokens", f"must be a positive integer, got {_json(max_tokens)}")
     prompt_id = row.get("id", default_id)
     if not isinstance(prompt_id, str) or not prompt_id.strip() or prompt_id != prompt_id.strip():
-        raise _fail(where, "id", f"must be a non-empty string without spaces around it, got {prompt_id!r}")
+        raise _fail(where, "id", f"must be a non-empty string without spaces around it, got {_json(prompt_id)}")
     return Prompt(prompt_id, category, prompt, messages, prompt_ids, max_tokens, where)
 
 
@@ -114,12 +129,12 @@ def _parse_messages(value: object, where: str) -> tuple[tuple[str, str], ...]:
             raise _fail(where, field, "must be an object with exactly the keys 'role' and 'content'")
         role, content = turn["role"], turn["content"]
         if role not in _ROLES:
-            raise _fail(where, f"{field}.role", f"must be one of {', '.join(_ROLES)}, got {role!r}")
+            raise _fail(where, f"{field}.role", f"must be one of {', '.join(_ROLES)}, got {_json(role)}")
         if not isinstance(content, str) or not content.strip():
             raise _fail(where, f"{field}.content", "must be a non-empty string")
         turns.append((role, content))
     if turns[-1][0] != "user":
-        raise _fail(where, "messages", f"the last turn must be the user's, got {turns[-1][0]!r}")
+        raise _fail(where, "messages", f"the last turn must be the user's, got {_json(turns[-1][0])}")
     return tuple(turns)
 
 
@@ -221,7 +236,7 @@ def _check_unique_ids(prompts: Sequence[Prompt], fix: str = "give the row its ow
     seen: dict[str, str] = {}
     for p in prompts:
         if p.id in seen:  # results are keyed by id: two prompts would share one row
-            raise _fail(p.source, "id", f"{p.id!r} is already used at {seen[p.id]}; {fix}")
+            raise _fail(p.source, "id", f"{_json(p.id)} is already used at {seen[p.id]}; {fix}")
         seen[p.id] = p.source
 
 

@@ -323,6 +323,11 @@ def _run(args: argparse.Namespace) -> int:
         raise
     runners += llama.runners
     skipped += llama.skipped
+    if baselines and len(runners) == 1:  # plain alone: every baseline asked for was skipped, and no other method runs
+        llama.close()
+        raise ValueError("every baseline --baselines asked for would be skipped ("
+                         + "; ".join(f"{m}: {why}" for m, why in skipped) + "), and --methods runs plain alone: "
+                         "the run would compare nothing. Give the baselines what they need, or ask for more --methods.")
     for name, reason in skipped:
         print(f"skip {name}: {reason}")
 
