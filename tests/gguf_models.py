@@ -37,6 +37,17 @@ def byte_bpe_tokenizer(folder: Path, vocab: int) -> None:
                             ).save_pretrained(folder)
 
 
+def tiny_llama_gguf(root: Path, name: str, quantize: Mapping[str, str] | None = None, *, hidden: int = 64,
+                    vocab: int = 300, tie: bool = False, **kwargs: Any) -> Path:
+    """A tiny random Llama with a byte-level BPE tokenizer, under ``root``, as the GGUF ``root/name.gguf``
+    (``quantize`` and ``kwargs`` as `write_llama_gguf` takes them)."""
+    from tiny import build_tiny_llama
+
+    folder = build_tiny_llama(root / f"{name}-hf", vocab_size=vocab, hidden_size=hidden, tie=tie)
+    byte_bpe_tokenizer(folder, vocab)
+    return write_llama_gguf(folder, root / f"{name}.gguf", quantize=quantize, **kwargs)
+
+
 def write_bpe_tokenizer(writer: Any, tokenizer: Mapping[str, Any], merges: bool = True) -> None:
     """A byte-level BPE tokenizer.json into a GGUF writer's metadata, as llama.cpp's converter writes it."""
     import gguf

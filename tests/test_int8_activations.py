@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from gguf_models import byte_bpe_tokenizer, quantised, write_llama_gguf
+from gguf_models import quantised, tiny_llama_gguf
 from specsure import SamplingParams, make_engine
 from specsure.cli.main import main
 from specsure.models import float_kernel as float_kernels
@@ -21,7 +21,6 @@ from specsure.models import gguf_blocks
 from specsure.models.loading import load_model
 from specsure.proposers import head_blocks
 from stats import chi2, chi2_critical, pooled, second_token_counts, second_token_marginal
-from tiny import build_tiny_llama
 
 VOCAB = 300
 NARROWER = {"Q5_0": gguf_blocks.R5_0, "Q5_1": gguf_blocks.R5_M, "Q5_K": gguf_blocks.R5_M, "Q6_K": gguf_blocks.R6_H}
@@ -39,19 +38,14 @@ MIXED = {  # layer 0 Q4_1; layer 1 Q4_0 and Q8_0, its q|k|v fused from both (Q8_
 
 @pytest.fixture(scope="module")
 def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("int8")
-    folder = build_tiny_llama(root / "llama", vocab_size=VOCAB, hidden_size=64, tie=False)
-    byte_bpe_tokenizer(folder, VOCAB)
-    return write_llama_gguf(folder, root / "tiny-int8.gguf", quantize=MIXED)
+    return tiny_llama_gguf(tmp_path_factory.mktemp("int8"), "tiny-int8", MIXED, vocab=VOCAB)
 
 
 @pytest.fixture(scope="module")
 def draft_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same weights as `gguf_file`'s, every matrix Q8_0: a draft model whose drafts are mostly right."""
-    root = tmp_path_factory.mktemp("int8-draft")
-    folder = build_tiny_llama(root / "llama", vocab_size=VOCAB, hidden_size=64, tie=False)
-    byte_bpe_tokenizer(folder, VOCAB)
-    return write_llama_gguf(folder, root / "tiny-q8.gguf", quantize={name: "Q8_0" for name in MIXED})
+    return tiny_llama_gguf(tmp_path_factory.mktemp("int8-draft"), "tiny-q8", {name: "Q8_0" for name in MIXED},
+                           vocab=VOCAB)
 
 
 @pytest.fixture(autouse=True)
@@ -345,11 +339,10 @@ def test_with_int8_activations_the_lm_head_takes_every_row_count_in_c(tmp_path: 
     # of 4 padded), and a head left in float32 has no blocks at all: past 64 rows either must still
     # run the kernel's products, not torch's, or a batch's verify rows would differ
     _kernel()
-    folder = build_tiny_llama(tmp_path / "llama", vocab_size=VOCAB, hidden_size=256, tie=False)
-    byte_bpe_tokenizer(folder, VOCAB)
     types = {f"blk.{i}.{n}.weight": "Q4_0" for i in (0, 1) for n in ("attn_q", "attn_k", "attn_v", "attn_output",
                                                                        "ffn_gate", "ffn_up", "ffn_down")}
-    gguf = write_llama_gguf(folder, tmp_path / "head.gguf", quantize={**types, **({"output.weight": head} if head else {})})
+    gguf = tiny_llama_gguf(tmp_path, "head", {**types, **({"output.weight": head} if head else {})}, hidden=256,
+                           vocab=VOCAB)
     lm = load_model(str(gguf), dtype="float32", int8_activations=True).lm
     if head:
         assert "1 Q6_K" in lm.path and lm.head.int8 is not None and lm.head.int8.format == gguf_blocks.R6_H

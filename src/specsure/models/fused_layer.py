@@ -89,7 +89,7 @@ def fused_layer(layer: nn.Module, gemma: bool = False) -> FusedLayer:
     return fused
 
 
-def _modules_of(layer: nn.Module, name: str) -> list[nn.Module]:
+def modules_of(layer: nn.Module, name: str) -> list[nn.Module]:
     """The transformers modules whose weights make up the fused matrix ``name`` of ``layer``."""
     attn, mlp = layer.self_attn, layer.mlp
     if name == "qkv":
@@ -108,7 +108,7 @@ def release(fused: FusedLayer, layer: nn.Module, name: str) -> int:
     if weight.is_meta:  # dropped already
         return 0
     setattr(fused, name, torch.empty(weight.shape, dtype=weight.dtype, device="meta"))
-    for module in _modules_of(layer, name):
+    for module in modules_of(layer, name):
         module.weight = meta_weight(module.weight)
     return weight.numel() * weight.element_size()
 

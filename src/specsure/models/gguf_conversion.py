@@ -20,6 +20,7 @@ from specsure.config.gguf_header import TOKENS_KEY, read_gguf_metadata
 from specsure.models.errors import ModelLoadError
 from specsure.models.gguf_config import fit_to_file, unsupported_architecture
 from specsure.models.gguf_rope import gguf_rope_parameters
+from specsure.models.gguf_tensors import streams, write_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ def write_conversion(gguf: Path, out: Path) -> None:
     from specsure.models.quiet import quiet_loading
 
     check_gguf(gguf)
+    streamed = streams(read_gguf_metadata(str(gguf)).get("general.architecture"))
     # transformers reads tokenizer files beside a GGUF before the GGUF's own tokenizer, so a GGUF
     # kept next to another model's would encode with that vocabulary; it loads from a folder that
     # holds a link to the file and nothing else (the conversion's own, still empty, folder).
@@ -48,11 +50,16 @@ def write_conversion(gguf: Path, out: Path) -> None:
         with quiet_loading(), no_dequantizing_bar(), numpy.errstate(invalid="ignore", over="ignore"):
             tokenizer = AutoTokenizer.from_pretrained(out, **kwargs)
             config = fit_to_file(gguf, AutoConfig.from_pretrained(out, **kwargs))
-            # Mismatched sizes are reported below, naming the tensors, rather than raised as transformers'
-            # "see the report above", which quiet loading hides.
-            model, info = AutoModelForCausalLM.from_pretrained(out, config=config, dtype=torch.float32,
-                                                               output_loading_info=True, ignore_mismatched_sizes=True,
-                                                               **kwargs)
+            if streamed:  # the weights go to disk tensor by tensor (gguf_tensors); the model here has none
+                with torch.device("meta"):
+                    model = AutoModelForCausalLM.from_config(config)
+                info = vars(write_tensors(gguf, model, out, functools.partial(_check_finite_tensor, gguf)))
+            else:
+                # Mismatched sizes are reported below, naming the tensors, rather than raised as transformers'
+                # "see the report above", which quiet loading hides.
+                model, info = AutoModelForCausalLM.from_pretrained(
+                    out, config=config, dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True,
+                    **kwargs)
     except ModelLoadError:  # the file's own values refused by name (fit_to_file)
         raise
     except ImportError as err:
@@ -75,16 +82,23 @@ def write_conversion(gguf: Path, out: Path) -> None:
     finally:
         alone.unlink()
     _check_conversion(gguf, info)
-    _check_finite(gguf, model)
+    if not streamed:  # the streamed tensors were checked as they were written
+        _check_finite(gguf, model)
     _add_what_transformers_leaves_out(gguf, model)
-    # The weights are already dequantised in memory; save_pretrained refuses to serialise a
-    # model that still carries the GGUF quantizer, so drop every trace of it.
+    # The weights are already dequantised; save_pretrained refuses to serialise a model that still
+    # carries the GGUF quantizer, so drop every trace of it.
     model.hf_quantizer = None
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    with quiet_loading():  # save_pretrained draws a "Writing model shards" bar
-        model.save_pretrained(out)
+    if streamed:  # the config and generation config as save_pretrained writes them beside its weights
+        model.config.dtype = "float32"
+        model.config.architectures = [type(model).__name__]
+        model.config.save_pretrained(out)
+        model.generation_config.save_pretrained(out)
+    else:
+        with quiet_loading():  # save_pretrained draws a "Writing model shards" bar
+            model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     _drop_invented_tokens(gguf, out)
 
@@ -170,11 +184,16 @@ def _check_finite(gguf: Path, model: torch.nn.Module) -> None:
     """A block whose float16 scale is NaN or infinite (a file damaged in transit, or written wrong)
     de-quantises to NaN weights; such a model would only ever produce NaN logits."""
     for name, tensor in model.state_dict().items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            bad = int((~torch.isfinite(tensor)).sum())
-            raise ModelLoadError(f"{gguf}: tensor {name} (transformers' name) de-quantises to {bad} NaN or infinite "
-                                 f"value(s) of {tensor.numel()}: the file is damaged or was written wrong (its block "
-                                 "scales are not finite numbers). Download or convert the model again.")
+        _check_finite_tensor(gguf, name, tensor)
+
+
+def _check_finite_tensor(gguf: Path, name: str, tensor: torch.Tensor) -> None:
+    """`_check_finite` for one tensor, ``name`` transformers' name for it."""
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise ModelLoadError(f"{gguf}: tensor {name} (transformers' name) de-quantises to {bad} NaN or infinite "
+                             f"value(s) of {tensor.numel()}: the file is damaged or was written wrong (its block "
+                             "scales are not finite numbers). Download or convert the model again.")
 
 
 @contextmanager

@@ -23,7 +23,8 @@ from specsure.models.causal_lm import CausalLM
 from specsure.models.dtypes import resolve_dtype
 from specsure.models.errors import ModelLoadError
 from specsure.models.model_folder import check_model_folder
-from specsure.models.gguf_blocks import read_blocks, source_gguf
+from specsure.models.early_blocks import drop_matched, native_float_kernel
+from specsure.models.gguf_blocks import FileBlocks, read_blocks, source_gguf
 from specsure.models.gguf_cache import (convert_again, convert_gguf, damaged_conversion, default_model_folder,
                                         gguf_cache_folder, packaged_default_gguf)
 from specsure.models.quiet import quiet_loading
@@ -101,12 +102,16 @@ def load_model(path: str | None, dtype: str = "auto", int8_activations: bool = F
                        source, err)
         folder = convert_again(source, folder)
         hf, tokenizer = _from_folder(folder, torch_dtype)
+    kernel = native_float_kernel(hf) if torch_dtype == torch.float32 else None  # where it may read blocks
+    gguf, why = (_given_gguf(path) or source_gguf(folder)) if kernel is not None else (None, "")
+    blocks = _file_blocks(hf, gguf) if gguf is not None else None
+    # An engine's model drops the layer matrices its blocks hold before they are copied (early_blocks.py).
+    dropped = drop_matched(hf, blocks, kernel) if release_weights and isinstance(blocks, FileBlocks) else 0
     lm = CausalLM(hf)
-    if lm.dtype == torch.float32 and lm.row_kernel is not None:  # where the float32 kernel may read blocks
-        gguf, why = _given_gguf(path) or source_gguf(folder)
-        lm.path += _read_blocks(lm, gguf, int8_activations) if gguf is not None else \
+    if lm.dtype == torch.float32 and lm.row_kernel is not None:
+        lm.path += _read_blocks(lm, gguf, blocks, int8_activations) if gguf is not None and blocks is not None else \
             f"; every weight matrix read as float32 ({why})" if why else ""
-    if release_weights and (dropped := lm.release_block_weights()):
+    if release_weights and (dropped := dropped + lm.release_block_weights()):
         _give_back_memory()
         logger.info("dropped the float32 copies of the matrices read as blocks (%.0f MiB)", dropped / 2**20)
     if int8_activations and not lm.int8_matrices and int8_required:
@@ -148,15 +153,12 @@ def _given_gguf(path: str | None) -> tuple[Path, str] | None:
     return (p.resolve(), "") if p.suffix.lower() == ".gguf" and p.is_file() else None
 
 
-def _read_blocks(lm: CausalLM, gguf: Path, int8_activations: bool) -> str:
-    """Have the float32 kernel read the weights that came from ``gguf``'s quantised tensors as those
-    blocks (gguf_blocks.py: the same bits, or on AMX tiles float32 sums in another order, from a
-    fraction of the bytes a step reads); returns what the
-    model's ``path`` adds: which it reads, or why none. ``SPECSURE_GGUF_BLOCKS=0`` keeps the float32
-    weights (for comparing the two)."""
+def _file_blocks(hf: Any, gguf: Path) -> FileBlocks | str:
+    """``gguf``'s block matrices for ``hf``'s weights (gguf_blocks.py), or why none are read: what the
+    model's ``path`` adds then. ``SPECSURE_GGUF_BLOCKS=0`` keeps the float32 weights (for comparing the two)."""
     if os.environ.get("SPECSURE_GGUF_BLOCKS") == "0":
         return f"; every weight matrix read as float32 (SPECSURE_GGUF_BLOCKS=0, not {gguf.name}'s blocks)"
-    text = lm.config.get_text_config(decoder=True)
+    text = hf.config.get_text_config(decoder=True)
     model_type = getattr(text, "model_type", None)
     model_type = GGUF_ARCHITECTURES.get(model_type, model_type)
     if model_type not in BLOCK_ARCHITECTURES:
@@ -164,10 +166,20 @@ def _read_blocks(lm: CausalLM, gguf: Path, int8_activations: bool) -> str:
                 f"{', '.join(BLOCK_ARCHITECTURES)} only, not {model_type})")
     heads = int(text.num_attention_heads)
     try:
-        blocks = read_blocks(gguf, lm.num_layers, heads, int(getattr(text, "num_key_value_heads", None) or heads),
-                             bool(getattr(lm.config, "tie_word_embeddings", False)), BLOCK_ARCHITECTURES[model_type])
+        return read_blocks(gguf, int(text.num_hidden_layers), heads,
+                           int(getattr(text, "num_key_value_heads", None) or heads),
+                           bool(getattr(hf.config, "tie_word_embeddings", False)), BLOCK_ARCHITECTURES[model_type])
     except (OSError, ValueError) as err:  # the file changed since its conversion: the weights still load
         return f"; every weight matrix read as float32 ({gguf} cannot be read for its blocks: {err})"
+
+
+def _read_blocks(lm: CausalLM, gguf: Path, blocks: FileBlocks | str, int8_activations: bool) -> str:
+    """Have the float32 kernel read the weights that came from ``gguf``'s quantised tensors as its
+    ``blocks`` (gguf_blocks.py: the same bits, or on AMX tiles float32 sums in another order, from a
+    fraction of the bytes a step reads); returns what the model's ``path`` adds: which it reads, or
+    why none."""
+    if isinstance(blocks, str):
+        return blocks
     used = lm.use_blocks(blocks, int8_activations)
     if not used:
         return f"; every weight matrix read as float32 ({gguf.name} has no matrix of a type the kernel reads that matches)"

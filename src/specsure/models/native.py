@@ -37,6 +37,7 @@ from specsure.models.gguf_blocks import (
 )
 from specsure.models.decoder_family import GEMMA_TYPES, layer_windows, rotary_dim, unsupported
 from specsure.models.fused_layer import FusedLayer, fused_layer, gemma_norm, release
+from specsure.models.errors import ModelLoadError
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
 from specsure.models.rotary_table import RotaryTable
@@ -126,6 +127,7 @@ class NativeDecoder:
         possible; returns how many matrices of each format it reads. The float32 weights stay (for
         transformers' own modules and training) unless `release_weights` drops them."""
         if self.float_kernel is None or len(blocks.layers) != len(self.layers):
+            self._check_served()
             return {}
         used: dict[str, int] = {}
         self._blocks = []  # kept alive: the structs hold their addresses
@@ -135,7 +137,8 @@ class NativeDecoder:
                 weight = getattr(layer, name)
                 setattr(struct, name, weight.data_ptr())  # the float32 rows unless the blocks match
                 setattr(struct, f"{name}_format", 0)
-                if matrix is None or not matches(matrix, weight, self.float_kernel):
+                # A meta weight was dropped before fusing, once it matched these blocks (early_blocks.py).
+                if matrix is None or not (weight.is_meta or matches(matrix, weight, self.float_kernel)):
                     continue
                 matrix = self.float_kernel.prepared(matrix, int8_activations)
                 setattr(struct, name, matrix.data.data_ptr())
@@ -144,7 +147,17 @@ class NativeDecoder:
                 served.append(name)
                 used[matrix.kind] = used.get(matrix.kind, 0) + 1
         self.int8_packings = Counter(PACKING_NAMES[m.format] for m in self._blocks if m.format in INT8_FORMATS)
+        self._check_served()
         return used
+
+    def _check_served(self) -> None:
+        """Every layer matrix dropped before fusing must now be read as blocks: the kernel would read
+        nothing where a meta weight's pointer is."""
+        for index, (layer, served) in enumerate(zip(self.layers, self._served or [[] for _ in self.layers])):
+            if lost := [n for n in ("qkv", "o", "gate_up", "down") if getattr(layer, n).is_meta and n not in served]:
+                raise ModelLoadError(f"layer {index}'s {', '.join(lost)} weights were dropped for the GGUF's blocks, "
+                                     "which the kernel then did not take; load with SPECSURE_GGUF_BLOCKS=0 and report "
+                                     "this as a specsure bug.")
 
     def release_weights(self) -> int:
         """Drop the float32 copies of the matrices the kernel reads as blocks (`fused_layer.release`);

@@ -1,0 +1,127 @@
+"""A GGUF file's tensors written as float32 safetensors shards, one tensor at a time.
+
+transformers' GGUF reader de-quantises every tensor into one dict and then copies it into the model it
+builds, so converting a file held its float32 weights about one and a half times over (1.2 GB at
+most for the default model's 540 MB). Here each tensor is de-quantised, put in transformers' order
+and names by transformers' own per-architecture step (its q/k row order, Gemma's norms), checked and
+written into a shard of at most `SHARD_BYTES`, so converting needs memory for one shard whatever
+the model's size. The architectures it runs for are those whose result is checked bit for bit
+against transformers' own conversion (tests/test_gguf_tensors.py); others keep transformers' path.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import numpy
+import torch
+
+STREAMED_ARCHITECTURES: Final[frozenset[str]] = frozenset({"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"})
+"""GGUF architectures (general.architecture) converted tensor by tensor: dense decoders whose tensors
+map one to one onto the model's parameters. MoE files, whose experts transformers stacks across
+tensors, go through transformers' reader."""
+SHARD_BYTES: Final[int] = 1 << 30
+"""The largest shard, and so about the most float32 weights a conversion holds at once."""
+
+
+@dataclass
+class WrittenTensors:
+    """What `write_tensors` found: transformers' names of the parameters the file lacks, and those whose
+    shape in the file is not the one the model's metadata gives (name, in the file, wanted)."""
+
+    missing_keys: list[str] = field(default_factory=list)
+    mismatched_keys: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+
+
+def streams(architecture: object) -> bool:
+    """Whether a file of this general.architecture converts tensor by tensor."""
+    return architecture in STREAMED_ARCHITECTURES
+
+
+def write_tensors(gguf: Path, skeleton: torch.nn.Module, out: Path, bad_values: Any) -> WrittenTensors:
+    """De-quantise ``gguf``'s tensors into float32 safetensors shards in ``out``, named as ``skeleton``
+    (the model on the meta device, built from the file's config) names its parameters; a tensor whose
+    shape the model does not take is left out and reported. ``bad_values(name, tensor)`` is called
+    with each tensor before it is kept (it raises for NaN or infinite weights)."""
+    from gguf import GGUFReader, dequantize
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map, load_gguf_checkpoint, read_field,
+    )
+
+    reader = GGUFReader(gguf)
+    architecture = read_field(reader, "general.architecture")[0]
+    # The processor reads the heads as transformers parsed them from the file (not the config, which
+    # fills a missing kv head count), so the q/k rows come out exactly as transformers' reader puts them.
+    parsed = load_gguf_checkpoint(str(gguf), return_tensors=False)["config"]
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed)
+    mapping = get_gguf_hf_weights_map(skeleton, processor)
+    wanted = _wanted_shapes(skeleton)
+    plan = _shard_plan([(t.name, int(t.n_elements) * 4) for t in reader.tensors])
+    found = WrittenTensors()
+    weight_map: dict[str, str] = {}
+    total = 0
+    shard: dict[str, torch.Tensor] = {}
+    for index, tensor in enumerate(reader.tensors):
+        result = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
+                                   tensor_key_mapping=mapping, parsed_parameters={"config": parsed})
+        name = mapping.get(result.name)
+        if name is not None and name in wanted:  # else a tensor the model has no parameter for, as transformers skips
+            values = torch.from_numpy(numpy.array(result.weights, dtype=numpy.float32, order="C"))  # a copy: F32 tensors are views of the read-only mapped file
+            if tuple(values.shape) != wanted[name]:
+                found.mismatched_keys.append((name, tuple(values.shape), wanted[name]))
+            else:
+                bad_values(name, values)
+                shard[name] = values
+                weight_map[name] = plan.files[plan.shard_of[tensor.name]]
+                total += values.numel() * 4
+        last = index + 1 == len(reader.tensors)
+        if last or plan.shard_of[reader.tensors[index + 1].name] != plan.shard_of[tensor.name]:
+            _save_shard(shard, out / plan.files[plan.shard_of[tensor.name]])
+            shard = {}
+    found.missing_keys = sorted(set(wanted) - set(weight_map))
+    if len(plan.files) > 1:
+        index_file = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index_file, indent=2) + "\n", encoding="utf-8")
+    return found
+
+
+def _wanted_shapes(skeleton: torch.nn.Module) -> dict[str, tuple[int, ...]]:
+    """The tensors a checkpoint of ``skeleton`` holds, by name: its parameters, a tied one once (under
+    its first name, as save_pretrained keeps it), and its persistent buffers."""
+    kept = set(skeleton.state_dict())
+    shapes = {name: tuple(p.shape) for name, p in skeleton.named_parameters()}
+    shapes.update((name, tuple(b.shape)) for name, b in skeleton.named_buffers() if name in kept)
+    return shapes
+
+
+@dataclass
+class _ShardPlan:
+    files: list[str]
+    shard_of: dict[str, int]
+
+
+def _shard_plan(sizes: list[tuple[str, int]]) -> _ShardPlan:
+    """Which shard each tensor goes to, in the file's order, each shard at most `SHARD_BYTES` (a larger
+    tensor alone in one), named as save_pretrained names them."""
+    shard_of: dict[str, int] = {}
+    count, filled = 0, 0
+    for name, size in sizes:
+        if filled and filled + size > SHARD_BYTES:
+            count, filled = count + 1, 0
+        shard_of[name] = count
+        filled += size
+    shards = count + 1
+    files = ["model.safetensors"] if shards == 1 else \
+        [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+    return _ShardPlan(files, shard_of)
+
+
+def _save_shard(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """One shard, as save_pretrained writes it (its metadata says PyTorch); an empty one is still written,
+    so every file the index could name exists."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata={"format": "pt"})

@@ -1,0 +1,107 @@
+"""Converting a GGUF tensor by tensor (gguf_tensors.py) writes the folder transformers' own reader writes,
+bit for bit, for every architecture it runs for, in one file or in shards, and refuses the same faults."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gguf_models import tiny_llama_gguf, write_gemma2, write_gemma3, write_phi3, write_qwen2, write_qwen3
+from specsure.models import gguf_conversion, gguf_tensors
+from specsure.models.errors import ModelLoadError
+from specsure.models.loading import load_model
+
+QUANTISED = {"blk.0.attn_q.weight": "Q4_0", "blk.0.ffn_down.weight": "Q8_0", "blk.1.attn_k.weight": "Q4_1"}
+
+
+def _llama(root: Path) -> Path:
+    return tiny_llama_gguf(root, "llama", QUANTISED)
+
+
+def _tied_llama(root: Path) -> Path:
+    return tiny_llama_gguf(root, "tied", tie=True, skip=("output.weight",))
+
+
+FAMILIES: dict[str, Callable[[Path], Path]] = {
+    "llama": _llama,
+    "llama, tied": _tied_llama,
+    "qwen2": lambda root: write_qwen2(root / "qwen2", root / "qwen2.gguf")[1],
+    "qwen3": lambda root: write_qwen3(root / "qwen3", root / "qwen3.gguf")[1],
+    "gemma2": lambda root: write_gemma2(root / "gemma2", root / "gemma2.gguf")[1],
+    "gemma3": lambda root: write_gemma3(root / "gemma3", root / "gemma3.gguf")[1],
+    "phi3": lambda root: write_phi3(root / "phi3", root / "phi3.gguf", quantize={"blk.0.attn_qkv.weight": "Q8_0"})[1],
+}
+
+
+def _convert(gguf: Path, out: Path, streamed: bool, monkeypatch: pytest.MonkeyPatch) -> dict[str, torch.Tensor]:
+    with monkeypatch.context() as patch:
+        if not streamed:
+            patch.setattr(gguf_conversion, "streams", lambda _architecture: False)
+        out.mkdir()
+        gguf_conversion.write_conversion(gguf, out)
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(out.glob("*.safetensors")):
+        tensors.update(load_file(shard))
+    return tensors
+
+
+def _json(path: Path) -> dict:
+    data = json.loads(path.read_text())
+    data.pop("transformers_version", None)
+    return data
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_streamed_conversion_is_transformers_own_bit_for_bit(family: str, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    gguf = FAMILIES[family](tmp_path)
+    from specsure.config.gguf_header import read_gguf_metadata
+    assert gguf_tensors.streams(read_gguf_metadata(str(gguf))["general.architecture"])
+    theirs = _convert(gguf, tmp_path / "theirs", False, monkeypatch)
+    monkeypatch.setattr(gguf_tensors, "SHARD_BYTES", 40_000)  # several shards, and tensors larger than one
+    ours = _convert(gguf, tmp_path / "ours", True, monkeypatch)
+    assert sorted(ours) == sorted(theirs)
+    for name, tensor in theirs.items():
+        assert ours[name].dtype == torch.float32 and torch.equal(ours[name].view(torch.int32), tensor.view(torch.int32)), name
+    assert len(list((tmp_path / "ours").glob("model-*-of-*.safetensors"))) > 1
+    index = json.loads((tmp_path / "ours" / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(ours) and index["metadata"]["total_size"] == 4 * sum(t.numel() for t in ours.values())
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert _json(tmp_path / "ours" / name) == _json(tmp_path / "theirs" / name), name
+
+
+def test_a_streamed_conversion_in_shards_decodes_as_one_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    gguf = _llama(tmp_path)
+    one = load_model(str(gguf), dtype="float32")
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    expected = one.lm.hf(ids).logits
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache2"))
+    monkeypatch.setattr(gguf_tensors, "SHARD_BYTES", 40_000)
+    sharded = load_model(str(gguf), dtype="float32")
+    assert len(list(Path(sharded.path).glob("model-*.safetensors"))) > 1
+    assert torch.equal(sharded.lm.hf(ids).logits, expected)
+
+
+def test_a_tensor_of_the_wrong_shape_is_refused_naming_it(tmp_path: Path) -> None:
+    import numpy as np
+
+    # the metadata says 64 wide, the file's norm has 60 entries
+    gguf = tiny_llama_gguf(tmp_path, "odd", skip=("blk.0.attn_norm.weight",), tensors={"blk.0.attn_norm.weight": np.ones(60)})
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ModelLoadError, match=r"model\.layers\.0\.input_layernorm\.weight is \[60\] in the file but \[64\]"):
+        gguf_conversion.write_conversion(gguf, out)
+
+
+def test_a_missing_tensor_is_refused_naming_it(tmp_path: Path) -> None:
+    gguf = tiny_llama_gguf(tmp_path, "short", skip=("blk.1.ffn_up.weight",))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ModelLoadError, match=r"lacks 1 tensor\(s\) its architecture needs \(model\.layers\.1\.mlp\.up_proj"):
+        gguf_conversion.write_conversion(gguf, out)
