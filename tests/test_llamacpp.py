@@ -275,7 +275,7 @@ def _ids_workload(tmp_path: Path) -> Path:
 def _bench(tmp_path: Path, model: Path, python: str) -> tuple[int, BenchResults]:
     out = tmp_path / "out"
     code = main(["bench", "--model", str(model), "--workload", str(_ids_workload(tmp_path)), "--dtype", "float32",
-                 "--methods", "plain", "--baselines", "llama.cpp,llama.cpp-lookup", "--llama-cpp-python", python,
+                 "--methods", "plain,ngram", "--baselines", "llama.cpp,llama.cpp-lookup", "--llama-cpp-python", python,
                  "--max-tokens", "4", "--repeats", "1", "--warmup", "0", "--out", str(out)])
     return code, BenchResults.from_dict(json.loads((out / "results.json").read_text()))
 
@@ -292,7 +292,7 @@ def test_missing_llama_cpp_skips_with_one_line_naming_make_llama_cpp(tiny_llama,
                        "(builds llama-cpp-python==0.3.36 into .venv-llamacpp, about 15 minutes on 2 cores) or give " \
                        "--llama-cpp-python PATH"
     assert [s["name"] for s in res.skipped] == ["llama.cpp", "llama.cpp-lookup"]
-    assert [c["name"] for c in res.configs] == ["plain"]
+    assert [c["name"] for c in res.configs] == ["plain", "ngram"]  # with plain alone the run would be an error
 
 
 def test_llama_cpp_needs_a_gguf_target(tiny_llama, tmp_path, capsys) -> None:
