@@ -32,17 +32,15 @@ from torch import nn
 
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
-from specsure.models.gguf_blocks import (
-    A4, A8, INT8_FORMATS, PACKING_NAMES, STREAMED, BlockMatrix, FileBlocks, matches,
-)
 from specsure.models.decoder_family import GEMMA_TYPES, layer_windows, rotary_dim, unsupported
-from specsure.models.fused_layer import FusedLayer, fused_layer, gemma_norm, release
-from specsure.models.errors import ModelLoadError
+from specsure.models.fused_layer import FusedLayer, fused_layer, gemma_norm
+from specsure.models.gguf_blocks import FileBlocks
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
 from specsure.models.products import KERNEL_ROWS, project
 from specsure.models.rotary_table import RotaryTable
 from specsure.models.row_pieces import PIECE_ROWS, run_in_pieces
 from specsure.models.segment import Segment, positions, window_mask
+from specsure.models.served_blocks import ServedBlocks
 from specsure.models.token_tree import TokenTree
 
 
@@ -95,9 +93,7 @@ class NativeDecoder:
             self._bind_kernel(config)
         self.float_kernel: float_kernels.FloatKernel | None = None
         """The C kernel that runs every float32 forward, or None (`kernel_why`)."""
-        self._blocks: list[BlockMatrix] = []  # the matrices `use_blocks` gave the kernel, kept alive
-        self._served: list[list[str]] = []  # per layer, the matrices the kernel reads as those blocks
-        self.int8_packings: Counter[str] = Counter()  # of them, those the integer products read, by packing
+        self._served = ServedBlocks(len(self.layers))  # the blocks `use_blocks` gave the kernel
         if self.embed.weight.dtype == torch.float32:
             self.float_kernel, self.kernel_why = float_kernels.load()
         if self.float_kernel is not None and self.head_dim > float_kernels.MAX_HEAD_DIM:
@@ -124,51 +120,28 @@ class NativeDecoder:
     def use_blocks(self, blocks: FileBlocks, int8_activations: bool = False) -> dict[str, int]:
         """Have the float32 kernel read ``blocks``' matrices instead of the float32 weights where they
         dequantise to exactly those weights (gguf_blocks.py), with int8 activations where asked and
-        possible; returns how many matrices of each format it reads. The float32 weights stay (for
-        transformers' own modules and training) unless `release_weights` drops them."""
-        if self.float_kernel is None or len(blocks.layers) != len(self.layers):
-            self._check_served()
-            return {}
-        used: dict[str, int] = {}
-        self._blocks = []  # kept alive: the structs hold their addresses
-        self._served = [[] for _ in self.layers]
-        for struct, layer, found, served in zip(self._float_structs, self.layers, blocks.layers, self._served):
-            for name, matrix in found.items():
-                weight = getattr(layer, name)
-                setattr(struct, name, weight.data_ptr())  # the float32 rows unless the blocks match
-                setattr(struct, f"{name}_format", 0)
-                # A meta weight was dropped before fusing, once it matched these blocks (early_blocks.py).
-                if matrix is None or not (weight.is_meta or matches(matrix, weight, self.float_kernel)):
-                    continue
-                matrix = self.float_kernel.prepared(matrix, int8_activations)
-                setattr(struct, name, matrix.data.data_ptr())
-                setattr(struct, f"{name}_format", matrix.format | STREAMED)
-                self._blocks.append(matrix)
-                served.append(name)
-                used[matrix.kind] = used.get(matrix.kind, 0) + 1
-        self.int8_packings = Counter(PACKING_NAMES[m.format] for m in self._blocks if m.format in INT8_FORMATS)
-        self._check_served()
+        possible (`ServedBlocks.serve`); returns how many matrices of each format it reads. The float32
+        weights stay (for transformers' own modules and training) unless `release_weights` drops them."""
+        self._served = ServedBlocks(len(self.layers))
+        used = {} if self.float_kernel is None or len(blocks.layers) != len(self.layers) else \
+            self._served.serve(self._float_structs, self.layers, blocks, self.float_kernel, int8_activations)
+        self._served.check(self.layers)
         return used
-
-    def _check_served(self) -> None:
-        """Every layer matrix dropped before fusing must now be read as blocks: the kernel would read
-        nothing where a meta weight's pointer is."""
-        for index, (layer, served) in enumerate(zip(self.layers, self._served or [[] for _ in self.layers])):
-            if lost := [n for n in ("qkv", "o", "gate_up", "down") if getattr(layer, n).is_meta and n not in served]:
-                raise ModelLoadError(f"layer {index}'s {', '.join(lost)} weights were dropped for the GGUF's blocks, "
-                                     "which the kernel then did not take; load with SPECSURE_GGUF_BLOCKS=0 and report "
-                                     "this as a specsure bug.")
 
     def release_weights(self) -> int:
         """Drop the float32 copies of the matrices the kernel reads as blocks (`fused_layer.release`);
         returns the bytes dropped. After it, this model's transformers modules cannot run its layers."""
-        return sum(release(fused, module, name)
-                   for fused, module, names in zip(self.layers, self._modules, self._served) for name in names)
+        return self._served.release(self.layers, self._modules)
 
     @property
     def tiled_matrices(self) -> int:
         """How many weight matrices `use_blocks` packed for AMX tiles (`FloatKernel.amx_pack`)."""
-        return sum(matrix.format in (A4, A8) for matrix in self._blocks)
+        return self._served.tiled
+
+    @property
+    def int8_packings(self) -> Counter[str]:
+        """Of the matrices `use_blocks` gave the kernel, those the integer products read, by packing."""
+        return self._served.int8_packings
 
     def _shape_struct(self, config: object) -> kernels.ShapeStruct:
         return kernels.ShapeStruct(int(config.hidden_size), self.heads, self.kv_heads, self.head_dim,
