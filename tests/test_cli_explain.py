@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 from checkpoints import EAGLE_TENSORS, deepseek_v3, eagle_head, llama, write_checkpoint
-from specsure.cli.common import guarded
+from specsure.cli.guard import guarded
 from specsure.cli.main import build_parser
 from specsure.config import resolve
 from specsure.config.dtype_choice import run_dtype

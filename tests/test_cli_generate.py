@@ -197,7 +197,8 @@ def test_a_full_disk_is_one_line_not_a_traceback(capsys: pytest.CaptureFixture[s
 
     from safetensors import SafetensorError
 
-    from specsure.cli.common import EXIT_FAIL, guarded
+    from specsure.cli.common import EXIT_FAIL
+    from specsure.cli.guard import guarded
 
     def fills(error: Exception) -> int:
         raise error

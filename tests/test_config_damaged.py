@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from checkpoints import eagle3_head, llama, silent, write_checkpoint, write_gguf
-from specsure.cli.common import guarded
+from specsure.cli.guard import guarded
 from specsure.cli.main import build_parser
 from specsure.config import ConfigError, resolve
 

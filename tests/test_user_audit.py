@@ -461,7 +461,7 @@ def test_mimo_and_ernie_mtp_layers_are_named_not_called_missing(tmp_path: Path, 
 
 def test_ctrl_c_that_a_library_turned_into_its_own_error_exits_130(capsys) -> None:  # noqa: ANN001
     """transformers' lazy importer, interrupted while it imports, raises ModuleNotFoundError from it."""
-    from specsure.cli.common import guarded
+    from specsure.cli.guard import guarded
 
     def importing() -> int:
         try:

@@ -24,7 +24,8 @@ from specsure.bench.workload import (CATEGORIES, WorkloadError, category_list, e
                                       select)
 from specsure.cli import bench_serve
 from specsure.cli.bench_record import other_load, print_summary, run_meta, write_outputs
-from specsure.cli.common import INT8_HELP, add_dtype_flag, int_at_least, results_run, writable_folder
+from specsure.cli.common import INT8_HELP, add_dtype_flag, int_at_least, writable_folder
+from specsure.cli.guard import results_run
 from specsure.config import ConfigError
 
 QUICK = {"per_category": 2, "max_tokens": 96, "repeats": 3}

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specsure.bench.workload import CATEGORIES, Prompt, WorkloadError, category_list, load_builtin, load_workloads, select
-from specsure.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, api_key_from, results_run, writable_folder
+from specsure.cli.common import EXIT_FAIL, EXIT_OK, EXIT_USAGE, api_key_from, writable_folder
+from specsure.cli.guard import results_run
 
 if TYPE_CHECKING:
     from specsure.bench.load import Level, Request

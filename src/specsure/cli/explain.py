@@ -9,8 +9,9 @@ import sys
 from typing import Any
 
 from specsure.cli.common import (
-    EXIT_OK, EXIT_USAGE, INT8_HELP, add_dtype_flag, add_model_flags, one_line, parse_speculative_config,
+    EXIT_OK, EXIT_USAGE, INT8_HELP, add_dtype_flag, add_model_flags, parse_speculative_config,
 )
+from specsure.cli.guard import one_line
 from specsure.config import ConfigError, resolve
 from specsure.config.dtype_choice import run_dtype
 

@@ -10,7 +10,8 @@ import logging
 import sys
 from typing import Any, Callable
 
-from specsure.cli.common import EXIT_USAGE, guarded, missing_extra_message, missing_modules, setup_logging
+from specsure.cli.common import EXIT_USAGE, missing_extra_message, missing_modules, setup_logging
+from specsure.cli.guard import guarded
 from specsure.cli.foreign_flags import foreign_flag_hint
 from specsure.cli.vllm_argv import normalise, repeated_flags
 
