@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import numbers
 import os
 import threading
-from typing import Iterator, Mapping, Sequence
+from typing import Iterator, Sequence
 
 import torch
 from transformers import PreTrainedTokenizerBase  # at run time too: get_type_hints reads the annotations
@@ -19,10 +18,11 @@ from transformers import PreTrainedTokenizerBase  # at run time too: get_type_hi
 from specsure.config import ConfigError, Resolution, resolve
 from specsure.config.dtype_choice import run_dtype
 from specsure.decode.completion import (
-    Completion, ParamsError, Prompt, PromptError, PromptTooLong, StepUpdate,
+    Completion, ParamsError, Prompt, PromptError, StepUpdate,
 )
 from specsure.decode.detokenize import TextDeltas
 from specsure.decode.metrics import SpecStats
+from specsure.decode.prompt_ids import as_batch, prompt_ids
 from specsure.decode.request import Request, Rules
 from specsure.decode.scheduler import DEFAULT_MAX_NUM_SEQS, Scheduler, check_batched_tokens
 from specsure.decode.structured import Grammars
@@ -114,7 +114,7 @@ class Engine:
         ``params`` is one SamplingParams for every prompt, or a list of one per prompt (each its own
         seed, for example, since one seed shared by equal prompts samples them alike).
         """
-        batch = _as_batch(prompts)
+        batch = as_batch(prompts)
         if isinstance(params, Sequence):
             if len(params) != len(batch):
                 raise ValueError(f"params: {len(params)} SamplingParams for {len(batch)} prompts; give one for "
@@ -195,41 +195,7 @@ class Engine:
                                                           "empty; drop ignore_eos, or give stop_token_ids.")
 
     def _encode(self, prompt: Prompt, index: int, keep_last: int | None = None) -> list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise PromptError(index, "is an empty string; give some text or token ids.")
-            if self.tokenizer is None:
-                raise PromptError(index, f"is text, but the model at {self.target.path} has no tokenizer files; "
-                                         "pass token ids instead, or add the tokenizer to the model folder.")
-            try:
-                ids = list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
-            except Exception as exc:  # the tokenizer's own failure on this text (a vocabulary without <unk>)
-                raise PromptError(index, f"cannot be encoded by the model's tokenizer ({type(exc).__name__}: {exc}); "
-                                         "the tokenizer does not cover this text. Pass token ids instead, or load "
-                                         "the model with its own tokenizer files.") from exc
-        elif isinstance(prompt, (list, tuple)):
-            ids = [_token_id(tok, index) for tok in prompt]
-        else:  # bytes would pass as a list of ints, and other iterables hide what they hold
-            raise PromptError(index, f"is {type(prompt).__name__}; give a string or a list of token ids (ints).")
-        if not ids:
-            raise PromptError(index, "is empty; give at least one token.")
-        vocab = self.target.lm.vocab_size
-        for tok in ids:
-            if not 0 <= tok < vocab:
-                if isinstance(prompt, str) and self.tokenizer is not None:  # the tokenizer knows more than the model
-                    piece = self.tokenizer.convert_ids_to_tokens(tok)
-                    raise PromptError(index, f"is text whose token {piece!r} has id {tok}, which the tokenizer holds "
-                                             f"but the model's vocabulary [0, {vocab}) does not; remove that text "
-                                             "from the prompt.")
-                raise PromptError(index, f"holds token id {tok!r}, outside the vocabulary [0, {vocab}).")
-        if keep_last is not None:
-            ids = ids[-keep_last:]
-        limit = self.target.lm.max_context
-        if limit and len(ids) >= limit:
-            raise PromptTooLong(index, f"has {len(ids)} tokens, but {self.target.lm.context_name} is {limit} tokens "
-                                       "and generation needs room for at least one more; shorten the prompt.",
-                                len(ids), limit)
-        return ids
+        return prompt_ids(prompt, index, self.tokenizer, self.target, keep_last)
 
     def _generator(self, params: SamplingParams) -> torch.Generator | None:
         if params.greedy:
@@ -305,46 +271,6 @@ class Engine:
                     text = deltas.finish(final.text or "") if final is not None else deltas.push(update.token_ids)
                     update = dataclasses.replace(update, text=text)
                 yield update
-
-
-def _token_id(tok: object, index: int) -> int:
-    """A token id as an int: numpy and torch integer scalars too, never a bool or a float."""
-    if type(tok) is int:  # the common case, without the ABC check's cost on a long prompt
-        return tok
-    if isinstance(tok, bool) or not isinstance(tok, numbers.Integral):
-        raise PromptError(index, f"holds {tok!r} ({type(tok).__name__}), which is not a token id; a token-id prompt "
-                                 "is a list of ints.")
-    return int(tok)
-
-
-def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
-    if isinstance(prompts, str):
-        return [prompts]
-    if isinstance(prompts, Sequence) and prompts and all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
-                                                         for t in prompts):
-        return [prompts]
-    if isinstance(prompts, Sequence) and prompts and not isinstance(prompts, (bytes, bytearray)) and all(
-            isinstance(t, (numbers.Number, type(None))) for t in prompts):  # [5.0, 6.0]: one prompt, of no ids
-        wrong = next(t for t in prompts if isinstance(t, bool) or not isinstance(t, numbers.Integral))
-        raise PromptError(0, f"holds {wrong!r} ({type(wrong).__name__}), which is not a token id; a token-id prompt is "
-                             "a list of ints.")
-    if isinstance(prompts, Sequence) and any(isinstance(t, (numbers.Number, type(None))) for t in prompts) \
-            and not isinstance(prompts, (bytes, bytearray)):  # [1, "a"]: neither one prompt nor a list of them
-        raise ValueError(f"prompts mixes token ids with other values ({_shown_types(prompts)}); give one prompt (a "
-                         "string or a list of ints) or a list of prompts.")
-    if isinstance(prompts, Sequence) and not isinstance(prompts, (bytes, bytearray)):
-        if not prompts:
-            raise ValueError("prompts is empty; give a string, a list of token ids, or a list of either.")
-        return list(prompts)
-    hint = " (.tolist() makes one of a tensor or an array)" if hasattr(prompts, "tolist") else ""
-    if isinstance(prompts, Mapping) and "input_ids" in prompts:  # apply_chat_template's in transformers 5
-        hint = ' (a tokenizer\'s output, such as apply_chat_template returns: pass its ["input_ids"])'
-    raise ValueError(f"prompts must be a string, a list of token ids, or a list of either; got "
-                     f"{type(prompts).__name__}{hint}.")
-
-
-def _shown_types(values: Sequence[object]) -> str:
-    return ", ".join(sorted({type(v).__name__ for v in values}))
 
 
 def make_engine(model: str | os.PathLike[str] | None = None, speculative: dict | None = None, *, strict: bool = False,
