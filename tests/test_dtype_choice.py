@@ -131,18 +131,36 @@ def test_explain_and_loading_name_the_same_file(quantised: Path, tmp_path: Path,
     assert run_dtype(CheckpointInfo(path="x.gguf", kind="gguf"), "bfloat16") == (
         "bfloat16", "dtype='bfloat16' was given explicitly.")
     name, why = run_dtype(resolve({"method": "ngram"}, model="~/link.gguf").target, "auto")
-    loaded = load_model("~/link.gguf", "auto")
+    loaded = load_model("~/link.gguf", "auto", release_weights=True)  # as make_engine loads it
     if float_kernels.load()[0] is not None:  # else explain cannot know that the build fails
         assert (str(loaded.lm.dtype).removeprefix("torch."), loaded.dtype_reason) == (name, why)
+
+
+def test_an_engine_weighs_its_blocks_not_the_float32_weights_they_replace(quantised: Path, tmp_path: Path,
+                                                                          cpus: dict[str, Path]) -> None:
+    """An engine holds the blocks and the float32 tensors no block replaces (early_blocks.py): memory
+    between that and the whole float32 model runs an engine in float32 and any other load in bf16."""
+    found = dtype_choice.gguf_blocks(quantised)
+    engine_bytes = found.block_bytes + 4 * (found.parameters - found.blocked)
+    assert 0 < found.blocked < found.parameters and 0 < found.block_bytes < found.blocked  # under a byte a weight
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemAvailable: {(engine_bytes + 4 * found.parameters) // 1024} kB\n")  # twice the mean
+    name, why = auto_dtype(quantised, cpus["amx"], meminfo=meminfo)
+    assert name == "float32" and "an engine holds those matrices as blocks only" in why
+    name, why = auto_dtype(quantised, cpus["amx"], meminfo=meminfo, engine=False)
+    assert name == "bfloat16" and "its float32 weights" in why and "kept beside the blocks" in why
 
 
 def test_a_model_too_large_for_float32_beside_its_blocks_stays_bf16(quantised: Path, tmp_path: Path,
                                                                      cpus: dict[str, Path]) -> None:
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       1000 kB\nMemAvailable:      100 kB\n")
-    name, why = auto_dtype(quantised, cpus["amx"], meminfo=meminfo)
+    name, why = auto_dtype(quantised, cpus["amx"], meminfo=meminfo, engine=False)
     assert name == "bfloat16"
     assert "its float32 weights (0.0 GiB, kept beside the blocks) would take more than half the memory available" in why
+    name, why = auto_dtype(quantised, cpus["amx"], meminfo=meminfo)  # an engine's: the blocks and the rest
+    assert name == "bfloat16"
+    assert "its blocks and the float32 weights no block replaces (0.0 GiB) would take more than half" in why
     assert auto_dtype(quantised, cpus["amx"], meminfo=tmp_path / "none")[0] == "float32"  # unreadable: no limit
     name, why = auto_dtype(quantised, cpus["amx"], kernel_missing=lambda: "the C kernel did not build or load: boom")
     assert name == "bfloat16" and why.endswith("as blocks: the C kernel did not build or load: boom.")

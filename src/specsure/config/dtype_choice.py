@@ -28,6 +28,9 @@ from specsure.config.gguf_header import read_gguf_tensors
 KERNEL_BLOCK_TYPES: Final[dict[int, str]] = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K",
                                              13: "Q5_K", 14: "Q6_K"}
 """GGML type id -> name of the block formats the float32 kernel reads as they are."""
+BLOCK_SIZES: Final[dict[int, tuple[int, int]]] = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+                                                  12: (256, 144), 13: (256, 176), 14: (256, 210)}
+"""GGML type id -> (weights per block, bytes per block) of those formats, as ggml lays them out."""
 KERNEL_FLAGS: Final[tuple[str, ...]] = ("avx2", "fma")
 """CPU flags the float32 kernel needs (float_kernel.py)."""
 KERNEL_ENV: Final[str] = "SPECSURE_KERNEL"
@@ -57,6 +60,10 @@ class GGUFBlocks:
     """The layers' weight matrices, in any format."""
     parameters: int
     """Every tensor's elements: the float32 weights the model holds beside the blocks."""
+    blocked: int = 0
+    """Of them, the elements of the layer matrices in those formats (an engine holds them as blocks only)."""
+    block_bytes: int = 0
+    """Those matrices' bytes in the file."""
     why_not: str = ""
     """Why none can be read ("" when the counts above say)."""
 
@@ -64,18 +71,21 @@ class GGUFBlocks:
 def gguf_blocks(gguf: Path | None) -> GGUFBlocks:
     """What of ``gguf`` the float32 kernel could read as blocks."""
     if gguf is None:
-        return GGUFBlocks(Counter(), 0, 0, "the target is not a GGUF file")
+        return GGUFBlocks(Counter(), 0, 0, why_not="the target is not a GGUF file")
     try:
         metadata, tensors = read_gguf_tensors(str(gguf))
     except (OSError, ValueError) as err:
-        return GGUFBlocks(Counter(), 0, 0, f"its header cannot be read ({err})")
+        return GGUFBlocks(Counter(), 0, 0, why_not=f"its header cannot be read ({err})")
     architecture = metadata.get("general.architecture")
     if architecture not in BLOCK_ARCHITECTURES:
-        return GGUFBlocks(Counter(), 0, 0,
-                          f"the kernel reads blocks for {', '.join(BLOCK_ARCHITECTURES)} only, not {architecture}")
+        return GGUFBlocks(Counter(), 0, 0, why_not=f"the kernel reads blocks for {', '.join(BLOCK_ARCHITECTURES)} "
+                                                   f"only, not {architecture}")
     matrices = [t for t in tensors if _LAYER_MATRIX.match(t.name)]
-    formats = Counter(KERNEL_BLOCK_TYPES[t.kind] for t in matrices if t.kind in KERNEL_BLOCK_TYPES)
-    return GGUFBlocks(formats, len(matrices), sum(math.prod(t.shape) for t in tensors))
+    readable = [t for t in matrices if t.kind in KERNEL_BLOCK_TYPES]
+    formats = Counter(KERNEL_BLOCK_TYPES[t.kind] for t in readable)
+    blocked = sum(math.prod(t.shape) for t in readable)
+    block_bytes = sum(math.prod(t.shape) // BLOCK_SIZES[t.kind][0] * BLOCK_SIZES[t.kind][1] for t in readable)
+    return GGUFBlocks(formats, len(matrices), sum(math.prod(t.shape) for t in tensors), blocked, block_bytes)
 
 
 def target_gguf(path: str | None) -> Path | None:
@@ -89,10 +99,12 @@ def target_gguf(path: str | None) -> Path | None:
 
 def auto_dtype(gguf: Path | None, cpuinfo: Path = Path("/proc/cpuinfo"), *,
                kernel_missing: Callable[[], str] | None = None,
-               meminfo: Path = Path("/proc/meminfo")) -> tuple[str, str]:
+               meminfo: Path = Path("/proc/meminfo"), engine: bool = True) -> tuple[str, str]:
     """(dtype name, one sentence why) that dtype 'auto' runs a target in, whose GGUF file is ``gguf``
     (None for a folder of safetensors). Beyond what the config layer can tell without building the
-    float32 kernel, ``kernel_missing`` says why it did not load ("" when it did)."""
+    float32 kernel, ``kernel_missing`` says why it did not load ("" when it did). ``engine``: the model
+    is an engine's, which holds the matrices the kernel reads as blocks only (`load_model`'s
+    ``release_weights``); else every float32 weight stays beside them."""
     flags = cpu_bf16_flags(cpuinfo)
     if not flags:
         return "float32", ("dtype='auto' chose float32 because this CPU reports no fast bf16 "
@@ -105,7 +117,7 @@ def auto_dtype(gguf: Path | None, cpuinfo: Path = Path("/proc/cpuinfo"), *,
     if not why_not and 2 * blocked < max(found.matrices, 1):
         why_not = f"only {blocked} of its {found.matrices} layer weight matrices are in block formats the kernel reads"
     if not why_not:
-        why_not = _memory_short(found.parameters, meminfo)
+        why_not = _memory_short(found, meminfo, engine)
     if not why_not:
         why_not = _kernel_missing(cpuinfo) or (kernel_missing() if kernel_missing is not None else "")
     if why_not:
@@ -114,29 +126,37 @@ def auto_dtype(gguf: Path | None, cpuinfo: Path = Path("/proc/cpuinfo"), *,
     return "float32", (f"dtype='auto' chose float32 although this CPU has fast bf16 ({', '.join(flags)}): "
                        f"{gguf.name} holds {blocked} of its {found.matrices} layer weight matrices as blocks ({shown}), "
                        "which the float32 kernel reads as they are, a fraction of bf16's bytes a step and the file's "
-                       "own values (its float32 weights, twice bf16's memory, are kept too, for transformers' own modules); "
-                       "pass dtype='bfloat16' for bf16.")
+                       f"own values ({_held(engine)}); pass dtype='bfloat16' for bf16.")
 
 
 def run_dtype(target: CheckpointInfo, dtype: str) -> tuple[str, str]:
-    """(dtype name, why) a run of ``target`` loads in when asked for ``dtype``, as `load_model` decides
-    (short of building the kernel)."""
+    """(dtype name, why) an engine's run of ``target`` loads in when asked for ``dtype``, as `load_model`
+    decides for `make_engine` (short of building the kernel)."""
     if dtype != "auto":
         return dtype, f"dtype={dtype!r} was given explicitly."
     return auto_dtype(target_gguf(None if target.kind == "default" else target.path))
 
 
-def _memory_short(parameters: int, meminfo: Path) -> str:
-    """Why float32 weights of ``parameters`` elements would not fit ("" when they would, or when the
-    available memory cannot be read): they may take at most half of it."""
+def _held(engine: bool) -> str:
+    """What a float32 model of blocks holds, said in the choice's reason."""
+    return ("an engine holds those matrices as blocks only, and float32 weights where no block replaces them"
+            if engine else "its float32 weights, twice bf16's memory, are kept too, for transformers' own modules")
+
+
+def _memory_short(found: GGUFBlocks, meminfo: Path, engine: bool) -> str:
+    """Why the float32 model of ``found``'s file would not fit ("" when it would, or when the available
+    memory cannot be read): what it holds may take at most half of it. An engine holds the blocks
+    and the float32 weights no block replaces; any other load every float32 weight beside the blocks."""
     try:
         lines = meminfo.read_text(encoding="utf-8").splitlines()
         available = next(int(line.split()[1]) * 1024 for line in lines if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError, IndexError):
         return ""
-    if 4 * parameters <= available // 2:
+    held = found.block_bytes + 4 * (found.parameters - found.blocked) if engine else 4 * found.parameters
+    if held <= available // 2:
         return ""
-    return (f"its float32 weights ({4 * parameters / 2**30:.1f} GiB, kept beside the blocks) would take more than "
+    what = "its blocks and the float32 weights no block replaces" if engine else "its float32 weights"
+    return (f"{what} ({held / 2**30:.1f} GiB{'' if engine else ', kept beside the blocks'}) would take more than "
             f"half the memory available ({available / 2**30:.1f} GiB)")
 
 

@@ -18,17 +18,17 @@ DTYPES: dict[str, torch.dtype] = {
 }
 """The explicit dtype names `load_model` accepts, besides "auto"."""
 
-def resolve_dtype(dtype: str, *, gguf: Path | None = None,
-                  cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[torch.dtype, str]:
+def resolve_dtype(dtype: str, *, gguf: Path | None = None, cpuinfo: Path = Path("/proc/cpuinfo"),
+                  engine: bool = True) -> tuple[torch.dtype, str]:
     """Map a user dtype name to a torch dtype and a one-sentence reason for the choice. 'auto'
-    follows the CPU and, for a target read from the GGUF file ``gguf``, its blocks
-    (config/dtype_choice.py).
+    follows the CPU and, for a target read from the GGUF file ``gguf``, its blocks and what the
+    model will hold (``engine``: an engine's, as `auto_dtype` takes it; config/dtype_choice.py).
 
     Raises:
         ValueError: `dtype` is neither "auto" nor one of `DTYPES`.
     """
     if dtype == "auto":
-        name, reason = auto_dtype(gguf, cpuinfo, kernel_missing=_float_kernel_missing)
+        name, reason = auto_dtype(gguf, cpuinfo, kernel_missing=_float_kernel_missing, engine=engine)
         chosen = DTYPES[name]
     elif dtype in DTYPES:
         chosen = DTYPES[dtype]

@@ -81,7 +81,8 @@ def load_model(path: str | None, dtype: str = "auto", int8_activations: bool = F
             cannot have them (not float32, or no such matrix read as blocks).
         ModelLoadError: the checkpoint is missing, malformed, pickled, or not a causal LM.
     """
-    torch_dtype, dtype_reason = resolve_dtype(dtype, gguf=target_gguf(path) if dtype == "auto" else None)
+    torch_dtype, dtype_reason = resolve_dtype(dtype, gguf=target_gguf(path) if dtype == "auto" else None,
+                                              engine=release_weights)
     if int8_activations and torch_dtype != torch.float32 and not int8_required:
         int8_activations = False  # a draft in another dtype: its products stay that dtype's
     if int8_activations and torch_dtype != torch.float32:
