@@ -11,10 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gguf_models import tiny_llama_gguf, write_gemma2, write_gemma3, write_phi3, write_qwen2, write_qwen3
+from gguf_models import byte_bpe_tokenizer, tiny_llama_gguf, write_gemma2, write_gemma3, write_llama_gguf, write_phi3, write_qwen2, write_qwen3
 from specsure.models import gguf_conversion, gguf_tensors
 from specsure.models.errors import ModelLoadError
 from specsure.models.loading import load_model
+from tiny import build_tiny_llama
 
 QUANTISED = {"blk.0.attn_q.weight": "Q4_0", "blk.0.ffn_down.weight": "Q8_0", "blk.1.attn_k.weight": "Q4_1"}
 
@@ -105,3 +106,42 @@ def test_a_missing_tensor_is_refused_naming_it(tmp_path: Path) -> None:
     out.mkdir()
     with pytest.raises(ModelLoadError, match=r"lacks 1 tensor\(s\) its architecture needs \(model\.layers\.1\.mlp\.up_proj"):
         gguf_conversion.write_conversion(gguf, out)
+
+
+def test_a_llama_file_without_a_kv_head_count_decodes_as_its_source(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp reads a missing head_count_kv as head_count; transformers' reader then left the q and k
+    rows in llama.cpp's order, a model that decodes nonsense without an error."""
+    import gguf
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    folder = build_tiny_llama(tmp_path / "mha", vocab_size=300, hidden_size=64, tie=False,
+                              extra_config={"num_key_value_heads": 4})
+    byte_bpe_tokenizer(folder, 300)
+    add = gguf.GGUFWriter.add_uint32
+    with monkeypatch.context() as patch:
+        patch.setattr(gguf.GGUFWriter, "add_uint32",
+                      lambda writer, key, value: None if key == "llama.attention.head_count_kv" else add(writer, key, value))
+        path = write_llama_gguf(folder, tmp_path / "mha.gguf")
+    from specsure.config.gguf_header import read_gguf_metadata
+    assert "llama.attention.head_count_kv" not in read_gguf_metadata(str(path))
+    ids = torch.tensor([[5, 17, 33, 90, 4, 12]])
+    expected = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)(ids).logits
+    assert torch.equal(load_model(str(path), dtype="float32").lm.hf(ids).logits, expected)
+
+
+def test_a_full_disk_while_the_index_is_written_is_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not "transformers could not read the GGUF file": the CLI's guard names a full disk (exit 1)."""
+    import errno
+
+    def full(_found: object, out: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / "model.safetensors.index.json"))
+
+    monkeypatch.setattr(gguf_tensors, "SHARD_BYTES", 40_000)
+    monkeypatch.setattr(gguf_conversion, "write_index", full)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(OSError) as raised:
+        gguf_conversion.write_conversion(tiny_llama_gguf(tmp_path, "full"), out)
+    assert raised.value.errno == errno.ENOSPC and not isinstance(raised.value, ModelLoadError)

@@ -54,13 +54,14 @@ def default_model_folder() -> Path:
     return convert_gguf(gguf, cache_root() / f"{stem}-{DEFAULT_DISTRIBUTION}-{version}")
 
 
-CONVERSION = 6
+CONVERSION = 7
 """The conversion's own version, in the cache key: 2 adds rope scaling and end-of-turn tokens, 3 drops
 the tokens transformers invents past the file's vocabulary, 4 sets Gemma 2 and 3's query_pre_attn_scalar
 as llama.cpp computes it, 5 takes from the file what transformers' reader leaves at its defaults (the
 rope base and rotating share, MoE and GPT-2 sizes, Gemma 2's softcaps: `gguf_config`), 6 reads Phi-3's
-LongRoPE factors (`gguf_rope`), so a file converted before is converted again (and its older
-conversions removed). The default model's folder is named by its package's version instead, so it is
+LongRoPE factors (`gguf_rope`), 7 puts the q and k rows of a Llama file without a kv head count in
+transformers' order (`gguf_tensors`; its reader left them in llama.cpp's), so a file converted before
+is converted again (and its older conversions removed). The default model's folder is named by its package's version instead, so it is
 not."""
 FINGERPRINT_TAIL = 1 << 20
 """Bytes read past the header, and at the end of the file, for a conversion's fingerprint of its source."""

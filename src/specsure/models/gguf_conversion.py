@@ -20,7 +20,7 @@ from specsure.config.gguf_header import TOKENS_KEY, read_gguf_metadata
 from specsure.models.errors import ModelLoadError
 from specsure.models.gguf_config import fit_to_file, unsupported_architecture
 from specsure.models.gguf_rope import gguf_rope_parameters
-from specsure.models.gguf_tensors import streams, write_tensors
+from specsure.models.gguf_tensors import streams, write_index, write_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,8 @@ def write_conversion(gguf: Path, out: Path) -> None:
             if streamed:  # the weights go to disk tensor by tensor (gguf_tensors); the model here has none
                 with torch.device("meta"):
                     model = AutoModelForCausalLM.from_config(config)
-                info = vars(write_tensors(gguf, model, out, functools.partial(_check_finite_tensor, gguf)))
+                written = write_tensors(gguf, model, out, functools.partial(_check_finite_tensor, gguf))
+                info = {"missing_keys": written.missing_keys, "mismatched_keys": written.mismatched_keys}
             else:
                 # Mismatched sizes are reported below, naming the tensors, rather than raised as transformers'
                 # "see the report above", which quiet loading hides.
@@ -91,7 +92,8 @@ def write_conversion(gguf: Path, out: Path) -> None:
     model.is_quantized = False
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    if streamed:  # the config and generation config as save_pretrained writes them beside its weights
+    if streamed:  # the index, config and generation config as save_pretrained writes them beside its weights
+        write_index(written, out)
         model.config.dtype = "float32"
         model.config.architectures = [type(model).__name__]
         model.config.save_pretrained(out)

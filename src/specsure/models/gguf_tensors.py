@@ -34,6 +34,8 @@ class WrittenTensors:
 
     missing_keys: list[str] = field(default_factory=list)
     mismatched_keys: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)
+    index: dict[str, Any] | None = None
+    """The shards' index (`write_index`), or None for one file."""
 
 
 def streams(architecture: object) -> bool:
@@ -53,10 +55,11 @@ def write_tensors(gguf: Path, skeleton: torch.nn.Module, out: Path, bad_values: 
 
     reader = GGUFReader(gguf)
     architecture = read_field(reader, "general.architecture")[0]
-    # The processor reads the heads as transformers parsed them from the file (not the config, which
-    # fills a missing kv head count), so the q/k rows come out exactly as transformers' reader puts them.
     parsed = load_gguf_checkpoint(str(gguf), return_tensors=False)["config"]
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed)
+    # A file without a kv head count has as many as query heads, as llama.cpp reads it; transformers'
+    # processor would leave its q and k rows in llama.cpp's order then (a model fluent in nothing).
+    heads = {"num_key_value_heads": parsed.get("num_key_value_heads") or parsed.get("num_attention_heads")}
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config={**parsed, **heads})
     mapping = get_gguf_hf_weights_map(skeleton, processor)
     wanted = _wanted_shapes(skeleton)
     plan = _shard_plan([(t.name, int(t.n_elements) * 4) for t in reader.tensors])
@@ -69,7 +72,8 @@ def write_tensors(gguf: Path, skeleton: torch.nn.Module, out: Path, bad_values: 
                                    tensor_key_mapping=mapping, parsed_parameters={"config": parsed})
         name = mapping.get(result.name)
         if name is not None and name in wanted:  # else a tensor the model has no parameter for, as transformers skips
-            values = torch.from_numpy(numpy.array(result.weights, dtype=numpy.float32, order="C"))  # a copy: F32 tensors are views of the read-only mapped file
+            # Copied only where it must be: an F32 tensor is a view of the read-only mapped file.
+            values = torch.from_numpy(numpy.require(result.weights, numpy.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
             if tuple(values.shape) != wanted[name]:
                 found.mismatched_keys.append((name, tuple(values.shape), wanted[name]))
             else:
@@ -77,15 +81,23 @@ def write_tensors(gguf: Path, skeleton: torch.nn.Module, out: Path, bad_values: 
                 shard[name] = values
                 weight_map[name] = plan.files[plan.shard_of[tensor.name]]
                 total += values.numel() * 4
+        result = values = None  # the next tensor is de-quantised without this one's arrays alive
         last = index + 1 == len(reader.tensors)
         if last or plan.shard_of[reader.tensors[index + 1].name] != plan.shard_of[tensor.name]:
             _save_shard(shard, out / plan.files[plan.shard_of[tensor.name]])
             shard = {}
     found.missing_keys = sorted(set(wanted) - set(weight_map))
     if len(plan.files) > 1:
-        index_file = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        (out / "model.safetensors.index.json").write_text(json.dumps(index_file, indent=2) + "\n", encoding="utf-8")
+        found.index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     return found
+
+
+def write_index(found: WrittenTensors, out: Path) -> None:
+    """The shards' index beside them, as save_pretrained writes it (none for one file). Apart from
+    `write_tensors`, so a disk that fills here is said to be full, not the GGUF to be unreadable."""
+    if found.index is not None:
+        text = json.dumps(found.index, indent=2) + "\n"
+        (out / "model.safetensors.index.json").write_text(text, encoding="utf-8")
 
 
 def _wanted_shapes(skeleton: torch.nn.Module) -> dict[str, tuple[int, ...]]:
