@@ -31,6 +31,8 @@ def _tied_llama(root: Path) -> Path:
 FAMILIES: dict[str, Callable[[Path], Path]] = {
     "llama": _llama,
     "llama, tied": _tied_llama,
+    "llama, F16 and BF16": lambda root: tiny_llama_gguf(root, "halves", {"blk.0.attn_v.weight": "F16",
+                                                                        "blk.1.ffn_up.weight": "BF16"}),
     "qwen2": lambda root: write_qwen2(root / "qwen2", root / "qwen2.gguf")[1],
     "qwen3": lambda root: write_qwen3(root / "qwen3", root / "qwen3.gguf")[1],
     "gemma2": lambda root: write_gemma2(root / "gemma2", root / "gemma2.gguf")[1],

@@ -12,12 +12,15 @@ against transformers' own conversion (tests/test_gguf_tensors.py); others keep t
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Iterator
 
 import numpy
 import torch
+
+from specsure.config.gguf_header import TensorEntry, read_gguf_tensors
 
 STREAMED_ARCHITECTURES: Final[frozenset[str]] = frozenset({"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"})
 """GGUF architectures (general.architecture) converted tensor by tensor: dense decoders whose tensors
@@ -48,28 +51,27 @@ def write_tensors(gguf: Path, skeleton: torch.nn.Module, out: Path, bad_values: 
     (the model on the meta device, built from the file's config) names its parameters; a tensor whose
     shape the model does not take is left out and reported. ``bad_values(name, tensor)`` is called
     with each tensor before it is kept (it raises for NaN or infinite weights)."""
-    from gguf import GGUFReader, dequantize
-    from transformers.modeling_gguf_pytorch_utils import (
-        TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map, load_gguf_checkpoint, read_field,
-    )
+    from gguf import dequantize
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-    reader = GGUFReader(gguf)
-    architecture = read_field(reader, "general.architecture")[0]
-    parsed = load_gguf_checkpoint(str(gguf), return_tensors=False)["config"]
+    metadata, entries = read_gguf_tensors(str(gguf))
+    architecture = metadata.get("general.architecture")
+    heads = metadata.get(f"{architecture}.attention.head_count")
     # A file without a kv head count has as many as query heads, as llama.cpp reads it; transformers'
     # processor would leave its q and k rows in llama.cpp's order then (a model fluent in nothing).
-    heads = {"num_key_value_heads": parsed.get("num_key_value_heads") or parsed.get("num_attention_heads")}
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config={**parsed, **heads})
-    mapping = get_gguf_hf_weights_map(skeleton, processor)
+    config = {"num_attention_heads": heads,
+              "num_key_value_heads": metadata.get(f"{architecture}.attention.head_count_kv") or heads}
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config)
+    mapping = _names(skeleton, str(architecture))
     wanted = _wanted_shapes(skeleton)
-    plan = _shard_plan([(t.name, int(t.n_elements) * 4) for t in reader.tensors])
+    plan = _shard_plan([(t.name, math.prod(t.shape) * 4) for t in entries])
     found = WrittenTensors()
     weight_map: dict[str, str] = {}
     total = 0
     shard: dict[str, torch.Tensor] = {}
-    for index, tensor in enumerate(reader.tensors):
-        result = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
-                                   tensor_key_mapping=mapping, parsed_parameters={"config": parsed})
+    for index, (tensor, data) in enumerate(zip(entries, _mapped_data(gguf, entries))):
+        result = processor.process(weights=dequantize(data, tensor.kind), name=tensor.name,
+                                   tensor_key_mapping=mapping, parsed_parameters={"config": config})
         name = mapping.get(result.name)
         if name is not None and name in wanted:  # else a tensor the model has no parameter for, as transformers skips
             # Copied only where it must be: an F32 tensor is a view of the read-only mapped file.
@@ -82,8 +84,8 @@ def write_tensors(gguf: Path, skeleton: torch.nn.Module, out: Path, bad_values: 
                 weight_map[name] = plan.files[plan.shard_of[tensor.name]]
                 total += values.numel() * 4
         result = values = None  # the next tensor is de-quantised without this one's arrays alive
-        last = index + 1 == len(reader.tensors)
-        if last or plan.shard_of[reader.tensors[index + 1].name] != plan.shard_of[tensor.name]:
+        last = index + 1 == len(entries)
+        if last or plan.shard_of[entries[index + 1].name] != plan.shard_of[tensor.name]:
             _save_shard(shard, out / plan.files[plan.shard_of[tensor.name]])
             shard = {}
     found.missing_keys = sorted(set(wanted) - set(weight_map))
@@ -98,6 +100,43 @@ def write_index(found: WrittenTensors, out: Path) -> None:
     if found.index is not None:
         text = json.dumps(found.index, indent=2) + "\n"
         (out / "model.safetensors.index.json").write_text(text, encoding="utf-8")
+
+
+def _names(skeleton: torch.nn.Module, architecture: str) -> dict[str, str]:
+    """GGUF tensor name -> ``skeleton``'s parameter name, by gguf-py's table for ``architecture``, as
+    transformers' reader maps them (its own walk builds the table again for every submodule: 6 s of a
+    135M model's conversion)."""
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+
+    arch = next(key for key, value in MODEL_ARCH_NAMES.items() if value == architecture)
+    table = get_tensor_name_map(arch, int(skeleton.config.num_hidden_layers))
+    mapping: dict[str, str] = {}
+    for name in skeleton.state_dict():
+        stem, dot, suffix = name.rpartition(".") if name.endswith((".weight", ".bias")) else (name, "", "")
+        found = table.get_name(stem)
+        if found is not None:
+            mapping[found + dot + suffix] = name
+    return mapping
+
+
+def _mapped_data(gguf: Path, entries: list[TensorEntry]) -> Iterator[numpy.ndarray]:
+    """Each tensor's data as gguf's reader gives it to `dequantize` (a view of the mapped file: the
+    plain types as their numbers, the block types as bytes by row), from specsure's own reader of the
+    table, which skips the metadata's values gguf's reader parses (a tokenizer's tens of thousands of
+    tokens: 4 s a read)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quant_shape_to_byte_shape
+
+    plain = {GGMLQuantizationType.F32: numpy.float32, GGMLQuantizationType.F16: numpy.float16,
+             GGMLQuantizationType.F64: numpy.float64, GGMLQuantizationType.I8: numpy.int8,
+             GGMLQuantizationType.I16: numpy.int16, GGMLQuantizationType.I32: numpy.int32,
+             GGMLQuantizationType.I64: numpy.int64}
+    mapped = numpy.memmap(gguf, dtype=numpy.uint8, mode="r")
+    for entry in entries:
+        kind = GGMLQuantizationType(entry.kind)
+        rows = tuple(reversed(entry.shape))
+        block, size = GGML_QUANT_SIZES[kind]
+        raw = mapped[entry.start:entry.start + math.prod(entry.shape) * size // block]
+        yield raw.view(plain[kind]).reshape(rows) if kind in plain else raw.reshape(quant_shape_to_byte_shape(rows, kind))
 
 
 def _wanted_shapes(skeleton: torch.nn.Module) -> dict[str, tuple[int, ...]]:
