@@ -1,7 +1,7 @@
 """GGUF checkpoints, converted once to a safetensors folder in the user's cache.
 
-Dequantising a GGUF file through transformers takes ~20 s for SmolLM2-135M; reloading the
-converted safetensors folder takes ~2 s, so every GGUF is converted once and reused.
+Converting SmolLM2-135M's GGUF takes 10 to 14 s (`gguf_tensors`; 20 s through transformers' reader);
+reloading the converted safetensors folder takes 1 to 2 s, so every GGUF is converted once and reused.
 """
 
 from __future__ import annotations
