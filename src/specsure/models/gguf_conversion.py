@@ -53,7 +53,7 @@ def write_conversion(gguf: Path, out: Path) -> None:
             if streamed:  # the weights go to disk tensor by tensor (gguf_tensors); the model here has none
                 with torch.device("meta"):
                     model = AutoModelForCausalLM.from_config(config)
-                written = write_tensors(gguf, model, out, functools.partial(_check_finite_tensor, gguf))
+                written = write_tensors(gguf, model, out, functools.partial(_not_finite, gguf))
                 info = {"missing_keys": written.missing_keys, "mismatched_keys": written.mismatched_keys}
             else:
                 # Mismatched sizes are reported below, naming the tensors, rather than raised as transformers'
@@ -192,10 +192,14 @@ def _check_finite(gguf: Path, model: torch.nn.Module) -> None:
 def _check_finite_tensor(gguf: Path, name: str, tensor: torch.Tensor) -> None:
     """`_check_finite` for one tensor, ``name`` transformers' name for it."""
     if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-        bad = int((~torch.isfinite(tensor)).sum())
-        raise ModelLoadError(f"{gguf}: tensor {name} (transformers' name) de-quantises to {bad} NaN or infinite "
-                             f"value(s) of {tensor.numel()}: the file is damaged or was written wrong (its block "
-                             "scales are not finite numbers). Download or convert the model again.")
+        _not_finite(gguf, name, int((~torch.isfinite(tensor)).sum()), tensor.numel())
+
+
+def _not_finite(gguf: Path, name: str, bad: int, total: int) -> None:
+    """Refuse ``gguf`` for the ``bad`` NaN or infinite values of its tensor ``name`` (of ``total``)."""
+    raise ModelLoadError(f"{gguf}: tensor {name} (transformers' name) de-quantises to {bad} NaN or infinite "
+                         f"value(s) of {total}: the file is damaged or was written wrong (its block scales are "
+                         "not finite numbers). Download or convert the model again.")
 
 
 @contextmanager

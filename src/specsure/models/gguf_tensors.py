@@ -26,8 +26,11 @@ STREAMED_ARCHITECTURES: Final[frozenset[str]] = frozenset({"llama", "qwen2", "qw
 """GGUF architectures (general.architecture) converted tensor by tensor: dense decoders whose tensors
 map one to one onto the model's parameters. MoE files, whose experts transformers stacks across
 tensors, go through transformers' reader."""
-SHARD_BYTES: Final[int] = 1 << 30
-"""The largest shard, and so about the most float32 weights a conversion holds at once."""
+SHARD_BYTES: Final[int] = 4 << 30
+"""The largest shard (save_pretrained's default is 5 GB). Written as the values arrive, so its size
+costs no memory."""
+PIECE_BYTES: Final[int] = 16 << 20
+"""About the most float32 values of a tensor de-quantised at once (a Llama file's q and k: a whole one)."""
 
 
 @dataclass
@@ -48,10 +51,10 @@ def streams(architecture: object) -> bool:
 
 def write_tensors(gguf: Path, skeleton: torch.nn.Module, out: Path, bad_values: Any) -> WrittenTensors:
     """De-quantise ``gguf``'s tensors into float32 safetensors shards in ``out``, named as ``skeleton``
-    (the model on the meta device, built from the file's config) names its parameters; a tensor whose
-    shape the model does not take is left out and reported. ``bad_values(name, tensor)`` is called
-    with each tensor before it is kept (it raises for NaN or infinite weights)."""
-    from gguf import dequantize
+    (the model on the meta device, built from the file's config) names its parameters; a file that
+    lacks one, or holds one in a shape the model does not take, is reported and nothing is written.
+    ``bad_values(name, count, total)`` is called for a tensor with ``count`` NaN or infinite values of
+    ``total`` (it raises)."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     metadata, entries = read_gguf_tensors(str(gguf))
@@ -64,34 +67,59 @@ def write_tensors(gguf: Path, skeleton: torch.nn.Module, out: Path, bad_values: 
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config)
     mapping = _names(skeleton, str(architecture))
     wanted = _wanted_shapes(skeleton)
-    plan = _shard_plan([(t.name, math.prod(t.shape) * 4) for t in entries])
     found = WrittenTensors()
-    weight_map: dict[str, str] = {}
-    total = 0
-    shard: dict[str, torch.Tensor] = {}
-    for index, (tensor, data) in enumerate(zip(entries, _mapped_data(gguf, entries))):
-        result = processor.process(weights=dequantize(data, tensor.kind), name=tensor.name,
-                                   tensor_key_mapping=mapping, parsed_parameters={"config": config})
-        name = mapping.get(result.name)
-        if name is not None and name in wanted:  # else a tensor the model has no parameter for, as transformers skips
-            # Copied only where it must be: an F32 tensor is a view of the read-only mapped file.
-            values = torch.from_numpy(numpy.require(result.weights, numpy.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
-            if tuple(values.shape) != wanted[name]:
-                found.mismatched_keys.append((name, tuple(values.shape), wanted[name]))
-            else:
-                bad_values(name, values)
-                shard[name] = values
-                weight_map[name] = plan.files[plan.shard_of[tensor.name]]
-                total += values.numel() * 4
-        result = values = None  # the next tensor is de-quantised without this one's arrays alive
-        last = index + 1 == len(entries)
-        if last or plan.shard_of[entries[index + 1].name] != plan.shard_of[tensor.name]:
-            _save_shard(shard, out / plan.files[plan.shard_of[tensor.name]])
-            shard = {}
-    found.missing_keys = sorted(set(wanted) - set(weight_map))
-    if len(plan.files) > 1:
+    kept: list[tuple[TensorEntry, str, tuple[int, ...]]] = []  # the tensors written: entry, name, shape
+    for entry in entries:
+        name, shape = mapping.get(entry.name), tuple(reversed(entry.shape))
+        if name is None or name not in wanted:  # a tensor the model has no parameter for, as transformers skips
+            continue
+        if shape != wanted[name]:
+            found.mismatched_keys.append((name, shape, wanted[name]))
+        else:
+            kept.append((entry, name, shape))
+    found.missing_keys = sorted(set(wanted) - {name for _, name, _ in kept})
+    if found.missing_keys or found.mismatched_keys:
+        return found  # refused by the caller, naming them; nothing worth de-quantising
+    data = dict(zip((e.name for e in entries), _mapped_data(gguf, entries)))
+    shards = _shards([(name, shape) for _, name, shape in kept])
+    for path, names in shards.items():
+        inside = set(names)
+        with _ShardFile(out / path, [(name, wanted[name]) for name in names]) as shard:
+            for entry, name, _shape in kept:
+                if name not in inside:
+                    continue
+                bad = 0
+                for piece in _pieces(processor, entry, data[entry.name], config, mapping):
+                    bad += int(piece.size - numpy.isfinite(piece).sum())
+                    shard.write(piece)
+                if bad:
+                    bad_values(name, bad, math.prod(entry.shape))
+    if len(shards) > 1:
+        weight_map = {name: path for path, names in shards.items() for name in names}
+        total = 4 * sum(math.prod(shape) for _, _, shape in kept)
         found.index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     return found
+
+
+def _pieces(processor: Any, entry: TensorEntry, data: numpy.ndarray, config: dict[str, Any],
+            mapping: dict[str, str]) -> Iterator[numpy.ndarray]:
+    """``entry``'s float32 values in transformers' order, a few MB of rows at a time, so a tensor larger
+    than memory allows twice (a large vocabulary's embedding) is never held whole. A processor that
+    moves rows (Llama's q and k: llama.cpp interleaves each head's rotary halves) gets the tensor
+    whole; the others' steps are per value (Gemma's norms) or none."""
+    from gguf import dequantize
+    from transformers.modeling_gguf_pytorch_utils import Gemma2TensorProcessor, TensorProcessor
+
+    per_value = type(processor) in (TensorProcessor, Gemma2TensorProcessor) or \
+        (".attn_q." not in entry.name and ".attn_k." not in entry.name)
+    rows = data.shape[0] if data.ndim > 1 else 1
+    step = rows if not per_value or data.ndim < 2 else max(1, PIECE_BYTES // max(1, 4 * math.prod(entry.shape[:1])))
+    for start in range(0, rows, step):
+        part = data[start:start + step] if data.ndim > 1 else data
+        result = processor.process(weights=dequantize(part, entry.kind), name=entry.name, tensor_key_mapping=mapping,
+                                   parsed_parameters={"config": config})
+        # Copied only where it must be: an F32 tensor is a view of the read-only mapped file.
+        yield numpy.require(result.weights, numpy.float32, ["C_CONTIGUOUS", "WRITEABLE"])
 
 
 def write_index(found: WrittenTensors, out: Path) -> None:
@@ -148,31 +176,52 @@ def _wanted_shapes(skeleton: torch.nn.Module) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-@dataclass
-class _ShardPlan:
-    files: list[str]
-    shard_of: dict[str, int]
-
-
-def _shard_plan(sizes: list[tuple[str, int]]) -> _ShardPlan:
-    """Which shard each tensor goes to, in the file's order, each shard at most `SHARD_BYTES` (a larger
+def _shards(tensors: list[tuple[str, tuple[int, ...]]]) -> dict[str, list[str]]:
+    """File name -> the tensors in it, in order, each file at most `SHARD_BYTES` of float32 (a larger
     tensor alone in one), named as save_pretrained names them."""
-    shard_of: dict[str, int] = {}
-    count, filled = 0, 0
-    for name, size in sizes:
-        if filled and filled + size > SHARD_BYTES:
-            count, filled = count + 1, 0
-        shard_of[name] = count
+    groups: list[list[str]] = [[]]
+    filled = 0
+    for name, shape in tensors:
+        size = 4 * math.prod(shape)
+        if groups[-1] and filled + size > SHARD_BYTES:
+            groups.append([])
+            filled = 0
+        groups[-1].append(name)
         filled += size
-    shards = count + 1
-    files = ["model.safetensors"] if shards == 1 else \
-        [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
-    return _ShardPlan(files, shard_of)
+    if len(groups) == 1:
+        return {"model.safetensors": groups[0]}
+    return {f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors": names for i, names in enumerate(groups)}
 
 
-def _save_shard(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """One shard, as save_pretrained writes it (its metadata says PyTorch); an empty one is still written,
-    so every file the index could name exists."""
-    from safetensors.torch import save_file
+class _ShardFile:
+    """One safetensors file written as its tensors' values arrive: the header first (every tensor's
+    name, shape and place, known before any is de-quantised), then the float32 bytes in the header's
+    order. Its metadata says PyTorch, as save_pretrained's does."""
 
-    save_file(tensors, str(path), metadata={"format": "pt"})
+    def __init__(self, path: Path, tensors: list[tuple[str, tuple[int, ...]]]) -> None:
+        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for name, shape in tensors:
+            size = 4 * math.prod(shape)
+            header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+            offset += size
+        text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        self._text = text + b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+        self._size = offset
+        self._path = path
+
+    def __enter__(self) -> "_ShardFile":
+        self._file = open(self._path, "wb")
+        self._file.write((len(self._text)).to_bytes(8, "little") + self._text)
+        self._written = 0
+        return self
+
+    def write(self, values: numpy.ndarray) -> None:
+        """The next float32 values, in the order of the header's tensors."""
+        self._file.write(memoryview(values).cast("B"))
+        self._written += values.nbytes
+
+    def __exit__(self, kind: object, error: object, trace: object) -> None:
+        self._file.close()
+        if kind is None and self._written != self._size:  # a programming error: the header would lie
+            raise AssertionError(f"{self._path}: wrote {self._written} bytes of tensors, the header names {self._size}")
