@@ -1,6 +1,6 @@
 """GGUF checkpoints, converted once to a safetensors folder in the user's cache.
 
-Converting SmolLM2-135M's GGUF takes 10 to 14 s (`gguf_tensors`; 20 s through transformers' reader);
+Converting SmolLM2-135M's GGUF takes 9 to 13 s (`gguf_tensors`; 21 s through transformers' reader);
 reloading the converted safetensors folder takes 1 to 2 s, so every GGUF is converted once and reused.
 """
 

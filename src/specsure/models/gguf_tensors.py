@@ -1,12 +1,14 @@
-"""A GGUF file's tensors written as float32 safetensors shards, one tensor at a time.
+"""A GGUF file's tensors written as float32 safetensors shards, a few rows at a time.
 
 transformers' GGUF reader de-quantises every tensor into one dict and then copies it into the model it
 builds, so converting a file held its float32 weights about one and a half times over (1.2 GB at
-most for the default model's 540 MB). Here each tensor is de-quantised, put in transformers' order
-and names by transformers' own per-architecture step (its q/k row order, Gemma's norms), checked and
-written into a shard of at most `SHARD_BYTES`, so converting needs memory for one shard whatever
-the model's size. The architectures it runs for are those whose result is checked bit for bit
-against transformers' own conversion (tests/test_gguf_tensors.py); others keep transformers' path.
+most for the default model's 540 MB). Here each tensor is de-quantised a piece at a time
+(`PIECE_BYTES`), put in transformers' order and names by transformers' own per-architecture step (its
+q/k row order, Gemma's norms), checked, and written straight into its shard, whose header is known
+from the file's tensor table before any value is; so converting needs memory for one piece whatever
+the tensor's or the model's size. The architectures it runs for are those whose result is checked
+bit for bit against transformers' own conversion (tests/test_gguf_tensors.py); others keep
+transformers' path.
 """
 
 from __future__ import annotations
