@@ -134,17 +134,42 @@ def test_a_llama_file_without_a_kv_head_count_decodes_as_its_source(tmp_path: Pa
     assert torch.equal(load_model(str(path), dtype="float32").lm.hf(ids).logits, expected)
 
 
-def test_a_full_disk_while_the_index_is_written_is_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("where", ["shard", "index"])
+def test_a_full_disk_while_the_conversion_writes_is_a_full_disk(where: str, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Not "transformers could not read the GGUF file": the CLI's guard names a full disk (exit 1)."""
     import errno
 
-    def full(_found: object, out: Path) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device", str(out / "model.safetensors.index.json"))
+    def full(*_args: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(gguf_tensors, "SHARD_BYTES", 40_000)
-    monkeypatch.setattr(gguf_conversion, "write_index", full)
+    if where == "shard":
+        monkeypatch.setattr(gguf_tensors._ShardFile, "write", full)
+    else:
+        monkeypatch.setattr(gguf_conversion, "write_index", full)
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(OSError) as raised:
         gguf_conversion.write_conversion(tiny_llama_gguf(tmp_path, "full"), out)
     assert raised.value.errno == errno.ENOSPC and not isinstance(raised.value, ModelLoadError)
+
+
+def test_head_counts_written_as_one_layer_arrays_read_as_their_value(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-layer file may give its head counts as per-layer arrays; the q and k rows still come out in
+    transformers' order (the header reader gives an array's length, not its values)."""
+    import gguf
+
+    folder = build_tiny_llama(tmp_path / "one", vocab_size=300, hidden_size=64, num_layers=1, tie=False)
+    byte_bpe_tokenizer(folder, 300)
+    add = gguf.GGUFWriter.add_uint32
+    arrays = ("llama.attention.head_count", "llama.attention.head_count_kv")
+    with monkeypatch.context() as patch:
+        patch.setattr(gguf.GGUFWriter, "add_uint32", lambda writer, key, value: writer.add_array(key, [value])
+                      if key in arrays else add(writer, key, value))
+        path = write_llama_gguf(folder, tmp_path / "one.gguf")
+    ours = _convert(path, tmp_path / "ours", True, monkeypatch)
+    source = load_file(folder / "model.safetensors")
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"):
+        assert torch.equal(ours[name], source[name]), name

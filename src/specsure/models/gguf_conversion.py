@@ -5,6 +5,7 @@ put right, each named by the file when it cannot be. ``gguf_cache`` decides when
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -68,7 +69,11 @@ def write_conversion(gguf: Path, out: Path) -> None:
             f"loading {gguf} needs the `gguf` and `accelerate` packages ({err}); "
             "run `pip install gguf accelerate`."
         ) from err
-    except (OSError, ValueError, KeyError, NotImplementedError, AssertionError, TypeError,
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):  # the conversion's own writes: the CLI names a full disk
+            raise
+        raise ModelLoadError(f"transformers could not read the GGUF file {gguf}: {err}") from err
+    except (ValueError, KeyError, NotImplementedError, AssertionError, TypeError,
             StrictDataclassError) as err:  # the last: a config value transformers' validators refuse
         # A KeyError is a metadata key transformers looks up ('scores': tokenizer.ggml.scores); an
         # AssertionError or TypeError, a metadata value the model's modules cannot be built with (a

@@ -61,11 +61,12 @@ def write_tensors(gguf: Path, skeleton: torch.nn.Module, out: Path, bad_values: 
 
     metadata, entries = read_gguf_tensors(str(gguf))
     architecture = metadata.get("general.architecture")
-    heads = metadata.get(f"{architecture}.attention.head_count")
-    # A file without a kv head count has as many as query heads, as llama.cpp reads it; transformers'
-    # processor would leave its q and k rows in llama.cpp's order then (a model fluent in nothing).
-    config = {"num_attention_heads": heads,
-              "num_key_value_heads": metadata.get(f"{architecture}.attention.head_count_kv") or heads}
+    # The head counts the model is built with: a file without a kv head count has as many as query
+    # heads, as llama.cpp reads it (transformers' own step, given the file's parsed values, left the q
+    # and k rows in llama.cpp's order then), and one-layer arrays read as their one value.
+    text = skeleton.config
+    config = {"num_attention_heads": text.num_attention_heads,
+              "num_key_value_heads": getattr(text, "num_key_value_heads", None) or text.num_attention_heads}
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config)
     mapping = _names(skeleton, str(architecture))
     wanted = _wanted_shapes(skeleton)
@@ -115,8 +116,9 @@ def _pieces(processor: Any, entry: TensorEntry, data: numpy.ndarray, config: dic
     per_value = type(processor) in (TensorProcessor, Gemma2TensorProcessor) or \
         (".attn_q." not in entry.name and ".attn_k." not in entry.name)
     rows = data.shape[0] if data.ndim > 1 else 1
-    step = rows if not per_value or data.ndim < 2 else max(1, PIECE_BYTES // max(1, 4 * math.prod(entry.shape[:1])))
-    for start in range(0, rows, step):
+    row_bytes = 4 * math.prod(entry.shape[:-1])  # a row of the first dimension, whatever the others
+    step = max(1, rows if not per_value or data.ndim < 2 else PIECE_BYTES // max(1, row_bytes))
+    for start in range(0, max(rows, 1), step):
         part = data[start:start + step] if data.ndim > 1 else data
         result = processor.process(weights=dequantize(part, entry.kind), name=entry.name, tensor_key_mapping=mapping,
                                    parsed_parameters={"config": config})
@@ -220,7 +222,8 @@ class _ShardFile:
 
     def write(self, values: numpy.ndarray) -> None:
         """The next float32 values, in the order of the header's tensors."""
-        self._file.write(memoryview(values).cast("B"))
+        if values.size:  # an empty piece has no bytes (and memoryview cannot cast it)
+            self._file.write(memoryview(values).cast("B"))
         self._written += values.nbytes
 
     def __exit__(self, kind: object, error: object, trace: object) -> None:
