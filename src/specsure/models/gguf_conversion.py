@@ -191,13 +191,8 @@ def _check_finite(gguf: Path, model: torch.nn.Module) -> None:
     """A block whose float16 scale is NaN or infinite (a file damaged in transit, or written wrong)
     de-quantises to NaN weights; such a model would only ever produce NaN logits."""
     for name, tensor in model.state_dict().items():
-        _check_finite_tensor(gguf, name, tensor)
-
-
-def _check_finite_tensor(gguf: Path, name: str, tensor: torch.Tensor) -> None:
-    """`_check_finite` for one tensor, ``name`` transformers' name for it."""
-    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-        _not_finite(gguf, name, int((~torch.isfinite(tensor)).sum()), tensor.numel())
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            _not_finite(gguf, name, int((~torch.isfinite(tensor)).sum()), tensor.numel())
 
 
 def _not_finite(gguf: Path, name: str, bad: int, total: int) -> None:

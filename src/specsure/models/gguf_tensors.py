@@ -17,7 +17,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Iterator
+from typing import Any, Callable, Final, Iterator
 
 import numpy
 import torch
@@ -51,7 +51,8 @@ def streams(architecture: object) -> bool:
     return architecture in STREAMED_ARCHITECTURES
 
 
-def write_tensors(gguf: Path, skeleton: torch.nn.Module, out: Path, bad_values: Any) -> WrittenTensors:
+def write_tensors(gguf: Path, skeleton: torch.nn.Module, out: Path,
+                  bad_values: Callable[[str, int, int], None]) -> WrittenTensors:
     """De-quantise ``gguf``'s tensors into float32 safetensors shards in ``out``, named as ``skeleton``
     (the model on the meta device, built from the file's config) names its parameters; a file that
     lacks one, or holds one in a shape the model does not take, is reported and nothing is written.
@@ -127,8 +128,7 @@ def _pieces(processor: Any, entry: TensorEntry, data: numpy.ndarray, config: dic
 
 
 def write_index(found: WrittenTensors, out: Path) -> None:
-    """The shards' index beside them, as save_pretrained writes it (none for one file). Apart from
-    `write_tensors`, so a disk that fills here is said to be full, not the GGUF to be unreadable."""
+    """The shards' index beside them, as save_pretrained writes it (none for one file)."""
     if found.index is not None:
         text = json.dumps(found.index, indent=2) + "\n"
         (out / "model.safetensors.index.json").write_text(text, encoding="utf-8")
