@@ -8,6 +8,8 @@ own modules.
 
 from __future__ import annotations
 
+from typing import Any
+
 from transformers.configuration_utils import ALLOWED_LAYER_TYPES
 
 FAMILIES = ("llama", "mistral", "phi3", "qwen2", "qwen3", "gemma2", "gemma3_text")
@@ -46,6 +48,11 @@ def layer_windows(config: object, layers: int) -> list[int]:
     if getattr(config, "model_type", None) in ("mistral", "phi3"):
         return [window] * layers
     return [window if t == "sliding_attention" else 0 for t in types]
+
+
+def head_dim(config: object) -> int:
+    """The width of one attention head: the config's own, else hidden size over heads."""
+    return int(getattr(config, "head_dim", None) or config.hidden_size // int(config.num_attention_heads))
 
 
 def rotary_dim(config: object, head_dim: int) -> int:
@@ -91,3 +98,15 @@ def context_length(config: object) -> int:
 
 def _positive(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def decoder_base(hf: Any) -> tuple[Any, str]:
+    """(base, why): the base model of ``hf`` the native decoder runs, or None and the reason it cannot."""
+    config = hf.config.get_text_config(decoder=True)
+    why = unsupported(config)
+    # A vision-language checkpoint (Gemma 3 4B and up: Gemma3ForConditionalGeneration) keeps its text
+    # decoder as language_model; text-only requests run just that.
+    base = getattr(hf.base_model, "language_model", None) or hf.base_model
+    if why is None and not all(hasattr(base, a) for a in ("embed_tokens", "rotary_emb", "norm", "layers")):
+        why = f"{type(base).__name__} does not have the Llama base-model layout"
+    return (None, why) if why is not None else (base, "")

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from specsure.models import float_kernel as float_kernels
-from specsure.models.decoder_family import unsupported
+from specsure.models.decoder_family import decoder_base
 from specsure.models.fused_layer import meta_weight, modules_of
 from specsure.models.gguf_blocks import FileBlocks, matches
 
@@ -25,26 +25,18 @@ from specsure.models.gguf_blocks import FileBlocks, matches
 def native_float_kernel(hf: nn.Module) -> float_kernels.FloatKernel | None:
     """The kernel `NativeDecoder` will read blocks with for ``hf`` (a float32 model), or None where it
     would run no float32 kernel: then nothing may be dropped early, as nothing would read the blocks."""
-    config = hf.config.get_text_config(decoder=True)
-    base = hf.base_model
-    base = getattr(base, "language_model", None) or base
-    if unsupported(config) is not None or not all(hasattr(base, a) for a in ("embed_tokens", "rotary_emb", "norm", "layers")):
+    base, _why = decoder_base(hf)
+    if base is None or base.embed_tokens.weight.dtype != torch.float32:
         return None
-    if base.embed_tokens.weight.dtype != torch.float32:
-        return None
-    heads = int(config.num_attention_heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    kernel, _why = float_kernels.load()
-    return kernel if kernel is not None and head_dim <= float_kernels.MAX_HEAD_DIM else None
+    return float_kernels.load_for(hf.config.get_text_config(decoder=True))[0]
 
 
 def drop_matched(hf: nn.Module, blocks: FileBlocks, kernel: float_kernels.FloatKernel) -> int:
     """Make each layer matrix of ``hf`` that ``blocks`` hold bit for bit a meta tensor; returns the bytes
     of float32 weights dropped. `NativeDecoder.use_blocks` then serves exactly these from the blocks
     (and refuses a meta matrix it has none for)."""
-    base = hf.base_model
-    base = getattr(base, "language_model", None) or base
-    if len(blocks.layers) != len(base.layers):
+    base, _why = decoder_base(hf)
+    if base is None or len(blocks.layers) != len(base.layers):
         return 0
     dropped = 0
     for layer, found in zip(base.layers, blocks.layers):

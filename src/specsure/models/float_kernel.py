@@ -21,6 +21,7 @@ import torch
 
 from specsure.config.cpu import cpu_flags
 from specsure.config.dtype_choice import KERNEL_FLAGS, build_blocker
+from specsure.models.decoder_family import head_dim
 from specsure.models.gguf_blocks import (
     A4, A8, NARROW, PACKED, Q4_0, Q4_1, Q8_0, R5_0, R5_M, R6_H, STREAMED, BlockMatrix, block_bytes,
 )
@@ -221,6 +222,15 @@ def load() -> tuple[FloatKernel | None, str]:
         if _loaded[0] is None:
             logger.info("float32 few-row forwards run on torch ops: %s", _loaded[1])
     return _loaded
+
+
+def load_for(config: object) -> tuple[FloatKernel | None, str]:
+    """(kernel, why): `load`'s kernel for a float32 decoder of ``config``, or None and why not (its heads
+    wider than the kernel takes)."""
+    kernel, why = load()
+    if kernel is not None and head_dim(config) > MAX_HEAD_DIM:
+        return None, f"head_dim {head_dim(config)} exceeds the kernel's {MAX_HEAD_DIM}"
+    return kernel, why
 
 
 def wide() -> bool:

@@ -32,7 +32,7 @@ from torch import nn
 
 from specsure.models import float_kernel as float_kernels
 from specsure.models import kernel as kernels
-from specsure.models.decoder_family import GEMMA_TYPES, layer_windows, rotary_dim, unsupported
+from specsure.models.decoder_family import GEMMA_TYPES, decoder_base, head_dim, layer_windows, rotary_dim
 from specsure.models.fused_layer import FusedLayer, fused_layer, gemma_norm
 from specsure.models.gguf_blocks import FileBlocks
 from specsure.models.kv_cache import GrowableLayer, RollbackCache
@@ -56,7 +56,7 @@ class NativeDecoder:
         """Fuse ``base``'s weights (a LlamaModel-like base model) in place. Call `build` instead."""
         self.heads: int = int(config.num_attention_heads)
         self.kv_heads: int = int(getattr(config, "num_key_value_heads", None) or self.heads)
-        self.head_dim: int = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        self.head_dim: int = head_dim(config)
         self.rotary_dim: int = rotary_dim(config, self.head_dim)
         self.intermediate: int = int(config.intermediate_size)
         self.eps: float = float(config.rms_norm_eps)
@@ -95,10 +95,7 @@ class NativeDecoder:
         """The C kernel that runs every float32 forward, or None (`kernel_why`)."""
         self._served = ServedBlocks(len(self.layers))  # the blocks `use_blocks` gave the kernel
         if self.embed.weight.dtype == torch.float32:
-            self.float_kernel, self.kernel_why = float_kernels.load()
-        if self.float_kernel is not None and self.head_dim > float_kernels.MAX_HEAD_DIM:
-            self.float_kernel = None
-            self.kernel_why = f"head_dim {self.head_dim} exceeds the kernel's {float_kernels.MAX_HEAD_DIM}"
+            self.float_kernel, self.kernel_why = float_kernels.load_for(config)
         if self.float_kernel is not None:
             self._bind_float(config)
 
@@ -166,17 +163,10 @@ class NativeDecoder:
     @classmethod
     def build(cls, hf: nn.Module) -> tuple["NativeDecoder | None", str]:
         """(decoder, why): the native decoder for ``hf``, or None and the reason it runs on transformers."""
-        config = hf.config.get_text_config(decoder=True)
-        why = unsupported(config)
-        base = hf.base_model
-        # A vision-language checkpoint (Gemma 3 4B and up: Gemma3ForConditionalGeneration) keeps its text
-        # decoder as language_model; text-only requests run just that.
-        base = getattr(base, "language_model", None) or base
-        if why is None and not all(hasattr(base, a) for a in ("embed_tokens", "rotary_emb", "norm", "layers")):
-            why = f"{type(base).__name__} does not have the Llama base-model layout"
-        if why is not None:
+        base, why = decoder_base(hf)
+        if base is None:
             return None, why
-        decoder = cls(base, config)
+        decoder = cls(base, hf.config.get_text_config(decoder=True))
         if decoder.kernel or decoder.float_kernel:
             rows = f"bf16 forwards of up to {KERNEL_ROWS} rows" if decoder.kernel else "float32 forwards"
             step = f"{rows} in C ({decoder.kernel_why})"
